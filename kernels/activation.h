@@ -1,0 +1,13 @@
+// Elementwise activations.
+#pragma once
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels {
+
+// y = max(x, 0), written (=). y may alias x.
+void relu_forward(Context& ctx, const Tensor& x, Tensor& y);
+// dx = dy where y > 0 else 0, written (=). dx may alias dy.
+void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx);
+
+}  // namespace fanout::kernels

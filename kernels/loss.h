@@ -1,0 +1,23 @@
+// Softmax cross-entropy with optional label smoothing (PyTorch's
+// CrossEntropyLoss, reduction = mean), and accuracy counting.
+#pragma once
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels {
+
+// logits (N, K) float32, labels (N) int32 in [0, K).
+// loss (1) is written (=) with the mean over the batch of
+//   (1 - s) * (-log p[label]) + s * mean_k(-log p[k]).
+// probs (N, K) is written (=) with the softmax, kept for backward.
+// Labels out of range throw (CPU) or are reported through the loss as NaN (CUDA).
+void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
+                          Tensor& loss);
+// dlogits (=) = scale * (probs - ((1 - s) * onehot + s / K)); scale is usually 1 / N_global.
+void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
+                           Tensor& dlogits);
+// correct (1, int32) is written (=) with the number of rows whose argmax equals the label
+// (first maximum wins on ties, as torch.argmax).
+void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Tensor& correct);
+
+}  // namespace fanout::kernels

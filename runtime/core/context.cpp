@@ -1,0 +1,41 @@
+// Context: streams, handles and workspace of one device worker.
+#include "runtime/core/context.h"
+
+#include "runtime/core/error.h"
+
+namespace fanout {
+
+Context::Context(Device d, uint64_t seed) : device_(d), rng_(seed) {
+  compute_ = std::make_unique<Stream>(d);
+  copy_ = std::make_unique<Stream>(d);
+  comm_ = std::make_unique<Stream>(d);
+}
+
+Context::~Context() {
+  if (cublas_) backend::cublas_destroy(device_.index, cublas_);
+  if (cudnn_) backend::cudnn_destroy(device_.index, cudnn_);
+}
+
+void* Context::workspace(size_t bytes) {
+  if (!workspace_.defined() || workspace_.nbytes() < bytes) {
+    // Grow geometrically so a sequence of growing requests allocates few times.
+    size_t want = std::max(bytes, workspace_.defined() ? workspace_.nbytes() * 3 / 2 : size_t{0});
+    want = (want + 255) / 256 * 256;
+    workspace_ = Tensor::empty(Shape{static_cast<int64_t>(want)}, DType::U8, device_);
+  }
+  return workspace_.raw();
+}
+
+void* Context::cublas() {
+  FANOUT_CHECK(device_.is_cuda()) << "cuBLAS handle requested on " << device_.str();
+  if (!cublas_) cublas_ = backend::cublas_create(device_.index, compute_->handle());
+  return cublas_;
+}
+
+void* Context::cudnn() {
+  FANOUT_CHECK(device_.is_cuda()) << "cuDNN handle requested on " << device_.str();
+  if (!cudnn_) cudnn_ = backend::cudnn_create(device_.index, compute_->handle());
+  return cudnn_;
+}
+
+}  // namespace fanout

@@ -1,0 +1,73 @@
+// Per-device execution context: one per device worker. Every kernel call takes
+// it. Holds the device, its streams, library handles, a grow-only workspace,
+// the RNG, the training flag and the gradient-ready callback.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+
+#include "runtime/core/device.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout {
+
+struct MathOptions {
+  bool allow_tf32 = false;     // matrix products and convolutions on CUDA
+  bool cudnn_benchmark = false;
+  bool deterministic = false;
+};
+
+class Context {
+ public:
+  explicit Context(Device d, uint64_t seed = 0);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Device device() const { return device_; }
+  Stream& compute() { return *compute_; }
+  Stream& copy() { return *copy_; }
+  Stream& comm() { return *comm_; }
+
+  bool training = true;
+  MathOptions math;
+
+  std::mt19937_64& rng() { return rng_; }
+  void seed(uint64_t s) { rng_.seed(s); }
+
+  // Scratch memory of at least `bytes` on this device; grows, never shrinks.
+  // Valid until the next call that grows it.
+  void* workspace(size_t bytes);
+  size_t workspace_size() const { return workspace_.defined() ? workspace_.nbytes() : 0; }
+
+  // Library handles, created on first use (CUDA only; null on CPU).
+  void* cublas();
+  void* cudnn();
+
+  // Called by layers when a parameter range of the gradient arena holds its
+  // final value for this backward pass: [begin, begin + count) in floats.
+  std::function<void(size_t begin, size_t count)> on_grad_ready;
+  void grad_ready(size_t begin, size_t count) {
+    if (on_grad_ready) on_grad_ready(begin, count);
+  }
+
+ private:
+  Device device_;
+  std::unique_ptr<Stream> compute_, copy_, comm_;
+  std::mt19937_64 rng_;
+  Tensor workspace_;
+  void* cublas_ = nullptr;
+  void* cudnn_ = nullptr;
+};
+
+namespace backend {
+void* cublas_create(int device, void* stream);
+void cublas_destroy(int device, void* h) noexcept;
+void* cudnn_create(int device, void* stream);
+void cudnn_destroy(int device, void* h) noexcept;
+}  // namespace backend
+
+}  // namespace fanout

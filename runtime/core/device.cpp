@@ -1,0 +1,81 @@
+// Device naming and device-list parsing.
+#include "runtime/core/device.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+#include "runtime/core/error.h"
+
+namespace fanout {
+
+std::string Device::str() const {
+  return (kind == DeviceKind::CPU ? "cpu:" : "cuda:") + std::to_string(index);
+}
+
+namespace {
+bool parse_int(const std::string& s, int& out) {
+  if (s.empty() || s.size() > 6) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  out = std::stoi(s);
+  return true;
+}
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+}  // namespace
+
+std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat) {
+  const std::string spec = trim(spec_in);
+  FANOUT_USER_CHECK(!spec.empty()) << "empty device list";
+  if (spec == "cpu") return {Device::cpu(0)};
+  if (spec.rfind("cpu:", 0) == 0) {
+    int n = 0;
+    FANOUT_USER_CHECK(parse_int(spec.substr(4), n) && n >= 1 && n <= 256)
+        << "bad CPU device count in '" << spec << "' (expected cpu:N with 1 <= N <= 256)";
+    std::vector<Device> out;
+    for (int i = 0; i < n; ++i) out.push_back(Device::cpu(i));
+    return out;
+  }
+  const int count = cuda_device_count();
+  if (spec == "all") {
+    FANOUT_USER_CHECK(cuda_available_in_build())
+        << "--devices all: this build has no CUDA backend (use cpu or cpu:N)";
+    FANOUT_USER_CHECK(count > 0) << "--devices all: no visible CUDA device"
+                                 << (std::getenv("CUDA_VISIBLE_DEVICES") ? " (check CUDA_VISIBLE_DEVICES)" : "");
+    std::vector<Device> out;
+    for (int i = 0; i < count; ++i) out.push_back(Device::cuda(i));
+    return out;
+  }
+  std::vector<Device> out;
+  std::set<int> seen;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item = trim(item);
+    FANOUT_USER_CHECK(!item.empty()) << "empty entry in device list '" << spec << "'";
+    FANOUT_USER_CHECK(item.rfind("cpu", 0) != 0)
+        << "device list '" << spec << "' mixes CPU and CUDA devices (use cpu:N alone)";
+    std::string num = item.rfind("cuda:", 0) == 0 ? item.substr(5) : item;
+    int idx = 0;
+    FANOUT_USER_CHECK(parse_int(num, idx))
+        << "unknown device '" << item << "' (expected cpu, cpu:N, all, N or cuda:N)";
+    FANOUT_USER_CHECK(cuda_available_in_build())
+        << "device '" << item << "' requested but this build has no CUDA backend";
+    FANOUT_USER_CHECK(count > 0) << "device '" << item << "' requested but no CUDA device is visible"
+                                 << (std::getenv("CUDA_VISIBLE_DEVICES") ? " (CUDA_VISIBLE_DEVICES='" +
+                                                                                std::string(std::getenv("CUDA_VISIBLE_DEVICES")) + "')"
+                                                                          : "");
+    FANOUT_USER_CHECK(idx < count) << "device " << item << " out of range: " << count
+                                   << " CUDA device(s) visible";
+    FANOUT_USER_CHECK(allow_repeat || seen.insert(idx).second)
+        << "device " << item << " is repeated in '" << spec << "'";
+    out.push_back(Device::cuda(idx));
+  }
+  return out;
+}
+
+}  // namespace fanout

@@ -1,0 +1,37 @@
+// Device identity and device-list parsing (`cpu`, `cpu:4`, `0,1`, `cuda:0`, `all`).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace fanout {
+
+enum class DeviceKind { CPU, CUDA };
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;  // CPU: worker index; CUDA: logical index inside CUDA_VISIBLE_DEVICES
+
+  static Device cpu(int i = 0) { return {DeviceKind::CPU, i}; }
+  static Device cuda(int i) { return {DeviceKind::CUDA, i}; }
+  bool is_cpu() const { return kind == DeviceKind::CPU; }
+  bool is_cuda() const { return kind == DeviceKind::CUDA; }
+  // Same memory space: all CPU devices share host memory.
+  bool same_memory(const Device& o) const {
+    return kind == o.kind && (kind == DeviceKind::CPU || index == o.index);
+  }
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const;
+};
+
+// Number of visible CUDA devices; 0 in a build without CUDA or without a GPU.
+int cuda_device_count();
+// True when this build carries the CUDA backend.
+bool cuda_available_in_build();
+
+// Parses a device list. Throws fanout::Error with a one-line message on bad
+// input (unknown form, out-of-range index, mixed CPU and CUDA, no GPU).
+// `allow_repeat`: whether a CUDA index may appear more than once (DP allows it).
+std::vector<Device> parse_devices(const std::string& spec, bool allow_repeat = true);
+
+}  // namespace fanout

@@ -1,0 +1,48 @@
+// Device memory: 64-byte aligned host memory for CPU devices, stream-ordered
+// pools on CUDA devices, pinned host buffers. Allocation counters let tests
+// prove the steady-state step allocates nothing.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/core/device.h"
+
+namespace fanout {
+
+// One allocation; freed when the last Tensor viewing it goes away.
+struct Storage {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Device device;
+  bool owned = true;
+  bool pinned = false;
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
+};
+
+std::shared_ptr<Storage> allocate(Device d, size_t bytes);
+// Page-locked host memory (plain aligned memory when there is no CUDA).
+std::shared_ptr<Storage> allocate_pinned(size_t bytes);
+
+struct AllocStats {
+  uint64_t host_allocs = 0;    // CPU-device and pinned allocations
+  uint64_t device_allocs = 0;  // CUDA-device allocations
+  uint64_t live_bytes = 0;
+};
+AllocStats alloc_stats();
+
+namespace backend {
+// Implemented by the CUDA backend (runtime/cuda/) or by stubs without CUDA.
+void* cuda_alloc(int device, size_t bytes);
+void cuda_free(int device, void* p) noexcept;
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p) noexcept;
+// Copy between any two memory spaces; `stream` is a cudaStream_t or null.
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* stream);
+void fill_f32_cuda(int device, float* p, size_t n, float v, void* stream);
+}  // namespace backend
+
+}  // namespace fanout

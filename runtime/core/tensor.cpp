@@ -1,0 +1,176 @@
+// Tensor shapes, views and explicit copies.
+#include "runtime/core/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/core/error.h"
+#include "runtime/core/stream.h"
+
+namespace fanout {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+  }
+  return "?";
+}
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  FANOUT_CHECK(dims.size() <= static_cast<size_t>(kMaxDims)) << "at most 5 dims, got " << dims.size();
+  for (int64_t v : dims) {
+    FANOUT_CHECK(v >= 0) << "negative dimension " << v;
+    d[ndim++] = v;
+  }
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= d[i];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (ndim != o.ndim) return false;
+  for (int i = 0; i < ndim; ++i)
+    if (d[i] != o.d[i]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << d[i];
+  os << ")";
+  return os.str();
+}
+
+Tensor Tensor::empty(const Shape& s, DType t, Device d) {
+  Tensor x;
+  x.storage_ = allocate(d, static_cast<size_t>(s.numel()) * dtype_size(t));
+  x.shape_ = s;
+  x.dtype_ = t;
+  x.device_ = d;
+  return x;
+}
+
+Tensor Tensor::zeros(const Shape& s, DType t, Device d) {
+  Tensor x = empty(s, t, d);
+  x.zero();
+  return x;
+}
+
+Tensor Tensor::wrap(void* data, const Shape& s, DType t, Device d) {
+  Tensor x;
+  auto st = std::make_shared<Storage>();
+  st->ptr = data;
+  st->bytes = static_cast<size_t>(s.numel()) * dtype_size(t);
+  st->device = d;
+  st->owned = false;
+  x.storage_ = st;
+  x.shape_ = s;
+  x.dtype_ = t;
+  x.device_ = d;
+  return x;
+}
+
+void* Tensor::raw() const {
+  FANOUT_CHECK(defined()) << "use of an undefined tensor";
+  return static_cast<char*>(storage_->ptr) + offset_;
+}
+
+float* Tensor::f32() const {
+  FANOUT_CHECK(dtype_ == DType::F32) << "expected float32 tensor, got " << dtype_name(dtype_);
+  return data<float>();
+}
+
+Tensor Tensor::view(const Shape& s) const {
+  FANOUT_CHECK(s.numel() == numel()) << "view " << s.str() << " of tensor " << shape_.str();
+  Tensor v = *this;
+  v.shape_ = s;
+  return v;
+}
+
+Tensor Tensor::slice(int64_t begin, int64_t end) const {
+  FANOUT_CHECK(dim() >= 1 && 0 <= begin && begin <= end && end <= size(0))
+      << "slice [" << begin << ", " << end << ") of " << shape_.str();
+  Tensor v = *this;
+  const int64_t row = size(0) == 0 ? 0 : numel() / size(0);
+  v.offset_ += static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  v.shape_[0] = end - begin;
+  return v;
+}
+
+Tensor Tensor::flat(int64_t offset, const Shape& s) const {
+  FANOUT_CHECK(offset >= 0 && offset + s.numel() <= numel())
+      << "flat view [" << offset << ", +" << s.numel() << ") of " << numel() << " elements";
+  Tensor v = *this;
+  v.offset_ += static_cast<size_t>(offset) * dtype_size(dtype_);
+  v.shape_ = s;
+  return v;
+}
+
+Tensor Tensor::to(Device d, Stream* s) const {
+  Tensor out = empty(shape_, dtype_, d);
+  out.copy_from(*this, s);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src, Stream* s) {
+  FANOUT_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_)
+      << "copy " << src.shape_.str() << " " << dtype_name(src.dtype_) << " into " << shape_.str() << " "
+      << dtype_name(dtype_);
+  if (nbytes() == 0) return;
+  if (device_.is_cpu() && src.device_.is_cpu()) {
+    if (raw() != src.raw()) std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  backend::copy_bytes(raw(), device_, src.raw(), src.device_, nbytes(), s ? s->handle() : nullptr);
+}
+
+void Tensor::fill(float v, Stream* s) {
+  FANOUT_CHECK(dtype_ == DType::F32) << "fill needs float32";
+  if (device_.is_cpu()) {
+    std::fill(f32(), f32() + numel(), v);
+    return;
+  }
+  backend::fill_f32_cuda(device_.index, f32(), static_cast<size_t>(numel()), v, s ? s->handle() : nullptr);
+}
+
+void Tensor::zero(Stream* s) {
+  if (device_.is_cpu()) {
+    if (nbytes()) std::memset(raw(), 0, nbytes());
+    return;
+  }
+  FANOUT_CHECK(dtype_ == DType::F32 || dtype_ == DType::I32) << "zero on CUDA needs a 4-byte dtype";
+  backend::fill_f32_cuda(device_.index, static_cast<float*>(raw()), nbytes() / 4, 0.0f, s ? s->handle() : nullptr);
+}
+
+void ensure(Tensor& t, const Shape& s, DType dt, Device d) {
+  if (t.defined() && t.shape() == s && t.dtype() == dt && t.device() == d) return;
+  // Reuse a large-enough buffer (e.g. for a smaller last batch) so alternating
+  // batch sizes allocate nothing once the largest has been seen.
+  const size_t need = static_cast<size_t>(s.numel()) * dtype_size(dt);
+  if (t.defined() && t.dtype() == dt && t.device() == d && t.offset_ == 0 && t.storage_->owned &&
+      t.storage_->bytes >= need) {
+    t.shape_ = s;
+    return;
+  }
+  t = Tensor::empty(s, dt, d);
+}
+
+}  // namespace fanout

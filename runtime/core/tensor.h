@@ -1,0 +1,87 @@
+// Tensor: shared storage + byte offset + shape (up to 5 dims) + dtype + device.
+// Always contiguous, row-major (NCHW). Copies are explicit; nothing here syncs
+// host and device behind the caller's back.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "runtime/core/device.h"
+#include "runtime/core/memory.h"
+
+namespace fanout {
+
+class Stream;
+
+enum class DType : uint8_t { F32, I32, I64, U8 };
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+struct Shape {
+  static constexpr int kMaxDims = 5;
+  std::array<int64_t, kMaxDims> d{};
+  int ndim = 0;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  int64_t operator[](int i) const { return d[i < 0 ? i + ndim : i]; }
+  int64_t& operator[](int i) { return d[i < 0 ? i + ndim : i]; }
+  int64_t numel() const;
+  bool operator==(const Shape& o) const;
+  bool operator!=(const Shape& o) const { return !(*this == o); }
+  std::string str() const;  // "(2, 3, 4)"
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(const Shape& s, DType t = DType::F32, Device d = Device::cpu());
+  static Tensor zeros(const Shape& s, DType t = DType::F32, Device d = Device::cpu());
+  // Wraps memory owned elsewhere (no copy, no ownership).
+  static Tensor wrap(void* data, const Shape& s, DType t, Device d);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int dim() const { return shape_.ndim; }
+  int64_t size(int i) const { return shape_[i]; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  void* raw() const;
+  template <class T> T* data() const { return static_cast<T*>(raw()); }
+  float* f32() const;  // checks dtype
+
+  // Views sharing storage.
+  Tensor view(const Shape& s) const;              // same numel
+  Tensor slice(int64_t begin, int64_t end) const; // rows [begin, end) of dim 0
+  Tensor flat(int64_t offset, const Shape& s) const;  // elements [offset, offset+numel(s))
+  bool same_storage(const Tensor& o) const { return storage_ == o.storage_; }
+
+  // Copies into a new tensor on `d` (stream-ordered on CUDA; inline on CPU).
+  Tensor to(Device d, Stream* s = nullptr) const;
+  // Copies src into this (same shape and dtype), across devices if needed.
+  void copy_from(const Tensor& src, Stream* s = nullptr);
+  // Host-side fill (CPU tensors) or memset-like fill on CUDA.
+  void fill(float v, Stream* s = nullptr);
+  void zero(Stream* s = nullptr);
+
+ private:
+  friend void ensure(Tensor& t, const Shape& s, DType dt, Device d);
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;  // bytes
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  Device device_;
+};
+
+// Reuses `t` when it already has the shape, dtype and device; otherwise
+// allocates. Layers keep their outputs this way so the steady-state step
+// allocates nothing.
+void ensure(Tensor& t, const Shape& s, DType dt, Device d);
+inline void ensure(Tensor& t, const Shape& s, Device d) { ensure(t, s, DType::F32, d); }
+
+}  // namespace fanout

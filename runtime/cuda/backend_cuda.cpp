@@ -1,0 +1,142 @@
+// CUDA backend of the core runtime: device count, stream-ordered memory pools
+// (one per device, high release threshold so the pool keeps what it has),
+// pinned host memory, streams, events, cuBLAS and cuDNN handles, copies.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "runtime/core/context.h"
+#include "runtime/core/memory.h"
+#include "runtime/core/stream.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace fanout {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+bool cuda_available_in_build() { return true; }
+
+namespace detail {
+const char* cublas_status_name(cublasStatus_t s) { return cublasGetStatusString(s); }
+}  // namespace detail
+
+namespace backend {
+namespace {
+struct DeviceGuard {
+  int prev = -1;
+  explicit DeviceGuard(int d) {
+    FANOUT_CUDA_CHECK(cudaGetDevice(&prev));
+    if (prev != d) FANOUT_CUDA_CHECK(cudaSetDevice(d));
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev) cudaSetDevice(prev);
+  }
+};
+
+std::once_flag g_pool_once;
+void configure_pools() {
+  std::call_once(g_pool_once, [] {
+    const int n = cuda_device_count();
+    for (int d = 0; d < n; ++d) {
+      cudaMemPool_t pool;
+      FANOUT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d));
+      uint64_t threshold = UINT64_MAX;  // never hand memory back to the driver
+      FANOUT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    }
+  });
+}
+}  // namespace
+
+void* cuda_alloc(int device, size_t bytes) {
+  configure_pools();
+  DeviceGuard g(device);
+  void* p = nullptr;
+  // Allocations on the legacy stream are ordered before any later work, so a
+  // tensor may be used from any stream of its device.
+  FANOUT_CUDA_CHECK(cudaMallocAsync(&p, bytes, nullptr));
+  return p;
+}
+void cuda_free(int device, void* p) noexcept {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  // Frees are ordered after all work on the device: tensors may still be in
+  // flight on non-default streams.
+  cudaDeviceSynchronize();
+  cudaFreeAsync(p, nullptr);
+  cudaSetDevice(prev);
+}
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  FANOUT_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+void pinned_free(void* p) noexcept { cudaFreeHost(p); }
+
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* stream) {
+  if (dd.is_cpu() && sd.is_cpu()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  if (dd.is_cuda() && sd.is_cuda() && dd.index != sd.index) {
+    FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd.index, src, sd.index, bytes, s));
+  } else {
+    DeviceGuard g(dd.is_cuda() ? dd.index : sd.index);
+    FANOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  }
+  if (!stream) FANOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // no stream given: complete on return
+}
+
+void* stream_create(int device) {
+  DeviceGuard g(device);
+  cudaStream_t s;
+  FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+void stream_destroy(int device, void* s) noexcept { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
+void stream_sync(int device, void* s) { FANOUT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
+void* event_create(int device) {
+  DeviceGuard g(device);
+  cudaEvent_t e;
+  FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void event_destroy(int device, void* e) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+void event_record(int device, void* e, void* s) {
+  FANOUT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
+}
+void event_wait(int device, void* e, void* s) {
+  FANOUT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
+}
+void event_sync(int device, void* e) { FANOUT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+
+void* cublas_create(int device, void* stream) {
+  DeviceGuard g(device);
+  cublasHandle_t h;
+  FANOUT_CUBLAS_CHECK(cublasCreate(&h));
+  FANOUT_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
+  return h;
+}
+void cublas_destroy(int device, void* h) noexcept { cublasDestroy(static_cast<cublasHandle_t>(h)); }
+void* cudnn_create(int device, void* stream) {
+  DeviceGuard g(device);
+  cudnnHandle_t h;
+  FANOUT_CUDNN_CHECK(cudnnCreate(&h));
+  FANOUT_CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(stream)));
+  return h;
+}
+void cudnn_destroy(int device, void* h) noexcept { cudnnDestroy(static_cast<cudnnHandle_t>(h)); }
+
+}  // namespace backend
+}  // namespace fanout

@@ -1,0 +1,41 @@
+// Check macros for CUDA runtime, cuBLAS, cuDNN and NCCL calls: a failure
+// throws fanout::Error with the expression, file, line and library message.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include "runtime/core/error.h"
+
+namespace fanout::detail {
+const char* cublas_status_name(cublasStatus_t s);
+}
+
+#define FANOUT_CUDA_CHECK(expr)                                                                 \
+  do {                                                                                          \
+    cudaError_t fanout_err_ = (expr);                                                           \
+    FANOUT_CHECK(fanout_err_ == cudaSuccess) << cudaGetErrorName(fanout_err_) << ": "           \
+                                             << cudaGetErrorString(fanout_err_);                \
+  } while (0)
+
+// After a kernel launch: catches bad launch configurations at once.
+#define FANOUT_CUDA_CHECK_LAUNCH() FANOUT_CUDA_CHECK(cudaGetLastError())
+
+#define FANOUT_CUBLAS_CHECK(expr)                                                               \
+  do {                                                                                          \
+    cublasStatus_t fanout_st_ = (expr);                                                         \
+    FANOUT_CHECK(fanout_st_ == CUBLAS_STATUS_SUCCESS) << ::fanout::detail::cublas_status_name(fanout_st_); \
+  } while (0)
+
+#define FANOUT_CUDNN_CHECK(expr)                                                                \
+  do {                                                                                          \
+    cudnnStatus_t fanout_st_ = (expr);                                                          \
+    FANOUT_CHECK(fanout_st_ == CUDNN_STATUS_SUCCESS) << cudnnGetErrorString(fanout_st_);        \
+  } while (0)
+
+#define FANOUT_NCCL_CHECK(expr)                                                                 \
+  do {                                                                                          \
+    ncclResult_t fanout_st_ = (expr);                                                           \
+    FANOUT_CHECK(fanout_st_ == ncclSuccess) << ncclGetErrorString(fanout_st_);                  \
+  } while (0)

@@ -1,0 +1,162 @@
+// Module tree: registration, naming, arenas, cloning.
+#include "runtime/nn/module.h"
+
+#include "runtime/core/error.h"
+
+namespace fanout {
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+Parameter& Module::register_parameter(const std::string& name, const Shape& s) {
+  FANOUT_CHECK(!arenas_) << "register_parameter after materialize";
+  params_.push_back(Parameter{name, s, {}, {}, 0});
+  return params_.back();
+}
+
+Buffer& Module::register_buffer(const std::string& name, const Shape& s, DType t) {
+  FANOUT_CHECK(!arenas_) << "register_buffer after materialize";
+  buffers_.push_back(Buffer{name, s, t, {}, 0});
+  return buffers_.back();
+}
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>* ps,
+                     std::vector<std::pair<std::string, Buffer*>>* bs, std::vector<std::pair<std::string, Tensor>>* sd,
+                     std::vector<std::pair<std::string, Module*>>* ms) {
+  if (ms) ms->emplace_back(prefix, this);
+  const std::string dot = prefix.empty() ? "" : prefix + ".";
+  for (auto& p : params_) {
+    if (ps) ps->emplace_back(dot + p.name, &p);
+    if (sd) sd->emplace_back(dot + p.name, p.value);
+  }
+  for (auto& b : buffers_) {
+    if (bs) bs->emplace_back(dot + b.name, &b);
+    if (sd) sd->emplace_back(dot + b.name, b.value);
+  }
+  for (auto& [n, c] : children_) c->collect(dot + n, ps, bs, sd, ms);
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  collect("", &out, nullptr, nullptr, nullptr);
+  return out;
+}
+std::vector<std::pair<std::string, Buffer*>> Module::named_buffers() {
+  std::vector<std::pair<std::string, Buffer*>> out;
+  collect("", nullptr, &out, nullptr, nullptr);
+  return out;
+}
+std::vector<std::pair<std::string, Tensor>> Module::state_dict() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", nullptr, nullptr, &out, nullptr);
+  return out;
+}
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  collect("", nullptr, nullptr, nullptr, &out);
+  return out;
+}
+
+void Module::materialize(Device d) {
+  auto ps = named_parameters();
+  auto bs = named_buffers();
+  int64_t p_total = 0, b_total = 0;
+  for (auto& [n, p] : ps) {
+    p->offset = p_total;
+    p_total += (p->shape.numel() + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+  }
+  for (auto& [n, b] : bs) {
+    if (b->dtype != DType::F32) continue;
+    b->offset = b_total;
+    b_total += (b->shape.numel() + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+  }
+  auto a = std::make_shared<Arenas>();
+  a->params = Tensor::zeros(Shape{p_total}, DType::F32, d);
+  a->grads = Tensor::zeros(Shape{p_total}, DType::F32, d);
+  a->buffers = Tensor::zeros(Shape{b_total}, DType::F32, d);
+  for (auto& [n, b] : bs)
+    if (b->dtype != DType::F32) b->value = Tensor::zeros(b->shape, b->dtype, Device::cpu());
+  bind(a);
+}
+
+void Module::bind(const std::shared_ptr<Arenas>& a) {
+  arenas_ = a;
+  for (auto& p : params_) {
+    p.value = a->params.flat(p.offset, p.shape);
+    p.grad = a->grads.flat(p.offset, p.shape);
+  }
+  for (auto& b : buffers_)
+    if (b.dtype == DType::F32) b.value = a->buffers.flat(b.offset, b.shape);
+  for (auto& [n, c] : children_) c->bind(a);
+}
+
+void Module::init_tree(std::mt19937_64& rng) {
+  reset_parameters(rng);
+  for (auto& [n, c] : children_) c->init_tree(rng);
+}
+
+void Module::init(uint64_t seed) {
+  materialize(Device::cpu());
+  std::mt19937_64 rng(seed);
+  init_tree(rng);
+}
+
+void Module::to(Device d, Stream* s) {
+  FANOUT_CHECK(arenas_) << "to() before materialize";
+  if (arenas_->params.device() == d) return;
+  auto a = std::make_shared<Arenas>();
+  a->params = arenas_->params.to(d, s);
+  a->grads = arenas_->grads.to(d, s);
+  a->buffers = arenas_->buffers.to(d, s);
+  bind(a);
+}
+
+std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
+  FANOUT_CHECK(arenas_) << "clone() before materialize";
+  std::unique_ptr<Module> m = make_like();
+  m->materialize(d);
+  m->arenas_->params.copy_from(arenas_->params, s);
+  m->arenas_->grads.copy_from(arenas_->grads, s);
+  m->arenas_->buffers.copy_from(arenas_->buffers, s);
+  // Non-float buffers (num_batches_tracked) live on the host.
+  auto src = const_cast<Module*>(this)->named_buffers();
+  auto dst = m->named_buffers();
+  for (size_t i = 0; i < src.size(); ++i)
+    if (src[i].second->dtype != DType::F32) dst[i].second->value.copy_from(src[i].second->value);
+  m->train(training_);
+  m->set_input_grad(input_grad_);
+  return m;
+}
+
+Device Module::device() const {
+  FANOUT_CHECK(arenas_) << "device() before materialize";
+  return arenas_->params.device();
+}
+
+Arenas& Module::arenas() {
+  FANOUT_CHECK(arenas_) << "arenas() before materialize";
+  return *arenas_;
+}
+const Arenas& Module::arenas() const {
+  FANOUT_CHECK(arenas_) << "arenas() before materialize";
+  return *arenas_;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& p : const_cast<Module*>(this)->named_parameters()) n += p.second->shape.numel();
+  return n;
+}
+
+void Module::zero_grad(Stream* s) { arenas().grads.zero(s); }
+
+void Module::notify_grads_ready(Context& ctx) const {
+  if (params_.empty()) return;
+  const int64_t begin = params_.front().offset;
+  const int64_t end = params_.back().offset + params_.back().shape.numel();
+  ctx.grad_ready(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+}
+
+}  // namespace fanout

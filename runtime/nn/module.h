@@ -1,0 +1,130 @@
+// Module interface. A model is a tree of modules; its float parameters live in
+// one flat arena per device and their gradients in another (Parameter tensors
+// are views), float buffers (BatchNorm running statistics) in a third. Names
+// follow torchvision (`layer1.0.bn1.running_mean`) so checkpoints map one to
+// one onto PyTorch state_dicts.
+//
+// forward(x, ctx) keeps what backward needs; backward(dy, ctx) accumulates
+// parameter gradients (+=) and returns dx (=), or an undefined tensor when
+// the module was told its input needs no gradient.
+#pragma once
+#include <deque>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout {
+
+struct Parameter {
+  std::string name;   // local name: "weight", "bias"
+  Shape shape;
+  Tensor value;       // view into the parameter arena
+  Tensor grad;        // view into the gradient arena
+  int64_t offset = 0; // first element in the arenas
+};
+
+struct Buffer {
+  std::string name;  // "running_mean", "running_var", "num_batches_tracked"
+  Shape shape;
+  DType dtype = DType::F32;
+  Tensor value;       // F32: view into the buffer arena; other dtypes: own host storage
+  int64_t offset = 0; // F32 only
+};
+
+// The flat storage of a whole model on one device.
+struct Arenas {
+  Tensor params;   // (P) float32
+  Tensor grads;    // (P) float32
+  Tensor buffers;  // (B) float32
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& x, Context& ctx) = 0;
+  virtual Tensor backward(const Tensor& dy, Context& ctx) = 0;
+  // A new module of the same architecture and hyper-parameters, not yet materialized.
+  virtual std::unique_ptr<Module> make_like() const = 0;
+  virtual std::string type_name() const = 0;
+  // Sets this module's own parameters and buffers to their initial values
+  // (called on CPU, children first). Default: nothing to initialize.
+  virtual void reset_parameters(std::mt19937_64& rng) {}
+  // Whether backward must return dx. Containers forward this to their first child.
+  virtual void set_input_grad(bool on) { input_grad_ = on; }
+  bool input_grad() const { return input_grad_; }
+
+  // Training flag for the whole subtree (BatchNorm reads it).
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // --- tree-wide (call on the root) ---
+  // Lays out and allocates the arenas on `d`, zeroes them, and binds every
+  // Parameter and Buffer to its view. Initialization is separate (init()).
+  void materialize(Device d);
+  // Materializes on CPU and initializes with a seeded RNG, as PyTorch would for this architecture.
+  void init(uint64_t seed);
+  // Moves the arenas to another device (copy), rebinding all views.
+  void to(Device d, Stream* s = nullptr);
+  // A deep copy on `d`: same architecture, values and training flag.
+  std::unique_ptr<Module> clone(Device d, Stream* s = nullptr) const;
+
+  bool materialized() const { return arenas_ != nullptr; }
+  Device device() const;
+  Arenas& arenas();
+  const Arenas& arenas() const;
+  int64_t num_parameters() const;  // elements, without alignment padding
+
+  void zero_grad(Stream* s = nullptr);
+
+  std::vector<std::pair<std::string, Parameter*>> named_parameters();
+  std::vector<std::pair<std::string, Buffer*>> named_buffers();
+  // Parameters and buffers interleaved per module, as torch's state_dict orders them.
+  std::vector<std::pair<std::string, Tensor>> state_dict();
+  std::vector<std::pair<std::string, Module*>> named_modules();
+
+ protected:
+  Parameter& register_parameter(const std::string& name, const Shape& s);
+  Buffer& register_buffer(const std::string& name, const Shape& s, DType t = DType::F32);
+  template <class M>
+  M& register_module(const std::string& name, std::unique_ptr<M> m) {
+    M& ref = *m;
+    children_.emplace_back(name, std::move(m));
+    return ref;
+  }
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>>& children() { return children_; }
+  const std::vector<std::pair<std::string, std::unique_ptr<Module>>>& children() const { return children_; }
+  std::deque<Parameter>& params() { return params_; }
+  std::deque<Buffer>& buffers() { return buffers_; }
+
+  // Reports this module's own parameter gradients as final (one contiguous range).
+  void notify_grads_ready(Context& ctx) const;
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>* ps,
+               std::vector<std::pair<std::string, Buffer*>>* bs, std::vector<std::pair<std::string, Tensor>>* sd,
+               std::vector<std::pair<std::string, Module*>>* ms);
+  void bind(const std::shared_ptr<Arenas>& a);
+  void init_tree(std::mt19937_64& rng);
+
+  std::deque<Parameter> params_;  // deque: references stay valid
+  std::deque<Buffer> buffers_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::shared_ptr<Arenas> arenas_;  // shared by every module of one tree
+  bool training_ = true;
+  bool input_grad_ = true;
+};
+
+// Elements each parameter's offset is aligned to in the arenas (64 bytes).
+inline constexpr int64_t kArenaAlign = 16;
+
+}  // namespace fanout

@@ -1,0 +1,74 @@
+// Shared test helpers.
+#include "support/test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/core/error.h"
+
+namespace fanout::testing {
+
+Tensor random_tensor(const Shape& s, std::mt19937_64& rng, float lo, float hi) {
+  Tensor t = Tensor::empty(s);
+  std::uniform_real_distribution<float> u(lo, hi);
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = u(rng);
+  return t;
+}
+
+Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty(Shape{n}, DType::I32);
+  std::uniform_int_distribution<int> u(0, classes - 1);
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = u(rng);
+  return t;
+}
+
+void poison(Tensor& t) {
+  if (t.dtype() == DType::F32) t.fill(std::numeric_limits<float>::quiet_NaN());
+}
+
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  FANOUT_CHECK(a.numel() == b.numel()) << a.shape().str() << " vs " << b.shape().str();
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = a.f32()[i], y = b.f32()[i];
+    double d = std::abs(x - y) / std::max(1.0, std::abs(y));
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+double l2_norm(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += double(t.f32()[i]) * t.f32()[i];
+  return std::sqrt(s);
+}
+
+double grad_check(const std::function<double()>& f, Tensor& x, const Tensor& analytic, double eps, double kink_tol,
+                  int max_entries) {
+  FANOUT_CHECK(x.numel() == analytic.numel()) << "gradient shape mismatch";
+  const int64_t n = x.numel();
+  const int64_t step = std::max<int64_t>(1, n / max_entries);
+  double worst = 0;
+  float* p = x.f32();
+  for (int64_t i = 0; i < n; i += step) {
+    const float orig = p[i];
+    p[i] = orig + static_cast<float>(eps);
+    const double fp = f();
+    p[i] = orig - static_cast<float>(eps);
+    const double fm = f();
+    p[i] = orig;
+    const double f0 = f();
+    const double right = (fp - f0) / eps, left = (f0 - fm) / eps;
+    if (std::abs(right - left) > kink_tol * std::max(1.0, std::abs(right) + std::abs(left))) continue;  // kink
+    const double num = (fp - fm) / (2 * eps);
+    const double ana = analytic.f32()[i];
+    const double err = std::abs(num - ana) / std::max({1e-2, std::abs(num), std::abs(ana)});
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+}  // namespace fanout::testing

@@ -1,0 +1,27 @@
+// Shared test helpers: seeded random tensors, poisoning, comparisons,
+// central-difference gradient checks.
+#pragma once
+#include <functional>
+#include <random>
+
+#include "runtime/core/tensor.h"
+
+namespace fanout::testing {
+
+// Seeded uniform [lo, hi) values; never all zeros.
+Tensor random_tensor(const Shape& s, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f);
+Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng);
+// Fills with NaN so unwritten outputs are caught.
+void poison(Tensor& t);
+// max |a - b| / max(1, |b|), elementwise.
+double max_rel_diff(const Tensor& a, const Tensor& b);
+double l2_norm(const Tensor& t);
+
+// Numerical gradient of a scalar function f() with respect to the float32
+// tensor `x` (modified in place and restored), by central differences.
+// Returns the largest relative error against `analytic`, skipping entries
+// where f has a kink (the one-sided slopes differ by more than `kink_tol`).
+double grad_check(const std::function<double()>& f, Tensor& x, const Tensor& analytic, double eps = 1e-2,
+                  double kink_tol = 1e-2, int max_entries = 200);
+
+}  // namespace fanout::testing
