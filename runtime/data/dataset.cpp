@@ -1,0 +1,104 @@
+// ImageDataset helpers (sample shape, normalization, channel statistics) and the --data spec parser.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.h"
+#include "runtime/data/dataset.h"
+
+namespace fanout::data {
+
+namespace detail {
+
+// Per-channel mean and std (population) of uint8 images (N, C, H, W), on the
+// [0, 1] scale. Counts a 256-bin histogram per channel, so the sums are exact.
+void channel_mean_std(const Tensor& images, std::vector<float>& mean, std::vector<float>& std) {
+  FANOUT_CHECK(images.dim() == 4 && images.dtype() == DType::U8) << "expected (N, C, H, W) uint8 images";
+  const int64_t n = images.size(0), c = images.size(1), hw = images.size(2) * images.size(3);
+  std::vector<std::vector<uint64_t>> hist(static_cast<size_t>(c), std::vector<uint64_t>(256, 0));
+  const uint8_t* p = images.data<uint8_t>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      uint64_t* h = hist[ch].data();
+      for (int64_t k = 0; k < hw; ++k) ++h[*p++];
+    }
+  mean.assign(static_cast<size_t>(c), 0.0f);
+  std.assign(static_cast<size_t>(c), 1.0f);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double cnt = 0, s = 0, s2 = 0;
+    for (int v = 0; v < 256; ++v) {
+      const double k = static_cast<double>(hist[ch][v]), x = v / 255.0;
+      cnt += k;
+      s += k * x;
+      s2 += k * x * x;
+    }
+    if (cnt == 0) continue;
+    const double m = s / cnt, var = std::max(0.0, s2 / cnt - m * m);
+    mean[ch] = static_cast<float>(m);
+    // A constant channel would divide by zero; leave its std at 1.
+    std[ch] = var > 0 ? static_cast<float>(std::sqrt(var)) : 1.0f;
+  }
+}
+
+}  // namespace detail
+
+Shape ImageDataset::sample_shape() const {
+  FANOUT_CHECK(images.defined() && images.dim() == 4) << "dataset '" << name << "' has no (N, C, H, W) images";
+  return Shape{images.size(1), images.size(2), images.size(3)};
+}
+
+void ImageDataset::normalized(int64_t i, float* out) const {
+  FANOUT_CHECK(0 <= i && i < size()) << "sample " << i << " of dataset '" << name << "' with " << size();
+  const Shape s = sample_shape();  // (C, H, W)
+  const int64_t c = s[0], hw = s[1] * s[2];
+  FANOUT_CHECK(static_cast<int64_t>(mean.size()) == c && static_cast<int64_t>(std.size()) == c)
+      << "dataset '" << name << "' has " << mean.size() << " means and " << std.size() << " stds for " << c
+      << " channels";
+  const uint8_t* x = images.data<uint8_t>() + i * c * hw;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    // (x / 255 - mean) / std as one multiply-add.
+    const float scale = 1.0f / (255.0f * std[ch]), shift = -mean[ch] / std[ch];
+    for (int64_t k = 0; k < hw; ++k) out[ch * hw + k] = static_cast<float>(x[ch * hw + k]) * scale + shift;
+  }
+}
+
+namespace {
+
+constexpr const char* kSpecForms = "fashion-mnist[:DIR], cifar10:DIR or synthetic[:N]";
+constexpr int64_t kDefaultSynthetic = 2048;
+constexpr int64_t kMaxSynthetic = 10'000'000;  // 30 GB of images: past that it is a typo
+
+}  // namespace
+
+TrainTest open_dataset(const std::string& spec, uint64_t seed) {
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  const bool has_arg = colon != std::string::npos;
+  const std::string arg = has_arg ? spec.substr(colon + 1) : "";
+
+  if (kind == "fashion-mnist") {
+    FANOUT_USER_CHECK(!has_arg || !arg.empty())
+        << "bad dataset '" << spec << "': no directory after ':' (fashion-mnist:DIR)";
+    return load_fashion_mnist(has_arg ? arg : default_fashion_mnist_dir());
+  }
+  if (kind == "cifar10") {
+    FANOUT_USER_CHECK(!arg.empty()) << "bad dataset '" << spec << "': cifar10 needs a directory (cifar10:DIR)";
+    return load_cifar10(arg);
+  }
+  if (kind == "synthetic") {
+    int64_t n = kDefaultSynthetic;
+    if (has_arg) {
+      const char* b = arg.data();
+      const char* e = b + arg.size();
+      const auto [p, ec] = std::from_chars(b, e, n);
+      FANOUT_USER_CHECK(!arg.empty() && ec == std::errc() && p == e && n >= 1 && n <= kMaxSynthetic)
+          << "bad dataset '" << spec << "': synthetic:N needs a whole number of samples N in 1.." << kMaxSynthetic;
+    }
+    return make_synthetic(n, seed);
+  }
+  FANOUT_FAIL() << "unknown dataset '" << spec << "' (expected " << kSpecForms << ")";
+}
+
+}  // namespace fanout::data
