@@ -3,11 +3,24 @@
 
 #include "runtime/core/error.h"
 
+#include <atomic>
+
 namespace fanout {
+
+namespace {
+std::atomic<uint64_t> g_constructed{0};
+}
+
+Module::Module() { ++g_constructed; }
+uint64_t Module::constructed() { return g_constructed.load(); }
 
 void Module::train(bool on) {
   training_ = on;
   for (auto& [n, c] : children_) c->train(on);
+}
+
+void Module::set_batch_stat_sync(BatchStatSync* s) {
+  for (auto& [n, c] : children_) c->set_batch_stat_sync(s);
 }
 
 Parameter& Module::register_parameter(const std::string& name, const Shape& s) {

@@ -20,6 +20,8 @@
 
 namespace fanout {
 
+class BatchStatSync;
+
 struct Parameter {
   std::string name;   // local name: "weight", "bias"
   Shape shape;
@@ -46,7 +48,7 @@ struct Arenas {
 class Module {
  public:
   virtual ~Module() = default;
-  Module() = default;
+  Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -61,11 +63,17 @@ class Module {
   // Whether backward must return dx. Containers forward this to their first child.
   virtual void set_input_grad(bool on) { input_grad_ = on; }
   bool input_grad() const { return input_grad_; }
+  // Installs (or, with null, removes) a cross-replica statistics hook on
+  // every layer of the subtree that normalizes over the batch.
+  virtual void set_batch_stat_sync(BatchStatSync* s);
 
   // Training flag for the whole subtree (BatchNorm reads it).
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+
+  // How many modules this process has constructed (tests prove the steady-state step builds none).
+  static uint64_t constructed();
 
   // --- tree-wide (call on the root) ---
   // Lays out and allocates the arenas on `d`, zeroes them, and binds every

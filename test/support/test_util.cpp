@@ -46,12 +46,12 @@ double l2_norm(const Tensor& t) {
   return std::sqrt(s);
 }
 
-double grad_check(const std::function<double()>& f, Tensor& x, const Tensor& analytic, double eps, double kink_tol,
-                  int max_entries) {
+GradCheckResult grad_check_detail(const std::function<double()>& f, Tensor& x, const Tensor& analytic, double eps,
+                                  double kink_tol, int max_entries) {
   FANOUT_CHECK(x.numel() == analytic.numel()) << "gradient shape mismatch";
   const int64_t n = x.numel();
   const int64_t step = std::max<int64_t>(1, n / max_entries);
-  double worst = 0;
+  GradCheckResult r;
   float* p = x.f32();
   for (int64_t i = 0; i < n; i += step) {
     const float orig = p[i];
@@ -62,13 +62,31 @@ double grad_check(const std::function<double()>& f, Tensor& x, const Tensor& ana
     p[i] = orig;
     const double f0 = f();
     const double right = (fp - f0) / eps, left = (f0 - fm) / eps;
-    if (std::abs(right - left) > kink_tol * std::max(1.0, std::abs(right) + std::abs(left))) continue;  // kink
+    if (std::abs(right - left) > kink_tol * std::max(1.0, std::abs(right) + std::abs(left))) {  // kink
+      ++r.skipped;
+      continue;
+    }
     const double num = (fp - fm) / (2 * eps);
     const double ana = analytic.f32()[i];
     const double err = std::abs(num - ana) / std::max({1e-2, std::abs(num), std::abs(ana)});
-    worst = std::max(worst, err);
+    r.worst = std::max(r.worst, std::isnan(err) ? std::numeric_limits<double>::infinity() : err);
+    ++r.checked;
   }
-  return worst;
+  return r;
 }
+
+double grad_check(const std::function<double()>& f, Tensor& x, const Tensor& analytic, double eps, double kink_tol,
+                  int max_entries) {
+  return grad_check_detail(f, x, analytic, eps, kink_tol, max_entries).worst;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  FANOUT_CHECK(a.numel() == b.numel()) << a.shape().str() << " vs " << b.shape().str();
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) s += double(a.f32()[i]) * b.f32()[i];
+  return s;
+}
+
+Tensor clone(const Tensor& t) { return t.to(Device::cpu()); }
 
 }  // namespace fanout::testing

@@ -24,4 +24,19 @@ double l2_norm(const Tensor& t);
 double grad_check(const std::function<double()>& f, Tensor& x, const Tensor& analytic, double eps = 1e-2,
                   double kink_tol = 1e-2, int max_entries = 200);
 
+// grad_check with its bookkeeping, so a test can also assert that enough
+// entries were compared (not all skipped as kinks).
+struct GradCheckResult {
+  double worst = 0;  // largest relative error over the compared entries
+  int checked = 0;   // entries compared
+  int skipped = 0;   // entries skipped as kinks
+};
+GradCheckResult grad_check_detail(const std::function<double()>& f, Tensor& x, const Tensor& analytic,
+                                  double eps = 1e-2, double kink_tol = 1e-2, int max_entries = 200);
+
+// sum_i a_i * b_i in double (a scalar loss L = <r, y> has dL/dy = r).
+double dot(const Tensor& a, const Tensor& b);
+// A float32 CPU copy of t.
+Tensor clone(const Tensor& t);
+
 }  // namespace fanout::testing

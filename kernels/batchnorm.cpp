@@ -1,0 +1,146 @@
+// Public batch-normalization entry points: shape/dtype/device checks, then dispatch.
+#include "kernels/batchnorm.h"
+
+#include "kernels/cpu/batchnorm.h"
+#include "kernels/dispatch.h"
+#ifdef FANOUT_WITH_CUDA
+#include "kernels/cuda/batchnorm.h"
+#endif
+
+namespace fanout::kernels {
+
+namespace {
+// x (N, C, ...) with at least 2 dims; returns C.
+int64_t check_bn_input(const Context& ctx, const char* op, const char* name, const Tensor& x) {
+  detail::check_tensor(ctx, op, name, x);
+  FANOUT_CHECK(x.dim() >= 2) << op << ": " << name << " " << x.shape().str() << " must be (N, C) or (N, C, H, W)";
+  return x.size(1);
+}
+// A per-channel vector (C).
+void check_channel_vec(const Context& ctx, const char* op, const char* name, const Tensor& t, int64_t c) {
+  detail::check_tensor(ctx, op, name, t);
+  FANOUT_CHECK(t.shape() == Shape{c}) << op << ": " << name << " " << t.shape().str() << " for " << c
+                                      << " channels";
+}
+// (2, C) statistics.
+void check_stats(const Context& ctx, const char* op, const char* name, const Tensor& t, int64_t c) {
+  detail::check_tensor(ctx, op, name, t);
+  FANOUT_CHECK((t.shape() == Shape{2, c})) << op << ": " << name << " " << t.shape().str() << " for " << c
+                                           << " channels, expected (2, " << c << ")";
+}
+void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+  FANOUT_CHECK(a.shape() == b.shape()) << op << ": " << a_name << " " << a.shape().str() << " and " << b_name << " "
+                                       << b.shape().str() << " differ";
+}
+}  // namespace
+
+void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
+  const int64_t c = check_bn_input(ctx, "bn_stats", "x", x);
+  check_stats(ctx, "bn_stats", "stats", stats, c);
+  if (ctx.device().is_cpu()) return cpu::bn_stats(ctx, x, stats);
+#ifdef FANOUT_WITH_CUDA
+  if (ctx.device().is_cuda()) return cuda::bn_stats(ctx, x, stats);
+#endif
+  no_backend("bn_stats", ctx.device());
+}
+
+void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
+                 Tensor& invstd, Tensor* running_mean, Tensor* running_var) {
+  const char* op = "bn_finalize";
+  detail::check_tensor(ctx, op, "stats", stats);
+  FANOUT_CHECK(stats.dim() == 2 && stats.size(0) == 2) << op << ": stats " << stats.shape().str()
+                                                       << " must be (2, C)";
+  const int64_t c = stats.size(1);
+  FANOUT_CHECK(count >= 1) << op << ": count " << count << " for stats " << stats.shape().str();
+  FANOUT_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f)
+      << op << ": eps " << eps << " must be >= 0 and momentum " << momentum << " in [0, 1]";
+  check_channel_vec(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  if (running_mean) check_channel_vec(ctx, op, "running_mean", *running_mean, c);
+  if (running_var) {
+    check_channel_vec(ctx, op, "running_var", *running_var, c);
+    FANOUT_USER_CHECK(count > 1) << "batch norm: expected more than 1 value per channel when training (count "
+                                 << count << " for stats " << stats.shape().str() << ")";
+  }
+  if (ctx.device().is_cpu())
+    return cpu::bn_finalize(ctx, stats, count, eps, momentum, mean, invstd, running_mean, running_var);
+#ifdef FANOUT_WITH_CUDA
+  if (ctx.device().is_cuda())
+    return cuda::bn_finalize(ctx, stats, count, eps, momentum, mean, invstd, running_mean, running_var);
+#endif
+  no_backend(op, ctx.device());
+}
+
+void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+              const Tensor& beta, Tensor& y) {
+  const char* op = "bn_apply";
+  const int64_t c = check_bn_input(ctx, op, "x", x);
+  check_channel_vec(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  check_channel_vec(ctx, op, "gamma", gamma, c);
+  check_channel_vec(ctx, op, "beta", beta, c);
+  detail::check_tensor(ctx, op, "y", y);
+  check_same_shape(op, "x", x, "y", y);
+  if (ctx.device().is_cpu()) return cpu::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
+#ifdef FANOUT_WITH_CUDA
+  if (ctx.device().is_cuda()) return cuda::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
+#endif
+  no_backend(op, ctx.device());
+}
+
+void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                     const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
+  const char* op = "bn_forward_eval";
+  const int64_t c = check_bn_input(ctx, op, "x", x);
+  check_channel_vec(ctx, op, "running_mean", running_mean, c);
+  check_channel_vec(ctx, op, "running_var", running_var, c);
+  check_channel_vec(ctx, op, "gamma", gamma, c);
+  check_channel_vec(ctx, op, "beta", beta, c);
+  FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
+  detail::check_tensor(ctx, op, "y", y);
+  check_same_shape(op, "x", x, "y", y);
+  if (ctx.device().is_cpu()) return cpu::bn_forward_eval(ctx, x, running_mean, running_var, gamma, beta, eps, y);
+#ifdef FANOUT_WITH_CUDA
+  if (ctx.device().is_cuda()) return cuda::bn_forward_eval(ctx, x, running_mean, running_var, gamma, beta, eps, y);
+#endif
+  no_backend(op, ctx.device());
+}
+
+void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                        Tensor& grad_stats) {
+  const char* op = "bn_backward_reduce";
+  const int64_t c = check_bn_input(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "dy", dy);
+  check_same_shape(op, "x", x, "dy", dy);
+  check_channel_vec(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  check_stats(ctx, op, "grad_stats", grad_stats, c);
+  if (ctx.device().is_cpu()) return cpu::bn_backward_reduce(ctx, x, dy, mean, invstd, grad_stats);
+#ifdef FANOUT_WITH_CUDA
+  if (ctx.device().is_cuda()) return cuda::bn_backward_reduce(ctx, x, dy, mean, invstd, grad_stats);
+#endif
+  no_backend(op, ctx.device());
+}
+
+void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                       const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
+  const char* op = "bn_backward_apply";
+  const int64_t c = check_bn_input(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "dy", dy);
+  check_same_shape(op, "x", x, "dy", dy);
+  check_channel_vec(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  check_channel_vec(ctx, op, "gamma", gamma, c);
+  check_stats(ctx, op, "grad_stats", grad_stats, c);
+  FANOUT_CHECK(count >= 1) << op << ": count " << count << " for x " << x.shape().str();
+  detail::check_tensor(ctx, op, "dx", dx);
+  check_same_shape(op, "x", x, "dx", dx);
+  if (ctx.device().is_cpu()) return cpu::bn_backward_apply(ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
+#ifdef FANOUT_WITH_CUDA
+  if (ctx.device().is_cuda())
+    return cuda::bn_backward_apply(ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
+#endif
+  no_backend(op, ctx.device());
+}
+
+}  // namespace fanout::kernels

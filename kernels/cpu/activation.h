@@ -1,0 +1,12 @@
+// CPU backend of kernels/activation.h: vectorizable elementwise loops.
+// Preconditions are checked by the public entry points before these are called.
+#pragma once
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels::cpu {
+
+void relu_forward(Context& ctx, const Tensor& x, Tensor& y);
+void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx);
+
+}  // namespace fanout::kernels::cpu

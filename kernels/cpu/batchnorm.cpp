@@ -1,0 +1,168 @@
+// CPU batch normalization. Tensors are viewed as (N, C, S) with S the product
+// of the spatial dims (1 for (N, C) input); each (n, c) plane is contiguous.
+// Reductions accumulate in double with independent partial sums so the loops
+// vectorize; elementwise passes use per-channel constants, no division.
+#include "kernels/cpu/batchnorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace fanout::kernels::cpu {
+
+namespace {
+
+struct Planes {
+  int64_t n, c, s;
+};
+Planes planes_of(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1);
+  return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
+}
+
+// s += sum p, q += sum p^2 over len floats, in double.
+inline void sum_sumsq(const float* p, int64_t len, double& s, double& q) {
+  double as[4] = {0, 0, 0, 0}, aq[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= len; i += 4)
+    for (int j = 0; j < 4; ++j) {
+      const double v = p[i + j];
+      as[j] += v;
+      aq[j] += v * v;
+    }
+  for (; i < len; ++i) {
+    const double v = p[i];
+    as[0] += v;
+    aq[0] += v * v;
+  }
+  s += (as[0] + as[1]) + (as[2] + as[3]);
+  q += (aq[0] + aq[1]) + (aq[2] + aq[3]);
+}
+
+// s += sum dy, t += sum dy * (x - m) over len floats, in double.
+inline void sum_dy_dyxmu(const float* x, const float* dy, int64_t len, double m, double& s, double& t) {
+  double as[4] = {0, 0, 0, 0}, at[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= len; i += 4)
+    for (int j = 0; j < 4; ++j) {
+      const double g = dy[i + j];
+      as[j] += g;
+      at[j] += g * (static_cast<double>(x[i + j]) - m);
+    }
+  for (; i < len; ++i) {
+    const double g = dy[i];
+    as[0] += g;
+    at[0] += g * (static_cast<double>(x[i]) - m);
+  }
+  s += (as[0] + as[1]) + (as[2] + as[3]);
+  t += (at[0] + at[1]) + (at[2] + at[3]);
+}
+
+// y = (x - m) * k + b over len floats; y may alias x.
+inline void affine(const float* x, int64_t len, float m, float k, float b, float* y) {
+  for (int64_t i = 0; i < len; ++i) y[i] = (x[i] - m) * k + b;
+}
+
+}  // namespace
+
+void bn_stats(Context&, const Tensor& x, Tensor& stats) {
+  const Planes p = planes_of(x);
+  const float* xp = x.f32();
+  float* sp = stats.f32();  // (2, C)
+  for (int64_t c = 0; c < p.c; ++c) {
+    double s = 0, q = 0;
+    for (int64_t n = 0; n < p.n; ++n) sum_sumsq(xp + (n * p.c + c) * p.s, p.s, s, q);
+    sp[c] = static_cast<float>(s);
+    sp[p.c + c] = static_cast<float>(q);
+  }
+}
+
+void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
+                 Tensor& invstd, Tensor* running_mean, Tensor* running_var) {
+  const int64_t nc = stats.size(1);
+  const float* sp = stats.f32();
+  float* mp = mean.f32();
+  float* ip = invstd.f32();
+  float* rm = running_mean ? running_mean->f32() : nullptr;
+  float* rv = running_var ? running_var->f32() : nullptr;
+  const double inv_count = 1.0 / static_cast<double>(count);
+  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+  const double mom = momentum;
+  for (int64_t c = 0; c < nc; ++c) {
+    const double m = sp[c] * inv_count;
+    const double var = std::max(0.0, sp[nc + c] * inv_count - m * m);  // biased
+    mp[c] = static_cast<float>(m);
+    ip[c] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+    if (rm) rm[c] = static_cast<float>((1.0 - mom) * rm[c] + mom * m);
+    if (rv) rv[c] = static_cast<float>((1.0 - mom) * rv[c] + mom * var * unbias);
+  }
+}
+
+void bn_apply(Context&, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+              const Tensor& beta, Tensor& y) {
+  const Planes p = planes_of(x);
+  const float *xp = x.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
+  float* yp = y.f32();
+  for (int64_t n = 0; n < p.n; ++n)
+    for (int64_t c = 0; c < p.c; ++c) {
+      const int64_t off = (n * p.c + c) * p.s;
+      affine(xp + off, p.s, mp[c], ip[c] * gp[c], bp[c], yp + off);
+    }
+}
+
+void bn_forward_eval(Context&, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                     const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
+  const Planes p = planes_of(x);
+  const float *xp = x.f32(), *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(),
+              *bp = beta.f32();
+  float* yp = y.f32();
+  for (int64_t c = 0; c < p.c; ++c) {
+    const float k = static_cast<float>(gp[c] / std::sqrt(static_cast<double>(vp[c]) + static_cast<double>(eps)));
+    for (int64_t n = 0; n < p.n; ++n) {
+      const int64_t off = (n * p.c + c) * p.s;
+      affine(xp + off, p.s, mp[c], k, bp[c], yp + off);
+    }
+  }
+}
+
+void bn_backward_reduce(Context&, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                        Tensor& grad_stats) {
+  const Planes p = planes_of(x);
+  const float *xp = x.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32();
+  float* gs = grad_stats.f32();  // (2, C)
+  for (int64_t c = 0; c < p.c; ++c) {
+    double s = 0, t = 0;
+    for (int64_t n = 0; n < p.n; ++n) {
+      const int64_t off = (n * p.c + c) * p.s;
+      sum_dy_dyxmu(xp + off, dp + off, p.s, mp[c], s, t);
+    }
+    gs[c] = static_cast<float>(s);
+    gs[p.c + c] = static_cast<float>(t * ip[c]);  // sum dy * xhat
+  }
+}
+
+void bn_backward_apply(Context&, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                       const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
+  const Planes p = planes_of(x);
+  const float *xp = x.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(),
+              *gs = grad_stats.f32();
+  float* out = dx.f32();
+  const double inv_count = 1.0 / static_cast<double>(count);
+  for (int64_t c = 0; c < p.c; ++c) {
+    // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
+    // q = k * invstd * sum_dy_xhat / count.
+    const double k = static_cast<double>(gp[c]) * ip[c];
+    const float kf = static_cast<float>(k);
+    const float a = static_cast<float>(gs[c] * inv_count);
+    const float q = static_cast<float>(k * ip[c] * gs[p.c + c] * inv_count);
+    const float m = mp[c];
+    for (int64_t n = 0; n < p.n; ++n) {
+      const int64_t off = (n * p.c + c) * p.s;
+      const float* xs = xp + off;
+      const float* ds = dp + off;
+      float* o = out + off;
+      for (int64_t i = 0; i < p.s; ++i) o[i] = kf * (ds[i] - a) - (xs[i] - m) * q;
+    }
+  }
+}
+
+}  // namespace fanout::kernels::cpu

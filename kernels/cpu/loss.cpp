@@ -1,0 +1,85 @@
+// CPU softmax cross-entropy (max-subtracted, loss accumulated in double) with
+// PyTorch's label smoothing, and accuracy counting.
+#include "kernels/cpu/loss.h"
+
+#include <cmath>
+
+#include "runtime/core/error.h"
+
+namespace fanout::kernels::cpu {
+
+namespace {
+// Labels out of range are bad data, reported as one line.
+inline int64_t checked_label(const int32_t* labels, int64_t i, int64_t k, const char* op) {
+  const int64_t y = labels[i];
+  FANOUT_USER_CHECK(y >= 0 && y < k) << op << ": label " << y << " at row " << i << " is outside [0, " << k << ")";
+  return y;
+}
+}  // namespace
+
+void softmax_xent_forward(Context&, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
+                          Tensor& loss) {
+  const int64_t n = logits.size(0), k = logits.size(1);
+  const float* zp = logits.f32();     // (N, K)
+  const int32_t* yp = labels.data<int32_t>();
+  float* pp = probs.f32();            // (N, K)
+  const double s = smoothing;
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t y = checked_label(yp, i, k, "softmax_xent_forward");
+    const float* z = zp + i * k;
+    float* p = pp + i * k;
+    float m = z[0];
+    for (int64_t j = 1; j < k; ++j) m = z[j] > m ? z[j] : m;
+    // p = exp(z - m) / sum; log p_j = (z_j - m) - log(sum).
+    double sum = 0.0, sum_shifted = 0.0;
+    for (int64_t j = 0; j < k; ++j) {
+      const float e = std::exp(z[j] - m);
+      p[j] = e;
+      sum += e;
+      sum_shifted += static_cast<double>(z[j]) - m;
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < k; ++j) p[j] *= inv;
+    const double lse = std::log(sum);
+    const double nll = lse - (static_cast<double>(z[y]) - m);            // -log p_y
+    const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
+    total += (1.0 - s) * nll + s * mean_nll;
+  }
+  loss.f32()[0] = static_cast<float>(total / static_cast<double>(n));
+}
+
+void softmax_xent_backward(Context&, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
+                           Tensor& dlogits) {
+  const int64_t n = probs.size(0), k = probs.size(1);
+  const float* pp = probs.f32();
+  const int32_t* yp = labels.data<int32_t>();
+  float* dp = dlogits.f32();  // may alias probs
+  const float off = smoothing / static_cast<float>(k);  // target s/K off the label
+  const float on = (1.0f - smoothing);                 // plus (1 - s) on the label
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t y = checked_label(yp, i, k, "softmax_xent_backward");
+    const float* p = pp + i * k;
+    float* d = dp + i * k;
+    for (int64_t j = 0; j < k; ++j) d[j] = scale * (p[j] - off);
+    d[y] -= scale * on;
+  }
+}
+
+void count_correct(Context&, const Tensor& logits, const Tensor& labels, Tensor& correct) {
+  const int64_t n = logits.size(0), k = logits.size(1);
+  const float* zp = logits.f32();
+  const int32_t* yp = labels.data<int32_t>();
+  int32_t hits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = zp + i * k;
+    // torch.argmax: first maximum wins; NaN counts as the maximum.
+    int64_t best = 0;
+    for (int64_t j = 1; j < k; ++j)
+      if (!std::isnan(z[best]) && (z[j] > z[best] || std::isnan(z[j]))) best = j;
+    hits += best == yp[i] ? 1 : 0;
+  }
+  correct.data<int32_t>()[0] = hits;
+}
+
+}  // namespace fanout::kernels::cpu

@@ -1,0 +1,160 @@
+// CPU pooling over (N, C, H, W), one contiguous plane at a time. Windows are
+// clipped to the image, so padding is never selected by max pooling (it acts
+// as -inf) and counts as zeros for average pooling (count_include_pad).
+#include "kernels/cpu/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/core/error.h"
+
+namespace fanout::kernels::cpu {
+
+namespace {
+
+// Window [lo, hi) of output index o along one axis of length len.
+inline void window(int64_t o, const PoolGeometry& g, int64_t len, int64_t& lo, int64_t& hi) {
+  const int64_t start = o * g.stride - g.padding;
+  lo = std::max<int64_t>(start, 0);
+  hi = std::min<int64_t>(start + g.kernel, len);
+}
+
+inline float sum_f32(const float* p, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+}  // namespace
+
+void maxpool2d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = y.size(2), ow = y.size(3);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  int32_t* ap = argmax.data<int32_t>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xs = xp + p * h * w;
+    float* ys = yp + p * oh * ow;
+    int32_t* as = ap + p * oh * ow;
+    for (int64_t i = 0; i < oh; ++i) {
+      int64_t h0, h1;
+      window(i, g, h, h0, h1);
+      for (int64_t j = 0; j < ow; ++j) {
+        int64_t w0, w1;
+        window(j, g, w, w0, w1);
+        // First maximum wins; NaN propagates (as PyTorch's CPU kernel).
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t best_i = h0 * w + w0;
+        for (int64_t r = h0; r < h1; ++r) {
+          const float* row = xs + r * w;
+          for (int64_t c = w0; c < w1; ++c) {
+            const float v = row[c];
+            if (v > best || std::isnan(v)) {
+              best = v;
+              best_i = r * w + c;
+            }
+          }
+        }
+        ys[i * ow + j] = best;
+        as[i * ow + j] = static_cast<int32_t>(best_i);
+      }
+    }
+  }
+}
+
+void maxpool2d_backward(Context&, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  const int64_t planes = dy.size(0) * dy.size(1), ohw = dy.size(2) * dy.size(3);
+  const int64_t hw = dx.size(2) * dx.size(3);
+  const float* gp = dy.f32();
+  const int32_t* ap = argmax.data<int32_t>();
+  float* dp = dx.f32();
+  dx.zero();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* gs = gp + p * ohw;
+    const int32_t* as = ap + p * ohw;
+    float* ds = dp + p * hw;
+    for (int64_t i = 0; i < ohw; ++i) {
+      const int64_t k = as[i];
+      FANOUT_CHECK(k >= 0 && k < hw) << "maxpool2d_backward: argmax " << k << " outside a plane of dx "
+                                     << dx.shape().str();
+      ds[k] += gs[i];
+    }
+  }
+}
+
+void avgpool2d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = y.size(2), ow = y.size(3);
+  // count_include_pad: in floor mode every window lies inside the padded image, so the divisor is kernel^2.
+  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xs = xp + p * h * w;
+    float* ys = yp + p * oh * ow;
+    for (int64_t i = 0; i < oh; ++i) {
+      int64_t h0, h1;
+      window(i, g, h, h0, h1);
+      for (int64_t j = 0; j < ow; ++j) {
+        int64_t w0, w1;
+        window(j, g, w, w0, w1);
+        float s = 0.0f;
+        for (int64_t r = h0; r < h1; ++r) {
+          const float* row = xs + r * w;
+          for (int64_t c = w0; c < w1; ++c) s += row[c];
+        }
+        ys[i * ow + j] = s * inv;
+      }
+    }
+  }
+}
+
+void avgpool2d_backward(Context&, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  const int64_t planes = dx.size(0) * dx.size(1), h = dx.size(2), w = dx.size(3);
+  const int64_t oh = dy.size(2), ow = dy.size(3);
+  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  const float* gp = dy.f32();
+  float* dp = dx.f32();
+  dx.zero();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* gs = gp + p * oh * ow;
+    float* ds = dp + p * h * w;
+    for (int64_t i = 0; i < oh; ++i) {
+      int64_t h0, h1;
+      window(i, g, h, h0, h1);
+      for (int64_t j = 0; j < ow; ++j) {
+        int64_t w0, w1;
+        window(j, g, w, w0, w1);
+        const float v = gs[i * ow + j] * inv;
+        for (int64_t r = h0; r < h1; ++r) {
+          float* row = ds + r * w;
+          for (int64_t c = w0; c < w1; ++c) row[c] += v;
+        }
+      }
+    }
+  }
+}
+
+void global_avgpool_forward(Context&, const Tensor& x, Tensor& y) {
+  const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
+  const float inv = 1.0f / static_cast<float>(hw);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for (int64_t p = 0; p < planes; ++p) yp[p] = sum_f32(xp + p * hw, hw) * inv;
+}
+
+void global_avgpool_backward(Context&, const Tensor& dy, Tensor& dx) {
+  const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
+  const float inv = 1.0f / static_cast<float>(hw);
+  const float* gp = dy.f32();
+  float* dp = dx.f32();
+  for (int64_t p = 0; p < planes; ++p) std::fill(dp + p * hw, dp + (p + 1) * hw, gp[p] * inv);
+}
+
+}  // namespace fanout::kernels::cpu

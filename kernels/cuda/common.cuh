@@ -1,0 +1,202 @@
+// Private helpers of the CUDA kernels (C++17, included by kernels/cuda/*.cu
+// only): device scope, stream access, launch sizes, warp and block
+// reductions, the index-type dispatch, and the deterministic per-channel
+// reduction shared by batch norm and the convolution bias gradient.
+#pragma once
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace fanout::kernels::cuda::detail {
+
+// Makes the context's device current for the scope of one op and restores the
+// previous device after it: worker threads of several devices may share a
+// process, and a caller's thread keeps the device it had. Never throws on exit.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const Context& ctx) {
+    const int d = ctx.device().index;
+    FANOUT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != d) FANOUT_CUDA_CHECK(cudaSetDevice(d));
+    device_ = d;
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+  int device_ = -1;
+};
+
+inline cudaStream_t stream_of(Context& ctx) { return static_cast<cudaStream_t>(ctx.compute().handle()); }
+
+// Streaming multiprocessors of a device, cached (the attribute query is cheap
+// but sits on every launch).
+inline int sm_count(int device) {
+  static std::atomic<int> cache[64] = {};
+  if (device >= 0 && device < 64) {
+    const int c = cache[device].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int n = 0;
+  FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  n = std::max(n, 1);
+  if (device >= 0 && device < 64) cache[device].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+constexpr int kThreads = 256;  // threads per block of the elementwise kernels
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride loop over `n` items: enough to fill the device
+// several times over, never zero, never past the grid limit.
+inline int grid_for(const Context& ctx, int64_t n, int threads = kThreads) {
+  const int64_t cap = int64_t{sm_count(ctx.device().index)} * 32;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(std::max<int64_t>(n, 1), threads), cap)));
+}
+
+// Calls f(int32_t{}) when every index below `n` fits in 32 bits, else
+// f(int64_t{}): kernels that divide indices run their 32-bit version whenever
+// they can (64-bit division is emulated and costs more than the memory access).
+template <class F>
+inline void dispatch_index(int64_t n, F&& f) {
+  // Half the 32-bit range, so that grid-stride increments cannot overflow.
+  if (n <= int64_t{INT32_MAX} / 2) {
+    f(int32_t{});
+  } else {
+    f(int64_t{});
+  }
+}
+
+// True when every pointer is 16-byte aligned (float4 loads and stores).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+template <class... P>
+inline bool aligned16(const void* p, P... rest) {
+  return aligned16(p) && aligned16(rest...);
+}
+
+// ---- device-side reductions ----
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;  // lane 0 holds the sum
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;  // every lane holds the max (NaN is ignored, as by fmaxf)
+}
+
+// Sums a and b over the block; thread 0 gets the results. blockDim.x must be a
+// multiple of 32 and at most 1024. Every thread of the block must call it.
+template <class T>
+__device__ __forceinline__ void block_sum2(T& a, T& b) {
+  __shared__ T sa[32];
+  __shared__ T sb[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if (lane == 0) {
+    sa[warp] = a;
+    sb[warp] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < warps ? sa[lane] : T(0);
+    b = lane < warps ? sb[lane] : T(0);
+    a = warp_sum(a);
+    b = warp_sum(b);
+  }
+  __syncthreads();  // the shared arrays may be reused by a later call
+}
+
+// ---- deterministic per-channel reduction over (N, C, S) ----
+//
+// For each channel c, accumulates two doubles over the N*S elements
+// x[(n*C + c)*S + s]. Op: __device__ void operator()(I i, I c, double& a, double& b) const.
+// Pass 1 (grid C x P) writes per-block partial sums into scratch (2, C, P);
+// pass 2 sums the P partials of each channel in a fixed order and hands them
+// to Fin: __device__ void operator()(int64_t c, double a, double b) const.
+// The result depends only on the shape and the device, never on timing.
+
+template <class I, class Op>
+__global__ void channel_partials_kernel(Op op, I n, I c, I s, double* __restrict__ partials) {
+  const I ch = static_cast<I>(blockIdx.x);
+  const I p = static_cast<I>(blockIdx.y), np = static_cast<I>(gridDim.y);
+  const I total = n * s;
+  double a = 0.0, b = 0.0;
+  for (I e = p * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); e < total;
+       e += np * static_cast<I>(blockDim.x)) {
+    const I nn = e / s;
+    const I ss = e - nn * s;
+    op((nn * c + ch) * s + ss, ch, a, b);
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    partials[static_cast<int64_t>(ch) * np + p] = a;
+    partials[(static_cast<int64_t>(c) + ch) * np + p] = b;
+  }
+}
+
+template <class Fin>
+__global__ void channel_finish_kernel(Fin fin, const double* __restrict__ partials, int64_t c, int np) {
+  for (int64_t ch = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; ch < c; ch += int64_t{gridDim.x} * blockDim.x) {
+    double a = 0.0, b = 0.0;
+    const double* pa = partials + ch * np;
+    const double* pb = partials + (c + ch) * np;
+    for (int i = 0; i < np; ++i) {
+      a += pa[i];
+      b += pb[i];
+    }
+    fin(ch, a, b);
+  }
+}
+
+// Runs the two passes on the context's compute stream; scratch comes from the
+// context's workspace. OpFor<I> is the element functor for index type I.
+template <template <class> class OpFor, class Fin, class... Args>
+void channel_reduce(Context& ctx, int64_t n, int64_t c, int64_t s, const Fin& fin, Args... args) {
+  if (c == 0) return;
+  FANOUT_CHECK(c <= INT32_MAX) << "channel_reduce: " << c << " channels";
+  const int64_t total = n * s;
+  // Partial blocks per channel: enough blocks to fill the device, but each
+  // block gets at least ~4 elements per thread; at most 1024 partials.
+  const int64_t want = ceil_div(int64_t{sm_count(ctx.device().index)} * 4, c);
+  const int np = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, ceil_div(total, kThreads * 4), 1024})));
+  auto* partials = static_cast<double*>(ctx.workspace(sizeof(double) * 2 * static_cast<size_t>(c) * np));
+  cudaStream_t st = stream_of(ctx);
+  const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(np));
+  dispatch_index(n * c * s, [&](auto tag) {
+    using I = decltype(tag);
+    channel_partials_kernel<I><<<grid, kThreads, 0, st>>>(OpFor<I>{args...}, static_cast<I>(n), static_cast<I>(c),
+                                                          static_cast<I>(s), partials);
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+  const int fin_blocks = static_cast<int>(ceil_div(c, kThreads));
+  channel_finish_kernel<<<fin_blocks, kThreads, 0, st>>>(fin, partials, c, np);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+// (N, C, S) view of an (N, C, ...) tensor: S is the product of the trailing dims.
+struct Planes {
+  int64_t n, c, s;
+};
+inline Planes planes_of(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1);
+  return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
+}
+
+}  // namespace fanout::kernels::cuda::detail

@@ -1,0 +1,31 @@
+// Helpers shared by the public kernel entry points: precondition checks on
+// tensors and the error thrown when a device has no backend for an op.
+// Public entry points check, then dispatch: CPU -> cpu::op, CUDA -> cuda::op
+// (only in a build with FANOUT_WITH_CUDA), anything else -> no_backend().
+#pragma once
+#include "runtime/core/context.h"
+#include "runtime/core/error.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels {
+
+// No silent fallback: an op reaching a device it has no backend for throws.
+[[noreturn]] inline void no_backend(const char* op, Device d) {
+  FANOUT_FAIL() << op << ": no backend for device " << d.str() << " in this build of fanout";
+}
+
+namespace detail {
+
+// Throws unless `t` is defined, has dtype `dt` and lives in the context device.s memory
+// (all CPU devices share host memory).
+inline void check_tensor(const Context& ctx, const char* op, const char* name, const Tensor& t,
+                         DType dt = DType::F32) {
+  FANOUT_CHECK(t.defined()) << op << ": " << name << " is undefined";
+  FANOUT_CHECK(t.dtype() == dt) << op << ": " << name << " " << t.shape().str() << " must be " << dtype_name(dt)
+                                << ", got " << dtype_name(t.dtype());
+  FANOUT_CHECK(t.device().same_memory(ctx.device())) << op << ": " << name << " " << t.shape().str() << " is on "
+                                           << t.device().str() << " but the context is on " << ctx.device().str();
+}
+
+}  // namespace detail
+}  // namespace fanout::kernels

@@ -1,0 +1,21 @@
+// ReLU layer.
+#include "models/layers/activation.h"
+
+#include "kernels/activation.h"
+
+namespace fanout::models {
+
+Tensor ReLU::forward(const Tensor& x, Context& ctx) {
+  ensure(y_, x.shape(), ctx.device());
+  kernels::relu_forward(ctx, x, y_);
+  return y_;
+}
+
+Tensor ReLU::backward(const Tensor& dy, Context& ctx) {
+  if (!input_grad()) return Tensor();
+  ensure(dx_, dy.shape(), ctx.device());
+  kernels::relu_backward(ctx, y_, dy, dx_);
+  return dx_;
+}
+
+}  // namespace fanout::models

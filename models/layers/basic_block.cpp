@@ -1,0 +1,67 @@
+// ResNet basic block.
+#include "models/layers/basic_block.h"
+
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+
+namespace fanout::models {
+
+BasicBlock::BasicBlock(int64_t in, int64_t out, int64_t stride) : in_(in), out_(out), stride_(stride) {
+  using I = Conv2d::Init;
+  conv1_ = &register_module("conv1", std::make_unique<Conv2d>(in, out, 3, stride, 1, false, I::KaimingNormalFanOut));
+  bn1_ = &register_module("bn1", std::make_unique<BatchNorm2d>(out));
+  relu1_ = &register_module("relu", std::make_unique<ReLU>());
+  conv2_ = &register_module("conv2", std::make_unique<Conv2d>(out, out, 3, 1, 1, false, I::KaimingNormalFanOut));
+  bn2_ = &register_module("bn2", std::make_unique<BatchNorm2d>(out));
+  if (stride != 1 || in != out) {
+    auto ds = std::make_unique<Sequential>();
+    ds->add(std::make_unique<Conv2d>(in, out, 1, stride, 0, false, I::KaimingNormalFanOut));
+    ds->add(std::make_unique<BatchNorm2d>(out));
+    downsample_ = &register_module("downsample", std::move(ds));
+  }
+}
+
+std::unique_ptr<Module> BasicBlock::make_like() const {
+  auto b = std::make_unique<BasicBlock>(in_, out_, stride_);
+  b->set_input_grad(input_grad());
+  return b;
+}
+
+void BasicBlock::set_input_grad(bool on) {
+  Module::set_input_grad(on);
+  conv1_->set_input_grad(on);
+  if (downsample_) downsample_->set_input_grad(on);
+}
+
+Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
+  Tensor h = conv1_->forward(x, ctx);
+  h = bn1_->forward(h, ctx);
+  h = relu1_->forward(h, ctx);
+  h = conv2_->forward(h, ctx);
+  h = bn2_->forward(h, ctx);
+  Tensor shortcut = downsample_ ? downsample_->forward(x, ctx) : x;
+  ensure(sum_, h.shape(), ctx.device());
+  kernels::add(ctx, h, shortcut, sum_);
+  ensure(y_, h.shape(), ctx.device());
+  kernels::relu_forward(ctx, sum_, y_);
+  return y_;
+}
+
+Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
+  ensure(dsum_, dy.shape(), ctx.device());
+  kernels::relu_backward(ctx, y_, dy, dsum_);  // d(main + shortcut)
+  // Shortcut first: its parameters come last in the arena, so their gradients
+  // are ready earliest in backward order.
+  Tensor dshort = downsample_ ? downsample_->backward(dsum_, ctx) : dsum_;
+  Tensor g = bn2_->backward(dsum_, ctx);
+  g = conv2_->backward(g, ctx);
+  g = relu1_->backward(g, ctx);
+  g = bn1_->backward(g, ctx);
+  g = conv1_->backward(g, ctx);
+  if (!input_grad()) return Tensor();
+  ensure(dx_, g.shape(), ctx.device());
+  kernels::add(ctx, g, dshort, dx_);
+  return dx_;
+}
+
+}  // namespace fanout::models

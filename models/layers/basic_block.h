@@ -1,0 +1,32 @@
+// ResNet basic block (torchvision.models.resnet.BasicBlock):
+//   out = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)),
+// shortcut = downsample (1x1 conv stride s + BatchNorm) when the shape changes.
+#pragma once
+#include "models/layers/activation.h"
+#include "models/layers/batchnorm2d.h"
+#include "models/layers/conv2d.h"
+#include "models/layers/sequential.h"
+
+namespace fanout::models {
+
+class BasicBlock : public Module {
+ public:
+  BasicBlock(int64_t in, int64_t out, int64_t stride);
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::unique_ptr<Module> make_like() const override;
+  std::string type_name() const override { return "BasicBlock"; }
+  void set_input_grad(bool on) override;
+
+ private:
+  int64_t in_, out_, stride_;
+  Conv2d* conv1_;
+  BatchNorm2d* bn1_;
+  ReLU* relu1_;
+  Conv2d* conv2_;
+  BatchNorm2d* bn2_;
+  Sequential* downsample_ = nullptr;
+  Tensor sum_, y_, dsum_, dx_;
+};
+
+}  // namespace fanout::models

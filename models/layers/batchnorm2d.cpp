@@ -1,0 +1,81 @@
+// BatchNorm2d layer, composed from the split statistics kernels.
+#include "models/layers/batchnorm2d.h"
+
+#include "kernels/batchnorm.h"
+#include "kernels/elementwise.h"
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum) : c_(channels), eps_(eps), momentum_(momentum) {
+  FANOUT_CHECK(channels > 0) << "BatchNorm2d(" << channels << ")";
+  w_ = &register_parameter("weight", Shape{channels});
+  b_ = &register_parameter("bias", Shape{channels});
+  rm_ = &register_buffer("running_mean", Shape{channels});
+  rv_ = &register_buffer("running_var", Shape{channels});
+  nbt_ = &register_buffer("num_batches_tracked", Shape{}, DType::I64);
+}
+
+std::unique_ptr<Module> BatchNorm2d::make_like() const {
+  auto m = std::make_unique<BatchNorm2d>(c_, eps_, momentum_);
+  m->layer_id_ = layer_id_;
+  return m;
+}
+
+void BatchNorm2d::reset_parameters(std::mt19937_64&) {
+  FANOUT_CHECK(w_->value.device().is_cpu()) << "initialization runs on the CPU";
+  w_->value.fill(1.0f);
+  b_->value.fill(0.0f);
+  rm_->value.fill(0.0f);
+  rv_->value.fill(1.0f);
+  nbt_->value.data<int64_t>()[0] = 0;
+}
+
+int64_t BatchNorm2d::num_batches_tracked() const { return nbt_->value.data<int64_t>()[0]; }
+
+Tensor BatchNorm2d::forward(const Tensor& x, Context& ctx) {
+  FANOUT_USER_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == c_)
+      << "BatchNorm2d(" << c_ << ") cannot take input of shape " << x.shape().str();
+  x_ = x;
+  const Device d = ctx.device();
+  ensure(y_, x.shape(), d);
+  trained_forward_ = is_training();
+  if (!trained_forward_) {
+    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);
+    return y_;
+  }
+  ensure(stats_, Shape{2, c_}, d);
+  ensure(mean_, Shape{c_}, d);
+  ensure(invstd_, Shape{c_}, d);
+  kernels::bn_stats(ctx, x, stats_);
+  count_ = x.numel() / c_;
+  if (sync_) sync_->all_reduce(layer_id_, stats_, count_, ctx);
+  FANOUT_USER_CHECK(count_ > 1) << "BatchNorm2d needs more than one value per channel in training (input "
+                                << x.shape().str() << ")";
+  kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
+  nbt_->value.data<int64_t>()[0] += 1;
+  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);
+  return y_;
+}
+
+Tensor BatchNorm2d::backward(const Tensor& dy, Context& ctx) {
+  FANOUT_CHECK(trained_forward_) << "BatchNorm2d backward after an eval-mode forward";
+  const Device d = ctx.device();
+  ensure(grad_stats_, Shape{2, c_}, d);
+  kernels::bn_backward_reduce(ctx, x_, dy, mean_, invstd_, grad_stats_);
+  // dgamma += sum(dy * xhat), dbeta += sum(dy): the local sums, before any sync.
+  kernels::axpy(ctx, 1.0f, grad_stats_.flat(0, Shape{c_}), b_->grad);
+  kernels::axpy(ctx, 1.0f, grad_stats_.flat(c_, Shape{c_}), w_->grad);
+  notify_grads_ready(ctx);
+  int64_t count = count_;
+  if (sync_) {
+    int64_t local = x_.numel() / c_;
+    sync_->all_reduce(layer_id_, grad_stats_, local, ctx);
+    count = local;
+  }
+  ensure(dx_, x_.shape(), d);
+  kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);
+  return dx_;
+}
+
+}  // namespace fanout::models

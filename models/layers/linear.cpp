@@ -1,0 +1,59 @@
+// Linear layer.
+#include "models/layers/linear.h"
+
+#include <cmath>
+
+#include "kernels/linear.h"
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+void uniform_fill(Tensor& t, float bound, std::mt19937_64& rng) {
+  FANOUT_CHECK(t.device().is_cpu()) << "initialization runs on the CPU";
+  std::uniform_real_distribution<float> u(-bound, bound);
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = u(rng);
+}
+
+void normal_fill(Tensor& t, float stddev, std::mt19937_64& rng) {
+  FANOUT_CHECK(t.device().is_cpu()) << "initialization runs on the CPU";
+  std::normal_distribution<float> n(0.0f, stddev);
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = n(rng);
+}
+
+Linear::Linear(int64_t in, int64_t out, bool bias) : in_(in), out_(out) {
+  FANOUT_CHECK(in > 0 && out > 0) << "Linear(" << in << ", " << out << ")";
+  w_ = &register_parameter("weight", Shape{out, in});
+  if (bias) b_ = &register_parameter("bias", Shape{out});
+}
+
+std::unique_ptr<Module> Linear::make_like() const { return std::make_unique<Linear>(in_, out_, b_ != nullptr); }
+
+void Linear::reset_parameters(std::mt19937_64& rng) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  uniform_fill(w_->value, bound, rng);
+  if (b_) uniform_fill(b_->value, bound, rng);
+}
+
+Tensor Linear::forward(const Tensor& x, Context& ctx) {
+  FANOUT_USER_CHECK(x.dim() == 2 && x.size(1) == in_)
+      << "Linear(" << in_ << ", " << out_ << ") cannot take input of shape " << x.shape().str();
+  x_ = x;
+  ensure(y_, Shape{x.size(0), out_}, ctx.device());
+  kernels::linear_forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, y_);
+  return y_;
+}
+
+Tensor Linear::backward(const Tensor& dy, Context& ctx) {
+  Tensor* dx = nullptr;
+  if (input_grad()) {
+    ensure(dx_, x_.shape(), ctx.device());
+    dx = &dx_;
+  }
+  kernels::linear_backward(ctx, x_, w_->value, dy, dx, w_->grad, b_ ? &b_->grad : nullptr);
+  notify_grads_ready(ctx);
+  return input_grad() ? dx_ : Tensor();
+}
+
+}  // namespace fanout::models

@@ -1,0 +1,31 @@
+// Linear layer, torch.nn.Linear: y = x W^T + b; x (N, in), W (out, in).
+#pragma once
+#include "runtime/nn/module.h"
+
+namespace fanout::models {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias = true);
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::unique_ptr<Module> make_like() const override;
+  std::string type_name() const override { return "Linear"; }
+  void reset_parameters(std::mt19937_64& rng) override;  // torch default: U(-1/sqrt(in), 1/sqrt(in))
+  Parameter& weight() { return *w_; }
+  Parameter* bias() { return b_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  int64_t in_, out_;
+  Parameter* w_;
+  Parameter* b_ = nullptr;
+  Tensor x_, y_, dx_;
+};
+
+// Fills with U(-bound, bound) from a seeded generator (used by several layers).
+void uniform_fill(Tensor& t, float bound, std::mt19937_64& rng);
+void normal_fill(Tensor& t, float stddev, std::mt19937_64& rng);
+
+}  // namespace fanout::models

@@ -1,0 +1,28 @@
+// Sequential container: children run in the order they were added; names are
+// the child names given (torch's Sequential uses "0", "1", ...).
+#pragma once
+#include "runtime/nn/module.h"
+
+namespace fanout::models {
+
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  template <class M>
+  M& add(const std::string& name, std::unique_ptr<M> m) {
+    return register_module(name, std::move(m));
+  }
+  template <class M>
+  M& add(std::unique_ptr<M> m) {
+    return register_module(std::to_string(children().size()), std::move(m));
+  }
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::unique_ptr<Module> make_like() const override;
+  std::string type_name() const override { return "Sequential"; }
+  void set_input_grad(bool on) override;
+  size_t size() const { return children().size(); }
+  Module& at(size_t i) { return *children()[i].second; }
+};
+
+}  // namespace fanout::models

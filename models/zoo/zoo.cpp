@@ -1,0 +1,130 @@
+// Model zoo builders.
+#include "models/zoo/zoo.h"
+
+#include "models/layers/activation.h"
+#include "models/layers/basic_block.h"
+#include "models/layers/batchnorm2d.h"
+#include "models/layers/conv2d.h"
+#include "models/layers/linear.h"
+#include "models/layers/pooling.h"
+#include "models/layers/sequential.h"
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+namespace {
+void check_image_input(const std::string& model, const Shape& in, int64_t min_hw) {
+  FANOUT_USER_CHECK(in.ndim == 3 && in[0] >= 1 && in[1] >= min_hw && in[2] >= min_hw)
+      << "model " << model << " cannot take images of shape " << in.str() << " (needs (C, H, W) with H, W >= "
+      << min_hw << ")";
+}
+int64_t conv_out(int64_t x, int64_t k, int64_t s, int64_t p) { return (x + 2 * p - k) / s + 1; }
+}  // namespace
+
+std::unique_ptr<Module> mlp(const Shape& in, int classes) {
+  FANOUT_USER_CHECK(in.ndim >= 1 && in.numel() > 0) << "model mlp cannot take inputs of shape " << in.str();
+  auto m = std::make_unique<Sequential>();
+  m->add("flatten", std::make_unique<Flatten>());
+  m->add("fc1", std::make_unique<Linear>(in.numel(), 512));
+  m->add("relu1", std::make_unique<ReLU>());
+  m->add("fc2", std::make_unique<Linear>(512, 256));
+  m->add("relu2", std::make_unique<ReLU>());
+  m->add("fc3", std::make_unique<Linear>(256, classes));
+  return m;
+}
+
+std::unique_ptr<Module> lenet(const Shape& in, int classes) {
+  check_image_input("lenet", in, 28);
+  const int64_t pad = in[1] < 32 ? (32 - in[1] + 1) / 2 : 0;
+  const int64_t h = conv_out(conv_out(conv_out(conv_out(in[1], 5, 1, pad), 2, 2, 0), 5, 1, 0), 2, 2, 0);
+  const int64_t w = conv_out(conv_out(conv_out(conv_out(in[2], 5, 1, pad), 2, 2, 0), 5, 1, 0), 2, 2, 0);
+  auto m = std::make_unique<Sequential>();
+  m->add("conv1", std::make_unique<Conv2d>(in[0], 6, 5, 1, pad));
+  m->add("relu1", std::make_unique<ReLU>());
+  m->add("pool1", std::make_unique<MaxPool2d>(2, 2));
+  m->add("conv2", std::make_unique<Conv2d>(6, 16, 5));
+  m->add("relu2", std::make_unique<ReLU>());
+  m->add("pool2", std::make_unique<MaxPool2d>(2, 2));
+  m->add("flatten", std::make_unique<Flatten>());
+  m->add("fc1", std::make_unique<Linear>(16 * h * w, 120));
+  m->add("relu3", std::make_unique<ReLU>());
+  m->add("fc2", std::make_unique<Linear>(120, 84));
+  m->add("relu4", std::make_unique<ReLU>());
+  m->add("fc3", std::make_unique<Linear>(84, classes));
+  return m;
+}
+
+std::unique_ptr<Module> cnn(const Shape& in, int classes) {
+  check_image_input("cnn", in, 8);
+  auto m = std::make_unique<Sequential>();
+  int64_t c = in[0], h = in[1], w = in[2];
+  const int64_t widths[3] = {32, 64, 128};
+  for (int i = 0; i < 3; ++i) {
+    const std::string k = std::to_string(i + 1);
+    m->add("conv" + k, std::make_unique<Conv2d>(c, widths[i], 3, 1, 1, false));
+    m->add("bn" + k, std::make_unique<BatchNorm2d>(widths[i]));
+    m->add("relu" + k, std::make_unique<ReLU>());
+    m->add("pool" + k, std::make_unique<MaxPool2d>(2, 2));
+    c = widths[i];
+    h /= 2;
+    w /= 2;
+  }
+  m->add("flatten", std::make_unique<Flatten>());
+  m->add("fc1", std::make_unique<Linear>(c * h * w, 256));
+  m->add("relu4", std::make_unique<ReLU>());
+  m->add("fc2", std::make_unique<Linear>(256, classes));
+  return m;
+}
+
+std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_stem) {
+  check_image_input(imagenet_stem ? "resnet18:imagenet" : "resnet18", in, imagenet_stem ? 32 : 8);
+  using I = Conv2d::Init;
+  auto m = std::make_unique<Sequential>();
+  if (imagenet_stem) {
+    m->add("conv1", std::make_unique<Conv2d>(in[0], 64, 7, 2, 3, false, I::KaimingNormalFanOut));
+  } else {
+    m->add("conv1", std::make_unique<Conv2d>(in[0], 64, 3, 1, 1, false, I::KaimingNormalFanOut));
+  }
+  m->add("bn1", std::make_unique<BatchNorm2d>(64));
+  m->add("relu", std::make_unique<ReLU>());
+  if (imagenet_stem) m->add("maxpool", std::make_unique<MaxPool2d>(3, 2, 1));
+  int64_t c = 64;
+  const int64_t widths[4] = {64, 128, 256, 512};
+  for (int i = 0; i < 4; ++i) {
+    auto layer = std::make_unique<Sequential>();
+    const int64_t stride = i == 0 ? 1 : 2;
+    layer->add(std::make_unique<BasicBlock>(c, widths[i], stride));
+    layer->add(std::make_unique<BasicBlock>(widths[i], widths[i], 1));
+    m->add("layer" + std::to_string(i + 1), std::move(layer));
+    c = widths[i];
+  }
+  m->add("avgpool", std::make_unique<AdaptiveAvgPool2d>());
+  m->add("flatten", std::make_unique<Flatten>());
+  m->add("fc", std::make_unique<Linear>(512, classes));
+  return m;
+}
+
+std::vector<std::string> model_names() { return {"mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet"}; }
+
+std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
+  FANOUT_USER_CHECK(classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
+  std::unique_ptr<Module> m;
+  if (name == "mlp") m = mlp(input, classes);
+  else if (name == "lenet") m = lenet(input, classes);
+  else if (name == "cnn") m = cnn(input, classes);
+  else if (name == "resnet18") m = resnet18(input, classes, false);
+  else if (name == "resnet18:imagenet") m = resnet18(input, classes, true);
+  else {
+    std::string known;
+    for (auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
+    FANOUT_FAIL() << "unknown model '" << name << "' (known: " << known << ")";
+  }
+  // Layer ids let SyncBatchNorm match the same layer across replicas.
+  int id = 0;
+  for (auto& [n, mod] : m->named_modules())
+    if (auto* bn = dynamic_cast<BatchNorm2d*>(mod)) bn->set_layer_id(id++);
+  m->init(seed);
+  return m;
+}
+
+}  // namespace fanout::models

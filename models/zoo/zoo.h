@@ -1,0 +1,32 @@
+// Model zoo: mlp, lenet, cnn, resnet18. Every builder takes the sample shape
+// (C, H, W) and the class count, and refuses shapes the model cannot take with
+// a one-line error. Models come back materialized on the CPU and initialized
+// from `seed` as PyTorch initializes the same architecture.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/nn/module.h"
+
+namespace fanout::models {
+
+// Flatten, fc1 (in -> 512), relu, fc2 (512 -> 256), relu, fc3 (256 -> classes).
+std::unique_ptr<Module> mlp(const Shape& input, int classes);
+// LeNet-5: conv1 5x5 -> 6, relu, maxpool 2, conv2 5x5 -> 16, relu, maxpool 2,
+// fc1 -> 120, relu, fc2 -> 84, relu, fc3 -> classes. Inputs smaller than
+// 32x32 get conv1 padding so that 28x28 sees the classic 32x32 geometry.
+std::unique_ptr<Module> lenet(const Shape& input, int classes);
+// Three conv(3x3)-BatchNorm-ReLU-maxpool blocks (32, 64, 128 channels),
+// fc1 -> 256, relu, fc2 -> classes.
+std::unique_ptr<Module> cnn(const Shape& input, int classes);
+// torchvision resnet18 names and shapes. CIFAR stem: conv1 3x3 stride 1, no
+// max pool; ImageNet stem: conv1 7x7 stride 2 pad 3, maxpool 3/2/1.
+std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_stem = false);
+
+// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet". Unknown names throw
+// a one-line error listing the known ones. The model is initialized from seed.
+std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed);
+std::vector<std::string> model_names();
+
+}  // namespace fanout::models

@@ -1,0 +1,88 @@
+// Comm over host memory for CPU devices. Reductions are done by the last rank
+// to arrive, adding the ranks' buffers in rank order, so results do not depend
+// on thread timing.
+#include <cstring>
+#include <mutex>
+
+#include "runtime/core/error.h"
+#include "runtime/parallel/comm.h"
+#include "runtime/parallel/worker_pool.h"
+
+namespace fanout {
+namespace {
+
+class CpuComm : public Comm {
+ public:
+  CpuComm(int ranks, int max_ops)
+      : ranks_(ranks), slots_(ranks), op_bufs_(max_ops, std::vector<Tensor>(ranks)), op_count_(max_ops, 0) {}
+  std::string name() const override { return "cpu"; }
+
+  void begin(int active) override {
+    active_ = active;
+    barrier_.reset(active);
+    for (auto& c : op_count_) c = 0;
+  }
+
+  void broadcast(int rank, Tensor& buf, Context&) override {
+    slots_[rank] = buf;
+    barrier_.arrive_and_wait();
+    if (rank != 0) {
+      FANOUT_CHECK(slots_[0].numel() == buf.numel()) << "broadcast of mismatched sizes";
+      std::memcpy(buf.raw(), slots_[0].raw(), buf.nbytes());
+    }
+    barrier_.arrive_and_wait();
+  }
+
+  void reduce_add(int op, int rank, const Tensor& buf, Context&) override {
+    FANOUT_CHECK(op >= 0 && op < static_cast<int>(op_bufs_.size())) << "reduce op " << op;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      op_bufs_[op][rank] = buf;
+      if (++op_count_[op] < active_) return;
+      op_count_[op] = 0;
+    }
+    // Last to arrive: every rank's buffer for this op is final.
+    auto& bufs = op_bufs_[op];
+    float* dst = bufs[0].f32();
+    const int64_t n = bufs[0].numel();
+    for (int r = 1; r < active_; ++r) {
+      const float* src = bufs[r].f32();
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    }
+  }
+
+  void all_reduce(int rank, Tensor& buf, Context&) override {
+    slots_[rank] = buf;
+    barrier_.arrive_and_wait();
+    const int64_t n = buf.numel();
+    if (static_cast<int64_t>(scratch_.size()) < static_cast<int64_t>(ranks_) * n) {
+      std::lock_guard<std::mutex> g(mu_);
+      if (static_cast<int64_t>(scratch_.size()) < static_cast<int64_t>(ranks_) * n) scratch_.resize(ranks_ * n * 2);
+    }
+    barrier_.arrive_and_wait();
+    float* sum = scratch_.data() + static_cast<size_t>(rank) * n;
+    for (int64_t i = 0; i < n; ++i) sum[i] = slots_[0].f32()[i];
+    for (int r = 1; r < active_; ++r)
+      for (int64_t i = 0; i < n; ++i) sum[i] += slots_[r].f32()[i];
+    barrier_.arrive_and_wait();  // everyone has read every rank's input
+    std::memcpy(buf.raw(), sum, buf.nbytes());
+  }
+
+  void abort() override { barrier_.abort(); }
+
+ private:
+  int ranks_;
+  int active_ = 1;
+  AbortableBarrier barrier_;
+  std::mutex mu_;
+  std::vector<Tensor> slots_;
+  std::vector<std::vector<Tensor>> op_bufs_;
+  std::vector<int> op_count_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_cpu_comm(int ranks, int max_ops) { return std::make_unique<CpuComm>(ranks, max_ops); }
+
+}  // namespace fanout

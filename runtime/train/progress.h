@@ -1,0 +1,31 @@
+// Per-epoch progress: a redrawn bar with rate, ETA and running loss on a
+// terminal; a plain line every tenth of the epoch otherwise.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace fanout::train {
+
+class Progress {
+ public:
+  enum class Mode { Auto, Bar, Lines, Off };
+  Progress(Mode mode, FILE* out = stderr);
+  void begin(const std::string& label, int64_t total_batches, int64_t total_images);
+  void update(int64_t batches_done, int64_t images_done, double running_loss, double running_acc);
+  void end();
+
+ private:
+  Mode mode_;
+  FILE* out_;
+  std::string label_;
+  int64_t total_batches_ = 0, total_images_ = 0;
+  int64_t next_line_ = 0;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool drawn_ = false;
+};
+
+std::string format_duration(double seconds);  // "1:05", "1:02:03"
+
+}  // namespace fanout::train

@@ -1,0 +1,98 @@
+// Training loop.
+#include "runtime/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/error.h"
+
+namespace fanout::train {
+
+Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data)
+    : cfg_(cfg), engine_(engine), data_(data), progress_(cfg.progress) {
+  FANOUT_USER_CHECK(cfg.batch_size > 0) << "batch size must be positive, got " << cfg.batch_size;
+  FANOUT_USER_CHECK(cfg.epochs > 0) << "epochs must be positive, got " << cfg.epochs;
+  FANOUT_USER_CHECK(data.train.size() > 0) << "the training set is empty";
+}
+
+EpochMetrics Trainer::train_epoch(int epoch) {
+  EpochMetrics m;
+  m.epoch = epoch + 1;
+  data::BatchIterator it(data_.train, cfg_.batch_size, true, cfg_.seed, epoch, cfg_.drop_last);
+  const int64_t nb = it.num_batches();
+  const int64_t total = cfg_.drop_last ? nb * cfg_.batch_size : data_.train.size();
+  progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), nb, total);
+  const auto t0 = std::chrono::steady_clock::now();
+  double loss_sum = 0;
+  int64_t correct = 0, count = 0, step = 0;
+  while (it.next(x_, y_)) {
+    const float lr = cfg_.schedule.at(epoch, static_cast<int>(step), static_cast<int>(nb));
+    m.lr = lr;
+    StepResult r = engine_.train_step(x_, y_, lr);
+    FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
+        << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << step + 1
+        << " (try a smaller --lr)";
+    loss_sum += r.loss_sum;
+    correct += r.correct;
+    count += r.count;
+    ++step;
+    progress_.update(step, count, loss_sum / count, static_cast<double>(correct) / count);
+  }
+  progress_.end();
+  m.epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.train_loss = count ? loss_sum / count : 0;
+  m.train_acc = count ? static_cast<double>(correct) / count : 0;
+  m.images_per_second = m.epoch_seconds > 0 ? count / m.epoch_seconds : 0;
+  return m;
+}
+
+void Trainer::evaluate(EpochMetrics& m) {
+  data::BatchIterator it(data_.test, cfg_.eval_batch_size, false, cfg_.seed, 0, false);
+  double loss_sum = 0;
+  int64_t correct = 0, count = 0;
+  while (it.next(x_, y_)) {
+    StepResult r = engine_.eval_step(x_, y_);
+    loss_sum += r.loss_sum;
+    correct += r.correct;
+    count += r.count;
+  }
+  m.test_loss = count ? loss_sum / count : 0;
+  m.test_acc = count ? static_cast<double>(correct) / count : 0;
+}
+
+void Trainer::write_metrics(const EpochMetrics& m) {
+  if (cfg_.metrics_path.empty()) return;
+  nlohmann::json j = {{"epoch", m.epoch},
+                      {"train_loss", m.train_loss},
+                      {"train_acc", m.train_acc},
+                      {"test_loss", m.test_loss},
+                      {"test_acc", m.test_acc},
+                      {"epoch_seconds", m.epoch_seconds},
+                      {"images_per_second", m.images_per_second},
+                      {"lr", m.lr}};
+  std::ofstream f(cfg_.metrics_path, std::ios::app);
+  FANOUT_USER_CHECK(f.good()) << "cannot open metrics file " << cfg_.metrics_path;
+  f << j.dump() << "\n";
+  FANOUT_USER_CHECK(f.good()) << "cannot write metrics file " << cfg_.metrics_path;
+}
+
+EpochMetrics Trainer::run(int first_epoch) {
+  EpochMetrics m;
+  for (int e = first_epoch; e < cfg_.epochs; ++e) {
+    m = train_epoch(e);
+    evaluate(m);
+    std::fprintf(cfg_.summary_out,
+                 "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.1f s  %.0f img/s  lr %.4g\n",
+                 m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_seconds,
+                 m.images_per_second, m.lr);
+    std::fflush(cfg_.summary_out);
+    write_metrics(m);
+    if (on_epoch_end) on_epoch_end(m);
+  }
+  return m;
+}
+
+}  // namespace fanout::train

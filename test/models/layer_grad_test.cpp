@@ -1,0 +1,168 @@
+// Gradient checks of every layer through the Module interface: input and
+// parameter gradients against central differences of loss = sum(r * y).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "models/layers/activation.h"
+#include "models/layers/basic_block.h"
+#include "models/layers/batchnorm2d.h"
+#include "models/layers/conv2d.h"
+#include "models/layers/linear.h"
+#include "models/layers/pooling.h"
+#include "models/layers/sequential.h"
+#include "support/test_util.h"
+
+namespace fanout::models {
+namespace {
+
+using fanout::testing::l2_norm;
+using fanout::testing::random_tensor;
+
+// Largest |numerical - analytic| over entries of t, relative to max |analytic|:
+// float32 central differences carry absolute noise, so per-entry relative
+// errors of near-zero entries say nothing. Kinks (ReLU, max) are skipped.
+double scaled_grad_error(const std::function<double()>& f, Tensor& t, const Tensor& g, double eps) {
+  double scale = 1e-3;
+  for (int64_t i = 0; i < g.numel(); ++i) scale = std::max(scale, std::abs(double(g.f32()[i])));
+  const int64_t step = std::max<int64_t>(1, t.numel() / 300);
+  double worst = 0;
+  for (int64_t i = 0; i < t.numel(); i += step) {
+    const float o = t.f32()[i];
+    t.f32()[i] = o + float(eps);
+    const double fp = f();
+    t.f32()[i] = o - float(eps);
+    const double fm = f();
+    t.f32()[i] = o;
+    const double f0 = f();
+    const double right = (fp - f0) / eps, left = (f0 - fm) / eps;
+    if (std::abs(right - left) > 0.05 * scale) continue;  // a kink inside [o - eps, o + eps]
+    worst = std::max(worst, std::abs((fp - fm) / (2 * eps) - g.f32()[i]) / scale);
+  }
+  return worst;
+}
+
+// Checks d(sum(r * m(x)))/dx and /dparams for every parameter of m.
+void check_module(Module& m, const Shape& in, uint64_t seed, double tol = 1e-2, double eps = 1e-3) {
+  m.init(seed);
+  m.train(true);
+  Context ctx(Device::cpu(), seed);
+  std::mt19937_64 rng(seed + 1);
+  Tensor x = random_tensor(in, rng);
+  Tensor y0 = m.forward(x, ctx);
+  Tensor r = random_tensor(y0.shape(), rng);
+  auto loss = [&]() {
+    Tensor y = m.forward(x, ctx);
+    double s = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) s += double(y.f32()[i]) * r.f32()[i];
+    return s;
+  };
+  m.zero_grad();
+  m.forward(x, ctx);
+  Tensor dx = m.backward(r, ctx);
+  ASSERT_TRUE(dx.defined());
+  Tensor dx_copy = dx.to(Device::cpu());
+  EXPECT_GT(l2_norm(dx_copy), 0.0) << "input gradient is all zeros";
+  EXPECT_LT(scaled_grad_error(loss, x, dx_copy, eps), tol) << "input gradient of " << m.type_name();
+  Tensor grads = m.arenas().grads.to(Device::cpu());
+  for (auto& [name, p] : m.named_parameters()) {
+    Tensor g = grads.flat(p->offset, p->shape);
+    EXPECT_GT(l2_norm(g), 0.0) << name << " gradient is all zeros";
+    EXPECT_LT(scaled_grad_error(loss, p->value, g, eps), tol) << "gradient of " << name << " in " << m.type_name();
+  }
+}
+
+TEST(LayerGrad, Linear) {
+  Linear m(7, 5);
+  check_module(m, Shape{3, 7}, 1);
+}
+
+TEST(LayerGrad, Conv2dStride2Pad1) {
+  Conv2d m(3, 4, 3, 2, 1);
+  check_module(m, Shape{2, 3, 7, 9}, 2);
+}
+
+TEST(LayerGrad, Conv2dNoBias5x5) {
+  Conv2d m(2, 3, 5, 1, 2, false);
+  check_module(m, Shape{2, 2, 6, 5}, 3);
+}
+
+TEST(LayerGrad, BatchNorm2dTraining) {
+  BatchNorm2d m(3);
+  // Non-trivial affine parameters so their gradients matter.
+  m.init(4);
+  check_module(m, Shape{4, 3, 3, 5}, 4);
+}
+
+TEST(LayerGrad, ReLU) {
+  ReLU m;
+  check_module(m, Shape{3, 4, 5}, 5);
+}
+
+TEST(LayerGrad, MaxPool) {
+  MaxPool2d m(3, 2, 1);
+  check_module(m, Shape{2, 3, 7, 6}, 6);
+}
+
+TEST(LayerGrad, AvgPool) {
+  AvgPool2d m(2, 2);
+  check_module(m, Shape{2, 3, 6, 5}, 7);
+}
+
+TEST(LayerGrad, AdaptiveAvgPool) {
+  AdaptiveAvgPool2d m;
+  check_module(m, Shape{2, 3, 5, 3}, 8);
+}
+
+TEST(LayerGrad, FlattenLinear) {
+  Sequential m;
+  m.add("flatten", std::make_unique<Flatten>());
+  m.add("fc", std::make_unique<Linear>(2 * 3 * 4, 5));
+  check_module(m, Shape{3, 2, 3, 4}, 9);
+}
+
+TEST(LayerGrad, BasicBlockWithDownsample) {
+  BasicBlock m(3, 4, 2);
+  check_module(m, Shape{3, 3, 6, 5}, 10, 3e-2);  // two BatchNorms deep: float noise ~1e-2
+}
+
+TEST(LayerGrad, BasicBlockIdentity) {
+  BasicBlock m(4, 4, 1);
+  check_module(m, Shape{3, 4, 5, 5}, 11, 3e-2);
+}
+
+TEST(LayerGrad, GradientsAccumulate) {
+  Conv2d m(2, 3, 3, 1, 1);
+  m.init(12);
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(13);
+  Tensor x = random_tensor(Shape{2, 2, 5, 5}, rng);
+  Tensor y = m.forward(x, ctx);
+  Tensor r = random_tensor(y.shape(), rng);
+  m.zero_grad();
+  m.backward(r, ctx);
+  Tensor once = m.arenas().grads.to(Device::cpu());
+  m.forward(x, ctx);
+  m.backward(r, ctx);
+  Tensor twice = m.arenas().grads;
+  for (int64_t i = 0; i < once.numel(); ++i) EXPECT_NEAR(twice.f32()[i], 2 * once.f32()[i], 1e-5);
+}
+
+TEST(LayerGrad, NoInputGradSkipsDx) {
+  Sequential m;
+  m.add("conv", std::make_unique<Conv2d>(1, 2, 3));
+  m.add("relu", std::make_unique<ReLU>());
+  m.init(14);
+  m.set_input_grad(false);
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(15);
+  Tensor x = random_tensor(Shape{2, 1, 5, 5}, rng);
+  Tensor y = m.forward(x, ctx);
+  Tensor dx = m.backward(random_tensor(y.shape(), rng), ctx);
+  EXPECT_FALSE(dx.defined());
+  EXPECT_GT(l2_norm(m.arenas().grads), 0.0);
+}
+
+}  // namespace
+}  // namespace fanout::models

@@ -1,0 +1,234 @@
+// DataParallel on CPU devices: torch.chunk scattering, equivalence with
+// single-device training, BatchNorm semantics (per-replica and synchronized),
+// a steady state without allocation, and failures that do not hang.
+#include <gtest/gtest.h>
+
+#include "kernels/loss.h"
+#include "models/layers/batchnorm2d.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/error.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/single_device.h"
+#include "support/test_util.h"
+
+namespace fanout {
+namespace {
+
+using testing::random_labels;
+using testing::random_tensor;
+
+TEST(ChunkSizes, MatchTorchChunk) {
+  EXPECT_EQ(chunk_sizes(64, 4), (std::vector<int64_t>{16, 16, 16, 16}));
+  EXPECT_EQ(chunk_sizes(64, 3), (std::vector<int64_t>{22, 22, 20}));
+  EXPECT_EQ(chunk_sizes(10, 4), (std::vector<int64_t>{3, 3, 3, 1}));
+  EXPECT_EQ(chunk_sizes(5, 4), (std::vector<int64_t>{2, 2, 1}));  // torch.chunk gives 3 chunks here
+  EXPECT_EQ(chunk_sizes(3, 4), (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(chunk_sizes(1, 4), (std::vector<int64_t>{1}));
+}
+
+struct Batch {
+  Tensor x, y;
+};
+
+std::vector<Batch> make_batches(const Shape& sample, int64_t batch, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Batch> out;
+  for (int s = 0; s < steps; ++s)
+    out.push_back({random_tensor(Shape{batch, sample[0], sample[1], sample[2]}, rng), random_labels(batch, 10, rng)});
+  return out;
+}
+
+kernels::SgdHyper hyper() {
+  kernels::SgdHyper h;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  h.weight_decay = 5e-4f;
+  return h;
+}
+
+Tensor train_single(const std::string& name, const Shape& sample, const std::vector<Batch>& batches) {
+  auto m = models::make_model(name, sample, 10, 11);
+  SingleDeviceEngine eng(*m, Device::cpu(), hyper(), {}, 11);
+  for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
+  return m->arenas().params.to(Device::cpu());
+}
+
+Tensor train_dp(const std::string& name, const Shape& sample, const std::vector<Batch>& batches, int n,
+                DataParallelOptions opts = {}) {
+  auto m = models::make_model(name, sample, 10, 11);
+  DataParallelEngine eng(*m, parse_devices("cpu:" + std::to_string(n)), hyper(), {}, opts);
+  for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
+  return m->arenas().params.to(Device::cpu());
+}
+
+double max_rel(const Tensor& a, const Tensor& b) {
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) scale = std::max(scale, double(std::abs(b.f32()[i])));
+  for (int64_t i = 0; i < a.numel(); ++i)
+    worst = std::max(worst, std::abs(double(a.f32()[i]) - b.f32()[i]) / std::max(1e-3, std::abs(double(b.f32()[i]))));
+  return worst;
+}
+
+double norm_rel(const Tensor& a, const Tensor& b) {
+  double d = 0, n = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    d += std::pow(double(a.f32()[i]) - b.f32()[i], 2);
+    n += std::pow(double(b.f32()[i]), 2);
+  }
+  return std::sqrt(d / n);
+}
+
+// 20 SGD steps at a global batch of 64: N devices give one device's parameters.
+class Equivalence : public ::testing::TestWithParam<std::tuple<std::string, int, int64_t>> {};
+
+TEST_P(Equivalence, SameParametersAsOneDevice) {
+  const auto& [name, n, batch] = GetParam();
+  const Shape sample{3, 32, 32};
+  const int steps = batch == 64 ? 20 : 10;
+  auto batches = make_batches(sample, batch, steps, 5);
+  Tensor ref = train_single(name, sample, batches);
+  Tensor got = train_dp(name, sample, batches, n);
+  // Float sums in a different order: per-chunk partial sums, then across replicas.
+  EXPECT_LT(max_rel(got, ref), 1e-5) << name << " on cpu:" << n << " batch " << batch;
+  EXPECT_GT(testing::l2_norm(got), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CpuDevices, Equivalence,
+    ::testing::Values(std::make_tuple("mlp", 1, 64), std::make_tuple("mlp", 2, 64), std::make_tuple("mlp", 3, 64),
+                      std::make_tuple("mlp", 4, 64), std::make_tuple("lenet", 1, 64), std::make_tuple("lenet", 2, 64),
+                      std::make_tuple("lenet", 3, 64), std::make_tuple("lenet", 4, 64),
+                      std::make_tuple("lenet", 4, 10), std::make_tuple("lenet", 4, 3), std::make_tuple("mlp", 4, 10),
+                      std::make_tuple("mlp", 4, 3)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_cpu" + std::to_string(std::get<1>(info.param)) + "_batch" +
+             std::to_string(std::get<2>(info.param));
+    });
+
+// Default BatchNorm: each replica normalizes its chunk with the chunk's own
+// statistics, and the running statistics are those the primary's chunk gives.
+TEST(DataParallelBatchNorm, PerReplicaStatisticsByDefault) {
+  const Shape sample{3, 8, 8};
+  auto m = models::make_model("resnet18", sample, 10, 3);
+  auto ref = m->clone(Device::cpu());
+  DataParallel dp(*m, parse_devices("cpu:3"));
+  std::mt19937_64 rng(4);
+  Tensor x = random_tensor(Shape{8, 3, 8, 8}, rng);  // chunks 3, 3, 2
+  Tensor out = dp.forward(x).to(Device::cpu());
+  Context ctx(Device::cpu());
+  const auto sizes = chunk_sizes(8, 3);
+  int64_t start = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto r = ref->clone(Device::cpu());
+    Tensor yi = r->forward(x.slice(start, start + sizes[i]), ctx);
+    Tensor oi = out.slice(start, start + sizes[i]);
+    EXPECT_LT(testing::max_rel_diff(oi, yi), 1e-5) << "chunk " << i;
+    if (i == 0) {
+      // Running statistics: the primary's chunk's update.
+      auto a = m->named_buffers(), b = r->named_buffers();
+      for (size_t k = 0; k < a.size(); ++k)
+        if (a[k].second->dtype == DType::F32)
+          EXPECT_LT(testing::max_rel_diff(a[k].second->value, b[k].second->value), 1e-6) << a[k].first;
+    }
+    start += sizes[i];
+  }
+}
+
+TEST(DataParallelBatchNorm, OneRowChunkIsAClearError) {
+  // resnet18 on 8x8 reaches 1x1 in layer4: a one-row chunk leaves BatchNorm
+  // one value per channel, which training cannot normalize (PyTorch refuses too).
+  auto m = models::make_model("resnet18", Shape{3, 8, 8}, 10, 3);
+  DataParallel dp(*m, parse_devices("cpu:3"));
+  std::mt19937_64 rng(5);
+  EXPECT_THROW(dp.forward(random_tensor(Shape{7, 3, 8, 8}, rng)), Error);  // chunks 3, 3, 1
+  // The engine is still usable after the failure.
+  Tensor out = dp.forward(random_tensor(Shape{9, 3, 8, 8}, rng));
+  EXPECT_EQ(out.shape(), (Shape{9, 10}));
+}
+
+// SyncBatchNorm: N replicas train like one device with plain BatchNorm.
+TEST(DataParallelBatchNorm, SyncBnMatchesSingleDevice) {
+  const Shape sample{3, 8, 8};
+  DataParallelOptions sync;
+  sync.sync_bn = true;
+  for (const char* name : {"cnn", "resnet18"}) {
+    // One step: equal to float tolerance.
+    auto one = make_batches(sample, 12, 1, 6);
+    EXPECT_LT(norm_rel(train_dp(name, sample, one, 3, sync), train_single(name, sample, one)), 1e-5) << name;
+    // Three steps: resnet18 at 1x1 resolution in layer4 normalizes 12 values
+    // per channel, which amplifies summation-order noise step by step; still
+    // far closer than per-replica statistics get.
+    auto three = make_batches(sample, 12, 3, 6);
+    Tensor ref = train_single(name, sample, three);
+    const double synced = norm_rel(train_dp(name, sample, three, 3, sync), ref);
+    const double plain = norm_rel(train_dp(name, sample, three, 3), ref);
+    EXPECT_LT(synced, 1e-3) << name;
+    EXPECT_GT(plain, 100 * synced) << name;
+  }
+}
+
+TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
+  const Shape sample{3, 32, 32};
+  auto m = models::make_model("lenet", sample, 10, 1);
+  DataParallelEngine eng(*m, parse_devices("cpu:3"), hyper(), {}, {});
+  auto batches = make_batches(sample, 20, 2, 7);
+  batches.push_back(make_batches(sample, 11, 1, 8)[0]);  // a smaller last batch
+  for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
+  for (auto& b : batches) eng.eval_step(b.x, b.y);
+  const auto before = alloc_stats();
+  const auto modules = Module::constructed();
+  for (int rep = 0; rep < 3; ++rep) {
+    for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
+    for (auto& b : batches) eng.eval_step(b.x, b.y);
+  }
+  EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+  EXPECT_EQ(alloc_stats().device_allocs, before.device_allocs);
+  EXPECT_EQ(Module::constructed(), modules);
+}
+
+TEST(DataParallel, ReplicaFailureIsRethrownWithoutHanging) {
+  auto m = models::make_model("lenet", Shape{1, 28, 28}, 10, 1);
+  DataParallelOptions opts;
+  DataParallel dp(*m, parse_devices("cpu:4"), opts);
+  std::mt19937_64 rng(9);
+  EXPECT_THROW(dp.forward(random_tensor(Shape{8, 3, 32, 32}, rng)), Error);  // wrong channels
+  EXPECT_EQ(dp.forward(random_tensor(Shape{8, 1, 28, 28}, rng)).shape(), (Shape{8, 10}));
+}
+
+TEST(DataParallel, RefusesBadConfigurations) {
+  auto m = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
+  DataParallelOptions opts;
+  opts.comm = "nccl";
+  EXPECT_THROW(DataParallel(*m, parse_devices("cpu:2"), opts), Error);
+  opts.comm = "auto";
+  opts.dim = 1;
+  EXPECT_THROW(DataParallel(*m, parse_devices("cpu:2"), opts), Error);
+}
+
+TEST(DataParallel, GradientsReachThePrimaryBeforeTheStep) {
+  // After backward the primary's gradient arena holds the full-batch gradient.
+  const Shape sample{1, 6, 6};
+  auto m = models::make_model("mlp", sample, 10, 2);
+  auto ref = m->clone(Device::cpu());
+  DataParallel dp(*m, parse_devices("cpu:4"));
+  std::mt19937_64 rng(10);
+  Tensor x = random_tensor(Shape{10, 1, 6, 6}, rng);
+  Tensor y = random_labels(10, 10, rng);
+  Context ctx(Device::cpu());
+  auto grad_of = [&](Tensor logits) {
+    Tensor probs = Tensor::empty(logits.shape()), loss = Tensor::empty(Shape{1}), dl = Tensor::empty(logits.shape());
+    kernels::softmax_xent_forward(ctx, logits, y, 0.0f, probs, loss);
+    kernels::softmax_xent_backward(ctx, probs, y, 0.0f, 0.1f, dl);
+    return dl;
+  };
+  m->zero_grad();
+  Tensor out = dp.forward(x);
+  dp.backward(grad_of(out));
+  ref->zero_grad();
+  ref->backward(grad_of(ref->forward(x, ctx)), ctx);
+  EXPECT_LT(max_rel(m->arenas().grads, ref->arenas().grads), 1e-5);
+  EXPECT_GT(testing::l2_norm(m->arenas().grads), 0.0);
+}
+
+}  // namespace
+}  // namespace fanout

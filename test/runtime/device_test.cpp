@@ -1,0 +1,75 @@
+// Device-list parsing and the core tensor operations.
+#include <gtest/gtest.h>
+
+#include "runtime/core/device.h"
+#include "runtime/core/error.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout {
+namespace {
+
+TEST(Devices, CpuForms) {
+  auto one = parse_devices("cpu");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_TRUE(one[0].is_cpu());
+  auto four = parse_devices("cpu:4");
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_EQ(four[3], Device::cpu(3));
+  EXPECT_EQ(four[2].str(), "cpu:2");
+}
+
+TEST(Devices, BadForms) {
+  for (const char* bad : {"", "cpu:0", "cpu:x", "gpu", "cuda:", "0,cpu", "-1", "1,,2", "cpu:100000"})
+    EXPECT_THROW(parse_devices(bad), Error) << bad;
+}
+
+TEST(Devices, CudaWithoutGpuIsOneClearLine) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible";
+  try {
+    parse_devices("cuda:0");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos);
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos);
+  }
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::zeros(Shape{4, 3});
+  for (int i = 0; i < 12; ++i) t.f32()[i] = float(i);
+  Tensor s = t.slice(1, 3);
+  EXPECT_EQ(s.shape(), (Shape{2, 3}));
+  EXPECT_EQ(s.f32()[0], 3.0f);
+  Tensor f = t.flat(5, Shape{2});
+  f.f32()[0] = -1;
+  EXPECT_EQ(t.f32()[5], -1.0f);
+  EXPECT_THROW(t.view(Shape{5}), Error);
+  EXPECT_THROW(t.slice(2, 5), Error);
+}
+
+TEST(Tensor, EnsureReusesLargerStorage) {
+  Tensor t;
+  ensure(t, Shape{8, 4}, Device::cpu());
+  const void* p = t.raw();
+  const auto before = alloc_stats().host_allocs;
+  ensure(t, Shape{3, 4}, Device::cpu());
+  ensure(t, Shape{8, 4}, Device::cpu());
+  EXPECT_EQ(t.raw(), p);
+  EXPECT_EQ(alloc_stats().host_allocs, before);
+}
+
+TEST(Tensor, CheckMessageCarriesExpressionAndLocation) {
+  try {
+    FANOUT_CHECK(1 + 1 == 3) << "arithmetic";
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1 + 1 == 3"), std::string::npos);
+    EXPECT_NE(m.find("device_test.cpp"), std::string::npos);
+    EXPECT_NE(m.find("arithmetic"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace fanout
