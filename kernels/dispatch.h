@@ -16,15 +16,18 @@ namespace fanout::kernels {
 
 namespace detail {
 
-// Throws unless `t` is defined, has dtype `dt` and lives in the context device.s memory
-// (all CPU devices share host memory).
+// Throws unless `t` is defined, has dtype `dt` and lives in the memory of the
+// context's device. All CPU devices share host memory, so a cpu:1 context
+// accepts a cpu:0 tensor (the DP engine hands CPU chunks over in place); a
+// CUDA context needs the same CUDA device.
 inline void check_tensor(const Context& ctx, const char* op, const char* name, const Tensor& t,
                          DType dt = DType::F32) {
   FANOUT_CHECK(t.defined()) << op << ": " << name << " is undefined";
   FANOUT_CHECK(t.dtype() == dt) << op << ": " << name << " " << t.shape().str() << " must be " << dtype_name(dt)
                                 << ", got " << dtype_name(t.dtype());
-  FANOUT_CHECK(t.device().same_memory(ctx.device())) << op << ": " << name << " " << t.shape().str() << " is on "
-                                           << t.device().str() << " but the context is on " << ctx.device().str();
+  FANOUT_CHECK(t.device().same_memory(ctx.device()))
+      << op << ": " << name << " " << t.shape().str() << " is on " << t.device().str() << " but the context is on "
+      << ctx.device().str();
 }
 
 }  // namespace detail

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/loops.h"
+
 namespace fanout::kernels::cpu {
 
 namespace {
@@ -59,7 +61,7 @@ inline void sum_dy_dyxmu(const float* x, const float* dy, int64_t len, double m,
 
 // y = (x - m) * k + b over len floats; y may alias x.
 inline void affine(const float* x, int64_t len, float m, float k, float b, float* y) {
-  for (int64_t i = 0; i < len; ++i) y[i] = (x[i] - m) * k + b;
+  map1(x, y, len, [m, k, b](float v) { return (v - m) * k + b; });
 }
 
 }  // namespace
@@ -157,10 +159,8 @@ void bn_backward_apply(Context&, const Tensor& x, const Tensor& dy, const Tensor
     const float m = mp[c];
     for (int64_t n = 0; n < p.n; ++n) {
       const int64_t off = (n * p.c + c) * p.s;
-      const float* xs = xp + off;
-      const float* ds = dp + off;
-      float* o = out + off;
-      for (int64_t i = 0; i < p.s; ++i) o[i] = kf * (ds[i] - a) - (xs[i] - m) * q;
+      // dx may alias dy.
+      map2(xp + off, dp + off, out + off, p.s, [=](float xv, float g) { return kf * (g - a) - (xv - m) * q; });
     }
   }
 }

@@ -1,21 +1,18 @@
 // CPU elementwise arithmetic: contiguous loops that g++ -O3 vectorizes.
 #include "kernels/cpu/elementwise.h"
 
+#include "kernels/cpu/loops.h"
+
 namespace fanout::kernels::cpu {
 
 void add(Context&, const Tensor& a, const Tensor& b, Tensor& out) {
-  const float* ap = a.f32();
-  const float* bp = b.f32();
-  float* op = out.f32();  // may alias ap or bp
-  const int64_t n = out.numel();
-  for (int64_t i = 0; i < n; ++i) op[i] = ap[i] + bp[i];
+  // out may alias a or b.
+  map2(a.f32(), b.f32(), out.f32(), out.numel(), [](float u, float v) { return u + v; });
 }
 
 void axpy(Context&, float alpha, const Tensor& x, Tensor& y) {
-  const float* xp = x.f32();
-  float* yp = y.f32();
-  const int64_t n = y.numel();
-  for (int64_t i = 0; i < n; ++i) yp[i] += alpha * xp[i];
+  // y += alpha * x; x == y gives y *= 1 + alpha, as the formula says.
+  map2(x.f32(), y.f32(), y.f32(), y.numel(), [alpha](float u, float v) { return v + alpha * u; });
 }
 
 void scale(Context&, float alpha, Tensor& x) {

@@ -12,6 +12,8 @@ namespace fanout {
 
 int cuda_device_count() { return 0; }
 bool cuda_available_in_build() { return false; }
+std::vector<CudaDeviceInfo> cuda_device_info() { return {}; }
+bool cuda_can_access_peer(int, int) { return false; }
 
 namespace backend {
 namespace {

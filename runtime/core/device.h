@@ -29,6 +29,17 @@ int cuda_device_count();
 // True when this build carries the CUDA backend.
 bool cuda_available_in_build();
 
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  size_t total_bytes = 0, free_bytes = 0;
+  int major = 0, minor = 0;  // compute capability
+};
+// Every visible CUDA device; empty without CUDA or without a GPU.
+std::vector<CudaDeviceInfo> cuda_device_info();
+// Whether device a can read and write device b's memory directly.
+bool cuda_can_access_peer(int a, int b);
+
 // Parses a device list. Throws fanout::Error with a one-line message on bad
 // input (unknown form, out-of-range index, mixed CPU and CUDA, no GPU).
 // `allow_repeat`: whether a CUDA index may appear more than once (DP allows it).

@@ -25,6 +25,34 @@ int cuda_device_count() {
 }
 bool cuda_available_in_build() { return true; }
 
+std::vector<CudaDeviceInfo> cuda_device_info() {
+  std::vector<CudaDeviceInfo> out;
+  const int n = cuda_device_count();
+  int prev = 0;
+  FANOUT_CUDA_CHECK(cudaGetDevice(&prev));
+  for (int d = 0; d < n; ++d) {
+    cudaDeviceProp p{};
+    FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+    CudaDeviceInfo info;
+    info.index = d;
+    info.name = p.name;
+    info.major = p.major;
+    info.minor = p.minor;
+    FANOUT_CUDA_CHECK(cudaSetDevice(d));
+    FANOUT_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+    out.push_back(info);
+  }
+  FANOUT_CUDA_CHECK(cudaSetDevice(prev));
+  return out;
+}
+
+bool cuda_can_access_peer(int a, int b) {
+  if (a == b) return true;
+  int ok = 0;
+  FANOUT_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
+  return ok != 0;
+}
+
 namespace detail {
 const char* cublas_status_name(cublasStatus_t s) { return cublasGetStatusString(s); }
 }  // namespace detail

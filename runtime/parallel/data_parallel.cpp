@@ -105,6 +105,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     param_bucket_.push_back(static_cast<int>(buckets_.size()) - 1);
   }
   ready_.assign(n, std::vector<int>(buckets_.size(), 0));
+  next_bucket_.assign(n, static_cast<int>(buckets_.size()) - 1);
 
   // CPU devices: one BLAS thread per worker when there are several, every core for one.
   if (devices[0].is_cpu())
@@ -140,24 +141,28 @@ DataParallel::~DataParallel() {
 void DataParallel::on_grad_ready(int rank, size_t begin, size_t count) {
   if (!training_forward_) return;
   auto lo = std::lower_bound(param_offsets_.begin(), param_offsets_.end(), static_cast<int64_t>(begin));
-  for (auto it = lo; it != param_offsets_.end() && *it < static_cast<int64_t>(begin + count); ++it) {
-    const int b = param_bucket_[it - param_offsets_.begin()];
-    if (++ready_[rank][b] == buckets_[b].params) {
-      Tensor g = replica(rank).arenas().grads.flat(buckets_[b].begin, Shape{buckets_[b].count});
-      comm_->reduce_add(b, rank, g, *contexts_[rank]);
-    }
+  for (auto it = lo; it != param_offsets_.end() && *it < static_cast<int64_t>(begin + count); ++it)
+    ++ready_[rank][param_bucket_[it - param_offsets_.begin()]];
+  issue_ready_buckets(rank);
+}
+
+void DataParallel::issue_ready_buckets(int rank) {
+  // Buckets are reduced from the last to the first, each once it is complete:
+  // the same order on every rank, whatever order backward finishes them in,
+  // as collective libraries (NCCL) require.
+  int& next = next_bucket_[rank];
+  while (next >= 0 && ready_[rank][next] == buckets_[next].params) {
+    Tensor g = replica(rank).arenas().grads.flat(buckets_[next].begin, Shape{buckets_[next].count});
+    comm_->reduce_add(next, rank, g, *contexts_[rank]);
+    --next;
   }
 }
 
 void DataParallel::flush_buckets(int rank) {
-  // Buckets whose parameters got no gradient this pass (unused parameters)
-  // are reduced now, in bucket order on every rank.
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    if (ready_[rank][b] != buckets_[b].params) {
-      ready_[rank][b] = buckets_[b].params;
-      Tensor g = replica(rank).arenas().grads.flat(buckets_[b].begin, Shape{buckets_[b].count});
-      comm_->reduce_add(static_cast<int>(b), rank, g, *contexts_[rank]);
-    }
+  // Buckets holding parameters that got no gradient this pass (unused
+  // parameters) are reduced now, in the same order.
+  for (size_t b = 0; b < buckets_.size(); ++b) ready_[rank][b] = buckets_[b].params;
+  issue_ready_buckets(rank);
 }
 
 Tensor DataParallel::forward(const Tensor& x) {
@@ -179,6 +184,7 @@ Tensor DataParallel::forward(const Tensor& x) {
   comm_->begin(active_);
   if (stat_sync_) stat_sync_->begin_pass();
   for (auto& r : ready_) std::fill(r.begin(), r.end(), 0);
+  std::fill(next_bucket_.begin(), next_bucket_.end(), static_cast<int>(buckets_.size()) - 1);
 
   std::vector<Shape> out_shapes(active_);
   pool_->run(

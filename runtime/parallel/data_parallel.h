@@ -69,6 +69,7 @@ class DataParallel {
   };
   class StatSync;
   void on_grad_ready(int rank, size_t begin, size_t count);
+  void issue_ready_buckets(int rank);
   void flush_buckets(int rank);
 
   Module& module_;
@@ -85,6 +86,7 @@ class DataParallel {
   std::vector<int64_t> param_offsets_;  // sorted
   std::vector<int> param_bucket_;       // bucket of each parameter
   std::vector<std::vector<int>> ready_; // [rank][bucket] parameters reported this backward
+  std::vector<int> next_bucket_;        // [rank] next bucket to reduce (counts down)
   std::vector<int64_t> sizes_, starts_;
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
   Tensor gathered_;

@@ -55,9 +55,10 @@ TEST(Elementwise, NumelMismatchThrows) {
 
 TEST(Dispatch, TensorOnAnotherDeviceThrows) {
   Context ctx(Device::cpu(0));
+  // CPU devices share host memory: a cpu:1 tensor is usable from a cpu:0 context.
   Tensor a = Tensor::zeros(Shape{4}, DType::F32, Device::cpu(1));
   Tensor b = Tensor::zeros(Shape{4}, DType::F32, Device::cpu(0));
-  EXPECT_THROW(kernels::axpy(ctx, 1.0f, a, b), Error);
+  EXPECT_NO_THROW(kernels::axpy(ctx, 1.0f, a, b));
   // A tensor claiming a CUDA device is refused before any memory is touched.
   float fake[4] = {0, 0, 0, 0};
   Tensor g = Tensor::wrap(fake, Shape{4}, DType::F32, Device::cuda(0));

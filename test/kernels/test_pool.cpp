@@ -134,6 +134,22 @@ TEST(MaxPool, TiesPickFirstAndPaddingIsNeverSelected) {
   EXPECT_EQ(za.data<int32_t>()[0], 1);
 }
 
+TEST(MaxPool, NanPropagates) {
+  // As PyTorch's CPU kernel: a NaN in a window is the maximum (and its argmax), on both code paths.
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(75);
+  for (const PoolGeometry& g : {PoolGeometry{2, 2, 0}, PoolGeometry{3, 2, 1}}) {
+    Tensor x = ft::random_tensor(Shape{1, 1, 6, 6}, rng);
+    x.f32()[1 * 6 + 1] = std::numeric_limits<float>::quiet_NaN();  // inside output (0, 0)'s window for both
+    const Shape ys = kernels::pool2d_output_shape(x.shape(), g);
+    Tensor y = Tensor::empty(ys), arg = Tensor::empty(ys, DType::I32);
+    kernels::maxpool2d_forward(ctx, x, g, y, arg);
+    EXPECT_TRUE(std::isnan(y.f32()[0])) << g;
+    EXPECT_EQ(arg.data<int32_t>()[0], 7) << g;
+    EXPECT_FALSE(std::isnan(y.f32()[ys.numel() - 1])) << g;
+  }
+}
+
 TEST(MaxPool, BackwardGradients) {
   Context ctx(Device::cpu());
   std::mt19937_64 rng(72);

@@ -52,7 +52,9 @@ TEST(Sgd, MatchesTorchFormulasOverSeveralSteps) {
       }
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_NEAR(p.f32()[i], rp[i], 1e-5) << c.name << " step " << step;
-        if (h.momentum != 0) ASSERT_NEAR(buf.f32()[i], rb[i], 1e-5) << c.name << " step " << step;
+        if (h.momentum != 0) {
+          ASSERT_NEAR(buf.f32()[i], rb[i], 1e-5) << c.name << " step " << step;
+        }
       }
     }
     EXPECT_GT(ft::l2_norm(p), 0.0);

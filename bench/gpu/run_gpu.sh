@@ -1,0 +1,390 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # step functions are called through run_step
+# run_gpu.sh OUTDIR [STEP...]: the one script for a GPU machine that has only a
+# CUDA image (nvcc, CMake, PyTorch with its CUDA libraries in site-packages)
+# and where nothing can be installed. It builds fanout for sm_90 with what is
+# there plus the dependency prefix the project carries, runs the tests,
+# compute-sanitizer, dp-train and the benchmarks, and writes every log into
+# OUTDIR. Every step runs even after a failure; at the end a summary table is
+# printed (and written to OUTDIR/summary.txt) and the exit status is non-zero
+# if any step failed.
+#
+# Steps (default: all, in this order; name some to run only those, e.g. when a
+# session limits each command's time, `run_gpu.sh out build` then
+# `run_gpu.sh out ctest`; the build directory is reused):
+#   env        OUTDIR/env.txt: nvidia-smi, nvcc, cmake, compilers, python/torch
+#              versions, which CUDA libraries exist and which were chosen
+#   configure  CMake for sm_90 with the prefix        -> configure.log
+#   build      all targets, all cores                  -> build.log
+#   ctest      every test label (unit, cuda, e2e)      -> ctest.log, ctest.xml
+#   memcheck   compute-sanitizer memcheck on test_cuda -> memcheck.log
+#   train      dp-train on cuda:0: lenet 3 epochs, cnn 10 epochs
+#                                   -> dp_train_{lenet,cnn}.log / .jsonl
+#   bench      PyTorch eager throughput (TF32 default and off) -> pytorch.jsonl;
+#              fanout's own numbers come from the fanout benchmark binary
+#              (dp-bench) when the build has one -> fanout_bench.jsonl
+#
+# Environment (all optional):
+#   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
+#                        (default third_party/prefix; PREFIX.tar.xz is unpacked
+#                        when the folder is absent)
+#   FANOUT_DATASETS      folder holding fashion-mnist/ (default third_party/datasets)
+#   FANOUT_BUILD_DIR     build folder (default build-gpu in the repository)
+#   FANOUT_JOBS          build parallelism (default: all cores)
+#   FANOUT_STEP_TIMEOUT  seconds per command (default 3000)
+#   FANOUT_CTEST_ARGS    extra ctest arguments, e.g. "-L cuda" or "-E e2e"
+#   FANOUT_MEMCHECK_FILTER  gtest filter for memcheck (default: every test)
+#   FANOUT_BENCH_ARGS    arguments for dp-bench when it exists
+#   FANOUT_LINK_DATASET  auto (default): when /usr/share/datasets/fashion-mnist
+#                        is absent, link it to the carried copy so the e2e
+#                        test (which reads that path) can run; 0: never
+#   CUDNN_ROOT, NCCL_ROOT  searched first for headers and libraries
+set -uo pipefail
+
+usage() {
+  sed -n '3,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit 2
+}
+[ $# -ge 1 ] || usage
+case $1 in -h | --help) usage ;; esac
+
+mkdir -p "$1" || { echo "run_gpu.sh: cannot create $1" >&2; exit 2; }
+out=$(cd "$1" && pwd)
+shift
+all_steps=(env configure build ctest memcheck train bench)
+if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
+for s in "${steps[@]}"; do
+  case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
+done
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+prefix=${FANOUT_DEPS_PREFIX:-$repo/third_party/prefix}
+datasets=${FANOUT_DATASETS:-$repo/third_party/datasets}
+build=${FANOUT_BUILD_DIR:-$repo/build-gpu}
+jobs=${FANOUT_JOBS:-$(nproc 2>/dev/null || echo 4)}
+step_timeout=${FANOUT_STEP_TIMEOUT:-3000}
+ma=$(gcc -print-multiarch 2>/dev/null || true)
+ma=${ma:-x86_64-linux-gnu}
+export CMAKE_POLICY_VERSION_MINIMUM=3.5  # CMake 4 with the older packages' config files
+setup_log="$out/setup.log"
+: >"$setup_log"
+note() { echo "$*" | tee -a "$setup_log"; }
+
+# ---------------------------------------------------------------- setup ----
+
+# The dependency prefix: a folder, or the packed archive beside it.
+if [ ! -d "$prefix/usr" ] && [ -f "$prefix.tar.xz" ]; then
+  note "unpacking $prefix.tar.xz into $prefix"
+  if ! { mkdir -p "$prefix" && tar -C "$prefix" -xJf "$prefix.tar.xz" 2>>"$setup_log"; }; then
+    note "WARNING: unpacking failed"
+  fi
+fi
+if [ -d "$prefix/usr" ]; then
+  note "dependency prefix: $prefix"
+else
+  note "WARNING: no dependency prefix at $prefix (run bench/gpu/fetch_deps.sh on a Debian machine); relying on the system"
+fi
+
+# CUDA toolkit.
+nvcc=${CUDACXX:-$(command -v nvcc || true)}
+[ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+cuda_home=${CUDA_HOME:-}
+[ -z "$cuda_home" ] && [ -n "$nvcc" ] && cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+note "nvcc: ${nvcc:-NOT FOUND}; CUDA toolkit: ${cuda_home:-NOT FOUND}"
+
+python=$(command -v python3 || true)
+site_dirs=()
+if [ -n "$python" ]; then
+  while IFS= read -r d; do [ -d "$d" ] && site_dirs+=("$d"); done < <(
+    "$python" -c 'import site
+for p in site.getsitepackages() + [site.getusersitepackages()]: print(p)' 2>/dev/null)
+fi
+note "python: ${python:-NOT FOUND}; site-packages: ${site_dirs[*]:-none}"
+
+# Roots that may hold a library: explicit root, the toolkit, the system, and
+# the nvidia/* wheels under site-packages (found by the header they ship).
+roots_for() {  # roots_for HEADER EXPLICIT_ROOT
+  local header=$1 explicit=$2 sp h
+  [ -n "$explicit" ] && echo "$explicit"
+  [ -n "$cuda_home" ] && echo "$cuda_home" && echo "$cuda_home/targets/x86_64-linux"
+  echo /usr
+  echo /usr/local
+  for sp in "${site_dirs[@]}"; do
+    [ -d "$sp/nvidia" ] || continue
+    while IFS= read -r h; do dirname "$(dirname "$h")"; done < <(find "$sp/nvidia" -maxdepth 3 -name "$header" 2>/dev/null | sort)
+  done
+}
+# locate VAR HEADER LIBNAME EXPLICIT_ROOT: sets VAR_INC and VAR_LIB from the
+# first root that holds both the header and the library (plain .so or a
+# versioned one, as wheels ship only libfoo.so.N).
+locate() {
+  local var=$1 header=$2 libname=$3 explicit=$4 root inc libdir f
+  while IFS= read -r root; do
+    [ -d "$root" ] || continue
+    for inc in "$root/include" "$root/include/$ma"; do
+      [ -e "$inc/$header" ] || continue
+      for libdir in "$root/lib64" "$root/lib" "$root/lib/$ma"; do
+        for f in "$libdir/$libname.so" "$libdir/$libname".so.[0-9]*; do
+          if [ -e "$f" ]; then
+            printf -v "${var}_INC" %s "$inc"
+            printf -v "${var}_LIB" %s "$f"
+            return 0
+          fi
+        done
+      done
+    done
+  done < <(roots_for "$header" "$explicit")
+  return 1
+}
+CUDNN_INC="" CUDNN_LIB="" NCCL_INC="" NCCL_LIB="" CUBLAS_INC="" CUBLAS_LIB=""
+locate CUDNN cudnn.h libcudnn "${CUDNN_ROOT:-}" || true
+locate NCCL nccl.h libnccl "${NCCL_ROOT:-}" || true
+locate CUBLAS cublas_v2.h libcublas "" || true
+note "cuDNN:  include ${CUDNN_INC:-NOT FOUND}, library ${CUDNN_LIB:-NOT FOUND}"
+note "NCCL:   include ${NCCL_INC:-NOT FOUND}, library ${NCCL_LIB:-NOT FOUND}"
+note "cuBLAS: include ${CUBLAS_INC:-NOT FOUND}, library ${CUBLAS_LIB:-NOT FOUND}"
+
+# Headers that do not live in the toolkit's include folder reach the compiler
+# through a shim folder holding links to just those headers (a wheel's include
+# folder may also hold CUDA runtime headers of another version).
+shim="$build/_gpu_include"
+extra_flags=""
+link_headers() {  # link_headers INCDIR GLOB
+  [ -n "$1" ] && [ "$1" != "$cuda_home/include" ] || return 0
+  mkdir -p "$shim"
+  local f
+  for f in "$1"/$2; do [ -e "$f" ] && ln -sfn "$f" "$shim/$(basename "$f")"; done
+  extra_flags="-isystem $shim"
+}
+link_headers "$CUDNN_INC" 'cudnn*.h'
+link_headers "$NCCL_INC" 'nccl*.h'
+[ -n "$extra_flags" ] && note "extra include folder: $shim ($(find "$shim" -mindepth 1 -printf '%f ' 2>/dev/null))"
+
+# Runtime search path for fanout's programs (not for Python: the prefix's
+# older libraries must not shadow the system's there).
+fanout_ld=""
+add_ld() { case ":$fanout_ld:" in *":$1:"*) ;; *) fanout_ld=${fanout_ld:+$fanout_ld:}$1 ;; esac; }
+for f in "$CUDNN_LIB" "$NCCL_LIB" "$CUBLAS_LIB"; do [ -n "$f" ] && add_ld "$(dirname "$f")"; done
+[ -n "$cuda_home" ] && add_ld "$cuda_home/lib64"
+add_ld "$prefix/usr/lib/$ma/openblas-pthread"
+add_ld "$prefix/usr/lib/$ma"
+note "LD_LIBRARY_PATH for fanout programs: $fanout_ld"
+# tmo CMD...: CMD under the step time limit; frun CMD...: the same, for
+# fanout's own programs (with their library path).
+tmo() { timeout --kill-after=30 "$step_timeout" "$@"; }
+frun() { tmo env LD_LIBRARY_PATH="$fanout_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+
+# Fashion-MNIST for dp-train (and the e2e test, which reads the system path).
+fashion=""
+if [ -e "$datasets/fashion-mnist/train-images-idx3-ubyte.gz" ]; then
+  fashion="$datasets/fashion-mnist"
+elif [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  fashion=/usr/share/datasets/fashion-mnist
+fi
+if [ "${FANOUT_LINK_DATASET:-auto}" != 0 ] && [ -n "$fashion" ] && [ ! -e /usr/share/datasets/fashion-mnist ]; then
+  if mkdir -p /usr/share/datasets 2>/dev/null && ln -s "$fashion" /usr/share/datasets/fashion-mnist 2>/dev/null; then
+    note "linked /usr/share/datasets/fashion-mnist -> $fashion (for the e2e test)"
+  else
+    note "could not link /usr/share/datasets/fashion-mnist (e2e.dp_train will fail without it)"
+  fi
+fi
+note "Fashion-MNIST: ${fashion:-NOT FOUND (dp-train runs on synthetic data)}"
+
+generator=()
+if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+
+# ---------------------------------------------------------------- steps ----
+
+step_env() {
+  {
+    echo "== run_gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+    echo "repository: $repo (commit $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(
+      git -C "$repo" diff --quiet HEAD 2>/dev/null || echo ', with local changes'))"
+    echo
+    echo "== nvidia-smi"
+    nvidia-smi 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,compute_cap \
+      --format=csv 2>&1
+    echo
+    echo "== nvcc --version"
+    "${nvcc:-nvcc}" --version 2>&1
+    echo
+    echo "== tools"
+    cmake --version 2>&1 | head -1
+    (ninja --version 2>&1 | sed 's/^/ninja /') || echo "ninja: none"
+    gcc --version 2>&1 | head -1
+    g++ --version 2>&1 | head -1
+    command -v compute-sanitizer "${cuda_home:-/usr/local/cuda}/bin/compute-sanitizer" 2>&1 | head -1
+    # shellcheck disable=SC1091
+    (. /etc/os-release && echo "os: $PRETTY_NAME")
+    ldd --version 2>&1 | head -1
+    echo "cores: $(nproc), memory: $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
+    echo
+    echo "== python / torch"
+    "${python:-python3}" - <<'PY' 2>&1
+import sys
+print("python", sys.version.split()[0], sys.executable)
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+    print("cuda available", torch.cuda.is_available())
+    if torch.cuda.is_available():
+        print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
+        try:
+            print("nccl", torch.cuda.nccl.version())
+        except Exception as e:  # noqa: BLE001
+            print("nccl: unknown", e)
+except Exception as e:  # noqa: BLE001
+    print("torch: not importable:", e)
+try:
+    import torchvision
+    print("torchvision", torchvision.__version__)
+except Exception as e:  # noqa: BLE001
+    print("torchvision: not importable:", e)
+PY
+    echo
+    echo "== chosen paths"
+    cat "$setup_log"
+    echo
+    echo "== CUDA libraries present"
+    echo "-- ldconfig"
+    ldconfig -p 2>/dev/null | grep -E 'lib(cudnn|nccl|cublas|cublasLt|cudart|openblas|boost_program_options|gtest|gfortran)\.' || true
+    echo "-- toolkit ${cuda_home:-?}"
+    ls "${cuda_home:-/nonexistent}"/lib64/lib{cudart,cublas,cublasLt,cudnn,nccl}.so* 2>/dev/null || true
+    ls "${cuda_home:-/nonexistent}"/lib/lib{cudnn,nccl}.so* 2>/dev/null || true
+    for sp in "${site_dirs[@]}"; do
+      [ -d "$sp/nvidia" ] || continue
+      echo "-- $sp/nvidia"
+      find "$sp/nvidia" -maxdepth 3 \( -name 'libcudnn*.so*' -o -name 'libnccl*.so*' -o -name 'libcublas*.so*' \
+        -o -name 'libcudart*.so*' -o -name 'cudnn.h' -o -name 'nccl.h' -o -name 'cublas_v2.h' \) 2>/dev/null | sort
+    done
+    echo
+    echo "== dependency prefix"
+    cat "$prefix/MANIFEST.txt" 2>/dev/null || echo "no $prefix/MANIFEST.txt"
+  } >"$out/env.txt" 2>&1
+  nvidia-smi -L >/dev/null 2>&1  # the step fails when no GPU answers
+}
+
+step_configure() {
+  local args=(-S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFANOUT_CUDA=ON
+    -DCMAKE_CUDA_ARCHITECTURES=90)
+  [ -n "$nvcc" ] && args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
+  [ -d "$prefix/usr" ] && args+=(-DCMAKE_PREFIX_PATH="$prefix/usr")
+  local blas_inc="$prefix/usr/include/$ma/openblas-pthread" blas_lib="$prefix/usr/lib/$ma/openblas-pthread/libopenblas.so"
+  [ -e "$blas_inc/cblas.h" ] && args+=(-DOPENBLAS_INCLUDE_DIR="$blas_inc")
+  [ -e "$blas_lib" ] && args+=(-DOPENBLAS_LIBRARY="$blas_lib")
+  [ -n "$CUDNN_LIB" ] && args+=(-DCUDNN_LIBRARY="$CUDNN_LIB")
+  [ -n "$NCCL_LIB" ] && args+=(-DNCCL_LIBRARY="$NCCL_LIB")
+  [ -n "$extra_flags" ] && args+=(-DCMAKE_CXX_FLAGS="$extra_flags" -DCMAKE_CUDA_FLAGS="$extra_flags")
+  echo "cmake ${args[*]}"
+  frun cmake "${args[@]}" || return
+  # Where each dependency was found.
+  grep -E '^(Boost_DIR|GTest_DIR|nlohmann_json_DIR|ZLIB_INCLUDE_DIR|ZLIB_LIBRARY_RELEASE|OPENBLAS_INCLUDE_DIR|OPENBLAS_LIBRARY|CUDNN_LIBRARY|NCCL_LIBRARY|CUDAToolkit_LIBRARY_DIR|CMAKE_CUDA_COMPILER):' \
+    "$build/CMakeCache.txt"
+}
+
+step_build() { frun cmake --build "$build" -j "$jobs"; }
+
+step_ctest() {
+  local extra=()
+  # shellcheck disable=SC2206  # word splitting of user-given ctest arguments is intended
+  [ -n "${FANOUT_CTEST_ARGS:-}" ] && extra=($FANOUT_CTEST_ARGS)
+  (cd "$build" && frun ctest --output-on-failure --timeout 1800 --output-junit "$out/ctest.xml" "${extra[@]}")
+}
+
+step_memcheck() {
+  local cs=""
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" "${cuda_home:-/usr/local/cuda}/bin/compute-sanitizer" \
+    "${cuda_home:-/usr/local/cuda}/compute-sanitizer/compute-sanitizer"; do
+    [ -n "$c" ] && [ -x "$c" ] && cs=$c && break
+  done
+  [ -n "$cs" ] || { echo "compute-sanitizer not found"; return 1; }
+  [ -x "$build/test/test_cuda" ] || { echo "no $build/test/test_cuda (build step failed?)"; return 1; }
+  frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/test_cuda" \
+    --gtest_filter="${FANOUT_MEMCHECK_FILTER:-*}"
+}
+
+dp_train_bin() { [ -x "$build/apps/dp-train" ] && echo "$build/apps/dp-train"; }
+
+train_one() {  # train_one MODEL EPOCHS
+  local bin data
+  bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
+  if [ -n "$fashion" ]; then data="fashion-mnist:$fashion"; else data=synthetic; fi
+  rm -f "$out/dp_train_$1.jsonl"
+  echo "$bin --devices cuda:0 --model $1 --epochs $2 --data $data --progress lines --metrics $out/dp_train_$1.jsonl"
+  frun "$bin" --devices cuda:0 --model "$1" --epochs "$2" --data "$data" --progress lines \
+    --metrics "$out/dp_train_$1.jsonl"
+}
+step_train_lenet() { train_one lenet 3; }
+step_train_cnn() { train_one cnn 10; }
+
+step_bench_pytorch() {
+  [ -n "$python" ] || { echo "no python3"; return 1; }
+  : >"$out/pytorch.jsonl"
+  local mode rc=0
+  for mode in default off; do
+    echo "== train_throughput.py --tf32 $mode"
+    tmo "$python" "$repo/bench/pytorch/train_throughput.py" --tf32 "$mode" >>"$out/pytorch.jsonl" || rc=1
+  done
+  cat "$out/pytorch.jsonl"
+  return "$rc"
+}
+
+step_bench_fanout() {
+  local b
+  for b in "$build/apps/dp-bench" "$build/bench/dp-bench"; do
+    if [ -x "$b" ]; then
+      # shellcheck disable=SC2086  # user-given arguments
+      frun "$b" ${FANOUT_BENCH_ARGS:-} | tee "$out/fanout_bench.jsonl"
+      return
+    fi
+  done
+  echo "no dp-bench binary in this build: fanout's throughput numbers come from it once it exists"
+  return 0
+}
+
+# ------------------------------------------------------------- runner ----
+
+names=() statuses=() seconds=() logs=()
+run_step() {  # run_step NAME LOGFILE FUNCTION
+  local name=$1 log=$2 fn=$3 t0 rc status
+  echo "== $name -> $log"
+  t0=$(date +%s)
+  "$fn" >"$log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then status=ok; elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status="TIMEOUT"; else status="FAIL($rc)"; fi
+  names+=("$name") statuses+=("$status") seconds+=($(($(date +%s) - t0))) logs+=("$(basename "$log")")
+  echo "   $status"
+  [ "$status" = ok ] || tail -n 15 "$log" | sed 's/^/   | /'
+}
+
+for s in "${steps[@]}"; do
+  case $s in
+    env) run_step env "$out/env.log" step_env ;;
+    configure) run_step configure "$out/configure.log" step_configure ;;
+    build) run_step build "$out/build.log" step_build ;;
+    ctest) run_step ctest "$out/ctest.log" step_ctest ;;
+    memcheck) run_step memcheck "$out/memcheck.log" step_memcheck ;;
+    train)
+      run_step train-lenet "$out/dp_train_lenet.log" step_train_lenet
+      run_step train-cnn "$out/dp_train_cnn.log" step_train_cnn
+      ;;
+    bench)
+      run_step bench-pytorch "$out/pytorch.log" step_bench_pytorch
+      run_step bench-fanout "$out/fanout_bench.log" step_bench_fanout
+      ;;
+  esac
+done
+
+failed=0
+for st in "${statuses[@]}"; do [ "$st" = ok ] || failed=1; done
+{
+  echo
+  echo "run_gpu.sh summary ($(date -u +%Y-%m-%dT%H:%M:%SZ)), logs in $out"
+  printf '%-14s %-10s %8s  %s\n' step status seconds log
+  for i in "${!names[@]}"; do
+    printf '%-14s %-10s %8s  %s\n' "${names[$i]}" "${statuses[$i]}" "${seconds[$i]}" "${logs[$i]}"
+  done
+  if [ $failed = 0 ]; then echo "all steps passed"; else echo "SOME STEPS FAILED"; fi
+} | tee "$out/summary.txt"
+exit $failed

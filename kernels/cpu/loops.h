@@ -1,0 +1,35 @@
+// Elementwise loop helpers for the CPU kernels. An output may be the very
+// same buffer as an input (in-place ops); g++ cannot prove that at compile
+// time, its runtime overlap check fails for equal pointers and it falls back
+// to a scalar, often branchy, loop. These helpers test for equality once and
+// run a loop in which the aliasing is explicit, so every case vectorizes.
+#pragma once
+#include <cstdint>
+
+namespace fanout::kernels::cpu {
+
+// out[i] = f(a[i]); out may equal a.
+template <class F>
+inline void map1(const float* a, float* out, int64_t n, F f) {
+  if (a == out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(out[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i]);
+  }
+}
+
+// out[i] = f(a[i], b[i]); out may equal a or b (or both).
+template <class F>
+inline void map2(const float* a, const float* b, float* out, int64_t n, F f) {
+  if (a == out && b == out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], out[i]);
+  } else if (a == out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], b[i]);
+  } else if (b == out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], out[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  }
+}
+
+}  // namespace fanout::kernels::cpu

@@ -1,0 +1,43 @@
+// CUDA elementwise arithmetic (add, axpy, scale); CPU counterparts in
+// kernels/cpu/elementwise.cpp. Grid-stride map kernels with a float4 path.
+#include "kernels/cuda/elementwise.h"
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/map.cuh"
+
+namespace fanout::kernels::cuda {
+
+namespace {
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+// (x, y) -> y + alpha * x
+struct AxpyOp {
+  float alpha;
+  __device__ float operator()(float x, float y) const { return y + alpha * x; }
+};
+struct ScaleOp {
+  float alpha;
+  __device__ float operator()(float x) const { return x * alpha; }
+};
+}  // namespace
+
+// out = a + b (=); out may alias a or b.
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
+  detail::DeviceScope scope(ctx);
+  detail::launch_map2(ctx, AddOp{}, a.f32(), b.f32(), out.f32(), out.numel());
+}
+
+// y += alpha * x.
+void axpy(Context& ctx, float alpha, const Tensor& x, Tensor& y) {
+  detail::DeviceScope scope(ctx);
+  detail::launch_map2(ctx, AxpyOp{alpha}, x.f32(), y.f32(), y.f32(), y.numel());
+}
+
+// x *= alpha.
+void scale(Context& ctx, float alpha, Tensor& x) {
+  detail::DeviceScope scope(ctx);
+  detail::launch_map1(ctx, ScaleOp{alpha}, x.f32(), x.f32(), x.numel());
+}
+
+}  // namespace fanout::kernels::cuda

@@ -1,0 +1,66 @@
+// CUDA fully connected layer: cuBLAS GEMMs plus two small kernels (bias
+// broadcast, bias gradient); CPU counterpart in kernels/cpu/linear.cpp.
+#include "kernels/cuda/linear.h"
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+
+namespace fanout::kernels::cuda {
+
+namespace {
+// y (rows, cols) = b broadcast over rows, written (=).
+template <class I>
+__global__ void broadcast_rows_kernel(const float* __restrict__ b, float* __restrict__ y, I rows, I cols) {
+  const I total = rows * cols;
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x))
+    y[i] = b[i % cols];
+}
+
+// db (cols) += column sums of dy (rows, cols). One thread per column, rows in
+// order: deterministic, and coalesced (neighbouring threads read neighbouring
+// columns of a row).
+__global__ void column_sum_add_kernel(const float* __restrict__ dy, float* __restrict__ db, int64_t rows,
+                                      int64_t cols) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < cols; j += int64_t{gridDim.x} * blockDim.x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < rows; ++i) s += dy[i * cols + j];
+    db[j] += s;
+  }
+}
+}  // namespace
+
+// x (N, in), w (out, in), b (out) or null; y (N, out) written (=).
+void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  if (n == 0 || out == 0) return;
+  detail::DeviceScope scope(ctx);
+  float* yp = y.f32();
+  if (b) {
+    // y = b broadcast over rows, then y += x W^T (as the CPU path).
+    detail::dispatch_index(n * out, [&](auto tag) {
+      using I = decltype(tag);
+      broadcast_rows_kernel<I><<<detail::grid_for(ctx, n * out), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+          b->f32(), yp, static_cast<I>(n), static_cast<I>(out));
+      FANOUT_CUDA_CHECK_LAUNCH();
+    });
+  }
+  gemm(ctx, false, true, n, out, in, 1.0f, x.f32(), in, w.f32(), in, b ? 1.0f : 0.0f, yp, out);
+}
+
+// dy (N, out). dx (N, in) = dy W (=) when non-null; dw += dy^T x; db += column sums of dy.
+void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
+                     Tensor* db) {
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  detail::DeviceScope scope(ctx);
+  const float* dyp = dy.f32();
+  if (dx) gemm(ctx, false, false, n, in, out, 1.0f, dyp, out, w.f32(), in, 0.0f, dx->f32(), in);
+  gemm(ctx, true, false, out, in, n, 1.0f, dyp, out, x.f32(), in, 1.0f, dw.f32(), in);
+  if (db && out > 0 && n > 0) {
+    column_sum_add_kernel<<<detail::grid_for(ctx, out), detail::kThreads, 0, detail::stream_of(ctx)>>>(dyp, db->f32(),
+                                                                                                     n, out);
+    FANOUT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace fanout::kernels::cuda

@@ -1,0 +1,195 @@
+// Communicators for CUDA replicas.
+// p2p: peer copies into staging buffers on the primary plus an add kernel;
+//   works with a repeated device and without NCCL. Ranks meet on the host.
+// nccl: ncclBroadcast / ncclReduce / ncclAllReduce on one communicator per
+//   number of active ranks (created once, then reused), distinct devices only.
+// Both synchronize each rank's compute stream before its buffer is read, so a
+// bucket is reduced only once the backward kernels that wrote it are done.
+#include <nccl.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "runtime/core/error.h"
+#include "runtime/cuda/comm_add.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/parallel/comm.h"
+#include "runtime/parallel/worker_pool.h"
+
+namespace fanout {
+namespace {
+
+cudaStream_t stream_of(Context& ctx) { return static_cast<cudaStream_t>(ctx.compute().handle()); }
+
+class P2pComm : public Comm {
+ public:
+  P2pComm(const std::vector<Device>& devices, int max_ops)
+      : devices_(devices), slots_(devices.size()), op_bufs_(max_ops, std::vector<Tensor>(devices.size())),
+        op_count_(max_ops, 0), staging_(max_ops) {}
+  std::string name() const override { return "p2p"; }
+
+  void begin(int active) override {
+    active_ = active;
+    barrier_.reset(active);
+    std::fill(op_count_.begin(), op_count_.end(), 0);
+  }
+
+  void broadcast(int rank, Tensor& buf, Context& ctx) override {
+    slots_[rank] = buf;
+    barrier_.arrive_and_wait();
+    if (rank != 0) {
+      FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
+      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(buf.raw(), devices_[rank].index, slots_[0].raw(), devices_[0].index,
+                                            buf.nbytes(), stream_of(ctx)));
+      FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+    }
+    barrier_.arrive_and_wait();
+  }
+
+  void reduce_add(int op, int rank, const Tensor& buf, Context& ctx) override {
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));  // this rank's gradients are final
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      op_bufs_[op][rank] = buf;
+      if (++op_count_[op] < active_) return;
+      op_count_[op] = 0;
+    }
+    // Last to arrive: stage every other rank's bucket on the primary and add, in rank order.
+    auto& bufs = op_bufs_[op];
+    const int root = devices_[0].index;
+    FANOUT_CUDA_CHECK(cudaSetDevice(root));
+    ensure(staging_[op], bufs[0].shape(), DType::F32, devices_[0]);
+    cudaStream_t s = root_stream();
+    for (int r = 1; r < active_; ++r) {
+      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(staging_[op].raw(), root, bufs[r].raw(), devices_[r].index,
+                                            bufs[r].nbytes(), s));
+      cuda_comm::add_inplace(bufs[0].f32(), staging_[op].f32(), static_cast<size_t>(bufs[0].numel()), s);
+    }
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  void all_reduce(int rank, Tensor& buf, Context& ctx) override {
+    // Small tensors (BatchNorm statistics): summed on the host in rank order.
+    const size_t n = static_cast<size_t>(buf.numel());
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (host_.size() < devices_.size() * n) host_.resize(devices_.size() * n * 2);
+    }
+    barrier_.arrive_and_wait();
+    FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
+    FANOUT_CUDA_CHECK(cudaMemcpyAsync(host_.data() + rank * n, buf.raw(), buf.nbytes(), cudaMemcpyDeviceToHost,
+                                      stream_of(ctx)));
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+    barrier_.arrive_and_wait();
+    std::vector<float>& sum = sums_[rank];
+    sum.assign(host_.begin(), host_.begin() + n);
+    for (int r = 1; r < active_; ++r)
+      for (size_t i = 0; i < n; ++i) sum[i] += host_[r * n + i];
+    barrier_.arrive_and_wait();
+    FANOUT_CUDA_CHECK(cudaMemcpyAsync(buf.raw(), sum.data(), buf.nbytes(), cudaMemcpyHostToDevice, stream_of(ctx)));
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  }
+
+  void abort() override { barrier_.abort(); }
+
+ private:
+  cudaStream_t root_stream() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!root_stream_) root_stream_ = std::make_unique<Stream>(devices_[0]);
+    return static_cast<cudaStream_t>(root_stream_->handle());
+  }
+  std::vector<Device> devices_;
+  int active_ = 1;
+  AbortableBarrier barrier_;
+  std::mutex mu_;
+  std::vector<Tensor> slots_;
+  std::vector<std::vector<Tensor>> op_bufs_;
+  std::vector<int> op_count_;
+  std::vector<Tensor> staging_;
+  std::vector<float> host_;
+  std::map<int, std::vector<float>> sums_;
+  std::unique_ptr<Stream> root_stream_;
+};
+
+class NcclComm : public Comm {
+ public:
+  NcclComm(const std::vector<Device>& devices) : devices_(devices) {}
+  ~NcclComm() override {
+    for (auto& [k, comms] : comms_)
+      for (auto c : comms) ncclCommDestroy(c);
+  }
+  std::string name() const override { return "nccl"; }
+
+  void begin(int active) override {
+    std::lock_guard<std::mutex> g(mu_);
+    active_ = active;
+    if (comms_.count(active)) return;
+    std::vector<int> devs;
+    for (int i = 0; i < active; ++i) devs.push_back(devices_[i].index);
+    std::vector<ncclComm_t> comms(active);
+    FANOUT_NCCL_CHECK(ncclCommInitAll(comms.data(), active, devs.data()));
+    comms_[active] = comms;
+  }
+
+  void broadcast(int rank, Tensor& buf, Context& ctx) override {
+    FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
+    FANOUT_NCCL_CHECK(ncclBroadcast(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), ncclFloat, 0,
+                                    comm(rank), stream_of(ctx)));
+  }
+
+  void reduce_add(int, int rank, const Tensor& buf, Context& ctx) override {
+    FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
+    FANOUT_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), ncclFloat, ncclSum, 0,
+                                 comm(rank), stream_of(ctx)));
+  }
+
+  void all_reduce(int rank, Tensor& buf, Context& ctx) override {
+    FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
+    FANOUT_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), ncclFloat, ncclSum,
+                                    comm(rank), stream_of(ctx)));
+  }
+
+  void finish(int rank, Context& ctx) override { FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx))); }
+
+  void abort() override {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [k, comms] : comms_)
+      for (auto c : comms) ncclCommAbort(c);
+    comms_.clear();
+  }
+
+ private:
+  ncclComm_t comm(int rank) {
+    std::lock_guard<std::mutex> g(mu_);
+    FANOUT_CHECK(comms_.count(active_)) << "NCCL communicator missing for " << active_ << " ranks";
+    return comms_[active_][rank];
+  }
+  std::vector<Device> devices_;
+  std::mutex mu_;
+  int active_ = 0;
+  std::map<int, std::vector<ncclComm_t>> comms_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_p2p_comm(const std::vector<Device>& devices, int max_ops) {
+  for (auto& d : devices) FANOUT_USER_CHECK(d.is_cuda()) << "the p2p communicator needs CUDA devices";
+  // Enable direct peer access where the hardware allows; copies work either way.
+  for (auto& a : devices)
+    for (auto& b : devices)
+      if (a.index != b.index && cuda_can_access_peer(a.index, b.index)) {
+        FANOUT_CUDA_CHECK(cudaSetDevice(a.index));
+        cudaError_t e = cudaDeviceEnablePeerAccess(b.index, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+        else FANOUT_CUDA_CHECK(e);
+      }
+  return std::make_unique<P2pComm>(devices, max_ops);
+}
+
+std::unique_ptr<Comm> make_nccl_comm(const std::vector<Device>& devices, int) {
+  for (auto& d : devices) FANOUT_USER_CHECK(d.is_cuda()) << "the NCCL communicator needs CUDA devices";
+  return std::make_unique<NcclComm>(devices);
+}
+
+}  // namespace fanout

@@ -1,0 +1,508 @@
+// safetensors reading and writing. The header is parsed by a SAX handler that
+// checks the schema as it goes: memory stays proportional to the number of
+// tensors (never to nesting or list lengths), and the first problem found
+// becomes the error message.
+#include "runtime/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/error.h"
+
+namespace fanout::io {
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+// A name for an error message: quoted, control bytes escaped, long names cut.
+std::string quote_name(const std::string& s) {
+  constexpr size_t kMax = 120;
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > kMax) out += "...";
+  return out + "'";
+}
+
+bool parse_dtype(const std::string& s, DType* t) {
+  if (s == "F32") *t = DType::F32;
+  else if (s == "I32") *t = DType::I32;
+  else if (s == "I64") *t = DType::I64;
+  else if (s == "U8") *t = DType::U8;
+  else return false;
+  return true;
+}
+
+// One header entry as the JSON spelled it, before validation.
+struct RawEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> offsets;
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+};
+
+// SAX handler for the header. Expected layout:
+//   {"<name>": {"dtype": str, "shape": [uint...], "data_offsets": [uint, uint], <other keys ignored>},
+//    "__metadata__": {str: str}}
+// Returns false (stopping the parse) with `error` set at the first deviation.
+class HeaderSax final : public nlohmann::json_sax<json> {
+ public:
+  std::vector<RawEntry> entries;
+  std::map<std::string, std::string> metadata;
+  std::string error;
+
+  bool null() override { return scalar(Kind::Other, 0, nullptr); }
+  bool boolean(bool) override { return scalar(Kind::Other, 0, nullptr); }
+  bool number_integer(number_integer_t v) override {
+    // nlohmann reports only negative integers here ("-0" included).
+    return v >= 0 ? scalar(Kind::Uint, static_cast<uint64_t>(v), nullptr) : scalar(Kind::Other, 0, nullptr);
+  }
+  bool number_unsigned(number_unsigned_t v) override { return scalar(Kind::Uint, v, nullptr); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(Kind::Other, 0, nullptr); }
+  bool string(string_t& v) override { return scalar(Kind::String, 0, &v); }
+  bool binary(binary_t&) override { return scalar(Kind::Other, 0, nullptr); }
+
+  bool start_object(std::size_t) override {
+    if (skip_depth_ > 0) return ++skip_depth_, true;
+    if (stack_.empty()) return stack_.push_back(Frame::Top), true;
+    switch (stack_.back()) {
+      case Frame::Top:
+        if (key_ == "__metadata__") {
+          stack_.push_back(Frame::Meta);
+        } else {
+          entries.push_back(RawEntry{key_, {}, {}, {}});
+          stack_.push_back(Frame::Entry);
+        }
+        return true;
+      case Frame::Entry:
+        if (is_known_entry_key(key_)) return wrong_entry_value();
+        skip_depth_ = 1;  // an unknown key's value: ignored, as the reference does
+        return true;
+      default: return scalar(Kind::Other, 0, nullptr);
+    }
+  }
+
+  bool start_array(std::size_t) override {
+    if (skip_depth_ > 0) return ++skip_depth_, true;
+    if (stack_.empty() || stack_.back() != Frame::Entry) return scalar(Kind::Other, 0, nullptr);
+    if (key_ == "shape") return stack_.push_back(Frame::Shape), true;
+    if (key_ == "data_offsets") return stack_.push_back(Frame::Offsets), true;
+    if (key_ == "dtype") return wrong_entry_value();
+    skip_depth_ = 1;
+    return true;
+  }
+
+  bool end_object() override {
+    if (skip_depth_ > 0) return --skip_depth_, true;
+    const Frame f = stack_.back();
+    stack_.pop_back();
+    if (f == Frame::Entry) {
+      const RawEntry& e = entries.back();
+      const char* missing = !e.has_dtype ? "dtype" : !e.has_shape ? "shape" : !e.has_offsets ? "data_offsets" : nullptr;
+      if (missing) return fail("tensor " + quote_name(e.name) + " has no \"" + missing + "\"");
+    }
+    return true;
+  }
+
+  bool end_array() override {
+    if (skip_depth_ > 0) return --skip_depth_, true;
+    stack_.pop_back();
+    return true;
+  }
+
+  bool key(string_t& k) override {
+    if (skip_depth_ > 0) return true;
+    switch (stack_.back()) {
+      case Frame::Top:
+        if (!names_.insert(k).second) return fail("key " + quote_name(k) + " appears twice in the header");
+        break;
+      case Frame::Entry: {
+        RawEntry& e = entries.back();
+        bool* seen = k == "dtype" ? &e.has_dtype : k == "shape" ? &e.has_shape : k == "data_offsets" ? &e.has_offsets : nullptr;
+        if (seen && *seen) return fail("tensor " + quote_name(e.name) + " has \"" + k + "\" twice");
+        if (seen) *seen = true;
+        break;
+      }
+      case Frame::Meta:
+        if (metadata.count(k)) return fail("__metadata__ key " + quote_name(k) + " appears twice");
+        break;
+      default: break;
+    }
+    key_ = k;
+    return true;
+  }
+
+  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& ex) override {
+    std::string msg = ex.what();
+    if (msg.size() > 300) msg = msg.substr(0, 300) + "...";
+    return fail("malformed JSON header (byte " + std::to_string(pos) + "): " + msg);
+  }
+
+ private:
+  enum class Frame { Top, Entry, Meta, Shape, Offsets };
+  enum class Kind { Uint, String, Other };
+
+  static bool is_known_entry_key(const std::string& k) {
+    return k == "dtype" || k == "shape" || k == "data_offsets";
+  }
+
+  bool fail(std::string msg) {
+    if (error.empty()) error = std::move(msg);
+    return false;
+  }
+
+  bool wrong_entry_value() {
+    const std::string& n = entries.back().name;
+    if (key_ == "dtype") return fail("tensor " + quote_name(n) + ": \"dtype\" is not a string");
+    if (key_ == "shape") return fail("tensor " + quote_name(n) + ": \"shape\" is not a list of non-negative integers");
+    return fail("tensor " + quote_name(n) + ": \"data_offsets\" is not [begin, end] (non-negative integers)");
+  }
+
+  // A scalar value, or an object/array where the schema wants something else.
+  bool scalar(Kind kind, uint64_t u, const std::string* s) {
+    if (skip_depth_ > 0) return true;
+    if (stack_.empty()) return fail("header is not a JSON object");
+    switch (stack_.back()) {
+      case Frame::Top:
+        if (key_ == "__metadata__") return fail("__metadata__ is not an object");
+        return fail("entry " + quote_name(key_) + " is not an object");
+      case Frame::Entry:
+        if (key_ == "dtype") {
+          if (kind != Kind::String) return wrong_entry_value();
+          entries.back().dtype = *s;
+        } else if (is_known_entry_key(key_)) {
+          return wrong_entry_value();
+        }
+        return true;
+      case Frame::Meta:
+        if (kind != Kind::String) return fail("__metadata__ value of " + quote_name(key_) + " is not a string");
+        metadata.emplace(key_, *s);
+        return true;
+      case Frame::Shape: {
+        RawEntry& e = entries.back();
+        if (kind != Kind::Uint) return wrong_entry_value();
+        if (e.shape.size() == static_cast<size_t>(Shape::kMaxDims))
+          return fail("tensor " + quote_name(e.name) + " has more than " + std::to_string(Shape::kMaxDims) +
+                      " dims (fanout tensors have at most " + std::to_string(Shape::kMaxDims) + ")");
+        e.shape.push_back(u);
+        return true;
+      }
+      case Frame::Offsets: {
+        RawEntry& e = entries.back();
+        if (kind != Kind::Uint || e.offsets.size() == 2) return wrong_entry_value();
+        e.offsets.push_back(u);
+        return true;
+      }
+    }
+    return true;
+  }
+
+  std::vector<Frame> stack_;
+  int64_t skip_depth_ = 0;  // > 0 inside the value of an ignored key
+  std::string key_;
+  std::set<std::string> names_;
+};
+
+// A validated entry.
+struct Entry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // within the data buffer
+};
+
+struct Header {
+  std::vector<Entry> entries;  // by data offset, then header order
+  std::map<std::string, std::string> metadata;
+};
+
+std::string shape_text(const std::vector<uint64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+// Parses and validates the JSON header `hdr` (n bytes) of a file whose data
+// buffer holds `data_size` bytes.
+Header parse_header(const uint8_t* hdr, uint64_t n, uint64_t data_size, const std::string& what) {
+  HeaderSax sax;
+  bool ok = false;
+  try {
+    ok = json::sax_parse(hdr, hdr + n, &sax, json::input_format_t::json, /*strict=*/true);
+  } catch (const json::exception& e) {
+    FANOUT_FAIL() << what << ": malformed JSON header: " << e.what();
+  }
+  if (!ok || !sax.error.empty())
+    FANOUT_FAIL() << what << ": " << (sax.error.empty() ? std::string("malformed JSON header") : sax.error);
+
+  Header h;
+  h.metadata = std::move(sax.metadata);
+  h.entries.reserve(sax.entries.size());
+  constexpr uint64_t kI64Max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  for (RawEntry& r : sax.entries) {
+    Entry e;
+    e.name = std::move(r.name);
+    const std::string tn = "tensor " + quote_name(e.name);
+    FANOUT_USER_CHECK(parse_dtype(r.dtype, &e.dtype))
+        << what << ": " << tn << " has dtype " << quote_name(r.dtype) << ", which fanout does not support (F32, I32, I64, U8)";
+    // Element count as Shape::numel() computes it (left to right) must fit in int64.
+    uint64_t numel = 1;
+    for (uint64_t d : r.shape) {
+      FANOUT_USER_CHECK(d <= kI64Max && !__builtin_mul_overflow(numel, d, &numel) && numel <= kI64Max)
+          << what << ": " << tn << " shape " << shape_text(r.shape) << " has more elements than fit in 64 bits";
+    }
+    uint64_t nbytes = 0;
+    FANOUT_USER_CHECK(!__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(e.dtype)), &nbytes))
+        << what << ": " << tn << " shape " << shape_text(r.shape) << " has more bytes than fit in 64 bits";
+    e.shape.ndim = static_cast<int>(r.shape.size());
+    for (size_t i = 0; i < r.shape.size(); ++i) e.shape.d[i] = static_cast<int64_t>(r.shape[i]);
+
+    FANOUT_USER_CHECK(r.offsets.size() == 2 && r.offsets[0] <= r.offsets[1])
+        << what << ": " << tn << " data_offsets " << shape_text(r.offsets) << " is not [begin, end] with begin <= end";
+    e.begin = r.offsets[0];
+    e.end = r.offsets[1];
+    FANOUT_USER_CHECK(e.end <= data_size)
+        << what << ": " << tn << " data_offsets [" << e.begin << ", " << e.end << "] run past the end of the data ("
+        << data_size << " bytes; file truncated?)";
+    FANOUT_USER_CHECK(e.end - e.begin == nbytes)
+        << what << ": " << tn << " data_offsets [" << e.begin << ", " << e.end << "] hold " << (e.end - e.begin)
+        << " bytes but shape " << e.shape.str() << " " << dtype_name(e.dtype) << " needs " << nbytes;
+    h.entries.push_back(std::move(e));
+  }
+
+  std::stable_sort(h.entries.begin(), h.entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  const Entry* prev = nullptr;  // the non-empty range ending last so far
+  for (const Entry& e : h.entries) {
+    if (e.begin == e.end) continue;
+    FANOUT_USER_CHECK(!prev || e.begin >= prev->end)
+        << what << ": tensors " << quote_name(prev->name) << " [" << prev->begin << ", " << prev->end << ") and "
+        << quote_name(e.name) << " [" << e.begin << ", " << e.end << ") overlap in the data buffer";
+    if (!prev || e.end > prev->end) prev = &e;
+  }
+  return h;
+}
+
+// Checks the 8-byte prefix of a file of `size` bytes; returns the header length.
+uint64_t header_length(const uint8_t prefix[8], uint64_t size, const std::string& what) {
+  uint64_t n = 0;
+  std::memcpy(&n, prefix, 8);  // little-endian host (asserted above)
+  FANOUT_USER_CHECK(n <= kMaxSafetensorsHeader)
+      << what << ": header length " << n << " is over the 100 MB limit (not a safetensors file?)";
+  FANOUT_USER_CHECK(n <= size - 8) << what << ": header length " << n << " runs past the end of the file (" << size
+                                   << " bytes; truncated or not a safetensors file?)";
+  return n;
+}
+
+void check_min_size(uint64_t size, const std::string& what) {
+  FANOUT_USER_CHECK(size >= 8) << what << ": file is " << size
+                               << " bytes, too short for a safetensors file (8-byte header length first)";
+}
+
+// Owns a file descriptor.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() { if (fd >= 0) ::close(fd); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int release() { int f = fd; fd = -1; return f; }
+};
+
+// Reads exactly `n` bytes at `offset`; false on a short read.
+bool pread_all(int fd, void* buf, size_t n, uint64_t offset, int* err) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, 1u << 30), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) { *err = r < 0 ? errno : 0; return false; }
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+void write_all(int fd, const void* buf, size_t n, const std::string& tmp) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::write(fd, p, std::min<size_t>(n, 1u << 30));
+    if (r < 0 && errno == EINTR) continue;
+    FANOUT_USER_CHECK(r > 0) << "writing " << tmp << " failed: " << (r < 0 ? errno_text(errno) : "no progress");
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+// JSON string literal for `s`; throws fanout::Error when s is not valid UTF-8.
+std::string json_string(const std::string& s, const std::string& path) {
+  try {
+    return json(s).dump();
+  } catch (const json::exception&) {
+    FANOUT_FAIL() << path << ": tensor name or metadata " << quote_name(s) << " is not valid UTF-8";
+  }
+}
+
+}  // namespace
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // Header: __metadata__ first, then tensors in the order given, data contiguous.
+  std::string hdr = "{";
+  if (!metadata.empty()) {
+    hdr += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      if (!first) hdr += ',';
+      hdr += json_string(k, path);
+      hdr += ':';
+      hdr += json_string(v, path);
+      first = false;
+    }
+    hdr += "}";
+  }
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    FANOUT_USER_CHECK(name != "__metadata__") << path << ": \"__metadata__\" cannot name a tensor";
+    FANOUT_USER_CHECK(seen.insert(name).second) << path << ": tensor name " << quote_name(name) << " appears twice";
+    FANOUT_CHECK(t.defined()) << "save_safetensors " << path << ": tensor " << quote_name(name) << " is undefined";
+    if (hdr.size() > 1) hdr += ",";
+    hdr += json_string(name, path) + ":{\"dtype\":\"" + safetensors_dtype(t.dtype()) + "\",\"shape\":[";
+    for (int i = 0; i < t.dim(); ++i) {
+      if (i) hdr += ',';
+      hdr += std::to_string(t.size(i));
+    }
+    hdr += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
+    offset += t.nbytes();
+  }
+  hdr += "}";
+  hdr.append((8 - hdr.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  FANOUT_USER_CHECK(hdr.size() <= kMaxSafetensorsHeader) << path << ": header over the 100 MB limit";
+
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  FANOUT_USER_CHECK(fd.fd >= 0) << "cannot create " << tmp << ": " << errno_text(errno);
+  bool committed = false;
+  struct Cleanup {  // removes the temporary file unless it was renamed into place
+    Fd& fd;
+    const std::string& tmp;
+    const bool& committed;
+    ~Cleanup() {
+      if (fd.fd >= 0) ::close(fd.release());
+      if (!committed) ::unlink(tmp.c_str());
+    }
+  } cleanup{fd, tmp, committed};
+
+  const uint64_t n = hdr.size();
+  write_all(fd.fd, &n, 8, tmp);
+  write_all(fd.fd, hdr.data(), hdr.size(), tmp);
+  for (const auto& [name, t] : tensors) {
+    if (t.nbytes() == 0) continue;
+    const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+    write_all(fd.fd, host.raw(), host.nbytes(), tmp);
+  }
+  FANOUT_USER_CHECK(::fsync(fd.fd) == 0) << "fsync of " << tmp << " failed: " << errno_text(errno);
+  FANOUT_USER_CHECK(::close(fd.release()) == 0) << "closing " << tmp << " failed: " << errno_text(errno);
+  FANOUT_USER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0)
+      << "cannot rename " << tmp << " to " << path << ": " << errno_text(errno);
+  committed = true;
+
+  // Make the rename itself durable.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  FANOUT_USER_CHECK(dfd.fd >= 0) << "saved " << path << " but cannot open its directory to sync it: "
+                                 << errno_text(errno);
+  if (::fsync(dfd.fd) != 0 && errno != EINVAL && errno != ENOTSUP)  // some filesystems cannot sync directories
+    FANOUT_FAIL() << "saved " << path << " but syncing its directory failed: " << errno_text(errno);
+}
+
+TensorFile parse_safetensors(const uint8_t* data, size_t size, const std::string& what) {
+  check_min_size(size, what);
+  const uint64_t n = header_length(data, size, what);
+  const Header h = parse_header(data + 8, n, size - 8 - n, what);
+  const uint8_t* buf = data + 8 + n;
+  TensorFile out;
+  out.metadata = h.metadata;
+  out.tensors.reserve(h.entries.size());
+  for (const Entry& e : h.entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu());
+    if (t.nbytes()) std::memcpy(t.raw(), buf + e.begin, t.nbytes());
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+TensorFile load_safetensors(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  FANOUT_USER_CHECK(fd.fd >= 0) << "cannot open " << path << ": " << errno_text(errno);
+  struct stat st {};
+  FANOUT_USER_CHECK(::fstat(fd.fd, &st) == 0) << "cannot stat " << path << ": " << errno_text(errno);
+  FANOUT_USER_CHECK(S_ISREG(st.st_mode)) << path << ": not a regular file";
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  check_min_size(size, path);
+
+  int err = 0;
+  auto read_or_fail = [&](void* dst, size_t bytes, uint64_t at) {
+    FANOUT_USER_CHECK(pread_all(fd.fd, dst, bytes, at, &err))
+        << path << ": " << (err ? "read failed: " + errno_text(err) : std::string("file ended early (changed while reading?)"));
+  };
+  uint8_t prefix[8];
+  read_or_fail(prefix, 8, 0);
+  const uint64_t n = header_length(prefix, size, path);
+  std::vector<uint8_t> hdr(n);
+  read_or_fail(hdr.data(), n, 8);
+  const Header h = parse_header(hdr.data(), n, size - 8 - n, path);
+
+  TensorFile out;
+  out.metadata = h.metadata;
+  out.tensors.reserve(h.entries.size());
+  for (const Entry& e : h.entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu());
+    if (t.nbytes()) read_or_fail(t.raw(), t.nbytes(), 8 + n + e.begin);
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace fanout::io

@@ -1,0 +1,109 @@
+// Matching a checkpoint's named tensors against a Module and copying them in.
+#include "runtime/io/state_dict.h"
+
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "runtime/core/error.h"
+
+namespace fanout::io {
+
+namespace {
+
+constexpr size_t kListed = 5;  // names shown per list in messages
+
+void append_list(std::ostringstream& os, const char* what, const std::vector<std::string>& v, bool& first) {
+  if (v.empty()) return;
+  os << (first ? "" : "; ") << v.size() << " " << what << " (";
+  first = false;
+  for (size_t i = 0; i < v.size() && i < kListed; ++i) os << (i ? ", " : "") << v[i];
+  if (v.size() > kListed) os << ", and " << (v.size() - kListed) << " more";
+  os << ")";
+}
+
+bool is_int(DType t) { return t == DType::I32 || t == DType::I64; }
+
+// `src` (any device) converted to `dt` on the host; false when a value does not fit.
+bool convert_int(const Tensor& src, DType dt, Tensor* out) {
+  const Tensor h = src.device().is_cpu() ? src : src.to(Device::cpu());
+  *out = Tensor::empty(h.shape(), dt, Device::cpu());
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    const int64_t v = h.dtype() == DType::I64 ? h.data<int64_t>()[i] : h.data<int32_t>()[i];
+    if (dt == DType::I64) {
+      out->data<int64_t>()[i] = v;
+    } else {
+      if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) return false;
+      out->data<int32_t>()[i] = static_cast<int32_t>(v);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string LoadReport::summary() const {
+  if (ok()) return "all tensors matched";
+  std::ostringstream os;
+  bool first = true;
+  append_list(os, "missing", missing, first);
+  append_list(os, "unexpected", unexpected, first);
+  append_list(os, "mismatched", mismatched, first);
+  return os.str();
+}
+
+LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict) {
+  FANOUT_CHECK(m.materialized()) << "load_state_dict before materialize";
+  std::vector<std::pair<std::string, Tensor>> model = m.state_dict();
+  std::map<std::string, size_t> index;  // model name -> position
+  for (size_t i = 0; i < model.size(); ++i) index.emplace(model[i].first, i);
+
+  // Plan every copy first so that strict mode can refuse before writing.
+  LoadReport r;
+  std::vector<std::pair<size_t, Tensor>> plan;  // model position, source (converted when needed)
+  std::vector<bool> found(model.size(), false);
+  std::map<std::string, std::string> seen;  // stripped name -> name in the file
+  for (const auto& [file_name, src] : tensors) {
+    std::string name = file_name;
+    if (name.rfind("module.", 0) == 0) name = name.substr(7);
+    auto [it, fresh] = seen.emplace(name, file_name);
+    FANOUT_USER_CHECK(fresh) << "load_state_dict: the file has both " << it->second << " and " << file_name
+                             << ", which name the same tensor";
+    auto pos = index.find(name);
+    if (pos == index.end()) {
+      r.unexpected.push_back(name);
+      continue;
+    }
+    found[pos->second] = true;
+    const Tensor& dst = model[pos->second].second;
+    FANOUT_CHECK(src.defined()) << "load_state_dict: tensor " << file_name << " is undefined";
+    Tensor from = src;
+    bool fits = src.shape() == dst.shape();
+    if (fits && src.dtype() != dst.dtype()) fits = is_int(src.dtype()) && is_int(dst.dtype()) && convert_int(src, dst.dtype(), &from);
+    if (!fits) {
+      std::ostringstream os;
+      os << name << ": file ";
+      if (src.dtype() != dst.dtype()) os << dtype_name(src.dtype()) << " ";
+      os << src.shape().str() << " vs model ";
+      if (src.dtype() != dst.dtype()) os << dtype_name(dst.dtype()) << " ";
+      os << dst.shape().str();
+      r.mismatched.push_back(os.str());
+      continue;
+    }
+    plan.emplace_back(pos->second, std::move(from));
+  }
+  for (size_t i = 0; i < model.size(); ++i)
+    if (!found[i]) r.missing.push_back(model[i].first);
+
+  FANOUT_USER_CHECK(!strict || r.ok()) << "state dict does not match the model: " << r.summary();
+  for (auto& [i, src] : plan) model[i].second.copy_from(src);
+  return r;
+}
+
+std::vector<std::pair<std::string, Tensor>> state_dict_cpu(Module& m) {
+  std::vector<std::pair<std::string, Tensor>> out = m.state_dict();
+  for (auto& [name, t] : out) t = t.to(Device::cpu());
+  return out;
+}
+
+}  // namespace fanout::io

@@ -1,0 +1,103 @@
+// Helpers of the CUDA-vs-CPU op tests: device copies, poisoning, and a
+// comparison relative to the reference tensor's scale. Every test starts with
+//   if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "runtime/core/context.h"
+#include "runtime/core/device.h"
+#include "runtime/core/tensor.h"
+#include "support/test_util.h"
+
+namespace fanout::cudatest {
+
+inline Device gpu() { return Device::cuda(0); }
+
+// Host -> cuda:0, complete on return.
+inline Tensor to_gpu(const Tensor& t) { return t.to(gpu()); }
+
+// Waits for the context's compute stream (kernels run there; plain copies run
+// on the legacy stream, which does not wait for it), then copies to the host.
+inline Tensor to_host(Context& ctx, const Tensor& t) {
+  ctx.compute().synchronize();
+  return t.to(Device::cpu());
+}
+
+// A device tensor full of NaN (float) or of -7 (int32): outputs that an op
+// fails to write stay visibly wrong.
+inline Tensor poisoned_gpu(const Shape& s, DType dt = DType::F32) {
+  Tensor h = Tensor::empty(s, dt);
+  if (dt == DType::F32) {
+    std::fill(h.f32(), h.f32() + h.numel(), std::numeric_limits<float>::quiet_NaN());
+  } else if (dt == DType::I32) {
+    std::fill(h.data<int32_t>(), h.data<int32_t>() + h.numel(), -7);
+  }
+  return to_gpu(h);
+}
+inline Tensor poisoned_cpu(const Shape& s) {
+  Tensor t = Tensor::empty(s);
+  testing::poison(t);
+  return t;
+}
+
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(double(t.f32()[i])));
+  return m;
+}
+
+// Every element of `got` (host, float) within rtol of `want`, measured against
+// max(|want_i|, rms(want)): relative for large entries, and relative to the
+// tensor's typical size for entries near zero (where cancellation leaves
+// nothing to be relative to). NaN anywhere in `got` fails. Both tensors must
+// have non-zero norms: an all-zero result proves nothing.
+inline ::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
+  if (got.numel() != want.numel())
+    return ::testing::AssertionFailure() << "numel " << got.numel() << " vs " << want.numel();
+  const double nw = testing::l2_norm(want), ng = testing::l2_norm(got);
+  if (!(nw > 0)) return ::testing::AssertionFailure() << "reference is all zeros (norm " << nw << ")";
+  if (!(ng > 0)) return ::testing::AssertionFailure() << "result norm is " << ng;
+  const double rms = nw / std::sqrt(static_cast<double>(want.numel()));
+  double worst = 0;
+  int64_t worst_i = -1, bad = 0, first_bad = -1;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double g = got.f32()[i], w = want.f32()[i];
+    const double err = std::isnan(g) || std::isnan(w) ? std::numeric_limits<double>::infinity()
+                                                      : std::abs(g - w) / std::max(std::abs(w), rms);
+    if (err > worst || worst_i < 0) {
+      worst = err;
+      worst_i = i;
+    }
+    if (!(err <= rtol)) {
+      if (first_bad < 0) first_bad = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << want.numel() << " elements off by more than " << rtol
+                                       << "; worst at " << worst_i << ": got " << got.f32()[worst_i] << ", want "
+                                       << want.f32()[worst_i] << " (rel " << worst << "); first at " << first_bad
+                                       << ": got " << got.f32()[first_bad] << ", want " << want.f32()[first_bad]
+                                       << " (rms " << rms << ")";
+}
+
+// Int32 tensors equal element for element.
+inline ::testing::AssertionResult equal_i32(const Tensor& got, const Tensor& want) {
+  if (got.numel() != want.numel())
+    return ::testing::AssertionFailure() << "numel " << got.numel() << " vs " << want.numel();
+  for (int64_t i = 0; i < want.numel(); ++i)
+    if (got.data<int32_t>()[i] != want.data<int32_t>()[i])
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got.data<int32_t>()[i] << ", want "
+                                           << want.data<int32_t>()[i];
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace fanout::cudatest

@@ -1,0 +1,136 @@
+// Whole training steps on cuda:0 against the CPU: lenet and resnet18 from the
+// same initial parameters and batch agree after 1 and 3 SGD steps (TF32 off),
+// and a warm training step allocates no device memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "cuda/cuda_test_util.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/memory.h"
+#include "runtime/parallel/single_device.h"
+
+namespace fanout {
+namespace {
+
+using cudatest::close;
+using cudatest::gpu;
+using testing::random_labels;
+using testing::random_tensor;
+
+kernels::SgdHyper sgd_hyper(float lr) {
+  kernels::SgdHyper h;
+  h.lr = lr;
+  h.momentum = 0.9f;
+  h.weight_decay = 5e-4f;
+  return h;
+}
+
+// Every parameter (and the float buffers: BatchNorm running statistics) of
+// the CUDA model within rtol of the CPU model's.
+void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model, double rtol, int step) {
+  SCOPED_TRACE(::testing::Message() << "after step " << step);
+  // The engine moves the model and trains on its (non-blocking) compute
+  // stream; plain copies run on the legacy stream, which does not wait for it.
+  cuda_ctx.compute().synchronize();
+  const Tensor got = cuda_model.arenas().params.to(Device::cpu());
+  const Tensor want = cpu_model.arenas().params;
+  auto gp = cuda_model.named_parameters();
+  auto cp = cpu_model.named_parameters();
+  ASSERT_EQ(gp.size(), cp.size());
+  for (size_t i = 0; i < gp.size(); ++i) {
+    ASSERT_EQ(gp[i].first, cp[i].first);
+    const Parameter& p = *cp[i].second;
+    const Tensor g = got.flat(p.offset, p.shape), w = want.flat(p.offset, p.shape);
+    if (testing::l2_norm(w) == 0.0) {  // e.g. BatchNorm biases before the first step
+      EXPECT_EQ(testing::l2_norm(g), 0.0) << cp[i].first;
+      continue;
+    }
+    EXPECT_TRUE(close(g, w, rtol)) << cp[i].first;
+  }
+  const Tensor gb = cuda_model.arenas().buffers.to(Device::cpu());
+  const Tensor& cb = cpu_model.arenas().buffers;
+  auto gbn = cuda_model.named_buffers();
+  auto cbn = cpu_model.named_buffers();
+  ASSERT_EQ(gbn.size(), cbn.size());
+  for (size_t i = 0; i < cbn.size(); ++i) {
+    const Buffer& b = *cbn[i].second;
+    if (b.dtype != DType::F32) continue;
+    const Tensor w = cb.flat(b.offset, b.shape);
+    if (testing::l2_norm(w) == 0.0) continue;  // e.g. a running mean of exactly zero input
+    EXPECT_TRUE(close(gb.flat(b.offset, b.shape), w, rtol)) << cbn[i].first;
+  }
+}
+
+void check_training_matches_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed) {
+  SCOPED_TRACE(model);
+  auto cpu_model = models::make_model(model, sample, 10, seed);
+  auto cuda_model = models::make_model(model, sample, 10, seed);
+  const float lr = 0.02f;
+  SingleDeviceEngine cpu_eng(*cpu_model, Device::cpu(), sgd_hyper(lr), {}, seed);
+  MathOptions math;  // TF32 off, heuristics, any algorithm
+  SingleDeviceEngine cuda_eng(*cuda_model, gpu(), sgd_hyper(lr), {}, seed, math);
+  expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 1e-6, 0);
+
+  std::mt19937_64 rng(seed + 1);
+  Shape xs{batch, sample[0], sample[1], sample[2]};
+  const Tensor x = random_tensor(xs, rng);
+  const Tensor y = random_labels(batch, 10, rng);
+  for (int step = 1; step <= 3; ++step) {
+    const StepResult rc = cpu_eng.train_step(x, y, lr);
+    const StepResult rg = cuda_eng.train_step(x, y, lr);
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::abs(rc.loss_sum))) << "loss at step " << step;
+    EXPECT_EQ(rg.count, rc.count);
+    if (step == 1 || step == 3) expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 1e-3, step);
+  }
+  const StepResult ec = cpu_eng.eval_step(x, y), eg = cuda_eng.eval_step(x, y);
+  EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-3 * std::max(1.0, std::abs(ec.loss_sum))) << "eval loss";
+}
+
+TEST(CudaTraining, LenetStepsMatchCpu) {
+  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  check_training_matches_cpu("lenet", Shape{1, 28, 28}, 5, 11);
+}
+
+TEST(CudaTraining, Resnet18StepsMatchCpu) {
+  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12);
+}
+
+TEST(CudaTraining, CnnStepsMatchCpu) {
+  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  check_training_matches_cpu("cnn", Shape{1, 28, 28}, 6, 13);
+}
+
+// After warm-up, train and eval steps on cuda:0 allocate no device memory
+// (workspace, cuDNN plans and layer outputs are all reused).
+void check_steady_state(const std::string& model, const Shape& sample, const MathOptions& math) {
+  SCOPED_TRACE(::testing::Message() << model << " benchmark " << math.cudnn_benchmark << " deterministic "
+                                    << math.deterministic);
+  auto m = models::make_model(model, sample, 10, 5);
+  SingleDeviceEngine eng(*m, gpu(), sgd_hyper(0.01f), {}, 5, math);
+  std::mt19937_64 rng(6);
+  const Tensor x = random_tensor(Shape{4, sample[0], sample[1], sample[2]}, rng);
+  const Tensor y = random_labels(4, 10, rng);
+  for (int i = 0; i < 2; ++i) eng.train_step(x, y, 0.01f);
+  eng.eval_step(x, y);
+  const AllocStats before = alloc_stats();
+  for (int i = 0; i < 3; ++i) eng.train_step(x, y, 0.01f);
+  eng.eval_step(x, y);
+  const AllocStats after = alloc_stats();
+  EXPECT_EQ(after.device_allocs, before.device_allocs);
+}
+
+TEST(CudaTraining, SteadyStateAllocatesNothing) {
+  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  MathOptions plain, bench, det;
+  bench.cudnn_benchmark = true;
+  det.deterministic = true;
+  check_steady_state("resnet18", Shape{3, 16, 16}, plain);
+  check_steady_state("resnet18", Shape{3, 16, 16}, bench);
+  check_steady_state("lenet", Shape{1, 28, 28}, det);
+}
+
+}  // namespace
+}  // namespace fanout

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# e2e: bad input ends with one clear line on stderr and a non-zero exit, never
+# a crash, a hang or a stack of messages.
+set -uo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+
+# Corrupt IDX header: wrong magic in an otherwise plausible directory.
+mkdir -p "$work/corrupt"
+printf '\x00\x00\x08\x99\x00\x00\x00\x01\x00\x00\x00\x1c\x00\x00\x00\x1c' > "$work/corrupt/train-images-idx3-ubyte"
+printf '\x00\x00\x08\x01\x00\x00\x00\x01\x00' > "$work/corrupt/train-labels-idx1-ubyte"
+cp "$work/corrupt/train-images-idx3-ubyte" "$work/corrupt/t10k-images-idx3-ubyte"
+cp "$work/corrupt/train-labels-idx1-ubyte" "$work/corrupt/t10k-labels-idx1-ubyte"
+# Unreadable: a directory where a file should be.
+mkdir -p "$work/unreadable/train-images-idx3-ubyte" "$work/unreadable/train-labels-idx1-ubyte" \
+         "$work/unreadable/t10k-images-idx3-ubyte" "$work/unreadable/t10k-labels-idx1-ubyte"
+
+expect_error() {  # expect_error NAME PATTERN ARGS...
+  local name=$1 pattern=$2
+  shift 2
+  timeout 120 "$DP_TRAIN" --progress off --epochs 1 "$@" > "$work/out" 2> "$work/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l < "$work/err")
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 124 ] || [ "$lines" -ne 1 ] || ! grep -qiE "$pattern" "$work/err" ||
+     grep -qiE "internal error|terminate|Aborted|Segmentation" "$work/err"; then
+    echo "FAIL $name: exit $rc, $lines stderr line(s):"; sed 's/^/    /' "$work/err"
+    fails=$((fails + 1))
+  else
+    echo "ok   $name (exit $rc): $(cat "$work/err")"
+  fi
+}
+
+expect_error missing-dataset "cannot open|not found|no such" --data "fashion-mnist:$work/nowhere"
+expect_error unreadable-dataset "cannot|read|directory" --data "fashion-mnist:$work/unreadable"
+expect_error corrupt-idx "magic" --data "fashion-mnist:$work/corrupt"
+expect_error shape-mismatch "cannot take" --model resnet18:imagenet --data fashion-mnist --batch-size 8
+expect_error unknown-model "unknown model" --model vgg --data synthetic:64
+expect_error zero-batch "batch-size must be positive" --batch-size 0 --data synthetic:64
+expect_error negative-batch "batch-size must be positive|batch" --batch-size -3 --data synthetic:64
+expect_error zero-lr "lr must be positive" --lr 0 --data synthetic:64
+expect_error negative-lr "lr must be positive" --lr -0.1 --data synthetic:64
+expect_error unknown-flag "unrecognised|unknown" --frobnicate 3
+expect_error bad-number "invalid|argument" --epochs three
+expect_error unknown-data "unknown dataset" --data imagenet
+expect_error bad-devices "device" --devices gpu7 --data synthetic:64
+expect_error bad-schedule "lr schedule" --lr-schedule wobble --data synthetic:64
+
+if [ "$fails" -ne 0 ]; then
+  echo "$fails bad-input case(s) failed"
+  exit 1
+fi
+echo "all bad-input cases gave one clear line"

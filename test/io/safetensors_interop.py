@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Interop between fanout's safetensors I/O and the reference implementation
+(the Python `safetensors` package, the one PyTorch users load weights with).
+
+1. st_tool writes a file; safetensors.numpy.load_file reads it: names, dtypes,
+   shapes, values and metadata must be what st_tool wrote.
+2. safetensors.numpy.save_file writes a file; `st_tool dump` reads it: every
+   value must come back bit for bit.
+3. Files the reference writes but fanout does not support (F16) or truncated
+   files make st_tool fail with a message, not a crash.
+
+Usage: safetensors_interop.py [ST_TOOL]   (or ST_TOOL in the environment)
+Needs: pip install safetensors numpy
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+except ImportError as e:
+    print(f"safetensors_interop.py: needs the Python packages 'safetensors' and 'numpy' ({e}).\n"
+          f"Install them with: pip install safetensors numpy", file=sys.stderr)
+    sys.exit(2)
+
+DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8}
+
+
+def sample(dtype, shape):
+    """The values st_tool writes (see sample_value in st_tool.cpp)."""
+    i = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+    if dtype == np.float32:
+        v = i * 0.25 - 3.0
+    elif dtype == np.int32:
+        v = i * 7 - 20
+    elif dtype == np.int64:
+        v = 1_000_000_000_000 * (i + 1) + i
+    else:
+        v = (i * 37) % 256
+    return v.astype(dtype).reshape(shape)
+
+
+# What `st_tool write` writes, in its order.
+WRITTEN = [
+    ("layer1.0.conv1.weight", np.float32, (4, 3, 2, 2)),
+    ("fc.bias", np.float32, (10,)),
+    ("bn.num_batches_tracked", np.int64, ()),
+    ("labels", np.int32, (2, 3)),
+    ("pixels", np.uint8, (2, 2, 3)),
+    ("counts", np.int64, (3,)),
+    ("empty", np.float32, (0, 3)),
+    ("five_d", np.float32, (1, 2, 1, 2, 2)),
+    ("\u00fcnicode.weight", np.float32, (2,)),
+]
+WRITTEN_METADATA = {"format": "pt", "note": "fanout \u2713"}
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg, file=sys.stderr)
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def st_tool(tool, *args):
+    return subprocess.run([tool, *args], capture_output=True, text=True, timeout=60)
+
+
+def cpp_to_python(tool, d):
+    path = os.path.join(d, "from_cpp.safetensors")
+    r = st_tool(tool, "write", path)
+    check(r.returncode == 0, f"st_tool write failed: {r.stderr}")
+    if r.returncode != 0:
+        return
+    loaded = load_file(path)  # the reference validates the layout strictly
+    check(sorted(loaded) == sorted(n for n, _, _ in WRITTEN), f"names: {sorted(loaded)}")
+    for name, dtype, shape in WRITTEN:
+        if name not in loaded:
+            continue
+        a = loaded[name]
+        check(a.dtype == dtype, f"{name}: dtype {a.dtype}, expected {np.dtype(dtype)}")
+        check(a.shape == shape, f"{name}: shape {a.shape}, expected {shape}")
+        check(same(a, sample(dtype, shape)), f"{name}: values differ: {a.ravel()[:8]}")
+    with safe_open(path, framework="np") as f:
+        check(f.metadata() == WRITTEN_METADATA, f"metadata {f.metadata()}")
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+    check(n % 8 == 0, f"header length {n} is not a multiple of 8")
+    print(f"C++ -> Python: {len(loaded)} tensors read by safetensors.numpy.load_file")
+
+
+def python_to_cpp(tool, d):
+    rng = np.random.default_rng(0)
+    floats = rng.standard_normal((3, 5)).astype(np.float32)
+    floats[0, :3] = [-0.0, 1e-40, np.finfo(np.float32).max]  # signed zero, subnormal, largest
+    tensors = {
+        "conv.weight": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+        "floats": floats,
+        "bn.num_batches_tracked": np.array(123456789012345, dtype=np.int64),
+        "ints": rng.integers(-2**31, 2**31, size=(4, 7), dtype=np.int32),
+        "longs": rng.integers(-2**63, 2**63 - 1, size=(5,), dtype=np.int64),
+        "bytes": rng.integers(0, 256, size=(3, 1, 5), dtype=np.uint8),
+        "vol": rng.standard_normal((2, 1, 3, 2, 2)).astype(np.float32),
+        "nothing": np.zeros((0, 4), dtype=np.float32),
+    }
+    meta = {"format": "np", "step": "1200", "\u00e9": "\u2713"}
+    path = os.path.join(d, "from_py.safetensors")
+    save_file(tensors, path, metadata=meta)
+    r = st_tool(tool, "dump", path)
+    check(r.returncode == 0, f"st_tool dump failed: {r.stderr}")
+    if r.returncode != 0:
+        return
+    out = json.loads(r.stdout)
+    check(out["metadata"] == meta, f"metadata {out['metadata']}")
+    got = {t["name"]: t for t in out["tensors"]}
+    check(sorted(got) == sorted(tensors), f"names {sorted(got)}")
+    for name, want in tensors.items():
+        if name not in got:
+            continue
+        t = got[name]
+        dtype = DTYPES.get(t["dtype"])
+        check(dtype is not None and np.dtype(dtype) == want.dtype, f"{name}: dtype {t['dtype']} vs {want.dtype}")
+        check(tuple(t["shape"]) == want.shape, f"{name}: shape {t['shape']} vs {want.shape}")
+        if dtype is None:
+            continue
+        values = np.array(t["values"], dtype=np.float64 if dtype == np.float32 else object)
+        a = values.astype(dtype).reshape(t["shape"])
+        check(same(a, want), f"{name}: values differ")
+    # The reference orders data by alignment then name; fanout reports data order.
+    print(f"Python -> C++: {len(got)} tensors read by st_tool")
+
+
+def bad_files(tool, d):
+    # A dtype the reference writes but fanout does not support.
+    path = os.path.join(d, "f16.safetensors")
+    save_file({"half": np.ones((2, 2), dtype=np.float16)}, path)
+    r = st_tool(tool, "dump", path)
+    check(r.returncode == 1 and "F16" in r.stderr and path in r.stderr, f"F16 file: rc {r.returncode}, {r.stderr!r}")
+
+    # Truncated copies of a valid file.
+    good = os.path.join(d, "from_cpp.safetensors")
+    with open(good, "rb") as f:
+        data = f.read()
+    for keep in (0, 6, 8, 40, len(data) - 1):
+        path = os.path.join(d, f"cut{keep}.safetensors")
+        with open(path, "wb") as f:
+            f.write(data[:keep])
+        r = st_tool(tool, "dump", path)
+        check(r.returncode == 1 and path in r.stderr and r.stderr.count("\n") == 1,
+              f"truncated to {keep} bytes: rc {r.returncode}, {r.stderr!r}")
+    print("bad files: clear errors")
+
+
+def main():
+    tool = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("ST_TOOL")
+    if not tool or not os.path.exists(tool):
+        print("safetensors_interop.py: pass the st_tool executable as the argument or in ST_TOOL", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="fanout_interop_") as d:
+        cpp_to_python(tool, d)
+        python_to_cpp(tool, d)
+        bad_files(tool, d)
+    if failures:
+        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
