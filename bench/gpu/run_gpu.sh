@@ -38,6 +38,8 @@
 #   FANOUT_LINK_DATASET  auto (default): when /usr/share/datasets/fashion-mnist
 #                        is absent, link it to the carried copy so the e2e
 #                        test (which reads that path) can run; 0: never
+#   FANOUT_LOGS_TGZ      when set, OUTDIR is also packed into this .tgz at the
+#                        end (for transports that return few files)
 #   CUDNN_ROOT, NCCL_ROOT  searched first for headers and libraries
 set -uo pipefail
 
@@ -387,4 +389,8 @@ for st in "${statuses[@]}"; do [ "$st" = ok ] || failed=1; done
   done
   if [ $failed = 0 ]; then echo "all steps passed"; else echo "SOME STEPS FAILED"; fi
 } | tee "$out/summary.txt"
+if [ -n "${FANOUT_LOGS_TGZ:-}" ]; then
+  mkdir -p "$(dirname "$FANOUT_LOGS_TGZ")"
+  tar -czf "$FANOUT_LOGS_TGZ" -C "$(dirname "$out")" "$(basename "$out")" && echo "logs packed into $FANOUT_LOGS_TGZ"
+fi
 exit $failed

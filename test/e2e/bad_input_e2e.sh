@@ -33,7 +33,7 @@ expect_error() {  # expect_error NAME PATTERN ARGS...
   fi
 }
 
-expect_error missing-dataset "cannot open|not found|no such" --data "fashion-mnist:$work/nowhere"
+expect_error missing-dataset "does not exist|cannot open|not found" --data "fashion-mnist:$work/nowhere"
 expect_error unreadable-dataset "cannot|read|directory" --data "fashion-mnist:$work/unreadable"
 expect_error corrupt-idx "magic" --data "fashion-mnist:$work/corrupt"
 expect_error shape-mismatch "cannot take" --model resnet18:imagenet --data fashion-mnist --batch-size 8
@@ -43,7 +43,7 @@ expect_error negative-batch "batch-size must be positive|batch" --batch-size -3 
 expect_error zero-lr "lr must be positive" --lr 0 --data synthetic:64
 expect_error negative-lr "lr must be positive" --lr -0.1 --data synthetic:64
 expect_error unknown-flag "unrecognised|unknown" --frobnicate 3
-expect_error bad-number "invalid|argument" --epochs three
+expect_error bad-number "invalid|argument" --batch-size three
 expect_error unknown-data "unknown dataset" --data imagenet
 expect_error bad-devices "device" --devices gpu7 --data synthetic:64
 expect_error bad-schedule "lr schedule" --lr-schedule wobble --data synthetic:64
