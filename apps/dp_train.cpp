@@ -28,7 +28,7 @@ namespace {
 struct Options {
   std::string model, data, devices, lr_schedule, metrics, progress, config, output_device, dp_comm;
   int epochs = 3;
-  int64_t batch_size = 64, eval_batch_size = 1000;
+  int64_t batch_size = 32, eval_batch_size = 1000;
   float lr = 0.02f, momentum = 0.9f, weight_decay = 5e-4f, warmup_epochs = 0, label_smoothing = 0;
   bool nesterov = false, allow_tf32 = false, cudnn_benchmark = false, deterministic = false;
   bool sync_bn = false, list_devices = false, order_by_free_memory = false;
@@ -87,7 +87,7 @@ int run(int argc, char** argv) {
     ("data", po::value(&o.data)->default_value("fashion-mnist"),
      "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N]")
     ("epochs", po::value(&o.epochs)->default_value(3), "epochs to train")
-    ("batch-size", po::value(&o.batch_size)->default_value(64), "global batch size")
+    ("batch-size", po::value(&o.batch_size)->default_value(32), "global batch size")
     ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(1000), "batch size for evaluation")
     ("lr", po::value(&o.lr)->default_value(0.02f, "0.02"), "base learning rate")
     ("momentum", po::value(&o.momentum)->default_value(0.9f, "0.9"), "SGD momentum (0 for none)")
