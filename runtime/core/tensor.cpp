@@ -68,6 +68,15 @@ Tensor Tensor::empty(const Shape& s, DType t, Device d) {
   return x;
 }
 
+Tensor Tensor::empty_pinned(const Shape& s, DType t) {
+  Tensor x;
+  x.storage_ = allocate_pinned(static_cast<size_t>(s.numel()) * dtype_size(t));
+  x.shape_ = s;
+  x.dtype_ = t;
+  x.device_ = Device::cpu();
+  return x;
+}
+
 Tensor Tensor::zeros(const Shape& s, DType t, Device d) {
   Tensor x = empty(s, t, d);
   x.zero();

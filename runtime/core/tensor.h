@@ -39,6 +39,8 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& s, DType t = DType::F32, Device d = Device::cpu());
   static Tensor zeros(const Shape& s, DType t = DType::F32, Device d = Device::cpu());
+  // A CPU tensor in page-locked host memory (allocate_pinned), for async host-to-device copies.
+  static Tensor empty_pinned(const Shape& s, DType t = DType::F32);
   // Wraps memory owned elsewhere (no copy, no ownership).
   static Tensor wrap(void* data, const Shape& s, DType t, Device d);
 

@@ -52,22 +52,4 @@ TrainTest make_synthetic(int64_t n_train, uint64_t seed);
 // Parses --data: "fashion-mnist", "fashion-mnist:DIR", "cifar10:DIR", "synthetic", "synthetic:N".
 TrainTest open_dataset(const std::string& spec, uint64_t seed);
 
-// Iterates a dataset in batches: shuffled by (seed, epoch) or sequential.
-// Fills x (B, C, H, W) float32 normalized and y (B) int32 on the CPU,
-// reusing their storage across batches.
-class BatchIterator {
- public:
-  BatchIterator(const ImageDataset& ds, int64_t batch_size, bool shuffle, uint64_t seed, int64_t epoch,
-                bool drop_last = false);
-  int64_t num_batches() const;
-  // Returns false at the end of the epoch.
-  bool next(Tensor& x, Tensor& y);
- private:
-  const ImageDataset& ds_;
-  int64_t batch_;
-  bool drop_last_;
-  std::vector<int64_t> order_;
-  int64_t pos_ = 0;
-};
-
 }  // namespace fanout::data

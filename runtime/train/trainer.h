@@ -1,11 +1,17 @@
-// The training loop: epochs of shuffled batches through an Engine, the
-// learning-rate schedule, evaluation on the test split, a summary line per
-// epoch and an optional JSON-lines metrics file.
+// The training loop: epochs of shuffled batches from a DataLoader through an
+// Engine, the learning-rate schedule, evaluation on the test split, a summary
+// line per epoch and an optional JSON-lines metrics file. An epoch's batches
+// and learning rates depend only on (seed, epoch), so run(first_epoch) after
+// restoring a checkpoint continues a run exactly.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/train/progress.h"
@@ -18,6 +24,10 @@ struct TrainerConfig {
   int64_t eval_batch_size = 1000;
   uint64_t seed = 0;
   bool drop_last = false;
+  int workers = 0;           // loader threads (0: batches built on the training thread)
+  int prefetch = 2;          // batches in flight per worker
+  bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
+  data::Augment augment;     // training-set augmentation
   optim::LrSchedule schedule;
   std::string metrics_path;  // empty: none
   Progress::Mode progress = Progress::Mode::Auto;
@@ -29,13 +39,18 @@ struct EpochMetrics {
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   double epoch_seconds = 0, images_per_second = 0;
   double lr = 0;
+  double data_wait_fraction = 0;  // share of the epoch spent waiting for the loader
 };
+
+// The metrics-file object for one epoch.
+nlohmann::json metrics_json(const EpochMetrics& m);
 
 class Trainer {
  public:
   Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data);
-  // Trains epochs [first_epoch, cfg.epochs); returns the last epoch's metrics.
-  EpochMetrics run(int first_epoch = 0);
+  // Trains epochs [first_epoch, last_epoch) (last_epoch < 0: cfg.epochs);
+  // returns the last epoch's metrics.
+  EpochMetrics run(int first_epoch = 0, int last_epoch = -1);
   EpochMetrics train_epoch(int epoch);  // 0-based epoch; fills train fields
   void evaluate(EpochMetrics& m);       // fills test fields
   // Called after each epoch (checkpointing hooks in here).
@@ -47,7 +62,7 @@ class Trainer {
   Engine& engine_;
   const data::TrainTest& data_;
   Progress progress_;
-  Tensor x_, y_;
+  std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
 };
 
 }  // namespace fanout::train

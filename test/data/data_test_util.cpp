@@ -78,21 +78,4 @@ Bytes cifar_records(const std::vector<uint8_t>& labels, int salt) {
   return b;
 }
 
-std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const fanout::Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
-    EXPECT_EQ(msg.find(" failed at "), std::string::npos) << "internal check, not a user error: " << msg;
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected fanout::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected fanout::Error, nothing was thrown";
-  return "";
-}
-
 }  // namespace fanout::testing

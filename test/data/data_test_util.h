@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "support/test_util.h"
+
 namespace fanout::testing {
 
 using Bytes = std::vector<uint8_t>;
@@ -38,9 +40,5 @@ Bytes pattern_pixels(uint32_t n, uint32_t h, uint32_t w);
 // CIFAR-10 records: per record, label byte + 3072 image bytes, image bytes (label + 3 * k + r) % 256.
 Bytes cifar_records(const std::vector<uint8_t>& labels, int salt = 0);
 uint8_t cifar_pixel(uint8_t label, int salt, int64_t record, int64_t k);
-
-// Runs f, expecting a fanout::Error whose message is one line and contains
-// every string in `parts`; returns the message (empty after a failure).
-std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts);
 
 }  // namespace fanout::testing

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "models/zoo/zoo.h"
-#include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
 #include "runtime/parallel/single_device.h"
 #include "support/test_util.h"
 
@@ -32,10 +32,13 @@ TEST(SingleDeviceEngine, SteadyStateAllocatesNothing) {
   kernels::SgdHyper h;
   h.momentum = 0.9f;
   SingleDeviceEngine eng(*model, Device::cpu(), h, {}, 3);
-  data::BatchIterator it(data.train, 24, true, 3, 0);  // 24, 24, 16: a smaller last batch
+  data::LoaderOptions lo;
+  lo.batch_size = 24;  // 24, 24, 16: a smaller last batch
+  data::DataLoader loader(data.train, std::make_unique<data::RandomSampler>(data.train.size(), 3), lo);
+  loader.start_epoch(0);
   Tensor x, y;
   std::vector<std::pair<Tensor, Tensor>> batches;
-  while (it.next(x, y)) batches.emplace_back(x.to(Device::cpu()), y.to(Device::cpu()));
+  while (loader.next(x, y)) batches.emplace_back(x.to(Device::cpu()), y.to(Device::cpu()));
   for (auto& [bx, by] : batches) eng.train_step(bx, by, 0.01f);  // warm-up: every batch size seen
   const auto before = alloc_stats();
   for (int rep = 0; rep < 2; ++rep)

@@ -1,6 +1,8 @@
 // Shared test helpers.
 #include "support/test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -88,5 +90,23 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 
 Tensor clone(const Tensor& t) { return t.to(Device::cpu()); }
+
+std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const fanout::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+    EXPECT_EQ(msg.find(" failed at "), std::string::npos) << "internal check, not a user error: " << msg;
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected fanout::Error, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected fanout::Error, nothing was thrown";
+  return "";
+}
+
 
 }  // namespace fanout::testing

@@ -3,6 +3,8 @@
 #pragma once
 #include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "runtime/core/tensor.h"
 
@@ -38,5 +40,9 @@ GradCheckResult grad_check_detail(const std::function<double()>& f, Tensor& x, c
 double dot(const Tensor& a, const Tensor& b);
 // A float32 CPU copy of t.
 Tensor clone(const Tensor& t);
+
+// Runs f, expecting a fanout::Error whose message is one line and contains
+// every string in `parts`; returns the message (empty after a failure).
+std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts);
 
 }  // namespace fanout::testing

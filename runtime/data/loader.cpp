@@ -1,0 +1,205 @@
+// DataLoader: persistent workers claim batches in order into a ring of slots;
+// batch b waits for slot b % slots until the consumer has released batch b - slots.
+#include "runtime/data/loader.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/core/device.h"
+#include "runtime/core/error.h"
+
+namespace fanout::data {
+
+namespace {
+
+constexpr int kMaxWorkers = 256;  // past that it is a typo
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+DataLoader::DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler, const LoaderOptions& o)
+    : ds_(ds), sampler_(std::move(sampler)), opts_(o) {
+  FANOUT_USER_CHECK(o.batch_size > 0) << "batch size must be positive, got " << o.batch_size;
+  FANOUT_USER_CHECK(o.workers >= 0 && o.workers <= kMaxWorkers)
+      << "loader workers must be in 0.." << kMaxWorkers << ", got " << o.workers;
+  FANOUT_USER_CHECK(o.prefetch >= 1) << "loader prefetch must be at least 1, got " << o.prefetch;
+  FANOUT_USER_CHECK(sampler_ != nullptr) << "DataLoader needs a sampler";
+  FANOUT_USER_CHECK(ds.images.defined() && ds.images.dim() == 4 && ds.images.dtype() == DType::U8)
+      << "dataset '" << ds.name << "' has no (N, C, H, W) uint8 images";
+  FANOUT_USER_CHECK(ds.labels.defined() && ds.labels.dim() == 1 && ds.labels.dtype() == DType::I32)
+      << "dataset '" << ds.name << "' has no (N) int32 labels";
+  FANOUT_USER_CHECK(ds.images.size(0) == ds.labels.size(0))
+      << "dataset '" << ds.name << "' has " << ds.images.size(0) << " images but " << ds.labels.size(0) << " labels";
+  pinned_ = o.pin_memory && cuda_device_count() > 0;  // page-locking needs a CUDA driver
+  sample_numel_ = ds.sample_shape().numel();
+  slots_.resize(o.workers == 0 ? 1 : static_cast<size_t>(o.workers) * static_cast<size_t>(o.prefetch));
+  allocate_slots(std::min(o.batch_size, sampler_->size()));
+  try {
+    for (int w = 0; w < o.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
+  } catch (...) {
+    stop_workers();
+    throw;
+  }
+}
+
+DataLoader::~DataLoader() { stop_workers(); }
+
+void DataLoader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    active_ = false;
+    ++generation_;  // builders stop at their next sample
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+void DataLoader::allocate_slots(int64_t rows) {
+  const Shape s = ds_.sample_shape();  // (C, H, W)
+  const Shape xs{rows, s[0], s[1], s[2]}, ys{rows};
+  for (Slot& slot : slots_) {
+    slot.x = pinned_ ? Tensor::empty_pinned(xs, DType::F32) : Tensor::empty(xs, DType::F32);  // (rows, C, H, W)
+    slot.y = pinned_ ? Tensor::empty_pinned(ys, DType::I32) : Tensor::empty(ys, DType::I32);  // (rows)
+  }
+  slot_rows_ = rows;
+}
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = sampler_->size(), b = opts_.batch_size;
+  return opts_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+int64_t DataLoader::num_samples() const {
+  const int64_t n = sampler_->size(), b = opts_.batch_size;
+  return opts_.drop_last ? n / b * b : n;
+}
+
+double DataLoader::wait_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return wait_seconds_;
+}
+
+int64_t DataLoader::batch_rows(int64_t b) const {
+  return std::min(opts_.batch_size, static_cast<int64_t>(order_.size()) - b * opts_.batch_size);
+}
+
+void DataLoader::start_epoch(int64_t epoch) {
+  sampler_->set_epoch(epoch);
+  std::vector<int64_t> order = sampler_->indices();
+  std::unique_lock<std::mutex> lk(mu_);
+  // Abandon the previous epoch: no new claims, builders bail out, wait until none is building.
+  active_ = false;
+  ++generation_;
+  ready_cv_.wait(lk, [&] { return busy_ == 0; });
+  order_ = std::move(order);
+  epoch_ = epoch;
+  const int64_t n = static_cast<int64_t>(order_.size()), b = opts_.batch_size;
+  num_batches_ = opts_.drop_last ? n / b : (n + b - 1) / b;
+  if (std::min(b, n) > slot_rows_) allocate_slots(std::min(b, n));  // only when the sampler grew
+  for (Slot& s : slots_) {
+    s.state = SlotState::Free;
+    s.batch = -1;
+    s.error = nullptr;
+  }
+  next_claim_ = next_consume_ = 0;
+  handed_ = -1;
+  wait_seconds_ = 0;
+  active_ = started_ = true;
+  lk.unlock();
+  work_cv_.notify_all();
+}
+
+bool DataLoader::build(int64_t b, Slot& s, uint64_t generation) {
+  const int64_t rows = batch_rows(b), begin = b * opts_.batch_size;
+  float* xp = s.x.f32();
+  int32_t* yp = s.y.data<int32_t>();
+  const int32_t* labels = ds_.labels.data<int32_t>();
+  for (int64_t k = 0; k < rows; ++k) {
+    if (generation_.load(std::memory_order_relaxed) != generation) return false;
+    const int64_t i = order_[static_cast<size_t>(begin + k)];
+    load_sample(ds_, i, opts_.augment, opts_.seed, epoch_, xp + k * sample_numel_);  // checks i
+    yp[k] = labels[i];
+  }
+  return true;
+}
+
+void DataLoader::worker_loop() {
+  const int64_t nslots = static_cast<int64_t>(slots_.size());
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    work_cv_.wait(lk, [&] {
+      return stop_ || (active_ && next_claim_ < num_batches_ && slots_[next_claim_ % nslots].state == SlotState::Free);
+    });
+    if (stop_) return;
+    const int64_t b = next_claim_++;
+    Slot& s = slots_[b % nslots];
+    s.state = SlotState::Filling;
+    s.batch = b;
+    const uint64_t generation = generation_.load();
+    ++busy_;
+    lk.unlock();
+    std::exception_ptr error;
+    try {
+      build(b, s, generation);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lk.lock();
+    --busy_;
+    if (generation == generation_.load()) {  // not abandoned meanwhile: the batch is whole, or failed
+      s.state = error ? SlotState::Failed : SlotState::Ready;
+      s.error = error;
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+bool DataLoader::next(Tensor& x, Tensor& y) {
+  std::unique_lock<std::mutex> lk(mu_);
+  FANOUT_USER_CHECK(started_) << "DataLoader::next() called before start_epoch()";
+  const int64_t nslots = static_cast<int64_t>(slots_.size());
+  if (handed_ >= 0) {  // release the previous batch's slot
+    slots_[handed_].state = SlotState::Free;
+    handed_ = -1;
+    if (!threads_.empty()) work_cv_.notify_all();
+  }
+  if (next_consume_ >= num_batches_) return false;
+  const int64_t b = next_consume_++;
+  Slot& s = slots_[b % nslots];
+  const auto t0 = std::chrono::steady_clock::now();
+  if (threads_.empty()) {
+    s.state = SlotState::Filling;
+    s.batch = b;
+    try {
+      build(b, s, generation_.load());
+    } catch (...) {
+      s.state = SlotState::Free;
+      wait_seconds_ += seconds_since(t0);
+      throw;
+    }
+  } else {
+    ready_cv_.wait(lk, [&] { return s.batch == b && (s.state == SlotState::Ready || s.state == SlotState::Failed); });
+    if (s.state == SlotState::Failed) {
+      std::exception_ptr error = s.error;
+      s.error = nullptr;
+      s.state = SlotState::Free;
+      wait_seconds_ += seconds_since(t0);
+      work_cv_.notify_all();
+      std::rethrow_exception(error);
+    }
+  }
+  wait_seconds_ += seconds_since(t0);
+  s.state = SlotState::Handed;
+  handed_ = b % nslots;
+  const int64_t rows = batch_rows(b);
+  x = s.x.slice(0, rows);  // (rows, C, H, W)
+  y = s.y.slice(0, rows);  // (rows)
+  return true;
+}
+
+}  // namespace fanout::data
