@@ -18,6 +18,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
+#include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -27,7 +28,9 @@ namespace {
 
 struct Options {
   std::string model, data, devices, lr_schedule, metrics, progress, config, output_device, dp_comm;
-  int epochs = 3;
+  std::string augment, pin_memory, save_dir, resume, init_from;
+  int epochs = 3, stop_after = 0, workers = 1, prefetch = 2, save_every = 1, keep_last = 2;
+  bool drop_last = false, non_strict = false;
   int64_t batch_size = 32, eval_batch_size = 1000;
   float lr = 0.02f, momentum = 0.9f, weight_decay = 5e-4f, warmup_epochs = 0, label_smoothing = 0;
   bool nesterov = false, allow_tf32 = false, cudnn_benchmark = false, deterministic = false;
@@ -107,6 +110,22 @@ int run(int argc, char** argv) {
     ("order-by-free-memory", po::bool_switch(&o.order_by_free_memory),
      "make the listed GPU with the most free memory the primary, and print the order")
     ("list-devices", po::bool_switch(&o.list_devices), "print every visible GPU and the peer-access matrix, and exit")
+    ("workers", po::value(&o.workers)->default_value(1), "data-loader threads (0: load on the training thread)")
+    ("prefetch", po::value(&o.prefetch)->default_value(2), "batches in flight per loader thread")
+    ("pin-memory", po::value(&o.pin_memory)->default_value("auto")->implicit_value("on"),
+     "page-locked batch buffers: auto (on with GPUs), on, off")
+    ("augment", po::value(&o.augment)->default_value("none"),
+     "training augmentation: none, or a comma list of crop[:PADDING] (random crop, default padding 4) and flip")
+    ("drop-last", po::bool_switch(&o.drop_last), "drop the last training batch when it is smaller")
+    ("save-dir", po::value(&o.save_dir), "write epoch-NNNN.safetensors checkpoints (and best.safetensors) here")
+    ("save-every", po::value(&o.save_every)->default_value(1), "checkpoint every N epochs (and after the last)")
+    ("keep-last", po::value(&o.keep_last)->default_value(2), "keep the newest K epoch checkpoints")
+    ("resume", po::value(&o.resume),
+     "continue a run from a checkpoint file, or from the newest one in a directory (--epochs counts the whole run)")
+    ("stop-after", po::value(&o.stop_after)->default_value(0),
+     "stop once epoch N of the run is done (0: run them all); --resume continues it")
+    ("init-from", po::value(&o.init_from), "initialize the model's weights from a safetensors file (optimizer state not loaded)")
+    ("non-strict", po::bool_switch(&o.non_strict), "with --init-from: load the tensors that fit and list the rest")
     ("metrics", po::value(&o.metrics), "append one JSON object per epoch to this file")
     ("progress", po::value(&o.progress)->default_value("auto"), "auto (a bar on a terminal), bar, lines or off")
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions on CUDA")
@@ -134,6 +153,14 @@ int run(int argc, char** argv) {
   FANOUT_USER_CHECK(o.lr > 0) << "--lr must be positive, got " << o.lr;
   FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
       << "--label-smoothing must be in [0, 1), got " << o.label_smoothing;
+  FANOUT_USER_CHECK(o.workers >= 0) << "--workers must be non-negative, got " << o.workers;
+  FANOUT_USER_CHECK(o.prefetch >= 1) << "--prefetch must be at least 1, got " << o.prefetch;
+  FANOUT_USER_CHECK(o.stop_after >= 0) << "--stop-after must be non-negative, got " << o.stop_after;
+  FANOUT_USER_CHECK(o.pin_memory == "auto" || o.pin_memory == "on" || o.pin_memory == "off")
+      << "bad --pin-memory '" << o.pin_memory << "' (expected auto, on or off)";
+  FANOUT_USER_CHECK(o.resume.empty() || o.init_from.empty()) << "--resume and --init-from exclude each other";
+  FANOUT_USER_CHECK(!o.non_strict || !o.init_from.empty()) << "--non-strict only applies to --init-from";
+  const data::Augment augment = data::parse_augment(o.augment);
   const auto progress = parse_progress(o.progress);
 
   if (o.list_devices) return list_devices();
@@ -184,6 +211,42 @@ int run(int argc, char** argv) {
     engine = std::make_unique<DataParallelEngine>(*model, devices, h, LossOptions{o.label_smoothing}, dpo);
   }
 
+  // What a checkpoint records of this run; a resume compares it with the file's.
+  const nlohmann::json config = {
+      {"model", o.model},         {"data", o.data},           {"epochs", o.epochs},
+      {"batch_size", o.batch_size}, {"lr", o.lr},             {"momentum", o.momentum},
+      {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov}, {"lr_schedule", o.lr_schedule},
+      {"warmup_epochs", o.warmup_epochs}, {"label_smoothing", o.label_smoothing}, {"seed", o.seed},
+      {"augment", augment.str()}, {"drop_last", o.drop_last}, {"devices", dev_names}, {"sync_bn", o.sync_bn}};
+  train::CheckpointState ckpt;
+  std::string save_dir = o.save_dir;
+  if (!o.resume.empty()) {
+    const std::string path = train::resolve_resume_path(o.resume);
+    if (save_dir.empty() && path != o.resume) save_dir = o.resume;  // resuming from a directory keeps saving there
+    ckpt = train::load_checkpoint(path, *engine, [&](const train::CheckpointState& st) {
+      const std::string was_model = st.config.value("model", std::string());
+      FANOUT_USER_CHECK(was_model == o.model)
+          << "checkpoint " << path << " was trained with --model " << was_model << ", not " << o.model;
+    });
+    for (auto& [key, value] : config.items())
+      if (key != "devices" && ckpt.config.contains(key) && ckpt.config[key] != value)
+        std::fprintf(stderr, "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue exactly\n",
+                     key.c_str(), ckpt.config[key].dump().c_str(), value.dump().c_str());
+    std::printf("resumed from %s: %d of %d epochs done, %lld steps\n", path.c_str(), ckpt.epoch, o.epochs,
+                static_cast<long long>(ckpt.step));
+    if (ckpt.epoch >= o.epochs) {
+      std::printf("nothing left to train (raise --epochs to train further)\n");
+      return 0;
+    }
+  }
+  if (!o.init_from.empty()) {
+    const io::LoadReport r = train::load_weights(o.init_from, engine->model(), !o.non_strict);
+    std::printf("initialized from %s: %s\n", o.init_from.c_str(), r.summary().c_str());
+  }
+  ckpt.config = config;
+  std::unique_ptr<train::CheckpointSaver> saver;
+  if (!save_dir.empty()) saver = std::make_unique<train::CheckpointSaver>(save_dir, o.save_every, o.keep_last);
+
   train::TrainerConfig tc;
   tc.epochs = o.epochs;
   tc.batch_size = o.batch_size;
@@ -192,13 +255,33 @@ int run(int argc, char** argv) {
   tc.schedule = optim::parse_lr_schedule(o.lr_schedule, o.lr, o.epochs, o.warmup_epochs);
   tc.metrics_path = o.metrics;
   tc.progress = progress;
+  tc.workers = o.workers;
+  tc.prefetch = o.prefetch;
+  tc.pin_memory = o.pin_memory == "on" || (o.pin_memory == "auto" && devices[0].is_cuda());
+  tc.augment = augment;
+  tc.drop_last = o.drop_last;
   if (!o.metrics.empty()) {
     std::ofstream probe(o.metrics, std::ios::app);
     FANOUT_USER_CHECK(probe.good()) << "cannot open metrics file " << o.metrics;
   }
   train::Trainer trainer(tc, *engine, data);
-  train::EpochMetrics m = trainer.run();
-  std::printf("final test accuracy %.4f\n", m.test_acc);
+  trainer.on_epoch_end = [&](const train::EpochMetrics& m) {
+    ckpt.epoch = m.epoch;
+    ckpt.step = engine->optimizer().steps();
+    ckpt.metrics = train::metrics_json(m);
+    if (saver) {
+      for (auto& p : saver->on_epoch_end(*engine, ckpt, o.epochs)) std::printf("saved %s\n", p.c_str());
+      std::fflush(stdout);
+    }
+  };
+  FANOUT_USER_CHECK(o.stop_after == 0 || o.stop_after > ckpt.epoch)
+      << "--stop-after " << o.stop_after << " but the checkpoint already has " << ckpt.epoch << " epochs done";
+  const int last = o.stop_after > 0 ? std::min(o.epochs, o.stop_after) : o.epochs;
+  train::EpochMetrics m = trainer.run(ckpt.epoch, last);
+  if (last < o.epochs)
+    std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, o.epochs);
+  else
+    std::printf("final test accuracy %.4f\n", m.test_acc);
   return 0;
 }
 

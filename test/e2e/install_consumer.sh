@@ -18,22 +18,32 @@ target_link_libraries(consumer PRIVATE fanout::fanout)
 CM
 cat > "$work/app/main.cpp" <<'CPP'
 #include <cstdio>
+#include <memory>
 #include "models/zoo/zoo.h"
-#include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
 #include "runtime/parallel/single_device.h"
-int main() {
+#include "runtime/train/checkpoint.h"
+int main(int argc, char** argv) {
   using namespace fanout;
   auto data = data::make_synthetic(32, 1);
   auto model = models::make_model("lenet", data.train.sample_shape(), 10, 1);
   SingleDeviceEngine engine(*model, Device::cpu(), kernels::SgdHyper{}, LossOptions{}, 1);
-  data::BatchIterator it(data.train, 16, true, 1, 0);
+  data::LoaderOptions lo;
+  lo.batch_size = 16;
+  lo.workers = 1;
+  data::DataLoader loader(data.train, std::make_unique<data::RandomSampler>(data.train.size(), 1), lo);
+  loader.start_epoch(0);
   Tensor x, y;
   double loss = 0;
-  while (it.next(x, y)) loss = engine.train_step(x, y, 0.01f).loss_sum;
+  while (loader.next(x, y)) loss = engine.train_step(x, y, 0.01f).loss_sum;
+  train::CheckpointState st;
+  st.epoch = 1;
+  train::save_checkpoint(argv[1], engine, st);
   std::printf("consumer trained: last batch loss sum %.4f\n", loss);
-  return loss > 0 ? 0 : 1;
+  return loss > 0 && argc == 2 ? 0 : 1;
 }
 CPP
 cmake -S "$work/app" -B "$work/app/build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/cfg.log"
 cmake --build "$work/app/build" -j2 > "$work/build.log"
-LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/consumer"
+LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/consumer" "$work/consumer.safetensors"
+test -s "$work/consumer.safetensors"

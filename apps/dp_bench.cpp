@@ -1,0 +1,171 @@
+// dp-bench: time per training step of one model on the plain single-device
+// engine, on the DataParallel engine over the primary alone (the engine's own
+// overhead), and on DataParallel over every listed device, at one global
+// batch. Inputs are seeded random host tensors, so the loader is not timed.
+// Each configuration: warm-up steps, then `repeats` timed runs of `steps`
+// steps; the median run is reported.
+#include <boost/program_options.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/gemm.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/error.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/single_device.h"
+
+namespace po = boost::program_options;
+using namespace fanout;
+
+namespace {
+
+struct Options {
+  std::string model, input, devices, json, comm;
+  int64_t batch_size = 256;
+  int warmup = 5, steps = 20, repeats = 3;
+  uint64_t seed = 0;
+};
+
+Shape parse_input(const std::string& s) {
+  int64_t c = 0, h = 0, w = 0;
+  char x1 = 0, x2 = 0;
+  std::istringstream is(s);
+  is >> c >> x1 >> h >> x2 >> w;
+  FANOUT_USER_CHECK(is && is.eof() && x1 == 'x' && x2 == 'x' && c > 0 && h > 0 && w > 0)
+      << "bad --input '" << s << "' (expected CxHxW, e.g. 3x32x32)";
+  return Shape{c, h, w};
+}
+
+struct Result {
+  std::string config;
+  double ms_per_step = 0, images_per_second = 0;
+};
+
+Result time_engine(const std::string& name, Engine& eng, const Tensor& x, const Tensor& y, const Options& o) {
+  for (int i = 0; i < o.warmup; ++i) eng.train_step(x, y, 0.01f);
+  std::vector<double> runs;
+  for (int r = 0; r < o.repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.steps; ++i) eng.train_step(x, y, 0.01f);  // each step ends with its loss on the host
+    runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.steps);
+  }
+  std::sort(runs.begin(), runs.end());
+  const double s = runs[runs.size() / 2];
+  return {name, 1e3 * s, x.size(0) / s};
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  po::options_description desc(
+      "dp-bench: training-step time, plain engine vs DataParallel on one device vs DataParallel on all\n\n"
+      "Usage: dp-bench [options]\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "print this help and exit")
+    ("model", po::value(&o.model)->default_value("lenet"), "mlp, lenet, cnn, resnet18 or resnet18:imagenet")
+    ("input", po::value(&o.input)->default_value("1x28x28"), "sample shape CxHxW")
+    ("batch-size", po::value(&o.batch_size)->default_value(256), "global batch size")
+    ("devices", po::value(&o.devices)->default_value("cpu:2"),
+     "devices for the DataParallel run (cpu:N, 0,0, cuda:0,cuda:1, ...); the first is the primary")
+    ("dp-comm", po::value(&o.comm)->default_value("auto"), "gradient reduction on GPUs: auto, nccl or p2p")
+    ("warmup", po::value(&o.warmup)->default_value(5), "untimed steps per configuration")
+    ("steps", po::value(&o.steps)->default_value(20), "timed steps per run")
+    ("repeats", po::value(&o.repeats)->default_value(3), "timed runs per configuration (the median is reported)")
+    ("seed", po::value(&o.seed)->default_value(0), "seed for weights and inputs")
+    ("json", po::value(&o.json), "append one JSON object per configuration to this file");
+  // clang-format on
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, desc), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\nExample:\n  dp-bench --model lenet --batch-size 256 --devices cpu:2\n";
+    return 0;
+  }
+  po::notify(vm);
+  FANOUT_USER_CHECK(o.batch_size > 0) << "--batch-size must be positive, got " << o.batch_size;
+  FANOUT_USER_CHECK(o.warmup >= 0) << "--warmup must be non-negative, got " << o.warmup;
+  FANOUT_USER_CHECK(o.steps > 0) << "--steps must be positive, got " << o.steps;
+  FANOUT_USER_CHECK(o.repeats > 0) << "--repeats must be positive, got " << o.repeats;
+  const Shape in = parse_input(o.input);
+  const std::vector<Device> devices = parse_devices(o.devices);
+  const Device primary = devices[0];
+
+  std::mt19937_64 rng(o.seed);
+  Tensor x = Tensor::empty(Shape{o.batch_size, in[0], in[1], in[2]});
+  Tensor y = Tensor::empty(Shape{o.batch_size}, DType::I32);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = u(rng);
+  for (int64_t i = 0; i < o.batch_size; ++i) y.data<int32_t>()[i] = static_cast<int32_t>(rng() % 10);
+
+  kernels::SgdHyper h;
+  h.lr = 0.01f;
+  h.momentum = 0.9f;
+  h.weight_decay = 5e-4f;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores\n", o.model.c_str(),
+              static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps, cores);
+  std::fflush(stdout);
+
+  std::vector<Result> results;
+  {
+    auto model = models::make_model(o.model, in, 10, o.seed);
+    if (primary.is_cpu()) kernels::set_cpu_blas_threads(cores);
+    SingleDeviceEngine eng(*model, primary, h, {}, o.seed);
+    results.push_back(time_engine("plain " + primary.str(), eng, x, y, o));
+  }
+  std::vector<std::vector<Device>> dp_runs = {{primary}};
+  if (devices.size() > 1) dp_runs.push_back(devices);
+  for (auto& devs : dp_runs) {
+    auto model = models::make_model(o.model, in, 10, o.seed);
+    DataParallelOptions dpo;
+    dpo.seed = o.seed;
+    dpo.comm = o.comm;
+    DataParallelEngine eng(*model, devs, h, {}, dpo);
+    std::string names;
+    for (auto& d : devs) names += (names.empty() ? "" : ",") + d.str();
+    results.push_back(time_engine("dp " + names, eng, x, y, o));
+  }
+
+  std::printf("%-34s %12s %14s %10s\n", "configuration", "ms/step", "images/s", "vs plain");
+  for (auto& r : results)
+    std::printf("%-34s %12.3f %14.0f %9.3fx\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
+                results[0].ms_per_step / r.ms_per_step);
+  if (!o.json.empty()) {
+    std::ofstream f(o.json, std::ios::app);
+    FANOUT_USER_CHECK(f.good()) << "cannot open " << o.json;
+    for (auto& r : results)
+      f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
+                          {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
+                          {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step}}
+               .dump()
+        << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "dp-bench: error: %s (see dp-bench --help)\n", e.what());
+    return 2;
+  } catch (const fanout::Error& e) {
+    std::fprintf(stderr, "dp-bench: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dp-bench: internal error: %s\n", e.what());
+    return 3;
+  }
+}

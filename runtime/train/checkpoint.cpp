@@ -1,0 +1,244 @@
+// Checkpoint save / load / rotation.
+#include "runtime/train/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <system_error>
+
+#include "runtime/core/error.h"
+#include "runtime/io/safetensors.h"
+
+namespace fanout::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMomentumPrefix = "optimizer.momentum_buffer.";
+
+const std::string& meta(const io::TensorFile& f, const std::string& key, const std::string& path) {
+  auto it = f.metadata.find(key);
+  FANOUT_USER_CHECK(it != f.metadata.end()) << "checkpoint " << path << " has no '" << key << "' metadata";
+  return it->second;
+}
+
+nlohmann::json meta_json(const io::TensorFile& f, const std::string& key, const std::string& path) {
+  const std::string& s = meta(f, key, path);
+  nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
+  FANOUT_USER_CHECK(!j.is_discarded()) << "checkpoint " << path << ": metadata '" << key << "' is not valid JSON";
+  return j;
+}
+
+int64_t meta_int(const io::TensorFile& f, const std::string& key, const std::string& path) {
+  const std::string& s = meta(f, key, path);
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FANOUT_USER_CHECK(used == s.size() && used > 0 && v >= 0)
+      << "checkpoint " << path << ": metadata '" << key << "' is not a non-negative integer: '" << s << "'";
+  return v;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, Engine& engine, const CheckpointState& st) {
+  Module& model = engine.model();
+  optim::SGD& sgd = engine.optimizer();
+  std::vector<std::pair<std::string, Tensor>> tensors = model.state_dict();
+  if (sgd.has_momentum_buffer()) {
+    Tensor& buf = sgd.momentum_buffer();
+    for (auto& [name, p] : model.named_parameters()) tensors.emplace_back(kMomentumPrefix + name, buf.flat(p->offset, p->shape));
+  }
+  const kernels::SgdHyper& h = sgd.hyper();
+  nlohmann::json opt = {{"type", "SGD"},
+                        {"momentum", h.momentum},
+                        {"dampening", h.dampening},
+                        {"weight_decay", h.weight_decay},
+                        {"nesterov", h.nesterov},
+                        {"has_momentum_buffer", sgd.has_momentum_buffer()},
+                        {"steps", sgd.steps()}};
+  std::ostringstream rng;
+  rng << engine.primary_context().rng();
+  std::ostringstream best;
+  best.precision(17);
+  best << st.best_test_acc;
+  std::map<std::string, std::string> md = {
+      {"format", kCheckpointFormat},
+      {"epoch", std::to_string(st.epoch)},
+      {"step", std::to_string(st.step)},
+      {"best_test_acc", best.str()},
+      {"optimizer", opt.dump()},
+      {"rng", rng.str()},
+      {"sampler", nlohmann::json{{"kind", "random"},
+                                 {"seed", st.config.value("seed", nlohmann::json(0))},
+                                 {"next_epoch", st.epoch}}
+                      .dump()},
+      {"config", st.config.dump()},
+      {"metrics", st.metrics.dump()},
+  };
+  io::save_safetensors(path, tensors, md);
+}
+
+CheckpointState load_checkpoint(const std::string& path, Engine& engine,
+                                const std::function<void(const CheckpointState&)>& check) {
+  io::TensorFile f = io::load_safetensors(path);
+  auto fmt = f.metadata.find("format");
+  FANOUT_USER_CHECK(fmt != f.metadata.end() && fmt->second == kCheckpointFormat)
+      << path << " is not a fanout training checkpoint (no format '" << kCheckpointFormat
+      << "' in its metadata); use --init-from to load weights only";
+  CheckpointState st;
+  st.epoch = static_cast<int>(meta_int(f, "epoch", path));
+  st.step = meta_int(f, "step", path);
+  try {
+    st.best_test_acc = std::stod(meta(f, "best_test_acc", path));
+  } catch (const std::exception&) {
+    FANOUT_FAIL() << "checkpoint " << path << ": metadata 'best_test_acc' is not a number";
+  }
+  st.config = meta_json(f, "config", path);
+  st.metrics = meta_json(f, "metrics", path);
+  FANOUT_USER_CHECK(st.config.is_object() && st.metrics.is_object())
+      << "checkpoint " << path << ": metadata 'config' and 'metrics' must be JSON objects";
+  if (check) check(st);
+  const nlohmann::json opt = meta_json(f, "optimizer", path);
+  FANOUT_USER_CHECK(opt.is_object() && opt.value("type", "") == "SGD" && opt.contains("has_momentum_buffer") &&
+                    opt["has_momentum_buffer"].is_boolean() && opt.contains("steps") &&
+                    opt["steps"].is_number_integer())
+      << "checkpoint " << path << ": optimizer metadata is not an SGD state";
+  const bool has_buf = opt["has_momentum_buffer"].get<bool>();
+
+  // Split the file into model tensors and momentum buffers.
+  std::vector<std::pair<std::string, Tensor>> weights;
+  std::map<std::string, Tensor> momentum;
+  for (auto& [name, t] : f.tensors) {
+    if (name.rfind(kMomentumPrefix, 0) == 0)
+      momentum.emplace(name.substr(std::char_traits<char>::length(kMomentumPrefix)), t);
+    else
+      weights.emplace_back(name, t);
+  }
+  Module& model = engine.model();
+  optim::SGD& sgd = engine.optimizer();
+  // Check everything before writing anything.
+  auto params = model.named_parameters();
+  if (has_buf) {
+    FANOUT_USER_CHECK(sgd.momentum_buffer().defined())
+        << "checkpoint " << path << " holds SGD momentum buffers but the optimizer has no momentum (--momentum 0)";
+    FANOUT_USER_CHECK(momentum.size() == params.size())
+        << "checkpoint " << path << " holds " << momentum.size() << " momentum buffers for " << params.size()
+        << " parameters";
+    for (auto& [name, p] : params) {
+      auto it = momentum.find(name);
+      FANOUT_USER_CHECK(it != momentum.end()) << "checkpoint " << path << " has no momentum buffer for " << name;
+      FANOUT_USER_CHECK(it->second.shape() == p->shape && it->second.dtype() == DType::F32)
+          << "checkpoint " << path << ": momentum buffer of " << name << " is " << it->second.shape().str()
+          << ", the parameter is " << p->shape.str();
+    }
+  } else {
+    FANOUT_USER_CHECK(momentum.empty())
+        << "checkpoint " << path << " has momentum tensors but its metadata says it has no momentum buffer";
+  }
+  std::mt19937_64 rng;
+  std::istringstream rs(meta(f, "rng", path));
+  rs >> rng;
+  FANOUT_USER_CHECK(!rs.fail()) << "checkpoint " << path << ": metadata 'rng' is not a generator state";
+
+  try {
+    io::load_state_dict(model, weights, /*strict=*/true);
+  } catch (const Error& e) {
+    FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
+  }
+  if (has_buf) {
+    Tensor& buf = sgd.momentum_buffer();
+    for (auto& [name, p] : params) buf.flat(p->offset, p->shape).copy_from(momentum.at(name));
+  }
+  sgd.set_has_momentum_buffer(has_buf);
+  sgd.set_steps(opt["steps"].get<int64_t>());
+  engine.primary_context().rng() = rng;
+  return st;
+}
+
+io::LoadReport load_weights(const std::string& path, Module& model, bool strict) {
+  io::TensorFile f = io::load_safetensors(path);
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (auto& [name, t] : f.tensors)
+    if (name.rfind(kMomentumPrefix, 0) != 0) weights.emplace_back(name, t);
+  try {
+    return io::load_state_dict(model, weights, strict);
+  } catch (const Error& e) {
+    FANOUT_FAIL() << path << ": " << e.what();
+  }
+}
+
+std::string resolve_resume_path(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status s = fs::status(path, ec);
+  FANOUT_USER_CHECK(!ec && fs::exists(s)) << "cannot resume: " << path << " does not exist";
+  if (!fs::is_directory(s)) return path;
+  static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
+  int best = -1;
+  std::string found;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, re)) continue;
+    const int n = std::stoi(m[1].str());
+    if (n > best) best = n, found = e.path().string();
+  }
+  FANOUT_USER_CHECK(!ec) << "cannot read directory " << path << ": " << ec.message();
+  FANOUT_USER_CHECK(best >= 0) << "cannot resume: no epoch-NNNN.safetensors checkpoint in " << path;
+  return found;
+}
+
+CheckpointSaver::CheckpointSaver(std::string dir, int every, int keep_last)
+    : dir_(std::move(dir)), every_(every), keep_last_(keep_last) {
+  FANOUT_USER_CHECK(every >= 1) << "--save-every must be at least 1, got " << every;
+  FANOUT_USER_CHECK(keep_last >= 1) << "--keep-last must be at least 1, got " << keep_last;
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  FANOUT_USER_CHECK(!ec && fs::is_directory(dir_))
+      << "cannot create checkpoint directory " << dir_ << (ec ? ": " + ec.message() : ": not a directory");
+}
+
+std::string CheckpointSaver::epoch_file(int epoch) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "epoch-%04d.safetensors", epoch);
+  return buf;
+}
+
+std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, CheckpointState& st, int total_epochs) {
+  std::vector<std::string> written;
+  const double acc = st.metrics.value("test_acc", -1.0);
+  const bool best = acc > st.best_test_acc;
+  if (best) st.best_test_acc = acc;
+  if (st.epoch % every_ == 0 || st.epoch == total_epochs) {
+    const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
+    save_checkpoint(p, engine, st);
+    written.push_back(p);
+    // Keep the newest keep_last epoch files.
+    static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
+    std::vector<std::pair<int, fs::path>> files;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      std::smatch m;
+      const std::string name = e.path().filename().string();
+      if (std::regex_match(name, m, re)) files.emplace_back(std::stoi(m[1].str()), e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (size_t i = 0; i + keep_last_ < files.size(); ++i) fs::remove(files[i].second, ec);
+  }
+  if (best) {
+    const std::string p = (fs::path(dir_) / "best.safetensors").string();
+    save_checkpoint(p, engine, st);
+    written.push_back(p);
+  }
+  return written;
+}
+
+}  // namespace fanout::train

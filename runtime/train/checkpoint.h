@@ -1,0 +1,73 @@
+// Training checkpoints: one safetensors file holding everything an exact
+// resume needs.
+//
+// Tensors: the model's state_dict under its torchvision names (so the file
+// loads into a PyTorch model as is) and, once SGD has a momentum buffer,
+// `optimizer.momentum_buffer.<parameter name>` per parameter.
+// Metadata (strings): format, epoch (completed), step (optimizer steps),
+// best_test_acc, optimizer (JSON hyper-parameters), rng (the primary
+// context's generator state), sampler (JSON: kind, seed, next epoch; the
+// shuffle and augmentation are pure functions of seed, epoch and sample
+// index, so nothing else is needed), config (JSON: the training options) and
+// metrics (JSON: the last epoch's summary).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/io/state_dict.h"
+#include "runtime/parallel/engine.h"
+#include "runtime/train/trainer.h"
+
+namespace fanout::train {
+
+inline constexpr const char* kCheckpointFormat = "fanout-checkpoint-1";
+
+struct CheckpointState {
+  int epoch = 0;                 // epochs completed
+  int64_t step = 0;              // optimizer steps taken
+  double best_test_acc = -1;     // best so far; -1 before any evaluation
+  nlohmann::json config = nlohmann::json::object();   // training options, as the front end names them
+  nlohmann::json metrics = nlohmann::json::object();  // the last epoch's summary
+};
+
+// Writes the engine's model, optimizer and RNG state plus `st` to `path`,
+// atomically (a crash leaves any previous file at `path` intact).
+void save_checkpoint(const std::string& path, Engine& engine, const CheckpointState& st);
+
+// Restores model, optimizer and RNG state into `engine` (any device: the file
+// holds host tensors) and returns the saved state. Strict: a missing,
+// unexpected or mismatched tensor, or a file that is not a fanout checkpoint,
+// is one fanout::Error naming the file. `check`, when given, sees the saved
+// state before anything is restored and may throw to refuse it.
+CheckpointState load_checkpoint(const std::string& path, Engine& engine,
+                                const std::function<void(const CheckpointState&)>& check = {});
+
+// Loads model weights only (a checkpoint of ours or any safetensors
+// state_dict, e.g. one exported from PyTorch), ignoring optimizer entries.
+// Non-strict loads what fits; the report lists the rest.
+io::LoadReport load_weights(const std::string& path, Module& model, bool strict);
+
+// The checkpoint to resume from: `path` itself when it is a file, the newest
+// epoch-NNNN.safetensors when it is a directory.
+std::string resolve_resume_path(const std::string& path);
+
+// Saves epoch-NNNN.safetensors into a directory every `every` epochs (and
+// after the last one), keeps the newest `keep_last` of them, and keeps
+// best.safetensors for the best test accuracy seen.
+class CheckpointSaver {
+ public:
+  CheckpointSaver(std::string dir, int every, int keep_last);
+  // Call after each epoch's evaluation; st.epoch is the epoch just completed.
+  // Returns the paths written (empty when this epoch is not saved).
+  std::vector<std::string> on_epoch_end(Engine& engine, CheckpointState& st, int total_epochs);
+  static std::string epoch_file(int epoch);  // "epoch-0003.safetensors"
+
+ private:
+  std::string dir_;
+  int every_, keep_last_;
+};
+
+}  // namespace fanout::train

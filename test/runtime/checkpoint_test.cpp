@@ -1,0 +1,243 @@
+// Checkpoints: training N epochs equals training some, saving, loading into a
+// fresh model and training the rest (bit for bit on CPU, single device and
+// DataParallel); bad checkpoints fail with one clear error; rotation keeps
+// the newest K and the best.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "models/zoo/zoo.h"
+#include "runtime/core/error.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/single_device.h"
+#include "runtime/train/checkpoint.h"
+#include "support/test_util.h"
+
+namespace fanout {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("fanout_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+kernels::SgdHyper sgd_hyper() {
+  kernels::SgdHyper h;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  h.weight_decay = 5e-4f;
+  return h;
+}
+
+struct TrainingRun {
+  std::unique_ptr<Module> model;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<train::Trainer> trainer;
+};
+
+FILE* devnull() {
+  static FILE* f = std::fopen("/dev/null", "w");
+  return f;
+}
+
+// A cosine run over `epochs` on the synthetic set; init_seed lets a resumed
+// run start from different weights, to prove the checkpoint replaces them.
+TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed) {
+  TrainingRun r;
+  r.model = models::make_model("lenet", data.train.sample_shape(), 10, init_seed);
+  if (devices == 0) {
+    r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), sgd_hyper(), LossOptions{}, 7);
+  } else {
+    DataParallelOptions o;
+    o.seed = 7;
+    r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices("cpu:" + std::to_string(devices)),
+                                                    sgd_hyper(), LossOptions{}, o);
+  }
+  train::TrainerConfig tc;
+  tc.epochs = epochs;
+  tc.batch_size = 24;  // 96 samples: 4 batches an epoch
+  tc.eval_batch_size = 50;
+  tc.seed = 7;
+  tc.workers = 2;
+  tc.augment = data::parse_augment("crop:2,flip");
+  tc.schedule = optim::parse_lr_schedule("cosine", 0.05f, epochs, 0.5f);
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = devnull();
+  r.trainer = std::make_unique<train::Trainer>(tc, *r.engine, data);
+  return r;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+void expect_exact_resume(int devices) {
+  const auto data = data::make_synthetic(96, 5);
+  TempDir dir;
+  TrainingRun whole = make_run(data, devices, 4, 1);
+  whole.trainer->run();
+
+  TrainingRun first = make_run(data, devices, 4, 1);
+  const train::EpochMetrics m2 = first.trainer->run(0, 2);
+  train::CheckpointState st;
+  st.epoch = 2;
+  st.step = first.engine->optimizer().steps();
+  st.best_test_acc = m2.test_acc;
+  st.config = {{"model", "lenet"}, {"seed", 7}};
+  st.metrics = train::metrics_json(m2);
+  const std::string path = dir / "mid.safetensors";
+  train::save_checkpoint(path, *first.engine, st);
+
+  TrainingRun rest = make_run(data, devices, 4, 99);
+  ASSERT_FALSE(same_bits(rest.model->arenas().params, first.model->arenas().params));
+  const train::CheckpointState back = train::load_checkpoint(path, *rest.engine);
+  EXPECT_EQ(back.epoch, 2);
+  EXPECT_EQ(back.step, 8);
+  EXPECT_EQ(back.best_test_acc, m2.test_acc);
+  EXPECT_EQ(back.config["model"], "lenet");
+  EXPECT_EQ(back.metrics["test_acc"], m2.test_acc);
+  EXPECT_EQ(rest.engine->optimizer().steps(), 8);
+  EXPECT_TRUE(same_bits(rest.model->arenas().params, first.model->arenas().params));
+  EXPECT_TRUE(same_bits(rest.engine->optimizer().momentum_buffer(), first.engine->optimizer().momentum_buffer()));
+  rest.trainer->run(back.epoch);
+
+  EXPECT_EQ(rest.engine->optimizer().steps(), whole.engine->optimizer().steps());
+  EXPECT_TRUE(same_bits(rest.model->arenas().params, whole.model->arenas().params));
+  EXPECT_TRUE(same_bits(rest.model->arenas().buffers, whole.model->arenas().buffers));
+  EXPECT_TRUE(same_bits(rest.engine->optimizer().momentum_buffer(), whole.engine->optimizer().momentum_buffer()));
+  // And the continued run really moved away from the checkpoint.
+  EXPECT_FALSE(same_bits(rest.model->arenas().params, first.model->arenas().params));
+}
+
+TEST(Checkpoint, ResumeIsBitExactSingleDevice) { expect_exact_resume(0); }
+TEST(Checkpoint, ResumeIsBitExactDataParallel) { expect_exact_resume(2); }
+
+TEST(Checkpoint, FileHoldsTorchvisionNamesAndMomentum) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  r.trainer->run();
+  train::CheckpointState st;
+  st.epoch = 1;
+  train::save_checkpoint(dir / "c.safetensors", *r.engine, st);
+  const io::TensorFile f = io::load_safetensors(dir / "c.safetensors");
+  std::vector<std::string> names;
+  for (auto& [n, t] : f.tensors) names.push_back(n);
+  for (const char* want : {"conv1.weight", "fc3.bias", "optimizer.momentum_buffer.conv1.weight",
+                           "optimizer.momentum_buffer.fc3.bias"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  EXPECT_EQ(names.size(), 2 * r.model->state_dict().size());
+  EXPECT_EQ(f.metadata.at("format"), train::kCheckpointFormat);
+  EXPECT_EQ(f.metadata.at("epoch"), "1");
+  for (const char* key : {"step", "best_test_acc", "optimizer", "rng", "sampler", "config", "metrics"})
+    EXPECT_TRUE(f.metadata.count(key)) << key;
+}
+
+TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  // Weights only (what PyTorch exports): --init-from material, not --resume.
+  io::save_safetensors(dir / "weights.safetensors", r.model->state_dict());
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "weights.safetensors", *r.engine); },
+                             {"is not a fanout training checkpoint", "--init-from"});
+  // A checkpoint of another architecture.
+  auto mlp = models::make_model("mlp", data.train.sample_shape(), 10, 1);
+  SingleDeviceEngine mlp_engine(*mlp, Device::cpu(), sgd_hyper(), {}, 1);
+  train::save_checkpoint(dir / "mlp.safetensors", mlp_engine, {});
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "mlp.safetensors", *r.engine); },
+                             {"mlp.safetensors", "missing", "mismatched"});
+  // Momentum buffers into an optimizer without momentum.
+  r.trainer->run();
+  train::save_checkpoint(dir / "c.safetensors", *r.engine, {});
+  auto plain = models::make_model("lenet", data.train.sample_shape(), 10, 1);
+  kernels::SgdHyper h = sgd_hyper();
+  h.momentum = 0;
+  SingleDeviceEngine plain_engine(*plain, Device::cpu(), h, {}, 1);
+  const Tensor before = plain->arenas().params.to(Device::cpu());
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "c.safetensors", plain_engine); },
+                             {"momentum"});
+  EXPECT_TRUE(same_bits(plain->arenas().params, before));  // nothing written on failure
+  // Corrupt metadata.
+  auto f = io::load_safetensors(dir / "c.safetensors");
+  f.metadata["epoch"] = "two";
+  io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine); },
+                             {"'epoch'", "non-negative integer"});
+}
+
+TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun src = make_run(data, 0, 1, 3);
+  src.trainer->run();
+  train::save_checkpoint(dir / "c.safetensors", *src.engine, {});
+  auto dst = models::make_model("lenet", data.train.sample_shape(), 10, 11);
+  const io::LoadReport ok = train::load_weights(dir / "c.safetensors", *dst, true);
+  EXPECT_TRUE(ok.ok()) << ok.summary();  // optimizer entries are not "unexpected"
+  EXPECT_TRUE(same_bits(dst->arenas().params, src.model->arenas().params));
+
+  auto other = models::make_model("lenet", data.train.sample_shape(), 7, 11);  // 7 classes: fc3 differs
+  testing::expect_user_error([&] { train::load_weights(dir / "c.safetensors", *other, true); },
+                             {"c.safetensors", "mismatched", "fc3.weight"});
+  const io::LoadReport r = train::load_weights(dir / "c.safetensors", *other, false);
+  EXPECT_EQ(r.mismatched.size(), 2u);
+  EXPECT_TRUE(r.missing.empty());
+  EXPECT_TRUE(same_bits(other->state_dict()[0].second, src.model->state_dict()[0].second));  // conv1.weight
+}
+
+TEST(Checkpoint, SaverKeepsNewestAndBest) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  train::CheckpointSaver saver(dir / "ck", /*every=*/2, /*keep_last=*/2);
+  train::CheckpointState st;
+  const double accs[] = {0.5, 0.7, 0.6, 0.8, 0.1, 0.2, 0.3};
+  std::vector<std::vector<std::string>> written;
+  for (int e = 1; e <= 7; ++e) {
+    st.epoch = e;
+    st.metrics = {{"test_acc", accs[e - 1]}};
+    written.push_back(saver.on_epoch_end(*r.engine, st, 7));
+  }
+  EXPECT_EQ(written[0].size(), 1u);  // epoch 1: not a save epoch, but the best so far
+  EXPECT_EQ(written[1].size(), 2u);  // epoch 2: saved and best
+  EXPECT_EQ(written[2].size(), 0u);
+  EXPECT_EQ(st.best_test_acc, 0.8);
+  std::vector<std::string> files;
+  for (auto& e : fs::directory_iterator(dir.path / "ck")) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"best.safetensors", "epoch-0006.safetensors", "epoch-0007.safetensors"}));
+  EXPECT_EQ(io::load_safetensors(dir / "ck/best.safetensors").metadata.at("epoch"), "4");
+  EXPECT_EQ(train::resolve_resume_path((dir.path / "ck").string()), dir / "ck/epoch-0007.safetensors");
+}
+
+TEST(Checkpoint, ResolveResumePathErrors) {
+  TempDir dir;
+  testing::expect_user_error([&] { train::resolve_resume_path(dir / "nope"); }, {"does not exist"});
+  testing::expect_user_error([&] { train::resolve_resume_path(dir.path.string()); },
+                             {"no epoch-NNNN.safetensors checkpoint"});
+  std::ofstream(dir / "x.safetensors") << "x";
+  EXPECT_EQ(train::resolve_resume_path(dir / "x.safetensors"), dir / "x.safetensors");
+  testing::expect_user_error([&] { train::CheckpointSaver(dir / "x.safetensors", 1, 1); },
+                             {"cannot create checkpoint directory"});
+  testing::expect_user_error([&] { train::CheckpointSaver(dir / "d", 0, 1); }, {"--save-every"});
+  testing::expect_user_error([&] { train::CheckpointSaver(dir / "d", 1, 0); }, {"--keep-last"});
+}
+
+}  // namespace
+}  // namespace fanout
