@@ -3,7 +3,7 @@
 // overhead), and on DataParallel over every listed device, at one global
 // batch. Inputs are seeded random host tensors, so the loader is not timed.
 // Each configuration: warm-up steps, then `repeats` timed runs of `steps`
-// steps; the median run is reported.
+// steps, interleaved across configurations; the median run is reported.
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <chrono>
@@ -52,17 +52,20 @@ struct Result {
   double ms_per_step = 0, images_per_second = 0;
 };
 
-Result time_engine(const std::string& name, Engine& eng, const Tensor& x, const Tensor& y, const Options& o) {
-  for (int i = 0; i < o.warmup; ++i) eng.train_step(x, y, 0.01f);
-  std::vector<double> runs;
-  for (int r = 0; r < o.repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.steps; ++i) eng.train_step(x, y, 0.01f);  // each step ends with its loss on the host
-    runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.steps);
-  }
-  std::sort(runs.begin(), runs.end());
-  const double s = runs[runs.size() / 2];
-  return {name, 1e3 * s, x.size(0) / s};
+// One configuration under test: its engine and the BLAS threads it runs with
+// (set before each of its runs: the setting is process-wide).
+struct Config {
+  std::string name;
+  std::unique_ptr<Module> model;
+  std::unique_ptr<Engine> engine;
+  int blas_threads = 1;
+  std::vector<double> runs;  // seconds per step
+};
+
+double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) eng.train_step(x, y, 0.01f);  // each step ends with its loss on the host
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
 }
 
 int run(int argc, char** argv) {
@@ -116,24 +119,44 @@ int run(int argc, char** argv) {
               static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps, cores);
   std::fflush(stdout);
 
-  std::vector<Result> results;
+  std::vector<Config> configs;
   {
-    auto model = models::make_model(o.model, in, 10, o.seed);
-    if (primary.is_cpu()) kernels::set_cpu_blas_threads(cores);
-    SingleDeviceEngine eng(*model, primary, h, {}, o.seed);
-    results.push_back(time_engine("plain " + primary.str(), eng, x, y, o));
+    Config c;
+    c.name = "plain " + primary.str();
+    c.model = models::make_model(o.model, in, 10, o.seed);
+    c.blas_threads = cores;
+    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, h, LossOptions{}, o.seed);
+    configs.push_back(std::move(c));
   }
   std::vector<std::vector<Device>> dp_runs = {{primary}};
   if (devices.size() > 1) dp_runs.push_back(devices);
   for (auto& devs : dp_runs) {
-    auto model = models::make_model(o.model, in, 10, o.seed);
+    Config c;
+    for (auto& d : devs) c.name += (c.name.empty() ? "dp " : ",") + d.str();
+    c.model = models::make_model(o.model, in, 10, o.seed);
+    c.blas_threads = devs.size() == 1 ? cores : 1;  // as DataParallel sets it for CPU devices
     DataParallelOptions dpo;
     dpo.seed = o.seed;
     dpo.comm = o.comm;
-    DataParallelEngine eng(*model, devs, h, {}, dpo);
-    std::string names;
-    for (auto& d : devs) names += (names.empty() ? "" : ",") + d.str();
-    results.push_back(time_engine("dp " + names, eng, x, y, o));
+    c.engine = std::make_unique<DataParallelEngine>(*c.model, devs, h, LossOptions{}, dpo);
+    configs.push_back(std::move(c));
+  }
+  // Warm up each, then interleave the timed runs so that drift in the
+  // machine's speed spreads over every configuration alike.
+  for (auto& c : configs) {
+    if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
+    for (int i = 0; i < o.warmup; ++i) c.engine->train_step(x, y, 0.01f);
+  }
+  for (int r = 0; r < o.repeats; ++r)
+    for (auto& c : configs) {
+      if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
+      c.runs.push_back(time_steps(*c.engine, x, y, o.steps));
+    }
+  std::vector<Result> results;
+  for (auto& c : configs) {
+    std::sort(c.runs.begin(), c.runs.end());
+    const double sec = c.runs[c.runs.size() / 2];
+    results.push_back({c.name, 1e3 * sec, o.batch_size / sec});
   }
 
   std::printf("%-34s %12s %14s %10s\n", "configuration", "ms/step", "images/s", "vs plain");

@@ -186,7 +186,21 @@ Tensor DataParallel::forward(const Tensor& x) {
   for (auto& r : ready_) std::fill(r.begin(), r.end(), 0);
   std::fill(next_bucket_.begin(), next_bucket_.end(), static_cast<int>(buckets_.size()) - 1);
 
-  std::vector<Shape> out_shapes(active_);
+  // One sample's input shape (dim 0 set to 1) keys the known output shape.
+  Shape sample_in = x.shape();
+  sample_in[0] = 1;
+  const bool fused = sample_out_known_ && sample_in == sample_in_;
+  if (fused) {
+    Shape gs = sample_out_;
+    gs[0] = x.size(0);
+    ensure(gathered_, gs, DType::F32, output_device_);
+  }
+  out_shapes_.resize(n);
+  auto gather = [&](int i) {
+    Tensor dst = gathered_.slice(starts_[i], starts_[i] + sizes_[i]);
+    dst.copy_from(out_chunks_[i], &contexts_[i]->compute());
+    contexts_[i]->compute().synchronize();
+  };
   pool_->run(
       [&](int i) {
         Context& ctx = *contexts_[i];
@@ -206,7 +220,13 @@ Tensor DataParallel::forward(const Tensor& x) {
             in_chunks_[i].copy_from(chunk, &ctx.compute());
           }
           out_chunks_[i] = m.forward(in_chunks_[i], ctx);
-          out_shapes[i] = out_chunks_[i].shape();
+          out_shapes_[i] = out_chunks_[i].shape();
+          if (fused) {
+            FANOUT_CHECK(out_shapes_[i][0] == sizes_[i] && out_shapes_[i].numel() / sizes_[i] == sample_out_.numel())
+                << "replica " << i << " output " << out_shapes_[i].str() << " differs from the expected per-sample "
+                << sample_out_.str();
+            gather(i);
+          }
         } catch (...) {
           comm_->abort();
           throw;
@@ -214,17 +234,17 @@ Tensor DataParallel::forward(const Tensor& x) {
       },
       active_);
 
-  // Gather onto the output device.
-  Shape gs = out_shapes[0];
-  gs[0] = x.size(0);
-  ensure(gathered_, gs, DType::F32, output_device_);
-  pool_->run(
-      [&](int i) {
-        Tensor dst = gathered_.slice(starts_[i], starts_[i] + sizes_[i]);
-        dst.copy_from(out_chunks_[i], &contexts_[i]->compute());
-        contexts_[i]->compute().synchronize();
-      },
-      active_);
+  if (!fused) {
+    // First batch of this input shape: learn the output shape, gather in a second round.
+    Shape gs = out_shapes_[0];
+    gs[0] = x.size(0);
+    ensure(gathered_, gs, DType::F32, output_device_);
+    pool_->run(gather, active_);
+    sample_in_ = sample_in;
+    sample_out_ = out_shapes_[0];
+    sample_out_[0] = 1;
+    sample_out_known_ = true;
+  }
   return gathered_;
 }
 

@@ -90,6 +90,12 @@ class DataParallel {
   std::vector<int64_t> sizes_, starts_;
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
   Tensor gathered_;
+  std::vector<Shape> out_shapes_;  // [rank] output chunk shapes of the last forward
+  // Output shape of one sample for the last input sample shape: once known,
+  // forward allocates the gathered output up front and each replica copies
+  // its chunk in at the end of its own forward (no second round).
+  Shape sample_in_, sample_out_;
+  bool sample_out_known_ = false;
   int active_ = 0;
   bool warned_small_batch_ = false;
   bool training_forward_ = false;

@@ -6,7 +6,8 @@
 namespace fanout {
 
 WorkerPool::WorkerPool(const std::vector<Device>& devices, std::function<void(int)> bind) : bind_(std::move(bind)) {
-  for (size_t i = 0; i < devices.size(); ++i) threads_.emplace_back([this, i] { loop(static_cast<int>(i)); });
+  FANOUT_CHECK(!devices.empty()) << "a worker pool needs at least one device";
+  for (size_t i = 1; i < devices.size(); ++i) threads_.emplace_back([this, i] { loop(static_cast<int>(i)); });
 }
 
 WorkerPool::~WorkerPool() {
@@ -52,16 +53,28 @@ void WorkerPool::loop(int i) {
 
 void WorkerPool::run(const std::function<void(int)>& fn, int active) {
   FANOUT_CHECK(active >= 1 && active <= size()) << "run on " << active << " of " << size() << " workers";
-  std::unique_lock<std::mutex> l(mu_);
-  job_ = &fn;
-  active_ = active;
-  pending_ = active;
-  error_ = nullptr;
-  ++generation_;
-  cv_.notify_all();
-  done_cv_.wait(l, [&] { return pending_ == 0; });
-  job_ = nullptr;
-  if (error_) std::rethrow_exception(error_);
+  if (active > 1) {
+    std::lock_guard<std::mutex> g(mu_);
+    job_ = &fn;
+    active_ = active;
+    pending_ = active - 1;
+    error_ = nullptr;
+    ++generation_;
+    cv_.notify_all();
+  }
+  std::exception_ptr mine;
+  try {
+    fn(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  if (active > 1) {
+    std::unique_lock<std::mutex> l(mu_);
+    done_cv_.wait(l, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    if (!mine) mine = error_;
+  }
+  if (mine) std::rethrow_exception(mine);
 }
 
 void AbortableBarrier::reset(int participants) {
