@@ -224,7 +224,8 @@ int run(int argc, char** argv) {
     const std::string path = train::resolve_resume_path(o.resume);
     if (save_dir.empty() && path != o.resume) save_dir = o.resume;  // resuming from a directory keeps saving there
     ckpt = train::load_checkpoint(path, *engine, [&](const train::CheckpointState& st) {
-      const std::string was_model = st.config.value("model", std::string());
+      const std::string was_model =
+          st.config.contains("model") && st.config["model"].is_string() ? st.config["model"].get<std::string>() : "?";
       FANOUT_USER_CHECK(was_model == o.model)
           << "checkpoint " << path << " was trained with --model " << was_model << ", not " << o.model;
     });
@@ -264,19 +265,21 @@ int run(int argc, char** argv) {
     std::ofstream probe(o.metrics, std::ios::app);
     FANOUT_USER_CHECK(probe.good()) << "cannot open metrics file " << o.metrics;
   }
+  FANOUT_USER_CHECK(o.stop_after == 0 || o.stop_after > ckpt.epoch)
+      << "--stop-after " << o.stop_after << " but the checkpoint already has " << ckpt.epoch << " epochs done";
+  const int last = o.stop_after > 0 ? std::min(o.epochs, o.stop_after) : o.epochs;
+  FANOUT_USER_CHECK(last == o.epochs || saver)
+      << "--stop-after " << o.stop_after << " without --save-dir would leave nothing to --resume from";
   train::Trainer trainer(tc, *engine, data);
   trainer.on_epoch_end = [&](const train::EpochMetrics& m) {
     ckpt.epoch = m.epoch;
     ckpt.step = engine->optimizer().steps();
     ckpt.metrics = train::metrics_json(m);
     if (saver) {
-      for (auto& p : saver->on_epoch_end(*engine, ckpt, o.epochs)) std::printf("saved %s\n", p.c_str());
+      for (auto& p : saver->on_epoch_end(*engine, ckpt, last)) std::printf("saved %s\n", p.c_str());
       std::fflush(stdout);
     }
   };
-  FANOUT_USER_CHECK(o.stop_after == 0 || o.stop_after > ckpt.epoch)
-      << "--stop-after " << o.stop_after << " but the checkpoint already has " << ckpt.epoch << " epochs done";
-  const int last = o.stop_after > 0 ? std::min(o.epochs, o.stop_after) : o.epochs;
   train::EpochMetrics m = trainer.run(ckpt.epoch, last);
   if (last < o.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, o.epochs);

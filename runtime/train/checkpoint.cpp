@@ -2,6 +2,7 @@
 #include "runtime/train/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -95,12 +96,20 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine,
       << path << " is not a fanout training checkpoint (no format '" << kCheckpointFormat
       << "' in its metadata); use --init-from to load weights only";
   CheckpointState st;
-  st.epoch = static_cast<int>(meta_int(f, "epoch", path));
+  const int64_t epoch = meta_int(f, "epoch", path);
+  FANOUT_USER_CHECK(epoch <= 1000000) << "checkpoint " << path << ": metadata 'epoch' is out of range: " << epoch;
+  st.epoch = static_cast<int>(epoch);
   st.step = meta_int(f, "step", path);
-  try {
-    st.best_test_acc = std::stod(meta(f, "best_test_acc", path));
-  } catch (const std::exception&) {
-    FANOUT_FAIL() << "checkpoint " << path << ": metadata 'best_test_acc' is not a number";
+  {
+    const std::string& b = meta(f, "best_test_acc", path);
+    size_t used = 0;
+    try {
+      st.best_test_acc = std::stod(b, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FANOUT_USER_CHECK(used == b.size() && used > 0 && std::isfinite(st.best_test_acc))
+        << "checkpoint " << path << ": metadata 'best_test_acc' is not a finite number: '" << b << "'";
   }
   st.config = meta_json(f, "config", path);
   st.metrics = meta_json(f, "metrics", path);
@@ -108,9 +117,9 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine,
       << "checkpoint " << path << ": metadata 'config' and 'metrics' must be JSON objects";
   if (check) check(st);
   const nlohmann::json opt = meta_json(f, "optimizer", path);
-  FANOUT_USER_CHECK(opt.is_object() && opt.value("type", "") == "SGD" && opt.contains("has_momentum_buffer") &&
+  FANOUT_USER_CHECK(opt.is_object() && opt.contains("type") && opt["type"] == "SGD" && opt.contains("has_momentum_buffer") &&
                     opt["has_momentum_buffer"].is_boolean() && opt.contains("steps") &&
-                    opt["steps"].is_number_integer())
+                    opt["steps"].is_number_integer() && opt["steps"].get<int64_t>() >= 0)
       << "checkpoint " << path << ": optimizer metadata is not an SGD state";
   const bool has_buf = opt["has_momentum_buffer"].get<bool>();
 
@@ -184,12 +193,16 @@ std::string resolve_resume_path(const std::string& path) {
   static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
   int best = -1;
   std::string found;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (!std::regex_match(name, m, re)) continue;
-    const int n = std::stoi(m[1].str());
-    if (n > best) best = n, found = e.path().string();
+  try {
+    for (const auto& e : fs::directory_iterator(path)) {
+      std::smatch m;
+      const std::string name = e.path().filename().string();
+      if (!std::regex_match(name, m, re)) continue;
+      const int n = std::stoi(m[1].str());
+      if (n > best) best = n, found = e.path().string();
+    }
+  } catch (const fs::filesystem_error& e) {
+    FANOUT_FAIL() << "cannot read directory " << path << ": " << e.code().message();
   }
   FANOUT_USER_CHECK(!ec) << "cannot read directory " << path << ": " << ec.message();
   FANOUT_USER_CHECK(best >= 0) << "cannot resume: no epoch-NNNN.safetensors checkpoint in " << path;
@@ -212,26 +225,33 @@ std::string CheckpointSaver::epoch_file(int epoch) {
   return buf;
 }
 
-std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, CheckpointState& st, int total_epochs) {
+std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, CheckpointState& st, int last_epoch) {
   std::vector<std::string> written;
   const double acc = st.metrics.value("test_acc", -1.0);
   const bool best = acc > st.best_test_acc;
   if (best) st.best_test_acc = acc;
-  if (st.epoch % every_ == 0 || st.epoch == total_epochs) {
+  if (st.epoch % every_ == 0 || st.epoch == last_epoch) {
     const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
     save_checkpoint(p, engine, st);
     written.push_back(p);
-    // Keep the newest keep_last epoch files.
+    // Keep the newest keep_last epoch files up to this epoch (later ones, from
+    // a run this one branched off, are left alone; so is the file just written).
     static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
     std::vector<std::pair<int, fs::path>> files;
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir_, ec)) {
-      std::smatch m;
-      const std::string name = e.path().filename().string();
-      if (std::regex_match(name, m, re)) files.emplace_back(std::stoi(m[1].str()), e.path());
+    try {
+      for (const auto& e : fs::directory_iterator(dir_)) {
+        std::smatch m;
+        const std::string name = e.path().filename().string();
+        if (std::regex_match(name, m, re) && std::stoi(m[1].str()) <= st.epoch)
+          files.emplace_back(std::stoi(m[1].str()), e.path());
+      }
+    } catch (const fs::filesystem_error& e) {
+      FANOUT_FAIL() << "cannot read checkpoint directory " << dir_ << ": " << e.code().message();
     }
     std::sort(files.begin(), files.end());
-    for (size_t i = 0; i + keep_last_ < files.size(); ++i) fs::remove(files[i].second, ec);
+    for (size_t i = 0; i + keep_last_ < files.size(); ++i)
+      if (files[i].second != fs::path(p)) fs::remove(files[i].second, ec);
   }
   if (best) {
     const std::string p = (fs::path(dir_) / "best.safetensors").string();

@@ -60,9 +60,10 @@ std::string resolve_resume_path(const std::string& path);
 class CheckpointSaver {
  public:
   CheckpointSaver(std::string dir, int every, int keep_last);
-  // Call after each epoch's evaluation; st.epoch is the epoch just completed.
+  // Call after each epoch's evaluation; st.epoch is the epoch just completed,
+  // last_epoch the last one this process trains (always saved).
   // Returns the paths written (empty when this epoch is not saved).
-  std::vector<std::string> on_epoch_end(Engine& engine, CheckpointState& st, int total_epochs);
+  std::vector<std::string> on_epoch_end(Engine& engine, CheckpointState& st, int last_epoch);
   static std::string epoch_file(int epoch);  // "epoch-0003.safetensors"
 
  private:

@@ -75,6 +75,7 @@ expect_error "no epoch-NNNN.safetensors" "${common[@]}" --resume "$work"
 expect_error "was trained with --model lenet, not cnn" --model cnn --epochs 4 --devices cpu --resume "$work/ck"
 expect_error "exclude each other" "${common[@]}" --resume "$work/ck" --init-from "$work/ck/best.safetensors"
 expect_error "cannot create checkpoint directory" "${common[@]}" --save-dir "$work/truncated.safetensors"
+expect_error "without --save-dir" "${common[@]}" --stop-after 2
 expect_error "bad augmentation" "${common[@]}" --augment rotate
 expect_error "--workers must be non-negative" "${common[@]}" --workers -1
 echo "checkpoint e2e: ok"

@@ -179,6 +179,11 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
   testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine); },
                              {"'epoch'", "non-negative integer"});
+  f.metadata["epoch"] = "2";
+  f.metadata["best_test_acc"] = "nan";
+  io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine); },
+                             {"'best_test_acc'", "finite"});
 }
 
 TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
@@ -224,6 +229,13 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   EXPECT_EQ(files, (std::vector<std::string>{"best.safetensors", "epoch-0006.safetensors", "epoch-0007.safetensors"}));
   EXPECT_EQ(io::load_safetensors(dir / "ck/best.safetensors").metadata.at("epoch"), "4");
   EXPECT_EQ(train::resolve_resume_path((dir.path / "ck").string()), dir / "ck/epoch-0007.safetensors");
+  // A run resumed from epoch 2 that stops at 3 (not a multiple of every=2)
+  // saves epoch 3 and keeps it, leaving the later epochs of the old run alone.
+  st.epoch = 3;
+  st.metrics = {{"test_acc", 0.0}};
+  EXPECT_EQ(saver.on_epoch_end(*r.engine, st, /*last_epoch=*/3).size(), 1u);
+  EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0003.safetensors"));
+  EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0007.safetensors"));
 }
 
 TEST(Checkpoint, ResolveResumePathErrors) {
