@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/cli_main.h"
 #include "kernels/gemm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
@@ -179,16 +180,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "dp-bench: error: %s (see dp-bench --help)\n", e.what());
-    return 2;
-  } catch (const fanout::Error& e) {
-    std::fprintf(stderr, "dp-bench: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dp-bench: internal error: %s\n", e.what());
-    return 3;
-  }
+  return fanout::apps::cli_main("dp-bench", [&] { return run(argc, argv); });
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/cli_main.h"
 #include "kernels/gemm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
@@ -291,16 +292,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "dp-train: error: %s (see dp-train --help)\n", e.what());
-    return 2;
-  } catch (const fanout::Error& e) {
-    std::fprintf(stderr, "dp-train: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dp-train: internal error: %s\n", e.what());
-    return 3;
-  }
+  return fanout::apps::cli_main("dp-train", [&] { return run(argc, argv); });
 }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/cli_main.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
@@ -122,16 +123,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "loader-bench: error: %s (see loader-bench --help)\n", e.what());
-    return 2;
-  } catch (const fanout::Error& e) {
-    std::fprintf(stderr, "loader-bench: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "loader-bench: internal error: %s\n", e.what());
-    return 3;
-  }
+  return fanout::apps::cli_main("loader-bench", [&] { return run(argc, argv); });
 }

@@ -48,6 +48,14 @@ int64_t meta_int(const io::TensorFile& f, const std::string& key, const std::str
   return v;
 }
 
+// N for a file named epoch-NNNN.safetensors, else -1.
+int epoch_number(const fs::path& p) {
+  static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
+  std::smatch m;
+  const std::string name = p.filename().string();
+  return std::regex_match(name, m, re) ? std::stoi(m[1].str()) : -1;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, Engine& engine, const CheckpointState& st) {
@@ -190,15 +198,11 @@ std::string resolve_resume_path(const std::string& path) {
   const fs::file_status s = fs::status(path, ec);
   FANOUT_USER_CHECK(!ec && fs::exists(s)) << "cannot resume: " << path << " does not exist";
   if (!fs::is_directory(s)) return path;
-  static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
   int best = -1;
   std::string found;
   try {
     for (const auto& e : fs::directory_iterator(path)) {
-      std::smatch m;
-      const std::string name = e.path().filename().string();
-      if (!std::regex_match(name, m, re)) continue;
-      const int n = std::stoi(m[1].str());
+      const int n = epoch_number(e.path());
       if (n > best) best = n, found = e.path().string();
     }
   } catch (const fs::filesystem_error& e) {
@@ -236,15 +240,12 @@ std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, Checkpoin
     written.push_back(p);
     // Keep the newest keep_last epoch files up to this epoch (later ones, from
     // a run this one branched off, are left alone; so is the file just written).
-    static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
     std::vector<std::pair<int, fs::path>> files;
     std::error_code ec;
     try {
       for (const auto& e : fs::directory_iterator(dir_)) {
-        std::smatch m;
-        const std::string name = e.path().filename().string();
-        if (std::regex_match(name, m, re) && std::stoi(m[1].str()) <= st.epoch)
-          files.emplace_back(std::stoi(m[1].str()), e.path());
+        const int n = epoch_number(e.path());
+        if (n >= 0 && n <= st.epoch) files.emplace_back(n, e.path());
       }
     } catch (const fs::filesystem_error& e) {
       FANOUT_FAIL() << "cannot read checkpoint directory " << dir_ << ": " << e.code().message();

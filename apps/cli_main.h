@@ -1,0 +1,29 @@
+// The exit-status convention of fanout's command-line tools: 0 success,
+// 1 bad input (fanout::Error), 2 bad usage (a Boost.Program_options error),
+// 3 internal error; each failure is one line on stderr.
+#pragma once
+#include <boost/program_options/errors.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "runtime/core/error.h"
+
+namespace fanout::apps {
+
+template <class Run>
+int cli_main(const char* name, Run&& run) {
+  try {
+    return run();
+  } catch (const boost::program_options::error& e) {
+    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", name, e.what(), name);
+    return 2;
+  } catch (const fanout::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: internal error: %s\n", name, e.what());
+    return 3;
+  }
+}
+
+}  // namespace fanout::apps
