@@ -36,6 +36,7 @@ struct Options {
   int64_t batch_size = 256;
   int warmup = 5, steps = 20, repeats = 3;
   uint64_t seed = 0;
+  bool split_invariant = false;
 };
 
 Shape parse_input(const std::string& s) {
@@ -87,6 +88,8 @@ int run(int argc, char** argv) {
     ("steps", po::value(&o.steps)->default_value(20), "timed steps per run")
     ("repeats", po::value(&o.repeats)->default_value(3), "timed runs per configuration (the median is reported)")
     ("seed", po::value(&o.seed)->default_value(0), "seed for weights and inputs")
+    ("split-invariant", po::bool_switch(&o.split_invariant),
+     "every configuration with split-invariant math (CPU devices; see dp-train --help)")
     ("json", po::value(&o.json), "append one JSON object per configuration to this file");
   // clang-format on
   po::variables_map vm;
@@ -116,8 +119,11 @@ int run(int argc, char** argv) {
   h.momentum = 0.9f;
   h.weight_decay = 5e-4f;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores\n", o.model.c_str(),
-              static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps, cores);
+  MathOptions math;
+  math.split_invariant = o.split_invariant;
+  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s\n", o.model.c_str(),
+              static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps, cores,
+              o.split_invariant ? ", split-invariant math" : "");
   std::fflush(stdout);
 
   std::vector<Config> configs;
@@ -125,8 +131,8 @@ int run(int argc, char** argv) {
     Config c;
     c.name = "plain " + primary.str();
     c.model = models::make_model(o.model, in, 10, o.seed);
-    c.blas_threads = cores;
-    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, h, LossOptions{}, o.seed);
+    c.blas_threads = cpu_blas_threads(1, math);
+    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, h, LossOptions{}, o.seed, math);
     configs.push_back(std::move(c));
   }
   std::vector<std::vector<Device>> dp_runs = {{primary}};
@@ -135,10 +141,11 @@ int run(int argc, char** argv) {
     Config c;
     for (auto& d : devs) c.name += (c.name.empty() ? "dp " : ",") + d.str();
     c.model = models::make_model(o.model, in, 10, o.seed);
-    c.blas_threads = devs.size() == 1 ? cores : 1;  // as DataParallel sets it for CPU devices
+    c.blas_threads = cpu_blas_threads(static_cast<int>(devs.size()), math);  // as DataParallel sets it
     DataParallelOptions dpo;
     dpo.seed = o.seed;
     dpo.comm = o.comm;
+    dpo.math = math;
     c.engine = std::make_unique<DataParallelEngine>(*c.model, devs, h, LossOptions{}, dpo);
     configs.push_back(std::move(c));
   }
@@ -170,7 +177,8 @@ int run(int argc, char** argv) {
     for (auto& r : results)
       f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
                           {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
-                          {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step}}
+                          {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
+                          {"split_invariant", o.split_invariant}}
                .dump()
         << "\n";
   }

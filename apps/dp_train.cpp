@@ -10,7 +10,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "apps/cli_main.h"
 #include "kernels/gemm.h"
@@ -35,7 +34,7 @@ struct Options {
   int64_t batch_size = 32, eval_batch_size = 1000;
   float lr = 0.02f, momentum = 0.9f, weight_decay = 5e-4f, warmup_epochs = 0, label_smoothing = 0;
   bool nesterov = false, allow_tf32 = false, cudnn_benchmark = false, deterministic = false;
-  bool sync_bn = false, list_devices = false, order_by_free_memory = false;
+  bool sync_bn = false, list_devices = false, order_by_free_memory = false, split_invariant = false;
   uint64_t seed = 0;
 };
 
@@ -132,6 +131,9 @@ int run(int argc, char** argv) {
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions on CUDA")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms")
     ("deterministic", po::bool_switch(&o.deterministic), "only deterministic cuDNN algorithms")
+    ("split-invariant", po::bool_switch(&o.split_invariant),
+     "CPU devices: the same parameters whatever the device count (weight gradients summed exactly in float64; "
+     "no BatchNorm models)")
     ("config", po::value(&o.config), "read options from this file (key = value lines; the command line wins)");
   // clang-format on
   po::variables_map vm;
@@ -194,13 +196,13 @@ int run(int argc, char** argv) {
   h.momentum = o.momentum;
   h.weight_decay = o.weight_decay;
   h.nesterov = o.nesterov;
-  MathOptions math{o.allow_tf32, o.cudnn_benchmark, o.deterministic};
+  MathOptions math{o.allow_tf32, o.cudnn_benchmark, o.deterministic, o.split_invariant};
   // One device without DataParallel options runs the plain engine; anything
   // else (cpu:N, a GPU list, --sync-bn, --output-device) runs DataParallel.
   std::unique_ptr<Engine> engine;
   const bool plain = devices.size() == 1 && !o.sync_bn && !output_device && o.dp_comm == "auto";
   if (plain) {
-    if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(1, math));
     engine = std::make_unique<SingleDeviceEngine>(*model, devices[0], h, LossOptions{o.label_smoothing}, o.seed, math);
   } else {
     DataParallelOptions dpo;
@@ -218,7 +220,10 @@ int run(int argc, char** argv) {
       {"batch_size", o.batch_size}, {"lr", o.lr},             {"momentum", o.momentum},
       {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov}, {"lr_schedule", o.lr_schedule},
       {"warmup_epochs", o.warmup_epochs}, {"label_smoothing", o.label_smoothing}, {"seed", o.seed},
-      {"augment", augment.str()}, {"drop_last", o.drop_last}, {"devices", dev_names}, {"sync_bn", o.sync_bn}};
+      {"augment", augment.str()}, {"drop_last", o.drop_last}, {"devices", dev_names}, {"sync_bn", o.sync_bn},
+      {"output_device", output_device ? output_device->str() : ""}, {"dp_comm", o.dp_comm},
+      {"allow_tf32", o.allow_tf32}, {"cudnn_benchmark", o.cudnn_benchmark}, {"deterministic", o.deterministic},
+      {"split_invariant", o.split_invariant}};
   train::CheckpointState ckpt;
   std::string save_dir = o.save_dir;
   if (!o.resume.empty()) {
@@ -230,8 +235,11 @@ int run(int argc, char** argv) {
       FANOUT_USER_CHECK(was_model == o.model)
           << "checkpoint " << path << " was trained with --model " << was_model << ", not " << o.model;
     });
+    // Split-invariant runs give the same result on any number of CPU devices.
+    const bool any_devices = o.split_invariant && ckpt.config.contains("split_invariant") &&
+                             ckpt.config["split_invariant"] == true;
     for (auto& [key, value] : config.items())
-      if (key != "devices" && ckpt.config.contains(key) && ckpt.config[key] != value)
+      if (!(key == "devices" && any_devices) && ckpt.config.contains(key) && ckpt.config[key] != value)
         std::fprintf(stderr, "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue exactly\n",
                      key.c_str(), ckpt.config[key].dump().c_str(), value.dump().c_str());
     std::printf("resumed from %s: %d of %d epochs done, %lld steps\n", path.c_str(), ckpt.epoch, o.epochs,

@@ -25,7 +25,7 @@ Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dGeometry& 
 
 namespace {
 void check_conv(const Context& ctx, const char* op, const Tensor& x, const Tensor& w, const Tensor* b,
-                const Conv2dGeometry& g, const Tensor& y, const char* y_name) {
+                const Conv2dGeometry& g, const Tensor& y, const char* y_name, bool b_is_grad = false) {
   detail::check_tensor(ctx, op, "x", x);
   detail::check_tensor(ctx, op, "w", w);
   detail::check_tensor(ctx, op, y_name, y);
@@ -34,7 +34,8 @@ void check_conv(const Context& ctx, const char* op, const Tensor& x, const Tenso
                                 << ", w " << w.shape().str() << ", stride " << g.stride << ", padding "
                                 << g.padding << " give " << ys.str();
   if (b) {
-    detail::check_tensor(ctx, op, "bias", *b);
+    if (b_is_grad) detail::check_grad(ctx, op, "db", *b);
+    else detail::check_tensor(ctx, op, "bias", *b);
     FANOUT_CHECK(b->shape() == Shape{w.size(0)}) << op << ": bias " << b->shape().str() << " for w "
                                                  << w.shape().str();
   }
@@ -54,9 +55,11 @@ void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
                      Tensor* dx, Tensor& dw, Tensor* db) {
   const char* op = "conv2d_backward";
-  check_conv(ctx, op, x, w, db, g, dy, "dy");
-  detail::check_tensor(ctx, op, "dw", dw);
+  check_conv(ctx, op, x, w, db, g, dy, "dy", true);
+  detail::check_grad(ctx, op, "dw", dw);
   FANOUT_CHECK(dw.shape() == w.shape()) << op << ": dw " << dw.shape().str() << " for w " << w.shape().str();
+  FANOUT_CHECK(!db || db->dtype() == dw.dtype())
+      << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
   if (dx) {
     detail::check_tensor(ctx, op, "dx", *dx);
     FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();

@@ -30,5 +30,13 @@ inline void check_tensor(const Context& ctx, const char* op, const char* name, c
       << ctx.device().str();
 }
 
+// A gradient being accumulated: float32, or float64 on CPU (exact sums, see
+// Module::set_grad_dtype).
+inline void check_grad(const Context& ctx, const char* op, const char* name, const Tensor& t) {
+  const bool f64 = t.defined() && t.dtype() == DType::F64;
+  FANOUT_CHECK(!f64 || ctx.device().is_cpu()) << op << ": float64 " << name << " is supported on CPU only";
+  check_tensor(ctx, op, name, t, f64 ? DType::F64 : DType::F32);
+}
+
 }  // namespace detail
 }  // namespace fanout::kernels

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/loops.h"
 
 namespace fanout::kernels::cpu {
 
@@ -175,18 +176,6 @@ void col2im(const Dims& d, float* col, float* dx) {
   }
 }
 
-// Sum of n floats with 8 independent partial sums, so the loop vectorizes
-// without reassociation flags.
-inline float sum_f32(const float* p, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
 }  // namespace
 
 void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
@@ -216,12 +205,21 @@ void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   const int64_t ckk = d.ckk(), ohw = d.ohw(), chw = d.c * d.h * d.w;
   if (dx && !d.direct()) dx->zero();  // col2im accumulates; inputs no window reads keep 0
   if (d.n == 0 || ohw == 0) return;
-  float* col = d.direct() ? nullptr : static_cast<float*>(ctx.workspace(sizeof(float) * ckk * ohw));
+  // float64 gradients: each image's float dW goes to a scratch matrix first,
+  // then is added in double, so the sum does not depend on the image order.
+  const bool exact = dw.dtype() == DType::F64;
+  const int64_t col_floats = d.direct() ? 0 : ckk * ohw;
+  float* scratch =
+      static_cast<float*>(ctx.workspace(sizeof(float) * (col_floats + (exact ? d.oc * ckk : 0))));
+  float* col = d.direct() ? nullptr : scratch;
+  float* dw_img = exact ? scratch + col_floats : nullptr;
   const float* xp = x.f32();
   const float* wp = w.f32();    // (OC, CKK)
   const float* dyp = dy.f32();  // (N, OC, OHW)
-  float* dwp = dw.f32();        // (OC, CKK), +=
-  float* dbp = db ? db->f32() : nullptr;
+  float* dwp = exact ? nullptr : dw.f32();  // (OC, CKK), +=
+  double* dwp64 = exact ? dw.f64() : nullptr;
+  float* dbp = db && !exact ? db->f32() : nullptr;
+  double* dbp64 = db && exact ? db->f64() : nullptr;
   float* dxp = dx ? dx->f32() : nullptr;
   for (int64_t n = 0; n < d.n; ++n) {
     const float* xn = xp + n * chw;
@@ -232,9 +230,16 @@ void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
       im2col(d, xn, col);
       cn = col;
     }
-    gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 1.0f, dwp, ckk);
+    if (exact) {
+      gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 0.0f, dw_img, ckk);
+      for (int64_t i = 0; i < d.oc * ckk; ++i) dwp64[i] += dw_img[i];
+    } else {
+      gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 1.0f, dwp, ckk);
+    }
     if (dbp)
       for (int64_t o = 0; o < d.oc; ++o) dbp[o] += sum_f32(dyn + o * ohw, ohw);
+    if (dbp64)
+      for (int64_t o = 0; o < d.oc; ++o) dbp64[o] += sum_f32(dyn + o * ohw, ohw);
     if (dxp) {
       float* dxn = dxp + n * chw;
       if (d.direct()) {

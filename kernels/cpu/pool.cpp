@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/loops.h"
 #include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
@@ -20,19 +21,6 @@ inline void window(int64_t o, const PoolGeometry& g, int64_t len, int64_t& lo, i
   hi = std::min<int64_t>(start + g.kernel, len);
 }
 
-inline float sum_f32(const float* p, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
-}  // namespace
-
-namespace {
 // Max-pool select step: take v when it is larger, or NaN (NaN propagates, as
 // PyTorch's CPU kernel); a strict > keeps the first of equal maxima. Written
 // branch-free: on real data a branch here mispredicts about half the time.

@@ -18,6 +18,11 @@ struct MathOptions {
   bool allow_tf32 = false;     // matrix products and convolutions on CUDA
   bool cudnn_benchmark = false;
   bool deterministic = false;
+  // CPU only: results independent of how a batch is split over replicas.
+  // Per-row products use a fixed summation order (not BLAS, whose order
+  // depends on the row count), and weight gradients accumulate each sample's
+  // float contribution in float64 (see Module::set_grad_dtype).
+  bool split_invariant = false;
 };
 
 class Context {

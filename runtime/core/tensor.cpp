@@ -16,6 +16,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::F64: return 8;
   }
   return 0;
 }
@@ -26,6 +27,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "int32";
     case DType::I64: return "int64";
     case DType::U8: return "uint8";
+    case DType::F64: return "float64";
   }
   return "?";
 }
@@ -105,6 +107,11 @@ void* Tensor::raw() const {
 float* Tensor::f32() const {
   FANOUT_CHECK(dtype_ == DType::F32) << "expected float32 tensor, got " << dtype_name(dtype_);
   return data<float>();
+}
+
+double* Tensor::f64() const {
+  FANOUT_CHECK(dtype_ == DType::F64) << "expected float64 tensor, got " << dtype_name(dtype_);
+  return data<double>();
 }
 
 Tensor Tensor::view(const Shape& s) const {

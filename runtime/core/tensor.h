@@ -15,7 +15,7 @@ namespace fanout {
 
 class Stream;
 
-enum class DType : uint8_t { F32, I32, I64, U8 };
+enum class DType : uint8_t { F32, I32, I64, U8, F64 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
@@ -55,7 +55,8 @@ class Tensor {
 
   void* raw() const;
   template <class T> T* data() const { return static_cast<T*>(raw()); }
-  float* f32() const;  // checks dtype
+  float* f32() const;   // checks dtype
+  double* f64() const;  // checks dtype
 
   // Views sharing storage.
   Tensor view(const Shape& s) const;              // same numel

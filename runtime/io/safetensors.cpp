@@ -55,6 +55,7 @@ bool parse_dtype(const std::string& s, DType* t) {
   else if (s == "I32") *t = DType::I32;
   else if (s == "I64") *t = DType::I64;
   else if (s == "U8") *t = DType::U8;
+  else if (s == "F64") *t = DType::F64;
   else return false;
   return true;
 }
@@ -274,7 +275,7 @@ Header parse_header(const uint8_t* hdr, uint64_t n, uint64_t data_size, const st
     e.name = std::move(r.name);
     const std::string tn = "tensor " + quote_name(e.name);
     FANOUT_USER_CHECK(parse_dtype(r.dtype, &e.dtype))
-        << what << ": " << tn << " has dtype " << quote_name(r.dtype) << ", which fanout does not support (F32, I32, I64, U8)";
+        << what << ": " << tn << " has dtype " << quote_name(r.dtype) << ", which fanout does not support (F32, F64, I32, I64, U8)";
     // Element count as Shape::numel() computes it (left to right) must fit in int64.
     uint64_t numel = 1;
     for (uint64_t d : r.shape) {
@@ -380,6 +381,7 @@ const char* safetensors_dtype(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::F64: return "F64";
   }
   return "?";
 }

@@ -130,6 +130,7 @@ std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
   FANOUT_CHECK(arenas_) << "clone() before materialize";
   std::unique_ptr<Module> m = make_like();
   m->materialize(d);
+  if (grad_dtype() != DType::F32) m->set_grad_dtype(grad_dtype());
   m->arenas_->params.copy_from(arenas_->params, s);
   m->arenas_->grads.copy_from(arenas_->grads, s);
   m->arenas_->buffers.copy_from(arenas_->buffers, s);
@@ -164,6 +165,17 @@ int64_t Module::num_parameters() const {
 }
 
 void Module::zero_grad(Stream* s) { arenas().grads.zero(s); }
+
+void Module::set_grad_dtype(DType t) {
+  FANOUT_CHECK(arenas_) << "set_grad_dtype() before materialize";
+  FANOUT_CHECK(t == DType::F32 || t == DType::F64) << "gradients must be float32 or float64, not " << dtype_name(t);
+  FANOUT_USER_CHECK(t == DType::F32 || device().is_cpu())
+      << "float64 gradients are supported on CPU devices only, the model is on " << device().str();
+  if (arenas_->grads.dtype() == t) return;
+  auto a = std::make_shared<Arenas>(*arenas_);
+  a->grads = Tensor::zeros(arenas_->grads.shape(), t, device());
+  bind(a);
+}
 
 void Module::notify_grads_ready(Context& ctx) const {
   if (params_.empty()) return;

@@ -41,7 +41,7 @@ struct Buffer {
 // The flat storage of a whole model on one device.
 struct Arenas {
   Tensor params;   // (P) float32
-  Tensor grads;    // (P) float32
+  Tensor grads;    // (P) float32, or float64 (set_grad_dtype)
   Tensor buffers;  // (B) float32
 };
 
@@ -93,6 +93,12 @@ class Module {
   int64_t num_parameters() const;  // elements, without alignment padding
 
   void zero_grad(Stream* s = nullptr);
+  // Reallocates the gradient arena (zeroed) in `t`: F32 (default) or F64.
+  // F64 gradients hold exact sums of per-sample float contributions, so
+  // their value does not depend on the order samples and replicas are added
+  // in; the optimizer rounds them to float once. CPU devices only.
+  void set_grad_dtype(DType t);
+  DType grad_dtype() const { return arenas().grads.dtype(); }
 
   std::vector<std::pair<std::string, Parameter*>> named_parameters();
   std::vector<std::pair<std::string, Buffer*>> named_buffers();

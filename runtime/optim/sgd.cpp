@@ -16,7 +16,16 @@ SGD::SGD(Module& model, const kernels::SgdHyper& h) : model_(model), h_(h) {
 
 void SGD::step(Context& ctx) {
   auto& a = model_.arenas();
-  kernels::sgd_step(ctx, a.params, a.grads, buf_.defined() ? buf_ : a.grads, h_, first_);
+  Tensor grads = a.grads;
+  if (grads.dtype() == DType::F64) {
+    FANOUT_CHECK(grads.device().is_cpu()) << "float64 gradients on " << grads.device().str();
+    ensure(grad32_, grads.shape(), DType::F32, grads.device());
+    const double* src = grads.f64();
+    float* dst = grad32_.f32();
+    for (int64_t i = 0; i < grads.numel(); ++i) dst[i] = static_cast<float>(src[i]);
+    grads = grad32_;
+  }
+  kernels::sgd_step(ctx, a.params, grads, buf_.defined() ? buf_ : grads, h_, first_);
   if (h_.momentum != 0) first_ = false;
   ++steps_;
 }

@@ -15,7 +15,8 @@ class SGD {
   void set_lr(float lr) { h_.lr = lr; }
   float lr() const { return h_.lr; }
   const kernels::SgdHyper& hyper() const { return h_; }
-  // p -= lr * update(grad); reads the model's gradient arena.
+  // p -= lr * update(grad); reads the model's gradient arena. float64
+  // gradients (Module::set_grad_dtype) are rounded to float once, here.
   void step(Context& ctx);
   void zero_grad(Context& ctx);
   // Momentum buffer arena (same layout as the parameters) and whether it exists yet.
@@ -29,6 +30,7 @@ class SGD {
   Module& model_;
   kernels::SgdHyper h_;
   Tensor buf_;
+  Tensor grad32_;  // float64 gradients rounded to float
   bool first_ = true;
   int64_t steps_ = 0;
 };

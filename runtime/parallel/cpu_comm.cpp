@@ -43,12 +43,8 @@ class CpuComm : public Comm {
     }
     // Last to arrive: every rank's buffer for this op is final.
     auto& bufs = op_bufs_[op];
-    float* dst = bufs[0].f32();
-    const int64_t n = bufs[0].numel();
-    for (int r = 1; r < active_; ++r) {
-      const float* src = bufs[r].f32();
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-    }
+    if (bufs[0].dtype() == DType::F64) add_ranks<double>(bufs);
+    else add_ranks<float>(bufs);
   }
 
   void all_reduce(int rank, Tensor& buf, Context&) override {
@@ -71,6 +67,17 @@ class CpuComm : public Comm {
   void abort() override { barrier_.abort(); }
 
  private:
+  template <class T>
+  void add_ranks(const std::vector<Tensor>& bufs) {
+    T* dst = bufs[0].data<T>();
+    const int64_t n = bufs[0].numel();
+    for (int r = 1; r < active_; ++r) {
+      FANOUT_CHECK(bufs[r].dtype() == bufs[0].dtype() && bufs[r].numel() == n) << "reduce of mismatched buffers";
+      const T* src = bufs[r].data<T>();
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    }
+  }
+
   int ranks_;
   int active_ = 1;
   AbortableBarrier barrier_;

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <mutex>
 #include <set>
-#include <thread>
 
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
@@ -86,6 +85,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   FANOUT_USER_CHECK(module.materialized() && module.device().same_memory(devices[0]))
       << "module parameters are on " << (module.materialized() ? module.device().str() : std::string("no device"))
       << " but the primary device is " << devices[0].str();
+  apply_split_invariant(module, devices[0], opts.math);
   const int n = static_cast<int>(devices.size());
 
   // Buckets: contiguous arena ranges of whole parameters, about bucket_bytes each.
@@ -93,7 +93,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   std::vector<std::pair<int64_t, int64_t>> spans;  // offset, numel
   for (auto& [name, p] : params) spans.emplace_back(p->offset, p->shape.numel());
   std::sort(spans.begin(), spans.end());
-  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(opts.bucket_bytes / sizeof(float)));
+  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(opts.bucket_bytes / dtype_size(module.grad_dtype())));
   const int64_t arena = module.arenas().params.numel();
   for (size_t i = 0; i < spans.size(); ++i) {
     if (buckets_.empty() || buckets_.back().count >= target) buckets_.push_back({spans[i].first, 0, 0});
@@ -107,9 +107,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   ready_.assign(n, std::vector<int>(buckets_.size(), 0));
   next_bucket_.assign(n, static_cast<int>(buckets_.size()) - 1);
 
-  // CPU devices: one BLAS thread per worker when there are several, every core for one.
-  if (devices[0].is_cpu())
-    kernels::set_cpu_blas_threads(n == 1 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 1);
+  if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(n, opts.math));
 
   for (int i = 0; i < n; ++i) {
     contexts_.push_back(std::make_unique<Context>(devices[i], opts.seed + 0x9E3779B97F4A7C15ull * (i + 1)));

@@ -21,6 +21,16 @@ struct LossOptions {
   float label_smoothing = 0.0f;
 };
 
+// With math.split_invariant: checks that it can hold for `model` on `device`
+// (CPU devices, no BatchNorm), switches its gradients to float64 and OpenBLAS
+// to one thread (its results depend on its thread count), so training gives
+// the same parameters however the batch is split. No-op when off.
+void apply_split_invariant(Module& model, Device device, const MathOptions& math);
+
+// OpenBLAS threads for `replicas` CPU replicas running at once: every core
+// for one replica, one each for several (and always one when split-invariant).
+int cpu_blas_threads(int replicas, const MathOptions& math);
+
 class Engine {
  public:
   virtual ~Engine() = default;

@@ -11,6 +11,7 @@ SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const kerne
   ctx_.math = math;
   model_.to(device, &ctx_.compute());
   model_.set_input_grad(false);  // nothing upstream of the model needs dx
+  apply_split_invariant(model_, device, math);
   sgd_ = std::make_unique<optim::SGD>(model_, sgd);
   loss_h_ = Tensor::empty(Shape{1});
   correct_h_ = Tensor::empty(Shape{1}, DType::I32);

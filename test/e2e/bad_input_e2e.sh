@@ -47,6 +47,8 @@ expect_error bad-number "invalid|argument" --batch-size three
 expect_error unknown-data "unknown dataset" --data imagenet
 expect_error bad-devices "device" --devices gpu7 --data synthetic:64
 expect_error bad-schedule "lr schedule" --lr-schedule wobble --data synthetic:64
+expect_error split-invariant-batchnorm "cannot hold for a model with BatchNorm" --split-invariant --model resnet18 \
+  --devices cpu:2 --data synthetic:64
 
 if [ "$fails" -ne 0 ]; then
   echo "$fails bad-input case(s) failed"

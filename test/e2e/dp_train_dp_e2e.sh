@@ -1,42 +1,54 @@
 #!/usr/bin/env bash
-# e2e: DataParallel on two CPU devices learns Fashion-MNIST like one device:
-# the accuracy bar, and per-epoch metrics close to one device's. Summation
-# order differs between the two (per-chunk sums, then the reduction), and
-# over 1875 steps per epoch training amplifies that float noise, so the runs
-# agree to run-to-run noise (0.01), not to 0.002; the differences are printed.
-# DataParallel over one device (forced with --dp-comm cpu) does the plain
-# engine's arithmetic, so its metrics equal the plain run's exactly.
+# e2e: DataParallel on CPU devices learns Fashion-MNIST like one device.
+# - DataParallel over one device (forced with --dp-comm cpu) does the plain
+#   engine's arithmetic: identical metrics.
+# - With --split-invariant, cpu:2 matches cpu:1 to 0.002 accuracy and 1e-3
+#   relative loss every epoch (the issue's bar; the unit tests prove the
+#   parameters are bit-identical), and reaches 0.885.
+# - Without it, float sums run in another order (per-chunk sums, then the
+#   reduction) and 1875 steps per epoch amplify that, so the default cpu:2
+#   agrees with cpu:1 to run-to-run noise (0.01); the differences are printed.
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for devs in cpu:1 cpu:2; do
-  "$DP_TRAIN" --model lenet --data fashion-mnist --epochs 3 --devices "$devs" --seed 1 \
-    --progress off --metrics "$work/$devs.jsonl"
-done
-"$DP_TRAIN" --model lenet --data fashion-mnist --epochs 3 --devices cpu:1 --dp-comm cpu --seed 1 \
-  --progress off --metrics "$work/dp1.jsonl"
+run() {
+  local name=$1
+  shift
+  "$DP_TRAIN" --model lenet --data fashion-mnist --epochs 3 --seed 1 --progress off --metrics "$work/$name.jsonl" "$@"
+}
+run one --devices cpu:1
+run two --devices cpu:2
+run dp1 --devices cpu:1 --dp-comm cpu
+run si1 --devices cpu:1 --split-invariant
+run si2 --devices cpu:2 --split-invariant
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
-one = [json.loads(l) for l in open(f"{work}/cpu:1.jsonl")]
-two = [json.loads(l) for l in open(f"{work}/cpu:2.jsonl")]
-dp1 = [json.loads(l) for l in open(f"{work}/dp1.jsonl")]
-assert len(one) == len(two) == len(dp1) == 3
-for a, b in zip(one, dp1):
-    for k in ("train_loss", "train_acc", "test_loss", "test_acc"):
-        assert a[k] == b[k], f"epoch {a['epoch']} {k}: plain {a[k]} != DataParallel on one device {b[k]}"
-print("DataParallel on one device == plain engine: identical metrics")
-for a, b in zip(one, two):
-    for k in ("train_acc", "test_acc"):
-        print(f"epoch {a['epoch']} {k}: cpu:1 {a[k]:.4f} cpu:2 {b[k]:.4f} diff {abs(a[k] - b[k]):.4f}")
-        assert abs(a[k] - b[k]) <= 0.01, f"epoch {a['epoch']} {k}: cpu:1 {a[k]} vs cpu:2 {b[k]}"
-    for k in ("train_loss", "test_loss"):
-        rel = abs(a[k] - b[k]) / abs(a[k])
-        print(f"epoch {a['epoch']} {k}: cpu:1 {a[k]:.4f} cpu:2 {b[k]:.4f} rel diff {rel:.2e}")
-        assert rel <= 0.05, f"epoch {a['epoch']} {k}: cpu:1 {a[k]} vs cpu:2 {b[k]}"
-final = two[-1]["test_acc"]
-print(f"cpu:2 test accuracy {final:.4f} (cpu:1 {one[-1]['test_acc']:.4f}); "
-      f"{two[-1]['images_per_second']:.0f} vs {one[-1]['images_per_second']:.0f} img/s")
-assert final >= 0.885, f"cpu:2 test accuracy {final} below 0.885"
+def load(name):
+    rows = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
+    assert len(rows) == 3, f"{name}: {len(rows)} epochs"
+    return rows
+one, two, dp1, si1, si2 = (load(n) for n in ("one", "two", "dp1", "si1", "si2"))
+
+def compare(label, a_rows, b_rows, acc_tol, loss_tol):
+    for a, b in zip(a_rows, b_rows):
+        for k in ("train_acc", "test_acc"):
+            d = abs(a[k] - b[k])
+            print(f"{label} epoch {a['epoch']} {k}: {a[k]:.4f} vs {b[k]:.4f} diff {d:.4f}")
+            assert d <= acc_tol, f"{label} epoch {a['epoch']} {k}: {a[k]} vs {b[k]}"
+        for k in ("train_loss", "test_loss"):
+            rel = abs(a[k] - b[k]) / abs(a[k])
+            print(f"{label} epoch {a['epoch']} {k}: {a[k]:.4f} vs {b[k]:.4f} rel diff {rel:.2e}")
+            assert rel <= loss_tol, f"{label} epoch {a['epoch']} {k}: {a[k]} vs {b[k]}"
+
+compare("plain vs DataParallel cpu:1", one, dp1, 0.0, 0.0)
+compare("split-invariant cpu:1 vs cpu:2", si1, si2, 0.002, 1e-3)
+same = all(a[k] == b[k] for a, b in zip(si1, si2) for k in ("train_loss", "train_acc", "test_loss", "test_acc"))
+print(f"split-invariant cpu:1 and cpu:2 metrics identical: {same}")
+compare("default cpu:1 vs cpu:2", one, two, 0.01, 0.05)
+for name, rows in (("cpu:2", two), ("split-invariant cpu:2", si2)):
+    final = rows[-1]["test_acc"]
+    print(f"{name} test accuracy {final:.4f}, {rows[-1]['images_per_second']:.0f} img/s")
+    assert final >= 0.885, f"{name} test accuracy {final} below 0.885"
 PY

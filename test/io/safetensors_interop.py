@@ -27,7 +27,7 @@ except ImportError as e:
           f"Install them with: pip install safetensors numpy", file=sys.stderr)
     sys.exit(2)
 
-DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8}
+DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "F64": np.float64}
 
 
 def sample(dtype, shape):
@@ -39,6 +39,8 @@ def sample(dtype, shape):
         v = i * 7 - 20
     elif dtype == np.int64:
         v = 1_000_000_000_000 * (i + 1) + i
+    elif dtype == np.float64:
+        v = i / 3.0 - 1.0
     else:
         v = (i * 37) % 256
     return v.astype(dtype).reshape(shape)
@@ -52,6 +54,7 @@ WRITTEN = [
     ("labels", np.int32, (2, 3)),
     ("pixels", np.uint8, (2, 2, 3)),
     ("counts", np.int64, (3,)),
+    ("doubles", np.float64, (2, 3)),
     ("empty", np.float32, (0, 3)),
     ("five_d", np.float32, (1, 2, 1, 2, 2)),
     ("\u00fcnicode.weight", np.float32, (2,)),
@@ -106,6 +109,7 @@ def python_to_cpp(tool, d):
         "conv.weight": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
         "floats": floats,
         "bn.num_batches_tracked": np.array(123456789012345, dtype=np.int64),
+        "doubles": rng.standard_normal((2, 3)),
         "ints": rng.integers(-2**31, 2**31, size=(4, 7), dtype=np.int32),
         "longs": rng.integers(-2**63, 2**63 - 1, size=(5,), dtype=np.int64),
         "bytes": rng.integers(0, 256, size=(3, 1, 5), dtype=np.uint8),
@@ -132,7 +136,7 @@ def python_to_cpp(tool, d):
         check(tuple(t["shape"]) == want.shape, f"{name}: shape {t['shape']} vs {want.shape}")
         if dtype is None:
             continue
-        values = np.array(t["values"], dtype=np.float64 if dtype == np.float32 else object)
+        values = np.array(t["values"], dtype=np.float64 if dtype in (np.float32, np.float64) else object)
         a = values.astype(dtype).reshape(t["shape"])
         check(same(a, want), f"{name}: values differ")
     # The reference orders data by alignment then name; fanout reports data order.

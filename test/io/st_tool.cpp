@@ -25,6 +25,7 @@ double sample_value(DType t, int64_t i) {
     case DType::I32: return static_cast<double>(i * 7 - 20);
     case DType::I64: return 0;  // set apart: large values below
     case DType::U8: return static_cast<double>((i * 37) % 256);
+    case DType::F64: return static_cast<double>(i) / 3.0 - 1.0;  // uses all 53 bits
   }
   return 0;
 }
@@ -37,6 +38,7 @@ Tensor make(const Shape& s, DType t) {
       case DType::I32: x.data<int32_t>()[i] = static_cast<int32_t>(sample_value(t, i)); break;
       case DType::I64: x.data<int64_t>()[i] = 1'000'000'000'000LL * (i + 1) + i; break;
       case DType::U8: x.data<uint8_t>()[i] = static_cast<uint8_t>(sample_value(t, i)); break;
+      case DType::F64: x.data<double>()[i] = sample_value(t, i); break;
     }
   }
   return x;
@@ -51,6 +53,7 @@ int write(const std::string& path) {
                            {"labels", make(Shape{2, 3}, DType::I32)},
                            {"pixels", make(Shape{2, 2, 3}, DType::U8)},
                            {"counts", make(Shape{3}, DType::I64)},
+                           {"doubles", make(Shape{2, 3}, DType::F64)},
                            {"empty", make(Shape{0, 3}, DType::F32)},
                            {"five_d", make(Shape{1, 2, 1, 2, 2}, DType::F32)},
                            {"\xc3\xbcnicode.weight", make(Shape{2}, DType::F32)},
@@ -77,6 +80,7 @@ int dump(const std::string& path) {
         case DType::I32: v.push_back(t.data<int32_t>()[i]); break;
         case DType::I64: v.push_back(t.data<int64_t>()[i]); break;
         case DType::U8: v.push_back(t.data<uint8_t>()[i]); break;
+        case DType::F64: v.push_back(t.data<double>()[i]); break;  // printed to round-trip
       }
     }
     e["values"] = std::move(v);

@@ -182,6 +182,41 @@ TEST(Conv2d, BackwardTwiceDoublesParameterGradients) {
   EXPECT_GT(ft::l2_norm(db1), 0.0);
 }
 
+// float64 gradients: the reference's values, and the same bits whether the
+// batch is processed whole or in parts, in any order. y and dx are computed
+// image by image, so they are split-invariant with either gradient dtype.
+TEST(Conv2d, Float64GradientsDoNotDependOnTheSplit) {
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(55);
+  for (const ConvCase& k0 : {cases()[0], cases()[1], cases()[4], cases()[7]}) {
+    ConvCase k = k0;
+    k.n = 5;
+    Tensor x = ft::random_tensor(Shape{k.n, k.c, k.h, k.w}, rng);
+    Tensor w = ft::random_tensor(Shape{k.oc, k.c, k.kh, k.kw}, rng);
+    const kernels::Conv2dGeometry g{k.stride, k.pad};
+    const Shape ys = kernels::conv2d_output_shape(x.shape(), w.shape(), g);
+    Tensor dy = ft::random_tensor(ys, rng);
+    Tensor dx = Tensor::empty(x.shape()), dw = Tensor::zeros(w.shape(), DType::F64);
+    Tensor db = Tensor::zeros(Shape{k.oc}, DType::F64);
+    kernels::conv2d_backward(ctx, x, w, dy, g, &dx, dw, &db);
+    ConvRef r = naive_conv(k, x, w, nullptr, &dy);
+    EXPECT_LT(max_abs_diff(dx, r.dx), 1e-4) << k;
+    for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_NEAR(dw.f64()[i], r.dw[i], 1e-4) << k << " dw at " << i;
+    for (int64_t i = 0; i < db.numel(); ++i) ASSERT_NEAR(db.f64()[i], r.db[i], 1e-4) << k << " db at " << i;
+
+    Tensor dx2 = Tensor::empty(x.shape()), dw2 = Tensor::zeros(w.shape(), DType::F64);
+    Tensor db2 = Tensor::zeros(Shape{k.oc}, DType::F64);
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{3, 5}, {0, 1}, {1, 3}}) {
+      Tensor dxs = dx2.slice(lo, hi);
+      kernels::conv2d_backward(ctx, x.slice(lo, hi), w, dy.slice(lo, hi), g, &dxs, dw2, &db2);
+    }
+    EXPECT_TRUE(ft::same_bits(dw2, dw)) << k;
+    EXPECT_TRUE(ft::same_bits(db2, db)) << k;
+    EXPECT_TRUE(ft::same_bits(dx2, dx)) << k;
+    EXPECT_GT(ft::l2_norm(dx), 0.0) << k;
+  }
+}
+
 TEST(Conv2d, WorkspaceGrowsAcrossCalls) {
   // A small conv then a larger one on the same context, then the small one again.
   Context ctx(Device::cpu());

@@ -113,6 +113,60 @@ TEST(Linear, BackwardAccumulatesParameterGradients) {
   EXPECT_GT(ft::l2_norm(dw1), 0.0);
 }
 
+// Split-invariant math: the same values as the naive reference, and every
+// row's output, every dx row and the float64 dw/db sums come out bit for bit
+// the same whether the batch is processed whole or in parts, in any order.
+TEST(Linear, SplitInvariantRowsAndExactGradientSums) {
+  Context ctx(Device::cpu());
+  ctx.math.split_invariant = true;
+  std::mt19937_64 rng(34);
+  const int64_t n = 13, in = 37, out = 11, cut = 5;  // in is not a multiple of the 8 partial sums
+  Tensor x = ft::random_tensor(Shape{n, in}, rng), w = ft::random_tensor(Shape{out, in}, rng);
+  Tensor b = ft::random_tensor(Shape{out}, rng), dy = ft::random_tensor(Shape{n, out}, rng);
+  Tensor y = Tensor::empty(Shape{n, out}), dx = Tensor::empty(Shape{n, in});
+  ft::poison(y);
+  ft::poison(dx);
+  Tensor dw = Tensor::zeros(Shape{out, in}, DType::F64), db = Tensor::zeros(Shape{out}, DType::F64);
+  kernels::linear_forward(ctx, x, w, &b, y);
+  kernels::linear_backward(ctx, x, w, dy, &dx, dw, &db);
+  LinearRef r = naive_linear(x, w, &b, dy);
+  expect_close(y, r.y, 1e-5, "y");
+  expect_close(dx, r.dx, 1e-5, "dx");
+  for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_NEAR(dw.f64()[i], r.dw[i], 1e-6) << "dw at " << i;
+  for (int64_t i = 0; i < db.numel(); ++i) ASSERT_NEAR(db.f64()[i], r.db[i], 1e-12) << "db at " << i;
+
+  // The same batch in two parts, the second part first, into fresh gradients.
+  Tensor y2 = Tensor::empty(Shape{n, out}), dx2 = Tensor::empty(Shape{n, in});
+  Tensor dw2 = Tensor::zeros(Shape{out, in}, DType::F64), db2 = Tensor::zeros(Shape{out}, DType::F64);
+  for (auto [lo, hi] : {std::pair<int64_t, int64_t>{cut, n}, {0, cut}}) {
+    Tensor ys = y2.slice(lo, hi), dxs = dx2.slice(lo, hi);
+    kernels::linear_forward(ctx, x.slice(lo, hi), w, &b, ys);
+    kernels::linear_backward(ctx, x.slice(lo, hi), w, dy.slice(lo, hi), &dxs, dw2, &db2);
+  }
+  EXPECT_TRUE(ft::same_bits(y2, y));
+  EXPECT_TRUE(ft::same_bits(dx2, dx));
+  EXPECT_TRUE(ft::same_bits(dw2, dw));
+  EXPECT_TRUE(ft::same_bits(db2, db));
+  EXPECT_GT(ft::l2_norm(y), 0.0);
+}
+
+TEST(Linear, Float64GradientsWithoutSplitInvariantMath) {
+  // dw's dtype alone selects the exact accumulation; y and dx use BLAS.
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(35);
+  Tensor x = ft::random_tensor(Shape{6, 9}, rng), w = ft::random_tensor(Shape{4, 9}, rng);
+  Tensor dy = ft::random_tensor(Shape{6, 4}, rng), dx = Tensor::empty(Shape{6, 9});
+  Tensor dw = Tensor::zeros(Shape{4, 9}, DType::F64), db = Tensor::zeros(Shape{4}, DType::F64);
+  kernels::linear_backward(ctx, x, w, dy, &dx, dw, &db);
+  LinearRef r = naive_linear(x, w, nullptr, dy);
+  expect_close(dx, r.dx, 1e-5, "dx");
+  for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_NEAR(dw.f64()[i], r.dw[i], 1e-6) << "dw at " << i;
+  for (int64_t i = 0; i < db.numel(); ++i) ASSERT_NEAR(db.f64()[i], r.db[i], 1e-12) << "db at " << i;
+  // A float64 dw with a float32 db (or the reverse) is a caller error.
+  Tensor db32 = Tensor::zeros(Shape{4});
+  EXPECT_THROW(kernels::linear_backward(ctx, x, w, dy, &dx, dw, &db32), Error);
+}
+
 TEST(Linear, ShapeMismatchesThrow) {
   Context ctx(Device::cpu());
   Tensor x = Tensor::zeros(Shape{3, 5}), w = Tensor::zeros(Shape{4, 6}), y = Tensor::zeros(Shape{3, 4});

@@ -46,9 +46,10 @@ kernels::SgdHyper hyper() {
   return h;
 }
 
-Tensor train_single(const std::string& name, const Shape& sample, const std::vector<Batch>& batches) {
+Tensor train_single(const std::string& name, const Shape& sample, const std::vector<Batch>& batches,
+                    const MathOptions& math = {}) {
   auto m = models::make_model(name, sample, 10, 11);
-  SingleDeviceEngine eng(*m, Device::cpu(), hyper(), {}, 11);
+  SingleDeviceEngine eng(*m, Device::cpu(), hyper(), {}, 11, math);
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
   return m->arenas().params.to(Device::cpu());
 }
@@ -91,6 +92,42 @@ TEST_P(Equivalence, SameParametersAsOneDevice) {
   // Float sums in a different order: per-chunk partial sums, then across replicas.
   EXPECT_LT(max_rel(got, ref), 1e-5) << name << " on cpu:" << n << " batch " << batch;
   EXPECT_GT(testing::l2_norm(got), 0.0);
+}
+
+// Split-invariant math: any device count gives one device's parameters bit for bit.
+class SplitInvariant : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {};
+
+TEST_P(SplitInvariant, SameBitsOnAnyDeviceCount) {
+  const auto& [name, batch] = GetParam();
+  const Shape sample{3, 32, 32};
+  auto batches = make_batches(sample, batch, 20, 6);
+  MathOptions math;
+  math.split_invariant = true;
+  DataParallelOptions opts;
+  opts.math = math;
+  Tensor ref = train_single(name, sample, batches, math);
+  // Sanity: the run trained (the parameters moved from their initial values) ...
+  EXPECT_FALSE(testing::same_bits(ref, models::make_model(name, sample, 10, 11)->arenas().params));
+  for (int n = 1; n <= 4; ++n)
+    EXPECT_TRUE(testing::same_bits(train_dp(name, sample, batches, n, opts), ref)) << name << " cpu:" << n << " batch "
+                                                                             << batch;
+  // ... and without the mode the split does change the bits (the test is not vacuous).
+  EXPECT_FALSE(testing::same_bits(train_dp(name, sample, batches, 2), train_single(name, sample, batches)));
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuDevices, SplitInvariant,
+                         ::testing::Values(std::make_tuple("mlp", 64), std::make_tuple("lenet", 64),
+                                           std::make_tuple("lenet", 10), std::make_tuple("mlp", 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_batch" + std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(SplitInvariant, RefusesBatchNormModels) {
+  auto m = models::make_model("resnet18", Shape{3, 32, 32}, 10, 1);
+  MathOptions math;
+  math.split_invariant = true;
+  testing::expect_user_error([&] { SingleDeviceEngine(*m, Device::cpu(), hyper(), {}, 1, math); },
+                             {"cannot hold for a model with BatchNorm (bn1)"});
 }
 
 INSTANTIATE_TEST_SUITE_P(

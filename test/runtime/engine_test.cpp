@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "models/zoo/zoo.h"
+#include "runtime/core/error.h"
 #include "runtime/data/loader.h"
 #include "runtime/parallel/single_device.h"
 #include "support/test_util.h"
@@ -46,6 +47,62 @@ TEST(SingleDeviceEngine, SteadyStateAllocatesNothing) {
   const auto after = alloc_stats();
   EXPECT_EQ(after.host_allocs, before.host_allocs);
   EXPECT_EQ(after.device_allocs, before.device_allocs);
+}
+
+TEST(SingleDeviceEngine, SplitInvariantSteadyStateAllocatesNothing) {
+  auto model = models::make_model("lenet", Shape{1, 28, 28}, 10, 4);
+  kernels::SgdHyper h;
+  h.momentum = 0.9f;
+  MathOptions math;
+  math.split_invariant = true;
+  SingleDeviceEngine eng(*model, Device::cpu(), h, {}, 4, math);
+  EXPECT_EQ(model->grad_dtype(), DType::F64);
+  std::mt19937_64 rng(5);
+  Tensor x = testing::random_tensor(Shape{8, 1, 28, 28}, rng);
+  Tensor y = testing::random_labels(8, 10, rng);
+  eng.train_step(x, y, 0.01f);
+  const auto before = alloc_stats();
+  for (int i = 0; i < 3; ++i) eng.train_step(x, y, 0.01f);
+  EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+}
+
+// float64 gradients: parameters keep float views of the new arena, clones
+// keep the dtype, and SGD steps with the gradients rounded to float once.
+TEST(GradDtype, Float64GradientsCloneAndStepLikeTheirRoundedValues) {
+  auto a = models::make_model("mlp", Shape{1, 4, 4}, 3, 6);
+  auto b = a->clone(Device::cpu());
+  a->set_grad_dtype(DType::F64);
+  EXPECT_EQ(a->grad_dtype(), DType::F64);
+  EXPECT_EQ(b->grad_dtype(), DType::F32);
+  for (auto& [name, p] : a->named_parameters()) {
+    EXPECT_EQ(p->grad.dtype(), DType::F64) << name;
+    EXPECT_EQ(p->grad.data<double>(), a->arenas().grads.f64() + p->offset) << name;
+  }
+  EXPECT_EQ(a->clone(Device::cpu())->grad_dtype(), DType::F64);
+
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd;
+  Tensor& g64 = a->arenas().grads;
+  Tensor& g32 = b->arenas().grads;
+  for (int64_t i = 0; i < g64.numel(); ++i) {
+    g64.f64()[i] = nd(rng) * 1e-3;
+    g32.f32()[i] = static_cast<float>(g64.f64()[i]);
+  }
+  kernels::SgdHyper h;
+  h.lr = 0.1f;
+  h.momentum = 0.9f;
+  h.weight_decay = 1e-3f;
+  optim::SGD sa(*a, h), sb(*b, h);
+  Context ctx(Device::cpu());
+  for (int step = 0; step < 2; ++step) {
+    sa.step(ctx);
+    sb.step(ctx);
+  }
+  EXPECT_TRUE(testing::same_bits(a->arenas().params, b->arenas().params));
+  EXPECT_FALSE(testing::same_bits(a->arenas().params, models::make_model("mlp", Shape{1, 4, 4}, 3, 6)->arenas().params));
+  sa.zero_grad(ctx);
+  for (int64_t i = 0; i < g64.numel(); ++i) ASSERT_EQ(g64.f64()[i], 0.0);
+  EXPECT_THROW(a->set_grad_dtype(DType::I32), Error);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "runtime/core/error.h"
@@ -90,6 +91,10 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 
 Tensor clone(const Tensor& t) { return t.to(Device::cpu()); }
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
 
 std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {

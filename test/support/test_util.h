@@ -40,6 +40,8 @@ GradCheckResult grad_check_detail(const std::function<double()>& f, Tensor& x, c
 double dot(const Tensor& a, const Tensor& b);
 // A float32 CPU copy of t.
 Tensor clone(const Tensor& t);
+// Same shape, dtype and bytes (CPU tensors).
+bool same_bits(const Tensor& a, const Tensor& b);
 
 // Runs f, expecting a fanout::Error whose message is one line and contains
 // every string in `parts`; returns the message (empty after a failure).

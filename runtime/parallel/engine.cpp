@@ -1,0 +1,29 @@
+// Engine helpers shared by the single-device and DataParallel engines.
+#include "runtime/parallel/engine.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "kernels/gemm.h"
+#include "runtime/core/error.h"
+
+namespace fanout {
+
+void apply_split_invariant(Module& model, Device device, const MathOptions& math) {
+  if (!math.split_invariant) return;
+  FANOUT_USER_CHECK(device.is_cpu()) << "--split-invariant is implemented for CPU devices only, not "
+                                     << device.str();
+  for (auto& [name, m] : model.named_modules())
+    FANOUT_USER_CHECK(m->type_name() != "BatchNorm2d")
+        << "--split-invariant cannot hold for a model with BatchNorm (" << (name.empty() ? "the model" : name)
+        << "): its batch statistics depend on the split by definition";
+  model.set_grad_dtype(DType::F64);
+  kernels::set_cpu_blas_threads(1);
+}
+
+int cpu_blas_threads(int replicas, const MathOptions& math) {
+  if (replicas > 1 || math.split_invariant) return 1;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace fanout
