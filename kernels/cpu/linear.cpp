@@ -1,73 +1,146 @@
 // CPU fully connected layer: GEMMs through OpenBLAS, or, with
-// math.split_invariant, row-by-row loops whose summation order does not
-// depend on the number of rows (OpenBLAS's does).
+// math.split_invariant, loops whose per-row summation order does not depend
+// on the number of rows (OpenBLAS's does) and exact float64 weight gradients.
 #include "kernels/cpu/linear.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 
+// The loops below are also built for AVX2 and picked at run time. Their
+// partial sums are explicit and nothing is contracted into FMAs, so both
+// builds give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FANOUT_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define FANOUT_AVX2_CLONE
+#endif
+
 namespace fanout::kernels::cpu {
+
+namespace {
+
+constexpr int kRows = 4;  // rows (or weight rows) sharing each load; rows_forward unrolls 4
+
+// y[i][o] = b[o] + dot_f32(x[i], w[o]) for every row, kRows rows at a time.
+// Lane l of each accumulator is dot_f32's partial sum l, combined in its
+// order, so a row's value is the same in a block or alone.
+typedef float v8f __attribute__((vector_size(32)));
+
+FANOUT_AVX2_CLONE void rows_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
+                                    int64_t out) {
+  int64_t i = 0;
+  for (; i + kRows <= n; i += kRows)
+    for (int64_t o = 0; o < out; ++o) {
+      const float* wr = w + o * in;
+      v8f acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
+      int64_t j = 0;
+      for (; j + 8 <= in; j += 8) {
+        v8f wv, x0, x1, x2, x3;  // unaligned loads
+        std::memcpy(&wv, wr + j, sizeof wv);
+        std::memcpy(&x0, x + i * in + j, sizeof x0);
+        std::memcpy(&x1, x + (i + 1) * in + j, sizeof x1);
+        std::memcpy(&x2, x + (i + 2) * in + j, sizeof x2);
+        std::memcpy(&x3, x + (i + 3) * in + j, sizeof x3);
+        acc0 += x0 * wv;
+        acc1 += x1 * wv;
+        acc2 += x2 * wv;
+        acc3 += x3 * wv;
+      }
+      const v8f accs[kRows] = {acc0, acc1, acc2, acc3};
+      for (int r = 0; r < kRows; ++r) {
+        const v8f& a = accs[r];
+        float s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        for (int64_t t = j; t < in; ++t) s += x[(i + r) * in + t] * wr[t];
+        y[(i + r) * out + o] = (b ? b[o] : 0.0f) + s;
+      }
+    }
+  for (; i < n; ++i)
+    for (int64_t o = 0; o < out; ++o) y[i * out + o] = (b ? b[o] : 0.0f) + dot_f32(x + i * in, w + o * in, in);
+}
+
+// dx[i] = sum over o, ascending, of dy[i][o] * w[o]: the same order per row in
+// a block or alone.
+FANOUT_AVX2_CLONE void rows_input_grad(const float* dy, const float* w, float* dx, int64_t n, int64_t in,
+                                       int64_t out) {
+  std::fill(dx, dx + n * in, 0.0f);
+  int64_t i = 0;
+  for (; i + kRows <= n; i += kRows)
+    for (int64_t o = 0; o < out; ++o) {
+      const float* wr = w + o * in;
+      float a[kRows];
+      for (int r = 0; r < kRows; ++r) a[r] = dy[(i + r) * out + o];
+      for (int64_t j = 0; j < in; ++j) {
+        const float v = wr[j];
+        for (int r = 0; r < kRows; ++r) dx[(i + r) * in + j] += a[r] * v;
+      }
+    }
+  for (; i < n; ++i)
+    for (int64_t o = 0; o < out; ++o) {
+      const float a = dy[i * out + o];
+      const float* wr = w + o * in;
+      float* row = dx + i * in;
+      for (int64_t j = 0; j < in; ++j) row[j] += a * wr[j];
+    }
+}
+
+// dw[o][j] += (double)(dy[i][o] * x[i][j]) over the rows: each sample's
+// contribution is a float product, summed in double. A double holds the sum
+// of floats exactly unless the terms span more than ~29 binary orders of
+// magnitude, so the result does not depend on how rows are split or ordered.
+// Zero products (ReLU-masked rows) are skipped: adding +-0 changes no sum.
+FANOUT_AVX2_CLONE void weight_grad_f64(const float* dy, const float* x, double* dw, double* db, int64_t n,
+                                       int64_t in, int64_t out) {
+  int64_t o = 0;
+  for (; o + kRows <= out; o += kRows)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xr = x + i * in;
+      for (int r = 0; r < kRows; ++r) {
+        const float a = dy[i * out + o + r];
+        if (a == 0.0f) continue;
+        double* wr = dw + (o + r) * in;
+        for (int64_t j = 0; j < in; ++j) wr[j] += static_cast<double>(a * xr[j]);
+      }
+    }
+  for (; o < out; ++o)
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = dy[i * out + o];
+      if (a == 0.0f) continue;
+      const float* xr = x + i * in;
+      double* wr = dw + o * in;
+      for (int64_t j = 0; j < in; ++j) wr[j] += static_cast<double>(a * xr[j]);
+    }
+  if (db)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < out; ++k) db[k] += dy[i * out + k];
+}
+
+}  // namespace
 
 void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
-  const float* xp = x.f32();
-  const float* wp = w.f32();
   const float* bp = b ? b->f32() : nullptr;
   float* yp = y.f32();  // (N, out)
-  if (ctx.math.split_invariant) {
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t o = 0; o < out; ++o)
-        yp[i * out + o] = (bp ? bp[o] : 0.0f) + dot_f32(xp + i * in, wp + o * in, in);
-    return;
-  }
+  if (ctx.math.split_invariant) return rows_forward(x.f32(), w.f32(), bp, yp, n, in, out);
   // y = b broadcast over rows, then y += x W^T.
   if (bp)
     for (int64_t i = 0; i < n; ++i) std::copy(bp, bp + out, yp + i * out);
-  gemm(ctx, false, true, n, out, in, 1.0f, xp, in, wp, in, bp ? 1.0f : 0.0f, yp, out);
+  gemm(ctx, false, true, n, out, in, 1.0f, x.f32(), in, w.f32(), in, bp ? 1.0f : 0.0f, yp, out);
 }
 
 void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                      Tensor* db) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
-  const float* xp = x.f32();
-  const float* wp = w.f32();
   const float* dyp = dy.f32();  // (N, out)
   // dx (N, in) = dy W, written (=).
-  if (dx && ctx.math.split_invariant) {
-    float* dxp = dx->f32();
-    for (int64_t i = 0; i < n; ++i) {
-      float* row = dxp + i * in;
-      std::fill(row, row + in, 0.0f);
-      for (int64_t o = 0; o < out; ++o) {
-        const float a = dyp[i * out + o];
-        const float* wr = wp + o * in;
-        for (int64_t j = 0; j < in; ++j) row[j] += a * wr[j];
-      }
-    }
-  } else if (dx) {
-    gemm(ctx, false, false, n, in, out, 1.0f, dyp, out, wp, in, 0.0f, dx->f32(), in);
-  }
-  if (dw.dtype() == DType::F64) {
-    // Each sample's contribution is a float product, summed in double: exact
-    // unless the terms span more than ~29 binary orders of magnitude, so the
-    // result does not depend on how the rows are split or ordered.
-    double* dwp = dw.f64();
-    double* dbp = db ? db->f64() : nullptr;
-    for (int64_t i = 0; i < n; ++i) {
-      const float* xr = xp + i * in;
-      for (int64_t o = 0; o < out; ++o) {
-        const float a = dyp[i * out + o];
-        double* wr = dwp + o * in;
-        for (int64_t j = 0; j < in; ++j) wr[j] += static_cast<double>(a * xr[j]);
-        if (dbp) dbp[o] += a;
-      }
-    }
-    return;
-  }
+  if (dx && ctx.math.split_invariant) rows_input_grad(dyp, w.f32(), dx->f32(), n, in, out);
+  else if (dx) gemm(ctx, false, false, n, in, out, 1.0f, dyp, out, w.f32(), in, 0.0f, dx->f32(), in);
+  if (dw.dtype() == DType::F64)
+    return weight_grad_f64(dyp, x.f32(), dw.f64(), db ? db->f64() : nullptr, n, in, out);
   // dw (out, in) += dy^T x.
-  gemm(ctx, true, false, out, in, n, 1.0f, dyp, out, xp, in, 1.0f, dw.f32(), in);
+  gemm(ctx, true, false, out, in, n, 1.0f, dyp, out, x.f32(), in, 1.0f, dw.f32(), in);
   if (db) {
     // db (out) += column sums of dy; rows are contiguous so the inner loop vectorizes.
     float* dbp = db->f32();

@@ -74,8 +74,12 @@ LrSchedule parse_lr_schedule(const std::string& spec, float base_lr, int total_e
   } else if (kind == "step" && parts.size() <= 3) {
     s.kind = LrSchedule::Kind::Step;
     s.step_size = std::max(1, total_epochs / 3);
-    if (parts.size() >= 2) FANOUT_USER_CHECK(to_int(parts[1], s.step_size) && s.step_size > 0) << "bad lr schedule '" << spec << "'" << usage;
-    if (parts.size() == 3) FANOUT_USER_CHECK(to_float(parts[2], s.gamma) && s.gamma > 0) << "bad lr schedule '" << spec << "'" << usage;
+    if (parts.size() >= 2) {
+      FANOUT_USER_CHECK(to_int(parts[1], s.step_size) && s.step_size > 0) << "bad lr schedule '" << spec << "'" << usage;
+    }
+    if (parts.size() == 3) {
+      FANOUT_USER_CHECK(to_float(parts[2], s.gamma) && s.gamma > 0) << "bad lr schedule '" << spec << "'" << usage;
+    }
   } else if (kind == "multistep" && (parts.size() == 2 || parts.size() == 3)) {
     s.kind = LrSchedule::Kind::MultiStep;
     for (auto& m : split(parts[1], ',')) {
@@ -85,7 +89,9 @@ LrSchedule parse_lr_schedule(const std::string& spec, float base_lr, int total_e
     }
     FANOUT_USER_CHECK(std::is_sorted(s.milestones.begin(), s.milestones.end()))
         << "multistep milestones must be increasing in '" << spec << "'";
-    if (parts.size() == 3) FANOUT_USER_CHECK(to_float(parts[2], s.gamma) && s.gamma > 0) << "bad lr schedule '" << spec << "'" << usage;
+    if (parts.size() == 3) {
+      FANOUT_USER_CHECK(to_float(parts[2], s.gamma) && s.gamma > 0) << "bad lr schedule '" << spec << "'" << usage;
+    }
   } else {
     FANOUT_FAIL() << "unknown lr schedule '" << spec << "'" << usage;
   }
