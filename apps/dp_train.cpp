@@ -248,6 +248,12 @@ int run(int argc, char** argv) {
       std::printf("nothing left to train (raise --epochs to train further)\n");
       return 0;
     }
+    if (!o.metrics.empty()) {
+      const int dropped = train::drop_metrics_after(o.metrics, ckpt.epoch);
+      if (dropped > 0)
+        std::printf("removed %d line%s after epoch %d from %s (that epoch is trained again)\n", dropped,
+                    dropped == 1 ? "" : "s", ckpt.epoch, o.metrics.c_str());
+    }
   }
   if (!o.init_from.empty()) {
     const io::LoadReport r = train::load_weights(o.init_from, engine->model(), !o.non_strict);

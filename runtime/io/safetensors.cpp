@@ -421,6 +421,19 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   hdr.append((8 - hdr.size() % 8) % 8, ' ');  // data starts 8-byte aligned
   FANOUT_USER_CHECK(hdr.size() <= kMaxSafetensorsHeader) << path << ": header over the 100 MB limit";
 
+  write_file_atomic(path, [&](const WriteFn& write) {
+    const uint64_t n = hdr.size();
+    write(&n, 8);
+    write(hdr.data(), hdr.size());
+    for (const auto& [name, t] : tensors) {
+      if (t.nbytes() == 0) continue;
+      const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+      write(host.raw(), host.nbytes());
+    }
+  });
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   FANOUT_USER_CHECK(fd.fd >= 0) << "cannot create " << tmp << ": " << errno_text(errno);
@@ -435,14 +448,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     }
   } cleanup{fd, tmp, committed};
 
-  const uint64_t n = hdr.size();
-  write_all(fd.fd, &n, 8, tmp);
-  write_all(fd.fd, hdr.data(), hdr.size(), tmp);
-  for (const auto& [name, t] : tensors) {
-    if (t.nbytes() == 0) continue;
-    const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-    write_all(fd.fd, host.raw(), host.nbytes(), tmp);
-  }
+  produce([&](const void* data, size_t bytes) { write_all(fd.fd, data, bytes, tmp); });
   FANOUT_USER_CHECK(::fsync(fd.fd) == 0) << "fsync of " << tmp << " failed: " << errno_text(errno);
   FANOUT_USER_CHECK(::close(fd.release()) == 0) << "closing " << tmp << " failed: " << errno_text(errno);
   FANOUT_USER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0)

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/io/safetensors.h"
 
 namespace fanout::train {
 
@@ -45,6 +46,24 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"images_per_second", m.images_per_second},
           {"data_wait_fraction", m.data_wait_fraction},
           {"lr", m.lr}};
+}
+
+int drop_metrics_after(const std::string& path, int last_epoch) {
+  std::ifstream in(path);
+  if (!in.is_open()) return 0;
+  std::string kept, line;
+  int dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() && j["epoch"].get<int64_t>() > last_epoch) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  FANOUT_USER_CHECK(in.eof()) << "cannot read metrics file " << path;
+  if (dropped > 0) io::write_file_atomic(path, [&](const io::WriteFn& write) { write(kept.data(), kept.size()); });
+  return dropped;
 }
 
 EpochMetrics Trainer::train_epoch(int epoch) {

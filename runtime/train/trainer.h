@@ -45,6 +45,13 @@ struct EpochMetrics {
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);
 
+// Before a resumed run appends to a metrics file: removes the lines of epochs
+// after `last_epoch` (written by the interrupted run after its checkpoint, and
+// about to be trained again), rewriting the file atomically. Lines that are
+// not metrics objects are kept. Returns how many lines were removed; a
+// missing file removes nothing.
+int drop_metrics_after(const std::string& path, int last_epoch);
+
 class Trainer {
  public:
   Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data);

@@ -2,7 +2,8 @@
 # e2e: checkpoints through dp-train on real Fashion-MNIST.
 #  - 4 epochs straight equal 2 epochs (--stop-after 2), then --resume for the
 #    other 2: the same metrics per epoch (timings aside), with 2 loader workers
-#    on one side and none on the other (batches must not depend on workers).
+#    on one side and none on the other (batches must not depend on workers);
+#    a metrics line the interrupted run wrote after its checkpoint is replaced.
 #  - the save directory keeps the newest --keep-last files and best.safetensors;
 #    the Python safetensors package reads them with torchvision names.
 #  - --init-from strict and --non-strict; bad checkpoints end with one line.
@@ -16,8 +17,11 @@ common=(--model lenet --data fashion-mnist --epochs 4 --batch-size 64 --devices 
 "$DP_TRAIN" "${common[@]}" --workers 2 --stop-after 2 --save-dir "$work/ck" --metrics "$work/split.jsonl" \
   | tee "$work/first.txt"
 grep -q "stopped after epoch 2 of 4" "$work/first.txt"
+# As if the run had crashed after logging epoch 3 but before saving it.
+echo '{"epoch": 3, "train_loss": 9.0, "test_acc": 0.1}' >> "$work/split.jsonl"
 "$DP_TRAIN" "${common[@]}" --workers 2 --resume "$work/ck" --metrics "$work/split.jsonl" | tee "$work/second.txt"
 grep -q "resumed from $work/ck/epoch-0002.safetensors: 2 of 4 epochs done, 1876 steps" "$work/second.txt"
+grep -q "removed 1 line after epoch 2 from $work/split.jsonl" "$work/second.txt"
 
 python3 - "$work" <<'PY'
 import json, os, sys

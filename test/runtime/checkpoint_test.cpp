@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
@@ -15,6 +16,7 @@
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/trainer.h"
 #include "support/test_util.h"
 
 namespace fanout {
@@ -236,6 +238,28 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   EXPECT_EQ(saver.on_epoch_end(*r.engine, st, /*last_epoch=*/3).size(), 1u);
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0003.safetensors"));
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0007.safetensors"));
+}
+
+TEST(Checkpoint, ResumeDropsMetricsOfEpochsTrainedAgain) {
+  TempDir dir;
+  const std::string path = (dir.path / "m.jsonl").string();
+  EXPECT_EQ(train::drop_metrics_after(path, 2), 0);  // no file yet
+  EXPECT_FALSE(fs::exists(path));
+  {
+    std::ofstream f(path);
+    f << "{\"epoch\": 1, \"test_acc\": 0.5}\n"
+      << "not json\n"
+      << "{\"epoch\": 2, \"test_acc\": 0.6}\n"
+      << "{\"epoch\": 3, \"test_acc\": 0.7}\n"
+      << "{\"epoch\": \"4\"}\n"  // not a metrics line: kept
+      << "{\"epoch\": 4, \"test_acc\": 0.8}\n";
+  }
+  EXPECT_EQ(train::drop_metrics_after(path, 2), 2);
+  std::ifstream f(path);
+  std::stringstream got;
+  got << f.rdbuf();
+  EXPECT_EQ(got.str(), "{\"epoch\": 1, \"test_acc\": 0.5}\nnot json\n{\"epoch\": 2, \"test_acc\": 0.6}\n{\"epoch\": \"4\"}\n");
+  EXPECT_EQ(train::drop_metrics_after(path, 2), 0);
 }
 
 TEST(Checkpoint, ResolveResumePathErrors) {
