@@ -67,7 +67,7 @@ FANOUT_AVX2_CLONE void rows_input_grad(const float* dy, const float* w, float* d
                                        int64_t out) {
   std::fill(dx, dx + n * in, 0.0f);
   int64_t i = 0;
-  for (; i + kRows <= n; i += kRows)
+  for (; i + kRows <= n; i += kRows)  // each w element loaded once for kRows rows
     for (int64_t o = 0; o < out; ++o) {
       const float* wr = w + o * in;
       float a[kRows];
@@ -93,25 +93,18 @@ FANOUT_AVX2_CLONE void rows_input_grad(const float* dy, const float* w, float* d
 // Zero products (ReLU-masked rows) are skipped: adding +-0 changes no sum.
 FANOUT_AVX2_CLONE void weight_grad_f64(const float* dy, const float* x, double* dw, double* db, int64_t n,
                                        int64_t in, int64_t out) {
-  int64_t o = 0;
-  for (; o + kRows <= out; o += kRows)
+  for (int64_t o0 = 0; o0 < out; o0 += kRows) {
+    const int64_t o1 = std::min(out, o0 + kRows);
     for (int64_t i = 0; i < n; ++i) {
-      const float* xr = x + i * in;
-      for (int r = 0; r < kRows; ++r) {
-        const float a = dy[i * out + o + r];
+      const float* xr = x + i * in;  // read once per block of weight rows
+      for (int64_t o = o0; o < o1; ++o) {
+        const float a = dy[i * out + o];
         if (a == 0.0f) continue;
-        double* wr = dw + (o + r) * in;
+        double* wr = dw + o * in;
         for (int64_t j = 0; j < in; ++j) wr[j] += static_cast<double>(a * xr[j]);
       }
     }
-  for (; o < out; ++o)
-    for (int64_t i = 0; i < n; ++i) {
-      const float a = dy[i * out + o];
-      if (a == 0.0f) continue;
-      const float* xr = x + i * in;
-      double* wr = dw + o * in;
-      for (int64_t j = 0; j < in; ++j) wr[j] += static_cast<double>(a * xr[j]);
-    }
+  }
   if (db)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t k = 0; k < out; ++k) db[k] += dy[i * out + k];
