@@ -26,7 +26,7 @@ void check_smoothing(const char* op, float s) {
 }  // namespace
 
 void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss) {
+                          Tensor& loss, Tensor* row_loss) {
   const char* op = "softmax_xent_forward";
   check_logits_labels(ctx, op, "logits", logits, labels);
   check_smoothing(op, smoothing);
@@ -35,9 +35,15 @@ void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labe
                                                 << logits.shape().str();
   detail::check_tensor(ctx, op, "loss", loss);
   FANOUT_CHECK(loss.numel() == 1) << op << ": loss " << loss.shape().str() << " must hold one value";
-  if (ctx.device().is_cpu()) return cpu::softmax_xent_forward(ctx, logits, labels, smoothing, probs, loss);
+  if (row_loss) {
+    detail::check_tensor(ctx, op, "row_loss", *row_loss);
+    FANOUT_CHECK(row_loss->shape() == Shape{logits.size(0)})
+        << op << ": row_loss " << row_loss->shape().str() << " for " << logits.size(0) << " rows";
+  }
+  if (ctx.device().is_cpu()) return cpu::softmax_xent_forward(ctx, logits, labels, smoothing, probs, loss, row_loss);
 #ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::softmax_xent_forward(ctx, logits, labels, smoothing, probs, loss);
+  if (ctx.device().is_cuda())
+    return cuda::softmax_xent_forward(ctx, logits, labels, smoothing, probs, loss, row_loss);
 #endif
   no_backend(op, ctx.device());
 }

@@ -10,9 +10,11 @@ namespace fanout::kernels {
 // loss (1) is written (=) with the mean over the batch of
 //   (1 - s) * (-log p[label]) + s * mean_k(-log p[k]).
 // probs (N, K) is written (=) with the softmax, kept for backward.
+// row_loss (N) float32, when given, is written (=) with each row's loss
+// (rounded to float), which callers sum exactly and in any grouping.
 // Labels out of range throw (CPU) or are reported through the loss as NaN (CUDA).
 void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss);
+                          Tensor& loss, Tensor* row_loss = nullptr);
 // dlogits (=) = scale * (probs - ((1 - s) * onehot + s / K)); scale is usually 1 / N_global.
 void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
                            Tensor& dlogits);

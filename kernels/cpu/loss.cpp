@@ -18,12 +18,13 @@ inline int64_t checked_label(const int32_t* labels, int64_t i, int64_t k, const 
 }  // namespace
 
 void softmax_xent_forward(Context&, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss) {
+                          Tensor& loss, Tensor* row_loss) {
   const int64_t n = logits.size(0), k = logits.size(1);
   const float* zp = logits.f32();     // (N, K)
   const int32_t* yp = labels.data<int32_t>();
   float* pp = probs.f32();            // (N, K)
   const double s = smoothing;
+  float* rl = row_loss ? row_loss->f32() : nullptr;  // (N)
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t y = checked_label(yp, i, k, "softmax_xent_forward");
@@ -44,7 +45,9 @@ void softmax_xent_forward(Context&, const Tensor& logits, const Tensor& labels, 
     const double lse = std::log(sum);
     const double nll = lse - (static_cast<double>(z[y]) - m);            // -log p_y
     const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
-    total += (1.0 - s) * nll + s * mean_nll;
+    const double li = (1.0 - s) * nll + s * mean_nll;
+    if (rl) rl[i] = static_cast<float>(li);
+    total += li;
   }
   loss.f32()[0] = static_cast<float>(total / static_cast<double>(n));
 }

@@ -7,7 +7,7 @@
 namespace fanout::kernels::cpu {
 
 void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss);
+                          Tensor& loss, Tensor* row_loss);
 void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
                            Tensor& dlogits);
 void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Tensor& correct);

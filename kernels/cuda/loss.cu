@@ -13,11 +13,12 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;  // rows per block in the row kernels (256 threads)
 
-// One warp per row: probs (=) and the row's loss into row_loss (double).
+// One warp per row: probs (=) and the row's loss into row_loss (double) and,
+// when given, row_loss_f (float).
 //   p = exp(z - max) / sum; loss = (1 - s) * (-log p_y) + s * mean_k(-log p_k)
 __global__ void xent_forward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t n,
                                     int64_t k, double smoothing, float* __restrict__ probs,
-                                    double* __restrict__ row_loss) {
+                                    double* __restrict__ row_loss, float* __restrict__ row_loss_f) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + (threadIdx.x >> 5);
   if (row >= n) return;  // whole warps leave together
@@ -50,7 +51,9 @@ __global__ void xent_forward_kernel(const float* __restrict__ logits, const int3
     const double lse = log(sum);
     const double nll = lse - (zy - m);
     const double mean_nll = lse - sum_shifted / static_cast<double>(k);
-    row_loss[row] = valid ? (1.0 - smoothing) * nll + smoothing * mean_nll : CUDART_NAN;
+    const double li = valid ? (1.0 - smoothing) * nll + smoothing * mean_nll : CUDART_NAN;
+    row_loss[row] = li;
+    if (row_loss_f) row_loss_f[row] = static_cast<float>(li);
   }
 }
 
@@ -132,13 +135,14 @@ int row_blocks(int64_t n) {
 }  // namespace
 
 void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss) {
+                          Tensor& loss, Tensor* row_loss_f) {
   const int64_t n = logits.size(0), k = logits.size(1);  // N, K >= 1 (checked by the entry point)
   detail::DeviceScope scope(ctx);
   cudaStream_t st = detail::stream_of(ctx);
   auto* row_loss = static_cast<double*>(ctx.workspace(sizeof(double) * static_cast<size_t>(n)));
   xent_forward_kernel<<<row_blocks(n), kWarpsPerBlock * 32, 0, st>>>(
-      logits.f32(), labels.data<int32_t>(), n, k, static_cast<double>(smoothing), probs.f32(), row_loss);
+      logits.f32(), labels.data<int32_t>(), n, k, static_cast<double>(smoothing), probs.f32(), row_loss,
+      row_loss_f ? row_loss_f->f32() : nullptr);
   FANOUT_CUDA_CHECK_LAUNCH();
   mean_kernel<<<1, 1024, 0, st>>>(row_loss, n, loss.f32());
   FANOUT_CUDA_CHECK_LAUNCH();

@@ -17,6 +17,7 @@ class BatchNorm2d : public Module {
   std::string type_name() const override { return "BatchNorm2d"; }
   void reset_parameters(std::mt19937_64& rng) override;  // weight 1, bias 0, mean 0, var 1
   void set_batch_stat_sync(BatchStatSync* s) override { sync_ = s; }
+  BatchStatSync* batch_stat_sync() const override { return sync_; }
   // Identifies this layer to the sync hook; set by models that use SyncBatchNorm.
   void set_layer_id(int id) { layer_id_ = id; }
   Parameter& weight() { return *w_; }

@@ -103,6 +103,21 @@ bool SequentialDistributedSampler::valid(int64_t k) const {
   return 0 <= k && k < inner_.size() && rank_ + k * replicas_ < n_;
 }
 
+ShardSampler::ShardSampler(int64_t n, int num_replicas, int rank) : n_(n), replicas_(num_replicas), rank_(rank) {
+  FANOUT_USER_CHECK(n >= 0) << "ShardSampler: dataset size must be non-negative, got " << n;
+  FANOUT_USER_CHECK(num_replicas >= 1 && rank >= 0 && rank < num_replicas)
+      << "ShardSampler: rank " << rank << " is outside " << num_replicas << " replicas";
+}
+
+int64_t ShardSampler::size() const { return n_ > rank_ ? (n_ - rank_ + replicas_ - 1) / replicas_ : 0; }
+
+std::vector<int64_t> ShardSampler::indices() const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(size()));
+  for (int64_t i = rank_; i < n_; i += replicas_) out.push_back(i);
+  return out;
+}
+
 std::vector<float> gather_unpadded(const std::vector<std::vector<float>>& per_rank, int64_t n) {
   const int64_t replicas = static_cast<int64_t>(per_rank.size());
   FANOUT_USER_CHECK(n >= 0) << "gather_unpadded: dataset size must be non-negative, got " << n;

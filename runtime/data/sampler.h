@@ -83,6 +83,20 @@ class SequentialDistributedSampler : public Sampler {
   int replicas_, rank_;
 };
 
+// For evaluation whose per-rank sums are added up: rank r gets r, r + R,
+// r + 2R, ... < n, without padding (ranks may get one index fewer).
+class ShardSampler : public Sampler {
+ public:
+  ShardSampler(int64_t n, int num_replicas, int rank);
+  void set_epoch(int64_t) override {}
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override;
+
+ private:
+  int64_t n_;
+  int replicas_, rank_;
+};
+
 // Puts per-rank results (per_rank[r]: one value per index of rank r's
 // SequentialDistributedSampler, in its order; the padded tail may be left
 // out) back into dataset order, dropping the padding: returns n values.

@@ -23,6 +23,12 @@ void Module::set_batch_stat_sync(BatchStatSync* s) {
   for (auto& [n, c] : children_) c->set_batch_stat_sync(s);
 }
 
+BatchStatSync* Module::batch_stat_sync() const {
+  for (auto& [n, c] : children_)
+    if (BatchStatSync* s = c->batch_stat_sync()) return s;
+  return nullptr;
+}
+
 Parameter& Module::register_parameter(const std::string& name, const Shape& s) {
   FANOUT_CHECK(!arenas_) << "register_parameter after materialize";
   params_.push_back(Parameter{name, s, {}, {}, 0});

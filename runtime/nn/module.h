@@ -66,6 +66,8 @@ class Module {
   // Installs (or, with null, removes) a cross-replica statistics hook on
   // every layer of the subtree that normalizes over the batch.
   virtual void set_batch_stat_sync(BatchStatSync* s);
+  // The hook installed in this subtree (the first layer's that has one), or null.
+  virtual BatchStatSync* batch_stat_sync() const;
 
   // Training flag for the whole subtree (BatchNorm reads it).
   void train(bool on = true);

@@ -51,10 +51,9 @@ class CpuComm : public Comm {
     slots_[rank] = buf;
     barrier_.arrive_and_wait();
     const int64_t n = buf.numel();
-    if (static_cast<int64_t>(scratch_.size()) < static_cast<int64_t>(ranks_) * n) {
-      std::lock_guard<std::mutex> g(mu_);
-      if (static_cast<int64_t>(scratch_.size()) < static_cast<int64_t>(ranks_) * n) scratch_.resize(ranks_ * n * 2);
-    }
+    // Every rank is past the previous call's reads: rank 0 alone may grow the scratch.
+    if (rank == 0 && static_cast<int64_t>(scratch_.size()) < static_cast<int64_t>(ranks_) * n)
+      scratch_.resize(ranks_ * n * 2);
     barrier_.arrive_and_wait();
     float* sum = scratch_.data() + static_cast<size_t>(rank) * n;
     for (int64_t i = 0; i < n; ++i) sum[i] = slots_[0].f32()[i];

@@ -22,25 +22,41 @@ std::vector<int64_t> chunk_sizes(int64_t batch, int parts) {
   return out;
 }
 
-// SyncBatchNorm: sums (2, C) statistics and element counts over the active replicas.
+// SyncBatchNorm: sums (2, C) statistics and the element count over the
+// active replicas in one all-reduce (count packed after the statistics, so
+// no rank reads another's count before it is written), then, with process
+// group hooks, over processes: the primary sums across processes and
+// broadcasts the result to the other local replicas.
 class DataParallel::StatSync : public BatchStatSync {
  public:
-  StatSync(DataParallel& dp) : dp_(dp), calls_(dp.devices_.size(), 0), counts_(kMaxCalls * dp.devices_.size(), 0) {}
-  void begin_pass() { std::fill(calls_.begin(), calls_.end(), 0); }
+  explicit StatSync(DataParallel& dp) : dp_(dp), packed_(dp.devices_.size()) {}
   void all_reduce(int, Tensor& stats, int64_t& count, Context& ctx) override {
     const int rank = rank_of(ctx);
-    const int call = calls_[rank]++;
-    FANOUT_CHECK(call < kMaxCalls) << "more than " << kMaxCalls << " synchronized BatchNorm calls in one pass";
-    const size_t n = dp_.devices_.size();
-    counts_[call * n + rank] = count;
-    dp_.comm_->all_reduce(rank, stats, ctx);  // its barriers publish counts_ too
-    int64_t total = 0;
-    for (int r = 0; r < dp_.active_; ++r) total += counts_[call * n + r];
-    count = total;
+    FANOUT_CHECK(count >= 0 && count < (int64_t{1} << 24))
+        << "SyncBatchNorm: " << count << " elements per channel cannot be counted exactly in float";
+    Tensor& p = packed_[rank];
+    const int64_t n = stats.numel();
+    ensure(p, Shape{n + 1}, DType::F32, ctx.device());
+    Tensor head = p.flat(0, Shape{n});
+    Tensor tail = p.flat(n, Shape{1});
+    head.copy_from(stats.view(Shape{n}), &ctx.compute());
+    tail.fill(static_cast<float>(count), &ctx.compute());
+    dp_.comm_->all_reduce(rank, p, ctx);
+    if (dp_.cross_) {
+      if (rank == 0) dp_.cross_->sum_batch_stats(p, ctx);
+      dp_.comm_->broadcast(rank, p, ctx);
+    }
+    stats.view(Shape{n}).copy_from(head, &ctx.compute());
+    if (ctx.device().is_cpu()) {
+      count = static_cast<int64_t>(tail.f32()[0]);
+    } else {
+      Tensor h = tail.to(Device::cpu(), &ctx.compute());
+      ctx.compute().synchronize();
+      count = static_cast<int64_t>(h.f32()[0]);
+    }
   }
 
  private:
-  static constexpr int kMaxCalls = 4096;
   int rank_of(Context& ctx) const {
     for (size_t i = 0; i < dp_.contexts_.size(); ++i)
       if (dp_.contexts_[i].get() == &ctx) return static_cast<int>(i);
@@ -48,8 +64,7 @@ class DataParallel::StatSync : public BatchStatSync {
     return -1;
   }
   DataParallel& dp_;
-  std::vector<int> calls_;
-  std::vector<int64_t> counts_;
+  std::vector<Tensor> packed_;  // [rank] (2C + 1)
 };
 
 namespace {
@@ -74,39 +89,32 @@ std::unique_ptr<Comm> make_comm(const std::string& kind, const std::vector<Devic
 }
 }  // namespace
 
-DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, const DataParallelOptions& opts)
-    : module_(module), devices_(devices), output_device_(opts.output_device.value_or(devices.at(0))), opts_(opts) {
+namespace {
+// Checks the arguments of DataParallel and prepares the module (split-invariant math).
+Module& checked(Module& module, const std::vector<Device>& devices, const DataParallelOptions& opts) {
   FANOUT_USER_CHECK(!devices.empty()) << "DataParallel needs at least one device";
   FANOUT_USER_CHECK(opts.dim == 0) << "DataParallel scatters along dim 0 only, got dim " << opts.dim;
   for (auto& d : devices)
     FANOUT_USER_CHECK(d.kind == devices[0].kind) << "DataParallel cannot mix CPU and CUDA devices";
-  FANOUT_USER_CHECK(output_device_.kind == devices[0].kind)
-      << "output device " << output_device_.str() << " is not of the replicas' kind";
+  const Device out = opts.output_device.value_or(devices[0]);
+  FANOUT_USER_CHECK(out.kind == devices[0].kind) << "output device " << out.str() << " is not of the replicas' kind";
   FANOUT_USER_CHECK(module.materialized() && module.device().same_memory(devices[0]))
       << "module parameters are on " << (module.materialized() ? module.device().str() : std::string("no device"))
       << " but the primary device is " << devices[0].str();
   apply_split_invariant(module, devices[0], opts.math);
+  return module;
+}
+}  // namespace
+
+DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, const DataParallelOptions& opts)
+    : module_(checked(module, devices, opts)),
+      devices_(devices),
+      output_device_(opts.output_device.value_or(devices.at(0))),
+      opts_(opts),
+      layout_(module, opts.bucket_bytes) {
   const int n = static_cast<int>(devices.size());
-
-  // Buckets: contiguous arena ranges of whole parameters, about bucket_bytes each.
-  auto params = module.named_parameters();
-  std::vector<std::pair<int64_t, int64_t>> spans;  // offset, numel
-  for (auto& [name, p] : params) spans.emplace_back(p->offset, p->shape.numel());
-  std::sort(spans.begin(), spans.end());
-  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(opts.bucket_bytes / dtype_size(module.grad_dtype())));
-  const int64_t arena = module.arenas().params.numel();
-  for (size_t i = 0; i < spans.size(); ++i) {
-    if (buckets_.empty() || buckets_.back().count >= target) buckets_.push_back({spans[i].first, 0, 0});
-    Bucket& b = buckets_.back();
-    const int64_t end = i + 1 < spans.size() ? spans[i + 1].first : arena;
-    b.count = end - b.begin;
-    b.params++;
-    param_offsets_.push_back(spans[i].first);
-    param_bucket_.push_back(static_cast<int>(buckets_.size()) - 1);
-  }
-  ready_.assign(n, std::vector<int>(buckets_.size(), 0));
-  next_bucket_.assign(n, static_cast<int>(buckets_.size()) - 1);
-
+  reducer_ = std::make_unique<Reducer>(layout_, n, [this](int rank, int b) { reduce_bucket(rank, b); });
+  bucket_arrivals_ = std::make_unique<std::atomic<int>[]>(layout_.size());
   if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(n, opts.math));
 
   for (int i = 0; i < n; ++i) {
@@ -117,13 +125,15 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   output_ctx_->math = opts.math;
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
-  comm_ = make_comm(opts.comm, devices, static_cast<int>(buckets_.size()) + 1);
+  comm_ = make_comm(opts.comm, devices, layout_.size() + 1);
   if (opts.sync_bn) {
     stat_sync_ = std::make_unique<StatSync>(*this);
     for (int i = 0; i < n; ++i) replica(i).set_batch_stat_sync(stat_sync_.get());
   }
   for (int i = 0; i < n; ++i)
-    contexts_[i]->on_grad_ready = [this, i](size_t b, size_t c) { on_grad_ready(i, b, c); };
+    contexts_[i]->on_grad_ready = [this, i](size_t b, size_t c) {
+      if (training_forward_) reducer_->grad_ready(i, b, c);
+    };
   in_chunks_.resize(n);
   out_chunks_.resize(n);
   dy_chunks_.resize(n);
@@ -132,35 +142,17 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
 
 DataParallel::~DataParallel() {
   pool_.reset();
-  if (stat_sync_) module_.set_batch_stat_sync(nullptr);
-  contexts_[0]->on_grad_ready = nullptr;
+  // The module may meanwhile serve another engine: detach only our own hook.
+  if (stat_sync_ && module_.batch_stat_sync() == stat_sync_.get()) module_.set_batch_stat_sync(nullptr);
 }
 
-void DataParallel::on_grad_ready(int rank, size_t begin, size_t count) {
-  if (!training_forward_) return;
-  auto lo = std::lower_bound(param_offsets_.begin(), param_offsets_.end(), static_cast<int64_t>(begin));
-  for (auto it = lo; it != param_offsets_.end() && *it < static_cast<int64_t>(begin + count); ++it)
-    ++ready_[rank][param_bucket_[it - param_offsets_.begin()]];
-  issue_ready_buckets(rank);
-}
-
-void DataParallel::issue_ready_buckets(int rank) {
-  // Buckets are reduced from the last to the first, each once it is complete:
-  // the same order on every rank, whatever order backward finishes them in,
-  // as collective libraries (NCCL) require.
-  int& next = next_bucket_[rank];
-  while (next >= 0 && ready_[rank][next] == buckets_[next].params) {
-    Tensor g = replica(rank).arenas().grads.flat(buckets_[next].begin, Shape{buckets_[next].count});
-    comm_->reduce_add(next, rank, g, *contexts_[rank]);
-    --next;
-  }
-}
-
-void DataParallel::flush_buckets(int rank) {
-  // Buckets holding parameters that got no gradient this pass (unused
-  // parameters) are reduced now, in the same order.
-  for (size_t b = 0; b < buckets_.size(); ++b) ready_[rank][b] = buckets_[b].params;
-  issue_ready_buckets(rank);
+void DataParallel::reduce_bucket(int rank, int b) {
+  const GradBucket& bk = layout_.buckets()[b];
+  Tensor g = replica(rank).arenas().grads.flat(bk.begin, Shape{bk.count});
+  comm_->reduce_add(b, rank, g, *contexts_[rank]);
+  // The replica whose arrival completes the count has seen every reduce_add
+  // of this bucket return, so the primary's sum is final (host comms).
+  if (cross_ && bucket_arrivals_[b].fetch_add(1) + 1 == active_) cross_->bucket_reduced(b);
 }
 
 Tensor DataParallel::forward(const Tensor& x) {
@@ -180,9 +172,10 @@ Tensor DataParallel::forward(const Tensor& x) {
   for (int i = 1; i < active_; ++i) starts_[i] = starts_[i - 1] + sizes_[i - 1];
   training_forward_ = module_.is_training();
   comm_->begin(active_);
-  if (stat_sync_) stat_sync_->begin_pass();
-  for (auto& r : ready_) std::fill(r.begin(), r.end(), 0);
-  std::fill(next_bucket_.begin(), next_bucket_.end(), static_cast<int>(buckets_.size()) - 1);
+  // Reinstalled every pass: another engine built on this module may have replaced it.
+  if (stat_sync_) module_.set_batch_stat_sync(stat_sync_.get());
+  reducer_->begin();
+  for (int b = 0; b < layout_.size(); ++b) bucket_arrivals_[b] = 0;
 
   // One sample's input shape (dim 0 set to 1) keys the known output shape.
   Shape sample_in = x.shape();
@@ -250,7 +243,6 @@ void DataParallel::backward(const Tensor& dy) {
   FANOUT_CHECK(training_forward_) << "DataParallel backward after an eval-mode forward";
   FANOUT_USER_CHECK(dy.shape() == gathered_.shape())
       << "output gradient " << dy.shape().str() << " does not match the output " << gathered_.shape().str();
-  if (stat_sync_) stat_sync_->begin_pass();
   pool_->run(
       [&](int i) {
         Context& ctx = *contexts_[i];
@@ -263,7 +255,16 @@ void DataParallel::backward(const Tensor& dy) {
             dy_chunks_[i].copy_from(chunk, &ctx.compute());
           }
           replica(i).backward(dy_chunks_[i], ctx);
-          flush_buckets(i);
+          if (opts_.require_all_grads) {
+            const auto missing = reducer_->unready(i);
+            if (!missing.empty()) {
+              std::string names;
+              for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+              FANOUT_FAIL() << "parameters that produced no gradient in this step: " << names
+                            << " (every parameter must take part in the loss under DDP)";
+            }
+          }
+          reducer_->flush(i);
           comm_->finish(i, ctx);
         } catch (...) {
           comm_->abort();
@@ -276,7 +277,7 @@ void DataParallel::backward(const Tensor& dy) {
 namespace {
 // The engine owns training: the model moves to the primary and needs no dx.
 Module& on_primary(Module& m, Device primary) {
-  m.to(primary);
+  m.to(primary);  // synchronous: nothing else may be ordered before it
   m.set_input_grad(false);
   return m;
 }
@@ -285,13 +286,11 @@ Module& on_primary(Module& m, Device primary) {
 DataParallelEngine::DataParallelEngine(Module& model, const std::vector<Device>& devices,
                                        const kernels::SgdHyper& sgd, const LossOptions& loss,
                                        const DataParallelOptions& opts)
-    : dp_(on_primary(model, devices.at(0)), devices, opts), loss_(loss) {
+    : dp_(on_primary(model, devices.at(0)), devices, opts), head_(loss) {
   sgd_ = std::make_unique<optim::SGD>(model, sgd);
-  loss_h_ = Tensor::empty(Shape{1});
-  correct_h_ = Tensor::empty(Shape{1}, DType::I32);
 }
 
-StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool train) {
+StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale) {
   dp_.module().train(train);
   Tensor logits = dp_.forward(x);
   Context& octx = dp_.output_context();
@@ -302,34 +301,26 @@ StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool 
     yd_.copy_from(y, &octx.compute());
     yin = &yd_;
   }
-  ensure(probs_, logits.shape(), d);
-  ensure(loss_t_, Shape{1}, d);
-  ensure(correct_t_, Shape{1}, DType::I32, d);
-  kernels::softmax_xent_forward(octx, logits, *yin, loss_.label_smoothing, probs_, loss_t_);
-  kernels::count_correct(octx, logits, *yin, correct_t_);
+  head_.forward(octx, logits, *yin, train, grad_scale);
   if (train) {
-    ensure(dlogits_, logits.shape(), d);
-    kernels::softmax_xent_backward(octx, probs_, *yin, loss_.label_smoothing, 1.0f / static_cast<float>(x.size(0)),
-                                   dlogits_);
     octx.compute().synchronize();
-    dp_.backward(dlogits_);
+    dp_.backward(head_.dlogits());
   }
-  loss_h_.copy_from(loss_t_, &octx.compute());
-  correct_h_.copy_from(correct_t_, &octx.compute());
-  octx.compute().synchronize();
-  return {static_cast<double>(loss_h_.f32()[0]) * x.size(0), correct_h_.data<int32_t>()[0], x.size(0)};
+  return head_.read(octx);
 }
 
-StepResult DataParallelEngine::train_step(const Tensor& x, const Tensor& y, float lr) {
-  StepResult r = loss_step(x, y, true);
+StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool) {
+  return loss_step(x, y, true, grad_scale);
+}
+
+void DataParallelEngine::step(float lr) {
   Context& pctx = dp_.primary_context();
   sgd_->set_lr(lr);
   sgd_->step(pctx);
   sgd_->zero_grad(pctx);
   pctx.compute().synchronize();
-  return r;
 }
 
-StepResult DataParallelEngine::eval_step(const Tensor& x, const Tensor& y) { return loss_step(x, y, false); }
+StepResult DataParallelEngine::eval_step(const Tensor& x, const Tensor& y) { return loss_step(x, y, false, 0.0f); }
 
 }  // namespace fanout

@@ -13,6 +13,7 @@
 //   dp.backward(dout);                   // primary's grads now hold the sum
 //   sgd.step(dp.primary_context());
 #pragma once
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "runtime/nn/module.h"
 #include "runtime/parallel/comm.h"
 #include "runtime/parallel/engine.h"
+#include "runtime/parallel/reducer.h"
 #include "runtime/parallel/worker_pool.h"
 
 namespace fanout {
@@ -33,7 +35,23 @@ struct DataParallelOptions {
   std::string comm = "auto";            // auto, cpu, p2p, nccl
   size_t bucket_bytes = 4u << 20;       // gradient bucket size
   uint64_t seed = 0;                    // per-replica context RNG seeds derive from it
+  bool require_all_grads = false;       // a backward in which a parameter got no gradient is an error (DDP)
   MathOptions math;
+};
+
+// What a process group adds on top of DataParallel (DDP, hybrid): told when
+// each gradient bucket's sum over the local replicas is final on the
+// primary, and asked to sum SyncBatchNorm statistics across processes.
+class CrossProcessHooks {
+ public:
+  virtual ~CrossProcessHooks() = default;
+  // Called once per bucket and backward pass, from whichever replica's
+  // thread completed it; buckets complete last to first.
+  virtual void bucket_reduced(int bucket) = 0;
+  // Called on the primary's thread with the local sum of every replica's
+  // statistics (2C + 1 floats on the primary: sums, sums of squares, count),
+  // to be replaced by the sum over processes.
+  virtual void sum_batch_stats(Tensor& packed, Context& ctx) = 0;
 };
 
 // torch.chunk's split of `batch` rows into at most `parts` chunks: ceil-sized,
@@ -60,17 +78,14 @@ class DataParallel {
   Module& replica(int i) { return i == 0 ? module_ : *replicas_[i]; }
   int replicas_used() const { return active_; }
   const Comm& comm() const { return *comm_; }
-  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  int num_buckets() const { return layout_.size(); }
+  const BucketLayout& buckets() const { return layout_; }
+  // Installs (or, with null, removes) the process-group hooks. Not owned.
+  void set_cross_process(CrossProcessHooks* hooks) { cross_ = hooks; }
 
  private:
-  struct Bucket {
-    int64_t begin = 0, count = 0;  // arena elements
-    int params = 0;                // parameters inside
-  };
   class StatSync;
-  void on_grad_ready(int rank, size_t begin, size_t count);
-  void issue_ready_buckets(int rank);
-  void flush_buckets(int rank);
+  void reduce_bucket(int rank, int bucket);
 
   Module& module_;
   std::vector<Device> devices_;
@@ -82,11 +97,10 @@ class DataParallel {
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<StatSync> stat_sync_;
   std::unique_ptr<WorkerPool> pool_;
-  std::vector<Bucket> buckets_;
-  std::vector<int64_t> param_offsets_;  // sorted
-  std::vector<int> param_bucket_;       // bucket of each parameter
-  std::vector<std::vector<int>> ready_; // [rank][bucket] parameters reported this backward
-  std::vector<int> next_bucket_;        // [rank] next bucket to reduce (counts down)
+  BucketLayout layout_;
+  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<std::atomic<int>[]> bucket_arrivals_;  // [bucket] replicas past reduce_add this pass
+  CrossProcessHooks* cross_ = nullptr;
   std::vector<int64_t> sizes_, starts_;
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
   Tensor gathered_;
@@ -106,7 +120,8 @@ class DataParallelEngine : public Engine {
  public:
   DataParallelEngine(Module& model, const std::vector<Device>& devices, const kernels::SgdHyper& sgd,
                      const LossOptions& loss, const DataParallelOptions& opts);
-  StepResult train_step(const Tensor& x, const Tensor& y, float lr) override;
+  StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
+  void step(float lr) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override;
   Module& model() override { return dp_.module(); }
   optim::SGD& optimizer() override { return *sgd_; }
@@ -114,11 +129,11 @@ class DataParallelEngine : public Engine {
   DataParallel& data_parallel() { return dp_; }
 
  private:
-  StepResult loss_step(const Tensor& x, const Tensor& y, bool train);
+  StepResult loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale);
   DataParallel dp_;
   std::unique_ptr<optim::SGD> sgd_;
-  LossOptions loss_;
-  Tensor yd_, probs_, loss_t_, correct_t_, dlogits_, loss_h_, correct_h_;
+  XentHead head_;
+  Tensor yd_;
 };
 
 }  // namespace fanout

@@ -1,9 +1,12 @@
 // Engine: runs one training or evaluation step of a model over a batch that
 // lives in host memory. The single-device engine runs it directly; the
-// DataParallel engine scatters it over replicas. The training loop only sees
-// this interface.
+// DataParallel engine scatters it over replicas; the DDP engine does either
+// in each process and all-reduces gradients across processes. The training
+// loop only sees this interface.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "runtime/core/tensor.h"
 #include "runtime/nn/module.h"
@@ -12,9 +15,10 @@
 namespace fanout {
 
 struct StepResult {
-  double loss_sum = 0;  // sum over the batch of the per-sample loss
+  double loss_sum = 0;  // exact sum over the batch of the per-row loss (ExactSum), rounded to double
   int64_t correct = 0;  // rows whose argmax equals the label
   int64_t count = 0;    // rows in the batch
+  Tensor row_loss;      // (count) float32 on the host: each row's loss; valid until the next step
 };
 
 struct LossOptions {
@@ -27,22 +31,61 @@ struct LossOptions {
 // the same parameters however the batch is split. No-op when off.
 void apply_split_invariant(Module& model, Device device, const MathOptions& math);
 
-// OpenBLAS threads for `replicas` CPU replicas running at once: every core
-// for one replica, one each for several (and always one when split-invariant).
-int cpu_blas_threads(int replicas, const MathOptions& math);
+// OpenBLAS threads for `replicas` CPU replicas running at once in each of
+// `processes` processes on this machine: the cores shared out, at least one
+// (always one when split-invariant).
+int cpu_blas_threads(int replicas, const MathOptions& math, int processes = 1);
 
 class Engine {
  public:
   virtual ~Engine() = default;
-  // Forward, loss (mean over the batch), backward and one optimizer step at `lr`.
+  // Forward, loss and backward of one batch (or micro-batch): gradients
+  // accumulate (+=), each row's loss gradient scaled by `grad_scale`
+  // (1 / the rows of the whole optimizer step, over every process).
+  // sync = false skips the reduction across processes (DDP's no_sync) so
+  // that micro-batches accumulate locally; single-process engines ignore it.
   // x (B, C, H, W) float32, y (B) int32, both on the CPU.
-  virtual StepResult train_step(const Tensor& x, const Tensor& y, float lr) = 0;
+  virtual StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) = 0;
+  // One optimizer step at `lr`, then the gradients are zeroed.
+  virtual void step(float lr) = 0;
+  // forward_backward of a whole batch (scale 1 / rows over all processes) and step.
+  StepResult train_step(const Tensor& x, const Tensor& y, float lr) {
+    StepResult r = forward_backward(x, y, 1.0f / static_cast<float>(x.size(0) * world_size()), true);
+    step(lr);
+    return r;
+  }
   // Forward in eval mode; no gradients.
   virtual StepResult eval_step(const Tensor& x, const Tensor& y) = 0;
   // The model whose parameters are the ones trained (on the primary device).
   virtual Module& model() = 0;
   virtual optim::SGD& optimizer() = 0;
   virtual Context& primary_context() = 0;
+
+  // Distributed runs: this process's rank and the number of processes.
+  virtual int rank() const { return 0; }
+  virtual int world_size() const { return 1; }
+  // Sums `v` over the processes, in place (epoch statistics).
+  virtual void all_reduce_stats(std::vector<int64_t>& v) {}
+  virtual void barrier(const std::string& what) {}
+  // Before an evaluation: every process takes rank 0's buffers (BatchNorm
+  // running statistics) when the engine broadcasts buffers.
+  virtual void prepare_eval() {}
+};
+
+// Softmax cross-entropy on the device that holds the logits: mean loss, each
+// row's loss, the correct count and, in training, dlogits. The engines share it.
+class XentHead {
+ public:
+  explicit XentHead(const LossOptions& o) : opts_(o) {}
+  // logits (B, K) and labels (B, int32) on ctx's device.
+  void forward(Context& ctx, const Tensor& logits, const Tensor& labels, bool train, float grad_scale);
+  const Tensor& dlogits() const { return dlogits_; }
+  // Copies the row losses and the count to the host (waits for ctx's compute stream).
+  StepResult read(Context& ctx);
+
+ private:
+  LossOptions opts_;
+  Tensor probs_, loss_t_, correct_t_, dlogits_, row_loss_t_, row_loss_h_, correct_h_;
 };
 
 }  // namespace fanout

@@ -9,32 +9,76 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/exact_sum.h"
 #include "runtime/io/safetensors.h"
 
 namespace fanout::train {
 
-Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data)
+TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, const data::TrainTest& data) {
+  TrainerSamplers s;
+  const int world = engine.world_size(), rank = engine.rank();
+  if (world == 1) {
+    s.train = std::make_unique<data::RandomSampler>(data.train.size(), cfg.seed);
+    s.test = std::make_unique<data::SequentialSampler>(data.test.size());
+  } else {
+    s.train = std::make_unique<data::DistributedSampler>(data.train.size(), world, rank, /*shuffle=*/true, cfg.seed,
+                                                         cfg.drop_last);
+    s.test = std::make_unique<data::ShardSampler>(data.test.size(), world, rank);
+  }
+  return s;
+}
+
+Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data, TrainerSamplers samplers)
     : cfg_(cfg), engine_(engine), data_(data), progress_(cfg.progress) {
   FANOUT_USER_CHECK(cfg.batch_size > 0) << "batch size must be positive, got " << cfg.batch_size;
   FANOUT_USER_CHECK(cfg.epochs > 0) << "epochs must be positive, got " << cfg.epochs;
+  FANOUT_USER_CHECK(cfg.accumulate >= 1) << "--accumulate must be at least 1, got " << cfg.accumulate;
   FANOUT_USER_CHECK(data.train.size() > 0) << "the training set is empty";
+  const int world = engine.world_size();
+  FANOUT_USER_CHECK(cfg.batch_size % world == 0)
+      << "the batch size " << cfg.batch_size << " cannot be split evenly over " << world << " processes";
+  if (!samplers.train || !samplers.test) {
+    TrainerSamplers d = default_samplers(cfg, engine, data);
+    if (!samplers.train) samplers.train = std::move(d.train);
+    if (!samplers.test) samplers.test = std::move(d.test);
+  }
   data::LoaderOptions lo;
-  lo.batch_size = cfg.batch_size;
+  lo.batch_size = cfg.batch_size / world;
   lo.workers = cfg.workers;
   lo.prefetch = cfg.prefetch;
   lo.drop_last = cfg.drop_last;
   lo.pin_memory = cfg.pin_memory;
   lo.augment = cfg.augment;
   lo.seed = cfg.seed;
-  train_loader_ = std::make_unique<data::DataLoader>(
-      data.train, std::make_unique<data::RandomSampler>(data.train.size(), cfg.seed), lo);
+  train_loader_ = std::make_unique<data::DataLoader>(data.train, std::move(samplers.train), lo);
   data::LoaderOptions eo = lo;
   eo.batch_size = cfg.eval_batch_size;
   eo.drop_last = false;
   eo.augment = {};
-  test_loader_ = std::make_unique<data::DataLoader>(
-      data.test, std::make_unique<data::SequentialSampler>(data.test.size()), eo);
+  test_loader_ = std::make_unique<data::DataLoader>(data.test, std::move(samplers.test), eo);
 }
+
+namespace {
+// Loss (exact), correct and count of this process, summed over every process.
+struct Totals {
+  ExactSum loss;
+  int64_t correct = 0, count = 0;
+  void add(const StepResult& r) {
+    loss.add(r.row_loss.f32(), r.row_loss.numel());
+    correct += r.correct;
+    count += r.count;
+  }
+  void all_reduce(Engine& engine) {
+    std::vector<int64_t> v(loss.slots().begin(), loss.slots().end());
+    v.push_back(correct);
+    v.push_back(count);
+    engine.all_reduce_stats(v);
+    std::copy(v.begin(), v.begin() + ExactSum::kSlots, loss.slots().begin());
+    correct = v[ExactSum::kSlots];
+    count = v[ExactSum::kSlots + 1];
+  }
+};
+}  // namespace
 
 nlohmann::json metrics_json(const EpochMetrics& m) {
   return {{"epoch", m.epoch},
@@ -73,47 +117,56 @@ EpochMetrics Trainer::train_epoch(int epoch) {
   it.start_epoch(epoch);
   const int64_t nb = it.num_batches();
   const int64_t total = it.num_samples();
+  const int64_t batch = it.options().batch_size;
+  const int k = cfg_.accumulate;
+  const int64_t opt_steps = (nb + k - 1) / k;  // the schedule counts optimizer steps
+  const int world = engine_.world_size();
+  auto rows_of = [&](int64_t b) { return std::min(batch, total - b * batch); };
   Tensor x, y;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), nb, total);
   const auto t0 = std::chrono::steady_clock::now();
-  double loss_sum = 0;
-  int64_t correct = 0, count = 0, step = 0;
+  Totals t;
+  double running_loss = 0;
+  int64_t b = 0, group_rows = 0;
   while (it.next(x, y)) {
-    const float lr = cfg_.schedule.at(epoch, static_cast<int>(step), static_cast<int>(nb));
+    const int64_t group = b / k;
+    if (b % k == 0) {
+      group_rows = 0;
+      for (int64_t i = b; i < std::min(nb, b + k); ++i) group_rows += rows_of(i);
+    }
+    const bool last_in_group = b % k == k - 1 || b == nb - 1;
+    const float lr = cfg_.schedule.at(epoch, static_cast<int>(group), static_cast<int>(opt_steps));
     m.lr = lr;
-    StepResult r = engine_.train_step(x, y, lr);
+    StepResult r = engine_.forward_backward(x, y, 1.0f / static_cast<float>(group_rows * world), last_in_group);
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
-        << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << step + 1
+        << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1
         << " (try a smaller --lr)";
-    loss_sum += r.loss_sum;
-    correct += r.correct;
-    count += r.count;
-    ++step;
-    progress_.update(step, count, loss_sum / count, static_cast<double>(correct) / count);
+    if (last_in_group) engine_.step(lr);
+    t.add(r);
+    running_loss += r.loss_sum;
+    ++b;
+    progress_.update(b, t.count, running_loss / t.count, static_cast<double>(t.correct) / t.count);
   }
   progress_.end();
+  t.all_reduce(engine_);
   m.epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.train_loss = count ? loss_sum / count : 0;
-  m.train_acc = count ? static_cast<double>(correct) / count : 0;
-  m.images_per_second = m.epoch_seconds > 0 ? count / m.epoch_seconds : 0;
+  m.train_loss = t.count ? t.loss.value() / t.count : 0;
+  m.train_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
+  m.images_per_second = m.epoch_seconds > 0 ? t.count / m.epoch_seconds : 0;
   m.data_wait_fraction = m.epoch_seconds > 0 ? std::min(1.0, it.wait_seconds() / m.epoch_seconds) : 0;
   return m;
 }
 
 void Trainer::evaluate(EpochMetrics& m) {
+  engine_.prepare_eval();
   data::DataLoader& it = *test_loader_;
   it.start_epoch(0);
   Tensor x, y;
-  double loss_sum = 0;
-  int64_t correct = 0, count = 0;
-  while (it.next(x, y)) {
-    StepResult r = engine_.eval_step(x, y);
-    loss_sum += r.loss_sum;
-    correct += r.correct;
-    count += r.count;
-  }
-  m.test_loss = count ? loss_sum / count : 0;
-  m.test_acc = count ? static_cast<double>(correct) / count : 0;
+  Totals t;
+  while (it.next(x, y)) t.add(engine_.eval_step(x, y));
+  t.all_reduce(engine_);
+  m.test_loss = t.count ? t.loss.value() / t.count : 0;
+  m.test_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
 }
 
 void Trainer::write_metrics(const EpochMetrics& m) {
@@ -133,11 +186,11 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch) {
   for (int e = first_epoch; e < last_epoch; ++e) {
     m = train_epoch(e);
     evaluate(m);
-    std::fprintf(cfg_.summary_out,
+    if (cfg_.summary_out) std::fprintf(cfg_.summary_out,
                  "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g\n",
                  m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_seconds,
                  m.images_per_second, 100 * m.data_wait_fraction, m.lr);
-    std::fflush(cfg_.summary_out);
+    if (cfg_.summary_out) std::fflush(cfg_.summary_out);
     write_metrics(m);
     if (on_epoch_end) on_epoch_end(m);
   }

@@ -24,6 +24,7 @@ struct TrainerConfig {
   int64_t eval_batch_size = 1000;
   uint64_t seed = 0;
   bool drop_last = false;
+  int accumulate = 1;        // batches per optimizer step (gradient accumulation)
   int workers = 0;           // loader threads (0: batches built on the training thread)
   int prefetch = 2;          // batches in flight per worker
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
@@ -31,8 +32,19 @@ struct TrainerConfig {
   optim::LrSchedule schedule;
   std::string metrics_path;  // empty: none
   Progress::Mode progress = Progress::Mode::Auto;
-  FILE* summary_out = stdout;
+  FILE* summary_out = stdout;  // null: no summary lines (ranks other than 0)
 };
+
+// The training and evaluation samplers of one process.
+struct TrainerSamplers {
+  std::unique_ptr<data::Sampler> train, test;
+};
+
+// One process: a random training order (a function of seed and epoch) and
+// the test set in order. Several (engine.world_size() > 1): the training set
+// through DistributedSampler (a shard per rank, reshuffled per epoch) and the
+// test set split without padding, so per-rank sums add up to the whole set.
+TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, const data::TrainTest& data);
 
 struct EpochMetrics {
   int epoch = 0;  // 1-based
@@ -52,9 +64,13 @@ nlohmann::json metrics_json(const EpochMetrics& m);
 // missing file removes nothing.
 int drop_metrics_after(const std::string& path, int last_epoch);
 
+// With several processes (engine.world_size() > 1) cfg.batch_size is the
+// global batch, split evenly over the ranks; the epoch's statistics are
+// summed over every rank, and losses are exact sums (ExactSum) of the rows'
+// losses, so they do not depend on how the rows were split.
 class Trainer {
  public:
-  Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data);
+  Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data, TrainerSamplers samplers = {});
   // Trains epochs [first_epoch, last_epoch) (last_epoch < 0: cfg.epochs);
   // returns the last epoch's metrics.
   EpochMetrics run(int first_epoch = 0, int last_epoch = -1);

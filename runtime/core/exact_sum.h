@@ -1,0 +1,36 @@
+// ExactSum: the exact sum of float values in a fixed-point accumulator wide
+// enough for every finite float (a Kulisch accumulator), so the same values
+// give the same bits in any order, split or grouping: across batches,
+// devices and processes alike. Its state is integers, summed across
+// processes as integers. Used for loss sums in epoch statistics.
+#pragma once
+#include <array>
+#include <cstdint>
+
+namespace fanout {
+
+class ExactSum {
+ public:
+  // Fixed point with the least significant bit at 2^-149 (the smallest float),
+  // in 32-bit digits held in int64 limbs; the last three slots count NaNs,
+  // +infinities and -infinities.
+  static constexpr int kLimbs = 10;
+  static constexpr int kSlots = kLimbs + 3;
+
+  void add(float v);
+  void add(const float* v, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) add(v[i]);
+  }
+  void merge(const ExactSum& o);
+  // The sum rounded to double (NaN if any NaN or both infinities were added).
+  double value() const;
+  std::array<int64_t, kSlots>& slots() { return s_; }
+  const std::array<int64_t, kSlots>& slots() const { return s_; }
+
+ private:
+  void normalize();
+  std::array<int64_t, kSlots> s_{};
+  int64_t adds_ = 0;  // additions since the last normalization
+};
+
+}  // namespace fanout

@@ -1,0 +1,252 @@
+// Process group over Gloo (TCP transport), its rendezvous stores, and the
+// parsing and probing of rendezvous specs.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/redis_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <hiredis/hiredis.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/core/error.h"
+#include "runtime/dist/store.h"
+
+namespace fanout::dist {
+
+namespace fs = std::filesystem;
+
+std::string first_line(const std::string& s) {
+  std::string line = s.substr(0, s.find('\n'));
+  // Gloo prefixes messages with "[path/file.cc:LINE] "; the cause follows.
+  if (!line.empty() && line[0] == '[') {
+    const auto close = line.find("] ");
+    if (close != std::string::npos) line = line.substr(close + 2);
+  }
+  return line;
+}
+
+Rendezvous Rendezvous::parse(const std::string& spec) {
+  Rendezvous r;
+  if (spec.rfind("file:", 0) == 0) {
+    r.kind = Kind::File;
+    r.path = spec.substr(5);
+    FANOUT_USER_CHECK(!r.path.empty()) << "bad --rdzv '" << spec << "': file: needs a directory (file:DIR)";
+    return r;
+  }
+  if (spec.rfind("redis:", 0) == 0) {
+    r.kind = Kind::Redis;
+    const std::string rest = spec.substr(6);
+    const auto colon = rest.rfind(':');
+    FANOUT_USER_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < rest.size())
+        << "bad --rdzv '" << spec << "': expected redis:HOST:PORT";
+    r.host = rest.substr(0, colon);
+    const std::string port = rest.substr(colon + 1);
+    FANOUT_USER_CHECK(port.find_first_not_of("0123456789") == std::string::npos && port.size() <= 5 &&
+                      std::stoi(port) >= 1 && std::stoi(port) <= 65535)
+        << "bad --rdzv '" << spec << "': port '" << port << "' is not in 1..65535";
+    r.port = std::stoi(port);
+    return r;
+  }
+  FANOUT_FAIL() << "bad --rdzv '" << spec << "' (expected file:DIR or redis:HOST:PORT)";
+}
+
+std::string Rendezvous::str() const {
+  return kind == Kind::File ? "file:" + path : "redis:" + host + ":" + std::to_string(port);
+}
+
+void probe_rendezvous(const Rendezvous& r, double timeout_s) {
+  if (r.kind == Rendezvous::Kind::File) {
+    std::error_code ec;
+    fs::create_directories(r.path, ec);
+    FANOUT_USER_CHECK(!ec && fs::is_directory(r.path))
+        << "rendezvous directory " << r.path << " cannot be created: " << ec.message();
+    const std::string probe = r.path + "/.probe." + std::to_string(::getpid());
+    std::ofstream(probe) << "x";
+    const bool ok = fs::exists(probe);
+    fs::remove(probe, ec);
+    FANOUT_USER_CHECK(ok) << "rendezvous directory " << r.path << " is not writable";
+    return;
+  }
+  const double t = std::min(timeout_s, 10.0);
+  timeval tv{static_cast<time_t>(t), static_cast<suseconds_t>((t - static_cast<time_t>(t)) * 1e6)};
+  redisContext* c = redisConnectWithTimeout(r.host.c_str(), r.port, tv);
+  std::string err;
+  if (c == nullptr) {
+    err = "out of memory";
+  } else if (c->err) {
+    err = c->errstr;
+  } else {
+    redisSetTimeout(c, tv);
+    auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));
+    if (reply == nullptr) err = c->err ? c->errstr : "no reply to PING";
+    else if (reply->type == REDIS_REPLY_ERROR) err = reply->str;
+    if (reply) freeReplyObject(reply);
+  }
+  if (c) redisFree(c);
+  FANOUT_USER_CHECK(err.empty()) << "cannot reach the Redis rendezvous at " << r.host << ":" << r.port << ": "
+                                 << err;
+}
+
+std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id) {
+  std::shared_ptr<gloo::rendezvous::Store> base;
+  try {
+    if (r.kind == Rendezvous::Kind::File)
+      base = std::make_shared<gloo::rendezvous::FileStore>(r.path);
+    else
+      base = std::make_shared<gloo::rendezvous::RedisStore>(r.host, r.port);
+  } catch (const std::exception& e) {
+    FANOUT_FAIL() << "cannot open the rendezvous " << r.str() << ": " << first_line(e.what());
+  }
+  // PrefixStore keeps a reference; the shared_ptr below keeps `base` alive with it.
+  struct Owned : gloo::rendezvous::PrefixStore {
+    Owned(const std::string& p, std::shared_ptr<gloo::rendezvous::Store> b)
+        : gloo::rendezvous::PrefixStore(p, *b), base(std::move(b)) {}
+    std::shared_ptr<gloo::rendezvous::Store> base;
+  };
+  return std::make_shared<Owned>("fanout/" + run_id, base);
+}
+
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+class GlooGroup : public ProcessGroup {
+ public:
+  GlooGroup(const GroupOptions& o) : ProcessGroup(o.rank, o.world_size, o.timeout_s) {
+    FANOUT_USER_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size)
+        << "rank " << o.rank << " is outside a world of " << o.world_size;
+    FANOUT_USER_CHECK(o.timeout_s > 0) << "--timeout must be positive, got " << o.timeout_s;
+    const Rendezvous r = Rendezvous::parse(o.rendezvous);
+    timeout_ = Ms(static_cast<int64_t>(o.timeout_s * 1000));
+    gloo::transport::tcp::attr attr;
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      attr.iface = ifname;
+    } else if (r.kind == Rendezvous::Kind::File) {
+      attr.hostname = "127.0.0.1";
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      attr.hostname = host;
+    }
+    const std::string where = "rendezvous over " + r.str() + " (rank " + std::to_string(rank_) + " of " +
+                              std::to_string(size_) + ")";
+    try {
+      auto store = open_store(r, o.run_id);
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      ctx->setTimeout(timeout_);
+      ctx->connectFullMesh(*store, device_);
+      ctx_ = ctx;
+    } catch (const fanout::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      FANOUT_FAIL() << where << " failed after at most " << o.timeout_s << " s: " << first_line(e.what());
+    }
+  }
+
+  std::string backend() const override { return "gloo"; }
+
+  void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag) override {
+    check_host(buf, what);
+    run(what, [&] {
+      gloo::BroadcastOptions opts(ctx_);
+      opts.setOutput(static_cast<uint8_t*>(buf.raw()), buf.nbytes());
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void all_reduce(Tensor& buf, const std::string& what, uint32_t tag) override {
+    check_host(buf, what);
+    if (buf.numel() == 0) return;
+    run(what, [&] {
+      gloo::AllreduceOptions opts(ctx_);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      switch (buf.dtype()) {
+        case DType::F32:
+          opts.setOutput(buf.data<float>(), buf.numel());
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+          break;
+        case DType::F64:
+          opts.setOutput(buf.data<double>(), buf.numel());
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
+          break;
+        case DType::I64:
+          opts.setOutput(buf.data<int64_t>(), buf.numel());
+          opts.setReduceFunction(
+              static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<int64_t>));
+          break;
+        default:
+          FANOUT_FAIL() << what << ": all-reduce of " << dtype_name(buf.dtype()) << " is not supported";
+      }
+      gloo::allreduce(opts);
+    });
+  }
+
+  void all_gather(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag) override {
+    check_host(in, what);
+    check_host(out, what);
+    FANOUT_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_)
+        << what << ": all-gather of " << in.shape().str() << " into " << out.shape().str();
+    if (size_ == 1) {
+      out.copy_from(in.view(out.shape()));
+      return;
+    }
+    run(what, [&] {
+      gloo::AllgatherOptions opts(ctx_);
+      opts.setInput(static_cast<uint8_t*>(in.raw()), in.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(out.raw()), out.nbytes());
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    });
+  }
+
+  void barrier(const std::string& what, uint32_t tag) override {
+    run(what, [&] {
+      gloo::BarrierOptions opts(ctx_);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  void check_host(const Tensor& t, const std::string& what) const {
+    FANOUT_CHECK(t.defined() && t.device().is_cpu()) << what << ": the Gloo group takes host tensors";
+  }
+  template <class F>
+  void run(const std::string& what, F&& f) {
+    FANOUT_CHECK(ctx_) << what << ": the process group failed earlier";
+    if (size_ == 1) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      ctx_.reset();
+      FANOUT_FAIL() << what << " failed on rank " << rank_ << " of " << size_ << " (timeout " << timeout_s_
+                    << " s): " << first_line(e.what());
+    }
+  }
+
+  Ms timeout_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_gloo_group(const GroupOptions& opts) { return std::make_unique<GlooGroup>(opts); }
+
+}  // namespace fanout::dist

@@ -1,0 +1,352 @@
+// Worker launcher: fork/exec per local rank, pipes for their output, a poll
+// loop that routes output and reaps workers, and a stop sequence on failure.
+#include "runtime/dist/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "runtime/core/error.h"
+#include "runtime/dist/process_group.h"
+
+extern char** environ;
+
+namespace fanout::dist {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int parse_env_int(const char* name, int lo) {
+  const char* v = std::getenv(name);
+  FANOUT_USER_CHECK(v && *v) << name << " is not set";
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  FANOUT_USER_CHECK(end && *end == '\0' && x >= lo && x <= 1 << 20)
+      << "bad " << name << "='" << v << "' (expected an integer >= " << lo << ")";
+  return static_cast<int>(x);
+}
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int s) { g_signal = s; }
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  int out = -1, err = -1;  // read ends
+  std::string err_line;    // partial stderr line
+  std::string last_error;  // last complete non-empty stderr line
+  std::ofstream log;
+  bool done = false;
+  int status = 0;
+};
+
+std::string describe(const Worker& w) {
+  std::string s = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ")";
+  if (WIFSIGNALED(w.status)) {
+    const int sig = WTERMSIG(w.status);
+    s += " was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  } else {
+    s += " exited with status " + std::to_string(WEXITSTATUS(w.status));
+  }
+  if (!w.last_error.empty()) s += ": " + w.last_error;
+  return s;
+}
+
+// The text after the last carriage return (a progress bar redraws with \r).
+std::string last_line(const std::string& s) {
+  const auto cr = s.rfind('\r');
+  return cr == std::string::npos ? s : s.substr(cr + 1);
+}
+
+bool failed(const Worker& w) { return WIFSIGNALED(w.status) || WEXITSTATUS(w.status) != 0; }
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+}  // namespace
+
+WorkerEnv worker_env() {
+  WorkerEnv e;
+  auto has = [](const char* n) { return std::getenv(n) != nullptr; };
+  if (has("RANK") || has("WORLD_SIZE")) {
+    e.source = has("FANOUT_LAUNCHED") ? "fanout" : "torchrun";
+    e.rank = parse_env_int("RANK", 0);
+    e.world_size = parse_env_int("WORLD_SIZE", 1);
+    e.local_rank = has("LOCAL_RANK") ? parse_env_int("LOCAL_RANK", 0) : 0;
+    e.local_world_size = has("LOCAL_WORLD_SIZE") ? parse_env_int("LOCAL_WORLD_SIZE", 1) : 1;
+  } else if (has("OMPI_COMM_WORLD_RANK")) {
+    e.source = "mpirun";
+    e.rank = parse_env_int("OMPI_COMM_WORLD_RANK", 0);
+    e.world_size = parse_env_int("OMPI_COMM_WORLD_SIZE", 1);
+    e.local_rank = has("OMPI_COMM_WORLD_LOCAL_RANK") ? parse_env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0) : 0;
+    e.local_world_size = has("OMPI_COMM_WORLD_LOCAL_SIZE") ? parse_env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1) : 1;
+  } else if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
+    e.source = "slurm";
+    e.rank = parse_env_int("SLURM_PROCID", 0);
+    e.world_size = parse_env_int("SLURM_NTASKS", 1);
+    e.local_rank = has("SLURM_LOCALID") ? parse_env_int("SLURM_LOCALID", 0) : 0;
+    e.local_world_size = has("SLURM_NTASKS_PER_NODE") ? parse_env_int("SLURM_NTASKS_PER_NODE", 1) : 1;
+  } else {
+    return e;
+  }
+  e.present = true;
+  FANOUT_USER_CHECK(e.rank < e.world_size)
+      << e.source << " rank " << e.rank << " is outside its world size " << e.world_size;
+  FANOUT_USER_CHECK(e.local_rank < e.local_world_size)
+      << e.source << " local rank " << e.local_rank << " is outside its local world size " << e.local_world_size;
+  if (const char* r = std::getenv("FANOUT_RDZV")) e.rendezvous = r;
+  if (const char* r = std::getenv("FANOUT_RUN_ID")) e.run_id = r;
+  return e;
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+int launch(const LaunchOptions& o) {
+  FANOUT_USER_CHECK(o.nproc_per_node >= 1) << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
+  FANOUT_USER_CHECK(o.nnodes >= 1) << "--nnodes must be at least 1, got " << o.nnodes;
+  FANOUT_USER_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes)
+      << "--node-rank " << o.node_rank << " is outside 0.." << o.nnodes - 1;
+  FANOUT_USER_CHECK(o.nnodes == 1 || !o.rendezvous.empty())
+      << "several machines (--nnodes " << o.nnodes << ") need a shared rendezvous: --rdzv redis:HOST:PORT";
+  FANOUT_USER_CHECK(o.nnodes == 1 || !o.run_id.empty())
+      << "several machines (--nnodes " << o.nnodes << ") need the same --run-id on every machine";
+  const int world = o.nnodes * o.nproc_per_node;
+  const std::string run_id = o.run_id.empty() ? random_run_id() : o.run_id;
+
+  // Rendezvous: a fresh directory unless given; checked before any worker starts.
+  std::string rdzv = o.rendezvous, temp_dir;
+  if (rdzv.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fanout-rdzv-XXXXXX";
+    FANOUT_USER_CHECK(::mkdtemp(tmpl.data()) != nullptr) << "cannot create a rendezvous directory in "
+                                                         << (tmp && *tmp ? tmp : "/tmp") << ": " << strerror(errno);
+    temp_dir = tmpl;
+    rdzv = "file:" + temp_dir;
+  }
+  struct RemoveDir {
+    std::string d;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!d.empty()) fs::remove_all(d, ec);
+    }
+  } remove_dir{temp_dir};
+  probe_rendezvous(Rendezvous::parse(rdzv), 10);
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(o.log_dir, ec);
+    FANOUT_USER_CHECK(!ec && fs::is_directory(o.log_dir)) << "cannot create --log-dir " << o.log_dir;
+  }
+
+  // Arguments and environment, made before fork (the child only calls exec).
+  std::vector<std::string> argv_s{o.program};
+  argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const char* ours[] = {"RANK=",         "LOCAL_RANK=",    "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",
+                        "GROUP_RANK=",   "FANOUT_RDZV=",   "FANOUT_RUN_ID=", "FANOUT_LAUNCHED=",
+                        "FANOUT_STDERR_TTY=", "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e) {
+    bool skip = false;
+    for (const char* p : ours) skip = skip || std::strncmp(*e, p, std::strlen(p)) == 0;
+    if (!skip) base_env.push_back(*e);
+  }
+  const bool tty = ::isatty(STDERR_FILENO);
+
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  g_signal = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  const pid_t parent = ::getpid();
+
+  std::vector<Worker> workers(o.nproc_per_node);
+  auto stop_all = [&](int sig) {
+    for (auto& w : workers)
+      if (w.pid > 0 && !w.done) ::kill(w.pid, sig);
+  };
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    Worker& w = workers[i];
+    w.rank = o.node_rank * o.nproc_per_node + i;
+    std::vector<std::string> env_s = base_env;
+    env_s.push_back("RANK=" + std::to_string(w.rank));
+    env_s.push_back("LOCAL_RANK=" + std::to_string(i));
+    env_s.push_back("WORLD_SIZE=" + std::to_string(world));
+    env_s.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node));
+    env_s.push_back("GROUP_RANK=" + std::to_string(o.node_rank));
+    env_s.push_back("FANOUT_RDZV=" + rdzv);
+    env_s.push_back("FANOUT_RUN_ID=" + run_id);
+    env_s.push_back("FANOUT_LAUNCHED=1");
+    if (tty) env_s.push_back("FANOUT_STDERR_TTY=1");
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int out[2], err[2];
+    FANOUT_USER_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0)
+        << "cannot create pipes for the workers: " << strerror(errno);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      struct sigaction dfl{};
+      dfl.sa_handler = SIG_DFL;
+      sigaction(SIGINT, &dfl, nullptr);
+      sigaction(SIGTERM, &dfl, nullptr);
+      ::execve(o.program.c_str(), argv.data(), envp.data());
+      const char msg[] = "cannot execute the worker program\n";
+      write_all(STDERR_FILENO, msg, sizeof msg - 1);
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    if (pid < 0) {
+      ::close(out[0]);
+      ::close(err[0]);
+      stop_all(SIGKILL);
+      for (auto& x : workers)
+        if (x.pid > 0) ::waitpid(x.pid, nullptr, 0);
+      FANOUT_FAIL() << "cannot start worker " << i << ": " << strerror(errno);
+    }
+    w.pid = pid;
+    w.out = out[0];
+    w.err = err[0];
+    if (!o.log_dir.empty()) w.log.open(o.log_dir + "/rank-" + std::to_string(w.rank) + ".log", std::ios::trunc);
+  }
+
+  // Route output and reap workers until every one has exited and its pipes are drained.
+  using Clock = std::chrono::steady_clock;
+  const Worker* first_failure = nullptr;
+  int interrupted = 0;
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, bool>> who;  // worker, is stderr
+    for (auto& w : workers) {
+      if (w.out >= 0) fds.push_back({w.out, POLLIN, 0}), who.emplace_back(&w, false);
+      if (w.err >= 0) fds.push_back({w.err, POLLIN, 0}), who.emplace_back(&w, true);
+    }
+    bool all_done = true;
+    for (auto& w : workers) all_done = all_done && w.done;
+    if (fds.empty() && all_done) break;
+    ::poll(fds.data(), fds.size(), 100);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Worker& w = *who[k].first;
+      const bool is_err = who[k].second;
+      const ssize_t n = ::read(fds[k].fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::close(fds[k].fd);
+        (is_err ? w.err : w.out) = -1;
+        if (is_err && !w.err_line.empty()) {
+          w.last_error = last_line(w.err_line);
+          if (w.rank != 0) {
+            const std::string line = "[rank " + std::to_string(w.rank) + "] " + w.err_line + "\n";
+            write_all(STDERR_FILENO, line.data(), line.size());
+          }
+          w.err_line.clear();
+        }
+        continue;
+      }
+      if (w.log.is_open()) w.log.write(buf.data(), n).flush();
+      if (!is_err) {
+        if (w.rank == 0) write_all(STDOUT_FILENO, buf.data(), static_cast<size_t>(n));
+        continue;
+      }
+      // Rank 0's stderr (progress bar included) passes through as it is;
+      // the others' is passed on line by line with a "[rank N] " prefix.
+      if (w.rank == 0) write_all(STDERR_FILENO, buf.data(), static_cast<size_t>(n));
+      w.err_line.append(buf.data(), static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = w.err_line.find('\n')) != std::string::npos) {
+        std::string line = w.err_line.substr(0, nl);
+        w.err_line.erase(0, nl + 1);
+        if (!last_line(line).empty()) w.last_error = last_line(line);
+        if (w.rank != 0) {
+          line = "[rank " + std::to_string(w.rank) + "] " + line + "\n";
+          write_all(STDERR_FILENO, line.data(), line.size());
+        }
+      }
+    }
+    // Reap; among workers that ended in the same round, one killed by a
+    // signal is the likelier cause (the others saw it go and failed after).
+    const Worker* round_failure = nullptr;
+    for (auto& w : workers) {
+      if (w.done) continue;
+      int st = 0;
+      if (::waitpid(w.pid, &st, WNOHANG) != w.pid) continue;
+      w.done = true;
+      w.status = st;
+      if (failed(w) && (!round_failure || (WIFSIGNALED(w.status) && !WIFSIGNALED(round_failure->status))))
+        round_failure = &w;
+    }
+    if (!stopping && g_signal) {
+      interrupted = g_signal;
+      stopping = true;
+      stop_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    if (round_failure && !first_failure && !stopping) {
+      first_failure = round_failure;
+      stopping = true;
+      stop_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    if (stopping && Clock::now() > kill_at) {
+      stop_all(SIGKILL);
+      // Pipes of killed workers close; anything their children hold open must not keep us here.
+      for (auto& w : workers)
+        if (w.done && w.err < 0 && w.out >= 0) ::close(w.out), w.out = -1;
+    }
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+
+  if (interrupted) {
+    std::fprintf(stderr, "%s: interrupted (%s): stopped %d worker%s\n", o.name.c_str(), strsignal(interrupted),
+                 o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s");
+    return 128 + interrupted;
+  }
+  if (first_failure) {
+    std::fprintf(stderr, "%s: %s; stopped the other workers\n", o.name.c_str(), describe(*first_failure).c_str());
+    return WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status)
+                                              : WEXITSTATUS(first_failure->status);
+  }
+  return 0;
+}
+
+}  // namespace fanout::dist

@@ -1,0 +1,49 @@
+// Launcher: starts the workers of a distributed run on this machine, one
+// process per rank, with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, GROUP_RANK) plus the rendezvous, and watches them:
+// rank 0's standard output and error pass through; the other ranks'
+// standard error is passed on with a "[rank N] " prefix; with a log directory each rank's
+// output is also kept in rank-N.log. If a worker dies or exits non-zero, the
+// others are stopped (SIGTERM, then SIGKILL after a grace period) and the
+// launch fails naming the rank and its last error line. Workers are killed
+// with the launcher (PR_SET_PDEATHSIG), so none is ever left behind.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace fanout::dist {
+
+// The worker identity a launcher gave this process, if any.
+struct WorkerEnv {
+  bool present = false;
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string source;      // "fanout", "torchrun", "mpirun" or "slurm"
+  std::string rendezvous;  // FANOUT_RDZV, when set
+  std::string run_id;      // FANOUT_RUN_ID, when set
+};
+// Reads RANK/WORLD_SIZE (ours and torchrun's), OMPI_COMM_WORLD_RANK/SIZE
+// (mpirun) or SLURM_PROCID/SLURM_NTASKS (Slurm). Malformed values are a
+// one-line error.
+WorkerEnv worker_env();
+
+struct LaunchOptions {
+  std::string program;            // the executable each worker runs
+  std::vector<std::string> args;  // its arguments (argv[1..])
+  int nproc_per_node = 1;
+  int nnodes = 1, node_rank = 0;
+  std::string rendezvous;         // file:DIR or redis:HOST:PORT; empty: a fresh directory, removed after
+  std::string run_id;             // empty: a fresh random one
+  std::string log_dir;            // empty: no per-rank logs
+  double grace_s = 5;             // SIGTERM to SIGKILL when stopping workers
+  std::string name = "dp-train";  // prefix of the launcher's own messages
+};
+
+// Runs the workers to completion. Returns 0 when all succeed, otherwise the
+// failing worker's exit status (128 + signal when it was killed); the cause
+// is printed on stderr. SIGINT or SIGTERM to the launcher stop the workers.
+int launch(const LaunchOptions& opts);
+
+// A fresh run id: 16 hex digits from the system's random source.
+std::string random_run_id();
+
+}  // namespace fanout::dist

@@ -1,0 +1,81 @@
+// Process group: the ranks of one distributed run (one process each) and the
+// collectives DDP needs, every one bounded by a timeout. Backends: Gloo for
+// host memory (TCP transport) and NCCL for CUDA memory. Ranks meet through a
+// rendezvous store: `file:DIR` (Gloo's FileStore, one machine or a shared
+// file system) or `redis:HOST:PORT` (Gloo's RedisStore, several machines).
+// Every key carries the run id, so what a dead run left in the store never
+// mixes into a new one.
+//
+// A collective that fails (a peer died, a timeout) throws fanout::Error
+// naming the operation, the rank and the cause; the group is unusable after.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/core/device.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::dist {
+
+struct Rendezvous {
+  enum class Kind { File, Redis } kind = Kind::File;
+  std::string path;  // File: the directory
+  std::string host;  // Redis
+  int port = 0;      // Redis
+  // "file:DIR" or "redis:HOST:PORT"; anything else is a one-line error.
+  static Rendezvous parse(const std::string& spec);
+  std::string str() const;
+};
+
+// Checks that the rendezvous can be used before any worker starts: the
+// directory exists (or is created) and is writable; the Redis server answers.
+void probe_rendezvous(const Rendezvous& r, double timeout_s);
+
+struct GroupOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string rendezvous;  // file:DIR or redis:HOST:PORT
+  std::string run_id;      // key prefix shared by every rank of this run
+  double timeout_s = 300;  // rendezvous and every collective
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual std::string backend() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  double timeout_s() const { return timeout_s_; }
+
+  // `what` names the operation in errors ("all-reduce of gradient bucket 3").
+  // Collectives with the same `tag` must not run at the same time; ones with
+  // different tags may (DDP reduces gradients on its own thread).
+  // Every rank's buf becomes root's.
+  virtual void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag = 0) = 0;
+  // Every rank's buf becomes the elementwise sum over ranks: F32, F64 or I64.
+  virtual void all_reduce(Tensor& buf, const std::string& what, uint32_t tag = 0) = 0;
+  // out (size() * in.numel(), same dtype) receives every rank's `in`, in rank order.
+  virtual void all_gather(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag = 0) = 0;
+  virtual void barrier(const std::string& what, uint32_t tag = 0) = 0;
+
+ protected:
+  ProcessGroup(int rank, int size, double timeout_s) : rank_(rank), size_(size), timeout_s_(timeout_s) {}
+  int rank_, size_;
+  double timeout_s_;
+};
+
+// Gloo over TCP, for tensors in host memory. The transport binds to the
+// interface GLOO_SOCKET_IFNAME names when set, else to 127.0.0.1 with a file
+// rendezvous (one machine) or to this host's name with Redis.
+std::unique_ptr<ProcessGroup> make_gloo_group(const GroupOptions& opts);
+
+// NCCL over `device`, for tensors in its memory; the unique id travels
+// through the same store. Non-blocking communicator, polled against the
+// timeout, so a dead peer becomes an error instead of a hang. The caller's
+// writes to a buffer must be complete when it calls (its stream
+// synchronized); each collective runs on the group's own stream and has
+// completed when the call returns.
+std::unique_ptr<ProcessGroup> make_nccl_group(const GroupOptions& opts, Device device);
+
+}  // namespace fanout::dist

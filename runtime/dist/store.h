@@ -1,0 +1,18 @@
+// The rendezvous store behind a process group (internal: included by the
+// Gloo and NCCL groups only). Keys are prefixed with the run id.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <gloo/rendezvous/store.h>
+
+#include "runtime/dist/process_group.h"
+
+namespace fanout::dist {
+
+std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id);
+
+// First line of an exception message from Gloo (its messages carry source paths and stack text).
+std::string first_line(const std::string& s);
+
+}  // namespace fanout::dist

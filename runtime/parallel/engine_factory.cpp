@@ -1,0 +1,59 @@
+// Engine choice.
+#include "runtime/parallel/engine_factory.h"
+
+#include "kernels/gemm.h"
+#include "runtime/core/error.h"
+#include "runtime/parallel/single_device.h"
+
+namespace fanout {
+
+std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
+  FANOUT_USER_CHECK(!spec.devices.empty()) << "no device to train on";
+  if (spec.group) {
+    DdpOptions o;
+    o.dp = spec.dp;
+    o.broadcast_buffers = spec.broadcast_buffers;
+    o.local_processes = spec.local_processes;
+    return std::make_unique<DistributedDataParallelEngine>(model, spec.devices, spec.sgd, spec.loss, o,
+                                                           std::move(spec.group));
+  }
+  const DataParallelOptions& dp = spec.dp;
+  const bool plain = spec.devices.size() == 1 && !spec.force_data_parallel && !dp.sync_bn && !dp.output_device &&
+                     dp.comm == "auto";
+  if (plain) {
+    const Device d = spec.devices[0];
+    if (d.is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(1, dp.math, spec.local_processes));
+    return std::make_unique<SingleDeviceEngine>(model, d, spec.sgd, spec.loss, dp.seed, dp.math);
+  }
+  return std::make_unique<DataParallelEngine>(model, spec.devices, spec.sgd, spec.loss, dp);
+}
+
+std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions& opts, const std::string& backend,
+                                                       const std::vector<Device>& devices, bool gpus_shared) {
+  const bool cuda = devices.at(0).is_cuda();
+  std::string b = backend;
+  if (b == "auto") b = cuda && !gpus_shared ? "nccl" : "gloo";
+  if (b == "nccl") {
+    FANOUT_USER_CHECK(cuda) << "--ddp-backend nccl needs CUDA devices";
+    FANOUT_USER_CHECK(!gpus_shared) << "--ddp-backend nccl needs a GPU of its own per process (NCCL refuses two "
+                                       "ranks on one GPU); use --ddp-backend gloo";
+    return dist::make_nccl_group(opts, devices[0]);
+  }
+  FANOUT_USER_CHECK(b == "gloo") << "bad --ddp-backend '" << backend << "' (expected auto, gloo or nccl)";
+  return dist::make_gloo_group(opts);
+}
+
+std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank) {
+  const int n = static_cast<int>(all.size());
+  FANOUT_USER_CHECK(local_world >= 1 && n % local_world == 0)
+      << "cannot split " << n << " device" << (n == 1 ? "" : "s") << " evenly over " << local_world
+      << " processes (list a multiple of --nproc-per-node devices, e.g. cpu:" << local_world << ")";
+  FANOUT_CHECK(local_rank >= 0 && local_rank < local_world) << "local rank " << local_rank;
+  const int per = n / local_world;
+  std::vector<Device> out(all.begin() + local_rank * per, all.begin() + (local_rank + 1) * per);
+  if (out[0].is_cpu())
+    for (int i = 0; i < per; ++i) out[i] = Device::cpu(i);
+  return out;
+}
+
+}  // namespace fanout

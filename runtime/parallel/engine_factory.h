@@ -1,0 +1,42 @@
+// The one place that chooses an engine, for dp-train, dp-bench and library
+// users alike: the plain engine for one device without DataParallel
+// options, DataParallel for several devices (or when its options are
+// asked for), DDP when a process group is given (with DataParallel inside
+// when the process has several devices: hybrid).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "runtime/dist/process_group.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/distributed.h"
+
+namespace fanout {
+
+struct EngineSpec {
+  std::vector<Device> devices;  // this process's; the first is the primary
+  kernels::SgdHyper sgd;
+  LossOptions loss;
+  DataParallelOptions dp;       // output device, SyncBatchNorm, comm, seed, math
+  bool force_data_parallel = false;  // DataParallel even on one device
+  // DDP: the group over every process (null: this process trains alone).
+  std::unique_ptr<dist::ProcessGroup> group;
+  bool broadcast_buffers = true;
+  int local_processes = 1;      // processes sharing this machine's cores
+};
+
+// Also sets OpenBLAS's thread count for CPU devices.
+std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec);
+
+// The process group a DDP worker needs for its devices: `backend` auto picks
+// NCCL for GPUs that no other process on this machine uses and Gloo
+// otherwise (CPU devices; GPUs shared by processes go through host memory).
+std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions& opts, const std::string& backend,
+                                                       const std::vector<Device>& devices, bool gpus_shared);
+
+// The devices of local rank `local_rank` when `all` is split evenly over
+// `local_world` processes; CPU devices are renumbered from 0 in each. One
+// line of error when the list cannot be split.
+std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank);
+
+}  // namespace fanout

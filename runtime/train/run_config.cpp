@@ -1,0 +1,102 @@
+// Run configuration: validation and what it derives.
+#include "runtime/train/run_config.h"
+
+#include "runtime/core/error.h"
+#include "runtime/data/transforms.h"
+
+namespace fanout::train {
+
+namespace {
+Progress::Mode parse_progress(const std::string& s) {
+  if (s == "auto") return Progress::Mode::Auto;
+  if (s == "bar") return Progress::Mode::Bar;
+  if (s == "lines") return Progress::Mode::Lines;
+  if (s == "off") return Progress::Mode::Off;
+  FANOUT_FAIL() << "bad --progress '" << s << "' (expected auto, bar, lines or off)";
+}
+}  // namespace
+
+void RunConfig::validate() const {
+  FANOUT_USER_CHECK(epochs > 0) << "--epochs must be positive, got " << epochs;
+  FANOUT_USER_CHECK(batch_size > 0) << "--batch-size must be positive, got " << batch_size;
+  FANOUT_USER_CHECK(eval_batch_size > 0) << "--eval-batch-size must be positive, got " << eval_batch_size;
+  FANOUT_USER_CHECK(accumulate >= 1) << "--accumulate must be at least 1, got " << accumulate;
+  FANOUT_USER_CHECK(lr > 0) << "--lr must be positive, got " << lr;
+  FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing < 1)
+      << "--label-smoothing must be in [0, 1), got " << label_smoothing;
+  FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;
+  FANOUT_USER_CHECK(prefetch >= 1) << "--prefetch must be at least 1, got " << prefetch;
+  FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
+  FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
+      << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
+  FANOUT_USER_CHECK(resume.empty() || init_from.empty()) << "--resume and --init-from exclude each other";
+  FANOUT_USER_CHECK(!non_strict || !init_from.empty()) << "--non-strict only applies to --init-from";
+  FANOUT_USER_CHECK(strategy == "dp" || strategy == "ddp")
+      << "bad --strategy '" << strategy << "' (expected dp or ddp)";
+  FANOUT_USER_CHECK(ddp_backend == "auto" || ddp_backend == "gloo" || ddp_backend == "nccl")
+      << "bad --ddp-backend '" << ddp_backend << "' (expected auto, gloo or nccl)";
+  FANOUT_USER_CHECK(nproc_per_node >= 0) << "--nproc-per-node must be at least 1, got " << nproc_per_node;
+  FANOUT_USER_CHECK(timeout > 0 && timeout <= 86400) << "--timeout must be in (0, 86400] seconds, got " << timeout;
+  FANOUT_USER_CHECK(strategy == "ddp" || (nnodes == 1 && node_rank == 0 && rdzv.empty()))
+      << "--nnodes, --node-rank and --rdzv need --strategy ddp";
+  parse_progress(progress);
+  data::parse_augment(augment);
+}
+
+kernels::SgdHyper RunConfig::sgd() const {
+  kernels::SgdHyper h;
+  h.lr = lr;
+  h.momentum = momentum;
+  h.weight_decay = weight_decay;
+  h.nesterov = nesterov;
+  return h;
+}
+
+nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int world_size) const {
+  return {{"model", model},
+          {"data", data},
+          {"epochs", epochs},
+          {"batch_size", batch_size},
+          {"accumulate", accumulate},
+          {"lr", lr},
+          {"momentum", momentum},
+          {"weight_decay", weight_decay},
+          {"nesterov", nesterov},
+          {"lr_schedule", lr_schedule},
+          {"warmup_epochs", warmup_epochs},
+          {"label_smoothing", label_smoothing},
+          {"seed", seed},
+          {"augment", data::parse_augment(augment).str()},
+          {"drop_last", drop_last},
+          {"devices", device_names},
+          {"strategy", strategy},
+          {"world_size", world_size},
+          {"broadcast_buffers", !no_broadcast_buffers},
+          {"sync_bn", sync_bn},
+          {"output_device", output_device},
+          {"dp_comm", dp_comm},
+          {"allow_tf32", allow_tf32},
+          {"cudnn_benchmark", cudnn_benchmark},
+          {"deterministic", deterministic},
+          {"split_invariant", split_invariant}};
+}
+
+TrainerConfig RunConfig::trainer_config(bool pin) const {
+  TrainerConfig tc;
+  tc.epochs = epochs;
+  tc.batch_size = batch_size;
+  tc.eval_batch_size = eval_batch_size;
+  tc.accumulate = accumulate;
+  tc.seed = seed;
+  tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
+  tc.metrics_path = metrics;
+  tc.progress = parse_progress(progress);
+  tc.workers = workers;
+  tc.prefetch = prefetch;
+  tc.pin_memory = pin_memory == "on" || (pin_memory == "auto" && pin);
+  tc.augment = data::parse_augment(augment);
+  tc.drop_last = drop_last;
+  return tc;
+}
+
+}  // namespace fanout::train

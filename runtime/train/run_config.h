@@ -1,0 +1,71 @@
+// RunConfig: every option of a training run, each default stated here once.
+// dp-train's command line and config file are made from it, as are the
+// options a checkpoint records, the trainer's configuration and the engine.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/sgd.h"
+#include "runtime/core/context.h"
+#include "runtime/train/trainer.h"
+
+namespace fanout::train {
+
+struct RunConfig {
+  // What to train.
+  std::string model = "lenet";
+  std::string data = "fashion-mnist";
+  int epochs = 3;
+  int64_t batch_size = 32;  // global: split over processes, then over devices
+  int64_t eval_batch_size = 1000;
+  int accumulate = 1;       // batches per optimizer step
+  uint64_t seed = 0;
+  // SGD and schedule.
+  float lr = 0.02f, momentum = 0.9f, weight_decay = 5e-4f;
+  bool nesterov = false;
+  std::string lr_schedule = "cosine";
+  float warmup_epochs = 0, label_smoothing = 0;
+  // Devices and parallelism.
+  std::string devices = "auto";
+  std::string strategy = "dp";    // dp (one process) or ddp (one process per device, or per group)
+  std::string output_device;      // empty: the primary
+  bool sync_bn = false;
+  std::string dp_comm = "auto";
+  bool order_by_free_memory = false;
+  int nproc_per_node = 0;         // 0: one process per listed device
+  int nnodes = 1, node_rank = 0;
+  std::string rdzv;               // empty: a fresh directory on this machine
+  std::string run_id;
+  std::string ddp_backend = "auto";  // auto, gloo or nccl
+  double timeout = 300;           // seconds: rendezvous and every collective
+  std::string log_dir;
+  bool no_broadcast_buffers = false;
+  // Data pipeline.
+  int workers = 1, prefetch = 2;
+  std::string pin_memory = "auto";
+  std::string augment = "none";
+  bool drop_last = false;
+  // Checkpoints and output.
+  std::string save_dir, resume, init_from;
+  int save_every = 1, keep_last = 2, stop_after = 0;
+  bool non_strict = false;
+  std::string metrics;
+  std::string progress = "auto";
+  // Math.
+  bool allow_tf32 = false, cudnn_benchmark = false, deterministic = false, split_invariant = false;
+
+  // Checks value ranges and combinations, with one-line errors.
+  void validate() const;
+  MathOptions math() const { return {allow_tf32, cudnn_benchmark, deterministic, split_invariant}; }
+  kernels::SgdHyper sgd() const;
+  // The options that change what a run computes, as a checkpoint records them
+  // (a resume warns about each that differs). `device_names` is the device
+  // list this process resolved; `world_size` the number of processes.
+  nlohmann::json checkpoint_config(const std::string& device_names, int world_size) const;
+  // The trainer's configuration; `pin` whether batches go to GPUs.
+  TrainerConfig trainer_config(bool pin) const;
+};
+
+}  // namespace fanout::train

@@ -1,0 +1,131 @@
+// Process group over Gloo with ranks as threads of one test process, meeting
+// through a FileStore in a fresh directory: every collective against its
+// definition, dtypes, a rank that never joins, stale files of a dead run.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "runtime/core/error.h"
+#include "runtime/dist/process_group.h"
+#include "support/dist_util.h"
+#include "support/test_util.h"
+
+namespace fanout::dist {
+namespace {
+
+using testing::run_ranks;
+using testing::TempDir;
+
+TEST(ProcessGroup, CollectivesMatchTheirDefinition) {
+  TempDir dir;
+  constexpr int kWorld = 3;
+  std::vector<std::vector<float>> reduced(kWorld), gathered(kWorld), bcast(kWorld);
+  std::vector<std::vector<double>> reduced64(kWorld);
+  std::vector<std::vector<int64_t>> reduced_i(kWorld);
+  run_ranks(kWorld, [&](int r) {
+    auto g = make_gloo_group({r, kWorld, "file:" + dir.path(), "t1", 30});
+    EXPECT_EQ(g->rank(), r);
+    EXPECT_EQ(g->size(), kWorld);
+    EXPECT_EQ(g->backend(), "gloo");
+    // all-reduce: rank r holds (r + 1) * (i + 0.5) at i.
+    Tensor a = Tensor::empty(Shape{1000});
+    for (int i = 0; i < 1000; ++i) a.f32()[i] = (r + 1) * (i + 0.5f);
+    g->all_reduce(a, "test all-reduce");
+    reduced[r].assign(a.f32(), a.f32() + 1000);
+    Tensor d = Tensor::empty(Shape{7}, DType::F64);
+    for (int i = 0; i < 7; ++i) d.f64()[i] = 1.0 / (r + 1) + i;
+    g->all_reduce(d, "test all-reduce f64");
+    reduced64[r].assign(d.f64(), d.f64() + 7);
+    Tensor n = Tensor::empty(Shape{3}, DType::I64);
+    for (int i = 0; i < 3; ++i) n.data<int64_t>()[i] = (int64_t{1} << 40) * (r + 1) + i;
+    g->all_reduce(n, "test all-reduce i64");
+    reduced_i[r].assign(n.data<int64_t>(), n.data<int64_t>() + 3);
+    // broadcast from rank 1.
+    Tensor b = Tensor::empty(Shape{5});
+    for (int i = 0; i < 5; ++i) b.f32()[i] = 10.0f * r + i;
+    g->broadcast(b, 1, "test broadcast");
+    bcast[r].assign(b.f32(), b.f32() + 5);
+    // all-gather of 2 values per rank.
+    Tensor in = Tensor::empty(Shape{2});
+    in.f32()[0] = static_cast<float>(r);
+    in.f32()[1] = 100.0f + r;
+    Tensor out = Tensor::empty(Shape{2 * kWorld});
+    g->all_gather(in, out, "test all-gather");
+    gathered[r].assign(out.f32(), out.f32() + 2 * kWorld);
+    g->barrier("test barrier");
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(reduced[r][i], 6 * (i + 0.5f)) << "rank " << r << " element " << i;
+    for (int i = 0; i < 7; ++i) EXPECT_NEAR(reduced64[r][i], 1.0 + 0.5 + 1.0 / 3 + 3 * i, 1e-12);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(reduced_i[r][i], (int64_t{1} << 40) * 6 + 3 * i);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(bcast[r][i], 10.0f + i);
+    for (int q = 0; q < kWorld; ++q) {
+      EXPECT_EQ(gathered[r][2 * q], static_cast<float>(q));
+      EXPECT_EQ(gathered[r][2 * q + 1], 100.0f + q);
+    }
+  }
+}
+
+TEST(ProcessGroup, WorldOfOneNeedsNoPeers) {
+  TempDir dir;
+  auto g = make_gloo_group({0, 1, "file:" + dir.path(), "solo", 5});
+  Tensor a = Tensor::empty(Shape{3});
+  a.fill(2.0f);
+  g->all_reduce(a, "solo all-reduce");
+  EXPECT_EQ(a.f32()[2], 2.0f);
+  Tensor out = Tensor::empty(Shape{3});
+  g->all_gather(a, out, "solo all-gather");
+  EXPECT_EQ(out.f32()[1], 2.0f);
+  g->barrier("solo barrier");
+}
+
+TEST(ProcessGroup, RankThatNeverJoinsIsAnErrorAfterTheTimeout) {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  testing::expect_user_error([&] { make_gloo_group({0, 2, "file:" + dir.path(), "lonely", 1.0}); },
+                             {"rendezvous over file:", "rank 0 of 2"});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 0.9);
+  EXPECT_LT(s, 30.0);
+}
+
+TEST(ProcessGroup, StaleFilesOfADeadRunDoNotDisturbANewOne) {
+  TempDir dir;
+  // A dead run of world 2 left its rank-0 address behind under its run id.
+  try {
+    make_gloo_group({0, 2, "file:" + dir.path(), "dead-run", 0.5});
+  } catch (const Error&) {
+  }
+  ASSERT_FALSE(std::filesystem::is_empty(dir.path()));
+  std::vector<float> got(2);
+  run_ranks(2, [&](int r) {
+    auto g = make_gloo_group({r, 2, "file:" + dir.path(), "new-run", 30});
+    Tensor a = Tensor::empty(Shape{1});
+    a.f32()[0] = r + 1.0f;
+    g->all_reduce(a, "all-reduce after a dead run");
+    got[r] = a.f32()[0];
+  });
+  EXPECT_EQ(got[0], 3.0f);
+  EXPECT_EQ(got[1], 3.0f);
+}
+
+TEST(ProcessGroup, RendezvousSpecs) {
+  EXPECT_EQ(Rendezvous::parse("file:/tmp/x").path, "/tmp/x");
+  const Rendezvous r = Rendezvous::parse("redis:127.0.0.1:6390");
+  EXPECT_EQ(r.host, "127.0.0.1");
+  EXPECT_EQ(r.port, 6390);
+  EXPECT_EQ(r.str(), "redis:127.0.0.1:6390");
+  testing::expect_user_error([] { Rendezvous::parse("tcp:1.2.3.4"); }, {"bad --rdzv 'tcp:1.2.3.4'"});
+  testing::expect_user_error([] { Rendezvous::parse("file:"); }, {"file:DIR"});
+  testing::expect_user_error([] { Rendezvous::parse("redis:host"); }, {"redis:HOST:PORT"});
+  testing::expect_user_error([] { Rendezvous::parse("redis:host:0"); }, {"1..65535"});
+  testing::expect_user_error([] { Rendezvous::parse("redis:host:99999"); }, {"1..65535"});
+  testing::expect_user_error([] { probe_rendezvous(Rendezvous::parse("redis:127.0.0.1:1"), 2); },
+                             {"cannot reach the Redis rendezvous at 127.0.0.1:1"});
+}
+
+}  // namespace
+}  // namespace fanout::dist
