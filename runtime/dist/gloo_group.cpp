@@ -26,11 +26,11 @@ namespace fs = std::filesystem;
 
 std::string first_line(const std::string& s) {
   std::string line = s.substr(0, s.find('\n'));
-  // Gloo prefixes messages with "[path/file.cc:LINE] "; the cause follows.
-  if (!line.empty() && line[0] == '[') {
-    const auto close = line.find("] ");
-    if (close != std::string::npos) line = line.substr(close + 2);
-  }
+  // Gloo puts "[path/file.cc:LINE] " before the cause.
+  const auto open = line.find('['), close = line.find("] ");
+  if (open != std::string::npos && close != std::string::npos && open < close &&
+      line.find(".cc:", open) < close)
+    line = line.substr(0, open) + line.substr(close + 2);
   return line;
 }
 
@@ -149,7 +149,8 @@ class GlooGroup : public ProcessGroup {
     } catch (const fanout::Error&) {
       throw;
     } catch (const std::exception& e) {
-      FANOUT_FAIL() << where << " failed after at most " << o.timeout_s << " s: " << first_line(e.what());
+      FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; --timeout sets the wait): "
+                    << first_line(e.what());
     }
   }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# e2e: DataParallel on CPU devices learns Fashion-MNIST like one device.
+# e2e: DataParallel and DDP on CPU devices learn Fashion-MNIST like one device.
 # - DataParallel over one device (forced with --dp-comm cpu) does the plain
 #   engine's arithmetic: identical metrics.
 # - With --split-invariant, cpu:2 matches cpu:1 to 0.002 accuracy and 1e-3
@@ -8,6 +8,8 @@
 # - Without it, float sums run in another order (per-chunk sums, then the
 #   reduction) and 1875 steps per epoch amplify that, so the default cpu:2
 #   agrees with cpu:1 to run-to-run noise (0.01); the differences are printed.
+# - DDP over 2 processes (--strategy ddp) reaches 0.885; with
+#   --split-invariant its metrics equal one device's every epoch, exactly.
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 work=$(mktemp -d)
@@ -22,6 +24,8 @@ run two --devices cpu:2
 run dp1 --devices cpu:1 --dp-comm cpu
 run si1 --devices cpu:1 --split-invariant
 run si2 --devices cpu:2 --split-invariant
+run ddp2 --devices cpu:2 --strategy ddp
+run ddpsi2 --devices cpu:2 --strategy ddp --split-invariant
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -29,7 +33,7 @@ def load(name):
     rows = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
     assert len(rows) == 3, f"{name}: {len(rows)} epochs"
     return rows
-one, two, dp1, si1, si2 = (load(n) for n in ("one", "two", "dp1", "si1", "si2"))
+one, two, dp1, si1, si2, ddp2, ddpsi2 = (load(n) for n in ("one", "two", "dp1", "si1", "si2", "ddp2", "ddpsi2"))
 
 def compare(label, a_rows, b_rows, acc_tol, loss_tol):
     for a, b in zip(a_rows, b_rows):
@@ -47,7 +51,9 @@ compare("split-invariant cpu:1 vs cpu:2", si1, si2, 0.002, 1e-3)
 same = all(a[k] == b[k] for a, b in zip(si1, si2) for k in ("train_loss", "train_acc", "test_loss", "test_acc"))
 print(f"split-invariant cpu:1 and cpu:2 metrics identical: {same}")
 compare("default cpu:1 vs cpu:2", one, two, 0.01, 0.05)
-for name, rows in (("cpu:2", two), ("split-invariant cpu:2", si2)):
+compare("split-invariant one device vs DDP over 2 processes", si1, ddpsi2, 0.0, 0.0)
+compare("default one device vs DDP over 2 processes", one, ddp2, 0.01, 0.05)
+for name, rows in (("cpu:2", two), ("split-invariant cpu:2", si2), ("DDP cpu:2", ddp2)):
     final = rows[-1]["test_acc"]
     print(f"{name} test accuracy {final:.4f}, {rows[-1]['images_per_second']:.0f} img/s")
     assert final >= 0.885, f"{name} test accuracy {final} below 0.885"

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# e2e: DDP failures end the run, name the rank, and leave no process.
+# - SIGKILL of one worker mid-epoch: the launcher exits non-zero within
+#   --timeout + 10 s, names the rank, and no worker is left.
+# - A rank that never joins: the one that did ends with an error after --timeout.
+# - A stale rendezvous directory (files of a dead run) does not disturb a new run.
+set -euo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+work=$(mktemp -d)
+pids_to_kill=()
+cleanup() {
+  for p in "${pids_to_kill[@]}"; do kill -9 "$p" 2> /dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+workers_of() { pgrep -P "$1" || true; }
+rank_of() { tr '\0' '\n' < "/proc/$1/environ" | sed -n 's/^RANK=//p'; }
+
+# --- SIGKILL of rank 1 mid-epoch -------------------------------------------
+timeout_s=20
+"$DP_TRAIN" --model lenet --data synthetic:20000 --epochs 5 --devices cpu:2 --strategy ddp --progress lines \
+  --workers 0 --timeout $timeout_s > "$work/kill.out" 2> "$work/kill.err" &
+launcher=$!
+pids_to_kill+=("$launcher")
+# Wait until training runs (a progress line) and both workers exist.
+for _ in $(seq 1 300); do
+  if grep -q 'epoch 1/5' "$work/kill.err" 2> /dev/null && [ "$(workers_of $launcher | wc -l)" = 2 ]; then break; fi
+  sleep 0.1
+done
+workers=$(workers_of $launcher)
+[ "$(echo "$workers" | wc -w)" = 2 ] || { echo "expected 2 workers, got: $workers"; cat "$work/kill.err"; exit 1; }
+victim=""
+for w in $workers; do [ "$(rank_of "$w")" = 1 ] && victim=$w; done
+[ -n "$victim" ] || { echo "no rank 1 among $workers"; exit 1; }
+start=$(date +%s.%N)
+kill -9 "$victim"
+set +e
+wait "$launcher"
+rc=$?
+set -e
+elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
+echo "launcher exit status $rc after ${elapsed} s; its last line: $(tail -1 "$work/kill.err")"
+[ $rc -ne 0 ] || { echo "launcher exited 0 after a worker was killed"; exit 1; }
+python3 -c "import sys; assert float(sys.argv[1]) <= float(sys.argv[2]) + 10, sys.argv" "$elapsed" "$timeout_s"
+grep -q 'rank 1 (pid [0-9]*) was killed by signal 9' "$work/kill.err" || { cat "$work/kill.err"; exit 1; }
+for w in $workers; do
+  if kill -0 "$w" 2> /dev/null; then echo "worker $w is still running"; exit 1; fi
+done
+
+# --- a rank that never joins -----------------------------------------------
+mkdir -p "$work/rdzv"
+start=$(date +%s)
+set +e
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 \
+  --devices cpu --strategy ddp --rdzv "file:$work/rdzv" --run-id lonely --timeout 2 --progress off \
+  > "$work/lonely.out" 2> "$work/lonely.err"
+rc=$?
+set -e
+elapsed=$(($(date +%s) - start))
+echo "lonely rank: exit status $rc after ${elapsed} s: $(cat "$work/lonely.err")"
+[ $rc -ne 0 ] && [ $elapsed -le 15 ]
+grep -q 'rendezvous over file:.*rank 0 of 2' "$work/lonely.err"
+
+# --- a stale rendezvous directory --------------------------------------------
+# The lonely run above left its files in $work/rdzv; a new run there succeeds.
+[ -n "$(ls -A "$work/rdzv")" ]
+"$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 --batch-size 48 --devices cpu:2 --strategy ddp \
+  --rdzv "file:$work/rdzv" --progress off > "$work/stale.out"
+grep -q 'final test accuracy' "$work/stale.out"
+echo "ddp faults e2e: ok"
