@@ -1,10 +1,13 @@
 // dp-bench: time per training step of one model on the plain single-device
 // engine, on the DataParallel engine over the primary alone (the engine's own
-// overhead), and on DataParallel over every listed device, at one global
-// batch. Inputs are seeded random host tensors, so the loader is not timed.
+// overhead), on DataParallel over every listed device, and on DDP with one
+// process per listed device (workers of dp-bench itself, started through
+// the launcher), at one global batch. Inputs are seeded random host tensors, so the loader is not timed.
 // Each configuration: warm-up steps, then `repeats` timed runs of `steps`
-// steps, interleaved across configurations; the median run is reported.
+// steps, interleaved across the in-process configurations (the DDP
+// processes run theirs after them); the median run is reported.
 #include <boost/program_options.hpp>
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,7 +26,8 @@
 #include "kernels/gemm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
-#include "runtime/parallel/data_parallel.h"
+#include "runtime/dist/launcher.h"
+#include "runtime/parallel/engine_factory.h"
 #include "runtime/parallel/single_device.h"
 
 namespace po = boost::program_options;
@@ -32,11 +36,12 @@ using namespace fanout;
 namespace {
 
 struct Options {
-  std::string model, input, devices, json, comm;
+  std::string model, input, devices, json, comm, ddp_result;
+  bool no_ddp = false;
   int64_t batch_size = 256;
   int warmup = 5, steps = 20, repeats = 3;
   uint64_t seed = 0;
-  bool split_invariant = false;
+  bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
 };
 
 Shape parse_input(const std::string& s) {
@@ -64,6 +69,42 @@ struct Config {
   std::vector<double> runs;  // seconds per step
 };
 
+double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps);
+
+// A DDP worker (started by run() through the launcher): its share of the
+// batch, the same warm-up and timed runs, aligned across ranks by barriers;
+// rank 0 writes the seconds per step of each run to `o.ddp_result`.
+int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const kernels::SgdHyper& h,
+               const MathOptions& math, const Shape& in) {
+  const dist::WorkerEnv env = dist::worker_env();
+  FANOUT_USER_CHECK(env.present) << "--ddp-result is dp-bench's own, for its DDP workers";
+  const int64_t local = o.batch_size / env.world_size;
+  EngineSpec spec;
+  spec.devices = split_devices(parse_devices(o.devices), env.local_world_size, env.local_rank);
+  spec.sgd = h;
+  spec.dp.seed = o.seed;
+  spec.dp.math = math;
+  spec.local_processes = env.local_world_size;
+  spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
+                                  gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
+  auto model = models::make_model(o.model, in, 10, o.seed);
+  auto engine = make_engine(*model, std::move(spec));
+  const Tensor xs = x.slice(env.rank * local, (env.rank + 1) * local);
+  const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
+  for (int i = 0; i < o.warmup; ++i) engine->train_step(xs, ys, 0.01f);
+  std::vector<double> runs;
+  for (int r = 0; r < o.repeats; ++r) {
+    engine->barrier("barrier before a timed run");
+    runs.push_back(time_steps(*engine, xs, ys, o.steps));
+  }
+  if (env.rank == 0) {
+    std::ofstream f(o.ddp_result);
+    f << nlohmann::json(runs).dump() << "\n";
+    FANOUT_USER_CHECK(f.good()) << "cannot write " << o.ddp_result;
+  }
+  return 0;
+}
+
 double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) eng.train_step(x, y, 0.01f);  // each step ends with its loss on the host
@@ -90,10 +131,17 @@ int run(int argc, char** argv) {
     ("seed", po::value(&o.seed)->default_value(0), "seed for weights and inputs")
     ("split-invariant", po::bool_switch(&o.split_invariant),
      "every configuration with split-invariant math (CPU devices; see dp-train --help)")
+    ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions (CUDA)")
+    ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms (CUDA)")
+    ("no-ddp", po::bool_switch(&o.no_ddp), "skip the DDP configuration (one process per listed device)")
     ("json", po::value(&o.json), "append one JSON object per configuration to this file");
   // clang-format on
+  po::options_description hidden;
+  hidden.add_options()("ddp-result", po::value(&o.ddp_result), "internal: a DDP worker writes its timings here");
+  po::options_description all;
+  all.add(desc).add(hidden);
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::store(po::parse_command_line(argc, argv, all), vm);
   if (vm.count("help")) {
     std::cout << desc << "\nExample:\n  dp-bench --model lenet --batch-size 256 --devices cpu:2\n";
     return 0;
@@ -121,9 +169,13 @@ int run(int argc, char** argv) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   MathOptions math;
   math.split_invariant = o.split_invariant;
-  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s\n", o.model.c_str(),
-              static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps, cores,
-              o.split_invariant ? ", split-invariant math" : "");
+  math.allow_tf32 = o.allow_tf32;
+  math.cudnn_benchmark = o.cudnn_benchmark;
+  if (!o.ddp_result.empty()) return ddp_worker(o, x, y, h, math, in);
+  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s\n",
+              o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
+              cores, o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
+              o.cudnn_benchmark ? ", cuDNN benchmark" : "");
   std::fflush(stdout);
 
   std::vector<Config> configs;
@@ -160,6 +212,36 @@ int run(int argc, char** argv) {
       if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
       c.runs.push_back(time_steps(*c.engine, x, y, o.steps));
     }
+  // DDP: one process per listed device, each with its share of the batch.
+  const bool ddp = devices.size() > 1 && !o.no_ddp;
+  if (ddp) {
+    FANOUT_USER_CHECK(o.batch_size % static_cast<int64_t>(devices.size()) == 0)
+        << "--batch-size " << o.batch_size << " cannot be split evenly over " << devices.size()
+        << " DDP processes (or pass --no-ddp)";
+    char tmpl[] = "/tmp/dp-bench-ddp-XXXXXX";
+    const int fd = ::mkstemp(tmpl);
+    FANOUT_USER_CHECK(fd >= 0) << "cannot create a temporary file for the DDP timings";
+    ::close(fd);
+    dist::LaunchOptions lo;
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    FANOUT_USER_CHECK(n > 0) << "cannot find this program's path to start the DDP workers";
+    lo.program.assign(self, static_cast<size_t>(n));
+    lo.args.assign(argv + 1, argv + argc);
+    lo.args.push_back("--ddp-result");
+    lo.args.push_back(tmpl);
+    lo.nproc_per_node = static_cast<int>(devices.size());
+    lo.name = "dp-bench";
+    const int rc = dist::launch(lo);
+    std::ifstream f(tmpl);
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    ::unlink(tmpl);
+    FANOUT_USER_CHECK(rc == 0 && j.is_array() && !j.empty()) << "the DDP workers failed (exit status " << rc << ")";
+    Config c;
+    c.name = "ddp " + std::to_string(devices.size()) + " processes x " + (primary.is_cpu() ? "cpu" : "1 GPU");
+    for (auto& v : j) c.runs.push_back(v.get<double>());
+    configs.push_back(std::move(c));
+  }
   std::vector<Result> results;
   for (auto& c : configs) {
     std::sort(c.runs.begin(), c.runs.end());
@@ -178,7 +260,8 @@ int run(int argc, char** argv) {
       f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
                           {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
                           {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
-                          {"split_invariant", o.split_invariant}}
+                          {"split_invariant", o.split_invariant}, {"allow_tf32", o.allow_tf32},
+                          {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices}}
                .dump()
         << "\n";
   }

@@ -277,12 +277,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
       if (g.run_id.empty() && std::getenv(v)) g.run_id = std::getenv(v);
     if (g.run_id.empty()) g.run_id = "fanout";
     g.timeout_s = c.timeout;
-    // A GPU that is the primary of two processes on this machine rules NCCL out.
-    std::set<int> primaries;
-    bool shared = false;
-    for (int r = 0; r < p.env.local_world_size && all[0].is_cuda(); ++r)
-      shared = !primaries.insert(split_devices(all, p.env.local_world_size, r)[0].index).second || shared;
-    spec.group = make_process_group(g, c.ddp_backend, p.devices, shared);
+    spec.group = make_process_group(g, c.ddp_backend, p.devices, gpus_shared_by_processes(all, p.env.local_world_size));
     spec.broadcast_buffers = !c.no_broadcast_buffers;
     spec.local_processes = p.env.local_world_size;
   }

@@ -8,7 +8,8 @@
 #
 #   OpenBLAS (pthread flavour) + libgfortran5/libquadmath0, Boost.Program_options
 #   (runtime, dev, and only the Boost headers it includes), nlohmann-json,
-#   GoogleTest/GoogleMock, Google Benchmark, zlib.
+#   GoogleTest/GoogleMock, Google Benchmark, zlib, Gloo (DDP's CPU collectives)
+#   with hiredis and the verbs/netlink libraries it links.
 #
 # Outputs (all ignored by git through a '*' .gitignore written beside them):
 #   PREFIX/              the unpacked prefix (~50 MiB, 36 of them OpenBLAS's
@@ -56,6 +57,7 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   zlib1g-dev zlib1g
+  libgloo-dev libgloo0 libhiredis-dev libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
 )
 [ -n "$bench_rt" ] && packages+=("$bench_rt")
 [ "$fetch_data" = 1 ] && packages+=(dataset-fashion-mnist)
@@ -188,6 +190,10 @@ need() {  # need DESCRIPTION PATH...: one of the paths must exist
     "$lib/cmake/nlohmann_json/nlohmann_jsonConfig.cmake"
   need "zlib.h" "$inc/zlib.h"
   need "libz.so" "$lib/libz.so"
+  need "gloo/config.h" "$inc/gloo/config.h"
+  need "libgloo.so" "$prefix/usr/lib/libgloo.so"
+  need "libhiredis.so" "$lib/libhiredis.so"
+  need "libibverbs.so.1" "$lib/libibverbs.so.1"
   if [ "$fetch_data" = 1 ]; then
     need "Fashion-MNIST (outside the prefix)" "$datasets/fashion-mnist/train-images-idx3-ubyte.gz"
   fi

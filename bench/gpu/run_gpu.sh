@@ -16,13 +16,16 @@
 #              versions, which CUDA libraries exist and which were chosen
 #   configure  CMake for sm_90 with the prefix        -> configure.log
 #   build      all targets, all cores                  -> build.log
-#   ctest      every test label (unit, cuda, e2e)      -> ctest.log, ctest.xml
+#   ctest      every test label (unit, cuda, e2e), FANOUT_REQUIRE_GPU=1 so
+#              that a GPU the tests cannot see fails them -> ctest.log, ctest.xml
+#   dp         dp-train DataParallel on 0,0 (one GPU, two replicas), 1 epoch
+#              of lenet, and DDP with 2 processes on it  -> dp_0_0.log, ddp_0_0.log
 #   memcheck   compute-sanitizer memcheck on test_cuda -> memcheck.log
 #   train      dp-train on cuda:0: lenet 3 epochs, cnn 10 epochs
 #                                   -> dp_train_{lenet,cnn}.log / .jsonl
-#   bench      PyTorch eager throughput (TF32 default and off) -> pytorch.jsonl;
-#              fanout's own numbers come from the fanout benchmark binary
-#              (dp-bench) when the build has one -> fanout_bench.jsonl
+#   bench      PyTorch eager throughput (TF32 on and off) -> pytorch.jsonl;
+#              dp-bench for resnet18 (3x32x32, batch 256) and lenet (batch
+#              512) on cuda:0 and 0,0, TF32 on and off -> fanout_bench.jsonl
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -34,7 +37,7 @@
 #   FANOUT_STEP_TIMEOUT  seconds per command (default 3000)
 #   FANOUT_CTEST_ARGS    extra ctest arguments, e.g. "-L cuda" or "-E e2e"
 #   FANOUT_MEMCHECK_FILTER  gtest filter for memcheck (default: every test)
-#   FANOUT_BENCH_ARGS    arguments for dp-bench when it exists
+#   FANOUT_BENCH_ARGS    extra arguments for every dp-bench run
 #   FANOUT_LINK_DATASET  auto (default): when /usr/share/datasets/fashion-mnist
 #                        is absent, link it to the carried copy so the e2e
 #                        test (which reads that path) can run; 0: never
@@ -53,7 +56,7 @@ case $1 in -h | --help) usage ;; esac
 mkdir -p "$1" || { echo "run_gpu.sh: cannot create $1" >&2; exit 2; }
 out=$(cd "$1" && pwd)
 shift
-all_steps=(env configure build ctest memcheck train bench)
+all_steps=(env configure build ctest dp memcheck train bench)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
   case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
@@ -170,6 +173,7 @@ for f in "$CUDNN_LIB" "$NCCL_LIB" "$CUBLAS_LIB"; do [ -n "$f" ] && add_ld "$(dir
 [ -n "$cuda_home" ] && add_ld "$cuda_home/lib64"
 add_ld "$prefix/usr/lib/$ma/openblas-pthread"
 add_ld "$prefix/usr/lib/$ma"
+add_ld "$prefix/usr/lib"  # Gloo installs its library there
 note "LD_LIBRARY_PATH for fanout programs: $fanout_ld"
 # tmo CMD...: CMD under the step time limit; frun CMD...: the same, for
 # fanout's own programs (with their library path).
@@ -291,7 +295,8 @@ step_ctest() {
   local extra=()
   # shellcheck disable=SC2206  # word splitting of user-given ctest arguments is intended
   [ -n "${FANOUT_CTEST_ARGS:-}" ] && extra=($FANOUT_CTEST_ARGS)
-  (cd "$build" && frun ctest --output-on-failure --timeout 1800 --output-junit "$out/ctest.xml" "${extra[@]}")
+  (cd "$build" && FANOUT_REQUIRE_GPU=1 frun ctest --output-on-failure --timeout 1800 -j "$jobs" \
+    --output-junit "$out/ctest.xml" "${extra[@]}")
 }
 
 step_memcheck() {
@@ -302,7 +307,7 @@ step_memcheck() {
   done
   [ -n "$cs" ] || { echo "compute-sanitizer not found"; return 1; }
   [ -x "$build/test/test_cuda" ] || { echo "no $build/test/test_cuda (build step failed?)"; return 1; }
-  frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/test_cuda" \
+  FANOUT_REQUIRE_GPU=1 frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/test_cuda" \
     --gtest_filter="${FANOUT_MEMCHECK_FILTER:-*}"
 }
 
@@ -318,13 +323,28 @@ train_one() {  # train_one MODEL EPOCHS
     --metrics "$out/dp_train_$1.jsonl"
 }
 step_train_lenet() { train_one lenet 3; }
+step_dp() {
+  local bin data rc=0
+  bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
+  if [ -n "$fashion" ]; then data="fashion-mnist:$fashion"; else data=synthetic; fi
+  echo "== DataParallel, two replicas on cuda:0"
+  frun "$bin" --devices 0,0 --model lenet --epochs 1 --data "$data" --progress lines \
+    --metrics "$out/dp_0_0.jsonl" 2>&1 | tee "$out/dp_0_0.log" || rc=1
+  echo "== DDP, two processes on cuda:0 (Gloo: NCCL refuses a shared GPU)"
+  frun "$bin" --devices 0,0 --strategy ddp --model lenet --epochs 1 --data "$data" --progress lines \
+    --metrics "$out/ddp_0_0.jsonl" 2>&1 | tee "$out/ddp_0_0.log" || rc=1
+  echo "== DDP, one process on cuda:0 over NCCL"
+  frun "$bin" --devices 0 --strategy ddp --ddp-backend nccl --model lenet --epochs 1 --data "$data" \
+    --progress lines --metrics "$out/ddp_nccl.jsonl" 2>&1 | tee "$out/ddp_nccl.log" || rc=1
+  return "$rc"
+}
 step_train_cnn() { train_one cnn 10; }
 
 step_bench_pytorch() {
   [ -n "$python" ] || { echo "no python3"; return 1; }
   : >"$out/pytorch.jsonl"
   local mode rc=0
-  for mode in default off; do
+  for mode in on off; do
     echo "== train_throughput.py --tf32 $mode"
     tmo "$python" "$repo/bench/pytorch/train_throughput.py" --tf32 "$mode" >>"$out/pytorch.jsonl" || rc=1
   done
@@ -333,16 +353,19 @@ step_bench_pytorch() {
 }
 
 step_bench_fanout() {
-  local b
-  for b in "$build/apps/dp-bench" "$build/bench/dp-bench"; do
-    if [ -x "$b" ]; then
-      # shellcheck disable=SC2086  # user-given arguments
-      frun "$b" ${FANOUT_BENCH_ARGS:-} | tee "$out/fanout_bench.jsonl"
-      return
-    fi
+  local b="$build/apps/dp-bench" rc=0 spec tf
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/fanout_bench.jsonl"
+  for spec in "resnet18 3x32x32 256" "lenet 1x28x28 512"; do
+    set -- $spec
+    for tf in "" --allow-tf32; do
+      echo "== dp-bench --model $1 --input $2 --batch-size $3 --devices 0,0 $tf"
+      # shellcheck disable=SC2086  # optional flag and user-given arguments
+      frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 $tf --json "$out/fanout_bench.jsonl" \
+        ${FANOUT_BENCH_ARGS:-} || rc=1
+    done
   done
-  echo "no dp-bench binary in this build: fanout's throughput numbers come from it once it exists"
-  return 0
+  return "$rc"
 }
 
 # ------------------------------------------------------------- runner ----
@@ -366,6 +389,7 @@ for s in "${steps[@]}"; do
     configure) run_step configure "$out/configure.log" step_configure ;;
     build) run_step build "$out/build.log" step_build ;;
     ctest) run_step ctest "$out/ctest.log" step_ctest ;;
+    dp) run_step dp "$out/dp.log" step_dp ;;
     memcheck) run_step memcheck "$out/memcheck.log" step_memcheck ;;
     train)
       run_step train-lenet "$out/dp_train_lenet.log" step_train_lenet

@@ -10,8 +10,14 @@
 
 namespace fanout {
 
+namespace backend {
+[[noreturn]] void no_cuda_device(Device d);
+}
 int cuda_device_count() { return 0; }
 bool cuda_available_in_build() { return false; }
+void bind_thread_to(Device d) {
+  if (d.is_cuda()) backend::no_cuda_device(d);
+}
 std::vector<CudaDeviceInfo> cuda_device_info() { return {}; }
 bool cuda_can_access_peer(int, int) { return false; }
 
@@ -21,6 +27,7 @@ namespace {
   FANOUT_FAIL() << what << ": this build of fanout has no CUDA backend";
 }
 }  // namespace
+void no_cuda_device(Device d) { no_cuda(d.str().c_str()); }
 void* cuda_alloc(int, size_t) { no_cuda("CUDA allocation"); }
 void cuda_free(int, void*) noexcept {}
 void* pinned_alloc(size_t bytes) {

@@ -28,6 +28,9 @@ struct Device {
 int cuda_device_count();
 // True when this build carries the CUDA backend.
 bool cuda_available_in_build();
+// Makes `device` the calling thread's current CUDA device (cudaSetDevice);
+// a no-op for CPU devices.
+void bind_thread_to(Device device);
 
 struct CudaDeviceInfo {
   int index = 0;

@@ -24,6 +24,9 @@ int cuda_device_count() {
   return n;
 }
 bool cuda_available_in_build() { return true; }
+void bind_thread_to(Device d) {
+  if (d.is_cuda()) FANOUT_CUDA_CHECK(cudaSetDevice(d.index));
+}
 
 std::vector<CudaDeviceInfo> cuda_device_info() {
   std::vector<CudaDeviceInfo> out;

@@ -26,7 +26,19 @@ class P2pComm : public Comm {
  public:
   P2pComm(const std::vector<Device>& devices, int max_ops)
       : devices_(devices), slots_(devices.size()), op_bufs_(max_ops, std::vector<Tensor>(devices.size())),
-        op_count_(max_ops, 0), staging_(max_ops) {}
+        op_count_(max_ops, 0), staging_(max_ops), sums_(devices.size()),
+        ready_(max_ops, std::vector<cudaEvent_t>(devices.size(), nullptr)) {
+    for (int op = 0; op < max_ops; ++op)
+      for (size_t r = 0; r < devices.size(); ++r) {
+        FANOUT_CUDA_CHECK(cudaSetDevice(devices[r].index));
+        FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[op][r], cudaEventDisableTiming));
+      }
+  }
+  ~P2pComm() override {
+    for (auto& evs : ready_)
+      for (auto e : evs)
+        if (e) cudaEventDestroy(e);
+  }
   std::string name() const override { return "p2p"; }
 
   void begin(int active) override {
@@ -48,25 +60,31 @@ class P2pComm : public Comm {
   }
 
   void reduce_add(int op, int rank, const Tensor& buf, Context& ctx) override {
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));  // this rank's gradients are final
+    if (active_ == 1) return;  // the primary's bucket already is the sum
+    // This rank's gradients are final once its stream reaches this event; the
+    // primary's stream waits for it instead of the host.
+    FANOUT_CUDA_CHECK(cudaEventRecord(ready_[op][rank], stream_of(ctx)));
     {
       std::lock_guard<std::mutex> g(mu_);
       op_bufs_[op][rank] = buf;
       if (++op_count_[op] < active_) return;
       op_count_[op] = 0;
     }
-    // Last to arrive: stage every other rank's bucket on the primary and add, in rank order.
+    // Last to arrive: stage every other rank's bucket on the primary and add,
+    // in rank order, then wait once: the sum is final when this returns.
     auto& bufs = op_bufs_[op];
     const int root = devices_[0].index;
     FANOUT_CUDA_CHECK(cudaSetDevice(root));
-    ensure(staging_[op], bufs[0].shape(), DType::F32, devices_[0]);
     cudaStream_t s = root_stream();
+    for (int r = 0; r < active_; ++r) FANOUT_CUDA_CHECK(cudaStreamWaitEvent(s, ready_[op][r], 0));
+    ensure(staging_[op], bufs[0].shape(), DType::F32, devices_[0]);
     for (int r = 1; r < active_; ++r) {
       FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(staging_[op].raw(), root, bufs[r].raw(), devices_[r].index,
                                             bufs[r].nbytes(), s));
       cuda_comm::add_inplace(bufs[0].f32(), staging_[op].f32(), static_cast<size_t>(bufs[0].numel()), s);
     }
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
   }
 
   void all_reduce(int rank, Tensor& buf, Context& ctx) override {
@@ -108,7 +126,8 @@ class P2pComm : public Comm {
   std::vector<int> op_count_;
   std::vector<Tensor> staging_;
   std::vector<float> host_;
-  std::map<int, std::vector<float>> sums_;
+  std::vector<std::vector<float>> sums_;  // one per rank: written concurrently
+  std::vector<std::vector<cudaEvent_t>> ready_;  // [op][rank]: that rank's bucket is written
   std::unique_ptr<Stream> root_stream_;
 };
 

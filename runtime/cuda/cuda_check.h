@@ -1,5 +1,6 @@
 // Check macros for CUDA runtime, cuBLAS, cuDNN and NCCL calls: a failure
-// throws fanout::Error with the expression, file, line and library message.
+// throws fanout::Error naming the call as written, file, line and the
+// library's message.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -15,8 +16,10 @@ const char* cublas_status_name(cublasStatus_t s);
 #define FANOUT_CUDA_CHECK(expr)                                                                 \
   do {                                                                                          \
     cudaError_t fanout_err_ = (expr);                                                           \
-    FANOUT_CHECK(fanout_err_ == cudaSuccess) << cudaGetErrorName(fanout_err_) << ": "           \
-                                             << cudaGetErrorString(fanout_err_);                \
+    if (fanout_err_ != cudaSuccess)                                                             \
+      ::fanout::detail::Thrower() & ::fanout::detail::ErrorStream(__FILE__, __LINE__, #expr)      \
+                                        << cudaGetErrorName(fanout_err_) << " ("                \
+                                        << cudaGetErrorString(fanout_err_) << ")";              \
   } while (0)
 
 // After a kernel launch: catches bad launch configurations at once.
@@ -25,17 +28,23 @@ const char* cublas_status_name(cublasStatus_t s);
 #define FANOUT_CUBLAS_CHECK(expr)                                                               \
   do {                                                                                          \
     cublasStatus_t fanout_st_ = (expr);                                                         \
-    FANOUT_CHECK(fanout_st_ == CUBLAS_STATUS_SUCCESS) << ::fanout::detail::cublas_status_name(fanout_st_); \
+    if (fanout_st_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      ::fanout::detail::Thrower() & ::fanout::detail::ErrorStream(__FILE__, __LINE__, #expr)      \
+                                        << ::fanout::detail::cublas_status_name(fanout_st_);    \
   } while (0)
 
 #define FANOUT_CUDNN_CHECK(expr)                                                                \
   do {                                                                                          \
     cudnnStatus_t fanout_st_ = (expr);                                                          \
-    FANOUT_CHECK(fanout_st_ == CUDNN_STATUS_SUCCESS) << cudnnGetErrorString(fanout_st_);        \
+    if (fanout_st_ != CUDNN_STATUS_SUCCESS)                                                     \
+      ::fanout::detail::Thrower() & ::fanout::detail::ErrorStream(__FILE__, __LINE__, #expr)      \
+                                        << cudnnGetErrorString(fanout_st_);                     \
   } while (0)
 
 #define FANOUT_NCCL_CHECK(expr)                                                                 \
   do {                                                                                          \
     ncclResult_t fanout_st_ = (expr);                                                           \
-    FANOUT_CHECK(fanout_st_ == ncclSuccess) << ncclGetErrorString(fanout_st_);                  \
+    if (fanout_st_ != ncclSuccess)                                                              \
+      ::fanout::detail::Thrower() & ::fanout::detail::ErrorStream(__FILE__, __LINE__, #expr)      \
+                                        << ncclGetErrorString(fanout_st_);                      \
   } while (0)

@@ -137,7 +137,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   in_chunks_.resize(n);
   out_chunks_.resize(n);
   dy_chunks_.resize(n);
-  pool_ = std::make_unique<WorkerPool>(devices, nullptr);
+  pool_ = std::make_unique<WorkerPool>(devices, [devs = devices](int i) { bind_thread_to(devs[i]); });
 }
 
 DataParallel::~DataParallel() {

@@ -1,6 +1,8 @@
 // Engine choice.
 #include "runtime/parallel/engine_factory.h"
 
+#include <set>
+
 #include "kernels/gemm.h"
 #include "runtime/core/error.h"
 #include "runtime/parallel/single_device.h"
@@ -41,6 +43,14 @@ std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions&
   }
   FANOUT_USER_CHECK(b == "gloo") << "bad --ddp-backend '" << backend << "' (expected auto, gloo or nccl)";
   return dist::make_gloo_group(opts);
+}
+
+bool gpus_shared_by_processes(const std::vector<Device>& all, int local_world) {
+  if (all.empty() || !all[0].is_cuda()) return false;
+  std::set<int> primaries;
+  for (int r = 0; r < local_world; ++r)
+    if (!primaries.insert(split_devices(all, local_world, r)[0].index).second) return true;
+  return false;
 }
 
 std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank) {

@@ -39,4 +39,8 @@ std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions&
 // line of error when the list cannot be split.
 std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank);
 
+// True when `all`, split over `local_world` processes, makes one GPU the
+// primary of two of them (e.g. 0,0 over two processes): NCCL refuses that.
+bool gpus_shared_by_processes(const std::vector<Device>& all, int local_world);
+
 }  // namespace fanout

@@ -86,26 +86,26 @@ void check_batchnorm(const Shape& xs, float x_lo, float x_hi, uint64_t seed) {
 }
 
 TEST(CudaBatchNorm, StepsMatchCpu4d) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_batchnorm(Shape{3, 5, 7, 9}, -1.0f, 1.0f, 1);
   check_batchnorm(Shape{2, 3, 1, 1}, -1.0f, 1.0f, 2);
   check_batchnorm(Shape{5, 7, 3, 3}, 2.0f, 4.0f, 3);  // mean far from zero
 }
 
 TEST(CudaBatchNorm, StepsMatchCpu2d) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_batchnorm(Shape{13, 6}, -1.0f, 1.0f, 4);
   check_batchnorm(Shape{257, 33}, -1.0f, 1.0f, 5);
 }
 
 TEST(CudaBatchNorm, LargePlanesMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   // Many partial blocks per channel (N*H*W = 64*33*31) and few channels.
   check_batchnorm(Shape{64, 3, 33, 31}, -1.0f, 1.0f, 6);
 }
 
 TEST(CudaBatchNorm, StatsAreDeterministic) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(7);
   Tensor xd = to_gpu(random_tensor(Shape{32, 4, 17, 19}, rng));
   Context ctx(gpu());

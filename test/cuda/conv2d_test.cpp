@@ -68,7 +68,7 @@ void check_conv(const ConvCase& cc, const MathOptions& math, double rtol, uint64
 }
 
 TEST(CudaConv2d, GeometriesMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 100;
   for (int64_t k : {1, 3, 5})
     for (int64_t stride : {1, 2})
@@ -79,7 +79,7 @@ TEST(CudaConv2d, GeometriesMatchCpu) {
 }
 
 TEST(CudaConv2d, DeterministicAlgorithmsMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   MathOptions m;
   m.deterministic = true;
   uint64_t seed = 200;
@@ -88,7 +88,7 @@ TEST(CudaConv2d, DeterministicAlgorithmsMatchCpu) {
 }
 
 TEST(CudaConv2d, BenchmarkSearchMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   MathOptions m;
   m.cudnn_benchmark = true;
   uint64_t seed = 300;
@@ -98,14 +98,14 @@ TEST(CudaConv2d, BenchmarkSearchMatchesCpu) {
 }
 
 TEST(CudaConv2d, LargerLayerMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   // K = 64 * 3 * 3 = 576 per output, and N * OH * OW = 1152 per weight gradient.
   check_conv({8, 64, 13, 11, 96, 3, 1, 1, true}, {}, 1e-3, 400);
   check_conv({8, 64, 13, 11, 96, 3, 2, 1, false}, {}, 1e-3, 401);
 }
 
 TEST(CudaConv2d, Tf32RunsWithinTf32Tolerance) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   MathOptions m;
   m.allow_tf32 = true;
   check_conv({4, 32, 10, 10, 48, 3, 1, 1, true}, m, 3e-2, 500);

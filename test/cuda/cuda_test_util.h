@@ -1,12 +1,15 @@
 // Helpers of the CUDA-vs-CPU op tests: device copies, poisoning, and a
 // comparison relative to the reference tensor's scale. Every test starts with
-//   if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+// FANOUT_SKIP_WITHOUT_GPU(): it skips without a visible GPU, unless
+// FANOUT_REQUIRE_GPU=1 (the GPU script sets it), where it fails instead, so a
+// broken CUDA install cannot pass as a machine without a GPU.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -18,6 +21,19 @@
 #include "support/test_util.h"
 
 namespace fanout::cudatest {
+
+inline bool gpu_required() {
+  const char* v = std::getenv("FANOUT_REQUIRE_GPU");
+  return v && std::string(v) == "1";
+}
+
+#define FANOUT_SKIP_WITHOUT_GPU()                                                               \
+  do {                                                                                          \
+    if (::fanout::cuda_device_count() == 0) {                                                   \
+      if (::fanout::cudatest::gpu_required()) FAIL() << "FANOUT_REQUIRE_GPU=1 but no CUDA device is visible"; \
+      GTEST_SKIP() << "no CUDA device visible";                                                 \
+    }                                                                                           \
+  } while (0)
 
 inline Device gpu() { return Device::cuda(0); }
 

@@ -61,7 +61,7 @@ void check_gemm(const GemmCase& g, const MathOptions& math, double rtol, uint64_
 }
 
 TEST(CudaGemm, AllTransposesMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 1;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
@@ -72,13 +72,13 @@ TEST(CudaGemm, AllTransposesMatchCpu) {
 }
 
 TEST(CudaGemm, LargeKMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_gemm({false, true, 65, 47, 4099, 1.0f, 0.0f}, {}, 1e-3, 11);
   check_gemm({true, false, 33, 130, 2051, 0.5f, 1.0f}, {}, 1e-3, 12);
 }
 
 TEST(CudaGemm, Tf32RunsWithinTf32Tolerance) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   MathOptions m;
   m.allow_tf32 = true;
   // TF32 keeps 10 mantissa bits: ~1e-3 relative per product, growing with sqrt(K).
@@ -86,7 +86,7 @@ TEST(CudaGemm, Tf32RunsWithinTf32Tolerance) {
 }
 
 TEST(CudaGemm, ZeroKOrAlphaScalesC) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   // k == 0: C = beta * C; with beta == 0, zeros even over NaN (BLAS convention).
   std::mt19937_64 rng(14);
   const int64_t m = 7, n = 9;
@@ -135,7 +135,7 @@ void check_linear(int64_t batch, int64_t in, int64_t out, bool bias, bool want_d
 }
 
 TEST(CudaLinear, ForwardBackwardMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_linear(3, 7, 5, true, true, 21);
   check_linear(37, 129, 10, true, true, 22);
   check_linear(13, 33, 65, false, true, 23);

@@ -47,7 +47,7 @@ void check_xent(int64_t n, int k, float smoothing, uint64_t seed) {
 }
 
 TEST(CudaLoss, SoftmaxCrossEntropyMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 1;
   for (float s : {0.0f, 0.1f}) {
     check_xent(37, 10, s, seed++);
@@ -58,7 +58,7 @@ TEST(CudaLoss, SoftmaxCrossEntropyMatchesCpu) {
 }
 
 TEST(CudaLoss, LabelOutOfRangeGivesNanLoss) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(20);
   const int64_t n = 9;
   const int k = 10;
@@ -82,7 +82,7 @@ TEST(CudaLoss, LabelOutOfRangeGivesNanLoss) {
 }
 
 TEST(CudaLoss, CountCorrectMatchesCpuWithTiesAndNan) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   for (int k : {1, 3, 10, 77}) {
     SCOPED_TRACE(k);
     std::mt19937_64 rng(30 + static_cast<uint64_t>(k));
@@ -128,7 +128,7 @@ void check_sgd(const kernels::SgdHyper& h, int64_t n, int64_t offset, uint64_t s
 }
 
 TEST(CudaSgd, FusedStepMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 40;
   const kernels::SgdHyper cases[] = {
       {0.1f, 0.0f, 0.0f, 0.0f, false},  {0.1f, 0.0f, 0.0f, 5e-4f, false}, {0.05f, 0.9f, 0.0f, 0.0f, false},

@@ -55,7 +55,7 @@ void check_maxpool(const Shape& xs, const kernels::PoolGeometry& g, bool ties, b
 }
 
 TEST(CudaPool, MaxPoolMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 1;
   const kernels::PoolGeometry geoms[] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {5, 3, 2}};
   for (const auto& g : geoms)
@@ -84,14 +84,14 @@ void check_avgpool(const Shape& xs, const kernels::PoolGeometry& g, uint64_t see
 }
 
 TEST(CudaPool, AvgPoolMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 50;
   const kernels::PoolGeometry geoms[] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {5, 3, 2}, {4, 4, 2}};
   for (const auto& g : geoms) check_avgpool(Shape{3, 5, 7, 9}, g, seed++);
 }
 
 TEST(CudaPool, GlobalAvgPoolMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   uint64_t seed = 70;
   for (const Shape& xs : {Shape{3, 5, 7, 9}, Shape{2, 513, 1, 1}, Shape{2, 3, 45, 47}}) {
     SCOPED_TRACE(xs.str());
@@ -113,7 +113,7 @@ TEST(CudaPool, GlobalAvgPoolMatchesCpu) {
 }
 
 TEST(CudaActivation, ReluMatchesCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{257}, int64_t{3 * 5 * 7 * 9}, int64_t{100003}}) {
     SCOPED_TRACE(n);
     std::mt19937_64 rng(static_cast<uint64_t>(n));
@@ -138,7 +138,7 @@ TEST(CudaActivation, ReluMatchesCpu) {
 }
 
 TEST(CudaElementwise, AddAxpyScaleMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1029}, int64_t{100003}}) {
     for (int64_t offset : {0, 1}) {  // offset 1: misaligned views take the scalar path
       SCOPED_TRACE(::testing::Message() << "n " << n << " offset " << offset);

@@ -89,17 +89,17 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
 }
 
 TEST(CudaTraining, LenetStepsMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_training_matches_cpu("lenet", Shape{1, 28, 28}, 5, 11);
 }
 
 TEST(CudaTraining, Resnet18StepsMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12);
 }
 
 TEST(CudaTraining, CnnStepsMatchCpu) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   check_training_matches_cpu("cnn", Shape{1, 28, 28}, 6, 13);
 }
 
@@ -123,7 +123,7 @@ void check_steady_state(const std::string& model, const Shape& sample, const Mat
 }
 
 TEST(CudaTraining, SteadyStateAllocatesNothing) {
-  if (fanout::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  FANOUT_SKIP_WITHOUT_GPU();
   MathOptions plain, bench, det;
   bench.cudnn_benchmark = true;
   det.deterministic = true;

@@ -1,0 +1,206 @@
+// DataParallel, SyncBatchNorm, checkpoints and resume on CUDA devices. One
+// GPU is enough: a repeated device (0,0) runs the multi-replica paths (p2p
+// communicator, one stream per replica). TF32 is off throughout, so CUDA
+// results are compared with float32 tolerances.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+#include "models/zoo/zoo.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/single_device.h"
+#include "runtime/train/checkpoint.h"
+#include "support/dist_util.h"
+
+namespace fanout {
+namespace {
+
+using cudatest::gpu;
+using testing::random_labels;
+using testing::random_tensor;
+
+struct Batch {
+  Tensor x, y;
+};
+
+std::vector<Batch> batches(const Shape& sample, int64_t rows, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Batch> out;
+  for (int s = 0; s < steps; ++s)
+    out.push_back({random_tensor(Shape{rows, sample[0], sample[1], sample[2]}, rng), random_labels(rows, 10, rng)});
+  return out;
+}
+
+kernels::SgdHyper hyper() {
+  kernels::SgdHyper h;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  h.weight_decay = 5e-4f;
+  return h;
+}
+
+Tensor host_params(Engine& eng) {
+  eng.primary_context().compute().synchronize();
+  return eng.model().arenas().params.to(Device::cpu());
+}
+Tensor host_buffers(Engine& eng) {
+  eng.primary_context().compute().synchronize();
+  return eng.model().arenas().buffers.to(Device::cpu());
+}
+
+// ||a - b|| / ||b|| over float tensors; b must not be all zeros.
+double norm_rel(const Tensor& a, const Tensor& b) {
+  double d = 0, n = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    d += std::pow(double(a.f32()[i]) - b.f32()[i], 2);
+    n += std::pow(double(b.f32()[i]), 2);
+  }
+  EXPECT_GT(n, 0.0);
+  return std::sqrt(d / n);
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+std::vector<Device> repeated_gpu(int n) { return std::vector<Device>(n, gpu()); }
+
+// One device and DataParallel over `n` copies of cuda:0 train the same model
+// from the same weights on the same batches; the parameters (and BatchNorm
+// running statistics, when the model has them) stay within float32 rounding.
+void check_dp_matches_one_gpu(const std::string& model, const Shape& sample, int n, DataParallelOptions opts,
+                              double rtol) {
+  SCOPED_TRACE(::testing::Message() << model << " on " << n << " replicas, sync_bn " << opts.sync_bn
+                                    << ", cudnn_benchmark " << opts.math.cudnn_benchmark);
+  const auto data = batches(sample, 12, 3, 21);
+  auto m1 = models::make_model(model, sample, 10, 7);
+  auto mn = models::make_model(model, sample, 10, 7);
+  SingleDeviceEngine one(*m1, gpu(), hyper(), {}, 7, opts.math);
+  DataParallelEngine dp(*mn, repeated_gpu(n), hyper(), {}, opts);
+  for (const auto& b : data) {
+    const StepResult r1 = one.train_step(b.x, b.y, 0.05f);
+    const StepResult rn = dp.train_step(b.x, b.y, 0.05f);
+    EXPECT_EQ(rn.count, r1.count);
+    EXPECT_NEAR(rn.loss_sum, r1.loss_sum, 1e-4 * std::abs(r1.loss_sum));
+  }
+  EXPECT_LE(norm_rel(host_params(dp), host_params(one)), rtol);
+  if (mn->arenas().buffers.numel() > 0) {
+    const Tensor b1 = host_buffers(one), bn = host_buffers(dp);
+    // Float buffers only (running mean and variance); counters are int64.
+    double d = 0, s = 0;
+    for (const auto& [name, buf] : mn->named_buffers()) {
+      if (buf->dtype != DType::F32) continue;
+      const Tensor a = bn.flat(buf->offset, buf->shape), w = b1.flat(buf->offset, buf->shape);
+      for (int64_t i = 0; i < w.numel(); ++i) {
+        d += std::pow(double(a.f32()[i]) - w.f32()[i], 2);
+        s += std::pow(double(w.f32()[i]), 2);
+      }
+    }
+    ASSERT_GT(s, 0.0);
+    EXPECT_LE(std::sqrt(d / s), rtol) << "BatchNorm running statistics";
+  }
+  const StepResult e1 = one.eval_step(data[0].x, data[0].y), en = dp.eval_step(data[0].x, data[0].y);
+  EXPECT_NEAR(en.loss_sum, e1.loss_sum, 1e-3 * std::abs(e1.loss_sum));
+}
+
+TEST(CudaDataParallel, TwoReplicasOnOneGpuMatchOneDevice) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 2, {}, 1e-5);
+}
+
+TEST(CudaDataParallel, ThreeReplicasOnOneGpuMatchOneDevice) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 3, {}, 1e-5);
+}
+
+// Per-replica BatchNorm differs from one device by design; SyncBatchNorm
+// normalizes with the whole batch's statistics, as one device does.
+TEST(CudaDataParallel, SyncBatchNormOnTwoReplicasMatchesOneDevice) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  DataParallelOptions opts;
+  opts.sync_bn = true;
+  check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 1e-3);
+}
+
+// cuDNN's algorithm search runs per replica context; two replicas sharing
+// one GPU must each get a plan and train like one device.
+TEST(CudaDataParallel, CudnnBenchmarkWithTwoReplicasOnOneGpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  DataParallelOptions opts;
+  opts.sync_bn = true;
+  opts.math.cudnn_benchmark = true;
+  check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 1e-3);
+}
+
+// A checkpoint holds host tensors: written from one device kind, it loads
+// into a model on the other, bit for bit, and training continues alike.
+void check_checkpoint_crosses(Device from, Device to) {
+  SCOPED_TRACE(from.str() + " -> " + to.str());
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/ckpt.safetensors";
+  const Shape sample{3, 16, 16};
+  const auto data = batches(sample, 6, 3, 31);
+  auto ma = models::make_model("resnet18", sample, 10, 3);
+  auto mb = models::make_model("resnet18", sample, 10, 4);  // other initial weights: the load must replace them
+  SingleDeviceEngine a(*ma, from, hyper(), {}, 3);
+  SingleDeviceEngine b(*mb, to, hyper(), {}, 4);
+  for (int s = 0; s < 2; ++s) a.train_step(data[s].x, data[s].y, 0.05f);
+  train::CheckpointState st;
+  st.epoch = 1;
+  st.step = 2;
+  train::save_checkpoint(path, a, st);
+  const train::CheckpointState got = train::load_checkpoint(path, b);
+  EXPECT_EQ(got.step, 2);
+  EXPECT_TRUE(bit_equal(host_params(b), host_params(a)));
+  EXPECT_TRUE(bit_equal(host_buffers(b), host_buffers(a)));
+  a.train_step(data[2].x, data[2].y, 0.05f);
+  b.train_step(data[2].x, data[2].y, 0.05f);  // uses the restored momentum buffers
+  EXPECT_LE(norm_rel(host_params(b), host_params(a)), 1e-4);
+}
+
+TEST(CudaCheckpoint, WrittenOnGpuLoadsOnCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_checkpoint_crosses(gpu(), Device::cpu());
+}
+
+TEST(CudaCheckpoint, WrittenOnCpuLoadsOnGpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_checkpoint_crosses(Device::cpu(), gpu());
+}
+
+// Deterministic algorithms on one GPU: stopping after 2 steps, saving and
+// resuming into a fresh engine gives the uninterrupted run's bits.
+TEST(CudaCheckpoint, ResumeOnGpuEqualsUninterruptedRun) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/ckpt.safetensors";
+  const Shape sample{3, 16, 16};
+  const auto data = batches(sample, 8, 4, 41);
+  MathOptions math;
+  math.deterministic = true;
+  auto mu = models::make_model("resnet18", sample, 10, 5);
+  SingleDeviceEngine full(*mu, gpu(), hyper(), {}, 5, math);
+  for (const auto& b : data) full.train_step(b.x, b.y, 0.05f);
+  {
+    auto mi = models::make_model("resnet18", sample, 10, 5);
+    SingleDeviceEngine first(*mi, gpu(), hyper(), {}, 5, math);
+    for (int s = 0; s < 2; ++s) first.train_step(data[s].x, data[s].y, 0.05f);
+    train::CheckpointState st;
+    st.step = 2;
+    train::save_checkpoint(path, first, st);
+  }
+  auto mr = models::make_model("resnet18", sample, 10, 6);
+  SingleDeviceEngine resumed(*mr, gpu(), hyper(), {}, 6, math);
+  train::load_checkpoint(path, resumed);
+  for (int s = 2; s < 4; ++s) resumed.train_step(data[s].x, data[s].y, 0.05f);
+  EXPECT_TRUE(bit_equal(host_params(resumed), host_params(full)));
+  EXPECT_TRUE(bit_equal(host_buffers(resumed), host_buffers(full)));
+}
+
+}  // namespace
+}  // namespace fanout
