@@ -166,6 +166,19 @@ def measure(name, batch, args, device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    # Floating-point operations of one training step (forward and backward of
+    # the convolutions and matrix products, as torch.utils.flop_counter
+    # counts them; elementwise work is not counted): the numerator of the
+    # FLOP utilisation.
+    flops = None
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as fc:
+            step()
+        flops = fc.get_total_flops()
+    except Exception:  # noqa: BLE001  (an old PyTorch without the counter)
+        pass
+
     for _ in range(args.warmup):
         step()
     sync()
@@ -193,6 +206,8 @@ def measure(name, batch, args, device):
         "model_source": source,
         "torch": torch.__version__,
         "final_loss": round(final_loss, 4),
+        "train_flops_per_step": flops,
+        "tflops_per_second": round(flops * args.iters / seconds / 1e12, 2) if flops else None,
     }
 
 

@@ -7,12 +7,16 @@
 // and never change afterwards, so threads share them without locking.
 // Algorithms: cudnnGet*Algorithm_v7 heuristics by default, cudnnFind*AlgorithmEx
 // when ctx.math.cudnn_benchmark; only CUDNN_DETERMINISTIC ones when
-// ctx.math.deterministic. Math: CUDNN_FMA_MATH (plain float32) unless
-// ctx.math.allow_tf32, which lets cuDNN use TF32 tensor cores.
+// ctx.math.deterministic. Math: CUDNN_FMA_MATH (plain float32, and no FFT or
+// Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
+// tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
 #include "kernels/cuda/conv2d.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <shared_mutex>
 #include <array>
 #include <map>
 #include <memory>
@@ -86,6 +90,10 @@ struct Algos<Dir::Forward> {
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   using Algo = cudnnConvolutionFwdAlgo_t;
   static const char* name() { return "conv2d forward"; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+  }
   static int max_count(cudnnHandle_t h) {
     int n = 0;
     FANOUT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
@@ -110,6 +118,10 @@ struct Algos<Dir::BackwardData> {
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   using Algo = cudnnConvolutionBwdDataAlgo_t;
   static const char* name() { return "conv2d backward data"; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+  }
   static int max_count(cudnnHandle_t h) {
     int n = 0;
     FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
@@ -134,6 +146,10 @@ struct Algos<Dir::BackwardFilter> {
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   using Algo = cudnnConvolutionBwdFilterAlgo_t;
   static const char* name() { return "conv2d backward filter"; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+  }
   static int max_count(cudnnHandle_t h) {
     int n = 0;
     FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
@@ -184,11 +200,14 @@ void make_descriptors(ConvPlan& p, const ConvShape& s) {
 cudnnMathType_t requested_math(const MathOptions& m) { return m.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
 
 // Usable results: found, deterministic when asked, and never a math type that
-// may lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16);
-// tensor-op math only with TF32 allowed.
-template <class Perf>
-bool acceptable(const Perf& p, const MathOptions& m) {
+// may lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16).
+// With TF32 off the result must have float32 accuracy: no tensor-op math and
+// no FFT or Winograd algorithm (their transforms lose about as much as TF32:
+// 2e-3 relative on a weight gradient was measured on an H100).
+template <class A>
+bool acceptable(const typename A::Perf& p, const MathOptions& m) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
+  if (!m.allow_tf32 && A::transform_based(p.algo)) return false;
   if (m.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
   if (!m.allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) return false;
@@ -219,16 +238,19 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     // hungriest acceptable heuristic candidate wants (up to the cap).
     size_t search_ws = 0;
     for (int i = 0; i < got; ++i)
-      if (acceptable(perf[i], m) && perf[i].memory <= kMaxWorkspaceBytes) search_ws = std::max(search_ws, perf[i].memory);
+      if (acceptable<A>(perf[i], m) && perf[i].memory <= kMaxWorkspaceBytes) search_ws = std::max(search_ws, perf[i].memory);
     void* ws = search_ws ? ctx.workspace(search_ws) : nullptr;
     got = 0;
+    // cuDNN may capture a CUDA graph while it times the candidates: no other
+    // thread may make a call that capture forbids meanwhile.
+    std::unique_lock<std::shared_mutex> exclusive(::fanout::detail::capture_guard());
     A::find(h, *plan, bufs, max_algos, &got, perf.data(), ws, search_ws);
   }
   // Results come best first; take the first acceptable one whose workspace,
   // asked again with the math type it will run under, fits the cap.
   for (int i = 0; i < got; ++i) {
     const auto& p = perf[i];
-    if (!acceptable(p, m)) continue;
+    if (!acceptable<A>(p, m)) continue;
     const cudnnMathType_t math = m.allow_tf32 ? p.mathType : CUDNN_FMA_MATH;
     FANOUT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, math));
     size_t bytes = 0;
@@ -236,6 +258,10 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     if (bytes > kMaxWorkspaceBytes) continue;
     plan->algo = static_cast<int>(p.algo);
     plan->ws = bytes;
+    if (const char* log = std::getenv("FANOUT_CUDNN_LOG"); log && std::string(log) == "1")
+      std::fprintf(stderr, "fanout: %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", A::name(),
+                   shape_str(s).c_str(), plan->algo, math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes,
+                   m.cudnn_benchmark ? "timed search" : "heuristics");
     return plan;
   }
   FANOUT_FAIL() << A::name() << ": cuDNN offers no usable algorithm for " << shape_str(s)

@@ -4,8 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "runtime/core/context.h"
@@ -58,6 +60,10 @@ bool cuda_can_access_peer(int a, int b) {
 
 namespace detail {
 const char* cublas_status_name(cublasStatus_t s) { return cublasGetStatusString(s); }
+std::shared_mutex& capture_guard() {
+  static std::shared_mutex m;
+  return m;
+}
 }  // namespace detail
 
 namespace backend {
@@ -90,6 +96,7 @@ void configure_pools() {
 
 void* cuda_alloc(int device, size_t bytes) {
   configure_pools();
+  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
   DeviceGuard g(device);
   void* p = nullptr;
   // Allocations on the legacy stream are ordered before any later work, so a
@@ -98,21 +105,36 @@ void* cuda_alloc(int device, size_t bytes) {
   return p;
 }
 void cuda_free(int device, void* p) noexcept {
+  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
   // Frees are ordered after all work on the device: tensors may still be in
-  // flight on non-default streams.
-  cudaDeviceSynchronize();
-  cudaFreeAsync(p, nullptr);
+  // flight on non-default streams. The steady-state step frees nothing.
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaFreeAsync(p, nullptr);
+  if (e != cudaSuccess) {
+    // Cannot throw here; say so once and clear the error, so that it is not
+    // reported later against an unrelated call.
+    static std::once_flag warned;
+    std::call_once(warned, [e] {
+      std::fprintf(stderr, "fanout: warning: freeing CUDA memory failed: %s (%s)\n", cudaGetErrorName(e),
+                   cudaGetErrorString(e));
+    });
+    cudaGetLastError();
+  }
   cudaSetDevice(prev);
 }
 void* pinned_alloc(size_t bytes) {
+  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
   void* p = nullptr;
   FANOUT_CUDA_CHECK(cudaMallocHost(&p, bytes));
   return p;
 }
-void pinned_free(void* p) noexcept { cudaFreeHost(p); }
+void pinned_free(void* p) noexcept {
+  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+  cudaFreeHost(p);
+}
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* stream) {
   if (dd.is_cpu() && sd.is_cpu()) {
@@ -120,6 +142,7 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes, 
     return;
   }
   auto s = static_cast<cudaStream_t>(stream);
+  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
   if (dd.is_cuda() && sd.is_cuda() && dd.index != sd.index) {
     FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd.index, src, sd.index, bytes, s));
   } else {

@@ -96,15 +96,19 @@ class P2pComm : public Comm {
     }
     barrier_.arrive_and_wait();
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
-    FANOUT_CUDA_CHECK(cudaMemcpyAsync(host_.data() + rank * n, buf.raw(), buf.nbytes(), cudaMemcpyDeviceToHost,
-                                      stream_of(ctx)));
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+    {
+      std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());  // pageable copies
+      FANOUT_CUDA_CHECK(cudaMemcpyAsync(host_.data() + rank * n, buf.raw(), buf.nbytes(), cudaMemcpyDeviceToHost,
+                                        stream_of(ctx)));
+      FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+    }
     barrier_.arrive_and_wait();
     std::vector<float>& sum = sums_[rank];
     sum.assign(host_.begin(), host_.begin() + n);
     for (int r = 1; r < active_; ++r)
       for (size_t i = 0; i < n; ++i) sum[i] += host_[r * n + i];
     barrier_.arrive_and_wait();
+    std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
     FANOUT_CUDA_CHECK(cudaMemcpyAsync(buf.raw(), sum.data(), buf.nbytes(), cudaMemcpyHostToDevice, stream_of(ctx)));
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
   }

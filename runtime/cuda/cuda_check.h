@@ -9,8 +9,14 @@
 
 #include "runtime/core/error.h"
 
+#include <shared_mutex>
+
 namespace fanout::detail {
 const char* cublas_status_name(cublasStatus_t s);
+// Held exclusively while cuDNN's timed algorithm search may capture a CUDA
+// graph; shared around the calls that capture forbids in other threads
+// (allocation, frees, device-wide and legacy-stream work).
+std::shared_mutex& capture_guard();
 }
 
 #define FANOUT_CUDA_CHECK(expr)                                                                 \
