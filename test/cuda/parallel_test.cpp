@@ -71,15 +71,18 @@ bool bit_equal(const Tensor& a, const Tensor& b) {
 std::vector<Device> repeated_gpu(int n) { return std::vector<Device>(n, gpu()); }
 
 // One device and DataParallel over `n` copies of cuda:0 train the same model
-// from the same weights on the same batches; the parameters (and BatchNorm
-// running statistics, when the model has them) stay within float32 rounding.
+// from the same weights on the same batches. Compared: the change each made
+// to the parameters (sharper than the parameters themselves, which the
+// updates barely move) and the BatchNorm running statistics, within float32
+// rounding; and the losses.
 void check_dp_matches_one_gpu(const std::string& model, const Shape& sample, int n, DataParallelOptions opts,
-                              double rtol) {
+                              int steps, double rtol) {
   SCOPED_TRACE(::testing::Message() << model << " on " << n << " replicas, sync_bn " << opts.sync_bn
                                     << ", cudnn_benchmark " << opts.math.cudnn_benchmark);
-  const auto data = batches(sample, 12, 3, 21);
+  const auto data = batches(sample, 12, steps, 21);
   auto m1 = models::make_model(model, sample, 10, 7);
   auto mn = models::make_model(model, sample, 10, 7);
+  const Tensor init = m1->arenas().params.to(Device::cpu());
   SingleDeviceEngine one(*m1, gpu(), hyper(), {}, 7, opts.math);
   DataParallelEngine dp(*mn, repeated_gpu(n), hyper(), {}, opts);
   for (const auto& b : data) {
@@ -88,7 +91,12 @@ void check_dp_matches_one_gpu(const std::string& model, const Shape& sample, int
     EXPECT_EQ(rn.count, r1.count);
     EXPECT_NEAR(rn.loss_sum, r1.loss_sum, 1e-4 * std::abs(r1.loss_sum));
   }
-  EXPECT_LE(norm_rel(host_params(dp), host_params(one)), rtol);
+  auto delta = [&](Engine& e) {
+    Tensor d = host_params(e);
+    for (int64_t i = 0; i < d.numel(); ++i) d.f32()[i] -= init.f32()[i];
+    return d;
+  };
+  EXPECT_LE(norm_rel(delta(dp), delta(one)), rtol) << "parameter updates";
   if (mn->arenas().buffers.numel() > 0) {
     const Tensor b1 = host_buffers(one), bn = host_buffers(dp);
     // Float buffers only (running mean and variance); counters are int64.
@@ -105,17 +113,17 @@ void check_dp_matches_one_gpu(const std::string& model, const Shape& sample, int
     EXPECT_LE(std::sqrt(d / s), rtol) << "BatchNorm running statistics";
   }
   const StepResult e1 = one.eval_step(data[0].x, data[0].y), en = dp.eval_step(data[0].x, data[0].y);
-  EXPECT_NEAR(en.loss_sum, e1.loss_sum, 1e-3 * std::abs(e1.loss_sum));
+  EXPECT_NEAR(en.loss_sum, e1.loss_sum, 1e-4 * std::abs(e1.loss_sum));
 }
 
 TEST(CudaDataParallel, TwoReplicasOnOneGpuMatchOneDevice) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 2, {}, 1e-5);
+  check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 2, {}, 3, 1e-4);
 }
 
 TEST(CudaDataParallel, ThreeReplicasOnOneGpuMatchOneDevice) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 3, {}, 1e-5);
+  check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 3, {}, 3, 1e-4);
 }
 
 // Per-replica BatchNorm differs from one device by design; SyncBatchNorm
@@ -124,7 +132,7 @@ TEST(CudaDataParallel, SyncBatchNormOnTwoReplicasMatchesOneDevice) {
   FANOUT_SKIP_WITHOUT_GPU();
   DataParallelOptions opts;
   opts.sync_bn = true;
-  check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 1e-3);
+  check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 2, 1e-3);
 }
 
 // cuDNN's algorithm search runs per replica context; two replicas sharing
@@ -134,7 +142,7 @@ TEST(CudaDataParallel, CudnnBenchmarkWithTwoReplicasOnOneGpu) {
   DataParallelOptions opts;
   opts.sync_bn = true;
   opts.math.cudnn_benchmark = true;
-  check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 1e-3);
+  check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 2, 1e-3);
 }
 
 // A checkpoint holds host tensors: written from one device kind, it loads
