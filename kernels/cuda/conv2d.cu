@@ -7,9 +7,9 @@
 // and never change afterwards, so threads share them without locking.
 // Algorithms: cudnnGet*Algorithm_v7 heuristics by default, cudnnFind*AlgorithmEx
 // when ctx.math.cudnn_benchmark; only CUDNN_DETERMINISTIC ones when
-// ctx.math.deterministic. Math: CUDNN_FMA_MATH (plain float32, and no FFT
-// algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32 tensor
-// cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
+// ctx.math.deterministic. Math: CUDNN_FMA_MATH (plain float32, and no FFT or
+// Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
+// tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
 #include "kernels/cuda/conv2d.h"
 
@@ -90,7 +90,10 @@ struct Algos<Dir::Forward> {
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   using Algo = cudnnConvolutionFwdAlgo_t;
   static const char* name() { return "conv2d forward"; }
-  static bool fft(Algo a) { return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+  }
   static int max_count(cudnnHandle_t h) {
     int n = 0;
     FANOUT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
@@ -115,8 +118,9 @@ struct Algos<Dir::BackwardData> {
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   using Algo = cudnnConvolutionBwdDataAlgo_t;
   static const char* name() { return "conv2d backward data"; }
-  static bool fft(Algo a) {
-    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING;
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
   }
   static int max_count(cudnnHandle_t h) {
     int n = 0;
@@ -142,8 +146,9 @@ struct Algos<Dir::BackwardFilter> {
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   using Algo = cudnnConvolutionBwdFilterAlgo_t;
   static const char* name() { return "conv2d backward filter"; }
-  static bool fft(Algo a) {
-    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING;
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
   }
   static int max_count(cudnnHandle_t h) {
     int n = 0;
@@ -197,12 +202,13 @@ cudnnMathType_t requested_math(const MathOptions& m) { return m.allow_tf32 ? CUD
 // Usable results: found, deterministic when asked, and never a math type that
 // may lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16).
 // With TF32 off the result must have float32 accuracy: no tensor-op math and
-// no FFT algorithm (its transforms lose about as much as TF32: the timed
-// search's pick was 2e-3 off on a weight gradient on an H100).
+// no FFT or Winograd algorithm. Measured on an H100: the timed search's FFT
+// pick was 2e-3 off on a weight gradient, and with Winograd allowed, two
+// replicas training resnet18 drifted 12% from one device within 2 steps.
 template <class A>
 bool acceptable(const typename A::Perf& p, const MathOptions& m) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
-  if (!m.allow_tf32 && A::fft(p.algo)) return false;
+  if (!m.allow_tf32 && A::transform_based(p.algo)) return false;
   if (m.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
   if (!m.allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) return false;

@@ -29,7 +29,20 @@ kernels::SgdHyper sgd_hyper(float lr) {
 
 // Every parameter (and the float buffers: BatchNorm running statistics) of
 // the CUDA model within rtol of the CPU model's.
-void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model, double rtol, int step) {
+void expect_close(const Tensor& got, const Tensor& want, double rtol, bool norm_only, const std::string& name) {
+  if (!norm_only) {
+    EXPECT_TRUE(close(got, want, rtol)) << name;
+    return;
+  }
+  double d = 0;
+  for (int64_t k = 0; k < want.numel(); ++k) d += std::pow(double(got.f32()[k]) - want.f32()[k], 2);
+  EXPECT_LE(std::sqrt(d) / testing::l2_norm(want), rtol) << name;
+}
+
+// norm_only: each tensor compared by ||got - want|| / ||want|| instead of
+// element by element.
+void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model, double rtol, int step,
+                       bool norm_only = false) {
   SCOPED_TRACE(::testing::Message() << "after step " << step);
   // The engine moves the model and trains on its (non-blocking) compute
   // stream; plain copies run on the legacy stream, which does not wait for it.
@@ -47,7 +60,7 @@ void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model,
       EXPECT_EQ(testing::l2_norm(g), 0.0) << cp[i].first;
       continue;
     }
-    EXPECT_TRUE(close(g, w, rtol)) << cp[i].first;
+    expect_close(g, w, rtol, norm_only, cp[i].first);
   }
   const Tensor gb = cuda_model.arenas().buffers.to(Device::cpu());
   const Tensor& cb = cpu_model.arenas().buffers;
@@ -59,15 +72,15 @@ void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model,
     if (b.dtype != DType::F32) continue;
     const Tensor w = cb.flat(b.offset, b.shape);
     if (testing::l2_norm(w) == 0.0) continue;  // e.g. a running mean of exactly zero input
-    EXPECT_TRUE(close(gb.flat(b.offset, b.shape), w, rtol)) << cbn[i].first;
+    expect_close(gb.flat(b.offset, b.shape), w, rtol, norm_only, cbn[i].first);
   }
 }
 
-// rtol3: the tolerance after step 3. BatchNorm over a batch of 2 (resnet18
-// below: 8 values per channel in its last stage) amplifies float32 rounding
-// differences step by step; after step 1 everything holds at 1e-3.
+// After step 1 every element holds at 1e-3. BatchNorm over a batch of 2
+// (resnet18 below: 8 values per channel in its last stage) amplifies float32
+// rounding step by step, so `loose3` compares step 3 per tensor, by norm.
 void check_training_matches_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed,
-                                double rtol3 = 1e-3) {
+                                bool loose3 = false) {
   SCOPED_TRACE(model);
   auto cpu_model = models::make_model(model, sample, 10, seed);
   auto cuda_model = models::make_model(model, sample, 10, seed);
@@ -87,7 +100,7 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
     EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::abs(rc.loss_sum))) << "loss at step " << step;
     EXPECT_EQ(rg.count, rc.count);
     if (step == 1 || step == 3)
-      expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, step == 1 ? 1e-3 : rtol3, step);
+      expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 1e-3, step, step == 3 && loose3);
   }
   const StepResult ec = cpu_eng.eval_step(x, y), eg = cuda_eng.eval_step(x, y);
   EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-3 * std::max(1.0, std::abs(ec.loss_sum))) << "eval loss";
@@ -100,7 +113,7 @@ TEST(CudaTraining, LenetStepsMatchCpu) {
 
 TEST(CudaTraining, Resnet18StepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 5e-3);  // 3.9e-3 seen on an H100
+  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12, true);
 }
 
 TEST(CudaTraining, CnnStepsMatchCpu) {
