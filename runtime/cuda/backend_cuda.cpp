@@ -1,11 +1,13 @@
 // CUDA backend of the core runtime: device count, stream-ordered memory pools
-// (one per device, high release threshold so the pool keeps what it has),
-// pinned host memory, streams, events, cuBLAS and cuDNN handles, copies.
+// (one per device, high release threshold so the pool keeps what it has;
+// frees ordered on the GPU after every stream's queued work), pinned host
+// memory, streams, events, cuBLAS and cuDNN handles, copies.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <vector>
@@ -89,8 +91,26 @@ void configure_pools() {
       FANOUT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d));
       uint64_t threshold = UINT64_MAX;  // never hand memory back to the driver
       FANOUT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+      // A block is handed out again only once its free has completed on the
+      // GPU: allocations happen on the legacy stream but are used on any
+      // stream, so a reuse ordered only on the allocating stream would race.
+      int off = 0;
+      FANOUT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseFollowEventDependencies, &off));
+      FANOUT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &off));
     }
   });
+}
+
+// Every live stream per device, with an event of its own: a free waits for
+// all of them on the GPU instead of synchronizing the device.
+struct StreamRegistry {
+  std::mutex mu;
+  std::map<int, std::map<cudaStream_t, cudaEvent_t>> live;  // device -> stream -> event
+  std::map<int, cudaStream_t> free_stream;                  // device -> stream the frees run on
+};
+StreamRegistry& streams() {
+  static StreamRegistry* r = new StreamRegistry;  // never destroyed: frees may run during static teardown
+  return *r;
 }
 }  // namespace
 
@@ -109,10 +129,27 @@ void cuda_free(int device, void* p) noexcept {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
-  // Frees are ordered after all work on the device: tensors may still be in
-  // flight on non-default streams. The steady-state step frees nothing.
-  cudaError_t e = cudaDeviceSynchronize();
-  if (e == cudaSuccess) e = cudaFreeAsync(p, nullptr);
+  // The block may still be in use on any stream of the device: the free is
+  // queued on a stream that first waits for the work queued so far on every
+  // stream (the legacy one included). Nothing waits on the host.
+  cudaError_t e = cudaSuccess;
+  {
+    StreamRegistry& r = streams();
+    std::lock_guard<std::mutex> g(r.mu);
+    cudaStream_t& fs = r.free_stream[device];
+    if (!fs) e = cudaStreamCreateWithFlags(&fs, cudaStreamNonBlocking);
+    auto& live = r.live[device];
+    if (e == cudaSuccess && !live.count(nullptr)) {
+      cudaEvent_t ev = nullptr;
+      e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+      if (e == cudaSuccess) live[nullptr] = ev;
+    }
+    for (auto it = live.begin(); e == cudaSuccess && it != live.end(); ++it) {
+      e = cudaEventRecord(it->second, it->first);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(fs, it->second, 0);
+    }
+    if (e == cudaSuccess) e = cudaFreeAsync(p, fs);
+  }
   if (e != cudaSuccess) {
     // Cannot throw here; say so once and clear the error, so that it is not
     // reported later against an unrelated call.
@@ -156,9 +193,28 @@ void* stream_create(int device) {
   DeviceGuard g(device);
   cudaStream_t s;
   FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e;
+  FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  StreamRegistry& r = streams();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.live[device][s] = e;
   return s;
 }
-void stream_destroy(int device, void* s) noexcept { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
+void stream_destroy(int device, void* s) noexcept {
+  {
+    StreamRegistry& r = streams();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto& live = r.live[device];
+    auto it = live.find(static_cast<cudaStream_t>(s));
+    if (it != live.end()) {
+      cudaEventDestroy(it->second);
+      live.erase(it);
+    }
+  }
+  // Later frees no longer wait for this stream: let its queued work finish.
+  cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+  cudaStreamDestroy(static_cast<cudaStream_t>(s));
+}
 void stream_sync(int device, void* s) { FANOUT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
 void* event_create(int device) {
   DeviceGuard g(device);
