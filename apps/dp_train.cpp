@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -188,7 +189,16 @@ std::vector<Device> order_by_free_memory(std::vector<Device> devices, bool print
 std::vector<Device> machine_devices(const train::RunConfig& c) {
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   std::string spec = c.devices;
-  if (spec == "auto") spec = cuda_device_count() > 0 ? "all" : "cpu";
+  if (spec == "auto") {
+    spec = cuda_device_count() > 0 ? "all" : "cpu";
+    static bool warned = false;
+    if (!cuda_available_in_build() && !warned && std::filesystem::exists("/dev/nvidiactl")) {
+      std::fprintf(stderr,
+                   "dp-train: warning: this machine has an NVIDIA GPU but this build has no CUDA backend, so it "
+                   "trains on the CPU (rebuild with nvcc on PATH; apps/setup.sh looks in /usr/local/cuda)\n");
+      warned = true;
+    }
+  }
   FANOUT_USER_CHECK(!(cvd && std::string(cvd).empty() && spec.rfind("cpu", 0) != 0))
       << "CUDA_VISIBLE_DEVICES is set but empty, so no GPU is visible (unset it, or use --devices cpu)";
   return parse_devices(spec);

@@ -22,6 +22,11 @@ python3 -c "import safetensors, numpy" 2> /dev/null ||
   python3 -m pip install -q safetensors numpy 2> /dev/null ||
   python3 -m pip install -q --break-system-packages safetensors numpy
 
+# The CUDA toolkit usually sits in /usr/local/cuda without being on PATH:
+# find it there, so that a GPU machine builds the CUDA backend.
+if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
 jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FANOUT_CMAKE_ARGS:-} > build-configure.log ||
   { cat build-configure.log; exit 1; }
