@@ -24,26 +24,7 @@ namespace {
 using cudatest::gpu;
 using testing::random_labels;
 using testing::random_tensor;
-
-struct Batch {
-  Tensor x, y;
-};
-
-std::vector<Batch> batches(const Shape& sample, int64_t rows, int steps, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<Batch> out;
-  for (int s = 0; s < steps; ++s)
-    out.push_back({random_tensor(Shape{rows, sample[0], sample[1], sample[2]}, rng), random_labels(rows, 10, rng)});
-  return out;
-}
-
-kernels::SgdHyper hyper() {
-  kernels::SgdHyper h;
-  h.lr = 0.05f;
-  h.momentum = 0.9f;
-  h.weight_decay = 5e-4f;
-  return h;
-}
+using testing::random_batches;
 
 Tensor host_params(Engine& eng) {
   eng.primary_context().compute().synchronize();
@@ -80,12 +61,12 @@ void check_dp_matches_one_gpu(const std::string& model, const Shape& sample, int
                               int steps, double rtol) {
   SCOPED_TRACE(::testing::Message() << model << " on " << n << " replicas, sync_bn " << opts.sync_bn
                                     << ", cudnn_benchmark " << opts.math.cudnn_benchmark);
-  const auto data = batches(sample, 12, steps, 21);
+  const auto data = random_batches(sample, 12, steps, 21);
   auto m1 = models::make_model(model, sample, 10, 7);
   auto mn = models::make_model(model, sample, 10, 7);
   const Tensor init = m1->arenas().params.to(Device::cpu());
-  SingleDeviceEngine one(*m1, gpu(), hyper(), {}, 7, opts.math);
-  DataParallelEngine dp(*mn, repeated_gpu(n), hyper(), {}, opts);
+  SingleDeviceEngine one(*m1, gpu(), testing::test_sgd(), {}, 7, opts.math);
+  DataParallelEngine dp(*mn, repeated_gpu(n), testing::test_sgd(), {}, opts);
   for (const auto& b : data) {
     const StepResult r1 = one.train_step(b.x, b.y, 0.05f);
     const StepResult rn = dp.train_step(b.x, b.y, 0.05f);
@@ -149,17 +130,17 @@ TEST(CudaDataParallel, CudnnBenchmarkWithTwoReplicasOnOneGpu) {
 // The change one training step makes to the parameters.
 Tensor one_step_delta(const std::vector<Device>& devices, const MathOptions& math) {
   const Shape sample{3, 16, 16};
-  const auto data = batches(sample, 12, 1, 21);
+  const auto data = random_batches(sample, 12, 1, 21);
   auto m = models::make_model("resnet18", sample, 10, 7);
   const Tensor init = m->arenas().params.to(Device::cpu());
   std::unique_ptr<Engine> eng;
   if (devices.size() == 1) {
-    eng = std::make_unique<SingleDeviceEngine>(*m, devices[0], hyper(), LossOptions{}, 7, math);
+    eng = std::make_unique<SingleDeviceEngine>(*m, devices[0], testing::test_sgd(), LossOptions{}, 7, math);
   } else {
     DataParallelOptions opts;
     opts.sync_bn = true;
     opts.math = math;
-    eng = std::make_unique<DataParallelEngine>(*m, devices, hyper(), LossOptions{}, opts);
+    eng = std::make_unique<DataParallelEngine>(*m, devices, testing::test_sgd(), LossOptions{}, opts);
   }
   eng->train_step(data[0].x, data[0].y, 0.05f);
   Tensor d = host_params(*eng);
@@ -194,11 +175,11 @@ void check_checkpoint_crosses(Device from, Device to) {
   testing::TempDir dir;
   const std::string path = dir.path() + "/ckpt.safetensors";
   const Shape sample{3, 16, 16};
-  const auto data = batches(sample, 6, 3, 31);
+  const auto data = random_batches(sample, 6, 3, 31);
   auto ma = models::make_model("resnet18", sample, 10, 3);
   auto mb = models::make_model("resnet18", sample, 10, 4);  // other initial weights: the load must replace them
-  SingleDeviceEngine a(*ma, from, hyper(), {}, 3);
-  SingleDeviceEngine b(*mb, to, hyper(), {}, 4);
+  SingleDeviceEngine a(*ma, from, testing::test_sgd(), {}, 3);
+  SingleDeviceEngine b(*mb, to, testing::test_sgd(), {}, 4);
   for (int s = 0; s < 2; ++s) a.train_step(data[s].x, data[s].y, 0.05f);
   train::CheckpointState st;
   st.epoch = 1;
@@ -230,22 +211,22 @@ TEST(CudaCheckpoint, ResumeOnGpuEqualsUninterruptedRun) {
   testing::TempDir dir;
   const std::string path = dir.path() + "/ckpt.safetensors";
   const Shape sample{3, 16, 16};
-  const auto data = batches(sample, 8, 4, 41);
+  const auto data = random_batches(sample, 8, 4, 41);
   MathOptions math;
   math.deterministic = true;
   auto mu = models::make_model("resnet18", sample, 10, 5);
-  SingleDeviceEngine full(*mu, gpu(), hyper(), {}, 5, math);
+  SingleDeviceEngine full(*mu, gpu(), testing::test_sgd(), {}, 5, math);
   for (const auto& b : data) full.train_step(b.x, b.y, 0.05f);
   {
     auto mi = models::make_model("resnet18", sample, 10, 5);
-    SingleDeviceEngine first(*mi, gpu(), hyper(), {}, 5, math);
+    SingleDeviceEngine first(*mi, gpu(), testing::test_sgd(), {}, 5, math);
     for (int s = 0; s < 2; ++s) first.train_step(data[s].x, data[s].y, 0.05f);
     train::CheckpointState st;
     st.step = 2;
     train::save_checkpoint(path, first, st);
   }
   auto mr = models::make_model("resnet18", sample, 10, 6);
-  SingleDeviceEngine resumed(*mr, gpu(), hyper(), {}, 6, math);
+  SingleDeviceEngine resumed(*mr, gpu(), testing::test_sgd(), {}, 6, math);
   train::load_checkpoint(path, resumed);
   for (int s = 2; s < 4; ++s) resumed.train_step(data[s].x, data[s].y, 0.05f);
   EXPECT_TRUE(bit_equal(host_params(resumed), host_params(full)));

@@ -26,38 +26,18 @@ TEST(ChunkSizes, MatchTorchChunk) {
   EXPECT_EQ(chunk_sizes(1, 4), (std::vector<int64_t>{1}));
 }
 
-struct Batch {
-  Tensor x, y;
-};
-
-std::vector<Batch> make_batches(const Shape& sample, int64_t batch, int steps, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<Batch> out;
-  for (int s = 0; s < steps; ++s)
-    out.push_back({random_tensor(Shape{batch, sample[0], sample[1], sample[2]}, rng), random_labels(batch, 10, rng)});
-  return out;
-}
-
-kernels::SgdHyper hyper() {
-  kernels::SgdHyper h;
-  h.lr = 0.05f;
-  h.momentum = 0.9f;
-  h.weight_decay = 5e-4f;
-  return h;
-}
-
-Tensor train_single(const std::string& name, const Shape& sample, const std::vector<Batch>& batches,
+Tensor train_single(const std::string& name, const Shape& sample, const std::vector<testing::Batch>& batches,
                     const MathOptions& math = {}) {
   auto m = models::make_model(name, sample, 10, 11);
-  SingleDeviceEngine eng(*m, Device::cpu(), hyper(), {}, 11, math);
+  SingleDeviceEngine eng(*m, Device::cpu(), testing::test_sgd(), {}, 11, math);
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
   return m->arenas().params.to(Device::cpu());
 }
 
-Tensor train_dp(const std::string& name, const Shape& sample, const std::vector<Batch>& batches, int n,
+Tensor train_dp(const std::string& name, const Shape& sample, const std::vector<testing::Batch>& batches, int n,
                 DataParallelOptions opts = {}) {
   auto m = models::make_model(name, sample, 10, 11);
-  DataParallelEngine eng(*m, parse_devices("cpu:" + std::to_string(n)), hyper(), {}, opts);
+  DataParallelEngine eng(*m, parse_devices("cpu:" + std::to_string(n)), testing::test_sgd(), {}, opts);
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
   return m->arenas().params.to(Device::cpu());
 }
@@ -86,7 +66,7 @@ TEST_P(Equivalence, SameParametersAsOneDevice) {
   const auto& [name, n, batch] = GetParam();
   const Shape sample{3, 32, 32};
   const int steps = batch == 64 ? 20 : 10;
-  auto batches = make_batches(sample, batch, steps, 5);
+  auto batches = testing::random_batches(sample, batch, steps, 5);
   Tensor ref = train_single(name, sample, batches);
   Tensor got = train_dp(name, sample, batches, n);
   // Float sums in a different order: per-chunk partial sums, then across
@@ -102,7 +82,7 @@ class SplitInvariant : public ::testing::TestWithParam<std::tuple<std::string, i
 TEST_P(SplitInvariant, SameBitsOnAnyDeviceCount) {
   const auto& [name, batch] = GetParam();
   const Shape sample{3, 32, 32};
-  auto batches = make_batches(sample, batch, 20, 6);
+  auto batches = testing::random_batches(sample, batch, 20, 6);
   MathOptions math;
   math.split_invariant = true;
   DataParallelOptions opts;
@@ -128,7 +108,7 @@ TEST(SplitInvariant, RefusesBatchNormModels) {
   auto m = models::make_model("resnet18", Shape{3, 32, 32}, 10, 1);
   MathOptions math;
   math.split_invariant = true;
-  testing::expect_user_error([&] { SingleDeviceEngine(*m, Device::cpu(), hyper(), {}, 1, math); },
+  testing::expect_user_error([&] { SingleDeviceEngine(*m, Device::cpu(), testing::test_sgd(), {}, 1, math); },
                              {"cannot hold for a model with BatchNorm (bn1)"});
 }
 
@@ -192,12 +172,12 @@ TEST(DataParallelBatchNorm, SyncBnMatchesSingleDevice) {
   sync.sync_bn = true;
   for (const char* name : {"cnn", "resnet18"}) {
     // One step: equal to float tolerance.
-    auto one = make_batches(sample, 12, 1, 6);
+    auto one = testing::random_batches(sample, 12, 1, 6);
     EXPECT_LT(norm_rel(train_dp(name, sample, one, 3, sync), train_single(name, sample, one)), 1e-5) << name;
     // Three steps: resnet18 at 1x1 resolution in layer4 normalizes 12 values
     // per channel, which amplifies summation-order noise step by step; still
     // far closer than per-replica statistics get.
-    auto three = make_batches(sample, 12, 3, 6);
+    auto three = testing::random_batches(sample, 12, 3, 6);
     Tensor ref = train_single(name, sample, three);
     const double synced = norm_rel(train_dp(name, sample, three, 3, sync), ref);
     const double plain = norm_rel(train_dp(name, sample, three, 3), ref);
@@ -209,9 +189,9 @@ TEST(DataParallelBatchNorm, SyncBnMatchesSingleDevice) {
 TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
   const Shape sample{3, 32, 32};
   auto m = models::make_model("lenet", sample, 10, 1);
-  DataParallelEngine eng(*m, parse_devices("cpu:3"), hyper(), {}, {});
-  auto batches = make_batches(sample, 20, 2, 7);
-  batches.push_back(make_batches(sample, 11, 1, 8)[0]);  // a smaller last batch
+  DataParallelEngine eng(*m, parse_devices("cpu:3"), testing::test_sgd(), {}, {});
+  auto batches = testing::random_batches(sample, 20, 2, 7);
+  batches.push_back(testing::random_batches(sample, 11, 1, 8)[0]);  // a smaller last batch
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
   for (auto& b : batches) eng.eval_step(b.x, b.y);
   const auto before = alloc_stats();

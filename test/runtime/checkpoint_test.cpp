@@ -37,14 +37,6 @@ struct TempDir {
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
-kernels::SgdHyper sgd_hyper() {
-  kernels::SgdHyper h;
-  h.lr = 0.05f;
-  h.momentum = 0.9f;
-  h.weight_decay = 5e-4f;
-  return h;
-}
-
 struct TrainingRun {
   std::unique_ptr<Module> model;
   std::unique_ptr<Engine> engine;
@@ -62,12 +54,12 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
   TrainingRun r;
   r.model = models::make_model("lenet", data.train.sample_shape(), 10, init_seed);
   if (devices == 0) {
-    r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), sgd_hyper(), LossOptions{}, 7);
+    r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), testing::test_sgd(), LossOptions{}, 7);
   } else {
     DataParallelOptions o;
     o.seed = 7;
     r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices("cpu:" + std::to_string(devices)),
-                                                    sgd_hyper(), LossOptions{}, o);
+                                                    testing::test_sgd(), LossOptions{}, o);
   }
   train::TrainerConfig tc;
   tc.epochs = epochs;
@@ -160,7 +152,7 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
                              {"is not a fanout training checkpoint", "--init-from"});
   // A checkpoint of another architecture.
   auto mlp = models::make_model("mlp", data.train.sample_shape(), 10, 1);
-  SingleDeviceEngine mlp_engine(*mlp, Device::cpu(), sgd_hyper(), {}, 1);
+  SingleDeviceEngine mlp_engine(*mlp, Device::cpu(), testing::test_sgd(), {}, 1);
   train::save_checkpoint(dir / "mlp.safetensors", mlp_engine, {});
   testing::expect_user_error([&] { train::load_checkpoint(dir / "mlp.safetensors", *r.engine); },
                              {"mlp.safetensors", "missing", "mismatched"});
@@ -168,7 +160,7 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   r.trainer->run();
   train::save_checkpoint(dir / "c.safetensors", *r.engine, {});
   auto plain = models::make_model("lenet", data.train.sample_shape(), 10, 1);
-  kernels::SgdHyper h = sgd_hyper();
+  kernels::SgdHyper h = testing::test_sgd();
   h.momentum = 0;
   SingleDeviceEngine plain_engine(*plain, Device::cpu(), h, {}, 1);
   const Tensor before = plain->arenas().params.to(Device::cpu());

@@ -114,4 +114,20 @@ std::string expect_user_error(const std::function<void()>& f, const std::vector<
 }
 
 
+std::vector<Batch> random_batches(const Shape& sample, int64_t rows, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Batch> out;
+  for (int s = 0; s < steps; ++s)
+    out.push_back({random_tensor(Shape{rows, sample[0], sample[1], sample[2]}, rng), random_labels(rows, 10, rng)});
+  return out;
+}
+
+kernels::SgdHyper test_sgd() {
+  kernels::SgdHyper h;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  h.weight_decay = 5e-4f;
+  return h;
+}
+
 }  // namespace fanout::testing

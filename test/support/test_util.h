@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/sgd.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::testing {
@@ -13,6 +14,15 @@ namespace fanout::testing {
 // Seeded uniform [lo, hi) values; never all zeros.
 Tensor random_tensor(const Shape& s, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f);
 Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng);
+
+// `steps` seeded batches of `rows` samples of shape `sample` (C, H, W) with
+// labels in [0, 10).
+struct Batch {
+  Tensor x, y;
+};
+std::vector<Batch> random_batches(const Shape& sample, int64_t rows, int steps, uint64_t seed);
+// The SGD settings the training tests share: lr 0.05, momentum 0.9, weight decay 5e-4.
+kernels::SgdHyper test_sgd();
 // Fills with NaN so unwritten outputs are caught.
 void poison(Tensor& t);
 // max |a - b| / max(1, |b|), elementwise.
