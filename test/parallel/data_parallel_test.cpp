@@ -186,6 +186,35 @@ TEST(DataParallelBatchNorm, SyncBnMatchesSingleDevice) {
   }
 }
 
+// Two SyncBatchNorm engines built on one module in turn: destroying the first
+// must leave the second's statistics hook in place (it used to detach it, and
+// the second's next forward waited forever for replicas that never synced),
+// and the second keeps training like one device.
+TEST(DataParallelBatchNorm, TwoEnginesOnOneModuleInTurn) {
+  const Shape sample{3, 8, 8};
+  DataParallelOptions sync;
+  sync.sync_bn = true;
+  auto data = testing::random_batches(sample, 12, 2, 9);
+  auto m = models::make_model("cnn", sample, 10, 11);
+  auto first = std::make_unique<DataParallelEngine>(*m, parse_devices("cpu:3"), testing::test_sgd(), LossOptions{}, sync);
+  first->train_step(data[0].x, data[0].y, 0.05f);
+  DataParallelEngine second(*m, parse_devices("cpu:2"), testing::test_sgd(), LossOptions{}, sync);
+  first.reset();
+  ASSERT_NE(m->batch_stat_sync(), nullptr) << "the first engine detached the second's hook";
+  second.train_step(data[1].x, data[1].y, 0.05f);
+
+  // The same two steps on one device, each engine with its own optimizer
+  // (the second starts without momentum), as above.
+  auto ref = models::make_model("cnn", sample, 10, 11);
+  {
+    SingleDeviceEngine one(*ref, Device::cpu(), testing::test_sgd(), LossOptions{}, 11);
+    one.train_step(data[0].x, data[0].y, 0.05f);
+  }
+  SingleDeviceEngine two(*ref, Device::cpu(), testing::test_sgd(), LossOptions{}, 11);
+  two.train_step(data[1].x, data[1].y, 0.05f);
+  EXPECT_LT(norm_rel(m->arenas().params, ref->arenas().params), 1e-5);
+}
+
 TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
   const Shape sample{3, 32, 32};
   auto m = models::make_model("lenet", sample, 10, 1);
