@@ -29,7 +29,7 @@ std::vector<int64_t> chunk_sizes(int64_t batch, int parts) {
 // broadcasts the result to the other local replicas.
 class DataParallel::StatSync : public BatchStatSync {
  public:
-  explicit StatSync(DataParallel& dp) : dp_(dp), packed_(dp.devices_.size()) {}
+  explicit StatSync(DataParallel& dp) : dp_(dp), packed_(dp.devices_.size()), count_host_(dp.devices_.size()) {}
   void all_reduce(int, Tensor& stats, int64_t& count, Context& ctx) override {
     const int rank = rank_of(ctx);
     FANOUT_CHECK(count >= 0 && count < (int64_t{1} << 24))
@@ -47,13 +47,15 @@ class DataParallel::StatSync : public BatchStatSync {
       dp_.comm_->broadcast(rank, p, ctx);
     }
     stats.view(Shape{n}).copy_from(head, &ctx.compute());
-    if (ctx.device().is_cpu()) {
-      count = static_cast<int64_t>(tail.f32()[0]);
-    } else {
-      Tensor h = tail.to(Device::cpu(), &ctx.compute());
+    const Tensor* total = &tail;
+    if (!ctx.device().is_cpu()) {
+      Tensor& h = count_host_[rank];  // reused: no allocation per layer and step
+      ensure(h, Shape{1}, DType::F32, Device::cpu());
+      h.copy_from(tail, &ctx.compute());
       ctx.compute().synchronize();
-      count = static_cast<int64_t>(h.f32()[0]);
+      total = &h;
     }
+    count = static_cast<int64_t>(total->f32()[0]);
   }
 
  private:
@@ -64,7 +66,8 @@ class DataParallel::StatSync : public BatchStatSync {
     return -1;
   }
   DataParallel& dp_;
-  std::vector<Tensor> packed_;  // [rank] (2C + 1)
+  std::vector<Tensor> packed_;      // [rank] (2C + 1)
+  std::vector<Tensor> count_host_;  // [rank] the summed count, copied to the host (CUDA)
 };
 
 namespace {
