@@ -20,6 +20,13 @@ void bind_thread_to(Device d) {
 }
 std::vector<CudaDeviceInfo> cuda_device_info() { return {}; }
 bool cuda_can_access_peer(int, int) { return false; }
+size_t device_peak_bytes(Device d) {
+  if (d.is_cuda()) backend::no_cuda_device(d);
+  return 0;
+}
+void reset_device_peak_bytes(Device d) {
+  if (d.is_cuda()) backend::no_cuda_device(d);
+}
 
 namespace backend {
 namespace {

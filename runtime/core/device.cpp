@@ -1,6 +1,8 @@
 // Device naming and device-list parsing.
 #include "runtime/core/device.h"
 
+#include <sys/resource.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <set>
@@ -9,6 +11,12 @@
 #include "runtime/core/error.h"
 
 namespace fanout {
+
+size_t peak_host_bytes() {
+  rusage u{};
+  FANOUT_CHECK(getrusage(RUSAGE_SELF, &u) == 0) << "getrusage failed";
+  return static_cast<size_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
 
 std::string Device::str() const {
   return (kind == DeviceKind::CPU ? "cpu:" : "cuda:") + std::to_string(index);

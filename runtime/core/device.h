@@ -43,6 +43,14 @@ std::vector<CudaDeviceInfo> cuda_device_info();
 // Whether device a can read and write device b's memory directly.
 bool cuda_can_access_peer(int a, int b);
 
+// The most bytes fanout's tensors held at once on a GPU since the process
+// started or the last reset (its memory pool's high-water mark); 0 for CPU
+// devices. Host memory: peak_host_bytes().
+size_t device_peak_bytes(Device device);
+void reset_device_peak_bytes(Device device);
+// This process's peak resident memory (the kernel's high-water mark).
+size_t peak_host_bytes();
+
 // Parses a device list. Throws fanout::Error with a one-line message on bad
 // input (unknown form, out-of-range index, mixed CPU and CUDA, no GPU).
 // `allow_repeat`: whether a CUDA index may appear more than once (DP allows it).

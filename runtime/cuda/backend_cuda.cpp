@@ -53,6 +53,23 @@ std::vector<CudaDeviceInfo> cuda_device_info() {
   return out;
 }
 
+size_t device_peak_bytes(Device d) {
+  if (d.is_cpu()) return 0;
+  cudaMemPool_t pool;
+  FANOUT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d.index));
+  uint64_t high = 0;
+  FANOUT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  return static_cast<size_t>(high);
+}
+
+void reset_device_peak_bytes(Device d) {
+  if (d.is_cpu()) return;
+  cudaMemPool_t pool;
+  FANOUT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d.index));
+  uint64_t zero = 0;  // the only value the attribute accepts: restarts the mark from the current use
+  FANOUT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+}
+
 bool cuda_can_access_peer(int a, int b) {
   if (a == b) return true;
   int ok = 0;

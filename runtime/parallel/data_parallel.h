@@ -126,6 +126,7 @@ class DataParallelEngine : public Engine {
   Module& model() override { return dp_.module(); }
   optim::SGD& optimizer() override { return *sgd_; }
   Context& primary_context() override { return dp_.primary_context(); }
+  std::vector<Device> devices() const override { return dp_.devices(); }
   DataParallel& data_parallel() { return dp_; }
 
  private:

@@ -60,6 +60,8 @@ class Engine {
   virtual Module& model() = 0;
   virtual optim::SGD& optimizer() = 0;
   virtual Context& primary_context() = 0;
+  // This process's devices; the first is the primary.
+  virtual std::vector<Device> devices() const = 0;
 
   // Distributed runs: this process's rank and the number of processes.
   virtual int rank() const { return 0; }

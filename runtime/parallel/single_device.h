@@ -18,6 +18,7 @@ class SingleDeviceEngine : public Engine {
   Module& model() override { return model_; }
   optim::SGD& optimizer() override { return *sgd_; }
   Context& primary_context() override { return ctx_; }
+  std::vector<Device> devices() const override { return {ctx_.device()}; }
 
  private:
   void forward_loss(const Tensor& x, const Tensor& y, bool train, float grad_scale);

@@ -26,6 +26,7 @@ void RunConfig::validate() const {
       << "--label-smoothing must be in [0, 1), got " << label_smoothing;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;
   FANOUT_USER_CHECK(prefetch >= 1) << "--prefetch must be at least 1, got " << prefetch;
+  FANOUT_USER_CHECK(timing_warmup >= 0) << "--timing-warmup must be non-negative, got " << timing_warmup;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
@@ -87,6 +88,7 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.batch_size = batch_size;
   tc.eval_batch_size = eval_batch_size;
   tc.accumulate = accumulate;
+  tc.timing_warmup = timing_warmup;
   tc.seed = seed;
   tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
   tc.metrics_path = metrics;

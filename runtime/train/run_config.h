@@ -53,6 +53,7 @@ struct RunConfig {
   bool non_strict = false;
   std::string metrics;
   std::string progress = "auto";
+  int timing_warmup = 0;  // steps of each epoch left out of its steady time
   // Math.
   bool allow_tf32 = false, cudnn_benchmark = false, deterministic = false, split_invariant = false;
 

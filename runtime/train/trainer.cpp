@@ -88,8 +88,11 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"test_acc", m.test_acc},
           {"epoch_seconds", m.epoch_seconds},
           {"images_per_second", m.images_per_second},
+          {"steady_epoch_seconds", m.steady_epoch_seconds},
           {"data_wait_fraction", m.data_wait_fraction},
-          {"lr", m.lr}};
+          {"lr", m.lr},
+          {"peak_host_bytes", m.peak_host_bytes},
+          {"peak_device_bytes", m.peak_device_bytes}};
 }
 
 int drop_metrics_after(const std::string& path, int last_epoch) {
@@ -125,6 +128,9 @@ EpochMetrics Trainer::train_epoch(int epoch) {
   Tensor x, y;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), nb, total);
   const auto t0 = std::chrono::steady_clock::now();
+  const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - 1);
+  auto t_warm = t0;
+  double wait_at_warm = it.wait_seconds();
   Totals t;
   double running_loss = 0;
   int64_t b = 0, group_rows = 0;
@@ -145,15 +151,23 @@ EpochMetrics Trainer::train_epoch(int epoch) {
     t.add(r);
     running_loss += r.loss_sum;
     ++b;
+    if (b == warm) {
+      t_warm = std::chrono::steady_clock::now();
+      wait_at_warm = it.wait_seconds();
+    }
     progress_.update(b, t.count, running_loss / t.count, static_cast<double>(t.correct) / t.count);
   }
   progress_.end();
   t.all_reduce(engine_);
-  m.epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t1 = std::chrono::steady_clock::now();
+  m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
+  const double steady = std::chrono::duration<double>(t1 - t_warm).count();
+  m.steady_epoch_seconds = warm > 0 && b > warm ? steady * static_cast<double>(b) / static_cast<double>(b - warm)
+                                                : m.epoch_seconds;
   m.train_loss = t.count ? t.loss.value() / t.count : 0;
   m.train_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
-  m.images_per_second = m.epoch_seconds > 0 ? t.count / m.epoch_seconds : 0;
-  m.data_wait_fraction = m.epoch_seconds > 0 ? std::min(1.0, it.wait_seconds() / m.epoch_seconds) : 0;
+  m.images_per_second = m.steady_epoch_seconds > 0 ? t.count / m.steady_epoch_seconds : 0;
+  m.data_wait_fraction = steady > 0 ? std::min(1.0, (it.wait_seconds() - wait_at_warm) / steady) : 0;
   return m;
 }
 
@@ -167,6 +181,34 @@ void Trainer::evaluate(EpochMetrics& m) {
   t.all_reduce(engine_);
   m.test_loss = t.count ? t.loss.value() / t.count : 0;
   m.test_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
+}
+
+void Trainer::measure_memory(EpochMetrics& m) {
+  const std::vector<Device> devices = engine_.devices();
+  const int world = engine_.world_size(), rank = engine_.rank();
+  const size_t n = devices[0].is_cuda() ? devices.size() : 0;
+  // Every rank has as many devices (the list is split evenly): one slot each, summed = gathered.
+  std::vector<int64_t> v(1 + n * static_cast<size_t>(world), 0);
+  v[0] = static_cast<int64_t>(peak_host_bytes());
+  for (size_t i = 0; i < n; ++i) v[1 + rank * n + i] = static_cast<int64_t>(device_peak_bytes(devices[i]));
+  engine_.all_reduce_stats(v);
+  m.peak_host_bytes = v[0];
+  m.peak_device_bytes.assign(v.begin() + 1, v.end());
+}
+
+namespace {
+std::string gib(int64_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(bytes) / 1073741824.0);
+  return s;
+}
+}  // namespace
+
+std::string memory_summary(const EpochMetrics& m) {
+  std::string s = "peak memory " + gib(m.peak_host_bytes) + " GiB host";
+  for (size_t i = 0; i < m.peak_device_bytes.size(); ++i)
+    s += (i == 0 ? ", GPUs " : " / ") + gib(m.peak_device_bytes[i]);
+  return s + (m.peak_device_bytes.empty() ? "" : " GiB");
 }
 
 void Trainer::write_metrics(const EpochMetrics& m) {
@@ -186,10 +228,11 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch) {
   for (int e = first_epoch; e < last_epoch; ++e) {
     m = train_epoch(e);
     evaluate(m);
+    measure_memory(m);
     if (cfg_.summary_out) std::fprintf(cfg_.summary_out,
-                 "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g\n",
+                 "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g  %s\n",
                  m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_seconds,
-                 m.images_per_second, 100 * m.data_wait_fraction, m.lr);
+                 m.images_per_second, 100 * m.data_wait_fraction, m.lr, memory_summary(m).c_str());
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);
     write_metrics(m);
     if (on_epoch_end) on_epoch_end(m);

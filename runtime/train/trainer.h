@@ -25,6 +25,7 @@ struct TrainerConfig {
   uint64_t seed = 0;
   bool drop_last = false;
   int accumulate = 1;        // batches per optimizer step (gradient accumulation)
+  int timing_warmup = 0;     // steps at the start of each epoch left out of its steady time
   int workers = 0;           // loader threads (0: batches built on the training thread)
   int prefetch = 2;          // batches in flight per worker
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
@@ -50,12 +51,21 @@ struct EpochMetrics {
   int epoch = 0;  // 1-based
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   double epoch_seconds = 0, images_per_second = 0;
+  // The epoch's time without its first timing_warmup steps, scaled to all
+  // of its steps (epoch_seconds when there is no warm-up).
+  double steady_epoch_seconds = 0;
   double lr = 0;
-  double data_wait_fraction = 0;  // share of the epoch spent waiting for the loader
+  double data_wait_fraction = 0;  // share of the (steady) epoch spent waiting for the loader
+  // Peak memory so far: resident host bytes summed over the processes, and
+  // the pool high-water mark of each GPU of each process (rank order).
+  int64_t peak_host_bytes = 0;
+  std::vector<int64_t> peak_device_bytes;
 };
 
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);
+// "peak memory 1.20 GiB host, GPUs 3.10 / 2.90 GiB".
+std::string memory_summary(const EpochMetrics& m);
 
 // Before a resumed run appends to a metrics file: removes the lines of epochs
 // after `last_epoch` (written by the interrupted run after its checkpoint, and
@@ -76,6 +86,7 @@ class Trainer {
   EpochMetrics run(int first_epoch = 0, int last_epoch = -1);
   EpochMetrics train_epoch(int epoch);  // 0-based epoch; fills train fields
   void evaluate(EpochMetrics& m);       // fills test fields
+  void measure_memory(EpochMetrics& m); // fills the peak memory fields (every rank calls it)
   // Called after each epoch (checkpointing hooks in here).
   std::function<void(const EpochMetrics&)> on_epoch_end;
 

@@ -1,0 +1,71 @@
+// Trainer timing and memory fields: the timing warm-up changes what is
+// timed, never what is trained; the epoch reports peak memory.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "models/zoo/zoo.h"
+#include "runtime/parallel/single_device.h"
+#include "runtime/train/trainer.h"
+#include "support/test_util.h"
+
+namespace fanout {
+namespace {
+
+struct TrainedRun {
+  std::unique_ptr<Module> model;
+  std::unique_ptr<Engine> engine;
+  train::EpochMetrics last;
+};
+
+TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup) {
+  TrainedRun r;
+  r.model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), testing::test_sgd(), LossOptions{}, 3);
+  train::TrainerConfig tc;
+  tc.epochs = 2;
+  tc.batch_size = 16;  // 128 samples: 8 steps an epoch
+  tc.seed = 3;
+  tc.timing_warmup = timing_warmup;
+  tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  train::Trainer t(tc, *r.engine, data);
+  r.last = t.run();
+  return r;
+}
+
+TEST(Trainer, TimingWarmupTimesLessAndTrainsTheSame) {
+  const auto data = data::make_synthetic(128, 4);
+  const TrainedRun plain = train_two_epochs(data, 0), warm = train_two_epochs(data, 3), all = train_two_epochs(data, 100);
+  const Tensor& a = plain.model->arenas().params;
+  for (const TrainedRun* r : {&warm, &all}) {
+    const Tensor& b = r->model->arenas().params;
+    ASSERT_EQ(a.nbytes(), b.nbytes());
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "the timing warm-up changed training";
+    EXPECT_EQ(r->last.test_acc, plain.last.test_acc);
+    EXPECT_GT(r->last.steady_epoch_seconds, 0);
+    EXPECT_GT(r->last.images_per_second, 0);
+    EXPECT_GE(r->last.data_wait_fraction, 0);
+    EXPECT_LE(r->last.data_wait_fraction, 1);
+  }
+  // Without a warm-up the steady time is the epoch's time; a warm-up of every
+  // step but one still leaves one timed step.
+  EXPECT_EQ(plain.last.steady_epoch_seconds, plain.last.epoch_seconds);
+  EXPECT_GT(all.last.steady_epoch_seconds, 0);
+}
+
+TEST(Trainer, EpochReportsPeakMemory) {
+  const auto data = data::make_synthetic(128, 4);
+  const TrainedRun r = train_two_epochs(data, 0);
+  EXPECT_GT(r.last.peak_host_bytes, 0);
+  EXPECT_TRUE(r.last.peak_device_bytes.empty());  // CPU devices: host memory only
+  const nlohmann::json j = train::metrics_json(r.last);
+  for (const char* k : {"steady_epoch_seconds", "peak_host_bytes", "peak_device_bytes", "epoch_seconds", "test_acc"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_NE(train::memory_summary(r.last).find("GiB host"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fanout
