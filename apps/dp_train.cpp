@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "apps/cli_main.h"
 #include "models/zoo/zoo.h"
@@ -119,6 +120,8 @@ Cli parse(int argc, char** argv) {
     ("non-strict", po::bool_switch(&o.non_strict), "with --init-from: load the tensors that fit and list the rest")
     ("metrics", po::value(&o.metrics), "append one JSON object per epoch to this file")
     ("progress", po::value(&o.progress)->default_value(d.progress), "auto (a bar on a terminal), bar, lines or off")
+    ("timing-warmup", po::value(&o.timing_warmup)->default_value(d.timing_warmup),
+     "steps at the start of each epoch left out of its img/s and steady_epoch_seconds (benchmarks)")
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions on CUDA")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms")
     ("deterministic", po::bool_switch(&o.deterministic), "only deterministic cuDNN algorithms")
@@ -185,12 +188,21 @@ std::vector<Device> order_by_free_memory(std::vector<Device> devices, bool print
   return devices;
 }
 
+int host_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// The batch of one process on this machine: --devices auto shares it out.
+int64_t local_batch(const train::RunConfig& c) {
+  if (c.strategy != "ddp") return c.batch_size;
+  const int nproc = c.nproc_per_node > 0 ? c.nproc_per_node : 1;
+  return std::max<int64_t>(1, c.batch_size / (static_cast<int64_t>(nproc) * c.nnodes));
+}
+
 // Every device listed for this machine (before any split over processes).
 std::vector<Device> machine_devices(const train::RunConfig& c) {
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   std::string spec = c.devices;
   if (spec == "auto") {
-    spec = cuda_device_count() > 0 ? "all" : "cpu";
+    spec = auto_devices(local_batch(c), host_cores(), cuda_device_count()).spec;
     static bool warned = false;
     if (!cuda_available_in_build() && !warned && std::filesystem::exists("/dev/nvidiactl")) {
       std::fprintf(stderr,
@@ -406,6 +418,9 @@ int run(int argc, char** argv) {
                 c.model.c_str(), static_cast<long long>(model->num_parameters()), names(p.devices).c_str(),
                 c.data.c_str(), static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
                 data.train.sample_shape().str().c_str());
+    if (c.devices == "auto")
+      std::printf("devices auto: %s, %s\n", names(all).c_str(),
+                  auto_devices(local_batch(c), host_cores(), cuda_device_count()).why.c_str());
     if (p.world > 1)
       std::printf("ddp: %d processes (%d per machine) of %zu device%s each, %s\n", p.world,
                   p.env.local_world_size, p.devices.size(), p.devices.size() == 1 ? "" : "s",

@@ -1,6 +1,7 @@
 // Engine choice.
 #include "runtime/parallel/engine_factory.h"
 
+#include <algorithm>
 #include <set>
 
 #include "kernels/gemm.h"
@@ -64,6 +65,18 @@ std::vector<Device> split_devices(const std::vector<Device>& all, int local_worl
   if (out[0].is_cpu())
     for (int i = 0; i < per; ++i) out[i] = Device::cpu(i);
   return out;
+}
+
+AutoDevices auto_devices(int64_t batch_size, int cores, int gpus) {
+  if (gpus > 0) return {"all", "every visible GPU"};
+  const int64_t by_rows = std::max<int64_t>(1, batch_size / kAutoMinRowsPerReplica);
+  const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cores, by_rows)));
+  if (n == 1)
+    return {"cpu", cores == 1 ? "no GPU, one core" : "no GPU, and a batch too small to share out over the cores"};
+  return {"cpu:" + std::to_string(n),
+          "no GPU, so " + std::to_string(n) + " CPU replicas: one per core, at least " +
+              std::to_string(kAutoMinRowsPerReplica) + " rows each; faster than one device on every core in "
+              "dp-bench --epochs (--devices cpu for one)"};
 }
 
 }  // namespace fanout

@@ -5,6 +5,7 @@
 // when the process has several devices: hybrid).
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/dist/process_group.h"
@@ -38,6 +39,17 @@ std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions&
 // `local_world` processes; CPU devices are renumbered from 0 in each. One
 // line of error when the list cannot be split.
 std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank);
+
+// What --devices auto means: every visible GPU; without one, one CPU
+// replica per core (each on one BLAS thread) while each replica gets at
+// least kAutoMinRowsPerReplica rows of `batch_size` (the batch of one
+// process), which dp-bench --epochs measured faster than one device using
+// every core. `why` says which and why, for the run's summary line.
+inline constexpr int64_t kAutoMinRowsPerReplica = 16;
+struct AutoDevices {
+  std::string spec, why;
+};
+AutoDevices auto_devices(int64_t batch_size, int cores, int gpus);
 
 // True when `all`, split over `local_world` processes, makes one GPU the
 // primary of two of them (e.g. 0,0 over two processes): NCCL refuses that.
