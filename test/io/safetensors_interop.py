@@ -8,6 +8,8 @@
    value must come back bit for bit.
 3. Files the reference writes but fanout does not support (F16) or truncated
    files make st_tool fail with a message, not a crash.
+4. `st_tool npy` writes the same tensors with io::save_npy; numpy.load reads
+   them back exactly.
 
 Usage: safetensors_interop.py [ST_TOOL]   (or ST_TOOL in the environment)
 Needs: pip install safetensors numpy
@@ -164,6 +166,27 @@ def bad_files(tool, d):
     print("bad files: clear errors")
 
 
+def npy_to_numpy(tool, d):
+    """io::save_npy's files load with numpy.load: dtype, shape, values, and
+    data starting on a 64-byte boundary."""
+    out = os.path.join(d, "npy")
+    os.makedirs(out)
+    r = st_tool(tool, "npy", out)
+    check(r.returncode == 0, f"st_tool npy failed: {r.stderr}")
+    if r.returncode != 0:
+        return
+    for i, (name, dtype, shape) in enumerate(WRITTEN):
+        path = os.path.join(out, f"{i}.npy")
+        a = np.load(path, allow_pickle=False)
+        check(a.dtype == dtype and a.shape == shape, f"{name}.npy: {a.dtype} {a.shape}, expected {np.dtype(dtype)} {shape}")
+        check(same(a, sample(dtype, shape)), f"{name}.npy: values differ: {a.ravel()[:8]}")
+        with open(path, "rb") as f:
+            head = f.read(10)
+        check(head[:8] == b"\x93NUMPY\x01\x00" and (10 + int.from_bytes(head[8:10], "little")) % 64 == 0,
+              f"{name}.npy: header {head!r}")
+    print(f"C++ -> numpy: {len(WRITTEN)} .npy files read by numpy.load")
+
+
 def main():
     tool = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("ST_TOOL")
     if not tool or not os.path.exists(tool):
@@ -173,6 +196,7 @@ def main():
         cpp_to_python(tool, d)
         python_to_cpp(tool, d)
         bad_files(tool, d)
+        npy_to_numpy(tool, d)
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@
 //                        sample_value) with metadata {"format": "pt", "note": "fanout ✓"}
 //   st_tool dump PATH    loads PATH and prints it as JSON:
 //                        {"metadata": {...}, "tensors": [{"name", "dtype", "shape", "values"}, ...]}
+//   st_tool npy DIR      writes the same tensors as DIR/<index>.npy (io::save_npy), in order
 // Exit codes: 0 ok, 1 fanout::Error (message on stderr), 2 usage.
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/io/npy.h"
 #include "runtime/io/safetensors.h"
 
 using namespace fanout;
@@ -44,21 +46,29 @@ Tensor make(const Shape& s, DType t) {
   return x;
 }
 
+std::vector<std::pair<std::string, Tensor>> samples() {
+  return {
+    {"layer1.0.conv1.weight", make(Shape{4, 3, 2, 2}, DType::F32)},
+    {"fc.bias", make(Shape{10}, DType::F32)},
+    {"bn.num_batches_tracked", make(Shape{}, DType::I64)},
+    {"labels", make(Shape{2, 3}, DType::I32)},
+    {"pixels", make(Shape{2, 2, 3}, DType::U8)},
+    {"counts", make(Shape{3}, DType::I64)},
+    {"doubles", make(Shape{2, 3}, DType::F64)},
+    {"empty", make(Shape{0, 3}, DType::F32)},
+    {"five_d", make(Shape{1, 2, 1, 2, 2}, DType::F32)},
+    {"\xc3\xbcnicode.weight", make(Shape{2}, DType::F32)},
+  };
+}
+
 int write(const std::string& path) {
-  io::save_safetensors(path,
-                       {
-                           {"layer1.0.conv1.weight", make(Shape{4, 3, 2, 2}, DType::F32)},
-                           {"fc.bias", make(Shape{10}, DType::F32)},
-                           {"bn.num_batches_tracked", make(Shape{}, DType::I64)},
-                           {"labels", make(Shape{2, 3}, DType::I32)},
-                           {"pixels", make(Shape{2, 2, 3}, DType::U8)},
-                           {"counts", make(Shape{3}, DType::I64)},
-                           {"doubles", make(Shape{2, 3}, DType::F64)},
-                           {"empty", make(Shape{0, 3}, DType::F32)},
-                           {"five_d", make(Shape{1, 2, 1, 2, 2}, DType::F32)},
-                           {"\xc3\xbcnicode.weight", make(Shape{2}, DType::F32)},
-                       },
-                       {{"format", "pt"}, {"note", "fanout \xe2\x9c\x93"}});
+  io::save_safetensors(path, samples(), {{"format", "pt"}, {"note", "fanout \xe2\x9c\x93"}});
+  return 0;
+}
+
+int npy(const std::string& dir) {
+  const auto s = samples();
+  for (size_t i = 0; i < s.size(); ++i) io::save_npy(dir + "/" + std::to_string(i) + ".npy", s[i].second);
   return 0;
 }
 
@@ -93,12 +103,13 @@ int dump(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 || (std::strcmp(argv[1], "write") != 0 && std::strcmp(argv[1], "dump") != 0)) {
-    std::fprintf(stderr, "usage: st_tool write|dump PATH\n");
+  const std::string cmd = argc == 3 ? argv[1] : "";
+  if (cmd != "write" && cmd != "dump" && cmd != "npy") {
+    std::fprintf(stderr, "usage: st_tool write|dump PATH, st_tool npy DIR\n");
     return 2;
   }
   try {
-    return std::strcmp(argv[1], "write") == 0 ? write(argv[2]) : dump(argv[2]);
+    return cmd == "write" ? write(argv[2]) : cmd == "dump" ? dump(argv[2]) : npy(argv[2]);
   } catch (const Error& e) {
     std::fprintf(stderr, "st_tool: %s\n", e.what());
     return 1;
