@@ -1,11 +1,15 @@
-// dp-bench: time per training step of one model on the plain single-device
-// engine, on the DataParallel engine over the primary alone (the engine's own
-// overhead), on DataParallel over every listed device, and on DDP with one
-// process per listed device (workers of dp-bench itself, started through
-// the launcher), at one global batch. Inputs are seeded random host tensors, so the loader is not timed.
-// Each configuration: warm-up steps, then `repeats` timed runs of `steps`
-// steps, interleaved across the in-process configurations (the DDP
-// processes run theirs after them); the median run is reported.
+// dp-bench, two modes.
+// Step mode (default): time per training step of one model on the plain
+// single-device engine, on the DataParallel engine over the primary alone
+// (the engine's own overhead), on DataParallel over every listed device, and
+// on DDP with one process per listed device (workers of dp-bench itself,
+// started through the launcher), at one global batch. Inputs are seeded
+// random host tensors, so the loader is not timed. Each configuration:
+// warm-up steps, then `repeats` timed runs of `steps` steps, interleaved
+// across the in-process configurations (the DDP processes run theirs after
+// them); the median run is reported.
+// Epoch mode (--epochs N): whole epochs of real data, fanout's modes beside
+// PyTorch's (dp_bench_epochs.h).
 #include <boost/program_options.hpp>
 #include <unistd.h>
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/cli_main.h"
+#include "apps/dp_bench_epochs.h"
 #include "kernels/gemm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
@@ -105,6 +110,9 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const kernels
   return 0;
 }
 
+// Whether the command line (not a default) set `name`.
+bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
+
 double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) eng.train_step(x, y, 0.01f);  // each step ends with its loss on the host
@@ -113,9 +121,12 @@ double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps) {
 
 int run(int argc, char** argv) {
   Options o;
+  apps::EpochBenchOptions e;
   po::options_description desc(
-      "dp-bench: training-step time, plain engine vs DataParallel on one device vs DataParallel on all\n\n"
-      "Usage: dp-bench [options]\n\nOptions");
+      "dp-bench: is DataParallel slower than DDP? Training time of one model on one device, DataParallel over\n"
+      "the listed devices and DDP with one process per device (and the hybrid), fanout beside PyTorch.\n\n"
+      "Usage: dp-bench [options]            step mode: time per step on random inputs\n"
+      "       dp-bench --epochs N [options] epoch mode: whole epochs of real data through the loader\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
@@ -135,6 +146,17 @@ int run(int argc, char** argv) {
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms (CUDA)")
     ("no-ddp", po::bool_switch(&o.no_ddp), "skip the DDP configuration (one process per listed device)")
     ("json", po::value(&o.json), "append one JSON object per configuration to this file");
+  po::options_description epochs("Epoch mode (each run a fresh process: dp-train, or bench/pytorch/train_epochs.py)");
+  epochs.add_options()
+    ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
+    ("data", po::value(&e.data)->default_value(e.data),
+     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (--input is the data's)")
+    ("lr", po::value(&e.lr)->default_value(e.lr, "0.02"), "SGD learning rate (constant; momentum 0.9, weight decay 5e-4)")
+    ("workers", po::value(&e.workers)->default_value(e.workers), "loader threads per process (PyTorch: worker processes)")
+    ("plot", po::value(&e.plot), "draw epoch time per configuration into this PNG (Python with matplotlib)")
+    ("python", po::value(&e.python)->default_value(e.python), "the Python that runs PyTorch and the plot")
+    ("no-pytorch", po::bool_switch(&e.no_pytorch), "leave PyTorch's rows out");
+  desc.add(epochs);
   // clang-format on
   po::options_description hidden;
   hidden.add_options()("ddp-result", po::value(&o.ddp_result), "internal: a DDP worker writes its timings here");
@@ -143,10 +165,32 @@ int run(int argc, char** argv) {
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, all), vm);
   if (vm.count("help")) {
-    std::cout << desc << "\nExample:\n  dp-bench --model lenet --batch-size 256 --devices cpu:2\n";
+    std::cout << desc
+              << "\nIn epoch mode --warmup is the steps at the start of each epoch left out of its time, --repeats the\n"
+                 "runs per configuration (interleaved; the median is reported).\n"
+                 "\nExamples:\n  dp-bench --model lenet --batch-size 256 --devices cpu:2\n"
+                 "  dp-bench --epochs 1 --model cnn --batch-size 128 --devices cpu:2 --json r.jsonl --plot r.png\n";
     return 0;
   }
   po::notify(vm);
+  if (vm.count("epochs")) {
+    for (const char* step_only : {"input", "steps", "dp-comm"})
+      FANOUT_USER_CHECK(!given(vm, step_only)) << "--" << step_only << " is for step mode, not with --epochs";
+    e.model = o.model;
+    e.devices = o.devices;
+    e.batch_size = o.batch_size;
+    e.repeats = o.repeats;
+    e.warmup = o.warmup;
+    e.seed = o.seed;
+    e.json = o.json;
+    e.no_ddp = o.no_ddp;
+    e.split_invariant = o.split_invariant;
+    e.allow_tf32 = o.allow_tf32;
+    e.cudnn_benchmark = o.cudnn_benchmark;
+    return apps::run_epoch_bench(e);
+  }
+  for (const char* epoch_only : {"data", "lr", "workers", "plot", "python", "no-pytorch"})
+    FANOUT_USER_CHECK(!given(vm, epoch_only)) << "--" << epoch_only << " is for epoch mode (--epochs N)";
   FANOUT_USER_CHECK(o.batch_size > 0) << "--batch-size must be positive, got " << o.batch_size;
   FANOUT_USER_CHECK(o.warmup >= 0) << "--warmup must be non-negative, got " << o.warmup;
   FANOUT_USER_CHECK(o.steps > 0) << "--steps must be positive, got " << o.steps;

@@ -17,10 +17,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" > /dev/null
 fi
-# Python packages for the checkpoint interop test.
-python3 -c "import safetensors, numpy" 2> /dev/null ||
-  python3 -m pip install -q safetensors numpy 2> /dev/null ||
-  python3 -m pip install -q --break-system-packages safetensors numpy
+# Python packages for the checkpoint interop test and dp-bench's plot.
+python3 -c "import safetensors, numpy, matplotlib" 2> /dev/null ||
+  python3 -m pip install -q safetensors numpy matplotlib 2> /dev/null ||
+  python3 -m pip install -q --break-system-packages safetensors numpy matplotlib
 
 # The CUDA toolkit usually sits in /usr/local/cuda without being on PATH:
 # find it there, so that a GPU machine builds the CUDA backend.

@@ -26,6 +26,10 @@
 #   bench      PyTorch eager throughput (TF32 on and off) -> pytorch.jsonl;
 #              dp-bench for resnet18 (3x32x32, batch 256) and lenet (batch
 #              512) on cuda:0 and 0,0, TF32 on and off -> fanout_bench.jsonl
+#   epochs     dp-bench --epochs: one epoch of resnet18 on synthetic CIFAR-size
+#              data (and of cnn on Fashion-MNIST when carried), on cuda:0
+#              (one device, DDP world size 1, PyTorch one GPU and DDP 1) and
+#              on 0,0 (DP, DDP 2 processes) -> epochs.jsonl, epochs.png
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -56,7 +60,7 @@ case $1 in -h | --help) usage ;; esac
 mkdir -p "$1" || { echo "run_gpu.sh: cannot create $1" >&2; exit 2; }
 out=$(cd "$1" && pwd)
 shift
-all_steps=(env configure build ctest dp memcheck train bench)
+all_steps=(env configure build ctest dp memcheck train bench epochs)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
   case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
@@ -368,6 +372,26 @@ step_bench_fanout() {
   return "$rc"
 }
 
+step_epochs() {
+  local b="$build/apps/dp-bench" rc=0 devs
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/epochs.jsonl"
+  for devs in 0 0,0; do
+    echo "== dp-bench --epochs 1 --model resnet18 --data synthetic:20000 --batch-size 256 --devices $devs"
+    # shellcheck disable=SC2086  # user-given arguments
+    frun "$b" --epochs 1 --model resnet18 --data synthetic:20000 --batch-size 256 --devices "$devs" \
+      --repeats 3 --workers 4 --python "${python:-python3}" --json "$out/epochs.jsonl" ${FANOUT_BENCH_ARGS:-} || rc=1
+    if [ -n "$fashion" ]; then
+      echo "== dp-bench --epochs 1 --model cnn --data fashion-mnist --batch-size 256 --devices $devs"
+      # shellcheck disable=SC2086
+      frun "$b" --epochs 1 --model cnn --data "fashion-mnist:$fashion" --batch-size 256 --devices "$devs" \
+        --repeats 3 --workers 4 --python "${python:-python3}" --json "$out/epochs.jsonl" ${FANOUT_BENCH_ARGS:-} || rc=1
+    fi
+  done
+  frun "${python:-python3}" "$repo/bench/plot_epochs.py" --json "$out/epochs.jsonl" --out "$out/epochs.png" || rc=1
+  return "$rc"
+}
+
 # ------------------------------------------------------------- runner ----
 
 names=() statuses=() seconds=() logs=()
@@ -399,6 +423,7 @@ for s in "${steps[@]}"; do
       run_step bench-pytorch "$out/pytorch.log" step_bench_pytorch
       run_step bench-fanout "$out/fanout_bench.log" step_bench_fanout
       ;;
+    epochs) run_step epochs "$out/epochs.log" step_epochs ;;
   esac
 done
 

@@ -30,101 +30,17 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+import zoo  # bench/pytorch/zoo.py, beside this script
 
 DEFAULT_BATCH = {"resnet18": 256, "lenet": 512}
 SAMPLE_SHAPE = {"resnet18": (3, 32, 32), "lenet": (1, 28, 28)}
 
 
-class LeNet(nn.Module):
-    """models/zoo/zoo.cpp lenet: conv1 5x5 -> 6 (padding 2 for 28x28), relu,
-    maxpool 2, conv2 5x5 -> 16, relu, maxpool 2, fc1 -> 120, relu, fc2 -> 84,
-    relu, fc3 -> classes."""
-
-    def __init__(self, in_channels=1, size=28, classes=10):
-        super().__init__()
-        pad = (32 - size + 1) // 2 if size < 32 else 0
-        self.conv1 = nn.Conv2d(in_channels, 6, 5, padding=pad)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        s = ((size + 2 * pad - 4) // 2 - 4) // 2
-        self.fc1 = nn.Linear(16 * s * s, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
-
-
-class BasicBlock(nn.Module):
-    """torchvision's BasicBlock, for machines without torchvision."""
-
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class ResNet18Cifar(nn.Module):
-    """torchvision resnet18 layout with the CIFAR stem, written out by hand."""
-
-    def __init__(self, classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.Identity()
-        layers, cin = [], 64
-        for i, cout in enumerate((64, 128, 256, 512)):
-            stride = 1 if i == 0 else 2
-            layers.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
-            cin = cout
-        self.layer1, self.layer2, self.layer3, self.layer4 = layers
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def resnet18_cifar(classes=10):
-    """(model, source): torchvision's resnet18 with conv1 3x3/1 and no max
-    pool when torchvision imports, else the hand-written copy."""
-    try:
-        import torchvision
-
-        m = torchvision.models.resnet18(num_classes=classes)
-        m.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        m.maxpool = nn.Identity()
-        return m, "torchvision " + torchvision.__version__
-    except ImportError:
-        return ResNet18Cifar(classes), "hand-written (no torchvision)"
-
-
 def build(name):
-    if name == "resnet18":
-        return resnet18_cifar(10)
-    if name == "lenet":
-        return LeNet(1, 28, 10), "hand-written"
-    raise SystemExit(f"unknown model {name!r} (known: {', '.join(DEFAULT_BATCH)})")
+    if name not in DEFAULT_BATCH:
+        raise SystemExit(f"unknown model {name!r} (known: {', '.join(DEFAULT_BATCH)})")
+    return zoo.build(name, SAMPLE_SHAPE[name], 10)
 
 
 def set_tf32(mode):

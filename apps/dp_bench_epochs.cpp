@@ -1,0 +1,465 @@
+// dp-bench --epochs (see dp_bench_epochs.h).
+#include "apps/dp_bench_epochs.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/device.h"
+#include "runtime/core/error.h"
+#include "runtime/data/dataset.h"
+#include "runtime/io/npy.h"
+
+namespace fs = std::filesystem;
+
+namespace fanout::apps {
+
+namespace {
+
+std::string self_dir() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  FANOUT_USER_CHECK(n > 0) << "cannot find this program's path";
+  return fs::path(std::string(self, static_cast<size_t>(n))).parent_path().string();
+}
+
+// bench/ scripts: $FANOUT_BENCH_DIR, the install tree, then the source tree.
+std::string find_script(const std::string& rel) {
+  std::vector<std::string> dirs;
+  if (const char* d = std::getenv("FANOUT_BENCH_DIR")) dirs.push_back(d);
+  dirs.push_back(self_dir() + "/../share/fanout/bench");
+#ifdef FANOUT_SOURCE_BENCH_DIR
+  dirs.push_back(FANOUT_SOURCE_BENCH_DIR);
+#endif
+  for (auto& d : dirs)
+    if (fs::exists(d + "/" + rel)) return d + "/" + rel;
+  FANOUT_FAIL() << "cannot find bench/" << rel << " (set FANOUT_BENCH_DIR to fanout's bench directory)";
+}
+
+// Runs argv with stdout and stderr into `log`; the child dies with us.
+// Returns its exit status (128 + signal when killed; 127 when it cannot start).
+int run_logged(const std::vector<std::string>& argv, const std::string& log) {
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  FANOUT_USER_CHECK(fd >= 0) << "cannot create " << log;
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  FANOUT_USER_CHECK(pid >= 0) << "cannot start " << argv[0];
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "cannot run %s\n", argv[0].c_str());
+    ::_exit(127);
+  }
+  ::close(fd);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string tail_of(const std::string& path, int lines) {
+  std::ifstream f(path);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(f, l);) all.push_back(l);
+  std::string s;
+  for (size_t i = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0; i < all.size(); ++i)
+    s += "    " + all[i] + "\n";
+  return s;
+}
+
+std::string last_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string last;
+  for (std::string l; std::getline(f, l);)
+    if (l.find_first_not_of(" \t\r") != std::string::npos) last = l;
+  return last;
+}
+
+// One run's measurements.
+struct RunResult {
+  double epoch_seconds = 0, images_per_second = 0, data_wait = 0, test_acc = 0, test_loss = 0;
+  int64_t peak_host = 0;
+  std::vector<int64_t> peak_device;
+};
+
+// One configuration under test.
+struct Config {
+  std::string framework;  // "fanout" or "pytorch"
+  std::string mode;       // "one device", "DP", "DDP", "hybrid"
+  std::string label;      // what the table shows
+  int processes = 1, replicas = 1;
+  std::vector<std::string> argv;  // without the result path
+  std::string status = "ok";      // or "not installed ...", "skipped: ...", "failed ..."
+  std::vector<RunResult> runs;
+  int devices() const { return processes * replicas; }
+};
+
+std::string fmt(const char* f, double v) {
+  char s[64];
+  std::snprintf(s, sizeof s, f, v);
+  return s;
+}
+
+// Mean over a run's epochs of the steady epoch time (metrics of dp-train or
+// of train_epochs.py), and the last epoch's accuracy and memory.
+RunResult parse_fanout_metrics(const std::string& path) {
+  std::ifstream f(path);
+  RunResult r;
+  int n = 0;
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("steady_epoch_seconds")) continue;
+    ++n;
+    r.epoch_seconds += j["steady_epoch_seconds"].get<double>();
+    r.images_per_second += j["images_per_second"].get<double>();
+    r.data_wait += j["data_wait_fraction"].get<double>();
+    r.test_acc = j["test_acc"].get<double>();
+    r.test_loss = j["test_loss"].get<double>();
+    r.peak_host = j["peak_host_bytes"].get<int64_t>();
+    r.peak_device = j["peak_device_bytes"].get<std::vector<int64_t>>();
+  }
+  FANOUT_USER_CHECK(n > 0) << "no epoch metrics in " << path;
+  r.epoch_seconds /= n;
+  r.images_per_second /= n;
+  r.data_wait /= n;
+  return r;
+}
+
+RunResult parse_pytorch_result(const std::string& path) {
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  FANOUT_USER_CHECK(j.is_object() && j.contains("epochs") && !j["epochs"].empty()) << "no result in " << path;
+  RunResult r;
+  const auto& e = j["epochs"];
+  for (auto& x : e) {
+    r.epoch_seconds += x["epoch_seconds"].get<double>();
+    r.images_per_second += x["images_per_second"].get<double>();
+    r.data_wait += x["data_wait_fraction"].get<double>();
+  }
+  r.epoch_seconds /= static_cast<double>(e.size());
+  r.images_per_second /= static_cast<double>(e.size());
+  r.data_wait /= static_cast<double>(e.size());
+  r.test_acc = e.back()["test_acc"].get<double>();
+  r.test_loss = e.back()["test_loss"].get<double>();
+  r.peak_host = j["peak_host_bytes"].get<int64_t>();
+  r.peak_device = j["peak_device_bytes"].get<std::vector<int64_t>>();
+  return r;
+}
+
+// The dataset as .npy files plus meta.json, for train_epochs.py.
+void export_dataset(const data::TrainTest& d, const std::string& dir) {
+  fs::create_directories(dir);
+  io::save_npy(dir + "/train_images.npy", d.train.images.slice(0, d.train.size()));
+  io::save_npy(dir + "/train_labels.npy", d.train.labels);
+  io::save_npy(dir + "/test_images.npy", d.test.images.slice(0, d.test.size()));
+  io::save_npy(dir + "/test_labels.npy", d.test.labels);
+  std::ofstream m(dir + "/meta.json");
+  m << nlohmann::json{{"mean", d.train.mean}, {"std", d.train.std}, {"classes", d.train.num_classes}}.dump() << "\n";
+  FANOUT_USER_CHECK(m.good()) << "cannot write " << dir << "/meta.json";
+}
+
+// Removes the temporary directory on every way out.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/dp-bench-XXXXXX";
+    FANOUT_USER_CHECK(::mkdtemp(tmpl)) << "cannot create a temporary directory";
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string join(const std::vector<Device>& ds) {
+  std::string s;
+  for (auto& d : ds) s += (s.empty() ? "" : ",") + d.str();
+  return s;
+}
+
+}  // namespace
+
+int run_epoch_bench(const EpochBenchOptions& o) {
+  FANOUT_USER_CHECK(o.epochs > 0) << "--epochs must be positive, got " << o.epochs;
+  FANOUT_USER_CHECK(o.repeats > 0) << "--repeats must be positive, got " << o.repeats;
+  FANOUT_USER_CHECK(o.warmup >= 0) << "--warmup must be non-negative, got " << o.warmup;
+  FANOUT_USER_CHECK(o.workers >= 0) << "--workers must be non-negative, got " << o.workers;
+  FANOUT_USER_CHECK(o.batch_size > 0) << "--batch-size must be positive, got " << o.batch_size;
+  const std::vector<Device> devices = parse_devices(o.devices);
+  const int n = static_cast<int>(devices.size());
+  const bool gpu = devices[0].is_cuda();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string dp_train = self_dir() + "/dp-train";
+  FANOUT_USER_CHECK(::access(dp_train.c_str(), X_OK) == 0) << "cannot find dp-train beside dp-bench (" << dp_train << ")";
+  TempDir tmp;
+
+  // Check what can be checked before the first run: the data, the batch
+  // split, PyTorch, and the plot's script.
+  const data::TrainTest data = data::open_dataset(o.data, o.seed);
+  const bool split_ok = o.batch_size % n == 0;
+  FANOUT_USER_CHECK(split_ok || n == 1) << "--batch-size " << o.batch_size << " cannot be split evenly over " << n
+                                        << " devices";
+  std::string plot_script;
+  if (!o.plot.empty()) {
+    plot_script = find_script("plot_epochs.py");
+    const int rc = run_logged({o.python, plot_script, "--check"}, tmp.path + "/plot-check.log");
+    FANOUT_USER_CHECK(rc == 0) << "--plot needs Python with matplotlib: " << last_line(tmp.path + "/plot-check.log");
+  }
+  std::string torch_status = "not asked (--no-pytorch)", torch_version, py_script;
+  if (!o.no_pytorch) {
+    py_script = find_script("pytorch/train_epochs.py");
+    const std::string log = tmp.path + "/torch-version.log";
+    const int rc = run_logged({o.python, py_script, "--version"}, log);
+    std::ifstream f(log);
+    std::getline(f, torch_version);
+    if (rc == 0) {
+      torch_status = "ok";
+      export_dataset(data, tmp.path + "/data");
+    } else {
+      torch_status = "not installed";
+      torch_version.clear();
+    }
+  }
+
+  // The configurations.
+  std::vector<Config> configs;
+  const std::vector<std::string> common = {
+      "--model", o.model, "--data", o.data, "--epochs", std::to_string(o.epochs), "--batch-size",
+      std::to_string(o.batch_size), "--lr", fmt("%g", o.lr), "--momentum", "0.9", "--weight-decay", "5e-4",
+      "--lr-schedule", "constant", "--seed", std::to_string(o.seed), "--workers", std::to_string(o.workers),
+      "--progress", "off", "--timing-warmup", std::to_string(o.warmup)};
+  auto fanout = [&](const std::string& mode, const std::string& label, int procs, int reps,
+                    std::vector<std::string> extra) {
+    Config c{"fanout", mode, label, procs, reps};
+    c.argv = {dp_train};
+    c.argv.insert(c.argv.end(), common.begin(), common.end());
+    c.argv.insert(c.argv.end(), extra.begin(), extra.end());
+    if (o.split_invariant) c.argv.push_back("--split-invariant");
+    if (o.allow_tf32) c.argv.push_back("--allow-tf32");
+    if (o.cudnn_benchmark) c.argv.push_back("--cudnn-benchmark");
+    configs.push_back(std::move(c));
+  };
+  const std::string one = gpu ? devices[0].str() : "cpu";
+  fanout("one device", "fanout one device " + one, 1, 1, {"--devices", one});
+  if (n > 1) fanout("DP", "fanout DP " + join(devices), 1, n, {"--devices", o.devices});
+  const bool ddp = !o.no_ddp && (n > 1 || gpu);
+  if (ddp) fanout("DDP", "fanout DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : ""), n, 1,
+                  {"--devices", o.devices, "--strategy", "ddp"});
+  if (ddp && n >= 4 && n % 2 == 0)
+    fanout("hybrid", "fanout hybrid 2 processes x " + std::to_string(n / 2), 2, n / 2,
+           {"--devices", o.devices, "--strategy", "ddp", "--nproc-per-node", "2"});
+  if (!o.no_pytorch) {
+    auto pytorch = [&](const std::string& mode, const std::string& label, int procs, int reps,
+                       std::vector<std::string> extra) {
+      Config c{"pytorch", mode, label, procs, reps};
+      c.argv = {o.python, py_script, "--data", tmp.path + "/data", "--model", o.model, "--epochs",
+                std::to_string(o.epochs), "--batch", std::to_string(o.batch_size), "--lr", fmt("%g", o.lr),
+                "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
+                std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup)};
+      c.argv.insert(c.argv.end(), extra.begin(), extra.end());
+      if (o.allow_tf32) c.argv.push_back("--tf32");
+      if (torch_status != "ok") c.status = torch_status;
+      configs.push_back(std::move(c));
+    };
+    std::string gpus;
+    for (auto& d : devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d.index);
+    bool distinct = true;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < i; ++j) distinct = distinct && devices[i].index != devices[j].index;
+    pytorch("one device", "PyTorch one device " + one, 1, 1,
+            {"--mode", "one", "--devices", gpu ? one : "cpu", "--threads", std::to_string(gpu ? 1 : cores)});
+    if (ddp)
+      pytorch("DDP",
+              "PyTorch DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : "") +
+                  (gpu && distinct ? " (nccl)" : " (gloo)"),
+              n, 1,
+              {"--mode", "ddp", "--nproc", std::to_string(n), "--devices", gpu ? gpus : "cpu", "--backend",
+               gpu && distinct ? "nccl" : "gloo", "--threads", std::to_string(gpu ? 1 : std::max(1, cores / n))});
+    if (gpu && n > 1) {
+      pytorch("DP", "PyTorch DP " + join(devices), 1, n, {"--mode", "dp", "--devices", gpus, "--threads", "1"});
+      if (!distinct && configs.back().status == "ok")
+        configs.back().status = "skipped: nn.DataParallel needs distinct GPUs";
+    }
+  }
+
+  // Interleaved runs: A B C ... A B C ...
+  int total = 0;
+  for (auto& c : configs) total += c.status == "ok" ? o.repeats : 0;
+  std::printf("dp-bench --epochs: %s on %s (%lld train / %lld test), global batch %lld, %d epoch%s per run, "
+              "%d run%s per configuration, interleaved; %d host cores\n",
+              o.model.c_str(), o.data.c_str(), static_cast<long long>(data.train.size()),
+              static_cast<long long>(data.test.size()), static_cast<long long>(o.batch_size), o.epochs,
+              o.epochs == 1 ? "" : "s", o.repeats, o.repeats == 1 ? "" : "s", cores);
+  std::printf("each run is a fresh process; the first %d steps of each epoch are warm-up, left out of its time "
+              "(the rest is scaled to the whole epoch); evaluation is not timed%s\n",
+              o.warmup, torch_status == "ok" ? ("; PyTorch " + torch_version).c_str() : "");
+  std::fflush(stdout);
+  int done = 0;
+  for (int r = 0; r < o.repeats; ++r)
+    for (size_t k = 0; k < configs.size(); ++k) {
+      Config& c = configs[k];
+      if (c.status != "ok") continue;
+      const std::string stem = tmp.path + "/run-" + std::to_string(k) + "-" + std::to_string(r);
+      std::vector<std::string> argv = c.argv;
+      argv.push_back(c.framework == "fanout" ? "--metrics" : "--out");
+      argv.push_back(stem + ".json");
+      std::printf("[%d/%d] %s, run %d of %d ... ", ++done, total, c.label.c_str(), r + 1, o.repeats);
+      std::fflush(stdout);
+      const int rc = run_logged(argv, stem + ".log");
+      if (rc != 0) {
+        c.status = "failed (exit status " + std::to_string(rc) + ")";
+        std::printf("failed (exit status %d); its last lines:\n%s", rc, tail_of(stem + ".log", 6).c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      c.runs.push_back(c.framework == "fanout" ? parse_fanout_metrics(stem + ".json")
+                                               : parse_pytorch_result(stem + ".json"));
+      const RunResult& x = c.runs.back();
+      std::printf("%.2f s/epoch, %.0f img/s, test acc %.4f\n", x.epoch_seconds, x.images_per_second, x.test_acc);
+      std::fflush(stdout);
+    }
+
+  // Median run per configuration; speed-up over the same framework's one device.
+  struct Row {
+    const Config* c;
+    RunResult med;
+    double lo = 0, hi = 0, speedup = 0, efficiency = 0;
+  };
+  std::vector<Row> rows;
+  std::map<std::string, double> one_device;  // framework -> median epoch seconds
+  for (auto& c : configs) {
+    Row row{&c, {}};
+    if (!c.runs.empty()) {
+      std::vector<RunResult> s = c.runs;
+      std::sort(s.begin(), s.end(), [](auto& a, auto& b) { return a.epoch_seconds < b.epoch_seconds; });
+      row.med = s[s.size() / 2];
+      row.lo = s.front().epoch_seconds;
+      row.hi = s.back().epoch_seconds;
+      if (c.mode == "one device") one_device[c.framework] = row.med.epoch_seconds;
+    }
+    rows.push_back(row);
+  }
+  for (auto& row : rows)
+    if (!row.c->runs.empty() && one_device.count(row.c->framework)) {
+      row.speedup = one_device[row.c->framework] / row.med.epoch_seconds;
+      row.efficiency = row.speedup / row.c->devices();
+    }
+
+  auto gib = [](int64_t b) { return fmt("%.2f", static_cast<double>(b) / 1073741824.0); };
+  std::printf("\n%-38s %9s %15s %9s %8s %6s %6s %8s  %s\n", "configuration", "epoch s", "spread", "img/s",
+              "speed-up", "eff.", "wait", "test acc", gpu ? "peak GiB: host; per GPU" : "peak GiB (host)");
+  for (auto& row : rows) {
+    const Config& c = *row.c;
+    if (c.runs.empty()) {
+      std::printf("%-38s %s\n", c.label.c_str(), c.status.c_str());
+      continue;
+    }
+    std::string mem = gib(row.med.peak_host);
+    for (size_t i = 0; i < row.med.peak_device.size(); ++i)
+      mem += (i == 0 ? "; " : " / ") + gib(row.med.peak_device[i]);
+    std::printf("%-38s %9.2f %15s %9.0f %7.2fx %6.2f %5.1f%% %8.4f  %s%s\n", c.label.c_str(),
+                row.med.epoch_seconds, (fmt("%.2f", row.lo) + "-" + fmt("%.2f", row.hi)).c_str(),
+                row.med.images_per_second, row.speedup, row.efficiency, 100 * row.med.data_wait, row.med.test_acc,
+                mem.c_str(), c.status == "ok" ? "" : ("  (" + c.status + ")").c_str());
+  }
+  // The questions this benchmark answers.
+  auto median_of = [&](const std::string& fw, const std::string& mode) -> double {
+    for (auto& row : rows)
+      if (row.c->framework == fw && row.c->mode == mode && !row.c->runs.empty()) return row.med.epoch_seconds;
+    return 0;
+  };
+  const double f_dp = median_of("fanout", "DP"), f_ddp = median_of("fanout", "DDP"),
+               t_ddp = median_of("pytorch", "DDP"), t_dp = median_of("pytorch", "DP");
+  std::printf("\n");
+  if (f_dp > 0 && f_ddp > 0)
+    std::printf("fanout DP / fanout DDP epoch time: %.3f (DP is %s)\n", f_dp / f_ddp,
+                f_dp <= f_ddp ? "faster or equal" : (fmt("%.1f%% slower", 100 * (f_dp / f_ddp - 1))).c_str());
+  if (f_ddp > 0 && t_ddp > 0) std::printf("fanout DDP / PyTorch DDP epoch time: %.3f\n", f_ddp / t_ddp);
+  if (f_dp > 0 && t_dp > 0) std::printf("fanout DP / PyTorch DP epoch time: %.3f\n", f_dp / t_dp);
+
+  std::string json_path = o.json;
+  if (json_path.empty() && !o.plot.empty()) json_path = tmp.path + "/results.jsonl";
+  if (!json_path.empty()) {
+    // One id per invocation, so that a plot of a file of several takes the latest of each setting.
+    const long long run_id = std::chrono::duration_cast<std::chrono::seconds>(
+                                 std::chrono::system_clock::now().time_since_epoch()).count();
+    std::ofstream f(json_path, std::ios::app);
+    FANOUT_USER_CHECK(f.good()) << "cannot open " << json_path;
+    for (auto& row : rows) {
+      const Config& c = *row.c;
+      std::vector<double> runs;
+      for (auto& x : c.runs) runs.push_back(x.epoch_seconds);
+      nlohmann::json j = {{"bench", "epochs"},
+                          {"framework", c.framework},
+                          {"mode", c.mode},
+                          {"config", c.label},
+                          {"processes", c.processes},
+                          {"replicas_per_process", c.replicas},
+                          {"status", c.status},
+                          {"run_id", run_id},
+                          {"model", o.model},
+                          {"data", o.data},
+                          {"devices", o.devices},
+                          {"batch_size", o.batch_size},
+                          {"epochs", o.epochs},
+                          {"warmup_steps", o.warmup},
+                          {"repeats", o.repeats},
+                          {"host_cores", cores},
+                          {"split_invariant", o.split_invariant},
+                          {"allow_tf32", o.allow_tf32},
+                          {"runs_epoch_seconds", runs}};
+      if (c.framework == "pytorch") j["torch"] = torch_version;
+      if (!c.runs.empty()) {
+        j["epoch_seconds"] = row.med.epoch_seconds;
+        j["epoch_seconds_min"] = row.lo;
+        j["epoch_seconds_max"] = row.hi;
+        j["images_per_second"] = row.med.images_per_second;
+        j["speedup_vs_one_device"] = row.speedup;
+        j["efficiency_per_device"] = row.efficiency;
+        j["data_wait_fraction"] = row.med.data_wait;
+        j["test_acc"] = row.med.test_acc;
+        j["test_loss"] = row.med.test_loss;
+        j["peak_host_bytes"] = row.med.peak_host;
+        j["peak_device_bytes"] = row.med.peak_device;
+      }
+      f << j.dump() << "\n";
+    }
+    FANOUT_USER_CHECK(f.good()) << "cannot write " << json_path;
+  }
+  if (!o.plot.empty()) {
+    const std::string log = tmp.path + "/plot.log";
+    const int rc = run_logged({o.python, plot_script, "--json", json_path, "--out", o.plot}, log);
+    FANOUT_USER_CHECK(rc == 0) << "the plot failed: " << last_line(log);
+    std::printf("plot: %s\n", o.plot.c_str());
+  }
+  for (auto& c : configs)
+    if (c.framework == "fanout" && c.status != "ok") return 1;
+  return 0;
+}
+
+}  // namespace fanout::apps

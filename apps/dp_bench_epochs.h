@@ -1,0 +1,27 @@
+// dp-bench --epochs: real training epochs through the loader, one device
+// against DataParallel against DDP (and the hybrid), fanout beside PyTorch,
+// each run a fresh process (fanout's runs are dp-train itself), repeats
+// interleaved.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace fanout::apps {
+
+struct EpochBenchOptions {
+  std::string model = "lenet", data = "fashion-mnist", devices = "cpu:2";
+  int64_t batch_size = 256;
+  int epochs = 1, repeats = 3, warmup = 5, workers = 1;
+  uint64_t seed = 0;
+  float lr = 0.02f;
+  std::string json, plot, python = "python3";
+  bool no_ddp = false, no_pytorch = false;
+  bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
+};
+
+// Runs the benchmark; prints a progress line per run and the table; writes
+// the JSON lines and the plot when asked. Returns the exit status (non-zero
+// when a fanout configuration failed).
+int run_epoch_bench(const EpochBenchOptions& o);
+
+}  // namespace fanout::apps

@@ -1,0 +1,153 @@
+"""fanout's model zoo (models/zoo/zoo.cpp) in PyTorch, layer for layer and
+with the same parameter names, for the benchmarks under bench/pytorch.
+Initialization is PyTorch's default (fanout's matches it, except resnet18's
+convolutions: Kaiming normal, fan-out, as torchvision)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _conv_out(x, k, s, p):
+    return (x + 2 * p - k) // s + 1
+
+
+class LeNet(nn.Module):
+    """lenet: conv1 5x5 -> 6 (padding 2 for 28x28 input), relu, maxpool 2,
+    conv2 5x5 -> 16, relu, maxpool 2, fc1 -> 120, relu, fc2 -> 84, relu,
+    fc3 -> classes."""
+
+    def __init__(self, shape=(1, 28, 28), classes=10):
+        super().__init__()
+        c, h, w = shape
+        pad = (32 - h + 1) // 2 if h < 32 else 0
+        oh = _conv_out(_conv_out(_conv_out(_conv_out(h, 5, 1, pad), 2, 2, 0), 5, 1, 0), 2, 2, 0)
+        ow = _conv_out(_conv_out(_conv_out(_conv_out(w, 5, 1, pad), 2, 2, 0), 5, 1, 0), 2, 2, 0)
+        self.conv1 = nn.Conv2d(c, 6, 5, padding=pad)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * oh * ow, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class Mlp(nn.Module):
+    """mlp: flatten, fc1 -> 512, relu, fc2 -> 256, relu, fc3 -> classes."""
+
+    def __init__(self, shape=(1, 28, 28), classes=10):
+        super().__init__()
+        n = 1
+        for s in shape:
+            n *= s
+        self.fc1 = nn.Linear(n, 512)
+        self.fc2 = nn.Linear(512, 256)
+        self.fc3 = nn.Linear(256, classes)
+
+    def forward(self, x):
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class Cnn(nn.Module):
+    """cnn: three blocks of conv 3x3 (no bias) -> BatchNorm -> relu ->
+    maxpool 2 with 32, 64, 128 channels, then fc1 -> 256, relu, fc2."""
+
+    def __init__(self, shape=(1, 28, 28), classes=10):
+        super().__init__()
+        c, h, w = shape
+        for i, width in enumerate((32, 64, 128), start=1):
+            setattr(self, f"conv{i}", nn.Conv2d(c, width, 3, 1, 1, bias=False))
+            setattr(self, f"bn{i}", nn.BatchNorm2d(width))
+            c, h, w = width, h // 2, w // 2
+        self.fc1 = nn.Linear(c * h * w, 256)
+        self.fc2 = nn.Linear(256, classes)
+
+    def forward(self, x):
+        for i in (1, 2, 3):
+            x = F.max_pool2d(F.relu(getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(x))), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock, for machines without torchvision."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet18Cifar(nn.Module):
+    """torchvision resnet18 layout with the CIFAR stem, written out by hand."""
+
+    def __init__(self, in_channels=3, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.Identity()
+        layers, cin = [], 64
+        for i, cout in enumerate((64, 128, 256, 512)):
+            stride = 1 if i == 0 else 2
+            layers.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            cin = cout
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18_cifar(in_channels=3, classes=10):
+    """(model, source): torchvision's resnet18 with conv1 3x3/1 and no max
+    pool when torchvision imports, else the hand-written copy."""
+    try:
+        import torchvision
+
+        m = torchvision.models.resnet18(num_classes=classes)
+        m.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        nn.init.kaiming_normal_(m.conv1.weight, mode="fan_out", nonlinearity="relu")
+        m.maxpool = nn.Identity()
+        return m, "torchvision " + torchvision.__version__
+    except ImportError:
+        return ResNet18Cifar(in_channels, classes), "hand-written (no torchvision)"
+
+
+MODELS = ("mlp", "lenet", "cnn", "resnet18")
+
+
+def build(name, shape, classes=10):
+    """(model, source) for a zoo name and a sample shape (C, H, W)."""
+    if name == "mlp":
+        return Mlp(shape, classes), "hand-written"
+    if name == "lenet":
+        return LeNet(shape, classes), "hand-written"
+    if name == "cnn":
+        return Cnn(shape, classes), "hand-written"
+    if name == "resnet18":
+        return resnet18_cifar(shape[0], classes)
+    raise SystemExit(f"unknown model {name!r} (known: {', '.join(MODELS)})")

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# e2e: dp-bench --epochs on a tiny synthetic set with every fanout
+# configuration (one device, DP over cpu:4, DDP 4 processes, hybrid 2 x 2).
+# - The JSON lines carry every field the table shows, for every row.
+# - With --split-invariant, DP, DDP and hybrid reach one device's test loss
+#   and accuracy exactly; without it, within 1e-4 relative loss and one test
+#   sample of accuracy.
+# - PyTorch's rows: run where PyTorch imports, "not installed" where not
+#   (a Python without it).
+# - --plot writes a PNG; bad input is one line and a non-zero exit.
+set -euo pipefail
+: "${DP_BENCH:?path to dp-bench}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+bench() {  # name args...  ($devices, default cpu:4; $repeats, default 2)
+  local name=$1
+  shift
+  "$DP_BENCH" --epochs 1 --data synthetic:512 --batch-size 64 --repeats "${repeats:-2}" --warmup 2 --devices "${devices:-cpu:4}" \
+    --json "$work/$name.jsonl" "$@" > "$work/$name.out" 2>&1 ||
+    { echo "dp-bench $name failed:"; cat "$work/$name.out"; exit 1; }
+  cat "$work/$name.out"
+}
+
+bench si --model mlp --split-invariant --python /nonexistent/python3
+bench plain --model lenet --lr 0.05 --python /nonexistent/python3
+grep -q "fanout DP / fanout DDP epoch time" si.out
+grep -q "each run is a fresh process; the first 2 steps of each epoch are warm-up" si.out
+
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+fields = ["epoch_seconds", "epoch_seconds_min", "epoch_seconds_max", "images_per_second", "speedup_vs_one_device",
+          "efficiency_per_device", "data_wait_fraction", "test_acc", "test_loss", "peak_host_bytes", "peak_device_bytes"]
+test_rows = 512 // 5
+for name, exact in (("si", True), ("plain", False)):
+    rows = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
+    fanout = {r["mode"]: r for r in rows if r["framework"] == "fanout"}
+    assert set(fanout) == {"one device", "DP", "DDP", "hybrid"}, sorted(fanout)
+    for r in fanout.values():
+        assert r["status"] == "ok", r
+        for f in fields:
+            assert f in r, (f, r)
+        assert len(r["runs_epoch_seconds"]) == 2, r
+        assert r["epoch_seconds_min"] <= r["epoch_seconds"] <= r["epoch_seconds_max"], r
+        assert r["epoch_seconds"] > 0 and r["images_per_second"] > 0 and r["peak_host_bytes"] > 0, r
+        assert 0 <= r["data_wait_fraction"] <= 1, r
+        assert abs(r["efficiency_per_device"] * r["processes"] * r["replicas_per_process"]
+                   - r["speedup_vs_one_device"]) < 1e-9, r
+    assert fanout["DDP"]["processes"] == 4 and fanout["hybrid"]["processes"] == 2
+    assert fanout["hybrid"]["replicas_per_process"] == 2 and fanout["DP"]["replicas_per_process"] == 4
+    assert fanout["one device"]["speedup_vs_one_device"] == 1.0
+    one = fanout["one device"]
+    assert one["test_acc"] > 0.2, one  # 10 classes: it learned something in one epoch
+    for mode in ("DP", "DDP", "hybrid"):
+        r = fanout[mode]
+        if exact:
+            assert r["test_loss"] == one["test_loss"] and r["test_acc"] == one["test_acc"], (mode, r, one)
+        else:
+            assert abs(r["test_loss"] - one["test_loss"]) <= 1e-4 * abs(one["test_loss"]), (mode, r, one)
+            assert abs(r["test_acc"] - one["test_acc"]) <= 1.0 / test_rows + 1e-12, (mode, r, one)
+    torch = [r for r in rows if r["framework"] == "pytorch"]
+    assert {r["mode"] for r in torch} == {"one device", "DDP"}, torch
+    assert all(r["status"] == "not installed" and "epoch_seconds" not in r for r in torch), torch
+    print(f"{name}: fanout rows agree ({'exactly' if exact else 'within tolerance'}); PyTorch rows: not installed")
+PY
+grep -q "PyTorch DDP 4 processes (gloo) *not installed" si.out
+
+# PyTorch's rows, where this machine has it.
+if python3 -c "import torch" 2> /dev/null; then
+  devices=cpu:2 repeats=1 bench torch --model mlp
+  python3 - "$work" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/torch.jsonl")]
+torch = {r["mode"]: r for r in rows if r["framework"] == "pytorch"}
+assert set(torch) == {"one device", "DDP"}, torch
+for r in torch.values():
+    assert r["status"] == "ok" and r["epoch_seconds"] > 0 and r["test_acc"] > 0.2 and r["torch"], r
+assert torch["DDP"]["processes"] == 2
+print("PyTorch rows ran:", {m: round(r["epoch_seconds"], 3) for m, r in torch.items()})
+PY
+else
+  echo "PyTorch not installed here: its rows were checked as 'not installed' only"
+fi
+
+# The plot, where matplotlib imports (setup.sh installs it).
+if python3 -c "import matplotlib" 2> /dev/null; then
+  devices=cpu:2 repeats=1 bench plot --model mlp --no-pytorch --plot "$work/epochs.png"
+  head -c 8 epochs.png | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" || { echo "epochs.png is not a PNG"; exit 1; }
+  echo "plot written"
+fi
+
+# Bad input: one line on stderr, non-zero exit, before any run.
+expect_error() {  # pattern args...
+  local pattern=$1
+  shift
+  if "$DP_BENCH" "$@" > out.txt 2> err.txt; then
+    echo "dp-bench $* succeeded; expected an error"
+    exit 1
+  fi
+  [ "$(wc -l < err.txt)" -eq 1 ] || { echo "dp-bench $*: not one line:"; cat err.txt; exit 1; }
+  grep -q -e "$pattern" err.txt || { echo "dp-bench $*: expected '$pattern', got:"; cat err.txt; exit 1; }
+  ! grep -q "^\[1/" out.txt || { echo "dp-bench $*: runs started before the error"; exit 1; }
+}
+expect_error "--epochs must be positive" --epochs 0 --data synthetic:64
+expect_error "--steps is for step mode" --epochs 1 --steps 3 --data synthetic:64
+expect_error "--plot is for epoch mode" --plot x.png
+expect_error "cannot be split evenly over 3 devices" --epochs 1 --data synthetic:64 --devices cpu:3 --batch-size 64
+expect_error "--plot needs Python with matplotlib" --epochs 1 --data synthetic:64 --python /nonexistent/python3 --plot x.png
+expect_error "unknown dataset .nonsense." --epochs 1 --data nonsense
+echo "dp-bench --epochs e2e: ok"
