@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -34,6 +36,8 @@ using namespace fanout;
 namespace {
 
 // --- parse ---------------------------------------------------------------
+
+constexpr uintmax_t kMaxConfigBytes = 1 << 20;
 
 struct Cli {
   train::RunConfig run;
@@ -141,9 +145,19 @@ Cli parse(int argc, char** argv) {
   }
   if (vm.count("config")) {
     const std::string path = vm["config"].as<std::string>();
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    FANOUT_USER_CHECK(fs::exists(st)) << "config file " << path << " does not exist";
+    FANOUT_USER_CHECK(!fs::is_directory(st)) << "config file " << path << " is a directory";
+    FANOUT_USER_CHECK(fs::is_regular_file(st)) << "config file " << path << " is not a regular file";
+    const auto size = fs::file_size(path, ec);
+    FANOUT_USER_CHECK(!ec && size <= kMaxConfigBytes)
+        << "config file " << path << " is " << size << " bytes; a config file holds at most " << kMaxConfigBytes;
     std::ifstream f(path);
-    FANOUT_USER_CHECK(f.good()) << "cannot open config file " << path;
+    FANOUT_USER_CHECK(f.good()) << "cannot open config file " << path << ": " << std::strerror(errno);
     po::store(po::parse_config_file(f, desc), vm);
+    FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
   }
   po::notify(vm);
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
@@ -308,6 +322,14 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
 
 // --- restore -------------------------------------------------------------
 
+// Where checkpoints go: --save-dir, else the directory --resume names.
+std::string save_dir_of(const train::RunConfig& c) {
+  if (!c.save_dir.empty()) return c.save_dir;
+  std::error_code ec;
+  if (!c.resume.empty() && std::filesystem::is_directory(c.resume, ec)) return c.resume;
+  return "";
+}
+
 // Loads --resume or --init-from; returns the checkpoint state to continue
 // from and the directory to save into, or nothing when the run is complete.
 std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine& engine, const Process& p,
@@ -360,9 +382,7 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
 // --- train ---------------------------------------------------------------
 
 int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& data, const Process& p,
-              train::CheckpointState ckpt, const std::string& save_dir) {
-  std::unique_ptr<train::CheckpointSaver> saver;
-  if (!save_dir.empty() && p.primary()) saver = std::make_unique<train::CheckpointSaver>(save_dir, c.save_every, c.keep_last);
+              train::CheckpointState ckpt, const std::string& save_dir, train::CheckpointSaver* saver) {
   train::TrainerConfig tc = c.trainer_config(p.devices[0].is_cuda());
   if (!p.primary()) {  // rank 0 alone prints, writes metrics and saves
     tc.progress = train::Progress::Mode::Off;
@@ -410,6 +430,15 @@ int run(int argc, char** argv) {
 
   const Process p = this_process(c);
   const auto all = machine_devices(c);
+  // The save directory is locked and checked before anything is loaded.
+  std::unique_ptr<train::CheckpointSaver> saver;
+  const std::string save_to = save_dir_of(c);
+  if (!save_to.empty() && p.primary()) {
+    saver = std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last);
+    if (const int n = saver->lock().removed_temporaries())
+      std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
+                  save_to.c_str());
+  }
   data::TrainTest data = data::open_dataset(c.data, c.seed);
   auto model = models::make_model(c.model, data.train.sample_shape(), data.train.num_classes, c.seed);
   auto engine = make_run_engine(c, *model, p, all);
@@ -431,7 +460,8 @@ int run(int argc, char** argv) {
   std::string save_dir;
   auto ckpt = restore(c, *engine, p, config, save_dir);
   if (!ckpt) return 0;
-  return train_run(c, *engine, data, p, *ckpt, save_dir);
+  FANOUT_CHECK(save_dir == save_to) << "save directory " << save_dir << " is not the one locked, " << save_to;
+  return train_run(c, *engine, data, p, *ckpt, save_dir, saver.get());
 }
 
 }  // namespace

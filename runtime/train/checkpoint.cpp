@@ -1,10 +1,18 @@
 // Checkpoint save / load / rotation.
 #include "runtime/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -213,14 +221,80 @@ std::string resolve_resume_path(const std::string& path) {
   return found;
 }
 
+namespace {
+std::string command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  std::replace(s.begin(), s.end(), '\0', ' ');
+  return s.size() > 300 ? s.substr(0, 300) + "..." : s;
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+}  // namespace
+
+SaveDirLock::SaveDirLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FANOUT_USER_CHECK(!ec && fs::is_directory(dir))
+      << "cannot create checkpoint directory " << dir << (ec ? ": " + ec.message() : ": not a directory");
+  const std::string path = (fs::path(dir) / ".fanout.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  FANOUT_USER_CHECK(fd_ >= 0) << "cannot write to checkpoint directory " << dir << ": " << std::strerror(errno);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(512, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    FANOUT_USER_CHECK(err != EWOULDBLOCK)
+        << "checkpoint directory " << dir << " is in use by another run (" << (holder.empty() ? "unknown" : holder)
+        << "); give each run its own --save-dir";
+    FANOUT_FAIL() << "cannot lock checkpoint directory " << dir << ": " << std::strerror(err);
+  }
+  // Write access, checked now rather than at the first save.
+  const std::string probe = (fs::path(dir) / (".write-test." + std::to_string(::getpid()))).string();
+  const int p = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int probe_err = errno;
+  if (p >= 0) {
+    ::close(p);
+    ::unlink(probe.c_str());
+  }
+  const std::string who = "pid " + std::to_string(::getpid()) + ", since " + now_utc() + ": " + command_line() + "\n";
+  const bool wrote = p >= 0 && ::ftruncate(fd_, 0) == 0 &&
+                     ::pwrite(fd_, who.data(), who.size(), 0) == static_cast<ssize_t>(who.size());
+  if (!wrote) {
+    ::close(fd_);
+    fd_ = -1;
+    FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": "
+                  << std::strerror(p < 0 ? probe_err : errno);
+  }
+  // Temporaries of a run that died while saving: nobody else can be writing here now.
+  static const std::regex tmp_name(R"(.*\.tmp\.[0-9]+)");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec) || !std::regex_match(e.path().filename().string(), tmp_name)) continue;
+    if (fs::remove(e.path(), ec)) ++removed_;
+  }
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the lock
+}
+
 CheckpointSaver::CheckpointSaver(std::string dir, int every, int keep_last)
     : dir_(std::move(dir)), every_(every), keep_last_(keep_last) {
   FANOUT_USER_CHECK(every >= 1) << "--save-every must be at least 1, got " << every;
   FANOUT_USER_CHECK(keep_last >= 1) << "--keep-last must be at least 1, got " << keep_last;
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
-  FANOUT_USER_CHECK(!ec && fs::is_directory(dir_))
-      << "cannot create checkpoint directory " << dir_ << (ec ? ": " + ec.message() : ": not a directory");
+  lock_ = std::make_unique<SaveDirLock>(dir_);
 }
 
 std::string CheckpointSaver::epoch_file(int epoch) {

@@ -12,6 +12,7 @@
 // metrics (JSON: the last epoch's summary).
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,12 +55,33 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
 // epoch-NNNN.safetensors when it is a directory.
 std::string resolve_resume_path(const std::string& path);
 
+// Holds a save directory for one run: an exclusive lock on DIR/.fanout.lock
+// (flock: the kernel drops it when the process dies, so a crash never blocks
+// the next run) that records the holder's pid, start time and command line.
+// Taking it checks that DIR can be written, and removes the temporaries
+// (*.tmp.PID) a run that died while saving left there. A directory that is
+// held, or cannot be created or written, is one fanout::Error.
+class SaveDirLock {
+ public:
+  explicit SaveDirLock(const std::string& dir);
+  ~SaveDirLock();
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+  int removed_temporaries() const { return removed_; }
+
+ private:
+  int fd_ = -1;
+  int removed_ = 0;
+};
+
 // Saves epoch-NNNN.safetensors into a directory every `every` epochs (and
 // after the last one), keeps the newest `keep_last` of them, and keeps
-// best.safetensors for the best test accuracy seen.
+// best.safetensors for the best test accuracy seen. It holds the
+// directory's SaveDirLock for its lifetime.
 class CheckpointSaver {
  public:
   CheckpointSaver(std::string dir, int every, int keep_last);
+  const SaveDirLock& lock() const { return *lock_; }
   // Call after each epoch's evaluation; st.epoch is the epoch just completed,
   // last_epoch the last one this process trains (always saved).
   // Returns the paths written (empty when this epoch is not saved).
@@ -69,6 +91,7 @@ class CheckpointSaver {
  private:
   std::string dir_;
   int every_, keep_last_;
+  std::unique_ptr<SaveDirLock> lock_;
 };
 
 }  // namespace fanout::train

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -217,7 +219,11 @@ void Trainer::write_metrics(const EpochMetrics& m) {
   std::ofstream f(cfg_.metrics_path, std::ios::app);
   FANOUT_USER_CHECK(f.good()) << "cannot open metrics file " << cfg_.metrics_path;
   f << j.dump() << "\n";
-  FANOUT_USER_CHECK(f.good()) << "cannot write metrics file " << cfg_.metrics_path;
+  f.flush();  // the line is in the file, or the error is known, before this returns
+  const bool written = f.good();
+  f.close();
+  FANOUT_USER_CHECK(written && f.good()) << "cannot write metrics file " << cfg_.metrics_path << ": "
+                                         << std::strerror(errno);
 }
 
 EpochMetrics Trainer::run(int first_epoch, int last_epoch) {
@@ -234,8 +240,8 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch) {
                  m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_seconds,
                  m.images_per_second, 100 * m.data_wait_fraction, m.lr, memory_summary(m).c_str());
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);
+    if (on_epoch_end) on_epoch_end(m);  // the checkpoint first: a metrics error must not lose it
     write_metrics(m);
-    if (on_epoch_end) on_epoch_end(m);
   }
   return m;
 }

@@ -36,7 +36,7 @@ for a, b in zip(whole, split):
     assert 0 <= b["data_wait_fraction"] <= 1
 print(f"4 epochs == 2 + resume 2: same metrics; final test accuracy {whole[-1]['test_acc']:.4f}")
 files = sorted(os.listdir(f"{work}/ck"))
-assert files == ["best.safetensors", "epoch-0003.safetensors", "epoch-0004.safetensors"], files
+assert files == [".fanout.lock", "best.safetensors", "epoch-0003.safetensors", "epoch-0004.safetensors"], files
 
 from safetensors.numpy import load_file
 from safetensors import safe_open

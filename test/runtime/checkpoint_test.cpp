@@ -220,7 +220,8 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   std::vector<std::string> files;
   for (auto& e : fs::directory_iterator(dir.path / "ck")) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"best.safetensors", "epoch-0006.safetensors", "epoch-0007.safetensors"}));
+  EXPECT_EQ(files, (std::vector<std::string>{".fanout.lock", "best.safetensors", "epoch-0006.safetensors",
+                                             "epoch-0007.safetensors"}));  // the lock stays: it is the directory's
   EXPECT_EQ(io::load_safetensors(dir / "ck/best.safetensors").metadata.at("epoch"), "4");
   EXPECT_EQ(train::resolve_resume_path((dir.path / "ck").string()), dir / "ck/epoch-0007.safetensors");
   // A run resumed from epoch 2 that stops at 3 (not a multiple of every=2)

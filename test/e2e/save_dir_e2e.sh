@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# e2e: a save directory belongs to one run, and nothing is lost silently.
+# - A second run on a held --save-dir exits before training with one line
+#   naming the holder; the first run's checkpoints are its own.
+# - A run killed with SIGKILL does not block the next one (the kernel drops
+#   the lock), and the temporaries a run that died while saving left
+#   behind are removed by the next run on the directory.
+# - A read-only --save-dir is refused before training.
+# - A metrics file that cannot be written (/dev/full) is an error, and the
+#   epoch's checkpoint is saved before it.
+set -uo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done
+  chmod -R u+w "$work" 2> /dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+train() { timeout 300 "$DP_TRAIN" --progress off --model lenet --devices cpu --data synthetic:2048 "$@"; }
+
+# 1. Two runs, one directory.
+# Started directly (not under timeout) so that $! is dp-train itself; killed below.
+"$DP_TRAIN" --progress off --model lenet --devices cpu --data synthetic:2048 --epochs 100000 --seed 1 \
+  --save-dir "$work/same" > "$work/a.out" 2>&1 &
+a=$!
+pids+=("$a")
+for _ in $(seq 1 300); do
+  grep -q "pid $a" "$work/same/.fanout.lock" 2> /dev/null && break
+  sleep 0.1
+done
+grep -q "pid $a" "$work/same/.fanout.lock" || fail "the first run did not take the lock"
+if train --epochs 2 --seed 2 --save-dir "$work/same" > "$work/b.out" 2> "$work/b.err"; then
+  fail "a second run on a held save directory succeeded"
+fi
+[ "$(wc -l < "$work/b.err")" -eq 1 ] || { cat "$work/b.err"; fail "not one line"; }
+grep -q "is in use by another run (pid $a, since .*dp-train" "$work/b.err" || { cat "$work/b.err"; fail "holder not named"; }
+! grep -q "^epoch" "$work/b.out" || fail "the second run trained before refusing"
+echo "ok   second run refused: $(cat "$work/b.err")"
+
+# 2. SIGKILL, then a temporary a dead save left: the next run starts and cleans up.
+kill -9 "$a"
+wait "$a" 2> /dev/null
+touch "$work/same/epoch-0007.safetensors.tmp.999999"
+train --epochs 1 --seed 2 --save-dir "$work/same" > "$work/c.out" 2> "$work/c.err" ||
+  { cat "$work/c.out" "$work/c.err"; fail "a run after a killed one did not start"; }
+grep -q "removed 1 temporary file a run that died while saving left in" "$work/c.out" || { cat "$work/c.out"; fail "no removal line"; }
+[ ! -e "$work/same/epoch-0007.safetensors.tmp.999999" ] || fail "the temporary is still there"
+[ -e "$work/same/epoch-0001.safetensors" ] || fail "no checkpoint from the run after the kill"
+echo "ok   the lock dies with its process; temporaries removed"
+
+# 3. A read-only save directory (as another user when root, whom permissions do not stop).
+mkdir -p "$work/ro"
+chmod 555 "$work/ro"
+as_user=()
+if [ "$(id -u)" -eq 0 ]; then
+  as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  chmod 755 "$work"  # that user must reach the directory to find it read-only
+fi
+if "${as_user[@]}" timeout 120 "$DP_TRAIN" --progress off --model lenet --devices cpu --data synthetic:256 \
+  --epochs 1 --save-dir "$work/ro" > "$work/ro.out" 2> "$work/ro.err"; then
+  fail "a read-only save directory was accepted"
+fi
+[ "$(wc -l < "$work/ro.err")" -eq 1 ] || { cat "$work/ro.err"; fail "not one line"; }
+grep -q "cannot write to checkpoint directory $work/ro: Permission denied" "$work/ro.err" || { cat "$work/ro.err"; fail "message"; }
+! grep -q "^epoch" "$work/ro.out" || fail "trained before refusing the read-only directory"
+echo "ok   read-only save dir refused before training: $(cat "$work/ro.err")"
+
+# 4. Metrics that cannot be written: an error, after the epoch's checkpoint.
+if train --epochs 2 --metrics /dev/full --save-dir "$work/full" > "$work/full.out" 2> "$work/full.err"; then
+  fail "metrics to /dev/full exited 0"
+fi
+[ "$(wc -l < "$work/full.err")" -eq 1 ] || { cat "$work/full.err"; fail "not one line"; }
+grep -q "cannot write metrics file /dev/full: No space left on device" "$work/full.err" || { cat "$work/full.err"; fail "message"; }
+[ -e "$work/full/epoch-0001.safetensors" ] || fail "the epoch's checkpoint was lost with the metrics"
+echo "ok   metrics write failure: $(cat "$work/full.err")"
+echo "save-dir e2e: ok"
