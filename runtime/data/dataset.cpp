@@ -72,6 +72,19 @@ constexpr int64_t kMaxSynthetic = 10'000'000;  // 30 GB of images: past that it 
 
 }  // namespace
 
+namespace {
+// Train and test splits must fit one model: same sample shape and classes.
+TrainTest checked(TrainTest t, const std::string& spec) {
+  FANOUT_USER_CHECK(t.train.sample_shape() == t.test.sample_shape())
+      << "dataset '" << spec << "': training images are " << t.train.sample_shape().str() << " but test images are "
+      << t.test.sample_shape().str();
+  FANOUT_USER_CHECK(t.train.num_classes == t.test.num_classes)
+      << "dataset '" << spec << "': " << t.train.num_classes << " training classes but " << t.test.num_classes
+      << " test classes";
+  return t;
+}
+}  // namespace
+
 TrainTest open_dataset(const std::string& spec, uint64_t seed) {
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
@@ -81,11 +94,11 @@ TrainTest open_dataset(const std::string& spec, uint64_t seed) {
   if (kind == "fashion-mnist") {
     FANOUT_USER_CHECK(!has_arg || !arg.empty())
         << "bad dataset '" << spec << "': no directory after ':' (fashion-mnist:DIR)";
-    return load_fashion_mnist(has_arg ? arg : default_fashion_mnist_dir());
+    return checked(load_fashion_mnist(has_arg ? arg : default_fashion_mnist_dir()), spec);
   }
   if (kind == "cifar10") {
     FANOUT_USER_CHECK(!arg.empty()) << "bad dataset '" << spec << "': cifar10 needs a directory (cifar10:DIR)";
-    return load_cifar10(arg);
+    return checked(load_cifar10(arg), spec);
   }
   if (kind == "synthetic") {
     int64_t n = kDefaultSynthetic;

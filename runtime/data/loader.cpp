@@ -2,6 +2,8 @@
 // batch b waits for slot b % slots until the consumer has released batch b - slots.
 #include "runtime/data/loader.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -14,6 +16,14 @@ namespace {
 
 constexpr int kMaxWorkers = 256;  // past that it is a typo
 
+// The batches in flight may take at most this share of physical memory.
+constexpr double kMaxInFlightShare = 0.25;
+
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -25,7 +35,8 @@ DataLoader::DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler,
   FANOUT_USER_CHECK(o.batch_size > 0) << "batch size must be positive, got " << o.batch_size;
   FANOUT_USER_CHECK(o.workers >= 0 && o.workers <= kMaxWorkers)
       << "loader workers must be in 0.." << kMaxWorkers << ", got " << o.workers;
-  FANOUT_USER_CHECK(o.prefetch >= 1) << "loader prefetch must be at least 1, got " << o.prefetch;
+  FANOUT_USER_CHECK(o.prefetch >= 1 && o.prefetch <= kMaxPrefetch)
+      << "loader prefetch must be in 1.." << kMaxPrefetch << " batches per worker, got " << o.prefetch;
   FANOUT_USER_CHECK(sampler_ != nullptr) << "DataLoader needs a sampler";
   FANOUT_USER_CHECK(ds.images.defined() && ds.images.dim() == 4 && ds.images.dtype() == DType::U8)
       << "dataset '" << ds.name << "' has no (N, C, H, W) uint8 images";
@@ -35,6 +46,16 @@ DataLoader::DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler,
       << "dataset '" << ds.name << "' has " << ds.images.size(0) << " images but " << ds.labels.size(0) << " labels";
   pinned_ = o.pin_memory && cuda_device_count() > 0;  // page-locking needs a CUDA driver
   sample_numel_ = ds.sample_shape().numel();
+  {
+    const double slots = o.workers == 0 ? 1.0 : static_cast<double>(o.workers) * o.prefetch;
+    const double bytes = slots * static_cast<double>(std::min(o.batch_size, std::max<int64_t>(1, sampler_->size()))) *
+                         static_cast<double>(sample_numel_ * sizeof(float) + sizeof(int32_t));
+    const double budget = kMaxInFlightShare * physical_memory_bytes();
+    FANOUT_USER_CHECK(budget <= 0 || bytes <= budget)
+        << "the loader's batches in flight (" << o.workers << " workers x " << o.prefetch << " prefetch x batch "
+        << o.batch_size << ") would take " << bytes / 1073741824.0 << " GiB, more than a quarter of this machine's "
+        << physical_memory_bytes() / 1073741824.0 << " GiB; lower --workers or --prefetch";
+  }
   slots_.resize(o.workers == 0 ? 1 : static_cast<size_t>(o.workers) * static_cast<size_t>(o.prefetch));
   allocate_slots(std::min(o.batch_size, sampler_->size()));
   try {

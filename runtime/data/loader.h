@@ -21,6 +21,9 @@
 
 namespace fanout::data {
 
+// Batches in flight per worker, at most (more buys nothing but memory).
+inline constexpr int kMaxPrefetch = 64;
+
 struct LoaderOptions {
   int64_t batch_size = 32;
   int workers = 0;          // 0: batches are built on the calling thread inside next()

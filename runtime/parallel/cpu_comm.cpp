@@ -47,20 +47,23 @@ class CpuComm : public Comm {
     else add_ranks<float>(bufs);
   }
 
+  // Rank 0 adds the others' buffers into its own, in rank order, while they
+  // wait; then they copy the sum. No memory is shared beyond the buffers.
   void all_reduce(int rank, Tensor& buf, Context&) override {
     slots_[rank] = buf;
-    barrier_.arrive_and_wait();
-    const int64_t n = buf.numel();
-    // Every rank is past the previous call's reads: rank 0 alone may grow the scratch.
-    if (rank == 0 && static_cast<int64_t>(scratch_.size()) < static_cast<int64_t>(ranks_) * n)
-      scratch_.resize(ranks_ * n * 2);
-    barrier_.arrive_and_wait();
-    float* sum = scratch_.data() + static_cast<size_t>(rank) * n;
-    for (int64_t i = 0; i < n; ++i) sum[i] = slots_[0].f32()[i];
-    for (int r = 1; r < active_; ++r)
-      for (int64_t i = 0; i < n; ++i) sum[i] += slots_[r].f32()[i];
-    barrier_.arrive_and_wait();  // everyone has read every rank's input
-    std::memcpy(buf.raw(), sum, buf.nbytes());
+    barrier_.arrive_and_wait();  // every rank's input is posted
+    if (rank == 0) {
+      float* sum = buf.f32();
+      const int64_t n = buf.numel();
+      for (int r = 1; r < active_; ++r) {
+        FANOUT_CHECK(slots_[r].numel() == n) << "all_reduce of mismatched sizes";
+        const float* src = slots_[r].f32();
+        for (int64_t i = 0; i < n; ++i) sum[i] += src[i];
+      }
+    }
+    barrier_.arrive_and_wait();  // the sum is in rank 0's buffer
+    if (rank != 0) std::memcpy(buf.raw(), slots_[0].raw(), buf.nbytes());
+    barrier_.arrive_and_wait();  // every rank has its copy before rank 0's buffer is used again
   }
 
   void abort() override { barrier_.abort(); }
@@ -84,7 +87,6 @@ class CpuComm : public Comm {
   std::vector<Tensor> slots_;
   std::vector<std::vector<Tensor>> op_bufs_;
   std::vector<int> op_count_;
-  std::vector<float> scratch_;
 };
 
 }  // namespace

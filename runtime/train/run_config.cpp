@@ -1,7 +1,10 @@
 // Run configuration: validation and what it derives.
 #include "runtime/train/run_config.h"
 
+#include <cmath>
+
 #include "runtime/core/error.h"
+#include "runtime/data/loader.h"
 #include "runtime/data/transforms.h"
 
 namespace fanout::train {
@@ -25,7 +28,13 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing < 1)
       << "--label-smoothing must be in [0, 1), got " << label_smoothing;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;
-  FANOUT_USER_CHECK(prefetch >= 1) << "--prefetch must be at least 1, got " << prefetch;
+  FANOUT_USER_CHECK(workers <= 256) << "--workers must be at most 256, got " << workers;
+  FANOUT_USER_CHECK(prefetch >= 1 && prefetch <= data::kMaxPrefetch)
+      << "--prefetch must be in 1.." << data::kMaxPrefetch << ", got " << prefetch;
+  FANOUT_USER_CHECK(std::isfinite(warmup_epochs) && warmup_epochs >= 0 && warmup_epochs <= epochs)
+      << "--warmup-epochs must be in [0, --epochs] = [0, " << epochs << "], got " << warmup_epochs;
+  FANOUT_USER_CHECK(std::isfinite(lr) && std::isfinite(momentum) && std::isfinite(weight_decay))
+      << "--lr, --momentum and --weight-decay must be finite";
   FANOUT_USER_CHECK(timing_warmup >= 0) << "--timing-warmup must be non-negative, got " << timing_warmup;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")

@@ -321,7 +321,8 @@ TEST(DataLoader, BadOptions) {
   expect_user_error([&] { make(opts(-4)); }, {"batch size must be positive, got -4"});
   expect_user_error([&] { make(opts(4, -1)); }, {"loader workers must be in 0..256, got -1"});
   expect_user_error([&] { make(opts(4, 100000)); }, {"loader workers must be in 0..256, got 100000"});
-  expect_user_error([&] { make(opts(4, 2, 0)); }, {"loader prefetch must be at least 1, got 0"});
+  expect_user_error([&] { make(opts(4, 2, 0)); }, {"loader prefetch must be in 1..64 batches per worker, got 0"});
+  expect_user_error([&] { make(opts(4, 2, 65)); }, {"loader prefetch must be in 1..64 batches per worker, got 65"});
   expect_user_error([&] { DataLoader(ds, nullptr, opts(4)); }, {"DataLoader needs a sampler"});
   ImageDataset short_labels = ds;
   short_labels.labels = ds.labels.slice(0, 3);

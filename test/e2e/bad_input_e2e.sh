@@ -47,6 +47,41 @@ expect_error bad-number "invalid|argument" --batch-size three
 expect_error unknown-data "unknown dataset" --data imagenet
 expect_error bad-devices "device" --devices gpu7 --data synthetic:64
 expect_error bad-schedule "lr schedule" --lr-schedule wobble --data synthetic:64
+# Train and test images of different shapes: refused when the data loads.
+python3 - "$work/mixed" <<'PY'
+import gzip, os, struct, sys
+d = sys.argv[1]
+os.makedirs(d)
+def idx(name, n, dims, magic):
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", x) for x in (n, *dims)))
+        size = n
+        for x in dims:
+            size *= x
+        f.write(bytes((i * 37) % 256 for i in range(size)) if magic == 0x803 else bytes(i % 10 for i in range(n)))
+idx("train-images-idx3-ubyte", 64, (28, 28), 0x803)
+idx("train-labels-idx1-ubyte", 64, (), 0x801)
+idx("t10k-images-idx3-ubyte", 16, (32, 32), 0x803)
+idx("t10k-labels-idx1-ubyte", 16, (), 0x801)
+PY
+expect_error train-test-shapes "training images are \(1, 28, 28\) but test images are \(1, 32, 32\)" \
+  --model mlp --data "fashion-mnist:$work/mixed"
+expect_error train-test-shapes-resnet "training images are" --model resnet18 --data "fashion-mnist:$work/mixed"
+# Config files that are not files, or far too large.
+mkdir -p "$work/confdir"
+expect_error config-directory "config file .* is a directory" --config "$work/confdir" --data synthetic:64
+expect_error config-device "config file /dev/zero is not a regular file" --config /dev/zero --data synthetic:64
+expect_error config-missing "config file .* does not exist" --config "$work/none.cfg" --data synthetic:64
+head -c 2000000 /dev/zero | tr '\0' '#' > "$work/huge.cfg"
+expect_error config-huge "at most 1048576" --config "$work/huge.cfg" --data synthetic:64
+# Loader bounds and the warm-up bound.
+expect_error prefetch-bound "prefetch must be in 1..64" --workers 256 --prefetch 100000 --data synthetic:64
+expect_error workers-bound "workers must be at most 256" --workers 100000 --data synthetic:64
+expect_error in-flight-bound "batches in flight .* lower --workers or --prefetch" --workers 256 --prefetch 64 \
+  --batch-size 60000 --data fashion-mnist
+expect_error warmup-inf "warmup-epochs must be in" --warmup-epochs inf --data synthetic:64
+expect_error warmup-past-end "warmup-epochs must be in \[0, --epochs\] = \[0, 1\], got 5" --warmup-epochs 5 --data synthetic:64
+expect_error warmup-nan "warmup-epochs must be in" --warmup-epochs nan --data synthetic:64
 expect_error split-invariant-batchnorm "cannot hold for a model with BatchNorm" --split-invariant --model resnet18 \
   --devices cpu:2 --data synthetic:64
 
