@@ -87,8 +87,8 @@ def main():
         cores = rs[0].get("host_cores", "?")
         ax.set_title(f"{model} on {data}, batch {batch}, devices {devices}, {cores} cores", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    fig.legend(handles, ["fanout", "PyTorch"], loc="upper right")
-    fig.tight_layout()
+    fig.legend(handles, ["fanout", "PyTorch"], loc="lower center", ncol=2)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(args.out, dpi=110)
     return 0
 
