@@ -22,7 +22,13 @@ void check_channel_vec(const Context& ctx, const char* op, const char* name, con
   FANOUT_CHECK(t.shape() == Shape{c}) << op << ": " << name << " " << t.shape().str() << " for " << c
                                       << " channels";
 }
-// (2, C) statistics.
+// The (3, C) float64 batch statistics.
+void check_batch_stats(const Context& ctx, const char* op, const Tensor& t, int64_t c) {
+  detail::check_tensor(ctx, op, "stats", t, DType::F64);
+  FANOUT_CHECK((t.shape() == Shape{3, c})) << op << ": stats " << t.shape().str() << " for " << c
+                                           << " channels, expected (3, " << c << ")";
+}
+// (2, C) statistics (gradient sums; the mean as hi, lo).
 void check_stats(const Context& ctx, const char* op, const char* name, const Tensor& t, int64_t c) {
   detail::check_tensor(ctx, op, name, t);
   FANOUT_CHECK((t.shape() == Shape{2, c})) << op << ": " << name << " " << t.shape().str() << " for " << c
@@ -36,7 +42,7 @@ void check_same_shape(const char* op, const char* a_name, const Tensor& a, const
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
   const int64_t c = check_bn_input(ctx, "bn_stats", "x", x);
-  check_stats(ctx, "bn_stats", "stats", stats, c);
+  check_batch_stats(ctx, "bn_stats", stats, c);
   if (ctx.device().is_cpu()) return cpu::bn_stats(ctx, x, stats);
 #ifdef FANOUT_WITH_CUDA
   if (ctx.device().is_cuda()) return cuda::bn_stats(ctx, x, stats);
@@ -47,14 +53,13 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
 void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
                  Tensor& invstd, Tensor* running_mean, Tensor* running_var) {
   const char* op = "bn_finalize";
-  detail::check_tensor(ctx, op, "stats", stats);
-  FANOUT_CHECK(stats.dim() == 2 && stats.size(0) == 2) << op << ": stats " << stats.shape().str()
-                                                       << " must be (2, C)";
+  FANOUT_CHECK(stats.dim() == 2) << op << ": stats " << stats.shape().str() << " must be (3, C)";
   const int64_t c = stats.size(1);
+  check_batch_stats(ctx, op, stats, c);
   FANOUT_CHECK(count >= 1) << op << ": count " << count << " for stats " << stats.shape().str();
   FANOUT_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f)
       << op << ": eps " << eps << " must be >= 0 and momentum " << momentum << " in [0, 1]";
-  check_channel_vec(ctx, op, "mean", mean, c);
+  check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
   if (running_mean) check_channel_vec(ctx, op, "running_mean", *running_mean, c);
   if (running_var) {
@@ -75,7 +80,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
               const Tensor& beta, Tensor& y) {
   const char* op = "bn_apply";
   const int64_t c = check_bn_input(ctx, op, "x", x);
-  check_channel_vec(ctx, op, "mean", mean, c);
+  check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
   check_channel_vec(ctx, op, "gamma", gamma, c);
   check_channel_vec(ctx, op, "beta", beta, c);
@@ -112,7 +117,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   const int64_t c = check_bn_input(ctx, op, "x", x);
   detail::check_tensor(ctx, op, "dy", dy);
   check_same_shape(op, "x", x, "dy", dy);
-  check_channel_vec(ctx, op, "mean", mean, c);
+  check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
   check_stats(ctx, op, "grad_stats", grad_stats, c);
   if (ctx.device().is_cpu()) return cpu::bn_backward_reduce(ctx, x, dy, mean, invstd, grad_stats);
@@ -128,7 +133,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   const int64_t c = check_bn_input(ctx, op, "x", x);
   detail::check_tensor(ctx, op, "dy", dy);
   check_same_shape(op, "x", x, "dy", dy);
-  check_channel_vec(ctx, op, "mean", mean, c);
+  check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
   check_channel_vec(ctx, op, "gamma", gamma, c);
   check_stats(ctx, op, "grad_stats", grad_stats, c);

@@ -1,24 +1,37 @@
 // Batch normalization over (N, H, W) per channel, split into the steps that
 // SyncBatchNorm needs: local statistics, finalize (after an optional
 // all-reduce of the statistics), apply; and the same for backward.
+//
+// Stability: a channel whose mean is large against its spread (offset 1e4,
+// spread 1) must not lose its variance to cancellation. The statistics are
+// float64 and hold the sum of squared deviations from the local mean
+// (shifted sums about the channel's first value: one pass), plus what
+// merging replicas needs (Chan et al.): summing the rows over replicas and
+// finalizing gives the exact pooled variance up to float64 rounding. The
+// mean is kept as an unevaluated sum of two floats (hi + lo), so x - mean is
+// taken to float64 accuracy: one float would be off by half an ulp of the
+// offset, 5e-4 at 1e4.
 #pragma once
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::kernels {
 
-// x (N, C, H, W) or (N, C). stats (2, C) is written (=): row 0 sum of x, row 1 sum of x^2.
+// x (N, C, H, W) or (N, C). stats (3, C) float64 is written (=), per channel
+// over the n = N * H * W local values: row 0 sum x, row 1 sum (x - m)^2 with
+// m = sum x / n the local mean, row 2 (sum x)^2 / n. Rows add over replicas.
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats);
 
-// From summed statistics over `count` elements per channel: mean (C) and
-// invstd (C) = 1/sqrt(biased var + eps) are written. When running stats are
-// given they are updated as PyTorch does:
-//   running = (1 - momentum) * running + momentum * batch, using the unbiased
-//   variance count/(count-1) * var for running_var.
+// From statistics summed over replicas, `count` elements per channel in all:
+// mean (2, C) = (hi, lo) with hi + lo the mean, and invstd (C) =
+// 1/sqrt(biased var + eps) are written, where var = (row 1 + row 2 - row 0^2 /
+// count) / count. When running stats are given they are updated as PyTorch
+// does: running = (1 - momentum) * running + momentum * batch, using the
+// unbiased variance count/(count-1) * var for running_var.
 void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
                  Tensor& invstd, Tensor* running_mean, Tensor* running_var);
 
-// y = (x - mean) * invstd * gamma + beta, written (=).
+// y = (x - mean) * invstd * gamma + beta, written (=); mean (2, C) as bn_finalize writes it.
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y);
 
@@ -27,7 +40,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y);
 
 // grad_stats (2, C) is written (=): row 0 sum of dy, row 1 sum of dy * xhat,
-// where xhat = (x - mean) * invstd.
+// where xhat = (x - mean) * invstd; mean (2, C) as bn_finalize writes it.
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats);
 

@@ -21,18 +21,18 @@ Planes planes_of(const Tensor& x) {
   return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
 }
 
-// s += sum p, q += sum p^2 over len floats, in double.
-inline void sum_sumsq(const float* p, int64_t len, double& s, double& q) {
+// s += sum (p - k), q += sum (p - k)^2 over len floats, in double (p - k is exact).
+inline void sum_sumsq(const float* p, int64_t len, double k, double& s, double& q) {
   double as[4] = {0, 0, 0, 0}, aq[4] = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 4 <= len; i += 4)
     for (int j = 0; j < 4; ++j) {
-      const double v = p[i + j];
+      const double v = p[i + j] - k;
       as[j] += v;
       aq[j] += v * v;
     }
   for (; i < len; ++i) {
-    const double v = p[i];
+    const double v = p[i] - k;
     as[0] += v;
     aq[0] += v * v;
   }
@@ -64,25 +64,38 @@ inline void affine(const float* x, int64_t len, float m, float k, float b, float
   map1(x, y, len, [m, k, b](float v) { return (v - m) * k + b; });
 }
 
+// The same with m = hi + lo: x - hi is exact when x is near hi.
+inline void affine2(const float* x, int64_t len, float hi, float lo, float k, float b, float* y) {
+  map1(x, y, len, [hi, lo, k, b](float v) { return ((v - hi) - lo) * k + b; });
+}
+
 }  // namespace
 
 void bn_stats(Context&, const Tensor& x, Tensor& stats) {
   const Planes p = planes_of(x);
   const float* xp = x.f32();
-  float* sp = stats.f32();  // (2, C)
+  double* sp = stats.f64();  // (3, C)
+  const double count = static_cast<double>(p.n * p.s);
   for (int64_t c = 0; c < p.c; ++c) {
-    double s = 0, q = 0;
-    for (int64_t n = 0; n < p.n; ++n) sum_sumsq(xp + (n * p.c + c) * p.s, p.s, s, q);
-    sp[c] = static_cast<float>(s);
-    sp[p.c + c] = static_cast<float>(q);
+    if (count == 0) {
+      sp[c] = sp[p.c + c] = sp[2 * p.c + c] = 0;
+      continue;
+    }
+    const double k = xp[c * p.s];  // pivot: the channel's first value, near its mean
+    double a = 0, q = 0;
+    for (int64_t n = 0; n < p.n; ++n) sum_sumsq(xp + (n * p.c + c) * p.s, p.s, k, a, q);
+    const double s = a + count * k;
+    sp[c] = s;
+    sp[p.c + c] = std::max(0.0, q - a * a / count);
+    sp[2 * p.c + c] = s * s / count;
   }
 }
 
 void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
                  Tensor& invstd, Tensor* running_mean, Tensor* running_var) {
   const int64_t nc = stats.size(1);
-  const float* sp = stats.f32();
-  float* mp = mean.f32();
+  const double* sp = stats.f64();
+  float* mp = mean.f32();  // (2, C): hi, lo
   float* ip = invstd.f32();
   float* rm = running_mean ? running_mean->f32() : nullptr;
   float* rv = running_var ? running_var->f32() : nullptr;
@@ -90,9 +103,13 @@ void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float 
   const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
   const double mom = momentum;
   for (int64_t c = 0; c < nc; ++c) {
-    const double m = sp[c] * inv_count;
-    const double var = std::max(0.0, sp[nc + c] * inv_count - m * m);  // biased
-    mp[c] = static_cast<float>(m);
+    const double s = sp[c], m = s * inv_count;
+    // Pooled: the deviations within each replica plus those of the replicas' means.
+    const double between = std::max(0.0, sp[2 * nc + c] - s * s / static_cast<double>(count));
+    const double var = (sp[nc + c] + between) * inv_count;  // biased
+    const float hi = static_cast<float>(m);
+    mp[c] = hi;
+    mp[nc + c] = static_cast<float>(m - hi);
     ip[c] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
     if (rm) rm[c] = static_cast<float>((1.0 - mom) * rm[c] + mom * m);
     if (rv) rv[c] = static_cast<float>((1.0 - mom) * rv[c] + mom * var * unbias);
@@ -107,7 +124,7 @@ void bn_apply(Context&, const Tensor& x, const Tensor& mean, const Tensor& invst
   for (int64_t n = 0; n < p.n; ++n)
     for (int64_t c = 0; c < p.c; ++c) {
       const int64_t off = (n * p.c + c) * p.s;
-      affine(xp + off, p.s, mp[c], ip[c] * gp[c], bp[c], yp + off);
+      affine2(xp + off, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
     }
 }
 
@@ -135,7 +152,7 @@ void bn_backward_reduce(Context&, const Tensor& x, const Tensor& dy, const Tenso
     double s = 0, t = 0;
     for (int64_t n = 0; n < p.n; ++n) {
       const int64_t off = (n * p.c + c) * p.s;
-      sum_dy_dyxmu(xp + off, dp + off, p.s, mp[c], s, t);
+      sum_dy_dyxmu(xp + off, dp + off, p.s, static_cast<double>(mp[c]) + mp[p.c + c], s, t);
     }
     gs[c] = static_cast<float>(s);
     gs[p.c + c] = static_cast<float>(t * ip[c]);  // sum dy * xhat
@@ -156,11 +173,12 @@ void bn_backward_apply(Context&, const Tensor& x, const Tensor& dy, const Tensor
     const float kf = static_cast<float>(k);
     const float a = static_cast<float>(gs[c] * inv_count);
     const float q = static_cast<float>(k * ip[c] * gs[p.c + c] * inv_count);
-    const float m = mp[c];
+    const float hi = mp[c], lo = mp[p.c + c];
     for (int64_t n = 0; n < p.n; ++n) {
       const int64_t off = (n * p.c + c) * p.s;
       // dx may alias dy.
-      map2(xp + off, dp + off, out + off, p.s, [=](float xv, float g) { return kf * (g - a) - (xv - m) * q; });
+      map2(xp + off, dp + off, out + off, p.s,
+           [=](float xv, float g) { return kf * (g - a) - ((xv - hi) - lo) * q; });
     }
   }
 }

@@ -17,23 +17,29 @@ using detail::planes_of;
 
 // ---- reductions ----
 
-// a += x, b += x^2
+// a += x - k, b += (x - k)^2 with the pivot k = x[0, ch, 0] (the channel's
+// first value, near its mean; x - k is exact in double)
 template <class I>
 struct StatsOp {
   const float* x;
-  __device__ void operator()(I i, I, double& a, double& b) const {
-    const double v = x[i];
+  int64_t s;
+  __device__ void operator()(I i, I ch, double& a, double& b) const {
+    const double v = static_cast<double>(x[i]) - static_cast<double>(x[static_cast<int64_t>(ch) * s]);
     a += v;
     b += v * v;
   }
 };
-// stats (2, C) = (sum x, sum x^2), written (=)
+// stats (3, C) float64 = (sum x, sum (x - mean)^2, (sum x)^2 / count), written (=)
 struct StatsFin {
-  float* stats;
-  int64_t c;
+  double* stats;
+  const float* x;
+  int64_t c, s;
+  double count;
   __device__ void operator()(int64_t ch, double a, double b) const {
-    stats[ch] = static_cast<float>(a);
-    stats[c + ch] = static_cast<float>(b);
+    const double sum = a + count * static_cast<double>(x[ch * s]);
+    stats[ch] = sum;
+    stats[c + ch] = fmax(0.0, b - a * a / count);
+    stats[2 * c + ch] = sum * sum / count;
   }
 };
 
@@ -42,11 +48,12 @@ template <class I>
 struct GradStatsOp {
   const float* x;
   const float* dy;
-  const float* mean;
+  const float* mean;  // (2, C): hi, lo
+  int64_t c;
   __device__ void operator()(I i, I ch, double& a, double& b) const {
     const double g = dy[i];
     a += g;
-    b += g * (static_cast<double>(x[i]) - static_cast<double>(mean[ch]));
+    b += g * (static_cast<double>(x[i]) - (static_cast<double>(mean[ch]) + static_cast<double>(mean[c + ch])));
   }
 };
 // grad_stats (2, C) = (sum dy, sum dy * xhat), written (=)
@@ -62,13 +69,16 @@ struct GradStatsFin {
 
 // ---- finalize: one thread per channel, double arithmetic as the CPU path ----
 
-__global__ void finalize_kernel(const float* __restrict__ stats, int64_t c, double inv_count, double unbias,
-                                double mom, double eps, float* __restrict__ mean, float* __restrict__ invstd,
-                                float* __restrict__ rm, float* __restrict__ rv) {
+__global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, double count, double inv_count,
+                                double unbias, double mom, double eps, float* __restrict__ mean,
+                                float* __restrict__ invstd, float* __restrict__ rm, float* __restrict__ rv) {
   for (int64_t ch = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; ch < c; ch += int64_t{gridDim.x} * blockDim.x) {
-    const double m = static_cast<double>(stats[ch]) * inv_count;
-    const double var = fmax(0.0, static_cast<double>(stats[c + ch]) * inv_count - m * m);  // biased
-    mean[ch] = static_cast<float>(m);
+    const double s = stats[ch], m = s * inv_count;
+    const double between = fmax(0.0, stats[2 * c + ch] - s * s / count);
+    const double var = (stats[c + ch] + between) * inv_count;  // biased
+    const float hi = static_cast<float>(m);
+    mean[ch] = hi;
+    mean[c + ch] = static_cast<float>(m - static_cast<double>(hi));
     invstd[ch] = static_cast<float>(1.0 / sqrt(var + eps));
     if (rm) rm[ch] = static_cast<float>((1.0 - mom) * static_cast<double>(rm[ch]) + mom * m);
     if (rv) rv[ch] = static_cast<float>((1.0 - mom) * static_cast<double>(rv[ch]) + mom * var * unbias);
@@ -86,7 +96,7 @@ __global__ void apply_kernel(const float* x, const float* __restrict__ mean, con
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
     const I ch = (i / s) % c;
     const float k = invstd[ch] * gamma[ch];
-    y[i] = (x[i] - mean[ch]) * k + beta[ch];
+    y[i] = ((x[i] - mean[ch]) - mean[c + ch]) * k + beta[ch];  // mean (2, C): hi, lo
   }
 }
 
@@ -119,18 +129,24 @@ __global__ void backward_apply_kernel(const float* x, const float* dy, const flo
     const float a = static_cast<float>(static_cast<double>(grad_stats[ch]) * inv_count);
     const float q =
         static_cast<float>(k * static_cast<double>(invstd[ch]) * static_cast<double>(grad_stats[c + ch]) * inv_count);
-    dx[i] = kf * (dy[i] - a) - (x[i] - mean[ch]) * q;
+    dx[i] = kf * (dy[i] - a) - ((x[i] - mean[ch]) - mean[c + ch]) * q;
   }
 }
 
 }  // namespace
 
-// x (N, C, ...) -> stats (2, C): row 0 sum x, row 1 sum x^2 (=).
+// x (N, C, ...) -> stats (3, C) float64 (=), as kernels/batchnorm.h.
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
   const Planes p = planes_of(x);
   if (p.c == 0) return;
   detail::DeviceScope scope(ctx);
-  detail::channel_reduce<StatsOp>(ctx, p.n, p.c, p.s, StatsFin{stats.f32(), p.c}, x.f32());
+  if (p.n * p.s == 0) {
+    FANOUT_CUDA_CHECK(cudaMemsetAsync(stats.raw(), 0, stats.nbytes(), detail::stream_of(ctx)));
+    return;
+  }
+  const double count = static_cast<double>(p.n * p.s);
+  detail::channel_reduce<StatsOp>(ctx, p.n, p.c, p.s, StatsFin{stats.f64(), x.f32(), p.c, p.s, count}, x.f32(),
+                                  p.s);
 }
 
 void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
@@ -141,7 +157,8 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
   const double inv_count = 1.0 / static_cast<double>(count);
   const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
   finalize_kernel<<<static_cast<int>(detail::ceil_div(c, detail::kThreads)), detail::kThreads, 0,
-                    detail::stream_of(ctx)>>>(stats.f32(), c, inv_count, unbias, static_cast<double>(momentum),
+                    detail::stream_of(ctx)>>>(stats.f64(), c, static_cast<double>(count), inv_count, unbias,
+                                              static_cast<double>(momentum),
                                               static_cast<double>(eps), mean.f32(), invstd.f32(),
                                               running_mean ? running_mean->f32() : nullptr,
                                               running_var ? running_var->f32() : nullptr);
@@ -186,7 +203,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   if (p.c == 0) return;
   detail::DeviceScope scope(ctx);
   detail::channel_reduce<GradStatsOp>(ctx, p.n, p.c, p.s, GradStatsFin{grad_stats.f32(), invstd.f32(), p.c}, x.f32(),
-                                      dy.f32(), mean.f32());
+                                      dy.f32(), mean.f32(), p.c);
 }
 
 // dx (=) = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).

@@ -44,8 +44,8 @@ Tensor BatchNorm2d::forward(const Tensor& x, Context& ctx) {
     kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);
     return y_;
   }
-  ensure(stats_, Shape{2, c_}, d);
-  ensure(mean_, Shape{c_}, d);
+  ensure(stats_, Shape{3, c_}, DType::F64, d);
+  ensure(mean_, Shape{2, c_}, d);
   ensure(invstd_, Shape{c_}, d);
   kernels::bn_stats(ctx, x, stats_);
   count_ = x.numel() / c_;

@@ -88,34 +88,46 @@ class P2pComm : public Comm {
   }
 
   void all_reduce(int rank, Tensor& buf, Context& ctx) override {
-    // Small tensors (BatchNorm statistics): summed on the host in rank order.
-    const size_t n = static_cast<size_t>(buf.numel());
+    // Small tensors (BatchNorm statistics, float32 or float64): summed on the
+    // host in rank order, each rank into its own buffer.
+    FANOUT_CHECK(buf.dtype() == DType::F32 || buf.dtype() == DType::F64) << "all_reduce of " << dtype_name(buf.dtype());
+    const size_t bytes = buf.nbytes();
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (host_.size() < devices_.size() * n) host_.resize(devices_.size() * n * 2);
+      if (host_.size() < devices_.size() * bytes) host_.resize(devices_.size() * bytes * 2);
     }
     barrier_.arrive_and_wait();
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
     {
       std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());  // pageable copies
-      FANOUT_CUDA_CHECK(cudaMemcpyAsync(host_.data() + rank * n, buf.raw(), buf.nbytes(), cudaMemcpyDeviceToHost,
+      FANOUT_CUDA_CHECK(cudaMemcpyAsync(host_.data() + rank * bytes, buf.raw(), bytes, cudaMemcpyDeviceToHost,
                                         stream_of(ctx)));
       FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
     }
     barrier_.arrive_and_wait();
-    std::vector<float>& sum = sums_[rank];
-    sum.assign(host_.begin(), host_.begin() + n);
-    for (int r = 1; r < active_; ++r)
-      for (size_t i = 0; i < n; ++i) sum[i] += host_[r * n + i];
+    std::vector<char>& sum = sums_[rank];
+    sum.assign(host_.begin(), host_.begin() + static_cast<std::ptrdiff_t>(bytes));
+    if (buf.dtype() == DType::F64) add_host<double>(sum, bytes);
+    else add_host<float>(sum, bytes);
     barrier_.arrive_and_wait();
     std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
-    FANOUT_CUDA_CHECK(cudaMemcpyAsync(buf.raw(), sum.data(), buf.nbytes(), cudaMemcpyHostToDevice, stream_of(ctx)));
+    FANOUT_CUDA_CHECK(cudaMemcpyAsync(buf.raw(), sum.data(), bytes, cudaMemcpyHostToDevice, stream_of(ctx)));
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
   }
 
   void abort() override { barrier_.abort(); }
 
  private:
+  // sum (rank 0's bytes) += every other active rank's, in rank order.
+  template <class T>
+  void add_host(std::vector<char>& sum, size_t bytes) const {
+    const size_t n = bytes / sizeof(T);
+    T* dst = reinterpret_cast<T*>(sum.data());
+    for (int r = 1; r < active_; ++r) {
+      const T* src = reinterpret_cast<const T*>(host_.data() + r * bytes);
+      for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+    }
+  }
   cudaStream_t root_stream() {
     std::lock_guard<std::mutex> g(mu_);
     if (!root_stream_) root_stream_ = std::make_unique<Stream>(devices_[0]);
@@ -129,11 +141,20 @@ class P2pComm : public Comm {
   std::vector<std::vector<Tensor>> op_bufs_;
   std::vector<int> op_count_;
   std::vector<Tensor> staging_;
-  std::vector<float> host_;
-  std::vector<std::vector<float>> sums_;  // one per rank: written concurrently
+  std::vector<char> host_;                // every rank's bytes, rank after rank
+  std::vector<std::vector<char>> sums_;  // one per rank: written concurrently
   std::vector<std::vector<cudaEvent_t>> ready_;  // [op][rank]: that rank's bucket is written
   std::unique_ptr<Stream> root_stream_;
 };
+
+ncclDataType_t nccl_type(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    default: break;
+  }
+  FANOUT_FAIL() << "NCCL communicator: " << dtype_name(t.dtype()) << " tensors are not supported";
+}
 
 class NcclComm : public Comm {
  public:
@@ -157,19 +178,19 @@ class NcclComm : public Comm {
 
   void broadcast(int rank, Tensor& buf, Context& ctx) override {
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
-    FANOUT_NCCL_CHECK(ncclBroadcast(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), ncclFloat, 0,
+    FANOUT_NCCL_CHECK(ncclBroadcast(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf), 0,
                                     comm(rank), stream_of(ctx)));
   }
 
   void reduce_add(int, int rank, const Tensor& buf, Context& ctx) override {
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
-    FANOUT_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), ncclFloat, ncclSum, 0,
+    FANOUT_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf), ncclSum, 0,
                                  comm(rank), stream_of(ctx)));
   }
 
   void all_reduce(int rank, Tensor& buf, Context& ctx) override {
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
-    FANOUT_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), ncclFloat, ncclSum,
+    FANOUT_NCCL_CHECK(ncclAllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf), ncclSum,
                                     comm(rank), stream_of(ctx)));
   }
 

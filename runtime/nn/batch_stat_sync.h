@@ -12,8 +12,8 @@ namespace fanout {
 class BatchStatSync {
  public:
   virtual ~BatchStatSync() = default;
-  // Sums `stats` (2, C) and `count` over all replicas, in place, on every
-  // replica. Called once per BatchNorm layer in forward and once in backward,
+  // Sums `stats` (float64 batch statistics, or float32 gradient sums) and
+  // `count` over all replicas, in place, on every replica. Called once per BatchNorm layer in forward and once in backward,
   // in the same order on every replica; `layer_id` tells the layers apart.
   virtual void all_reduce(int layer_id, Tensor& stats, int64_t& count, Context& ctx) = 0;
 };

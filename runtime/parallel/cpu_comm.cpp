@@ -53,13 +53,13 @@ class CpuComm : public Comm {
     slots_[rank] = buf;
     barrier_.arrive_and_wait();  // every rank's input is posted
     if (rank == 0) {
-      float* sum = buf.f32();
-      const int64_t n = buf.numel();
-      for (int r = 1; r < active_; ++r) {
-        FANOUT_CHECK(slots_[r].numel() == n) << "all_reduce of mismatched sizes";
-        const float* src = slots_[r].f32();
-        for (int64_t i = 0; i < n; ++i) sum[i] += src[i];
-      }
+      FANOUT_CHECK(buf.dtype() == DType::F32 || buf.dtype() == DType::F64)
+          << "all_reduce of " << dtype_name(buf.dtype());
+      for (int r = 1; r < active_; ++r)
+        FANOUT_CHECK(slots_[r].numel() == buf.numel() && slots_[r].dtype() == buf.dtype())
+            << "all_reduce of mismatched buffers";
+      if (buf.dtype() == DType::F64) add_ranks<double>(slots_);
+      else add_ranks<float>(slots_);
     }
     barrier_.arrive_and_wait();  // the sum is in rank 0's buffer
     if (rank != 0) std::memcpy(buf.raw(), slots_[0].raw(), buf.nbytes());

@@ -2,6 +2,7 @@
 #include "runtime/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <mutex>
 #include <set>
@@ -30,32 +31,37 @@ std::vector<int64_t> chunk_sizes(int64_t batch, int parts) {
 class DataParallel::StatSync : public BatchStatSync {
  public:
   explicit StatSync(DataParallel& dp) : dp_(dp), packed_(dp.devices_.size()), count_host_(dp.devices_.size()) {}
+  // The count travels in the statistics' own dtype: exact below 2^24 in
+  // float32 (gradient sums), 2^53 in float64 (batch statistics).
   void all_reduce(int, Tensor& stats, int64_t& count, Context& ctx) override {
     const int rank = rank_of(ctx);
-    FANOUT_CHECK(count >= 0 && count < (int64_t{1} << 24))
-        << "SyncBatchNorm: " << count << " elements per channel cannot be counted exactly in float";
-    Tensor& p = packed_[rank];
+    const DType dt = stats.dtype();
+    FANOUT_CHECK(dt == DType::F32 || dt == DType::F64) << "SyncBatchNorm: statistics of " << dtype_name(dt);
+    const int64_t exact = dt == DType::F32 ? int64_t{1} << 24 : int64_t{1} << 53;
+    FANOUT_CHECK(count >= 0 && count < exact)
+        << "SyncBatchNorm: " << count << " elements per channel cannot be counted exactly in " << dtype_name(dt);
+    Tensor& p = packed_[rank][dt == DType::F64];
     const int64_t n = stats.numel();
-    ensure(p, Shape{n + 1}, DType::F32, ctx.device());
+    ensure(p, Shape{n + 1}, dt, ctx.device());
     Tensor head = p.flat(0, Shape{n});
     Tensor tail = p.flat(n, Shape{1});
+    Tensor& h = count_host_[rank][dt == DType::F64];  // reused: no allocation per layer and step
+    ensure(h, Shape{1}, dt, Device::cpu());
+    if (dt == DType::F32) h.f32()[0] = static_cast<float>(count);
+    else h.f64()[0] = static_cast<double>(count);
     head.copy_from(stats.view(Shape{n}), &ctx.compute());
-    tail.fill(static_cast<float>(count), &ctx.compute());
+    tail.copy_from(h, &ctx.compute());
     dp_.comm_->all_reduce(rank, p, ctx);
     if (dp_.cross_) {
       if (rank == 0) dp_.cross_->sum_batch_stats(p, ctx);
       dp_.comm_->broadcast(rank, p, ctx);
     }
     stats.view(Shape{n}).copy_from(head, &ctx.compute());
-    const Tensor* total = &tail;
-    if (!ctx.device().is_cpu()) {
-      Tensor& h = count_host_[rank];  // reused: no allocation per layer and step
-      ensure(h, Shape{1}, DType::F32, Device::cpu());
-      h.copy_from(tail, &ctx.compute());
-      ctx.compute().synchronize();
-      total = &h;
-    }
-    count = static_cast<int64_t>(total->f32()[0]);
+    h.copy_from(tail, &ctx.compute());
+    ctx.compute().synchronize();
+    count = dt == DType::F32 ? static_cast<int64_t>(h.f32()[0]) : static_cast<int64_t>(h.f64()[0]);
+    FANOUT_CHECK(count < exact) << "SyncBatchNorm: " << count << " elements per channel in all cannot be counted "
+                                << "exactly in " << dtype_name(dt);
   }
 
  private:
@@ -66,8 +72,8 @@ class DataParallel::StatSync : public BatchStatSync {
     return -1;
   }
   DataParallel& dp_;
-  std::vector<Tensor> packed_;      // [rank] (2C + 1)
-  std::vector<Tensor> count_host_;  // [rank] the summed count, copied to the host (CUDA)
+  // [rank][float64?]: the statistics and the count, packed; the count on the host.
+  std::vector<std::array<Tensor, 2>> packed_, count_host_;
 };
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "kernels/batchnorm.h"
+#include "models/layers/batchnorm2d.h"
 
 namespace fanout {
 namespace {
@@ -33,25 +34,32 @@ void check_batchnorm(const Shape& xs, float x_lo, float x_hi, uint64_t seed) {
   Context ctx(gpu());
 
   // bn_stats
-  Tensor stats = poisoned_cpu(Shape{2, c});
+  Tensor stats = poisoned_cpu(Shape{3, c}, DType::F64);
   kernels::bn_stats(cctx, x, stats);
-  Tensor xd = to_gpu(x), statsd = poisoned_gpu(Shape{2, c});
+  Tensor xd = to_gpu(x), statsd = poisoned_gpu(Shape{3, c}, DType::F64);
   kernels::bn_stats(ctx, xd, statsd);
-  EXPECT_TRUE(close(to_host(ctx, statsd), stats, 1e-5)) << "bn_stats";
+  EXPECT_TRUE(cudatest::close64(to_host(ctx, statsd), stats, 1e-12)) << "bn_stats";
 
   // bn_finalize, from the CPU's statistics
-  Tensor mean = poisoned_cpu(Shape{c}), invstd = poisoned_cpu(Shape{c});
+  Tensor mean = poisoned_cpu(Shape{2, c}), invstd = poisoned_cpu(Shape{c});
   Tensor rm = rm0.to(Device::cpu()), rv = rv0.to(Device::cpu());
   kernels::bn_finalize(cctx, stats, count, eps, momentum, mean, invstd, &rm, &rv);
-  Tensor meand = poisoned_gpu(Shape{c}), invstdd = poisoned_gpu(Shape{c});
+  Tensor meand = poisoned_gpu(Shape{2, c}), invstdd = poisoned_gpu(Shape{c});
   Tensor rmd = to_gpu(rm0), rvd = to_gpu(rv0), stats_in = to_gpu(stats);
   kernels::bn_finalize(ctx, stats_in, count, eps, momentum, meand, invstdd, &rmd, &rvd);
-  EXPECT_TRUE(close(to_host(ctx, meand), mean, 1e-5)) << "mean";
+  EXPECT_TRUE(close(to_host(ctx, meand).slice(0, 1), mean.slice(0, 1), 1e-6)) << "mean (hi)";
+  {
+    const Tensor h = to_host(ctx, meand);
+    for (int64_t ch = 0; ch < c; ++ch)  // hi + lo: the float64 mean
+      EXPECT_NEAR(static_cast<double>(h.f32()[ch]) + h.f32()[c + ch],
+                  static_cast<double>(mean.f32()[ch]) + mean.f32()[c + ch], 1e-12 * (1 + std::abs(mean.f32()[ch])))
+          << "mean (hi + lo), channel " << ch;
+  }
   EXPECT_TRUE(close(to_host(ctx, invstdd), invstd, 1e-5)) << "invstd";
   EXPECT_TRUE(close(to_host(ctx, rmd), rm, 1e-5)) << "running_mean";
   EXPECT_TRUE(close(to_host(ctx, rvd), rv, 1e-5)) << "running_var";
   // Without running statistics.
-  Tensor mean2 = poisoned_gpu(Shape{c}), invstd2 = poisoned_gpu(Shape{c});
+  Tensor mean2 = poisoned_gpu(Shape{2, c}), invstd2 = poisoned_gpu(Shape{c});
   kernels::bn_finalize(ctx, stats_in, count, eps, momentum, mean2, invstd2, nullptr, nullptr);
   EXPECT_TRUE(close(to_host(ctx, invstd2), invstd, 1e-5)) << "invstd without running stats";
 
@@ -109,11 +117,38 @@ TEST(CudaBatchNorm, StatsAreDeterministic) {
   std::mt19937_64 rng(7);
   Tensor xd = to_gpu(random_tensor(Shape{32, 4, 17, 19}, rng));
   Context ctx(gpu());
-  Tensor s1 = poisoned_gpu(Shape{2, 4}), s2 = poisoned_gpu(Shape{2, 4});
+  Tensor s1 = poisoned_gpu(Shape{3, 4}, DType::F64), s2 = poisoned_gpu(Shape{3, 4}, DType::F64);
   kernels::bn_stats(ctx, xd, s1);
   kernels::bn_stats(ctx, xd, s2);
   Tensor a = to_host(ctx, s1), b = to_host(ctx, s2);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(a.f32()[i], b.f32()[i]) << i;
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(a.f64()[i], b.f64()[i]) << i;
+}
+
+// Channels whose mean is 1e2, 1e3 and 1e4 times their spread: the BatchNorm
+// layer on the GPU within 1e-5 of the float64 reference, running variance
+// included (as test/models/batchnorm_stability_test.cpp on the CPU).
+TEST(CudaBatchNorm, LargeChannelMeansMatchFloat64) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(8);
+  for (const Shape& s : {Shape{8, 6, 5, 7}, Shape{64, 3}, Shape{32, 3, 33, 31}}) {
+    for (double spread : {1.0, 37.0}) {
+      SCOPED_TRACE(::testing::Message() << s.str() << " spread " << spread);
+      const Tensor x = testing::offset_channels(s, {1e2, 1e3, 1e4}, spread, rng);
+      models::BatchNorm2d host(s[1], 1e-5f, 1.0f);
+      host.init(0);
+      auto bn = host.clone(gpu());
+      Context ctx(gpu());
+      const Tensor y = to_host(ctx, bn->forward(to_gpu(x), ctx));
+      const auto ref = testing::bn_reference(x, 1e-5, 1.0);
+      EXPECT_LT(testing::max_rel_diff(y, ref.y), 1e-5);
+      auto buffers = bn->named_buffers();
+      for (auto& [name, b] : buffers) {
+        if (name == "running_var") EXPECT_LT(testing::max_rel_diff(b->value.to(Device::cpu()), ref.running_var), 1e-5);
+        if (name == "running_mean")
+          EXPECT_LT(testing::max_rel_diff(b->value.to(Device::cpu()), ref.running_mean), 1e-6);
+      }
+    }
+  }
 }
 
 }  // namespace

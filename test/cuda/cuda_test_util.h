@@ -47,19 +47,21 @@ inline Tensor to_host(Context& ctx, const Tensor& t) {
   return t.to(Device::cpu());
 }
 
-// A device tensor full of NaN (float) or of -7 (int32): outputs that an op
-// fails to write stay visibly wrong.
+// A device tensor full of NaN (float, double) or of -7 (int32): outputs that
+// an op fails to write stay visibly wrong.
 inline Tensor poisoned_gpu(const Shape& s, DType dt = DType::F32) {
   Tensor h = Tensor::empty(s, dt);
   if (dt == DType::F32) {
     std::fill(h.f32(), h.f32() + h.numel(), std::numeric_limits<float>::quiet_NaN());
+  } else if (dt == DType::F64) {
+    std::fill(h.f64(), h.f64() + h.numel(), std::numeric_limits<double>::quiet_NaN());
   } else if (dt == DType::I32) {
     std::fill(h.data<int32_t>(), h.data<int32_t>() + h.numel(), -7);
   }
   return to_gpu(h);
 }
-inline Tensor poisoned_cpu(const Shape& s) {
-  Tensor t = Tensor::empty(s);
+inline Tensor poisoned_cpu(const Shape& s, DType dt = DType::F32) {
+  Tensor t = Tensor::empty(s, dt);
   testing::poison(t);
   return t;
 }
@@ -75,6 +77,21 @@ inline double max_abs(const Tensor& t) {
 // tensor's typical size for entries near zero (where cancellation leaves
 // nothing to be relative to). NaN anywhere in `got` fails. Both tensors must
 // have non-zero norms: an all-zero result proves nothing.
+// Float64 tensors: max |got - want| <= rtol * max(1, max |want|), NaN failing.
+inline ::testing::AssertionResult close64(const Tensor& got, const Tensor& want, double rtol) {
+  if (got.numel() != want.numel() || got.dtype() != DType::F64 || want.dtype() != DType::F64)
+    return ::testing::AssertionFailure() << "want two float64 tensors of one size";
+  double scale = 1, worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(want.f64()[i]));
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = std::abs(got.f64()[i] - want.f64()[i]);
+    if (!(d <= rtol * scale))
+      return ::testing::AssertionFailure() << "element " << i << ": " << got.f64()[i] << " vs " << want.f64()[i];
+    worst = std::max(worst, d);
+  }
+  return ::testing::AssertionSuccess() << "worst " << worst / scale;
+}
+
 inline ::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
   if (got.numel() != want.numel())
     return ::testing::AssertionFailure() << "numel " << got.numel() << " vs " << want.numel();

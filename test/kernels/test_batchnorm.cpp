@@ -55,8 +55,8 @@ struct BnFixture {
     count = x.numel() / c;
     gamma = ft::random_tensor(Shape{c}, rng, 0.5f, 1.5f);
     beta = ft::random_tensor(Shape{c}, rng);
-    stats = Tensor::empty(Shape{2, c});
-    mean = Tensor::empty(Shape{c});
+    stats = Tensor::empty(Shape{3, c}, DType::F64);
+    mean = Tensor::empty(Shape{2, c});
     invstd = Tensor::empty(Shape{c});
     y = Tensor::empty(s);
   }
@@ -90,9 +90,14 @@ TEST(BatchNorm, StatsFinalizeApplyAgainstNaive) {
           sum += t;
           sq += t * t;
         }
-      EXPECT_NEAR(f.stats.f32()[c], sum, 1e-5 * std::max(1.0, std::abs(sum))) << s.str();
-      EXPECT_NEAR(f.stats.f32()[d.c + c], sq, 1e-5 * sq) << s.str();
-      EXPECT_NEAR(f.mean.f32()[c], m[c], 1e-5) << s.str();
+      (void)sq;
+      const double n = static_cast<double>(f.count);
+      EXPECT_NEAR(f.stats.f64()[c], sum, 1e-12 * std::max(1.0, std::abs(sum))) << s.str();
+      EXPECT_NEAR(f.stats.f64()[d.c + c], v[c] * n, 1e-12 * v[c] * n) << s.str();  // deviations from the mean
+      EXPECT_NEAR(f.stats.f64()[2 * d.c + c], sum * sum / n, 1e-12 * std::max(1.0, sum * sum / n)) << s.str();
+      // The mean as hi + lo: float64 accurate, hi the nearest float.
+      EXPECT_NEAR(static_cast<double>(f.mean.f32()[c]) + f.mean.f32()[d.c + c], m[c], 1e-13) << s.str();
+      EXPECT_EQ(f.mean.f32()[c], static_cast<float>(m[c])) << s.str();
       EXPECT_NEAR(f.invstd.f32()[c], 1.0 / std::sqrt(v[c] + f.eps), 1e-4) << s.str();
       for (int64_t i = 0; i < d.n; ++i)
         for (int64_t k = 0; k < d.s; ++k) {
@@ -220,8 +225,13 @@ TEST(BatchNorm, BackwardApplyMayAliasDy) {
 TEST(BatchNorm, ErrorsThrow) {
   std::mt19937_64 rng(66);
   BnFixture f(Shape{3, 5, 7, 9}, rng);
-  Tensor bad_stats = Tensor::empty(Shape{2, 4}), short_gamma = Tensor::empty(Shape{4});
+  Tensor bad_stats = Tensor::empty(Shape{3, 4}, DType::F64), short_gamma = Tensor::empty(Shape{4});
   EXPECT_THROW(kernels::bn_stats(f.ctx, f.x, bad_stats), Error);
+  Tensor f32_stats = Tensor::empty(Shape{3, 5});  // the statistics are float64
+  EXPECT_THROW(kernels::bn_stats(f.ctx, f.x, f32_stats), Error);
+  Tensor one_row_mean = Tensor::empty(Shape{5});  // the mean is (hi, lo)
+  EXPECT_THROW(kernels::bn_finalize(f.ctx, f.stats, f.count, f.eps, 0.1f, one_row_mean, f.invstd, nullptr, nullptr),
+               Error);
   f.forward();
   EXPECT_THROW(kernels::bn_apply(f.ctx, f.x, f.mean, f.invstd, short_gamma, f.beta, f.y), Error);
   Tensor y_bad = Tensor::empty(Shape{3, 5, 9, 7});

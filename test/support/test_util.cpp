@@ -29,6 +29,57 @@ Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng) {
 
 void poison(Tensor& t) {
   if (t.dtype() == DType::F32) t.fill(std::numeric_limits<float>::quiet_NaN());
+  if (t.dtype() == DType::F64 && t.device().is_cpu())
+    std::fill(t.f64(), t.f64() + t.numel(), std::numeric_limits<double>::quiet_NaN());
+}
+
+BnReference bn_reference(const Tensor& x, double eps, double momentum) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / (n * c);
+  const double count = static_cast<double>(n * s);
+  BnReference r;
+  r.y.resize(static_cast<size_t>(x.numel()));
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) m += x.f32()[(i * c + ch) * s + k];
+    m /= count;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) {
+        const double d = x.f32()[(i * c + ch) * s + k] - m;
+        v += d * d;
+      }
+    v /= count;  // biased, for normalizing
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) {
+        const int64_t j = (i * c + ch) * s + k;
+        r.y[static_cast<size_t>(j)] = (x.f32()[j] - m) / std::sqrt(v + eps);
+      }
+    r.running_mean.push_back(momentum * m);
+    r.running_var.push_back((1 - momentum) + momentum * v * count / (count - 1));
+  }
+  return r;
+}
+
+Tensor offset_channels(const Shape& s, const std::vector<double>& offsets, double spread, std::mt19937_64& rng) {
+  Tensor x = random_tensor(s, rng, -1.0f, 1.0f);
+  const int64_t n = s[0], c = s[1], per = x.numel() / (n * c);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t k = 0; k < per; ++k) {
+        float& v = x.f32()[(i * c + ch) * per + k];
+        v = static_cast<float>(offsets[static_cast<size_t>(ch) % offsets.size()] * spread + v * spread);
+      }
+  return x;
+}
+
+double max_rel_diff(const Tensor& a, const std::vector<double>& b) {
+  FANOUT_CHECK(a.numel() == static_cast<int64_t>(b.size())) << a.shape().str() << " vs " << b.size() << " values";
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a.f32()[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
 }
 
 double max_rel_diff(const Tensor& a, const Tensor& b) {

@@ -27,6 +27,19 @@ kernels::SgdHyper test_sgd();
 void poison(Tensor& t);
 // max |a - b| / max(1, |b|), elementwise.
 double max_rel_diff(const Tensor& a, const Tensor& b);
+
+// Training-mode BatchNorm (torch's formulas) in float64 on CPU float input
+// (N, C, ...): the output with weight 1, bias 0, and the running statistics
+// after one update from mean 0, var 1 with `momentum` (unbiased variance).
+struct BnReference {
+  std::vector<double> y, running_mean, running_var;
+};
+BnReference bn_reference(const Tensor& x, double eps, double momentum);
+// Inputs whose channel c has mean offsets[c % size] * spread and the given
+// spread: the stress case of BatchNorm's statistics.
+Tensor offset_channels(const Shape& s, const std::vector<double>& offsets, double spread, std::mt19937_64& rng);
+// max |a - b| / max |b| of a float tensor against float64 values.
+double max_rel_diff(const Tensor& a, const std::vector<double>& b);
 double l2_norm(const Tensor& t);
 
 // Numerical gradient of a scalar function f() with respect to the float32
