@@ -179,7 +179,16 @@ void Trainer::evaluate(EpochMetrics& m) {
   it.start_epoch(0);
   Tensor x, y;
   Totals t;
-  while (it.next(x, y)) t.add(engine_.eval_step(x, y));
+  // In pieces of at most the training batch of this process: evaluation
+  // reuses the buffers training sized, so it needs no memory (and makes no
+  // allocation) beyond training's. Rows are independent in eval mode and
+  // the sums exact, so the pieces change no result.
+  const int64_t piece = std::max<int64_t>(1, cfg_.batch_size / engine_.world_size());
+  while (it.next(x, y))
+    for (int64_t b = 0; b < x.size(0); b += piece) {
+      const int64_t e = std::min(x.size(0), b + piece);
+      t.add(engine_.eval_step(x.slice(b, e), y.slice(b, e)));
+    }
   t.all_reduce(engine_);
   m.test_loss = t.count ? t.loss.value() / t.count : 0;
   m.test_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;

@@ -85,7 +85,7 @@ class Trainer {
   // returns the last epoch's metrics.
   EpochMetrics run(int first_epoch = 0, int last_epoch = -1);
   EpochMetrics train_epoch(int epoch);  // 0-based epoch; fills train fields
-  void evaluate(EpochMetrics& m);       // fills test fields
+  void evaluate(EpochMetrics& m);       // fills test fields; the model sees at most the training batch at a time
   void measure_memory(EpochMetrics& m); // fills the peak memory fields (every rank calls it)
   // Called after each epoch (checkpointing hooks in here).
   std::function<void(const EpochMetrics&)> on_epoch_end;

@@ -19,7 +19,7 @@ struct TrainedRun {
   train::EpochMetrics last;
 };
 
-TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup) {
+TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup, int64_t eval_batch = 1000) {
   TrainedRun r;
   r.model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
   r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), testing::test_sgd(), LossOptions{}, 3);
@@ -28,6 +28,7 @@ TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup) {
   tc.batch_size = 16;  // 128 samples: 8 steps an epoch
   tc.seed = 3;
   tc.timing_warmup = timing_warmup;
+  tc.eval_batch_size = eval_batch;
   tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = nullptr;
@@ -54,6 +55,51 @@ TEST(Trainer, TimingWarmupTimesLessAndTrainsTheSame) {
   // step but one still leaves one timed step.
   EXPECT_EQ(plain.last.steady_epoch_seconds, plain.last.epoch_seconds);
   EXPECT_GT(all.last.steady_epoch_seconds, 0);
+}
+
+// Forwards to an engine and records the most rows one eval_step was given.
+class RowsSeen : public Engine {
+ public:
+  explicit RowsSeen(Engine& e) : e_(e) {}
+  StepResult forward_backward(const Tensor& x, const Tensor& y, float scale, bool sync) override {
+    return e_.forward_backward(x, y, scale, sync);
+  }
+  void step(float lr) override { e_.step(lr); }
+  StepResult eval_step(const Tensor& x, const Tensor& y) override {
+    max_eval_rows = std::max(max_eval_rows, x.size(0));
+    return e_.eval_step(x, y);
+  }
+  Module& model() override { return e_.model(); }
+  optim::SGD& optimizer() override { return e_.optimizer(); }
+  Context& primary_context() override { return e_.primary_context(); }
+  std::vector<Device> devices() const override { return e_.devices(); }
+  int64_t max_eval_rows = 0;
+
+ private:
+  Engine& e_;
+};
+
+// Evaluation runs the model on at most the training batch at a time, so it
+// needs no buffer beyond training's; the metrics do not depend on the eval
+// batch (rows are independent in eval mode and the loss sums exact).
+TEST(Trainer, EvaluationSeesAtMostTheTrainingBatch) {
+  const auto data = data::make_synthetic(640, 4);  // 128 test rows
+  const TrainedRun small = train_two_epochs(data, 0, 16), whole = train_two_epochs(data, 0, 1000);
+  EXPECT_EQ(small.last.test_loss, whole.last.test_loss);
+  EXPECT_EQ(small.last.test_acc, whole.last.test_acc);
+  RowsSeen seen(*whole.engine);
+  train::TrainerConfig tc;
+  tc.batch_size = 16;
+  tc.eval_batch_size = 1000;
+  tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 1, 0);
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  train::Trainer t(tc, seen, data);
+  train::EpochMetrics m;
+  t.evaluate(m);
+  EXPECT_EQ(seen.max_eval_rows, 16);
+  EXPECT_EQ(m.test_loss, whole.last.test_loss);
+  EXPECT_EQ(m.test_acc, whole.last.test_acc);
 }
 
 TEST(Trainer, EpochReportsPeakMemory) {
