@@ -4,6 +4,7 @@
 // as one worker when a launcher (ours, torchrun, mpirun, Slurm) already set
 // the rank. Bad input ends with one line on stderr and a non-zero exit status.
 #include <boost/program_options.hpp>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +39,21 @@ namespace {
 // --- parse ---------------------------------------------------------------
 
 constexpr uintmax_t kMaxConfigBytes = 1 << 20;
+
+// Preemption: the first SIGTERM or SIGINT asks the trainer to stop after the
+// step in flight (and save); a second one ends the process at once.
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) {
+  if (g_stop_signal) ::_exit(128 + sig);
+  g_stop_signal = sig;
+}
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
 
 struct Cli {
   train::RunConfig run;
@@ -115,6 +131,8 @@ Cli parse(int argc, char** argv) {
     ("drop-last", po::bool_switch(&o.drop_last), "drop the last training batch when it is smaller")
     ("save-dir", po::value(&o.save_dir), "write epoch-NNNN.safetensors checkpoints (and best.safetensors) here")
     ("save-every", po::value(&o.save_every)->default_value(d.save_every), "checkpoint every N epochs (and after the last)")
+    ("save-every-steps", po::value(&o.save_every_steps)->default_value(d.save_every_steps),
+     "also checkpoint inside epochs every N optimizer steps (0: never); --resume continues from the exact step")
     ("keep-last", po::value(&o.keep_last)->default_value(d.keep_last), "keep the newest K epoch checkpoints")
     ("resume", po::value(&o.resume),
      "continue a run from a checkpoint file, or from the newest one in a directory (--epochs counts the whole run)")
@@ -357,7 +375,8 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
                        "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue exactly\n",
                        key.c_str(), ckpt.config[key].dump().c_str(), value.dump().c_str());
       }
-      std::printf("resumed from %s: %d of %d epochs done, %lld steps\n", path.c_str(), ckpt.epoch, c.epochs,
+      std::printf("resumed from %s: %d of %d epochs done%s, %lld steps\n", path.c_str(), ckpt.epoch, c.epochs,
+                  ckpt.batch > 0 ? (" and " + std::to_string(ckpt.batch) + " batches of the next").c_str() : "",
                   static_cast<long long>(ckpt.step));
     }
     if (ckpt.epoch >= c.epochs) {
@@ -400,9 +419,26 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
   const int last = c.stop_after > 0 ? std::min(c.epochs, c.stop_after) : c.epochs;
   FANOUT_USER_CHECK(last == c.epochs || !save_dir.empty())
       << "--stop-after " << c.stop_after << " without --save-dir would leave nothing to --resume from";
+  FANOUT_USER_CHECK(c.save_every_steps == 0 || !save_dir.empty())
+      << "--save-every-steps needs --save-dir (or --resume DIR)";
   train::Trainer trainer(tc, engine, data);
+  trainer.should_stop = [] { return g_stop_signal != 0; };
+  std::string stop_saved;
+  trainer.on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
+    ckpt.epoch = epoch;
+    ckpt.batch = pos.batch;
+    ckpt.partial = pos.totals;
+    ckpt.step = engine.optimizer().steps();
+    if (!saver) return;
+    const std::string path = saver->save_mid_epoch(engine, ckpt);
+    if (stopping) stop_saved = path;
+    std::printf("saved %s\n", path.c_str());
+    std::fflush(stdout);
+  };
   trainer.on_epoch_end = [&](const train::EpochMetrics& m) {
     ckpt.epoch = m.epoch;
+    ckpt.batch = 0;
+    ckpt.partial = nlohmann::json::object();
     ckpt.step = engine.optimizer().steps();
     ckpt.metrics = train::metrics_json(m);
     const bool saving = !save_dir.empty() && (m.epoch % c.save_every == 0 || m.epoch == last);
@@ -412,7 +448,27 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
       std::fflush(stdout);
     }
   };
-  train::EpochMetrics m = trainer.run(ckpt.epoch, last);
+  train::EpochMetrics m = trainer.run(ckpt.epoch, last, train::EpochPosition{ckpt.batch, ckpt.partial});
+  if (trainer.stopped()) {
+    const int sig = g_stop_signal;
+    if (!p.primary()) return 128 + sig;
+    const int epoch = trainer.stopped_epoch();
+    const int64_t batch = trainer.stopped_at().batch;
+    if (saver && stop_saved.empty()) {  // at an epoch's end whose checkpoint was not due
+      ckpt.epoch = epoch;
+      ckpt.batch = 0;
+      ckpt.partial = nlohmann::json::object();
+      const std::string path = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
+      stop_saved = std::filesystem::exists(path) ? path : saver->save_mid_epoch(engine, ckpt);
+    }
+    std::printf("stopped by %s %s: %s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig),
+                batch > 0 ? ("in epoch " + std::to_string(epoch + 1) + " after batch " + std::to_string(batch)).c_str()
+                          : ("after epoch " + std::to_string(epoch)).c_str(),
+                stop_saved.empty() ? "nothing saved (no --save-dir)"
+                                   : ("saved " + stop_saved + "; continue with --resume " + save_dir).c_str());
+    std::fflush(stdout);
+    return 128 + sig;
+  }
   if (!p.primary()) return 0;
   if (last < c.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, c.epochs);
@@ -428,6 +484,7 @@ int run(int argc, char** argv) {
   const train::RunConfig& c = cli.run;
   if (c.strategy == "ddp" && !dist::worker_env().present) return launch(c, argc, argv);
 
+  install_stop_handlers();
   const Process p = this_process(c);
   const auto all = machine_devices(c);
   // The save directory is locked and checked before anything is loaded.

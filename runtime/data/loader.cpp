@@ -109,7 +109,8 @@ int64_t DataLoader::batch_rows(int64_t b) const {
   return std::min(opts_.batch_size, static_cast<int64_t>(order_.size()) - b * opts_.batch_size);
 }
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+  FANOUT_CHECK(first_batch >= 0) << "start_epoch: first batch " << first_batch;
   sampler_->set_epoch(epoch);
   std::vector<int64_t> order = sampler_->indices();
   std::unique_lock<std::mutex> lk(mu_);
@@ -127,7 +128,7 @@ void DataLoader::start_epoch(int64_t epoch) {
     s.batch = -1;
     s.error = nullptr;
   }
-  next_claim_ = next_consume_ = 0;
+  next_claim_ = next_consume_ = std::min(first_batch, num_batches_);
   handed_ = -1;
   wait_seconds_ = 0;
   active_ = started_ = true;

@@ -45,7 +45,9 @@ class DataLoader {
   DataLoader& operator=(const DataLoader&) = delete;
 
   // sampler->set_epoch(epoch); workers start filling; abandons an unfinished epoch cleanly.
-  void start_epoch(int64_t epoch);
+  // first_batch > 0 skips the epoch's first batches (a run resumed mid-epoch):
+  // the next batch is the one an uninterrupted epoch gives at that position.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   int64_t num_batches() const;  // for the current sampler size
   int64_t num_samples() const;  // samples delivered per epoch (drop_last aware)
   // Next batch in order: x (B, C, H, W) f32 and y (B) i32 on the CPU, views of a reused slot buffer;

@@ -39,8 +39,11 @@ int parse_env_int(const char* name, int lo) {
   return static_cast<int>(x);
 }
 
-volatile sig_atomic_t g_signal = 0;
-void on_signal(int s) { g_signal = s; }
+volatile sig_atomic_t g_signal = 0, g_signals = 0;
+void on_signal(int s) {
+  g_signal = s;
+  g_signals = g_signals + 1;
+}
 
 struct Worker {
   int rank = 0;
@@ -186,6 +189,7 @@ int launch(const LaunchOptions& o) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   g_signal = 0;
+  g_signals = 0;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   const pid_t parent = ::getpid();
@@ -218,6 +222,7 @@ int launch(const LaunchOptions& o) {
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);
+      ::setpgid(0, 0);  // signals reach a worker through the launcher alone, once
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
       struct sigaction dfl{};
@@ -314,12 +319,14 @@ int launch(const LaunchOptions& o) {
       if (failed(w) && (!round_failure || (WIFSIGNALED(w.status) && !WIFSIGNALED(round_failure->status))))
         round_failure = &w;
     }
-    if (!stopping && g_signal) {
+    if (!interrupted && g_signal) {
+      // Passed on: the workers stop after their step and save; a second signal kills them.
       interrupted = g_signal;
+      stop_all(interrupted);
+      if (!stopping) kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
       stopping = true;
-      stop_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
     }
+    if (interrupted && g_signals > 1) kill_at = Clock::now();
     if (round_failure && !first_failure && !stopping) {
       first_failure = round_failure;
       stopping = true;

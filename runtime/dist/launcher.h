@@ -34,13 +34,18 @@ struct LaunchOptions {
   std::string rendezvous;         // file:DIR or redis:HOST:PORT; empty: a fresh directory, removed after
   std::string run_id;             // empty: a fresh random one
   std::string log_dir;            // empty: no per-rank logs
-  double grace_s = 5;             // SIGTERM to SIGKILL when stopping workers
+  double grace_s = 5;             // SIGTERM to SIGKILL when stopping workers after a failure
+  double stop_grace_s = 120;      // after a forwarded SIGTERM/SIGINT: time to finish a step and save
   std::string name = "dp-train";  // prefix of the launcher's own messages
 };
 
 // Runs the workers to completion. Returns 0 when all succeed, otherwise the
 // failing worker's exit status (128 + signal when it was killed); the cause
-// is printed on stderr. SIGINT or SIGTERM to the launcher stop the workers.
+// is printed on stderr. SIGINT or SIGTERM to the launcher is passed on to the
+// workers (each in its own process group, so a terminal's Ctrl-C reaches
+// them once, through the launcher), which stop after their step and save;
+// they are killed if they have not exited after stop_grace_s, or at once on
+// a second signal. The launcher then returns 128 + the signal.
 int launch(const LaunchOptions& opts);
 
 // A fresh run id: 16 hex digits from the system's random source.

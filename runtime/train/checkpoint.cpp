@@ -56,12 +56,14 @@ int64_t meta_int(const io::TensorFile& f, const std::string& key, const std::str
   return v;
 }
 
-// N for a file named epoch-NNNN.safetensors, else -1.
-int epoch_number(const fs::path& p) {
-  static const std::regex re(R"(epoch-(\d{1,9})\.safetensors)");
+// (epochs, batches) done for epoch-NNNN.safetensors (batches 0) or
+// epoch-NNNN-batch-BBBBBBB.safetensors; {-1, -1} for any other name.
+std::pair<int64_t, int64_t> progress_of(const fs::path& p) {
+  static const std::regex re(R"(epoch-(\d{1,9})(-batch-(\d{1,12}))?\.safetensors)");
   std::smatch m;
   const std::string name = p.filename().string();
-  return std::regex_match(name, m, re) ? std::stoi(m[1].str()) : -1;
+  if (!std::regex_match(name, m, re)) return {-1, -1};
+  return {std::stoll(m[1].str()), m[3].matched ? std::stoll(m[3].str()) : 0};
 }
 
 }  // namespace
@@ -100,6 +102,8 @@ void save_checkpoint(const std::string& path, Engine& engine, const CheckpointSt
                       .dump()},
       {"config", st.config.dump()},
       {"metrics", st.metrics.dump()},
+      {"batch", std::to_string(st.batch)},
+      {"partial", st.partial.dump()},
   };
   io::save_safetensors(path, tensors, md);
 }
@@ -129,6 +133,12 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine,
   }
   st.config = meta_json(f, "config", path);
   st.metrics = meta_json(f, "metrics", path);
+  if (f.metadata.count("batch")) {  // absent from end-of-epoch checkpoints of earlier versions
+    st.batch = meta_int(f, "batch", path);
+    st.partial = meta_json(f, "partial", path);
+    FANOUT_USER_CHECK(st.batch >= 0 && st.partial.is_object())
+        << "checkpoint " << path << ": metadata 'batch' and 'partial' are not a position in an epoch";
+  }
   FANOUT_USER_CHECK(st.config.is_object() && st.metrics.is_object())
       << "checkpoint " << path << ": metadata 'config' and 'metrics' must be JSON objects";
   if (check) check(st);
@@ -206,18 +216,18 @@ std::string resolve_resume_path(const std::string& path) {
   const fs::file_status s = fs::status(path, ec);
   FANOUT_USER_CHECK(!ec && fs::exists(s)) << "cannot resume: " << path << " does not exist";
   if (!fs::is_directory(s)) return path;
-  int best = -1;
+  std::pair<int64_t, int64_t> best{-1, -1};
   std::string found;
   try {
     for (const auto& e : fs::directory_iterator(path)) {
-      const int n = epoch_number(e.path());
+      const auto n = progress_of(e.path());
       if (n > best) best = n, found = e.path().string();
     }
   } catch (const fs::filesystem_error& e) {
     FANOUT_FAIL() << "cannot read directory " << path << ": " << e.code().message();
   }
   FANOUT_USER_CHECK(!ec) << "cannot read directory " << path << ": " << ec.message();
-  FANOUT_USER_CHECK(best >= 0) << "cannot resume: no epoch-NNNN.safetensors checkpoint in " << path;
+  FANOUT_USER_CHECK(best.first >= 0) << "cannot resume: no epoch-NNNN.safetensors checkpoint in " << path;
   return found;
 }
 
@@ -297,6 +307,34 @@ CheckpointSaver::CheckpointSaver(std::string dir, int every, int keep_last)
   lock_ = std::make_unique<SaveDirLock>(dir_);
 }
 
+// Keeps the newest keep_last epoch and mid-epoch files up to (epoch, batch)
+// (later ones, from a run this one branched off, are left alone; so is the
+// file just written).
+void CheckpointSaver::rotate(const std::string& just_written, int64_t epoch, int64_t batch) {
+  std::vector<std::pair<std::pair<int64_t, int64_t>, fs::path>> files;
+  std::error_code ec;
+  try {
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      const auto n = progress_of(e.path());
+      if (n.first >= 0 && n <= std::make_pair(epoch, batch)) files.emplace_back(n, e.path());
+    }
+  } catch (const fs::filesystem_error& e) {
+    FANOUT_FAIL() << "cannot read checkpoint directory " << dir_ << ": " << e.code().message();
+  }
+  std::sort(files.begin(), files.end());
+  for (size_t i = 0; i + keep_last_ < files.size(); ++i)
+    if (files[i].second != fs::path(just_written)) fs::remove(files[i].second, ec);
+}
+
+std::string CheckpointSaver::save_mid_epoch(Engine& engine, const CheckpointState& st) {
+  char name[96];
+  std::snprintf(name, sizeof name, "epoch-%04d-batch-%07lld.safetensors", st.epoch, static_cast<long long>(st.batch));
+  const std::string p = (fs::path(dir_) / (st.batch == 0 ? epoch_file(st.epoch) : std::string(name))).string();
+  save_checkpoint(p, engine, st);
+  rotate(p, st.epoch, st.batch);
+  return p;
+}
+
 std::string CheckpointSaver::epoch_file(int epoch) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "epoch-%04d.safetensors", epoch);
@@ -312,21 +350,7 @@ std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, Checkpoin
     const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
     save_checkpoint(p, engine, st);
     written.push_back(p);
-    // Keep the newest keep_last epoch files up to this epoch (later ones, from
-    // a run this one branched off, are left alone; so is the file just written).
-    std::vector<std::pair<int, fs::path>> files;
-    std::error_code ec;
-    try {
-      for (const auto& e : fs::directory_iterator(dir_)) {
-        const int n = epoch_number(e.path());
-        if (n >= 0 && n <= st.epoch) files.emplace_back(n, e.path());
-      }
-    } catch (const fs::filesystem_error& e) {
-      FANOUT_FAIL() << "cannot read checkpoint directory " << dir_ << ": " << e.code().message();
-    }
-    std::sort(files.begin(), files.end());
-    for (size_t i = 0; i + keep_last_ < files.size(); ++i)
-      if (files[i].second != fs::path(p)) fs::remove(files[i].second, ec);
+    rotate(p, st.epoch, 0);
   }
   if (best) {
     const std::string p = (fs::path(dir_) / "best.safetensors").string();

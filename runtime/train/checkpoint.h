@@ -29,6 +29,10 @@ inline constexpr const char* kCheckpointFormat = "fanout-checkpoint-1";
 struct CheckpointState {
   int epoch = 0;                 // epochs completed
   int64_t step = 0;              // optimizer steps taken
+  // A mid-epoch checkpoint: batches of epoch `epoch` (0-based: the one in
+  // progress) done, and their totals over every process (0 and {}: none).
+  int64_t batch = 0;
+  nlohmann::json partial = nlohmann::json::object();
   double best_test_acc = -1;     // best so far; -1 before any evaluation
   nlohmann::json config = nlohmann::json::object();   // training options, as the front end names them
   nlohmann::json metrics = nlohmann::json::object();  // the last epoch's summary
@@ -51,8 +55,9 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine,
 // Non-strict loads what fits; the report lists the rest.
 io::LoadReport load_weights(const std::string& path, Module& model, bool strict);
 
-// The checkpoint to resume from: `path` itself when it is a file, the newest
-// epoch-NNNN.safetensors when it is a directory.
+// The checkpoint to resume from: `path` itself when it is a file; in a
+// directory the furthest one, epoch-NNNN.safetensors (N epochs done) or
+// epoch-NNNN-batch-BBBBBBB.safetensors (N epochs and B batches done).
 std::string resolve_resume_path(const std::string& path);
 
 // Holds a save directory for one run: an exclusive lock on DIR/.fanout.lock
@@ -86,9 +91,13 @@ class CheckpointSaver {
   // last_epoch the last one this process trains (always saved).
   // Returns the paths written (empty when this epoch is not saved).
   std::vector<std::string> on_epoch_end(Engine& engine, CheckpointState& st, int last_epoch);
+  // Mid-epoch (--save-every-steps, or a stop): epoch-NNNN-batch-BBBBBBB, and
+  // the same rotation over every epoch and mid-epoch file.
+  std::string save_mid_epoch(Engine& engine, const CheckpointState& st);
   static std::string epoch_file(int epoch);  // "epoch-0003.safetensors"
 
  private:
+  void rotate(const std::string& just_written, int64_t epoch, int64_t batch);
   std::string dir_;
   int every_, keep_last_;
   std::unique_ptr<SaveDirLock> lock_;

@@ -36,6 +36,7 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(std::isfinite(lr) && std::isfinite(momentum) && std::isfinite(weight_decay))
       << "--lr, --momentum and --weight-decay must be finite";
   FANOUT_USER_CHECK(timing_warmup >= 0) << "--timing-warmup must be non-negative, got " << timing_warmup;
+  FANOUT_USER_CHECK(save_every_steps >= 0) << "--save-every-steps must be non-negative, got " << save_every_steps;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
@@ -98,6 +99,7 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.eval_batch_size = eval_batch_size;
   tc.accumulate = accumulate;
   tc.timing_warmup = timing_warmup;
+  tc.save_every_steps = save_every_steps;
   tc.seed = seed;
   tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
   tc.metrics_path = metrics;

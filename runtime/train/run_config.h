@@ -50,6 +50,7 @@ struct RunConfig {
   // Checkpoints and output.
   std::string save_dir, resume, init_from;
   int save_every = 1, keep_last = 2, stop_after = 0;
+  int64_t save_every_steps = 0;
   bool non_strict = false;
   std::string metrics;
   std::string progress = "auto";

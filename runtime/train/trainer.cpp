@@ -79,6 +79,22 @@ struct Totals {
     correct = v[ExactSum::kSlots];
     count = v[ExactSum::kSlots + 1];
   }
+  nlohmann::json to_json() const {
+    return {{"loss", std::vector<int64_t>(loss.slots().begin(), loss.slots().end())},
+            {"correct", correct},
+            {"count", count}};
+  }
+  static Totals from_json(const nlohmann::json& j) {
+    Totals t;
+    if (j.empty()) return t;
+    FANOUT_USER_CHECK(j.is_object() && j.contains("loss") && j["loss"].is_array() &&
+                      j["loss"].size() == ExactSum::kSlots && j.contains("correct") && j.contains("count"))
+        << "checkpoint: the epoch's partial totals are malformed";
+    for (int i = 0; i < ExactSum::kSlots; ++i) t.loss.slots()[i] = j["loss"][i].get<int64_t>();
+    t.correct = j["correct"].get<int64_t>();
+    t.count = j["count"].get<int64_t>();
+    return t;
+  }
 };
 }  // namespace
 
@@ -115,11 +131,20 @@ int drop_metrics_after(const std::string& path, int last_epoch) {
   return dropped;
 }
 
-EpochMetrics Trainer::train_epoch(int epoch) {
+bool Trainer::stop_agreed(bool every_rank_checks) {
+  const bool local = should_stop && should_stop();
+  if (engine_.world_size() == 1) return local;
+  if (!every_rank_checks) return false;
+  std::vector<int64_t> v{local ? 1 : 0};
+  engine_.all_reduce_stats(v);
+  return v[0] > 0;
+}
+
+EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   EpochMetrics m;
   m.epoch = epoch + 1;
   data::DataLoader& it = *train_loader_;
-  it.start_epoch(epoch);
+  it.start_epoch(epoch, start.batch);
   const int64_t nb = it.num_batches();
   const int64_t total = it.num_samples();
   const int64_t batch = it.options().batch_size;
@@ -130,12 +155,17 @@ EpochMetrics Trainer::train_epoch(int epoch) {
   Tensor x, y;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), nb, total);
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - 1);
+  const int64_t b0 = std::min(start.batch, nb);
+  FANOUT_USER_CHECK(b0 % k == 0 || b0 == nb) << "cannot continue epoch " << epoch + 1 << " at batch " << b0
+                                             << ": not the end of an optimizer step (--accumulate " << k << ")";
+  const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - b0 - 1);
   auto t_warm = t0;
   double wait_at_warm = it.wait_seconds();
-  Totals t;
-  double running_loss = 0;
-  int64_t b = 0, group_rows = 0;
+  // The totals of the batches done before a resume are every rank's: rank 0 carries them.
+  Totals t = engine_.rank() == 0 ? Totals::from_json(start.totals) : Totals{};
+  const int64_t carried = Totals::from_json(start.totals).count;  // rows over every rank before this call
+  double running_loss = t.loss.value();
+  int64_t b = b0, group_rows = 0;
   while (it.next(x, y)) {
     const int64_t group = b / k;
     if (b % k == 0) {
@@ -153,22 +183,42 @@ EpochMetrics Trainer::train_epoch(int epoch) {
     t.add(r);
     running_loss += r.loss_sum;
     ++b;
-    if (b == warm) {
+    if (b - b0 == warm) {
       t_warm = std::chrono::steady_clock::now();
       wait_at_warm = it.wait_seconds();
     }
     progress_.update(b, t.count, running_loss / t.count, static_cast<double>(t.correct) / t.count);
+    if (last_in_group && b < nb) {
+      const int64_t steps = engine_.optimizer().steps();
+      const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
+      const bool stop = stop_agreed(steps % kStopCheckSteps == 0);
+      if (save || stop) {
+        Totals global = t;  // every rank's batches so far
+        global.all_reduce(engine_);
+        const EpochPosition pos{b, global.to_json()};
+        if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
+        if (stop) {
+          progress_.end();
+          stopped_ = true;
+          stopped_epoch_ = epoch;
+          stopped_at_ = pos;
+          return m;
+        }
+      }
+    }
   }
   progress_.end();
   t.all_reduce(engine_);
   const auto t1 = std::chrono::steady_clock::now();
   m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
   const double steady = std::chrono::duration<double>(t1 - t_warm).count();
-  m.steady_epoch_seconds = warm > 0 && b > warm ? steady * static_cast<double>(b) / static_cast<double>(b - warm)
-                                                : m.epoch_seconds;
+  const int64_t here = b - b0;  // batches this call trained
+  m.steady_epoch_seconds = warm > 0 && here > warm
+                               ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
+                               : m.epoch_seconds;
   m.train_loss = t.count ? t.loss.value() / t.count : 0;
   m.train_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
-  m.images_per_second = m.steady_epoch_seconds > 0 ? t.count / m.steady_epoch_seconds : 0;
+  m.images_per_second = m.steady_epoch_seconds > 0 ? (t.count - carried) / m.steady_epoch_seconds : 0;
   m.data_wait_fraction = steady > 0 ? std::min(1.0, (it.wait_seconds() - wait_at_warm) / steady) : 0;
   return m;
 }
@@ -235,13 +285,15 @@ void Trainer::write_metrics(const EpochMetrics& m) {
                                          << std::strerror(errno);
 }
 
-EpochMetrics Trainer::run(int first_epoch, int last_epoch) {
+EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& start) {
   if (last_epoch < 0) last_epoch = cfg_.epochs;
   FANOUT_USER_CHECK(first_epoch >= 0 && first_epoch <= last_epoch && last_epoch <= cfg_.epochs)
       << "epochs to run [" << first_epoch << ", " << last_epoch << ") are outside the run's " << cfg_.epochs;
   EpochMetrics m;
+  stopped_ = false;
   for (int e = first_epoch; e < last_epoch; ++e) {
-    m = train_epoch(e);
+    m = train_epoch(e, e == first_epoch ? start : EpochPosition{});
+    if (stopped_) return m;
     evaluate(m);
     measure_memory(m);
     if (cfg_.summary_out) std::fprintf(cfg_.summary_out,
@@ -251,6 +303,12 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch) {
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);
     if (on_epoch_end) on_epoch_end(m);  // the checkpoint first: a metrics error must not lose it
     write_metrics(m);
+    if (e + 1 < last_epoch && stop_agreed(true)) {
+      stopped_ = true;
+      stopped_epoch_ = e + 1;
+      stopped_at_ = EpochPosition{};
+      return m;
+    }
   }
   return m;
 }

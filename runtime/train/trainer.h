@@ -26,6 +26,7 @@ struct TrainerConfig {
   bool drop_last = false;
   int accumulate = 1;        // batches per optimizer step (gradient accumulation)
   int timing_warmup = 0;     // steps at the start of each epoch left out of its steady time
+  int64_t save_every_steps = 0;  // on_mid_epoch every this many optimizer steps (0: never)
   int workers = 0;           // loader threads (0: batches built on the training thread)
   int prefetch = 2;          // batches in flight per worker
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
@@ -40,6 +41,17 @@ struct TrainerConfig {
 struct TrainerSamplers {
   std::unique_ptr<data::Sampler> train, test;
 };
+
+// Where an epoch stands: the batches done and their totals summed over every
+// process (exact loss sum, correct, count), as a mid-epoch checkpoint keeps it.
+struct EpochPosition {
+  int64_t batch = 0;
+  nlohmann::json totals = nlohmann::json::object();  // empty: nothing trained yet
+};
+
+// Optimizer steps between the ranks' agreements on whether to stop (DDP;
+// one process checks after every step).
+inline constexpr int64_t kStopCheckSteps = 16;
 
 // One process: a random training order (a function of seed and epoch) and
 // the test set in order. Several (engine.world_size() > 1): the training set
@@ -83,20 +95,38 @@ class Trainer {
   Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data, TrainerSamplers samplers = {});
   // Trains epochs [first_epoch, last_epoch) (last_epoch < 0: cfg.epochs);
   // returns the last epoch's metrics.
-  EpochMetrics run(int first_epoch = 0, int last_epoch = -1);
-  EpochMetrics train_epoch(int epoch);  // 0-based epoch; fills train fields
+  // `start`: a position inside first_epoch to continue from (a mid-epoch
+  // checkpoint's); the batches and results are those of the run that was not
+  // interrupted.
+  EpochMetrics run(int first_epoch = 0, int last_epoch = -1, const EpochPosition& start = {});
+  EpochMetrics train_epoch(int epoch, const EpochPosition& start = {});  // 0-based epoch; fills train fields
   void evaluate(EpochMetrics& m);       // fills test fields; the model sees at most the training batch at a time
   void measure_memory(EpochMetrics& m); // fills the peak memory fields (every rank calls it)
   // Called after each epoch (checkpointing hooks in here).
   std::function<void(const EpochMetrics&)> on_epoch_end;
+  // Polled at optimizer-step boundaries: true stops the run after the step in
+  // flight. Under DDP the ranks agree every kStopCheckSteps steps and at each
+  // epoch's end, so every rank stops at the same step.
+  std::function<bool()> should_stop;
+  // On every rank inside an epoch, every save_every_steps optimizer steps and
+  // when stopping: the epoch (0-based), the position, and whether the run stops.
+  std::function<void(int, const EpochPosition&, bool)> on_mid_epoch;
+  // After run(): whether it stopped early, and at which epoch (0-based) and position.
+  bool stopped() const { return stopped_; }
+  int stopped_epoch() const { return stopped_epoch_; }
+  const EpochPosition& stopped_at() const { return stopped_at_; }
 
  private:
+  bool stop_agreed(bool every_rank_checks);
   void write_metrics(const EpochMetrics& m);
   TrainerConfig cfg_;
   Engine& engine_;
   const data::TrainTest& data_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
+  bool stopped_ = false;
+  int stopped_epoch_ = 0;
+  EpochPosition stopped_at_;
 };
 
 }  // namespace fanout::train

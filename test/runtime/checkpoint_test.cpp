@@ -118,6 +118,73 @@ void expect_exact_resume(int devices) {
   EXPECT_FALSE(same_bits(rest.model->arenas().params, first.model->arenas().params));
 }
 
+// Stopped mid-epoch after `stop_after_steps` optimizer steps (as a SIGTERM
+// would), saved, loaded into fresh weights and continued: the same bits as
+// the run that was not interrupted, metrics of the cut epoch included.
+void expect_exact_mid_epoch_resume(int devices, int stop_after_steps) {
+  const auto data = data::make_synthetic(96, 5);
+  TempDir dir;
+  TrainingRun whole = make_run(data, devices, 3, 1);
+  const train::EpochMetrics whole_last = whole.trainer->run();
+
+  TrainingRun first = make_run(data, devices, 3, 1);
+  first.trainer->should_stop = [&] { return first.engine->optimizer().steps() >= stop_after_steps; };
+  train::CheckpointState st;
+  std::string saved;
+  first.trainer->on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
+    ASSERT_TRUE(stopping);
+    st.epoch = epoch;
+    st.batch = pos.batch;
+    st.partial = pos.totals;
+    st.step = first.engine->optimizer().steps();
+    st.config = {{"model", "lenet"}, {"seed", 7}};
+    saved = dir / "mid.safetensors";
+    train::save_checkpoint(saved, *first.engine, st);
+  };
+  first.trainer->run();
+  ASSERT_TRUE(first.trainer->stopped());
+  ASSERT_FALSE(saved.empty()) << "stopped without a mid-epoch position";
+  EXPECT_EQ(first.engine->optimizer().steps(), stop_after_steps);
+  EXPECT_GT(st.batch, 0);
+
+  TrainingRun rest = make_run(data, devices, 3, 99);
+  const train::CheckpointState back = train::load_checkpoint(saved, *rest.engine);
+  EXPECT_EQ(back.batch, st.batch);
+  EXPECT_EQ(back.partial, st.partial);
+  const train::EpochMetrics rest_last = rest.trainer->run(back.epoch, -1, train::EpochPosition{back.batch, back.partial});
+  EXPECT_FALSE(rest.trainer->stopped());
+  EXPECT_EQ(rest.engine->optimizer().steps(), whole.engine->optimizer().steps());
+  EXPECT_TRUE(same_bits(rest.model->arenas().params, whole.model->arenas().params));
+  EXPECT_TRUE(same_bits(rest.model->arenas().buffers, whole.model->arenas().buffers));
+  EXPECT_TRUE(same_bits(rest.engine->optimizer().momentum_buffer(), whole.engine->optimizer().momentum_buffer()));
+  EXPECT_EQ(rest_last.train_loss, whole_last.train_loss);
+  EXPECT_EQ(rest_last.test_loss, whole_last.test_loss);
+}
+
+// 4 batches an epoch: stop inside the first epoch and inside the second.
+TEST(Checkpoint, MidEpochResumeIsBitExactSingleDevice) {
+  expect_exact_mid_epoch_resume(0, 2);
+  expect_exact_mid_epoch_resume(0, 7);
+}
+TEST(Checkpoint, MidEpochResumeIsBitExactDataParallel) { expect_exact_mid_epoch_resume(2, 5); }
+
+// A stop asked for at an epoch's last step ends that epoch (evaluated, and
+// its checkpoint hook run) and stops before the next.
+TEST(Checkpoint, StopAtTheEpochsEndStopsBetweenEpochs) {
+  const auto data = data::make_synthetic(96, 5);
+  TrainingRun r = make_run(data, 0, 3, 1);
+  int epochs_ended = 0;
+  r.trainer->on_epoch_end = [&](const train::EpochMetrics&) { ++epochs_ended; };
+  r.trainer->on_mid_epoch = [&](int, const train::EpochPosition&, bool) { ADD_FAILURE() << "stopped mid-epoch"; };
+  r.trainer->should_stop = [&] { return r.engine->optimizer().steps() >= 4; };  // 4 steps: epoch 1's last
+  r.trainer->run();
+  EXPECT_TRUE(r.trainer->stopped());
+  EXPECT_EQ(r.trainer->stopped_epoch(), 1);
+  EXPECT_EQ(r.trainer->stopped_at().batch, 0);
+  EXPECT_EQ(epochs_ended, 1);
+  EXPECT_EQ(r.engine->optimizer().steps(), 4);
+}
+
 TEST(Checkpoint, ResumeIsBitExactSingleDevice) { expect_exact_resume(0); }
 TEST(Checkpoint, ResumeIsBitExactDataParallel) { expect_exact_resume(2); }
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# e2e: preemption. SIGTERM mid-epoch makes dp-train finish the step in
+# flight, save a mid-epoch checkpoint and exit 143; --resume then gives the
+# uninterrupted run's parameters, momentum and metrics bit for bit, on one
+# CPU device, DataParallel over cpu:2 and DDP over 2 processes (the
+# launcher passes the signal on; every rank stops at the same step). A
+# second signal ends the run at once. --save-every-steps keeps the newest
+# --keep-last checkpoints, mid-epoch ones included.
+set -uo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$work"
+
+compare() {  # compare NAME: whole/ vs cut/ final checkpoints and metrics
+  python3 - "$work/$1" <<'PY' || fail "$1: the resumed run differs from the uninterrupted one"
+import json, sys
+from safetensors.numpy import load_file
+d = sys.argv[1]
+a, b = load_file(f"{d}/whole/epoch-0003.safetensors"), load_file(f"{d}/cut/epoch-0003.safetensors")
+assert a.keys() == b.keys(), "different tensors"
+for k in a:
+    assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
+w = [json.loads(l) for l in open(f"{d}/whole.jsonl")]
+c = [json.loads(l) for l in open(f"{d}/cut.jsonl")]
+assert [m["epoch"] for m in c] == [1, 2, 3], c
+for x, y in zip(w, c):
+    for k in ("train_loss", "train_acc", "test_loss", "test_acc", "lr"):
+        assert x[k] == y[k], f"epoch {x['epoch']} {k}: {x[k]} != {y[k]}"
+print(f"{d.rsplit('/', 1)[1]}: {len(a)} tensors bit-identical, metrics equal")
+PY
+}
+
+preempt() {  # preempt NAME ARGS...: uninterrupted, then SIGTERM mid-epoch and --resume
+  local name=$1
+  shift
+  mkdir -p "$name"
+  local a=(--model lenet --data synthetic:12288 --epochs 3 --batch-size 32 --progress off --seed 5 "$@")
+  timeout 300 "$DP_TRAIN" "${a[@]}" --save-dir "$name/whole" --metrics "$name/whole.jsonl" > "$name/whole.log" 2>&1 ||
+    { cat "$name/whole.log"; fail "$name: the uninterrupted run failed"; }
+  "$DP_TRAIN" "${a[@]}" --save-dir "$name/cut" --metrics "$name/cut.jsonl" --save-every-steps 64 \
+    > "$name/cut.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  # Signal once the run is inside its second epoch (a mid-epoch file of epoch 2 exists).
+  for _ in $(seq 1 600); do
+    ls "$name/cut"/epoch-0001-batch-*.safetensors > /dev/null 2>&1 && break
+    sleep 0.05
+  done
+  kill -TERM "$pid"
+  wait "$pid"
+  local rc=$?
+  [ "$rc" -eq 143 ] || { cat "$name/cut.log"; fail "$name: exit status $rc after SIGTERM, expected 143"; }
+  grep -q "stopped by SIGTERM in epoch 2 after batch" "$name/cut.log" || { cat "$name/cut.log"; fail "$name: no stop line"; }
+  ls "$name/cut"/epoch-0001-batch-*.safetensors > /dev/null || fail "$name: no mid-epoch checkpoint"
+  timeout 300 "$DP_TRAIN" "${a[@]}" --resume "$name/cut" --metrics "$name/cut.jsonl" > "$name/resume.log" 2>&1 ||
+    { cat "$name/resume.log"; fail "$name: the resumed run failed"; }
+  grep -q "1 of 3 epochs done and [0-9]* batches of the next" "$name/resume.log" || { cat "$name/resume.log"; fail "$name: resume line"; }
+  compare "$name"
+  grep "stopped by SIGTERM" "$name/cut.log"
+}
+
+preempt one --devices cpu
+preempt dp --devices cpu:2
+preempt ddp --devices cpu:2 --strategy ddp
+
+# Rotation: --save-every-steps with --keep-last 2 leaves the two newest checkpoints (and best).
+files=$(cd one/cut && ls epoch-*.safetensors | tr '\n' ' ')
+[ "$(echo "$files" | wc -w)" -eq 2 ] || fail "keep-last 2 left: $files"
+echo "ok   rotation kept: $files"
+
+# A second signal ends the run at once, without a checkpoint (a slow step: resnet18).
+"$DP_TRAIN" --model resnet18 --devices cpu --data synthetic:512 --epochs 1 --batch-size 64 --progress off \
+  --save-dir twice > twice.log 2>&1 &
+pid=$!
+pids+=("$pid")
+for _ in $(seq 1 600); do grep -q "dp-train: model resnet18" twice.log 2> /dev/null && break; sleep 0.05; done
+sleep 1
+kill -TERM "$pid"
+sleep 0.05
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" -eq 130 ] || { cat twice.log; fail "a second signal: exit status $rc, expected 130"; }
+! ls twice/epoch-*.safetensors > /dev/null 2>&1 || fail "a second signal still saved"
+echo "ok   a second signal exits at once (status $rc)"
+echo "preemption e2e: ok"
