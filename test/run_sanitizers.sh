@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sanitizer jobs (CUDA off), after test/run_tests.sh has set the machine up:
+#   address  ASan + UBSan build; every unit test (ctest label unit)
+#   thread   TSan build; the tests where threads meet: the parallel (DataParallel,
+#            communicators, SyncBatchNorm, reducer), data (loader) and dist
+#            (process groups, DDP engine) suites
+# Any report fails the job. Usage: test/run_sanitizers.sh [address] [thread]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+kinds=("$@")
+[ ${#kinds[@]} -gt 0 ] || kinds=(address thread)
+here=$(pwd)
+for kind in "${kinds[@]}"; do
+  dir=build-$kind
+  echo "== sanitizer: $kind ($dir)"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFANOUT_CUDA=OFF -DFANOUT_SANITIZE="$kind" \
+    -DFANOUT_BUILD_BENCH=OFF > "$dir.configure.log" || { cat "$dir.configure.log"; exit 1; }
+  case $kind in
+    address)
+      targets=(test_runtime test_kernels test_models test_data test_parallel test_dist test_io)
+      filter=(-L unit -E "python_interop")
+      export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:suppressions=$here/test/sanitizers/lsan.supp"
+      export LSAN_OPTIONS="suppressions=$here/test/sanitizers/lsan.supp:print_suppressions=0"
+      export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+      ;;
+    thread)
+      targets=(test_parallel test_data test_dist)
+      filter=(-L unit -E "python_interop")
+      export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/test/sanitizers/tsan.supp"
+      ;;
+    *) echo "unknown sanitizer '$kind' (address or thread)"; exit 2 ;;
+  esac
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${filter[@]}"
+done
