@@ -385,7 +385,7 @@ step_epochs() {
       echo "== dp-bench --epochs 1 --model cnn --data fashion-mnist --batch-size 256 --devices $devs"
       # shellcheck disable=SC2086
       frun "$b" --epochs 1 --model cnn --data "fashion-mnist:$fashion" --batch-size 256 --devices "$devs" \
-        --repeats 3 --workers 4 --python "${python:-python3}" --json "$out/epochs.jsonl" ${FANOUT_BENCH_ARGS:-} || rc=1
+        --repeats 2 --workers 4 --python "${python:-python3}" --json "$out/epochs.jsonl" ${FANOUT_BENCH_ARGS:-} || rc=1
     fi
   done
   frun "${python:-python3}" "$repo/bench/plot_epochs.py" --json "$out/epochs.jsonl" --out "$out/epochs.png" || rc=1
