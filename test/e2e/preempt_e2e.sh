@@ -8,14 +8,8 @@
 # --keep-last checkpoints, mid-epoch ones included.
 set -uo pipefail
 : "${DP_TRAIN:?path to dp-train}"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$work"
 
 compare() {  # compare NAME: whole/ vs cut/ final checkpoints and metrics

@@ -10,15 +10,8 @@
 #   epoch's checkpoint is saved before it.
 set -uo pipefail
 : "${DP_TRAIN:?path to dp-train}"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done
-  chmod -R u+w "$work" 2> /dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 train() { timeout 300 "$DP_TRAIN" --progress off --model lenet --devices cpu --data synthetic:2048 "$@"; }
 
 # 1. Two runs, one directory.
