@@ -5,6 +5,7 @@
 
 #include "models/layers/linear.h"
 #include "runtime/core/error.h"
+#include "models/layers/init.h"
 
 namespace fanout::models {
 

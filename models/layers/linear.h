@@ -24,8 +24,4 @@ class Linear : public Module {
   Tensor x_, y_, dx_;
 };
 
-// Fills with U(-bound, bound) from a seeded generator (used by several layers).
-void uniform_fill(Tensor& t, float bound, std::mt19937_64& rng);
-void normal_fill(Tensor& t, float stddev, std::mt19937_64& rng);
-
 }  // namespace fanout::models

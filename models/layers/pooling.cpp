@@ -1,4 +1,4 @@
-// Pooling and flatten layers.
+// Pooling layers.
 #include "models/layers/pooling.h"
 
 #include "runtime/core/error.h"
@@ -52,18 +52,6 @@ Tensor AdaptiveAvgPool2d::backward(const Tensor& dy, Context& ctx) {
   ensure(dx_, in_shape_, ctx.device());
   kernels::global_avgpool_backward(ctx, dy, dx_);
   return dx_;
-}
-
-Tensor Flatten::forward(const Tensor& x, Context&) {
-  FANOUT_USER_CHECK(x.dim() >= 1) << "Flatten cannot take a 0-d tensor";
-  in_shape_ = x.shape();
-  const int64_t n = x.size(0);
-  return x.view(Shape{n, n == 0 ? 0 : x.numel() / n});
-}
-
-Tensor Flatten::backward(const Tensor& dy, Context&) {
-  if (!input_grad()) return Tensor();
-  return dy.view(in_shape_);
 }
 
 }  // namespace fanout::models

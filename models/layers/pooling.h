@@ -1,5 +1,5 @@
 // Pooling layers: MaxPool2d, AvgPool2d (count_include_pad), AdaptiveAvgPool2d
-// to 1x1, and Flatten (a view to (N, rest)).
+// to 1x1.
 #pragma once
 #include "kernels/pool.h"
 #include "runtime/nn/module.h"
@@ -49,17 +49,6 @@ class AdaptiveAvgPool2d : public Module {
  private:
   Shape in_shape_;
   Tensor y_, dx_;
-};
-
-class Flatten : public Module {
- public:
-  Tensor forward(const Tensor& x, Context& ctx) override;
-  Tensor backward(const Tensor& dy, Context& ctx) override;
-  std::unique_ptr<Module> make_like() const override { return std::make_unique<Flatten>(); }
-  std::string type_name() const override { return "Flatten"; }
-
- private:
-  Shape in_shape_;
 };
 
 }  // namespace fanout::models

@@ -9,6 +9,7 @@
 #include "models/layers/basic_block.h"
 #include "models/layers/batchnorm2d.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/sequential.h"
