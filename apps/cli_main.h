@@ -2,13 +2,24 @@
 // 1 bad input (fanout::Error), 2 bad usage (a Boost.Program_options error),
 // 3 internal error; each failure is one line on stderr.
 #pragma once
+#include <unistd.h>
+
 #include <boost/program_options/errors.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "runtime/core/error.h"
 
 namespace fanout::apps {
+
+// This program's executable (to start workers of itself, or find its siblings).
+inline std::string self_path() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  FANOUT_USER_CHECK(n > 0) << "cannot find this program's path (/proc/self/exe)";
+  return std::string(self, static_cast<size_t>(n));
+}
 
 template <class Run>
 int cli_main(const char* name, Run&& run) {

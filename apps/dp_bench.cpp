@@ -267,10 +267,7 @@ int run(int argc, char** argv) {
     FANOUT_USER_CHECK(fd >= 0) << "cannot create a temporary file for the DDP timings";
     ::close(fd);
     dist::LaunchOptions lo;
-    char self[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    FANOUT_USER_CHECK(n > 0) << "cannot find this program's path to start the DDP workers";
-    lo.program.assign(self, static_cast<size_t>(n));
+    lo.program = apps::self_path();
     lo.args.assign(argv + 1, argv + argc);
     lo.args.push_back("--ddp-result");
     lo.args.push_back(tmpl);

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/cli_main.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
@@ -34,12 +35,7 @@ namespace fanout::apps {
 
 namespace {
 
-std::string self_dir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  FANOUT_USER_CHECK(n > 0) << "cannot find this program's path";
-  return fs::path(std::string(self, static_cast<size_t>(n))).parent_path().string();
-}
+std::string self_dir() { return fs::path(self_path()).parent_path().string(); }
 
 // bench/ scripts: $FANOUT_BENCH_DIR, the install tree, then the source tree.
 std::string find_script(const std::string& rel) {
@@ -124,47 +120,46 @@ std::string fmt(const char* f, double v) {
   return s;
 }
 
-// Mean over a run's epochs of the steady epoch time (metrics of dp-train or
-// of train_epochs.py), and the last epoch's accuracy and memory.
-RunResult parse_fanout_metrics(const std::string& path) {
-  std::ifstream f(path);
+// Mean over a run's epochs (JSON objects, oldest first) of the steady epoch
+// time (the field `seconds`), throughput and data wait; the last epoch's
+// accuracy and loss.
+RunResult summarize(const std::vector<nlohmann::json>& epochs, const char* seconds, const std::string& path) {
+  FANOUT_USER_CHECK(!epochs.empty()) << "no epoch results in " << path;
   RunResult r;
-  int n = 0;
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("steady_epoch_seconds")) continue;
-    ++n;
-    r.epoch_seconds += j["steady_epoch_seconds"].get<double>();
-    r.images_per_second += j["images_per_second"].get<double>();
-    r.data_wait += j["data_wait_fraction"].get<double>();
-    r.test_acc = j["test_acc"].get<double>();
-    r.test_loss = j["test_loss"].get<double>();
-    r.peak_host = j["peak_host_bytes"].get<int64_t>();
-    r.peak_device = j["peak_device_bytes"].get<std::vector<int64_t>>();
+  for (auto& e : epochs) {
+    r.epoch_seconds += e[seconds].get<double>();
+    r.images_per_second += e["images_per_second"].get<double>();
+    r.data_wait += e["data_wait_fraction"].get<double>();
   }
-  FANOUT_USER_CHECK(n > 0) << "no epoch metrics in " << path;
+  const double n = static_cast<double>(epochs.size());
   r.epoch_seconds /= n;
   r.images_per_second /= n;
   r.data_wait /= n;
+  r.test_acc = epochs.back()["test_acc"].get<double>();
+  r.test_loss = epochs.back()["test_loss"].get<double>();
   return r;
 }
 
+// dp-train's metrics file: one object per epoch, peak memory in each.
+RunResult parse_fanout_metrics(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<nlohmann::json> epochs;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("steady_epoch_seconds")) epochs.push_back(std::move(j));
+  }
+  RunResult r = summarize(epochs, "steady_epoch_seconds", path);
+  r.peak_host = epochs.back()["peak_host_bytes"].get<int64_t>();
+  r.peak_device = epochs.back()["peak_device_bytes"].get<std::vector<int64_t>>();
+  return r;
+}
+
+// train_epochs.py's result: {"epochs": [...], "peak_host_bytes", "peak_device_bytes", ...}.
 RunResult parse_pytorch_result(const std::string& path) {
   std::ifstream f(path);
   const auto j = nlohmann::json::parse(f, nullptr, false);
-  FANOUT_USER_CHECK(j.is_object() && j.contains("epochs") && !j["epochs"].empty()) << "no result in " << path;
-  RunResult r;
-  const auto& e = j["epochs"];
-  for (auto& x : e) {
-    r.epoch_seconds += x["epoch_seconds"].get<double>();
-    r.images_per_second += x["images_per_second"].get<double>();
-    r.data_wait += x["data_wait_fraction"].get<double>();
-  }
-  r.epoch_seconds /= static_cast<double>(e.size());
-  r.images_per_second /= static_cast<double>(e.size());
-  r.data_wait /= static_cast<double>(e.size());
-  r.test_acc = e.back()["test_acc"].get<double>();
-  r.test_loss = e.back()["test_loss"].get<double>();
+  FANOUT_USER_CHECK(j.is_object() && j.contains("epochs") && j["epochs"].is_array()) << "no result in " << path;
+  RunResult r = summarize(j["epochs"].get<std::vector<nlohmann::json>>(), "epoch_seconds", path);
   r.peak_host = j["peak_host_bytes"].get<int64_t>();
   r.peak_device = j["peak_device_bytes"].get<std::vector<int64_t>>();
   return r;

@@ -264,10 +264,7 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
       << "--batch-size " << c.batch_size << " cannot be split evenly over " << nproc * c.nnodes << " processes";
   if (!c.rdzv.empty()) dist::Rendezvous::parse(c.rdzv);
   dist::LaunchOptions lo;
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  FANOUT_USER_CHECK(n > 0) << "cannot find this program's path to start the workers";
-  lo.program.assign(self, static_cast<size_t>(n));
+  lo.program = apps::self_path();
   lo.args.assign(argv + 1, argv + argc);
   lo.nproc_per_node = nproc;
   lo.nnodes = c.nnodes;
@@ -340,7 +337,8 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
 
 // --- restore -------------------------------------------------------------
 
-// Where checkpoints go: --save-dir, else the directory --resume names.
+// Where checkpoints go: --save-dir, else the directory --resume names
+// (resuming from a directory keeps saving there).
 std::string save_dir_of(const train::RunConfig& c) {
   if (!c.save_dir.empty()) return c.save_dir;
   std::error_code ec;
@@ -349,14 +347,12 @@ std::string save_dir_of(const train::RunConfig& c) {
 }
 
 // Loads --resume or --init-from; returns the checkpoint state to continue
-// from and the directory to save into, or nothing when the run is complete.
+// from, or nothing when the run is complete.
 std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine& engine, const Process& p,
-                                              const nlohmann::json& config, std::string& save_dir) {
+                                              const nlohmann::json& config) {
   train::CheckpointState ckpt;
-  save_dir = c.save_dir;
   if (!c.resume.empty()) {
     const std::string path = train::resolve_resume_path(c.resume);
-    if (save_dir.empty() && path != c.resume) save_dir = c.resume;  // resuming from a directory keeps saving there
     // Every rank reads the file (one machine, or a shared file system).
     ckpt = train::load_checkpoint(path, engine, [&](const train::CheckpointState& st) {
       const std::string was_model =
@@ -424,6 +420,7 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
   train::Trainer trainer(tc, engine, data);
   trainer.should_stop = [] { return g_stop_signal != 0; };
   std::string stop_saved;
+  int saved_epoch = -1;  // the last epoch whose end-of-epoch checkpoint was written
   trainer.on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
     ckpt.epoch = epoch;
     ckpt.batch = pos.batch;
@@ -447,6 +444,7 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
       for (auto& path : saver->on_epoch_end(engine, ckpt, last)) std::printf("saved %s\n", path.c_str());
       std::fflush(stdout);
     }
+    if (saving) saved_epoch = m.epoch;
   };
   train::EpochMetrics m = trainer.run(ckpt.epoch, last, train::EpochPosition{ckpt.batch, ckpt.partial});
   if (trainer.stopped()) {
@@ -454,12 +452,9 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
     if (!p.primary()) return 128 + sig;
     const int epoch = trainer.stopped_epoch();
     const int64_t batch = trainer.stopped_at().batch;
-    if (saver && stop_saved.empty()) {  // at an epoch's end whose checkpoint was not due
-      ckpt.epoch = epoch;
-      ckpt.batch = 0;
-      ckpt.partial = nlohmann::json::object();
-      const std::string path = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
-      stop_saved = std::filesystem::exists(path) ? path : saver->save_mid_epoch(engine, ckpt);
+    if (saver && stop_saved.empty()) {  // stopped at an epoch's end
+      stop_saved = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
+      if (saved_epoch != epoch) saver->save_mid_epoch(engine, ckpt);  // its checkpoint was not due: ckpt is that epoch's
     }
     std::printf("stopped by %s %s: %s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig),
                 batch > 0 ? ("in epoch " + std::to_string(epoch + 1) + " after batch " + std::to_string(batch)).c_str()
@@ -514,11 +509,9 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
   const nlohmann::json config = c.checkpoint_config(names(all), p.world);
-  std::string save_dir;
-  auto ckpt = restore(c, *engine, p, config, save_dir);
+  auto ckpt = restore(c, *engine, p, config);
   if (!ckpt) return 0;
-  FANOUT_CHECK(save_dir == save_to) << "save directory " << save_dir << " is not the one locked, " << save_to;
-  return train_run(c, *engine, data, p, *ckpt, save_dir, saver.get());
+  return train_run(c, *engine, data, p, *ckpt, save_to, saver.get());
 }
 
 }  // namespace

@@ -14,7 +14,6 @@ namespace fanout::data {
 
 namespace {
 
-constexpr int kMaxWorkers = 256;  // past that it is a typo
 
 // The batches in flight may take at most this share of physical memory.
 constexpr double kMaxInFlightShare = 0.25;

@@ -23,6 +23,8 @@ namespace fanout::data {
 
 // Batches in flight per worker, at most (more buys nothing but memory).
 inline constexpr int kMaxPrefetch = 64;
+// Loader threads, at most (past that it is a typo).
+inline constexpr int kMaxWorkers = 256;
 
 struct LoaderOptions {
   int64_t batch_size = 32;

@@ -45,8 +45,10 @@ class DataParallel::StatSync : public BatchStatSync {
     ensure(p, Shape{n + 1}, dt, ctx.device());
     Tensor head = p.flat(0, Shape{n});
     Tensor tail = p.flat(n, Shape{1});
-    Tensor& h = count_host_[rank][dt == DType::F64];  // reused: no allocation per layer and step
-    ensure(h, Shape{1}, dt, Device::cpu());
+    // Reused (nothing is allocated per layer and step) and, for GPUs,
+    // page-locked, so that the count's copies are truly asynchronous.
+    Tensor& h = count_host_[rank][dt == DType::F64];
+    if (!h.defined()) h = ctx.device().is_cuda() ? Tensor::empty_pinned(Shape{1}, dt) : Tensor::empty(Shape{1}, dt);
     if (dt == DType::F32) h.f32()[0] = static_cast<float>(count);
     else h.f64()[0] = static_cast<double>(count);
     head.copy_from(stats.view(Shape{n}), &ctx.compute());

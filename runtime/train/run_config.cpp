@@ -28,7 +28,8 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing < 1)
       << "--label-smoothing must be in [0, 1), got " << label_smoothing;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;
-  FANOUT_USER_CHECK(workers <= 256) << "--workers must be at most 256, got " << workers;
+  FANOUT_USER_CHECK(workers <= data::kMaxWorkers)
+      << "--workers must be at most " << data::kMaxWorkers << ", got " << workers;
   FANOUT_USER_CHECK(prefetch >= 1 && prefetch <= data::kMaxPrefetch)
       << "--prefetch must be in 1.." << data::kMaxPrefetch << ", got " << prefetch;
   FANOUT_USER_CHECK(std::isfinite(warmup_epochs) && warmup_epochs >= 0 && warmup_epochs <= epochs)

@@ -162,8 +162,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   auto t_warm = t0;
   double wait_at_warm = it.wait_seconds();
   // The totals of the batches done before a resume are every rank's: rank 0 carries them.
-  Totals t = engine_.rank() == 0 ? Totals::from_json(start.totals) : Totals{};
-  const int64_t carried = Totals::from_json(start.totals).count;  // rows over every rank before this call
+  const Totals before = Totals::from_json(start.totals);
+  Totals t = engine_.rank() == 0 ? before : Totals{};
+  const int64_t carried = before.count;  // rows over every rank before this call
   double running_loss = t.loss.value();
   int64_t b = b0, group_rows = 0;
   while (it.next(x, y)) {
