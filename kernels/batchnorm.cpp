@@ -1,11 +1,7 @@
 // Public batch-normalization entry points: shape/dtype/device checks, then dispatch.
 #include "kernels/batchnorm.h"
 
-#include "kernels/cpu/batchnorm.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/batchnorm.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -43,11 +39,7 @@ void check_same_shape(const char* op, const char* a_name, const Tensor& a, const
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
   const int64_t c = check_bn_input(ctx, "bn_stats", "x", x);
   check_batch_stats(ctx, "bn_stats", stats, c);
-  if (ctx.device().is_cpu()) return cpu::bn_stats(ctx, x, stats);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::bn_stats(ctx, x, stats);
-#endif
-  no_backend("bn_stats", ctx.device());
+  FANOUT_DISPATCH(ctx, bn_stats, ctx, x, stats);
 }
 
 void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
@@ -67,13 +59,7 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
     FANOUT_USER_CHECK(count > 1) << "batch norm: expected more than 1 value per channel when training (count "
                                  << count << " for stats " << stats.shape().str() << ")";
   }
-  if (ctx.device().is_cpu())
-    return cpu::bn_finalize(ctx, stats, count, eps, momentum, mean, invstd, running_mean, running_var);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda())
-    return cuda::bn_finalize(ctx, stats, count, eps, momentum, mean, invstd, running_mean, running_var);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, bn_finalize, ctx, stats, count, eps, momentum, mean, invstd, running_mean, running_var);
 }
 
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
@@ -86,11 +72,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
   check_channel_vec(ctx, op, "beta", beta, c);
   detail::check_tensor(ctx, op, "y", y);
   check_same_shape(op, "x", x, "y", y);
-  if (ctx.device().is_cpu()) return cpu::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, bn_apply, ctx, x, mean, invstd, gamma, beta, y);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -104,11 +86,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
   FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
   detail::check_tensor(ctx, op, "y", y);
   check_same_shape(op, "x", x, "y", y);
-  if (ctx.device().is_cpu()) return cpu::bn_forward_eval(ctx, x, running_mean, running_var, gamma, beta, eps, y);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::bn_forward_eval(ctx, x, running_mean, running_var, gamma, beta, eps, y);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, x, running_mean, running_var, gamma, beta, eps, y);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
@@ -120,11 +98,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
   check_stats(ctx, op, "grad_stats", grad_stats, c);
-  if (ctx.device().is_cpu()) return cpu::bn_backward_reduce(ctx, x, dy, mean, invstd, grad_stats);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::bn_backward_reduce(ctx, x, dy, mean, invstd, grad_stats);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, bn_backward_reduce, ctx, x, dy, mean, invstd, grad_stats);
 }
 
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
@@ -140,12 +114,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   FANOUT_CHECK(count >= 1) << op << ": count " << count << " for x " << x.shape().str();
   detail::check_tensor(ctx, op, "dx", dx);
   check_same_shape(op, "x", x, "dx", dx);
-  if (ctx.device().is_cpu()) return cpu::bn_backward_apply(ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda())
-    return cuda::bn_backward_apply(ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, bn_backward_apply, ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
 }
 
 }  // namespace fanout::kernels

@@ -12,11 +12,13 @@
 // taken to float64 accuracy: one float would be off by half an ulp of the
 // offset, 5e-4 at 1e4.
 #pragma once
+#include "kernels/declare.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::kernels {
 
+FANOUT_KERNEL_OPS(
 // x (N, C, H, W) or (N, C). stats (3, C) float64 is written (=), per channel
 // over the n = N * H * W local values: row 0 sum x, row 1 sum (x - m)^2 with
 // m = sum x / n the local mean, row 2 (sum x)^2 / n. Rows add over replicas.
@@ -48,5 +50,6 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
 // dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx);
+)
 
 }  // namespace fanout::kernels

@@ -2,11 +2,7 @@
 // checks, then dispatch (CPU im2col + GEMM, CUDA cuDNN).
 #include "kernels/conv2d.h"
 
-#include "kernels/cpu/conv2d.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/conv2d.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -45,11 +41,7 @@ void check_conv(const Context& ctx, const char* op, const Tensor& x, const Tenso
 void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
                     Tensor& y) {
   check_conv(ctx, "conv2d_forward", x, w, b, g, y, "y");
-  if (ctx.device().is_cpu()) return cpu::conv2d_forward(ctx, x, w, b, g, y);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::conv2d_forward(ctx, x, w, b, g, y);
-#endif
-  no_backend("conv2d_forward", ctx.device());
+  FANOUT_DISPATCH(ctx, conv2d_forward, ctx, x, w, b, g, y);
 }
 
 void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
@@ -64,11 +56,7 @@ void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     detail::check_tensor(ctx, op, "dx", *dx);
     FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();
   }
-  if (ctx.device().is_cpu()) return cpu::conv2d_backward(ctx, x, w, dy, g, dx, dw, db);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::conv2d_backward(ctx, x, w, dy, g, dx, dw, db);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, conv2d_backward, ctx, x, w, dy, g, dx, dw, db);
 }
 
 }  // namespace fanout::kernels

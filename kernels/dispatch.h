@@ -1,7 +1,7 @@
 // Helpers shared by the public kernel entry points: precondition checks on
 // tensors and the error thrown when a device has no backend for an op.
-// Public entry points check, then dispatch: CPU -> cpu::op, CUDA -> cuda::op
-// (only in a build with FANOUT_WITH_CUDA), anything else -> no_backend().
+// Public entry points check, then FANOUT_DISPATCH: CPU -> cpu::op, CUDA ->
+// cuda::op (only in a build with FANOUT_WITH_CUDA), anything else -> no_backend().
 #pragma once
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
@@ -13,6 +13,23 @@ namespace fanout::kernels {
 [[noreturn]] inline void no_backend(const char* op, Device d) {
   FANOUT_FAIL() << op << ": no backend for device " << d.str() << " in this build of fanout";
 }
+
+// `return`s op's backend for the context's device, called with the remaining
+// arguments; the one place that knows which backends this build has.
+#ifdef FANOUT_WITH_CUDA
+#define FANOUT_DISPATCH(ctx, op, ...)                                       \
+  do {                                                                      \
+    if ((ctx).device().is_cpu()) return cpu::op(__VA_ARGS__);               \
+    if ((ctx).device().is_cuda()) return cuda::op(__VA_ARGS__);             \
+    ::fanout::kernels::no_backend(#op, (ctx).device());                     \
+  } while (0)
+#else
+#define FANOUT_DISPATCH(ctx, op, ...)                                       \
+  do {                                                                      \
+    if ((ctx).device().is_cpu()) return cpu::op(__VA_ARGS__);               \
+    ::fanout::kernels::no_backend(#op, (ctx).device());                     \
+  } while (0)
+#endif
 
 namespace detail {
 

@@ -1,15 +1,18 @@
 // Elementwise arithmetic over float32 tensors of equal numel.
 #pragma once
+#include "kernels/declare.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::kernels {
 
+FANOUT_KERNEL_OPS(
 // out = a + b (=). out may alias a or b.
 void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);
 // y += alpha * x.
 void axpy(Context& ctx, float alpha, const Tensor& x, Tensor& y);
 // x *= alpha.
 void scale(Context& ctx, float alpha, Tensor& x);
+)
 
 }  // namespace fanout::kernels

@@ -5,11 +5,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "kernels/cpu/gemm.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/gemm.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -25,11 +21,7 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
       << " n=" << n << " k=" << k << " trans_a=" << trans_a << " trans_b=" << trans_b;
   FANOUT_CHECK((m == 0 || n == 0 || c != nullptr) && (m == 0 || n == 0 || k == 0 || (a != nullptr && b != nullptr)))
       << "gemm: null matrix pointer for m=" << m << " n=" << n << " k=" << k;
-  if (ctx.device().is_cpu()) return cpu::gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
-  no_backend("gemm", ctx.device());
+  FANOUT_DISPATCH(ctx, gemm, ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void set_cpu_blas_threads(int n) {

@@ -3,15 +3,21 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/declare.h"
 #include "runtime/core/context.h"
 
 namespace fanout::kernels {
 
+FANOUT_KERNEL_OPS(
 // op(A) is (M, K), op(B) is (K, N), C is (M, N); lda/ldb/ldc are row strides.
 void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+)
 
 // Threads the CPU BLAS may use per call (CPU devices set it to cores / workers).
 void set_cpu_blas_threads(int n);
+namespace cpu {
+void set_blas_threads(int n);  // behind set_cpu_blas_threads, after its check
+}
 
 }  // namespace fanout::kernels

@@ -1,11 +1,7 @@
 // Public fully connected entry points: shape/dtype/device checks, then dispatch.
 #include "kernels/linear.h"
 
-#include "kernels/cpu/linear.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/linear.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -30,11 +26,7 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   detail::check_tensor(ctx, "linear_forward", "y", y);
   FANOUT_CHECK((y.shape() == Shape{x.size(0), w.size(0)}))
       << "linear_forward: y " << y.shape().str() << " for x " << x.shape().str() << " and w " << w.shape().str();
-  if (ctx.device().is_cpu()) return cpu::linear_forward(ctx, x, w, b, y);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::linear_forward(ctx, x, w, b, y);
-#endif
-  no_backend("linear_forward", ctx.device());
+  FANOUT_DISPATCH(ctx, linear_forward, ctx, x, w, b, y);
 }
 
 void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
@@ -52,11 +44,7 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     detail::check_tensor(ctx, op, "dx", *dx);
     FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();
   }
-  if (ctx.device().is_cpu()) return cpu::linear_backward(ctx, x, w, dy, dx, dw, db);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::linear_backward(ctx, x, w, dy, dx, dw, db);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, linear_backward, ctx, x, w, dy, dx, dw, db);
 }
 
 }  // namespace fanout::kernels

@@ -1,11 +1,7 @@
 // Public loss entry points: shape/dtype/device checks, then dispatch.
 #include "kernels/loss.h"
 
-#include "kernels/cpu/loss.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/loss.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -40,12 +36,7 @@ void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labe
     FANOUT_CHECK(row_loss->shape() == Shape{logits.size(0)})
         << op << ": row_loss " << row_loss->shape().str() << " for " << logits.size(0) << " rows";
   }
-  if (ctx.device().is_cpu()) return cpu::softmax_xent_forward(ctx, logits, labels, smoothing, probs, loss, row_loss);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda())
-    return cuda::softmax_xent_forward(ctx, logits, labels, smoothing, probs, loss, row_loss);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, softmax_xent_forward, ctx, logits, labels, smoothing, probs, loss, row_loss);
 }
 
 void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
@@ -56,11 +47,7 @@ void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labe
   detail::check_tensor(ctx, op, "dlogits", dlogits);
   FANOUT_CHECK(dlogits.shape() == probs.shape()) << op << ": dlogits " << dlogits.shape().str() << " for probs "
                                                  << probs.shape().str();
-  if (ctx.device().is_cpu()) return cpu::softmax_xent_backward(ctx, probs, labels, smoothing, scale, dlogits);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::softmax_xent_backward(ctx, probs, labels, smoothing, scale, dlogits);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, softmax_xent_backward, ctx, probs, labels, smoothing, scale, dlogits);
 }
 
 void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Tensor& correct) {
@@ -68,11 +55,7 @@ void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Ten
   check_logits_labels(ctx, op, "logits", logits, labels);
   detail::check_tensor(ctx, op, "correct", correct, DType::I32);
   FANOUT_CHECK(correct.numel() == 1) << op << ": correct " << correct.shape().str() << " must hold one value";
-  if (ctx.device().is_cpu()) return cpu::count_correct(ctx, logits, labels, correct);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::count_correct(ctx, logits, labels, correct);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, count_correct, ctx, logits, labels, correct);
 }
 
 }  // namespace fanout::kernels

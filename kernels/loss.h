@@ -1,11 +1,13 @@
 // Softmax cross-entropy with optional label smoothing (PyTorch's
 // CrossEntropyLoss, reduction = mean), and accuracy counting.
 #pragma once
+#include "kernels/declare.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::kernels {
 
+FANOUT_KERNEL_OPS(
 // logits (N, K) float32, labels (N) int32 in [0, K).
 // loss (1) is written (=) with the mean over the batch of
 //   (1 - s) * (-log p[label]) + s * mean_k(-log p[k]).
@@ -21,5 +23,6 @@ void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labe
 // correct (1, int32) is written (=) with the number of rows whose argmax equals the label
 // (first maximum wins on ties, as torch.argmax).
 void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Tensor& correct);
+)
 
 }  // namespace fanout::kernels

@@ -1,11 +1,7 @@
 // Public pooling entry points: output shape, shape/dtype/device checks, then dispatch.
 #include "kernels/pool.h"
 
-#include "kernels/cpu/pool.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/pool.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -48,11 +44,7 @@ void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Ten
   detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
   check_pooled(op, x, g, "y", y);
   check_pooled(op, x, g, "argmax", argmax);
-  if (ctx.device().is_cpu()) return cpu::maxpool2d_forward(ctx, x, g, y, argmax);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::maxpool2d_forward(ctx, x, g, y, argmax);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, maxpool2d_forward, ctx, x, g, y, argmax);
 }
 
 void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
@@ -63,11 +55,7 @@ void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Te
   FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
       << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
       << " do not match";
-  if (ctx.device().is_cpu()) return cpu::maxpool2d_backward(ctx, dy, argmax, dx);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::maxpool2d_backward(ctx, dy, argmax, dx);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, maxpool2d_backward, ctx, dy, argmax, dx);
 }
 
 void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
@@ -75,11 +63,7 @@ void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Ten
   check_4d(ctx, op, "x", x);
   detail::check_tensor(ctx, op, "y", y);
   check_pooled(op, x, g, "y", y);
-  if (ctx.device().is_cpu()) return cpu::avgpool2d_forward(ctx, x, g, y);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::avgpool2d_forward(ctx, x, g, y);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, avgpool2d_forward, ctx, x, g, y);
 }
 
 void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
@@ -87,11 +71,7 @@ void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, T
   detail::check_tensor(ctx, op, "dy", dy);
   check_4d(ctx, op, "dx", dx);
   check_pooled(op, dx, g, "dy", dy);
-  if (ctx.device().is_cpu()) return cpu::avgpool2d_backward(ctx, dy, g, dx);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::avgpool2d_backward(ctx, dy, g, dx);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, avgpool2d_backward, ctx, dy, g, dx);
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
@@ -99,11 +79,7 @@ void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
   check_4d(ctx, op, "x", x);
   detail::check_tensor(ctx, op, "y", y);
   check_global(op, x, "y", y);
-  if (ctx.device().is_cpu()) return cpu::global_avgpool_forward(ctx, x, y);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::global_avgpool_forward(ctx, x, y);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, global_avgpool_forward, ctx, x, y);
 }
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
@@ -111,11 +87,7 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   detail::check_tensor(ctx, op, "dy", dy);
   check_4d(ctx, op, "dx", dx);
   check_global(op, dx, "dy", dy);
-  if (ctx.device().is_cpu()) return cpu::global_avgpool_backward(ctx, dy, dx);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::global_avgpool_backward(ctx, dy, dx);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, global_avgpool_backward, ctx, dy, dx);
 }
 
 }  // namespace fanout::kernels

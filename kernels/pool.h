@@ -1,6 +1,7 @@
 // Pooling over (N, C, H, W): max, average (count_include_pad = true, as
 // PyTorch's default), and global average (adaptive average pool to 1x1).
 #pragma once
+#include "kernels/declare.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
@@ -15,6 +16,7 @@ struct PoolGeometry {
 // Floor mode, as PyTorch's default; throws on impossible shapes.
 Shape pool2d_output_shape(const Shape& x, const PoolGeometry& g);
 
+FANOUT_KERNEL_OPS(
 // y (=); argmax (I32, same shape as y) holds the flat index h*W+w of the max inside each plane.
 void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax);
 // dx (=), scattered from dy through argmax.
@@ -26,5 +28,6 @@ void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, T
 // x (N, C, H, W) -> y (N, C, 1, 1), written (=).
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y);
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx);
+)
 
 }  // namespace fanout::kernels

@@ -1,11 +1,7 @@
 // Public SGD entry point: hyper-parameter and arena checks, then dispatch.
 #include "kernels/sgd.h"
 
-#include "kernels/cpu/sgd.h"
 #include "kernels/dispatch.h"
-#ifdef FANOUT_WITH_CUDA
-#include "kernels/cuda/sgd.h"
-#endif
 
 namespace fanout::kernels {
 
@@ -27,11 +23,7 @@ void sgd_step(Context& ctx, Tensor& params, const Tensor& grads, Tensor& momentu
     FANOUT_CHECK(momentum_buf.numel() == params.numel()) << op << ": momentum_buf " << momentum_buf.shape().str()
                                                          << " for params " << params.shape().str();
   }
-  if (ctx.device().is_cpu()) return cpu::sgd_step(ctx, params, grads, momentum_buf, h, first);
-#ifdef FANOUT_WITH_CUDA
-  if (ctx.device().is_cuda()) return cuda::sgd_step(ctx, params, grads, momentum_buf, h, first);
-#endif
-  no_backend(op, ctx.device());
+  FANOUT_DISPATCH(ctx, sgd_step, ctx, params, grads, momentum_buf, h, first);
 }
 
 }  // namespace fanout::kernels

@@ -4,6 +4,7 @@
 //   g = nesterov ? g + momentum * buf : buf                  (when momentum != 0)
 //   p -= lr * g
 #pragma once
+#include "kernels/declare.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
@@ -17,8 +18,10 @@ struct SgdHyper {
   bool nesterov = false;
 };
 
+FANOUT_KERNEL_OPS(
 // params, grads, momentum_buf: same numel, float32; momentum_buf unused when momentum == 0.
 // `first`: the momentum buffer does not exist yet (torch's "None").
 void sgd_step(Context& ctx, Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdHyper& h, bool first);
+)
 
 }  // namespace fanout::kernels

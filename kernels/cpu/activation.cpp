@@ -1,5 +1,5 @@
 // CPU activations: branch-free elementwise loops that g++ -O3 vectorizes.
-#include "kernels/cpu/activation.h"
+#include "kernels/activation.h"
 
 #include "kernels/cpu/loops.h"
 

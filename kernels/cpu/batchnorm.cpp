@@ -2,7 +2,7 @@
 // of the spatial dims (1 for (N, C) input); each (n, c) plane is contiguous.
 // Reductions accumulate in double with independent partial sums so the loops
 // vectorize; elementwise passes use per-channel constants, no division.
-#include "kernels/cpu/batchnorm.h"
+#include "kernels/batchnorm.h"
 
 #include <algorithm>
 #include <cmath>

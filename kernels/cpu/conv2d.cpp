@@ -2,12 +2,12 @@
 // The column buffer lives in the context's workspace, so a warmed-up step
 // allocates nothing. A 1x1 kernel with stride 1 and no padding skips im2col:
 // the image itself is the column matrix.
-#include "kernels/cpu/conv2d.h"
+#include "kernels/conv2d.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/gemm.h"
 #include "kernels/cpu/loops.h"
 
 namespace fanout::kernels::cpu {

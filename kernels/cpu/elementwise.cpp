@@ -1,5 +1,5 @@
 // CPU elementwise arithmetic: contiguous loops that g++ -O3 vectorizes.
-#include "kernels/cpu/elementwise.h"
+#include "kernels/elementwise.h"
 
 #include "kernels/cpu/loops.h"
 

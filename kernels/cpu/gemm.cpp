@@ -1,5 +1,5 @@
 // CPU GEMM through OpenBLAS (row-major cblas_sgemm).
-#include "kernels/cpu/gemm.h"
+#include "kernels/gemm.h"
 
 #include <cblas.h>
 

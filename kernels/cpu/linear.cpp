@@ -1,12 +1,12 @@
 // CPU fully connected layer: GEMMs through OpenBLAS, or, with
 // math.split_invariant, loops whose per-row summation order does not depend
 // on the number of rows (OpenBLAS's does) and exact float64 weight gradients.
-#include "kernels/cpu/linear.h"
+#include "kernels/linear.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/gemm.h"
 #include "kernels/cpu/loops.h"
 
 // The loops below are also built for AVX2 and picked at run time. Their

@@ -1,6 +1,6 @@
 // CPU softmax cross-entropy (max-subtracted, loss accumulated in double) with
 // PyTorch's label smoothing, and accuracy counting.
-#include "kernels/cpu/loss.h"
+#include "kernels/loss.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // CPU pooling over (N, C, H, W), one contiguous plane at a time. Windows are
 // clipped to the image, so padding is never selected by max pooling (it acts
 // as -inf) and counts as zeros for average pooling (count_include_pad).
-#include "kernels/cpu/pool.h"
+#include "kernels/pool.h"
 
 #include <algorithm>
 #include <cmath>

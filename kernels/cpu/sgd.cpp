@@ -1,7 +1,7 @@
 // CPU SGD: one fused pass over the flat arena, torch.optim.SGD's update:
 //   g = grad + wd * p; buf = first ? g : mu * buf + (1 - dampening) * g;
 //   g = nesterov ? g + mu * buf : buf; p -= lr * g.
-#include "kernels/cpu/sgd.h"
+#include "kernels/sgd.h"
 
 namespace fanout::kernels::cpu {
 

@@ -1,5 +1,5 @@
 // CUDA activations; CPU counterparts in kernels/cpu/activation.cpp.
-#include "kernels/cuda/activation.h"
+#include "kernels/activation.h"
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/map.cuh"

@@ -4,7 +4,7 @@
 // accumulate in double (per-thread partials, block tree, then a fixed-order
 // sum of per-block partials: deterministic); elementwise passes use
 // per-channel constants computed exactly as the CPU path computes them.
-#include "kernels/cuda/batchnorm.h"
+#include "kernels/batchnorm.h"
 
 #include "kernels/cuda/common.cuh"
 

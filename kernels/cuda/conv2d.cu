@@ -11,7 +11,7 @@
 // Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
 // tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
-#include "kernels/cuda/conv2d.h"
+#include "kernels/conv2d.h"
 
 #include <algorithm>
 #include <cstdio>

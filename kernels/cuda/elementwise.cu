@@ -1,6 +1,6 @@
 // CUDA elementwise arithmetic (add, axpy, scale); CPU counterparts in
 // kernels/cpu/elementwise.cpp. Grid-stride map kernels with a float4 path.
-#include "kernels/cuda/elementwise.h"
+#include "kernels/elementwise.h"
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/map.cuh"

@@ -4,7 +4,7 @@
 // each keeps its own transpose flag and leading dimension.
 // TF32 tensor cores only when ctx.math.allow_tf32 (CUBLAS_COMPUTE_32F_FAST_TF32);
 // otherwise CUBLAS_COMPUTE_32F, full float32 products.
-#include "kernels/cuda/gemm.h"
+#include "kernels/gemm.h"
 
 #include "kernels/cuda/common.cuh"
 

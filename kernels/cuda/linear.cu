@@ -1,9 +1,9 @@
 // CUDA fully connected layer: cuBLAS GEMMs plus two small kernels (bias
 // broadcast, bias gradient); CPU counterpart in kernels/cpu/linear.cpp.
-#include "kernels/cuda/linear.h"
+#include "kernels/linear.h"
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/gemm.h"
+#include "kernels/gemm.h"
 
 namespace fanout::kernels::cuda {
 

@@ -3,7 +3,7 @@
 // CPU counterparts in kernels/cpu/loss.cpp. Labels are not range-checked on
 // the host (that would need a sync): a row with a label outside [0, K) gets a
 // NaN loss, so the batch loss is NaN, and NaN gradients in backward.
-#include "kernels/cuda/loss.h"
+#include "kernels/loss.h"
 
 #include "kernels/cuda/common.cuh"
 

@@ -3,7 +3,7 @@
 // kernels/cpu/pool.cpp. Windows are clipped to the image exactly as on the
 // CPU: padding is never selected by max pooling and counts as zeros for
 // average pooling (divisor kernel^2).
-#include "kernels/cuda/pool.h"
+#include "kernels/pool.h"
 
 #include "kernels/cuda/common.cuh"
 

@@ -4,7 +4,7 @@
 //   u = nesterov ? d + mu * buf : buf (u = d without momentum); p -= lr * u.
 // float4 loads and stores when params, grads and the momentum buffer are
 // 16-byte aligned (arena bases are), with a scalar tail.
-#include "kernels/cuda/sgd.h"
+#include "kernels/sgd.h"
 
 #include "kernels/cuda/common.cuh"
 
