@@ -2,7 +2,6 @@
 #include "kernels/activation.h"
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/map.cuh"
 
 namespace fanout::kernels::cuda {
 

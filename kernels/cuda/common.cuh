@@ -1,7 +1,8 @@
 // Private helpers of the CUDA kernels (C++17, included by kernels/cuda/*.cu
-// only): device scope, stream access, launch sizes, warp and block
-// reductions, the index-type dispatch, and the deterministic per-channel
-// reduction shared by batch norm and the convolution bias gradient.
+// only): device scope, stream access, launch sizes and map launchers on a
+// Context (runtime/cuda/launch.cuh underneath), warp and block reductions,
+// the index-type dispatch, and the deterministic per-channel reduction shared
+// by batch norm and the convolution bias gradient.
 #pragma once
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -14,6 +15,7 @@
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/launch.cuh"
 
 namespace fanout::kernels::cuda::detail {
 
@@ -41,30 +43,25 @@ class DeviceScope {
 
 inline cudaStream_t stream_of(Context& ctx) { return static_cast<cudaStream_t>(ctx.compute().handle()); }
 
-// Streaming multiprocessors of a device, cached (the attribute query is cheap
-// but sits on every launch).
-inline int sm_count(int device) {
-  static std::atomic<int> cache[64] = {};
-  if (device >= 0 && device < 64) {
-    const int c = cache[device].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int n = 0;
-  FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  n = std::max(n, 1);
-  if (device >= 0 && device < 64) cache[device].store(n, std::memory_order_relaxed);
-  return n;
+using cuda_launch::aligned16;
+using cuda_launch::ceil_div;
+using cuda_launch::kThreads;
+using cuda_launch::sm_count;
+
+// Blocks for a grid-stride loop over `n` items on the context's device.
+inline int grid_for(const Context& ctx, int64_t n, int threads = kThreads) {
+  return cuda_launch::grid_for(ctx.device().index, n, threads);
 }
 
-constexpr int kThreads = 256;  // threads per block of the elementwise kernels
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Blocks for a grid-stride loop over `n` items: enough to fill the device
-// several times over, never zero, never past the grid limit.
-inline int grid_for(const Context& ctx, int64_t n, int threads = kThreads) {
-  const int64_t cap = int64_t{sm_count(ctx.device().index)} * 32;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(std::max<int64_t>(n, 1), threads), cap)));
+// The shared map launchers (runtime/cuda/launch.cuh) on the context's
+// compute stream; the caller has made the context's device current.
+template <class Op>
+void launch_map1(Context& ctx, const Op& op, const float* a, float* out, int64_t n) {
+  cuda_launch::map1(ctx.device().index, stream_of(ctx), op, a, out, n);
+}
+template <class Op>
+void launch_map2(Context& ctx, const Op& op, const float* a, const float* b, float* out, int64_t n) {
+  cuda_launch::map2(ctx.device().index, stream_of(ctx), op, a, b, out, n);
 }
 
 // Calls f(int32_t{}) when every index below `n` fits in 32 bits, else
@@ -78,13 +75,6 @@ inline void dispatch_index(int64_t n, F&& f) {
   } else {
     f(int64_t{});
   }
-}
-
-// True when every pointer is 16-byte aligned (float4 loads and stores).
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-template <class... P>
-inline bool aligned16(const void* p, P... rest) {
-  return aligned16(p) && aligned16(rest...);
 }
 
 // ---- device-side reductions ----

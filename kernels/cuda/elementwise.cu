@@ -3,7 +3,6 @@
 #include "kernels/elementwise.h"
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/map.cuh"
 
 namespace fanout::kernels::cuda {
 

@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "runtime/core/error.h"
-#include "runtime/cuda/comm_add.h"
+#include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/parallel/comm.h"
 #include "runtime/parallel/worker_pool.h"
@@ -81,7 +81,7 @@ class P2pComm : public Comm {
     for (int r = 1; r < active_; ++r) {
       FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(staging_[op].raw(), root, bufs[r].raw(), devices_[r].index,
                                             bufs[r].nbytes(), s));
-      cuda_comm::add_inplace(bufs[0].f32(), staging_[op].f32(), static_cast<size_t>(bufs[0].numel()), s);
+      cuda_comm::add_inplace(root, bufs[0].f32(), staging_[op].f32(), static_cast<size_t>(bufs[0].numel()), s);
     }
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
