@@ -47,9 +47,9 @@ inline Tensor to_host(Context& ctx, const Tensor& t) {
   return t.to(Device::cpu());
 }
 
-// A device tensor full of NaN (float, double) or of -7 (int32): outputs that
-// an op fails to write stay visibly wrong.
-inline Tensor poisoned_gpu(const Shape& s, DType dt = DType::F32) {
+// A host tensor full of NaN (float, double) or of -7 (int32), and the same on
+// the GPU: outputs that an op fails to write stay visibly wrong.
+inline Tensor poisoned_host(const Shape& s, DType dt = DType::F32) {
   Tensor h = Tensor::empty(s, dt);
   if (dt == DType::F32) {
     std::fill(h.f32(), h.f32() + h.numel(), std::numeric_limits<float>::quiet_NaN());
@@ -58,13 +58,10 @@ inline Tensor poisoned_gpu(const Shape& s, DType dt = DType::F32) {
   } else if (dt == DType::I32) {
     std::fill(h.data<int32_t>(), h.data<int32_t>() + h.numel(), -7);
   }
-  return to_gpu(h);
+  return h;
 }
-inline Tensor poisoned_cpu(const Shape& s, DType dt = DType::F32) {
-  Tensor t = Tensor::empty(s, dt);
-  testing::poison(t);
-  return t;
-}
+inline Tensor poisoned_gpu(const Shape& s, DType dt = DType::F32) { return to_gpu(poisoned_host(s, dt)); }
+inline Tensor poisoned_cpu(const Shape& s, DType dt = DType::F32) { return poisoned_host(s, dt); }
 
 inline double max_abs(const Tensor& t) {
   double m = 0;

@@ -1,56 +1,70 @@
-// Elementwise add / axpy / scale, aliasing, the no-backend error, and
-// device/shape precondition errors shared by all kernels.
+// Elementwise add / axpy / scale on every backend (sizes, misaligned views,
+// aliasing), the no-backend error, and device/shape precondition errors
+// shared by all kernels.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "kernels/activation.h"
+#include "kernels/backend_test_util.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/error.h"
-#include "support/test_util.h"
 
 namespace fanout {
 namespace {
 
 namespace ft = fanout::testing;
 
-TEST(Elementwise, AddAxpyScale) {
-  Context ctx(Device::cpu());
-  std::mt19937_64 rng(21);
-  Tensor a = ft::random_tensor(Shape{3, 5, 7}, rng), b = ft::random_tensor(Shape{105}, rng);
-  Tensor out = Tensor::empty(Shape{3, 5, 7});
-  ft::poison(out);
-  kernels::add(ctx, a, b, out);
-  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_FLOAT_EQ(out.f32()[i], a.f32()[i] + b.f32()[i]);
-  EXPECT_GT(ft::l2_norm(out), 0.0);
+class Elementwise : public ft::BackendTest {};
+FANOUT_ON_EVERY_BACKEND(Elementwise);
 
-  Tensor y = ft::clone(a);
-  kernels::axpy(ctx, -0.25f, b, y);
-  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(y.f32()[i], a.f32()[i] - 0.25 * b.f32()[i], 1e-6);
+TEST_P(Elementwise, AddAxpyScale) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{105}, int64_t{1029}, int64_t{100003}}) {
+    for (int64_t offset : {0, 1}) {  // offset 1: misaligned views (the scalar path of vector kernels)
+      SCOPED_TRACE(::testing::Message() << "n " << n << " offset " << offset);
+      std::mt19937_64 rng(static_cast<uint64_t>(n * 2 + offset) + 21);
+      Tensor a = ft::random_tensor(Shape{n}, rng), b = ft::random_tensor(Shape{n}, rng);
+      Tensor ad_full = poisoned(Shape{n + offset}), bd_full = poisoned(Shape{n + offset});
+      Tensor ad = ad_full.flat(offset, Shape{n}), bd = bd_full.flat(offset, Shape{n});
+      ad.copy_from(up(a));
+      bd.copy_from(up(b));
 
-  kernels::scale(ctx, 3.0f, y);
-  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(y.f32()[i], 3.0 * (a.f32()[i] - 0.25 * b.f32()[i]), 1e-5);
+      Tensor outd_full = poisoned(Shape{n + offset});
+      Tensor outd = outd_full.flat(offset, Shape{n});
+      kernels::add(ctx(), ad, bd, outd);
+      const Tensor out = down(outd);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out.f32()[i], a.f32()[i] + b.f32()[i]) << "add " << i;
+      EXPECT_GT(ft::l2_norm(out), 0.0);
+
+      // y = b - 0.25 a, then y *= 3 (fused multiply-add may round once less).
+      Tensor yd_full = poisoned(Shape{n + offset});
+      Tensor yd = yd_full.flat(offset, Shape{n});
+      yd.copy_from(bd);
+      kernels::axpy(ctx(), -0.25f, ad, yd);
+      const Tensor y = down(yd);
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y.f32()[i], b.f32()[i] - 0.25 * a.f32()[i], 1e-6) << "axpy " << i;
+      kernels::scale(ctx(), 3.0f, yd);
+      const Tensor s = down(yd);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(s.f32()[i], 3.0f * y.f32()[i]) << "scale " << i;
+
+      // add in place: out aliases a, then both inputs.
+      kernels::add(ctx(), ad, bd, ad);
+      const Tensor ip = down(ad);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ip.f32()[i], a.f32()[i] + b.f32()[i]) << "a += b " << i;
+      kernels::add(ctx(), bd, bd, bd);
+      const Tensor twice = down(bd);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(twice.f32()[i], 2.0f * b.f32()[i]) << "b += b " << i;
+    }
+  }
 }
 
-TEST(Elementwise, AddMayAliasAnInput) {
-  Context ctx(Device::cpu());
-  std::mt19937_64 rng(22);
-  Tensor a = ft::random_tensor(Shape{37}, rng), b = ft::random_tensor(Shape{37}, rng);
-  Tensor a0 = ft::clone(a);
-  kernels::add(ctx, a, b, a);
-  for (int64_t i = 0; i < 37; ++i) EXPECT_FLOAT_EQ(a.f32()[i], a0.f32()[i] + b.f32()[i]);
-  kernels::add(ctx, b, b, b);
-  EXPECT_GT(ft::l2_norm(b), 0.0);
-}
-
-TEST(Elementwise, NumelMismatchThrows) {
-  Context ctx(Device::cpu());
-  Tensor a = Tensor::zeros(Shape{3, 5}), b = Tensor::zeros(Shape{16}), out = Tensor::zeros(Shape{15});
-  EXPECT_THROW(kernels::add(ctx, a, b, out), Error);
-  EXPECT_THROW(kernels::axpy(ctx, 1.0f, a, b), Error);
-  Tensor i32 = Tensor::zeros(Shape{15}, DType::I32);
-  EXPECT_THROW(kernels::add(ctx, a, i32, out), Error);
+TEST_P(Elementwise, NumelMismatchThrows) {
+  Tensor a = up(Tensor::zeros(Shape{3, 5})), b = up(Tensor::zeros(Shape{16})), out = up(Tensor::zeros(Shape{15}));
+  EXPECT_THROW(kernels::add(ctx(), a, b, out), Error);
+  EXPECT_THROW(kernels::axpy(ctx(), 1.0f, a, b), Error);
+  Tensor i32 = up(Tensor::zeros(Shape{15}, DType::I32));
+  EXPECT_THROW(kernels::add(ctx(), a, i32, out), Error);
 }
 
 TEST(Dispatch, TensorOnAnotherDeviceThrows) {
