@@ -11,8 +11,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "runtime/core/context.h"
@@ -47,6 +50,29 @@ class BackendTest : public ::testing::TestWithParam<Device> {
   // fails to write stays visibly wrong.
   Tensor poisoned(const Shape& s, DType dt = DType::F32) const {
     return up(cudatest::poisoned_host(s, dt));
+  }
+
+  // A float32 host result against a float64 reference: on CPU every element
+  // within cpu_tol * max(1, max |want|); on CUDA within cuda_rtol as
+  // cudatest::close measures it. NaN fails either way.
+  ::testing::AssertionResult matches(const Tensor& got, const std::vector<double>& want, double cpu_tol,
+                                     double cuda_rtol) const {
+    if (got.numel() != static_cast<int64_t>(want.size()))
+      return ::testing::AssertionFailure() << "numel " << got.numel() << " vs " << want.size();
+    if (on_cuda()) {
+      Tensor w = Tensor::empty(got.shape());
+      for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = static_cast<float>(want[static_cast<size_t>(i)]);
+      return cudatest::close(got, w, cuda_rtol);
+    }
+    double scale = 1;
+    for (double v : want) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double d = std::abs(double(got.f32()[i]) - want[i]);
+      if (!(d <= cpu_tol * scale))
+        return ::testing::AssertionFailure() << "element " << i << ": " << got.f32()[i] << " vs " << want[i]
+                                             << " (tolerance " << cpu_tol * scale << ")";
+    }
+    return ::testing::AssertionSuccess();
   }
 
  private:

@@ -1,7 +1,9 @@
-// 2-D convolution (im2col + GEMM on CPU) against a direct double-precision
-// convolution, forward and backward, over many geometries (stride 1/2,
-// padding 0/1/2, kernel 1/3/5, non-square kernels, windows entirely in the
-// padding); central-difference gradient checks; += semantics; errors.
+// 2-D convolution on every backend (im2col + GEMM on CPU, cuDNN on CUDA)
+// against a direct double-precision convolution, forward and backward, over
+// many geometries (stride 1/2, padding 0/1/2, kernel 1/3/5, non-square
+// kernels, windows entirely in the padding) and math options (deterministic,
+// timed algorithm search, TF32); central-difference gradient checks; +=
+// semantics; errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,9 +13,9 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/backend_test_util.h"
 #include "kernels/conv2d.h"
 #include "runtime/core/error.h"
-#include "support/test_util.h"
 
 namespace fanout {
 namespace {
@@ -104,38 +106,93 @@ TEST(Conv2d, OutputShape) {
   EXPECT_THROW(conv2d_output_shape(Shape{5, 7, 9}, Shape{4, 5, 3, 3}, {1, 1}), Error);      // 3-D input
 }
 
-TEST(Conv2d, ForwardBackwardAgainstDirectConvolution) {
-  Context ctx(Device::cpu());
-  std::mt19937_64 rng(51);
-  int variant = 0;
-  for (const ConvCase& k : cases()) {
-    const bool with_bias = (variant++ % 2) == 0;
+class Conv2dOnBackend : public ft::BackendTest {
+ protected:
+  // Forward and backward against the direct convolution: within 1e-4
+  // absolute on CPU, within `cuda_rtol` (relative, cudatest::close) on CUDA.
+  // y and dx are poisoned (=); dw and db start from random values (+=); a
+  // second backward without dx (cached plan on CUDA) accumulates again.
+  void check(const ConvCase& k, bool with_bias, const MathOptions& math, double cuda_rtol, std::mt19937_64& rng) {
+    SCOPED_TRACE(::testing::Message() << k << " bias " << with_bias << " deterministic " << math.deterministic
+                                      << " benchmark " << math.cudnn_benchmark << " tf32 " << math.allow_tf32);
+    ctx().math = math;
     Tensor x = ft::random_tensor(Shape{k.n, k.c, k.h, k.w}, rng);
     Tensor w = ft::random_tensor(Shape{k.oc, k.c, k.kh, k.kw}, rng);
     Tensor b = ft::random_tensor(Shape{k.oc}, rng);
     const kernels::Conv2dGeometry g{k.stride, k.pad};
     const Shape ys = kernels::conv2d_output_shape(x.shape(), w.shape(), g);
-    Tensor y = Tensor::empty(ys), dy = ft::random_tensor(ys, rng), dx = Tensor::empty(x.shape());
-    ft::poison(y);
-    ft::poison(dx);
+    Tensor dy = ft::random_tensor(ys, rng);
     Tensor dw0 = ft::random_tensor(w.shape(), rng), db0 = ft::random_tensor(Shape{k.oc}, rng);
-    Tensor dw = ft::clone(dw0), db = ft::clone(db0);
-    kernels::conv2d_forward(ctx, x, w, with_bias ? &b : nullptr, g, y);
-    kernels::conv2d_backward(ctx, x, w, dy, g, &dx, dw, &db);
+    Tensor xd = up(x), wd = up(w), bd = up(b), dyd = up(dy), dwd = up(dw0), dbd = up(db0);
+    Tensor yd = poisoned(ys), dxd = poisoned(x.shape());
+    kernels::conv2d_forward(ctx(), xd, wd, with_bias ? &bd : nullptr, g, yd);
+    kernels::conv2d_backward(ctx(), xd, wd, dyd, g, &dxd, dwd, &dbd);
     ConvRef r = naive_conv(k, x, w, with_bias ? &b : nullptr, &dy);
-    for (int64_t i = 0; i < dw.numel(); ++i) r.dw[i] += dw0.f32()[i];
-    for (int64_t i = 0; i < db.numel(); ++i) r.db[i] += db0.f32()[i];
-    EXPECT_LT(max_abs_diff(y, r.y), 1e-4) << k;
-    EXPECT_LT(max_abs_diff(dx, r.dx), 1e-4) << k;
-    EXPECT_LT(max_abs_diff(dw, r.dw), 1e-4) << k;
-    EXPECT_LT(max_abs_diff(db, r.db), 1e-4) << k;
-    EXPECT_GT(ft::l2_norm(y), 0.0) << k;
-    EXPECT_GT(ft::l2_norm(dx), 0.0) << k;
+    for (int64_t i = 0; i < w.numel(); ++i) r.dw[i] += dw0.f32()[i];
+    for (int64_t i = 0; i < k.oc; ++i) r.db[i] += db0.f32()[i];
+    const Tensor y = down(yd), dx = down(dxd);
+    expect_near(y, r.y, cuda_rtol, "y");
+    expect_near(dx, r.dx, cuda_rtol, "dx");
+    expect_near(down(dwd), r.dw, cuda_rtol, "dw (+=)");
+    expect_near(down(dbd), r.db, cuda_rtol, "db (+=)");
+    EXPECT_GT(ft::l2_norm(y), 0.0);
+    EXPECT_GT(ft::l2_norm(dx), 0.0);
+
+    kernels::conv2d_backward(ctx(), xd, wd, dyd, g, nullptr, dwd, &dbd);
+    ConvRef r2 = naive_conv(k, x, w, nullptr, &dy);
+    for (int64_t i = 0; i < w.numel(); ++i) r.dw[i] += r2.dw[i];
+    for (int64_t i = 0; i < k.oc; ++i) r.db[i] += r2.db[i];
+    expect_near(down(dwd), r.dw, cuda_rtol, "dw after a second backward without dx");
+    expect_near(down(dbd), r.db, cuda_rtol, "db after a second backward");
   }
+
+  void expect_near(const Tensor& got, const std::vector<double>& want, double cuda_rtol, const char* what) {
+    EXPECT_TRUE(matches(got, want, 1e-4, cuda_rtol)) << what;
+  }
+};
+FANOUT_ON_EVERY_BACKEND(Conv2dOnBackend);
+
+TEST_P(Conv2dOnBackend, ForwardBackwardAgainstDirectConvolution) {
+  std::mt19937_64 rng(51);
+  int variant = 0;
+  for (const ConvCase& k : cases()) check(k, (variant++ % 2) == 0, {}, 1e-4, rng);
 }
 
-TEST(Conv2d, GradientsByCentralDifferences) {
-  Context ctx(Device::cpu());
+TEST_P(Conv2dOnBackend, SquareKernelGridAgainstDirectConvolution) {
+  std::mt19937_64 rng(100);
+  for (int64_t k : {1, 3, 5})
+    for (int64_t stride : {1, 2})
+      for (int64_t pad : {0, 1, 2}) {
+        check({3, 5, 7, 9, 4, k, k, stride, pad}, true, {}, 1e-4, rng);
+        check({2, 3, 9, 7, 6, k, k, stride, pad}, false, {}, 1e-4, rng);
+      }
+}
+
+TEST_P(Conv2dOnBackend, MathOptionsAgainstDirectConvolution) {
+  std::mt19937_64 rng(200);
+  MathOptions det;
+  det.deterministic = true;
+  for (int64_t k : {1, 3, 5}) check({3, 5, 7, 9, 4, k, k, 2, 1}, true, det, 1e-4, rng);
+  check({4, 16, 12, 12, 32, 3, 3, 1, 1}, false, det, 1e-3, rng);
+  MathOptions bench;
+  bench.cudnn_benchmark = true;
+  for (int64_t k : {1, 3, 5}) check({3, 5, 7, 9, 4, k, k, 1, 2}, true, bench, 1e-4, rng);
+  bench.deterministic = true;
+  check({3, 5, 7, 9, 4, 3, 3, 2, 0}, true, bench, 1e-4, rng);
+  // K = 64 * 3 * 3 = 576 per output, and N * OH * OW = 1152 per weight gradient.
+  check({8, 64, 13, 11, 96, 3, 3, 1, 1}, true, {}, 1e-3, rng);
+  check({8, 64, 13, 11, 96, 3, 3, 2, 1}, false, {}, 1e-3, rng);
+}
+
+TEST_P(Conv2dOnBackend, Tf32WithinTf32Tolerance) {
+  if (!on_cuda()) GTEST_SKIP() << "TF32 is a CUDA math mode; the CPU computes in float32";
+  std::mt19937_64 rng(500);
+  MathOptions m;
+  m.allow_tf32 = true;
+  check({4, 32, 10, 10, 48, 3, 3, 1, 1}, true, m, 3e-2, rng);
+}
+
+TEST_P(Conv2dOnBackend, GradientsByCentralDifferences) {
   std::mt19937_64 rng(52);
   for (const ConvCase& k : {cases()[0], cases()[1], cases()[5], cases()[8], cases()[10], cases()[12]}) {
     Tensor x = ft::random_tensor(Shape{k.n, k.c, k.h, k.w}, rng);
@@ -143,14 +200,17 @@ TEST(Conv2d, GradientsByCentralDifferences) {
     Tensor b = ft::random_tensor(Shape{k.oc}, rng);
     const kernels::Conv2dGeometry g{k.stride, k.pad};
     const Shape ys = kernels::conv2d_output_shape(x.shape(), w.shape(), g);
-    Tensor y = Tensor::empty(ys), r = ft::random_tensor(ys, rng);
+    Tensor r = ft::random_tensor(ys, rng);
+    Tensor yd = poisoned(ys);
     auto loss = [&] {
-      kernels::conv2d_forward(ctx, x, w, &b, g, y);
-      return ft::dot(y, r);
+      Tensor xe = up(x), we = up(w), be = up(b);
+      kernels::conv2d_forward(ctx(), xe, we, &be, g, yd);
+      return ft::dot(down(yd), r);
     };
-    Tensor dx = Tensor::empty(x.shape()), dw = Tensor::zeros(w.shape()), db = Tensor::zeros(Shape{k.oc});
-    ft::poison(dx);
-    kernels::conv2d_backward(ctx, x, w, r, g, &dx, dw, &db);
+    Tensor xd = up(x), wd = up(w), rd = up(r), dxd = poisoned(x.shape());
+    Tensor dwd = up(Tensor::zeros(w.shape())), dbd = up(Tensor::zeros(Shape{k.oc}));
+    kernels::conv2d_backward(ctx(), xd, wd, rd, g, &dxd, dwd, &dbd);
+    const Tensor dx = down(dxd), dw = down(dwd), db = down(dbd);
     for (auto [t, gr, name] : {std::tuple{&x, &dx, "x"}, std::tuple{&w, &dw, "w"}, std::tuple{&b, &db, "b"}}) {
       auto res = ft::grad_check_detail(loss, *t, *gr);
       EXPECT_LT(res.worst, 1e-2) << k << " d" << name;
@@ -159,22 +219,22 @@ TEST(Conv2d, GradientsByCentralDifferences) {
   }
 }
 
-TEST(Conv2d, BackwardTwiceDoublesParameterGradients) {
-  Context ctx(Device::cpu());
+TEST_P(Conv2dOnBackend, BackwardTwiceDoublesParameterGradients) {
   std::mt19937_64 rng(53);
   const ConvCase k = cases()[1];
   Tensor x = ft::random_tensor(Shape{k.n, k.c, k.h, k.w}, rng);
   Tensor w = ft::random_tensor(Shape{k.oc, k.c, k.kh, k.kw}, rng);
   const kernels::Conv2dGeometry g{k.stride, k.pad};
   Tensor dy = ft::random_tensor(kernels::conv2d_output_shape(x.shape(), w.shape(), g), rng);
-  Tensor dw = Tensor::zeros(w.shape()), db = Tensor::zeros(Shape{k.oc}), dx = Tensor::empty(x.shape());
-  kernels::conv2d_backward(ctx, x, w, dy, g, nullptr, dw, &db);
-  Tensor dw1 = ft::clone(dw), db1 = ft::clone(db);
-  ft::poison(dx);
-  kernels::conv2d_backward(ctx, x, w, dy, g, &dx, dw, &db);
-  Tensor dx1 = ft::clone(dx);
-  ft::poison(dx);
-  kernels::conv2d_backward(ctx, x, w, dy, g, &dx, dw, nullptr);  // dx is written, not accumulated
+  Tensor xd = up(x), wd = up(w), dyd = up(dy);
+  Tensor dwd = up(Tensor::zeros(w.shape())), dbd = up(Tensor::zeros(Shape{k.oc})), dxd = poisoned(x.shape());
+  kernels::conv2d_backward(ctx(), xd, wd, dyd, g, nullptr, dwd, &dbd);
+  const Tensor dw1 = down(dwd), db1 = down(dbd);
+  kernels::conv2d_backward(ctx(), xd, wd, dyd, g, &dxd, dwd, &dbd);
+  const Tensor dx1 = down(dxd);
+  dxd.copy_from(poisoned(x.shape()));
+  kernels::conv2d_backward(ctx(), xd, wd, dyd, g, &dxd, dwd, nullptr);  // dx is written, not accumulated
+  const Tensor dw = down(dwd), db = down(dbd), dx = down(dxd);
   for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_NEAR(dw.f32()[i], 3 * dw1.f32()[i], 1e-4);
   for (int64_t i = 0; i < db.numel(); ++i) EXPECT_NEAR(db.f32()[i], 2 * db1.f32()[i], 1e-4);
   for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_EQ(dx.f32()[i], dx1.f32()[i]);
@@ -233,19 +293,19 @@ TEST(Conv2d, WorkspaceGrowsAcrossCalls) {
   EXPECT_GT(ctx.workspace_size(), 0u);
 }
 
-TEST(Conv2d, ShapeMismatchesThrow) {
-  Context ctx(Device::cpu());
+TEST_P(Conv2dOnBackend, ShapeMismatchesThrow) {
+  Context& ctx = this->ctx();
   const kernels::Conv2dGeometry g{1, 1};
-  Tensor x = Tensor::zeros(Shape{3, 5, 7, 9}), w = Tensor::zeros(Shape{4, 5, 3, 3});
-  Tensor y = Tensor::zeros(Shape{3, 4, 7, 9});
-  Tensor w_bad = Tensor::zeros(Shape{4, 6, 3, 3}), y_bad = Tensor::zeros(Shape{3, 4, 7, 8});
-  Tensor b_bad = Tensor::zeros(Shape{5});
+  Tensor x = up(Tensor::zeros(Shape{3, 5, 7, 9})), w = up(Tensor::zeros(Shape{4, 5, 3, 3}));
+  Tensor y = up(Tensor::zeros(Shape{3, 4, 7, 9}));
+  Tensor w_bad = up(Tensor::zeros(Shape{4, 6, 3, 3})), y_bad = up(Tensor::zeros(Shape{3, 4, 7, 8}));
+  Tensor b_bad = up(Tensor::zeros(Shape{5}));
   EXPECT_NO_THROW(kernels::conv2d_forward(ctx, x, w, nullptr, g, y));
   EXPECT_THROW(kernels::conv2d_forward(ctx, x, w_bad, nullptr, g, y), Error);
   EXPECT_THROW(kernels::conv2d_forward(ctx, x, w, nullptr, g, y_bad), Error);
   EXPECT_THROW(kernels::conv2d_forward(ctx, x, w, &b_bad, g, y), Error);
-  Tensor dw_bad = Tensor::zeros(Shape{4, 5, 3, 2}), dw = Tensor::zeros(w.shape());
-  Tensor dx_bad = Tensor::zeros(Shape{3, 5, 7, 8});
+  Tensor dw_bad = up(Tensor::zeros(Shape{4, 5, 3, 2})), dw = up(Tensor::zeros(w.shape()));
+  Tensor dx_bad = up(Tensor::zeros(Shape{3, 5, 7, 8}));
   EXPECT_THROW(kernels::conv2d_backward(ctx, x, w, y, g, nullptr, dw_bad, nullptr), Error);
   EXPECT_THROW(kernels::conv2d_backward(ctx, x, w, y, g, &dx_bad, dw, nullptr), Error);
   EXPECT_THROW(kernels::conv2d_backward(ctx, x, w, y_bad, g, nullptr, dw, nullptr), Error);

@@ -1,14 +1,15 @@
-// GEMM (OpenBLAS row-major) against a naive double reference, all transposes,
-// padded leading dimensions, alpha/beta, k == 0, and argument errors.
+// GEMM on every backend (OpenBLAS on CPU, cuBLAS on CUDA) against a naive
+// double reference: all transposes, padded leading dimensions, alpha/beta,
+// k == 0, large K, TF32; and argument errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/backend_test_util.h"
 #include "kernels/gemm.h"
 #include "runtime/core/error.h"
-#include "support/test_util.h"
 
 namespace fanout {
 namespace {
@@ -32,62 +33,92 @@ std::vector<double> naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k
   return c;
 }
 
-TEST(Gemm, AllTransposesWithPaddedLeadingDims) {
-  Context ctx(Device::cpu());
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+class GemmOnBackend : public ft::BackendTest {
+ protected:
+  // One GEMM with padded leading dimensions against the float64 reference;
+  // C's padding columns must be left alone, and with beta == 0 C is not read.
+  void check(const GemmCase& g, const MathOptions& math, double cpu_tol, double cuda_rtol, std::mt19937_64& rng) {
+    SCOPED_TRACE(::testing::Message() << "ta=" << g.ta << " tb=" << g.tb << " m=" << g.m << " n=" << g.n
+                                      << " k=" << g.k << " alpha=" << g.alpha << " beta=" << g.beta);
+    ctx().math = math;
+    const int64_t a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
+    const int64_t b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
+    const int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = g.n + 1;
+    Tensor a = ft::random_tensor(Shape{a_rows, lda}, rng);
+    Tensor b = ft::random_tensor(Shape{b_rows, ldb}, rng);
+    Tensor c0 = ft::random_tensor(Shape{g.m, ldc}, rng);
+    if (g.beta == 0.0f) ft::poison(c0);  // beta == 0 must overwrite NaN
+    Tensor ad = up(a), bd = up(b), cd = up(c0);
+    kernels::gemm(ctx(), g.ta, g.tb, g.m, g.n, g.k, g.alpha, ad.f32(), lda, bd.f32(), ldb, g.beta, cd.f32(), ldc);
+    const Tensor c = down(cd);
+    const auto ref =
+        naive_gemm(g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.f32(), lda, b.f32(), ldb, g.beta, c0.f32(), ldc);
+    Tensor got = Tensor::empty(Shape{g.m, g.n});
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) got.f32()[i * g.n + j] = c.f32()[i * ldc + j];
+      const float before = c0.f32()[i * ldc + g.n], after = c.f32()[i * ldc + g.n];
+      EXPECT_TRUE((std::isnan(before) && std::isnan(after)) || before == after) << "padding of C written, row " << i;
+    }
+    EXPECT_TRUE(matches(got, ref, cpu_tol, cuda_rtol));
+    EXPECT_GT(ft::l2_norm(got), 0.0);
+  }
+};
+FANOUT_ON_EVERY_BACKEND(GemmOnBackend);
+
+TEST_P(GemmOnBackend, AllTransposesWithPaddedLeadingDims) {
   std::mt19937_64 rng(11);
-  const int64_t m = 5, n = 7, k = 9;
-  for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb)
-      for (float beta : {0.0f, 0.5f}) {
-        const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-        const int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = n + 1;
-        Tensor a = ft::random_tensor(Shape{a_rows, lda}, rng);
-        Tensor b = ft::random_tensor(Shape{b_rows, ldb}, rng);
-        Tensor c = ft::random_tensor(Shape{m, ldc}, rng);
-        if (beta == 0.0f) ft::poison(c);  // beta == 0 must overwrite NaN
-        Tensor c0 = ft::clone(c);
-        kernels::gemm(ctx, ta, tb, m, n, k, 0.7f, a.f32(), lda, b.f32(), ldb, beta, c.f32(), ldc);
-        auto ref = naive_gemm(ta, tb, m, n, k, 0.7, a.f32(), lda, b.f32(), ldb, beta, c0.f32(), ldc);
-        double norm = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            EXPECT_NEAR(c.f32()[i * ldc + j], ref[i * n + j], 1e-5) << ta << tb << " beta " << beta;
-            norm += std::abs(c.f32()[i * ldc + j]);
-          }
-          // Padding columns past n are untouched.
-          EXPECT_EQ(std::isnan(c.f32()[i * ldc + n]), std::isnan(c0.f32()[i * ldc + n]));
-        }
-        EXPECT_GT(norm, 0.0);
-      }
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      for (float beta : {0.0f, 0.5f}) check({ta, tb, 5, 7, 9, 0.7f, beta}, {}, 1e-5, 1e-4, rng);
+      check({ta, tb, 37, 29, 53, 0.7f, 0.0f}, {}, 1e-5, 1e-4, rng);
+      check({ta, tb, 5, 67, 3, 1.0f, 0.5f}, {}, 1e-5, 1e-4, rng);
+      check({ta, tb, 1, 1, 1, -2.0f, 1.0f}, {}, 1e-5, 1e-4, rng);
+    }
 }
 
-TEST(Gemm, ZeroInnerDimensionScalesC) {
-  Context ctx(Device::cpu());
-  std::mt19937_64 rng(12);
-  Tensor c = ft::random_tensor(Shape{3, 4}, rng);
-  Tensor c0 = ft::clone(c);
-  kernels::gemm(ctx, false, false, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 2.0f, c.f32(), 4);
-  for (int i = 0; i < 12; ++i) EXPECT_FLOAT_EQ(c.f32()[i], 2.0f * c0.f32()[i]);
-  ft::poison(c);
-  kernels::gemm(ctx, false, false, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.0f, c.f32(), 4);
-  for (int i = 0; i < 12; ++i) EXPECT_EQ(c.f32()[i], 0.0f);
-}
-
-TEST(Gemm, LargeEnoughForBlockedPath) {
-  // Sizes that are not multiples of any block, large enough for OpenBLAS's packed kernels.
-  Context ctx(Device::cpu());
+TEST_P(GemmOnBackend, LargeSizes) {
+  // Not multiples of any block; large enough for OpenBLAS's packed kernels
+  // and cuBLAS's split-K paths.
   std::mt19937_64 rng(13);
-  const int64_t m = 67, n = 131, k = 93;
-  Tensor a = ft::random_tensor(Shape{k, m}, rng);  // transposed
-  Tensor b = ft::random_tensor(Shape{k, n}, rng);
-  Tensor c = Tensor::empty(Shape{m, n});
-  ft::poison(c);
-  kernels::gemm(ctx, true, false, m, n, k, 1.0f, a.f32(), m, b.f32(), n, 0.0f, c.f32(), n);
-  auto ref = naive_gemm(true, false, m, n, k, 1.0, a.f32(), m, b.f32(), n, 0.0, nullptr, n);
-  double worst = 0;
-  for (int64_t i = 0; i < m * n; ++i) worst = std::max(worst, std::abs(c.f32()[i] - ref[i]));
-  EXPECT_LT(worst, 1e-4);
-  EXPECT_GT(ft::l2_norm(c), 0.0);
+  check({true, false, 67, 131, 93, 1.0f, 0.0f}, {}, 1e-5, 1e-4, rng);
+  check({false, true, 65, 47, 4099, 1.0f, 0.0f}, {}, 1e-5, 1e-3, rng);
+  check({true, false, 33, 130, 2051, 0.5f, 1.0f}, {}, 1e-5, 1e-3, rng);
+}
+
+TEST_P(GemmOnBackend, Tf32WithinTf32Tolerance) {
+  if (!on_cuda()) GTEST_SKIP() << "TF32 is a CUDA math mode; the CPU computes in float32";
+  std::mt19937_64 rng(14);
+  MathOptions m;
+  m.allow_tf32 = true;
+  // TF32 keeps 10 mantissa bits: ~1e-3 relative per product, growing with sqrt(K).
+  check({false, false, 64, 64, 256, 1.0f, 0.0f}, m, 1e-5, 2e-2, rng);
+}
+
+TEST_P(GemmOnBackend, ZeroInnerDimensionOrAlphaScalesC) {
+  // k == 0: C = beta * C; with beta == 0, zeros even over NaN (BLAS convention).
+  std::mt19937_64 rng(12);
+  const int64_t m = 7, n = 9;
+  Tensor c0 = ft::random_tensor(Shape{m, n}, rng);
+  Tensor cd = up(c0);
+  kernels::gemm(ctx(), false, false, m, n, 0, 1.0f, nullptr, 1, nullptr, n, 0.25f, cd.f32(), n);
+  const Tensor c = down(cd);
+  for (int64_t i = 0; i < m * n; ++i) EXPECT_FLOAT_EQ(c.f32()[i], 0.25f * c0.f32()[i]);
+  Tensor pd = poisoned(Shape{m, n});
+  kernels::gemm(ctx(), false, false, m, n, 0, 1.0f, nullptr, 1, nullptr, n, 0.0f, pd.f32(), n);
+  const Tensor z = down(pd);
+  for (int64_t i = 0; i < m * n; ++i) EXPECT_EQ(z.f32()[i], 0.0f) << "k == 0, beta == 0 at " << i;
+  // alpha == 0 and beta == 0: zeros over NaN too.
+  Tensor qd = poisoned(Shape{m, n});
+  Tensor a = up(ft::random_tensor(Shape{m, 3}, rng)), b = up(ft::random_tensor(Shape{3, n}, rng));
+  kernels::gemm(ctx(), false, false, m, n, 3, 0.0f, a.f32(), 3, b.f32(), n, 0.0f, qd.f32(), n);
+  const Tensor q = down(qd);
+  for (int64_t i = 0; i < m * n; ++i) EXPECT_EQ(q.f32()[i], 0.0f) << "alpha == 0 at " << i;
 }
 
 TEST(Gemm, BadArgumentsThrow) {
