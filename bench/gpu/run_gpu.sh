@@ -20,7 +20,7 @@
 #              that a GPU the tests cannot see fails them -> ctest.log, ctest.xml
 #   dp         dp-train DataParallel on 0,0 (one GPU, two replicas), 1 epoch
 #              of lenet, and DDP with 2 processes on it  -> dp_0_0.log, ddp_0_0.log
-#   memcheck   compute-sanitizer memcheck on test_cuda -> memcheck.log
+#   memcheck   compute-sanitizer memcheck on every CUDA test -> memcheck.log
 #   train      dp-train on cuda:0: lenet 3 epochs, cnn 10 epochs
 #                                   -> dp_train_{lenet,cnn}.log / .jsonl
 #   bench      PyTorch eager throughput (TF32 on and off) -> pytorch.jsonl;
@@ -304,15 +304,20 @@ step_ctest() {
 }
 
 step_memcheck() {
-  local cs=""
+  local cs="" rc=0
   for c in "$(command -v compute-sanitizer 2>/dev/null)" "${cuda_home:-/usr/local/cuda}/bin/compute-sanitizer" \
     "${cuda_home:-/usr/local/cuda}/compute-sanitizer/compute-sanitizer"; do
     [ -n "$c" ] && [ -x "$c" ] && cs=$c && break
   done
   [ -n "$cs" ] || { echo "compute-sanitizer not found"; return 1; }
-  [ -x "$build/test/test_cuda" ] || { echo "no $build/test/test_cuda (build step failed?)"; return 1; }
-  FANOUT_REQUIRE_GPU=1 frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/test_cuda" \
-    --gtest_filter="${FANOUT_MEMCHECK_FILTER:-*}"
+  # The CUDA instances of the kernel and layer tests (names end in /cuda) and
+  # the CUDA engine tests (suites named Cuda*).
+  for t in test_kernels test_models test_cuda; do
+    [ -x "$build/test/$t" ] || { echo "no $build/test/$t (build step failed?)"; return 1; }
+    FANOUT_REQUIRE_GPU=1 frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/$t" \
+      --gtest_filter="${FANOUT_MEMCHECK_FILTER:-*/cuda:Cuda*}" || rc=1
+  done
+  return "$rc"
 }
 
 dp_train_bin() { [ -x "$build/apps/dp-train" ] && echo "$build/apps/dp-train"; }
