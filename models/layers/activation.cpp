@@ -6,14 +6,22 @@
 namespace fanout::models {
 
 Tensor ReLU::forward(const Tensor& x, Context& ctx) {
-  ensure(y_, x.shape(), ctx.device());
+  if (inplace_) {
+    y_ = x;  // shares x's storage
+  } else {
+    ensure(y_, x.shape(), ctx.device());
+  }
   kernels::relu_forward(ctx, x, y_);
   return y_;
 }
 
 Tensor ReLU::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
-  ensure(dx_, dy.shape(), ctx.device());
+  if (inplace_) {
+    dx_ = dy;  // shares dy's storage
+  } else {
+    ensure(dx_, dy.shape(), ctx.device());
+  }
   kernels::relu_backward(ctx, y_, dy, dx_);
   return dx_;
 }

@@ -10,7 +10,7 @@ BasicBlock::BasicBlock(int64_t in, int64_t out, int64_t stride) : in_(in), out_(
   using I = Conv2d::Init;
   conv1_ = &register_module("conv1", std::make_unique<Conv2d>(in, out, 3, stride, 1, false, I::KaimingNormalFanOut));
   bn1_ = &register_module("bn1", std::make_unique<BatchNorm2d>(out));
-  relu1_ = &register_module("relu", std::make_unique<ReLU>());
+  relu1_ = &register_module("relu", std::make_unique<ReLU>(/*inplace=*/true));
   conv2_ = &register_module("conv2", std::make_unique<Conv2d>(out, out, 3, 1, 1, false, I::KaimingNormalFanOut));
   bn2_ = &register_module("bn2", std::make_unique<BatchNorm2d>(out));
   if (stride != 1 || in != out) {
@@ -40,28 +40,26 @@ Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
   h = conv2_->forward(h, ctx);
   h = bn2_->forward(h, ctx);
   Tensor shortcut = downsample_ ? downsample_->forward(x, ctx) : x;
-  ensure(sum_, h.shape(), ctx.device());
-  kernels::add(ctx, h, shortcut, sum_);
-  ensure(y_, h.shape(), ctx.device());
-  kernels::relu_forward(ctx, sum_, y_);
+  y_ = h;  // bn2's output: nothing reads it after the add (bn2's backward needs its input)
+  kernels::add(ctx, y_, shortcut, y_);
+  kernels::relu_forward(ctx, y_, y_);
   return y_;
 }
 
 Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
-  ensure(dsum_, dy.shape(), ctx.device());
-  kernels::relu_backward(ctx, y_, dy, dsum_);  // d(main + shortcut)
+  Tensor dsum = dy;  // d(main + shortcut), masked in place
+  kernels::relu_backward(ctx, y_, dsum, dsum);
   // Shortcut first: its parameters come last in the arena, so their gradients
   // are ready earliest in backward order.
-  Tensor dshort = downsample_ ? downsample_->backward(dsum_, ctx) : dsum_;
-  Tensor g = bn2_->backward(dsum_, ctx);
+  Tensor dshort = downsample_ ? downsample_->backward(dsum, ctx) : dsum;
+  Tensor g = bn2_->backward(dsum, ctx);
   g = conv2_->backward(g, ctx);
   g = relu1_->backward(g, ctx);
   g = bn1_->backward(g, ctx);
   g = conv1_->backward(g, ctx);
   if (!input_grad()) return Tensor();
-  ensure(dx_, g.shape(), ctx.device());
-  kernels::add(ctx, g, dshort, dx_);
-  return dx_;
+  kernels::add(ctx, g, dshort, g);  // conv1's input gradient: nothing reads it after this
+  return g;
 }
 
 }  // namespace fanout::models

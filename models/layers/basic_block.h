@@ -1,6 +1,9 @@
 // ResNet basic block (torchvision.models.resnet.BasicBlock):
 //   out = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)),
 // shortcut = downsample (1x1 conv stride s + BatchNorm) when the shape changes.
+// As torchvision's, both ReLUs work in place: the sum and the ReLU overwrite
+// bn2's output, backward masks dy in place and adds the shortcut's gradient
+// into conv1's input gradient, so the block keeps no buffer of its own.
 #pragma once
 #include "models/layers/activation.h"
 #include "models/layers/batchnorm2d.h"
@@ -26,7 +29,7 @@ class BasicBlock : public Module {
   Conv2d* conv2_;
   BatchNorm2d* bn2_;
   Sequential* downsample_ = nullptr;
-  Tensor sum_, y_, dsum_, dx_;
+  Tensor y_;  // bn2's output buffer, holding relu(main + shortcut)
 };
 
 }  // namespace fanout::models

@@ -27,9 +27,9 @@ std::unique_ptr<Module> mlp(const Shape& in, int classes) {
   auto m = std::make_unique<Sequential>();
   m->add("flatten", std::make_unique<Flatten>());
   m->add("fc1", std::make_unique<Linear>(in.numel(), 512));
-  m->add("relu1", std::make_unique<ReLU>());
+  m->add("relu1", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("fc2", std::make_unique<Linear>(512, 256));
-  m->add("relu2", std::make_unique<ReLU>());
+  m->add("relu2", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("fc3", std::make_unique<Linear>(256, classes));
   return m;
 }
@@ -41,16 +41,16 @@ std::unique_ptr<Module> lenet(const Shape& in, int classes) {
   const int64_t w = conv_out(conv_out(conv_out(conv_out(in[2], 5, 1, pad), 2, 2, 0), 5, 1, 0), 2, 2, 0);
   auto m = std::make_unique<Sequential>();
   m->add("conv1", std::make_unique<Conv2d>(in[0], 6, 5, 1, pad));
-  m->add("relu1", std::make_unique<ReLU>());
+  m->add("relu1", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("pool1", std::make_unique<MaxPool2d>(2, 2));
   m->add("conv2", std::make_unique<Conv2d>(6, 16, 5));
-  m->add("relu2", std::make_unique<ReLU>());
+  m->add("relu2", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("pool2", std::make_unique<MaxPool2d>(2, 2));
   m->add("flatten", std::make_unique<Flatten>());
   m->add("fc1", std::make_unique<Linear>(16 * h * w, 120));
-  m->add("relu3", std::make_unique<ReLU>());
+  m->add("relu3", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("fc2", std::make_unique<Linear>(120, 84));
-  m->add("relu4", std::make_unique<ReLU>());
+  m->add("relu4", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("fc3", std::make_unique<Linear>(84, classes));
   return m;
 }
@@ -64,7 +64,7 @@ std::unique_ptr<Module> cnn(const Shape& in, int classes) {
     const std::string k = std::to_string(i + 1);
     m->add("conv" + k, std::make_unique<Conv2d>(c, widths[i], 3, 1, 1, false));
     m->add("bn" + k, std::make_unique<BatchNorm2d>(widths[i]));
-    m->add("relu" + k, std::make_unique<ReLU>());
+    m->add("relu" + k, std::make_unique<ReLU>(/*inplace=*/true));
     m->add("pool" + k, std::make_unique<MaxPool2d>(2, 2));
     c = widths[i];
     h /= 2;
@@ -72,7 +72,7 @@ std::unique_ptr<Module> cnn(const Shape& in, int classes) {
   }
   m->add("flatten", std::make_unique<Flatten>());
   m->add("fc1", std::make_unique<Linear>(c * h * w, 256));
-  m->add("relu4", std::make_unique<ReLU>());
+  m->add("relu4", std::make_unique<ReLU>(/*inplace=*/true));
   m->add("fc2", std::make_unique<Linear>(256, classes));
   return m;
 }
@@ -87,7 +87,7 @@ std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_ste
     m->add("conv1", std::make_unique<Conv2d>(in[0], 64, 3, 1, 1, false, I::KaimingNormalFanOut));
   }
   m->add("bn1", std::make_unique<BatchNorm2d>(64));
-  m->add("relu", std::make_unique<ReLU>());
+  m->add("relu", std::make_unique<ReLU>(/*inplace=*/true));
   if (imagenet_stem) m->add("maxpool", std::make_unique<MaxPool2d>(3, 2, 1));
   int64_t c = 64;
   const int64_t widths[4] = {64, 128, 256, 512};

@@ -6,7 +6,10 @@
 //
 // forward(x, ctx) keeps what backward needs; backward(dy, ctx) accumulates
 // parameter gradients (+=) and returns dx (=), or an undefined tensor when
-// the module was told its input needs no gradient.
+// the module was told its input needs no gradient. As autograd frees a
+// gradient once used, backward may overwrite dy (in-place ReLU masks it):
+// callers pass a gradient they do not read afterwards. In-place layers also
+// overwrite their input in forward (ReLU(inplace), as torch's).
 #pragma once
 #include <deque>
 #include <memory>
