@@ -10,6 +10,10 @@
    files make st_tool fail with a message, not a crash.
 4. `st_tool npy` writes the same tensors with io::save_npy; numpy.load reads
    them back exactly.
+5. numpy.save (format 1.0) and np.lib.format.write_array (versions 2.0 and
+   3.0) write arrays; `st_tool npyload` (io::load_npy) reads them back
+   exactly. Fortran-order, big-endian, float16 and object arrays fail with a
+   one-line message naming the file.
 
 Usage: safetensors_interop.py [ST_TOOL]   (or ST_TOOL in the environment)
 Needs: pip install safetensors numpy
@@ -187,6 +191,69 @@ def npy_to_numpy(tool, d):
     print(f"C++ -> numpy: {len(WRITTEN)} .npy files read by numpy.load")
 
 
+def numpy_to_cpp(tool, d):
+    """Files numpy writes load with io::load_npy: dtype, shape and every bit."""
+    rng = np.random.default_rng(1)
+    floats = rng.standard_normal((4, 6)).astype(np.float32)
+    floats[0, :3] = [-0.0, 1e-40, np.finfo(np.float32).max]  # signed zero, subnormal, largest
+    arrays = {
+        "floats": floats,
+        "vol": rng.standard_normal((2, 3, 4, 5, 2)).astype(np.float32),
+        "doubles": rng.standard_normal((3, 2)),
+        "ints": rng.integers(-2**31, 2**31, size=(5, 3), dtype=np.int32),
+        "longs": rng.integers(-2**63, 2**63 - 1, size=(7,), dtype=np.int64),
+        "bytes": rng.integers(0, 256, size=(2, 1, 9), dtype=np.uint8),
+        "scalar": np.array(-2.5, dtype=np.float64),
+        "scalar_long": np.array(123456789012345, dtype=np.int64),
+        "empty": np.zeros((0,), dtype=np.float32),
+        "empty_mid": np.zeros((3, 0, 2), dtype=np.int32),
+        "strided": rng.standard_normal((6, 8)).astype(np.float32)[::2, 1::3],  # saved in C order
+    }
+    count = 0
+    for version in (None, (2, 0), (3, 0)):
+        for name, want in arrays.items():
+            path = os.path.join(d, f"{name}_{version[0] if version else 1}.npy")
+            if version is None:
+                np.save(path, want)
+            else:
+                with open(path, "wb") as f:
+                    np.lib.format.write_array(f, want, version=version)
+            with open(path, "rb") as f:
+                head = f.read(8)
+            check(head == b"\x93NUMPY" + bytes([version[0] if version else 1, 0]), f"{path}: header {head!r}")
+            r = st_tool(tool, "npyload", path)
+            check(r.returncode == 0, f"st_tool npyload {path} failed: {r.stderr}")
+            if r.returncode != 0:
+                continue
+            t = json.loads(r.stdout)
+            dtype = DTYPES.get(t["dtype"])
+            check(dtype is not None and np.dtype(dtype) == want.dtype, f"{path}: dtype {t['dtype']} vs {want.dtype}")
+            check(tuple(t["shape"]) == want.shape, f"{path}: shape {t['shape']} vs {want.shape}")
+            if dtype is None:
+                continue
+            values = np.array(t["values"], dtype=np.float64 if dtype in (np.float32, np.float64) else object)
+            check(same(values.astype(dtype).reshape(t["shape"]), want), f"{path}: values differ")  # tobytes: C order
+            count += 1
+
+    # What numpy writes but fanout refuses, each with one line naming the file.
+    refused = {
+        "fortran": (np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)), "fortran_order is True"),
+        "big_endian": (np.arange(4, dtype=">f4"), "big-endian"),
+        "half": (np.ones(3, dtype=np.float16), "'<f2' is not supported"),
+        "bool": (np.ones(3, dtype=bool), "'|b1' is not supported"),
+        "object": (np.array([1, "a"], dtype=object), "object array"),
+        "structured": (np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")]), "structured dtype"),
+    }
+    for name, (arr, needle) in refused.items():
+        path = os.path.join(d, f"refused_{name}.npy")
+        np.save(path, arr, allow_pickle=True)
+        r = st_tool(tool, "npyload", path)
+        check(r.returncode == 1 and needle in r.stderr and path in r.stderr and r.stderr.count("\n") == 1,
+              f"{name}: rc {r.returncode}, {r.stderr!r}")
+    print(f"numpy -> C++: {count} .npy files (versions 1.0, 2.0, 3.0) read by io::load_npy, "
+          f"{len(refused)} refused with one line")
+
+
 def main():
     tool = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("ST_TOOL")
     if not tool or not os.path.exists(tool):
@@ -197,6 +264,7 @@ def main():
         python_to_cpp(tool, d)
         bad_files(tool, d)
         npy_to_numpy(tool, d)
+        numpy_to_cpp(tool, d)
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
         return 1

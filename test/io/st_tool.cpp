@@ -4,6 +4,8 @@
 //   st_tool dump PATH    loads PATH and prints it as JSON:
 //                        {"metadata": {...}, "tensors": [{"name", "dtype", "shape", "values"}, ...]}
 //   st_tool npy DIR      writes the same tensors as DIR/<index>.npy (io::save_npy), in order
+//   st_tool npyload PATH loads PATH with io::load_npy and prints it as one such tensor:
+//                        {"dtype", "shape", "values"}
 // Exit codes: 0 ok, 1 fanout::Error (message on stderr), 2 usage.
 #include <cstdio>
 #include <cstring>
@@ -72,31 +74,42 @@ int npy(const std::string& dir) {
   return 0;
 }
 
+// {"dtype", "shape", "values"} of a CPU tensor.
+nlohmann::json tensor_json(const Tensor& t) {
+  nlohmann::json e;
+  e["dtype"] = io::safetensors_dtype(t.dtype());
+  e["shape"] = nlohmann::json::array();
+  for (int i = 0; i < t.dim(); ++i) e["shape"].push_back(t.size(i));
+  nlohmann::json v = nlohmann::json::array();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (t.dtype()) {
+      case DType::F32: v.push_back(static_cast<double>(t.data<float>()[i])); break;  // exact
+      case DType::I32: v.push_back(t.data<int32_t>()[i]); break;
+      case DType::I64: v.push_back(t.data<int64_t>()[i]); break;
+      case DType::U8: v.push_back(t.data<uint8_t>()[i]); break;
+      case DType::F64: v.push_back(t.data<double>()[i]); break;  // printed to round-trip
+    }
+  }
+  e["values"] = std::move(v);
+  return e;
+}
+
 int dump(const std::string& path) {
   io::TensorFile f = io::load_safetensors(path);
   nlohmann::json out;
   out["metadata"] = f.metadata;
   out["tensors"] = nlohmann::json::array();
   for (const auto& [name, t] : f.tensors) {
-    nlohmann::json e;
+    nlohmann::json e = tensor_json(t);
     e["name"] = name;
-    e["dtype"] = io::safetensors_dtype(t.dtype());
-    e["shape"] = nlohmann::json::array();
-    for (int i = 0; i < t.dim(); ++i) e["shape"].push_back(t.size(i));
-    nlohmann::json v = nlohmann::json::array();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      switch (t.dtype()) {
-        case DType::F32: v.push_back(static_cast<double>(t.data<float>()[i])); break;  // exact
-        case DType::I32: v.push_back(t.data<int32_t>()[i]); break;
-        case DType::I64: v.push_back(t.data<int64_t>()[i]); break;
-        case DType::U8: v.push_back(t.data<uint8_t>()[i]); break;
-        case DType::F64: v.push_back(t.data<double>()[i]); break;  // printed to round-trip
-      }
-    }
-    e["values"] = std::move(v);
     out["tensors"].push_back(std::move(e));
   }
   std::cout << out.dump() << "\n";
+  return 0;
+}
+
+int npyload(const std::string& path) {
+  std::cout << tensor_json(io::load_npy(path)).dump() << "\n";
   return 0;
 }
 
@@ -104,11 +117,12 @@ int dump(const std::string& path) {
 
 int main(int argc, char** argv) {
   const std::string cmd = argc == 3 ? argv[1] : "";
-  if (cmd != "write" && cmd != "dump" && cmd != "npy") {
-    std::fprintf(stderr, "usage: st_tool write|dump PATH, st_tool npy DIR\n");
+  if (cmd != "write" && cmd != "dump" && cmd != "npy" && cmd != "npyload") {
+    std::fprintf(stderr, "usage: st_tool write|dump|npyload PATH, st_tool npy DIR\n");
     return 2;
   }
   try {
+    if (cmd == "npyload") return npyload(argv[2]);
     return cmd == "write" ? write(argv[2]) : cmd == "dump" ? dump(argv[2]) : npy(argv[2]);
   } catch (const Error& e) {
     std::fprintf(stderr, "st_tool: %s\n", e.what());
