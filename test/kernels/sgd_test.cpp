@@ -45,7 +45,7 @@ TEST_P(Sgd, MatchesTorchFormulasOverSeveralSteps) {
         pd.copy_from(up(p));
         std::vector<double> rp(p.f32(), p.f32() + n), rb(n, 0.0);
         const kernels::SgdHyper& h = c.h;
-        for (int step = 0; step < 3; ++step) {
+        for (int step = 0; step < 5; ++step) {
           Tensor g = ft::random_tensor(Shape{n}, rng);
           Tensor gd = up(g);
           const bool first = step == 0;
