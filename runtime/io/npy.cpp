@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/io/file_io.h"
 #include "runtime/io/safetensors.h"
 
 namespace fanout::io {
@@ -39,49 +40,11 @@ const char* npy_descr(DType t) {
   FANOUT_FAIL() << "no .npy dtype for " << dtype_name(t);
 }
 
-std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+std::string quoted(const std::string& s) { return detail::quoted(s, /*escape_non_ascii=*/true); }
 
-// Text from the file for a one-line message: quoted, control and non-ASCII bytes escaped, cut at 120 bytes.
-std::string quoted(const std::string& s) {
-  constexpr size_t kMax = 120;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c >= 0x7f) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > kMax) out += "...";
-  return out + "'";
-}
-
-// Owns a file descriptor.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() { if (fd >= 0) ::close(fd); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
-
-// Reads exactly n bytes at offset; false on a short read (err = errno, or 0 at end of file).
-bool pread_all(int fd, void* buf, size_t n, uint64_t offset, int* err) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) { *err = r < 0 ? errno : 0; return false; }
-    p += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return true;
-}
+using detail::errno_text;
+using detail::Fd;
+using detail::pread_all;
 
 // The header dict once parsed: {'descr': str, 'fortran_order': bool, 'shape': tuple of int}.
 struct Header {

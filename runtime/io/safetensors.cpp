@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/io/file_io.h"
 
 namespace fanout::io {
 
@@ -29,26 +30,7 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
-
-// A name for an error message: quoted, control bytes escaped, long names cut.
-std::string quote_name(const std::string& s) {
-  constexpr size_t kMax = 120;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > kMax) out += "...";
-  return out + "'";
-}
+std::string quote_name(const std::string& s) { return detail::quoted(s, /*escape_non_ascii=*/false); }
 
 bool parse_dtype(const std::string& s, DType* t) {
   if (s == "F32") *t = DType::F32;
@@ -329,29 +311,9 @@ void check_min_size(uint64_t size, const std::string& what) {
                                << " bytes, too short for a safetensors file (8-byte header length first)";
 }
 
-// Owns a file descriptor.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() { if (fd >= 0) ::close(fd); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int release() { int f = fd; fd = -1; return f; }
-};
-
-// Reads exactly `n` bytes at `offset`; false on a short read.
-bool pread_all(int fd, void* buf, size_t n, uint64_t offset, int* err) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, 1u << 30), static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) { *err = r < 0 ? errno : 0; return false; }
-    p += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return true;
-}
+using detail::errno_text;
+using detail::Fd;
+using detail::pread_all;
 
 void write_all(int fd, const void* buf, size_t n, const std::string& tmp) {
   auto* p = static_cast<const char*>(buf);

@@ -1,0 +1,70 @@
+// Small POSIX helpers shared by the checkpoint and array readers and writers
+// (safetensors.cpp, npy.cpp): an owned descriptor, exact positioned reads,
+// errno text, and file text quoted for one-line messages.
+#pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <system_error>
+
+namespace fanout::io::detail {
+
+inline std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+// Text from a file for a one-line message: quoted, control bytes (and, with
+// escape_non_ascii, every byte past 0x7e) escaped as \xNN, cut at 120 bytes.
+inline std::string quoted(const std::string& s, bool escape_non_ascii) {
+  constexpr size_t kMax = 120;
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || (escape_non_ascii && c > 0x7f)) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > kMax) out += "...";
+  return out + "'";
+}
+
+// Owns a file descriptor.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int release() {
+    const int f = fd;
+    fd = -1;
+    return f;
+  }
+};
+
+// Reads exactly n bytes at offset; false on a short read (err = errno, or 0 at end of file).
+inline bool pread_all(int fd, void* buf, size_t n, uint64_t offset, int* err) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      *err = r < 0 ? errno : 0;
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+}  // namespace fanout::io::detail
