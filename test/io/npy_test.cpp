@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "io/temp_dir.h"
 #include "support/test_util.h"
 
 namespace fanout::io {
@@ -24,21 +25,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::expect_user_error;
 
-// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           ("fanout_npy_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+// Directories named fanout_npy_*.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("fanout_npy_") {}
 };
 
 void write_bytes(const std::string& path, const std::string& b) {

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "runtime/core/error.h"
+#include "io/temp_dir.h"
 #include "support/test_util.h"
 
 namespace fanout::io {
@@ -19,31 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           ("fanout_io_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  // Names in the directory other than the ones given.
-  std::vector<std::string> leftovers(const std::vector<std::string>& expected) const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) {
-      const std::string n = e.path().filename().string();
-      if (std::find(expected.begin(), expected.end(), n) == expected.end()) out.push_back(n);
-    }
-    return out;
-  }
-};
+using testing::TempDir;
 
 Tensor random_of(DType t, const Shape& s, std::mt19937_64& rng) {
   if (t == DType::F32) return testing::random_tensor(s, rng);
