@@ -49,19 +49,63 @@ struct Options {
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
 };
 
+// "CxHxW" or "CxDxHxW".
 Shape parse_input(const std::string& s) {
-  int64_t c = 0, h = 0, w = 0;
-  char x1 = 0, x2 = 0;
+  std::vector<int64_t> d;
   std::istringstream is(s);
-  is >> c >> x1 >> h >> x2 >> w;
-  FANOUT_USER_CHECK(is && is.eof() && x1 == 'x' && x2 == 'x' && c > 0 && h > 0 && w > 0)
-      << "bad --input '" << s << "' (expected CxHxW, e.g. 3x32x32)";
-  return Shape{c, h, w};
+  for (;;) {
+    int64_t v = 0;
+    if (!(is >> v) || v <= 0) break;
+    d.push_back(v);
+    if (is.peek() != 'x') break;
+    is.get();
+  }
+  FANOUT_USER_CHECK(is.eof() && (d.size() == 3 || d.size() == 4))
+      << "bad --input '" << s << "' (expected CxHxW or CxDxHxW, e.g. 3x32x32)";
+  return d.size() == 3 ? Shape{d[0], d[1], d[2]} : Shape{d[0], d[1], d[2], d[3]};
+}
+
+// The classes (or heatmap channels) each model is built with.
+int model_classes(const std::string& model) { return model == "heatmap3d" ? 4 : 10; }
+
+// Seeded targets for `model`'s output on a batch of `in`: class labels, or
+// dense heatmap-like targets (noise and one peak per channel) when the
+// output is more than (N, classes).
+struct Targets {
+  Tensor y;
+  LossOptions loss;
+};
+Targets make_targets(const std::string& model, const Shape& in, int64_t batch, uint64_t seed, std::mt19937_64& rng) {
+  auto m = models::make_model(model, in, model_classes(model), seed);
+  m->train(false);
+  Context ctx(Device::cpu(), seed);
+  Shape one;
+  one.ndim = in.ndim + 1;
+  one.d[0] = 1;
+  for (int i = 0; i < in.ndim; ++i) one.d[i + 1] = in.d[i];
+  Tensor probe = Tensor::empty(one);
+  probe.fill(0.5f);
+  Shape out = m->forward(probe, ctx).shape();
+  out[0] = batch;
+  Targets t;
+  if (out.ndim == 2) {
+    t.y = Tensor::empty(Shape{batch}, DType::I32);
+    for (int64_t i = 0; i < batch; ++i) t.y.data<int32_t>()[i] = static_cast<int32_t>(rng() % out[1]);
+    return t;
+  }
+  t.loss.criterion = "mse";
+  t.y = Tensor::empty(out);
+  std::uniform_real_distribution<float> u(0.0f, 0.05f);
+  for (int64_t i = 0; i < t.y.numel(); ++i) t.y.f32()[i] = u(rng);
+  const int64_t planes = out[0] * out[1], plane = t.y.numel() / planes;
+  for (int64_t p = 0; p < planes; ++p) t.y.f32()[p * plane + static_cast<int64_t>(rng() % plane)] = 1.0f;
+  return t;
 }
 
 struct Result {
   std::string config;
   double ms_per_step = 0, images_per_second = 0;
+  int64_t bytes_to_primary = -1;  // per step; -1: not measured (DDP)
 };
 
 // One configuration under test: its engine and the BLAS threads it runs with
@@ -72,6 +116,7 @@ struct Config {
   std::unique_ptr<Engine> engine;
   int blas_threads = 1;
   std::vector<double> runs;  // seconds per step
+  int64_t bytes_to_primary = -1;
 };
 
 double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps);
@@ -79,20 +124,21 @@ double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps);
 // A DDP worker (started by run() through the launcher): its share of the
 // batch, the same warm-up and timed runs, aligned across ranks by barriers;
 // rank 0 writes the seconds per step of each run to `o.ddp_result`.
-int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const kernels::SgdHyper& h,
-               const MathOptions& math, const Shape& in) {
+int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOptions& loss,
+               const kernels::SgdHyper& h, const MathOptions& math, const Shape& in) {
   const dist::WorkerEnv env = dist::worker_env();
   FANOUT_USER_CHECK(env.present) << "--ddp-result is dp-bench's own, for its DDP workers";
   const int64_t local = o.batch_size / env.world_size;
   EngineSpec spec;
   spec.devices = split_devices(parse_devices(o.devices), env.local_world_size, env.local_rank);
   spec.sgd = h;
+  spec.loss = loss;
   spec.dp.seed = o.seed;
   spec.dp.math = math;
   spec.local_processes = env.local_world_size;
   spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
-  auto model = models::make_model(o.model, in, 10, o.seed);
+  auto model = models::make_model(o.model, in, model_classes(o.model), o.seed);
   auto engine = make_engine(*model, std::move(spec));
   const Tensor xs = x.slice(env.rank * local, (env.rank + 1) * local);
   const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
@@ -130,8 +176,9 @@ int run(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("model", po::value(&o.model)->default_value("lenet"), "mlp, lenet, cnn, resnet18 or resnet18:imagenet")
-    ("input", po::value(&o.input)->default_value("1x28x28"), "sample shape CxHxW")
+    ("model", po::value(&o.model)->default_value("lenet"),
+     "mlp, lenet, cnn, resnet18, resnet18:imagenet or heatmap3d (dense targets, mean squared error)")
+    ("input", po::value(&o.input)->default_value("1x28x28"), "sample shape CxHxW, or CxDxHxW for heatmap3d")
     ("batch-size", po::value(&o.batch_size)->default_value(256), "global batch size")
     ("devices", po::value(&o.devices)->default_value("cpu:2"),
      "devices for the DataParallel run (cpu:N, 0,0, cuda:0,cuda:1, ...); the first is the primary")
@@ -200,11 +247,16 @@ int run(int argc, char** argv) {
   const Device primary = devices[0];
 
   std::mt19937_64 rng(o.seed);
-  Tensor x = Tensor::empty(Shape{o.batch_size, in[0], in[1], in[2]});
-  Tensor y = Tensor::empty(Shape{o.batch_size}, DType::I32);
+  Shape xs;
+  xs.ndim = in.ndim + 1;
+  xs.d[0] = o.batch_size;
+  for (int i = 0; i < in.ndim; ++i) xs.d[i + 1] = in.d[i];
+  Tensor x = Tensor::empty(xs);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = u(rng);
-  for (int64_t i = 0; i < o.batch_size; ++i) y.data<int32_t>()[i] = static_cast<int32_t>(rng() % 10);
+  const Targets targets = make_targets(o.model, in, o.batch_size, o.seed, rng);
+  const Tensor& y = targets.y;
+  const LossOptions& loss = targets.loss;
 
   kernels::SgdHyper h;
   h.lr = 0.01f;
@@ -215,7 +267,7 @@ int run(int argc, char** argv) {
   math.split_invariant = o.split_invariant;
   math.allow_tf32 = o.allow_tf32;
   math.cudnn_benchmark = o.cudnn_benchmark;
-  if (!o.ddp_result.empty()) return ddp_worker(o, x, y, h, math, in);
+  if (!o.ddp_result.empty()) return ddp_worker(o, x, y, loss, h, math, in);
   std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s\n",
               o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
               cores, o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
@@ -226,23 +278,35 @@ int run(int argc, char** argv) {
   {
     Config c;
     c.name = "plain " + primary.str();
-    c.model = models::make_model(o.model, in, 10, o.seed);
+    c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
     c.blas_threads = cpu_blas_threads(1, math);
-    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, h, LossOptions{}, o.seed, math);
+    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, h, loss, o.seed, math);
+    c.bytes_to_primary = 0;
     configs.push_back(std::move(c));
   }
-  std::vector<std::vector<Device>> dp_runs = {{primary}};
-  if (devices.size() > 1) dp_runs.push_back(devices);
-  for (auto& devs : dp_runs) {
+  // DataParallel over the primary alone, then over every device with the
+  // loss on the replicas and with the outputs gathered (PyTorch's way).
+  struct DpRun {
+    std::vector<Device> devices;
+    bool on_replicas;
+  };
+  std::vector<DpRun> dp_runs = {{{primary}, true}};
+  if (devices.size() > 1) {
+    dp_runs.push_back({devices, true});
+    dp_runs.push_back({devices, false});
+  }
+  for (auto& run : dp_runs) {
     Config c;
-    for (auto& d : devs) c.name += (c.name.empty() ? "dp " : ",") + d.str();
-    c.model = models::make_model(o.model, in, 10, o.seed);
-    c.blas_threads = cpu_blas_threads(static_cast<int>(devs.size()), math);  // as DataParallel sets it
+    for (auto& d : run.devices) c.name += (c.name.empty() ? "dp " : ",") + d.str();
+    if (run.devices.size() > 1) c.name += run.on_replicas ? " loss on replicas" : " gathered";
+    c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
+    c.blas_threads = cpu_blas_threads(static_cast<int>(run.devices.size()), math);  // as DataParallel sets it
     DataParallelOptions dpo;
     dpo.seed = o.seed;
     dpo.comm = o.comm;
     dpo.math = math;
-    c.engine = std::make_unique<DataParallelEngine>(*c.model, devs, h, LossOptions{}, dpo);
+    dpo.loss_on_replicas = run.on_replicas;
+    c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, h, loss, dpo);
     configs.push_back(std::move(c));
   }
   // Warm up each, then interleave the timed runs so that drift in the
@@ -255,6 +319,7 @@ int run(int argc, char** argv) {
     for (auto& c : configs) {
       if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
       c.runs.push_back(time_steps(*c.engine, x, y, o.steps));
+      if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
     }
   // DDP: one process per listed device, each with its share of the batch.
   const bool ddp = devices.size() > 1 && !o.no_ddp;
@@ -287,13 +352,16 @@ int run(int argc, char** argv) {
   for (auto& c : configs) {
     std::sort(c.runs.begin(), c.runs.end());
     const double sec = c.runs[c.runs.size() / 2];
-    results.push_back({c.name, 1e3 * sec, o.batch_size / sec});
+    results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary});
   }
 
-  std::printf("%-34s %12s %14s %10s\n", "configuration", "ms/step", "images/s", "vs plain");
+  // "to primary": bytes a step moves onto the primary from the other
+  // replicas (outputs and their targets gathered, or the replicas' loss sums).
+  std::printf("%-44s %12s %14s %10s %14s\n", "configuration", "ms/step", "images/s", "vs plain", "to primary B");
   for (auto& r : results)
-    std::printf("%-34s %12.3f %14.0f %9.3fx\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
-                results[0].ms_per_step / r.ms_per_step);
+    std::printf("%-44s %12.3f %14.0f %9.3fx %14s\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
+                results[0].ms_per_step / r.ms_per_step,
+                r.bytes_to_primary < 0 ? "-" : std::to_string(r.bytes_to_primary).c_str());
   if (!o.json.empty()) {
     std::ofstream f(o.json, std::ios::app);
     FANOUT_USER_CHECK(f.good()) << "cannot open " << o.json;
@@ -302,7 +370,8 @@ int run(int argc, char** argv) {
                           {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
                           {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
                           {"split_invariant", o.split_invariant}, {"allow_tf32", o.allow_tf32},
-                          {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices}}
+                          {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices},
+                          {"bytes_to_primary", r.bytes_to_primary}}
                .dump()
         << "\n";
   }

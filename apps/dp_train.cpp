@@ -75,9 +75,11 @@ Cli parse(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("model", po::value(&o.model)->default_value(d.model), "mlp, lenet, cnn, resnet18 or resnet18:imagenet")
+    ("model", po::value(&o.model)->default_value(d.model),
+     "mlp, lenet, cnn, resnet18 or resnet18:imagenet (classification); heatmap3d (keypoint volumes)")
     ("data", po::value(&o.data)->default_value(d.data),
-     "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N]")
+     "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N]; "
+     "keypoint volumes: keypoints3d:DIR, synthetic3d[:N]")
     ("epochs", po::value(&o.epochs)->default_value(d.epochs), "epochs to train")
     ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size),
      "global batch size (split over the processes, then the devices)")
@@ -95,6 +97,8 @@ Cli parse(int argc, char** argv) {
      "linear warm-up length in epochs (per optimizer step)")
     ("label-smoothing", po::value(&o.label_smoothing)->default_value(d.label_smoothing, num(d.label_smoothing)),
      "cross-entropy label smoothing in [0, 1)")
+    ("heatmap-radius", po::value(&o.heatmap_radius)->default_value(d.heatmap_radius),
+     "keypoint data: radius r in voxels of each landmark's target Gaussian (sigma = (2r+1)/6)")
     ("seed", po::value(&o.seed)->default_value(d.seed), "seed for initialization and shuffling")
     ("devices", po::value(&o.devices)->default_value(d.devices),
      "auto (every GPU, else cpu), cpu, cpu:N (N CPU workers), all, cuda:N, or a list like 0,1,3 or "
@@ -117,6 +121,9 @@ Cli parse(int argc, char** argv) {
     ("no-broadcast-buffers", po::bool_switch(&o.no_broadcast_buffers),
      "ddp: each rank keeps its own BatchNorm running statistics (default: rank 0's, before every forward)")
     ("output-device", po::value(&o.output_device), "where outputs are gathered and the loss computed (default: the primary)")
+    ("gather-outputs", po::bool_switch(&o.gather_outputs),
+     "dp: gather every output on the output device and compute the loss there, as torch.nn.DataParallel "
+     "(default: each replica computes its rows' loss and only the sums reach the primary)")
     ("sync-bn", po::bool_switch(&o.sync_bn), "synchronize BatchNorm statistics across replicas and processes")
     ("dp-comm", po::value(&o.dp_comm)->default_value(d.dp_comm), "gradient reduction on GPUs: auto, nccl or p2p")
     ("order-by-free-memory", po::bool_switch(&o.order_by_free_memory),
@@ -301,11 +308,14 @@ Process this_process(const train::RunConfig& c) {
 }
 
 std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model, const Process& p,
-                                        const std::vector<Device>& all) {
+                                        const std::vector<Device>& all, const data::TrainTest& data) {
   EngineSpec spec;
   spec.devices = p.devices;
   spec.sgd = c.sgd();
-  spec.loss = LossOptions{c.label_smoothing};
+  // Heatmap targets take the squared error; class labels cross-entropy.
+  spec.loss.criterion = data.train.dense_targets() ? "mse" : "cross_entropy";
+  spec.loss.label_smoothing = c.label_smoothing;
+  spec.dp.loss_on_replicas = !c.gather_outputs;
   if (!c.output_device.empty()) {
     auto od = parse_devices(c.output_device);
     FANOUT_USER_CHECK(od.size() == 1) << "--output-device takes one device, got '" << c.output_device << "'";
@@ -491,9 +501,9 @@ int run(int argc, char** argv) {
       std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
                   save_to.c_str());
   }
-  data::TrainTest data = data::open_dataset(c.data, c.seed);
+  data::TrainTest data = data::open_dataset(c.data, c.seed, data::HeatmapSpec{c.heatmap_radius, 0.0});
   auto model = models::make_model(c.model, data.train.sample_shape(), data.train.num_classes, c.seed);
-  auto engine = make_run_engine(c, *model, p, all);
+  auto engine = make_run_engine(c, *model, p, all, data);
   if (p.primary()) {
     std::printf("fanout dp-train: model %s (%lld parameters) on %s, data %s (%lld train / %lld test, %s)\n",
                 c.model.c_str(), static_cast<long long>(model->num_parameters()), names(p.devices).c_str(),

@@ -58,4 +58,35 @@ void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Ten
   FANOUT_DISPATCH(ctx, count_correct, ctx, logits, labels, correct);
 }
 
+void mse_forward(Context& ctx, const Tensor& out, const Tensor& target, float scale, Tensor& row_loss, Tensor* grad) {
+  const char* op = "mse_forward";
+  detail::check_tensor(ctx, op, "out", out);
+  detail::check_tensor(ctx, op, "target", target);
+  detail::check_tensor(ctx, op, "row_loss", row_loss);
+  FANOUT_CHECK(out.dim() >= 1 && out.size(0) >= 1 && out.numel() >= 1 && target.shape() == out.shape())
+      << op << ": out " << out.shape().str() << " and target " << target.shape().str()
+      << " must have one shape with at least one row";
+  FANOUT_CHECK(row_loss.shape() == Shape{out.size(0)})
+      << op << ": row_loss " << row_loss.shape().str() << " for " << out.size(0) << " rows";
+  if (grad) {
+    detail::check_tensor(ctx, op, "grad", *grad);
+    FANOUT_CHECK(grad->shape() == out.shape()) << op << ": grad " << grad->shape().str() << " for out "
+                                               << out.shape().str();
+  }
+  FANOUT_DISPATCH(ctx, mse_forward, ctx, out, target, scale, row_loss, grad);
+}
+
+void plane_argmax(Context& ctx, const Tensor& x, Tensor& idx, Tensor& val) {
+  const char* op = "plane_argmax";
+  detail::check_tensor(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "idx", idx, DType::I32);
+  detail::check_tensor(ctx, op, "val", val);
+  FANOUT_CHECK(x.dim() == 2 && x.size(1) >= 1 && x.size(1) <= INT32_MAX && idx.shape() == Shape{x.size(0)} &&
+               val.shape() == Shape{x.size(0)})
+      << op << ": x " << x.shape().str() << ", idx " << idx.shape().str() << " and val " << val.shape().str()
+      << " must be (P, S) with 1 <= S < 2^31, (P) and (P)";
+  if (x.size(0) == 0) return;
+  FANOUT_DISPATCH(ctx, plane_argmax, ctx, x, idx, val);
+}
+
 }  // namespace fanout::kernels

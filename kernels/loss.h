@@ -1,5 +1,6 @@
 // Softmax cross-entropy with optional label smoothing (PyTorch's
-// CrossEntropyLoss, reduction = mean), and accuracy counting.
+// CrossEntropyLoss, reduction = mean), and accuracy counting; mean squared
+// error (PyTorch's MSELoss) by rows, and the argmax of planes (heatmaps).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
@@ -23,6 +24,16 @@ void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labe
 // correct (1, int32) is written (=) with the number of rows whose argmax equals the label
 // (first maximum wins on ties, as torch.argmax).
 void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Tensor& correct);
+// out and target (N, ...) float32 of one shape; E = numel / N values per row.
+// row_loss (N) float32 (=): each row's mean of (out - target)^2, summed in
+// double and rounded to float. grad (=), when given, same shape as out:
+// scale * 2 / E * (out - target), the gradient of scale * sum(row_loss), so
+// scale = 1 / N gives PyTorch's MSELoss (reduction = mean) over the batch.
+void mse_forward(Context& ctx, const Tensor& out, const Tensor& target, float scale, Tensor& row_loss, Tensor* grad);
+// x (P, S) float32: P planes of S values, S < 2^31. idx (P) int32 (=) is each
+// plane's argmax in torch.argmax's order (the first NaN, else the first
+// maximum), val (P) float32 (=) the value there.
+void plane_argmax(Context& ctx, const Tensor& x, Tensor& idx, Tensor& val);
 )
 
 }  // namespace fanout::kernels

@@ -85,4 +85,35 @@ void count_correct(Context&, const Tensor& logits, const Tensor& labels, Tensor&
   correct.data<int32_t>()[0] = hits;
 }
 
+void mse_forward(Context&, const Tensor& out, const Tensor& target, float scale, Tensor& row_loss, Tensor* grad) {
+  const int64_t n = out.size(0), e = out.numel() / n;
+  const float* o = out.f32();
+  const float* t = target.f32();
+  float* rl = row_loss.f32();
+  float* g = grad ? grad->f32() : nullptr;
+  const float gs = static_cast<float>(2.0 * scale / static_cast<double>(e));
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0.0;
+    for (int64_t j = i * e; j < (i + 1) * e; ++j) {
+      const float d = o[j] - t[j];
+      sum += static_cast<double>(d) * d;
+      if (g) g[j] = gs * d;  // after reading o[j]: grad may alias out
+    }
+    rl[i] = static_cast<float>(sum / static_cast<double>(e));
+  }
+}
+
+void plane_argmax(Context&, const Tensor& x, Tensor& idx, Tensor& val) {
+  const int64_t p = x.size(0), s = x.size(1);
+  const float* xp = x.f32();
+  for (int64_t i = 0; i < p; ++i) {
+    const float* v = xp + i * s;
+    int64_t best = 0;  // torch.argmax: the first NaN, else the first maximum
+    for (int64_t j = 1; j < s && !std::isnan(v[best]); ++j)
+      if (v[j] > v[best] || std::isnan(v[j])) best = j;
+    idx.data<int32_t>()[i] = static_cast<int32_t>(best);
+    val.f32()[i] = v[best];
+  }
+}
+
 }  // namespace fanout::kernels::cpu

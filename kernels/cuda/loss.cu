@@ -126,6 +126,56 @@ __global__ void count_correct_kernel(const float* __restrict__ logits, const int
   }
 }
 
+// One block per row: the row's sum of squared differences in double (fixed
+// order: deterministic) and, when grad is given, grad = gs * (out - target).
+__global__ void mse_kernel(const float* out, const float* __restrict__ target, int64_t e, float gs,
+                           float* __restrict__ row_loss, float* grad) {
+  const int64_t row = blockIdx.x;
+  const float* o = out + row * e;
+  const float* t = target + row * e;
+  double a = 0.0, unused = 0.0;
+  for (int64_t j = threadIdx.x; j < e; j += blockDim.x) {
+    const float d = __fsub_rn(o[j], t[j]);
+    a += static_cast<double>(d) * d;
+    if (grad) grad[row * e + j] = __fmul_rn(gs, d);  // after reading o[j]: grad may alias out
+  }
+  detail::block_sum2(a, unused);
+  if (threadIdx.x == 0) row_loss[row] = static_cast<float>(a / static_cast<double>(e));
+}
+
+// One block per plane: torch.argmax order through better().
+constexpr int kArgmaxThreads = 256;
+__global__ void plane_argmax_kernel(const float* __restrict__ x, int64_t s, int32_t* __restrict__ idx,
+                                    float* __restrict__ val) {
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ long long si[kArgmaxThreads / 32];
+  const float* v = x + static_cast<int64_t>(blockIdx.x) * s;
+  ArgBest best{0.0f, -1};
+  for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
+    const ArgBest c{v[j], j};
+    if (better(c, best)) best = c;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgBest other{__shfl_xor_sync(0xffffffffu, best.v, o),
+                  static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(best.idx), o))};
+    if (better(other, best)) best = other;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[warp] = best.v;
+    si[warp] = best.idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
+      const ArgBest other{sv[w], si[w]};
+      if (better(other, best)) best = other;
+    }
+    idx[blockIdx.x] = static_cast<int32_t>(best.idx);
+    val[blockIdx.x] = best.v;
+  }
+}
+
 int row_blocks(int64_t n) {
   const int64_t b = detail::ceil_div(n, kWarpsPerBlock);
   FANOUT_CHECK(b <= INT32_MAX) << "softmax cross-entropy: " << n << " rows";
@@ -173,6 +223,25 @@ void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Ten
   if (n == 0) return;
   count_correct_kernel<<<row_blocks(n), kWarpsPerBlock * 32, 0, st>>>(logits.f32(), labels.data<int32_t>(), n, k,
                                                                       out);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+void mse_forward(Context& ctx, const Tensor& out, const Tensor& target, float scale, Tensor& row_loss, Tensor* grad) {
+  const int64_t n = out.size(0), e = out.numel() / n;
+  FANOUT_CHECK(n <= INT32_MAX) << "mse_forward: " << n << " rows";
+  detail::DeviceScope scope(ctx);
+  const float gs = static_cast<float>(2.0 * scale / static_cast<double>(e));
+  mse_kernel<<<static_cast<unsigned>(n), 1024, 0, detail::stream_of(ctx)>>>(
+      out.f32(), target.f32(), e, gs, row_loss.f32(), grad ? grad->f32() : nullptr);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+void plane_argmax(Context& ctx, const Tensor& x, Tensor& idx, Tensor& val) {
+  const int64_t p = x.size(0), s = x.size(1);
+  FANOUT_CHECK(p <= INT32_MAX) << "plane_argmax: " << p << " planes";
+  detail::DeviceScope scope(ctx);
+  plane_argmax_kernel<<<static_cast<unsigned>(p), kArgmaxThreads, 0, detail::stream_of(ctx)>>>(
+      x.f32(), s, idx.data<int32_t>(), val.f32());
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,6 +7,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
+#include "runtime/data/keypoints.h"
 
 namespace fanout::data {
 
@@ -45,29 +46,61 @@ void channel_mean_std(const Tensor& images, std::vector<float>& mean, std::vecto
 }  // namespace detail
 
 Shape ImageDataset::sample_shape() const {
-  FANOUT_CHECK(images.defined() && images.dim() == 4) << "dataset '" << name << "' has no (N, C, H, W) images";
-  return Shape{images.size(1), images.size(2), images.size(3)};
+  FANOUT_CHECK(images.defined() && (images.dim() == 4 || images.dim() == 5))
+      << "dataset '" << name << "' has no (N, C, H, W) images or (N, C, D, H, W) volumes";
+  Shape s;
+  s.ndim = images.dim() - 1;
+  for (int i = 0; i < s.ndim; ++i) s.d[i] = images.size(i + 1);
+  return s;
+}
+
+Shape ImageDataset::target_shape() const {
+  if (!dense_targets()) return Shape{};
+  Shape t = sample_shape();  // (C, spatial...) -> (K, spatial...)
+  t.d[0] = landmarks.size(1);
+  return t;
 }
 
 void ImageDataset::normalized(int64_t i, float* out) const {
   FANOUT_CHECK(0 <= i && i < size()) << "sample " << i << " of dataset '" << name << "' with " << size();
-  const Shape s = sample_shape();  // (C, H, W)
-  const int64_t c = s[0], hw = s[1] * s[2];
+  const Shape s = sample_shape();  // (C, spatial...)
+  const int64_t c = s[0], plane = s.numel() / c;
   FANOUT_CHECK(static_cast<int64_t>(mean.size()) == c && static_cast<int64_t>(std.size()) == c)
       << "dataset '" << name << "' has " << mean.size() << " means and " << std.size() << " stds for " << c
       << " channels";
-  const uint8_t* x = images.data<uint8_t>() + i * c * hw;
+  if (images.dtype() == DType::F32) {
+    const float* x = images.f32() + i * c * plane;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const float scale = 1.0f / std[ch], shift = -mean[ch] / std[ch];
+      for (int64_t k = 0; k < plane; ++k) out[ch * plane + k] = x[ch * plane + k] * scale + shift;
+    }
+    return;
+  }
+  FANOUT_CHECK(images.dtype() == DType::U8) << "dataset '" << name << "' has " << dtype_name(images.dtype())
+                                            << " images (expected uint8 or float32)";
+  const uint8_t* x = images.data<uint8_t>() + i * c * plane;
   for (int64_t ch = 0; ch < c; ++ch) {
     // (x / 255 - mean) / std as one multiply-add.
     const float scale = 1.0f / (255.0f * std[ch]), shift = -mean[ch] / std[ch];
-    for (int64_t k = 0; k < hw; ++k) out[ch * hw + k] = static_cast<float>(x[ch * hw + k]) * scale + shift;
+    for (int64_t k = 0; k < plane; ++k) out[ch * plane + k] = static_cast<float>(x[ch * plane + k]) * scale + shift;
   }
+}
+
+void ImageDataset::render_target(int64_t i, float* out) const {
+  FANOUT_CHECK(dense_targets()) << "dataset '" << name << "' has class labels, not landmarks";
+  FANOUT_CHECK(0 <= i && i < landmarks.size(0)) << "sample " << i << " of dataset '" << name << "' with "
+                                                << landmarks.size(0) << " landmark sets";
+  const Tensor lm = landmarks.slice(i, i + 1).view(Shape{landmarks.size(1), landmarks.size(2)});
+  render_heatmaps(lm, heatmap, Tensor::wrap(out, target_shape(), DType::F32, Device::cpu()));
 }
 
 namespace {
 
-constexpr const char* kSpecForms = "fashion-mnist[:DIR], cifar10:DIR or synthetic[:N]";
+constexpr const char* kSpecForms =
+    "fashion-mnist[:DIR], cifar10:DIR, synthetic[:N], keypoints3d:DIR or synthetic3d[:N]";
 constexpr int64_t kDefaultSynthetic = 2048;
+constexpr int64_t kDefaultSynthetic3d = 512;
+constexpr int64_t kMaxSynthetic3d = 100'000;  // 3.3 GB of 32^3 volumes
 constexpr int64_t kMaxSynthetic = 10'000'000;  // 30 GB of images: past that it is a typo
 
 }  // namespace
@@ -81,11 +114,30 @@ TrainTest checked(TrainTest t, const std::string& spec) {
   FANOUT_USER_CHECK(t.train.num_classes == t.test.num_classes)
       << "dataset '" << spec << "': " << t.train.num_classes << " training classes but " << t.test.num_classes
       << " test classes";
+  FANOUT_USER_CHECK(t.train.dense_targets() == t.test.dense_targets() &&
+                    t.train.target_shape() == t.test.target_shape())
+      << "dataset '" << spec << "': training targets are " << t.train.target_shape().str() << " but test targets are "
+      << t.test.target_shape().str();
   return t;
 }
 }  // namespace
 
-TrainTest open_dataset(const std::string& spec, uint64_t seed) {
+namespace {
+// The N of "KIND:N" (or `fallback` without it).
+int64_t sample_count(const std::string& spec, const std::string& kind, bool has_arg, const std::string& arg,
+                     int64_t fallback, int64_t most) {
+  if (!has_arg) return fallback;
+  int64_t n = 0;
+  const char* b = arg.data();
+  const char* e = b + arg.size();
+  const auto [p, ec] = std::from_chars(b, e, n);
+  FANOUT_USER_CHECK(!arg.empty() && ec == std::errc() && p == e && n >= 1 && n <= most)
+      << "bad dataset '" << spec << "': " << kind << ":N needs a whole number of samples N in 1.." << most;
+  return n;
+}
+}  // namespace
+
+TrainTest open_dataset(const std::string& spec, uint64_t seed, const HeatmapSpec& heatmap) {
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   const bool has_arg = colon != std::string::npos;
@@ -100,16 +152,14 @@ TrainTest open_dataset(const std::string& spec, uint64_t seed) {
     FANOUT_USER_CHECK(!arg.empty()) << "bad dataset '" << spec << "': cifar10 needs a directory (cifar10:DIR)";
     return checked(load_cifar10(arg), spec);
   }
-  if (kind == "synthetic") {
-    int64_t n = kDefaultSynthetic;
-    if (has_arg) {
-      const char* b = arg.data();
-      const char* e = b + arg.size();
-      const auto [p, ec] = std::from_chars(b, e, n);
-      FANOUT_USER_CHECK(!arg.empty() && ec == std::errc() && p == e && n >= 1 && n <= kMaxSynthetic)
-          << "bad dataset '" << spec << "': synthetic:N needs a whole number of samples N in 1.." << kMaxSynthetic;
-    }
-    return make_synthetic(n, seed);
+  if (kind == "synthetic")
+    return make_synthetic(sample_count(spec, kind, has_arg, arg, kDefaultSynthetic, kMaxSynthetic), seed);
+  if (kind == "synthetic3d")
+    return checked(make_synthetic3d(sample_count(spec, kind, has_arg, arg, kDefaultSynthetic3d, kMaxSynthetic3d), seed, heatmap),
+                   spec);
+  if (kind == "keypoints3d") {
+    FANOUT_USER_CHECK(!arg.empty()) << "bad dataset '" << spec << "': keypoints3d needs a directory (keypoints3d:DIR)";
+    return checked(load_keypoints3d(arg, heatmap), spec);
   }
   FANOUT_FAIL() << "unknown dataset '" << spec << "' (expected " << kSpecForms << ")";
 }

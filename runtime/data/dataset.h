@@ -1,28 +1,50 @@
-// In-memory image classification datasets: uint8 images (N, C, H, W) and
-// int32 labels, with the per-channel mean and std used to normalize them.
-// Readers: IDX (MNIST / Fashion-MNIST, gzip'd or raw), CIFAR-10 binary, and a
-// seeded synthetic set that a small network can learn.
+// In-memory datasets: images (N, C, H, W) or volumes (N, C, D, H, W) with the
+// per-channel mean and std used to normalize them, and per sample either a
+// class label or landmarks whose heatmaps are the (dense) target.
+// Readers: IDX (MNIST / Fashion-MNIST, gzip'd or raw), CIFAR-10 binary, seeded
+// synthetic sets that a small network can learn, and keypoint volumes
+// (keypoints.h).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/data/heatmap.h"
 
 namespace fanout::data {
 
 struct ImageDataset {
   std::string name;             // "fashion-mnist/train", ...
-  Tensor images;                // (N, C, H, W) uint8, CPU
-  Tensor labels;                // (N) int32, CPU, in [0, num_classes)
-  int num_classes = 10;
-  std::vector<float> mean, std; // per channel, on the [0, 1] scale
+  // (N, C, H, W) or (N, C, D, H, W), CPU: uint8 (mean and std on the [0, 1]
+  // scale) or float32 (mean and std in the data's own units).
+  Tensor images;
+  Tensor labels;                // (N) int32, CPU, in [0, num_classes); or undefined with landmarks
+  // Keypoint sets: (N, K, S) float32 landmark coordinates in voxels, (z, y, x)
+  // or (y, x), S = the spatial dims of the images; sample i's target is the
+  // (K, spatial...) heatmap they draw with `heatmap` (heatmap.h).
+  Tensor landmarks;
+  HeatmapSpec heatmap;
+  int num_classes = 10;         // classes; for keypoint sets, the landmarks K (the model's output channels)
+  std::vector<float> mean, std; // per channel
 
-  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
-  Shape sample_shape() const;   // (C, H, W)
-  // Writes sample i normalized, (x / 255 - mean[c]) / std[c], as float32 CHW into out.
+  // Samples: rows of images that have a label (or landmarks).
+  int64_t size() const {
+    if (!images.defined()) return 0;
+    const Tensor& t = landmarks.defined() ? landmarks : labels;
+    return t.defined() ? std::min(images.size(0), t.size(0)) : 0;
+  }
+  Shape sample_shape() const;   // (C, H, W) or (C, D, H, W)
+  bool dense_targets() const { return landmarks.defined(); }
+  // A sample's target: () for a class label, (K, spatial...) for heatmaps.
+  Shape target_shape() const;
+  // Writes sample i normalized, (x / 255 - mean[c]) / std[c] for uint8 and
+  // (x - mean[c]) / std[c] for float32, as float32 into out.
   void normalized(int64_t i, float* out) const;
+  // Writes sample i's heatmaps (target_shape()) into out; keypoint sets only.
+  void render_target(int64_t i, float* out) const;
 };
 
 struct TrainTest {
@@ -49,7 +71,8 @@ TrainTest load_cifar10(const std::string& dir);
 // samples): each class has its own smooth pattern, plus noise; learnable.
 TrainTest make_synthetic(int64_t n_train, uint64_t seed);
 
-// Parses --data: "fashion-mnist", "fashion-mnist:DIR", "cifar10:DIR", "synthetic", "synthetic:N".
-TrainTest open_dataset(const std::string& spec, uint64_t seed);
+// Parses --data: "fashion-mnist", "fashion-mnist:DIR", "cifar10:DIR", "synthetic", "synthetic:N",
+// "keypoints3d:DIR", "synthetic3d", "synthetic3d:N". `heatmap` is the keypoint sets' target spec.
+TrainTest open_dataset(const std::string& spec, uint64_t seed, const HeatmapSpec& heatmap = {});
 
 }  // namespace fanout::data

@@ -37,18 +37,32 @@ DataLoader::DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler,
   FANOUT_USER_CHECK(o.prefetch >= 1 && o.prefetch <= kMaxPrefetch)
       << "loader prefetch must be in 1.." << kMaxPrefetch << " batches per worker, got " << o.prefetch;
   FANOUT_USER_CHECK(sampler_ != nullptr) << "DataLoader needs a sampler";
-  FANOUT_USER_CHECK(ds.images.defined() && ds.images.dim() == 4 && ds.images.dtype() == DType::U8)
-      << "dataset '" << ds.name << "' has no (N, C, H, W) uint8 images";
-  FANOUT_USER_CHECK(ds.labels.defined() && ds.labels.dim() == 1 && ds.labels.dtype() == DType::I32)
-      << "dataset '" << ds.name << "' has no (N) int32 labels";
-  FANOUT_USER_CHECK(ds.images.size(0) == ds.labels.size(0))
-      << "dataset '" << ds.name << "' has " << ds.images.size(0) << " images but " << ds.labels.size(0) << " labels";
+  FANOUT_USER_CHECK(ds.images.defined() && (ds.images.dim() == 4 || ds.images.dim() == 5) &&
+                    (ds.images.dtype() == DType::U8 || ds.images.dtype() == DType::F32))
+      << "dataset '" << ds.name << "' has no (N, C, H, W) or (N, C, D, H, W) uint8 or float32 images";
+  if (ds.dense_targets()) {
+    FANOUT_USER_CHECK(ds.landmarks.dim() == 3 && ds.landmarks.dtype() == DType::F32 &&
+                      ds.landmarks.size(0) == ds.size() && ds.landmarks.size(2) == ds.images.dim() - 2)
+        << "dataset '" << ds.name << "' has landmarks " << ds.landmarks.shape().str() << " for images "
+        << ds.images.shape().str() << " (expected (N, K, " << ds.images.dim() - 2 << ") float32)";
+    FANOUT_USER_CHECK(!o.augment.any())
+        << "dataset '" << ds.name << "': augmentation is for image classification; it would move the landmarks";
+  } else {
+    FANOUT_USER_CHECK(ds.labels.defined() && ds.labels.dim() == 1 && ds.labels.dtype() == DType::I32)
+        << "dataset '" << ds.name << "' has no (N) int32 labels";
+    FANOUT_USER_CHECK(ds.images.size(0) == ds.labels.size(0))
+        << "dataset '" << ds.name << "' has " << ds.images.size(0) << " images but " << ds.labels.size(0)
+        << " labels";
+    FANOUT_USER_CHECK(!o.augment.any() || ds.images.dim() == 4)
+        << "dataset '" << ds.name << "': augmentation is for (N, C, H, W) images";
+  }
   pinned_ = o.pin_memory && cuda_device_count() > 0;  // page-locking needs a CUDA driver
   sample_numel_ = ds.sample_shape().numel();
+  target_numel_ = ds.dense_targets() ? ds.target_shape().numel() : 0;
   {
     const double slots = o.workers == 0 ? 1.0 : static_cast<double>(o.workers) * o.prefetch;
     const double bytes = slots * static_cast<double>(std::min(o.batch_size, std::max<int64_t>(1, sampler_->size()))) *
-                         static_cast<double>(sample_numel_ * sizeof(float) + sizeof(int32_t));
+                         static_cast<double>((sample_numel_ + std::max<int64_t>(target_numel_, 1)) * sizeof(float));
     const double budget = kMaxInFlightShare * physical_memory_bytes();
     FANOUT_USER_CHECK(budget <= 0 || bytes <= budget)
         << "the loader's batches in flight (" << o.workers << " workers x " << o.prefetch << " prefetch x batch "
@@ -79,12 +93,24 @@ void DataLoader::stop_workers() {
     if (t.joinable()) t.join();
 }
 
+namespace {
+// (rows) followed by `sample`'s dims.
+Shape batch_shape(int64_t rows, const Shape& sample) {
+  Shape s;
+  s.ndim = sample.ndim + 1;
+  s.d[0] = rows;
+  for (int i = 0; i < sample.ndim; ++i) s.d[i + 1] = sample.d[i];
+  return s;
+}
+}  // namespace
+
 void DataLoader::allocate_slots(int64_t rows) {
-  const Shape s = ds_.sample_shape();  // (C, H, W)
-  const Shape xs{rows, s[0], s[1], s[2]}, ys{rows};
+  const Shape xs = batch_shape(rows, ds_.sample_shape());  // (rows, C, spatial...)
+  const Shape ys = batch_shape(rows, ds_.target_shape());  // (rows) labels or (rows, K, spatial...) heatmaps
+  const DType yt = ds_.dense_targets() ? DType::F32 : DType::I32;
   for (Slot& slot : slots_) {
-    slot.x = pinned_ ? Tensor::empty_pinned(xs, DType::F32) : Tensor::empty(xs, DType::F32);  // (rows, C, H, W)
-    slot.y = pinned_ ? Tensor::empty_pinned(ys, DType::I32) : Tensor::empty(ys, DType::I32);  // (rows)
+    slot.x = pinned_ ? Tensor::empty_pinned(xs, DType::F32) : Tensor::empty(xs, DType::F32);
+    slot.y = pinned_ ? Tensor::empty_pinned(ys, yt) : Tensor::empty(ys, yt);
   }
   slot_rows_ = rows;
 }
@@ -138,13 +164,13 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
 bool DataLoader::build(int64_t b, Slot& s, uint64_t generation) {
   const int64_t rows = batch_rows(b), begin = b * opts_.batch_size;
   float* xp = s.x.f32();
-  int32_t* yp = s.y.data<int32_t>();
-  const int32_t* labels = ds_.labels.data<int32_t>();
+  const bool dense = ds_.dense_targets();
   for (int64_t k = 0; k < rows; ++k) {
     if (generation_.load(std::memory_order_relaxed) != generation) return false;
     const int64_t i = order_[static_cast<size_t>(begin + k)];
     load_sample(ds_, i, opts_.augment, opts_.seed, epoch_, xp + k * sample_numel_);  // checks i
-    yp[k] = labels[i];
+    if (dense) ds_.render_target(i, s.y.f32() + k * target_numel_);
+    else s.y.data<int32_t>()[k] = ds_.labels.data<int32_t>()[i];
   }
   return true;
 }
@@ -218,8 +244,8 @@ bool DataLoader::next(Tensor& x, Tensor& y) {
   s.state = SlotState::Handed;
   handed_ = b % nslots;
   const int64_t rows = batch_rows(b);
-  x = s.x.slice(0, rows);  // (rows, C, H, W)
-  y = s.y.slice(0, rows);  // (rows)
+  x = s.x.slice(0, rows);  // (rows, C, spatial...)
+  y = s.y.slice(0, rows);  // (rows) labels or (rows, K, spatial...) heatmaps
   return true;
 }
 

@@ -52,7 +52,8 @@ class DataLoader {
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   int64_t num_batches() const;  // for the current sampler size
   int64_t num_samples() const;  // samples delivered per epoch (drop_last aware)
-  // Next batch in order: x (B, C, H, W) f32 and y (B) i32 on the CPU, views of a reused slot buffer;
+  // Next batch in order: x (B, C, H, W) or (B, C, D, H, W) f32 and y, (B) i32 labels or (B, K, spatial...)
+  // f32 heatmaps (ImageDataset::target_shape), on the CPU, views of a reused slot buffer;
   // valid until the next call to next() or start_epoch(). Returns false at the end of the epoch.
   // An exception thrown while building a batch (in a worker or inline) is rethrown here, in the
   // batch's turn; that batch is skipped and the following next() goes on with the one after it.
@@ -65,7 +66,7 @@ class DataLoader {
  private:
   enum class SlotState { Free, Filling, Ready, Failed, Handed };
   struct Slot {
-    Tensor x, y;  // (rows, C, H, W) f32 and (rows) i32, allocated once
+    Tensor x, y;  // a batch of samples and of targets, allocated once
     SlotState state = SlotState::Free;
     int64_t batch = -1;
     std::exception_ptr error;
@@ -82,7 +83,8 @@ class DataLoader {
   std::unique_ptr<Sampler> sampler_;
   LoaderOptions opts_;
   bool pinned_ = false;
-  int64_t sample_numel_ = 0;  // C * H * W
+  int64_t sample_numel_ = 0;  // elements of one sample
+  int64_t target_numel_ = 0;  // of one dense target (0: class labels)
   int64_t slot_rows_ = 0;
   std::vector<Slot> slots_;
   std::vector<std::thread> threads_;

@@ -86,6 +86,8 @@ void load_sample(const ImageDataset& ds, int64_t index, const Augment& aug, uint
     ds.normalized(index, out);
     return;
   }
+  FANOUT_USER_CHECK(ds.images.dim() == 4 && ds.images.dtype() == DType::U8)
+      << "dataset '" << ds.name << "': augmentation is for uint8 (N, C, H, W) images";
   const Shape s = ds.sample_shape();  // (C, H, W)
   const int64_t c = s[0], h = s[1], w = s[2];
   FANOUT_CHECK(static_cast<int64_t>(ds.mean.size()) == c && static_cast<int64_t>(ds.std.size()) == c)

@@ -166,7 +166,7 @@ void DataParallel::reduce_bucket(int rank, int b) {
   if (cross_ && bucket_arrivals_[b].fetch_add(1) + 1 == active_) cross_->bucket_reduced(b);
 }
 
-Tensor DataParallel::forward(const Tensor& x) {
+void DataParallel::begin_pass(const Tensor& x) {
   FANOUT_USER_CHECK(x.dim() >= 1 && x.size(0) >= 1) << "DataParallel forward needs a non-empty batch, got "
                                                      << x.shape().str();
   FANOUT_USER_CHECK(x.device().is_cpu() || x.device() == devices_[0])
@@ -182,12 +182,55 @@ Tensor DataParallel::forward(const Tensor& x) {
   starts_.assign(active_, 0);
   for (int i = 1; i < active_; ++i) starts_[i] = starts_[i - 1] + sizes_[i - 1];
   training_forward_ = module_.is_training();
+  gathered_pass_ = false;
+  traffic_ = {};
   comm_->begin(active_);
   // Reinstalled every pass: another engine built on this module may have replaced it.
   if (stat_sync_) module_.set_batch_stat_sync(stat_sync_.get());
   reducer_->begin();
   for (int b = 0; b < layout_.size(); ++b) bucket_arrivals_[b] = 0;
+  out_shapes_.resize(n);
+}
 
+Tensor DataParallel::replica_forward(int i, const Tensor& x) {
+  Context& ctx = *contexts_[i];
+  Module& m = replica(i);
+  // Replicate: parameters and buffers from the primary.
+  comm_->broadcast(i, m.arenas().params, ctx);
+  comm_->broadcast(i, m.arenas().buffers, ctx);
+  m.train(training_forward_);
+  ctx.training = training_forward_;
+  if (i > 0 && training_forward_) m.zero_grad(&ctx.compute());
+  Tensor chunk = x.slice(starts_[i], starts_[i] + sizes_[i]);
+  if (chunk.device().same_memory(devices_[i])) {
+    in_chunks_[i] = chunk;
+  } else {
+    ensure(in_chunks_[i], chunk.shape(), chunk.dtype(), devices_[i]);
+    in_chunks_[i].copy_from(chunk, &ctx.compute());
+  }
+  out_chunks_[i] = m.forward(in_chunks_[i], ctx);
+  out_shapes_[i] = out_chunks_[i].shape();
+  return out_chunks_[i];
+}
+
+void DataParallel::replica_backward(int i, const Tensor& dy) {
+  Context& ctx = *contexts_[i];
+  replica(i).backward(dy, ctx);
+  if (opts_.require_all_grads) {
+    const auto missing = reducer_->unready(i);
+    if (!missing.empty()) {
+      std::string names;
+      for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+      FANOUT_FAIL() << "parameters that produced no gradient in this step: " << names
+                    << " (every parameter must take part in the loss under DDP)";
+    }
+  }
+  reducer_->flush(i);
+  comm_->finish(i, ctx);
+}
+
+Tensor DataParallel::forward(const Tensor& x) {
+  begin_pass(x);
   // One sample's input shape (dim 0 set to 1) keys the known output shape.
   Shape sample_in = x.shape();
   sample_in[0] = 1;
@@ -197,7 +240,6 @@ Tensor DataParallel::forward(const Tensor& x) {
     gs[0] = x.size(0);
     ensure(gathered_, gs, DType::F32, output_device_);
   }
-  out_shapes_.resize(n);
   auto gather = [&](int i) {
     Tensor dst = gathered_.slice(starts_[i], starts_[i] + sizes_[i]);
     dst.copy_from(out_chunks_[i], &contexts_[i]->compute());
@@ -205,24 +247,8 @@ Tensor DataParallel::forward(const Tensor& x) {
   };
   pool_->run(
       [&](int i) {
-        Context& ctx = *contexts_[i];
-        Module& m = replica(i);
         try {
-          // Replicate: parameters and buffers from the primary.
-          comm_->broadcast(i, m.arenas().params, ctx);
-          comm_->broadcast(i, m.arenas().buffers, ctx);
-          m.train(training_forward_);
-          ctx.training = training_forward_;
-          if (i > 0 && training_forward_) m.zero_grad(&ctx.compute());
-          Tensor chunk = x.slice(starts_[i], starts_[i] + sizes_[i]);
-          if (chunk.device().same_memory(devices_[i])) {
-            in_chunks_[i] = chunk;
-          } else {
-            ensure(in_chunks_[i], chunk.shape(), chunk.dtype(), devices_[i]);
-            in_chunks_[i].copy_from(chunk, &ctx.compute());
-          }
-          out_chunks_[i] = m.forward(in_chunks_[i], ctx);
-          out_shapes_[i] = out_chunks_[i].shape();
+          replica_forward(i, x);
           if (fused) {
             FANOUT_CHECK(out_shapes_[i][0] == sizes_[i] && out_shapes_[i].numel() / sizes_[i] == sample_out_.numel())
                 << "replica " << i << " output " << out_shapes_[i].str() << " differs from the expected per-sample "
@@ -247,11 +273,15 @@ Tensor DataParallel::forward(const Tensor& x) {
     sample_out_[0] = 1;
     sample_out_known_ = true;
   }
+  for (int i = 0; i < active_; ++i)
+    if (devices_[i] != output_device_) traffic_.gathered += static_cast<int64_t>(out_chunks_[i].nbytes());
+  gathered_pass_ = true;
   return gathered_;
 }
 
 void DataParallel::backward(const Tensor& dy) {
   FANOUT_CHECK(training_forward_) << "DataParallel backward after an eval-mode forward";
+  FANOUT_CHECK(gathered_pass_) << "DataParallel backward after a pass with the loss on the replicas";
   FANOUT_USER_CHECK(dy.shape() == gathered_.shape())
       << "output gradient " << dy.shape().str() << " does not match the output " << gathered_.shape().str();
   pool_->run(
@@ -265,18 +295,29 @@ void DataParallel::backward(const Tensor& dy) {
             ensure(dy_chunks_[i], chunk.shape(), DType::F32, devices_[i]);
             dy_chunks_[i].copy_from(chunk, &ctx.compute());
           }
-          replica(i).backward(dy_chunks_[i], ctx);
-          if (opts_.require_all_grads) {
-            const auto missing = reducer_->unready(i);
-            if (!missing.empty()) {
-              std::string names;
-              for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
-              FANOUT_FAIL() << "parameters that produced no gradient in this step: " << names
-                            << " (every parameter must take part in the loss under DDP)";
-            }
+          replica_backward(i, dy_chunks_[i]);
+        } catch (...) {
+          comm_->abort();
+          throw;
+        }
+      },
+      active_);
+  for (int i = 0; i < active_; ++i)
+    if (devices_[i] != output_device_) traffic_.scattered += static_cast<int64_t>(dy_chunks_[i].nbytes());
+}
+
+void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& loss) {
+  begin_pass(x);
+  pool_->run(
+      [&](int i) {
+        try {
+          Tensor out = replica_forward(i, x);
+          const Tensor* dy = loss(i, starts_[i], starts_[i] + sizes_[i], out, *contexts_[i]);
+          if (training_forward_) {
+            FANOUT_CHECK(dy && dy->shape() == out.shape())
+                << "replica " << i << ": the loss gave no output gradient of shape " << out.shape().str();
+            replica_backward(i, *dy);
           }
-          reducer_->flush(i);
-          comm_->finish(i, ctx);
         } catch (...) {
           comm_->abort();
           throw;
@@ -297,27 +338,65 @@ Module& on_primary(Module& m, Device primary) {
 DataParallelEngine::DataParallelEngine(Module& model, const std::vector<Device>& devices,
                                        const kernels::SgdHyper& sgd, const LossOptions& loss,
                                        const DataParallelOptions& opts)
-    : dp_(on_primary(model, devices.at(0)), devices, opts), head_(loss) {
+    : dp_(on_primary(model, devices.at(0)), devices, opts), on_replicas_(opts.loss_on_replicas) {
   sgd_ = std::make_unique<optim::SGD>(model, sgd);
+  criteria_.push_back(make_criterion(loss));
+  for (size_t i = 1; i < devices.size(); ++i) criteria_.push_back(criteria_[0]->clone());
+  targets_.resize(devices.size());
+  results_.resize(devices.size());
 }
 
+namespace {
+// `y` on `device` (a view when it is already there, else a copy into `buf` on ctx's stream).
+const Tensor& on_device(const Tensor& y, Device device, Tensor& buf, Context& ctx) {
+  if (y.device().same_memory(device)) return y;
+  ensure(buf, y.shape(), y.dtype(), device);
+  buf.copy_from(y, &ctx.compute());
+  return buf;
+}
+}  // namespace
+
 StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale) {
+  FANOUT_USER_CHECK(y.dim() >= 1 && y.size(0) == x.size(0))
+      << "the targets " << y.shape().str() << " do not match the batch " << x.shape().str();
+  if (!on_replicas_) return gathered_step(x, y, train, grad_scale);
   dp_.module().train(train);
-  Tensor logits = dp_.forward(x);
-  Context& octx = dp_.output_context();
-  const Device d = dp_.output_device();
-  const Tensor* yin = &y;
-  if (!d.is_cpu()) {
-    ensure(yd_, y.shape(), DType::I32, d);
-    yd_.copy_from(y, &octx.compute());
-    yin = &yd_;
+  dp_.forward_backward_local(x, [&](int i, int64_t begin, int64_t end, const Tensor& out, Context& ctx) {
+    Criterion& c = *criteria_[i];
+    const Tensor rows = y.slice(begin, end);
+    const Tensor& t = on_device(rows, ctx.device(), targets_[i], ctx);
+    c.forward(ctx, out, t, train, grad_scale);
+    results_[i] = c.read(ctx);  // waits for this replica's stream, not the others'
+    return train ? &c.grad() : nullptr;
+  });
+  StepResult r;
+  bytes_to_primary_ = 0;
+  for (int i = 0; i < dp_.replicas_used(); ++i) {
+    r.merge(results_[i]);
+    if (dp_.devices()[i] != dp_.output_device())
+      bytes_to_primary_ += criteria_[i]->result_bytes(dp_.replica_output_shape(i));
   }
-  head_.forward(octx, logits, *yin, train, grad_scale);
+  return r;
+}
+
+StepResult DataParallelEngine::gathered_step(const Tensor& x, const Tensor& y, bool train, float grad_scale) {
+  dp_.module().train(train);
+  Tensor out = dp_.forward(x);
+  Context& octx = dp_.output_context();
+  Criterion& c = *criteria_[0];
+  const Tensor& t = on_device(y, dp_.output_device(), targets_[0], octx);
+  c.forward(octx, out, t, train, grad_scale);
   if (train) {
     octx.compute().synchronize();
-    dp_.backward(head_.dlogits());
+    dp_.backward(c.grad());
   }
-  return head_.read(octx);
+  StepResult r = c.read(octx);
+  // The other replicas' outputs and the targets of their rows reach the output device.
+  bytes_to_primary_ = dp_.traffic().gathered;
+  const int64_t target_row = static_cast<int64_t>(y.nbytes()) / y.size(0);
+  for (int i = 0; i < dp_.replicas_used(); ++i)
+    if (dp_.devices()[i] != dp_.output_device()) bytes_to_primary_ += dp_.chunk_rows(i) * target_row;
+  return r;
 }
 
 StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool) {

@@ -14,6 +14,7 @@
 //   sgd.step(dp.primary_context());
 #pragma once
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,11 @@ struct DataParallelOptions {
   size_t bucket_bytes = 4u << 20;       // gradient bucket size
   uint64_t seed = 0;                    // per-replica context RNG seeds derive from it
   bool require_all_grads = false;       // a backward in which a parameter got no gradient is an error (DDP)
+  // DataParallelEngine: each replica computes its chunk's loss and output
+  // gradient where its output lives and only the sums reach the primary;
+  // false gathers the outputs on the output device and scatters the output
+  // gradient back (torch.nn.DataParallel's way).
+  bool loss_on_replicas = true;
   MathOptions math;
 };
 
@@ -69,6 +75,28 @@ class DataParallel {
   Tensor forward(const Tensor& x);
   void backward(const Tensor& dy);
 
+  // Loss on the replicas: each replica runs forward on its chunk, then, on
+  // its own thread and device, loss(replica, begin, end, output, ctx) for
+  // rows [begin, end) of the batch, then (training) backward of the output
+  // gradient it returns (null in eval mode). Nothing is gathered, and
+  // backward() does not apply to this pass.
+  using ReplicaLoss =
+      std::function<const Tensor*(int replica, int64_t begin, int64_t end, const Tensor& out, Context& ctx)>;
+  void forward_backward_local(const Tensor& x, const ReplicaLoss& loss);
+
+  // Bytes the last pass moved between the output device and the other
+  // replicas' devices: outputs gathered onto it, output gradients scattered
+  // from it (parameter broadcasts and gradient reductions, the same in
+  // either mode, are not counted).
+  struct Traffic {
+    int64_t gathered = 0, scattered = 0;
+  };
+  const Traffic& traffic() const { return traffic_; }
+  // Rows [begin, end) of the last pass on each active replica.
+  int64_t chunk_begin(int i) const { return starts_.at(i); }
+  int64_t chunk_rows(int i) const { return sizes_.at(i); }
+  const Shape& replica_output_shape(int i) const { return out_shapes_.at(i); }
+
   Module& module() { return module_; }
   const std::vector<Device>& devices() const { return devices_; }
   Device output_device() const { return output_device_; }
@@ -86,6 +114,9 @@ class DataParallel {
  private:
   class StatSync;
   void reduce_bucket(int rank, int bucket);
+  void begin_pass(const Tensor& x);
+  Tensor replica_forward(int i, const Tensor& x);
+  void replica_backward(int i, const Tensor& dy);
 
   Module& module_;
   std::vector<Device> devices_;
@@ -113,9 +144,12 @@ class DataParallel {
   int active_ = 0;
   bool warned_small_batch_ = false;
   bool training_forward_ = false;
+  bool gathered_pass_ = false;  // the last pass was forward(), so backward() may follow
+  Traffic traffic_;
 };
 
-// Engine over DataParallel: loss on the output device, SGD on the primary.
+// Engine over DataParallel: the loss on the replicas (or, without
+// loss_on_replicas, on the output device), SGD on the primary.
 class DataParallelEngine : public Engine {
  public:
   DataParallelEngine(Module& model, const std::vector<Device>& devices, const kernels::SgdHyper& sgd,
@@ -127,14 +161,24 @@ class DataParallelEngine : public Engine {
   optim::SGD& optimizer() override { return *sgd_; }
   Context& primary_context() override { return dp_.primary_context(); }
   std::vector<Device> devices() const override { return dp_.devices(); }
+  const Criterion& criterion() const override { return *criteria_[0]; }
   DataParallel& data_parallel() { return dp_; }
+  bool loss_on_replicas() const { return on_replicas_; }
+  // Bytes the last step moved to the primary (the output device) from the
+  // other replicas: with the loss on the replicas, their sums (what the
+  // criterion reads back); gathering, their outputs and their rows' targets.
+  int64_t bytes_to_primary() const { return bytes_to_primary_; }
 
  private:
   StepResult loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale);
+  StepResult gathered_step(const Tensor& x, const Tensor& y, bool train, float grad_scale);
   DataParallel dp_;
   std::unique_ptr<optim::SGD> sgd_;
-  XentHead head_;
-  Tensor yd_;
+  bool on_replicas_;
+  std::vector<std::unique_ptr<Criterion>> criteria_;  // [replica]; [0] also serves the gathered path
+  std::vector<Tensor> targets_;                       // [replica] targets on its device
+  std::vector<StepResult> results_;                   // [replica] of the last pass
+  int64_t bytes_to_primary_ = 0;
 };
 
 }  // namespace fanout

@@ -44,6 +44,7 @@ class DistributedDataParallelEngine : public Engine, private CrossProcessHooks {
   optim::SGD& optimizer() override { return inner_.optimizer(); }
   Context& primary_context() override { return inner_.primary_context(); }
   std::vector<Device> devices() const override { return inner_.devices(); }
+  const Criterion& criterion() const override { return inner_.criterion(); }
   int rank() const override { return group_->rank(); }
   int world_size() const override { return group_->size(); }
   void all_reduce_stats(std::vector<int64_t>& v) override;

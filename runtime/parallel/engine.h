@@ -9,21 +9,11 @@
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/nn/criterion.h"
 #include "runtime/nn/module.h"
 #include "runtime/optim/sgd.h"
 
 namespace fanout {
-
-struct StepResult {
-  double loss_sum = 0;  // exact sum over the batch of the per-row loss (ExactSum), rounded to double
-  int64_t correct = 0;  // rows whose argmax equals the label
-  int64_t count = 0;    // rows in the batch
-  Tensor row_loss;      // (count) float32 on the host: each row's loss; valid until the next step
-};
-
-struct LossOptions {
-  float label_smoothing = 0.0f;
-};
 
 // With math.split_invariant: checks that it can hold for `model` on `device`
 // (CPU devices, no BatchNorm), switches its gradients to float64 and OpenBLAS
@@ -44,7 +34,8 @@ class Engine {
   // (1 / the rows of the whole optimizer step, over every process).
   // sync = false skips the reduction across processes (DDP's no_sync) so
   // that micro-batches accumulate locally; single-process engines ignore it.
-  // x (B, C, H, W) float32, y (B) int32, both on the CPU.
+  // x (B, ...) float32 and y, the criterion's targets ((B) int32 class
+  // indices or dense float32), both on the CPU.
   virtual StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) = 0;
   // One optimizer step at `lr`, then the gradients are zeroed.
   virtual void step(float lr) = 0;
@@ -56,6 +47,7 @@ class Engine {
   }
   // Forward in eval mode; no gradients.
   virtual StepResult eval_step(const Tensor& x, const Tensor& y) = 0;
+  virtual const Criterion& criterion() const = 0;
   // The model whose parameters are the ones trained (on the primary device).
   virtual Module& model() = 0;
   virtual optim::SGD& optimizer() = 0;
@@ -72,22 +64,6 @@ class Engine {
   // Before an evaluation: every process takes rank 0's buffers (BatchNorm
   // running statistics) when the engine broadcasts buffers.
   virtual void prepare_eval() {}
-};
-
-// Softmax cross-entropy on the device that holds the logits: mean loss, each
-// row's loss, the correct count and, in training, dlogits. The engines share it.
-class XentHead {
- public:
-  explicit XentHead(const LossOptions& o) : opts_(o) {}
-  // logits (B, K) and labels (B, int32) on ctx's device.
-  void forward(Context& ctx, const Tensor& logits, const Tensor& labels, bool train, float grad_scale);
-  const Tensor& dlogits() const { return dlogits_; }
-  // Copies the row losses and the count to the host (waits for ctx's compute stream).
-  StepResult read(Context& ctx);
-
- private:
-  LossOptions opts_;
-  Tensor probs_, loss_t_, correct_t_, dlogits_, row_loss_t_, row_loss_h_, correct_h_;
 };
 
 }  // namespace fanout

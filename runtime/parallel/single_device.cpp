@@ -5,7 +5,7 @@ namespace fanout {
 
 SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const kernels::SgdHyper& sgd,
                                        const LossOptions& loss, uint64_t seed, const MathOptions& math)
-    : model_(model), ctx_(device, seed), head_(loss) {
+    : model_(model), ctx_(device, seed), criterion_(make_criterion(loss)) {
   ctx_.math = math;
   model_.to(device, &ctx_.compute());
   ctx_.compute().synchronize();  // the copy is complete before anyone loads into the model
@@ -20,7 +20,7 @@ void SingleDeviceEngine::forward_loss(const Tensor& x, const Tensor& y, bool tra
   const Tensor* yin = &y;
   if (!d.is_cpu()) {
     ensure(xd_, x.shape(), DType::F32, d);
-    ensure(yd_, y.shape(), DType::I32, d);
+    ensure(yd_, y.shape(), y.dtype(), d);
     xd_.copy_from(x, &ctx_.compute());
     yd_.copy_from(y, &ctx_.compute());
     xin = &xd_;
@@ -28,14 +28,14 @@ void SingleDeviceEngine::forward_loss(const Tensor& x, const Tensor& y, bool tra
   }
   ctx_.training = train;
   model_.train(train);
-  Tensor logits = model_.forward(*xin, ctx_);
-  head_.forward(ctx_, logits, *yin, train, grad_scale);
+  Tensor out = model_.forward(*xin, ctx_);
+  criterion_->forward(ctx_, out, *yin, train, grad_scale);
 }
 
 StepResult SingleDeviceEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool) {
   forward_loss(x, y, true, grad_scale);
-  model_.backward(head_.dlogits(), ctx_);
-  return head_.read(ctx_);
+  model_.backward(criterion_->grad(), ctx_);
+  return criterion_->read(ctx_);
 }
 
 void SingleDeviceEngine::step(float lr) {
@@ -47,7 +47,7 @@ void SingleDeviceEngine::step(float lr) {
 
 StepResult SingleDeviceEngine::eval_step(const Tensor& x, const Tensor& y) {
   forward_loss(x, y, false, 0.0f);
-  return head_.read(ctx_);
+  return criterion_->read(ctx_);
 }
 
 }  // namespace fanout

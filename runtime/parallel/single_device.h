@@ -19,13 +19,14 @@ class SingleDeviceEngine : public Engine {
   optim::SGD& optimizer() override { return *sgd_; }
   Context& primary_context() override { return ctx_; }
   std::vector<Device> devices() const override { return {ctx_.device()}; }
+  const Criterion& criterion() const override { return *criterion_; }
 
  private:
   void forward_loss(const Tensor& x, const Tensor& y, bool train, float grad_scale);
   Module& model_;
   Context ctx_;
   std::unique_ptr<optim::SGD> sgd_;
-  XentHead head_;
+  std::unique_ptr<Criterion> criterion_;
   Tensor xd_, yd_;
 };
 

@@ -27,6 +27,8 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(lr > 0) << "--lr must be positive, got " << lr;
   FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing < 1)
       << "--label-smoothing must be in [0, 1), got " << label_smoothing;
+  FANOUT_USER_CHECK(heatmap_radius >= 0 && heatmap_radius <= 64)
+      << "--heatmap-radius must be in 0..64 voxels, got " << heatmap_radius;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;
   FANOUT_USER_CHECK(workers <= data::kMaxWorkers)
       << "--workers must be at most " << data::kMaxWorkers << ", got " << workers;
@@ -77,6 +79,7 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"lr_schedule", lr_schedule},
           {"warmup_epochs", warmup_epochs},
           {"label_smoothing", label_smoothing},
+          {"heatmap_radius", heatmap_radius},
           {"seed", seed},
           {"augment", data::parse_augment(augment).str()},
           {"drop_last", drop_last},

@@ -27,11 +27,13 @@ struct RunConfig {
   bool nesterov = false;
   std::string lr_schedule = "cosine";
   float warmup_epochs = 0, label_smoothing = 0;
+  int heatmap_radius = 2;         // keypoint data: the target Gaussians' radius in voxels
   // Devices and parallelism.
   std::string devices = "auto";
   std::string strategy = "dp";    // dp (one process) or ddp (one process per device, or per group)
   std::string output_device;      // empty: the primary
   bool sync_bn = false;
+  bool gather_outputs = false;    // dp: the loss on the output device instead of on each replica
   std::string dp_comm = "auto";
   bool order_by_free_memory = false;
   int nproc_per_node = 0;         // 0: one process per listed device

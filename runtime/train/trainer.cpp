@@ -61,45 +61,64 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest
 }
 
 namespace {
-// Loss (exact), correct and count of this process, summed over every process.
+// This process's sums (exact loss, correct, count, heatmap scores), summed over every process.
 struct Totals {
-  ExactSum loss;
-  int64_t correct = 0, count = 0;
-  void add(const StepResult& r) {
-    loss.add(r.row_loss.f32(), r.row_loss.numel());
-    correct += r.correct;
-    count += r.count;
-  }
+  StepResult r;
+  void add(const StepResult& s) { r.merge(s); }
   void all_reduce(Engine& engine) {
-    std::vector<int64_t> v(loss.slots().begin(), loss.slots().end());
-    v.push_back(correct);
-    v.push_back(count);
+    std::vector<int64_t> v(r.loss.slots().begin(), r.loss.slots().end());
+    v.insert(v.end(), r.distance.slots().begin(), r.distance.slots().end());
+    v.insert(v.end(), {r.correct, r.count, r.points, r.near});
     engine.all_reduce_stats(v);
-    std::copy(v.begin(), v.begin() + ExactSum::kSlots, loss.slots().begin());
-    correct = v[ExactSum::kSlots];
-    count = v[ExactSum::kSlots + 1];
+    auto it = v.begin();
+    std::copy(it, it + ExactSum::kSlots, r.loss.slots().begin());
+    it += ExactSum::kSlots;
+    std::copy(it, it + ExactSum::kSlots, r.distance.slots().begin());
+    it += ExactSum::kSlots;
+    r.correct = it[0];
+    r.count = it[1];
+    r.points = it[2];
+    r.near = it[3];
+    r.loss_sum = r.loss.value();
   }
   nlohmann::json to_json() const {
-    return {{"loss", std::vector<int64_t>(loss.slots().begin(), loss.slots().end())},
-            {"correct", correct},
-            {"count", count}};
+    return {{"loss", std::vector<int64_t>(r.loss.slots().begin(), r.loss.slots().end())},
+            {"correct", r.correct},
+            {"count", r.count},
+            {"distance", std::vector<int64_t>(r.distance.slots().begin(), r.distance.slots().end())},
+            {"points", r.points},
+            {"near", r.near}};
   }
+  // Checkpoints from before the heatmap metrics lack their keys: zero.
   static Totals from_json(const nlohmann::json& j) {
     Totals t;
     if (j.empty()) return t;
-    FANOUT_USER_CHECK(j.is_object() && j.contains("loss") && j["loss"].is_array() &&
-                      j["loss"].size() == ExactSum::kSlots && j.contains("correct") && j.contains("count"))
+    auto slots_ok = [&](const char* key) {
+      return j.contains(key) && j[key].is_array() && j[key].size() == ExactSum::kSlots;
+    };
+    FANOUT_USER_CHECK(j.is_object() && slots_ok("loss") && j.contains("correct") && j.contains("count") &&
+                      (!j.contains("distance") || slots_ok("distance")))
         << "checkpoint: the epoch's partial totals are malformed";
-    for (int i = 0; i < ExactSum::kSlots; ++i) t.loss.slots()[i] = j["loss"][i].get<int64_t>();
-    t.correct = j["correct"].get<int64_t>();
-    t.count = j["count"].get<int64_t>();
+    for (int i = 0; i < ExactSum::kSlots; ++i) t.r.loss.slots()[i] = j["loss"][i].get<int64_t>();
+    if (j.contains("distance"))
+      for (int i = 0; i < ExactSum::kSlots; ++i) t.r.distance.slots()[i] = j["distance"][i].get<int64_t>();
+    t.r.correct = j["correct"].get<int64_t>();
+    t.r.count = j["count"].get<int64_t>();
+    t.r.points = j.value("points", int64_t{0});
+    t.r.near = j.value("near", int64_t{0});
+    t.r.loss_sum = t.r.loss.value();
     return t;
   }
+  double mean_loss() const { return r.count ? r.loss.value() / r.count : 0; }
+  double accuracy() const { return r.count ? static_cast<double>(r.correct) / r.count : 0; }
+  // Heatmaps: mean localization error (voxels) and the share within kNearVoxels.
+  double loc_error() const { return r.points ? r.distance.value() / r.points : 0; }
+  double near_share() const { return r.points ? static_cast<double>(r.near) / r.points : 0; }
 };
 }  // namespace
 
 nlohmann::json metrics_json(const EpochMetrics& m) {
-  return {{"epoch", m.epoch},
+  nlohmann::json j = {{"epoch", m.epoch},
           {"train_loss", m.train_loss},
           {"train_acc", m.train_acc},
           {"test_loss", m.test_loss},
@@ -111,6 +130,13 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"lr", m.lr},
           {"peak_host_bytes", m.peak_host_bytes},
           {"peak_device_bytes", m.peak_device_bytes}};
+  if (m.heatmaps) {
+    j["train_loc_error"] = m.train_loc_error;
+    j["train_within_2"] = m.train_within_2;
+    j["test_loc_error"] = m.test_loc_error;
+    j["test_within_2"] = m.test_within_2;
+  }
+  return j;
 }
 
 int drop_metrics_after(const std::string& path, int last_epoch) {
@@ -164,8 +190,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   // The totals of the batches done before a resume are every rank's: rank 0 carries them.
   const Totals before = Totals::from_json(start.totals);
   Totals t = engine_.rank() == 0 ? before : Totals{};
-  const int64_t carried = before.count;  // rows over every rank before this call
-  double running_loss = t.loss.value();
+  const int64_t carried = before.r.count;  // rows over every rank before this call
+  double running_loss = t.r.loss.value();
   int64_t b = b0, group_rows = 0;
   while (it.next(x, y)) {
     const int64_t group = b / k;
@@ -188,7 +214,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       t_warm = std::chrono::steady_clock::now();
       wait_at_warm = it.wait_seconds();
     }
-    progress_.update(b, t.count, running_loss / t.count, static_cast<double>(t.correct) / t.count);
+    progress_.update(b, t.r.count, running_loss / t.r.count, t.accuracy());
     if (last_in_group && b < nb) {
       const int64_t steps = engine_.optimizer().steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
@@ -217,9 +243,12 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   m.steady_epoch_seconds = warm > 0 && here > warm
                                ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
                                : m.epoch_seconds;
-  m.train_loss = t.count ? t.loss.value() / t.count : 0;
-  m.train_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
-  m.images_per_second = m.steady_epoch_seconds > 0 ? (t.count - carried) / m.steady_epoch_seconds : 0;
+  m.train_loss = t.mean_loss();
+  m.train_acc = t.accuracy();
+  m.heatmaps = t.r.points > 0;
+  m.train_loc_error = t.loc_error();
+  m.train_within_2 = t.near_share();
+  m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
   m.data_wait_fraction = steady > 0 ? std::min(1.0, (it.wait_seconds() - wait_at_warm) / steady) : 0;
   return m;
 }
@@ -241,8 +270,11 @@ void Trainer::evaluate(EpochMetrics& m) {
       t.add(engine_.eval_step(x.slice(b, e), y.slice(b, e)));
     }
   t.all_reduce(engine_);
-  m.test_loss = t.count ? t.loss.value() / t.count : 0;
-  m.test_acc = t.count ? static_cast<double>(t.correct) / t.count : 0;
+  m.test_loss = t.mean_loss();
+  m.test_acc = t.accuracy();
+  m.heatmaps = m.heatmaps || t.r.points > 0;
+  m.test_loc_error = t.loc_error();
+  m.test_within_2 = t.near_share();
 }
 
 void Trainer::measure_memory(EpochMetrics& m) {
@@ -265,6 +297,22 @@ std::string gib(int64_t bytes) {
   return s;
 }
 }  // namespace
+
+std::string summary_line(const EpochMetrics& m, int epochs) {
+  char head[160], scores[200], tail[160];
+  std::snprintf(head, sizeof head, "epoch %d/%d  ", m.epoch, epochs);
+  if (m.heatmaps)
+    std::snprintf(scores, sizeof scores,
+                  "train loss %.4g loc err %.2f (%.1f%% within 2)  test loss %.4g loc err %.2f (%.1f%% within 2)",
+                  m.train_loss, m.train_loc_error, 100 * m.train_within_2, m.test_loss, m.test_loc_error,
+                  100 * m.test_within_2);
+  else
+    std::snprintf(scores, sizeof scores, "train loss %.4f acc %.4f  test loss %.4f acc %.4f", m.train_loss,
+                  m.train_acc, m.test_loss, m.test_acc);
+  std::snprintf(tail, sizeof tail, "  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g  ", m.epoch_seconds,
+                m.images_per_second, 100 * m.data_wait_fraction, m.lr);
+  return std::string(head) + scores + tail + memory_summary(m);
+}
 
 std::string memory_summary(const EpochMetrics& m) {
   std::string s = "peak memory " + gib(m.peak_host_bytes) + " GiB host";
@@ -297,10 +345,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
     if (stopped_) return m;
     evaluate(m);
     measure_memory(m);
-    if (cfg_.summary_out) std::fprintf(cfg_.summary_out,
-                 "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g  %s\n",
-                 m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_seconds,
-                 m.images_per_second, 100 * m.data_wait_fraction, m.lr, memory_summary(m).c_str());
+    if (cfg_.summary_out) std::fprintf(cfg_.summary_out, "%s\n", summary_line(m, cfg_.epochs).c_str());
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);
     if (on_epoch_end) on_epoch_end(m);  // the checkpoint first: a metrics error must not lose it
     write_metrics(m);

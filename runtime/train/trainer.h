@@ -72,10 +72,16 @@ struct EpochMetrics {
   // the pool high-water mark of each GPU of each process (rank order).
   int64_t peak_host_bytes = 0;
   std::vector<int64_t> peak_device_bytes;
+  // Heatmap targets (the mse criterion on (N, C, spatial...) outputs): mean
+  // localization error in voxels and the share of landmarks found within 2.
+  bool heatmaps = false;
+  double train_loc_error = 0, train_within_2 = 0, test_loc_error = 0, test_within_2 = 0;
 };
 
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);
+// The epoch's summary line (losses, accuracy or localization error, speed, memory).
+std::string summary_line(const EpochMetrics& m, int epochs);
 // "peak memory 1.20 GiB host, GPUs 3.10 / 2.90 GiB".
 std::string memory_summary(const EpochMetrics& m);
 

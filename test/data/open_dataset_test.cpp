@@ -46,7 +46,7 @@ TEST(OpenDataset, UnknownKinds) {
     SCOPED_TRACE(spec);
     expect_user_error([&] { open_dataset(spec, 0); },
                       {std::string("unknown dataset '") + spec +
-                       "' (expected fashion-mnist[:DIR], cifar10:DIR or synthetic[:N])"});
+                       "' (expected fashion-mnist[:DIR], cifar10:DIR, synthetic[:N], keypoints3d:DIR or synthetic3d[:N])"});
   }
 }
 

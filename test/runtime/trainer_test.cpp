@@ -73,6 +73,7 @@ class RowsSeen : public Engine {
   optim::SGD& optimizer() override { return e_.optimizer(); }
   Context& primary_context() override { return e_.primary_context(); }
   std::vector<Device> devices() const override { return e_.devices(); }
+  const Criterion& criterion() const override { return e_.criterion(); }
   int64_t max_eval_rows = 0;
 
  private:

@@ -1,0 +1,164 @@
+// Cross-entropy and mean-squared-error criteria.
+#include "runtime/nn/criterion.h"
+
+#include <cmath>
+
+#include "kernels/loss.h"
+#include "runtime/core/error.h"
+
+namespace fanout {
+
+void StepResult::merge(const StepResult& o) {
+  loss.merge(o.loss);
+  loss_sum = loss.value();
+  count += o.count;
+  correct += o.correct;
+  points += o.points;
+  near += o.near;
+  distance.merge(o.distance);
+}
+
+namespace {
+
+// Copies `t` (on ctx's device) into the host tensor `h`, sized to match.
+void to_host(Context& ctx, const Tensor& t, Tensor& h) {
+  ensure(h, t.shape(), t.dtype(), Device::cpu());
+  h.copy_from(t, &ctx.compute());
+}
+
+class CrossEntropy final : public Criterion {
+ public:
+  explicit CrossEntropy(float smoothing) : smoothing_(smoothing) {}
+  const std::string& name() const override { return name_; }
+  bool dense_targets() const override { return false; }
+  void forward(Context& ctx, const Tensor& out, const Tensor& target, bool train, float grad_scale) override {
+    FANOUT_USER_CHECK(out.dim() == 2 && target.dtype() == DType::I32 && target.shape() == Shape{out.size(0)})
+        << "cross_entropy: the output " << out.shape().str() << " must be (N, classes) and the targets (N) int32 "
+        << "class indices, not " << dtype_name(target.dtype()) << " " << target.shape().str();
+    const Device d = ctx.device();
+    ensure(probs_, out.shape(), d);
+    ensure(loss_, Shape{1}, d);
+    ensure(correct_, Shape{1}, DType::I32, d);
+    ensure(rows_, Shape{out.size(0)}, d);
+    kernels::softmax_xent_forward(ctx, out, target, smoothing_, probs_, loss_, &rows_);
+    kernels::count_correct(ctx, out, target, correct_);
+    if (train) {
+      ensure(grad_, out.shape(), d);
+      kernels::softmax_xent_backward(ctx, probs_, target, smoothing_, grad_scale, grad_);
+    }
+  }
+  const Tensor& grad() const override { return grad_; }
+  StepResult read(Context& ctx) override {
+    to_host(ctx, rows_, rows_h_);
+    to_host(ctx, correct_, correct_h_);
+    ctx.compute().synchronize();
+    StepResult r;
+    r.count = rows_h_.numel();
+    r.loss.add(rows_h_.f32(), r.count);
+    r.loss_sum = r.loss.value();
+    r.correct = correct_h_.data<int32_t>()[0];
+    return r;
+  }
+  int64_t result_bytes(const Shape& out) const override { return out[0] * 4 + 4; }
+  std::unique_ptr<Criterion> clone() const override { return std::make_unique<CrossEntropy>(smoothing_); }
+
+ private:
+  const std::string name_ = "cross_entropy";
+  float smoothing_;
+  Tensor probs_, loss_, correct_, rows_, grad_, rows_h_, correct_h_;
+};
+
+class MeanSquaredError final : public Criterion {
+ public:
+  const std::string& name() const override { return name_; }
+  bool dense_targets() const override { return true; }
+  void forward(Context& ctx, const Tensor& out, const Tensor& target, bool train, float grad_scale) override {
+    FANOUT_USER_CHECK(target.dtype() == DType::F32 && target.shape() == out.shape())
+        << "mse: the targets (" << dtype_name(target.dtype()) << " " << target.shape().str()
+        << ") must be float32 of the output's shape " << out.shape().str();
+    const Device d = ctx.device();
+    ensure(rows_, Shape{out.size(0)}, d);
+    Tensor* g = nullptr;
+    if (train) {
+      ensure(grad_, out.shape(), d);
+      g = &grad_;
+    }
+    kernels::mse_forward(ctx, out, target, grad_scale, rows_, g);
+    shape_ = out.shape();
+    heatmaps_ = out.dim() >= 3;
+    if (heatmaps_) {
+      const int64_t planes = out.size(0) * out.size(1), s = out.numel() / planes;
+      ensure(idx_, Shape{2, planes}, DType::I32, d);
+      ensure(val_, Shape{2, planes}, d);
+      Tensor oi = idx_.slice(0, 1).view(Shape{planes}), ti = idx_.slice(1, 2).view(Shape{planes});
+      Tensor ov = val_.slice(0, 1).view(Shape{planes}), tv = val_.slice(1, 2).view(Shape{planes});
+      kernels::plane_argmax(ctx, out.view(Shape{planes, s}), oi, ov);
+      kernels::plane_argmax(ctx, target.view(Shape{planes, s}), ti, tv);
+    }
+  }
+  const Tensor& grad() const override { return grad_; }
+  StepResult read(Context& ctx) override {
+    to_host(ctx, rows_, rows_h_);
+    if (heatmaps_) {
+      to_host(ctx, idx_, idx_h_);
+      to_host(ctx, val_, val_h_);
+    }
+    ctx.compute().synchronize();
+    StepResult r;
+    r.count = rows_h_.numel();
+    r.loss.add(rows_h_.f32(), r.count);
+    r.loss_sum = r.loss.value();
+    if (heatmaps_) score(r);
+    return r;
+  }
+  int64_t result_bytes(const Shape& out) const override {
+    return out[0] * 4 + (out.ndim >= 3 ? out[0] * out[1] * 16 : 0);
+  }
+  std::unique_ptr<Criterion> clone() const override { return std::make_unique<MeanSquaredError>(); }
+
+ private:
+  // The heatmap metric from the argmax of each output plane and target plane.
+  void score(StepResult& r) const {
+    const int64_t planes = shape_[0] * shape_[1];
+    const int32_t* oi = idx_h_.data<int32_t>();
+    const int32_t* ti = oi + planes;
+    const float* tv = val_h_.f32() + planes;
+    for (int64_t p = 0; p < planes; ++p) {
+      if (!(tv[p] > 0)) continue;  // no peak in the volume: nothing to find
+      int64_t a = oi[p], b = ti[p];
+      double d2 = 0;
+      for (int axis = shape_.ndim - 1; axis >= 2; --axis) {
+        const int64_t n = shape_[axis];
+        const double diff = static_cast<double>(a % n - b % n);
+        d2 += diff * diff;
+        a /= n;
+        b /= n;
+      }
+      const float dist = static_cast<float>(std::sqrt(d2));
+      ++r.points;
+      if (dist <= kNearVoxels) ++r.near;
+      r.distance.add(dist);
+    }
+  }
+  const std::string name_ = "mse";
+  Shape shape_;
+  bool heatmaps_ = false;
+  Tensor rows_, grad_, idx_, val_, rows_h_, idx_h_, val_h_;
+};
+
+}  // namespace
+
+std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
+  if (o.criterion == "cross_entropy") {
+    FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
+        << "--label-smoothing must be in [0, 1), got " << o.label_smoothing;
+    return std::make_unique<CrossEntropy>(o.label_smoothing);
+  }
+  if (o.criterion == "mse") {
+    FANOUT_USER_CHECK(o.label_smoothing == 0) << "--label-smoothing applies to cross_entropy, not mse";
+    return std::make_unique<MeanSquaredError>();
+  }
+  FANOUT_FAIL() << "unknown criterion '" << o.criterion << "' (expected cross_entropy or mse)";
+}
+
+}  // namespace fanout
