@@ -9,7 +9,7 @@ namespace {
 // x (N, C, ...) with at least 2 dims; returns C.
 int64_t check_bn_input(const Context& ctx, const char* op, const char* name, const Tensor& x) {
   detail::check_tensor(ctx, op, name, x);
-  FANOUT_CHECK(x.dim() >= 2) << op << ": " << name << " " << x.shape().str() << " must be (N, C) or (N, C, H, W)";
+  FANOUT_CHECK(x.dim() >= 2) << op << ": " << name << " " << x.shape().str() << " must be (N, C, ...)";
   return x.size(1);
 }
 // A per-channel vector (C).

@@ -1,5 +1,5 @@
-// Batch normalization over (N, H, W) per channel, split into the steps that
-// SyncBatchNorm needs: local statistics, finalize (after an optional
+// Batch normalization per channel of (N, C, ...) inputs, split into the steps
+// that SyncBatchNorm needs: local statistics, finalize (after an optional
 // all-reduce of the statistics), apply; and the same for backward.
 //
 // Stability: a channel whose mean is large against its spread (offset 1e4,
@@ -19,9 +19,10 @@
 namespace fanout::kernels {
 
 FANOUT_KERNEL_OPS(
-// x (N, C, H, W) or (N, C). stats (3, C) float64 is written (=), per channel
-// over the n = N * H * W local values: row 0 sum x, row 1 sum (x - m)^2 with
-// m = sum x / n the local mean, row 2 (sum x)^2 / n. Rows add over replicas.
+// x (N, C), (N, C, H, W) or (N, C, D, H, W). stats (3, C) float64 is written
+// (=), per channel over the n = N * H * W (or N * D * H * W) local values:
+// row 0 sum x, row 1 sum (x - m)^2 with m = sum x / n the local mean, row 2
+// (sum x)^2 / n. Rows add over replicas.
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats);
 
 // From statistics summed over replicas, `count` elements per channel in all:

@@ -1,4 +1,4 @@
-// BatchNorm2d layer, composed from the split statistics kernels.
+// BatchNorm2d / BatchNorm3d layers, composed from the split statistics kernels.
 #include "models/layers/batchnorm2d.h"
 
 #include "kernels/batchnorm.h"
@@ -7,8 +7,8 @@
 
 namespace fanout::models {
 
-BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum) : c_(channels), eps_(eps), momentum_(momentum) {
-  FANOUT_CHECK(channels > 0) << "BatchNorm2d(" << channels << ")";
+BatchNormNd::BatchNormNd(int64_t channels, float eps, float momentum) : c_(channels), eps_(eps), momentum_(momentum) {
+  FANOUT_CHECK(channels > 0) << "BatchNorm(" << channels << ")";
   w_ = &register_parameter("weight", Shape{channels});
   b_ = &register_parameter("bias", Shape{channels});
   rm_ = &register_buffer("running_mean", Shape{channels});
@@ -16,13 +16,7 @@ BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum) : c_(chann
   nbt_ = &register_buffer("num_batches_tracked", Shape{}, DType::I64);
 }
 
-std::unique_ptr<Module> BatchNorm2d::make_like() const {
-  auto m = std::make_unique<BatchNorm2d>(c_, eps_, momentum_);
-  m->layer_id_ = layer_id_;
-  return m;
-}
-
-void BatchNorm2d::reset_parameters(std::mt19937_64&) {
+void BatchNormNd::reset_parameters(std::mt19937_64&) {
   FANOUT_CHECK(w_->value.device().is_cpu()) << "initialization runs on the CPU";
   w_->value.fill(1.0f);
   b_->value.fill(0.0f);
@@ -31,11 +25,11 @@ void BatchNorm2d::reset_parameters(std::mt19937_64&) {
   nbt_->value.data<int64_t>()[0] = 0;
 }
 
-int64_t BatchNorm2d::num_batches_tracked() const { return nbt_->value.data<int64_t>()[0]; }
+int64_t BatchNormNd::num_batches_tracked() const { return nbt_->value.data<int64_t>()[0]; }
 
-Tensor BatchNorm2d::forward(const Tensor& x, Context& ctx) {
-  FANOUT_USER_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == c_)
-      << "BatchNorm2d(" << c_ << ") cannot take input of shape " << x.shape().str();
+Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
+  FANOUT_USER_CHECK(accepts_rank(x.dim()) && x.size(1) == c_)
+      << type_name() << "(" << c_ << ") cannot take input of shape " << x.shape().str();
   x_ = x;
   const Device d = ctx.device();
   ensure(y_, x.shape(), d);
@@ -50,7 +44,7 @@ Tensor BatchNorm2d::forward(const Tensor& x, Context& ctx) {
   kernels::bn_stats(ctx, x, stats_);
   count_ = x.numel() / c_;
   if (sync_) sync_->all_reduce(layer_id_, stats_, count_, ctx);
-  FANOUT_USER_CHECK(count_ > 1) << "BatchNorm2d needs more than one value per channel in training (input "
+  FANOUT_USER_CHECK(count_ > 1) << type_name() << " needs more than one value per channel in training (input "
                                 << x.shape().str() << ")";
   kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
   nbt_->value.data<int64_t>()[0] += 1;
@@ -58,8 +52,8 @@ Tensor BatchNorm2d::forward(const Tensor& x, Context& ctx) {
   return y_;
 }
 
-Tensor BatchNorm2d::backward(const Tensor& dy, Context& ctx) {
-  FANOUT_CHECK(trained_forward_) << "BatchNorm2d backward after an eval-mode forward";
+Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
+  FANOUT_CHECK(trained_forward_) << type_name() << " backward after an eval-mode forward";
   const Device d = ctx.device();
   ensure(grad_stats_, Shape{2, c_}, d);
   kernels::bn_backward_reduce(ctx, x_, dy, mean_, invstd_, grad_stats_);

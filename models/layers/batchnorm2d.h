@@ -1,30 +1,43 @@
-// BatchNorm2d, torch.nn.BatchNorm2d: training normalizes with the batch's
-// statistics and updates running_mean / running_var (unbiased) with momentum;
-// eval uses the running statistics. With a BatchStatSync installed the batch
-// statistics span all replicas (SyncBatchNorm).
+// Batch normalization layers, torch.nn.BatchNorm2d over (N, C, H, W) (also
+// (N, C)) and torch.nn.BatchNorm3d over (N, C, D, H, W): training normalizes
+// with the batch's statistics and updates running_mean / running_var
+// (unbiased) with momentum; eval uses the running statistics. With a
+// BatchStatSync installed the batch statistics span all replicas
+// (SyncBatchNorm). Both share BatchNormNd; they differ in the input ranks
+// they take and their type name.
 #pragma once
 #include "runtime/nn/batch_stat_sync.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {
 
-class BatchNorm2d : public Module {
+class BatchNormNd : public Module {
  public:
-  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
-  std::unique_ptr<Module> make_like() const override;
-  std::string type_name() const override { return "BatchNorm2d"; }
   void reset_parameters(std::mt19937_64& rng) override;  // weight 1, bias 0, mean 0, var 1
   void set_batch_stat_sync(BatchStatSync* s) override { sync_ = s; }
   BatchStatSync* batch_stat_sync() const override { return sync_; }
   // Identifies this layer to the sync hook; set by models that use SyncBatchNorm.
   void set_layer_id(int id) { layer_id_ = id; }
+  int64_t channels() const { return c_; }
   Parameter& weight() { return *w_; }
   Parameter& bias() { return *b_; }
   Buffer& running_mean() { return *rm_; }
   Buffer& running_var() { return *rv_; }
   int64_t num_batches_tracked() const;
+
+ protected:
+  BatchNormNd(int64_t channels, float eps, float momentum);
+  // Whether an input with this many dimensions is accepted.
+  virtual bool accepts_rank(int rank) const = 0;
+  // A new layer of type T with these hyper-parameters and layer id.
+  template <class T>
+  std::unique_ptr<Module> like() const {
+    auto m = std::make_unique<T>(c_, eps_, momentum_);
+    m->layer_id_ = layer_id_;
+    return m;
+  }
 
  private:
   int64_t c_;
@@ -36,6 +49,30 @@ class BatchNorm2d : public Module {
   bool trained_forward_ = false;  // whether the last forward used batch statistics
   int64_t count_ = 0;
   Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_;
+};
+
+// Input (N, C, H, W) or (N, C).
+class BatchNorm2d : public BatchNormNd {
+ public:
+  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f)
+      : BatchNormNd(channels, eps, momentum) {}
+  std::unique_ptr<Module> make_like() const override { return like<BatchNorm2d>(); }
+  std::string type_name() const override { return "BatchNorm2d"; }
+
+ protected:
+  bool accepts_rank(int rank) const override { return rank == 4 || rank == 2; }
+};
+
+// Input (N, C, D, H, W); the statistics run over N * D * H * W values per channel.
+class BatchNorm3d : public BatchNormNd {
+ public:
+  explicit BatchNorm3d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f)
+      : BatchNormNd(channels, eps, momentum) {}
+  std::unique_ptr<Module> make_like() const override { return like<BatchNorm3d>(); }
+  std::string type_name() const override { return "BatchNorm3d"; }
+
+ protected:
+  bool accepts_rank(int rank) const override { return rank == 5; }
 };
 
 }  // namespace fanout::models

@@ -1,0 +1,134 @@
+// CPU volumetric max pooling and nearest upsampling over (N, C, D, H, W), one
+// contiguous volume at a time. Max-pooling windows are clipped to the volume,
+// so padding is never selected (it acts as -inf), as in kernels/cpu/pool.cpp.
+#include "kernels/pool3d.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "runtime/core/error.h"
+
+namespace fanout::kernels::cpu {
+
+namespace {
+
+// Window [lo, hi) of output index o along one axis of length len.
+inline void window(int64_t o, const PoolGeometry& g, int64_t len, int64_t& lo, int64_t& hi) {
+  const int64_t start = o * g.stride - g.padding;
+  lo = std::max<int64_t>(start, 0);
+  hi = std::min<int64_t>(start + g.kernel, len);
+}
+
+// Take v when it is larger, or NaN (NaN propagates, as PyTorch's CPU
+// kernel); a strict > keeps the first of equal maxima.
+inline void take_max(float v, int32_t idx, float& best, int32_t& best_i) {
+  const bool take = (v > best) | (v != v);
+  best = take ? v : best;
+  best_i = take ? idx : best_i;
+}
+
+}  // namespace
+
+void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
+  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
+  const int64_t od = y.size(2), oh = y.size(3), ow = y.size(4);
+  const int64_t dhw = d * h * w, odhw = od * oh * ow;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  int32_t* ap = argmax.data<int32_t>();
+  for (int64_t v = 0; v < vols; ++v) {
+    const float* xs = xp + v * dhw;
+    float* ys = yp + v * odhw;
+    int32_t* as = ap + v * odhw;
+    for (int64_t i = 0; i < od; ++i) {
+      int64_t d0, d1;
+      window(i, g, d, d0, d1);
+      for (int64_t j = 0; j < oh; ++j) {
+        int64_t h0, h1;
+        window(j, g, h, h0, h1);
+        for (int64_t k = 0; k < ow; ++k) {
+          int64_t w0, w1;
+          window(k, g, w, w0, w1);
+          float best = -std::numeric_limits<float>::infinity();
+          int32_t best_i = static_cast<int32_t>((d0 * h + h0) * w + w0);
+          for (int64_t a = d0; a < d1; ++a)
+            for (int64_t b = h0; b < h1; ++b) {
+              const int64_t row = (a * h + b) * w;
+              for (int64_t c = w0; c < w1; ++c) take_max(xs[row + c], static_cast<int32_t>(row + c), best, best_i);
+            }
+          const int64_t o = (i * oh + j) * ow + k;
+          ys[o] = best;
+          as[o] = best_i;
+        }
+      }
+    }
+  }
+}
+
+void maxpool3d_backward(Context&, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  const int64_t vols = dy.size(0) * dy.size(1), odhw = dy.size(2) * dy.size(3) * dy.size(4);
+  const int64_t dhw = dx.size(2) * dx.size(3) * dx.size(4);
+  const float* gp = dy.f32();
+  const int32_t* ap = argmax.data<int32_t>();
+  float* dp = dx.f32();
+  dx.zero();
+  for (int64_t v = 0; v < vols; ++v) {
+    const float* gs = gp + v * odhw;
+    const int32_t* as = ap + v * odhw;
+    float* ds = dp + v * dhw;
+    for (int64_t i = 0; i < odhw; ++i) {
+      const int64_t k = as[i];
+      FANOUT_CHECK(k >= 0 && k < dhw) << "maxpool3d_backward: argmax " << k << " outside a volume of dx "
+                                      << dx.shape().str();
+      ds[k] += gs[i];
+    }
+  }
+}
+
+void upsample3d_nearest_forward(Context&, const Tensor& x, int64_t scale, Tensor& y) {
+  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
+  const int64_t s = scale, oh = h * s, ow = w * s, ohw = oh * ow;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for (int64_t v = 0; v < vols; ++v) {
+    const float* xs = xp + v * d * h * w;
+    float* ys = yp + v * d * s * ohw;
+    for (int64_t i = 0; i < d; ++i) {
+      float* plane = ys + i * s * ohw;  // output plane i*s; planes i*s+1 .. i*s+s-1 are copies
+      for (int64_t j = 0; j < h; ++j) {
+        const float* src = xs + (i * h + j) * w;
+        float* row = plane + j * s * ow;  // output row j*s; rows j*s+1 .. j*s+s-1 are copies
+        for (int64_t k = 0; k < w; ++k) std::fill(row + k * s, row + (k + 1) * s, src[k]);
+        for (int64_t r = 1; r < s; ++r) std::memcpy(row + r * ow, row, sizeof(float) * ow);
+      }
+      for (int64_t r = 1; r < s; ++r) std::memcpy(plane + r * ohw, plane, sizeof(float) * ohw);
+    }
+  }
+}
+
+void upsample3d_nearest_backward(Context&, const Tensor& dy, int64_t scale, Tensor& dx) {
+  const int64_t vols = dx.size(0) * dx.size(1), d = dx.size(2), h = dx.size(3), w = dx.size(4);
+  const int64_t s = scale, oh = h * s, ow = w * s;
+  const float* gp = dy.f32();
+  float* dp = dx.f32();
+  // Each input element sums its s^3 copies in the order (depth, row, column),
+  // the order the CUDA kernel uses too.
+  for (int64_t v = 0; v < vols; ++v) {
+    const float* gs = gp + v * d * s * oh * ow;
+    float* ds = dp + v * d * h * w;
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j < h; ++j) {
+        float* out = ds + (i * h + j) * w;
+        std::fill(out, out + w, 0.0f);
+        for (int64_t a = 0; a < s; ++a)
+          for (int64_t b = 0; b < s; ++b) {
+            const float* row = gs + ((i * s + a) * oh + j * s + b) * ow;
+            for (int64_t k = 0; k < w; ++k)
+              for (int64_t c = 0; c < s; ++c) out[k] += row[k * s + c];
+          }
+      }
+  }
+}
+
+}  // namespace fanout::kernels::cpu

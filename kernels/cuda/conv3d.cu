@@ -1,0 +1,398 @@
+// CUDA 3-D convolution through cuDNN's N-d convolution (legacy API of cuDNN
+// 9); CPU counterpart (vol2col + GEMM) in kernels/cpu/conv3d.cpp. The plan
+// handling is kernels/cuda/conv2d.cu's, on 5-D descriptors:
+//
+// Per (device, direction, shapes, geometry, math options) a plan holds the
+// descriptors and the chosen algorithm with its workspace size. Plans are
+// built once, outside the cache lock (building may run cuDNN's timed search),
+// and never change afterwards, so threads share them without locking.
+// Algorithms: cudnnGet*Algorithm_v7 heuristics by default, cudnnFind*AlgorithmEx
+// when ctx.math.cudnn_benchmark; only CUDNN_DETERMINISTIC ones when
+// ctx.math.deterministic. Math: CUDNN_FMA_MATH (plain float32, and no FFT or
+// Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
+// tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
+// Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
+#include "kernels/conv3d.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+
+namespace fanout::kernels::cuda {
+
+namespace {
+
+// Largest workspace an algorithm may ask for before the next one is taken.
+constexpr size_t kMaxWorkspaceBytes = size_t{512} << 20;
+
+enum class Dir : int { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
+
+struct ConvShape {
+  int64_t n, c, d, h, w;   // x
+  int64_t oc, kd, kh, kw;  // w
+  int64_t od, oh, ow;      // y
+  int64_t stride, pad;
+};
+
+ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y, const Conv3dGeometry& g) {
+  return {x.size(0), x.size(1), x.size(2), x.size(3), x.size(4), w.size(0), w.size(2), w.size(3), w.size(4),
+          y.size(2), y.size(3), y.size(4), g.stride, g.padding};
+}
+
+// cuDNN's legacy descriptors take int dimensions and int strides.
+void check_int_range(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, const Conv3dGeometry& g) {
+  FANOUT_CHECK(x.numel() <= INT32_MAX && w.numel() <= INT32_MAX && y.numel() <= INT32_MAX && g.stride <= INT32_MAX &&
+               g.padding <= INT32_MAX)
+      << op << ": x " << x.shape().str() << ", w " << w.shape().str() << ", y " << y.shape().str()
+      << " exceed cuDNN's 32-bit limits";
+}
+
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr;  // (N, C, D, H, W)
+  cudnnTensorDescriptor_t y = nullptr;  // (N, OC, OD, OH, OW)
+  cudnnFilterDescriptor_t w = nullptr;  // (OC, C, KD, KH, KW)
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int algo = -1;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  size_t ws = 0;  // workspace bytes of `algo`
+  ConvPlan() = default;
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+  ~ConvPlan() {  // never throws
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+// ---- per-direction cuDNN entry points ----
+
+// Buffers for cudnnFind*AlgorithmEx: two inputs and the output it may overwrite.
+struct FindBuffers {
+  const void* in0;
+  const void* in1;
+  void* out;
+};
+
+template <Dir D>
+struct Algos;
+
+template <>
+struct Algos<Dir::Forward> {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  static const char* name() { return "conv3d forward"; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+  }
+  static int max_count(cudnnHandle_t h) {
+    int n = 0;
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
+    return n;
+  }
+  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, want, got, out));
+  }
+  // in0 = x, in1 = w, out = y
+  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
+                   size_t ws_bytes) {
+    FANOUT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, b.in0, p.w, b.in1, p.conv, p.y, b.out, want,
+                                                              got, out, ws, ws_bytes));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, a, bytes);
+  }
+};
+
+template <>
+struct Algos<Dir::BackwardData> {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  static const char* name() { return "conv3d backward data"; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+  }
+  static int max_count(cudnnHandle_t h) {
+    int n = 0;
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
+    return n;
+  }
+  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, want, got, out));
+  }
+  // in0 = w, in1 = dy, out = dx
+  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
+                   size_t ws_bytes) {
+    FANOUT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w, b.in0, p.y, b.in1, p.conv, p.x, b.out,
+                                                                   want, got, out, ws, ws_bytes));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, a, bytes);
+  }
+};
+
+template <>
+struct Algos<Dir::BackwardFilter> {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  static const char* name() { return "conv3d backward filter"; }
+  static bool transform_based(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+  }
+  static int max_count(cudnnHandle_t h) {
+    int n = 0;
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
+    return n;
+  }
+  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, want, got, out));
+  }
+  // in0 = x, in1 = dy, out = dw (a scratch buffer: the real dw accumulates)
+  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
+                   size_t ws_bytes) {
+    FANOUT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, b.in0, p.y, b.in1, p.conv, p.w, b.out,
+                                                                     want, got, out, ws, ws_bytes));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, a, bytes);
+  }
+};
+
+// ---- plan construction ----
+
+// A packed (row-major) 5-D tensor descriptor.
+void set_tensor_5d(cudnnTensorDescriptor_t t, const std::array<int, 5>& dims) {
+  std::array<int, 5> strides{};
+  strides[4] = 1;
+  for (int i = 3; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+  FANOUT_CUDNN_CHECK(cudnnSetTensorNdDescriptor(t, CUDNN_DATA_FLOAT, 5, dims.data(), strides.data()));
+}
+
+void make_descriptors(ConvPlan& p, const ConvShape& s) {
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  FANOUT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
+  set_tensor_5d(p.x, {i(s.n), i(s.c), i(s.d), i(s.h), i(s.w)});
+  FANOUT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
+  set_tensor_5d(p.y, {i(s.n), i(s.oc), i(s.od), i(s.oh), i(s.ow)});
+  FANOUT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
+  const std::array<int, 5> wdims{i(s.oc), i(s.c), i(s.kd), i(s.kh), i(s.kw)};
+  FANOUT_CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 5, wdims.data()));
+  FANOUT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
+  const std::array<int, 3> pad{i(s.pad), i(s.pad), i(s.pad)}, stride{i(s.stride), i(s.stride), i(s.stride)},
+      dilation{1, 1, 1};
+  FANOUT_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, 3, pad.data(), stride.data(), dilation.data(),
+                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  // The output shape must be cuDNN's too.
+  std::array<int, 5> out{};
+  FANOUT_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(p.conv, p.x, p.w, 5, out.data()));
+  FANOUT_CHECK(out[0] == s.n && out[1] == s.oc && out[2] == s.od && out[3] == s.oh && out[4] == s.ow)
+      << "conv3d: cuDNN computes output (" << out[0] << ", " << out[1] << ", " << out[2] << ", " << out[3] << ", "
+      << out[4] << "), expected (" << s.n << ", " << s.oc << ", " << s.od << ", " << s.oh << ", " << s.ow << ")";
+}
+
+// Math type the descriptor asks for before the search: CUDNN_DEFAULT_MATH
+// (TF32 tensor cores allowed) with allow_tf32, else CUDNN_FMA_MATH.
+cudnnMathType_t requested_math(const MathOptions& m) { return m.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+
+// Usable results: found, deterministic when asked, never a math type that may
+// lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16); with
+// TF32 off, float32 accuracy: no tensor-op math, no FFT or Winograd
+// algorithm (kernels/cuda/conv2d.cu says what they cost in accuracy).
+template <class A>
+bool acceptable(const typename A::Perf& p, const MathOptions& m) {
+  if (p.status != CUDNN_STATUS_SUCCESS) return false;
+  if (!m.allow_tf32 && A::transform_based(p.algo)) return false;
+  if (m.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
+  if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+  if (!m.allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) return false;
+  return true;
+}
+
+std::string shape_str(const ConvShape& s) {
+  const auto t = [](int64_t v) { return std::to_string(v); };
+  return "x (" + t(s.n) + ", " + t(s.c) + ", " + t(s.d) + ", " + t(s.h) + ", " + t(s.w) + "), w (" + t(s.oc) + ", " +
+         t(s.c) + ", " + t(s.kd) + ", " + t(s.kh) + ", " + t(s.kw) + "), stride " + t(s.stride) + ", padding " +
+         t(s.pad);
+}
+
+template <Dir D>
+std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const FindBuffers& bufs) {
+  using A = Algos<D>;
+  auto plan = std::make_unique<ConvPlan>();
+  make_descriptors(*plan, s);
+  const MathOptions m = ctx.math;
+  FANOUT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, requested_math(m)));
+
+  const int max_algos = std::max(1, A::max_count(h));
+  std::vector<typename A::Perf> perf(static_cast<size_t>(max_algos));
+  int got = 0;
+  A::heuristics(h, *plan, max_algos, &got, perf.data());
+  if (m.cudnn_benchmark) {
+    // Time the candidates on the real data, with as much workspace as the
+    // hungriest acceptable heuristic candidate wants (up to the cap).
+    size_t search_ws = 0;
+    for (int i = 0; i < got; ++i)
+      if (acceptable<A>(perf[i], m) && perf[i].memory <= kMaxWorkspaceBytes)
+        search_ws = std::max(search_ws, perf[i].memory);
+    void* ws = search_ws ? ctx.workspace(search_ws) : nullptr;
+    got = 0;
+    // cuDNN may capture a CUDA graph while it times the candidates: no other
+    // thread may make a call that capture forbids meanwhile.
+    std::unique_lock<std::shared_mutex> exclusive(::fanout::detail::capture_guard());
+    A::find(h, *plan, bufs, max_algos, &got, perf.data(), ws, search_ws);
+  }
+  // Results come best first; take the first acceptable one whose workspace,
+  // asked again with the math type it will run under, fits the cap.
+  for (int i = 0; i < got; ++i) {
+    const auto& p = perf[i];
+    if (!acceptable<A>(p, m)) continue;
+    const cudnnMathType_t math = m.allow_tf32 ? p.mathType : CUDNN_FMA_MATH;
+    FANOUT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, math));
+    size_t bytes = 0;
+    if (A::workspace(h, *plan, p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    if (bytes > kMaxWorkspaceBytes) continue;
+    plan->algo = static_cast<int>(p.algo);
+    plan->ws = bytes;
+    if (const char* log = std::getenv("FANOUT_CUDNN_LOG"); log && std::string(log) == "1")
+      std::fprintf(stderr, "fanout: %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", A::name(),
+                   shape_str(s).c_str(), plan->algo, math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes,
+                   m.cudnn_benchmark ? "timed search" : "heuristics");
+    return plan;
+  }
+  FANOUT_FAIL() << A::name() << ": cuDNN offers no usable algorithm for " << shape_str(s)
+                << (m.deterministic ? " (deterministic only)" : "") << (m.allow_tf32 ? "" : " (TF32 off)") << " among "
+                << got << " candidates";
+}
+
+using PlanKey = std::array<int64_t, 16>;
+
+struct PlanCache {
+  std::mutex mu;
+  std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
+};
+
+// Process-wide and never destroyed: plans hold only host-side descriptors, and
+// destroying them during static teardown could run after cuDNN has unloaded.
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache;
+  return *cache;
+}
+
+// make_bufs() gives the buffers for the timed search; it is called only when
+// the plan is built, so a warm step allocates nothing.
+template <Dir D, class MakeBufs>
+const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const MakeBufs& make_bufs) {
+  const MathOptions& m = ctx.math;
+  const PlanKey key{ctx.device().index, static_cast<int64_t>(D), s.n, s.c, s.d, s.h, s.w, s.oc, s.kd, s.kh, s.kw,
+                    s.stride, s.pad, m.allow_tf32, m.deterministic, m.cudnn_benchmark};
+  PlanCache& cache = plan_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) return *it->second;
+  }
+  // Built unlocked: the search may sync this device's stream, which must not
+  // wait on a lock another device's worker holds.
+  std::unique_ptr<ConvPlan> plan = build_plan<D>(ctx, h, s, make_bufs());
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto [it, inserted] = cache.plans.emplace(key, std::move(plan));  // a racing twin keeps the first
+  return *it->second;
+}
+
+// ---- bias kernels ----
+
+// y (N, OC, S) += b[oc]
+template <class I>
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ b, I oc, I s, I total) {
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x))
+    y[i] += b[(i / s) % oc];
+}
+
+// a += dy (the second accumulator is unused)
+template <class I>
+struct BiasGradOp {
+  const float* dy;
+  __device__ void operator()(I i, I, double& a, double&) const { a += static_cast<double>(dy[i]); }
+};
+// db[c] += sum
+struct BiasGradFin {
+  float* db;
+  __device__ void operator()(int64_t c, double a, double) const { db[c] += static_cast<float>(a); }
+};
+
+}  // namespace
+
+// y (N, OC, OD, OH, OW) = conv(x, w) (+ b), written (=).
+void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
+                    Tensor& y) {
+  if (y.numel() == 0) return;
+  check_int_range("conv3d_forward", x, w, y, g);
+  detail::DeviceScope scope(ctx);
+  auto h = static_cast<cudnnHandle_t>(ctx.cudnn());  // bound to ctx.compute() at creation
+  const ConvShape s = conv_shape(x, w, y, g);
+  const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&] { return FindBuffers{x.raw(), w.raw(), y.raw()}; });
+  void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
+  const float one = 1.0f, zero = 0.0f;  // beta 0: y is not read (it may hold NaN)
+  FANOUT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.raw(), p.w, w.raw(), p.conv,
+                                             static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
+                                             y.raw()));
+  if (b) {
+    const int64_t total = y.numel(), sp = s.od * s.oh * s.ow;
+    detail::dispatch_index(total, [&](auto tag) {
+      using I = decltype(tag);
+      add_bias_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+          y.f32(), b->f32(), static_cast<I>(s.oc), static_cast<I>(sp), static_cast<I>(total));
+      FANOUT_CUDA_CHECK_LAUNCH();
+    });
+  }
+}
+
+// dx (=) when non-null; dw (+=); db (+=) when non-null.
+void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
+                     Tensor* dx, Tensor& dw, Tensor* db) {
+  if (dy.numel() == 0) return;  // N == 0: nothing to add, dx is empty
+  check_int_range("conv3d_backward", x, w, dy, g);
+  detail::DeviceScope scope(ctx);
+  auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
+  const ConvShape s = conv_shape(x, w, dy, g);
+  const float one = 1.0f, zero = 0.0f;
+  if (dx) {
+    const ConvPlan& p =
+        get_plan<Dir::BackwardData>(ctx, h, s, [&] { return FindBuffers{w.raw(), dy.raw(), dx->raw()}; });
+    void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
+    FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.raw(), p.y, dy.raw(), p.conv,
+                                                    static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), ws, p.ws,
+                                                    &zero, p.x, dx->raw()));
+  }
+  {
+    // The timed search writes its output: give it a scratch dw (allocated
+    // only when a plan is built in benchmark mode) so the real dw keeps its sum.
+    Tensor scratch;
+    const ConvPlan& p = get_plan<Dir::BackwardFilter>(ctx, h, s, [&] {
+      if (ctx.math.cudnn_benchmark) scratch = Tensor::empty(w.shape(), DType::F32, ctx.device());
+      return FindBuffers{x.raw(), dy.raw(), scratch.defined() ? scratch.raw() : nullptr};
+    });
+    void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
+    FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw(), p.y, dy.raw(), p.conv,
+                                                      static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), ws, p.ws,
+                                                      &one, p.w, dw.raw()));
+  }
+  if (db) {
+    detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.od * s.oh * s.ow, BiasGradFin{db->f32()}, dy.f32());
+  }
+}
+
+}  // namespace fanout::kernels::cuda

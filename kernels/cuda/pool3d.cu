@@ -1,0 +1,202 @@
+// CUDA volumetric max pooling (with argmax) and nearest upsampling over
+// (N, C, D, H, W); CPU counterparts in kernels/cpu/pool3d.cpp. Windows are
+// clipped to the volume exactly as on the CPU: padding is never selected.
+#include "kernels/pool3d.h"
+
+#include "kernels/cuda/common.cuh"
+
+namespace fanout::kernels::cuda {
+
+namespace {
+
+template <class I>
+struct Pool3dDims {
+  I d, h, w, od, oh, ow, k, stride, pad;
+};
+
+template <class I>
+Pool3dDims<I> pool_dims(const Shape& x, const Shape& y, const PoolGeometry& g) {
+  return {static_cast<I>(x[2]),     static_cast<I>(x[3]),      static_cast<I>(x[4]),
+          static_cast<I>(y[2]),     static_cast<I>(y[3]),      static_cast<I>(y[4]),
+          static_cast<I>(g.kernel), static_cast<I>(g.stride), static_cast<I>(g.padding)};
+}
+
+// Window [lo, hi) of output index o along an axis of length len.
+template <class I>
+__device__ __forceinline__ void window(I o, I k, I stride, I pad, I len, I& lo, I& hi) {
+  const I start = o * stride - pad;
+  lo = start > 0 ? start : I(0);
+  hi = start + k < len ? start + k : len;
+}
+
+// One thread per output. First maximum wins; NaN propagates (as the CPU path:
+// a NaN replaces the running best, so the last NaN of the window is kept).
+template <class I>
+__global__ void maxpool3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                         int32_t* __restrict__ argmax, I total, Pool3dDims<I> d) {
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I ok = i % d.ow;
+    I t = i / d.ow;
+    const I oj = t % d.oh;
+    t /= d.oh;
+    const I oi = t % d.od, vol = t / d.od;
+    I d0, d1, h0, h1, w0, w1;
+    window(oi, d.k, d.stride, d.pad, d.d, d0, d1);
+    window(oj, d.k, d.stride, d.pad, d.h, h0, h1);
+    window(ok, d.k, d.stride, d.pad, d.w, w0, w1);
+    const float* xs = x + vol * d.d * d.h * d.w;
+    float best = -CUDART_INF_F;
+    I best_i = (d0 * d.h + h0) * d.w + w0;
+    for (I a = d0; a < d1; ++a)
+      for (I b = h0; b < h1; ++b) {
+        const I row = (a * d.h + b) * d.w;
+        for (I c = w0; c < w1; ++c) {
+          const float v = xs[row + c];
+          if (v > best || isnan(v)) {
+            best = v;
+            best_i = row + c;
+          }
+        }
+      }
+    y[i] = best;
+    argmax[i] = static_cast<int32_t>(best_i);
+  }
+}
+
+// dx (zeroed before) += dy scattered through argmax; one thread per dy
+// element, atomics where windows overlap. Out-of-volume indices (corrupt
+// argmax; the CPU path throws) are skipped: a kernel cannot throw.
+template <class I>
+__global__ void maxpool3d_backward_atomic_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
+                                                 float* __restrict__ dx, I total, I odhw, I dhw) {
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I vol = i / odhw;
+    const int32_t k = argmax[i];
+    if (k >= 0 && static_cast<I>(k) < dhw) atomicAdd(dx + vol * dhw + k, dy[i]);
+  }
+}
+
+// Deterministic variant (ctx.math.deterministic): one thread per volume adds
+// its outputs in order, as the CPU path does.
+template <class I>
+__global__ void maxpool3d_backward_serial_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
+                                                 float* __restrict__ dx, I vols, I odhw, I dhw) {
+  for (I v = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); v < vols;
+       v += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const float* g = dy + v * odhw;
+    const int32_t* a = argmax + v * odhw;
+    float* d = dx + v * dhw;
+    for (I i = 0; i < odhw; ++i) {
+      const int32_t k = a[i];
+      if (k >= 0 && static_cast<I>(k) < dhw) d[k] += g[i];
+    }
+  }
+}
+
+// One thread per output: y[v, i, j, k] = x[v, i/s, j/s, k/s].
+template <class I>
+__global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, I d, I h, I w,
+                                          I s) {
+  const I ow = w * s, oh = h * s, od = d * s;
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I k = i % ow;
+    I t = i / ow;
+    const I j = t % oh;
+    t /= oh;
+    const I a = t % od, vol = t / od;
+    y[i] = x[((vol * d + a / s) * h + j / s) * w + k / s];
+  }
+}
+
+// One thread per input element: the sum of its s^3 copies' gradients (=), in
+// the order (depth, row, column), as the CPU path. Deterministic, no atomics.
+template <class I>
+__global__ void upsample3d_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, I d, I h,
+                                           I w, I s) {
+  const I ow = w * s, oh = h * s;
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I k = i % w;
+    I t = i / w;
+    const I j = t % h;
+    t /= h;
+    const I a0 = t % d, vol = t / d;
+    const float* g = dy + vol * d * s * oh * ow;
+    float sum = 0.0f;
+    for (I a = 0; a < s; ++a)
+      for (I b = 0; b < s; ++b) {
+        const float* row = g + ((a0 * s + a) * oh + j * s + b) * ow + k * s;
+        for (I c = 0; c < s; ++c) sum += row[c];
+      }
+    dx[i] = sum;
+  }
+}
+
+}  // namespace
+
+void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
+  const int64_t total = y.numel();
+  if (total == 0) return;
+  detail::DeviceScope scope(ctx);
+  detail::dispatch_index(std::max(x.numel(), total), [&](auto tag) {
+    using I = decltype(tag);
+    maxpool3d_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        x.f32(), y.f32(), argmax.data<int32_t>(), static_cast<I>(total), pool_dims<I>(x.shape(), y.shape(), g));
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  if (dx.numel() == 0) return;
+  detail::DeviceScope scope(ctx);
+  cudaStream_t st = detail::stream_of(ctx);
+  FANOUT_CUDA_CHECK(cudaMemsetAsync(dx.raw(), 0, dx.nbytes(), st));
+  const int64_t total = dy.numel();
+  if (total == 0) return;
+  const int64_t vols = dy.size(0) * dy.size(1), odhw = dy.size(2) * dy.size(3) * dy.size(4);
+  const int64_t dhw = dx.size(2) * dx.size(3) * dx.size(4);
+  detail::dispatch_index(std::max(dx.numel(), total), [&](auto tag) {
+    using I = decltype(tag);
+    if (ctx.math.deterministic) {
+      maxpool3d_backward_serial_kernel<I><<<detail::grid_for(ctx, vols, 128), 128, 0, st>>>(
+          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(vols), static_cast<I>(odhw),
+          static_cast<I>(dhw));
+    } else {
+      maxpool3d_backward_atomic_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, st>>>(
+          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(total), static_cast<I>(odhw),
+          static_cast<I>(dhw));
+    }
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
+  const int64_t total = y.numel();
+  if (total == 0) return;
+  detail::DeviceScope scope(ctx);
+  detail::dispatch_index(total, [&](auto tag) {
+    using I = decltype(tag);
+    upsample3d_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        x.f32(), y.f32(), static_cast<I>(total), static_cast<I>(x.size(2)), static_cast<I>(x.size(3)),
+        static_cast<I>(x.size(4)), static_cast<I>(scale));
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
+  const int64_t total = dx.numel();
+  if (total == 0) return;
+  detail::DeviceScope scope(ctx);
+  detail::dispatch_index(dy.numel(), [&](auto tag) {
+    using I = decltype(tag);
+    upsample3d_backward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        dy.f32(), dx.f32(), static_cast<I>(total), static_cast<I>(dx.size(2)), static_cast<I>(dx.size(3)),
+        static_cast<I>(dx.size(4)), static_cast<I>(scale));
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace fanout::kernels::cuda

@@ -1,0 +1,32 @@
+// Volumetric pooling and resampling over (N, C, D, H, W): max pooling
+// (torch.nn.MaxPool3d: cubic window, floor mode) and nearest upsampling by an
+// integer factor (torch.nn.Upsample(scale_factor=s, mode='nearest')).
+#pragma once
+#include "kernels/declare.h"
+#include "kernels/pool.h"
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels {
+
+// PoolGeometry (kernels/pool.h) applies to all three axes alike. Floor mode,
+// as PyTorch's default; throws on impossible shapes.
+Shape pool3d_output_shape(const Shape& x, const PoolGeometry& g);
+// (N, C, D*s, H*s, W*s) for x (N, C, D, H, W) and scale s >= 1.
+Shape upsample3d_output_shape(const Shape& x, int64_t scale);
+
+FANOUT_KERNEL_OPS(
+// y (=); argmax (I32, same shape as y) holds the flat index (d*H + h)*W + w of
+// the max inside each (D, H, W) volume. First maximum wins, NaN propagates,
+// padding is never selected.
+void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax);
+// dx (=), scattered from dy through argmax.
+void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx);
+
+// y[n, c, d, h, w] = x[n, c, d/s, h/s, w/s], written (=).
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y);
+// dx (=): each input element gets the sum of the s^3 gradients it was copied to.
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx);
+)
+
+}  // namespace fanout::kernels

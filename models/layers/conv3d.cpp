@@ -1,0 +1,56 @@
+// 3-D convolution layer.
+#include "models/layers/conv3d.h"
+
+#include <cmath>
+
+#include "models/layers/init.h"
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+Conv3d::Conv3d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, bool bias, Init init)
+    : in_(in), out_(out), k_(kernel), g_{stride, padding}, init_(init) {
+  FANOUT_USER_CHECK(in > 0 && out > 0 && kernel > 0 && stride > 0 && padding >= 0)
+      << "bad Conv3d hyper-parameters: in " << in << ", out " << out << ", kernel " << kernel << ", stride "
+      << stride << ", padding " << padding;
+  w_ = &register_parameter("weight", Shape{out, in, kernel, kernel, kernel});
+  if (bias) b_ = &register_parameter("bias", Shape{out});
+}
+
+std::unique_ptr<Module> Conv3d::make_like() const {
+  return std::make_unique<Conv3d>(in_, out_, k_, g_.stride, g_.padding, b_ != nullptr, init_);
+}
+
+void Conv3d::reset_parameters(std::mt19937_64& rng) {
+  const float fan_in = static_cast<float>(in_ * k_ * k_ * k_);
+  if (init_ == Init::KaimingNormalFanOut) {
+    normal_fill(w_->value, std::sqrt(2.0f / static_cast<float>(out_ * k_ * k_ * k_)), rng);
+  } else {
+    uniform_fill(w_->value, 1.0f / std::sqrt(fan_in), rng);
+  }
+  if (b_) uniform_fill(b_->value, 1.0f / std::sqrt(fan_in), rng);
+}
+
+Tensor Conv3d::forward(const Tensor& x, Context& ctx) {
+  FANOUT_USER_CHECK(x.dim() == 5 && x.size(1) == in_ && x.size(2) + 2 * g_.padding >= k_ &&
+                    x.size(3) + 2 * g_.padding >= k_ && x.size(4) + 2 * g_.padding >= k_)
+      << "Conv3d(" << in_ << ", " << out_ << ", kernel " << k_ << ", padding " << g_.padding
+      << ") cannot take input of shape " << x.shape().str() << " (expected (N, " << in_ << ", D, H, W))";
+  x_ = x;
+  ensure(y_, kernels::conv3d_output_shape(x.shape(), w_->shape, g_), ctx.device());
+  kernels::conv3d_forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, g_, y_);
+  return y_;
+}
+
+Tensor Conv3d::backward(const Tensor& dy, Context& ctx) {
+  Tensor* dx = nullptr;
+  if (input_grad()) {
+    ensure(dx_, x_.shape(), ctx.device());
+    dx = &dx_;
+  }
+  kernels::conv3d_backward(ctx, x_, w_->value, dy, g_, dx, w_->grad, b_ ? &b_->grad : nullptr);
+  notify_grads_ready(ctx);
+  return input_grad() ? dx_ : Tensor();
+}
+
+}  // namespace fanout::models

@@ -1,0 +1,54 @@
+// Volumetric pooling and resampling layers.
+#include "models/layers/pooling3d.h"
+
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+MaxPool3d::MaxPool3d(int64_t kernel, int64_t stride, int64_t padding) : g_{kernel, stride, padding} {
+  FANOUT_USER_CHECK(kernel >= 1 && stride >= 1 && padding >= 0 && 2 * padding <= kernel)
+      << "bad MaxPool3d hyper-parameters: kernel " << kernel << ", stride " << stride << ", padding " << padding
+      << " (padding must be at most half the kernel)";
+}
+
+Tensor MaxPool3d::forward(const Tensor& x, Context& ctx) {
+  const int64_t k = g_.kernel, p = g_.padding;
+  FANOUT_USER_CHECK(x.dim() == 5 && x.size(2) + 2 * p >= k && x.size(3) + 2 * p >= k && x.size(4) + 2 * p >= k)
+      << "MaxPool3d(kernel " << k << ", padding " << p << ") cannot take input of shape " << x.shape().str()
+      << " (expected (N, C, D, H, W))";
+  in_shape_ = x.shape();
+  const Shape s = kernels::pool3d_output_shape(x.shape(), g_);
+  ensure(y_, s, ctx.device());
+  ensure(argmax_, s, DType::I32, ctx.device());
+  kernels::maxpool3d_forward(ctx, x, g_, y_, argmax_);
+  return y_;
+}
+
+Tensor MaxPool3d::backward(const Tensor& dy, Context& ctx) {
+  if (!input_grad()) return Tensor();
+  ensure(dx_, in_shape_, ctx.device());
+  kernels::maxpool3d_backward(ctx, dy, argmax_, dx_);
+  return dx_;
+}
+
+Upsample3d::Upsample3d(int64_t scale) : scale_(scale) {
+  FANOUT_USER_CHECK(scale >= 1) << "bad Upsample3d scale factor " << scale << " (must be a positive integer)";
+}
+
+Tensor Upsample3d::forward(const Tensor& x, Context& ctx) {
+  FANOUT_USER_CHECK(x.dim() == 5) << "Upsample3d(scale " << scale_ << ") cannot take input of shape "
+                                  << x.shape().str() << " (expected (N, C, D, H, W))";
+  in_shape_ = x.shape();
+  ensure(y_, kernels::upsample3d_output_shape(x.shape(), scale_), ctx.device());
+  kernels::upsample3d_nearest_forward(ctx, x, scale_, y_);
+  return y_;
+}
+
+Tensor Upsample3d::backward(const Tensor& dy, Context& ctx) {
+  if (!input_grad()) return Tensor();
+  ensure(dx_, in_shape_, ctx.device());
+  kernels::upsample3d_nearest_backward(ctx, dy, scale_, dx_);
+  return dx_;
+}
+
+}  // namespace fanout::models
