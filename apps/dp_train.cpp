@@ -502,6 +502,10 @@ int run(int argc, char** argv) {
                   save_to.c_str());
   }
   data::TrainTest data = data::open_dataset(c.data, c.seed, data::HeatmapSpec{c.heatmap_radius, 0.0});
+  FANOUT_USER_CHECK(models::dense_output(c.model) == data.train.dense_targets())
+      << "model " << c.model << (models::dense_output(c.model) ? " draws heatmaps" : " is a classifier")
+      << " but data " << c.data << (data.train.dense_targets() ? " has landmarks" : " has class labels")
+      << " (heatmap3d goes with keypoints3d:DIR or synthetic3d)";
   auto model = models::make_model(c.model, data.train.sample_shape(), data.train.num_classes, c.seed);
   auto engine = make_run_engine(c, *model, p, all, data);
   if (p.primary()) {

@@ -5,9 +5,11 @@
 #include "models/layers/basic_block.h"
 #include "models/layers/batchnorm2d.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/conv3d.h"
 #include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
+#include "models/layers/pooling3d.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"
 
@@ -105,12 +107,43 @@ std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_ste
   return m;
 }
 
-std::vector<std::string> model_names() { return {"mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet"}; }
+std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width) {
+  FANOUT_USER_CHECK(in.ndim == 4 && in[0] >= 1 && in[1] >= 8 && in[2] >= 8 && in[3] >= 8 && in[1] % 4 == 0 &&
+                    in[2] % 4 == 0 && in[3] % 4 == 0)
+      << "model heatmap3d cannot take inputs of shape " << in.str()
+      << " (needs volumes (C, D, H, W) with D, H, W multiples of 4, at least 8)";
+  FANOUT_USER_CHECK(landmarks >= 1) << "model heatmap3d needs at least 1 landmark, got " << landmarks;
+  FANOUT_USER_CHECK(width >= 1) << "model heatmap3d needs a positive width, got " << width;
+  auto m = std::make_unique<Sequential>();
+  auto block = [&](const std::string& k, int64_t from, int64_t to) {
+    m->add("conv" + k, std::make_unique<Conv3d>(from, to, 3, 1, 1, false));
+    m->add("bn" + k, std::make_unique<BatchNorm3d>(to));
+    m->add("relu" + k, std::make_unique<ReLU>(/*inplace=*/true));
+  };
+  block("1", in[0], width);
+  m->add("pool1", std::make_unique<MaxPool3d>(2));
+  block("2", width, 2 * width);
+  m->add("pool2", std::make_unique<MaxPool3d>(2));
+  block("3", 2 * width, 4 * width);
+  m->add("up1", std::make_unique<Upsample3d>(2));
+  block("4", 4 * width, 2 * width);
+  m->add("up2", std::make_unique<Upsample3d>(2));
+  block("5", 2 * width, width);
+  m->add("head", std::make_unique<Conv3d>(width, landmarks, 1));
+  return m;
+}
+
+std::vector<std::string> model_names() {
+  return {"mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d"};
+}
+
+bool dense_output(const std::string& name) { return name == "heatmap3d"; }
 
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
-  FANOUT_USER_CHECK(classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
+  FANOUT_USER_CHECK(dense_output(name) || classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
   std::unique_ptr<Module> m;
-  if (name == "mlp") m = mlp(input, classes);
+  if (name == "heatmap3d") m = heatmap3d(input, classes);
+  else if (name == "mlp") m = mlp(input, classes);
   else if (name == "lenet") m = lenet(input, classes);
   else if (name == "cnn") m = cnn(input, classes);
   else if (name == "resnet18") m = resnet18(input, classes, false);
@@ -123,7 +156,7 @@ std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, 
   // Layer ids let SyncBatchNorm match the same layer across replicas.
   int id = 0;
   for (auto& [n, mod] : m->named_modules())
-    if (auto* bn = dynamic_cast<BatchNorm2d*>(mod)) bn->set_layer_id(id++);
+    if (auto* bn = dynamic_cast<BatchNormNd*>(mod)) bn->set_layer_id(id++);
   m->init(seed);
   return m;
 }

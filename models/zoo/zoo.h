@@ -1,6 +1,7 @@
-// Model zoo: mlp, lenet, cnn, resnet18. Every builder takes the sample shape
-// (C, H, W) and the class count, and refuses shapes the model cannot take with
-// a one-line error. Models come back materialized on the CPU and initialized
+// Model zoo: mlp, lenet, cnn, resnet18 (classifiers of (C, H, W) images) and
+// heatmap3d (landmark heatmaps of (C, D, H, W) volumes). Every builder takes
+// the sample shape and the class (or landmark) count, and refuses shapes the
+// model cannot take with a one-line error. Models come back materialized on the CPU and initialized
 // from `seed` as PyTorch initializes the same architecture.
 #pragma once
 #include <memory>
@@ -24,9 +25,18 @@ std::unique_ptr<Module> cnn(const Shape& input, int classes);
 // max pool; ImageNet stem: conv1 7x7 stride 2 pad 3, maxpool 3/2/1.
 std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_stem = false);
 
-// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet". Unknown names throw
+// A small 3-D encoder-decoder: (C, D, H, W) -> (landmarks, D, H, W), one
+// heatmap per landmark. Two levels of conv(3^3)-BatchNorm3d-ReLU and max
+// pool (width, 2 width channels), a middle block (4 width), then two levels of
+// nearest upsampling and conv-BN-ReLU (2 width, width) and a 1^3 conv head.
+// D, H and W must be multiples of 4, at least 8.
+std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t width = 8);
+
+// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d". Unknown names throw
 // a one-line error listing the known ones. The model is initialized from seed.
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed);
 std::vector<std::string> model_names();
+// Whether the model's output is dense (heatmaps) rather than class scores.
+bool dense_output(const std::string& name);
 
 }  // namespace fanout::models
