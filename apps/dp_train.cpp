@@ -60,6 +60,16 @@ struct Cli {
   bool help = false, list_devices = false;
 };
 
+// heatmap3d's defaults: SGD needs a large rate for the mean squared error of
+// sparse heatmaps (each voxel's gradient is 2 / (K D H W) of its error), and
+// no weight decay, which would otherwise outweigh those gradients.
+struct HeatmapRecipe {
+  float lr, weight_decay;
+  int64_t batch_size;
+  int epochs, heatmap_radius;
+};
+constexpr HeatmapRecipe kHeatmapRecipe{2.0f, 0.0f, 8, 5, 6};
+
 Cli parse(int argc, char** argv) {
   Cli cli;
   train::RunConfig& o = cli.run;
@@ -98,7 +108,9 @@ Cli parse(int argc, char** argv) {
     ("label-smoothing", po::value(&o.label_smoothing)->default_value(d.label_smoothing, num(d.label_smoothing)),
      "cross-entropy label smoothing in [0, 1)")
     ("heatmap-radius", po::value(&o.heatmap_radius)->default_value(d.heatmap_radius),
-     "keypoint data: radius r in voxels of each landmark's target Gaussian (sigma = (2r+1)/6)")
+     "keypoint data: radius r in voxels of each landmark's target Gaussian (sigma = (2r+1)/6); "
+     "heatmap3d's own defaults: --data synthetic3d --lr 2 --weight-decay 0 --batch-size 8 --epochs 5 "
+     "--heatmap-radius 6")
     ("seed", po::value(&o.seed)->default_value(d.seed), "seed for initialization and shuffling")
     ("devices", po::value(&o.devices)->default_value(d.devices),
      "auto (every GPU, else cpu), cpu, cpu:N (N CPU workers), all, cuda:N, or a list like 0,1,3 or "
@@ -185,6 +197,16 @@ Cli parse(int argc, char** argv) {
     FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
   }
   po::notify(vm);
+  // heatmap3d's recipe for the options left at their (classification) defaults.
+  if (o.model == "heatmap3d") {
+    auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
+    if (unset("data")) o.data = "synthetic3d";
+    if (unset("lr")) o.lr = kHeatmapRecipe.lr;
+    if (unset("weight-decay")) o.weight_decay = kHeatmapRecipe.weight_decay;
+    if (unset("batch-size")) o.batch_size = kHeatmapRecipe.batch_size;
+    if (unset("epochs")) o.epochs = kHeatmapRecipe.epochs;
+    if (unset("heatmap-radius")) o.heatmap_radius = kHeatmapRecipe.heatmap_radius;
+  }
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   o.validate();
@@ -477,6 +499,9 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
   if (!p.primary()) return 0;
   if (last < c.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, c.epochs);
+  else if (m.heatmaps)
+    std::printf("final test localization error %.3f voxels (%.1f%% within 2)\n", m.test_loc_error,
+                100 * m.test_within_2);
   else
     std::printf("final test accuracy %.4f\n", m.test_acc);
   return 0;

@@ -158,6 +158,14 @@ std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, 
   for (auto& [n, mod] : m->named_modules())
     if (auto* bn = dynamic_cast<BatchNormNd*>(mod)) bn->set_layer_id(id++);
   m->init(seed);
+  if (name == "heatmap3d")
+    // The head starts near zero (N(0, 0.001)-sized, bias 0), as heatmap
+    // networks initialize their last layer: outputs begin at the empty map
+    // instead of noise that SGD first spends its steps removing.
+    for (auto& [pname, p] : m->named_parameters())
+      if (pname.rfind("head.", 0) == 0)
+        for (int64_t i = 0; i < p->value.numel(); ++i)
+          p->value.f32()[i] = pname == "head.bias" ? 0.0f : p->value.f32()[i] * 0.003f;
   return m;
 }
 

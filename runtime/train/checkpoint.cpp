@@ -343,7 +343,8 @@ std::string CheckpointSaver::epoch_file(int epoch) {
 
 std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, CheckpointState& st, int last_epoch) {
   std::vector<std::string> written;
-  const double acc = st.metrics.value("test_acc", -1.0);
+  // Heatmap runs score by the share of landmarks found within 2 voxels.
+  const double acc = st.metrics.value("test_within_2", st.metrics.value("test_acc", -1.0));
   const bool best = acc > st.best_test_acc;
   if (best) st.best_test_acc = acc;
   if (st.epoch % every_ == 0 || st.epoch == last_epoch) {
