@@ -30,6 +30,10 @@
 #              data (and of cnn on Fashion-MNIST when carried), on cuda:0
 #              (one device, DDP world size 1, PyTorch one GPU and DDP 1) and
 #              on 0,0 (DP, DDP 2 processes) -> epochs.jsonl, epochs.png
+#   heatmap    heatmap-bench (naive, vectorized CPU and CUDA renderers);
+#              dp-bench heatmap3d on 0,0 (loss on the replicas against the
+#              gathered outputs: time and bytes to the primary); dp-train
+#              heatmap3d on cuda:0 and 0,0    -> heatmap*.log / .jsonl
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -60,7 +64,7 @@ case $1 in -h | --help) usage ;; esac
 mkdir -p "$1" || { echo "run_gpu.sh: cannot create $1" >&2; exit 2; }
 out=$(cd "$1" && pwd)
 shift
-all_steps=(env configure build ctest dp memcheck train bench epochs)
+all_steps=(env configure build ctest dp memcheck train bench epochs heatmap)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
   case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
@@ -377,6 +381,23 @@ step_bench_fanout() {
   return "$rc"
 }
 
+step_heatmap() {
+  local rc=0 bin
+  [ -x "$build/bench/heatmap-bench" ] || { echo "no heatmap-bench in $build/bench (build step failed?)"; return 1; }
+  echo "== heatmap-bench"
+  frun "$build/bench/heatmap-bench" 2>&1 | tee "$out/heatmap_bench.log" || rc=1
+  echo "== dp-bench --model heatmap3d --input 1x64x64x64 --batch-size 16 --devices 0,0"
+  frun "$build/apps/dp-bench" --model heatmap3d --input 1x64x64x64 --batch-size 16 --devices 0,0 \
+    --json "$out/heatmap_bench.jsonl" 2>&1 | tee -a "$out/heatmap_bench.log" || rc=1
+  bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
+  for devs in 0 0,0; do
+    echo "== dp-train --model heatmap3d --data synthetic3d --devices $devs"
+    frun "$bin" --model heatmap3d --data synthetic3d --devices "$devs" --progress lines \
+      --metrics "$out/heatmap_train_${devs/,/_}.jsonl" 2>&1 | tee "$out/heatmap_train_${devs/,/_}.log" || rc=1
+  done
+  return "$rc"
+}
+
 step_epochs() {
   local b="$build/apps/dp-bench" rc=0 devs
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
@@ -429,6 +450,7 @@ for s in "${steps[@]}"; do
       run_step bench-fanout "$out/fanout_bench.log" step_bench_fanout
       ;;
     epochs) run_step epochs "$out/epochs.log" step_epochs ;;
+    heatmap) run_step heatmap "$out/heatmap.log" step_heatmap ;;
   esac
 done
 
