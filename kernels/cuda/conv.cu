@@ -1,6 +1,7 @@
-// CUDA 3-D convolution through cuDNN's N-d convolution (legacy API of cuDNN
-// 9); CPU counterpart (vol2col + GEMM) in kernels/cpu/conv3d.cpp. The plan
-// handling is kernels/cuda/conv2d.cu's, on 5-D descriptors:
+// CUDA 2-D and 3-D convolution through cuDNN (legacy convolution API of
+// cuDNN 9), one implementation for both ranks; CPU counterparts (im2col /
+// vol2col + GEMM) in kernels/cpu/conv2d.cpp and kernels/cpu/conv3d.cpp.
+// 2-D uses cuDNN's 4-D descriptors, 3-D its N-d ones.
 //
 // Per (device, direction, shapes, geometry, math options) a plan holds the
 // descriptors and the chosen algorithm with its workspace size. Plans are
@@ -12,16 +13,17 @@
 // Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
 // tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
+#include "kernels/conv2d.h"
 #include "kernels/conv3d.h"
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <shared_mutex>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -36,30 +38,43 @@ constexpr size_t kMaxWorkspaceBytes = size_t{512} << 20;
 
 enum class Dir : int { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
 
+// x (N, C, spatial...), w (OC, C, kernel...), y (N, OC, out...) with 2 or 3
+// spatial dims, (D,) H, W; the unused third entries are 0.
 struct ConvShape {
-  int64_t n, c, d, h, w;   // x
-  int64_t oc, kd, kh, kw;  // w
-  int64_t od, oh, ow;      // y
+  int rank;  // spatial dims
+  int64_t n, c, oc;
+  std::array<int64_t, 3> in{}, k{}, out{};
   int64_t stride, pad;
+  const char* name() const { return rank == 2 ? "conv2d" : "conv3d"; }
+  int64_t out_plane() const {  // elements of one output channel plane
+    int64_t p = 1;
+    for (int i = 0; i < rank; ++i) p *= out[i];
+    return p;
+  }
 };
 
-ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y, const Conv3dGeometry& g) {
-  return {x.size(0), x.size(1), x.size(2), x.size(3), x.size(4), w.size(0), w.size(2), w.size(3), w.size(4),
-          y.size(2), y.size(3), y.size(4), g.stride, g.padding};
+ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y, int64_t stride, int64_t pad) {
+  ConvShape s{x.dim() - 2, x.size(0), x.size(1), w.size(0), {}, {}, {}, stride, pad};
+  for (int i = 0; i < s.rank; ++i) {
+    s.in[i] = x.size(2 + i);
+    s.k[i] = w.size(2 + i);
+    s.out[i] = y.size(2 + i);
+  }
+  return s;
 }
 
 // cuDNN's legacy descriptors take int dimensions and int strides.
-void check_int_range(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, const Conv3dGeometry& g) {
-  FANOUT_CHECK(x.numel() <= INT32_MAX && w.numel() <= INT32_MAX && y.numel() <= INT32_MAX && g.stride <= INT32_MAX &&
-               g.padding <= INT32_MAX)
+void check_int_range(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, int64_t stride, int64_t pad) {
+  FANOUT_CHECK(x.numel() <= INT32_MAX && w.numel() <= INT32_MAX && y.numel() <= INT32_MAX && stride <= INT32_MAX &&
+               pad <= INT32_MAX)
       << op << ": x " << x.shape().str() << ", w " << w.shape().str() << ", y " << y.shape().str()
       << " exceed cuDNN's 32-bit limits";
 }
 
 struct ConvPlan {
-  cudnnTensorDescriptor_t x = nullptr;  // (N, C, D, H, W)
-  cudnnTensorDescriptor_t y = nullptr;  // (N, OC, OD, OH, OW)
-  cudnnFilterDescriptor_t w = nullptr;  // (OC, C, KD, KH, KW)
+  cudnnTensorDescriptor_t x = nullptr;  // (N, C, spatial...)
+  cudnnTensorDescriptor_t y = nullptr;  // (N, OC, out...)
+  cudnnFilterDescriptor_t w = nullptr;  // (OC, C, kernel...)
   cudnnConvolutionDescriptor_t conv = nullptr;
   int algo = -1;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
   size_t ws = 0;  // workspace bytes of `algo`
@@ -90,7 +105,7 @@ template <>
 struct Algos<Dir::Forward> {
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   using Algo = cudnnConvolutionFwdAlgo_t;
-  static const char* name() { return "conv3d forward"; }
+  static const char* name() { return "forward"; }
   static bool transform_based(Algo a) {
     return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
            a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
@@ -118,7 +133,7 @@ template <>
 struct Algos<Dir::BackwardData> {
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   using Algo = cudnnConvolutionBwdDataAlgo_t;
-  static const char* name() { return "conv3d backward data"; }
+  static const char* name() { return "backward data"; }
   static bool transform_based(Algo a) {
     return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
            a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
@@ -146,7 +161,7 @@ template <>
 struct Algos<Dir::BackwardFilter> {
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   using Algo = cudnnConvolutionBwdFilterAlgo_t;
-  static const char* name() { return "conv3d backward filter"; }
+  static const char* name() { return "backward filter"; }
   static bool transform_based(Algo a) {
     return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
            a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
@@ -172,44 +187,67 @@ struct Algos<Dir::BackwardFilter> {
 
 // ---- plan construction ----
 
-// A packed (row-major) 5-D tensor descriptor.
-void set_tensor_5d(cudnnTensorDescriptor_t t, const std::array<int, 5>& dims) {
+// A packed (row-major) N-d tensor descriptor.
+void set_tensor_nd(cudnnTensorDescriptor_t t, int nd, const int* dims) {
   std::array<int, 5> strides{};
-  strides[4] = 1;
-  for (int i = 3; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
-  FANOUT_CUDNN_CHECK(cudnnSetTensorNdDescriptor(t, CUDNN_DATA_FLOAT, 5, dims.data(), strides.data()));
+  strides[nd - 1] = 1;
+  for (int i = nd - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+  FANOUT_CUDNN_CHECK(cudnnSetTensorNdDescriptor(t, CUDNN_DATA_FLOAT, nd, dims, strides.data()));
 }
 
 void make_descriptors(ConvPlan& p, const ConvShape& s) {
   const auto i = [](int64_t v) { return static_cast<int>(v); };
   FANOUT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
-  set_tensor_5d(p.x, {i(s.n), i(s.c), i(s.d), i(s.h), i(s.w)});
   FANOUT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
-  set_tensor_5d(p.y, {i(s.n), i(s.oc), i(s.od), i(s.oh), i(s.ow)});
   FANOUT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
-  const std::array<int, 5> wdims{i(s.oc), i(s.c), i(s.kd), i(s.kh), i(s.kw)};
-  FANOUT_CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 5, wdims.data()));
   FANOUT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
-  const std::array<int, 3> pad{i(s.pad), i(s.pad), i(s.pad)}, stride{i(s.stride), i(s.stride), i(s.stride)},
-      dilation{1, 1, 1};
-  FANOUT_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, 3, pad.data(), stride.data(), dilation.data(),
-                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  // The output shape must be cuDNN's too.
   std::array<int, 5> out{};
-  FANOUT_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(p.conv, p.x, p.w, 5, out.data()));
-  FANOUT_CHECK(out[0] == s.n && out[1] == s.oc && out[2] == s.od && out[3] == s.oh && out[4] == s.ow)
-      << "conv3d: cuDNN computes output (" << out[0] << ", " << out[1] << ", " << out[2] << ", " << out[3] << ", "
-      << out[4] << "), expected (" << s.n << ", " << s.oc << ", " << s.od << ", " << s.oh << ", " << s.ow << ")";
+  if (s.rank == 2) {
+    FANOUT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(s.n), i(s.c),
+                                                  i(s.in[0]), i(s.in[1])));
+    FANOUT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(s.n), i(s.oc),
+                                                  i(s.out[0]), i(s.out[1])));
+    FANOUT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(s.oc), i(s.c),
+                                                  i(s.k[0]), i(s.k[1])));
+    FANOUT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p.conv, i(s.pad), i(s.pad), i(s.stride), i(s.stride), 1, 1,
+                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    FANOUT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p.conv, p.x, p.w, &out[0], &out[1], &out[2], &out[3]));
+  } else {
+    const std::array<int, 5> xd{i(s.n), i(s.c), i(s.in[0]), i(s.in[1]), i(s.in[2])};
+    const std::array<int, 5> yd{i(s.n), i(s.oc), i(s.out[0]), i(s.out[1]), i(s.out[2])};
+    const std::array<int, 5> wd{i(s.oc), i(s.c), i(s.k[0]), i(s.k[1]), i(s.k[2])};
+    set_tensor_nd(p.x, 5, xd.data());
+    set_tensor_nd(p.y, 5, yd.data());
+    FANOUT_CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 5, wd.data()));
+    const std::array<int, 3> pad{i(s.pad), i(s.pad), i(s.pad)}, stride{i(s.stride), i(s.stride), i(s.stride)},
+        dilation{1, 1, 1};
+    FANOUT_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, 3, pad.data(), stride.data(), dilation.data(),
+                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    FANOUT_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(p.conv, p.x, p.w, 5, out.data()));
+  }
+  // The output shape must be cuDNN's too.
+  bool same = out[0] == s.n && out[1] == s.oc;
+  for (int d = 0; d < s.rank; ++d) same = same && out[2 + d] == s.out[d];
+  if (!same) {
+    std::string got = std::to_string(out[0]), want = std::to_string(s.n) + ", " + std::to_string(s.oc);
+    for (int d = 1; d < s.rank + 2; ++d) got += ", " + std::to_string(out[d]);
+    for (int d = 0; d < s.rank; ++d) want += ", " + std::to_string(s.out[d]);
+    FANOUT_FAIL() << s.name() << ": cuDNN computes output (" << got << "), expected (" << want << ")";
+  }
 }
 
-// Math type the descriptor asks for before the search: CUDNN_DEFAULT_MATH
-// (TF32 tensor cores allowed) with allow_tf32, else CUDNN_FMA_MATH.
+// Math type the descriptor asks for before the search. With TF32 allowed,
+// CUDNN_DEFAULT_MATH lets cuDNN take TF32 tensor-core kernels for float data
+// (as PyTorch with cudnn.allow_tf32); otherwise CUDNN_FMA_MATH keeps it to
+// plain float32 FMA kernels.
 cudnnMathType_t requested_math(const MathOptions& m) { return m.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
 
-// Usable results: found, deterministic when asked, never a math type that may
-// lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16); with
-// TF32 off, float32 accuracy: no tensor-op math, no FFT or Winograd
-// algorithm (kernels/cuda/conv2d.cu says what they cost in accuracy).
+// Usable results: found, deterministic when asked, and never a math type that
+// may lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16).
+// With TF32 off the result must have float32 accuracy: no tensor-op math and
+// no FFT or Winograd algorithm. Measured on an H100: the timed search's FFT
+// pick was 2e-3 off on a weight gradient, and with Winograd allowed, two
+// replicas training resnet18 drifted 12% from one device within 2 steps.
 template <class A>
 bool acceptable(const typename A::Perf& p, const MathOptions& m) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
@@ -221,10 +259,13 @@ bool acceptable(const typename A::Perf& p, const MathOptions& m) {
 }
 
 std::string shape_str(const ConvShape& s) {
-  const auto t = [](int64_t v) { return std::to_string(v); };
-  return "x (" + t(s.n) + ", " + t(s.c) + ", " + t(s.d) + ", " + t(s.h) + ", " + t(s.w) + "), w (" + t(s.oc) + ", " +
-         t(s.c) + ", " + t(s.kd) + ", " + t(s.kh) + ", " + t(s.kw) + "), stride " + t(s.stride) + ", padding " +
-         t(s.pad);
+  std::string x = "x (" + std::to_string(s.n) + ", " + std::to_string(s.c);
+  std::string w = "w (" + std::to_string(s.oc) + ", " + std::to_string(s.c);
+  for (int d = 0; d < s.rank; ++d) {
+    x += ", " + std::to_string(s.in[d]);
+    w += ", " + std::to_string(s.k[d]);
+  }
+  return x + "), " + w + "), stride " + std::to_string(s.stride) + ", padding " + std::to_string(s.pad);
 }
 
 template <Dir D>
@@ -266,17 +307,17 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     plan->algo = static_cast<int>(p.algo);
     plan->ws = bytes;
     if (const char* log = std::getenv("FANOUT_CUDNN_LOG"); log && std::string(log) == "1")
-      std::fprintf(stderr, "fanout: %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", A::name(),
-                   shape_str(s).c_str(), plan->algo, math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes,
+      std::fprintf(stderr, "fanout: %s %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", s.name(),
+                   A::name(), shape_str(s).c_str(), plan->algo, math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes,
                    m.cudnn_benchmark ? "timed search" : "heuristics");
     return plan;
   }
-  FANOUT_FAIL() << A::name() << ": cuDNN offers no usable algorithm for " << shape_str(s)
+  FANOUT_FAIL() << s.name() << " " << A::name() << ": cuDNN offers no usable algorithm for " << shape_str(s)
                 << (m.deterministic ? " (deterministic only)" : "") << (m.allow_tf32 ? "" : " (TF32 off)") << " among "
                 << got << " candidates";
 }
 
-using PlanKey = std::array<int64_t, 16>;
+using PlanKey = std::array<int64_t, 17>;
 
 struct PlanCache {
   std::mutex mu;
@@ -295,8 +336,8 @@ PlanCache& plan_cache() {
 template <Dir D, class MakeBufs>
 const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const MakeBufs& make_bufs) {
   const MathOptions& m = ctx.math;
-  const PlanKey key{ctx.device().index, static_cast<int64_t>(D), s.n, s.c, s.d, s.h, s.w, s.oc, s.kd, s.kh, s.kw,
-                    s.stride, s.pad, m.allow_tf32, m.deterministic, m.cudnn_benchmark};
+  const PlanKey key{ctx.device().index, static_cast<int64_t>(D), s.rank, s.n, s.c, s.in[0], s.in[1], s.in[2], s.oc,
+                    s.k[0], s.k[1], s.k[2], s.stride, s.pad, m.allow_tf32, m.deterministic, m.cudnn_benchmark};
   PlanCache& cache = plan_cache();
   {
     std::lock_guard<std::mutex> lock(cache.mu);
@@ -333,16 +374,14 @@ struct BiasGradFin {
   __device__ void operator()(int64_t c, double a, double) const { db[c] += static_cast<float>(a); }
 };
 
-}  // namespace
-
-// y (N, OC, OD, OH, OW) = conv(x, w) (+ b), written (=).
-void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
-                    Tensor& y) {
+// y (N, OC, out...) = conv(x, w) (+ b), written (=).
+void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t stride,
+             int64_t pad, Tensor& y) {
   if (y.numel() == 0) return;
-  check_int_range("conv3d_forward", x, w, y, g);
+  check_int_range(op, x, w, y, stride, pad);
   detail::DeviceScope scope(ctx);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());  // bound to ctx.compute() at creation
-  const ConvShape s = conv_shape(x, w, y, g);
+  const ConvShape s = conv_shape(x, w, y, stride, pad);
   const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&] { return FindBuffers{x.raw(), w.raw(), y.raw()}; });
   void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
   const float one = 1.0f, zero = 0.0f;  // beta 0: y is not read (it may hold NaN)
@@ -350,7 +389,7 @@ void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
                                              static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
                                              y.raw()));
   if (b) {
-    const int64_t total = y.numel(), sp = s.od * s.oh * s.ow;
+    const int64_t total = y.numel(), sp = s.out_plane();
     detail::dispatch_index(total, [&](auto tag) {
       using I = decltype(tag);
       add_bias_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
@@ -361,13 +400,13 @@ void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 }
 
 // dx (=) when non-null; dw (+=); db (+=) when non-null.
-void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
-                     Tensor* dx, Tensor& dw, Tensor* db) {
+void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, int64_t stride,
+              int64_t pad, Tensor* dx, Tensor& dw, Tensor* db) {
   if (dy.numel() == 0) return;  // N == 0: nothing to add, dx is empty
-  check_int_range("conv3d_backward", x, w, dy, g);
+  check_int_range(op, x, w, dy, stride, pad);
   detail::DeviceScope scope(ctx);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
-  const ConvShape s = conv_shape(x, w, dy, g);
+  const ConvShape s = conv_shape(x, w, dy, stride, pad);
   const float one = 1.0f, zero = 0.0f;
   if (dx) {
     const ConvPlan& p =
@@ -391,8 +430,30 @@ void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
                                                       &one, p.w, dw.raw()));
   }
   if (db) {
-    detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.od * s.oh * s.ow, BiasGradFin{db->f32()}, dy.f32());
+    detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.out_plane(), BiasGradFin{db->f32()}, dy.f32());
   }
+}
+
+}  // namespace
+
+void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
+                    Tensor& y) {
+  forward("conv2d_forward", ctx, x, w, b, g.stride, g.padding, y);
+}
+
+void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
+                     Tensor* dx, Tensor& dw, Tensor* db) {
+  backward("conv2d_backward", ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
+}
+
+void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
+                    Tensor& y) {
+  forward("conv3d_forward", ctx, x, w, b, g.stride, g.padding, y);
+}
+
+void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
+                     Tensor* dx, Tensor& dw, Tensor* db) {
+  backward("conv3d_backward", ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
 }
 
 }  // namespace fanout::kernels::cuda
