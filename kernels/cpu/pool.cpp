@@ -8,27 +8,12 @@
 #include <limits>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/pool_common.h"
 #include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
 
 namespace {
-
-// Window [lo, hi) of output index o along one axis of length len.
-inline void window(int64_t o, const PoolGeometry& g, int64_t len, int64_t& lo, int64_t& hi) {
-  const int64_t start = o * g.stride - g.padding;
-  lo = std::max<int64_t>(start, 0);
-  hi = std::min<int64_t>(start + g.kernel, len);
-}
-
-// Max-pool select step: take v when it is larger, or NaN (NaN propagates, as
-// PyTorch's CPU kernel); a strict > keeps the first of equal maxima. Written
-// branch-free: on real data a branch here mispredicts about half the time.
-inline void take_max(float v, int32_t idx, float& best, int32_t& best_i) {
-  const bool take = (v > best) | (v != v);
-  best = take ? v : best;
-  best_i = take ? idx : best_i;
-}
 
 // The common 2x2 / stride 2 / no padding case: every window lies inside the image.
 void maxpool_2x2(const float* xp, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, float* yp,

@@ -7,28 +7,10 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/pool_common.h"
 #include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
-
-namespace {
-
-// Window [lo, hi) of output index o along one axis of length len.
-inline void window(int64_t o, const PoolGeometry& g, int64_t len, int64_t& lo, int64_t& hi) {
-  const int64_t start = o * g.stride - g.padding;
-  lo = std::max<int64_t>(start, 0);
-  hi = std::min<int64_t>(start + g.kernel, len);
-}
-
-// Take v when it is larger, or NaN (NaN propagates, as PyTorch's CPU
-// kernel); a strict > keeps the first of equal maxima.
-inline void take_max(float v, int32_t idx, float& best, int32_t& best_i) {
-  const bool take = (v > best) | (v != v);
-  best = take ? v : best;
-  best_i = take ? idx : best_i;
-}
-
-}  // namespace
 
 void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
   const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
