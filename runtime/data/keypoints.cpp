@@ -22,6 +22,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/keypoints.h"
+#include "runtime/io/file_io.h"
 #include "runtime/io/npy.h"
 
 namespace fanout::data {
@@ -34,24 +35,8 @@ constexpr int64_t kMaxLandmarks = 4096;
 constexpr uintmax_t kMaxLandmarkFileBytes = uintmax_t{256} << 20;
 constexpr const char* kCsvHeader = "name,landmark,z,y,x";
 
-// Text from a landmark file for a one-line message: quoted, control bytes as \xNN, cut at 80 bytes.
-std::string shown(const std::string& s) {
-  constexpr size_t kMax = 80;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > kMax) out += "...";
-  return out + "'";
-}
+// Text from a landmark file for a one-line message: quoted, control bytes as \xNN.
+std::string shown(const std::string& s) { return io::detail::quoted(s, /*escape_non_ascii=*/false); }
 
 // One volume's K landmarks, (z, y, x) each.
 struct Landmarks {

@@ -7,17 +7,11 @@
 #include <string>
 
 #include "runtime/core/error.h"
+#include "runtime/data/seeded.h"
 
 namespace fanout::data {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Uniform in [0, bound] without modulo bias: rejects the top partial range.
 // Written out because std::uniform_int_distribution differs between standard libraries.

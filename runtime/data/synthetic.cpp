@@ -8,6 +8,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
+#include "runtime/data/seeded.h"
 
 namespace fanout::data {
 
@@ -20,18 +21,6 @@ namespace {
 
 constexpr int kClasses = 10;
 constexpr int64_t kC = 3, kH = 32, kW = 32;
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Uniform [0, 1) from the top 53 bits. Only raw mt19937_64 output is used
-// (the standard fixes it exactly; the std distributions it does not), so a
-// (n, seed) pair gives the same bytes with every standard library.
-double uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 // Class colours (tab10 palette), RGB on [0, 255].
 constexpr double kColour[kClasses][3] = {{31, 119, 180}, {255, 127, 14},  {44, 160, 44},   {214, 39, 40},
@@ -71,7 +60,7 @@ ImageDataset generate(int64_t n, uint64_t stream_seed, const std::string& name) 
   for (int64_t i = 0; i < n; ++i) {
     const int c = static_cast<int>(((rng() >> 32) * kClasses) >> 32);
     lab[i] = c;
-    const double amp = 0.75 + 0.5 * uniform(rng), jitter = uniform(rng) - 0.5;
+    const double amp = 0.75 + 0.5 * uniform01(rng), jitter = uniform01(rng) - 0.5;
     for (int64_t k = 0; k < kH * kW; ++k) wave[k] = 0.55 + 0.45 * amp * std::sin(phase[c][k] + jitter);
     uint8_t* out = img + i * kC * kH * kW;
     for (int64_t ch = 0; ch < kC; ++ch)

@@ -7,6 +7,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/keypoints.h"
+#include "runtime/data/seeded.h"
 
 namespace fanout::data {
 
@@ -31,16 +32,6 @@ constexpr Blob kBlobs[kK] = {{{1.5, 1.5, 1.5}, 220},   // small, bright
                              {{3.0, 1.3, 1.3}, 180},   // long along z
                              {{1.3, 1.3, 3.0}, 180}};  // long along x
 
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Uniform [0, 1) from raw mt19937_64 output (the same bytes with every standard library).
-double uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-
 ImageDataset generate(int64_t n, uint64_t stream_seed, const std::string& name, const HeatmapSpec& heatmap) {
   std::mt19937_64 rng(stream_seed);
   ImageDataset ds;
@@ -55,7 +46,7 @@ ImageDataset generate(int64_t n, uint64_t stream_seed, const std::string& name, 
     for (int64_t k = 0; k < kK; ++k) {
       // Rejection sampling: far enough from the landmarks already placed.
       for (int tries = 0;; ++tries) {
-        for (double& c : pos[k]) c = kMargin + uniform(rng) * (kS - 1 - 2 * kMargin);
+        for (double& c : pos[k]) c = kMargin + uniform01(rng) * (kS - 1 - 2 * kMargin);
         bool apart = true;
         for (int64_t j = 0; j < k && apart; ++j) {
           double d2 = 0;
@@ -74,7 +65,7 @@ ImageDataset generate(int64_t n, uint64_t stream_seed, const std::string& name, 
     }
     for (int64_t k = 0; k < kK; ++k) {
       const Blob& b = kBlobs[k];
-      const double amp = b.peak * (0.85 + 0.3 * uniform(rng));
+      const double amp = b.peak * (0.85 + 0.3 * uniform01(rng));
       for (int64_t z = 0; z < kS; ++z)
         for (int64_t y = 0; y < kS; ++y)
           for (int64_t x = 0; x < kS; ++x) {
@@ -102,8 +93,8 @@ void mean_std(const ImageDataset& ds, std::vector<float>& mean, std::vector<floa
 TrainTest make_synthetic3d(int64_t n_train, uint64_t seed, const HeatmapSpec& heatmap) {
   FANOUT_USER_CHECK(n_train >= 1) << "synthetic3d: needs at least 1 training volume, got " << n_train;
   TrainTest tt;
-  tt.train = generate(n_train, mix(seed ^ 0x3D3D3D3D3D3D3D3Dull), "synthetic3d/train", heatmap);
-  tt.test = generate(std::max<int64_t>(n_train / 5, 10), mix(seed ^ 0x7E57D47A3D3D3D3Dull), "synthetic3d/test", heatmap);
+  tt.train = generate(n_train, splitmix64(seed ^ 0x3D3D3D3D3D3D3D3Dull), "synthetic3d/train", heatmap);
+  tt.test = generate(std::max<int64_t>(n_train / 5, 10), splitmix64(seed ^ 0x7E57D47A3D3D3D3Dull), "synthetic3d/test", heatmap);
   mean_std(tt.train, tt.train.mean, tt.train.std);
   tt.test.mean = tt.train.mean;
   tt.test.std = tt.train.std;

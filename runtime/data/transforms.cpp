@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "runtime/core/error.h"
+#include "runtime/data/seeded.h"
 
 namespace fanout::data {
 
@@ -13,13 +14,6 @@ namespace {
 constexpr int kDefaultCropPadding = 4;
 constexpr int kMaxCropPadding = 1024;  // past that it is a typo
 constexpr const char* kSpecForms = "none, flip, crop, crop:P, crop:P,flip or flip,crop:P";
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Independent streams of draws per sample, so the flip does not depend on whether crop is on.
 enum Stream : uint64_t { kFlip = 1, kCropRow = 2, kCropCol = 3 };
