@@ -183,7 +183,6 @@ void DataParallel::begin_pass(const Tensor& x) {
   for (int i = 1; i < active_; ++i) starts_[i] = starts_[i - 1] + sizes_[i - 1];
   training_forward_ = module_.is_training();
   gathered_pass_ = false;
-  traffic_ = {};
   comm_->begin(active_);
   // Reinstalled every pass: another engine built on this module may have replaced it.
   if (stat_sync_) module_.set_batch_stat_sync(stat_sync_.get());
@@ -273,8 +272,6 @@ Tensor DataParallel::forward(const Tensor& x) {
     sample_out_[0] = 1;
     sample_out_known_ = true;
   }
-  for (int i = 0; i < active_; ++i)
-    if (devices_[i] != output_device_) traffic_.gathered += static_cast<int64_t>(out_chunks_[i].nbytes());
   gathered_pass_ = true;
   return gathered_;
 }
@@ -302,11 +299,16 @@ void DataParallel::backward(const Tensor& dy) {
         }
       },
       active_);
-  for (int i = 0; i < active_; ++i)
-    if (devices_[i] != output_device_) traffic_.scattered += static_cast<int64_t>(dy_chunks_[i].nbytes());
 }
 
-void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& loss) {
+int64_t DataParallel::gathered_bytes() const {
+  int64_t bytes = 0;
+  for (int i = 0; i < active_; ++i)
+    if (devices_[i] != output_device_) bytes += out_shapes_[i].numel() * static_cast<int64_t>(sizeof(float));
+  return bytes;
+}
+
+void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done) {
   begin_pass(x);
   pool_->run(
       [&](int i) {
@@ -318,6 +320,7 @@ void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& lo
                 << "replica " << i << ": the loss gave no output gradient of shape " << out.shape().str();
             replica_backward(i, *dy);
           }
+          if (done) done(i, *contexts_[i]);
         } catch (...) {
           comm_->abort();
           throw;
@@ -366,8 +369,9 @@ StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool 
     const Tensor rows = y.slice(begin, end);
     const Tensor& t = on_device(rows, ctx.device(), targets_[i], ctx);
     c.forward(ctx, out, t, train, grad_scale);
-    results_[i] = c.read(ctx);  // waits for this replica's stream, not the others'
     return train ? &c.grad() : nullptr;
+  }, [&](int i, Context& ctx) {
+    results_[i] = criteria_[i]->read(ctx);  // after backward: waits for this replica's stream only
   });
   StepResult r;
   bytes_to_primary_ = 0;
@@ -392,7 +396,7 @@ StepResult DataParallelEngine::gathered_step(const Tensor& x, const Tensor& y, b
   }
   StepResult r = c.read(octx);
   // The other replicas' outputs and the targets of their rows reach the output device.
-  bytes_to_primary_ = dp_.traffic().gathered;
+  bytes_to_primary_ = dp_.gathered_bytes();
   const int64_t target_row = static_cast<int64_t>(y.nbytes()) / y.size(0);
   for (int i = 0; i < dp_.replicas_used(); ++i)
     if (dp_.devices()[i] != dp_.output_device()) bytes_to_primary_ += dp_.chunk_rows(i) * target_row;

@@ -78,22 +78,19 @@ class DataParallel {
   // Loss on the replicas: each replica runs forward on its chunk, then, on
   // its own thread and device, loss(replica, begin, end, output, ctx) for
   // rows [begin, end) of the batch, then (training) backward of the output
-  // gradient it returns (null in eval mode). Nothing is gathered, and
-  // backward() does not apply to this pass.
+  // gradient it returns (null in eval mode), then done(replica, ctx) when
+  // given: where results are read back without stalling between forward and
+  // backward. Nothing is gathered, and backward() does not apply to this pass.
   using ReplicaLoss =
       std::function<const Tensor*(int replica, int64_t begin, int64_t end, const Tensor& out, Context& ctx)>;
-  void forward_backward_local(const Tensor& x, const ReplicaLoss& loss);
+  using ReplicaDone = std::function<void(int replica, Context& ctx)>;
+  void forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done = {});
 
-  // Bytes the last pass moved between the output device and the other
-  // replicas' devices: outputs gathered onto it, output gradients scattered
-  // from it (parameter broadcasts and gradient reductions, the same in
-  // either mode, are not counted).
-  struct Traffic {
-    int64_t gathered = 0, scattered = 0;
-  };
-  const Traffic& traffic() const { return traffic_; }
-  // Rows [begin, end) of the last pass on each active replica.
-  int64_t chunk_begin(int i) const { return starts_.at(i); }
+  // Bytes of the last forward's outputs that other replicas' devices sent to
+  // the output device (parameter broadcasts and gradient reductions, the
+  // same with the loss on the replicas, are not counted).
+  int64_t gathered_bytes() const;
+  // Rows of the last pass on active replica i, and its output's shape.
   int64_t chunk_rows(int i) const { return sizes_.at(i); }
   const Shape& replica_output_shape(int i) const { return out_shapes_.at(i); }
 
@@ -145,7 +142,6 @@ class DataParallel {
   bool warned_small_batch_ = false;
   bool training_forward_ = false;
   bool gathered_pass_ = false;  // the last pass was forward(), so backward() may follow
-  Traffic traffic_;
 };
 
 // Engine over DataParallel: the loss on the replicas (or, without
