@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "kernels/dispatch.h"
+#include "kernels/pool.h"
 
 namespace fanout::kernels {
 
@@ -70,7 +71,11 @@ void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Te
   FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
       << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
       << " do not match";
-  FANOUT_DISPATCH(ctx, maxpool3d_backward, ctx, dy, argmax, dx);
+  const auto planes = [](const Tensor& t) {
+    return t.view(Shape{t.size(0), t.size(1), t.size(2) * t.size(3) * t.size(4), 1});
+  };
+  Tensor dx_planes = planes(dx);
+  maxpool2d_backward(ctx, planes(dy), planes(argmax), dx_planes);
 }
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {

@@ -20,13 +20,15 @@ FANOUT_KERNEL_OPS(
 // the max inside each (D, H, W) volume. First maximum wins, NaN propagates,
 // padding is never selected.
 void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax);
-// dx (=), scattered from dy through argmax.
-void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx);
 
 // y[n, c, d, h, w] = x[n, c, d/s, h/s, w/s], written (=).
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y);
 // dx (=): each input element gets the sum of the s^3 gradients it was copied to.
 void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx);
 )
+
+// dx (=), scattered from dy through argmax: maxpool2d_backward on (N, C, S, 1)
+// views of the volumes, since the scatter does not depend on the rank.
+void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx);
 
 }  // namespace fanout::kernels

@@ -48,26 +48,6 @@ void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor&
   }
 }
 
-void maxpool3d_backward(Context&, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  const int64_t vols = dy.size(0) * dy.size(1), odhw = dy.size(2) * dy.size(3) * dy.size(4);
-  const int64_t dhw = dx.size(2) * dx.size(3) * dx.size(4);
-  const float* gp = dy.f32();
-  const int32_t* ap = argmax.data<int32_t>();
-  float* dp = dx.f32();
-  dx.zero();
-  for (int64_t v = 0; v < vols; ++v) {
-    const float* gs = gp + v * odhw;
-    const int32_t* as = ap + v * odhw;
-    float* ds = dp + v * dhw;
-    for (int64_t i = 0; i < odhw; ++i) {
-      const int64_t k = as[i];
-      FANOUT_CHECK(k >= 0 && k < dhw) << "maxpool3d_backward: argmax " << k << " outside a volume of dx "
-                                      << dx.shape().str();
-      ds[k] += gs[i];
-    }
-  }
-}
-
 void upsample3d_nearest_forward(Context&, const Tensor& x, int64_t scale, Tensor& y) {
   const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
   const int64_t s = scale, oh = h * s, ow = w * s, ohw = oh * ow;

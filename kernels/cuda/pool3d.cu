@@ -64,37 +64,6 @@ __global__ void maxpool3d_forward_kernel(const float* __restrict__ x, float* __r
   }
 }
 
-// dx (zeroed before) += dy scattered through argmax; one thread per dy
-// element, atomics where windows overlap. Out-of-volume indices (corrupt
-// argmax; the CPU path throws) are skipped: a kernel cannot throw.
-template <class I>
-__global__ void maxpool3d_backward_atomic_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                                 float* __restrict__ dx, I total, I odhw, I dhw) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I vol = i / odhw;
-    const int32_t k = argmax[i];
-    if (k >= 0 && static_cast<I>(k) < dhw) atomicAdd(dx + vol * dhw + k, dy[i]);
-  }
-}
-
-// Deterministic variant (ctx.math.deterministic): one thread per volume adds
-// its outputs in order, as the CPU path does.
-template <class I>
-__global__ void maxpool3d_backward_serial_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                                 float* __restrict__ dx, I vols, I odhw, I dhw) {
-  for (I v = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); v < vols;
-       v += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const float* g = dy + v * odhw;
-    const int32_t* a = argmax + v * odhw;
-    float* d = dx + v * dhw;
-    for (I i = 0; i < odhw; ++i) {
-      const int32_t k = a[i];
-      if (k >= 0 && static_cast<I>(k) < dhw) d[k] += g[i];
-    }
-  }
-}
-
 // One thread per output: y[v, i, j, k] = x[v, i/s, j/s, k/s].
 template <class I>
 __global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, I d, I h, I w,
@@ -145,30 +114,6 @@ void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Ten
     using I = decltype(tag);
     maxpool3d_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
         x.f32(), y.f32(), argmax.data<int32_t>(), static_cast<I>(total), pool_dims<I>(x.shape(), y.shape(), g));
-    FANOUT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  if (dx.numel() == 0) return;
-  detail::DeviceScope scope(ctx);
-  cudaStream_t st = detail::stream_of(ctx);
-  FANOUT_CUDA_CHECK(cudaMemsetAsync(dx.raw(), 0, dx.nbytes(), st));
-  const int64_t total = dy.numel();
-  if (total == 0) return;
-  const int64_t vols = dy.size(0) * dy.size(1), odhw = dy.size(2) * dy.size(3) * dy.size(4);
-  const int64_t dhw = dx.size(2) * dx.size(3) * dx.size(4);
-  detail::dispatch_index(std::max(dx.numel(), total), [&](auto tag) {
-    using I = decltype(tag);
-    if (ctx.math.deterministic) {
-      maxpool3d_backward_serial_kernel<I><<<detail::grid_for(ctx, vols, 128), 128, 0, st>>>(
-          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(vols), static_cast<I>(odhw),
-          static_cast<I>(dhw));
-    } else {
-      maxpool3d_backward_atomic_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, st>>>(
-          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(total), static_cast<I>(odhw),
-          static_cast<I>(dhw));
-    }
     FANOUT_CUDA_CHECK_LAUNCH();
   });
 }
