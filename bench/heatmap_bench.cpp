@@ -1,5 +1,5 @@
 // heatmap-bench: milliseconds per volume of landmark heatmap rendering on the
-// CPU (runtime/data/heatmap.h), the naive per-voxel loop against the separable
+// CPU (kernels/heatmap.h, without a context), the naive per-voxel loop against the separable
 // vectorized renderer, and on cuda:0 (kernels/heatmap.h), for each volume
 // size, landmark count and radius asked for. All write the whole (K, D, H, W)
 // output (zeros included); "zero ms" is a memset of that output alone, the

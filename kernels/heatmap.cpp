@@ -1,6 +1,6 @@
 // Public heatmap entry point: parameter, shape, dtype and device checks, then
-// dispatch; and the factor table (host code, so that it rounds as the CPU
-// renderer in runtime/data/heatmap.cpp does).
+// dispatch; and the factor table every renderer draws with (host code: one
+// rounding for all backends).
 #include "kernels/heatmap.h"
 
 #include <cmath>

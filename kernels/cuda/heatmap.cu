@@ -9,7 +9,7 @@
 // starting from 0, and stores it. Values are >= 0 and never NaN, so the
 // maximum does not depend on the order the landmarks were gathered in.
 //
-// Same bits as the CPU renderer (runtime/data/heatmap.cpp):
+// Same bits as the CPU renderer (kernels/cpu/heatmap.cpp):
 // - the factor table is heatmap_axis_factors, computed on the host with the
 //   same double exp and rounding to float as the CPU; it travels in the
 //   launch parameters up to radius kParamFactors - 1, beyond that in device

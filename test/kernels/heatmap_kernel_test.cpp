@@ -1,5 +1,5 @@
 // Heatmap rendering (kernels/heatmap.h) on every backend, bit for bit against
-// the naive per-voxel reference of runtime/data/heatmap.h, sample by sample:
+// the naive per-voxel CPU reference (render_heatmaps_naive), sample by sample:
 // 2D and 3D, landmarks near, across and beyond the borders, radius 0,
 // overlapping landmarks and shared channels, non-default sigma, radii whose
 // factor table is too large for the CUDA launch parameters, more landmarks
@@ -19,7 +19,6 @@
 #include "kernels/backend_test_util.h"
 #include "kernels/heatmap.h"
 #include "runtime/core/error.h"
-#include "runtime/data/heatmap.h"
 
 namespace fanout {
 namespace {
@@ -51,7 +50,7 @@ class HeatmapKernel : public ft::BackendTest {
     EXPECT_TRUE(same(got, want));
   }
 
-  // data::render_heatmaps_naive on each sample.
+  // render_heatmaps_naive on each sample.
   static Tensor reference(const Tensor& landmarks, const HeatmapParams& p, const Shape& out_shape,
                           const Tensor& channels) {
     Tensor out = Tensor::empty(out_shape);
@@ -60,8 +59,8 @@ class HeatmapKernel : public ft::BackendTest {
     sample.ndim = out_shape.ndim - 1;
     const Shape lm_sample{landmarks.size(1), landmarks.size(2)};
     for (int64_t n = 0; n < out_shape[0]; ++n) {
-      data::render_heatmaps_naive(landmarks.slice(n, n + 1).view(lm_sample), data::HeatmapSpec{p.radius, p.sigma},
-                                  out.slice(n, n + 1).view(sample), channels);
+      kernels::render_heatmaps_naive(landmarks.slice(n, n + 1).view(lm_sample), p, out.slice(n, n + 1).view(sample),
+                                     channels);
     }
     return out;
   }
