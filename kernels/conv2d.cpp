@@ -1,61 +1,29 @@
 // Public 2-D convolution entry points: output shape, shape/dtype/device
-// checks, then dispatch (CPU im2col + GEMM, CUDA cuDNN).
+// checks (kernels/conv_checks.h), then dispatch (CPU im2col + GEMM, CUDA cuDNN).
 #include "kernels/conv2d.h"
 
+#include "kernels/conv_checks.h"
 #include "kernels/dispatch.h"
 
 namespace fanout::kernels {
 
-Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dGeometry& g) {
-  FANOUT_CHECK(x.ndim == 4 && w.ndim == 4) << "conv2d: x " << x.str() << " and w " << w.str()
-                                           << " must be (N, C, H, W) and (OC, C, KH, KW)";
-  FANOUT_CHECK(x[1] == w[1]) << "conv2d: x " << x.str() << " has " << x[1] << " channels, w " << w.str()
-                             << " expects " << w[1];
-  FANOUT_CHECK(g.stride >= 1 && g.padding >= 0) << "conv2d: bad stride " << g.stride << " / padding " << g.padding;
-  FANOUT_CHECK(w[0] >= 1 && w[2] >= 1 && w[3] >= 1) << "conv2d: empty kernel w " << w.str();
-  const int64_t hp = x[2] + 2 * g.padding, wp = x[3] + 2 * g.padding;
-  FANOUT_CHECK(hp >= w[2] && wp >= w[3]) << "conv2d: kernel " << w[2] << "x" << w[3] << " larger than padded input "
-                                         << hp << "x" << wp << " (x " << x.str() << ", padding " << g.padding << ")";
-  return Shape{x[0], w[0], (hp - w[2]) / g.stride + 1, (wp - w[3]) / g.stride + 1};
-}
-
 namespace {
-void check_conv(const Context& ctx, const char* op, const Tensor& x, const Tensor& w, const Tensor* b,
-                const Conv2dGeometry& g, const Tensor& y, const char* y_name, bool b_is_grad = false) {
-  detail::check_tensor(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "w", w);
-  detail::check_tensor(ctx, op, y_name, y);
-  const Shape ys = conv2d_output_shape(x.shape(), w.shape(), g);
-  FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
-                                << ", w " << w.shape().str() << ", stride " << g.stride << ", padding "
-                                << g.padding << " give " << ys.str();
-  if (b) {
-    if (b_is_grad) detail::check_grad(ctx, op, "db", *b);
-    else detail::check_tensor(ctx, op, "bias", *b);
-    FANOUT_CHECK(b->shape() == Shape{w.size(0)}) << op << ": bias " << b->shape().str() << " for w "
-                                                 << w.shape().str();
-  }
-}
+detail::ConvSpec spec(const Conv2dGeometry& g) { return {"conv2d", 2, g.stride, g.padding}; }
 }  // namespace
+
+Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dGeometry& g) {
+  return detail::conv_output_shape(spec(g), x, w);
+}
 
 void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
                     Tensor& y) {
-  check_conv(ctx, "conv2d_forward", x, w, b, g, y, "y");
+  detail::check_conv_forward(ctx, "conv2d_forward", spec(g), x, w, b, y);
   FANOUT_DISPATCH(ctx, conv2d_forward, ctx, x, w, b, g, y);
 }
 
 void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
                      Tensor* dx, Tensor& dw, Tensor* db) {
-  const char* op = "conv2d_backward";
-  check_conv(ctx, op, x, w, db, g, dy, "dy", true);
-  detail::check_grad(ctx, op, "dw", dw);
-  FANOUT_CHECK(dw.shape() == w.shape()) << op << ": dw " << dw.shape().str() << " for w " << w.shape().str();
-  FANOUT_CHECK(!db || db->dtype() == dw.dtype())
-      << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
-  if (dx) {
-    detail::check_tensor(ctx, op, "dx", *dx);
-    FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();
-  }
+  detail::check_conv_backward(ctx, "conv2d_backward", spec(g), x, w, dy, dx, dw, db);
   FANOUT_DISPATCH(ctx, conv2d_backward, ctx, x, w, dy, g, dx, dw, db);
 }
 

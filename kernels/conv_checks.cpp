@@ -1,0 +1,84 @@
+#include "kernels/conv_checks.h"
+
+#include <string>
+
+#include "kernels/dispatch.h"
+
+namespace fanout::kernels::detail {
+
+namespace {
+
+// "(N, C, H, W) and (OC, C, KH, KW)" or the 3-D form.
+std::string layouts(int spatial) {
+  return spatial == 3 ? "(N, C, D, H, W) and (OC, C, KD, KH, KW)" : "(N, C, H, W) and (OC, C, KH, KW)";
+}
+
+// "3x3" or "3x3x3": the extents of a shape's trailing spatial axes.
+std::string extents(const int64_t* e, int spatial) {
+  std::string s;
+  for (int a = 0; a < spatial; ++a) s += (a ? "x" : "") + std::to_string(e[a]);
+  return s;
+}
+
+void check_args(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
+                const Tensor* b, bool b_is_grad, const Tensor& y, const char* y_name) {
+  check_tensor(ctx, op, "x", x);
+  check_tensor(ctx, op, "w", w);
+  check_tensor(ctx, op, y_name, y);
+  const Shape ys = conv_output_shape(s, x.shape(), w.shape());
+  FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
+                                << ", w " << w.shape().str() << ", stride " << s.stride << ", padding " << s.padding
+                                << " give " << ys.str();
+  if (b) {
+    if (b_is_grad) check_grad(ctx, op, "db", *b);
+    else check_tensor(ctx, op, "bias", *b);
+    FANOUT_CHECK(b->shape() == Shape{w.size(0)}) << op << ": bias " << b->shape().str() << " for w "
+                                                 << w.shape().str();
+  }
+}
+
+}  // namespace
+
+Shape conv_output_shape(const ConvSpec& s, const Shape& x, const Shape& w) {
+  const int rank = s.spatial + 2;
+  FANOUT_CHECK(x.ndim == rank && w.ndim == rank)
+      << s.family << ": x " << x.str() << " and w " << w.str() << " must be " << layouts(s.spatial);
+  FANOUT_CHECK(x[1] == w[1]) << s.family << ": x " << x.str() << " has " << x[1] << " channels, w " << w.str()
+                             << " expects " << w[1];
+  FANOUT_CHECK(s.stride >= 1 && s.padding >= 0)
+      << s.family << ": bad stride " << s.stride << " / padding " << s.padding;
+  bool empty = w[0] < 1, fits = true;
+  int64_t padded[3];
+  for (int a = 0; a < s.spatial; ++a) {
+    padded[a] = x[2 + a] + 2 * s.padding;
+    empty = empty || w[2 + a] < 1;
+    fits = fits && padded[a] >= w[2 + a];
+  }
+  FANOUT_CHECK(!empty) << s.family << ": empty kernel w " << w.str();
+  FANOUT_CHECK(fits) << s.family << ": kernel " << extents(w.d.data() + 2, s.spatial) << " larger than padded input "
+                     << extents(padded, s.spatial) << " (x " << x.str() << ", padding " << s.padding << ")";
+  Shape y = x;
+  y[1] = w[0];
+  for (int a = 0; a < s.spatial; ++a) y[2 + a] = (padded[a] - w[2 + a]) / s.stride + 1;
+  return y;
+}
+
+void check_conv_forward(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
+                        const Tensor* b, const Tensor& y) {
+  check_args(ctx, op, s, x, w, b, false, y, "y");
+}
+
+void check_conv_backward(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
+                         const Tensor& dy, const Tensor* dx, const Tensor& dw, const Tensor* db) {
+  check_args(ctx, op, s, x, w, db, true, dy, "dy");
+  check_grad(ctx, op, "dw", dw);
+  FANOUT_CHECK(dw.shape() == w.shape()) << op << ": dw " << dw.shape().str() << " for w " << w.shape().str();
+  FANOUT_CHECK(!db || db->dtype() == dw.dtype())
+      << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
+  if (dx) {
+    check_tensor(ctx, op, "dx", *dx);
+    FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();
+  }
+}
+
+}  // namespace fanout::kernels::detail
