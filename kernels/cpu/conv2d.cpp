@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/gemm.h"
+#include "kernels/cpu/conv_rows.h"
 #include "kernels/cpu/loops.h"
 
 namespace fanout::kernels::cpu {
@@ -29,17 +30,9 @@ Dims dims_of(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dGeom
           y.size(2), y.size(3), g.stride, g.padding};
 }
 
-// Ceil of a / s for s > 0, clamped to [0, hi].
-inline int64_t ceil_div_clamp(int64_t a, int64_t s, int64_t hi) {
-  if (a <= 0) return 0;
-  return std::min(hi, (a + s - 1) / s);
-}
-
 // For kernel column kw: output columns [lo, hi) read input columns inside [0, W).
-// iw = ow * stride - pad + kw.
 inline void valid_cols(const Dims& d, int64_t kw, int64_t& lo, int64_t& hi) {
-  lo = ceil_div_clamp(d.pad - kw, d.stride, d.ow);
-  hi = std::max(lo, ceil_div_clamp(d.w + d.pad - kw, d.stride, d.ow));
+  conv_rows::valid_cols(d.w, d.ow, d.stride, d.pad, kw, lo, hi);
 }
 
 // Stride 1 with OW == W (e.g. 3x3 padding 1): a kernel offset (kh, kw) maps
@@ -127,18 +120,7 @@ void im2col(const Dims& d, const float* x, float* col) {
             std::memset(dst, 0, sizeof(float) * d.ow);
             continue;
           }
-          std::fill(dst, dst + lo, 0.0f);
-          if (hi > lo) {
-            const float* src = xc + ih * d.w + iw0;
-            if (d.stride == 1) {
-              std::memcpy(dst + lo, src, sizeof(float) * (hi - lo));
-            } else {
-              const int64_t s = d.stride;
-              float* out = dst + lo;
-              for (int64_t j = 0; j < hi - lo; ++j) out[j] = src[j * s];
-            }
-          }
-          std::fill(dst + hi, dst + d.ow, 0.0f);
+          conv_rows::gather_row(dst, xc + ih * d.w, iw0, lo, hi, d.ow, d.stride);
         }
       }
     }
@@ -161,15 +143,7 @@ void col2im(const Dims& d, float* col, float* dx) {
         for (int64_t oh = 0; oh < d.oh; ++oh) {
           const int64_t ih = oh * d.stride - d.pad + kh;
           if (ih < 0 || ih >= d.h || hi == lo) continue;
-          const float* src = row + oh * d.ow + lo;
-          float* dst = dxc + ih * d.w + iw0;
-          const int64_t len = hi - lo;
-          if (d.stride == 1) {
-            for (int64_t j = 0; j < len; ++j) dst[j] += src[j];
-          } else {
-            const int64_t s = d.stride;
-            for (int64_t j = 0; j < len; ++j) dst[j * s] += src[j];
-          }
+          conv_rows::scatter_add_row(dxc + ih * d.w + iw0, row + oh * d.ow + lo, hi - lo, d.stride);
         }
       }
     }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/conv_rows.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/gemm.h"
 
@@ -42,17 +43,9 @@ Dims dims_of(const Tensor& x, const Tensor& w, const Tensor& y, const Conv3dGeom
           y.size(2), y.size(3), y.size(4), g.stride, g.padding};
 }
 
-// Ceil of a / s for s > 0, clamped to [0, hi].
-inline int64_t ceil_div_clamp(int64_t a, int64_t s, int64_t hi) {
-  if (a <= 0) return 0;
-  return std::min(hi, (a + s - 1) / s);
-}
-
 // For kernel column kw: output columns [lo, hi) read input columns inside [0, W).
-// iw = ow * stride - pad + kw.
 inline void valid_cols(const Dims& d, int64_t kw, int64_t& lo, int64_t& hi) {
-  lo = ceil_div_clamp(d.pad - kw, d.stride, d.ow);
-  hi = std::max(lo, ceil_div_clamp(d.w + d.pad - kw, d.stride, d.ow));
+  conv_rows::valid_cols(d.w, d.ow, d.stride, d.pad, kw, lo, hi);
 }
 
 // Calls f(row, xc, kd, kh, kw) for every row of a column matrix of `cols`
@@ -92,18 +85,7 @@ void vol2col(const Dims& d, const float* x, int64_t od0, int64_t nd, float* col)
           std::memset(dst, 0, sizeof(float) * d.ow);
           continue;
         }
-        std::fill(dst, dst + lo, 0.0f);
-        if (hi > lo) {
-          const float* src = xd + ih * d.w + iw0;
-          if (d.stride == 1) {
-            std::memcpy(dst + lo, src, sizeof(float) * (hi - lo));
-          } else {
-            const int64_t s = d.stride;
-            float* out = dst + lo;
-            for (int64_t j = 0; j < hi - lo; ++j) out[j] = src[j * s];
-          }
-        }
-        std::fill(dst + hi, dst + d.ow, 0.0f);
+        conv_rows::gather_row(dst, xd + ih * d.w, iw0, lo, hi, d.ow, d.stride);
       }
     }
   });
@@ -127,14 +109,7 @@ void col2vol(const Dims& d, const float* col, int64_t od0, int64_t nd, float* dx
       for (int64_t oh = 0; oh < d.oh; ++oh) {
         const int64_t ih = oh * d.stride - d.pad + kh;
         if (ih < 0 || ih >= d.h) continue;
-        const float* src = plane + oh * d.ow + lo;
-        float* dst = dxd + ih * d.w + iw0;
-        if (d.stride == 1) {
-          for (int64_t j = 0; j < len; ++j) dst[j] += src[j];
-        } else {
-          const int64_t s = d.stride;
-          for (int64_t j = 0; j < len; ++j) dst[j * s] += src[j];
-        }
+        conv_rows::scatter_add_row(dxd + ih * d.w + iw0, plane + oh * d.ow + lo, len, d.stride);
       }
     }
   });
