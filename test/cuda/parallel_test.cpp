@@ -127,6 +127,74 @@ TEST(CudaDataParallel, CudnnBenchmarkWithTwoReplicasOnOneGpu) {
   check_dp_matches_one_gpu("resnet18", Shape{3, 16, 16}, 2, opts, 1, 1e-4);
 }
 
+// heatmap3d (Conv3d, BatchNorm3d, MaxPool3d, Upsample3d) with MSE on dense
+// targets, 3 steps of 10 volumes 8x8x8 with 3 landmarks.
+struct HeatmapRun {
+  std::vector<StepResult> train;
+  std::vector<int64_t> bytes;  // to the primary, per step (DataParallel only)
+  Tensor delta;                // the parameters' change
+};
+
+HeatmapRun run_heatmap3d(int replicas, bool on_replicas, bool sync_bn) {
+  const Shape sample{1, 8, 8, 8};
+  const int landmarks = 3;
+  std::mt19937_64 rng(41);
+  auto m = models::make_model("heatmap3d", sample, landmarks, 9);
+  const Tensor init = m->arenas().params.to(Device::cpu());
+  const LossOptions mse{"mse", 0.0f};
+  std::unique_ptr<Engine> eng;
+  DataParallelEngine* dp = nullptr;
+  if (replicas == 1) {
+    eng = std::make_unique<SingleDeviceEngine>(*m, gpu(), testing::test_sgd(), mse, 9);
+  } else {
+    DataParallelOptions opts;
+    opts.loss_on_replicas = on_replicas;
+    opts.sync_bn = sync_bn;
+    auto e = std::make_unique<DataParallelEngine>(*m, repeated_gpu(replicas), testing::test_sgd(), mse, opts);
+    dp = e.get();
+    eng = std::move(e);
+  }
+  HeatmapRun r;
+  for (int s = 0; s < 3; ++s) {
+    const Tensor x = random_tensor(Shape{10, 1, 8, 8, 8}, rng);
+    Tensor y = random_tensor(Shape{10, landmarks, 8, 8, 8}, rng, 0.0f, 0.05f);
+    for (int64_t p = 0; p < 10 * landmarks; ++p) y.f32()[p * 512 + static_cast<int64_t>(rng() % 512)] = 1.0f;
+    r.train.push_back(eng->train_step(x, y, 0.05f));
+    r.bytes.push_back(dp ? dp->bytes_to_primary() : 0);
+  }
+  r.delta = host_params(*eng);
+  for (int64_t i = 0; i < r.delta.numel(); ++i) r.delta.f32()[i] -= init.f32()[i];
+  return r;
+}
+
+void expect_same_heatmap_steps(const HeatmapRun& got, const HeatmapRun& want, double rtol) {
+  ASSERT_EQ(got.train.size(), want.train.size());
+  for (size_t i = 0; i < want.train.size(); ++i) {
+    EXPECT_NEAR(got.train[i].loss_sum, want.train[i].loss_sum, rtol * std::abs(want.train[i].loss_sum)) << "step " << i;
+    EXPECT_EQ(got.train[i].count, want.train[i].count);
+    EXPECT_EQ(got.train[i].points, 30);  // every (row, landmark) has a peak
+  }
+  EXPECT_LE(norm_rel(got.delta, want.delta), rtol) << "parameter updates";
+}
+
+// The loss on the replicas (each replica's MSE and argmax planes on its own
+// stream, per-replica target copies) against the gathered outputs on two
+// replicas of cuda:0: the same steps, and only scalars reach the primary.
+// With SyncBatchNorm both equal one device.
+TEST(CudaDataParallel, HeatmapLossOnReplicasMatchesGatheredAndOneDevice) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  const HeatmapRun local = run_heatmap3d(2, true, false), gathered = run_heatmap3d(2, false, false);
+  expect_same_heatmap_steps(local, gathered, 1e-5);
+  // Replica 1 holds 5 of the 10 rows: their losses and, per (row, landmark), the argmax of
+  // output and target (index and value each), against their outputs and targets gathered.
+  EXPECT_EQ(local.bytes[0], 5 * 4 + 5 * 3 * 16);
+  EXPECT_EQ(gathered.bytes[0], 5 * 3 * 512 * 4 * 2);
+
+  const HeatmapRun one = run_heatmap3d(1, true, false);
+  expect_same_heatmap_steps(run_heatmap3d(2, true, true), one, 1e-4);
+  expect_same_heatmap_steps(run_heatmap3d(2, false, true), one, 1e-4);
+}
+
 // The change one training step makes to the parameters.
 Tensor one_step_delta(const std::vector<Device>& devices, const MathOptions& math) {
   const Shape sample{3, 16, 16};

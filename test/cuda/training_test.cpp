@@ -1,9 +1,11 @@
-// Whole training steps on cuda:0 against the CPU: lenet and resnet18 from the
-// same initial parameters and batch agree after 1 and 3 SGD steps (TF32 off),
-// and a warm training step allocates no device memory.
+// Whole training steps on cuda:0 against the CPU: lenet, cnn, resnet18 and
+// heatmap3d (MSE on dense targets) from the same initial parameters and batch
+// agree after 1 and 3 SGD steps (TF32 off), and a warm training step
+// allocates no device memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <string>
 
 #include "cuda/cuda_test_util.h"
@@ -76,6 +78,40 @@ void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model,
   }
 }
 
+// Dense targets (N, K, spatial...): noise in [0, 0.05) and one peak of 1 per (row, landmark).
+Tensor heatmap_targets(const Shape& shape, std::mt19937_64& rng) {
+  Tensor t = random_tensor(shape, rng, 0.0f, 0.05f);
+  const int64_t planes = shape[0] * shape[1], voxels = t.numel() / planes;
+  for (int64_t p = 0; p < planes; ++p) t.f32()[p * voxels + static_cast<int64_t>(rng() % voxels)] = 1.0f;
+  return t;
+}
+
+// A batch of `batch` samples and its targets: class labels, or for a dense
+// model (heatmap3d, 3 landmarks) heatmaps of the input's spatial shape.
+struct TargetBatch {
+  Tensor x, y;
+  LossOptions loss;
+  int classes = 10;
+};
+TargetBatch make_batch(const std::string& model, const Shape& sample, int64_t batch, std::mt19937_64& rng) {
+  TargetBatch b;
+  Shape xs = sample;
+  xs.ndim = sample.ndim + 1;
+  xs[0] = batch;
+  for (int i = 0; i < sample.ndim; ++i) xs[i + 1] = sample[i];
+  b.x = random_tensor(xs, rng);
+  if (models::dense_output(model)) {
+    b.classes = 3;
+    b.loss.criterion = "mse";
+    Shape ys = xs;
+    ys[1] = b.classes;
+    b.y = heatmap_targets(ys, rng);
+  } else {
+    b.y = random_labels(batch, b.classes, rng);
+  }
+  return b;
+}
+
 // After step 1 every element holds at 1e-3. BatchNorm over a batch of 2
 // (resnet18 below: 8 values per channel in its last stage) amplifies float32
 // rounding step by step, so `loose3` compares step 3 per tensor, by norm, at
@@ -83,23 +119,23 @@ void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model,
 void check_training_matches_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed,
                                 bool loose3 = false) {
   SCOPED_TRACE(model);
-  auto cpu_model = models::make_model(model, sample, 10, seed);
-  auto cuda_model = models::make_model(model, sample, 10, seed);
+  std::mt19937_64 rng(seed + 1);
+  const TargetBatch b = make_batch(model, sample, batch, rng);
+  const Tensor &x = b.x, &y = b.y;
+  auto cpu_model = models::make_model(model, sample, b.classes, seed);
+  auto cuda_model = models::make_model(model, sample, b.classes, seed);
   const float lr = 0.02f;
-  SingleDeviceEngine cpu_eng(*cpu_model, Device::cpu(), sgd_hyper(lr), {}, seed);
+  SingleDeviceEngine cpu_eng(*cpu_model, Device::cpu(), sgd_hyper(lr), b.loss, seed);
   MathOptions math;  // TF32 off, heuristics, any algorithm
-  SingleDeviceEngine cuda_eng(*cuda_model, gpu(), sgd_hyper(lr), {}, seed, math);
+  SingleDeviceEngine cuda_eng(*cuda_model, gpu(), sgd_hyper(lr), b.loss, seed, math);
   expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 1e-6, 0);
 
-  std::mt19937_64 rng(seed + 1);
-  Shape xs{batch, sample[0], sample[1], sample[2]};
-  const Tensor x = random_tensor(xs, rng);
-  const Tensor y = random_labels(batch, 10, rng);
   for (int step = 1; step <= 3; ++step) {
     const StepResult rc = cpu_eng.train_step(x, y, lr);
     const StepResult rg = cuda_eng.train_step(x, y, lr);
     EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::abs(rc.loss_sum))) << "loss at step " << step;
     EXPECT_EQ(rg.count, rc.count);
+    EXPECT_EQ(rg.points, rc.points);  // planes with a target peak: the targets' alone
     if (step == 1 || step == 3)
       expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, step == 3 && loose3 ? 5e-3 : 1e-3, step,
                         step == 3 && loose3);  // 2.7e-3 by norm was seen on an H100
@@ -123,16 +159,23 @@ TEST(CudaTraining, CnnStepsMatchCpu) {
   check_training_matches_cpu("cnn", Shape{1, 28, 28}, 6, 13);
 }
 
+// Conv3d (cuDNN N-d), BatchNorm3d, MaxPool3d, Upsample3d and the MSE
+// criterion with its heatmap metric, on volumes 8x12x8 with 3 landmarks.
+TEST(CudaTraining, Heatmap3dStepsMatchCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true);
+}
+
 // After warm-up, train and eval steps on cuda:0 allocate no device memory
 // (workspace, cuDNN plans and layer outputs are all reused).
 void check_steady_state(const std::string& model, const Shape& sample, const MathOptions& math) {
   SCOPED_TRACE(::testing::Message() << model << " benchmark " << math.cudnn_benchmark << " deterministic "
                                     << math.deterministic);
-  auto m = models::make_model(model, sample, 10, 5);
-  SingleDeviceEngine eng(*m, gpu(), sgd_hyper(0.01f), {}, 5, math);
   std::mt19937_64 rng(6);
-  const Tensor x = random_tensor(Shape{4, sample[0], sample[1], sample[2]}, rng);
-  const Tensor y = random_labels(4, 10, rng);
+  const TargetBatch b = make_batch(model, sample, 4, rng);
+  const Tensor &x = b.x, &y = b.y;
+  auto m = models::make_model(model, sample, b.classes, 5);
+  SingleDeviceEngine eng(*m, gpu(), sgd_hyper(0.01f), b.loss, 5, math);
   for (int i = 0; i < 2; ++i) eng.train_step(x, y, 0.01f);
   eng.eval_step(x, y);
   const AllocStats before = alloc_stats();
@@ -150,6 +193,8 @@ TEST(CudaTraining, SteadyStateAllocatesNothing) {
   check_steady_state("resnet18", Shape{3, 16, 16}, plain);
   check_steady_state("resnet18", Shape{3, 16, 16}, bench);
   check_steady_state("lenet", Shape{1, 28, 28}, det);
+  check_steady_state("heatmap3d", Shape{1, 8, 8, 8}, plain);
+  check_steady_state("heatmap3d", Shape{1, 8, 8, 8}, bench);
 }
 
 }  // namespace
