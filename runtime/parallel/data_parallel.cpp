@@ -124,6 +124,8 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
       opts_(opts),
       layout_(module, opts.bucket_bytes) {
   const int n = static_cast<int>(devices.size());
+  for (int i = n - 1; i >= 0; --i)
+    if (devices[i] == output_device_) output_replica_ = i;
   reducer_ = std::make_unique<Reducer>(layout_, n, [this](int rank, int b) { reduce_bucket(rank, b); });
   bucket_arrivals_ = std::make_unique<std::atomic<int>[]>(layout_.size());
   if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(n, opts.math));
@@ -304,7 +306,7 @@ void DataParallel::backward(const Tensor& dy) {
 int64_t DataParallel::gathered_bytes() const {
   int64_t bytes = 0;
   for (int i = 0; i < active_; ++i)
-    if (devices_[i] != output_device_) bytes += out_shapes_[i].numel() * static_cast<int64_t>(sizeof(float));
+    if (sends_to_output(i)) bytes += out_shapes_[i].numel() * static_cast<int64_t>(sizeof(float));
   return bytes;
 }
 
@@ -377,7 +379,7 @@ StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool 
   bytes_to_primary_ = 0;
   for (int i = 0; i < dp_.replicas_used(); ++i) {
     r.merge(results_[i]);
-    if (dp_.devices()[i] != dp_.output_device())
+    if (dp_.sends_to_output(i))
       bytes_to_primary_ += criteria_[i]->result_bytes(dp_.replica_output_shape(i));
   }
   return r;
@@ -399,7 +401,7 @@ StepResult DataParallelEngine::gathered_step(const Tensor& x, const Tensor& y, b
   bytes_to_primary_ = dp_.gathered_bytes();
   const int64_t target_row = static_cast<int64_t>(y.nbytes()) / y.size(0);
   for (int i = 0; i < dp_.replicas_used(); ++i)
-    if (dp_.devices()[i] != dp_.output_device()) bytes_to_primary_ += dp_.chunk_rows(i) * target_row;
+    if (dp_.sends_to_output(i)) bytes_to_primary_ += dp_.chunk_rows(i) * target_row;
   return r;
 }
 

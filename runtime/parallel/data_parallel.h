@@ -86,9 +86,14 @@ class DataParallel {
   using ReplicaDone = std::function<void(int replica, Context& ctx)>;
   void forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done = {});
 
-  // Bytes of the last forward's outputs that other replicas' devices sent to
-  // the output device (parameter broadcasts and gradient reductions, the
-  // same with the loss on the replicas, are not counted).
+  // Whether active replica i sends its output to the output device: every
+  // replica but the first one on that device. Counted by replica, not by
+  // device, so replicas sharing a GPU (0,0) count what distinct GPUs would
+  // move (their gather is a copy within the GPU).
+  bool sends_to_output(int i) const { return i != output_replica_; }
+  // Bytes of the last forward's outputs that the other replicas sent to the
+  // output device (parameter broadcasts and gradient reductions, the same
+  // with the loss on the replicas, are not counted).
   int64_t gathered_bytes() const;
   // Rows of the last pass on active replica i, and its output's shape.
   int64_t chunk_rows(int i) const { return sizes_.at(i); }
@@ -118,6 +123,7 @@ class DataParallel {
   Module& module_;
   std::vector<Device> devices_;
   Device output_device_;
+  int output_replica_ = -1;  // the first replica on output_device_, or -1
   DataParallelOptions opts_;
   std::vector<std::unique_ptr<Module>> replicas_;  // [0] unused: the module itself
   std::vector<std::unique_ptr<Context>> contexts_;

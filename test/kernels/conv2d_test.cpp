@@ -237,7 +237,8 @@ TEST_P(Conv2dOnBackend, BackwardTwiceDoublesParameterGradients) {
   const Tensor dw = down(dwd), db = down(dbd), dx = down(dxd);
   for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_NEAR(dw.f32()[i], 3 * dw1.f32()[i], 1e-4);
   for (int64_t i = 0; i < db.numel(); ++i) EXPECT_NEAR(db.f32()[i], 2 * db1.f32()[i], 1e-4);
-  for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_EQ(dx.f32()[i], dx1.f32()[i]);
+  // Written, not accumulated: equal up to the order of cuDNN's (possibly atomic) sums.
+  for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_NEAR(dx.f32()[i], dx1.f32()[i], 1e-5 * (1 + std::abs(dx1.f32()[i])));
   EXPECT_GT(ft::l2_norm(dw1), 0.0);
   EXPECT_GT(ft::l2_norm(db1), 0.0);
 }
