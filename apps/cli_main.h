@@ -1,7 +1,9 @@
 // The exit-status convention of fanout's command-line tools: 0 success,
 // 1 bad input (fanout::Error), 2 bad usage (a Boost.Program_options error),
-// 3 internal error; each failure is one line on stderr.
+// 3 internal error; each failure is one line on stderr. SIGPIPE is ignored:
+// a closed stdout (`dp-train ... | head`) loses the output, not the run.
 #pragma once
+#include <signal.h>
 #include <unistd.h>
 
 #include <boost/program_options/errors.hpp>
@@ -23,6 +25,7 @@ inline std::string self_path() {
 
 template <class Run>
 int cli_main(const char* name, Run&& run) {
+  ::signal(SIGPIPE, SIG_IGN);
   try {
     return run();
   } catch (const boost::program_options::error& e) {

@@ -5,6 +5,7 @@
 // the rank. Bad input ends with one line on stderr and a non-zero exit status.
 #include <boost/program_options.hpp>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,10 +42,20 @@ namespace {
 constexpr uintmax_t kMaxConfigBytes = 1 << 20;
 
 // Preemption: the first SIGTERM or SIGINT asks the trainer to stop after the
-// step in flight (and save); a second one ends the process at once.
+// step in flight (and save); a second one ends the process at once. Repeats
+// within a second are the same request: timeout(1) signals the process and
+// then its group, so one timeout delivers two.
 volatile sig_atomic_t g_stop_signal = 0;
+timespec g_stop_at{};  // when the first arrived (CLOCK_MONOTONIC)
 void on_stop_signal(int sig) {
-  if (g_stop_signal) ::_exit(128 + sig);
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  if (g_stop_signal) {
+    const int64_t ns = (int64_t{now.tv_sec} - g_stop_at.tv_sec) * 1000000000 + (now.tv_nsec - g_stop_at.tv_nsec);
+    if (ns >= 1000000000) ::_exit(128 + sig);
+    return;
+  }
+  g_stop_at = now;
   g_stop_signal = sig;
 }
 void install_stop_handlers() {

@@ -254,6 +254,8 @@ int launch(const LaunchOptions& o) {
   using Clock = std::chrono::steady_clock;
   const Worker* first_failure = nullptr;
   int interrupted = 0;
+  Clock::time_point interrupted_at{};
+  sig_atomic_t signals_seen = 0;
   bool stopping = false;
   Clock::time_point kill_at{};
   std::vector<char> buf(1 << 16);
@@ -322,11 +324,15 @@ int launch(const LaunchOptions& o) {
     if (!interrupted && g_signal) {
       // Passed on: the workers stop after their step and save; a second signal kills them.
       interrupted = g_signal;
+      interrupted_at = Clock::now();
       stop_all(interrupted);
       if (!stopping) kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
       stopping = true;
     }
-    if (interrupted && g_signals > 1) kill_at = Clock::now();
+    // Repeats within a second are the same request (timeout(1) signals the
+    // process and then its group: one timeout, two signals).
+    if (interrupted && Clock::now() - interrupted_at < std::chrono::seconds(1)) signals_seen = g_signals;
+    if (interrupted && g_signals > signals_seen) kill_at = Clock::now();
     if (round_failure && !first_failure && !stopping) {
       first_failure = round_failure;
       stopping = true;

@@ -4,8 +4,10 @@
 # uninterrupted run's parameters, momentum and metrics bit for bit, on one
 # CPU device, DataParallel over cpu:2 and DDP over 2 processes (the
 # launcher passes the signal on; every rank stops at the same step). A
-# second signal ends the run at once. --save-every-steps keeps the newest
-# --keep-last checkpoints, mid-epoch ones included.
+# second signal ends the run at once, unless it comes within a second of the
+# first (timeout(1) sends two at once). A closed stdout loses no checkpoint.
+# --save-every-steps keeps the newest --keep-last checkpoints, mid-epoch ones
+# included.
 set -uo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 # shellcheck source=lib.sh
@@ -69,15 +71,38 @@ files=$(cd one/cut && ls epoch-*.safetensors | tr '\n' ' ')
 [ "$(echo "$files" | wc -w)" -eq 2 ] || fail "keep-last 2 left: $files"
 echo "ok   rotation kept: $files"
 
-# A second signal ends the run at once, without a checkpoint (a slow step: resnet18).
-"$DP_TRAIN" --model resnet18 --devices cpu --data synthetic:512 --epochs 1 --batch-size 64 --progress off \
+# timeout(1) signals the process and then its group: the two are one request,
+# so the run still stops after its step and saves, on one device and under the
+# launcher (whose workers live in their own process groups).
+for mode in "--devices cpu" "--devices cpu:2 --strategy ddp"; do
+  # shellcheck disable=SC2086
+  timeout --preserve-status -s TERM 4 "$DP_TRAIN" --model lenet --data synthetic:12288 --epochs 20 --batch-size 32 \
+    --progress off $mode --save-dir "tm${mode//[^a-z0-9]/}" > tm.log 2>&1
+  rc=$?
+  [ "$rc" -eq 143 ] || { cat tm.log; fail "timeout with $mode: exit status $rc, expected 143"; }
+  grep -q "stopped by SIGTERM" tm.log || { cat tm.log; fail "timeout with $mode: no stop line"; }
+  ls "tm${mode//[^a-z0-9]/}"/epoch-*.safetensors > /dev/null 2>&1 || fail "timeout with $mode: nothing saved"
+  echo "ok   timeout's two signals stop $mode once, saved: $(grep -o 'saved [^;]*' tm.log)"
+done
+
+# A closed stdout (dp-train | head -1) loses output, not the run.
+"$DP_TRAIN" --model lenet --data synthetic:2000 --epochs 2 --devices cpu --progress off --save-dir piped 2>piped.err |
+  head -1 > /dev/null
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || { cat piped.err; fail "dp-train into a closed pipe: exit status $rc, expected 0"; }
+ls piped/epoch-0002.safetensors > /dev/null || fail "dp-train into a closed pipe saved no final checkpoint"
+echo "ok   a closed stdout: status 0, epoch-0002 saved"
+
+# A second signal a second later ends the run at once, without a checkpoint
+# (a slow step: resnet18 on 128 images).
+"$DP_TRAIN" --model resnet18 --devices cpu --data synthetic:512 --epochs 1 --batch-size 128 --progress off \
   --save-dir twice > twice.log 2>&1 &
 pid=$!
 pids+=("$pid")
 for _ in $(seq 1 600); do grep -q "dp-train: model resnet18" twice.log 2> /dev/null && break; sleep 0.05; done
 sleep 1
 kill -TERM "$pid"
-sleep 0.05
+sleep 1.3
 kill -INT "$pid"
 wait "$pid"
 rc=$?
