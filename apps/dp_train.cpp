@@ -542,6 +542,9 @@ int run(int argc, char** argv) {
       << "model " << c.model << (models::dense_output(c.model) ? " draws heatmaps" : " is a classifier")
       << " but data " << c.data << (data.train.dense_targets() ? " has landmarks" : " has class labels")
       << " (heatmap3d goes with keypoints3d:DIR or synthetic3d)";
+  FANOUT_USER_CHECK(!c.drop_last || data.train.size() >= c.batch_size)
+      << "--drop-last with --batch-size " << c.batch_size << " would drop every batch: the training set holds "
+      << data.train.size() << " samples";
   auto model = models::make_model(c.model, data.train.sample_shape(), data.train.num_classes, c.seed);
   auto engine = make_run_engine(c, *model, p, all, data);
   if (p.primary()) {

@@ -35,6 +35,7 @@ void bind_thread_to(Device d) {
 std::vector<CudaDeviceInfo> cuda_device_info() {
   std::vector<CudaDeviceInfo> out;
   const int n = cuda_device_count();
+  if (n == 0) return out;  // no driver or no device: nothing to ask the runtime
   int prev = 0;
   FANOUT_CUDA_CHECK(cudaGetDevice(&prev));
   for (int d = 0; d < n; ++d) {

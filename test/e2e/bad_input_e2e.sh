@@ -43,6 +43,10 @@ expect_error negative-batch "batch-size must be positive|batch" --batch-size -3 
 expect_error zero-lr "lr must be positive" --lr 0 --data synthetic:64
 expect_error negative-lr "lr must be positive" --lr -0.1 --data synthetic:64
 expect_error unknown-flag "unrecognised|unknown" --frobnicate 3
+expect_error zero-nnodes "nnodes must be at least 1, got 0" --strategy ddp --nnodes 0 --data synthetic:64
+expect_error node-rank "node-rank 2 is outside 0..1" --strategy ddp --nnodes 2 --node-rank 2 --data synthetic:64
+expect_error drop-everything "drop-last with --batch-size 32 would drop every batch: the training set holds 10" \
+  --drop-last --batch-size 32 --data synthetic:10
 expect_error bad-number "invalid|argument" --batch-size three
 expect_error unknown-data "unknown dataset" --data imagenet
 expect_error bad-devices "device" --devices gpu7 --data synthetic:64
@@ -84,6 +88,14 @@ expect_error warmup-past-end "warmup-epochs must be in \[0, --epochs\] = \[0, 1\
 expect_error warmup-nan "warmup-epochs must be in" --warmup-epochs nan --data synthetic:64
 expect_error split-invariant-batchnorm "cannot hold for a model with BatchNorm" --split-invariant --model resnet18 \
   --devices cpu:2 --data synthetic:64
+
+# --list-devices answers on any machine: GPUs, or that there is none (not a CUDA runtime error).
+if out=$(timeout 60 "$DP_TRAIN" --list-devices 2>&1) && echo "$out" | grep -qE "^no CUDA device visible|^cuda:0"; then
+  echo "ok   list-devices: $(echo "$out" | head -1)"
+else
+  echo "FAIL list-devices: $out"
+  fails=$((fails + 1))
+fi
 
 if [ "$fails" -ne 0 ]; then
   echo "$fails bad-input case(s) failed"
