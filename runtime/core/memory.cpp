@@ -2,6 +2,7 @@
 #include "runtime/core/memory.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 
 #include "runtime/core/error.h"
@@ -20,6 +21,17 @@ Storage::~Storage() {
   else std::free(ptr);
 }
 
+std::string format_bytes(uint64_t bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
 std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
   auto s = std::make_shared<Storage>();
   s->bytes = bytes;
@@ -30,7 +42,7 @@ std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
     ++g_device_allocs;
   } else {
     s->ptr = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    FANOUT_CHECK(s->ptr != nullptr) << "host allocation of " << bytes << " bytes failed";
+    FANOUT_USER_CHECK(s->ptr != nullptr) << "out of host memory: cannot allocate " << format_bytes(bytes);
     ++g_host_allocs;
   }
   g_live += bytes;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "runtime/core/device.h"
 
@@ -23,7 +24,11 @@ struct Storage {
   ~Storage();
 };
 
+// Out of memory (host or device) is a one-line fanout::Error saying how much
+// was asked for (and, on a GPU, how much is free).
 std::shared_ptr<Storage> allocate(Device d, size_t bytes);
+// "512 B", "3.2 MiB", "9.3 TiB".
+std::string format_bytes(uint64_t bytes);
 // Page-locked host memory (plain aligned memory when there is no CUDA).
 std::shared_ptr<Storage> allocate_pinned(size_t bytes);
 

@@ -139,7 +139,16 @@ void* cuda_alloc(int device, size_t bytes) {
   void* p = nullptr;
   // Allocations on the legacy stream are ordered before any later work, so a
   // tensor may be used from any stream of its device.
-  FANOUT_CUDA_CHECK(cudaMallocAsync(&p, bytes, nullptr));
+  const cudaError_t e = cudaMallocAsync(&p, bytes, nullptr);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    FANOUT_FAIL() << "out of memory on cuda:" << device << ": cannot allocate " << format_bytes(bytes) << " ("
+                  << format_bytes(free_b) << " free of " << format_bytes(total_b)
+                  << "); a smaller batch needs less";
+  }
+  FANOUT_CUDA_CHECK(e);
   return p;
 }
 void cuda_free(int device, void* p) noexcept {

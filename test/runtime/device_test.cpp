@@ -3,6 +3,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
+#include "runtime/core/memory.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout {
@@ -34,6 +35,27 @@ TEST(Devices, CudaWithoutGpuIsOneClearLine) {
     EXPECT_NE(msg.find("cuda:0"), std::string::npos);
   }
 }
+
+TEST(Memory, FormatBytes) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(uint64_t{3} << 30), "3.0 GiB");
+  EXPECT_EQ(format_bytes(uint64_t{10239795201024}), "9.3 TiB");
+  EXPECT_EQ(format_bytes(~uint64_t{0}), "16.0 EiB");
+}
+
+// Sanitizers abort on an allocation this large instead of returning null.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+TEST(Memory, OutOfHostMemoryIsOneLineSayingHowMuch) {
+  try {
+    Tensor::empty(Shape{int64_t{1} << 42, 1024});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "out of host memory: cannot allocate 16.0 PiB");
+  }
+}
+#endif
 
 TEST(Tensor, ViewsShareStorage) {
   Tensor t = Tensor::zeros(Shape{4, 3});
