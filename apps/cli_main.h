@@ -9,6 +9,7 @@
 #include <boost/program_options/errors.hpp>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <string>
 
 #include "runtime/core/error.h"
@@ -21,6 +22,21 @@ inline std::string self_path() {
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   FANOUT_USER_CHECK(n > 0) << "cannot find this program's path (/proc/self/exe)";
   return std::string(self, static_cast<size_t>(n));
+}
+
+// An output file that long work will write at its end: its folder exists and
+// it can be written, checked first so that a typo does not cost the run.
+inline void check_output_file(const char* flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  FANOUT_USER_CHECK(!path.empty()) << flag << " needs a file name";
+  FANOUT_USER_CHECK(!fs::is_directory(path, ec)) << flag << " " << path << " is a directory";
+  const fs::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  FANOUT_USER_CHECK(fs::is_directory(dir, ec)) << flag << " " << path << ": the folder " << dir << " does not exist";
+  const bool exists = fs::exists(p, ec);
+  FANOUT_USER_CHECK(::access(exists ? path.c_str() : dir.c_str(), W_OK) == 0)
+      << flag << " " << path << ": " << (exists ? "the file" : "the folder " + dir) << " is not writable";
 }
 
 template <class Run>

@@ -13,8 +13,10 @@
 #include <boost/program_options.hpp>
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -242,6 +244,7 @@ int run(int argc, char** argv) {
   FANOUT_USER_CHECK(o.warmup >= 0) << "--warmup must be non-negative, got " << o.warmup;
   FANOUT_USER_CHECK(o.steps > 0) << "--steps must be positive, got " << o.steps;
   FANOUT_USER_CHECK(o.repeats > 0) << "--repeats must be positive, got " << o.repeats;
+  if (!o.json.empty()) apps::check_output_file("--json", o.json);
   const Shape in = parse_input(o.input);
   const std::vector<Device> devices = parse_devices(o.devices);
   const Device primary = devices[0];
@@ -364,7 +367,7 @@ int run(int argc, char** argv) {
                 r.bytes_to_primary < 0 ? "-" : std::to_string(r.bytes_to_primary).c_str());
   if (!o.json.empty()) {
     std::ofstream f(o.json, std::ios::app);
-    FANOUT_USER_CHECK(f.good()) << "cannot open " << o.json;
+    FANOUT_USER_CHECK(f.good()) << "cannot open --json " << o.json << ": " << std::strerror(errno);
     for (auto& r : results)
       f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
                           {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
@@ -374,6 +377,8 @@ int run(int argc, char** argv) {
                           {"bytes_to_primary", r.bytes_to_primary}}
                .dump()
         << "\n";
+    f.flush();
+    FANOUT_USER_CHECK(f.good()) << "cannot write --json " << o.json << ": " << std::strerror(errno);
   }
   return 0;
 }

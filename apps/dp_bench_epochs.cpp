@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -52,6 +54,15 @@ std::string find_script(const std::string& rel) {
 
 // Runs argv with stdout and stderr into `log`; the child dies with us.
 // Returns its exit status (128 + signal when killed; 127 when it cannot start).
+// SIGINT / SIGTERM: passed on to the run in flight; the benchmark then stops,
+// reports and saves what it has, and removes its temporary directory.
+volatile sig_atomic_t g_interrupted = 0;
+volatile pid_t g_child = 0;
+void on_interrupt(int sig) {
+  g_interrupted = sig;
+  if (g_child > 0) ::kill(g_child, sig);
+}
+
 int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   FANOUT_USER_CHECK(fd >= 0) << "cannot create " << log;
@@ -71,9 +82,12 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
     ::_exit(127);
   }
   ::close(fd);
+  g_child = pid;
+  if (g_interrupted) ::kill(pid, g_interrupted);  // arrived between the check and the fork
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  g_child = 0;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -181,8 +195,10 @@ void export_dataset(const data::TrainTest& d, const std::string& dir) {
 struct TempDir {
   std::string path;
   TempDir() {
-    char tmpl[] = "/tmp/dp-bench-XXXXXX";
-    FANOUT_USER_CHECK(::mkdtemp(tmpl)) << "cannot create a temporary directory";
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/dp-bench-XXXXXX";
+    FANOUT_USER_CHECK(::mkdtemp(tmpl.data())) << "cannot create a temporary directory like " << tmpl << ": "
+                                              << std::strerror(errno);
     path = tmpl;
   }
   ~TempDir() {
@@ -199,12 +215,19 @@ std::string join(const std::vector<Device>& ds) {
 
 }  // namespace
 
-int run_epoch_bench(const EpochBenchOptions& o) {
+int run_epoch_bench(const EpochBenchOptions& options) {
+  EpochBenchOptions o = options;
   FANOUT_USER_CHECK(o.epochs > 0) << "--epochs must be positive, got " << o.epochs;
   FANOUT_USER_CHECK(o.repeats > 0) << "--repeats must be positive, got " << o.repeats;
   FANOUT_USER_CHECK(o.warmup >= 0) << "--warmup must be non-negative, got " << o.warmup;
   FANOUT_USER_CHECK(o.workers >= 0) << "--workers must be non-negative, got " << o.workers;
   FANOUT_USER_CHECK(o.batch_size > 0) << "--batch-size must be positive, got " << o.batch_size;
+  FANOUT_USER_CHECK(std::isfinite(o.lr) && o.lr > 0) << "--lr must be positive, got " << o.lr;
+  if (!o.json.empty()) check_output_file("--json", o.json);
+  if (!o.plot.empty()) {
+    if (fs::path(o.plot).extension().empty()) o.plot += ".png";  // what matplotlib would write
+    check_output_file("--plot", o.plot);
+  }
   const std::vector<Device> devices = parse_devices(o.devices);
   const int n = static_cast<int>(devices.size());
   const bool gpu = devices[0].is_cuda();
@@ -314,9 +337,14 @@ int run_epoch_bench(const EpochBenchOptions& o) {
               "(the rest is scaled to the whole epoch); evaluation is not timed%s\n",
               o.warmup, torch_status == "ok" ? ("; PyTorch " + torch_version).c_str() : "");
   std::fflush(stdout);
-  int done = 0;
-  for (int r = 0; r < o.repeats; ++r)
-    for (size_t k = 0; k < configs.size(); ++k) {
+  struct sigaction sa {}, old_int{}, old_term{};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  int done = 0, finished = 0;
+  for (int r = 0; r < o.repeats && !g_interrupted; ++r)
+    for (size_t k = 0; k < configs.size() && !g_interrupted; ++k) {
       Config& c = configs[k];
       if (c.status != "ok") continue;
       const std::string stem = tmp.path + "/run-" + std::to_string(k) + "-" + std::to_string(r);
@@ -326,18 +354,35 @@ int run_epoch_bench(const EpochBenchOptions& o) {
       std::printf("[%d/%d] %s, run %d of %d ... ", ++done, total, c.label.c_str(), r + 1, o.repeats);
       std::fflush(stdout);
       const int rc = run_logged(argv, stem + ".log");
+      if (g_interrupted) {
+        std::printf("interrupted\n");
+        break;
+      }
       if (rc != 0) {
         c.status = "failed (exit status " + std::to_string(rc) + ")";
+        ++finished;
         std::printf("failed (exit status %d); its last lines:\n%s", rc, tail_of(stem + ".log", 6).c_str());
         std::fflush(stdout);
         continue;
       }
       c.runs.push_back(c.framework == "fanout" ? parse_fanout_metrics(stem + ".json")
                                                : parse_pytorch_result(stem + ".json"));
+      ++finished;
       const RunResult& x = c.runs.back();
       std::printf("%.2f s/epoch, %.0f img/s, test acc %.4f\n", x.epoch_seconds, x.images_per_second, x.test_acc);
       std::fflush(stdout);
     }
+
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  const int interrupted = g_interrupted;
+  if (interrupted) {
+    std::printf("stopped by %s after %d of %d runs: the table and --json hold those\n",
+                interrupted == SIGINT ? "SIGINT" : interrupted == SIGTERM ? "SIGTERM" : strsignal(interrupted),
+                finished, total);
+    for (auto& c : configs)
+      if (c.status == "ok" && c.runs.empty()) c.status = "not run (interrupted)";
+  }
 
   // Median run per configuration; speed-up over the same framework's one device.
   struct Row {
@@ -404,7 +449,7 @@ int run_epoch_bench(const EpochBenchOptions& o) {
     const long long run_id = std::chrono::duration_cast<std::chrono::seconds>(
                                  std::chrono::system_clock::now().time_since_epoch()).count();
     std::ofstream f(json_path, std::ios::app);
-    FANOUT_USER_CHECK(f.good()) << "cannot open " << json_path;
+    FANOUT_USER_CHECK(f.good()) << "cannot open --json " << json_path << ": " << std::strerror(errno);
     for (auto& row : rows) {
       const Config& c = *row.c;
       std::vector<double> runs;
@@ -444,7 +489,8 @@ int run_epoch_bench(const EpochBenchOptions& o) {
       }
       f << j.dump() << "\n";
     }
-    FANOUT_USER_CHECK(f.good()) << "cannot write " << json_path;
+    f.flush();
+    FANOUT_USER_CHECK(f.good()) << "cannot write --json " << json_path << ": " << std::strerror(errno);
   }
   if (!o.plot.empty()) {
     const std::string log = tmp.path + "/plot.log";
@@ -452,6 +498,7 @@ int run_epoch_bench(const EpochBenchOptions& o) {
     FANOUT_USER_CHECK(rc == 0) << "the plot failed: " << last_line(log);
     std::printf("plot: %s\n", o.plot.c_str());
   }
+  if (interrupted) return 128 + interrupted;
   for (auto& c : configs)
     if (c.framework == "fanout" && c.status != "ok") return 1;
   return 0;

@@ -109,4 +109,26 @@ expect_error "--plot is for epoch mode" --plot x.png
 expect_error "cannot be split evenly over 3 devices" --epochs 1 --data synthetic:64 --devices cpu:3 --batch-size 64
 expect_error "--plot needs Python with matplotlib" --epochs 1 --data synthetic:64 --python /nonexistent/python3 --plot x.png
 expect_error "unknown dataset .nonsense." --epochs 1 --data nonsense
+expect_error "--lr must be positive, got 0" --epochs 1 --data synthetic:64 --lr 0
+expect_error "--json /nowhere/x.jsonl: the folder /nowhere does not exist" --epochs 1 --data synthetic:64 --json /nowhere/x.jsonl
+expect_error "--json . is a directory" --epochs 1 --data synthetic:64 --json .
+expect_error "--json /nowhere/x.jsonl: the folder /nowhere does not exist" --model mlp --json /nowhere/x.jsonl
+expect_error "cannot write --json /dev/full" --model mlp --steps 1 --warmup 0 --json /dev/full
+
+# SIGINT: the run in flight stops, the finished runs reach the table and --json, the exit
+# status is 130 and the temporary directory (the exported data) is gone.
+mkdir -p tmp
+rm -f int.jsonl
+TMPDIR=$PWD/tmp "$DP_BENCH" --epochs 1 --data synthetic:4096 --devices cpu:2 --no-pytorch --json int.jsonl \
+  > int.log 2>&1 &
+pid=$!
+for _ in $(seq 1 1200); do grep -q "s/epoch" int.log && break; sleep 0.05; done
+kill -INT "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" -eq 130 ] || { cat int.log; echo "SIGINT: exit status $rc, expected 130"; exit 1; }
+grep -q "stopped by SIGINT after 1 of" int.log || { cat int.log; echo "SIGINT: no stop line"; exit 1; }
+[ "$(grep -c '"status":"ok"' int.jsonl)" -eq 1 ] || { cat int.jsonl; echo "SIGINT: --json lacks the finished run"; exit 1; }
+[ -z "$(ls tmp)" ] || { ls tmp; echo "SIGINT: the temporary directory was left"; exit 1; }
+echo "SIGINT: exit 130, the finished run kept, nothing left in TMPDIR"
 echo "dp-bench --epochs e2e: ok"
