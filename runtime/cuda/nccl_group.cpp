@@ -38,7 +38,7 @@ class NcclGroup : public ProcessGroup {
     FANOUT_CUDA_CHECK(cudaSetDevice(device.index));
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const Rendezvous r = Rendezvous::parse(o.rendezvous);
-    auto store = open_store(r, o.run_id);
+    auto store = open_store(r, o.run_id, o.timeout_s);
     ncclUniqueId id;
     const std::string key = "nccl_unique_id";
     try {

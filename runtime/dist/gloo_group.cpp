@@ -96,7 +96,8 @@ void probe_rendezvous(const Rendezvous& r, double timeout_s) {
                                  << err;
 }
 
-std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id) {
+std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
+                                                    double timeout_s) {
   std::shared_ptr<gloo::rendezvous::Store> base;
   try {
     if (r.kind == Rendezvous::Kind::File)
@@ -107,12 +108,21 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const s
     FANOUT_FAIL() << "cannot open the rendezvous " << r.str() << ": " << first_line(e.what());
   }
   // PrefixStore keeps a reference; the shared_ptr below keeps `base` alive with it.
+  // Waits without a timeout (connectFullMesh's, get's) get ours instead of Gloo's 30 s.
   struct Owned : gloo::rendezvous::PrefixStore {
-    Owned(const std::string& p, std::shared_ptr<gloo::rendezvous::Store> b)
-        : gloo::rendezvous::PrefixStore(p, *b), base(std::move(b)) {}
+    Owned(const std::string& p, std::shared_ptr<gloo::rendezvous::Store> b, std::chrono::milliseconds t)
+        : gloo::rendezvous::PrefixStore(p, *b), base(std::move(b)), timeout(t) {}
+    void wait(const std::vector<std::string>& keys) override { PrefixStore::wait(keys, timeout); }
+    using PrefixStore::wait;
+    std::vector<char> get(const std::string& key) override {
+      PrefixStore::wait({key}, timeout);
+      return PrefixStore::get(key);
+    }
     std::shared_ptr<gloo::rendezvous::Store> base;
+    std::chrono::milliseconds timeout;
   };
-  return std::make_shared<Owned>("fanout/" + run_id, base);
+  return std::make_shared<Owned>("fanout/" + run_id, base,
+                                 std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
 }
 
 namespace {
@@ -140,7 +150,7 @@ class GlooGroup : public ProcessGroup {
     const std::string where = "rendezvous over " + r.str() + " (rank " + std::to_string(rank_) + " of " +
                               std::to_string(size_) + ")";
     try {
-      auto store = open_store(r, o.run_id);
+      auto store = open_store(r, o.run_id, o.timeout_s);
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
       ctx->setTimeout(timeout_);

@@ -1,5 +1,6 @@
 // The rendezvous store behind a process group (internal: included by the
-// Gloo and NCCL groups only). Keys are prefixed with the run id.
+// Gloo and NCCL groups only). Keys are prefixed with the run id; every wait
+// (including Gloo's own, which would use its 30 s default) lasts timeout_s.
 #pragma once
 #include <memory>
 #include <string>
@@ -10,7 +11,8 @@
 
 namespace fanout::dist {
 
-std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id);
+std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
+                                                    double timeout_s);
 
 // First line of an exception message from Gloo (its messages carry source paths and stack text).
 std::string first_line(const std::string& s);
