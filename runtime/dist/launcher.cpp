@@ -51,6 +51,7 @@ struct Worker {
   int out = -1, err = -1;  // read ends
   std::string err_line;    // partial stderr line
   std::string last_error;  // last complete non-empty stderr line
+  std::string error_line;  // its "NAME: error: ..." line, held back for the launcher's report
   std::ofstream log;
   bool done = false;
   int status = 0;
@@ -259,6 +260,43 @@ int launch(const LaunchOptions& o) {
   bool stopping = false;
   Clock::time_point kill_at{};
   std::vector<char> buf(1 << 16);
+
+  // A worker's stderr: rank 0's passes through as it comes (its progress
+  // bar's \r included), the others' line by line with a "[rank N] " prefix.
+  // Error lines ("NAME: error: ...") are held back: the report below shows
+  // each different one once, not once per rank and again in the summary.
+  const std::string err_prefix = o.name + ": error: ", internal_prefix = o.name + ": internal error: ";
+  auto starts = [](const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; };
+  auto is_error = [&](const std::string& t) { return starts(t, err_prefix) || starts(t, internal_prefix); };
+  auto route_line = [&](Worker& w, const std::string& seg) {  // seg: one line, with its terminator if any
+    std::string text = seg;
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    if (!last_line(text).empty()) w.last_error = last_line(text);
+    if (is_error(text)) {
+      w.error_line = text;
+    } else if (w.rank == 0) {
+      write_all(STDERR_FILENO, seg.data(), seg.size());
+    } else {
+      const std::string line = "[rank " + std::to_string(w.rank) + "] " + text + "\n";
+      write_all(STDERR_FILENO, line.data(), line.size());
+    }
+  };
+  auto route_err = [&](Worker& w, bool more) {  // more: the pipe is still open
+    const char* ends = w.rank == 0 ? "\r\n" : "\n";
+    size_t start = 0, end;
+    while ((end = w.err_line.find_first_of(ends, start)) != std::string::npos) {
+      route_line(w, w.err_line.substr(start, end + 1 - start));
+      start = end + 1;
+    }
+    w.err_line.erase(0, start);
+    const std::string& rest = w.err_line;
+    const bool may_be_error = is_error(rest) || starts(err_prefix, rest) || starts(internal_prefix, rest);
+    if (!rest.empty() && (!more || (w.rank == 0 && !may_be_error))) {
+      route_line(w, rest);  // rank 0's partial line shows at once unless it may be an error line
+      w.err_line.clear();
+    }
+  };
+
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, bool>> who;  // worker, is stderr
@@ -279,14 +317,7 @@ int launch(const LaunchOptions& o) {
       if (n <= 0) {
         ::close(fds[k].fd);
         (is_err ? w.err : w.out) = -1;
-        if (is_err && !w.err_line.empty()) {
-          w.last_error = last_line(w.err_line);
-          if (w.rank != 0) {
-            const std::string line = "[rank " + std::to_string(w.rank) + "] " + w.err_line + "\n";
-            write_all(STDERR_FILENO, line.data(), line.size());
-          }
-          w.err_line.clear();
-        }
+        if (is_err) route_err(w, false);
         continue;
       }
       if (w.log.is_open()) w.log.write(buf.data(), n).flush();
@@ -294,20 +325,8 @@ int launch(const LaunchOptions& o) {
         if (w.rank == 0) write_all(STDOUT_FILENO, buf.data(), static_cast<size_t>(n));
         continue;
       }
-      // Rank 0's stderr (progress bar included) passes through as it is;
-      // the others' is passed on line by line with a "[rank N] " prefix.
-      if (w.rank == 0) write_all(STDERR_FILENO, buf.data(), static_cast<size_t>(n));
       w.err_line.append(buf.data(), static_cast<size_t>(n));
-      size_t nl;
-      while ((nl = w.err_line.find('\n')) != std::string::npos) {
-        std::string line = w.err_line.substr(0, nl);
-        w.err_line.erase(0, nl + 1);
-        if (!last_line(line).empty()) w.last_error = last_line(line);
-        if (w.rank != 0) {
-          line = "[rank " + std::to_string(w.rank) + "] " + line + "\n";
-          write_all(STDERR_FILENO, line.data(), line.size());
-        }
-      }
+      route_err(w, true);
     }
     // Reap; among workers that ended in the same round, one killed by a
     // signal is the likelier cause (the others saw it go and failed after).
@@ -349,13 +368,24 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
 
+  // The held-back error lines: the first failure's in the summary, the others' when they differ from it.
+  const std::string first_error =
+      first_failure && !WIFSIGNALED(first_failure->status) ? first_failure->error_line : std::string();
+  for (auto& w : workers) {
+    if (w.error_line.empty() || w.error_line == first_error) continue;
+    const std::string line = "[rank " + std::to_string(w.rank) + "] " + w.error_line + "\n";
+    write_all(STDERR_FILENO, line.data(), line.size());
+  }
   if (interrupted) {
     std::fprintf(stderr, "%s: interrupted (%s): stopped %d worker%s\n", o.name.c_str(), strsignal(interrupted),
                  o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s");
     return 128 + interrupted;
   }
   if (first_failure) {
-    std::fprintf(stderr, "%s: %s; stopped the other workers\n", o.name.c_str(), describe(*first_failure).c_str());
+    if (!first_error.empty())
+      std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure->rank);
+    else
+      std::fprintf(stderr, "%s: %s; stopped the other workers\n", o.name.c_str(), describe(*first_failure).c_str());
     return WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status)
                                               : WEXITSTATUS(first_failure->status);
   }

@@ -43,6 +43,10 @@ expect_error negative-batch "batch-size must be positive|batch" --batch-size -3 
 expect_error zero-lr "lr must be positive" --lr 0 --data synthetic:64
 expect_error negative-lr "lr must be positive" --lr -0.1 --data synthetic:64
 expect_error unknown-flag "unrecognised|unknown" --frobnicate 3
+expect_error ddp-unknown-model "unknown model 'vgg'.*(rank [01]; stopped the other workers)" --strategy ddp \
+  --devices cpu:2 --model vgg --data synthetic:64
+expect_error ddp-missing-resume "cannot resume: .*nowhere does not exist" --strategy ddp --devices cpu:2 \
+  --resume "$work/nowhere" --data synthetic:64
 expect_error zero-nnodes "nnodes must be at least 1, got 0" --strategy ddp --nnodes 0 --data synthetic:64
 expect_error node-rank "node-rank 2 is outside 0..1" --strategy ddp --nnodes 2 --node-rank 2 --data synthetic:64
 expect_error drop-everything "drop-last with --batch-size 32 would drop every batch: the training set holds 10" \
