@@ -124,7 +124,7 @@ Cli parse(int argc, char** argv) {
      "--heatmap-radius 6")
     ("seed", po::value(&o.seed)->default_value(d.seed), "seed for initialization and shuffling")
     ("devices", po::value(&o.devices)->default_value(d.devices),
-     "auto (every GPU, else cpu), cpu, cpu:N (N CPU workers), all, cuda:N, or a list like 0,1,3 or "
+     "auto (every GPU, else cpu:N, one replica per core), cpu, cpu:N (N CPU workers), all, cuda:N, or a list like 0,1,3 or "
      "cuda:0,cuda:1 (a GPU may repeat: 0,0); the first is the primary")
     ("strategy", po::value(&o.strategy)->default_value(d.strategy),
      "dp: one process over every device (DataParallel); ddp: one process per device or group of devices "
