@@ -49,30 +49,26 @@ for w in $workers; do
 done
 
 # --- a rank that never joins -----------------------------------------------
+# Rank 0 alone waits for rank 1; rank 1 alone waits for rank 0's address (that
+# wait once used Gloo's own 30 s): each ends with an error within --timeout.
 mkdir -p "$work/rdzv"
-start=$(date +%s)
-set +e
-RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 \
-  --devices cpu --strategy ddp --rdzv "file:$work/rdzv" --run-id lonely --timeout 2 --progress off \
-  > "$work/lonely.out" 2> "$work/lonely.err"
-rc=$?
-set -e
-elapsed=$(($(date +%s) - start))
-echo "lonely rank: exit status $rc after ${elapsed} s: $(cat "$work/lonely.err")"
-[ $rc -ne 0 ] && [ $elapsed -le 15 ]
-grep -q 'rendezvous over file:.*rank 0 of 2' "$work/lonely.err"
-# Rank 1 alone waits for rank 0's address: --timeout bounds that wait too (it was Gloo's 30 s).
-start=$(date +%s)
-set +e
-RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 \
-  --devices cpu --strategy ddp --rdzv "file:$work/rdzv" --run-id lonely1 --timeout 2 --progress off \
-  > "$work/lonely1.out" 2> "$work/lonely1.err"
-rc=$?
-set -e
-elapsed=$(($(date +%s) - start))
-echo "lonely rank 1: exit status $rc after ${elapsed} s: $(cat "$work/lonely1.err")"
-[ $rc -ne 0 ] && [ $elapsed -le 15 ]
-grep -q 'rendezvous over file:.*rank 1 of 2.*failed within 2 s' "$work/lonely1.err"
+lonely() {  # lonely RANK
+  local start rc elapsed
+  start=$(date +%s)
+  set +e
+  RANK=$1 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 \
+    --devices cpu --strategy ddp --rdzv "file:$work/rdzv" --run-id "lonely$1" --timeout 2 --progress off \
+    > "$work/lonely$1.out" 2> "$work/lonely$1.err"
+  rc=$?
+  set -e
+  elapsed=$(($(date +%s) - start))
+  echo "lonely rank $1: exit status $rc after ${elapsed} s: $(cat "$work/lonely$1.err")"
+  [ $rc -ne 0 ] || { echo "lonely rank $1 succeeded"; exit 1; }
+  [ $elapsed -le 15 ] || { echo "lonely rank $1 waited ${elapsed} s, --timeout 2"; exit 1; }
+  grep -q "rendezvous over file:.*rank $1 of 2.*failed within 2 s" "$work/lonely$1.err"
+}
+lonely 0
+lonely 1
 
 # --- a stale rendezvous directory --------------------------------------------
 # The lonely run above left its files in $work/rdzv; a new run there succeeds.
