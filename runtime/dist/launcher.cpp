@@ -266,8 +266,7 @@ int launch(const LaunchOptions& o) {
   // Error lines ("NAME: error: ...") are held back: the report below shows
   // each different one once, not once per rank and again in the summary.
   const std::string err_prefix = o.name + ": error: ", internal_prefix = o.name + ": internal error: ";
-  auto starts = [](const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; };
-  auto is_error = [&](const std::string& t) { return starts(t, err_prefix) || starts(t, internal_prefix); };
+  auto is_error = [&](const std::string& t) { return t.starts_with(err_prefix) || t.starts_with(internal_prefix); };
   auto route_line = [&](Worker& w, const std::string& seg) {  // seg: one line, with its terminator if any
     std::string text = seg;
     while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
@@ -290,7 +289,7 @@ int launch(const LaunchOptions& o) {
     }
     w.err_line.erase(0, start);
     const std::string& rest = w.err_line;
-    const bool may_be_error = is_error(rest) || starts(err_prefix, rest) || starts(internal_prefix, rest);
+    const bool may_be_error = is_error(rest) || err_prefix.starts_with(rest) || internal_prefix.starts_with(rest);
     if (!rest.empty() && (!more || (w.rank == 0 && !may_be_error))) {
       route_line(w, rest);  // rank 0's partial line shows at once unless it may be an error line
       w.err_line.clear();

@@ -124,8 +124,8 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
       opts_(opts),
       layout_(module, opts.bucket_bytes) {
   const int n = static_cast<int>(devices.size());
-  for (int i = n - 1; i >= 0; --i)
-    if (devices[i] == output_device_) output_replica_ = i;
+  if (auto it = std::find(devices.begin(), devices.end(), output_device_); it != devices.end())
+    output_replica_ = static_cast<int>(it - devices.begin());
   reducer_ = std::make_unique<Reducer>(layout_, n, [this](int rank, int b) { reduce_bucket(rank, b); });
   bucket_arrivals_ = std::make_unique<std::atomic<int>[]>(layout_.size());
   if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(n, opts.math));

@@ -161,8 +161,7 @@ HeatmapRun run_heatmap3d(int replicas, bool on_replicas, bool sync_bn) {
   HeatmapRun r;
   for (int s = 0; s < 3; ++s) {
     const Tensor x = random_tensor(Shape{10, 1, 8, 8, 8}, rng);
-    Tensor y = random_tensor(Shape{10, landmarks, 8, 8, 8}, rng, 0.0f, 0.05f);
-    for (int64_t p = 0; p < 10 * landmarks; ++p) y.f32()[p * 512 + static_cast<int64_t>(rng() % 512)] = 1.0f;
+    const Tensor y = testing::random_heatmaps(Shape{10, landmarks, 8, 8, 8}, rng);
     r.train.push_back(eng->train_step(x, y, 0.05f));
     r.bytes.push_back(dp ? dp->bytes_to_primary() : 0);
   }

@@ -78,14 +78,6 @@ void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model,
   }
 }
 
-// Dense targets (N, K, spatial...): noise in [0, 0.05) and one peak of 1 per (row, landmark).
-Tensor heatmap_targets(const Shape& shape, std::mt19937_64& rng) {
-  Tensor t = random_tensor(shape, rng, 0.0f, 0.05f);
-  const int64_t planes = shape[0] * shape[1], voxels = t.numel() / planes;
-  for (int64_t p = 0; p < planes; ++p) t.f32()[p * voxels + static_cast<int64_t>(rng() % voxels)] = 1.0f;
-  return t;
-}
-
 // A batch of `batch` samples and its targets: class labels, or for a dense
 // model (heatmap3d, 3 landmarks) heatmaps of the input's spatial shape.
 struct TargetBatch {
@@ -105,7 +97,7 @@ TargetBatch make_batch(const std::string& model, const Shape& sample, int64_t ba
     b.loss.criterion = "mse";
     Shape ys = xs;
     ys[1] = b.classes;
-    b.y = heatmap_targets(ys, rng);
+    b.y = testing::random_heatmaps(ys, rng);
   } else {
     b.y = random_labels(batch, b.classes, rng);
   }

@@ -31,13 +31,6 @@ std::unique_ptr<Module> heatmap_net(uint64_t seed) {
   return m;
 }
 
-// Dense targets: noise below 0.05 and one peak of 1 per (row, channel).
-Tensor heatmap_targets(int64_t n, int64_t h, int64_t w, std::mt19937_64& rng) {
-  Tensor t = random_tensor(Shape{n, 2, h, w}, rng, 0.0f, 0.05f);
-  for (int64_t p = 0; p < n * 2; ++p) t.f32()[p * h * w + static_cast<int64_t>(rng() % (h * w))] = 1.0f;
-  return t;
-}
-
 struct DpRun {
   std::vector<StepResult> train, eval;
   std::vector<int64_t> bytes;  // to the primary, per training step
@@ -93,7 +86,7 @@ TEST(LossOnReplicas, ClassLabelsMatchTheGatheredPath) {
 TEST(LossOnReplicas, HeatmapTargetsMatchTheGatheredPathAndOneDevice) {
   std::mt19937_64 rng(32);
   std::vector<testing::Batch> batches;
-  for (int s = 0; s < 4; ++s) batches.push_back({random_tensor(Shape{10, 1, 12, 9}, rng), heatmap_targets(10, 12, 9, rng)});
+  for (int s = 0; s < 4; ++s) batches.push_back({random_tensor(Shape{10, 1, 12, 9}, rng), testing::random_heatmaps(Shape{10, 2, 12, 9}, rng)});
   auto make = [] { return heatmap_net(6); };
   const LossOptions mse{"mse", 0.0f};
   const DpRun local = run_dp(make, mse, true, batches, 3), gathered = run_dp(make, mse, false, batches, 3);

@@ -20,6 +20,13 @@ Tensor random_tensor(const Shape& s, std::mt19937_64& rng, float lo, float hi) {
   return t;
 }
 
+Tensor random_heatmaps(const Shape& s, std::mt19937_64& rng) {
+  Tensor t = random_tensor(s, rng, 0.0f, 0.05f);
+  const int64_t planes = s[0] * s[1], voxels = t.numel() / planes;
+  for (int64_t p = 0; p < planes; ++p) t.f32()[p * voxels + static_cast<int64_t>(rng() % voxels)] = 1.0f;
+  return t;
+}
+
 Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng) {
   Tensor t = Tensor::empty(Shape{n}, DType::I32);
   std::uniform_int_distribution<int> u(0, classes - 1);

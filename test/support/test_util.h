@@ -14,6 +14,9 @@ namespace fanout::testing {
 // Seeded uniform [lo, hi) values; never all zeros.
 Tensor random_tensor(const Shape& s, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f);
 Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng);
+// Dense heatmap targets (N, K, spatial...): noise in [0, 0.05) and one peak of
+// 1 at a random voxel of every (row, landmark) plane.
+Tensor random_heatmaps(const Shape& s, std::mt19937_64& rng);
 
 // `steps` seeded batches of `rows` samples of shape `sample` (C, H, W) with
 // labels in [0, 10).
