@@ -9,8 +9,8 @@
 # - Bad launch input: one line, non-zero exit.
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$work"
 
 train() {  # name model args...
@@ -86,12 +86,14 @@ grep -q '^ddp: 3 processes' "$work/mlp-ddp3.out"
 # --log-dir keeps each rank's output.
 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 --batch-size 48 --devices cpu:2 --strategy ddp \
   --progress off --log-dir "$work/logs" > /dev/null
-[ -f "$work/logs/rank-0.log" ] && [ -f "$work/logs/rank-1.log" ]
+for f in "$work/logs/rank-0.log" "$work/logs/rank-1.log"; do
+  [ -f "$f" ] || fail "--log-dir wrote no $f"
+done
 grep -q 'final test accuracy' "$work/logs/rank-0.log"
 
 # Checkpoints: rank 0 writes them; a DDP run stopped after epoch 2 and
 # resumed equals the uninterrupted run (metrics and parameters); a resume on
-# another world size warns.
+# another world size warns and trains on to the end (exit 0).
 ck=(--model lenet --data synthetic:960 --epochs 4 --batch-size 48 --seed 2 --progress off --devices cpu:2
     --strategy ddp --augment crop:2,flip)
 "$DP_TRAIN" "${ck[@]}" --save-dir "$work/full" --metrics "$work/full.jsonl" > /dev/null
@@ -111,9 +113,14 @@ a, b = load_file(f"{work}/full/epoch-0004.safetensors"), load_file(f"{work}/part
 assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a), "resumed DDP run differs"
 print("DDP resume: metrics and checkpoint identical to the uninterrupted run")
 PY
+rc=0
 "$DP_TRAIN" "${ck[@]/cpu:2/cpu:3}" --resume "$work/epoch2.safetensors" \
-  > /dev/null 2> "$work/resume3.err" || true
-grep -q 'warning: world_size was 2 in the checkpoint, now 3' "$work/resume3.err" || { cat "$work/resume3.err"; exit 1; }
+  > "$work/resume3.out" 2> "$work/resume3.err" || rc=$?
+[ "$rc" = 0 ] || { cat "$work/resume3.out" "$work/resume3.err"; fail "resume on world size 3 exited with $rc"; }
+grep -qF 'dp-train: warning: world_size was 2 in the checkpoint, now 3: the run will not continue exactly' \
+  "$work/resume3.err" || { cat "$work/resume3.err"; fail "resume on world size 3: no world_size warning"; }
+grep -q 'resumed from .*epoch2.safetensors: 2 of 4 epochs done' "$work/resume3.out" || { cat "$work/resume3.out"; fail "resume on world size 3: no resume line"; }
+grep -q '^epoch 4/4' "$work/resume3.out" || { cat "$work/resume3.out"; fail "resume on world size 3 did not train to epoch 4"; }
 
 # Bad launch input: one line on stderr, non-zero exit, nothing started.
 bad() {  # expected-substring args...
