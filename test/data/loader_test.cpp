@@ -1,7 +1,8 @@
 // DataLoader: batches in the sampler's order with the right values, drop_last
 // and the partial last batch, byte-identical batches for any number of workers
 // and prefetch depth, reused slot buffers, restarting and destroying mid-epoch,
-// worker exceptions rethrown in order, and option checks.
+// worker exceptions rethrown in order, wait_seconds() within the time spent in
+// next(), and option checks.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -231,9 +232,53 @@ TEST(DataLoader, StartEpochMidEpochThenAFullEpoch) {
   dl.start_epoch(0);
   ASSERT_TRUE(dl.next(x, y));
   EXPECT_TRUE(read_epoch(dl, 0) == expected_epoch(ds, shuffled_indices(200, 2, 0), 7, false, o.augment, 0, 0));
-  EXPECT_EQ(dl.wait_seconds() >= 0, true);
+  EXPECT_GT(dl.wait_seconds(), 0.0) << "a whole epoch's next() calls add up to some time";
   dl.start_epoch(3);
   EXPECT_EQ(dl.wait_seconds(), 0.0) << "reset by start_epoch";
+}
+
+TEST(DataLoader, WaitSecondsIsTimeSpentInsideNext) {
+  // wait_seconds() sums the time next() blocked for a batch (workers == 0: built it). Each call may add
+  // at most its own duration, measured here around the call; time between calls (the consumer sleeps
+  // there in epoch 1) and the call that ends the epoch add nothing. Batches of 100 augmented 3x32x32
+  // samples take long enough to build that the consumer waits in epoch 0.
+  const ImageDataset ds = random_image_dataset(600, 3, 32, 32, 14);
+  using Clock = std::chrono::steady_clock;
+  for (int workers : {0, 1, 2}) {
+    SCOPED_TRACE(::testing::Message() << workers << " workers");
+    LoaderOptions o = opts(100, workers, 1);
+    o.augment = parse_augment("crop:4,flip");
+    DataLoader dl(ds, std::make_unique<RandomSampler>(600, 3), o);
+    for (int64_t epoch : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "epoch " << epoch);
+      dl.start_epoch(epoch);
+      EXPECT_EQ(dl.wait_seconds(), 0.0);
+      double inside = 0;  // seconds the next() calls took, measured here
+      double before = 0;  // wait_seconds() after the previous call
+      int64_t batches = 0;
+      Tensor x, y;
+      for (;;) {
+        const auto t0 = Clock::now();
+        const bool more = dl.next(x, y);
+        const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+        inside += took;
+        const double now = dl.wait_seconds();
+        EXPECT_GE(now, before) << "batch " << batches;
+        // 1 ns of slack for the rounding of the sums.
+        EXPECT_LE(now - before, took + 1e-9) << "batch " << batches << ": more than the call took";
+        if (!more) {
+          EXPECT_EQ(now, before) << "the call that ends the epoch waits for no batch";
+          break;
+        }
+        before = now;
+        ++batches;
+        if (epoch == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      EXPECT_EQ(batches, 6);
+      EXPECT_GT(dl.wait_seconds(), 0.0);
+      EXPECT_LE(dl.wait_seconds(), inside + 1e-9 * static_cast<double>(batches + 1));
+    }
+  }
 }
 
 TEST(DataLoader, DestructionMidEpochDoesNotHang) {
