@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -35,7 +36,9 @@
 #include "runtime/core/error.h"
 #include "runtime/dist/launcher.h"
 #include "runtime/parallel/engine_factory.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/parallel/single_device.h"
+#include "runtime/train/trainer.h"
 
 namespace po = boost::program_options;
 using namespace fanout;
@@ -49,6 +52,21 @@ struct Options {
   int warmup = 5, steps = 20, repeats = 3;
   uint64_t seed = 0;
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
+  // The optimizer every configuration steps (dp-train's flags; momentum 0.9
+  // and weight decay 5e-4 as its defaults).
+  std::string optimizer = "sgd";
+  bool no_decay_norm_bias = false;
+  double clip_grad_norm = 0;
+  optim::OptimizerOptions optimizer_options() const {
+    optim::OptimizerOptions h;
+    h.kind = optim::parse_optimizer(optimizer);
+    h.lr = kLr;
+    h.momentum = h.kind == optim::OptimizerKind::SGD ? 0.9f : 0.0f;
+    h.weight_decay = 5e-4f;
+    h.no_decay_norm_bias = no_decay_norm_bias;
+    return h;
+  }
+  static constexpr float kLr = 0.01f;
 };
 
 // "CxHxW" or "CxDxHxW".
@@ -116,24 +134,24 @@ struct Config {
   std::string name;
   std::unique_ptr<Module> model;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<optim::Optimizer> opt;
   int blas_threads = 1;
   std::vector<double> runs;  // seconds per step
   int64_t bytes_to_primary = -1;
 };
 
-double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps);
+double time_steps(Engine& eng, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps, double clip);
 
 // A DDP worker (started by run() through the launcher): its share of the
 // batch, the same warm-up and timed runs, aligned across ranks by barriers;
 // rank 0 writes the seconds per step of each run to `o.ddp_result`.
-int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOptions& loss,
-               const kernels::SgdHyper& h, const MathOptions& math, const Shape& in) {
+int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOptions& loss, const MathOptions& math,
+               const Shape& in) {
   const dist::WorkerEnv env = dist::worker_env();
   FANOUT_USER_CHECK(env.present) << "--ddp-result is dp-bench's own, for its DDP workers";
   const int64_t local = o.batch_size / env.world_size;
   EngineSpec spec;
   spec.devices = split_devices(parse_devices(o.devices), env.local_world_size, env.local_rank);
-  spec.sgd = h;
   spec.loss = loss;
   spec.dp.seed = o.seed;
   spec.dp.math = math;
@@ -142,13 +160,14 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
   auto model = models::make_model(o.model, in, model_classes(o.model), o.seed);
   auto engine = make_engine(*model, std::move(spec));
+  auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), o.optimizer_options());
   const Tensor xs = x.slice(env.rank * local, (env.rank + 1) * local);
   const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
-  for (int i = 0; i < o.warmup; ++i) engine->train_step(xs, ys, 0.01f);
+  for (int i = 0; i < o.warmup; ++i) train::train_step(*engine, *opt, xs, ys, Options::kLr, o.clip_grad_norm);
   std::vector<double> runs;
   for (int r = 0; r < o.repeats; ++r) {
     engine->barrier("barrier before a timed run");
-    runs.push_back(time_steps(*engine, xs, ys, o.steps));
+    runs.push_back(time_steps(*engine, *opt, xs, ys, o.steps, o.clip_grad_norm));
   }
   if (env.rank == 0) {
     std::ofstream f(o.ddp_result);
@@ -161,9 +180,10 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
 // Whether the command line (not a default) set `name`.
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
-double time_steps(Engine& eng, const Tensor& x, const Tensor& y, int steps) {
+double time_steps(Engine& eng, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps, double clip) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) eng.train_step(x, y, 0.01f);  // each step ends with its loss on the host
+  for (int i = 0; i < steps; ++i)  // each step ends with its loss on the host
+    train::train_step(eng, opt, x, y, Options::kLr, clip);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
 }
 
@@ -194,13 +214,18 @@ int run(int argc, char** argv) {
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions (CUDA)")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms (CUDA)")
     ("no-ddp", po::bool_switch(&o.no_ddp), "skip the DDP configuration (one process per listed device)")
-    ("json", po::value(&o.json), "append one JSON object per configuration to this file");
+    ("json", po::value(&o.json), "append one JSON object per configuration to this file")
+    ("optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
+     "sgd (momentum 0.9), adam or adamw; weight decay 5e-4 (dp-train's defaults)")
+    ("no-decay-norm-bias", po::bool_switch(&o.no_decay_norm_bias), "no weight decay on biases and 1-D parameters")
+    ("clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(0, "0"),
+     "clip the reduced gradient's total norm before each step (0: off)");
   po::options_description epochs("Epoch mode (each run a fresh process: dp-train, or bench/pytorch/train_epochs.py)");
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
     ("data", po::value(&e.data)->default_value(e.data),
      "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (--input is the data's)")
-    ("lr", po::value(&e.lr)->default_value(e.lr, "0.02"), "SGD learning rate (constant; momentum 0.9, weight decay 5e-4)")
+    ("lr", po::value(&e.lr)->default_value(e.lr, "0.02"), "learning rate (constant; SGD momentum 0.9, weight decay 5e-4)")
     ("workers", po::value(&e.workers)->default_value(e.workers), "loader threads per process (PyTorch: worker processes)")
     ("plot", po::value(&e.plot), "draw epoch time per configuration into this PNG (Python with matplotlib)")
     ("python", po::value(&e.python)->default_value(e.python), "the Python that runs PyTorch and the plot")
@@ -222,6 +247,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   po::notify(vm);
+  o.optimizer_options();  // an unknown --optimizer is an error before any run
+  FANOUT_USER_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0)
+      << "--clip-grad-norm must be non-negative, got " << o.clip_grad_norm;
   if (vm.count("epochs")) {
     for (const char* step_only : {"input", "steps", "dp-comm"})
       FANOUT_USER_CHECK(!given(vm, step_only)) << "--" << step_only << " is for step mode, not with --epochs";
@@ -236,6 +264,9 @@ int run(int argc, char** argv) {
     e.split_invariant = o.split_invariant;
     e.allow_tf32 = o.allow_tf32;
     e.cudnn_benchmark = o.cudnn_benchmark;
+    e.optimizer = o.optimizer;
+    e.no_decay_norm_bias = o.no_decay_norm_bias;
+    e.clip_grad_norm = o.clip_grad_norm;
     return apps::run_epoch_bench(e);
   }
   for (const char* epoch_only : {"data", "lr", "workers", "plot", "python", "no-pytorch"})
@@ -261,16 +292,12 @@ int run(int argc, char** argv) {
   const Tensor& y = targets.y;
   const LossOptions& loss = targets.loss;
 
-  kernels::SgdHyper h;
-  h.lr = 0.01f;
-  h.momentum = 0.9f;
-  h.weight_decay = 5e-4f;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   MathOptions math;
   math.split_invariant = o.split_invariant;
   math.allow_tf32 = o.allow_tf32;
   math.cudnn_benchmark = o.cudnn_benchmark;
-  if (!o.ddp_result.empty()) return ddp_worker(o, x, y, loss, h, math, in);
+  if (!o.ddp_result.empty()) return ddp_worker(o, x, y, loss, math, in);
   std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s\n",
               o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
               cores, o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
@@ -283,7 +310,7 @@ int run(int argc, char** argv) {
     c.name = "plain " + primary.str();
     c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
     c.blas_threads = cpu_blas_threads(1, math);
-    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, h, loss, o.seed, math);
+    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, *make_criterion(loss), o.seed, math);
     c.bytes_to_primary = 0;
     configs.push_back(std::move(c));
   }
@@ -309,19 +336,20 @@ int run(int argc, char** argv) {
     dpo.comm = o.comm;
     dpo.math = math;
     dpo.loss_on_replicas = run.on_replicas;
-    c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, h, loss, dpo);
+    c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, *make_criterion(loss), dpo);
     configs.push_back(std::move(c));
   }
   // Warm up each, then interleave the timed runs so that drift in the
   // machine's speed spreads over every configuration alike.
   for (auto& c : configs) {
     if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
-    for (int i = 0; i < o.warmup; ++i) c.engine->train_step(x, y, 0.01f);
+    c.opt = optim::make_optimizer(c.engine->model(), c.engine->primary_context(), o.optimizer_options());
+    for (int i = 0; i < o.warmup; ++i) train::train_step(*c.engine, *c.opt, x, y, Options::kLr, o.clip_grad_norm);
   }
   for (int r = 0; r < o.repeats; ++r)
     for (auto& c : configs) {
       if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
-      c.runs.push_back(time_steps(*c.engine, x, y, o.steps));
+      c.runs.push_back(time_steps(*c.engine, *c.opt, x, y, o.steps, o.clip_grad_norm));
       if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
     }
   // DDP: one process per listed device, each with its share of the batch.
@@ -374,7 +402,8 @@ int run(int argc, char** argv) {
                           {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
                           {"split_invariant", o.split_invariant}, {"allow_tf32", o.allow_tf32},
                           {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices},
-                          {"bytes_to_primary", r.bytes_to_primary}}
+                          {"bytes_to_primary", r.bytes_to_primary}, {"optimizer", o.optimizer},
+                          {"clip_grad_norm", o.clip_grad_norm}}
                .dump()
         << "\n";
     f.flush();

@@ -270,7 +270,8 @@ int run_epoch_bench(const EpochBenchOptions& options) {
       "--model", o.model, "--data", o.data, "--epochs", std::to_string(o.epochs), "--batch-size",
       std::to_string(o.batch_size), "--lr", fmt("%g", o.lr), "--momentum", "0.9", "--weight-decay", "5e-4",
       "--lr-schedule", "constant", "--seed", std::to_string(o.seed), "--workers", std::to_string(o.workers),
-      "--progress", "off", "--timing-warmup", std::to_string(o.warmup)};
+      "--progress", "off", "--timing-warmup", std::to_string(o.warmup), "--optimizer", o.optimizer,
+      "--clip-grad-norm", fmt("%g", o.clip_grad_norm)};
   auto fanout = [&](const std::string& mode, const std::string& label, int procs, int reps,
                     std::vector<std::string> extra) {
     Config c{"fanout", mode, label, procs, reps};
@@ -278,6 +279,7 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     c.argv.insert(c.argv.end(), common.begin(), common.end());
     c.argv.insert(c.argv.end(), extra.begin(), extra.end());
     if (o.split_invariant) c.argv.push_back("--split-invariant");
+    if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
     if (o.allow_tf32) c.argv.push_back("--allow-tf32");
     if (o.cudnn_benchmark) c.argv.push_back("--cudnn-benchmark");
     configs.push_back(std::move(c));
@@ -298,7 +300,9 @@ int run_epoch_bench(const EpochBenchOptions& options) {
       c.argv = {o.python, py_script, "--data", tmp.path + "/data", "--model", o.model, "--epochs",
                 std::to_string(o.epochs), "--batch", std::to_string(o.batch_size), "--lr", fmt("%g", o.lr),
                 "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
-                std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup)};
+                std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup), "--optimizer", o.optimizer,
+                "--clip-grad-norm", fmt("%g", o.clip_grad_norm)};
+      if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
       c.argv.insert(c.argv.end(), extra.begin(), extra.end());
       if (o.allow_tf32) c.argv.push_back("--tf32");
       if (torch_status != "ok") c.status = torch_status;

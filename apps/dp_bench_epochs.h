@@ -17,6 +17,9 @@ struct EpochBenchOptions {
   std::string json, plot, python = "python3";
   bool no_ddp = false, no_pytorch = false;
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
+  std::string optimizer = "sgd";  // dp-train's --optimizer, and the same torch.optim class
+  bool no_decay_norm_bias = false;
+  double clip_grad_norm = 0;
 };
 
 // Runs the benchmark; prints a progress line per run and the table; writes

@@ -68,6 +68,7 @@ void install_stop_handlers() {
 
 struct Cli {
   train::RunConfig run;
+  std::string betas;
   bool help = false, list_devices = false;
 };
 
@@ -107,11 +108,23 @@ Cli parse(int argc, char** argv) {
     ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size), "batch size for evaluation")
     ("accumulate", po::value(&o.accumulate)->default_value(d.accumulate),
      "batches per optimizer step (gradient accumulation; DDP reduces once per step)")
+    ("optimizer", po::value(&o.optimizer)->default_value(d.optimizer),
+     "sgd, adam or adamw (torch.optim's update rules)")
     ("lr", po::value(&o.lr)->default_value(d.lr, num(d.lr)), "base learning rate")
     ("momentum", po::value(&o.momentum)->default_value(d.momentum, num(d.momentum)), "SGD momentum (0 for none)")
-    ("nesterov", po::bool_switch(&o.nesterov), "Nesterov momentum")
+    ("nesterov", po::bool_switch(&o.nesterov), "SGD: Nesterov momentum")
+    ("betas", po::value(&cli.betas)->default_value(num(d.beta1) + "," + num(d.beta2)),
+     "Adam/AdamW: BETA1,BETA2, each in [0, 1)")
+    ("eps", po::value(&o.eps)->default_value(d.eps, num(d.eps)), "Adam/AdamW: term added to the denominator")
+    ("amsgrad", po::bool_switch(&o.amsgrad), "Adam/AdamW: the AMSGrad variant")
     ("weight-decay", po::value(&o.weight_decay)->default_value(d.weight_decay, num(d.weight_decay)),
-     "L2 weight decay, on every parameter as torch.optim.SGD")
+     "weight decay: L2 added to the gradient (sgd, adam), decoupled (adamw)")
+    ("no-decay-norm-bias", po::bool_switch(&o.no_decay_norm_bias),
+     "no weight decay on biases and other parameters of at most one dimension (BatchNorm weights)")
+    ("clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(d.clip_grad_norm, num(d.clip_grad_norm)),
+     "clip the reduced gradient's total L2 norm to MAX before each step (torch's clip_grad_norm_; 0: off)")
+    ("clip-grad-value", po::value(&o.clip_grad_value)->default_value(d.clip_grad_value, num(d.clip_grad_value)),
+     "clamp every reduced gradient element into [-V, V] before each step (clip_grad_value_; 0: off)")
     ("lr-schedule", po::value(&o.lr_schedule)->default_value(d.lr_schedule),
      "constant, step[:STEP_SIZE[:GAMMA]], multistep:M1,M2,...[:GAMMA] or cosine (stepped per epoch)")
     ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(d.warmup_epochs, num(d.warmup_epochs)),
@@ -208,6 +221,13 @@ Cli parse(int argc, char** argv) {
     FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
   }
   po::notify(vm);
+  {
+    char comma = 0;
+    std::istringstream bs(cli.betas);
+    bs >> o.beta1 >> comma >> o.beta2;
+    FANOUT_USER_CHECK(!bs.fail() && comma == ',' && (bs >> std::ws).eof())
+        << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << cli.betas << "'";
+  }
   // heatmap3d's recipe for the options left at their (classification) defaults.
   if (o.model == "heatmap3d") {
     auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
@@ -344,7 +364,6 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
                                         const std::vector<Device>& all, const data::TrainTest& data) {
   EngineSpec spec;
   spec.devices = p.devices;
-  spec.sgd = c.sgd();
   // Heatmap targets take the squared error; class labels cross-entropy.
   spec.loss.criterion = data.train.dense_targets() ? "mse" : "cross_entropy";
   spec.loss.label_smoothing = c.label_smoothing;
@@ -391,13 +410,13 @@ std::string save_dir_of(const train::RunConfig& c) {
 
 // Loads --resume or --init-from; returns the checkpoint state to continue
 // from, or nothing when the run is complete.
-std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine& engine, const Process& p,
-                                              const nlohmann::json& config) {
+std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt,
+                                              const Process& p, const nlohmann::json& config) {
   train::CheckpointState ckpt;
   if (!c.resume.empty()) {
     const std::string path = train::resolve_resume_path(c.resume);
     // Every rank reads the file (one machine, or a shared file system).
-    ckpt = train::load_checkpoint(path, engine, [&](const train::CheckpointState& st) {
+    ckpt = train::load_checkpoint(path, engine, opt, [&](const train::CheckpointState& st) {
       const std::string was_model =
           st.config.contains("model") && st.config["model"].is_string() ? st.config["model"].get<std::string>() : "?";
       FANOUT_USER_CHECK(was_model == c.model)
@@ -439,7 +458,8 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
 
 // --- train ---------------------------------------------------------------
 
-int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& data, const Process& p,
+int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
+              const Process& p,
               train::CheckpointState ckpt, const std::string& save_dir, train::CheckpointSaver* saver) {
   train::TrainerConfig tc = c.trainer_config(p.devices[0].is_cuda());
   if (!p.primary()) {  // rank 0 alone prints, writes metrics and saves
@@ -460,7 +480,7 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
       << "--stop-after " << c.stop_after << " without --save-dir would leave nothing to --resume from";
   FANOUT_USER_CHECK(c.save_every_steps == 0 || !save_dir.empty())
       << "--save-every-steps needs --save-dir (or --resume DIR)";
-  train::Trainer trainer(tc, engine, data);
+  train::Trainer trainer(tc, engine, opt, data);
   trainer.should_stop = [] { return g_stop_signal != 0; };
   std::string stop_saved;
   int saved_epoch = -1;  // the last epoch whose end-of-epoch checkpoint was written
@@ -468,9 +488,9 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
     ckpt.epoch = epoch;
     ckpt.batch = pos.batch;
     ckpt.partial = pos.totals;
-    ckpt.step = engine.optimizer().steps();
+    ckpt.step = opt.steps();
     if (!saver) return;
-    const std::string path = saver->save_mid_epoch(engine, ckpt);
+    const std::string path = saver->save_mid_epoch(engine, opt, ckpt);
     if (stopping) stop_saved = path;
     std::printf("saved %s\n", path.c_str());
     std::fflush(stdout);
@@ -479,12 +499,12 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
     ckpt.epoch = m.epoch;
     ckpt.batch = 0;
     ckpt.partial = nlohmann::json::object();
-    ckpt.step = engine.optimizer().steps();
+    ckpt.step = opt.steps();
     ckpt.metrics = train::metrics_json(m);
     const bool saving = !save_dir.empty() && (m.epoch % c.save_every == 0 || m.epoch == last);
     if (saving && p.world > 1) engine.barrier("barrier before the checkpoint of epoch " + std::to_string(m.epoch));
     if (saver) {
-      for (auto& path : saver->on_epoch_end(engine, ckpt, last)) std::printf("saved %s\n", path.c_str());
+      for (auto& path : saver->on_epoch_end(engine, opt, ckpt, last)) std::printf("saved %s\n", path.c_str());
       std::fflush(stdout);
     }
     if (saving) saved_epoch = m.epoch;
@@ -497,7 +517,7 @@ int train_run(const train::RunConfig& c, Engine& engine, const data::TrainTest& 
     const int64_t batch = trainer.stopped_at().batch;
     if (saver && stop_saved.empty()) {  // stopped at an epoch's end
       stop_saved = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
-      if (saved_epoch != epoch) saver->save_mid_epoch(engine, ckpt);  // its checkpoint was not due: ckpt is that epoch's
+      if (saved_epoch != epoch) saver->save_mid_epoch(engine, opt, ckpt);  // its checkpoint was not due: ckpt is that epoch's
     }
     std::printf("stopped by %s %s: %s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig),
                 batch > 0 ? ("in epoch " + std::to_string(epoch + 1) + " after batch " + std::to_string(batch)).c_str()
@@ -562,9 +582,10 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
   const nlohmann::json config = c.checkpoint_config(names(all), p.world);
-  auto ckpt = restore(c, *engine, p, config);
+  auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), c.optimizer_options());
+  auto ckpt = restore(c, *engine, *opt, p, config);
   if (!ckpt) return 0;
-  return train_run(c, *engine, data, p, *ckpt, save_to, saver.get());
+  return train_run(c, *engine, *opt, data, p, *ckpt, save_to, saver.get());
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ def worker(rank, args, result_path):
         net = nn.DataParallel(model, device_ids=idx)
     else:
         net = model
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    opt = zoo.make_optimizer(model, args, momentum=args.momentum, weight_decay=args.weight_decay)
     loss_fn = nn.CrossEntropyLoss()
 
     local_batch = args.batch // world
@@ -149,6 +149,8 @@ def worker(rank, args, result_path):
             opt.zero_grad(set_to_none=False)
             loss = loss_fn(net(x), y)
             loss.backward()
+            if args.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
             opt.step()
             if step + 1 == warm:
                 sync()
@@ -219,6 +221,7 @@ def main():
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
+    zoo.add_optimizer_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tf32", action="store_true", help="TF32 for matmul and cuDNN (CUDA)")
     p.add_argument("--out", help="write the result object here")

@@ -56,7 +56,7 @@ def set_tf32(mode):
 def measure(name, batch, args, device):
     model, source = build(name)
     model = model.to(device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    opt = zoo.make_optimizer(model, args)
     loss_fn = nn.CrossEntropyLoss()
     shape = (batch,) + SAMPLE_SHAPE[name]
     gen = torch.Generator().manual_seed(args.seed)
@@ -75,6 +75,8 @@ def measure(name, batch, args, device):
         opt.zero_grad(set_to_none=False)  # fanout zeroes its gradient arena too
         loss = loss_fn(model(x), y)
         loss.backward()
+        if args.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         opt.step()
         return loss
 
@@ -140,6 +142,7 @@ def main():
                    help="host: copy the batch from pinned memory each step; device: keep it on the GPU")
     p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a smoke test")
     p.add_argument("--seed", type=int, default=0)
+    zoo.add_optimizer_args(p)
     args = p.parse_args()
 
     device = torch.device(args.device)

@@ -151,3 +151,32 @@ def build(name, shape, classes=10):
     if name == "resnet18":
         return resnet18_cifar(shape[0], classes)
     raise SystemExit(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+def add_optimizer_args(p, lr=0.02):
+    """The optimizer flags dp-train and dp-bench take, with their defaults."""
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
+    p.add_argument("--betas", default="0.9,0.999", help="Adam/AdamW: BETA1,BETA2")
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--amsgrad", action="store_true")
+    p.add_argument("--no-decay-norm-bias", action="store_true",
+                   help="no weight decay on biases and parameters of at most one dimension")
+    p.add_argument("--clip-grad-norm", type=float, default=0.0, help="clip_grad_norm_ before each step (0: off)")
+
+
+def make_optimizer(model, args, momentum=0.9, weight_decay=5e-4):
+    """The torch.optim object dp-train builds for the same flags: groups by
+    name (biases and parameters of at most one dimension without decay),
+    foreach/fused left at torch's defaults."""
+    named = list(model.named_parameters())
+    if args.no_decay_norm_bias:
+        no = [p for n, p in named if n.endswith(".bias") or p.ndim <= 1]
+        yes = [p for n, p in named if not (n.endswith(".bias") or p.ndim <= 1)]
+        params = [{"params": yes, "weight_decay": weight_decay}, {"params": no, "weight_decay": 0.0}]
+    else:
+        params = [p for _, p in named]
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, momentum=momentum, weight_decay=weight_decay)
+    b1, b2 = (float(v) for v in args.betas.split(","))
+    cls = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=args.lr, betas=(b1, b2), eps=args.eps, weight_decay=weight_decay, amsgrad=args.amsgrad)

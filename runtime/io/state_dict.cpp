@@ -52,7 +52,9 @@ std::string LoadReport::summary() const {
   return os.str();
 }
 
-LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict) {
+namespace {
+LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict,
+                         bool write) {
   FANOUT_CHECK(m.materialized()) << "load_state_dict before materialize";
   std::vector<std::pair<std::string, Tensor>> model = m.state_dict();
   std::map<std::string, size_t> index;  // model name -> position
@@ -96,8 +98,18 @@ LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, T
     if (!found[i]) r.missing.push_back(model[i].first);
 
   FANOUT_USER_CHECK(!strict || r.ok()) << "state dict does not match the model: " << r.summary();
-  for (auto& [i, src] : plan) model[i].second.copy_from(src);
+  if (write)
+    for (auto& [i, src] : plan) model[i].second.copy_from(src);
   return r;
+}
+}  // namespace
+
+LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict) {
+  return load_or_check(m, tensors, strict, true);
+}
+
+void check_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  load_or_check(m, tensors, true, false);
 }
 
 std::vector<std::pair<std::string, Tensor>> state_dict_cpu(Module& m) {

@@ -34,6 +34,9 @@ struct LoadReport {
 // and reports the rest.
 LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict);
 
+// load_state_dict's strict checks without loading: throws what it would.
+void check_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors);
+
 // Host copies of every parameter and buffer, in state_dict order.
 std::vector<std::pair<std::string, Tensor>> state_dict_cpu(Module& m);
 

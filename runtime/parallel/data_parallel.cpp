@@ -341,12 +341,9 @@ Module& on_primary(Module& m, Device primary) {
 }  // namespace
 
 DataParallelEngine::DataParallelEngine(Module& model, const std::vector<Device>& devices,
-                                       const kernels::SgdHyper& sgd, const LossOptions& loss,
-                                       const DataParallelOptions& opts)
+                                       const Criterion& criterion, const DataParallelOptions& opts)
     : dp_(on_primary(model, devices.at(0)), devices, opts), on_replicas_(opts.loss_on_replicas) {
-  sgd_ = std::make_unique<optim::SGD>(model, sgd);
-  criteria_.push_back(make_criterion(loss));
-  for (size_t i = 1; i < devices.size(); ++i) criteria_.push_back(criteria_[0]->clone());
+  for (size_t i = 0; i < devices.size(); ++i) criteria_.push_back(criterion.clone());
   targets_.resize(devices.size());
   results_.resize(devices.size());
 }
@@ -407,14 +404,6 @@ StepResult DataParallelEngine::gathered_step(const Tensor& x, const Tensor& y, b
 
 StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool) {
   return loss_step(x, y, true, grad_scale);
-}
-
-void DataParallelEngine::step(float lr) {
-  Context& pctx = dp_.primary_context();
-  sgd_->set_lr(lr);
-  sgd_->step(pctx);
-  sgd_->zero_grad(pctx);
-  pctx.compute().synchronize();
 }
 
 StepResult DataParallelEngine::eval_step(const Tensor& x, const Tensor& y) { return loss_step(x, y, false, 0.0f); }

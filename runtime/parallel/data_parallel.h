@@ -11,7 +11,7 @@
 //   Tensor out = dp.forward(x);          // x on the host or on the primary
 //   ... loss and dloss/dout on dp.output_device() ...
 //   dp.backward(dout);                   // primary's grads now hold the sum
-//   sgd.step(dp.primary_context());
+//   opt->step(); opt->zero_grad();       // an optimizer over `model` on the primary
 #pragma once
 #include <atomic>
 #include <functional>
@@ -151,16 +151,16 @@ class DataParallel {
 };
 
 // Engine over DataParallel: the loss on the replicas (or, without
-// loss_on_replicas, on the output device), SGD on the primary.
+// loss_on_replicas, on the output device); the gradients are reduced onto
+// the primary's model for the caller's optimizer.
 class DataParallelEngine : public Engine {
  public:
-  DataParallelEngine(Module& model, const std::vector<Device>& devices, const kernels::SgdHyper& sgd,
-                     const LossOptions& loss, const DataParallelOptions& opts);
+  // The criterion is cloned, once per replica.
+  DataParallelEngine(Module& model, const std::vector<Device>& devices, const Criterion& criterion,
+                     const DataParallelOptions& opts = {});
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
-  void step(float lr) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override;
   Module& model() override { return dp_.module(); }
-  optim::SGD& optimizer() override { return *sgd_; }
   Context& primary_context() override { return dp_.primary_context(); }
   std::vector<Device> devices() const override { return dp_.devices(); }
   const Criterion& criterion() const override { return *criteria_[0]; }
@@ -175,7 +175,6 @@ class DataParallelEngine : public Engine {
   StepResult loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale);
   StepResult gathered_step(const Tensor& x, const Tensor& y, bool train, float grad_scale);
   DataParallel dp_;
-  std::unique_ptr<optim::SGD> sgd_;
   bool on_replicas_;
   std::vector<std::unique_ptr<Criterion>> criteria_;  // [replica]; [0] also serves the gathered path
   std::vector<Tensor> targets_;                       // [replica] targets on its device

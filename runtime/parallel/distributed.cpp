@@ -18,10 +18,9 @@ DataParallelOptions ddp_dp_options(DataParallelOptions o) {
 }  // namespace
 
 DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, const std::vector<Device>& devices,
-                                                             const kernels::SgdHyper& sgd, const LossOptions& loss,
-                                                             const DdpOptions& opts,
+                                                             const Criterion& criterion, const DdpOptions& opts,
                                                              std::unique_ptr<dist::ProcessGroup> group)
-    : group_(std::move(group)), inner_(model, devices, sgd, loss, ddp_dp_options(opts.dp)), opts_(opts) {
+    : group_(std::move(group)), inner_(model, devices, criterion, ddp_dp_options(opts.dp)), opts_(opts) {
   FANOUT_CHECK(group_) << "DDP needs a process group";
   host_group_ = group_->backend() == "gloo";
   const Device primary = devices.at(0);

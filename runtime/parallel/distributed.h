@@ -2,8 +2,8 @@
 // each holding a full replica. At construction rank 0's parameters and
 // buffers are broadcast; in backward each gradient bucket is all-reduced
 // across processes as soon as it is ready (on CPUs by a communication
-// thread, while backward goes on), so every process steps its own optimizer
-// on the same gradients. With several local devices a process runs
+// thread, while backward goes on), so every process's optimizer steps on
+// the same gradients. With several local devices a process runs
 // DataParallel over them and all-reduces the primary's buckets (hybrid).
 //
 // Averaging: every row's loss gradient is scaled by 1 / (rows over all
@@ -32,16 +32,14 @@ class DistributedDataParallelEngine : public Engine, private CrossProcessHooks {
  public:
   // `group` spans the processes; its backend suits the devices (Gloo for CPU
   // devices, or for GPUs through host buffers; NCCL for GPUs).
-  DistributedDataParallelEngine(Module& model, const std::vector<Device>& devices, const kernels::SgdHyper& sgd,
-                                const LossOptions& loss, const DdpOptions& opts,
+  DistributedDataParallelEngine(Module& model, const std::vector<Device>& devices, const Criterion& criterion,
+                                const DdpOptions& opts,
                                 std::unique_ptr<dist::ProcessGroup> group);
   ~DistributedDataParallelEngine() override;
 
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
-  void step(float lr) override { inner_.step(lr); }
   StepResult eval_step(const Tensor& x, const Tensor& y) override { return inner_.eval_step(x, y); }
   Module& model() override { return inner_.model(); }
-  optim::SGD& optimizer() override { return inner_.optimizer(); }
   Context& primary_context() override { return inner_.primary_context(); }
   std::vector<Device> devices() const override { return inner_.devices(); }
   const Criterion& criterion() const override { return inner_.criterion(); }

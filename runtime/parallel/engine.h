@@ -11,7 +11,6 @@
 #include "runtime/core/tensor.h"
 #include "runtime/nn/criterion.h"
 #include "runtime/nn/module.h"
-#include "runtime/optim/sgd.h"
 
 namespace fanout {
 
@@ -37,20 +36,20 @@ class Engine {
   // x (B, ...) float32 and y, the criterion's targets ((B) int32 class
   // indices or dense float32), both on the CPU.
   virtual StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) = 0;
-  // One optimizer step at `lr`, then the gradients are zeroed.
-  virtual void step(float lr) = 0;
-  // forward_backward of a whole batch (scale 1 / rows over all processes) and step.
-  StepResult train_step(const Tensor& x, const Tensor& y, float lr) {
-    StepResult r = forward_backward(x, y, 1.0f / static_cast<float>(x.size(0) * world_size()), true);
-    step(lr);
-    return r;
+  // forward_backward of a whole batch: each row's gradient scaled by
+  // 1 / (rows over every process), reduced across processes. The reduced
+  // gradients are then on model(), for an optimizer (runtime/optim) to step.
+  StepResult forward_backward_batch(const Tensor& x, const Tensor& y) {
+    return forward_backward(x, y, 1.0f / static_cast<float>(x.size(0) * world_size()), true);
   }
   // Forward in eval mode; no gradients.
   virtual StepResult eval_step(const Tensor& x, const Tensor& y) = 0;
   virtual const Criterion& criterion() const = 0;
-  // The model whose parameters are the ones trained (on the primary device).
+  // The model whose parameters are the ones trained (on the primary device):
+  // its gradient arena holds the reduced gradients after forward_backward
+  // with sync; an optimizer over it (with primary_context()) updates it, and
+  // the next forward carries the update to every replica.
   virtual Module& model() = 0;
-  virtual optim::SGD& optimizer() = 0;
   virtual Context& primary_context() = 0;
   // This process's devices; the first is the primary.
   virtual std::vector<Device> devices() const = 0;

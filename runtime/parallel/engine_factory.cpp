@@ -12,12 +12,14 @@ namespace fanout {
 
 std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
   FANOUT_USER_CHECK(!spec.devices.empty()) << "no device to train on";
+  std::shared_ptr<const Criterion> criterion = spec.criterion;
+  if (!criterion) criterion = make_criterion(spec.loss);
   if (spec.group) {
     DdpOptions o;
     o.dp = spec.dp;
     o.broadcast_buffers = spec.broadcast_buffers;
     o.local_processes = spec.local_processes;
-    return std::make_unique<DistributedDataParallelEngine>(model, spec.devices, spec.sgd, spec.loss, o,
+    return std::make_unique<DistributedDataParallelEngine>(model, spec.devices, *criterion, o,
                                                            std::move(spec.group));
   }
   const DataParallelOptions& dp = spec.dp;
@@ -26,9 +28,9 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
   if (plain) {
     const Device d = spec.devices[0];
     if (d.is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(1, dp.math, spec.local_processes));
-    return std::make_unique<SingleDeviceEngine>(model, d, spec.sgd, spec.loss, dp.seed, dp.math);
+    return std::make_unique<SingleDeviceEngine>(model, d, *criterion, dp.seed, dp.math);
   }
-  return std::make_unique<DataParallelEngine>(model, spec.devices, spec.sgd, spec.loss, dp);
+  return std::make_unique<DataParallelEngine>(model, spec.devices, *criterion, dp);
 }
 
 std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions& opts, const std::string& backend,

@@ -16,8 +16,8 @@ namespace fanout {
 
 struct EngineSpec {
   std::vector<Device> devices;  // this process's; the first is the primary
-  kernels::SgdHyper sgd;
-  LossOptions loss;
+  LossOptions loss;              // the named criterion, unless `criterion` is given
+  std::shared_ptr<const Criterion> criterion;  // any criterion (cloned per replica)
   DataParallelOptions dp;       // output device, SyncBatchNorm, comm, seed, math
   bool force_data_parallel = false;  // DataParallel even on one device
   // DDP: the group over every process (null: this process trains alone).

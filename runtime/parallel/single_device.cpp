@@ -3,15 +3,14 @@
 
 namespace fanout {
 
-SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const kernels::SgdHyper& sgd,
-                                       const LossOptions& loss, uint64_t seed, const MathOptions& math)
-    : model_(model), ctx_(device, seed), criterion_(make_criterion(loss)) {
+SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const Criterion& criterion, uint64_t seed,
+                                       const MathOptions& math)
+    : model_(model), ctx_(device, seed), criterion_(criterion.clone()) {
   ctx_.math = math;
   model_.to(device, &ctx_.compute());
   ctx_.compute().synchronize();  // the copy is complete before anyone loads into the model
   model_.set_input_grad(false);  // nothing upstream of the model needs dx
   apply_split_invariant(model_, device, math);
-  sgd_ = std::make_unique<optim::SGD>(model_, sgd);
 }
 
 void SingleDeviceEngine::forward_loss(const Tensor& x, const Tensor& y, bool train, float grad_scale) {
@@ -36,13 +35,6 @@ StepResult SingleDeviceEngine::forward_backward(const Tensor& x, const Tensor& y
   forward_loss(x, y, true, grad_scale);
   model_.backward(criterion_->grad(), ctx_);
   return criterion_->read(ctx_);
-}
-
-void SingleDeviceEngine::step(float lr) {
-  sgd_->set_lr(lr);
-  sgd_->step(ctx_);
-  sgd_->zero_grad(ctx_);
-  ctx_.compute().synchronize();
 }
 
 StepResult SingleDeviceEngine::eval_step(const Tensor& x, const Tensor& y) {

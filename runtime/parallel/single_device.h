@@ -10,13 +10,12 @@ namespace fanout {
 class SingleDeviceEngine : public Engine {
  public:
   // Moves the model to `device`; the engine owns neither the model's tree nor its arenas' layout.
-  SingleDeviceEngine(Module& model, Device device, const kernels::SgdHyper& sgd, const LossOptions& loss,
-                     uint64_t seed, const MathOptions& math = {});
+  // The criterion is cloned.
+  SingleDeviceEngine(Module& model, Device device, const Criterion& criterion, uint64_t seed,
+                     const MathOptions& math = {});
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
-  void step(float lr) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override;
   Module& model() override { return model_; }
-  optim::SGD& optimizer() override { return *sgd_; }
   Context& primary_context() override { return ctx_; }
   std::vector<Device> devices() const override { return {ctx_.device()}; }
   const Criterion& criterion() const override { return *criterion_; }
@@ -25,7 +24,6 @@ class SingleDeviceEngine : public Engine {
   void forward_loss(const Tensor& x, const Tensor& y, bool train, float grad_scale);
   Module& model_;
   Context ctx_;
-  std::unique_ptr<optim::SGD> sgd_;
   std::unique_ptr<Criterion> criterion_;
   Tensor xd_, yd_;
 };

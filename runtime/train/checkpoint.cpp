@@ -27,8 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kMomentumPrefix = "optimizer.momentum_buffer.";
-
 const std::string& meta(const io::TensorFile& f, const std::string& key, const std::string& path) {
   auto it = f.metadata.find(key);
   FANOUT_USER_CHECK(it != f.metadata.end()) << "checkpoint " << path << " has no '" << key << "' metadata";
@@ -68,33 +66,30 @@ std::pair<int64_t, int64_t> progress_of(const fs::path& p) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, Engine& engine, const CheckpointState& st) {
+void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st) {
   Module& model = engine.model();
-  optim::SGD& sgd = engine.optimizer();
   std::vector<std::pair<std::string, Tensor>> tensors = model.state_dict();
-  if (sgd.has_momentum_buffer()) {
-    Tensor& buf = sgd.momentum_buffer();
-    for (auto& [name, p] : model.named_parameters()) tensors.emplace_back(kMomentumPrefix + name, buf.flat(p->offset, p->shape));
+  nlohmann::json hyper = nullptr;
+  if (opt) {
+    FANOUT_CHECK(&opt->model() == &model) << "the optimizer does not step the engine's model";
+    const auto params = model.named_parameters();
+    for (auto& [state, arena] : opt->state())
+      for (auto& [name, p] : params)
+        tensors.emplace_back(kOptimizerPrefix + state + "." + name, arena->flat(p->offset, p->shape));
+    hyper = opt->hyper();
+    hyper["steps"] = opt->steps();
   }
-  const kernels::SgdHyper& h = sgd.hyper();
-  nlohmann::json opt = {{"type", "SGD"},
-                        {"momentum", h.momentum},
-                        {"dampening", h.dampening},
-                        {"weight_decay", h.weight_decay},
-                        {"nesterov", h.nesterov},
-                        {"has_momentum_buffer", sgd.has_momentum_buffer()},
-                        {"steps", sgd.steps()}};
   std::ostringstream rng;
   rng << engine.primary_context().rng();
   std::ostringstream best;
   best.precision(17);
   best << st.best_test_acc;
   std::map<std::string, std::string> md = {
-      {"format", kCheckpointFormat},
+      {"format", opt ? kCheckpointFormat : kWeightsFormat},
       {"epoch", std::to_string(st.epoch)},
       {"step", std::to_string(st.step)},
       {"best_test_acc", best.str()},
-      {"optimizer", opt.dump()},
+      {"optimizer", hyper.dump()},
       {"rng", rng.str()},
       {"sampler", nlohmann::json{{"kind", "random"},
                                  {"seed", st.config.value("seed", nlohmann::json(0))},
@@ -108,7 +103,7 @@ void save_checkpoint(const std::string& path, Engine& engine, const CheckpointSt
   io::save_safetensors(path, tensors, md);
 }
 
-CheckpointState load_checkpoint(const std::string& path, Engine& engine,
+CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::Optimizer& opt,
                                 const std::function<void(const CheckpointState&)>& check) {
   io::TensorFile f = io::load_safetensors(path);
   auto fmt = f.metadata.find("format");
@@ -142,43 +137,62 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine,
   FANOUT_USER_CHECK(st.config.is_object() && st.metrics.is_object())
       << "checkpoint " << path << ": metadata 'config' and 'metrics' must be JSON objects";
   if (check) check(st);
-  const nlohmann::json opt = meta_json(f, "optimizer", path);
-  FANOUT_USER_CHECK(opt.is_object() && opt.contains("type") && opt["type"] == "SGD" && opt.contains("has_momentum_buffer") &&
-                    opt["has_momentum_buffer"].is_boolean() && opt.contains("steps") &&
-                    opt["steps"].is_number_integer() && opt["steps"].get<int64_t>() >= 0)
-      << "checkpoint " << path << ": optimizer metadata is not an SGD state";
-  const bool has_buf = opt["has_momentum_buffer"].get<bool>();
+  const nlohmann::json saved = meta_json(f, "optimizer", path);
+  FANOUT_USER_CHECK(saved.is_object() && saved.contains("type") && saved["type"].is_string() &&
+                    saved.contains("steps") && saved["steps"].is_number_integer() && saved["steps"].get<int64_t>() >= 0)
+      << "checkpoint " << path << ": optimizer metadata is not an optimizer state";
+  const int64_t steps = saved["steps"].get<int64_t>();
 
-  // Split the file into model tensors and momentum buffers.
+  // Split the file into model tensors and optimizer state (by state name, then parameter).
   std::vector<std::pair<std::string, Tensor>> weights;
-  std::map<std::string, Tensor> momentum;
+  std::map<std::string, std::map<std::string, Tensor>> state;
+  const size_t plen = std::char_traits<char>::length(kOptimizerPrefix);
   for (auto& [name, t] : f.tensors) {
-    if (name.rfind(kMomentumPrefix, 0) == 0)
-      momentum.emplace(name.substr(std::char_traits<char>::length(kMomentumPrefix)), t);
-    else
+    if (name.rfind(kOptimizerPrefix, 0) != 0) {
       weights.emplace_back(name, t);
+      continue;
+    }
+    const size_t dot = name.find('.', plen);
+    FANOUT_USER_CHECK(dot != std::string::npos) << "checkpoint " << path << ": bad optimizer tensor name " << name;
+    state[name.substr(plen, dot - plen)].emplace(name.substr(dot + 1), t);
   }
   Module& model = engine.model();
-  optim::SGD& sgd = engine.optimizer();
-  // Check everything before writing anything.
-  auto params = model.named_parameters();
-  if (has_buf) {
-    FANOUT_USER_CHECK(sgd.momentum_buffer().defined())
-        << "checkpoint " << path << " holds SGD momentum buffers but the optimizer has no momentum (--momentum 0)";
-    FANOUT_USER_CHECK(momentum.size() == params.size())
-        << "checkpoint " << path << " holds " << momentum.size() << " momentum buffers for " << params.size()
-        << " parameters";
-    for (auto& [name, p] : params) {
-      auto it = momentum.find(name);
-      FANOUT_USER_CHECK(it != momentum.end()) << "checkpoint " << path << " has no momentum buffer for " << name;
-      FANOUT_USER_CHECK(it->second.shape() == p->shape && it->second.dtype() == DType::F32)
-          << "checkpoint " << path << ": momentum buffer of " << name << " is " << it->second.shape().str()
-          << ", the parameter is " << p->shape.str();
-    }
-  } else {
-    FANOUT_USER_CHECK(momentum.empty())
-        << "checkpoint " << path << " has momentum tensors but its metadata says it has no momentum buffer";
+  FANOUT_CHECK(&opt.model() == &model) << "the optimizer does not step the engine's model";
+  // Check everything before writing anything: the model first.
+  try {
+    io::check_state_dict(model, weights);
+  } catch (const Error& e) {
+    FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
   }
+  const std::string type = saved["type"].get<std::string>();
+  FANOUT_USER_CHECK(type == opt.type())
+      << "checkpoint " << path << " was trained with " << type << ", this run's optimizer is " << opt.type()
+      << " (resume it with the same optimizer)";
+  const auto params = model.named_parameters();
+  const std::vector<std::string> want = opt.state_names();
+  // Older checkpoints said whether SGD's momentum buffer existed; state exists after a step.
+  const bool has_state = saved.value("has_momentum_buffer", steps > 0) && !want.empty();
+  if (has_state) {
+    for (const std::string& n : want) {
+      auto it = state.find(n);
+      FANOUT_USER_CHECK(it != state.end()) << "checkpoint " << path << " has no optimizer state '" << n << "' (its "
+                                           << type << " was configured differently)";
+      FANOUT_USER_CHECK(it->second.size() == params.size())
+          << "checkpoint " << path << " holds '" << n << "' for " << it->second.size() << " of " << params.size()
+          << " parameters";
+      for (auto& [name, p] : params) {
+        auto t = it->second.find(name);
+        FANOUT_USER_CHECK(t != it->second.end()) << "checkpoint " << path << " has no " << n << " for " << name;
+        FANOUT_USER_CHECK(t->second.shape() == p->shape && t->second.dtype() == DType::F32)
+            << "checkpoint " << path << ": " << n << " of " << name << " is " << t->second.shape().str()
+            << ", the parameter is " << p->shape.str();
+      }
+    }
+  }
+  for (auto& [n, m] : state)
+    FANOUT_USER_CHECK(has_state && std::find(want.begin(), want.end(), n) != want.end())
+        << "checkpoint " << path << " holds optimizer state '" << n << "' that this " << opt.type()
+        << " does not have";
   std::mt19937_64 rng;
   std::istringstream rs(meta(f, "rng", path));
   rs >> rng;
@@ -189,12 +203,10 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine,
   } catch (const Error& e) {
     FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
   }
-  if (has_buf) {
-    Tensor& buf = sgd.momentum_buffer();
-    for (auto& [name, p] : params) buf.flat(p->offset, p->shape).copy_from(momentum.at(name));
-  }
-  sgd.set_has_momentum_buffer(has_buf);
-  sgd.set_steps(opt["steps"].get<int64_t>());
+  opt.set_steps(std::max<int64_t>(steps, has_state ? 1 : 0));
+  for (auto& [n, arena] : opt.state())
+    for (auto& [name, p] : params) arena->flat(p->offset, p->shape).copy_from(state.at(n).at(name));
+  opt.set_steps(steps);
   engine.primary_context().rng() = rng;
   return st;
 }
@@ -203,7 +215,7 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
   io::TensorFile f = io::load_safetensors(path);
   std::vector<std::pair<std::string, Tensor>> weights;
   for (auto& [name, t] : f.tensors)
-    if (name.rfind(kMomentumPrefix, 0) != 0) weights.emplace_back(name, t);
+    if (name.rfind(kOptimizerPrefix, 0) != 0) weights.emplace_back(name, t);
   try {
     return io::load_state_dict(model, weights, strict);
   } catch (const Error& e) {
@@ -326,11 +338,11 @@ void CheckpointSaver::rotate(const std::string& just_written, int64_t epoch, int
     if (files[i].second != fs::path(just_written)) fs::remove(files[i].second, ec);
 }
 
-std::string CheckpointSaver::save_mid_epoch(Engine& engine, const CheckpointState& st) {
+std::string CheckpointSaver::save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st) {
   char name[96];
   std::snprintf(name, sizeof name, "epoch-%04d-batch-%07lld.safetensors", st.epoch, static_cast<long long>(st.batch));
   const std::string p = (fs::path(dir_) / (st.batch == 0 ? epoch_file(st.epoch) : std::string(name))).string();
-  save_checkpoint(p, engine, st);
+  save_checkpoint(p, engine, &opt, st);
   rotate(p, st.epoch, st.batch);
   return p;
 }
@@ -341,7 +353,8 @@ std::string CheckpointSaver::epoch_file(int epoch) {
   return buf;
 }
 
-std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, CheckpointState& st, int last_epoch) {
+std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, optim::Optimizer& opt, CheckpointState& st,
+                                                       int last_epoch) {
   std::vector<std::string> written;
   // Heatmap runs score by the share of landmarks found within 2 voxels.
   const double acc = st.metrics.value("test_within_2", st.metrics.value("test_acc", -1.0));
@@ -349,13 +362,13 @@ std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, Checkpoin
   if (best) st.best_test_acc = acc;
   if (st.epoch % every_ == 0 || st.epoch == last_epoch) {
     const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
-    save_checkpoint(p, engine, st);
+    save_checkpoint(p, engine, &opt, st);
     written.push_back(p);
     rotate(p, st.epoch, 0);
   }
   if (best) {
     const std::string p = (fs::path(dir_) / "best.safetensors").string();
-    save_checkpoint(p, engine, st);
+    save_checkpoint(p, engine, nullptr, st);  // the model alone: the file people deploy
     written.push_back(p);
   }
   return written;

@@ -1,11 +1,13 @@
 // Training checkpoints: one safetensors file holding everything an exact
 // resume needs.
 //
-// Tensors: the model's state_dict under its torchvision names (so the file
-// loads into a PyTorch model as is) and, once SGD has a momentum buffer,
-// `optimizer.momentum_buffer.<parameter name>` per parameter.
+// Tensors: the model's state_dict under its torchvision names and, once the
+// optimizer has state, `optimizer.<state>.<parameter name>` per state and
+// parameter under torch's state names (momentum_buffer; exp_avg, exp_avg_sq,
+// max_exp_avg_sq). A PyTorch model loads the file after dropping the
+// `optimizer.` keys; best.safetensors holds the model alone.
 // Metadata (strings): format, epoch (completed), step (optimizer steps),
-// best_test_acc, optimizer (JSON hyper-parameters), rng (the primary
+// best_test_acc, optimizer (JSON: type, hyper-parameters, groups, steps), rng (the primary
 // context's generator state), sampler (JSON: kind, seed, next epoch; the
 // shuffle and augmentation are pure functions of seed, epoch and sample
 // index, so nothing else is needed), config (JSON: the training options) and
@@ -25,6 +27,10 @@
 namespace fanout::train {
 
 inline constexpr const char* kCheckpointFormat = "fanout-checkpoint-1";
+// best.safetensors: the model's state_dict only, with the same metadata but no optimizer.
+inline constexpr const char* kWeightsFormat = "fanout-weights-1";
+// The prefix of every optimizer tensor in a checkpoint.
+inline constexpr const char* kOptimizerPrefix = "optimizer.";
 
 struct CheckpointState {
   int epoch = 0;                 // epochs completed
@@ -38,16 +44,19 @@ struct CheckpointState {
   nlohmann::json metrics = nlohmann::json::object();  // the last epoch's summary
 };
 
-// Writes the engine's model, optimizer and RNG state plus `st` to `path`,
-// atomically (a crash leaves any previous file at `path` intact).
-void save_checkpoint(const std::string& path, Engine& engine, const CheckpointState& st);
+// Writes the engine's model, the optimizer's state and the RNG state plus
+// `st` to `path`, atomically (a crash leaves any previous file at `path`
+// intact). Without an optimizer: the model alone (kWeightsFormat).
+void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st);
 
-// Restores model, optimizer and RNG state into `engine` (any device: the file
-// holds host tensors) and returns the saved state. Strict: a missing,
-// unexpected or mismatched tensor, or a file that is not a fanout checkpoint,
-// is one fanout::Error naming the file. `check`, when given, sees the saved
-// state before anything is restored and may throw to refuse it.
-CheckpointState load_checkpoint(const std::string& path, Engine& engine,
+// Restores model, optimizer and RNG state into `engine` and `opt` (any
+// device: the file holds host tensors) and returns the saved state. Strict:
+// a missing, unexpected or mismatched tensor, another optimizer type, or a
+// file that is not a fanout checkpoint, is one fanout::Error naming the
+// file; the model's mismatch is reported before the optimizer's. `check`,
+// when given, sees the saved state before anything is restored and may
+// throw to refuse it.
+CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::Optimizer& opt,
                                 const std::function<void(const CheckpointState&)>& check = {});
 
 // Loads model weights only (a checkpoint of ours or any safetensors
@@ -90,10 +99,10 @@ class CheckpointSaver {
   // Call after each epoch's evaluation; st.epoch is the epoch just completed,
   // last_epoch the last one this process trains (always saved).
   // Returns the paths written (empty when this epoch is not saved).
-  std::vector<std::string> on_epoch_end(Engine& engine, CheckpointState& st, int last_epoch);
+  std::vector<std::string> on_epoch_end(Engine& engine, optim::Optimizer& opt, CheckpointState& st, int last_epoch);
   // Mid-epoch (--save-every-steps, or a stop): epoch-NNNN-batch-BBBBBBB, and
   // the same rotation over every epoch and mid-epoch file.
-  std::string save_mid_epoch(Engine& engine, const CheckpointState& st);
+  std::string save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st);
   static std::string epoch_file(int epoch);  // "epoch-0003.safetensors"
 
  private:

@@ -38,6 +38,18 @@ void RunConfig::validate() const {
       << "--warmup-epochs must be in [0, --epochs] = [0, " << epochs << "], got " << warmup_epochs;
   FANOUT_USER_CHECK(std::isfinite(lr) && std::isfinite(momentum) && std::isfinite(weight_decay))
       << "--lr, --momentum and --weight-decay must be finite";
+  const optim::OptimizerKind kind = optim::parse_optimizer(optimizer);
+  FANOUT_USER_CHECK(momentum >= 0) << "--momentum must be non-negative, got " << momentum;
+  FANOUT_USER_CHECK(weight_decay >= 0) << "--weight-decay must be non-negative, got " << weight_decay;
+  FANOUT_USER_CHECK(std::isfinite(eps) && eps >= 0) << "--eps must be non-negative, got " << eps;
+  FANOUT_USER_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)
+      << "--betas must each be in [0, 1), got " << beta1 << "," << beta2;
+  FANOUT_USER_CHECK(!amsgrad || kind != optim::OptimizerKind::SGD) << "--amsgrad applies to --optimizer adam or adamw";
+  FANOUT_USER_CHECK(!nesterov || kind == optim::OptimizerKind::SGD) << "--nesterov applies to --optimizer sgd";
+  FANOUT_USER_CHECK(std::isfinite(clip_grad_norm) && clip_grad_norm >= 0)
+      << "--clip-grad-norm must be non-negative, got " << clip_grad_norm;
+  FANOUT_USER_CHECK(std::isfinite(clip_grad_value) && clip_grad_value >= 0)
+      << "--clip-grad-value must be non-negative, got " << clip_grad_value;
   FANOUT_USER_CHECK(timing_warmup >= 0) << "--timing-warmup must be non-negative, got " << timing_warmup;
   FANOUT_USER_CHECK(save_every_steps >= 0) << "--save-every-steps must be non-negative, got " << save_every_steps;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
@@ -60,13 +72,21 @@ void RunConfig::validate() const {
   data::parse_augment(augment);
 }
 
-kernels::SgdHyper RunConfig::sgd() const {
-  kernels::SgdHyper h;
-  h.lr = lr;
-  h.momentum = momentum;
-  h.weight_decay = weight_decay;
-  h.nesterov = nesterov;
-  return h;
+optim::OptimizerOptions RunConfig::optimizer_options() const {
+  optim::OptimizerOptions o;
+  o.kind = optim::parse_optimizer(optimizer);
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  if (o.kind == optim::OptimizerKind::SGD) {
+    o.momentum = momentum;
+    o.nesterov = nesterov;
+  }
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.eps = eps;
+  o.amsgrad = amsgrad;
+  o.no_decay_norm_bias = no_decay_norm_bias;
+  return o;
 }
 
 nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int world_size) const {
@@ -75,10 +95,17 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"epochs", epochs},
           {"batch_size", batch_size},
           {"accumulate", accumulate},
+          {"optimizer", optimizer},
           {"lr", lr},
           {"momentum", momentum},
           {"weight_decay", weight_decay},
           {"nesterov", nesterov},
+          {"betas", {beta1, beta2}},
+          {"eps", eps},
+          {"amsgrad", amsgrad},
+          {"no_decay_norm_bias", no_decay_norm_bias},
+          {"clip_grad_norm", clip_grad_norm},
+          {"clip_grad_value", clip_grad_value},
           {"lr_schedule", lr_schedule},
           {"warmup_epochs", warmup_epochs},
           {"label_smoothing", label_smoothing},
@@ -109,6 +136,8 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.save_every_steps = save_every_steps;
   tc.seed = seed;
   tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
+  tc.clip_grad_norm = clip_grad_norm;
+  tc.clip_grad_value = clip_grad_value;
   tc.metrics_path = metrics;
   tc.progress = parse_progress(progress);
   tc.workers = workers;

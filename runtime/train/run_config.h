@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/sgd.h"
 #include "runtime/core/context.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/train/trainer.h"
 
 namespace fanout::train {
@@ -22,9 +22,15 @@ struct RunConfig {
   int64_t eval_batch_size = 1000;
   int accumulate = 1;       // batches per optimizer step
   uint64_t seed = 0;
-  // SGD and schedule.
+  // Optimizer, clipping and schedule.
+  std::string optimizer = "sgd";  // sgd, adam or adamw
   float lr = 0.02f, momentum = 0.9f, weight_decay = 5e-4f;
   bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adam, adamw
+  bool amsgrad = false;
+  bool no_decay_norm_bias = false;
+  double clip_grad_norm = 0;  // 0: off
+  float clip_grad_value = 0;  // 0: off
   std::string lr_schedule = "cosine";
   float warmup_epochs = 0, label_smoothing = 0;
   int heatmap_radius = 2;         // keypoint data: the target Gaussians' radius in voxels
@@ -63,7 +69,7 @@ struct RunConfig {
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;
   MathOptions math() const { return {allow_tf32, cudnn_benchmark, deterministic, split_invariant}; }
-  kernels::SgdHyper sgd() const;
+  optim::OptimizerOptions optimizer_options() const;
   // The options that change what a run computes, as a checkpoint records them
   // (a resume warns about each that differs). `device_names` is the device
   // list this process resolved; `world_size` the number of processes.

@@ -13,6 +13,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/exact_sum.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/optim/clip.h"
 
 namespace fanout::train {
 
@@ -30,8 +31,14 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
   return s;
 }
 
-Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data, TrainerSamplers samplers)
-    : cfg_(cfg), engine_(engine), data_(data), progress_(cfg.progress) {
+Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
+                 TrainerSamplers samplers)
+    : cfg_(cfg), engine_(engine), opt_(opt), data_(data), progress_(cfg.progress) {
+  FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
+  FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_norm) && cfg.clip_grad_norm >= 0)
+      << "--clip-grad-norm must be non-negative, got " << cfg.clip_grad_norm;
+  FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_value) && cfg.clip_grad_value >= 0)
+      << "--clip-grad-value must be non-negative, got " << cfg.clip_grad_value;
   FANOUT_USER_CHECK(cfg.batch_size > 0) << "batch size must be positive, got " << cfg.batch_size;
   FANOUT_USER_CHECK(cfg.epochs > 0) << "epochs must be positive, got " << cfg.epochs;
   FANOUT_USER_CHECK(cfg.accumulate >= 1) << "--accumulate must be at least 1, got " << cfg.accumulate;
@@ -130,6 +137,10 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"lr", m.lr},
           {"peak_host_bytes", m.peak_host_bytes},
           {"peak_device_bytes", m.peak_device_bytes}};
+  if (m.grad_norms) {
+    j["grad_norm_mean"] = m.grad_norm_mean;
+    j["grad_norm_max"] = m.grad_norm_max;
+  }
   if (m.heatmaps) {
     j["train_loc_error"] = m.train_loc_error;
     j["train_within_2"] = m.train_within_2;
@@ -155,6 +166,34 @@ int drop_metrics_after(const std::string& path, int last_epoch) {
   FANOUT_USER_CHECK(in.eof()) << "cannot read metrics file " << path;
   if (dropped > 0) io::write_file_atomic(path, [&](const io::WriteFn& write) { write(kept.data(), kept.size()); });
   return dropped;
+}
+
+StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
+                      double clip_grad_norm) {
+  StepResult r = engine.forward_backward_batch(x, y);
+  opt.set_lr(lr);
+  if (clip_grad_norm > 0) {
+    const double norm = optim::clip_grad_norm(opt, clip_grad_norm);
+    FANOUT_USER_CHECK(std::isfinite(norm)) << "the gradient norm is " << norm << ": non-finite gradients";
+  }
+  opt.step();
+  opt.zero_grad();
+  return r;
+}
+
+void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms) {
+  opt_.set_lr(lr);
+  if (cfg_.clip_grad_norm > 0) {
+    const double norm = optim::clip_grad_norm(opt_, cfg_.clip_grad_norm);
+    FANOUT_USER_CHECK(std::isfinite(norm)) << "training diverged: the gradient norm is " << norm << " at epoch "
+                                           << epoch + 1 << " step " << b + 1 << " (try a smaller --lr)";
+    norms.sum += norm;
+    norms.max = std::max(norms.max, norm);
+    ++norms.steps;
+  }
+  if (cfg_.clip_grad_value > 0) optim::clip_grad_value(opt_, cfg_.clip_grad_value);
+  opt_.step();
+  opt_.zero_grad();
 }
 
 bool Trainer::stop_agreed(bool every_rank_checks) {
@@ -192,6 +231,14 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   Totals t = engine_.rank() == 0 ? before : Totals{};
   const int64_t carried = before.r.count;  // rows over every rank before this call
   double running_loss = t.r.loss.value();
+  // Every rank computes the same norms (of the reduced gradient): carried as they are.
+  GradNorms norms;
+  if (start.totals.contains("grad_norm")) {
+    const nlohmann::json& g = start.totals["grad_norm"];
+    FANOUT_USER_CHECK(g.is_object() && g.contains("sum") && g.contains("max") && g.contains("steps"))
+        << "checkpoint: the epoch's gradient norms are malformed";
+    norms = {g["sum"].get<double>(), g["max"].get<double>(), g["steps"].get<int64_t>()};
+  }
   int64_t b = b0, group_rows = 0;
   while (it.next(x, y)) {
     const int64_t group = b / k;
@@ -206,7 +253,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1
         << " (try a smaller --lr)";
-    if (last_in_group) engine_.step(lr);
+    if (last_in_group) optimizer_step(lr, epoch, b, norms);
     t.add(r);
     running_loss += r.loss_sum;
     ++b;
@@ -216,13 +263,14 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     }
     progress_.update(b, t.r.count, running_loss / t.r.count, t.accuracy());
     if (last_in_group && b < nb) {
-      const int64_t steps = engine_.optimizer().steps();
+      const int64_t steps = opt_.steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
       const bool stop = stop_agreed(steps % kStopCheckSteps == 0);
       if (save || stop) {
         Totals global = t;  // every rank's batches so far
         global.all_reduce(engine_);
-        const EpochPosition pos{b, global.to_json()};
+        EpochPosition pos{b, global.to_json()};
+        if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
         if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
         if (stop) {
           progress_.end();
@@ -249,6 +297,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   m.train_loc_error = t.loc_error();
   m.train_within_2 = t.near_share();
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
+  m.grad_norms = norms.steps > 0;
+  m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : 0;
+  m.grad_norm_max = norms.max;
   m.data_wait_fraction = steady > 0 ? std::min(1.0, (it.wait_seconds() - wait_at_warm) / steady) : 0;
   return m;
 }
@@ -311,7 +362,10 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
                   m.train_acc, m.test_loss, m.test_acc);
   std::snprintf(tail, sizeof tail, "  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g  ", m.epoch_seconds,
                 m.images_per_second, 100 * m.data_wait_fraction, m.lr);
-  return std::string(head) + scores + tail + memory_summary(m);
+  char norms[96] = "";
+  if (m.grad_norms)
+    std::snprintf(norms, sizeof norms, "grad norm %.3g (max %.3g)  ", m.grad_norm_mean, m.grad_norm_max);
+  return std::string(head) + scores + tail + norms + memory_summary(m);
 }
 
 std::string memory_summary(const EpochMetrics& m) {

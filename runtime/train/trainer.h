@@ -13,6 +13,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/optim/lr_schedule.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/train/progress.h"
 
@@ -32,6 +33,10 @@ struct TrainerConfig {
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
   data::Augment augment;     // training-set augmentation
   optim::LrSchedule schedule;
+  // Clipping of the reduced gradient before each optimizer step (0: off):
+  // by total L2 norm (torch's clip_grad_norm_) and by value (clip_grad_value_).
+  double clip_grad_norm = 0;
+  float clip_grad_value = 0;
   std::string metrics_path;  // empty: none
   Progress::Mode progress = Progress::Mode::Auto;
   FILE* summary_out = stdout;  // null: no summary lines (ranks other than 0)
@@ -67,6 +72,9 @@ struct EpochMetrics {
   // of its steps (epoch_seconds when there is no warm-up).
   double steady_epoch_seconds = 0;
   double lr = 0;
+  // With clip_grad_norm: the total gradient norm before clipping, mean and max over the epoch's steps.
+  bool grad_norms = false;
+  double grad_norm_mean = 0, grad_norm_max = 0;
   double data_wait_fraction = 0;  // share of the (steady) epoch spent waiting for the loader
   // Peak memory so far: resident host bytes summed over the processes, and
   // the pool high-water mark of each GPU of each process (rank order).
@@ -77,6 +85,13 @@ struct EpochMetrics {
   bool heatmaps = false;
   double train_loc_error = 0, train_within_2 = 0, test_loc_error = 0, test_within_2 = 0;
 };
+
+// One optimizer step over a whole batch outside the Trainer (tests,
+// benchmarks, a user's own loop): engine.forward_backward_batch, clipping
+// by total norm when clip_grad_norm > 0 (a non-finite norm is an error),
+// then opt.step() at `lr` and opt.zero_grad().
+StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
+                      double clip_grad_norm = 0);
 
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);
@@ -98,7 +113,9 @@ int drop_metrics_after(const std::string& path, int last_epoch);
 // losses, so they do not depend on how the rows were split.
 class Trainer {
  public:
-  Trainer(const TrainerConfig& cfg, Engine& engine, const data::TrainTest& data, TrainerSamplers samplers = {});
+  // `opt` steps engine.model() (the trainer sets its learning rate from the schedule).
+  Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
+          TrainerSamplers samplers = {});
   // Trains epochs [first_epoch, last_epoch) (last_epoch < 0: cfg.epochs);
   // returns the last epoch's metrics.
   // `start`: a position inside first_epoch to continue from (a mid-epoch
@@ -125,8 +142,15 @@ class Trainer {
  private:
   bool stop_agreed(bool every_rank_checks);
   void write_metrics(const EpochMetrics& m);
+  struct GradNorms {
+    double sum = 0, max = 0;
+    int64_t steps = 0;
+  };
+  // Clipping, the optimizer's step at `lr` and zero_grad, after batch `b` of `epoch` (0-based).
+  void optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms);
   TrainerConfig cfg_;
   Engine& engine_;
+  optim::Optimizer& opt_;
   const data::TrainTest& data_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;

@@ -12,6 +12,7 @@
 #include "models/zoo/zoo.h"
 #include "runtime/core/memory.h"
 #include "runtime/parallel/single_device.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
@@ -21,11 +22,9 @@ using cudatest::gpu;
 using testing::random_labels;
 using testing::random_tensor;
 
-kernels::SgdHyper sgd_hyper(float lr) {
-  kernels::SgdHyper h;
+optim::OptimizerOptions sgd_hyper(float lr) {
+  optim::OptimizerOptions h = testing::test_sgd();
   h.lr = lr;
-  h.momentum = 0.9f;
-  h.weight_decay = 5e-4f;
   return h;
 }
 
@@ -117,9 +116,11 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
   auto cpu_model = models::make_model(model, sample, b.classes, seed);
   auto cuda_model = models::make_model(model, sample, b.classes, seed);
   const float lr = 0.02f;
-  SingleDeviceEngine cpu_eng(*cpu_model, Device::cpu(), sgd_hyper(lr), b.loss, seed);
+  testing::Trained<SingleDeviceEngine> cpu_eng(*cpu_model, Device::cpu(), *make_criterion(b.loss), seed);
+  cpu_eng.set_optimizer(sgd_hyper(lr));
   MathOptions math;  // TF32 off, heuristics, any algorithm
-  SingleDeviceEngine cuda_eng(*cuda_model, gpu(), sgd_hyper(lr), b.loss, seed, math);
+  testing::Trained<SingleDeviceEngine> cuda_eng(*cuda_model, gpu(), *make_criterion(b.loss), seed, math);
+  cuda_eng.set_optimizer(sgd_hyper(lr));
   expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 1e-6, 0);
 
   for (int step = 1; step <= 3; ++step) {
@@ -167,7 +168,7 @@ void check_steady_state(const std::string& model, const Shape& sample, const Mat
   const TargetBatch b = make_batch(model, sample, 4, rng);
   const Tensor &x = b.x, &y = b.y;
   auto m = models::make_model(model, sample, b.classes, 5);
-  SingleDeviceEngine eng(*m, gpu(), sgd_hyper(0.01f), b.loss, 5, math);
+  testing::Trained<SingleDeviceEngine> eng(*m, gpu(), *make_criterion(b.loss), 5, math);
   for (int i = 0; i < 2; ++i) eng.train_step(x, y, 0.01f);
   eng.eval_step(x, y);
   const AllocStats before = alloc_stats();

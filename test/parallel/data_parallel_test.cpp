@@ -10,6 +10,7 @@
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
 #include "support/test_util.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
@@ -29,7 +30,7 @@ TEST(ChunkSizes, MatchTorchChunk) {
 Tensor train_single(const std::string& name, const Shape& sample, const std::vector<testing::Batch>& batches,
                     const MathOptions& math = {}) {
   auto m = models::make_model(name, sample, 10, 11);
-  SingleDeviceEngine eng(*m, Device::cpu(), testing::test_sgd(), {}, 11, math);
+  testing::Trained<SingleDeviceEngine> eng(*m, Device::cpu(), *make_criterion({}), 11, math);
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
   return m->arenas().params.to(Device::cpu());
 }
@@ -37,7 +38,7 @@ Tensor train_single(const std::string& name, const Shape& sample, const std::vec
 Tensor train_dp(const std::string& name, const Shape& sample, const std::vector<testing::Batch>& batches, int n,
                 DataParallelOptions opts = {}) {
   auto m = models::make_model(name, sample, 10, 11);
-  DataParallelEngine eng(*m, parse_devices("cpu:" + std::to_string(n)), testing::test_sgd(), {}, opts);
+  testing::Trained<DataParallelEngine> eng(*m, parse_devices("cpu:" + std::to_string(n)), *make_criterion({}), opts);
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
   return m->arenas().params.to(Device::cpu());
 }
@@ -108,7 +109,7 @@ TEST(SplitInvariant, RefusesBatchNormModels) {
   auto m = models::make_model("resnet18", Shape{3, 32, 32}, 10, 1);
   MathOptions math;
   math.split_invariant = true;
-  testing::expect_user_error([&] { SingleDeviceEngine(*m, Device::cpu(), testing::test_sgd(), {}, 1, math); },
+  testing::expect_user_error([&] { SingleDeviceEngine(*m, Device::cpu(), *make_criterion({}), 1, math); },
                              {"cannot hold for a model with BatchNorm (bn1)"});
 }
 
@@ -196,9 +197,9 @@ TEST(DataParallelBatchNorm, TwoEnginesOnOneModuleInTurn) {
   sync.sync_bn = true;
   auto data = testing::random_batches(sample, 12, 2, 9);
   auto m = models::make_model("cnn", sample, 10, 11);
-  auto first = std::make_unique<DataParallelEngine>(*m, parse_devices("cpu:3"), testing::test_sgd(), LossOptions{}, sync);
+  auto first = std::make_unique<testing::Trained<DataParallelEngine>>(*m, parse_devices("cpu:3"), *make_criterion({}), sync);
   first->train_step(data[0].x, data[0].y, 0.05f);
-  DataParallelEngine second(*m, parse_devices("cpu:2"), testing::test_sgd(), LossOptions{}, sync);
+  testing::Trained<DataParallelEngine> second(*m, parse_devices("cpu:2"), *make_criterion({}), sync);
   first.reset();
   ASSERT_NE(m->batch_stat_sync(), nullptr) << "the first engine detached the second's hook";
   second.train_step(data[1].x, data[1].y, 0.05f);
@@ -207,10 +208,10 @@ TEST(DataParallelBatchNorm, TwoEnginesOnOneModuleInTurn) {
   // (the second starts without momentum), as above.
   auto ref = models::make_model("cnn", sample, 10, 11);
   {
-    SingleDeviceEngine one(*ref, Device::cpu(), testing::test_sgd(), LossOptions{}, 11);
+    testing::Trained<SingleDeviceEngine> one(*ref, Device::cpu(), *make_criterion({}), 11);
     one.train_step(data[0].x, data[0].y, 0.05f);
   }
-  SingleDeviceEngine two(*ref, Device::cpu(), testing::test_sgd(), LossOptions{}, 11);
+  testing::Trained<SingleDeviceEngine> two(*ref, Device::cpu(), *make_criterion({}), 11);
   two.train_step(data[1].x, data[1].y, 0.05f);
   EXPECT_LT(norm_rel(m->arenas().params, ref->arenas().params), 1e-5);
 }
@@ -218,7 +219,7 @@ TEST(DataParallelBatchNorm, TwoEnginesOnOneModuleInTurn) {
 TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
   const Shape sample{3, 32, 32};
   auto m = models::make_model("lenet", sample, 10, 1);
-  DataParallelEngine eng(*m, parse_devices("cpu:3"), testing::test_sgd(), {}, {});
+  testing::Trained<DataParallelEngine> eng(*m, parse_devices("cpu:3"), *make_criterion({}));
   auto batches = testing::random_batches(sample, 20, 2, 7);
   batches.push_back(testing::random_batches(sample, 11, 1, 8)[0]);  // a smaller last batch
   for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);

@@ -15,6 +15,7 @@
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
 #include "support/test_util.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
@@ -43,7 +44,7 @@ DpRun run_dp(MakeModel make, const LossOptions& loss, bool on_replicas, const st
   auto m = make();
   DataParallelOptions o;
   o.loss_on_replicas = on_replicas;
-  DataParallelEngine eng(*m, parse_devices("cpu:" + std::to_string(devices)), testing::test_sgd(), loss, o);
+  testing::Trained<DataParallelEngine> eng(*m, parse_devices("cpu:" + std::to_string(devices)), *make_criterion(loss), o);
   EXPECT_EQ(eng.loss_on_replicas(), on_replicas);
   DpRun r;
   for (auto& b : batches) {
@@ -99,7 +100,7 @@ TEST(LossOnReplicas, HeatmapTargetsMatchTheGatheredPathAndOneDevice) {
   EXPECT_GT(gathered.bytes[0], 10 * local.bytes[0]);
 
   auto one = make();
-  SingleDeviceEngine eng(*one, Device::cpu(), testing::test_sgd(), mse, 0);
+  testing::Trained<SingleDeviceEngine> eng(*one, Device::cpu(), *make_criterion(mse), 0);
   for (size_t i = 0; i < batches.size(); ++i) {
     const StepResult r = eng.train_step(batches[i].x, batches[i].y, 0.05f);
     EXPECT_NEAR(r.loss_sum, local.train[i].loss_sum, 1e-5 * r.loss_sum) << "step " << i;
@@ -121,7 +122,7 @@ TEST(LossOnReplicas, OneDeviceMovesNothing) {
 TEST(LossOnReplicas, TargetsThatDoNotMatchTheBatchAreOneLineErrors) {
   const Shape sample{1, 28, 28};
   auto m = models::make_model("mlp", sample, 10, 5);
-  DataParallelEngine eng(*m, parse_devices("cpu:2"), testing::test_sgd(), {}, {});
+  testing::Trained<DataParallelEngine> eng(*m, parse_devices("cpu:2"), *make_criterion({}));
   auto b = testing::random_batches(sample, 8, 1, 34)[0];
   testing::expect_user_error([&] { eng.train_step(b.x, b.y.slice(0, 5), 0.05f); }, {"targets", "do not match"});
   std::mt19937_64 rng(35);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "models/zoo/zoo.h"
@@ -18,6 +19,7 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
 #include "support/test_util.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
@@ -40,6 +42,7 @@ struct TempDir {
 struct TrainingRun {
   std::unique_ptr<Module> model;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<train::Trainer> trainer;
 };
 
@@ -50,17 +53,28 @@ FILE* devnull() {
 
 // A cosine run over `epochs` on the synthetic set; init_seed lets a resumed
 // run start from different weights, to prove the checkpoint replaces them.
-TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed) {
+// With `adamw`: AdamW (amsgrad), no decay on biases and norm weights, and
+// clipping by norm, tight enough to clip most steps.
+TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed, bool adamw = false) {
   TrainingRun r;
   r.model = models::make_model("lenet", data.train.sample_shape(), 10, init_seed);
   if (devices == 0) {
-    r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), testing::test_sgd(), LossOptions{}, 7);
+    r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), *make_criterion({}), 7);
   } else {
     DataParallelOptions o;
     o.seed = 7;
     r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices("cpu:" + std::to_string(devices)),
-                                                    testing::test_sgd(), LossOptions{}, o);
+                                                    *make_criterion({}), o);
   }
+  optim::OptimizerOptions oo = testing::test_sgd();
+  if (adamw) {
+    oo.kind = optim::OptimizerKind::AdamW;
+    oo.momentum = 0;
+    oo.weight_decay = 0.05f;
+    oo.amsgrad = true;
+    oo.no_decay_norm_bias = true;
+  }
+  r.opt = optim::make_optimizer(r.engine->model(), r.engine->primary_context(), oo);
   train::TrainerConfig tc;
   tc.epochs = epochs;
   tc.batch_size = 24;  // 96 samples: 4 batches an epoch
@@ -68,10 +82,11 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
   tc.seed = 7;
   tc.workers = 2;
   tc.augment = data::parse_augment("crop:2,flip");
-  tc.schedule = optim::parse_lr_schedule("cosine", 0.05f, epochs, 0.5f);
+  tc.schedule = optim::parse_lr_schedule("cosine", adamw ? 3e-3f : 0.05f, epochs, 0.5f);
+  if (adamw) tc.clip_grad_norm = 0.5;
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = devnull();
-  r.trainer = std::make_unique<train::Trainer>(tc, *r.engine, data);
+  r.trainer = std::make_unique<train::Trainer>(tc, *r.engine, *r.opt, data);
   return r;
 }
 
@@ -80,40 +95,49 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
-void expect_exact_resume(int devices) {
+// Every state arena of the two optimizers, bit for bit.
+bool same_state(optim::Optimizer& a, optim::Optimizer& b) {
+  auto sa = a.state(), sb = b.state();
+  if (sa.size() != sb.size() || sa.empty()) return false;
+  for (size_t i = 0; i < sa.size(); ++i)
+    if (sa[i].first != sb[i].first || !same_bits(*sa[i].second, *sb[i].second)) return false;
+  return true;
+}
+
+void expect_exact_resume(int devices, bool adamw = false) {
   const auto data = data::make_synthetic(96, 5);
   TempDir dir;
-  TrainingRun whole = make_run(data, devices, 4, 1);
+  TrainingRun whole = make_run(data, devices, 4, 1, adamw);
   whole.trainer->run();
 
-  TrainingRun first = make_run(data, devices, 4, 1);
+  TrainingRun first = make_run(data, devices, 4, 1, adamw);
   const train::EpochMetrics m2 = first.trainer->run(0, 2);
   train::CheckpointState st;
   st.epoch = 2;
-  st.step = first.engine->optimizer().steps();
+  st.step = first.opt->steps();
   st.best_test_acc = m2.test_acc;
   st.config = {{"model", "lenet"}, {"seed", 7}};
   st.metrics = train::metrics_json(m2);
   const std::string path = dir / "mid.safetensors";
-  train::save_checkpoint(path, *first.engine, st);
+  train::save_checkpoint(path, *first.engine, first.opt.get(), st);
 
-  TrainingRun rest = make_run(data, devices, 4, 99);
+  TrainingRun rest = make_run(data, devices, 4, 99, adamw);
   ASSERT_FALSE(same_bits(rest.model->arenas().params, first.model->arenas().params));
-  const train::CheckpointState back = train::load_checkpoint(path, *rest.engine);
+  const train::CheckpointState back = train::load_checkpoint(path, *rest.engine, *rest.opt);
   EXPECT_EQ(back.epoch, 2);
   EXPECT_EQ(back.step, 8);
   EXPECT_EQ(back.best_test_acc, m2.test_acc);
   EXPECT_EQ(back.config["model"], "lenet");
   EXPECT_EQ(back.metrics["test_acc"], m2.test_acc);
-  EXPECT_EQ(rest.engine->optimizer().steps(), 8);
+  EXPECT_EQ(rest.opt->steps(), 8);
   EXPECT_TRUE(same_bits(rest.model->arenas().params, first.model->arenas().params));
-  EXPECT_TRUE(same_bits(rest.engine->optimizer().momentum_buffer(), first.engine->optimizer().momentum_buffer()));
+  EXPECT_TRUE(same_state(*rest.opt, *first.opt));
   rest.trainer->run(back.epoch);
 
-  EXPECT_EQ(rest.engine->optimizer().steps(), whole.engine->optimizer().steps());
+  EXPECT_EQ(rest.opt->steps(), whole.opt->steps());
   EXPECT_TRUE(same_bits(rest.model->arenas().params, whole.model->arenas().params));
   EXPECT_TRUE(same_bits(rest.model->arenas().buffers, whole.model->arenas().buffers));
-  EXPECT_TRUE(same_bits(rest.engine->optimizer().momentum_buffer(), whole.engine->optimizer().momentum_buffer()));
+  EXPECT_TRUE(same_state(*rest.opt, *whole.opt));
   // And the continued run really moved away from the checkpoint.
   EXPECT_FALSE(same_bits(rest.model->arenas().params, first.model->arenas().params));
 }
@@ -121,14 +145,14 @@ void expect_exact_resume(int devices) {
 // Stopped mid-epoch after `stop_after_steps` optimizer steps (as a SIGTERM
 // would), saved, loaded into fresh weights and continued: the same bits as
 // the run that was not interrupted, metrics of the cut epoch included.
-void expect_exact_mid_epoch_resume(int devices, int stop_after_steps) {
+void expect_exact_mid_epoch_resume(int devices, int stop_after_steps, bool adamw = false) {
   const auto data = data::make_synthetic(96, 5);
   TempDir dir;
-  TrainingRun whole = make_run(data, devices, 3, 1);
+  TrainingRun whole = make_run(data, devices, 3, 1, adamw);
   const train::EpochMetrics whole_last = whole.trainer->run();
 
-  TrainingRun first = make_run(data, devices, 3, 1);
-  first.trainer->should_stop = [&] { return first.engine->optimizer().steps() >= stop_after_steps; };
+  TrainingRun first = make_run(data, devices, 3, 1, adamw);
+  first.trainer->should_stop = [&] { return first.opt->steps() >= stop_after_steps; };
   train::CheckpointState st;
   std::string saved;
   first.trainer->on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
@@ -136,29 +160,32 @@ void expect_exact_mid_epoch_resume(int devices, int stop_after_steps) {
     st.epoch = epoch;
     st.batch = pos.batch;
     st.partial = pos.totals;
-    st.step = first.engine->optimizer().steps();
+    st.step = first.opt->steps();
     st.config = {{"model", "lenet"}, {"seed", 7}};
     saved = dir / "mid.safetensors";
-    train::save_checkpoint(saved, *first.engine, st);
+    train::save_checkpoint(saved, *first.engine, first.opt.get(), st);
   };
   first.trainer->run();
   ASSERT_TRUE(first.trainer->stopped());
   ASSERT_FALSE(saved.empty()) << "stopped without a mid-epoch position";
-  EXPECT_EQ(first.engine->optimizer().steps(), stop_after_steps);
+  EXPECT_EQ(first.opt->steps(), stop_after_steps);
   EXPECT_GT(st.batch, 0);
 
-  TrainingRun rest = make_run(data, devices, 3, 99);
-  const train::CheckpointState back = train::load_checkpoint(saved, *rest.engine);
+  TrainingRun rest = make_run(data, devices, 3, 99, adamw);
+  const train::CheckpointState back = train::load_checkpoint(saved, *rest.engine, *rest.opt);
   EXPECT_EQ(back.batch, st.batch);
   EXPECT_EQ(back.partial, st.partial);
   const train::EpochMetrics rest_last = rest.trainer->run(back.epoch, -1, train::EpochPosition{back.batch, back.partial});
   EXPECT_FALSE(rest.trainer->stopped());
-  EXPECT_EQ(rest.engine->optimizer().steps(), whole.engine->optimizer().steps());
+  EXPECT_EQ(rest.opt->steps(), whole.opt->steps());
   EXPECT_TRUE(same_bits(rest.model->arenas().params, whole.model->arenas().params));
   EXPECT_TRUE(same_bits(rest.model->arenas().buffers, whole.model->arenas().buffers));
-  EXPECT_TRUE(same_bits(rest.engine->optimizer().momentum_buffer(), whole.engine->optimizer().momentum_buffer()));
+  EXPECT_TRUE(same_state(*rest.opt, *whole.opt));
   EXPECT_EQ(rest_last.train_loss, whole_last.train_loss);
   EXPECT_EQ(rest_last.test_loss, whole_last.test_loss);
+  EXPECT_EQ(rest_last.grad_norms, adamw);
+  EXPECT_EQ(rest_last.grad_norm_mean, whole_last.grad_norm_mean);
+  EXPECT_EQ(rest_last.grad_norm_max, whole_last.grad_norm_max);
 }
 
 // 4 batches an epoch: stop inside the first epoch and inside the second.
@@ -167,6 +194,11 @@ TEST(Checkpoint, MidEpochResumeIsBitExactSingleDevice) {
   expect_exact_mid_epoch_resume(0, 7);
 }
 TEST(Checkpoint, MidEpochResumeIsBitExactDataParallel) { expect_exact_mid_epoch_resume(2, 5); }
+// AdamW with amsgrad, groups and clipping: every state arena and the epoch's gradient norms carry over.
+TEST(Checkpoint, MidEpochResumeIsBitExactAdamW) {
+  expect_exact_mid_epoch_resume(0, 3, true);
+  expect_exact_mid_epoch_resume(3, 6, true);
+}
 
 // A stop asked for at an epoch's last step ends that epoch (evaluated, and
 // its checkpoint hook run) and stops before the next.
@@ -176,33 +208,63 @@ TEST(Checkpoint, StopAtTheEpochsEndStopsBetweenEpochs) {
   int epochs_ended = 0;
   r.trainer->on_epoch_end = [&](const train::EpochMetrics&) { ++epochs_ended; };
   r.trainer->on_mid_epoch = [&](int, const train::EpochPosition&, bool) { ADD_FAILURE() << "stopped mid-epoch"; };
-  r.trainer->should_stop = [&] { return r.engine->optimizer().steps() >= 4; };  // 4 steps: epoch 1's last
+  r.trainer->should_stop = [&] { return r.opt->steps() >= 4; };  // 4 steps: epoch 1's last
   r.trainer->run();
   EXPECT_TRUE(r.trainer->stopped());
   EXPECT_EQ(r.trainer->stopped_epoch(), 1);
   EXPECT_EQ(r.trainer->stopped_at().batch, 0);
   EXPECT_EQ(epochs_ended, 1);
-  EXPECT_EQ(r.engine->optimizer().steps(), 4);
+  EXPECT_EQ(r.opt->steps(), 4);
 }
 
 TEST(Checkpoint, ResumeIsBitExactSingleDevice) { expect_exact_resume(0); }
 TEST(Checkpoint, ResumeIsBitExactDataParallel) { expect_exact_resume(2); }
+TEST(Checkpoint, ResumeIsBitExactAdamW) { expect_exact_resume(2, true); }
 
-TEST(Checkpoint, FileHoldsTorchvisionNamesAndMomentum) {
+// The key set: the model's state_dict, then optimizer.<state>.<param> for
+// every state and parameter (torch's state names); best.safetensors (the
+// file people deploy) the model alone.
+std::set<std::string> key_set(const std::string& path) {
+  std::set<std::string> out;
+  for (auto& [n, t] : io::load_safetensors(path).tensors) out.insert(n);
+  return out;
+}
+
+TEST(Checkpoint, FileHoldsTorchvisionNamesAndOptimizerState) {
   const auto data = data::make_synthetic(48, 2);
   TempDir dir;
+  for (bool adamw : {false, true}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    TrainingRun r = make_run(data, 0, 1, 3, adamw);
+    std::set<std::string> model_keys;
+    for (auto& [n, t] : r.model->state_dict()) model_keys.insert(n);
+    train::CheckpointState st;
+    train::save_checkpoint(dir / "fresh.safetensors", *r.engine, r.opt.get(), st);
+    EXPECT_EQ(key_set(dir / "fresh.safetensors"), model_keys) << "no state before the first step";
+    r.trainer->run();
+    st.epoch = 1;
+    train::save_checkpoint(dir / "c.safetensors", *r.engine, r.opt.get(), st);
+    std::set<std::string> want = model_keys;
+    const std::vector<std::string> states =
+        adamw ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} : std::vector<std::string>{"momentum_buffer"};
+    for (const std::string& s : states)
+      for (auto& [n, p] : r.model->named_parameters()) want.insert("optimizer." + s + "." + n);
+    EXPECT_EQ(key_set(dir / "c.safetensors"), want);
+    const io::TensorFile f = io::load_safetensors(dir / "c.safetensors");
+    const nlohmann::json opt = nlohmann::json::parse(f.metadata.at("optimizer"));
+    EXPECT_EQ(opt["type"], adamw ? "AdamW" : "SGD");
+    EXPECT_EQ(opt["steps"], 2);
+    EXPECT_EQ(opt["groups"].size(), adamw ? 2u : 1u);
+    train::save_checkpoint(dir / "w.safetensors", *r.engine, nullptr, st);
+    EXPECT_EQ(key_set(dir / "w.safetensors"), model_keys);
+    EXPECT_EQ(io::load_safetensors(dir / "w.safetensors").metadata.at("format"), train::kWeightsFormat);
+  }
   TrainingRun r = make_run(data, 0, 1, 3);
   r.trainer->run();
   train::CheckpointState st;
   st.epoch = 1;
-  train::save_checkpoint(dir / "c.safetensors", *r.engine, st);
+  train::save_checkpoint(dir / "c.safetensors", *r.engine, r.opt.get(), st);
   const io::TensorFile f = io::load_safetensors(dir / "c.safetensors");
-  std::vector<std::string> names;
-  for (auto& [n, t] : f.tensors) names.push_back(n);
-  for (const char* want : {"conv1.weight", "fc3.bias", "optimizer.momentum_buffer.conv1.weight",
-                           "optimizer.momentum_buffer.fc3.bias"})
-    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
-  EXPECT_EQ(names.size(), 2 * r.model->state_dict().size());
   EXPECT_EQ(f.metadata.at("format"), train::kCheckpointFormat);
   EXPECT_EQ(f.metadata.at("epoch"), "1");
   for (const char* key : {"step", "best_test_acc", "optimizer", "rng", "sampler", "config", "metrics"})
@@ -215,35 +277,56 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   TrainingRun r = make_run(data, 0, 1, 3);
   // Weights only (what PyTorch exports): --init-from material, not --resume.
   io::save_safetensors(dir / "weights.safetensors", r.model->state_dict());
-  testing::expect_user_error([&] { train::load_checkpoint(dir / "weights.safetensors", *r.engine); },
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "weights.safetensors", *r.engine, *r.opt); },
                              {"is not a fanout training checkpoint", "--init-from"});
   // A checkpoint of another architecture.
   auto mlp = models::make_model("mlp", data.train.sample_shape(), 10, 1);
-  SingleDeviceEngine mlp_engine(*mlp, Device::cpu(), testing::test_sgd(), {}, 1);
-  train::save_checkpoint(dir / "mlp.safetensors", mlp_engine, {});
-  testing::expect_user_error([&] { train::load_checkpoint(dir / "mlp.safetensors", *r.engine); },
+  testing::Trained<SingleDeviceEngine> mlp_engine(*mlp, Device::cpu(), *make_criterion({}), 1);
+  mlp_engine.set_optimizer({optim::OptimizerKind::AdamW});
+  train::save_checkpoint(dir / "mlp.safetensors", mlp_engine, &mlp_engine.optimizer(), {});
+  // The model's mismatch is reported, not the optimizer's.
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "mlp.safetensors", *r.engine, *r.opt); },
                              {"mlp.safetensors", "missing", "mismatched"});
+  // best.safetensors (the model alone) is not a checkpoint to resume.
+  train::save_checkpoint(dir / "best.safetensors", *r.engine, nullptr, {});
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "best.safetensors", *r.engine, *r.opt); },
+                             {"is not a fanout training checkpoint", "--init-from"});
   // Momentum buffers into an optimizer without momentum.
   r.trainer->run();
-  train::save_checkpoint(dir / "c.safetensors", *r.engine, {});
+  train::save_checkpoint(dir / "c.safetensors", *r.engine, r.opt.get(), {});
   auto plain = models::make_model("lenet", data.train.sample_shape(), 10, 1);
-  kernels::SgdHyper h = testing::test_sgd();
+  optim::OptimizerOptions h = testing::test_sgd();
   h.momentum = 0;
-  SingleDeviceEngine plain_engine(*plain, Device::cpu(), h, {}, 1);
+  testing::Trained<SingleDeviceEngine> plain_engine(*plain, Device::cpu(), *make_criterion({}), 1);
+  plain_engine.set_optimizer(h);
   const Tensor before = plain->arenas().params.to(Device::cpu());
-  testing::expect_user_error([&] { train::load_checkpoint(dir / "c.safetensors", plain_engine); },
-                             {"momentum"});
+  testing::expect_user_error(
+      [&] { train::load_checkpoint(dir / "c.safetensors", plain_engine, plain_engine.optimizer()); },
+      {"momentum_buffer", "does not have"});
   EXPECT_TRUE(same_bits(plain->arenas().params, before));  // nothing written on failure
+  // Another optimizer: SGD's checkpoint into AdamW, and AdamW's into SGD.
+  for (auto [kind, word] : {std::pair{optim::OptimizerKind::AdamW, "trained with SGD, this run's optimizer is AdamW"},
+                            std::pair{optim::OptimizerKind::Adam, "trained with SGD, this run's optimizer is Adam"}}) {
+    plain_engine.set_optimizer({kind});
+    testing::expect_user_error(
+        [&] { train::load_checkpoint(dir / "c.safetensors", plain_engine, plain_engine.optimizer()); }, {word});
+  }
+  EXPECT_TRUE(same_bits(plain->arenas().params, before));
+  TrainingRun aw = make_run(data, 0, 1, 3, true);
+  aw.trainer->run();
+  train::save_checkpoint(dir / "aw.safetensors", *aw.engine, aw.opt.get(), {});
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "aw.safetensors", *r.engine, *r.opt); },
+                             {"aw.safetensors", "trained with AdamW, this run's optimizer is SGD"});
   // Corrupt metadata.
   auto f = io::load_safetensors(dir / "c.safetensors");
   f.metadata["epoch"] = "two";
   io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
-  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine); },
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine, *r.opt); },
                              {"'epoch'", "non-negative integer"});
   f.metadata["epoch"] = "2";
   f.metadata["best_test_acc"] = "nan";
   io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
-  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine); },
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine, *r.opt); },
                              {"'best_test_acc'", "finite"});
 }
 
@@ -252,7 +335,7 @@ TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
   TempDir dir;
   TrainingRun src = make_run(data, 0, 1, 3);
   src.trainer->run();
-  train::save_checkpoint(dir / "c.safetensors", *src.engine, {});
+  train::save_checkpoint(dir / "c.safetensors", *src.engine, src.opt.get(), {});
   auto dst = models::make_model("lenet", data.train.sample_shape(), 10, 11);
   const io::LoadReport ok = train::load_weights(dir / "c.safetensors", *dst, true);
   EXPECT_TRUE(ok.ok()) << ok.summary();  // optimizer entries are not "unexpected"
@@ -278,7 +361,7 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   for (int e = 1; e <= 7; ++e) {
     st.epoch = e;
     st.metrics = {{"test_acc", accs[e - 1]}};
-    written.push_back(saver.on_epoch_end(*r.engine, st, 7));
+    written.push_back(saver.on_epoch_end(*r.engine, *r.opt, st, 7));
   }
   EXPECT_EQ(written[0].size(), 1u);  // epoch 1: not a save epoch, but the best so far
   EXPECT_EQ(written[1].size(), 2u);  // epoch 2: saved and best
@@ -290,12 +373,15 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   EXPECT_EQ(files, (std::vector<std::string>{".fanout.lock", "best.safetensors", "epoch-0006.safetensors",
                                              "epoch-0007.safetensors"}));  // the lock stays: it is the directory's
   EXPECT_EQ(io::load_safetensors(dir / "ck/best.safetensors").metadata.at("epoch"), "4");
+  std::set<std::string> model_keys;
+  for (auto& [n, t] : r.model->state_dict()) model_keys.insert(n);
+  EXPECT_EQ(key_set(dir / "ck/best.safetensors"), model_keys);  // loads into torch with strict load_state_dict
   EXPECT_EQ(train::resolve_resume_path((dir.path / "ck").string()), dir / "ck/epoch-0007.safetensors");
   // A run resumed from epoch 2 that stops at 3 (not a multiple of every=2)
   // saves epoch 3 and keeps it, leaving the later epochs of the old run alone.
   st.epoch = 3;
   st.metrics = {{"test_acc", 0.0}};
-  EXPECT_EQ(saver.on_epoch_end(*r.engine, st, /*last_epoch=*/3).size(), 1u);
+  EXPECT_EQ(saver.on_epoch_end(*r.engine, *r.opt, st, /*last_epoch=*/3).size(), 1u);
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0003.safetensors"));
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0007.safetensors"));
 }

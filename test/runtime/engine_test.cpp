@@ -6,17 +6,17 @@
 #include "runtime/core/error.h"
 #include "runtime/data/loader.h"
 #include "runtime/parallel/single_device.h"
+#include "runtime/optim/clip.h"
+#include "runtime/optim/sgd.h"
 #include "support/test_util.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
 
 TEST(SingleDeviceEngine, LossFallsOnAFixedBatch) {
   auto model = models::make_model("mlp", Shape{3, 8, 8}, 10, 1);
-  kernels::SgdHyper h;
-  h.lr = 0.05f;
-  h.momentum = 0.9f;
-  SingleDeviceEngine eng(*model, Device::cpu(), h, {}, 1);
+  testing::Trained<SingleDeviceEngine> eng(*model, Device::cpu(), *make_criterion({}), 1);
   std::mt19937_64 rng(2);
   Tensor x = testing::random_tensor(Shape{16, 3, 8, 8}, rng);
   Tensor y = testing::random_labels(16, 10, rng);
@@ -27,12 +27,26 @@ TEST(SingleDeviceEngine, LossFallsOnAFixedBatch) {
   EXPECT_EQ(eng.eval_step(x, y).correct, 16);
 }
 
-TEST(SingleDeviceEngine, SteadyStateAllocatesNothing) {
+// With every optimizer, parameter groups and clipping by norm.
+class SteadyState : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Optimizers, SteadyState, ::testing::Values("sgd", "adam", "adamw"));
+
+TEST_P(SteadyState, TrainingStepAllocatesNothing) {
   auto data = data::make_synthetic(64, 3);
   auto model = models::make_model("cnn", data.train.sample_shape(), 10, 3);
-  kernels::SgdHyper h;
-  h.momentum = 0.9f;
-  SingleDeviceEngine eng(*model, Device::cpu(), h, {}, 3);
+  testing::Trained<SingleDeviceEngine> eng(*model, Device::cpu(), *make_criterion({}), 3);
+  optim::OptimizerOptions o = testing::test_sgd();
+  o.kind = optim::parse_optimizer(GetParam());
+  if (o.kind != optim::OptimizerKind::SGD) o.momentum = 0;
+  o.amsgrad = o.kind == optim::OptimizerKind::AdamW;
+  o.no_decay_norm_bias = true;
+  eng.set_optimizer(o);
+  auto step = [&](const Tensor& bx, const Tensor& by) {
+    eng.forward_backward_batch(bx, by);
+    EXPECT_GT(optim::clip_grad_norm(eng.optimizer(), 0.5), 0.0);
+    eng.optimizer().step();
+    eng.optimizer().zero_grad();
+  };
   data::LoaderOptions lo;
   lo.batch_size = 24;  // 24, 24, 16: a smaller last batch
   data::DataLoader loader(data.train, std::make_unique<data::RandomSampler>(data.train.size(), 3), lo);
@@ -40,10 +54,10 @@ TEST(SingleDeviceEngine, SteadyStateAllocatesNothing) {
   Tensor x, y;
   std::vector<std::pair<Tensor, Tensor>> batches;
   while (loader.next(x, y)) batches.emplace_back(x.to(Device::cpu()), y.to(Device::cpu()));
-  for (auto& [bx, by] : batches) eng.train_step(bx, by, 0.01f);  // warm-up: every batch size seen
+  for (auto& [bx, by] : batches) step(bx, by);  // warm-up: every batch size seen
   const auto before = alloc_stats();
   for (int rep = 0; rep < 2; ++rep)
-    for (auto& [bx, by] : batches) eng.train_step(bx, by, 0.01f);
+    for (auto& [bx, by] : batches) step(bx, by);
   const auto after = alloc_stats();
   EXPECT_EQ(after.host_allocs, before.host_allocs);
   EXPECT_EQ(after.device_allocs, before.device_allocs);
@@ -51,11 +65,9 @@ TEST(SingleDeviceEngine, SteadyStateAllocatesNothing) {
 
 TEST(SingleDeviceEngine, SplitInvariantSteadyStateAllocatesNothing) {
   auto model = models::make_model("lenet", Shape{1, 28, 28}, 10, 4);
-  kernels::SgdHyper h;
-  h.momentum = 0.9f;
   MathOptions math;
   math.split_invariant = true;
-  SingleDeviceEngine eng(*model, Device::cpu(), h, {}, 4, math);
+  testing::Trained<SingleDeviceEngine> eng(*model, Device::cpu(), *make_criterion({}), 4, math);
   EXPECT_EQ(model->grad_dtype(), DType::F64);
   std::mt19937_64 rng(5);
   Tensor x = testing::random_tensor(Shape{8, 1, 28, 28}, rng);
@@ -88,19 +100,19 @@ TEST(GradDtype, Float64GradientsCloneAndStepLikeTheirRoundedValues) {
     g64.f64()[i] = nd(rng) * 1e-3;
     g32.f32()[i] = static_cast<float>(g64.f64()[i]);
   }
-  kernels::SgdHyper h;
+  optim::OptimizerOptions h;
   h.lr = 0.1f;
   h.momentum = 0.9f;
   h.weight_decay = 1e-3f;
-  optim::SGD sa(*a, h), sb(*b, h);
   Context ctx(Device::cpu());
+  optim::SGD sa(*a, ctx, h), sb(*b, ctx, h);
   for (int step = 0; step < 2; ++step) {
-    sa.step(ctx);
-    sb.step(ctx);
+    sa.step();
+    sb.step();
   }
   EXPECT_TRUE(testing::same_bits(a->arenas().params, b->arenas().params));
   EXPECT_FALSE(testing::same_bits(a->arenas().params, models::make_model("mlp", Shape{1, 4, 4}, 3, 6)->arenas().params));
-  sa.zero_grad(ctx);
+  sa.zero_grad();
   for (int64_t i = 0; i < g64.numel(); ++i) ASSERT_EQ(g64.f64()[i], 0.0);
   EXPECT_THROW(a->set_grad_dtype(DType::I32), Error);
 }

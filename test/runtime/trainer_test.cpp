@@ -9,6 +9,7 @@
 #include "runtime/parallel/single_device.h"
 #include "runtime/train/trainer.h"
 #include "support/test_util.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
@@ -16,13 +17,15 @@ namespace {
 struct TrainedRun {
   std::unique_ptr<Module> model;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<optim::Optimizer> opt;
   train::EpochMetrics last;
 };
 
 TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup, int64_t eval_batch = 1000) {
   TrainedRun r;
   r.model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
-  r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), testing::test_sgd(), LossOptions{}, 3);
+  r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), *make_criterion({}), 3);
+  r.opt = optim::make_optimizer(r.engine->model(), r.engine->primary_context(), testing::test_sgd());
   train::TrainerConfig tc;
   tc.epochs = 2;
   tc.batch_size = 16;  // 128 samples: 8 steps an epoch
@@ -32,7 +35,7 @@ TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup, int6
   tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = nullptr;
-  train::Trainer t(tc, *r.engine, data);
+  train::Trainer t(tc, *r.engine, *r.opt, data);
   r.last = t.run();
   return r;
 }
@@ -64,13 +67,11 @@ class RowsSeen : public Engine {
   StepResult forward_backward(const Tensor& x, const Tensor& y, float scale, bool sync) override {
     return e_.forward_backward(x, y, scale, sync);
   }
-  void step(float lr) override { e_.step(lr); }
   StepResult eval_step(const Tensor& x, const Tensor& y) override {
     max_eval_rows = std::max(max_eval_rows, x.size(0));
     return e_.eval_step(x, y);
   }
   Module& model() override { return e_.model(); }
-  optim::SGD& optimizer() override { return e_.optimizer(); }
   Context& primary_context() override { return e_.primary_context(); }
   std::vector<Device> devices() const override { return e_.devices(); }
   const Criterion& criterion() const override { return e_.criterion(); }
@@ -95,7 +96,7 @@ TEST(Trainer, EvaluationSeesAtMostTheTrainingBatch) {
   tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 1, 0);
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = nullptr;
-  train::Trainer t(tc, seen, data);
+  train::Trainer t(tc, seen, *whole.opt, data);
   train::EpochMetrics m;
   t.evaluate(m);
   EXPECT_EQ(seen.max_eval_rows, 16);

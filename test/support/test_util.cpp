@@ -180,12 +180,4 @@ std::vector<Batch> random_batches(const Shape& sample, int64_t rows, int steps, 
   return out;
 }
 
-kernels::SgdHyper test_sgd() {
-  kernels::SgdHyper h;
-  h.lr = 0.05f;
-  h.momentum = 0.9f;
-  h.weight_decay = 5e-4f;
-  return h;
-}
-
 }  // namespace fanout::testing

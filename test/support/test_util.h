@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sgd.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::testing {
@@ -24,8 +23,6 @@ struct Batch {
   Tensor x, y;
 };
 std::vector<Batch> random_batches(const Shape& sample, int64_t rows, int steps, uint64_t seed);
-// The SGD settings the training tests share: lr 0.05, momentum 0.9, weight decay 5e-4.
-kernels::SgdHyper test_sgd();
 // Fills with NaN so unwritten outputs are caught.
 void poison(Tensor& t);
 // max |a - b| / max(1, |b|), elementwise.

@@ -1,0 +1,135 @@
+// Optimizers over a model's flat arenas. An Optimizer holds its state in
+// arenas laid out like the parameters (so state can be saved by parameter
+// name and cut by range), splits the parameters into groups by name (each
+// with its weight decay and learning-rate scale) and runs one fused kernel
+// per group and step. Engines never hold one: the training loop (the
+// Trainer, or a user's own) steps it on the model whose gradients the
+// engine has reduced.
+//
+//   auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), opts);
+//   engine.forward_backward(x, y, 1.0f / rows, true);
+//   optim::clip_grad_norm(*opt, 1.0);      // optional (runtime/optim/clip.h)
+//   opt->step();
+//   opt->zero_grad();
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/context.h"
+#include "runtime/nn/module.h"
+
+namespace fanout::optim {
+
+// Parameters (by torch name) sharing a weight decay and a learning-rate scale.
+struct ParamGroup {
+  std::string name;
+  std::vector<std::string> params;
+  float weight_decay = 0;
+  float lr_scale = 1;  // the group's learning rate is lr() * lr_scale
+};
+
+enum class OptimizerKind { SGD, Adam, AdamW };
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::SGD;
+  float lr = 0.1f;
+  float weight_decay = 0;  // SGD and Adam: L2 added to the gradient; AdamW: decoupled
+  float momentum = 0, dampening = 0;  // SGD
+  bool nesterov = false;              // SGD
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // Adam, AdamW
+  bool amsgrad = false;                             // Adam, AdamW
+  // Biases and other parameters of at most one dimension (norm weights) in
+  // a group "no_decay" without weight decay (the common recipe).
+  bool no_decay_norm_bias = false;
+};
+
+// "sgd", "adam", "adamw" (one-line error otherwise) and back to torch's class name.
+OptimizerKind parse_optimizer(const std::string& s);
+const char* optimizer_name(OptimizerKind k);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  const char* type() const { return optimizer_name(kind_); }
+  OptimizerKind kind() const { return kind_; }
+  // The base learning rate (each group's is lr() * its lr_scale).
+  void set_lr(float lr);
+  float lr() const { return lr_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+
+  // One update of the model's parameters from its gradient arena (float64
+  // gradients are rounded to float once, here), on the context's stream.
+  void step();
+  // Zeros the gradient arena and waits for the context's stream: when it
+  // returns the parameters are final, for any engine to broadcast.
+  void zero_grad();
+  // Updates taken; state exists from the first one on.
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+  // The state arenas under torch's names ("momentum_buffer", "exp_avg",
+  // "exp_avg_sq", "max_exp_avg_sq"), laid out like the parameter arena;
+  // empty before the first step (torch creates state on the first step).
+  std::vector<std::pair<std::string, Tensor*>> state();
+  // The names state() has once the optimizer has stepped.
+  std::vector<std::string> state_names() const;
+  // Type and hyper-parameters (without the learning rate) and groups, as a
+  // checkpoint records them.
+  nlohmann::json hyper() const;
+
+  Module& model() { return model_; }
+  Context& context() { return ctx_; }
+  // The gradients the next step() reads: the model's arena, or the float32
+  // copy of float64 ones once grads_for_step() has run.
+  Tensor& grads_for_step();
+
+ protected:
+  // Every group of `model` (materialized; the optimizer works on its device
+  // with ctx, which must outlive it). Parameters no group names form the
+  // group "default" with `default_decay`.
+  Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups);
+  struct Group {
+    Tensor chunks;  // kernels/optim.h's chunk table, on the device
+    float weight_decay, lr_scale;
+  };
+  virtual void update(const Tensor& grads, const Group& g) = 0;
+  // State arenas by name, allocated (zeroed) at construction.
+  void add_state(const std::string& name);
+  Tensor& state_arena(size_t i) { return state_[i].second; }
+  const OptimizerOptions& options() const { return o_; }
+
+ private:
+  Module& model_;
+  Context& ctx_;
+  OptimizerKind kind_;
+  OptimizerOptions o_;
+  float lr_;
+  std::vector<ParamGroup> groups_;
+  std::vector<Group> chunks_;
+  std::vector<std::pair<std::string, Tensor>> state_;
+  Tensor grad32_;
+  bool rounded_ = false;  // grad32_ holds this step's rounded float64 gradients
+  int64_t steps_ = 0;
+};
+
+// The optimizer `o` names, with `groups` (empty: one "default" group, or
+// "default" and "no_decay" when o.no_decay_norm_bias). One-line errors for
+// what torch refuses: lr, eps or weight decay below 0, betas outside [0, 1),
+// Nesterov without momentum or with dampening, amsgrad with SGD, a group
+// naming an unknown parameter or one already in another group.
+std::unique_ptr<Optimizer> make_optimizer(Module& model, Context& ctx, const OptimizerOptions& o,
+                                          std::vector<ParamGroup> groups = {});
+
+// The parameters of the "no_decay" group: biases and every parameter of at
+// most one dimension (BatchNorm and other norm weights), by name.
+std::vector<std::string> no_decay_params(Module& model);
+
+}  // namespace fanout::optim

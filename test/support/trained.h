@@ -1,0 +1,54 @@
+// Engines with the optimizer a Trainer would give them, for tests that step
+// by hand: Trained<E> is engine E (constructed from the same arguments) plus
+// an optimizer over its model, with train_step(x, y, lr) as the Trainer
+// takes a step (forward_backward_batch, step, zero_grad).
+#pragma once
+#include <memory>
+#include <utility>
+
+#include "runtime/optim/optimizer.h"
+#include "runtime/parallel/engine.h"
+#include "runtime/train/trainer.h"
+
+namespace fanout::testing {
+
+// The SGD settings the training tests share: lr 0.05, momentum 0.9, weight decay 5e-4.
+inline optim::OptimizerOptions test_sgd() {
+  optim::OptimizerOptions o;
+  o.lr = 0.05f;
+  o.momentum = 0.9f;
+  o.weight_decay = 5e-4f;
+  return o;
+}
+
+template <class E>
+class Trained : public E {
+ public:
+  template <class... A>
+  explicit Trained(A&&... a) : E(std::forward<A>(a)...) {
+    set_optimizer(test_sgd());
+  }
+  void set_optimizer(const optim::OptimizerOptions& o) {
+    opt_ = optim::make_optimizer(E::model(), E::primary_context(), o);
+  }
+  optim::Optimizer& optimizer() { return *opt_; }
+  StepResult train_step(const Tensor& x, const Tensor& y, float lr) { return train::train_step(*this, *opt_, x, y, lr); }
+
+ private:
+  std::unique_ptr<optim::Optimizer> opt_;
+};
+
+// The same for an engine made elsewhere (make_engine).
+struct EngineRun {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<optim::Optimizer> opt;
+  EngineRun() = default;
+  explicit EngineRun(std::unique_ptr<Engine> e, const optim::OptimizerOptions& o = test_sgd())
+      : engine(std::move(e)), opt(optim::make_optimizer(engine->model(), engine->primary_context(), o)) {}
+  StepResult train_step(const Tensor& x, const Tensor& y, float lr) {
+    return train::train_step(*engine, *opt, x, y, lr);
+  }
+  Engine* operator->() { return engine.get(); }
+};
+
+}  // namespace fanout::testing
