@@ -34,6 +34,7 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
                  TrainerSamplers samplers)
     : cfg_(cfg), engine_(engine), opt_(opt), data_(data), progress_(cfg.progress) {
+  cfg_.schedule.base_lr = opt.lr();
   FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
   FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_norm) && cfg.clip_grad_norm >= 0)
       << "--clip-grad-norm must be non-negative, got " << cfg.clip_grad_norm;

@@ -32,6 +32,8 @@ struct TrainerConfig {
   int prefetch = 2;          // batches in flight per worker
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
   data::Augment augment;     // training-set augmentation
+  // The learning rate's shape over the run. Its rate is the optimizer's
+  // (OptimizerOptions::lr, the one source): the Trainer sets base_lr to it.
   optim::LrSchedule schedule;
   // Clipping of the reduced gradient before each optimizer step (0: off):
   // by total L2 norm (torch's clip_grad_norm_) and by value (clip_grad_value_).

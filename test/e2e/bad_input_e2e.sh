@@ -55,6 +55,22 @@ expect_error bad-number "invalid|argument" --batch-size three
 expect_error unknown-data "unknown dataset" --data imagenet
 expect_error bad-devices "device" --devices gpu7 --data synthetic:64
 expect_error bad-schedule "lr schedule" --lr-schedule wobble --data synthetic:64
+# Optimizer options, refused as torch.optim refuses them.
+expect_error unknown-optimizer "unknown optimizer 'lamb' \(expected sgd, adam or adamw\)" --optimizer lamb --data synthetic:64
+expect_error negative-eps "eps must be non-negative" --optimizer adamw --eps -1e-8 --data synthetic:64
+expect_error beta-one "betas must each be in \[0, 1\)" --optimizer adamw --betas 1,0.999 --data synthetic:64
+expect_error beta-negative "betas must each be in \[0, 1\)" --optimizer adam --betas 0.9,-0.1 --data synthetic:64
+expect_error betas-garbage "betas takes BETA1,BETA2" --optimizer adamw --betas 0.9 --data synthetic:64
+expect_error negative-clip "clip-grad-norm must be non-negative" --clip-grad-norm -1 --data synthetic:64
+expect_error negative-clip-value "clip-grad-value must be non-negative" --clip-grad-value -0.5 --data synthetic:64
+expect_error amsgrad-sgd "amsgrad applies to --optimizer adam or adamw" --amsgrad --data synthetic:64
+expect_error nesterov-adamw "nesterov applies to --optimizer sgd" --optimizer adamw --nesterov --data synthetic:64
+expect_error negative-weight-decay "weight-decay must be non-negative" --weight-decay -1e-4 --data synthetic:64
+# An AdamW checkpoint resumed with SGD.
+timeout 120 "$DP_TRAIN" --progress off --epochs 1 --model mlp --data synthetic:64 --optimizer adamw --lr 1e-3 \
+  --save-dir "$work/adamw" > /dev/null 2>&1 || { echo "FAIL adamw checkpoint: the run failed"; fails=$((fails + 1)); }
+expect_error resume-other-optimizer "trained with AdamW, this run's optimizer is SGD" --model mlp --data synthetic:64 \
+  --resume "$work/adamw"
 # Train and test images of different shapes: refused when the data loads.
 python3 - "$work/mixed" <<'PY'
 import gzip, os, struct, sys

@@ -104,6 +104,25 @@ TEST(Trainer, EvaluationSeesAtMostTheTrainingBatch) {
   EXPECT_EQ(m.test_acc, whole.last.test_acc);
 }
 
+// The learning rate has one source, the optimizer's: a Trainer whose
+// schedule was left at its defaults trains at the optimizer's rate.
+TEST(Trainer, TrainsAtTheOptimizersLearningRate) {
+  const auto data = data::make_synthetic(64, 4);
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  optim::OptimizerOptions o = testing::test_sgd();
+  o.lr = 0.02f;
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), o);
+  train::TrainerConfig tc;  // schedule: constant, base_lr left at its default
+  tc.batch_size = 16;
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  train::Trainer t(tc, engine, *opt, data);
+  EXPECT_EQ(t.train_epoch(0).lr, 0.02f);
+  EXPECT_EQ(opt->lr(), 0.02f);
+  EXPECT_EQ(opt->steps(), 4);
+}
+
 TEST(Trainer, EpochReportsPeakMemory) {
   const auto data = data::make_synthetic(128, 4);
   const TrainedRun r = train_two_epochs(data, 0);
