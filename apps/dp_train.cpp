@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <cerrno>
@@ -58,9 +59,20 @@ void on_stop_signal(int sig) {
   g_stop_at = now;
   g_stop_signal = sig;
 }
+// Test hooks (environment variables the e2e tests set; not for users):
+//   FANOUT_TEST_IGNORE_STOP=1      a DDP worker ignores SIGTERM and SIGINT, so
+//                                  the launcher's kill after its grace runs;
+//   FANOUT_TEST_STOP_GRACE_S=S     the launcher's grace before that kill (120);
+//   FANOUT_TEST_STEP_SLEEP_S=S     each optimizer step is held S seconds at its
+//                                  end, so a signal arrives inside a step.
+double test_hook_seconds(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atof(v) : 0.0;
+}
+
 void install_stop_handlers() {
   struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
+  sa.sa_handler = std::getenv("FANOUT_TEST_IGNORE_STOP") ? SIG_IGN : on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
@@ -332,6 +344,7 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   lo.rendezvous = c.rdzv;
   lo.run_id = c.run_id;
   lo.log_dir = c.log_dir;
+  if (const double g = test_hook_seconds("FANOUT_TEST_STOP_GRACE_S"); g > 0) lo.stop_grace_s = g;
   return dist::launch(lo);
 }
 
@@ -481,7 +494,11 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   FANOUT_USER_CHECK(c.save_every_steps == 0 || !save_dir.empty())
       << "--save-every-steps needs --save-dir (or --resume DIR)";
   train::Trainer trainer(tc, engine, opt, data);
-  trainer.should_stop = [] { return g_stop_signal != 0; };
+  const double hold = test_hook_seconds("FANOUT_TEST_STEP_SLEEP_S");
+  trainer.should_stop = [hold] {
+    if (hold > 0) std::this_thread::sleep_for(std::chrono::duration<double>(hold));
+    return g_stop_signal != 0;
+  };
   std::string stop_saved;
   int saved_epoch = -1;  // the last epoch whose end-of-epoch checkpoint was written
   trainer.on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {

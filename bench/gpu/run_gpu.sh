@@ -34,6 +34,9 @@
 #              dp-bench heatmap3d on 0,0 (loss on the replicas against the
 #              gathered outputs: time and bytes to the primary); dp-train
 #              heatmap3d on cuda:0 and 0,0    -> heatmap*.log / .jsonl
+#   optim      dp-train lenet with AdamW and clipping on cuda:0 and 0,0 (bar
+#              0.885); SGD against AdamW step cost, dp-bench on 0,0 beside
+#              train_throughput.py (resnet18, lenet) -> optim*.log / .jsonl
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -64,7 +67,7 @@ case $1 in -h | --help) usage ;; esac
 mkdir -p "$1" || { echo "run_gpu.sh: cannot create $1" >&2; exit 2; }
 out=$(cd "$1" && pwd)
 shift
-all_steps=(env configure build ctest dp memcheck train bench epochs heatmap)
+all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
   case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
@@ -418,6 +421,34 @@ step_epochs() {
   return "$rc"
 }
 
+# Optimizers on the GPU: dp-train lenet with AdamW and clipping on cuda:0
+# (bar 0.885) and on 0,0 with --no-decay-norm-bias; then the step cost of SGD
+# against AdamW (clipping on) for resnet18 and lenet, dp-bench on 0,0 beside
+# train_throughput.py with the same torch.optim object.
+step_optim() {
+  local bin b="$build/apps/dp-bench" data rc=0 spec opt
+  bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
+  if [ -n "$fashion" ]; then data="fashion-mnist:$fashion"; else data=synthetic; fi
+  for devs in 0 0,0; do
+    echo "== dp-train --model lenet --optimizer adamw --lr 1e-3 --clip-grad-norm 1 --devices $devs"
+    frun "$bin" --devices "$devs" --model lenet --epochs 3 --data "$data" --optimizer adamw --lr 1e-3 \
+      --clip-grad-norm 1 --no-decay-norm-bias --progress lines --metrics "$out/optim_lenet_${devs/,/_}.jsonl" \
+      2>&1 | tee "$out/optim_lenet_${devs/,/_}.log" || rc=1
+  done
+  : >"$out/optim_bench.jsonl"
+  for spec in "resnet18 3x32x32 256" "lenet 1x28x28 512"; do
+    set -- $spec
+    for opt in sgd adamw; do
+      echo "== dp-bench --model $1 --batch-size $3 --devices 0,0 --optimizer $opt --clip-grad-norm 1"
+      frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 --no-ddp --optimizer "$opt" \
+        --clip-grad-norm 1 --json "$out/optim_bench.jsonl" || rc=1
+      [ -n "$python" ] && { tmo "$python" "$repo/bench/pytorch/train_throughput.py" --models "$1" --batch "$3" \
+        --optimizer "$opt" --clip-grad-norm 1 >>"$out/optim_bench.jsonl" || rc=1; }
+    done
+  done
+  return "$rc"
+}
+
 # ------------------------------------------------------------- runner ----
 
 names=() statuses=() seconds=() logs=()
@@ -451,6 +482,7 @@ for s in "${steps[@]}"; do
       ;;
     epochs) run_step epochs "$out/epochs.log" step_epochs ;;
     heatmap) run_step heatmap "$out/heatmap.log" step_heatmap ;;
+    optim) run_step optim "$out/optim.log" step_optim ;;
   esac
 done
 

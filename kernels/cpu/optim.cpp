@@ -35,38 +35,60 @@ void sgd_step(Context&, Tensor& params, const Tensor& grads, Tensor& momentum_bu
   });
 }
 
+namespace {
+// One chunk of the Adam update; the branches are template parameters so
+// that the loop vectorizes (restrict: the arenas never alias).
+template <bool kAmsgrad, bool kLowWeight>
+void adam_range(float* __restrict p, const float* __restrict gr, float* __restrict m, float* __restrict v,
+                float* __restrict vmax, int64_t b, int64_t e, const AdamStep& h) {
+  const float w = h.one_minus_beta1, decay = h.decay, wd = h.weight_decay, beta2 = h.beta2;
+  const float omb2 = h.one_minus_beta2, eps = h.eps, step = h.step_size, bc2 = h.bias_correction2_sqrt;
+  for (int64_t i = b; i < e; ++i) {
+    const float pi = p[i] * decay;
+    const float g = gr[i] + wd * pi;
+    // torch.lerp: start + w * (end - start) for w < 0.5, else end - (end - start) * (1 - w).
+    const float mi = kLowWeight ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.0f - w);
+    const float vi = beta2 * v[i] + omb2 * (g * g);
+    float vd = vi;
+    if constexpr (kAmsgrad) {
+      vd = vmax[i] < vi ? vi : vmax[i];
+      vmax[i] = vd;
+    }
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step * (mi / (std::sqrt(vd) / bc2 + eps));
+  }
+}
+}  // namespace
+
 void adam_step(Context&, Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                Tensor& max_exp_avg_sq, const Tensor& chunks, const AdamStep& h) {
   float* p = params.f32();
-  const float* gr = grads.f32();
+  const float* g = grads.f32();
   float* m = exp_avg.f32();
   float* v = exp_avg_sq.f32();
   float* vmax = h.amsgrad ? max_exp_avg_sq.f32() : nullptr;
-  const float w = h.one_minus_beta1;
+  const bool low = h.one_minus_beta1 < 0.5f;
   for_chunks(chunks, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float pi = p[i] * h.decay;
-      const float g = gr[i] + h.weight_decay * pi;
-      // torch.lerp: start + w * (end - start) for w < 0.5, else end - (end - start) * (1 - w).
-      const float mi = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.0f - w);
-      const float vi = h.beta2 * v[i] + h.one_minus_beta2 * (g * g);
-      float vd = vi;
-      if (vmax) {
-        vd = std::max(vmax[i], vi);
-        vmax[i] = vd;
-      }
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = pi - h.step_size * (mi / (std::sqrt(vd) / h.bias_correction2_sqrt + h.eps));
+    if (h.amsgrad) {
+      low ? adam_range<true, true>(p, g, m, v, vmax, b, e, h) : adam_range<true, false>(p, g, m, v, vmax, b, e, h);
+    } else {
+      low ? adam_range<false, true>(p, g, m, v, vmax, b, e, h) : adam_range<false, false>(p, g, m, v, vmax, b, e, h);
     }
   });
 }
 
+// Eight running sums (element i goes to sum i % 8), added at the end: a
+// fixed order, so the result does not depend on anything but the data, and
+// one the compiler can vectorize.
 double sum_squares(Context&, const Tensor& x) {
   const float* a = x.f32();
-  double s = 0.0;
-  for (int64_t i = 0; i < x.numel(); ++i) s += static_cast<double>(a[i]) * a[i];
-  return s;
+  const int64_t n = x.numel(), body = n / 8 * 8;
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < body; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += static_cast<double>(a[i + k]) * a[i + k];
+  for (int64_t i = body; i < n; ++i) s[i - body] += static_cast<double>(a[i]) * a[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 void clamp_abs(Context&, Tensor& x, float limit) {

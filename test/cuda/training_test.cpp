@@ -11,6 +11,7 @@
 #include "cuda/cuda_test_util.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/memory.h"
+#include "runtime/optim/clip.h"
 #include "runtime/parallel/single_device.h"
 #include "support/trained.h"
 
@@ -159,9 +160,56 @@ TEST(CudaTraining, Heatmap3dStepsMatchCpu) {
   check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true);
 }
 
+optim::OptimizerOptions adamw_amsgrad() {
+  optim::OptimizerOptions o;
+  o.kind = optim::OptimizerKind::AdamW;
+  o.lr = 1e-3f;
+  o.weight_decay = 0.05f;
+  o.amsgrad = true;
+  o.no_decay_norm_bias = true;
+  return o;
+}
+
+// AdamW (amsgrad, two groups) with clipping by norm on cuda:0 against the
+// CPU, from the same weights and batches: CUB's norm and the chunked update
+// kernel against their CPU counterparts, 4 steps.
+TEST(CudaTraining, AdamWWithClippingMatchesCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(21);
+  const Shape sample{3, 16, 16};
+  auto cpu_model = models::make_model("resnet18", sample, 10, 8);
+  auto cuda_model = models::make_model("resnet18", sample, 10, 8);
+  testing::Trained<SingleDeviceEngine> cpu_eng(*cpu_model, Device::cpu(), *make_criterion({}), 8);
+  testing::Trained<SingleDeviceEngine> cuda_eng(*cuda_model, gpu(), *make_criterion({}), 8);
+  cpu_eng.set_optimizer(adamw_amsgrad());
+  cuda_eng.set_optimizer(adamw_amsgrad());
+  for (int s = 0; s < 4; ++s) {
+    const Tensor x = random_tensor(Shape{8, 3, 16, 16}, rng), y = random_labels(8, 10, rng);
+    double norms[2];
+    int k = 0;
+    for (auto* e : {static_cast<Engine*>(&cpu_eng), static_cast<Engine*>(&cuda_eng)}) {
+      optim::Optimizer& opt = e == &cpu_eng ? cpu_eng.optimizer() : cuda_eng.optimizer();
+      e->forward_backward_batch(x, y);
+      norms[k++] = optim::clip_grad_norm(opt, 0.5);
+      opt.step();
+      opt.zero_grad();
+    }
+    EXPECT_GT(norms[0], 0.5) << "clipping acts";
+    EXPECT_NEAR(norms[1], norms[0], 1e-4 * norms[0]) << "step " << s;
+  }
+  const Tensor a = cpu_model->arenas().params.to(Device::cpu()), b = cuda_model->arenas().params.to(Device::cpu());
+  EXPECT_LT(testing::max_rel_diff(b, a), 1e-3);
+  const auto sa = cpu_eng.optimizer().state(), sb = cuda_eng.optimizer().state();
+  ASSERT_EQ(sb.size(), 3u);
+  for (size_t i = 0; i < sa.size(); ++i)
+    EXPECT_LT(testing::max_rel_diff(sb[i].second->to(Device::cpu()), *sa[i].second), 1e-3) << sa[i].first;
+}
+
 // After warm-up, train and eval steps on cuda:0 allocate no device memory
-// (workspace, cuDNN plans and layer outputs are all reused).
-void check_steady_state(const std::string& model, const Shape& sample, const MathOptions& math) {
+// (workspace, cuDNN plans and layer outputs are all reused), with SGD and
+// with AdamW plus clipping by norm (CUB's temporaries in the workspace).
+void check_steady_state(const std::string& model, const Shape& sample, const MathOptions& math,
+                        bool adamw = false) {
   SCOPED_TRACE(::testing::Message() << model << " benchmark " << math.cudnn_benchmark << " deterministic "
                                     << math.deterministic);
   std::mt19937_64 rng(6);
@@ -169,10 +217,19 @@ void check_steady_state(const std::string& model, const Shape& sample, const Mat
   const Tensor &x = b.x, &y = b.y;
   auto m = models::make_model(model, sample, b.classes, 5);
   testing::Trained<SingleDeviceEngine> eng(*m, gpu(), *make_criterion(b.loss), 5, math);
-  for (int i = 0; i < 2; ++i) eng.train_step(x, y, 0.01f);
+  if (adamw) eng.set_optimizer(adamw_amsgrad());
+  auto step = [&] {
+    if (!adamw) return eng.train_step(x, y, 0.01f);
+    StepResult r = eng.forward_backward_batch(x, y);
+    optim::clip_grad_norm(eng.optimizer(), 0.5);
+    eng.optimizer().step();
+    eng.optimizer().zero_grad();
+    return r;
+  };
+  for (int i = 0; i < 2; ++i) step();
   eng.eval_step(x, y);
   const AllocStats before = alloc_stats();
-  for (int i = 0; i < 3; ++i) eng.train_step(x, y, 0.01f);
+  for (int i = 0; i < 3; ++i) step();
   eng.eval_step(x, y);
   const AllocStats after = alloc_stats();
   EXPECT_EQ(after.device_allocs, before.device_allocs);
@@ -188,6 +245,7 @@ TEST(CudaTraining, SteadyStateAllocatesNothing) {
   check_steady_state("lenet", Shape{1, 28, 28}, det);
   check_steady_state("heatmap3d", Shape{1, 8, 8, 8}, plain);
   check_steady_state("heatmap3d", Shape{1, 8, 8, 8}, bench);
+  check_steady_state("resnet18", Shape{3, 16, 16}, plain, /*adamw=*/true);
 }
 
 }  // namespace
