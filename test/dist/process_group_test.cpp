@@ -1,11 +1,14 @@
 // Process group over Gloo with ranks as threads of one test process, meeting
 // through a FileStore in a fresh directory: every collective against its
-// definition, dtypes, a rank that never joins, stale files of a dead run.
+// definition, dtypes, a rank that never joins, a rank that joins after
+// Gloo's default timeout, a collective one rank skips, stale files of a dead run.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <chrono>
 #include <filesystem>
+#include <future>
+#include <string>
 #include <thread>
 
 #include "runtime/core/error.h"
@@ -82,14 +85,64 @@ TEST(ProcessGroup, WorldOfOneNeedsNoPeers) {
   g->barrier("solo barrier");
 }
 
+// The error names the wait it gave up after (the group's timeout, not
+// Gloo's default); the only clock in the test is an outer "did not hang"
+// bound, 30x the timeout.
 TEST(ProcessGroup, RankThatNeverJoinsIsAnErrorAfterTheTimeout) {
   TempDir dir;
   const auto t0 = std::chrono::steady_clock::now();
   testing::expect_user_error([&] { make_gloo_group({0, 2, "file:" + dir.path(), "lonely", 1.0}); },
-                             {"rendezvous over file:", "rank 0 of 2"});
+                             {"rendezvous over file:", "rank 0 of 2", "failed within 1 s"});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_GE(s, 0.9);
-  EXPECT_LT(s, 30.0);
+  EXPECT_LT(s, 30.0) << "hung";
+}
+
+// --timeout longer than Gloo's own 30 s default holds for every wait of the
+// rendezvous: rank 1 is held back (the test's hook: its thread starts late)
+// for 32 s, past that default, and both ranks still meet and all-reduce.
+TEST(ProcessGroup, TimeoutLongerThanGloosDefaultHoldsForTheRendezvous) {
+  TempDir dir;
+  std::vector<float> got(2);
+  run_ranks(2, [&](int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(32));
+    auto g = make_gloo_group({r, 2, "file:" + dir.path(), "late", 120});
+    Tensor a = Tensor::empty(Shape{1});
+    a.f32()[0] = r + 1.0f;
+    g->all_reduce(a, "all-reduce after a late join");
+    got[r] = a.f32()[0];
+  });
+  EXPECT_EQ(got[0], 3.0f);
+  EXPECT_EQ(got[1], 3.0f);
+}
+
+// A collective that one rank never enters: the other's ends with an error
+// naming it, its rank and the timeout. Rank 1 is held at a known point (it
+// waits for rank 0's failure before it leaves), so no clock decides it.
+TEST(ProcessGroup, CollectiveThatOneRankSkipsFailsAfterTheTimeout) {
+  TempDir dir;
+  std::promise<std::string> failed;
+  auto rank0_failed = failed.get_future().share();
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(2, [&](int r) {
+    auto g = make_gloo_group({r, 2, "file:" + dir.path(), "skip", 1.0});
+    g->barrier("both joined");
+    if (r == 1) {
+      rank0_failed.wait();  // never enters the all-reduce
+      return;
+    }
+    Tensor a = Tensor::empty(Shape{4});
+    a.fill(1.0f);
+    try {
+      g->all_reduce(a, "all-reduce of bucket 3");
+      failed.set_value("");
+    } catch (const Error& e) {
+      failed.set_value(e.what());
+    }
+  });
+  const std::string err = rank0_failed.get();
+  for (const char* part : {"all-reduce of bucket 3", "failed on rank 0 of 2", "timeout 1 s"})
+    EXPECT_NE(err.find(part), std::string::npos) << part << " not in: " << err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0) << "hung";
 }
 
 TEST(ProcessGroup, StaleFilesOfADeadRunDoNotDisturbANewOne) {
