@@ -17,6 +17,8 @@ size_t dtype_size(DType t) {
     case DType::I64: return 8;
     case DType::U8: return 1;
     case DType::F64: return 8;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
   }
   return 0;
 }
@@ -28,6 +30,8 @@ const char* dtype_name(DType t) {
     case DType::I64: return "int64";
     case DType::U8: return "uint8";
     case DType::F64: return "float64";
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
   }
   return "?";
 }

@@ -15,7 +15,8 @@ namespace fanout {
 
 class Stream;
 
-enum class DType : uint8_t { F32, I32, I64, U8, F64 };
+// BF16 and F16: bfloat16 and IEEE half, 2 bytes (runtime/core/half.h converts).
+enum class DType : uint8_t { F32, I32, I64, U8, F64, BF16, F16 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 

@@ -25,6 +25,8 @@ ncclDataType_t nccl_type(DType t, const std::string& what) {
     case DType::I64: return ncclInt64;
     case DType::I32: return ncclInt32;
     case DType::U8: return ncclUint8;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
   }
   FANOUT_FAIL() << what << ": unsupported dtype";
 }

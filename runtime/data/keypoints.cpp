@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 #include "runtime/data/keypoints.h"
 #include "runtime/io/file_io.h"
 #include "runtime/io/npy.h"
@@ -211,6 +212,15 @@ void to_float(const Tensor& t, float* dst, const std::string& path) {
     case DType::I32: return convert(t.data<int32_t>(), n, dst, path);
     case DType::I64: return convert(t.data<int64_t>(), n, dst, path);
     case DType::U8: return convert(t.data<uint8_t>(), n, dst, path);
+    case DType::F16:
+    case DType::BF16: {
+      std::vector<float> wide(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = t.data<uint16_t>()[i];
+        wide[i] = t.dtype() == DType::F16 ? half::float_from_f16(h) : half::float_from_bf16(h);
+      }
+      return convert(wide.data(), n, dst, path);
+    }
   }
   FANOUT_FAIL() << "keypoints3d: " << path << ": unsupported dtype " << dtype_name(t.dtype());
 }

@@ -36,6 +36,8 @@ const char* npy_descr(DType t) {
     case DType::I32: return "<i4";
     case DType::I64: return "<i8";
     case DType::U8: return "|u1";
+    case DType::F16: return "<f2";
+    case DType::BF16: break;  // NumPy has no bfloat16
   }
   FANOUT_FAIL() << "no .npy dtype for " << dtype_name(t);
 }
@@ -199,10 +201,11 @@ class HeaderParser {
 DType parse_descr(const std::string& d, const std::string& path) {
   if (d == "<f4") return DType::F32;
   if (d == "<f8") return DType::F64;
+  if (d == "<f2") return DType::F16;
   if (d == "<i4") return DType::I32;
   if (d == "<i8") return DType::I64;
   if (d == "|u1" || d == "<u1") return DType::U8;
-  const char* supported = "fanout reads <f4, <f8, <i4, <i8 and |u1";
+  const char* supported = "fanout reads <f4, <f8, <f2, <i4, <i8 and |u1";
   if (!d.empty() && d[0] == '>')
     FANOUT_FAIL() << path << ": dtype " << quoted(d) << " is big-endian; " << supported
                   << " (save arr.astype(arr.dtype.newbyteorder('<')))";

@@ -38,6 +38,8 @@ bool parse_dtype(const std::string& s, DType* t) {
   else if (s == "I64") *t = DType::I64;
   else if (s == "U8") *t = DType::U8;
   else if (s == "F64") *t = DType::F64;
+  else if (s == "BF16") *t = DType::BF16;
+  else if (s == "F16") *t = DType::F16;
   else return false;
   return true;
 }
@@ -344,6 +346,8 @@ const char* safetensors_dtype(DType t) {
     case DType::I64: return "I64";
     case DType::U8: return "U8";
     case DType::F64: return "F64";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
   }
   return "?";
 }

@@ -83,7 +83,7 @@ TEST(Npy, RoundTripEveryDtypeAndShape) {
   TempDir dir;
   std::mt19937_64 rng(1);
   const std::vector<Shape> shapes = {Shape{}, Shape{0}, Shape{7}, Shape{3, 4}, Shape{2, 0, 3}, Shape{1, 2, 3, 2, 2}};
-  for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64, DType::U8}) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::I32, DType::I64, DType::U8}) {
     for (const Shape& s : shapes) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + s.str());
       const Tensor x = random_of(t, s, rng);
@@ -204,10 +204,10 @@ TEST(NpyMalformed, DtypesAndOrder) {
   expect_bad(dir, "be.npy", npy_image(1, numpy_header(">f4", "(2,)"), d), {"'>f4' is big-endian"});
   expect_bad(dir, "be8.npy", npy_image(1, numpy_header(">i8", "(1,)"), d), {"'>i8' is big-endian"});
   expect_bad(dir, "obj.npy", npy_image(1, numpy_header("|O", "(1,)"), d), {"'|O' is a (pickled) object array"});
-  for (const char* descr : {"<f2", "<c8", "|b1", "|i1", "<u4", "<U3", "|V8", "f4", "=f4", ""}) {
+  for (const char* descr : {"<c8", "|b1", "|i1", "<u4", "<U3", "|V8", "f4", "=f4", ""}) {
     SCOPED_TRACE(descr);
     expect_bad(dir, "dt.npy", npy_image(1, numpy_header(descr, "(1,)"), d),
-               {std::string("'") + descr + "' is not supported", "<f4, <f8, <i4, <i8 and |u1"});
+               {std::string("'") + descr + "' is not supported", "<f4, <f8, <f2, <i4, <i8 and |u1"});
   }
   expect_bad(dir, "st.npy", npy_image(1, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}", d),
              {"structured dtype (a list of fields) is not supported"});

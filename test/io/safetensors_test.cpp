@@ -120,6 +120,27 @@ TEST(Safetensors, RoundTripIsBitExact) {
   for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(same_bytes(g.tensors[i].second, tensors[i].second));
 }
 
+// bfloat16 and float16 tensors (what torch saves for low-precision models)
+// keep their type, shape and bytes.
+TEST(Safetensors, LowPrecisionTensorsRoundTrip) {
+  TempDir dir;
+  std::mt19937_64 rng(2);
+  const std::vector<std::pair<std::string, Tensor>> tensors = {{"w16", random_of(DType::F16, Shape{3, 5}, rng)},
+                                                               {"wbf", random_of(DType::BF16, Shape{7}, rng)}};
+  save_safetensors(dir.file("h.safetensors"), tensors, {});
+  const auto bytes = read_bytes(dir.file("h.safetensors"));
+  const std::string text(bytes.begin(), bytes.end());
+  EXPECT_NE(text.find("\"dtype\":\"F16\""), std::string::npos);
+  EXPECT_NE(text.find("\"dtype\":\"BF16\""), std::string::npos);
+  TensorFile f = load_safetensors(dir.file("h.safetensors"));
+  ASSERT_EQ(f.tensors.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(f.tensors[i].second.dtype(), tensors[i].second.dtype());
+    EXPECT_EQ(f.tensors[i].second.shape(), tensors[i].second.shape());
+    EXPECT_TRUE(same_bytes(f.tensors[i].second, tensors[i].second));
+  }
+}
+
 TEST(Safetensors, LayoutMatchesTheReference) {
   TempDir dir;
   std::mt19937_64 rng(2);
@@ -291,7 +312,7 @@ TEST(SafetensorsMalformed, EntryNotAnObjectOrMissingKeys) {
 }
 
 TEST(SafetensorsMalformed, Dtype) {
-  expect_bad("{" + entry("w", "[2]", 0, 4, "F16") + "}", std::string(4, 0), "'F16'");
+  expect_bad("{" + entry("w", "[4]", 0, 4, "F8_E4M3") + "}", std::string(4, 0), "'F8_E4M3'");
   expect_bad("{" + entry("w", "[2]", 0, 2, "BOOL") + "}", std::string(2, 0), "'BOOL'");
   expect_bad("{" + entry("w", "[1]", 0, 4, "f32") + "}", std::string(4, 0), "'f32'");
   expect_bad("{\"w\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", std::string(4, 0), "not a string");
@@ -367,7 +388,7 @@ TEST(SafetensorsMalformed, Metadata) {
 TEST(SafetensorsMalformed, NamesInMessagesAreSanitized) {
   const std::string name = "bad\\nname" + std::string(300, 'x');  // JSON escape -> a real newline
   try {
-    auto b = image("{" + entry(name, "[1]", 0, 4, "F16") + "}", std::string(4, 0));
+    auto b = image("{" + entry(name, "[4]", 0, 4, "F8_E4M3") + "}", std::string(4, 0));
     parse_safetensors(b.data(), b.size(), "ckpt");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
