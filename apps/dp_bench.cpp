@@ -54,9 +54,11 @@ struct Options {
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
   // The optimizer every configuration steps (dp-train's flags; momentum 0.9
   // and weight decay 5e-4 as its defaults).
-  std::string optimizer = "sgd";
-  bool no_decay_norm_bias = false;
+  std::string optimizer = "sgd", betas = "0.9,0.999";
+  double eps = 1e-8;
+  bool amsgrad = false, no_decay_norm_bias = false;
   double clip_grad_norm = 0;
+  float clip_grad_value = 0;
   optim::OptimizerOptions optimizer_options() const {
     optim::OptimizerOptions h;
     h.kind = optim::parse_optimizer(optimizer);
@@ -64,6 +66,13 @@ struct Options {
     h.momentum = h.kind == optim::OptimizerKind::SGD ? 0.9f : 0.0f;
     h.weight_decay = 5e-4f;
     h.no_decay_norm_bias = no_decay_norm_bias;
+    char comma = 0;
+    std::istringstream bs(betas);
+    bs >> h.beta1 >> comma >> h.beta2;
+    FANOUT_USER_CHECK(!bs.fail() && comma == ',' && (bs >> std::ws).eof())
+        << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << betas << "'";
+    h.eps = eps;
+    h.amsgrad = amsgrad;
     return h;
   }
   // Step mode's constant rate: 0.01 for SGD, 1e-3 for Adam and AdamW (a rate
@@ -144,7 +153,7 @@ struct Config {
 };
 
 double time_steps(Engine& eng, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps, float lr,
-                  double clip);
+                  const Options& o);
 
 // A DDP worker (started by run() through the launcher): its share of the
 // batch, the same warm-up and timed runs, aligned across ranks by barriers;
@@ -167,11 +176,11 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), o.optimizer_options());
   const Tensor xs = x.slice(env.rank * local, (env.rank + 1) * local);
   const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
-  for (int i = 0; i < o.warmup; ++i) train::train_step(*engine, *opt, xs, ys, o.lr(), o.clip_grad_norm);
+  for (int i = 0; i < o.warmup; ++i) train::train_step(*engine, *opt, xs, ys, o.lr(), o.clip_grad_norm, o.clip_grad_value);
   std::vector<double> runs;
   for (int r = 0; r < o.repeats; ++r) {
     engine->barrier("barrier before a timed run");
-    runs.push_back(time_steps(*engine, *opt, xs, ys, o.steps, o.lr(), o.clip_grad_norm));
+    runs.push_back(time_steps(*engine, *opt, xs, ys, o.steps, o.lr(), o));
   }
   if (env.rank == 0) {
     std::ofstream f(o.ddp_result);
@@ -185,10 +194,10 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
 double time_steps(Engine& eng, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps, float lr,
-                  double clip) {
+                  const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i)  // each step ends with its loss on the host
-    train::train_step(eng, opt, x, y, lr, clip);
+    train::train_step(eng, opt, x, y, lr, o.clip_grad_norm, o.clip_grad_value);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
 }
 
@@ -222,9 +231,14 @@ int run(int argc, char** argv) {
     ("json", po::value(&o.json), "append one JSON object per configuration to this file")
     ("optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
      "sgd (momentum 0.9, lr 0.01), adam or adamw (lr 1e-3); weight decay 5e-4")
+    ("betas", po::value(&o.betas)->default_value(o.betas), "Adam/AdamW: BETA1,BETA2")
+    ("eps", po::value(&o.eps)->default_value(o.eps, "1e-08"), "Adam/AdamW: the denominator's epsilon")
+    ("amsgrad", po::bool_switch(&o.amsgrad), "Adam/AdamW: the AMSGrad variant")
     ("no-decay-norm-bias", po::bool_switch(&o.no_decay_norm_bias), "no weight decay on biases and 1-D parameters")
     ("clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(0, "0"),
-     "clip the reduced gradient's total norm before each step (0: off)");
+     "clip the reduced gradient's total norm before each step (0: off)")
+    ("clip-grad-value", po::value(&o.clip_grad_value)->default_value(0, "0"),
+     "clamp the reduced gradient's elements into [-V, V] before each step (0: off)");
   po::options_description epochs("Epoch mode (each run a fresh process: dp-train, or bench/pytorch/train_epochs.py)");
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
@@ -255,6 +269,8 @@ int run(int argc, char** argv) {
   o.optimizer_options();  // an unknown --optimizer is an error before any run
   FANOUT_USER_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0)
       << "--clip-grad-norm must be non-negative, got " << o.clip_grad_norm;
+  FANOUT_USER_CHECK(std::isfinite(o.clip_grad_value) && o.clip_grad_value >= 0)
+      << "--clip-grad-value must be non-negative, got " << o.clip_grad_value;
   if (vm.count("epochs")) {
     for (const char* step_only : {"input", "steps", "dp-comm"})
       FANOUT_USER_CHECK(!given(vm, step_only)) << "--" << step_only << " is for step mode, not with --epochs";
@@ -272,6 +288,10 @@ int run(int argc, char** argv) {
     e.optimizer = o.optimizer;
     e.no_decay_norm_bias = o.no_decay_norm_bias;
     e.clip_grad_norm = o.clip_grad_norm;
+    e.clip_grad_value = o.clip_grad_value;
+    e.betas = o.betas;
+    e.eps = o.eps;
+    e.amsgrad = o.amsgrad;
     return apps::run_epoch_bench(e);
   }
   for (const char* epoch_only : {"data", "lr", "workers", "plot", "python", "no-pytorch"})
@@ -349,12 +369,12 @@ int run(int argc, char** argv) {
   for (auto& c : configs) {
     if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
     c.opt = optim::make_optimizer(c.engine->model(), c.engine->primary_context(), o.optimizer_options());
-    for (int i = 0; i < o.warmup; ++i) train::train_step(*c.engine, *c.opt, x, y, o.lr(), o.clip_grad_norm);
+    for (int i = 0; i < o.warmup; ++i) train::train_step(*c.engine, *c.opt, x, y, o.lr(), o.clip_grad_norm, o.clip_grad_value);
   }
   for (int r = 0; r < o.repeats; ++r)
     for (auto& c : configs) {
       if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
-      c.runs.push_back(time_steps(*c.engine, *c.opt, x, y, o.steps, o.lr(), o.clip_grad_norm));
+      c.runs.push_back(time_steps(*c.engine, *c.opt, x, y, o.steps, o.lr(), o));
       if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
     }
   // DDP: one process per listed device, each with its share of the batch.
@@ -408,7 +428,9 @@ int run(int argc, char** argv) {
                           {"split_invariant", o.split_invariant}, {"allow_tf32", o.allow_tf32},
                           {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices},
                           {"bytes_to_primary", r.bytes_to_primary}, {"optimizer", o.optimizer},
-                          {"clip_grad_norm", o.clip_grad_norm}}
+                          {"clip_grad_norm", o.clip_grad_norm}, {"clip_grad_value", o.clip_grad_value},
+                          {"betas", o.betas}, {"eps", o.eps}, {"amsgrad", o.amsgrad},
+                          {"no_decay_norm_bias", o.no_decay_norm_bias}}
                .dump()
         << "\n";
     f.flush();

@@ -271,7 +271,8 @@ int run_epoch_bench(const EpochBenchOptions& options) {
       std::to_string(o.batch_size), "--lr", fmt("%g", o.lr), "--momentum", "0.9", "--weight-decay", "5e-4",
       "--lr-schedule", "constant", "--seed", std::to_string(o.seed), "--workers", std::to_string(o.workers),
       "--progress", "off", "--timing-warmup", std::to_string(o.warmup), "--optimizer", o.optimizer,
-      "--clip-grad-norm", fmt("%g", o.clip_grad_norm)};
+      "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
+      "--clip-grad-value", fmt("%g", o.clip_grad_value)};
   auto fanout = [&](const std::string& mode, const std::string& label, int procs, int reps,
                     std::vector<std::string> extra) {
     Config c{"fanout", mode, label, procs, reps};
@@ -280,6 +281,7 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     c.argv.insert(c.argv.end(), extra.begin(), extra.end());
     if (o.split_invariant) c.argv.push_back("--split-invariant");
     if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
+    if (o.amsgrad) c.argv.push_back("--amsgrad");
     if (o.allow_tf32) c.argv.push_back("--allow-tf32");
     if (o.cudnn_benchmark) c.argv.push_back("--cudnn-benchmark");
     configs.push_back(std::move(c));
@@ -301,7 +303,9 @@ int run_epoch_bench(const EpochBenchOptions& options) {
                 std::to_string(o.epochs), "--batch", std::to_string(o.batch_size), "--lr", fmt("%g", o.lr),
                 "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
                 std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup), "--optimizer", o.optimizer,
-                "--clip-grad-norm", fmt("%g", o.clip_grad_norm)};
+                "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
+                "--clip-grad-value", fmt("%g", o.clip_grad_value)};
+      if (o.amsgrad) c.argv.push_back("--amsgrad");
       if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
       c.argv.insert(c.argv.end(), extra.begin(), extra.end());
       if (o.allow_tf32) c.argv.push_back("--tf32");

@@ -18,8 +18,11 @@ struct EpochBenchOptions {
   bool no_ddp = false, no_pytorch = false;
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
   std::string optimizer = "sgd";  // dp-train's --optimizer, and the same torch.optim class
-  bool no_decay_norm_bias = false;
+  std::string betas = "0.9,0.999";
+  double eps = 1e-8;
+  bool amsgrad = false, no_decay_norm_bias = false;
   double clip_grad_norm = 0;
+  float clip_grad_value = 0;
 };
 
 // Runs the benchmark; prints a progress line per run and the table; writes

@@ -151,6 +151,8 @@ def worker(rank, args, result_path):
             loss.backward()
             if args.clip_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            if args.clip_grad_value > 0:
+                torch.nn.utils.clip_grad_value_(model.parameters(), args.clip_grad_value)
             opt.step()
             if step + 1 == warm:
                 sync()

@@ -77,6 +77,8 @@ def measure(name, batch, args, device):
         loss.backward()
         if args.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        if args.clip_grad_value > 0:
+            torch.nn.utils.clip_grad_value_(model.parameters(), args.clip_grad_value)
         opt.step()
         return loss
 

@@ -162,6 +162,7 @@ def add_optimizer_args(p, lr=0.02):
     p.add_argument("--no-decay-norm-bias", action="store_true",
                    help="no weight decay on biases and parameters of at most one dimension")
     p.add_argument("--clip-grad-norm", type=float, default=0.0, help="clip_grad_norm_ before each step (0: off)")
+    p.add_argument("--clip-grad-value", type=float, default=0.0, help="clip_grad_value_ before each step (0: off)")
 
 
 def make_optimizer(model, args, momentum=0.9, weight_decay=5e-4):

@@ -1,5 +1,6 @@
 // CPU optimizer kernels: one pass over each chunk of the table, torch's
-// update rules (kernels/optim.h), float32 arithmetic in torch's order.
+// update rules (kernels/optim.h), float32 arithmetic in the order of torch's
+// CPU kernels (lerp, mul then addcmul, sqrt, div, add, addcdiv).
 #include "kernels/optim.h"
 
 #include <algorithm>
@@ -48,7 +49,7 @@ void adam_range(float* __restrict p, const float* __restrict gr, float* __restri
     const float g = gr[i] + wd * pi;
     // torch.lerp: start + w * (end - start) for w < 0.5, else end - (end - start) * (1 - w).
     const float mi = kLowWeight ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.0f - w);
-    const float vi = beta2 * v[i] + omb2 * (g * g);
+    const float vi = beta2 * v[i] + omb2 * g * g;  // addcmul: (value * g) * g
     float vd = vi;
     if constexpr (kAmsgrad) {
       vd = vmax[i] < vi ? vi : vmax[i];

@@ -1,4 +1,5 @@
-// CUDA optimizer kernels, the same rules and order as kernels/cpu/optim.cpp:
+// CUDA optimizer kernels, the same rules and order as kernels/cpu/optim.cpp
+// (every rounding explicit, so no fused multiply-add changes a value):
 // updates walk the chunk table (a block per chunk, grid-stride over chunks,
 // so one launch covers a parameter group however its ranges lie in the
 // arena); the sum of squares is CUB's TransformReduce in double, its
@@ -23,14 +24,15 @@ __global__ void sgd_kernel(SgdStep h, float* p, const float* g, float* buf, cons
   for (int64_t c = blockIdx.x; c < k; c += gridDim.x) {
     const int64_t b = chunks[2 * c], e = b + chunks[2 * c + 1];
     for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
-      const float d = g[i] + h.weight_decay * p[i];
+      // Explicit roundings (no fused multiply-adds): the CPU kernel's values.
+      const float d = __fadd_rn(g[i], __fmul_rn(h.weight_decay, p[i]));
       if (!buf) {
-        p[i] -= h.lr * d;
+        p[i] = __fsub_rn(p[i], __fmul_rn(h.lr, d));
         continue;
       }
-      const float m = h.first ? d : h.momentum * buf[i] + damp * d;
+      const float m = h.first ? d : __fadd_rn(__fmul_rn(h.momentum, buf[i]), __fmul_rn(damp, d));
       buf[i] = m;
-      p[i] -= h.lr * (h.nesterov ? d + h.momentum * m : m);
+      p[i] = __fsub_rn(p[i], __fmul_rn(h.lr, h.nesterov ? __fadd_rn(d, __fmul_rn(h.momentum, m)) : m));
     }
   }
 }
@@ -45,7 +47,7 @@ __global__ void adam_kernel(AdamStep h, float* p, const float* gr, float* m, flo
       const float g = __fadd_rn(gr[i], __fmul_rn(h.weight_decay, pi));
       const float mi = w < 0.5f ? __fadd_rn(m[i], __fmul_rn(w, __fsub_rn(g, m[i])))
                                 : __fsub_rn(g, __fmul_rn(__fsub_rn(g, m[i]), 1.0f - w));
-      const float vi = __fadd_rn(__fmul_rn(h.beta2, v[i]), __fmul_rn(h.one_minus_beta2, __fmul_rn(g, g)));
+      const float vi = __fadd_rn(__fmul_rn(h.beta2, v[i]), __fmul_rn(__fmul_rn(h.one_minus_beta2, g), g));
       float vd = vi;
       if (vmax) {
         vd = fmaxf(vmax[i], vi);

@@ -27,9 +27,9 @@ void Adam::update(const Tensor& grads, const Group& g) {
   h.weight_decay = decoupled ? 0.0f : static_cast<float>(wd);
   h.decay = decoupled ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   h.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  h.beta2 = o.beta2;
+  h.beta2 = static_cast<float>(beta2);
   h.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  h.eps = o.eps;
+  h.eps = static_cast<float>(o.eps);
   h.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
   h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
   h.amsgrad = o.amsgrad;

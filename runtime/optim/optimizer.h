@@ -29,20 +29,22 @@ namespace fanout::optim {
 struct ParamGroup {
   std::string name;
   std::vector<std::string> params;
-  float weight_decay = 0;
-  float lr_scale = 1;  // the group's learning rate is lr() * lr_scale
+  double weight_decay = 0;
+  double lr_scale = 1;  // the group's learning rate is lr() * lr_scale
 };
 
 enum class OptimizerKind { SGD, Adam, AdamW };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::SGD;
-  float lr = 0.1f;
-  float weight_decay = 0;  // SGD and Adam: L2 added to the gradient; AdamW: decoupled
-  float momentum = 0, dampening = 0;  // SGD
-  bool nesterov = false;              // SGD
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // Adam, AdamW
-  bool amsgrad = false;                             // Adam, AdamW
+  // Hyper-parameters in double, as torch's Python holds them: the step's
+  // scalars are computed from them in double and rounded to float once.
+  float lr = 0.1f;            // the schedule's base rate (the Trainer reads initial_lr())
+  double weight_decay = 0;    // SGD and Adam: L2 added to the gradient; AdamW: decoupled
+  double momentum = 0, dampening = 0;            // SGD
+  bool nesterov = false;                         // SGD
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
+  bool amsgrad = false;                           // Adam, AdamW
   // Biases and other parameters of at most one dimension (norm weights) in
   // a group "no_decay" without weight decay (the common recipe).
   bool no_decay_norm_bias = false;
@@ -63,6 +65,8 @@ class Optimizer {
   // The base learning rate (each group's is lr() * its lr_scale).
   void set_lr(float lr);
   float lr() const { return lr_; }
+  // The rate it was made with (torch's initial_lr): what a schedule scales.
+  float initial_lr() const { return o_.lr; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
 
   // One update of the model's parameters from its gradient arena (float64
@@ -98,7 +102,7 @@ class Optimizer {
   Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups);
   struct Group {
     Tensor chunks;  // kernels/optim.h's chunk table, on the device
-    float weight_decay, lr_scale;
+    double weight_decay, lr_scale;
   };
   virtual void update(const Tensor& grads, const Group& g) = 0;
   // State arenas by name, allocated (zeroed) at construction.

@@ -13,10 +13,10 @@ SGD::SGD(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<Par
 void SGD::update(const Tensor& grads, const Group& g) {
   const OptimizerOptions& o = options();
   kernels::SgdStep h;
-  h.lr = lr() * g.lr_scale;
-  h.momentum = o.momentum;
-  h.dampening = o.dampening;
-  h.weight_decay = g.weight_decay;
+  h.lr = static_cast<float>(static_cast<double>(lr()) * g.lr_scale);
+  h.momentum = static_cast<float>(o.momentum);
+  h.dampening = static_cast<float>(o.dampening);
+  h.weight_decay = static_cast<float>(g.weight_decay);
   h.nesterov = o.nesterov;
   h.first = steps() == 0;
   Tensor none;

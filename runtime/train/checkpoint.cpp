@@ -170,8 +170,17 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
       << " (resume it with the same optimizer)";
   const auto params = model.named_parameters();
   const std::vector<std::string> want = opt.state_names();
-  // Older checkpoints said whether SGD's momentum buffer existed; state exists after a step.
-  const bool has_state = saved.value("has_momentum_buffer", steps > 0) && !want.empty();
+  // Whether the saved optimizer had state: older checkpoints said whether
+  // SGD's momentum buffer existed; newer ones hold state from the first step.
+  bool has_state = steps > 0 && !state.empty();
+  if (saved.contains("has_momentum_buffer")) {
+    FANOUT_USER_CHECK(saved["has_momentum_buffer"].is_boolean())
+        << "checkpoint " << path << ": optimizer metadata 'has_momentum_buffer' is not a boolean";
+    has_state = saved["has_momentum_buffer"].get<bool>();
+  }
+  FANOUT_USER_CHECK(has_state || steps == 0 || want.empty())
+      << "checkpoint " << path << " holds no optimizer state '" << want.front() << "' after " << steps
+      << " steps: its " << type << " was configured without it (resume with the same optimizer settings)";
   if (has_state) {
     for (const std::string& n : want) {
       auto it = state.find(n);
@@ -203,10 +212,10 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   } catch (const Error& e) {
     FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
   }
-  opt.set_steps(std::max<int64_t>(steps, has_state ? 1 : 0));
-  for (auto& [n, arena] : opt.state())
-    for (auto& [name, p] : params) arena->flat(p->offset, p->shape).copy_from(state.at(n).at(name));
   opt.set_steps(steps);
+  if (has_state)
+    for (auto& [n, arena] : opt.state())
+      for (auto& [name, p] : params) arena->flat(p->offset, p->shape).copy_from(state.at(n).at(name));
   engine.primary_context().rng() = rng;
   return st;
 }

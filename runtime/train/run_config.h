@@ -26,7 +26,7 @@ struct RunConfig {
   std::string optimizer = "sgd";  // sgd, adam or adamw
   float lr = 0.02f, momentum = 0.9f, weight_decay = 5e-4f;
   bool nesterov = false;
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adam, adamw
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
   bool amsgrad = false;
   bool no_decay_norm_bias = false;
   double clip_grad_norm = 0;  // 0: off

@@ -34,7 +34,7 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
                  TrainerSamplers samplers)
     : cfg_(cfg), engine_(engine), opt_(opt), data_(data), progress_(cfg.progress) {
-  cfg_.schedule.base_lr = opt.lr();
+  cfg_.schedule.base_lr = opt.initial_lr();
   FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
   FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_norm) && cfg.clip_grad_norm >= 0)
       << "--clip-grad-norm must be non-negative, got " << cfg.clip_grad_norm;
@@ -170,13 +170,14 @@ int drop_metrics_after(const std::string& path, int last_epoch) {
 }
 
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
-                      double clip_grad_norm) {
+                      double clip_grad_norm, float clip_grad_value) {
   StepResult r = engine.forward_backward_batch(x, y);
   opt.set_lr(lr);
   if (clip_grad_norm > 0) {
     const double norm = optim::clip_grad_norm(opt, clip_grad_norm);
     FANOUT_USER_CHECK(std::isfinite(norm)) << "the gradient norm is " << norm << ": non-finite gradients";
   }
+  if (clip_grad_value > 0) optim::clip_grad_value(opt, clip_grad_value);
   opt.step();
   opt.zero_grad();
   return r;
@@ -236,7 +237,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   GradNorms norms;
   if (start.totals.contains("grad_norm")) {
     const nlohmann::json& g = start.totals["grad_norm"];
-    FANOUT_USER_CHECK(g.is_object() && g.contains("sum") && g.contains("max") && g.contains("steps"))
+    FANOUT_USER_CHECK(g.is_object() && g.contains("sum") && g["sum"].is_number() && g.contains("max") &&
+                      g["max"].is_number() && g.contains("steps") && g["steps"].is_number_integer())
         << "checkpoint: the epoch's gradient norms are malformed";
     norms = {g["sum"].get<double>(), g["max"].get<double>(), g["steps"].get<int64_t>()};
   }

@@ -33,7 +33,8 @@ struct TrainerConfig {
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
   data::Augment augment;     // training-set augmentation
   // The learning rate's shape over the run. Its rate is the optimizer's
-  // (OptimizerOptions::lr, the one source): the Trainer sets base_lr to it.
+  // (OptimizerOptions::lr, the one source): the Trainer sets base_lr to it,
+  // the rate the optimizer was made with, not where an earlier schedule left it.
   optim::LrSchedule schedule;
   // Clipping of the reduced gradient before each optimizer step (0: off):
   // by total L2 norm (torch's clip_grad_norm_) and by value (clip_grad_value_).
@@ -90,10 +91,10 @@ struct EpochMetrics {
 
 // One optimizer step over a whole batch outside the Trainer (tests,
 // benchmarks, a user's own loop): engine.forward_backward_batch, clipping
-// by total norm when clip_grad_norm > 0 (a non-finite norm is an error),
-// then opt.step() at `lr` and opt.zero_grad().
+// by total norm when clip_grad_norm > 0 (a non-finite norm is an error) and
+// by value when clip_grad_value > 0, then opt.step() at `lr` and opt.zero_grad().
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
-                      double clip_grad_norm = 0);
+                      double clip_grad_norm = 0, float clip_grad_value = 0);
 
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);

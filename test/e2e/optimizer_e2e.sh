@@ -6,6 +6,8 @@
 #    its mid-epoch checkpoints, end with the same tensors, bit for bit
 #    (parameters, buffers, exp_avg / exp_avg_sq), and the same metrics,
 #    the epoch's gradient norms included.
+#  - mlp with AdamW (amsgrad), groups and both clippings: DDP over 2
+#    processes equals one device bit for bit (split-invariant).
 #  - best.safetensors holds the model alone; an epoch checkpoint the model
 #    and optimizer.<state>.<param> for every state and parameter.
 set -euo pipefail
@@ -22,6 +24,29 @@ acc = rows[-1]["test_acc"]
 print(f"lenet AdamW cpu:2, 3 epochs: test accuracy {acc:.4f}")
 assert acc >= 0.885, f"test accuracy {acc} below 0.885"
 assert "grad_norm_mean" not in rows[-1], "no clipping, no norms"
+PY
+
+# DDP over 2 processes (the launcher's workers) with AdamW, groups and both
+# clippings against one device, split-invariant: the same tensors bit for bit.
+ddp=(--model mlp --data synthetic:256 --batch-size 32 --epochs 2 --seed 2 --progress off --split-invariant
+     --optimizer adamw --amsgrad --lr 1e-3 --no-decay-norm-bias --clip-grad-norm 0.5 --clip-grad-value 0.02)
+"$DP_TRAIN" "${ddp[@]}" --devices cpu --save-dir "$work/one" --metrics "$work/one.jsonl" > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --strategy ddp --save-dir "$work/ddp" --metrics "$work/ddp.jsonl" > /dev/null
+python3 - "$work" <<'PY'
+import json, sys
+from safetensors.numpy import load_file
+work = sys.argv[1]
+a, b = load_file(f"{work}/one/epoch-0002.safetensors"), load_file(f"{work}/ddp/epoch-0002.safetensors")
+assert sorted(a) == sorted(b) and any(k.startswith("optimizer.max_exp_avg_sq.") for k in a)
+for k in a:
+    assert a[k].tobytes() == b[k].tobytes(), f"{k}: DDP over 2 processes differs from one device"
+one = [json.loads(l) for l in open(f"{work}/one.jsonl")]
+ddp = [json.loads(l) for l in open(f"{work}/ddp.jsonl")]
+for x, y in zip(one, ddp):
+    for k in ("train_loss", "test_loss", "grad_norm_mean", "grad_norm_max"):
+        assert x[k] == y[k], f"epoch {x['epoch']} {k}: {x[k]} vs {y[k]}"
+assert one[0]["grad_norm_max"] > 0.5, "clipping by norm acted in the first epoch"
+print(f"AdamW + clipping, DDP over 2 processes == one device, bit for bit ({len(a)} tensors)")
 PY
 
 common=(--model resnet18 --data synthetic:96 --batch-size 16 --epochs 2 --devices cpu --seed 4 --progress off

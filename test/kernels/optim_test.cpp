@@ -181,17 +181,25 @@ TEST_P(OptimKernel, ElementsOutsideTheChunksStayPut) {
   std::copy(std::begin(pairs), std::end(pairs), table.data<int64_t>());
   const Tensor t = up(table);
   Tensor p = ft::random_tensor(Shape{n}, rng), g = ft::random_tensor(Shape{n}, rng);
-  Tensor pd = up(p), gd = up(g), m = up(ft::random_tensor(Shape{n}, rng)), v = up(Tensor::zeros(Shape{n}));
+  const Tensor m0 = ft::random_tensor(Shape{n}, rng), v0 = ft::random_tensor(Shape{n}, rng, 0.1f, 1.0f);
+  const Tensor b0 = ft::random_tensor(Shape{n}, rng), vmax0 = ft::random_tensor(Shape{n}, rng, 0.1f, 1.0f);
+  Tensor pd = up(p), gd = up(g), m = up(m0), v = up(v0), buf = up(b0), vmax = up(vmax0);
   kernels::AdamStep h;
   h.step_size = 0.1f;
-  kernels::sgd_step(ctx(), pd, gd, m, t, {0.5f, 0.9f, 0.0f, 0.0f, false, false});
-  Tensor none;
-  kernels::adam_step(ctx(), pd, gd, m, v, none, t, h);
+  h.amsgrad = true;
+  kernels::sgd_step(ctx(), pd, gd, buf, t, {0.5f, 0.9f, 0.0f, 0.0f, false, false});
+  kernels::adam_step(ctx(), pd, gd, m, v, vmax, t, h);
   const Tensor got = down(pd);
+  const Tensor after[] = {down(buf), down(m), down(v), down(vmax)};
+  const Tensor* before[] = {&b0, &m0, &v0, &vmax0};
   for (int64_t i = 0; i < n; ++i) {
     const bool inside = (i >= 10 && i < 30) || (i >= 50 && i < 55);
     if (inside) EXPECT_NE(got.f32()[i], p.f32()[i]) << i;
     else EXPECT_EQ(got.f32()[i], p.f32()[i]) << i;
+    for (int k = 0; k < 3; ++k)  // buffer, exp_avg and exp_avg_sq change inside (vmax only where v grows)
+      if (inside) EXPECT_NE(after[k].f32()[i], before[k]->f32()[i]) << "state " << k << " at " << i;
+    for (int k = 0; k < 4; ++k)
+      if (!inside) EXPECT_EQ(after[k].f32()[i], before[k]->f32()[i]) << "state " << k << " at " << i;
   }
 }
 

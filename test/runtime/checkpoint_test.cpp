@@ -330,6 +330,54 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
                              {"'best_test_acc'", "finite"});
 }
 
+// Checkpoints written before optimizers left the engines: SGD's metadata
+// said whether the momentum buffer existed ("has_momentum_buffer") and had
+// no groups. With the buffer they resume exactly; without it (a run with
+// --momentum 0) into an optimizer with momentum, one line and nothing loaded.
+TEST(Checkpoint, OlderSgdCheckpointsLoad) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  r.trainer->run();
+  train::save_checkpoint(dir / "new.safetensors", *r.engine, r.opt.get(), {});
+  auto f = io::load_safetensors(dir / "new.safetensors");
+  f.metadata["optimizer"] = nlohmann::json{{"type", "SGD"}, {"momentum", 0.9}, {"dampening", 0.0},
+                                           {"weight_decay", 5e-4}, {"nesterov", false},
+                                           {"has_momentum_buffer", true}, {"steps", 2}}
+                                .dump();
+  io::save_safetensors(dir / "old.safetensors", f.tensors, f.metadata);
+  TrainingRun back = make_run(data, 0, 1, 9);
+  train::load_checkpoint(dir / "old.safetensors", *back.engine, *back.opt);
+  EXPECT_EQ(back.opt->steps(), 2);
+  EXPECT_TRUE(same_state(*back.opt, *r.opt));
+  EXPECT_TRUE(same_bits(back.model->arenas().params, r.model->arenas().params));
+
+  // An older run without momentum: no buffer, steps taken.
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (auto& [n, t] : f.tensors)
+    if (n.rfind("optimizer.", 0) != 0) weights.emplace_back(n, t);
+  f.metadata["optimizer"] = nlohmann::json{{"type", "SGD"}, {"momentum", 0.0}, {"dampening", 0.0},
+                                           {"weight_decay", 5e-4}, {"nesterov", false},
+                                           {"has_momentum_buffer", false}, {"steps", 2}}
+                                .dump();
+  io::save_safetensors(dir / "old0.safetensors", weights, f.metadata);
+  TrainingRun fresh = make_run(data, 0, 1, 9);
+  const Tensor before = testing::clone(fresh.model->arenas().params);
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "old0.safetensors", *fresh.engine, *fresh.opt); },
+                             {"old0.safetensors", "no optimizer state 'momentum_buffer' after 2 steps"});
+  EXPECT_TRUE(same_bits(fresh.model->arenas().params, before)) << "nothing loaded";
+  optim::OptimizerOptions plain = testing::test_sgd();
+  plain.momentum = 0;
+  auto opt0 = optim::make_optimizer(fresh.engine->model(), fresh.engine->primary_context(), plain);
+  EXPECT_EQ(train::load_checkpoint(dir / "old0.safetensors", *fresh.engine, *opt0).step, 0);
+  EXPECT_EQ(opt0->steps(), 2);
+  EXPECT_TRUE(same_bits(fresh.model->arenas().params, r.model->arenas().params));
+  f.metadata["optimizer"] = nlohmann::json{{"type", "SGD"}, {"has_momentum_buffer", "yes"}, {"steps", 2}}.dump();
+  io::save_safetensors(dir / "bad.safetensors", weights, f.metadata);
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *fresh.engine, *opt0); },
+                             {"'has_momentum_buffer' is not a boolean"});
+}
+
 TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
   const auto data = data::make_synthetic(48, 2);
   TempDir dir;
