@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -80,7 +81,7 @@ void install_stop_handlers() {
 
 struct Cli {
   train::RunConfig run;
-  std::string betas;
+  std::string betas, seed;
   bool help = false, list_devices = false;
 };
 
@@ -147,7 +148,7 @@ Cli parse(int argc, char** argv) {
      "keypoint data: radius r in voxels of each landmark's target Gaussian (sigma = (2r+1)/6); "
      "heatmap3d's own defaults: --data synthetic3d --lr 2 --weight-decay 0 --batch-size 8 --epochs 5 "
      "--heatmap-radius 6")
-    ("seed", po::value(&o.seed)->default_value(d.seed), "seed for initialization and shuffling")
+    ("seed", po::value(&cli.seed)->default_value(std::to_string(d.seed)), "seed for initialization and shuffling (0..2^64-1)")
     ("devices", po::value(&o.devices)->default_value(d.devices),
      "auto (every GPU, else cpu:N, one replica per core), cpu, cpu:N (N CPU workers), all, cuda:N, or a list like 0,1,3 or "
      "cuda:0,cuda:1 (a GPU may repeat: 0,0); the first is the primary")
@@ -189,6 +190,8 @@ Cli parse(int argc, char** argv) {
     ("save-every-steps", po::value(&o.save_every_steps)->default_value(d.save_every_steps),
      "also checkpoint inside epochs every N optimizer steps (0: never); --resume continues from the exact step")
     ("keep-last", po::value(&o.keep_last)->default_value(d.keep_last), "keep the newest K epoch checkpoints")
+    ("overwrite", po::bool_switch(&o.overwrite),
+     "start a fresh run in a --save-dir that holds another run's checkpoints, removing them")
     ("resume", po::value(&o.resume),
      "continue a run from a checkpoint file, or from the newest one in a directory (--epochs counts the whole run)")
     ("stop-after", po::value(&o.stop_after)->default_value(d.stop_after),
@@ -229,10 +232,20 @@ Cli parse(int argc, char** argv) {
         << "config file " << path << " is " << size << " bytes; a config file holds at most " << kMaxConfigBytes;
     std::ifstream f(path);
     FANOUT_USER_CHECK(f.good()) << "cannot open config file " << path << ": " << std::strerror(errno);
-    po::store(po::parse_config_file(f, desc), vm);
+    const po::parsed_options from_file = po::parse_config_file(f, desc);
+    for (const auto& opt : from_file.options)
+      FANOUT_USER_CHECK(opt.string_key != "config")
+          << "config file " << path << " names another config file (config = ...): put its options in one file";
+    po::store(from_file, vm);
     FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
   }
   po::notify(vm);
+  {
+    const char* end = cli.seed.data() + cli.seed.size();
+    const auto [ptr, ec] = std::from_chars(cli.seed.data(), end, o.seed);
+    FANOUT_USER_CHECK(!cli.seed.empty() && ec == std::errc() && ptr == end)
+        << "--seed must be an integer in 0..18446744073709551615, got '" << cli.seed << "'";
+  }
   {
     char comma = 0;
     std::istringstream bs(cli.betas);
@@ -252,6 +265,9 @@ Cli parse(int argc, char** argv) {
   }
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
+  // Options that would otherwise be ignored without a word.
+  for (const char* ddp_only : {"nproc-per-node", "log-dir"})
+    FANOUT_USER_CHECK(!vm.count(ddp_only) || o.strategy == "ddp") << "--" << ddp_only << " applies to --strategy ddp";
   o.validate();
   return cli;
 }
@@ -384,6 +400,8 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   if (!c.output_device.empty()) {
     auto od = parse_devices(c.output_device);
     FANOUT_USER_CHECK(od.size() == 1) << "--output-device takes one device, got '" << c.output_device << "'";
+    FANOUT_USER_CHECK(std::find(p.devices.begin(), p.devices.end(), od[0]) != p.devices.end())
+        << "--output-device " << od[0].str() << " is not one of this process's devices (" << names(p.devices) << ")";
     spec.dp.output_device = od[0];
   }
   spec.dp.sync_bn = c.sync_bn;
@@ -408,6 +426,19 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
     spec.local_processes = p.env.local_world_size;
   }
   return make_engine(model, std::move(spec));
+}
+
+// One warning line for each option that has no effect on this run.
+void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::vector<Device>& all) {
+  auto warn = [](const std::string& s) { std::fprintf(stderr, "dp-train: warning: %s\n", s.c_str()); };
+  if (all[0].is_cpu())
+    for (auto [on, flag] : {std::pair{c.allow_tf32, "--allow-tf32"}, std::pair{c.deterministic, "--deterministic"},
+                            std::pair{c.cudnn_benchmark, "--cudnn-benchmark"}})
+      if (on) warn(std::string(flag) + " has no effect on CPU devices");
+  if (!c.output_device.empty() && !c.gather_outputs)
+    warn("--output-device has no effect without --gather-outputs (the loss runs on each replica)");
+  if (c.gather_outputs && p.devices.size() == 1)
+    warn("--gather-outputs has no effect with one device per process");
 }
 
 // --- restore -------------------------------------------------------------
@@ -565,6 +596,7 @@ int run(int argc, char** argv) {
   install_stop_handlers();
   const Process p = this_process(c);
   const auto all = machine_devices(c);
+  if (p.primary()) warn_inapplicable(c, p, all);
   // The save directory is locked and checked before anything is loaded.
   std::unique_ptr<train::CheckpointSaver> saver;
   const std::string save_to = save_dir_of(c);
@@ -573,6 +605,18 @@ int run(int argc, char** argv) {
     if (const int n = saver->lock().removed_temporaries())
       std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
                   save_to.c_str());
+    // A fresh run into another run's checkpoints would mix them (best.safetensors
+    // overwritten, --resume picking the other run's newest).
+    const std::vector<std::string> others = c.resume.empty() ? saver->checkpoints() : std::vector<std::string>{};
+    FANOUT_USER_CHECK(others.empty() || c.overwrite)
+        << "--save-dir " << save_to << " holds another run's checkpoints (" << others.front()
+        << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string())
+        << "): continue it with --resume " << save_to << ", or start over with --overwrite";
+    if (!others.empty()) {
+      saver->remove_checkpoints();
+      std::printf("removed %zu checkpoint%s of an earlier run from %s (--overwrite)\n", others.size(),
+                  others.size() == 1 ? "" : "s", save_to.c_str());
+    }
   }
   data::TrainTest data = data::open_dataset(c.data, c.seed, data::HeatmapSpec{c.heatmap_radius, 0.0});
   FANOUT_USER_CHECK(models::dense_output(c.model) == data.train.dense_targets())

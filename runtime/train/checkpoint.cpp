@@ -356,6 +356,26 @@ std::string CheckpointSaver::save_mid_epoch(Engine& engine, optim::Optimizer& op
   return p;
 }
 
+std::vector<std::string> CheckpointSaver::checkpoints() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (progress_of(e.path()).first >= 0 || name == "best.safetensors") out.push_back(name);
+  }
+  FANOUT_USER_CHECK(!ec) << "cannot read checkpoint directory " << dir_ << ": " << ec.message();
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void CheckpointSaver::remove_checkpoints() {
+  for (const std::string& name : checkpoints()) {
+    std::error_code ec;
+    fs::remove(fs::path(dir_) / name, ec);
+    FANOUT_USER_CHECK(!ec) << "cannot remove " << (fs::path(dir_) / name).string() << ": " << ec.message();
+  }
+}
+
 std::string CheckpointSaver::epoch_file(int epoch) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "epoch-%04d.safetensors", epoch);

@@ -104,6 +104,10 @@ class CheckpointSaver {
   // the same rotation over every epoch and mid-epoch file.
   std::string save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st);
   static std::string epoch_file(int epoch);  // "epoch-0003.safetensors"
+  // The directory's checkpoints (epoch and mid-epoch files, best.safetensors),
+  // sorted; and their removal (a fresh run replacing an earlier one's).
+  std::vector<std::string> checkpoints() const;
+  void remove_checkpoints();
 
  private:
   void rotate(const std::string& just_written, int64_t epoch, int64_t batch);

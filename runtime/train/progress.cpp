@@ -29,7 +29,7 @@ void Progress::begin(const std::string& label, int64_t total_batches, int64_t to
   drawn_ = false;
 }
 
-void Progress::update(int64_t batches, int64_t images, double loss, double acc) {
+void Progress::update(int64_t batches, int64_t images, double loss, const char* metric_name, double metric) {
   if (mode_ == Mode::Off || total_batches_ <= 0) return;
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
@@ -42,9 +42,10 @@ void Progress::update(int64_t batches, int64_t images, double loss, double acc) 
     const int filled = static_cast<int>(width * batches / total_batches_);
     std::string bar(filled, '#');
     bar += std::string(width - filled, '.');
-    std::fprintf(out_, "\r%s [%s] %3d%% %lld/%lld  %.0f img/s  ETA %s  loss %.4f  acc %.4f\033[K", label_.c_str(),
+    std::fprintf(out_, "\r%s [%s] %3d%% %lld/%lld  %.0f img/s  ETA %s  loss %.4f  %s %.4f\033[K", label_.c_str(),
                  bar.c_str(), static_cast<int>(100 * batches / total_batches_), static_cast<long long>(batches),
-                 static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss, acc);
+                 static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss, metric_name,
+                 metric);
     std::fflush(out_);
     drawn_ = true;
     return;
@@ -52,9 +53,9 @@ void Progress::update(int64_t batches, int64_t images, double loss, double acc) 
   // Lines: one each time another tenth of the epoch is done.
   if (batches * 10 < next_line_ * total_batches_) return;
   while (batches * 10 >= next_line_ * total_batches_) ++next_line_;
-  std::fprintf(out_, "%s %3d%% %lld/%lld batches  %.0f img/s  ETA %s  loss %.4f  acc %.4f\n", label_.c_str(),
+  std::fprintf(out_, "%s %3d%% %lld/%lld batches  %.0f img/s  ETA %s  loss %.4f  %s %.4f\n", label_.c_str(),
                static_cast<int>(100 * batches / total_batches_), static_cast<long long>(batches),
-               static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss, acc);
+               static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss, metric_name, metric);
   std::fflush(out_);
 }
 

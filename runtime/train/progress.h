@@ -13,7 +13,10 @@ class Progress {
   enum class Mode { Auto, Bar, Lines, Off };
   Progress(Mode mode, FILE* out = stderr);
   void begin(const std::string& label, int64_t total_batches, int64_t total_images);
-  void update(int64_t batches_done, int64_t images_done, double running_loss, double running_acc);
+  // The running metric is shown as "<metric_name> <value>": "acc" for
+  // classifiers, "loc err" (voxels) for heatmaps.
+  void update(int64_t batches_done, int64_t images_done, double running_loss, const char* metric_name,
+              double metric);
   void end();
 
  private:

@@ -60,6 +60,7 @@ struct RunConfig {
   int save_every = 1, keep_last = 2, stop_after = 0;
   int64_t save_every_steps = 0;
   bool non_strict = false;
+  bool overwrite = false;  // a fresh run may replace another run's checkpoints in --save-dir
   std::string metrics;
   std::string progress = "auto";
   int timing_warmup = 0;  // steps of each epoch left out of its steady time

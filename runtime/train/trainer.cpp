@@ -264,7 +264,10 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       t_warm = std::chrono::steady_clock::now();
       wait_at_warm = it.wait_seconds();
     }
-    progress_.update(b, t.r.count, running_loss / t.r.count, t.accuracy());
+    if (t.r.points > 0)  // heatmaps: the localization error, as the epoch's summary shows it
+      progress_.update(b, t.r.count, running_loss / t.r.count, "loc err", t.loc_error());
+    else
+      progress_.update(b, t.r.count, running_loss / t.r.count, "acc", t.accuracy());
     if (last_in_group && b < nb) {
       const int64_t steps = opt_.steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;

@@ -24,7 +24,7 @@ expect_error() {  # expect_error NAME PATTERN ARGS...
   local rc=$?
   local lines
   lines=$(wc -l < "$work/err")
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 124 ] || [ "$lines" -ne 1 ] || ! grep -qiE "$pattern" "$work/err" ||
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 124 ] || [ "$lines" -ne 1 ] || ! grep -qiE -- "$pattern" "$work/err" ||
      grep -qiE "internal error|terminate|Aborted|Segmentation" "$work/err"; then
     echo "FAIL $name: exit $rc, $lines stderr line(s):"; sed 's/^/    /' "$work/err"
     fails=$((fails + 1))
@@ -66,6 +66,30 @@ expect_error negative-clip-value "clip-grad-value must be non-negative" --clip-g
 expect_error amsgrad-sgd "amsgrad applies to --optimizer adam or adamw" --amsgrad --data synthetic:64
 expect_error nesterov-adamw "nesterov applies to --optimizer sgd" --optimizer adamw --nesterov --data synthetic:64
 expect_error negative-weight-decay "weight-decay must be non-negative" --weight-decay -1e-4 --data synthetic:64
+# Options that would have no effect, or values that would wrap.
+expect_error negative-seed "--seed must be an integer in 0..18446744073709551615, got '-1'" --seed -1 --data synthetic:64
+expect_error log-dir-dp "--log-dir applies to --strategy ddp" --log-dir "$work/logs" --data synthetic:64
+expect_error nproc-dp "--nproc-per-node applies to --strategy ddp" --nproc-per-node 2 --devices cpu:2 --data synthetic:64
+printf 'epochs = 1\nconfig = %s/other.cfg\n' "$work" > "$work/nested.cfg"
+expect_error config-in-config "names another config file \(config = ...\)" --config "$work/nested.cfg"
+expect_warning() {  # expect_warning NAME PATTERN ARGS...: exit 0, and one warning line matching PATTERN
+  local name=$1 pattern=$2
+  shift 2
+  timeout 120 "$DP_TRAIN" --progress off --epochs 1 --model mlp --data synthetic:64 "$@" > "$work/out" 2> "$work/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ] || [ "$(grep -c 'warning' "$work/err")" -ne 1 ] || ! grep -qE -- "dp-train: warning: $pattern" "$work/err"; then
+    echo "FAIL $name: exit $rc, stderr:"; sed 's/^/    /' "$work/err"
+    fails=$((fails + 1))
+  else
+    echo "ok   $name (exit 0): $(cat "$work/err")"
+  fi
+}
+expect_warning tf32-on-cpu "--allow-tf32 has no effect on CPU devices" --allow-tf32 --devices cpu
+expect_warning deterministic-on-cpu "--deterministic has no effect on CPU devices" --deterministic --devices cpu:2
+expect_warning output-device-unused "--output-device has no effect without --gather-outputs" --output-device cpu:1 \
+  --devices cpu:2
+expect_warning gather-one-device "--gather-outputs has no effect with one device per process" --gather-outputs \
+  --devices cpu
 # An AdamW checkpoint resumed with SGD.
 timeout 120 "$DP_TRAIN" --progress off --epochs 1 --model mlp --data synthetic:64 --optimizer adamw --lr 1e-3 \
   --save-dir "$work/adamw" > /dev/null 2>&1 || { echo "FAIL adamw checkpoint: the run failed"; fails=$((fails + 1)); }

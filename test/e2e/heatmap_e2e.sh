@@ -72,4 +72,10 @@ one_line_error "draws heatmaps but data synthetic:64 has class labels" --model h
 one_line_error "heatmap-radius must be in 0..64" --model heatmap3d --data synthetic3d:16 --heatmap-radius 99
 one_line_error "keypoints3d needs a directory" --model heatmap3d --data keypoints3d
 one_line_error "augmentation is for image classification" --model heatmap3d --data synthetic3d:16 --augment flip --devices cpu
+# Progress lines show the running localization error, as the epoch's summary does (they showed "acc 0.0000").
+"$DP_TRAIN" --model heatmap3d --data synthetic3d:32 --epochs 1 --batch-size 8 --devices cpu --progress lines \
+  > "$work/progress.out" 2> "$work/progress.err"
+grep -qE "^epoch 1/1 +[0-9]+% .* loss [0-9.]+  loc err [0-9.]+$" "$work/progress.err" || { cat "$work/progress.err"; exit 1; }
+! grep -q " acc " "$work/progress.err" || { cat "$work/progress.err"; echo "heatmap progress shows an accuracy"; exit 1; }
+echo "ok: heatmap progress: $(grep -m1 'loc err' "$work/progress.err")"
 echo "heatmap e2e: ok"

@@ -123,7 +123,7 @@ echo "ok   a second signal exits at once (status $rc)"
 # launcher's grace runs out (120 s; 2 s here through the test hook, with
 # workers that ignore SIGTERM): the launcher exits, and no worker is left.
 FANOUT_TEST_IGNORE_STOP=1 FANOUT_TEST_STOP_GRACE_S=2 "$DP_TRAIN" --model lenet --devices cpu:2 --strategy ddp \
-  --data synthetic:12288 --epochs 20 --batch-size 32 --progress off --save-dir deaf --save-every-steps 8 \
+  --data synthetic:12288 --epochs 100000 --batch-size 32 --progress off --save-dir deaf --save-every-steps 8 \
   > deaf.log 2>&1 &
 pid=$!
 pids+=("$pid")
@@ -137,6 +137,7 @@ wait "$pid"
 rc=$?
 [ "$rc" -ne 0 ] || { cat deaf.log; fail "the launcher exited 0 after killing its workers"; }
 grep -q "interrupted (Terminated): stopped 2 workers" deaf.log || { cat deaf.log; fail "no interruption line"; }
+! grep -q "stopped by SIGTERM" deaf.log || { cat deaf.log; fail "the workers stopped by themselves: the hook did not hold them"; }
 for w in $workers; do kill -0 "$w" 2> /dev/null && fail "worker $w survived the launcher's kill"; done
 echo "ok   workers that ignore SIGTERM are killed after the grace (launcher status $rc): $(tail -1 deaf.log)"
 echo "preemption e2e: ok"

@@ -5,6 +5,8 @@
 # - A run killed with SIGKILL does not block the next one (the kernel drops
 #   the lock), and the temporaries a run that died while saving left
 #   behind are removed by the next run on the directory.
+# - A fresh run into a directory holding another run's checkpoints is
+#   refused unless --resume (continue it) or --overwrite (replace them).
 # - A read-only --save-dir is refused before training.
 # - A metrics file that cannot be written (/dev/full) is an error, and the
 #   epoch's checkpoint is saved before it.
@@ -37,9 +39,20 @@ echo "ok   second run refused: $(cat "$work/b.err")"
 kill -9 "$a"
 wait "$a" 2> /dev/null
 touch "$work/same/epoch-0007.safetensors.tmp.999999"
-train --epochs 1 --seed 2 --save-dir "$work/same" > "$work/c.out" 2> "$work/c.err" ||
+touch "$work/same/epoch-0009.safetensors"  # and a checkpoint of that run, whatever it had written
+train --epochs 1 --seed 2 --save-dir "$work/same" > "$work/c0.out" 2> "$work/c0.err" &&
+  fail "a fresh run into another run's checkpoints was accepted"
+[ "$(wc -l < "$work/c0.err")" -eq 1 ] || { cat "$work/c0.err"; fail "not one line"; }
+grep -q "holds another run's checkpoints (epoch-0009.safetensors.*): continue it with --resume $work/same, or start over with --overwrite" \
+  "$work/c0.err" || { cat "$work/c0.err"; fail "message"; }
+[ -e "$work/same/epoch-0009.safetensors" ] || fail "the refused run removed the other run's checkpoint"
+echo "ok   a fresh run into another run's checkpoints refused: $(cat "$work/c0.err")"
+train --epochs 1 --seed 2 --save-dir "$work/same" --overwrite > "$work/c.out" 2> "$work/c.err" ||
   { cat "$work/c.out" "$work/c.err"; fail "a run after a killed one did not start"; }
-grep -q "removed 1 temporary file a run that died while saving left in" "$work/c.out" || { cat "$work/c.out"; fail "no removal line"; }
+grep -q "removed [0-9]* checkpoints* of an earlier run from $work/same (--overwrite)" "$work/c.out" ||
+  { cat "$work/c.out"; fail "no --overwrite line"; }
+[ ! -e "$work/same/epoch-0009.safetensors" ] || fail "--overwrite left the other run's epoch-0009"
+grep -q "removed 1 temporary file a run that died while saving left in" "$work/c0.out" || { cat "$work/c0.out"; fail "no removal line"; }
 [ ! -e "$work/same/epoch-0007.safetensors.tmp.999999" ] || fail "the temporary is still there"
 [ -e "$work/same/epoch-0001.safetensors" ] || fail "no checkpoint from the run after the kill"
 echo "ok   the lock dies with its process; temporaries removed"
