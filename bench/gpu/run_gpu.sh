@@ -364,6 +364,16 @@ step_bench_pytorch() {
     echo "== train_throughput.py --tf32 $mode"
     tmo "$python" "$repo/bench/pytorch/train_throughput.py" --tf32 "$mode" >>"$out/pytorch.jsonl" || rc=1
   done
+  # PyTorch at its best: bf16 autocast, channels_last, cudnn.benchmark, fused
+  # optimizer (SGD and AdamW); then torch.compile on top, bounded in time.
+  for opt in sgd adamw; do
+    echo "== train_throughput.py --best --optimizer $opt"
+    tmo "$python" "$repo/bench/pytorch/train_throughput.py" --best --tf32 on --optimizer "$opt" --lr 1e-3 \
+      >>"$out/pytorch.jsonl" || rc=1
+  done
+  echo "== train_throughput.py --best --compile (resnet18)"
+  timeout --kill-after=10 "${FANOUT_COMPILE_TIMEOUT:-240}" "$python" "$repo/bench/pytorch/train_throughput.py" \
+    --best --tf32 on --compile --models resnet18 >>"$out/pytorch.jsonl" || echo "torch.compile row: did not finish"
   cat "$out/pytorch.jsonl"
   return "$rc"
 }

@@ -22,6 +22,13 @@ stdout:
 
 TF32: --tf32 default leaves PyTorch's defaults (matmul off, cuDNN on);
 on/off set both. Run: python3 bench/pytorch/train_throughput.py [--models resnet18,lenet]
+
+PyTorch at its best eager recipe (--best): torch.autocast in bfloat16
+(--precision bf16-mixed; 16-mixed adds a GradScaler), channels_last
+activations and weights, cudnn.benchmark, and the fused optimizer
+(fused=True where torch has it, else foreach). --compile adds
+torch.compile(model) on top, as its own row (a compile that fails or
+exceeds --compile-timeout is reported, not fatal).
 """
 import argparse
 import json
@@ -53,10 +60,39 @@ def set_tf32(mode):
     # "default": leave PyTorch's defaults (matmul False, cuDNN True).
 
 
+def make_fused_optimizer(model, args):
+    """The same torch.optim object as zoo.make_optimizer, fused where torch has it."""
+    import inspect
+    opt = zoo.make_optimizer(model, args)
+    accepted = inspect.signature(type(opt).__init__).parameters
+    defaults = {k: v for k, v in opt.defaults.items() if k in accepted and k not in ("fused", "foreach")}
+    for flag in ("fused", "foreach"):
+        try:
+            return type(opt)(opt.param_groups, **defaults, **{flag: True}), flag
+        except (RuntimeError, TypeError, ValueError):
+            continue
+    return opt, "single-tensor"
+
+
 def measure(name, batch, args, device):
     model, source = build(name)
     model = model.to(device).train()
-    opt = zoo.make_optimizer(model, args)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    if args.fused_optimizer:
+        opt, opt_impl = make_fused_optimizer(model, args)
+    else:
+        opt, opt_impl = zoo.make_optimizer(model, args), "default"
+    amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler(device.type) if args.precision == "16-mixed" else None
+    net = model
+    compile_status = None
+    if args.compile:
+        try:
+            net = torch.compile(model)
+            compile_status = "ok"
+        except Exception as e:  # noqa: BLE001
+            compile_status = f"failed: {str(e).splitlines()[0][:200]}"
     loss_fn = nn.CrossEntropyLoss()
     shape = (batch,) + SAMPLE_SHAPE[name]
     gen = torch.Generator().manual_seed(args.seed)
@@ -64,6 +100,7 @@ def measure(name, batch, args, device):
     y_host = torch.randint(0, 10, (batch,), generator=gen)
     if device.type == "cuda" and args.input == "host":
         x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
+    x_host = x_host.contiguous(memory_format=memory_format) if x_host.dim() == 4 else x_host
     x_dev, y_dev = x_host.to(device), y_host.to(device)
 
     def step():
@@ -73,13 +110,22 @@ def measure(name, batch, args, device):
         else:
             x, y = x_dev, y_dev
         opt.zero_grad(set_to_none=False)  # fanout zeroes its gradient arena too
-        loss = loss_fn(model(x), y)
-        loss.backward()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = loss_fn(net(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
         if args.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         if args.clip_grad_value > 0:
             torch.nn.utils.clip_grad_value_(model.parameters(), args.clip_grad_value)
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         return loss
 
     def sync():
@@ -126,6 +172,11 @@ def measure(name, batch, args, device):
         "model_source": source,
         "torch": torch.__version__,
         "final_loss": round(final_loss, 4),
+        "precision": args.precision,
+        "channels_last": args.channels_last,
+        "optimizer": args.optimizer,
+        "optimizer_impl": opt_impl,
+        "compile": compile_status,
         "train_flops_per_step": flops,
         "tflops_per_second": round(flops * args.iters / seconds / 1e12, 2) if flops else None,
     }
@@ -145,7 +196,18 @@ def main():
     p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a smoke test")
     p.add_argument("--seed", type=int, default=0)
     zoo.add_optimizer_args(p)
+    p.add_argument("--precision", choices=["32", "bf16-mixed", "16-mixed"], default="32",
+                   help="torch.autocast dtype (16-mixed adds a GradScaler), as dp-train's --precision")
+    p.add_argument("--channels-last", action="store_true", help="model and input in channels_last memory format")
+    p.add_argument("--fused-optimizer", action="store_true", help="fused=True (else foreach=True) torch.optim")
+    p.add_argument("--best", action="store_true",
+                   help="PyTorch's best eager recipe: --precision bf16-mixed --channels-last --fused-optimizer "
+                        "and cudnn.benchmark")
+    p.add_argument("--compile", action="store_true", help="torch.compile(model) (its own row)")
     args = p.parse_args()
+    if args.best:
+        args.precision = "bf16-mixed" if args.precision == "32" else args.precision
+        args.channels_last = args.fused_optimizer = args.cudnn_benchmark = True
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
