@@ -619,6 +619,8 @@ int run(int argc, char** argv) {
     }
   }
   data::TrainTest data = data::open_dataset(c.data, c.seed, data::HeatmapSpec{c.heatmap_radius, 0.0});
+  if (p.primary())
+    for (const std::string& w : data.warnings) std::fprintf(stderr, "dp-train: warning: %s\n", w.c_str());
   FANOUT_USER_CHECK(models::dense_output(c.model) == data.train.dense_targets())
       << "model " << c.model << (models::dense_output(c.model) ? " draws heatmaps" : " is a classifier")
       << " but data " << c.data << (data.train.dense_targets() ? " has landmarks" : " has class labels")

@@ -49,6 +49,9 @@ struct ImageDataset {
 
 struct TrainTest {
   ImageDataset train, test;
+  // What loading found worth a word without refusing the data (one line
+  // each, e.g. landmarks outside their volume); the front end prints them.
+  std::vector<std::string> warnings;
 };
 
 // Reads an IDX image file (magic 0x00000803) and label file (0x00000801),

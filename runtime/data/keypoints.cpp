@@ -239,6 +239,7 @@ struct Split {
   ImageDataset ds;
   std::string first_volume;    // path, for messages about the whole split
   std::string landmark_file;
+  std::string warning;         // landmarks outside their volume, if any
 };
 
 Split load_split(const fs::path& dir, const std::string& name, const HeatmapSpec& heatmap) {
@@ -294,7 +295,8 @@ Split load_split(const fs::path& dir, const std::string& name, const HeatmapSpec
   ds.num_classes = static_cast<int>(k);
   ds.landmarks = Tensor::empty(Shape{n, k, 3}, DType::F32);
   Shape vs;  // (C, D, H, W) of the first volume
-  int64_t i = 0;
+  int64_t i = 0, outside = 0, out_volumes = 0;
+  std::string first_outside;
   for (const auto& [stem, path] : volumes) {
     Tensor v;
     try {
@@ -315,8 +317,28 @@ Split load_split(const fs::path& dir, const std::string& name, const HeatmapSpec
     to_float(v, ds.images.f32() + i * vs.numel(), path);
     const Landmarks& lm = lms.at(stem);
     std::copy(lm.zyx.begin(), lm.zyx.end(), ds.landmarks.f32() + i * k * 3);
+    // A landmark outside [0, size - 1] on an axis lies outside the volume:
+    // allowed (its target is the part of the Gaussian inside), but worth a word.
+    int64_t here = 0;
+    for (int64_t j = 0; j < k; ++j)
+      for (int a = 0; a < 3; ++a) {
+        const float c = lm.zyx[static_cast<size_t>(j * 3 + a)];
+        if (c < 0 || c > static_cast<float>(vs[a + 1] - 1)) {
+          ++here;
+          break;
+        }
+      }
+    if (here > 0) {
+      if (out_volumes++ == 0) first_outside = path;
+      outside += here;
+    }
     ++i;
   }
+  if (outside > 0)
+    out.warning = "keypoints3d: " + lm_path + ": " + std::to_string(outside) + " landmark" + (outside == 1 ? "" : "s") +
+                  " of " + std::to_string(out_volumes) + " volume" + (out_volumes == 1 ? "" : "s") +
+                  " lie outside the volume (first: " + first_outside + "); their targets hold the part of the "
+                  "Gaussian inside it";
   return out;
 }
 
@@ -363,7 +385,10 @@ TrainTest load_keypoints3d(const std::string& dir, const HeatmapSpec& heatmap) {
   float_channel_mean_std(train.ds.images, train.ds.mean, train.ds.std);
   test.ds.mean = train.ds.mean;
   test.ds.std = train.ds.std;
-  return {std::move(train.ds), std::move(test.ds)};
+  TrainTest tt{std::move(train.ds), std::move(test.ds), {}};
+  for (const Split* s : {&train, &test})
+    if (!s->warning.empty()) tt.warnings.push_back(s->warning);
+  return tt;
 }
 
 }  // namespace fanout::data

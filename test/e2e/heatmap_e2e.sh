@@ -59,6 +59,15 @@ PY
   --metrics "$work/kp.jsonl" > "$work/kp.log"
 grep -q "data keypoints3d:$work/kp (20 train / 6 test, (2, 16, 16, 16))" "$work/kp.log" || fail "keypoints3d header: $(cat "$work/kp.log")"
 grep -q '"test_loc_error"' "$work/kp.jsonl" || fail "keypoints3d metrics"
+! grep -q "warning" "$work/kp.log" || fail "a warning for landmarks inside their volumes"
+# Two landmarks of one training volume moved outside it: the run goes on, with one warning line.
+sed -i 's/^v003,0,.*/v003,0,-2.5,4,4/; s/^v007,1,.*/v007,1,4,4,16.5/' "$work/kp/train/landmarks.csv"
+"$DP_TRAIN" --model heatmap3d --data "keypoints3d:$work/kp" --devices cpu --epochs 1 --progress off \
+  > "$work/kpo.log" 2> "$work/kpo.err" || fail "landmarks outside the volume: $(cat "$work/kpo.err")"
+[ "$(wc -l < "$work/kpo.err")" -eq 1 ] || fail "not one warning line: $(cat "$work/kpo.err")"
+grep -q "dp-train: warning: keypoints3d: $work/kp/train/landmarks.csv: 2 landmarks of 2 volumes lie outside the volume (first: $work/kp/train/v003.npy)" \
+  "$work/kpo.err" || fail "warning text: $(cat "$work/kpo.err")"
+echo "ok: $(cat "$work/kpo.err")"
 
 one_line_error() {
   local want=$1
