@@ -31,26 +31,35 @@ std::vector<int64_t> chunk_sizes(int64_t batch, int parts) {
 class DataParallel::StatSync : public BatchStatSync {
  public:
   explicit StatSync(DataParallel& dp) : dp_(dp), packed_(dp.devices_.size()), count_host_(dp.devices_.size()) {}
-  // The count travels in the statistics' own dtype: exact below 2^24 in
-  // float32 (gradient sums), 2^53 in float64 (batch statistics).
+  // The count travels in the statistics' own dtype as two numbers, count /
+  // 2^12 and count % 2^12, each summed exactly (float32 holds integers
+  // below 2^24): exact up to 2^36 elements per channel over every replica
+  // and process (float32 once counted only to 2^24: 8 volumes of 128^3).
+  static constexpr int64_t kSplit = int64_t{1} << 12;
+  static constexpr int64_t kMaxCount = int64_t{1} << 36;
   void all_reduce(int, Tensor& stats, int64_t& count, Context& ctx) override {
     const int rank = rank_of(ctx);
     const DType dt = stats.dtype();
     FANOUT_CHECK(dt == DType::F32 || dt == DType::F64) << "SyncBatchNorm: statistics of " << dtype_name(dt);
-    const int64_t exact = dt == DType::F32 ? int64_t{1} << 24 : int64_t{1} << 53;
-    FANOUT_CHECK(count >= 0 && count < exact)
-        << "SyncBatchNorm: " << count << " elements per channel cannot be counted exactly in " << dtype_name(dt);
+    FANOUT_CHECK(count >= 0 && count < kMaxCount)
+        << "SyncBatchNorm: " << count << " elements per channel cannot be counted exactly";
     Tensor& p = packed_[rank][dt == DType::F64];
     const int64_t n = stats.numel();
-    ensure(p, Shape{n + 1}, dt, ctx.device());
+    ensure(p, Shape{n + 2}, dt, ctx.device());
     Tensor head = p.flat(0, Shape{n});
-    Tensor tail = p.flat(n, Shape{1});
+    Tensor tail = p.flat(n, Shape{2});
     // Reused (nothing is allocated per layer and step) and, for GPUs,
     // page-locked, so that the count's copies are truly asynchronous.
     Tensor& h = count_host_[rank][dt == DType::F64];
-    if (!h.defined()) h = ctx.device().is_cuda() ? Tensor::empty_pinned(Shape{1}, dt) : Tensor::empty(Shape{1}, dt);
-    if (dt == DType::F32) h.f32()[0] = static_cast<float>(count);
-    else h.f64()[0] = static_cast<double>(count);
+    if (!h.defined()) h = ctx.device().is_cuda() ? Tensor::empty_pinned(Shape{2}, dt) : Tensor::empty(Shape{2}, dt);
+    const int64_t hi = count / kSplit, lo = count % kSplit;
+    if (dt == DType::F32) {
+      h.f32()[0] = static_cast<float>(hi);
+      h.f32()[1] = static_cast<float>(lo);
+    } else {
+      h.f64()[0] = static_cast<double>(hi);
+      h.f64()[1] = static_cast<double>(lo);
+    }
     head.copy_from(stats.view(Shape{n}), &ctx.compute());
     tail.copy_from(h, &ctx.compute());
     dp_.comm_->all_reduce(rank, p, ctx);
@@ -61,9 +70,11 @@ class DataParallel::StatSync : public BatchStatSync {
     stats.view(Shape{n}).copy_from(head, &ctx.compute());
     h.copy_from(tail, &ctx.compute());
     ctx.compute().synchronize();
-    count = dt == DType::F32 ? static_cast<int64_t>(h.f32()[0]) : static_cast<int64_t>(h.f64()[0]);
-    FANOUT_CHECK(count < exact) << "SyncBatchNorm: " << count << " elements per channel in all cannot be counted "
-                                << "exactly in " << dtype_name(dt);
+    const double sum_hi = dt == DType::F32 ? h.f32()[0] : h.f64()[0];
+    const double sum_lo = dt == DType::F32 ? h.f32()[1] : h.f64()[1];
+    FANOUT_CHECK(sum_hi < 16777216.0 && sum_lo < 16777216.0)
+        << "SyncBatchNorm: the elements per channel over every replica cannot be counted exactly";
+    count = static_cast<int64_t>(sum_hi) * kSplit + static_cast<int64_t>(sum_lo);
   }
 
  private:

@@ -3,10 +3,13 @@
 // a steady state without allocation, and failures that do not hang.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "kernels/loss.h"
 #include "models/layers/batchnorm2d.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/batch_stat_sync.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
 #include "support/test_util.h"
@@ -184,6 +187,42 @@ TEST(DataParallelBatchNorm, SyncBnMatchesSingleDevice) {
     const double plain = norm_rel(train_dp(name, sample, three, 3), ref);
     EXPECT_LT(synced, 1e-3) << name;
     EXPECT_GT(plain, 100 * synced) << name;
+  }
+}
+
+// The element count of SyncBatchNorm's statistics is summed exactly past
+// float32's 2^24 (8 volumes of 128^3 per replica reach it): each replica
+// reports an odd count above 2^25, in float32 (gradient sums) and float64.
+TEST(DataParallelBatchNorm, SyncCountsAreExactPastFloatPrecision) {
+  const Shape sample{3, 8, 8};
+  auto m = models::make_model("cnn", sample, 10, 11);
+  DataParallelOptions sync;
+  sync.sync_bn = true;
+  DataParallel dp(*m, parse_devices("cpu:3"), sync);
+  std::mt19937_64 rng(12);
+  dp.forward(random_tensor(Shape{6, 3, 8, 8}, rng));  // three replicas active
+  BatchStatSync* hook = m->batch_stat_sync();
+  ASSERT_NE(hook, nullptr);
+  for (DType dt : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<int64_t> counts = {(int64_t{1} << 25) + 1, (int64_t{1} << 26) + 3, 4095};
+    std::vector<Tensor> stats(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      stats[r] = Tensor::empty(Shape{2, 4}, dt);
+      for (int64_t i = 0; i < 8; ++i) {
+        if (dt == DType::F32) stats[r].f32()[i] = static_cast<float>(r + i);
+        else stats[r].f64()[i] = r + i;
+      }
+      threads.emplace_back([&, r] { hook->all_reduce(0, stats[r], counts[r], dp.replica_context(r)); });
+    }
+    for (auto& t : threads) t.join();
+    const int64_t want = (int64_t{1} << 25) + 1 + (int64_t{1} << 26) + 3 + 4095;
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(counts[r], want) << "replica " << r;
+      for (int64_t i = 0; i < 8; ++i)
+        EXPECT_EQ(dt == DType::F32 ? double(stats[r].f32()[i]) : stats[r].f64()[i], double(3 * i + 3)) << i;
+    }
   }
 }
 
