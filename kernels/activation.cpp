@@ -1,6 +1,8 @@
 // Public activation entry points: shape/dtype/device checks, then dispatch.
 #include "kernels/activation.h"
 
+#include <cmath>
+
 #include "kernels/dispatch.h"
 
 namespace fanout::kernels {
@@ -21,6 +23,36 @@ void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) 
       << "relu_backward: y " << y.shape().str() << ", dy " << dy.shape().str() << " and dx " << dx.shape().str()
       << " differ";
   FANOUT_DISPATCH(ctx, relu_backward, ctx, y, dy, dx);
+}
+
+const char* activation_name(Act kind) {
+  switch (kind) {
+    case Act::Tanh: return "Tanh";
+    case Act::Sigmoid: return "Sigmoid";
+    case Act::Gelu: return "GELU";
+    case Act::Silu: return "SiLU";
+    case Act::LeakyRelu: return "LeakyReLU";
+  }
+  return "?";
+}
+
+void activation_forward(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
+  const char* op = "activation_forward";
+  detail::check_tensor(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "y", y);
+  FANOUT_CHECK(x.shape() == y.shape()) << op << ": x " << x.shape().str() << " and y " << y.shape().str() << " differ";
+  FANOUT_CHECK(std::isfinite(a.negative_slope)) << op << ": negative slope " << a.negative_slope;
+  FANOUT_DISPATCH(ctx, activation_forward, ctx, a, x, y);
+}
+
+void activation_backward(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const char* op = "activation_backward";
+  detail::check_tensor(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "dy", dy);
+  detail::check_tensor(ctx, op, "dx", dx);
+  FANOUT_CHECK(x.shape() == dy.shape() && x.shape() == dx.shape())
+      << op << ": x " << x.shape().str() << ", dy " << dy.shape().str() << " and dx " << dx.shape().str() << " differ";
+  FANOUT_DISPATCH(ctx, activation_backward, ctx, a, x, dy, dx);
 }
 
 }  // namespace fanout::kernels

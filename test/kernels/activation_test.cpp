@@ -76,5 +76,107 @@ TEST_P(Relu, ShapeMismatchThrows) {
   EXPECT_THROW(kernels::relu_forward(ctx(), xi, dx), Error);
 }
 
+
+// Tanh, Sigmoid, GELU, SiLU and LeakyReLU on every backend: forward and
+// backward against their formulas in float64 (torch's definitions; GELU the
+// exact erf form), over values from -20 to 20 (saturation included), in place,
+// NaN propagating, and the backward against central differences of the
+// float64 forward.
+namespace smooth {
+
+double f64(kernels::Act k, double x, double slope) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  switch (k) {
+    case kernels::Act::Tanh: return std::tanh(x);
+    case kernels::Act::Sigmoid: return s;
+    case kernels::Act::Gelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case kernels::Act::Silu: return x * s;
+    case kernels::Act::LeakyRelu: return x > 0 ? x : slope * x;
+  }
+  return 0;
+}
+
+double df64(kernels::Act k, double x, double slope) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  switch (k) {
+    case kernels::Act::Tanh: return 1.0 - std::tanh(x) * std::tanh(x);
+    case kernels::Act::Sigmoid: return s * (1.0 - s);
+    case kernels::Act::Gelu:
+      return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+    case kernels::Act::Silu: return s * (1.0 + x * (1.0 - s));
+    case kernels::Act::LeakyRelu: return x > 0 ? 1.0 : slope;
+  }
+  return 0;
+}
+
+const kernels::Activation kAll[] = {{kernels::Act::Tanh}, {kernels::Act::Sigmoid}, {kernels::Act::Gelu},
+                                    {kernels::Act::Silu}, {kernels::Act::LeakyRelu, 0.2f}};
+
+}  // namespace smooth
+
+class SmoothActivation : public ft::BackendTest {};
+FANOUT_ON_EVERY_BACKEND(SmoothActivation);
+
+TEST_P(SmoothActivation, MatchFormulasInFloat64) {
+  for (const kernels::Activation& a : smooth::kAll) {
+    SCOPED_TRACE(kernels::activation_name(a.kind));
+    for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{10007}}) {
+      std::mt19937_64 rng(static_cast<uint64_t>(n) + 7);
+      Tensor x = ft::random_tensor(Shape{n}, rng, -20.0f, 20.0f), dy = ft::random_tensor(Shape{n}, rng);
+      Tensor xd = up(x), dyd = up(dy), yd = poisoned(x.shape()), dxd = poisoned(x.shape());
+      kernels::activation_forward(ctx(), a, xd, yd);
+      kernels::activation_backward(ctx(), a, xd, dyd, dxd);
+      std::vector<double> y(n), dx(n);
+      for (int64_t i = 0; i < n; ++i) {
+        y[i] = smooth::f64(a.kind, x.f32()[i], a.negative_slope);
+        dx[i] = dy.f32()[i] * smooth::df64(a.kind, x.f32()[i], a.negative_slope);
+      }
+      const Tensor got_y = down(yd), got_dx = down(dxd);
+      for (int64_t i = 0; i < n; ++i) {
+        // float32 libm / CUDA intrinsics against double: a few ulps of the value, or of 1e-6 near zero.
+        ASSERT_NEAR(got_y.f32()[i], y[i], 4e-6 * std::max(std::abs(y[i]), 1.0)) << "x " << x.f32()[i];
+        ASSERT_NEAR(got_dx.f32()[i], dx[i], 4e-6 * std::max(std::abs(dx[i]), 1.0)) << "x " << x.f32()[i];
+      }
+      EXPECT_GT(ft::l2_norm(got_y), 0.0);
+      EXPECT_GT(ft::l2_norm(got_dx), 0.0);
+      // In place: y over x, dx over dy (from the saved input).
+      Tensor xin = up(x), xs = up(x);
+      kernels::activation_forward(ctx(), a, xin, xin);
+      EXPECT_TRUE(ft::same_bits(down(xin), got_y)) << "y in place";
+      kernels::activation_backward(ctx(), a, xs, dyd, dyd);
+      EXPECT_TRUE(ft::same_bits(down(dyd), got_dx)) << "dx in place";
+    }
+  }
+}
+
+TEST_P(SmoothActivation, BackwardMatchesCentralDifferences) {
+  for (const kernels::Activation& a : smooth::kAll) {
+    SCOPED_TRACE(kernels::activation_name(a.kind));
+    std::mt19937_64 rng(43);
+    Tensor x = ft::random_tensor(Shape{3, 5, 7}, rng, -3.0f, 3.0f), r = ft::random_tensor(Shape{3, 5, 7}, rng);
+    for (int64_t i = 0; i < x.numel(); ++i)  // away from LeakyReLU's kink
+      if (std::abs(x.f32()[i]) < 1e-2f) x.f32()[i] = 0.5f;
+    Tensor xd = up(x), rd = up(r), dxd = poisoned(x.shape());
+    kernels::activation_backward(ctx(), a, xd, rd, dxd);
+    const Tensor dx = down(dxd);
+    const double h = 1e-4;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double xi = x.f32()[i];
+      const double num = r.f32()[i] * (smooth::f64(a.kind, xi + h, a.negative_slope) -
+                                       smooth::f64(a.kind, xi - h, a.negative_slope)) / (2 * h);
+      ASSERT_NEAR(dx.f32()[i], num, 1e-4 * std::max(1.0, std::abs(num))) << "x " << xi;
+    }
+  }
+}
+
+TEST_P(SmoothActivation, NanPropagates) {
+  for (const kernels::Activation& a : smooth::kAll) {
+    Tensor n = Tensor::empty(Shape{1});
+    n.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+    Tensor nd = up(n);
+    kernels::activation_forward(ctx(), a, nd, nd);
+    EXPECT_TRUE(std::isnan(down(nd).f32()[0])) << kernels::activation_name(a.kind);
+  }
+}
 }  // namespace
 }  // namespace fanout

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "models/layers/activation.h"
+#include "models/layers/smooth_activation.h"
 #include "models/layers/basic_block.h"
 #include "models/layers/batchnorm2d.h"
 #include "models/layers/conv2d.h"
@@ -61,7 +62,8 @@ void check_module(Module& m, const Shape& in, uint64_t seed, double tol = 1e-2, 
   };
   m.zero_grad();
   m.forward(x, ctx);
-  Tensor dx = m.backward(r, ctx);
+  Tensor dy = r.to(Device::cpu());  // a copy: backward may overwrite dy (the Module contract), r stays the loss's
+  Tensor dx = m.backward(dy, ctx);
   ASSERT_TRUE(dx.defined());
   Tensor dx_copy = dx.to(Device::cpu());
   EXPECT_GT(l2_norm(dx_copy), 0.0) << "input gradient is all zeros";
@@ -99,6 +101,17 @@ TEST(LayerGrad, BatchNorm2dTraining) {
 TEST(LayerGrad, ReLU) {
   ReLU m;
   check_module(m, Shape{3, 4, 5}, 5);
+}
+
+TEST(LayerGrad, SmoothActivations) {
+  for (kernels::Act k : {kernels::Act::Tanh, kernels::Act::Sigmoid, kernels::Act::Gelu, kernels::Act::Silu,
+                         kernels::Act::LeakyRelu}) {
+    SCOPED_TRACE(kernels::activation_name(k));
+    SmoothActivation m(k, 0.1f);
+    EXPECT_EQ(m.type_name(), kernels::activation_name(k));
+    check_module(m, Shape{3, 4, 5}, 5);
+  }
+  testing::expect_user_error([] { SmoothActivation(kernels::Act::LeakyRelu, std::nanf("")); }, {"negative slope"});
 }
 
 TEST(LayerGrad, MaxPool) {

@@ -1,0 +1,31 @@
+// Smooth activation layers.
+#include "models/layers/smooth_activation.h"
+
+#include <cmath>
+
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+SmoothActivation::SmoothActivation(kernels::Act kind, float negative_slope) {
+  FANOUT_USER_CHECK(std::isfinite(negative_slope)) << "LeakyReLU: negative slope must be finite, got "
+                                                   << negative_slope;
+  a_.kind = kind;
+  a_.negative_slope = negative_slope;
+}
+
+Tensor SmoothActivation::forward(const Tensor& x, Context& ctx) {
+  x_ = x;  // the input, for backward (nothing downstream writes it)
+  ensure(y_, x.shape(), ctx.device());
+  kernels::activation_forward(ctx, a_, x, y_);
+  return y_;
+}
+
+Tensor SmoothActivation::backward(const Tensor& dy, Context& ctx) {
+  if (!input_grad()) return Tensor();
+  dx_ = dy;  // dx over dy: backward may overwrite dy
+  kernels::activation_backward(ctx, a_, x_, dy, dx_);
+  return dx_;
+}
+
+}  // namespace fanout::models
