@@ -58,7 +58,8 @@ __global__ void xent_forward_kernel(const float* __restrict__ logits, const int3
 }
 
 // loss[0] = mean of row_loss, one block, fixed order (deterministic).
-__global__ void mean_kernel(const double* __restrict__ row_loss, int64_t n, float* __restrict__ loss) {
+__global__ void __launch_bounds__(1024)
+    mean_kernel(const double* __restrict__ row_loss, int64_t n, float* __restrict__ loss) {
   double a = 0.0, unused = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) a += row_loss[i];
   detail::block_sum2(a, unused);
@@ -128,8 +129,9 @@ __global__ void count_correct_kernel(const float* __restrict__ logits, const int
 
 // One block per row: the row's sum of squared differences in double (fixed
 // order: deterministic) and, when grad is given, grad = gs * (out - target).
-__global__ void mse_kernel(const float* out, const float* __restrict__ target, int64_t e, float gs,
-                           float* __restrict__ row_loss, float* grad) {
+__global__ void __launch_bounds__(1024)
+    mse_kernel(const float* out, const float* __restrict__ target, int64_t e, float gs, float* __restrict__ row_loss,
+               float* grad) {
   const int64_t row = blockIdx.x;
   const float* o = out + row * e;
   const float* t = target + row * e;

@@ -6,6 +6,9 @@
 // temporaries in the context's workspace (no allocation once warmed up).
 #include <cub/device/device_reduce.cuh>
 
+#include <mutex>
+#include <shared_mutex>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/optim.h"
 
@@ -50,7 +53,7 @@ __global__ void adam_kernel(AdamStep h, float* p, const float* gr, float* m, flo
       const float vi = __fadd_rn(__fmul_rn(h.beta2, v[i]), __fmul_rn(__fmul_rn(h.one_minus_beta2, g), g));
       float vd = vi;
       if (vmax) {
-        vd = fmaxf(vmax[i], vi);
+        vd = vmax[i] < vi ? vi : vmax[i];  // the CPU's expression (NaN handling included)
         vmax[i] = vd;
       }
       m[i] = mi;
@@ -108,6 +111,7 @@ double sum_squares(Context& ctx, const Tensor& x) {
   double* out = reinterpret_cast<double*>(ws);
   FANOUT_CUDA_CHECK(cub::DeviceReduce::TransformReduce(ws + 256, temp, x.f32(), out, n, Plus{}, Square{}, 0.0, st));
   double host = 0.0;
+  std::shared_lock<std::shared_mutex> capture_safe(::fanout::detail::capture_guard());  // a pageable copy
   FANOUT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, st));
   FANOUT_CUDA_CHECK(cudaStreamSynchronize(st));
   return host;

@@ -122,8 +122,12 @@ class NcclGroup : public ProcessGroup {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
-  // Polls the stream and the communicator's error state until the collective completes.
+  // Waits until the collective is on the stream (a non-blocking
+  // communicator may still be enqueuing it, with the stream empty:
+  // ncclInProgress until it is), then polls the stream and the
+  // communicator's error state until it completes.
   void wait_stream(const std::string& what) {
+    wait_comm(what);
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);

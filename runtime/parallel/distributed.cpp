@@ -60,8 +60,12 @@ DistributedDataParallelEngine::~DistributedDataParallelEngine() {
 
 void DistributedDataParallelEngine::broadcast(Tensor& t, const std::string& what, uint32_t tag) {
   const bool host = t.device().is_cpu();
-  if (host == host_group_) return group_->broadcast(t, 0, what, tag);
   Context& ctx = primary_context();
+  if (host == host_group_) {
+    // The group runs on its own stream: what the compute stream still writes into t comes first.
+    if (!host) ctx.compute().synchronize();
+    return group_->broadcast(t, 0, what, tag);
+  }
   ensure(staging_, t.shape(), t.dtype(), host_group_ ? Device::cpu() : ctx.device());
   Tensor s = staging_.flat(0, t.shape());
   s.copy_from(t, &ctx.compute());
@@ -73,8 +77,11 @@ void DistributedDataParallelEngine::broadcast(Tensor& t, const std::string& what
 
 void DistributedDataParallelEngine::all_reduce(Tensor& t, const std::string& what, uint32_t tag) {
   const bool host = t.device().is_cpu();
-  if (host == host_group_) return group_->all_reduce(t, what, tag);
   Context& ctx = primary_context();
+  if (host == host_group_) {
+    if (!host) ctx.compute().synchronize();  // as in broadcast
+    return group_->all_reduce(t, what, tag);
+  }
   ensure(staging_, t.shape(), t.dtype(), host_group_ ? Device::cpu() : ctx.device());
   Tensor s = staging_.flat(0, t.shape());
   s.copy_from(t, &ctx.compute());
