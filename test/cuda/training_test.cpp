@@ -160,15 +160,7 @@ TEST(CudaTraining, Heatmap3dStepsMatchCpu) {
   check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true);
 }
 
-optim::OptimizerOptions adamw_amsgrad() {
-  optim::OptimizerOptions o;
-  o.kind = optim::OptimizerKind::AdamW;
-  o.lr = 1e-3f;
-  o.weight_decay = 0.05f;
-  o.amsgrad = true;
-  o.no_decay_norm_bias = true;
-  return o;
-}
+optim::OptimizerOptions adamw_amsgrad() { return testing::test_adamw(); }
 
 // AdamW (amsgrad, two groups) with clipping by norm on cuda:0 against the
 // CPU, from the same weights and batches: CUB's norm and the chunked update

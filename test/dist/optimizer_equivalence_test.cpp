@@ -21,15 +21,7 @@ constexpr int64_t kBatch = 24;
 constexpr double kMaxNorm = 0.24;
 const Shape kSample{1, 28, 28};
 
-optim::OptimizerOptions adamw() {
-  optim::OptimizerOptions o;
-  o.kind = optim::OptimizerKind::AdamW;
-  o.lr = 2e-3f;
-  o.weight_decay = 0.05f;
-  o.amsgrad = true;
-  o.no_decay_norm_bias = true;
-  return o;
-}
+optim::OptimizerOptions adamw() { return testing::test_adamw(2e-3f); }
 
 struct Trajectory {
   Tensor params;

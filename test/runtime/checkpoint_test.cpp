@@ -66,14 +66,7 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
     r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices("cpu:" + std::to_string(devices)),
                                                     *make_criterion({}), o);
   }
-  optim::OptimizerOptions oo = testing::test_sgd();
-  if (adamw) {
-    oo.kind = optim::OptimizerKind::AdamW;
-    oo.momentum = 0;
-    oo.weight_decay = 0.05f;
-    oo.amsgrad = true;
-    oo.no_decay_norm_bias = true;
-  }
+  const optim::OptimizerOptions oo = adamw ? testing::test_adamw() : testing::test_sgd();
   r.opt = optim::make_optimizer(r.engine->model(), r.engine->primary_context(), oo);
   train::TrainerConfig tc;
   tc.epochs = epochs;
@@ -82,7 +75,7 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
   tc.seed = 7;
   tc.workers = 2;
   tc.augment = data::parse_augment("crop:2,flip");
-  tc.schedule = optim::parse_lr_schedule("cosine", adamw ? 3e-3f : 0.05f, epochs, 0.5f);
+  tc.schedule = optim::parse_lr_schedule("cosine", oo.lr, epochs, 0.5f);  // the rate is the optimizer's
   if (adamw) tc.clip_grad_norm = 0.5;
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = devnull();
@@ -341,10 +334,15 @@ TEST(Checkpoint, OlderSgdCheckpointsLoad) {
   r.trainer->run();
   train::save_checkpoint(dir / "new.safetensors", *r.engine, r.opt.get(), {});
   auto f = io::load_safetensors(dir / "new.safetensors");
-  f.metadata["optimizer"] = nlohmann::json{{"type", "SGD"}, {"momentum", 0.9}, {"dampening", 0.0},
-                                           {"weight_decay", 5e-4}, {"nesterov", false},
-                                           {"has_momentum_buffer", true}, {"steps", 2}}
-                                .dump();
+  // The optimizer metadata as those versions wrote it.
+  auto older = [](double momentum, bool has_buffer) {
+    return nlohmann::json{{"type", "SGD"},       {"momentum", momentum},
+                          {"dampening", 0.0},    {"weight_decay", 5e-4},
+                          {"nesterov", false},   {"has_momentum_buffer", has_buffer},
+                          {"steps", 2}}
+        .dump();
+  };
+  f.metadata["optimizer"] = older(0.9, true);
   io::save_safetensors(dir / "old.safetensors", f.tensors, f.metadata);
   TrainingRun back = make_run(data, 0, 1, 9);
   train::load_checkpoint(dir / "old.safetensors", *back.engine, *back.opt);
@@ -356,10 +354,7 @@ TEST(Checkpoint, OlderSgdCheckpointsLoad) {
   std::vector<std::pair<std::string, Tensor>> weights;
   for (auto& [n, t] : f.tensors)
     if (n.rfind("optimizer.", 0) != 0) weights.emplace_back(n, t);
-  f.metadata["optimizer"] = nlohmann::json{{"type", "SGD"}, {"momentum", 0.0}, {"dampening", 0.0},
-                                           {"weight_decay", 5e-4}, {"nesterov", false},
-                                           {"has_momentum_buffer", false}, {"steps", 2}}
-                                .dump();
+  f.metadata["optimizer"] = older(0.0, false);
   io::save_safetensors(dir / "old0.safetensors", weights, f.metadata);
   TrainingRun fresh = make_run(data, 0, 1, 9);
   const Tensor before = testing::clone(fresh.model->arenas().params);

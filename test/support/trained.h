@@ -21,6 +21,18 @@ inline optim::OptimizerOptions test_sgd() {
   return o;
 }
 
+// AdamW with amsgrad, weight decay 0.05 and the "no_decay" group: the
+// optimizer tests' common setting (every state arena and both groups in use).
+inline optim::OptimizerOptions test_adamw(float lr = 1e-3f) {
+  optim::OptimizerOptions o;
+  o.kind = optim::OptimizerKind::AdamW;
+  o.lr = lr;
+  o.weight_decay = 0.05;
+  o.amsgrad = true;
+  o.no_decay_norm_bias = true;
+  return o;
+}
+
 template <class E>
 class Trained : public E {
  public:
