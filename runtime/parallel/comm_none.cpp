@@ -12,12 +12,3 @@ std::unique_ptr<Comm> make_nccl_comm(const std::vector<Device>&, int) {
 }
 }  // namespace fanout
 #endif
-
-#ifndef FANOUT_WITH_CUDA
-#include "runtime/dist/process_group.h"
-namespace fanout::dist {
-std::unique_ptr<ProcessGroup> make_nccl_group(const GroupOptions&, Device) {
-  FANOUT_FAIL() << "the NCCL process group needs CUDA devices and a CUDA build";
-}
-}  // namespace fanout::dist
-#endif

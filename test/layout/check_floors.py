@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The floors of the tree (DESIGN.md, README "Layout"): each floor includes
+only its own and lower floors' headers. Lists every include that runs from a
+lower floor to a higher one, and every source file on no floor, and exits 1
+if there is any.
+
+  python3 test/layout/check_floors.py [SOURCE_DIR]
+"""
+import os
+import re
+import sys
+
+# Lowest first. A path belongs to the floor of its longest matching prefix.
+FLOORS = [
+    # The CUDA backend's folder holds pieces of three floors: its error
+    # macros, launch helpers, allocator and streams are core's ...
+    ("core", ["runtime/core/", "runtime/cuda/cuda_check.h", "runtime/cuda/launch.cuh",
+              "runtime/cuda/backend_cuda.cpp", "runtime/cuda/elementwise."]),
+    ("kernels", ["kernels/"]),
+    ("nn and models", ["runtime/nn/", "models/"]),
+    ("optim", ["runtime/optim/"]),
+    # ... its p2p communicator parallel's and its NCCL group dist's.
+    ("parallel and dist", ["runtime/parallel/", "runtime/dist/", "runtime/cuda/comm_cuda.cpp",
+                           "runtime/cuda/nccl_group.cpp"]),
+    ("data and io", ["runtime/data/", "runtime/io/"]),
+    ("train", ["runtime/train/"]),
+    ("apps", ["apps/", "bench/"]),
+]
+SOURCES = (".h", ".cpp", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def floor_of(path):
+    best = None
+    for level, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if path.startswith(p) and (best is None or len(p) > best[1]):
+                best = (level, len(p))
+    return None if best is None else best[0]
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../.."))
+    bad, files = [], 0
+    for top in ("runtime", "kernels", "models", "apps", "bench"):
+        for dirpath, _, names in os.walk(os.path.join(root, top)):
+            for name in names:
+                if not name.endswith(SOURCES):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, name), root)
+                here = floor_of(path)
+                if here is None:  # a new folder or CUDA backend file: give it its floor above
+                    bad.append(f"{path}: on no floor (add it to FLOORS in {os.path.relpath(__file__, root)})")
+                    continue
+                files += 1
+                with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+                    for n, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if not m:
+                            continue
+                        there = floor_of(m.group(1))
+                        if there is not None and there > here:
+                            bad.append(f"{path}:{n}: {FLOORS[here][0]} includes {m.group(1)} ({FLOORS[there][0]})")
+    for b in bad:
+        print(b)
+    print(f"{files} files, {len(bad)} finding(s); the floors, lowest first: "
+          + " < ".join(name for name, _ in FLOORS))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
