@@ -11,6 +11,7 @@
 #include "models/layers/batchnorm2d.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/flatten.h"
+#include "models/layers/groupnorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/sequential.h"
@@ -112,6 +113,22 @@ TEST(LayerGrad, SmoothActivations) {
     check_module(m, Shape{3, 4, 5}, 5);
   }
   testing::expect_user_error([] { SmoothActivation(kernels::Act::LeakyRelu, std::nanf("")); }, {"negative slope"});
+}
+
+TEST(LayerGrad, GroupNorm) {
+  GroupNorm m(2, 6);
+  m.init(3);
+  m.named_parameters()[0].second->value.fill(1.3f);  // weight and bias away from 1 and 0
+  m.named_parameters()[1].second->value.fill(-0.2f);
+  check_module(m, Shape{3, 6, 4, 3}, 7);
+  GroupNorm three_d(3, 3);
+  check_module(three_d, Shape{2, 3, 2, 3, 4}, 8);
+  testing::expect_user_error([] { GroupNorm(4, 6); }, {"GroupNorm(4, 6)", "split evenly"});
+  GroupNorm gn(2, 6);
+  gn.init(1);
+  Context ctx(Device::cpu());
+  testing::expect_user_error([&] { gn.forward(Tensor::zeros(Shape{2, 5, 3}), ctx); },
+                             {"GroupNorm(2, 6) cannot take input of shape (2, 5, 3)"});
 }
 
 TEST(LayerGrad, MaxPool) {
