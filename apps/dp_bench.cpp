@@ -98,7 +98,7 @@ Shape parse_input(const std::string& s) {
 }
 
 // The classes (or heatmap channels) each model is built with.
-int model_classes(const std::string& model) { return model == "heatmap3d" ? 4 : 10; }
+int model_classes(const std::string& model) { return models::dense_output(model) ? 4 : 10; }
 
 // Seeded targets for `model`'s output on a batch of `in`: class labels, or
 // dense heatmap-like targets (noise and one peak per channel) when the

@@ -111,7 +111,8 @@ Cli parse(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&o.model)->default_value(d.model),
-     "mlp, lenet, cnn, resnet18 or resnet18:imagenet (classification); heatmap3d (keypoint volumes)")
+     "mlp, lenet, cnn, resnet18 or resnet18:imagenet (classification); heatmap3d, or heatmap3d:group with "
+     "GroupNorm for small per-device batches (keypoint volumes)")
     ("data", po::value(&o.data)->default_value(d.data),
      "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N]; "
      "keypoint volumes: keypoints3d:DIR, synthetic3d[:N]")
@@ -254,7 +255,7 @@ Cli parse(int argc, char** argv) {
         << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << cli.betas << "'";
   }
   // heatmap3d's recipe for the options left at their (classification) defaults.
-  if (o.model == "heatmap3d") {
+  if (models::dense_output(o.model)) {
     auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
     if (unset("data")) o.data = "synthetic3d";
     if (unset("lr")) o.lr = kHeatmapRecipe.lr;

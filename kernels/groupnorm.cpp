@@ -40,8 +40,9 @@ void group_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const 
   check_shapes(ctx, op, x, gamma, groups, mean, rstd);
   detail::check_tensor(ctx, op, "dy", dy);
   detail::check_tensor(ctx, op, "dx", dx);
-  detail::check_tensor(ctx, op, "dgamma", dgamma);
-  detail::check_tensor(ctx, op, "dbeta", dbeta);
+  detail::check_grad(ctx, op, "dgamma", dgamma);
+  detail::check_grad(ctx, op, "dbeta", dbeta);
+  FANOUT_CHECK(dgamma.dtype() == dbeta.dtype()) << op << ": dgamma and dbeta of different dtypes";
   FANOUT_CHECK(dy.shape() == x.shape() && dx.shape() == x.shape() && dgamma.shape() == gamma.shape() &&
                dbeta.shape() == gamma.shape())
       << op << ": dy " << dy.shape().str() << ", dx " << dx.shape().str() << ", dgamma " << dgamma.shape().str()

@@ -15,7 +15,8 @@ FANOUT_KERNEL_OPS(
 void group_norm_forward(Context& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
                         Tensor& y, Tensor& mean, Tensor& rstd);
 // dx (=), which may alias dy; dgamma += sum over samples and positions of
-// dy * xhat, dbeta += sum of dy.
+// dy * xhat, dbeta += sum of dy. float64 dgamma/dbeta (split-invariant
+// math, CPU): each sample's sum is rounded to float and added exactly.
 void group_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                          const Tensor& rstd, int groups, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 )

@@ -39,6 +39,7 @@ void group_norm_backward(Context&, const Tensor& x, const Tensor& dy, const Tens
   const int64_t n = x.size(0), c = x.size(1), s = x.numel() / (n * c), cg = c / groups, m = cg * s;
   const float *xp = x.f32(), *dyp = dy.f32(), *g = gamma.f32();
   float* dxp = dx.f32();
+  const bool exact = dgamma.dtype() == DType::F64;
   for (int64_t cc = 0; cc < c; ++cc) {
     double sg = 0, sb = 0;  // this channel's sums over samples and positions
     const int64_t gr = cc / cg;
@@ -46,13 +47,22 @@ void group_norm_backward(Context&, const Tensor& x, const Tensor& dy, const Tens
       const double mu = mean.f32()[i * groups + gr], r = rstd.f32()[i * groups + gr];
       const float* xr = xp + (i * c + cc) * s;
       const float* dr = dyp + (i * c + cc) * s;
+      double pg = 0, pb = 0;  // this sample's
       for (int64_t k = 0; k < s; ++k) {
-        sg += dr[k] * ((xr[k] - mu) * r);
-        sb += dr[k];
+        pg += dr[k] * ((xr[k] - mu) * r);
+        pb += dr[k];
       }
+      if (exact) {  // a float per sample, summed exactly whatever the split
+        dgamma.f64()[cc] += static_cast<float>(pg);
+        dbeta.f64()[cc] += static_cast<float>(pb);
+      }
+      sg += pg;
+      sb += pb;
     }
-    dgamma.f32()[cc] += static_cast<float>(sg);
-    dbeta.f32()[cc] += static_cast<float>(sb);
+    if (!exact) {
+      dgamma.f32()[cc] += static_cast<float>(sg);
+      dbeta.f32()[cc] += static_cast<float>(sb);
+    }
   }
   for (int64_t i = 0; i < n; ++i)
     for (int64_t gr = 0; gr < groups; ++gr) {

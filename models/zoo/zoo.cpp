@@ -7,6 +7,7 @@
 #include "models/layers/conv2d.h"
 #include "models/layers/conv3d.h"
 #include "models/layers/flatten.h"
+#include "models/layers/groupnorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/pooling3d.h"
@@ -107,17 +108,25 @@ std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_ste
   return m;
 }
 
-std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width) {
+// heatmap3d:group's groups of channels per GroupNorm (widths 8, 16, 32: 2 to 8 channels a group).
+constexpr int kHeatmapGroups = 4;
+
+std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width, bool group_norm) {
   FANOUT_USER_CHECK(in.ndim == 4 && in[0] >= 1 && in[1] >= 8 && in[2] >= 8 && in[3] >= 8 && in[1] % 4 == 0 &&
                     in[2] % 4 == 0 && in[3] % 4 == 0)
       << "model heatmap3d cannot take inputs of shape " << in.str()
       << " (needs volumes (C, D, H, W) with D, H, W multiples of 4, at least 8)";
   FANOUT_USER_CHECK(landmarks >= 1) << "model heatmap3d needs at least 1 landmark, got " << landmarks;
   FANOUT_USER_CHECK(width >= 1) << "model heatmap3d needs a positive width, got " << width;
+  FANOUT_USER_CHECK(!group_norm || width % kHeatmapGroups == 0)
+      << "model heatmap3d:group needs a width that is a multiple of " << kHeatmapGroups << ", got " << width;
   auto m = std::make_unique<Sequential>();
   auto block = [&](const std::string& k, int64_t from, int64_t to) {
     m->add("conv" + k, std::make_unique<Conv3d>(from, to, 3, 1, 1, false));
-    m->add("bn" + k, std::make_unique<BatchNorm3d>(to));
+    if (group_norm)
+      m->add("gn" + k, std::make_unique<GroupNorm>(kHeatmapGroups, to));
+    else
+      m->add("bn" + k, std::make_unique<BatchNorm3d>(to));
     m->add("relu" + k, std::make_unique<ReLU>(/*inplace=*/true));
   };
   block("1", in[0], width);
@@ -134,15 +143,16 @@ std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width)
 }
 
 std::vector<std::string> model_names() {
-  return {"mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d"};
+  return {"mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d", "heatmap3d:group"};
 }
 
-bool dense_output(const std::string& name) { return name == "heatmap3d"; }
+bool dense_output(const std::string& name) { return name == "heatmap3d" || name == "heatmap3d:group"; }
 
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
   FANOUT_USER_CHECK(dense_output(name) || classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
   std::unique_ptr<Module> m;
   if (name == "heatmap3d") m = heatmap3d(input, classes);
+  else if (name == "heatmap3d:group") m = heatmap3d(input, classes, 8, /*group_norm=*/true);
   else if (name == "mlp") m = mlp(input, classes);
   else if (name == "lenet") m = lenet(input, classes);
   else if (name == "cnn") m = cnn(input, classes);
@@ -158,7 +168,7 @@ std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, 
   for (auto& [n, mod] : m->named_modules())
     if (auto* bn = dynamic_cast<BatchNormNd*>(mod)) bn->set_layer_id(id++);
   m->init(seed);
-  if (name == "heatmap3d")
+  if (dense_output(name))
     // The head starts near zero (N(0, 0.001)-sized, bias 0), as heatmap
     // networks initialize their last layer: outputs begin at the empty map
     // instead of noise that SGD first spends its steps removing.

@@ -29,10 +29,12 @@ std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_
 // heatmap per landmark. Two levels of conv(3^3)-BatchNorm3d-ReLU and max
 // pool (width, 2 width channels), a middle block (4 width), then two levels of
 // nearest upsampling and conv-BN-ReLU (2 width, width) and a 1^3 conv head.
-// D, H and W must be multiples of 4, at least 8.
-std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t width = 8);
+// D, H and W must be multiples of 4, at least 8. With group_norm
+// ("heatmap3d:group") GroupNorm(4, channels) in place of each BatchNorm3d:
+// statistics per sample, for small per-device batches of volumes.
+std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t width = 8, bool group_norm = false);
 
-// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d". Unknown names throw
+// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d", "heatmap3d:group". Unknown names throw
 // a one-line error listing the known ones. The model is initialized from seed.
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed);
 std::vector<std::string> model_names();

@@ -81,6 +81,24 @@ one_line_error "draws heatmaps but data synthetic:64 has class labels" --model h
 one_line_error "heatmap-radius must be in 0..64" --model heatmap3d --data synthetic3d:16 --heatmap-radius 99
 one_line_error "keypoints3d needs a directory" --model heatmap3d --data keypoints3d
 one_line_error "augmentation is for image classification" --model heatmap3d --data synthetic3d:16 --augment flip --devices cpu
+# heatmap3d:group (GroupNorm: statistics per sample, no batch statistics) under
+# split-invariant math: one device, cpu:2 and cpu:3 end with the same tensors, bit for bit.
+for d in cpu cpu:2 cpu:3; do
+  "$DP_TRAIN" --model heatmap3d:group --data synthetic3d:32 --epochs 2 --batch-size 8 --devices "$d" --split-invariant \
+    --progress off --save-dir "$work/gn-$d" > "$work/gn-$d.log" || fail "heatmap3d:group on $d: $(cat "$work/gn-$d.log")"
+done
+python3 - "$work" <<'PY'
+import sys
+from safetensors.numpy import load_file
+work = sys.argv[1]
+a = load_file(f"{work}/gn-cpu/epoch-0002.safetensors")
+assert any(k.startswith("gn1.") for k in a) and not any(k.startswith("bn") for k in a), sorted(a)[:8]
+for d in ("cpu:2", "cpu:3"):
+    b = load_file(f"{work}/gn-{d}/epoch-0002.safetensors")
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a), f"heatmap3d:group split-invariant on {d} differs"
+print(f"heatmap3d:group split-invariant: cpu, cpu:2, cpu:3 bit-identical ({len(a)} tensors)")
+PY
+
 # Progress lines show the running localization error, as the epoch's summary does (they showed "acc 0.0000").
 "$DP_TRAIN" --model heatmap3d --data synthetic3d:32 --epochs 1 --batch-size 8 --devices cpu --progress lines \
   > "$work/progress.out" 2> "$work/progress.err"
