@@ -6,13 +6,14 @@
    shapes, values and metadata must be what st_tool wrote.
 2. safetensors.numpy.save_file writes a file; `st_tool dump` reads it: every
    value must come back bit for bit.
-3. Files the reference writes but fanout does not support (F16) or truncated
-   files make st_tool fail with a message, not a crash.
+3. float16 files read back exactly; files the reference writes but fanout
+   does not support (I16) or truncated files make st_tool fail with a
+   message, not a crash.
 4. `st_tool npy` writes the same tensors with io::save_npy; numpy.load reads
    them back exactly.
 5. numpy.save (format 1.0) and np.lib.format.write_array (versions 2.0 and
    3.0) write arrays; `st_tool npyload` (io::load_npy) reads them back
-   exactly. Fortran-order, big-endian, float16 and object arrays fail with a
+   exactly (float16 included). Fortran-order, big-endian, int16 and object arrays fail with a
    one-line message naming the file.
 
 Usage: safetensors_interop.py [ST_TOOL]   (or ST_TOOL in the environment)
@@ -33,7 +34,8 @@ except ImportError as e:
           f"Install them with: pip install safetensors numpy", file=sys.stderr)
     sys.exit(2)
 
-DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "F64": np.float64}
+DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "F64": np.float64, "F16": np.float16}
+FLOATS = (np.float16, np.float32, np.float64)
 
 
 def sample(dtype, shape):
@@ -142,7 +144,7 @@ def python_to_cpp(tool, d):
         check(tuple(t["shape"]) == want.shape, f"{name}: shape {t['shape']} vs {want.shape}")
         if dtype is None:
             continue
-        values = np.array(t["values"], dtype=np.float64 if dtype in (np.float32, np.float64) else object)
+        values = np.array(t["values"], dtype=np.float64 if dtype in FLOATS else object)
         a = values.astype(dtype).reshape(t["shape"])
         check(same(a, want), f"{name}: values differ")
     # The reference orders data by alignment then name; fanout reports data order.
@@ -150,11 +152,24 @@ def python_to_cpp(tool, d):
 
 
 def bad_files(tool, d):
-    # A dtype the reference writes but fanout does not support.
+    # float16 (what torch saves for half-precision models) reads back exactly.
     path = os.path.join(d, "f16.safetensors")
-    save_file({"half": np.ones((2, 2), dtype=np.float16)}, path)
+    half = (np.arange(-6, 6, dtype=np.float32) * 0.375).astype(np.float16).reshape(3, 4)
+    half[0, 0] = np.float16(6.0e-8)  # a subnormal
+    save_file({"half": half}, path)
     r = st_tool(tool, "dump", path)
-    check(r.returncode == 1 and "F16" in r.stderr and path in r.stderr, f"F16 file: rc {r.returncode}, {r.stderr!r}")
+    ok = r.returncode == 0
+    if ok:
+        t = json.loads(r.stdout)["tensors"][0]
+        ok = t["dtype"] == "F16" and tuple(t["shape"]) == (3, 4) and same(
+            np.array(t["values"], dtype=np.float64).astype(np.float16).reshape(3, 4), half)
+    check(ok, f"F16 file: rc {r.returncode}, {r.stdout[:200]!r} {r.stderr!r}")
+
+    # A dtype the reference writes but fanout does not support.
+    path = os.path.join(d, "i16.safetensors")
+    save_file({"short": np.ones((2, 2), dtype=np.int16)}, path)
+    r = st_tool(tool, "dump", path)
+    check(r.returncode == 1 and "I16" in r.stderr and path in r.stderr, f"I16 file: rc {r.returncode}, {r.stderr!r}")
 
     # Truncated copies of a valid file.
     good = os.path.join(d, "from_cpp.safetensors")
@@ -203,6 +218,7 @@ def numpy_to_cpp(tool, d):
         "ints": rng.integers(-2**31, 2**31, size=(5, 3), dtype=np.int32),
         "longs": rng.integers(-2**63, 2**63 - 1, size=(7,), dtype=np.int64),
         "bytes": rng.integers(0, 256, size=(2, 1, 9), dtype=np.uint8),
+        "halves": rng.standard_normal((3, 5)).astype(np.float16),
         "scalar": np.array(-2.5, dtype=np.float64),
         "scalar_long": np.array(123456789012345, dtype=np.int64),
         "empty": np.zeros((0,), dtype=np.float32),
@@ -231,7 +247,7 @@ def numpy_to_cpp(tool, d):
             check(tuple(t["shape"]) == want.shape, f"{path}: shape {t['shape']} vs {want.shape}")
             if dtype is None:
                 continue
-            values = np.array(t["values"], dtype=np.float64 if dtype in (np.float32, np.float64) else object)
+            values = np.array(t["values"], dtype=np.float64 if dtype in FLOATS else object)
             check(same(values.astype(dtype).reshape(t["shape"]), want), f"{path}: values differ")  # tobytes: C order
             count += 1
 
@@ -239,7 +255,7 @@ def numpy_to_cpp(tool, d):
     refused = {
         "fortran": (np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)), "fortran_order is True"),
         "big_endian": (np.arange(4, dtype=">f4"), "big-endian"),
-        "half": (np.ones(3, dtype=np.float16), "'<f2' is not supported"),
+        "short": (np.ones(3, dtype=np.int16), "'<i2' is not supported"),
         "bool": (np.ones(3, dtype=bool), "'|b1' is not supported"),
         "object": (np.array([1, "a"], dtype=object), "object array"),
         "structured": (np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")]), "structured dtype"),

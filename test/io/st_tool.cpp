@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/half.h"
 #include "runtime/core/error.h"
 #include "runtime/io/npy.h"
 #include "runtime/io/safetensors.h"
@@ -88,6 +89,8 @@ nlohmann::json tensor_json(const Tensor& t) {
       case DType::I64: v.push_back(t.data<int64_t>()[i]); break;
       case DType::U8: v.push_back(t.data<uint8_t>()[i]); break;
       case DType::F64: v.push_back(t.data<double>()[i]); break;  // printed to round-trip
+      case DType::F16: v.push_back(static_cast<double>(half::float_from_f16(t.data<uint16_t>()[i]))); break;
+      case DType::BF16: v.push_back(static_cast<double>(half::float_from_bf16(t.data<uint16_t>()[i]))); break;
     }
   }
   e["values"] = std::move(v);
