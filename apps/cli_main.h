@@ -10,11 +10,24 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "runtime/core/error.h"
 
 namespace fanout::apps {
+
+// --betas BETA1,BETA2 (dp-train and dp-bench); the range is the optimizer's to check.
+inline std::pair<double, double> parse_betas(const std::string& s) {
+  double b1 = 0, b2 = 0;
+  char comma = 0;
+  std::istringstream in(s);
+  in >> b1 >> comma >> b2;
+  FANOUT_USER_CHECK(!in.fail() && comma == ',' && (in >> std::ws).eof())
+      << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << s << "'";
+  return {b1, b2};
+}
 
 // This program's executable (to start workers of itself, or find its siblings).
 inline std::string self_path() {

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,11 +67,7 @@ struct Options {
     h.momentum = h.kind == optim::OptimizerKind::SGD ? 0.9f : 0.0f;
     h.weight_decay = 5e-4f;
     h.no_decay_norm_bias = no_decay_norm_bias;
-    char comma = 0;
-    std::istringstream bs(betas);
-    bs >> h.beta1 >> comma >> h.beta2;
-    FANOUT_USER_CHECK(!bs.fail() && comma == ',' && (bs >> std::ws).eof())
-        << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << betas << "'";
+    std::tie(h.beta1, h.beta2) = apps::parse_betas(betas);
     h.eps = eps;
     h.amsgrad = amsgrad;
     return h;

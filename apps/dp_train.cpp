@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "apps/cli_main.h"
 #include "models/zoo/zoo.h"
@@ -247,13 +248,7 @@ Cli parse(int argc, char** argv) {
     FANOUT_USER_CHECK(!cli.seed.empty() && ec == std::errc() && ptr == end)
         << "--seed must be an integer in 0..18446744073709551615, got '" << cli.seed << "'";
   }
-  {
-    char comma = 0;
-    std::istringstream bs(cli.betas);
-    bs >> o.beta1 >> comma >> o.beta2;
-    FANOUT_USER_CHECK(!bs.fail() && comma == ',' && (bs >> std::ws).eof())
-        << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << cli.betas << "'";
-  }
+  std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
   // heatmap3d's recipe for the options left at their (classification) defaults.
   if (models::dense_output(o.model)) {
     auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };

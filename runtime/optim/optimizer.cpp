@@ -59,7 +59,7 @@ Tensor chunk_table(const std::vector<std::pair<int64_t, int64_t>>& ranges_in) {
 }  // namespace
 
 Optimizer::Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
-    : model_(model), ctx_(ctx), kind_(o.kind), o_(o), lr_(o.lr), groups_(std::move(groups)) {
+    : model_(model), ctx_(ctx), o_(o), lr_(o.lr), groups_(std::move(groups)) {
   FANOUT_CHECK(model.materialized()) << "the optimizer needs a materialized model (call init() or materialize())";
   FANOUT_CHECK(model.device().same_memory(ctx.device()))
       << "the model is on " << model.device().str() << " but the optimizer's context on " << ctx.device().str();
@@ -144,7 +144,7 @@ void Optimizer::zero_grad() {
 
 nlohmann::json Optimizer::hyper() const {
   nlohmann::json j = {{"type", type()}, {"weight_decay", o_.weight_decay}};
-  if (kind_ == OptimizerKind::SGD) {
+  if (o_.kind == OptimizerKind::SGD) {
     j["momentum"] = o_.momentum;
     j["dampening"] = o_.dampening;
     j["nesterov"] = o_.nesterov;

@@ -60,8 +60,8 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  const char* type() const { return optimizer_name(kind_); }
-  OptimizerKind kind() const { return kind_; }
+  const char* type() const { return optimizer_name(o_.kind); }
+  OptimizerKind kind() const { return o_.kind; }
   // The base learning rate (each group's is lr() * its lr_scale).
   void set_lr(float lr);
   float lr() const { return lr_; }
@@ -113,7 +113,6 @@ class Optimizer {
  private:
   Module& model_;
   Context& ctx_;
-  OptimizerKind kind_;
   OptimizerOptions o_;
   float lr_;
   std::vector<ParamGroup> groups_;

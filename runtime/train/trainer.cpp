@@ -169,33 +169,45 @@ int drop_metrics_after(const std::string& path, int last_epoch) {
   return dropped;
 }
 
+namespace {
+// The optimizer's step at `lr` on the reduced gradient, clipped by total norm
+// (max_norm > 0) and by value (max_value > 0) first, then zero_grad. Returns
+// the norm before clipping (0 without clipping by norm); a non-finite one is
+// an error, what(norm) its text (formatted only then: nothing per step).
+template <class What>
+double clipped_step(optim::Optimizer& opt, float lr, double max_norm, float max_value, What&& what) {
+  opt.set_lr(lr);
+  double norm = 0;
+  if (max_norm > 0) {
+    norm = optim::clip_grad_norm(opt, max_norm);
+    FANOUT_USER_CHECK(std::isfinite(norm)) << what(norm);
+  }
+  if (max_value > 0) optim::clip_grad_value(opt, max_value);
+  opt.step();
+  opt.zero_grad();
+  return norm;
+}
+}  // namespace
+
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
                       double clip_grad_norm, float clip_grad_value) {
   StepResult r = engine.forward_backward_batch(x, y);
-  opt.set_lr(lr);
-  if (clip_grad_norm > 0) {
-    const double norm = optim::clip_grad_norm(opt, clip_grad_norm);
-    FANOUT_USER_CHECK(std::isfinite(norm)) << "the gradient norm is " << norm << ": non-finite gradients";
-  }
-  if (clip_grad_value > 0) optim::clip_grad_value(opt, clip_grad_value);
-  opt.step();
-  opt.zero_grad();
+  clipped_step(opt, lr, clip_grad_norm, clip_grad_value, [](double norm) {
+    return "the gradient norm is " + std::to_string(norm) + ": non-finite gradients";
+  });
   return r;
 }
 
 void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms) {
-  opt_.set_lr(lr);
+  const double norm = clipped_step(opt_, lr, cfg_.clip_grad_norm, cfg_.clip_grad_value, [&](double n) {
+    return "training diverged: the gradient norm is " + std::to_string(n) + " at epoch " + std::to_string(epoch + 1) +
+           " step " + std::to_string(b + 1) + " (try a smaller --lr)";
+  });
   if (cfg_.clip_grad_norm > 0) {
-    const double norm = optim::clip_grad_norm(opt_, cfg_.clip_grad_norm);
-    FANOUT_USER_CHECK(std::isfinite(norm)) << "training diverged: the gradient norm is " << norm << " at epoch "
-                                           << epoch + 1 << " step " << b + 1 << " (try a smaller --lr)";
     norms.sum += norm;
     norms.max = std::max(norms.max, norm);
     ++norms.steps;
   }
-  if (cfg_.clip_grad_value > 0) optim::clip_grad_value(opt_, cfg_.clip_grad_value);
-  opt_.step();
-  opt_.zero_grad();
 }
 
 bool Trainer::stop_agreed(bool every_rank_checks) {
