@@ -204,6 +204,9 @@ Cli parse(int argc, char** argv) {
     ("progress", po::value(&o.progress)->default_value(d.progress), "auto (a bar on a terminal), bar, lines or off")
     ("timing-warmup", po::value(&o.timing_warmup)->default_value(d.timing_warmup),
      "steps at the start of each epoch left out of its img/s and steady_epoch_seconds (benchmarks)")
+    ("precision", po::value(&o.precision)->default_value(d.precision),
+     "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); float32 master weights and "
+     "optimizer state in every mode. CPU devices round to the low type at the same points (slower, not faster)")
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions on CUDA")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms")
     ("deterministic", po::bool_switch(&o.deterministic), "only deterministic cuDNN algorithms")
@@ -521,6 +524,10 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   FANOUT_USER_CHECK(c.save_every_steps == 0 || !save_dir.empty())
       << "--save-every-steps needs --save-dir (or --resume DIR)";
   train::Trainer trainer(tc, engine, opt, data);
+  optim::GradScaler* scaler = trainer.grad_scaler();
+  // 16-mixed continues with the saved scale; a checkpoint of another precision has none to give.
+  if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
+  auto scaler_state = [scaler] { return scaler ? scaler->state() : nlohmann::json::object(); };
   const double hold = test_hook_seconds("FANOUT_TEST_STEP_SLEEP_S");
   trainer.should_stop = [hold] {
     if (hold > 0) std::this_thread::sleep_for(std::chrono::duration<double>(hold));
@@ -533,6 +540,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.batch = pos.batch;
     ckpt.partial = pos.totals;
     ckpt.step = opt.steps();
+    ckpt.grad_scaler = scaler_state();
     if (!saver) return;
     const std::string path = saver->save_mid_epoch(engine, opt, ckpt);
     if (stopping) stop_saved = path;
@@ -544,6 +552,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.batch = 0;
     ckpt.partial = nlohmann::json::object();
     ckpt.step = opt.steps();
+    ckpt.grad_scaler = scaler_state();
     ckpt.metrics = train::metrics_json(m);
     const bool saving = !save_dir.empty() && (m.epoch % c.save_every == 0 || m.epoch == last);
     if (saving && p.world > 1) engine.barrier("barrier before the checkpoint of epoch " + std::to_string(m.epoch));

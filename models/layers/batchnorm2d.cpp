@@ -4,6 +4,7 @@
 #include "kernels/batchnorm.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -36,6 +37,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
   trained_forward_ = is_training();
   if (!trained_forward_) {
     kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);
+    autocast_round(ctx, y_);  // autocast: float32 statistics, low-type output
     return y_;
   }
   ensure(stats_, Shape{3, c_}, DType::F64, d);
@@ -49,6 +51,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
   kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
   nbt_->value.data<int64_t>()[0] += 1;
   kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);
+  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -69,6 +72,7 @@ Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
   }
   ensure(dx_, x_.shape(), d);
   kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);
+  autocast_round(ctx, dx_);
   return dx_;
 }
 

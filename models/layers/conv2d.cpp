@@ -5,6 +5,7 @@
 
 #include "models/layers/linear.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 #include "models/layers/init.h"
 
 namespace fanout::models {
@@ -34,9 +35,13 @@ Tensor Conv2d::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() == 4 && x.size(1) == in_ && x.size(2) + 2 * g_.padding >= k_ &&
                     x.size(3) + 2 * g_.padding >= k_)
       << "Conv2d(" << in_ << ", " << out_ << ", kernel " << k_ << ") cannot take input of shape " << x.shape().str();
-  x_ = x;
+  x_ = autocast_copy(ctx, x, xl_);  // autocast: input, weight and bias in the low type
+  const Tensor w = autocast_copy(ctx, w_->value, wl_);
+  Tensor b;
+  if (b_) b = autocast_copy(ctx, b_->value, bl_);
   ensure(y_, kernels::conv2d_output_shape(x.shape(), w_->shape, g_), ctx.device());
-  kernels::conv2d_forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, g_, y_);
+  kernels::conv2d_forward(ctx, x_, w, b_ ? &b : nullptr, g_, y_);
+  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -46,7 +51,13 @@ Tensor Conv2d::backward(const Tensor& dy, Context& ctx) {
     ensure(dx_, x_.shape(), ctx.device());
     dx = &dx_;
   }
-  kernels::conv2d_backward(ctx, x_, w_->value, dy, g_, dx, w_->grad, b_ ? &b_->grad : nullptr);
+  const Tensor& w = autocast_on(ctx) ? wl_ : w_->value;
+  Tensor& gw = gw_.sink(ctx, w_->grad);
+  Tensor* gb = b_ ? &gb_.sink(ctx, b_->grad) : nullptr;
+  kernels::conv2d_backward(ctx, x_, w, dy, g_, dx, gw, gb);
+  gw_.flush(ctx, w_->grad);
+  if (b_) gb_.flush(ctx, b_->grad);
+  if (dx) autocast_round(ctx, *dx);
   notify_grads_ready(ctx);
   return input_grad() ? dx_ : Tensor();
 }

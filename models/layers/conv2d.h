@@ -1,6 +1,7 @@
 // 2-D convolution layer, torch.nn.Conv2d (square kernel, groups 1).
 #pragma once
 #include "kernels/conv2d.h"
+#include "runtime/nn/autocast.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {
@@ -27,6 +28,8 @@ class Conv2d : public Module {
   Parameter* w_;
   Parameter* b_ = nullptr;
   Tensor x_, y_, dx_;
+  Tensor xl_, wl_, bl_;  // autocast's low-type copies
+  LowGrad gw_, gb_;
 };
 
 }  // namespace fanout::models

@@ -2,6 +2,7 @@
 // over (N, C, D, H, W).
 #pragma once
 #include "kernels/conv3d.h"
+#include "runtime/nn/autocast.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {
@@ -28,6 +29,8 @@ class Conv3d : public Module {
   Parameter* w_;
   Parameter* b_ = nullptr;
   Tensor x_, y_, dx_;
+  Tensor xl_, wl_, bl_;  // autocast's low-type copies
+  LowGrad gw_, gb_;
 };
 
 }  // namespace fanout::models

@@ -5,6 +5,7 @@
 
 #include "kernels/groupnorm.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -38,7 +39,9 @@ Tensor GroupNorm::backward(const Tensor& dy, Context& ctx) {
   Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx.device()), dx_);
   kernels::group_norm_backward(ctx, x_, dy, w_->value, mean_, rstd_, groups_, dx, w_->grad, b_->grad);
   notify_grads_ready(ctx);
-  return input_grad() ? dx : Tensor();
+  if (!input_grad()) return Tensor();
+  autocast_round(ctx, dx);  // autocast: float32 output, low-type input gradient
+  return dx;
 }
 
 }  // namespace fanout::models

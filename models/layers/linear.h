@@ -1,5 +1,6 @@
 // Linear layer, torch.nn.Linear: y = x W^T + b; x (N, in), W (out, in).
 #pragma once
+#include "runtime/nn/autocast.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {
@@ -22,6 +23,8 @@ class Linear : public Module {
   Parameter* w_;
   Parameter* b_ = nullptr;
   Tensor x_, y_, dx_;
+  Tensor xl_, wl_, bl_;  // autocast's low-type copies
+  LowGrad gw_, gb_;
 };
 
 }  // namespace fanout::models

@@ -2,6 +2,7 @@
 #include "models/layers/pooling.h"
 
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -20,6 +21,7 @@ Tensor MaxPool2d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
   kernels::maxpool2d_backward(ctx, dy, argmax_, dx_);
+  autocast_round(ctx, dx_);  // overlapping windows add gradients
   return dx_;
 }
 
@@ -29,6 +31,7 @@ Tensor AvgPool2d::forward(const Tensor& x, Context& ctx) {
   in_shape_ = x.shape();
   ensure(y_, kernels::pool2d_output_shape(x.shape(), g_), ctx.device());
   kernels::avgpool2d_forward(ctx, x, g_, y_);
+  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -36,6 +39,7 @@ Tensor AvgPool2d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
   kernels::avgpool2d_backward(ctx, dy, g_, dx_);
+  autocast_round(ctx, dx_);
   return dx_;
 }
 
@@ -44,6 +48,7 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x, Context& ctx) {
   in_shape_ = x.shape();
   ensure(y_, Shape{x.size(0), x.size(1), 1, 1}, ctx.device());
   kernels::global_avgpool_forward(ctx, x, y_);
+  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -51,6 +56,7 @@ Tensor AdaptiveAvgPool2d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
   kernels::global_avgpool_backward(ctx, dy, dx_);
+  autocast_round(ctx, dx_);
   return dx_;
 }
 

@@ -2,6 +2,7 @@
 #include "models/layers/pooling3d.h"
 
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -28,6 +29,7 @@ Tensor MaxPool3d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
   kernels::maxpool3d_backward(ctx, dy, argmax_, dx_);
+  autocast_round(ctx, dx_);  // overlapping windows add gradients
   return dx_;
 }
 
@@ -48,6 +50,7 @@ Tensor Upsample3d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
   kernels::upsample3d_nearest_backward(ctx, dy, scale_, dx_);
+  autocast_round(ctx, dx_);  // each input voxel sums its copies' gradients
   return dx_;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -18,6 +19,7 @@ Tensor SmoothActivation::forward(const Tensor& x, Context& ctx) {
   x_ = x;  // the input, for backward (nothing downstream writes it)
   ensure(y_, x.shape(), ctx.device());
   kernels::activation_forward(ctx, a_, x, y_);
+  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -25,6 +27,7 @@ Tensor SmoothActivation::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   dx_ = dy;  // dx over dy: backward may overwrite dy
   kernels::activation_backward(ctx, a_, x_, dy, dx_);
+  autocast_round(ctx, dx_);
   return dx_;
 }
 

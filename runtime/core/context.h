@@ -23,6 +23,9 @@ struct MathOptions {
   // depends on the row count), and weight gradients accumulate each sample's
   // float contribution in float64 (see Module::set_grad_dtype).
   bool split_invariant = false;
+  // Mixed precision: BF16 or F16 runs the layers under autocast's rules in
+  // that type (runtime/nn/autocast.h); F32: off.
+  DType autocast = DType::F32;
 };
 
 class Context {

@@ -5,6 +5,7 @@
 
 #include "kernels/loss.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout {
 
@@ -45,6 +46,7 @@ class CrossEntropy final : public Criterion {
     if (train) {
       ensure(grad_, out.shape(), d);
       kernels::softmax_xent_backward(ctx, probs_, target, smoothing_, grad_scale, grad_);
+      autocast_round(ctx, grad_);  // the loss is float32; the gradient flows back in the low type
     }
   }
   const Tensor& grad() const override { return grad_; }
@@ -84,6 +86,7 @@ class MeanSquaredError final : public Criterion {
       g = &grad_;
     }
     kernels::mse_forward(ctx, out, target, grad_scale, rows_, g);
+    if (g) autocast_round(ctx, *g);
     shape_ = out.shape();
     heatmaps_ = out.dim() >= 3;
     if (heatmaps_) {

@@ -100,6 +100,7 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
       {"batch", std::to_string(st.batch)},
       {"partial", st.partial.dump()},
   };
+  if (!st.grad_scaler.empty()) md["grad_scaler"] = st.grad_scaler.dump();
   io::save_safetensors(path, tensors, md);
 }
 
@@ -136,6 +137,11 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   }
   FANOUT_USER_CHECK(st.config.is_object() && st.metrics.is_object())
       << "checkpoint " << path << ": metadata 'config' and 'metrics' must be JSON objects";
+  if (f.metadata.count("grad_scaler")) {
+    st.grad_scaler = meta_json(f, "grad_scaler", path);
+    FANOUT_USER_CHECK(st.grad_scaler.is_object())
+        << "checkpoint " << path << ": metadata 'grad_scaler' must be a JSON object";
+  }
   if (check) check(st);
   const nlohmann::json saved = meta_json(f, "optimizer", path);
   FANOUT_USER_CHECK(saved.is_object() && saved.contains("type") && saved["type"].is_string() &&

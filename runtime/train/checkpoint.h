@@ -10,8 +10,9 @@
 // best_test_acc, optimizer (JSON: type, hyper-parameters, groups, steps), rng (the primary
 // context's generator state), sampler (JSON: kind, seed, next epoch; the
 // shuffle and augmentation are pure functions of seed, epoch and sample
-// index, so nothing else is needed), config (JSON: the training options) and
-// metrics (JSON: the last epoch's summary).
+// index, so nothing else is needed), config (JSON: the training options),
+// metrics (JSON: the last epoch's summary) and, with loss scaling,
+// grad_scaler (JSON: scale, growth tracker, steps skipped).
 #pragma once
 #include <functional>
 #include <memory>
@@ -42,6 +43,8 @@ struct CheckpointState {
   double best_test_acc = -1;     // best test accuracy (heatmaps: share within 2 voxels) so far; -1: none yet
   nlohmann::json config = nlohmann::json::object();   // training options, as the front end names them
   nlohmann::json metrics = nlohmann::json::object();  // the last epoch's summary
+  // The loss scaler's state (GradScaler::state(); 16-mixed runs), empty when there is none.
+  nlohmann::json grad_scaler = nlohmann::json::object();
 };
 
 // Writes the engine's model, the optimizer's state and the RNG state plus

@@ -70,6 +70,10 @@ void RunConfig::validate() const {
       << "--nnodes, --node-rank and --rdzv need --strategy ddp";
   parse_progress(progress);
   data::parse_augment(augment);
+  const Precision prec = parse_precision(precision);
+  FANOUT_USER_CHECK(prec == Precision::F32 || !split_invariant)
+      << "--precision " << precision << " cannot keep --split-invariant's exactness (its roundings depend on how "
+      << "the batch is split); use one or the other";
 }
 
 optim::OptimizerOptions RunConfig::optimizer_options() const {
@@ -123,7 +127,8 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"allow_tf32", allow_tf32},
           {"cudnn_benchmark", cudnn_benchmark},
           {"deterministic", deterministic},
-          {"split_invariant", split_invariant}};
+          {"split_invariant", split_invariant},
+          {"precision", precision_name(parse_precision(precision))}};
 }
 
 TrainerConfig RunConfig::trainer_config(bool pin) const {
@@ -145,6 +150,7 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.pin_memory = pin_memory == "on" || (pin_memory == "auto" && pin);
   tc.augment = data::parse_augment(augment);
   tc.drop_last = drop_last;
+  if (parse_precision(precision) == Precision::F16Mixed) tc.loss_scaling = optim::GradScalerOptions{};
   return tc;
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/context.h"
+#include "runtime/core/precision.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/trainer.h"
 
@@ -66,10 +67,13 @@ struct RunConfig {
   int timing_warmup = 0;  // steps of each epoch left out of its steady time
   // Math.
   bool allow_tf32 = false, cudnn_benchmark = false, deterministic = false, split_invariant = false;
+  std::string precision = "32";  // 32, bf16-mixed or 16-mixed (runtime/core/precision.h)
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;
-  MathOptions math() const { return {allow_tf32, cudnn_benchmark, deterministic, split_invariant}; }
+  MathOptions math() const {
+    return {allow_tf32, cudnn_benchmark, deterministic, split_invariant, autocast_dtype(parse_precision(precision))};
+  }
   optim::OptimizerOptions optimizer_options() const;
   // The options that change what a run computes, as a checkpoint records them
   // (a resume warns about each that differs). `device_names` is the device

@@ -34,6 +34,7 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
                  TrainerSamplers samplers)
     : cfg_(cfg), engine_(engine), opt_(opt), data_(data), progress_(cfg.progress) {
+  if (cfg.loss_scaling) scaler_ = std::make_unique<optim::GradScaler>(*cfg.loss_scaling);
   cfg_.schedule.base_lr = opt.initial_lr();
   FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
   FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_norm) && cfg.clip_grad_norm >= 0)
@@ -142,6 +143,10 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
     j["grad_norm_mean"] = m.grad_norm_mean;
     j["grad_norm_max"] = m.grad_norm_max;
   }
+  if (m.loss_scaling) {
+    j["loss_scale"] = m.loss_scale;
+    j["skipped_steps"] = m.skipped_steps;
+  }
   if (m.heatmaps) {
     j["train_loc_error"] = m.train_loc_error;
     j["train_within_2"] = m.train_within_2;
@@ -170,42 +175,57 @@ int drop_metrics_after(const std::string& path, int last_epoch) {
 }
 
 namespace {
+struct Stepped {
+  bool stepped = true;
+  double norm = 0;  // before clipping; 0 without clipping by norm
+};
+
 // The optimizer's step at `lr` on the reduced gradient, clipped by total norm
-// (max_norm > 0) and by value (max_value > 0) first, then zero_grad. Returns
-// the norm before clipping (0 without clipping by norm); a non-finite one is
-// an error, what(norm) its text (formatted only then: nothing per step).
+// (max_norm > 0) and by value (max_value > 0) first, then zero_grad. A
+// non-finite norm is an error, what(norm) its text (formatted only then:
+// nothing per step). With a scaler the gradient is unscaled first, and a
+// gradient holding inf or NaN skips clipping and the step (scaler->step).
 template <class What>
-double clipped_step(optim::Optimizer& opt, float lr, double max_norm, float max_value, What&& what) {
+Stepped clipped_step(optim::Optimizer& opt, optim::GradScaler* scaler, float lr, double max_norm, float max_value,
+                     What&& what) {
   opt.set_lr(lr);
-  double norm = 0;
-  if (max_norm > 0) {
-    norm = optim::clip_grad_norm(opt, max_norm);
-    FANOUT_USER_CHECK(std::isfinite(norm)) << what(norm);
+  Stepped r;
+  if (!scaler || scaler->unscale(opt)) {
+    if (max_norm > 0) {
+      r.norm = optim::clip_grad_norm(opt, max_norm);
+      FANOUT_USER_CHECK(std::isfinite(r.norm)) << what(r.norm);
+    }
+    if (max_value > 0) optim::clip_grad_value(opt, max_value);
   }
-  if (max_value > 0) optim::clip_grad_value(opt, max_value);
-  opt.step();
+  if (scaler)
+    r.stepped = scaler->step(opt);
+  else
+    opt.step();
   opt.zero_grad();
-  return norm;
+  return r;
 }
+
+float loss_gradient_scale(const optim::GradScaler* scaler) { return scaler ? scaler->scale() : 1.0f; }
 }  // namespace
 
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
-                      double clip_grad_norm, float clip_grad_value) {
-  StepResult r = engine.forward_backward_batch(x, y);
-  clipped_step(opt, lr, clip_grad_norm, clip_grad_value, [](double norm) {
+                      double clip_grad_norm, float clip_grad_value, optim::GradScaler* scaler) {
+  const float rows = static_cast<float>(x.size(0) * engine.world_size());
+  StepResult r = engine.forward_backward(x, y, loss_gradient_scale(scaler) / rows, true);
+  clipped_step(opt, scaler, lr, clip_grad_norm, clip_grad_value, [](double norm) {
     return "the gradient norm is " + std::to_string(norm) + ": non-finite gradients";
   });
   return r;
 }
 
 void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms) {
-  const double norm = clipped_step(opt_, lr, cfg_.clip_grad_norm, cfg_.clip_grad_value, [&](double n) {
+  const Stepped s = clipped_step(opt_, scaler_.get(), lr, cfg_.clip_grad_norm, cfg_.clip_grad_value, [&](double n) {
     return "training diverged: the gradient norm is " + std::to_string(n) + " at epoch " + std::to_string(epoch + 1) +
            " step " + std::to_string(b + 1) + " (try a smaller --lr)";
   });
-  if (cfg_.clip_grad_norm > 0) {
-    norms.sum += norm;
-    norms.max = std::max(norms.max, norm);
+  if (cfg_.clip_grad_norm > 0 && s.stepped) {
+    norms.sum += s.norm;
+    norms.max = std::max(norms.max, s.norm);
     ++norms.steps;
   }
 }
@@ -264,7 +284,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     const bool last_in_group = b % k == k - 1 || b == nb - 1;
     const float lr = cfg_.schedule.at(epoch, static_cast<int>(group), static_cast<int>(opt_steps));
     m.lr = lr;
-    StepResult r = engine_.forward_backward(x, y, 1.0f / static_cast<float>(group_rows * world), last_in_group);
+    const float grad_scale = loss_gradient_scale(scaler_.get()) / static_cast<float>(group_rows * world);
+    StepResult r = engine_.forward_backward(x, y, grad_scale, last_in_group);
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1
         << " (try a smaller --lr)";
@@ -318,6 +339,11 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   m.grad_norms = norms.steps > 0;
   m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : 0;
   m.grad_norm_max = norms.max;
+  if (scaler_) {
+    m.loss_scaling = true;
+    m.loss_scale = scaler_->scale();
+    m.skipped_steps = scaler_->skipped();
+  }
   m.data_wait_fraction = steady > 0 ? std::min(1.0, (it.wait_seconds() - wait_at_warm) / steady) : 0;
   return m;
 }
@@ -383,7 +409,11 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
   char norms[96] = "";
   if (m.grad_norms)
     std::snprintf(norms, sizeof norms, "grad norm %.3g (max %.3g)  ", m.grad_norm_mean, m.grad_norm_max);
-  return std::string(head) + scores + tail + norms + memory_summary(m);
+  char scaling[96] = "";
+  if (m.loss_scaling)
+    std::snprintf(scaling, sizeof scaling, "loss scale %.6g (%lld steps skipped)  ", m.loss_scale,
+                  static_cast<long long>(m.skipped_steps));
+  return std::string(head) + scores + tail + norms + scaling + memory_summary(m);
 }
 
 std::string memory_summary(const EpochMetrics& m) {

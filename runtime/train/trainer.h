@@ -6,12 +6,14 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
+#include "runtime/optim/grad_scaler.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/engine.h"
@@ -40,6 +42,10 @@ struct TrainerConfig {
   // by total L2 norm (torch's clip_grad_norm_) and by value (clip_grad_value_).
   double clip_grad_norm = 0;
   float clip_grad_value = 0;
+  // Loss scaling (float16 mixed precision): the Trainer owns a GradScaler
+  // with these options; the loss gradient is scaled, the reduced gradient
+  // unscaled before clipping, and a step holding inf or NaN is skipped.
+  std::optional<optim::GradScalerOptions> loss_scaling;
   std::string metrics_path;  // empty: none
   Progress::Mode progress = Progress::Mode::Auto;
   FILE* summary_out = stdout;  // null: no summary lines (ranks other than 0)
@@ -78,6 +84,10 @@ struct EpochMetrics {
   // With clip_grad_norm: the total gradient norm before clipping, mean and max over the epoch's steps.
   bool grad_norms = false;
   double grad_norm_mean = 0, grad_norm_max = 0;
+  // With loss scaling: the scale at the epoch's end and the steps it skipped (inf/NaN gradients).
+  bool loss_scaling = false;
+  double loss_scale = 0;
+  int64_t skipped_steps = 0;
   double data_wait_fraction = 0;  // share of the (steady) epoch spent waiting for the loader
   // Peak memory so far: resident host bytes summed over the processes, and
   // the pool high-water mark of each GPU of each process (rank order).
@@ -93,8 +103,10 @@ struct EpochMetrics {
 // benchmarks, a user's own loop): engine.forward_backward_batch, clipping
 // by total norm when clip_grad_norm > 0 (a non-finite norm is an error) and
 // by value when clip_grad_value > 0, then opt.step() at `lr` and opt.zero_grad().
+// With a scaler: the loss gradient scaled by its scale, the gradient
+// unscaled before clipping, and the step taken or skipped by scaler->step.
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
-                      double clip_grad_norm = 0, float clip_grad_value = 0);
+                      double clip_grad_norm = 0, float clip_grad_value = 0, optim::GradScaler* scaler = nullptr);
 
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);
@@ -139,6 +151,8 @@ class Trainer {
   std::function<void(int, const EpochPosition&, bool)> on_mid_epoch;
   // After run(): whether it stopped early, and at which epoch (0-based) and position.
   bool stopped() const { return stopped_; }
+  // The loss scaler (cfg.loss_scaling), or null: its state goes into checkpoints.
+  optim::GradScaler* grad_scaler() { return scaler_.get(); }
   int stopped_epoch() const { return stopped_epoch_; }
   const EpochPosition& stopped_at() const { return stopped_at_; }
 
@@ -154,6 +168,7 @@ class Trainer {
   TrainerConfig cfg_;
   Engine& engine_;
   optim::Optimizer& opt_;
+  std::unique_ptr<optim::GradScaler> scaler_;
   const data::TrainTest& data_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
