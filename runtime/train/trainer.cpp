@@ -411,8 +411,8 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
     std::snprintf(norms, sizeof norms, "grad norm %.3g (max %.3g)  ", m.grad_norm_mean, m.grad_norm_max);
   char scaling[96] = "";
   if (m.loss_scaling)
-    std::snprintf(scaling, sizeof scaling, "loss scale %.6g (%lld steps skipped)  ", m.loss_scale,
-                  static_cast<long long>(m.skipped_steps));
+    std::snprintf(scaling, sizeof scaling, "loss scale %.6g (%lld step%s skipped)  ", m.loss_scale,
+                  static_cast<long long>(m.skipped_steps), m.skipped_steps == 1 ? "" : "s");
   return std::string(head) + scores + tail + norms + scaling + memory_summary(m);
 }
 

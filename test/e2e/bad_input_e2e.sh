@@ -132,6 +132,12 @@ expect_error warmup-past-end "warmup-epochs must be in \[0, --epochs\] = \[0, 1\
 expect_error warmup-nan "warmup-epochs must be in" --warmup-epochs nan --data synthetic:64
 expect_error split-invariant-batchnorm "cannot hold for a model with BatchNorm" --split-invariant --model resnet18 \
   --devices cpu:2 --data synthetic:64
+expect_error unknown-precision "unknown --precision 'fp8' \(choose 32, bf16-mixed or 16-mixed\)" --precision fp8 \
+  --data synthetic:64
+expect_error bf16-split-invariant "--precision bf16-mixed cannot keep --split-invariant" --precision bf16-mixed \
+  --split-invariant --data synthetic:64
+expect_error f16-split-invariant "--precision 16-mixed cannot keep --split-invariant" --precision 16-mixed \
+  --split-invariant --data synthetic:64
 
 # --list-devices answers on any machine: GPUs, or that there is none (not a CUDA runtime error).
 if out=$(timeout 60 "$DP_TRAIN" --list-devices 2>&1) && echo "$out" | grep -qE "^no CUDA device visible|^cuda:0"; then
