@@ -207,6 +207,9 @@ Cli parse(int argc, char** argv) {
     ("precision", po::value(&o.precision)->default_value(d.precision),
      "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); float32 master weights and "
      "optimizer state in every mode. CPU devices round to the low type at the same points (slower, not faster)")
+    ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(d.grad_reduce_dtype),
+     "fp32, or bf16: gradient buckets rounded to bfloat16 before and after each reduction (DDP's "
+     "bf16_compress_hook)")
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions on CUDA")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms")
     ("deterministic", po::bool_switch(&o.deterministic), "only deterministic cuDNN algorithms")
@@ -407,6 +410,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   spec.dp.comm = c.dp_comm;
   spec.dp.seed = c.seed;
   spec.dp.math = c.math();
+  spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(c.grad_reduce_dtype);
   if (c.strategy == "ddp") {
     dist::GroupOptions g;
     g.rank = p.rank;
@@ -434,6 +438,11 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
     for (auto [on, flag] : {std::pair{c.allow_tf32, "--allow-tf32"}, std::pair{c.deterministic, "--deterministic"},
                             std::pair{c.cudnn_benchmark, "--cudnn-benchmark"}})
       if (on) warn(std::string(flag) + " has no effect on CPU devices");
+  if (all[0].is_cuda() && parse_precision(c.precision) != Precision::F32)
+    warn("--precision " + c.precision + " on CUDA devices rounds to the low type around float32 kernels in this "
+         "version: a GPU's mixed-precision numbers, not yet its speed");
+  if (parse_grad_reduce_dtype(c.grad_reduce_dtype) != DType::F32 && p.devices.size() == 1 && p.world == 1)
+    warn("--grad-reduce-dtype " + c.grad_reduce_dtype + " has no effect with one device (nothing is reduced)");
   if (!c.output_device.empty() && !c.gather_outputs)
     warn("--output-device has no effect without --gather-outputs (the loss runs on each replica)");
   if (c.gather_outputs && p.devices.size() == 1)

@@ -63,8 +63,8 @@ class DataParallel::StatSync : public BatchStatSync {
     head.copy_from(stats.view(Shape{n}), &ctx.compute());
     tail.copy_from(h, &ctx.compute());
     dp_.comm_->all_reduce(rank, p, ctx);
-    if (dp_.cross_) {
-      if (rank == 0) dp_.cross_->sum_batch_stats(p, ctx);
+    if (ProcessLink* link = dp_.process_link()) {  // across processes: the primary's sum, then to the replicas
+      if (rank == 0) link->all_reduce(p, "all-reduce of SyncBatchNorm statistics", kTagMain);
       dp_.comm_->broadcast(rank, p, ctx);
     }
     stats.view(Shape{n}).copy_from(head, &ctx.compute());
@@ -137,8 +137,6 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   const int n = static_cast<int>(devices.size());
   if (auto it = std::find(devices.begin(), devices.end(), output_device_); it != devices.end())
     output_replica_ = static_cast<int>(it - devices.begin());
-  reducer_ = std::make_unique<Reducer>(layout_, n, [this](int rank, int b) { reduce_bucket(rank, b); });
-  bucket_arrivals_ = std::make_unique<std::atomic<int>[]>(layout_.size());
   if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(n, opts.math));
 
   for (int i = 0; i < n; ++i) {
@@ -150,14 +148,20 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
   comm_ = make_comm(opts.comm, devices, layout_.size() + 1);
+  std::vector<Module*> ms;
+  std::vector<Context*> cs;
+  for (int i = 0; i < n; ++i) {
+    ms.push_back(&replica(i));
+    cs.push_back(contexts_[i].get());
+  }
+  reducer_ = std::make_unique<Reducer>(std::move(ms), std::move(cs), *comm_, layout_,
+                                       ReducerOptions{opts.group, opts.grad_reduce_dtype});
   if (opts.sync_bn) {
     stat_sync_ = std::make_unique<StatSync>(*this);
     for (int i = 0; i < n; ++i) replica(i).set_batch_stat_sync(stat_sync_.get());
   }
   for (int i = 0; i < n; ++i)
-    contexts_[i]->on_grad_ready = [this, i](size_t b, size_t c) {
-      if (training_forward_) reducer_->grad_ready(i, b, c);
-    };
+    contexts_[i]->on_grad_ready = [this, i](size_t b, size_t c) { reducer_->grad_ready(i, b, c); };
   in_chunks_.resize(n);
   out_chunks_.resize(n);
   dy_chunks_.resize(n);
@@ -170,13 +174,28 @@ DataParallel::~DataParallel() {
   if (stat_sync_ && module_.batch_stat_sync() == stat_sync_.get()) module_.set_batch_stat_sync(nullptr);
 }
 
-void DataParallel::reduce_bucket(int rank, int b) {
-  const GradBucket& bk = layout_.buckets()[b];
-  Tensor g = replica(rank).arenas().grads.flat(bk.begin, Shape{bk.count});
-  comm_->reduce_add(b, rank, g, *contexts_[rank]);
-  // The replica whose arrival completes the count has seen every reduce_add
-  // of this bucket return, so the primary's sum is final (host comms).
-  if (cross_ && bucket_arrivals_[b].fetch_add(1) + 1 == active_) cross_->bucket_reduced(b);
+DType parse_grad_reduce_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32") return DType::F32;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  throw Error("gradients cannot be reduced in '" + s + "' (--grad-reduce-dtype takes fp32 or bf16)");
+}
+
+void DataParallel::run_replicas(const std::function<void(int)>& fn) {
+  try {
+    pool_->run(
+        [&](int i) {
+          try {
+            fn(i);
+          } catch (...) {
+            comm_->abort();
+            throw;
+          }
+        },
+        active_);
+  } catch (...) {
+    reducer_->abort();
+    throw;
+  }
 }
 
 void DataParallel::begin_pass(const Tensor& x) {
@@ -199,8 +218,7 @@ void DataParallel::begin_pass(const Tensor& x) {
   comm_->begin(active_);
   // Reinstalled every pass: another engine built on this module may have replaced it.
   if (stat_sync_) module_.set_batch_stat_sync(stat_sync_.get());
-  reducer_->begin();
-  for (int b = 0; b < layout_.size(); ++b) bucket_arrivals_[b] = 0;
+  reducer_->begin(active_, training_forward_, sync_);
   out_shapes_.resize(n);
 }
 
@@ -257,22 +275,15 @@ Tensor DataParallel::forward(const Tensor& x) {
     dst.copy_from(out_chunks_[i], &contexts_[i]->compute());
     contexts_[i]->compute().synchronize();
   };
-  pool_->run(
-      [&](int i) {
-        try {
-          replica_forward(i, x);
-          if (fused) {
-            FANOUT_CHECK(out_shapes_[i][0] == sizes_[i] && out_shapes_[i].numel() / sizes_[i] == sample_out_.numel())
-                << "replica " << i << " output " << out_shapes_[i].str() << " differs from the expected per-sample "
-                << sample_out_.str();
-            gather(i);
-          }
-        } catch (...) {
-          comm_->abort();
-          throw;
-        }
-      },
-      active_);
+  run_replicas([&](int i) {
+    replica_forward(i, x);
+    if (fused) {
+      FANOUT_CHECK(out_shapes_[i][0] == sizes_[i] && out_shapes_[i].numel() / sizes_[i] == sample_out_.numel())
+          << "replica " << i << " output " << out_shapes_[i].str() << " differs from the expected per-sample "
+          << sample_out_.str();
+      gather(i);
+    }
+  });
 
   if (!fused) {
     // First batch of this input shape: learn the output shape, gather in a second round.
@@ -294,24 +305,17 @@ void DataParallel::backward(const Tensor& dy) {
   FANOUT_CHECK(gathered_pass_) << "DataParallel backward after a pass with the loss on the replicas";
   FANOUT_USER_CHECK(dy.shape() == gathered_.shape())
       << "output gradient " << dy.shape().str() << " does not match the output " << gathered_.shape().str();
-  pool_->run(
-      [&](int i) {
-        Context& ctx = *contexts_[i];
-        try {
-          Tensor chunk = dy.slice(starts_[i], starts_[i] + sizes_[i]);
-          if (chunk.device().same_memory(devices_[i])) {
-            dy_chunks_[i] = chunk;
-          } else {
-            ensure(dy_chunks_[i], chunk.shape(), DType::F32, devices_[i]);
-            dy_chunks_[i].copy_from(chunk, &ctx.compute());
-          }
-          replica_backward(i, dy_chunks_[i]);
-        } catch (...) {
-          comm_->abort();
-          throw;
-        }
-      },
-      active_);
+  run_replicas([&](int i) {
+    Tensor chunk = dy.slice(starts_[i], starts_[i] + sizes_[i]);
+    if (chunk.device().same_memory(devices_[i])) {
+      dy_chunks_[i] = chunk;
+    } else {
+      ensure(dy_chunks_[i], chunk.shape(), DType::F32, devices_[i]);
+      dy_chunks_[i].copy_from(chunk, &contexts_[i]->compute());
+    }
+    replica_backward(i, dy_chunks_[i]);
+  });
+  reducer_->finish();
 }
 
 int64_t DataParallel::gathered_bytes() const {
@@ -323,23 +327,17 @@ int64_t DataParallel::gathered_bytes() const {
 
 void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done) {
   begin_pass(x);
-  pool_->run(
-      [&](int i) {
-        try {
-          Tensor out = replica_forward(i, x);
-          const Tensor* dy = loss(i, starts_[i], starts_[i] + sizes_[i], out, *contexts_[i]);
-          if (training_forward_) {
-            FANOUT_CHECK(dy && dy->shape() == out.shape())
-                << "replica " << i << ": the loss gave no output gradient of shape " << out.shape().str();
-            replica_backward(i, *dy);
-          }
-          if (done) done(i, *contexts_[i]);
-        } catch (...) {
-          comm_->abort();
-          throw;
-        }
-      },
-      active_);
+  run_replicas([&](int i) {
+    Tensor out = replica_forward(i, x);
+    const Tensor* dy = loss(i, starts_[i], starts_[i] + sizes_[i], out, *contexts_[i]);
+    if (training_forward_) {
+      FANOUT_CHECK(dy && dy->shape() == out.shape())
+          << "replica " << i << ": the loss gave no output gradient of shape " << out.shape().str();
+      replica_backward(i, *dy);
+    }
+    if (done) done(i, *contexts_[i]);
+  });
+  reducer_->finish();
 }
 
 namespace {
@@ -413,7 +411,8 @@ StepResult DataParallelEngine::gathered_step(const Tensor& x, const Tensor& y, b
   return r;
 }
 
-StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool) {
+StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) {
+  dp_.set_sync(sync);
   return loss_step(x, y, true, grad_scale);
 }
 

@@ -43,22 +43,15 @@ struct DataParallelOptions {
   // gradient back (torch.nn.DataParallel's way).
   bool loss_on_replicas = true;
   MathOptions math;
+  // DDP and the hybrid: the processes whose primaries all-reduce every
+  // gradient bucket after the local reduction (runtime/parallel/reducer.h).
+  std::shared_ptr<dist::ProcessGroup> group;
+  // F32, or BF16: buckets rounded to bfloat16 around each reduction.
+  DType grad_reduce_dtype = DType::F32;
 };
 
-// What a process group adds on top of DataParallel (DDP, hybrid): told when
-// each gradient bucket's sum over the local replicas is final on the
-// primary, and asked to sum SyncBatchNorm statistics across processes.
-class CrossProcessHooks {
- public:
-  virtual ~CrossProcessHooks() = default;
-  // Called once per bucket and backward pass, from whichever replica's
-  // thread completed it; buckets complete last to first.
-  virtual void bucket_reduced(int bucket) = 0;
-  // Called on the primary's thread with the local sum of every replica's
-  // statistics (2C + 1 floats on the primary: sums, sums of squares, count),
-  // to be replaced by the sum over processes.
-  virtual void sum_batch_stats(Tensor& packed, Context& ctx) = 0;
-};
+// --grad-reduce-dtype: "fp32"/"float32" or "bf16"/"bfloat16"; anything else is a one-line error.
+DType parse_grad_reduce_dtype(const std::string& s);
 
 // torch.chunk's split of `batch` rows into at most `parts` chunks: ceil-sized,
 // the last smaller, fewer chunks when batch < parts. Returns the chunk sizes.
@@ -110,13 +103,17 @@ class DataParallel {
   const Comm& comm() const { return *comm_; }
   int num_buckets() const { return layout_.size(); }
   const BucketLayout& buckets() const { return layout_; }
-  // Installs (or, with null, removes) the process-group hooks. Not owned.
-  void set_cross_process(CrossProcessHooks* hooks) { cross_ = hooks; }
+  // Whether the next training passes' gradients are reduced across
+  // processes too (with a group; DDP's no_sync() is false). Default true.
+  void set_sync(bool on) { sync_ = on; }
+  // The process group (options.group), or null.
+  ProcessLink* process_link() { return reducer_->link(); }
 
  private:
   class StatSync;
-  void reduce_bucket(int rank, int bucket);
   void begin_pass(const Tensor& x);
+  // Runs fn on every active replica; a failure aborts the pass and is rethrown.
+  void run_replicas(const std::function<void(int)>& fn);
   Tensor replica_forward(int i, const Tensor& x);
   void replica_backward(int i, const Tensor& dy);
 
@@ -133,8 +130,7 @@ class DataParallel {
   std::unique_ptr<WorkerPool> pool_;
   BucketLayout layout_;
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<std::atomic<int>[]> bucket_arrivals_;  // [bucket] replicas past reduce_add this pass
-  CrossProcessHooks* cross_ = nullptr;
+  bool sync_ = true;
   std::vector<int64_t> sizes_, starts_;
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
   Tensor gathered_;

@@ -1,8 +1,9 @@
-// Gradient buckets and the per-rank ready bookkeeping.
+// Gradient buckets, their per-replica readiness, and the reducer.
 #include "runtime/parallel/reducer.h"
 
 #include <algorithm>
 
+#include "kernels/convert.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
@@ -37,20 +38,20 @@ std::pair<int, int> BucketLayout::params_in(size_t begin, size_t count) const {
   return {static_cast<int>(lo - offsets_.begin()), static_cast<int>(hi - offsets_.begin())};
 }
 
-Reducer::Reducer(const BucketLayout& layout, int ranks, std::function<void(int, int)> issue)
+BucketReadiness::BucketReadiness(const BucketLayout& layout, int ranks, std::function<void(int, int)> issue)
     : layout_(layout),
       issue_(std::move(issue)),
       param_ready_(ranks, std::vector<char>(layout.num_params(), 0)),
       bucket_ready_(ranks, std::vector<int>(layout.size(), 0)),
       next_(ranks, layout.size() - 1) {}
 
-void Reducer::begin() {
+void BucketReadiness::begin() {
   for (auto& r : param_ready_) std::fill(r.begin(), r.end(), 0);
   for (auto& r : bucket_ready_) std::fill(r.begin(), r.end(), 0);
   std::fill(next_.begin(), next_.end(), layout_.size() - 1);
 }
 
-void Reducer::grad_ready(int rank, size_t begin, size_t count) {
+void BucketReadiness::grad_ready(int rank, size_t begin, size_t count) {
   const auto [lo, hi] = layout_.params_in(begin, count);
   for (int p = lo; p < hi; ++p) {
     FANOUT_CHECK(!param_ready_[rank][p]) << "gradient of " << layout_.param_name(p) << " reported twice in one pass";
@@ -60,21 +61,196 @@ void Reducer::grad_ready(int rank, size_t begin, size_t count) {
   issue_ready(rank);
 }
 
-void Reducer::flush(int rank) {
+void BucketReadiness::flush(int rank) {
   for (int b = 0; b < layout_.size(); ++b) bucket_ready_[rank][b] = layout_.buckets()[b].params;
   issue_ready(rank);
 }
 
-std::vector<std::string> Reducer::unready(int rank) const {
+std::vector<std::string> BucketReadiness::unready(int rank) const {
   std::vector<std::string> out;
   for (int p = 0; p < layout_.num_params(); ++p)
     if (!param_ready_[rank][p]) out.push_back(layout_.param_name(p));
   return out;
 }
 
-void Reducer::issue_ready(int rank) {
+void BucketReadiness::issue_ready(int rank) {
   int& next = next_[rank];
   while (next >= 0 && bucket_ready_[rank][next] == layout_.buckets()[next].params) issue_(rank, next--);
+}
+
+ProcessLink::ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& primary)
+    : group_(std::move(group)), ctx_(primary), host_(group_->backend() == "gloo") {}
+
+void ProcessLink::staged(Tensor& t, const std::function<void(Tensor&)>& collective) {
+  if (t.device().is_cpu() == host_) {
+    // The group runs on its own stream: what the compute stream still writes into t comes first.
+    if (!host_) ctx_.compute().synchronize();
+    return collective(t);
+  }
+  ensure(staging_, t.shape(), t.dtype(), host_ ? Device::cpu() : ctx_.device());
+  Tensor s = staging_.flat(0, t.shape());
+  s.copy_from(t, &ctx_.compute());
+  ctx_.compute().synchronize();
+  collective(s);
+  t.copy_from(s, &ctx_.compute());
+  ctx_.compute().synchronize();
+}
+
+void ProcessLink::all_reduce(Tensor& t, const std::string& what, uint32_t tag) {
+  staged(t, [&](Tensor& s) { group_->all_reduce(s, what, tag); });
+}
+
+void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag) {
+  staged(t, [&](Tensor& s) { group_->broadcast(s, 0, what, tag); });
+}
+
+Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, Comm& comm, const BucketLayout& layout,
+                 const ReducerOptions& o)
+    : replicas_(std::move(replicas)),
+      contexts_(std::move(contexts)),
+      comm_(comm),
+      layout_(layout),
+      opts_(o),
+      ready_(layout, static_cast<int>(replicas_.size()), [this](int rank, int b) { local(rank, b); }),
+      arrivals_(std::make_unique<std::atomic<int>[]>(layout.size())),
+      host_memory_(contexts_[0]->device().is_cpu()),
+      reduced_locally_(layout.size(), 0) {
+  FANOUT_CHECK(o.reduce_dtype == DType::F32 || o.reduce_dtype == DType::BF16)
+      << "gradients cannot be reduced in " << dtype_name(o.reduce_dtype);
+  FANOUT_USER_CHECK(o.reduce_dtype == DType::F32 || replicas_[0]->grad_dtype() == DType::F32)
+      << "--grad-reduce-dtype bf16 cannot keep --split-invariant's exact float64 gradient sums";
+  if (o.group) {
+    link_ = std::make_unique<ProcessLink>(o.group, *contexts_[0]);
+    if (link_->host() && contexts_[0]->device().is_cpu()) thread_ = std::thread([this] { global_loop(); });
+  }
+}
+
+Reducer::~Reducer() {
+  bool busy;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+    busy = busy_;
+  }
+  cv_.notify_all();
+  if (!thread_.joinable()) return;
+  if (busy) {
+    // A collective is in flight after a failure elsewhere; it cannot be
+    // interrupted and may wait for its timeout. Leave the thread, and the
+    // group it uses, to the process's exit instead of blocking here.
+    thread_.detach();
+    new std::shared_ptr<dist::ProcessGroup>(opts_.group);  // never released
+  } else {
+    thread_.join();
+  }
+}
+
+void Reducer::begin(int active, bool training, bool sync) {
+  active_ = active;
+  training_ = training;
+  sync_ = sync && link_ != nullptr;
+  ready_.begin();
+  for (int b = 0; b < layout_.size(); ++b) arrivals_[b] = 0;
+  if (thread_.joinable()) {
+    std::lock_guard<std::mutex> g(mu_);
+    std::fill(reduced_locally_.begin(), reduced_locally_.end(), 0);
+    error_ = nullptr;
+    next_ = training && sync_ ? layout_.size() - 1 : -1;
+  }
+}
+
+void Reducer::grad_ready(int rank, size_t begin, size_t count) {
+  if (training_) ready_.grad_ready(rank, begin, count);
+}
+
+Tensor Reducer::bucket_of(int rank, int b) {
+  const GradBucket& bk = layout_.buckets()[b];
+  return replicas_[rank]->arenas().grads.flat(bk.begin, Shape{bk.count});
+}
+
+void Reducer::round(int rank, Tensor& t) {
+  if (opts_.reduce_dtype == DType::BF16) kernels::round_to(*contexts_[rank], t, DType::BF16);
+}
+
+void Reducer::local(int rank, int b) {
+  Tensor g = bucket_of(rank, b);
+  if (active_ > 1) round(rank, g);
+  comm_.reduce_add(b, rank, g, *contexts_[rank]);
+  // The replica whose arrival completes the count has seen every reduce_add
+  // of this bucket return, so the primary's sum is final (host comms).
+  if (arrivals_[b].fetch_add(1) + 1 != active_ || !host_memory_) return;
+  if (active_ > 1 && opts_.reduce_dtype != DType::F32) {
+    Tensor sum = bucket_of(0, b);
+    round(rank, sum);  // host memory: any replica's context rounds it
+  }
+  if (!thread_.joinable() || !sync_) return;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    reduced_locally_[b] = 1;
+  }
+  cv_.notify_all();
+}
+
+void Reducer::global(int b) {
+  Tensor g = bucket_of(0, b);
+  round(0, g);
+  link_->all_reduce(g, "all-reduce of gradient bucket " + std::to_string(b), kTagGrads);
+  round(0, g);
+}
+
+void Reducer::global_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || (next_ >= 0 && reduced_locally_[next_]); });
+    if (stop_) return;
+    const int b = next_;
+    busy_ = true;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      global(b);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    busy_ = false;
+    if (err) {
+      error_ = err;
+      next_ = -1;
+    } else {
+      --next_;
+    }
+    if (next_ < 0) cv_.notify_all();
+  }
+}
+
+void Reducer::finish() {
+  if (!training_) return;
+  if (!host_memory_) {
+    // Stream-ordered local sums: complete before they are read.
+    Context& ctx = *contexts_[0];
+    ctx.compute().synchronize();
+    ctx.comm().synchronize();
+    if (active_ > 1 && opts_.reduce_dtype != DType::F32)
+      for (int b = 0; b < layout_.size(); ++b) {
+        Tensor sum = bucket_of(0, b);
+        round(0, sum);
+      }
+  }
+  if (!sync_) return;
+  if (thread_.joinable()) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return next_ < 0; });
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
+  for (int b = layout_.size() - 1; b >= 0; --b) global(b);
+}
+
+void Reducer::abort() {
+  std::lock_guard<std::mutex> g(mu_);
+  next_ = -1;
+  cv_.notify_all();
 }
 
 }  // namespace fanout

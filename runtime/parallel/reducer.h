@@ -1,16 +1,26 @@
-// Gradient bucketing shared by DataParallel (reduce onto the primary) and
-// DDP (all-reduce across processes): a layout of buckets over the flat
-// gradient arena, and a reducer that counts, per rank, which parameters'
-// gradients are final and hands each bucket on once complete, last bucket
-// first. The order is the same on every rank whatever order backward
-// finishes layers in, as collective libraries require.
+// The gradient pipeline of DataParallel, DDP and their hybrid: buckets of
+// the flat gradient arena, the bookkeeping of which are final on which
+// replica, and the Reducer that takes each bucket from "final on this
+// replica" to "reduced": a local stage (every replica's bucket summed onto
+// the primary's through a Comm) and, with a process group, a global stage
+// (the primary's bucket all-reduced across processes). Buckets go last to
+// first on every replica and rank whatever order backward finishes layers
+// in, as collective libraries require.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "runtime/dist/process_group.h"
 #include "runtime/nn/module.h"
+#include "runtime/parallel/comm.h"
 
 namespace fanout {
 
@@ -39,11 +49,13 @@ class BucketLayout {
   std::vector<std::string> names_;
 };
 
-class Reducer {
+// Per replica, which parameters' gradients are final this pass; hands each
+// bucket to issue(rank, bucket) once complete, last bucket first.
+class BucketReadiness {
  public:
   // issue(rank, bucket) runs on the reporting rank's thread for each bucket
   // that became complete on that rank, in descending bucket order.
-  Reducer(const BucketLayout& layout, int ranks, std::function<void(int rank, int bucket)> issue);
+  BucketReadiness(const BucketLayout& layout, int ranks, std::function<void(int rank, int bucket)> issue);
   // A new backward pass on every rank: nothing is ready.
   void begin();
   // From Context::on_grad_ready: [begin, begin + count) of `rank`'s arena is final.
@@ -62,6 +74,101 @@ class Reducer {
   std::vector<std::vector<char>> param_ready_;  // [rank][param]
   std::vector<std::vector<int>> bucket_ready_;  // [rank][bucket] parameters reported
   std::vector<int> next_;                       // [rank] next bucket to issue (counts down)
+};
+
+// A process group as the primary replica uses it: collectives on tensors in
+// the primary's memory, staged through the memory the group's backend takes
+// (host for Gloo, the GPU for NCCL) when that differs.
+class ProcessLink {
+ public:
+  ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& primary);
+  dist::ProcessGroup& group() { return *group_; }
+  const std::shared_ptr<dist::ProcessGroup>& shared_group() const { return group_; }
+  // Whether the group takes host tensors.
+  bool host() const { return host_; }
+  void all_reduce(Tensor& t, const std::string& what, uint32_t tag);
+  void broadcast(Tensor& t, const std::string& what, uint32_t tag);  // from rank 0
+
+ private:
+  void staged(Tensor& t, const std::function<void(Tensor&)>& collective);
+  std::shared_ptr<dist::ProcessGroup> group_;
+  Context& ctx_;
+  bool host_;
+  Tensor staging_;
+};
+
+// Gloo tags: the global stage's thread and the caller's thread each run
+// their collectives in program order, and the two may overlap.
+inline constexpr uint32_t kTagMain = 1, kTagGrads = 2;
+
+struct ReducerOptions {
+  // Across processes (DDP, hybrid): the primary's buckets are all-reduced
+  // over this group. Null: this process alone.
+  std::shared_ptr<dist::ProcessGroup> group;
+  // BF16: each bucket is rounded to bfloat16 before it is reduced and the
+  // sum after (PyTorch DDP's bf16_compress_hook: cast, reduce, cast back).
+  DType reduce_dtype = DType::F32;
+};
+
+// The path from "this bucket's gradients are final on replica r" to "this
+// bucket is reduced", for `replicas` (replica 0 the primary) sharing one
+// layout. Local stage: replica r's bucket is reduce-added onto the
+// primary's on r's thread as soon as it is complete there. Global stage
+// (with a group): once every active replica's bucket has arrived, the
+// primary's is all-reduced across processes; for gradients in host memory
+// on the reducer's own thread while backward goes on, for device memory
+// after backward (stream-ordered local sums), in the same order. An error
+// of the global stage is rethrown by finish().
+class Reducer {
+ public:
+  Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, Comm& comm, const BucketLayout& layout,
+          const ReducerOptions& o);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Before a pass: `active` replicas take part; `training`: gradients will
+  // come; `sync`: the global stage runs (DDP's no_sync is sync = false).
+  void begin(int active, bool training, bool sync);
+  // From replica `rank`'s Context::on_grad_ready.
+  void grad_ready(int rank, size_t begin, size_t count);
+  // End of replica `rank`'s backward: unreported parameters count as ready.
+  void flush(int rank) { ready_.flush(rank); }
+  std::vector<std::string> unready(int rank) const { return ready_.unready(rank); }
+  // After every replica's backward: the buckets are reduced when it returns.
+  void finish();
+  // A replica failed: the buckets it did not finish will not come.
+  void abort();
+  // The process group, or null.
+  ProcessLink* link() { return link_.get(); }
+
+ private:
+  void local(int rank, int bucket);
+  void global(int bucket);
+  void global_loop();
+  Tensor bucket_of(int rank, int bucket);
+  void round(int rank, Tensor& t);
+
+  std::vector<Module*> replicas_;
+  std::vector<Context*> contexts_;
+  Comm& comm_;
+  const BucketLayout& layout_;
+  ReducerOptions opts_;
+  BucketReadiness ready_;
+  std::unique_ptr<ProcessLink> link_;
+  std::unique_ptr<std::atomic<int>[]> arrivals_;  // [bucket] replicas past reduce_add this pass
+  bool host_memory_;  // CPU replicas: a reduce_add is complete when it returns
+  int active_ = 0;
+  bool training_ = false, sync_ = false;
+
+  // Global stage on its own thread (host-memory gradients).
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char> reduced_locally_;  // [bucket]
+  int next_ = -1;                      // next bucket to all-reduce; -1: nothing (more) this pass
+  bool stop_ = false, busy_ = false;
+  std::exception_ptr error_;
 };
 
 }  // namespace fanout

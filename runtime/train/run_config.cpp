@@ -6,6 +6,7 @@
 #include "runtime/core/error.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/transforms.h"
+#include "runtime/parallel/data_parallel.h"
 
 namespace fanout::train {
 
@@ -74,6 +75,8 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(prec == Precision::F32 || !split_invariant)
       << "--precision " << precision << " cannot keep --split-invariant's exactness (its roundings depend on how "
       << "the batch is split); use one or the other";
+  FANOUT_USER_CHECK(parse_grad_reduce_dtype(grad_reduce_dtype) == DType::F32 || !split_invariant)
+      << "--grad-reduce-dtype " << grad_reduce_dtype << " cannot keep --split-invariant's exact gradient sums";
 }
 
 optim::OptimizerOptions RunConfig::optimizer_options() const {
@@ -128,7 +131,8 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"cudnn_benchmark", cudnn_benchmark},
           {"deterministic", deterministic},
           {"split_invariant", split_invariant},
-          {"precision", precision_name(parse_precision(precision))}};
+          {"precision", precision_name(parse_precision(precision))},
+          {"grad_reduce_dtype", dtype_name(parse_grad_reduce_dtype(grad_reduce_dtype))}};
 }
 
 TrainerConfig RunConfig::trainer_config(bool pin) const {

@@ -44,12 +44,12 @@ TEST(BucketLayout, CoversTheArenaInWholeParameters) {
   EXPECT_EQ(next_param, static_cast<int>(f.params.size()));
 }
 
-TEST(Reducer, IssuesLastToFirstOnceEachInAnyArrivalOrder) {
+TEST(BucketReadiness, IssuesLastToFirstOnceEachInAnyArrivalOrder) {
   Fixture f;
   const int ranks = 2;
   std::mutex mu;
   std::vector<std::vector<int>> issued(ranks);
-  Reducer r(f.layout, ranks, [&](int rank, int bucket) {
+  BucketReadiness r(f.layout, ranks, [&](int rank, int bucket) {
     std::lock_guard<std::mutex> g(mu);
     issued[rank].push_back(bucket);
   });
@@ -76,10 +76,10 @@ TEST(Reducer, IssuesLastToFirstOnceEachInAnyArrivalOrder) {
   }
 }
 
-TEST(Reducer, UnreportedParametersAreNamedAndFlushed) {
+TEST(BucketReadiness, UnreportedParametersAreNamedAndFlushed) {
   Fixture f;
   std::vector<int> issued;
-  Reducer r(f.layout, 1, [&](int, int bucket) { issued.push_back(bucket); });
+  BucketReadiness r(f.layout, 1, [&](int, int bucket) { issued.push_back(bucket); });
   r.begin();
   const int skipped = 1;  // a parameter of the first bucket: nothing can be issued past it... until flush
   for (int p = 0; p < static_cast<int>(f.params.size()); ++p) {
