@@ -36,7 +36,9 @@
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/dist/launcher.h"
+#include "runtime/core/precision.h"
 #include "runtime/parallel/engine_factory.h"
+#include "runtime/optim/grad_scaler.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/single_device.h"
 #include "runtime/train/trainer.h"
@@ -60,6 +62,13 @@ struct Options {
   bool amsgrad = false, no_decay_norm_bias = false;
   double clip_grad_norm = 0;
   float clip_grad_value = 0;
+  std::string precision = "32";
+  std::string grad_reduce_dtype = "fp32";
+  // 16-mixed's loss scaler for one configuration (null otherwise).
+  std::unique_ptr<optim::GradScaler> make_scaler() const {
+    if (parse_precision(precision) != Precision::F16Mixed) return nullptr;
+    return std::make_unique<optim::GradScaler>();
+  }
   optim::OptimizerOptions optimizer_options() const {
     optim::OptimizerOptions h;
     h.kind = optim::parse_optimizer(optimizer);
@@ -144,13 +153,14 @@ struct Config {
   std::unique_ptr<Module> model;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<optim::GradScaler> scaler;
   int blas_threads = 1;
   std::vector<double> runs;  // seconds per step
   int64_t bytes_to_primary = -1;
 };
 
-double time_steps(Engine& eng, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps, float lr,
-                  const Options& o);
+double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler, const Tensor& x, const Tensor& y,
+                  int steps, float lr, const Options& o);
 
 // A DDP worker (started by run() through the launcher): its share of the
 // batch, the same warm-up and timed runs, aligned across ranks by barriers;
@@ -165,19 +175,21 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   spec.loss = loss;
   spec.dp.seed = o.seed;
   spec.dp.math = math;
+  spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
   spec.local_processes = env.local_world_size;
   spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
   auto model = models::make_model(o.model, in, model_classes(o.model), o.seed);
   auto engine = make_engine(*model, std::move(spec));
   auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), o.optimizer_options());
+  auto scaler = o.make_scaler();
   const Tensor xs = x.slice(env.rank * local, (env.rank + 1) * local);
   const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
-  for (int i = 0; i < o.warmup; ++i) train::train_step(*engine, *opt, xs, ys, o.lr(), o.clip_grad_norm, o.clip_grad_value);
+  time_steps(*engine, *opt, scaler.get(), xs, ys, o.warmup, o.lr(), o);
   std::vector<double> runs;
   for (int r = 0; r < o.repeats; ++r) {
     engine->barrier("barrier before a timed run");
-    runs.push_back(time_steps(*engine, *opt, xs, ys, o.steps, o.lr(), o));
+    runs.push_back(time_steps(*engine, *opt, scaler.get(), xs, ys, o.steps, o.lr(), o));
   }
   if (env.rank == 0) {
     std::ofstream f(o.ddp_result);
@@ -190,12 +202,12 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
 // Whether the command line (not a default) set `name`.
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
-double time_steps(Engine& eng, optim::Optimizer& opt, const Tensor& x, const Tensor& y, int steps, float lr,
-                  const Options& o) {
+double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler, const Tensor& x, const Tensor& y,
+                  int steps, float lr, const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i)  // each step ends with its loss on the host
-    train::train_step(eng, opt, x, y, lr, o.clip_grad_norm, o.clip_grad_value);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+    train::train_step(eng, opt, x, y, lr, o.clip_grad_norm, o.clip_grad_value, scaler);
+  return steps > 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps : 0;
 }
 
 int run(int argc, char** argv) {
@@ -235,7 +247,13 @@ int run(int argc, char** argv) {
     ("clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(0, "0"),
      "clip the reduced gradient's total norm before each step (0: off)")
     ("clip-grad-value", po::value(&o.clip_grad_value)->default_value(0, "0"),
-     "clamp the reduced gradient's elements into [-V, V] before each step (0: off)");
+     "clamp the reduced gradient's elements into [-V, V] before each step (0: off)")
+    ("precision", po::value(&o.precision)->default_value(o.precision),
+     "32, bf16-mixed or 16-mixed (loss scaling), as dp-train's; PyTorch's rows run under torch.autocast "
+     "(+ GradScaler) alike. On CPU devices the mixed modes are emulated: slower, not faster")
+    ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(o.grad_reduce_dtype),
+     "fp32, or bf16: gradient buckets rounded to bfloat16 around each reduction, as dp-train's (PyTorch's DDP "
+     "rows: bf16_compress_hook)");
   po::options_description epochs("Epoch mode (each run a fresh process: dp-train, or bench/pytorch/train_epochs.py)");
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
@@ -264,6 +282,12 @@ int run(int argc, char** argv) {
   }
   po::notify(vm);
   o.optimizer_options();  // an unknown --optimizer is an error before any run
+  const Precision precision = parse_precision(o.precision);
+  const DType reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
+  FANOUT_USER_CHECK(reduce_dtype == DType::F32 || !o.split_invariant)
+      << "--grad-reduce-dtype " << o.grad_reduce_dtype << " cannot keep --split-invariant's exact gradient sums";
+  FANOUT_USER_CHECK(precision == Precision::F32 || !o.split_invariant)
+      << "--precision " << o.precision << " cannot keep --split-invariant's exactness; use one or the other";
   FANOUT_USER_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0)
       << "--clip-grad-norm must be non-negative, got " << o.clip_grad_norm;
   FANOUT_USER_CHECK(std::isfinite(o.clip_grad_value) && o.clip_grad_value >= 0)
@@ -289,6 +313,8 @@ int run(int argc, char** argv) {
     e.betas = o.betas;
     e.eps = o.eps;
     e.amsgrad = o.amsgrad;
+    e.precision = precision_name(precision);
+    e.grad_reduce_dtype = o.grad_reduce_dtype;
     return apps::run_epoch_bench(e);
   }
   for (const char* epoch_only : {"data", "lr", "workers", "plot", "python", "no-pytorch"})
@@ -319,11 +345,13 @@ int run(int argc, char** argv) {
   math.split_invariant = o.split_invariant;
   math.allow_tf32 = o.allow_tf32;
   math.cudnn_benchmark = o.cudnn_benchmark;
+  math.autocast = autocast_dtype(precision);
   if (!o.ddp_result.empty()) return ddp_worker(o, x, y, loss, math, in);
-  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s\n",
+  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s%s\n",
               o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
               cores, o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
-              o.cudnn_benchmark ? ", cuDNN benchmark" : "");
+              o.cudnn_benchmark ? ", cuDNN benchmark" : "",
+              precision == Precision::F32 ? "" : (std::string(", precision ") + precision_name(precision)).c_str());
   std::fflush(stdout);
 
   std::vector<Config> configs;
@@ -357,6 +385,7 @@ int run(int argc, char** argv) {
     dpo.seed = o.seed;
     dpo.comm = o.comm;
     dpo.math = math;
+    dpo.grad_reduce_dtype = reduce_dtype;
     dpo.loss_on_replicas = run.on_replicas;
     c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, *make_criterion(loss), dpo);
     configs.push_back(std::move(c));
@@ -366,12 +395,13 @@ int run(int argc, char** argv) {
   for (auto& c : configs) {
     if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
     c.opt = optim::make_optimizer(c.engine->model(), c.engine->primary_context(), o.optimizer_options());
-    for (int i = 0; i < o.warmup; ++i) train::train_step(*c.engine, *c.opt, x, y, o.lr(), o.clip_grad_norm, o.clip_grad_value);
+    c.scaler = o.make_scaler();
+    time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.warmup, o.lr(), o);
   }
   for (int r = 0; r < o.repeats; ++r)
     for (auto& c : configs) {
       if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
-      c.runs.push_back(time_steps(*c.engine, *c.opt, x, y, o.steps, o.lr(), o));
+      c.runs.push_back(time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.steps, o.lr(), o));
       if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
     }
   // DDP: one process per listed device, each with its share of the batch.
@@ -427,7 +457,8 @@ int run(int argc, char** argv) {
                           {"bytes_to_primary", r.bytes_to_primary}, {"optimizer", o.optimizer},
                           {"clip_grad_norm", o.clip_grad_norm}, {"clip_grad_value", o.clip_grad_value},
                           {"betas", o.betas}, {"eps", o.eps}, {"amsgrad", o.amsgrad},
-                          {"no_decay_norm_bias", o.no_decay_norm_bias}}
+                          {"no_decay_norm_bias", o.no_decay_norm_bias}, {"precision", precision_name(precision)},
+                          {"grad_reduce_dtype", o.grad_reduce_dtype}}
                .dump()
         << "\n";
     f.flush();

@@ -272,7 +272,8 @@ int run_epoch_bench(const EpochBenchOptions& options) {
       "--lr-schedule", "constant", "--seed", std::to_string(o.seed), "--workers", std::to_string(o.workers),
       "--progress", "off", "--timing-warmup", std::to_string(o.warmup), "--optimizer", o.optimizer,
       "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
-      "--clip-grad-value", fmt("%g", o.clip_grad_value)};
+      "--clip-grad-value", fmt("%g", o.clip_grad_value), "--precision", o.precision,
+      "--grad-reduce-dtype", o.grad_reduce_dtype};
   auto fanout = [&](const std::string& mode, const std::string& label, int procs, int reps,
                     std::vector<std::string> extra) {
     Config c{"fanout", mode, label, procs, reps};
@@ -304,7 +305,8 @@ int run_epoch_bench(const EpochBenchOptions& options) {
                 "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
                 std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup), "--optimizer", o.optimizer,
                 "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
-                "--clip-grad-value", fmt("%g", o.clip_grad_value)};
+                "--clip-grad-value", fmt("%g", o.clip_grad_value), "--precision", o.precision,
+                "--grad-reduce-dtype", o.grad_reduce_dtype};
       if (o.amsgrad) c.argv.push_back("--amsgrad");
       if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
       c.argv.insert(c.argv.end(), extra.begin(), extra.end());
@@ -480,6 +482,8 @@ int run_epoch_bench(const EpochBenchOptions& options) {
                           {"host_cores", cores},
                           {"split_invariant", o.split_invariant},
                           {"allow_tf32", o.allow_tf32},
+                          {"precision", o.precision},
+                          {"grad_reduce_dtype", o.grad_reduce_dtype},
                           {"runs_epoch_seconds", runs}};
       if (c.framework == "pytorch") j["torch"] = torch_version;
       if (!c.runs.empty()) {

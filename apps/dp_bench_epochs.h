@@ -23,6 +23,8 @@ struct EpochBenchOptions {
   bool amsgrad = false, no_decay_norm_bias = false;
   double clip_grad_norm = 0;
   float clip_grad_value = 0;
+  std::string precision = "32";  // dp-train's --precision; PyTorch under torch.autocast (+ GradScaler)
+  std::string grad_reduce_dtype = "fp32";  // dp-train's; PyTorch DDP's bf16_compress_hook for bf16
 };
 
 // Runs the benchmark; prints a progress line per run and the table; writes

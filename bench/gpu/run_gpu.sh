@@ -37,6 +37,10 @@
 #   optim      dp-train lenet with AdamW and clipping on cuda:0 and 0,0 (bar
 #              0.885); SGD against AdamW step cost, dp-bench on 0,0 beside
 #              train_throughput.py (resnet18, lenet) -> optim*.log / .jsonl
+#   precision  dp-train lenet in bf16-mixed and 16-mixed on cuda:0 and 0,0
+#              (bar 0.88); dp-bench resnet18 and lenet on cuda:0 and 0,0 in
+#              32, bf16-mixed and 16-mixed beside train_throughput.py
+#              --precision (torch.autocast) -> precision*.log / .jsonl
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -67,7 +71,7 @@ case $1 in -h | --help) usage ;; esac
 mkdir -p "$1" || { echo "run_gpu.sh: cannot create $1" >&2; exit 2; }
 out=$(cd "$1" && pwd)
 shift
-all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim)
+all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
   case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
@@ -459,6 +463,33 @@ step_optim() {
   return "$rc"
 }
 
+# Mixed precision on the GPU: lenet's bar in both modes on cuda:0 and 0,0,
+# then step time in each precision beside PyTorch's autocast (same call).
+step_precision() {
+  local bin b="$build/apps/dp-bench" data rc=0 spec p devs
+  bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
+  if [ -n "$fashion" ]; then data="fashion-mnist:$fashion"; else data=synthetic; fi
+  for p in bf16-mixed 16-mixed; do
+    for devs in 0 0,0; do
+      echo "== dp-train --model lenet --precision $p --devices $devs"
+      frun "$bin" --devices "$devs" --model lenet --epochs 3 --data "$data" --precision "$p" --progress lines \
+        --metrics "$out/precision_lenet_${p}_${devs/,/_}.jsonl" 2>&1 | tee "$out/precision_lenet_${p}_${devs/,/_}.log" || rc=1
+    done
+  done
+  : >"$out/precision_bench.jsonl"
+  for spec in "resnet18 3x32x32 256" "lenet 1x28x28 512"; do
+    set -- $spec
+    for p in 32 bf16-mixed 16-mixed; do
+      echo "== dp-bench --model $1 --batch-size $3 --devices 0,0 --precision $p"
+      frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 --no-ddp --precision "$p" \
+        --json "$out/precision_bench.jsonl" || rc=1
+      [ -n "$python" ] && { tmo "$python" "$repo/bench/pytorch/train_throughput.py" --models "$1" --batch "$3" \
+        --precision "$p" >>"$out/precision_bench.jsonl" || rc=1; }
+    done
+  done
+  return "$rc"
+}
+
 # ------------------------------------------------------------- runner ----
 
 names=() statuses=() seconds=() logs=()
@@ -493,6 +524,7 @@ for s in "${steps[@]}"; do
     epochs) run_step epochs "$out/epochs.log" step_epochs ;;
     heatmap) run_step heatmap "$out/heatmap.log" step_heatmap ;;
     optim) run_step optim "$out/optim.log" step_optim ;;
+    precision) run_step precision "$out/precision.log" step_precision ;;
   esac
 done
 

@@ -105,12 +105,18 @@ def worker(rank, args, result_path):
     model = model.to(device)
     if args.mode == "ddp":
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if args.grad_reduce_dtype == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif args.mode == "dp":
         net = nn.DataParallel(model, device_ids=idx)
     else:
         net = model
     opt = zoo.make_optimizer(model, args, momentum=args.momentum, weight_decay=args.weight_decay)
     loss_fn = nn.CrossEntropyLoss()
+    # --precision: torch.autocast in the low type (16-mixed adds a GradScaler), as dp-train's.
+    amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler(device.type) if args.precision == "16-mixed" else None
 
     local_batch = args.batch // world
     if world > 1:
@@ -147,13 +153,22 @@ def worker(rank, args, result_path):
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=False)
-            loss = loss_fn(net(x), y)
-            loss.backward()
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = loss_fn(net(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+            else:
+                loss.backward()
             if args.clip_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
             if args.clip_grad_value > 0:
                 torch.nn.utils.clip_grad_value_(model.parameters(), args.clip_grad_value)
-            opt.step()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             if step + 1 == warm:
                 sync()
                 t_warm = time.perf_counter()
@@ -168,7 +183,7 @@ def worker(rank, args, result_path):
         if rank == 0:
             model.eval()
             correct = 0
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 for i in range(0, len(test), args.eval_batch):
                     x, y = test[list(range(i, min(len(test), i + args.eval_batch)))]
                     out = model(x.to(device))
@@ -226,6 +241,10 @@ def main():
     zoo.add_optimizer_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tf32", action="store_true", help="TF32 for matmul and cuDNN (CUDA)")
+    p.add_argument("--precision", choices=["32", "bf16-mixed", "16-mixed"], default="32",
+                   help="torch.autocast dtype (16-mixed adds a GradScaler), as dp-train's --precision")
+    p.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: DDP's bf16_compress_hook, as dp-train's --grad-reduce-dtype")
     p.add_argument("--out", help="write the result object here")
     args = p.parse_args()
     try:

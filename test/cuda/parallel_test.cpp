@@ -109,6 +109,37 @@ TEST(CudaDataParallel, ThreeReplicasOnOneGpuMatchOneDevice) {
   check_dp_matches_one_gpu("lenet", Shape{1, 28, 28}, 3, {}, 3, 1e-4);
 }
 
+// bf16-mixed DataParallel over 0,0 against DataParallel over cpu:2: the
+// same split and so the same roundings (runtime/nn/autocast.h) but for the
+// order the GPU sums in, which may round a value to its low-type neighbour;
+// the updates agree to 8 u (u = 2^-9) by norm.
+TEST(CudaDataParallel, Bf16MixedOnTwoReplicasMatchesTheCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  for (const char* model : {"lenet", "resnet18"}) {
+    SCOPED_TRACE(model);
+    const Shape sample = std::string(model) == "lenet" ? Shape{1, 28, 28} : Shape{3, 16, 16};
+    const auto data = random_batches(sample, 8, 3, 23);
+    auto mc = models::make_model(model, sample, 10, 7);
+    auto mg = models::make_model(model, sample, 10, 7);
+    const Tensor init = mc->arenas().params.to(Device::cpu());
+    DataParallelOptions opts;
+    opts.math.autocast = DType::BF16;
+    testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion({}), opts);
+    testing::Trained<DataParallelEngine> gpus(*mg, repeated_gpu(2), *make_criterion({}), opts);
+    for (const auto& b : data) {
+      const StepResult rc = cpu.train_step(b.x, b.y, 0.05f);
+      const StepResult rg = gpus.train_step(b.x, b.y, 0.05f);
+      EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-2 * std::abs(rc.loss_sum));
+    }
+    Tensor dc = host_params(cpu), dg = host_params(gpus);
+    for (int64_t i = 0; i < dc.numel(); ++i) {
+      dc.f32()[i] -= init.f32()[i];
+      dg.f32()[i] -= init.f32()[i];
+    }
+    EXPECT_LE(norm_rel(dg, dc), 8 * std::ldexp(1.0, -9)) << "parameter updates";
+  }
+}
+
 // Per-replica BatchNorm differs from one device by design; SyncBatchNorm
 // normalizes with the whole batch's statistics, as one device does.
 TEST(CudaDataParallel, SyncBatchNormOnTwoReplicasMatchesOneDevice) {

@@ -108,8 +108,11 @@ TargetBatch make_batch(const std::string& model, const Shape& sample, int64_t ba
 // (resnet18 below: 8 values per channel in its last stage) amplifies float32
 // rounding step by step, so `loose3` compares step 3 per tensor, by norm, at
 // 5e-3.
+// autocast BF16 or F16: both engines in that mixed mode, compared by norm
+// at 8 u (u = the low type's unit roundoff): a sum the GPU adds in another
+// order than the CPU may round to the neighbouring low-type value.
 void check_training_matches_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed,
-                                bool loose3 = false) {
+                                bool loose3 = false, DType autocast = DType::F32) {
   SCOPED_TRACE(model);
   std::mt19937_64 rng(seed + 1);
   const TargetBatch b = make_batch(model, sample, batch, rng);
@@ -117,9 +120,10 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
   auto cpu_model = models::make_model(model, sample, b.classes, seed);
   auto cuda_model = models::make_model(model, sample, b.classes, seed);
   const float lr = 0.02f;
-  testing::Trained<SingleDeviceEngine> cpu_eng(*cpu_model, Device::cpu(), *make_criterion(b.loss), seed);
-  cpu_eng.set_optimizer(sgd_hyper(lr));
   MathOptions math;  // TF32 off, heuristics, any algorithm
+  math.autocast = autocast;
+  testing::Trained<SingleDeviceEngine> cpu_eng(*cpu_model, Device::cpu(), *make_criterion(b.loss), seed, math);
+  cpu_eng.set_optimizer(sgd_hyper(lr));
   testing::Trained<SingleDeviceEngine> cuda_eng(*cuda_model, gpu(), *make_criterion(b.loss), seed, math);
   cuda_eng.set_optimizer(sgd_hyper(lr));
   expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 1e-6, 0);
@@ -130,7 +134,11 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
     EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::abs(rc.loss_sum))) << "loss at step " << step;
     EXPECT_EQ(rg.count, rc.count);
     EXPECT_EQ(rg.points, rc.points);  // planes with a target peak: the targets' alone
-    if (step == 1 || step == 3)
+    const bool mixed = autocast != DType::F32;
+    const double u = autocast == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -9);
+    if (mixed && (step == 1 || step == 3))
+      expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 8 * u, step, true);
+    else if (step == 1 || step == 3)
       expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, step == 3 && loose3 ? 5e-3 : 1e-3, step,
                         step == 3 && loose3);  // 2.7e-3 by norm was seen on an H100
   }
@@ -158,6 +166,24 @@ TEST(CudaTraining, CnnStepsMatchCpu) {
 TEST(CudaTraining, Heatmap3dStepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
   check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true);
+}
+
+// bf16-mixed: autocast's roundings (runtime/nn/autocast.h) on the GPU
+// against the CPU's, for convolutions, BatchNorm, the residual add and the
+// losses; 16-mixed on lenet.
+TEST(CudaTraining, Resnet18Bf16MixedMatchesCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 4, 12, true, DType::BF16);
+}
+
+TEST(CudaTraining, Heatmap3dBf16MixedMatchesCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true, DType::BF16);
+}
+
+TEST(CudaTraining, Lenet16MixedMatchesCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_training_matches_cpu("lenet", Shape{1, 28, 28}, 5, 11, false, DType::F16);
 }
 
 optim::OptimizerOptions adamw_amsgrad() { return testing::test_adamw(); }
