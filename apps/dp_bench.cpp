@@ -41,6 +41,7 @@
 #include "runtime/optim/grad_scaler.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/single_device.h"
+#include "runtime/train/sharded_optimizer.h"
 #include "runtime/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -64,6 +65,7 @@ struct Options {
   float clip_grad_value = 0;
   std::string precision = "32";
   std::string grad_reduce_dtype = "fp32";
+  bool shard_optimizer = false;
   // 16-mixed's loss scaler for one configuration (null otherwise).
   std::unique_ptr<optim::GradScaler> make_scaler() const {
     if (parse_precision(precision) != Precision::F16Mixed) return nullptr;
@@ -144,6 +146,7 @@ struct Result {
   std::string config;
   double ms_per_step = 0, images_per_second = 0;
   int64_t bytes_to_primary = -1;  // per step; -1: not measured (DDP)
+  int64_t state_bytes = -1;       // optimizer state on the device holding the most; -1: not measured (DDP)
 };
 
 // One configuration under test: its engine and the BLAS threads it runs with
@@ -158,6 +161,21 @@ struct Config {
   std::vector<double> runs;  // seconds per step
   int64_t bytes_to_primary = -1;
 };
+
+// The optimizer state bytes of the device that holds the most (a sharded
+// optimizer's largest shard; else all of it, on the primary).
+int64_t max_state_bytes(optim::Optimizer& opt) {
+  auto bytes = [](optim::Optimizer& o) {
+    int64_t b = 0;
+    for (auto& [name, t] : o.state()) b += static_cast<int64_t>(t->nbytes());
+    return b;
+  };
+  auto* sharded = dynamic_cast<train::ShardedOptimizer*>(&opt);
+  if (!sharded) return bytes(opt);
+  int64_t most = 0;
+  for (int i = 0; i < sharded->num_shards(); ++i) most = std::max(most, bytes(sharded->shard(i)));
+  return most;
+}
 
 double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler, const Tensor& x, const Tensor& y,
                   int steps, float lr, const Options& o);
@@ -251,6 +269,8 @@ int run(int argc, char** argv) {
     ("precision", po::value(&o.precision)->default_value(o.precision),
      "32, bf16-mixed or 16-mixed (loss scaling), as dp-train's; PyTorch's rows run under torch.autocast "
      "(+ GradScaler) alike. On CPU devices the mixed modes are emulated: slower, not faster")
+    ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
+     "DataParallel over several devices with dp-train's --shard-optimizer (ZeRO-1); the DDP rows stay unsharded")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(o.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 around each reduction, as dp-train's (PyTorch's DDP "
      "rows: bf16_compress_hook)");
@@ -315,6 +335,7 @@ int run(int argc, char** argv) {
     e.amsgrad = o.amsgrad;
     e.precision = precision_name(precision);
     e.grad_reduce_dtype = o.grad_reduce_dtype;
+    e.shard_optimizer = o.shard_optimizer;
     return apps::run_epoch_bench(e);
   }
   for (const char* epoch_only : {"data", "lr", "workers", "plot", "python", "no-pytorch"})
@@ -386,6 +407,8 @@ int run(int argc, char** argv) {
     dpo.comm = o.comm;
     dpo.math = math;
     dpo.grad_reduce_dtype = reduce_dtype;
+    dpo.shard_optimizer = o.shard_optimizer && run.devices.size() > 1;
+    if (dpo.shard_optimizer) c.name += ", sharded";
     dpo.loss_on_replicas = run.on_replicas;
     c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, *make_criterion(loss), dpo);
     configs.push_back(std::move(c));
@@ -394,7 +417,7 @@ int run(int argc, char** argv) {
   // machine's speed spreads over every configuration alike.
   for (auto& c : configs) {
     if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
-    c.opt = optim::make_optimizer(c.engine->model(), c.engine->primary_context(), o.optimizer_options());
+    c.opt = train::make_engine_optimizer(*c.engine, o.optimizer_options());
     c.scaler = o.make_scaler();
     time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.warmup, o.lr(), o);
   }
@@ -435,16 +458,20 @@ int run(int argc, char** argv) {
   for (auto& c : configs) {
     std::sort(c.runs.begin(), c.runs.end());
     const double sec = c.runs[c.runs.size() / 2];
-    results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary});
+    results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary,
+                       c.opt ? max_state_bytes(*c.opt) : -1});
   }
 
   // "to primary": bytes a step moves onto the primary from the other
   // replicas (outputs and their targets gathered, or the replicas' loss sums).
-  std::printf("%-44s %12s %14s %10s %14s\n", "configuration", "ms/step", "images/s", "vs plain", "to primary B");
+  // "opt state B": optimizer state on the device holding the most.
+  std::printf("%-44s %12s %14s %10s %14s %14s\n", "configuration", "ms/step", "images/s", "vs plain", "to primary B",
+              "opt state B");
   for (auto& r : results)
-    std::printf("%-44s %12.3f %14.0f %9.3fx %14s\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
+    std::printf("%-44s %12.3f %14.0f %9.3fx %14s %14s\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
                 results[0].ms_per_step / r.ms_per_step,
-                r.bytes_to_primary < 0 ? "-" : std::to_string(r.bytes_to_primary).c_str());
+                r.bytes_to_primary < 0 ? "-" : std::to_string(r.bytes_to_primary).c_str(),
+                r.state_bytes < 0 ? "-" : std::to_string(r.state_bytes).c_str());
   if (!o.json.empty()) {
     std::ofstream f(o.json, std::ios::app);
     FANOUT_USER_CHECK(f.good()) << "cannot open --json " << o.json << ": " << std::strerror(errno);
@@ -458,7 +485,8 @@ int run(int argc, char** argv) {
                           {"clip_grad_norm", o.clip_grad_norm}, {"clip_grad_value", o.clip_grad_value},
                           {"betas", o.betas}, {"eps", o.eps}, {"amsgrad", o.amsgrad},
                           {"no_decay_norm_bias", o.no_decay_norm_bias}, {"precision", precision_name(precision)},
-                          {"grad_reduce_dtype", o.grad_reduce_dtype}}
+                          {"grad_reduce_dtype", o.grad_reduce_dtype}, {"shard_optimizer", o.shard_optimizer},
+                          {"optimizer_state_bytes_max_device", r.state_bytes}}
                .dump()
         << "\n";
     f.flush();

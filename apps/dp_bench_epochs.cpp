@@ -289,7 +289,11 @@ int run_epoch_bench(const EpochBenchOptions& options) {
   };
   const std::string one = gpu ? devices[0].str() : "cpu";
   fanout("one device", "fanout one device " + one, 1, 1, {"--devices", one});
-  if (n > 1) fanout("DP", "fanout DP " + join(devices), 1, n, {"--devices", o.devices});
+  if (n > 1) {
+    std::vector<std::string> dp = {"--devices", o.devices};
+    if (o.shard_optimizer) dp.push_back("--shard-optimizer");
+    fanout("DP", "fanout DP " + join(devices) + (o.shard_optimizer ? " sharded" : ""), 1, n, dp);
+  }
   const bool ddp = !o.no_ddp && (n > 1 || gpu);
   if (ddp) fanout("DDP", "fanout DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : ""), n, 1,
                   {"--devices", o.devices, "--strategy", "ddp"});

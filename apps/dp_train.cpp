@@ -33,6 +33,7 @@
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/run_config.h"
+#include "runtime/train/sharded_optimizer.h"
 #include "runtime/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -207,6 +208,9 @@ Cli parse(int argc, char** argv) {
     ("precision", po::value(&o.precision)->default_value(d.precision),
      "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); float32 master weights and "
      "optimizer state in every mode. CPU devices round to the low type at the same points (slower, not faster)")
+    ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
+     "ZeRO-1 over DataParallel's CPU replicas: each holds the optimizer state of one range of the parameters, "
+     "gets that range's reduced gradient and updates it on its own thread")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(d.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 before and after each reduction (DDP's "
      "bf16_compress_hook)")
@@ -411,6 +415,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   spec.dp.seed = c.seed;
   spec.dp.math = c.math();
   spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(c.grad_reduce_dtype);
+  spec.dp.shard_optimizer = c.shard_optimizer;
   if (c.strategy == "ddp") {
     dist::GroupOptions g;
     g.rank = p.rank;
@@ -659,7 +664,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
   const nlohmann::json config = c.checkpoint_config(names(all), p.world);
-  auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), c.optimizer_options());
+  auto opt = train::make_engine_optimizer(*engine, c.optimizer_options());
   auto ckpt = restore(c, *engine, *opt, p, config);
   if (!ckpt) return 0;
   return train_run(c, *engine, *opt, data, p, *ckpt, save_to, saver.get());

@@ -59,7 +59,9 @@ class P2pComm : public Comm {
     barrier_.arrive_and_wait();
   }
 
-  void reduce_add(int op, int rank, const Tensor& buf, Context& ctx) override {
+  void reduce_add(int op, int rank, const Tensor& buf, Context& ctx, int owner) override {
+    FANOUT_USER_CHECK(owner == 0) << "the p2p communicator reduces onto the primary only (a sharded optimizer on "
+                                    "GPUs is not supported yet)";
     if (active_ == 1) return;  // the primary's bucket already is the sum
     // This rank's gradients are final once its stream reaches this event; the
     // primary's stream waits for it instead of the host.
@@ -182,10 +184,10 @@ class NcclComm : public Comm {
                                     comm(rank), stream_of(ctx)));
   }
 
-  void reduce_add(int, int rank, const Tensor& buf, Context& ctx) override {
+  void reduce_add(int, int rank, const Tensor& buf, Context& ctx, int root) override {
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
-    FANOUT_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf), ncclSum, 0,
-                                 comm(rank), stream_of(ctx)));
+    FANOUT_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf), ncclSum,
+                                 root, comm(rank), stream_of(ctx)));
   }
 
   void all_reduce(int rank, Tensor& buf, Context& ctx) override {

@@ -34,7 +34,8 @@ void Adam::update(const Tensor& grads, const Group& g) {
   h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
   h.amsgrad = o.amsgrad;
   Tensor none;
-  kernels::adam_step(context(), model().arenas().params, grads, state_arena(0), state_arena(1),
+  Tensor p = params();
+  kernels::adam_step(context(), p, grads, state_arena(0), state_arena(1),
                      o.amsgrad ? state_arena(2) : none, g.chunks, h);
 }
 

@@ -3,8 +3,6 @@
 
 #include <cmath>
 
-#include "kernels/elementwise.h"
-#include "kernels/optim.h"
 #include "runtime/core/error.h"
 
 namespace fanout::optim {
@@ -22,9 +20,8 @@ GradScaler::GradScaler(const GradScalerOptions& o) : o_(o), scale_(o.init_scale)
 
 bool GradScaler::unscale(Optimizer& opt) {
   FANOUT_CHECK(stage_ == Stage::Ready) << "unscale() was already called for this step";
-  Tensor& g = opt.grads_for_step();
-  found_inf_ = !std::isfinite(kernels::sum_squares(opt.context(), g));
-  if (!found_inf_) kernels::scale(opt.context(), static_cast<float>(1.0 / static_cast<double>(scale_)), g);
+  found_inf_ = !std::isfinite(opt.grad_sum_squares());
+  if (!found_inf_) opt.scale_grads(static_cast<float>(1.0 / static_cast<double>(scale_)));
   stage_ = Stage::Unscaled;
   return !found_inf_;
 }

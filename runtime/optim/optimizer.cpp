@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "kernels/elementwise.h"
 #include "kernels/optim.h"
 #include "runtime/core/error.h"
 #include "runtime/optim/adam.h"
@@ -61,6 +62,11 @@ Tensor chunk_table(const std::vector<std::pair<int64_t, int64_t>>& ranges_in) {
 Optimizer::Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
     : model_(model), ctx_(ctx), o_(o), lr_(o.lr), groups_(std::move(groups)) {
   FANOUT_CHECK(model.materialized()) << "the optimizer needs a materialized model (call init() or materialize())";
+  const int64_t arena = model.arenas().params.numel();
+  begin_ = o.range.begin;
+  end_ = o.range.end < 0 ? arena : o.range.end;
+  FANOUT_CHECK(begin_ >= 0 && begin_ <= end_ && end_ <= arena)
+      << "optimizer range [" << begin_ << ", " << end_ << ") outside the arena of " << arena;
   FANOUT_CHECK(model.device().same_memory(ctx.device()))
       << "the model is on " << model.device().str() << " but the optimizer's context on " << ctx.device().str();
   auto params = model.named_parameters();
@@ -85,7 +91,9 @@ Optimizer::Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std
     std::vector<std::pair<int64_t, int64_t>> ranges;
     for (const std::string& n : g.params) {
       const Parameter* p = by_name.at(n);
-      ranges.emplace_back(p->offset, p->offset + p->shape.numel());
+      // The part of the parameter inside the range, relative to its start.
+      const int64_t b = std::max(p->offset, begin_), e = std::min(p->offset + p->shape.numel(), end_);
+      if (b < e) ranges.emplace_back(b - begin_, e - begin_);
     }
     Tensor table = chunk_table(ranges);
     chunks_.push_back({ctx.device().is_cpu() ? table : table.to(ctx.device()), g.weight_decay, g.lr_scale});
@@ -99,7 +107,7 @@ void Optimizer::set_lr(float lr) {
 }
 
 void Optimizer::add_state(const std::string& name) {
-  state_.emplace_back(name, Tensor::zeros(model_.arenas().params.shape(), DType::F32, model_.device()));
+  state_.emplace_back(name, Tensor::zeros(Shape{end_ - begin_}, DType::F32, model_.device()));
 }
 
 std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
@@ -115,19 +123,26 @@ std::vector<std::string> Optimizer::state_names() const {
   return out;
 }
 
+Tensor Optimizer::params() { return model_.arenas().params.flat(begin_, Shape{end_ - begin_}); }
+
 Tensor& Optimizer::grads_for_step() {
-  Tensor& g = model_.arenas().grads;
-  if (g.dtype() != DType::F64) return g;
+  Tensor& all = model_.arenas().grads;
+  grads_ = all.flat(begin_, Shape{end_ - begin_});
+  if (all.dtype() != DType::F64) return grads_;
   if (!rounded_) {
-    FANOUT_CHECK(g.device().is_cpu()) << "float64 gradients on " << g.device().str();
-    ensure(grad32_, g.shape(), DType::F32, g.device());
-    const double* src = g.f64();
+    FANOUT_CHECK(all.device().is_cpu()) << "float64 gradients on " << all.device().str();
+    ensure(grad32_, grads_.shape(), DType::F32, all.device());
+    const double* src = grads_.f64();
     float* dst = grad32_.f32();
-    for (int64_t i = 0; i < g.numel(); ++i) dst[i] = static_cast<float>(src[i]);
+    for (int64_t i = 0; i < grads_.numel(); ++i) dst[i] = static_cast<float>(src[i]);
     rounded_ = true;
   }
   return grad32_;
 }
+
+double Optimizer::grad_sum_squares() { return kernels::sum_squares(ctx_, grads_for_step()); }
+void Optimizer::scale_grads(float a) { kernels::scale(ctx_, a, grads_for_step()); }
+void Optimizer::clamp_grads(float limit) { kernels::clamp_abs(ctx_, grads_for_step(), limit); }
 
 void Optimizer::step() {
   const Tensor& g = grads_for_step();
@@ -137,7 +152,11 @@ void Optimizer::step() {
 }
 
 void Optimizer::zero_grad() {
-  model_.arenas().grads.zero(&ctx_.compute());
+  Tensor& all = model_.arenas().grads;
+  if (begin_ == 0 && end_ == all.numel())
+    all.zero(&ctx_.compute());
+  else
+    all.flat(begin_, Shape{end_ - begin_}).zero(&ctx_.compute());
   rounded_ = false;
   ctx_.compute().synchronize();
 }

@@ -35,6 +35,12 @@ struct ParamGroup {
 
 enum class OptimizerKind { SGD, Adam, AdamW };
 
+// Elements [begin, end) of the parameter arena (end < 0: to its end): the
+// part one optimizer steps and holds state for, a ZeRO-1 shard.
+struct ArenaRange {
+  int64_t begin = 0, end = -1;
+};
+
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::SGD;
   // Hyper-parameters in double, as torch's Python holds them: the step's
@@ -48,6 +54,8 @@ struct OptimizerOptions {
   // Biases and other parameters of at most one dimension (norm weights) in
   // a group "no_decay" without weight decay (the common recipe).
   bool no_decay_norm_bias = false;
+  // Not a hyper-parameter: the range this optimizer owns (default all).
+  ArenaRange range;
 };
 
 // "sgd", "adam", "adamw" (one-line error otherwise) and back to torch's class name.
@@ -71,29 +79,43 @@ class Optimizer {
 
   // One update of the model's parameters from its gradient arena (float64
   // gradients are rounded to float once, here), on the context's stream.
-  void step();
-  // Zeros the gradient arena and waits for the context's stream: when it
-  // returns the parameters are final, for any engine to broadcast.
-  void zero_grad();
+  virtual void step();
+  // Zeros the gradient arena (its range) and waits for the context's
+  // stream: when it returns the parameters are final, for any engine to
+  // broadcast.
+  virtual void zero_grad();
   // Updates taken; state exists from the first one on.
   int64_t steps() const { return steps_; }
-  void set_steps(int64_t s) { steps_ = s; }
+  virtual void set_steps(int64_t s) { steps_ = s; }
 
   // The state arenas under torch's names ("momentum_buffer", "exp_avg",
-  // "exp_avg_sq", "max_exp_avg_sq"), laid out like the parameter arena;
-  // empty before the first step (torch creates state on the first step).
-  std::vector<std::pair<std::string, Tensor*>> state();
+  // "exp_avg_sq", "max_exp_avg_sq"), laid out like the parameter arena
+  // (like its range, for a range optimizer); empty before the first step
+  // (torch creates state on the first step). After writing into them (a
+  // checkpoint's load), call state_written().
+  virtual std::vector<std::pair<std::string, Tensor*>> state();
+  virtual void state_written() {}
   // The names state() has once the optimizer has stepped.
-  std::vector<std::string> state_names() const;
+  virtual std::vector<std::string> state_names() const;
+
+  // What clipping and loss scaling do to the gradients the next step reads:
+  // the sum of their squares (in double; non-finite exactly when an element
+  // is), scaling by a, and clamping into [-limit, limit].
+  virtual double grad_sum_squares();
+  virtual void scale_grads(float a);
+  virtual void clamp_grads(float limit);
   // Type and hyper-parameters (without the learning rate) and groups, as a
   // checkpoint records them.
   nlohmann::json hyper() const;
 
   Module& model() { return model_; }
   Context& context() { return ctx_; }
-  // The gradients the next step() reads: the model's arena, or the float32
-  // copy of float64 ones once grads_for_step() has run.
+  // The gradients the next step() reads: the model's arena (its range), or
+  // the float32 copy of float64 ones once grads_for_step() has run.
   Tensor& grads_for_step();
+  // [begin, end) of the arena this optimizer steps.
+  int64_t range_begin() const { return begin_; }
+  int64_t range_end() const { return end_; }
 
  protected:
   // Every group of `model` (materialized; the optimizer works on its device
@@ -109,6 +131,8 @@ class Optimizer {
   void add_state(const std::string& name);
   Tensor& state_arena(size_t i) { return state_[i].second; }
   const OptimizerOptions& options() const { return o_; }
+  // The parameters this optimizer updates: its range of the arena.
+  Tensor params();
 
  private:
   Module& model_;
@@ -118,7 +142,8 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::vector<Group> chunks_;
   std::vector<std::pair<std::string, Tensor>> state_;
-  Tensor grad32_;
+  int64_t begin_ = 0, end_ = 0;
+  Tensor grad32_, grads_;
   bool rounded_ = false;  // grad32_ holds this step's rounded float64 gradients
   int64_t steps_ = 0;
 };

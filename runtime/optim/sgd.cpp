@@ -20,7 +20,8 @@ void SGD::update(const Tensor& grads, const Group& g) {
   h.nesterov = o.nesterov;
   h.first = steps() == 0;
   Tensor none;
-  kernels::sgd_step(context(), model().arenas().params, grads, o.momentum != 0 ? state_arena(0) : none, g.chunks, h);
+  Tensor p = params();
+  kernels::sgd_step(context(), p, grads, o.momentum != 0 ? state_arena(0) : none, g.chunks, h);
 }
 
 }  // namespace fanout::optim

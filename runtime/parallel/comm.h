@@ -20,9 +20,11 @@ class Comm {
   virtual void begin(int active) = 0;
   // Every rank's buf receives rank 0's buf (same numel).
   virtual void broadcast(int rank, Tensor& buf, Context& ctx) = 0;
-  // Rank 0's buf += the other ranks' bufs, added in rank order (deterministic).
-  // `op` names the bucket so concurrent reductions of different buckets stay apart.
-  virtual void reduce_add(int op, int rank, const Tensor& buf, Context& ctx) = 0;
+  // Rank `root`'s buf becomes the sum of every rank's buf, added in rank
+  // order from rank 0 (the same bits whichever rank is the root). `op` names
+  // the bucket (or piece of one) so concurrent reductions stay apart. Roots
+  // other than 0 (a sharded optimizer's owners): CPU devices only so far.
+  virtual void reduce_add(int op, int rank, const Tensor& buf, Context& ctx, int root = 0) = 0;
   // Every rank's buf becomes the sum over ranks (in rank order). Blocks.
   virtual void all_reduce(int rank, Tensor& buf, Context& ctx) = 0;
   // Completes what this rank enqueued (stream-ordered implementations).

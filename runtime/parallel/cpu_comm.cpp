@@ -33,8 +33,9 @@ class CpuComm : public Comm {
     barrier_.arrive_and_wait();
   }
 
-  void reduce_add(int op, int rank, const Tensor& buf, Context&) override {
+  void reduce_add(int op, int rank, const Tensor& buf, Context&, int root) override {
     FANOUT_CHECK(op >= 0 && op < static_cast<int>(op_bufs_.size())) << "reduce op " << op;
+    FANOUT_CHECK(root >= 0 && root < active_) << "reduce onto rank " << root << " of " << active_;
     {
       std::lock_guard<std::mutex> g(mu_);
       op_bufs_[op][rank] = buf;
@@ -43,8 +44,8 @@ class CpuComm : public Comm {
     }
     // Last to arrive: every rank's buffer for this op is final.
     auto& bufs = op_bufs_[op];
-    if (bufs[0].dtype() == DType::F64) add_ranks<double>(bufs);
-    else add_ranks<float>(bufs);
+    if (bufs[0].dtype() == DType::F64) add_ranks<double>(bufs, root);
+    else add_ranks<float>(bufs, root);
   }
 
   // Rank 0 adds the others' buffers into its own, in rank order, while they
@@ -58,8 +59,8 @@ class CpuComm : public Comm {
       for (int r = 1; r < active_; ++r)
         FANOUT_CHECK(slots_[r].numel() == buf.numel() && slots_[r].dtype() == buf.dtype())
             << "all_reduce of mismatched buffers";
-      if (buf.dtype() == DType::F64) add_ranks<double>(slots_);
-      else add_ranks<float>(slots_);
+      if (buf.dtype() == DType::F64) add_ranks<double>(slots_, 0);
+      else add_ranks<float>(slots_, 0);
     }
     barrier_.arrive_and_wait();  // the sum is in rank 0's buffer
     if (rank != 0) std::memcpy(buf.raw(), slots_[0].raw(), buf.nbytes());
@@ -70,15 +71,26 @@ class CpuComm : public Comm {
 
  private:
   template <class T>
-  void add_ranks(const std::vector<Tensor>& bufs) {
-    T* dst = bufs[0].data<T>();
+  void add_ranks(const std::vector<Tensor>& bufs, int root) {
     const int64_t n = bufs[0].numel();
-    for (int r = 1; r < active_; ++r) {
+    for (int r = 1; r < active_; ++r)
       FANOUT_CHECK(bufs[r].dtype() == bufs[0].dtype() && bufs[r].numel() == n) << "reduce of mismatched buffers";
-      const T* src = bufs[r].data<T>();
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    T* dst = bufs[root].data<T>();
+    if (root == 0) {
+      for (int r = 1; r < active_; ++r) {
+        const T* src = bufs[r].data<T>();
+        for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+      }
+      return;
+    }
+    // ((b0 + b1) + b2) + ... as with root 0, element by element (root's own input is read before it is written).
+    for (int64_t i = 0; i < n; ++i) {
+      T sum = bufs[0].data<T>()[i];
+      for (int r = 1; r < active_; ++r) sum += bufs[r].data<T>()[i];
+      dst[i] = sum;
     }
   }
+
 
   int ranks_;
   int active_ = 1;

@@ -147,7 +147,15 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   output_ctx_->math = opts.math;
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
-  comm_ = make_comm(opts.comm, devices, layout_.size() + 1);
+  comm_ = make_comm(opts.comm, devices, layout_.size() + n + 1);  // a bucket cut by shards is one op per piece
+  if (opts.shard_optimizer) {
+    FANOUT_USER_CHECK(devices[0].is_cpu()) << "--shard-optimizer runs on CPU devices in this version";
+    FANOUT_USER_CHECK(!opts.group) << "--shard-optimizer runs with --strategy dp in this version (not under DDP)";
+    // Balanced cuts, aligned as parameters are (the last range ends with the arena).
+    const int64_t total = module.arenas().params.numel();
+    for (int r = 0; r < n; ++r) shard_bounds_.push_back(total * r / n / kArenaAlign * kArenaAlign);
+    shard_bounds_.push_back(total);
+  }
   std::vector<Module*> ms;
   std::vector<Context*> cs;
   for (int i = 0; i < n; ++i) {
@@ -155,7 +163,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     cs.push_back(contexts_[i].get());
   }
   reducer_ = std::make_unique<Reducer>(std::move(ms), std::move(cs), *comm_, layout_,
-                                       ReducerOptions{opts.group, opts.grad_reduce_dtype});
+                                       ReducerOptions{opts.group, opts.grad_reduce_dtype, shard_bounds_});
   if (opts.sync_bn) {
     stat_sync_ = std::make_unique<StatSync>(*this);
     for (int i = 0; i < n; ++i) replica(i).set_batch_stat_sync(stat_sync_.get());
@@ -198,6 +206,18 @@ void DataParallel::run_replicas(const std::function<void(int)>& fn) {
   }
 }
 
+void DataParallel::run_on_every_replica(const std::function<void(int)>& fn) {
+  pool_->run(fn, static_cast<int>(devices_.size()));
+}
+
+void DataParallel::gather_shards() {
+  Tensor& dst = module_.arenas().params;
+  for (int r = 1; r < static_cast<int>(devices_.size()); ++r) {
+    const int64_t b = shard_bounds_[r], e = shard_bounds_[r + 1];
+    if (b < e) dst.flat(b, Shape{e - b}).copy_from(replica(r).arenas().params.flat(b, Shape{e - b}));
+  }
+}
+
 void DataParallel::begin_pass(const Tensor& x) {
   FANOUT_USER_CHECK(x.dim() >= 1 && x.size(0) >= 1) << "DataParallel forward needs a non-empty batch, got "
                                                      << x.shape().str();
@@ -230,7 +250,16 @@ Tensor DataParallel::replica_forward(int i, const Tensor& x) {
   comm_->broadcast(i, m.arenas().buffers, ctx);
   m.train(training_forward_);
   ctx.training = training_forward_;
-  if (i > 0 && training_forward_) m.zero_grad(&ctx.compute());
+  if (training_forward_ && !shard_bounds_.empty()) {
+    // Sharded: the replica's own range accumulates until its optimizer
+    // zeroes it; the rest carries this pass's contribution to the others.
+    Tensor& g = m.arenas().grads;
+    const int64_t b = shard_bounds_[i], e = shard_bounds_[i + 1];
+    if (b > 0) g.flat(0, Shape{b}).zero(&ctx.compute());
+    if (e < g.numel()) g.flat(e, Shape{g.numel() - e}).zero(&ctx.compute());
+  } else if (i > 0 && training_forward_) {
+    m.zero_grad(&ctx.compute());
+  }
   Tensor chunk = x.slice(starts_[i], starts_[i] + sizes_[i]);
   if (chunk.device().same_memory(devices_[i])) {
     in_chunks_[i] = chunk;
@@ -414,6 +443,14 @@ StepResult DataParallelEngine::gathered_step(const Tensor& x, const Tensor& y, b
 StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) {
   dp_.set_sync(sync);
   return loss_step(x, y, true, grad_scale);
+}
+
+std::vector<ArenaShard> DataParallelEngine::shards() {
+  std::vector<ArenaShard> out;
+  const auto& b = dp_.shard_bounds();
+  for (size_t r = 0; r + 1 < b.size(); ++r)
+    out.push_back({&dp_.replica(static_cast<int>(r)), &dp_.replica_context(static_cast<int>(r)), b[r], b[r + 1]});
+  return out;
 }
 
 StepResult DataParallelEngine::eval_step(const Tensor& x, const Tensor& y) { return loss_step(x, y, false, 0.0f); }

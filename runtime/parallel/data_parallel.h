@@ -48,6 +48,10 @@ struct DataParallelOptions {
   std::shared_ptr<dist::ProcessGroup> group;
   // F32, or BF16: buckets rounded to bfloat16 around each reduction.
   DType grad_reduce_dtype = DType::F32;
+  // ZeRO-1 (CPU devices, one process): the arena cut into one contiguous
+  // range per replica, each range's gradient summed onto its replica, for
+  // an optimizer per range there (runtime/train/sharded_optimizer.h).
+  bool shard_optimizer = false;
 };
 
 // --grad-reduce-dtype: "fp32"/"float32" or "bf16"/"bfloat16"; anything else is a one-line error.
@@ -108,6 +112,13 @@ class DataParallel {
   void set_sync(bool on) { sync_ = on; }
   // The process group (options.group), or null.
   ProcessLink* process_link() { return reducer_->link(); }
+  // With shard_optimizer: replica r's range is [bounds[r], bounds[r + 1]);
+  // empty otherwise.
+  const std::vector<int64_t>& shard_bounds() const { return shard_bounds_; }
+  // Runs fn(r) on every replica's thread at once (not only the active ones).
+  void run_on_every_replica(const std::function<void(int)>& fn);
+  // Every replica's range of the parameters into the primary's arena.
+  void gather_shards();
 
  private:
   class StatSync;
@@ -130,6 +141,7 @@ class DataParallel {
   std::unique_ptr<WorkerPool> pool_;
   BucketLayout layout_;
   std::unique_ptr<Reducer> reducer_;
+  std::vector<int64_t> shard_bounds_;
   bool sync_ = true;
   std::vector<int64_t> sizes_, starts_;
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
@@ -162,6 +174,9 @@ class DataParallelEngine : public Engine {
   const Criterion& criterion() const override { return *criteria_[0]; }
   DataParallel& data_parallel() { return dp_; }
   bool loss_on_replicas() const { return on_replicas_; }
+  std::vector<ArenaShard> shards() override;
+  void for_each_shard(const std::function<void(int)>& fn) override { dp_.run_on_every_replica(fn); }
+  void gather_shards() override { dp_.gather_shards(); }
   // Bytes the last step moved to the primary (the output device) from the
   // other replicas: with the loss on the replicas, their sums (what the
   // criterion reads back); gathering, their outputs and their rows' targets.

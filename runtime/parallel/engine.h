@@ -5,6 +5,7 @@
 // loop only sees this interface.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,16 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
 // `processes` processes on this machine: the cores shared out, at least one
 // (always one when split-invariant).
 int cpu_blas_threads(int replicas, const MathOptions& math, int processes = 1);
+
+// ZeRO-1: one contiguous range [begin, end) of the parameter arena per
+// replica. After a backward pass the replica's range of its gradient arena
+// holds the reduced sum; an optimizer per range steps it there on the
+// replica's context (runtime/train/sharded_optimizer.h).
+struct ArenaShard {
+  Module* replica;
+  Context* ctx;
+  int64_t begin, end;
+};
 
 class Engine {
  public:
@@ -63,6 +74,13 @@ class Engine {
   // Before an evaluation: every process takes rank 0's buffers (BatchNorm
   // running statistics) when the engine broadcasts buffers.
   virtual void prepare_eval() {}
+
+  // Sharded engines (DataParallel with shard_optimizer): the shards, empty
+  // otherwise; fn(i) run for every shard at once on its replica's thread;
+  // and, after the shards' steps, every shard's parameters into model().
+  virtual std::vector<ArenaShard> shards() { return {}; }
+  virtual void for_each_shard(const std::function<void(int)>& fn) {}
+  virtual void gather_shards() {}
 };
 
 }  // namespace fanout

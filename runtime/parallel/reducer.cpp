@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/convert.h"
+#include "kernels/elementwise.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
@@ -104,6 +105,23 @@ void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag) {
   staged(t, [&](Tensor& s) { group_->broadcast(s, 0, what, tag); });
 }
 
+std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds) {
+  std::vector<std::vector<ReducePiece>> out(layout.size());
+  int op = 0;
+  for (int b = 0; b < layout.size(); ++b) {
+    const GradBucket& bk = layout.buckets()[b];
+    if (bounds.empty()) {
+      out[b].push_back({op++, 0, bk.begin, bk.count});
+      continue;
+    }
+    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+      const int64_t lo = std::max(bk.begin, bounds[r]), hi = std::min(bk.begin + bk.count, bounds[r + 1]);
+      if (lo < hi) out[b].push_back({op++, static_cast<int>(r), lo, hi - lo});
+    }
+  }
+  return out;
+}
+
 Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, Comm& comm, const BucketLayout& layout,
                  const ReducerOptions& o)
     : replicas_(std::move(replicas)),
@@ -111,6 +129,7 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
       comm_(comm),
       layout_(layout),
       opts_(o),
+      pieces_(reduce_pieces(layout, o.shard_bounds)),
       ready_(layout, static_cast<int>(replicas_.size()), [this](int rank, int b) { local(rank, b); }),
       arrivals_(std::make_unique<std::atomic<int>[]>(layout.size())),
       host_memory_(contexts_[0]->device().is_cpu()),
@@ -172,17 +191,23 @@ void Reducer::round(int rank, Tensor& t) {
   if (opts_.reduce_dtype == DType::BF16) kernels::round_to(*contexts_[rank], t, DType::BF16);
 }
 
+void Reducer::round_piece(int rank, const ReducePiece& p) {
+  Tensor t = replicas_[rank]->arenas().grads.flat(p.begin, Shape{p.count});
+  round(rank, t);
+}
+
 void Reducer::local(int rank, int b) {
-  Tensor g = bucket_of(rank, b);
-  if (active_ > 1) round(rank, g);
-  comm_.reduce_add(b, rank, g, *contexts_[rank]);
-  // The replica whose arrival completes the count has seen every reduce_add
-  // of this bucket return, so the primary's sum is final (host comms).
-  if (arrivals_[b].fetch_add(1) + 1 != active_ || !host_memory_) return;
-  if (active_ > 1 && opts_.reduce_dtype != DType::F32) {
-    Tensor sum = bucket_of(0, b);
-    round(rank, sum);  // host memory: any replica's context rounds it
+  for (const ReducePiece& p : pieces_[b]) {
+    Tensor g = replicas_[rank]->arenas().grads.flat(p.begin, Shape{p.count});
+    if (active_ > 1) round(rank, g);
+    // A shard whose replica sits out this pass: its sum goes to the primary (finish() passes it on).
+    comm_.reduce_add(p.op, rank, g, *contexts_[rank], p.owner < active_ ? p.owner : 0);
   }
+  // The replica whose arrival completes the count has seen every reduce_add
+  // of this bucket return, so the sums are final (host comms).
+  if (arrivals_[b].fetch_add(1) + 1 != active_ || !host_memory_) return;
+  if (active_ > 1 && opts_.reduce_dtype != DType::F32)
+    for (const ReducePiece& p : pieces_[b]) round_piece(p.owner < active_ ? p.owner : 0, p);
   if (!thread_.joinable() || !sync_) return;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -232,11 +257,21 @@ void Reducer::finish() {
     ctx.compute().synchronize();
     ctx.comm().synchronize();
     if (active_ > 1 && opts_.reduce_dtype != DType::F32)
-      for (int b = 0; b < layout_.size(); ++b) {
-        Tensor sum = bucket_of(0, b);
-        round(0, sum);
-      }
+      for (const auto& ps : pieces_)
+        for (const ReducePiece& p : ps) round_piece(0, p);  // sharding is CPU-only: every sum is the primary's
   }
+  // Shards of replicas that sat out: their owners accumulate what the primary received.
+  for (const auto& ps : pieces_)
+    for (const ReducePiece& p : ps)
+      if (p.owner >= active_) {
+        Tensor sum = replicas_[0]->arenas().grads.flat(p.begin, Shape{p.count});
+        Tensor mine = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
+        if (sum.dtype() == DType::F64) {  // split-invariant gradients (host memory)
+          for (int64_t i = 0; i < p.count; ++i) mine.f64()[i] += sum.f64()[i];
+        } else {
+          kernels::axpy(*contexts_[0], 1.0f, sum, mine);
+        }
+      }
   if (!sync_) return;
   if (thread_.joinable()) {
     std::unique_lock<std::mutex> lk(mu_);

@@ -108,7 +108,20 @@ struct ReducerOptions {
   // BF16: each bucket is rounded to bfloat16 before it is reduced and the
   // sum after (PyTorch DDP's bf16_compress_hook: cast, reduce, cast back).
   DType reduce_dtype = DType::F32;
+  // A sharded optimizer (ZeRO-1): shard r is [bounds[r], bounds[r + 1]) of
+  // the arena and its sum goes to replica r instead of the primary (one
+  // reduce per piece of a bucket in a shard). Empty: everything to the primary.
+  std::vector<int64_t> shard_bounds;
 };
+
+// The reductions a layout and shard bounds make: each bucket cut at the
+// shard bounds, every piece summed onto its shard's replica.
+struct ReducePiece {
+  int op;  // the Comm operation id
+  int owner;
+  int64_t begin, count;
+};
+std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds);
 
 // The path from "this bucket's gradients are final on replica r" to "this
 // bucket is reduced", for `replicas` (replica 0 the primary) sharing one
@@ -135,7 +148,8 @@ class Reducer {
   // End of replica `rank`'s backward: unreported parameters count as ready.
   void flush(int rank) { ready_.flush(rank); }
   std::vector<std::string> unready(int rank) const { return ready_.unready(rank); }
-  // After every replica's backward: the buckets are reduced when it returns.
+  // After every replica's backward: the buckets are reduced when it returns
+  // (a shard whose replica sat out a small batch gets its sum from the primary here).
   void finish();
   // A replica failed: the buckets it did not finish will not come.
   void abort();
@@ -144,6 +158,7 @@ class Reducer {
 
  private:
   void local(int rank, int bucket);
+  void round_piece(int rank, const ReducePiece& p);
   void global(int bucket);
   void global_loop();
   Tensor bucket_of(int rank, int bucket);
@@ -154,6 +169,7 @@ class Reducer {
   Comm& comm_;
   const BucketLayout& layout_;
   ReducerOptions opts_;
+  std::vector<std::vector<ReducePiece>> pieces_;  // [bucket]
   BucketReadiness ready_;
   std::unique_ptr<ProcessLink> link_;
   std::unique_ptr<std::atomic<int>[]> arrivals_;  // [bucket] replicas past reduce_add this pass

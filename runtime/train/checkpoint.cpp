@@ -73,9 +73,12 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
   if (opt) {
     FANOUT_CHECK(&opt->model() == &model) << "the optimizer does not step the engine's model";
     const auto params = model.named_parameters();
-    for (auto& [state, arena] : opt->state())
+    for (auto& [state, arena] : opt->state()) {
+      FANOUT_CHECK(arena->numel() == model.arenas().params.numel())
+          << "optimizer state '" << state << "' covers part of the arena: save its sharded owner";
       for (auto& [name, p] : params)
         tensors.emplace_back(kOptimizerPrefix + state + "." + name, arena->flat(p->offset, p->shape));
+    }
     hyper = opt->hyper();
     hyper["steps"] = opt->steps();
   }
@@ -219,9 +222,11 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
     FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
   }
   opt.set_steps(steps);
-  if (has_state)
+  if (has_state) {
     for (auto& [n, arena] : opt.state())
       for (auto& [name, p] : params) arena->flat(p->offset, p->shape).copy_from(state.at(n).at(name));
+    opt.state_written();
+  }
   engine.primary_context().rng() = rng;
   return st;
 }

@@ -68,7 +68,8 @@ struct RunConfig {
   // Math.
   bool allow_tf32 = false, cudnn_benchmark = false, deterministic = false, split_invariant = false;
   std::string precision = "32";  // 32, bf16-mixed or 16-mixed (runtime/core/precision.h)
-  std::string grad_reduce_dtype = "fp32";  // fp32 or bf16: the type gradient buckets are reduced in
+  std::string grad_reduce_dtype = "fp32";
+  bool shard_optimizer = false;  // ZeRO-1 over DataParallel's replicas  // fp32 or bf16: the type gradient buckets are reduced in
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;

@@ -1,0 +1,111 @@
+// Sharded optimizer.
+#include "runtime/train/sharded_optimizer.h"
+
+#include "runtime/core/error.h"
+
+namespace fanout::train {
+
+namespace {
+std::vector<optim::ParamGroup> groups_for(Module& model, const optim::OptimizerOptions& o,
+                                          std::vector<optim::ParamGroup> groups) {
+  if (groups.empty() && o.no_decay_norm_bias) {
+    std::vector<std::string> nd = optim::no_decay_params(model);
+    if (!nd.empty()) groups.push_back({"no_decay", std::move(nd), 0.0, 1.0});
+  }
+  return groups;
+}
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(Engine& engine, const optim::OptimizerOptions& o,
+                                   std::vector<optim::ParamGroup> groups)
+    : Optimizer(engine.model(), engine.primary_context(), o, groups_for(engine.model(), o, groups)),
+      engine_(engine),
+      ranges_(engine.shards()) {
+  FANOUT_CHECK(!ranges_.empty()) << "a sharded optimizer needs a sharded engine";
+  for (const ArenaShard& s : ranges_) {
+    optim::OptimizerOptions so = o;
+    so.range = {s.begin, s.end};
+    shards_.push_back(optim::make_optimizer(*s.replica, *s.ctx, so, groups));
+  }
+}
+
+void ShardedOptimizer::update(const Tensor&, const Group&) {
+  FANOUT_CHECK(false) << "a sharded optimizer steps through its shards";
+}
+
+void ShardedOptimizer::step() {
+  const float rate = lr();
+  engine_.for_each_shard([&](int i) {
+    shards_[i]->set_lr(rate);
+    shards_[i]->step();
+  });
+  engine_.gather_shards();
+  Optimizer::set_steps(steps() + 1);
+}
+
+void ShardedOptimizer::zero_grad() {
+  engine_.for_each_shard([&](int i) { shards_[i]->zero_grad(); });
+}
+
+void ShardedOptimizer::set_steps(int64_t s) {
+  Optimizer::set_steps(s);
+  for (auto& o : shards_) o->set_steps(s);
+}
+
+std::vector<std::string> ShardedOptimizer::state_names() const { return shards_[0]->state_names(); }
+
+std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  if (steps() == 0) return out;
+  const int64_t total = model().arenas().params.numel();
+  const std::vector<std::string> names = state_names();
+  full_.resize(names.size());
+  for (size_t k = 0; k < names.size(); ++k) {
+    full_[k].first = names[k];
+    ensure(full_[k].second, Shape{total}, DType::F32, Device::cpu());
+    full_[k].second.zero();
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      auto st = shards_[i]->state();
+      const int64_t n = ranges_[i].end - ranges_[i].begin;
+      if (n > 0) full_[k].second.flat(ranges_[i].begin, Shape{n}).copy_from(*st[k].second);
+    }
+    out.emplace_back(names[k], &full_[k].second);
+  }
+  return out;
+}
+
+void ShardedOptimizer::state_written() {
+  for (size_t k = 0; k < full_.size(); ++k)
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      auto st = shards_[i]->state();
+      const int64_t n = ranges_[i].end - ranges_[i].begin;
+      if (n > 0) st[k].second->copy_from(full_[k].second.flat(ranges_[i].begin, Shape{n}));
+    }
+}
+
+double ShardedOptimizer::grad_sum_squares() {
+  double sum = 0;
+  for (size_t i = 0; i < shards_.size(); ++i)
+    if (ranges_[i].end > ranges_[i].begin) sum += shards_[i]->grad_sum_squares();
+  return sum;
+}
+
+void ShardedOptimizer::scale_grads(float a) {
+  engine_.for_each_shard([&](int i) {
+    if (ranges_[i].end > ranges_[i].begin) shards_[i]->scale_grads(a);
+  });
+}
+
+void ShardedOptimizer::clamp_grads(float limit) {
+  engine_.for_each_shard([&](int i) {
+    if (ranges_[i].end > ranges_[i].begin) shards_[i]->clamp_grads(limit);
+  });
+}
+
+std::unique_ptr<optim::Optimizer> make_engine_optimizer(Engine& engine, const optim::OptimizerOptions& o,
+                                                        std::vector<optim::ParamGroup> groups) {
+  if (!engine.shards().empty()) return std::make_unique<ShardedOptimizer>(engine, o, std::move(groups));
+  return optim::make_optimizer(engine.model(), engine.primary_context(), o, std::move(groups));
+}
+
+}  // namespace fanout::train

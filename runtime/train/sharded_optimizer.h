@@ -1,0 +1,50 @@
+// ZeRO-1 over a sharded engine's replicas: one optimizer per shard of the
+// parameter arena, on its replica's device, holding state for its shard
+// alone (runtime/parallel/engine.h, ArenaShard). step() runs every shard's
+// update at once on the replicas' threads and gathers the updated shards
+// into the primary's model, which the next forward broadcasts. Clipping by
+// norm sums the shards' squares, so it clips by the whole gradient's norm;
+// loss scaling checks every shard. state() assembles the full state laid
+// out like the arena, so checkpoints are those of an unsharded optimizer
+// and load into any shard count.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/optim/optimizer.h"
+#include "runtime/parallel/engine.h"
+
+namespace fanout::train {
+
+class ShardedOptimizer final : public optim::Optimizer {
+ public:
+  ShardedOptimizer(Engine& engine, const optim::OptimizerOptions& o, std::vector<optim::ParamGroup> groups = {});
+  void step() override;
+  void zero_grad() override;
+  void set_steps(int64_t s) override;
+  std::vector<std::pair<std::string, Tensor*>> state() override;
+  void state_written() override;
+  std::vector<std::string> state_names() const override;
+  double grad_sum_squares() override;
+  void scale_grads(float a) override;
+  void clamp_grads(float limit) override;
+
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+  optim::Optimizer& shard(int i) { return *shards_[i]; }
+
+ private:
+  void update(const Tensor&, const Group&) override;
+  Engine& engine_;
+  std::vector<std::unique_ptr<optim::Optimizer>> shards_;
+  std::vector<ArenaShard> ranges_;
+  std::vector<std::pair<std::string, Tensor>> full_;  // assembled state (host), for checkpoints
+};
+
+// The optimizer a Trainer steps for `engine`: a ShardedOptimizer when the
+// engine is sharded, else make_optimizer over its model.
+std::unique_ptr<optim::Optimizer> make_engine_optimizer(Engine& engine, const optim::OptimizerOptions& o,
+                                                        std::vector<optim::ParamGroup> groups = {});
+
+}  // namespace fanout::train

@@ -1,0 +1,198 @@
+// ZeRO-1 over DataParallel's CPU replicas (--shard-optimizer): each replica
+// steps the optimizer of one range of the arena, on its own thread.
+//  - SGD with momentum and AdamW (groups, amsgrad), 20 steps: sharded on
+//    cpu:2 and cpu:3 (uneven ranges) equals unsharded on the same devices
+//    bit for bit (every element is summed in the same order onto its owner
+//    and updated by the same formula); with clipping by norm within 1e-6
+//    (the shards' squares are summed in another order); with accumulation
+//    and a last batch smaller than the device count, bit for bit.
+//  - Each replica holds the state of its range alone: at most ceil(P / N)
+//    + 16 elements per state (P the arena), so the primary holds no more
+//    than the others.
+//  - A checkpoint saved sharded holds the unsharded optimizer's tensors
+//    bit for bit, and resumes sharded over another replica count or
+//    unsharded on one device exactly (split-invariant mlp).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "models/zoo/zoo.h"
+#include "runtime/core/memory.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/optim/clip.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/single_device.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/run_config.h"
+#include "runtime/train/sharded_optimizer.h"
+#include "support/dist_util.h"
+#include "support/test_util.h"
+#include "support/trained.h"
+
+namespace fanout {
+namespace {
+
+const Shape kSample{1, 28, 28};
+
+struct DpRun {
+  std::unique_ptr<Module> model;
+  std::unique_ptr<DataParallelEngine> engine;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+
+DpRun make_run(const std::string& devices, bool shard, const optim::OptimizerOptions& o, const std::string& model = "lenet",
+             bool split_invariant = false) {
+  DpRun r;
+  r.model = models::make_model(model, kSample, 10, 5);
+  DataParallelOptions dpo;
+  dpo.shard_optimizer = shard;
+  dpo.bucket_bytes = 64 * 1024;  // several buckets, cut by the shard bounds
+  dpo.math.split_invariant = split_invariant;
+  r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices(devices), *make_criterion({}), dpo);
+  r.opt = train::make_engine_optimizer(*r.engine, o);
+  return r;
+}
+
+// `micro` micro-batches per step; clipping by norm when max_norm > 0.
+Tensor train(DpRun& r, const std::vector<testing::Batch>& data, int micro = 1, double max_norm = 0) {
+  for (const auto& b : data) {
+    const int64_t rows = b.x.size(0), piece = rows / micro;
+    for (int k = 0; k < micro; ++k) {
+      const int64_t end = k == micro - 1 ? rows : (k + 1) * piece;
+      r.engine->forward_backward(b.x.slice(k * piece, end), b.y.slice(k * piece, end), 1.0f / rows, k == micro - 1);
+    }
+    if (max_norm > 0) optim::clip_grad_norm(*r.opt, max_norm);
+    r.opt->step();
+    r.opt->zero_grad();
+  }
+  return r.model->arenas().params.to(Device::cpu());
+}
+
+class ShardedOptimizerTest : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Optimizers, ShardedOptimizerTest, ::testing::Values("sgd", "adamw"));
+
+optim::OptimizerOptions options_for(const std::string& kind) {
+  return kind == "sgd" ? testing::test_sgd() : testing::test_adamw(2e-3f);
+}
+
+TEST_P(ShardedOptimizerTest, EqualsUnshardedOnTwoAndThreeReplicas) {
+  const auto o = options_for(GetParam());
+  const auto data = testing::random_batches(kSample, 24, 20, 3);
+  for (const char* devices : {"cpu:2", "cpu:3"}) {
+    SCOPED_TRACE(devices);
+    DpRun plain = make_run(devices, false, o), sharded = make_run(devices, true, o);
+    ASSERT_EQ(sharded.engine->shards().size(), std::string(devices) == "cpu:2" ? 2u : 3u);
+    EXPECT_TRUE(testing::same_bits(train(sharded, data), train(plain, data)));
+    EXPECT_EQ(sharded.opt->steps(), 20);
+  }
+}
+
+TEST_P(ShardedOptimizerTest, ClippingByNormIsTheWholeGradientsNorm) {
+  const auto o = options_for(GetParam());
+  const auto data = testing::random_batches(kSample, 24, 20, 4);
+  DpRun plain = make_run("cpu:3", false, o), sharded = make_run("cpu:3", true, o);
+  const Tensor want = train(plain, data, 1, 0.2), got = train(sharded, data, 1, 0.2);
+  EXPECT_LT(testing::max_rel_diff(got, want), 1e-6);
+}
+
+TEST_P(ShardedOptimizerTest, AccumulationAndSmallBatchesEqualUnsharded) {
+  const auto o = options_for(GetParam());
+  auto data = testing::random_batches(kSample, 24, 6, 5);
+  data.push_back(testing::random_batches(kSample, 4, 1, 6)[0]);  // 4 rows on 3 replicas (2 + 2): the third sits out
+  DpRun plain = make_run("cpu:3", false, o), sharded = make_run("cpu:3", true, o);
+  EXPECT_LT(testing::max_rel_diff(train(sharded, data, 3), train(plain, data, 3)), 1e-6);
+  DpRun plain1 = make_run("cpu:3", false, o), sharded1 = make_run("cpu:3", true, o);
+  EXPECT_TRUE(testing::same_bits(train(sharded1, data), train(plain1, data)));
+}
+
+TEST_P(ShardedOptimizerTest, EachReplicaHoldsItsRangesStateAlone) {
+  const auto o = options_for(GetParam());
+  for (int n : {2, 3}) {
+    DpRun r = make_run("cpu:" + std::to_string(n), true, o);
+    train(r, testing::random_batches(kSample, 12, 1, 7));
+    auto& s = static_cast<train::ShardedOptimizer&>(*r.opt);
+    const int64_t total = r.model->arenas().params.numel();
+    int64_t sum = 0, primary = 0, least = total;
+    for (int i = 0; i < s.num_shards(); ++i) {
+      const auto st = s.shard(i).state();
+      ASSERT_FALSE(st.empty());
+      const int64_t held = st[0].second->numel();
+      for (auto& [name, t] : st) EXPECT_EQ(t->numel(), held) << name;
+      EXPECT_LE(held, (total + n - 1) / n + kArenaAlign) << "shard " << i;
+      EXPECT_EQ(st[0].second->device(), r.engine->data_parallel().devices()[i]);
+      sum += held;
+      if (i == 0) primary = held;
+      least = std::min(least, held);
+    }
+    EXPECT_EQ(sum, total) << "the shards cover the arena once";
+    EXPECT_LE(primary, least + kArenaAlign);
+  }
+}
+
+TEST_P(ShardedOptimizerTest, SteadyStateStepAllocatesNothing) {
+  DpRun r = make_run("cpu:3", true, options_for(GetParam()));
+  const auto data = testing::random_batches(kSample, 12, 3, 9);
+  auto steps = [&] {
+    for (const auto& b : data) {
+      r.engine->forward_backward_batch(b.x, b.y);
+      optim::clip_grad_norm(*r.opt, 0.5);
+      r.opt->step();
+      r.opt->zero_grad();
+    }
+  };
+  steps();
+  const auto before = alloc_stats();
+  steps();
+  EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+}
+
+TEST(ShardedOptimizerCheckpoint, SavesTheUnshardedFileAndResumesOnAnyReplicaCount) {
+  testing::TempDir dir;
+  const auto o = testing::test_adamw(2e-3f);
+  const auto data = testing::random_batches(kSample, 24, 10, 8);
+  const std::vector<testing::Batch> first(data.begin(), data.begin() + 5), rest(data.begin() + 5, data.end());
+  // Uninterrupted: sharded cpu:2, split-invariant (the same bits on any device count).
+  DpRun whole = make_run("cpu:2", true, o, "mlp", true);
+  const Tensor want = train(whole, data);
+  // Sharded and unsharded runs of the first 5 steps save the same tensors.
+  DpRun a = make_run("cpu:2", true, o, "mlp", true), b = make_run("cpu:2", false, o, "mlp", true);
+  train(a, first);
+  train(b, first);
+  const std::string pa = dir.path() + "/sharded.safetensors", pb = dir.path() + "/plain.safetensors";
+  train::save_checkpoint(pa, *a.engine, a.opt.get(), {});
+  train::save_checkpoint(pb, *b.engine, b.opt.get(), {});
+  const io::TensorFile fa = io::load_safetensors(pa), fb = io::load_safetensors(pb);
+  ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
+  int states = 0;
+  for (size_t i = 0; i < fb.tensors.size(); ++i) {
+    const auto& [name, t] = fb.tensors[i];
+    ASSERT_EQ(fa.tensors[i].first, name);
+    EXPECT_TRUE(testing::same_bits(fa.tensors[i].second, t)) << name;
+    states += name.rfind("optimizer.", 0) == 0;
+  }
+  EXPECT_GT(states, 0);
+  // Resumed unsharded on one device, and sharded over 3 replicas: the uninterrupted run's parameters.
+  for (const char* devices : {"cpu", "cpu:3"}) {
+    SCOPED_TRACE(devices);
+    DpRun r = make_run(devices, std::string(devices) != "cpu", o, "mlp", true);
+    train::load_checkpoint(pa, *r.engine, *r.opt);
+    EXPECT_EQ(r.opt->steps(), 5);
+    EXPECT_TRUE(testing::same_bits(train(r, rest), want));
+  }
+}
+
+TEST(ShardedOptimizerOptions, ShardsOnlyWhenAskedAndRefusesDdpAndGpus) {
+  DataParallelOptions o;
+  o.shard_optimizer = true;
+  auto m1 = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
+  EXPECT_EQ(DataParallelEngine(*m1, parse_devices("cpu:2"), *make_criterion({}), o).shards().size(), 2u);
+  auto m2 = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
+  EXPECT_TRUE(DataParallelEngine(*m2, parse_devices("cpu:2"), *make_criterion({})).shards().empty());
+  train::RunConfig c;
+  c.shard_optimizer = true;
+  c.strategy = "ddp";
+  testing::expect_user_error([&] { c.validate(); }, {"--shard-optimizer runs with --strategy dp"});
+}
+
+}  // namespace
+}  // namespace fanout
