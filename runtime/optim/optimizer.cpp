@@ -117,6 +117,12 @@ std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
   return out;
 }
 
+std::vector<int64_t> Optimizer::state_bytes() const {
+  int64_t b = 0;
+  for (const auto& [n, t] : state_) b += static_cast<int64_t>(t.nbytes());
+  return {b};
+}
+
 std::vector<std::string> Optimizer::state_names() const {
   std::vector<std::string> out;
   for (const auto& [n, t] : state_) out.push_back(n);

@@ -97,6 +97,9 @@ class Optimizer {
   virtual void state_written() {}
   // The names state() has once the optimizer has stepped.
   virtual std::vector<std::string> state_names() const;
+  // Bytes of state per device it lives on: one entry (this optimizer's
+  // device), or one per shard for a sharded optimizer.
+  virtual std::vector<int64_t> state_bytes() const;
 
   // What clipping and loss scaling do to the gradients the next step reads:
   // the sum of their squares (in double; non-finite exactly when an element

@@ -445,6 +445,12 @@ StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y
   return loss_step(x, y, true, grad_scale);
 }
 
+std::vector<int64_t> DataParallelEngine::replica_arena_bytes() {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < dp_.devices().size(); ++i) out.push_back(arena_bytes(dp_.replica(static_cast<int>(i))));
+  return out;
+}
+
 std::vector<ArenaShard> DataParallelEngine::shards() {
   std::vector<ArenaShard> out;
   const auto& b = dp_.shard_bounds();

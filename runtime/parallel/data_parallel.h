@@ -177,6 +177,7 @@ class DataParallelEngine : public Engine {
   std::vector<ArenaShard> shards() override;
   void for_each_shard(const std::function<void(int)>& fn) override { dp_.run_on_every_replica(fn); }
   void gather_shards() override { dp_.gather_shards(); }
+  std::vector<int64_t> replica_arena_bytes() override;
   // Bytes the last step moved to the primary (the output device) from the
   // other replicas: with the loss on the replicas, their sums (what the
   // criterion reads back); gathering, their outputs and their rows' targets.

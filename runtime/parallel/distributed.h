@@ -46,6 +46,7 @@ class DistributedDataParallelEngine : public Engine {
 
   dist::ProcessGroup& group() { return link_.group(); }
   DataParallel& data_parallel() { return inner_.data_parallel(); }
+  std::vector<int64_t> replica_arena_bytes() override { return inner_.replica_arena_bytes(); }
 
  private:
   void broadcast_buffers();

@@ -21,6 +21,11 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
   kernels::set_cpu_blas_threads(1);
 }
 
+int64_t arena_bytes(Module& m) {
+  const Arenas& a = m.arenas();
+  return static_cast<int64_t>(a.params.nbytes() + a.grads.nbytes() + (a.buffers.defined() ? a.buffers.nbytes() : 0));
+}
+
 int cpu_blas_threads(int replicas, const MathOptions& math, int processes) {
   if (math.split_invariant) return 1;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -36,6 +36,9 @@ struct ArenaShard {
   int64_t begin, end;
 };
 
+// Bytes of a model's parameter, gradient and buffer arenas.
+int64_t arena_bytes(Module& m);
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -79,6 +82,9 @@ class Engine {
   // otherwise; fn(i) run for every shard at once on its replica's thread;
   // and, after the shards' steps, every shard's parameters into model().
   virtual std::vector<ArenaShard> shards() { return {}; }
+  // Bytes of each replica's arenas (parameters, gradients, buffers) in this
+  // process, in device order.
+  virtual std::vector<int64_t> replica_arena_bytes() { return {arena_bytes(model())}; }
   virtual void for_each_shard(const std::function<void(int)>& fn) {}
   virtual void gather_shards() {}
 };

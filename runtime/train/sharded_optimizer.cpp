@@ -54,6 +54,12 @@ void ShardedOptimizer::set_steps(int64_t s) {
 
 std::vector<std::string> ShardedOptimizer::state_names() const { return shards_[0]->state_names(); }
 
+std::vector<int64_t> ShardedOptimizer::state_bytes() const {
+  std::vector<int64_t> out;
+  for (const auto& s : shards_) out.push_back(s->state_bytes()[0]);
+  return out;
+}
+
 std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
   std::vector<std::pair<std::string, Tensor*>> out;
   if (steps() == 0) return out;

@@ -27,6 +27,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::vector<std::pair<std::string, Tensor*>> state() override;
   void state_written() override;
   std::vector<std::string> state_names() const override;
+  std::vector<int64_t> state_bytes() const override;
   double grad_sum_squares() override;
   void scale_grads(float a) override;
   void clamp_grads(float limit) override;

@@ -138,7 +138,8 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"data_wait_fraction", m.data_wait_fraction},
           {"lr", m.lr},
           {"peak_host_bytes", m.peak_host_bytes},
-          {"peak_device_bytes", m.peak_device_bytes}};
+          {"peak_device_bytes", m.peak_device_bytes},
+          {"replica_bytes", m.replica_bytes}};
   if (m.grad_norms) {
     j["grad_norm_mean"] = m.grad_norm_mean;
     j["grad_norm_max"] = m.grad_norm_max;
@@ -376,13 +377,20 @@ void Trainer::measure_memory(EpochMetrics& m) {
   const std::vector<Device> devices = engine_.devices();
   const int world = engine_.world_size(), rank = engine_.rank();
   const size_t n = devices[0].is_cuda() ? devices.size() : 0;
+  const size_t replicas = devices[0].is_cpu() ? devices.size() : 0;
   // Every rank has as many devices (the list is split evenly): one slot each, summed = gathered.
-  std::vector<int64_t> v(1 + n * static_cast<size_t>(world), 0);
+  std::vector<int64_t> v(1 + (n + replicas) * static_cast<size_t>(world), 0);
   v[0] = static_cast<int64_t>(peak_host_bytes());
   for (size_t i = 0; i < n; ++i) v[1 + rank * n + i] = static_cast<int64_t>(device_peak_bytes(devices[i]));
+  if (replicas > 0) {
+    const std::vector<int64_t> arenas = engine_.replica_arena_bytes(), state = opt_.state_bytes();
+    for (size_t i = 0; i < replicas && i < arenas.size(); ++i)
+      v[1 + rank * replicas + i] = arenas[i] + (i < state.size() ? state[i] : 0);
+  }
   engine_.all_reduce_stats(v);
   m.peak_host_bytes = v[0];
-  m.peak_device_bytes.assign(v.begin() + 1, v.end());
+  m.peak_device_bytes.assign(v.begin() + 1, v.begin() + 1 + static_cast<int64_t>(n * world));
+  m.replica_bytes.assign(v.begin() + 1 + static_cast<int64_t>(n * world), v.end());
 }
 
 namespace {
@@ -420,7 +428,16 @@ std::string memory_summary(const EpochMetrics& m) {
   std::string s = "peak memory " + gib(m.peak_host_bytes) + " GiB host";
   for (size_t i = 0; i < m.peak_device_bytes.size(); ++i)
     s += (i == 0 ? ", GPUs " : " / ") + gib(m.peak_device_bytes[i]);
-  return s + (m.peak_device_bytes.empty() ? "" : " GiB");
+  if (!m.peak_device_bytes.empty()) s += " GiB";
+  if (m.replica_bytes.size() > 1) {  // the balance between CPU replicas (sharding shows here)
+    char mib[32];
+    for (size_t i = 0; i < m.replica_bytes.size(); ++i) {
+      std::snprintf(mib, sizeof mib, "%.1f", static_cast<double>(m.replica_bytes[i]) / 1048576.0);
+      s += (i == 0 ? "; replicas " : " / ") + std::string(mib);
+    }
+    s += " MiB";
+  }
+  return s;
 }
 
 void Trainer::write_metrics(const EpochMetrics& m) {

@@ -93,6 +93,9 @@ struct EpochMetrics {
   // the pool high-water mark of each GPU of each process (rank order).
   int64_t peak_host_bytes = 0;
   std::vector<int64_t> peak_device_bytes;
+  // CPU devices: each replica's parameters, gradients, buffers and
+  // optimizer state in bytes (every process's replicas, rank order).
+  std::vector<int64_t> replica_bytes;
   // Heatmap targets (the mse criterion on (N, C, spatial...) outputs): mean
   // localization error in voxels and the share of landmarks found within 2.
   bool heatmaps = false;

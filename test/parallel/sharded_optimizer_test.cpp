@@ -129,6 +129,30 @@ TEST_P(ShardedOptimizerTest, EachReplicaHoldsItsRangesStateAlone) {
   }
 }
 
+// What the epoch summary reports per CPU replica (arenas + optimizer state):
+// sharded, the primary holds no more than the others; unsharded, it holds
+// the whole state on top.
+TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
+  for (bool shard : {false, true}) {
+    DpRun r = make_run("cpu:3", shard, options_for(GetParam()));
+    train(r, testing::random_batches(kSample, 12, 1, 10));
+    const auto arenas = r.engine->replica_arena_bytes();
+    const auto state = r.opt->state_bytes();
+    ASSERT_EQ(arenas.size(), 3u);
+    ASSERT_EQ(state.size(), shard ? 3u : 1u);
+    int64_t total_state = 0;
+    for (int64_t b : state) total_state += b;
+    std::vector<int64_t> held(3);
+    for (size_t i = 0; i < 3; ++i) held[i] = arenas[i] + (i < state.size() ? state[i] : 0);
+    const int64_t others = std::min(held[1], held[2]);
+    if (shard) {
+      EXPECT_LE(held[0] - others, static_cast<int64_t>(kArenaAlign * sizeof(float)) * 2);
+    } else {
+      EXPECT_EQ(held[0] - others, total_state);
+    }
+  }
+}
+
 TEST_P(ShardedOptimizerTest, SteadyStateStepAllocatesNothing) {
   DpRun r = make_run("cpu:3", true, options_for(GetParam()));
   const auto data = testing::random_batches(kSample, 12, 3, 9);
