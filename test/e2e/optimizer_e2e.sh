@@ -49,6 +49,28 @@ assert one[0]["grad_norm_max"] > 0.5, "clipping by norm acted in the first epoch
 print(f"AdamW + clipping, DDP over 2 processes == one device, bit for bit ({len(a)} tensors)")
 PY
 
+# --shard-optimizer: DataParallel over cpu:2 with each replica stepping half of AdamW's state equals
+# one device bit for bit (split-invariant), and its checkpoint resumes sharded over cpu:3.
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --shard-optimizer --save-dir "$work/sharded" --metrics "$work/sharded.jsonl" \
+  > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --shard-optimizer --stop-after 1 --save-dir "$work/sharded-part" > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:3 --shard-optimizer --resume "$work/sharded-part" > /dev/null
+python3 - "$work" <<'PY'
+import json, sys
+from safetensors.numpy import load_file
+work = sys.argv[1]
+one = load_file(f"{work}/one/epoch-0002.safetensors")
+for run in ("sharded", "sharded-part"):
+    got = load_file(f"{work}/{run}/epoch-0002.safetensors")
+    assert sorted(got) == sorted(one)
+    for k in one:
+        assert got[k].tobytes() == one[k].tobytes(), f"{run}: {k} differs from one device"
+rows = [json.loads(l) for l in open(f"{work}/sharded.jsonl")]
+b = rows[-1]["replica_bytes"]
+assert len(b) == 2 and abs(b[0] - b[1]) <= 256, f"sharded replicas should hold about the same: {b}"
+print(f"--shard-optimizer cpu:2 == one device, and resumed on cpu:3, bit for bit; replica bytes {b}")
+PY
+
 common=(--model resnet18 --data synthetic:96 --batch-size 16 --epochs 2 --devices cpu --seed 4 --progress off
         --optimizer adamw --lr 2e-3 --weight-decay 0.05 --no-decay-norm-bias --clip-grad-norm 1.0 --lr-schedule cosine)
 "$DP_TRAIN" "${common[@]}" --save-dir "$work/whole" --save-every-steps 2 --keep-last 20 --metrics "$work/whole.jsonl"
