@@ -115,8 +115,7 @@ def worker(rank, args, result_path):
     opt = zoo.make_optimizer(model, args, momentum=args.momentum, weight_decay=args.weight_decay)
     loss_fn = nn.CrossEntropyLoss()
     # --precision: torch.autocast in the low type (16-mixed adds a GradScaler), as dp-train's.
-    amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
-    scaler = torch.amp.GradScaler(device.type) if args.precision == "16-mixed" else None
+    train_step = zoo.MixedStep(device, args.precision, args.clip_grad_norm, args.clip_grad_value)
 
     local_batch = args.batch // world
     if world > 1:
@@ -153,22 +152,7 @@ def worker(rank, args, result_path):
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=False)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = loss_fn(net(x), y)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-            else:
-                loss.backward()
-            if args.clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-            if args.clip_grad_value > 0:
-                torch.nn.utils.clip_grad_value_(model.parameters(), args.clip_grad_value)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+            train_step(net, model, opt, loss_fn, x, y)
             if step + 1 == warm:
                 sync()
                 t_warm = time.perf_counter()
@@ -183,7 +167,7 @@ def worker(rank, args, result_path):
         if rank == 0:
             model.eval()
             correct = 0
-            with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            with torch.no_grad(), train_step.autocast():
                 for i in range(0, len(test), args.eval_batch):
                     x, y = test[list(range(i, min(len(test), i + args.eval_batch)))]
                     out = model(x.to(device))

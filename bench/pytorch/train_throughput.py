@@ -83,8 +83,7 @@ def measure(name, batch, args, device):
         opt, opt_impl = make_fused_optimizer(model, args)
     else:
         opt, opt_impl = zoo.make_optimizer(model, args), "default"
-    amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
-    scaler = torch.amp.GradScaler(device.type) if args.precision == "16-mixed" else None
+    train_step = zoo.MixedStep(device, args.precision, args.clip_grad_norm, args.clip_grad_value)
     net = model
     compile_status = None
     if args.compile:
@@ -110,23 +109,7 @@ def measure(name, batch, args, device):
         else:
             x, y = x_dev, y_dev
         opt.zero_grad(set_to_none=False)  # fanout zeroes its gradient arena too
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = loss_fn(net(x), y)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-        else:
-            loss.backward()
-        if args.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-        if args.clip_grad_value > 0:
-            torch.nn.utils.clip_grad_value_(model.parameters(), args.clip_grad_value)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        return loss
+        return train_step(net, model, opt, loss_fn, x, y)
 
     def sync():
         if device.type == "cuda":

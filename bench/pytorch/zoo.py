@@ -181,3 +181,38 @@ def make_optimizer(model, args, momentum=0.9, weight_decay=5e-4):
     b1, b2 = (float(v) for v in args.betas.split(","))
     cls = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam
     return cls(params, lr=args.lr, betas=(b1, b2), eps=args.eps, weight_decay=weight_decay, amsgrad=args.amsgrad)
+
+
+class MixedStep:
+    """One training step as dp-train takes it, under --precision: forward and
+    loss in torch.autocast (bf16-mixed, 16-mixed), backward (through a
+    GradScaler for 16-mixed, unscaled before clipping), clipping by norm and
+    by value, then the optimizer's step (skipped by the scaler on inf/NaN)."""
+
+    def __init__(self, device, precision, clip_grad_norm=0.0, clip_grad_value=0.0):
+        self.device_type = device.type
+        self.dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+        self.clip_norm, self.clip_value = clip_grad_norm, clip_grad_value
+
+    def autocast(self):
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def __call__(self, net, model, opt, loss_fn, x, y):
+        with self.autocast():
+            loss = loss_fn(net(x), y)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(opt)
+        else:
+            loss.backward()
+        if self.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
+        if self.clip_value > 0:
+            torch.nn.utils.clip_grad_value_(model.parameters(), self.clip_value)
+        if self.scaler is not None:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+        return loss

@@ -37,12 +37,10 @@ Tensor Conv3d::forward(const Tensor& x, Context& ctx) {
                     x.size(3) + 2 * g_.padding >= k_ && x.size(4) + 2 * g_.padding >= k_)
       << "Conv3d(" << in_ << ", " << out_ << ", kernel " << k_ << ", padding " << g_.padding
       << ") cannot take input of shape " << x.shape().str() << " (expected (N, " << in_ << ", D, H, W))";
-  x_ = autocast_copy(ctx, x, xl_);  // autocast: input, weight and bias in the low type
-  const Tensor w = autocast_copy(ctx, w_->value, wl_);
-  Tensor b;
-  if (b_) b = autocast_copy(ctx, b_->value, bl_);
+  const AutocastWeights::Cast in = autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr);
+  x_ = in.x;
   ensure(y_, kernels::conv3d_output_shape(x.shape(), w_->shape, g_), ctx.device());
-  kernels::conv3d_forward(ctx, x_, w, b_ ? &b : nullptr, g_, y_);
+  kernels::conv3d_forward(ctx, in.x, in.w, b_ ? &in.b : nullptr, g_, y_);
   autocast_round(ctx, y_);
   return y_;
 }
@@ -53,13 +51,9 @@ Tensor Conv3d::backward(const Tensor& dy, Context& ctx) {
     ensure(dx_, x_.shape(), ctx.device());
     dx = &dx_;
   }
-  const Tensor& w = autocast_on(ctx) ? wl_ : w_->value;
-  Tensor& gw = gw_.sink(ctx, w_->grad);
-  Tensor* gb = b_ ? &gb_.sink(ctx, b_->grad) : nullptr;
-  kernels::conv3d_backward(ctx, x_, w, dy, g_, dx, gw, gb);
-  gw_.flush(ctx, w_->grad);
-  if (b_) gb_.flush(ctx, b_->grad);
-  if (dx) autocast_round(ctx, *dx);
+  const AutocastWeights::Sinks low = autocast_.backward_begin(ctx, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
+  kernels::conv3d_backward(ctx, x_, *low.w, dy, g_, dx, *low.gw, low.gb);
+  autocast_.backward_end(ctx, w_->grad, b_ ? &b_->grad : nullptr, dx);
   notify_grads_ready(ctx);
   return input_grad() ? dx_ : Tensor();
 }

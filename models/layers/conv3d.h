@@ -29,8 +29,7 @@ class Conv3d : public Module {
   Parameter* w_;
   Parameter* b_ = nullptr;
   Tensor x_, y_, dx_;
-  Tensor xl_, wl_, bl_;  // autocast's low-type copies
-  LowGrad gw_, gb_;
+  AutocastWeights autocast_;
 };
 
 }  // namespace fanout::models

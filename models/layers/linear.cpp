@@ -27,12 +27,10 @@ void Linear::reset_parameters(std::mt19937_64& rng) {
 Tensor Linear::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() == 2 && x.size(1) == in_)
       << "Linear(" << in_ << ", " << out_ << ") cannot take input of shape " << x.shape().str();
-  x_ = autocast_copy(ctx, x, xl_);  // autocast: input, weight and bias in the low type
-  const Tensor w = autocast_copy(ctx, w_->value, wl_);
-  Tensor b;
-  if (b_) b = autocast_copy(ctx, b_->value, bl_);
+  const AutocastWeights::Cast in = autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr);
+  x_ = in.x;
   ensure(y_, Shape{x.size(0), out_}, ctx.device());
-  kernels::linear_forward(ctx, x_, w, b_ ? &b : nullptr, y_);
+  kernels::linear_forward(ctx, in.x, in.w, b_ ? &in.b : nullptr, y_);
   autocast_round(ctx, y_);
   return y_;
 }
@@ -43,13 +41,9 @@ Tensor Linear::backward(const Tensor& dy, Context& ctx) {
     ensure(dx_, x_.shape(), ctx.device());
     dx = &dx_;
   }
-  const Tensor& w = autocast_on(ctx) ? wl_ : w_->value;
-  Tensor& gw = gw_.sink(ctx, w_->grad);
-  Tensor* gb = b_ ? &gb_.sink(ctx, b_->grad) : nullptr;
-  kernels::linear_backward(ctx, x_, w, dy, dx, gw, gb);
-  gw_.flush(ctx, w_->grad);
-  if (b_) gb_.flush(ctx, b_->grad);
-  if (dx) autocast_round(ctx, *dx);
+  const AutocastWeights::Sinks low = autocast_.backward_begin(ctx, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
+  kernels::linear_backward(ctx, x_, *low.w, dy, dx, *low.gw, low.gb);
+  autocast_.backward_end(ctx, w_->grad, b_ ? &b_->grad : nullptr, dx);
   notify_grads_ready(ctx);
   return input_grad() ? dx_ : Tensor();
 }

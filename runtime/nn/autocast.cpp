@@ -31,4 +31,20 @@ void LowGrad::flush(Context& ctx, Tensor& grad) {
   kernels::axpy(ctx, 1.0f, g_, grad);
 }
 
+AutocastWeights::Cast AutocastWeights::forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b) {
+  Cast c{autocast_copy(ctx, x, x_), autocast_copy(ctx, w, w_), Tensor()};
+  if (b) c.b = autocast_copy(ctx, *b, b_);
+  return c;
+}
+
+AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tensor& w, Tensor& gw, Tensor* gb) {
+  return {autocast_on(ctx) ? &w_ : &w, &gw_.sink(ctx, gw), gb ? &gb_.sink(ctx, *gb) : nullptr};
+}
+
+void AutocastWeights::backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor* dx) {
+  gw_.flush(ctx, gw);
+  if (gb) gb_.flush(ctx, *gb);
+  if (dx) autocast_round(ctx, *dx);
+}
+
 }  // namespace fanout

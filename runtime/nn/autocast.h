@@ -46,4 +46,29 @@ class LowGrad {
   Tensor g_;
 };
 
+// The autocast side of a layer with a weight and an optional bias
+// (convolutions, linear): forward casts the input, weight and bias (and
+// keeps them for backward); backward computes the weight and bias
+// gradients into low-type sinks and rounds dx.
+class AutocastWeights {
+ public:
+  struct Cast {
+    Tensor x, w, b;  // b undefined without a bias
+  };
+  // Off: x, w and b themselves.
+  Cast forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b);
+  struct Sinks {
+    const Tensor* w;  // the weight backward multiplies by
+    Tensor* gw;       // where backward accumulates dW
+    Tensor* gb;       // and db (null without a bias)
+  };
+  Sinks backward_begin(Context& ctx, const Tensor& w, Tensor& gw, Tensor* gb);
+  // Moves dW and db into the float32 gradients and rounds dx (when given).
+  void backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor* dx);
+
+ private:
+  Tensor x_, w_, b_;
+  LowGrad gw_, gb_;
+};
+
 }  // namespace fanout

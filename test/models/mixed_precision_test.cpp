@@ -82,32 +82,27 @@ Grads reference(const Tensor& xt, const Tensor& yt, Module& m, DType t) {
   }
   Grads g{Mat(h, std::vector<double>(in)), Mat(c, std::vector<double>(h)), std::vector<double>(h),
           std::vector<double>(c)};
-  for (int64_t j = 0; j < c; ++j) {
-    double sb = 0;
-    for (int64_t i = 0; i < n; ++i) sb += dz[i][j];
-    g.b2[j] = r(sb);
-    for (int64_t k = 0; k < h; ++k) {
-      double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += dz[i][j] * a[i][k];
-      g.w2[j][k] = r(s);
+  // A linear layer's weight and bias gradients from its output gradient and input, rounded.
+  auto weight_grads = [&](const Mat& dout, const Mat& input, Mat& gw, std::vector<double>& gb) {
+    for (size_t j = 0; j < gb.size(); ++j) {
+      double sb = 0;
+      for (int64_t i = 0; i < n; ++i) sb += dout[i][j];
+      gb[j] = r(sb);
+      for (size_t k = 0; k < gw[j].size(); ++k) {
+        double s = 0;
+        for (int64_t i = 0; i < n; ++i) s += dout[i][j] * input[i][k];
+        gw[j][k] = r(s);
+      }
     }
-  }
+  };
+  weight_grads(dz, a, g.w2, g.b2);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t k = 0; k < h; ++k) {
       double s = 0;
       for (int64_t j = 0; j < c; ++j) s += dz[i][j] * w2[j][k];
       da[i][k] = a[i][k] > 0 ? r(s) : 0.0;  // fc2's dx in the low type, masked by ReLU
     }
-  for (int64_t j = 0; j < h; ++j) {
-    double sb = 0;
-    for (int64_t i = 0; i < n; ++i) sb += da[i][j];
-    g.b1[j] = r(sb);
-    for (int64_t k = 0; k < in; ++k) {
-      double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += da[i][j] * x[i][k];
-      g.w1[j][k] = r(s);
-    }
-  }
+  weight_grads(da, x, g.w1, g.b1);
   return g;
 }
 
