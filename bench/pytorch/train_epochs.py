@@ -204,6 +204,15 @@ def worker(rank, args, result_path):
 
 
 def main():
+    # zoo (the models and the optimizer flags) imports torch.
+    try:
+        import torch
+        import torch.multiprocessing as mp
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import zoo
+    except ImportError as e:
+        print(f"train_epochs.py: PyTorch is not installed ({e})", file=sys.stderr)
+        return NOT_INSTALLED
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="store_true", help="print PyTorch's version and exit")
     p.add_argument("--data", help="directory exported by dp-bench")
@@ -231,12 +240,6 @@ def main():
                    help="bf16: DDP's bf16_compress_hook, as dp-train's --grad-reduce-dtype")
     p.add_argument("--out", help="write the result object here")
     args = p.parse_args()
-    try:
-        import torch
-        import torch.multiprocessing as mp
-    except ImportError as e:
-        print(f"train_epochs.py: PyTorch is not installed ({e})", file=sys.stderr)
-        return NOT_INSTALLED
     if args.version:
         print(torch.__version__)
         return 0
