@@ -10,14 +10,16 @@ namespace fanout::kernels::cpu {
 
 namespace {
 // Labels out of range are bad data, reported as one line.
-inline int64_t checked_label(const int32_t* labels, int64_t i, int64_t k, const char* op) {
+// Rows are numbered in the user's batch (ctx.first_row: a replica's offset in it).
+inline int64_t checked_label(const Context& ctx, const int32_t* labels, int64_t i, int64_t k, const char* op) {
   const int64_t y = labels[i];
-  FANOUT_USER_CHECK(y >= 0 && y < k) << op << ": label " << y << " at row " << i << " is outside [0, " << k << ")";
+  FANOUT_USER_CHECK(y >= 0 && y < k) << op << ": label " << y << " at batch row " << ctx.first_row + i
+                                     << " is outside [0, " << k << ")";
   return y;
 }
 }  // namespace
 
-void softmax_xent_forward(Context&, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
+void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
                           Tensor& loss, Tensor* row_loss) {
   const int64_t n = logits.size(0), k = logits.size(1);
   const float* zp = logits.f32();     // (N, K)
@@ -27,7 +29,7 @@ void softmax_xent_forward(Context&, const Tensor& logits, const Tensor& labels, 
   float* rl = row_loss ? row_loss->f32() : nullptr;  // (N)
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t y = checked_label(yp, i, k, "softmax_xent_forward");
+    const int64_t y = checked_label(ctx, yp, i, k, "softmax_xent_forward");
     const float* z = zp + i * k;
     float* p = pp + i * k;
     float m = z[0];
@@ -52,7 +54,7 @@ void softmax_xent_forward(Context&, const Tensor& logits, const Tensor& labels, 
   loss.f32()[0] = static_cast<float>(total / static_cast<double>(n));
 }
 
-void softmax_xent_backward(Context&, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
+void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
                            Tensor& dlogits) {
   const int64_t n = probs.size(0), k = probs.size(1);
   const float* pp = probs.f32();
@@ -61,7 +63,7 @@ void softmax_xent_backward(Context&, const Tensor& probs, const Tensor& labels, 
   const float off = smoothing / static_cast<float>(k);  // target s/K off the label
   const float on = (1.0f - smoothing);                 // plus (1 - s) on the label
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t y = checked_label(yp, i, k, "softmax_xent_backward");
+    const int64_t y = checked_label(ctx, yp, i, k, "softmax_xent_backward");
     const float* p = pp + i * k;
     float* d = dp + i * k;
     for (int64_t j = 0; j < k; ++j) d[j] = scale * (p[j] - off);

@@ -42,6 +42,9 @@ class Context {
 
   bool training = true;
   MathOptions math;
+  // The batch row this context's first row is (a DataParallel replica's
+  // offset in the user's batch), so errors name the user's rows.
+  int64_t first_row = 0;
 
   std::mt19937_64& rng() { return rng_; }
   void seed(uint64_t s) { rng_.seed(s); }

@@ -194,6 +194,13 @@ void DataParallel::run_replicas(const std::function<void(int)>& fn) {
         [&](int i) {
           try {
             fn(i);
+          } catch (const Error& e) {
+            comm_->abort();
+            if (active_ == 1) throw;
+            // In the user's terms: which rows of which batch the replica held.
+            throw Error(std::string(e.what()) + " (replica " + std::to_string(i) + " of " + std::to_string(active_) +
+                        ": batch rows " + std::to_string(starts_[i]) + ".." +
+                        std::to_string(starts_[i] + sizes_[i] - 1) + " of the batch " + batch_shape_.str() + ")");
           } catch (...) {
             comm_->abort();
             throw;
@@ -233,6 +240,8 @@ void DataParallel::begin_pass(const Tensor& x) {
   }
   starts_.assign(active_, 0);
   for (int i = 1; i < active_; ++i) starts_[i] = starts_[i - 1] + sizes_[i - 1];
+  batch_shape_ = x.shape();
+  for (int i = 0; i < active_; ++i) contexts_[i]->first_row = starts_[i];
   training_forward_ = module_.is_training();
   gathered_pass_ = false;
   comm_->begin(active_);

@@ -144,6 +144,7 @@ class DataParallel {
   std::vector<int64_t> shard_bounds_;
   bool sync_ = true;
   std::vector<int64_t> sizes_, starts_;
+  Shape batch_shape_;  // of the last pass's input
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
   Tensor gathered_;
   std::vector<Shape> out_shapes_;  // [rank] output chunk shapes of the last forward
