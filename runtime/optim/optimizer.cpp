@@ -194,6 +194,14 @@ std::vector<std::string> no_decay_params(Module& model) {
   return out;
 }
 
+std::vector<ParamGroup> resolve_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups) {
+  if (groups.empty() && o.no_decay_norm_bias) {
+    std::vector<std::string> nd = no_decay_params(model);
+    if (!nd.empty()) groups.push_back({"no_decay", std::move(nd), 0.0f, 1.0f});
+  }
+  return groups;
+}
+
 std::unique_ptr<Optimizer> make_optimizer(Module& model, Context& ctx, const OptimizerOptions& o,
                                           std::vector<ParamGroup> groups) {
   FANOUT_USER_CHECK(std::isfinite(o.lr) && o.lr >= 0) << "invalid learning rate " << o.lr << " (must be >= 0)";
@@ -212,10 +220,7 @@ std::unique_ptr<Optimizer> make_optimizer(Module& model, Context& ctx, const Opt
     FANOUT_USER_CHECK(o.beta2 >= 0 && o.beta2 < 1) << "invalid beta2 " << o.beta2 << " (must be in [0, 1))";
     FANOUT_USER_CHECK(!o.nesterov) << "Nesterov momentum applies to SGD, not " << optimizer_name(o.kind);
   }
-  if (groups.empty() && o.no_decay_norm_bias) {
-    std::vector<std::string> nd = no_decay_params(model);
-    if (!nd.empty()) groups.push_back({"no_decay", std::move(nd), 0.0f, 1.0f});
-  }
+  groups = resolve_groups(model, o, std::move(groups));
   if (o.kind == OptimizerKind::SGD) return std::make_unique<SGD>(model, ctx, o, std::move(groups));
   return std::make_unique<Adam>(model, ctx, o, std::move(groups));
 }

@@ -156,6 +156,10 @@ class Optimizer {
 // what torch refuses: lr, eps or weight decay below 0, betas outside [0, 1),
 // Nesterov without momentum or with dampening, amsgrad with SGD, a group
 // naming an unknown parameter or one already in another group.
+// The groups make_optimizer uses: `groups`, or when empty and
+// o.no_decay_norm_bias, the "no_decay" group (no_decay_params) when the model has any.
+std::vector<ParamGroup> resolve_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups);
+
 std::unique_ptr<Optimizer> make_optimizer(Module& model, Context& ctx, const OptimizerOptions& o,
                                           std::vector<ParamGroup> groups = {});
 

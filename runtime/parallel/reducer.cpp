@@ -139,6 +139,7 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
   FANOUT_USER_CHECK(o.reduce_dtype == DType::F32 || replicas_[0]->grad_dtype() == DType::F32)
       << "--grad-reduce-dtype bf16 cannot keep --split-invariant's exact float64 gradient sums";
   if (o.group) {
+    for (int b = 0; b < layout.size(); ++b) global_names_.push_back("all-reduce of gradient bucket " + std::to_string(b));
     link_ = std::make_unique<ProcessLink>(o.group, *contexts_[0]);
     if (link_->host() && contexts_[0]->device().is_cpu()) thread_ = std::thread([this] { global_loop(); });
   }
@@ -201,13 +202,13 @@ void Reducer::local(int rank, int b) {
     Tensor g = replicas_[rank]->arenas().grads.flat(p.begin, Shape{p.count});
     if (active_ > 1) round(rank, g);
     // A shard whose replica sits out this pass: its sum goes to the primary (finish() passes it on).
-    comm_.reduce_add(p.op, rank, g, *contexts_[rank], p.owner < active_ ? p.owner : 0);
+    comm_.reduce_add(p.op, rank, g, *contexts_[rank], root(p));
   }
   // The replica whose arrival completes the count has seen every reduce_add
   // of this bucket return, so the sums are final (host comms).
   if (arrivals_[b].fetch_add(1) + 1 != active_ || !host_memory_) return;
   if (active_ > 1 && opts_.reduce_dtype != DType::F32)
-    for (const ReducePiece& p : pieces_[b]) round_piece(p.owner < active_ ? p.owner : 0, p);
+    for (const ReducePiece& p : pieces_[b]) round_piece(root(p), p);
   if (!thread_.joinable() || !sync_) return;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -219,7 +220,7 @@ void Reducer::local(int rank, int b) {
 void Reducer::global(int b) {
   Tensor g = bucket_of(0, b);
   round(0, g);
-  link_->all_reduce(g, "all-reduce of gradient bucket " + std::to_string(b), kTagGrads);
+  link_->all_reduce(g, global_names_[b], kTagGrads);
   round(0, g);
 }
 

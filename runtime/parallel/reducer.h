@@ -159,6 +159,8 @@ class Reducer {
  private:
   void local(int rank, int bucket);
   void round_piece(int rank, const ReducePiece& p);
+  // Where a piece's sum goes this pass: its owner, or the primary when the owner sits out.
+  int root(const ReducePiece& p) const { return p.owner < active_ ? p.owner : 0; }
   void global(int bucket);
   void global_loop();
   Tensor bucket_of(int rank, int bucket);
@@ -170,6 +172,7 @@ class Reducer {
   const BucketLayout& layout_;
   ReducerOptions opts_;
   std::vector<std::vector<ReducePiece>> pieces_;  // [bucket]
+  std::vector<std::string> global_names_;         // [bucket] the global stage's operation names, for errors
   BucketReadiness ready_;
   std::unique_ptr<ProcessLink> link_;
   std::unique_ptr<std::atomic<int>[]> arrivals_;  // [bucket] replicas past reduce_add this pass

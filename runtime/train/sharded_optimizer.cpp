@@ -5,20 +5,9 @@
 
 namespace fanout::train {
 
-namespace {
-std::vector<optim::ParamGroup> groups_for(Module& model, const optim::OptimizerOptions& o,
-                                          std::vector<optim::ParamGroup> groups) {
-  if (groups.empty() && o.no_decay_norm_bias) {
-    std::vector<std::string> nd = optim::no_decay_params(model);
-    if (!nd.empty()) groups.push_back({"no_decay", std::move(nd), 0.0, 1.0});
-  }
-  return groups;
-}
-}  // namespace
-
 ShardedOptimizer::ShardedOptimizer(Engine& engine, const optim::OptimizerOptions& o,
                                    std::vector<optim::ParamGroup> groups)
-    : Optimizer(engine.model(), engine.primary_context(), o, groups_for(engine.model(), o, groups)),
+    : Optimizer(engine.model(), engine.primary_context(), o, optim::resolve_groups(engine.model(), o, groups)),
       engine_(engine),
       ranges_(engine.shards()) {
   FANOUT_CHECK(!ranges_.empty()) << "a sharded optimizer needs a sharded engine";
