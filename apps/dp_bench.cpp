@@ -146,7 +146,7 @@ struct Result {
   std::string config;
   double ms_per_step = 0, images_per_second = 0;
   int64_t bytes_to_primary = -1;  // per step; -1: not measured (DDP)
-  int64_t state_bytes = -1;       // optimizer state on the device holding the most; -1: not measured (DDP)
+  int64_t state_bytes = -1;       // optimizer state on the device holding the most (DDP: on rank 0's); -1: not measured
 };
 
 // One configuration under test: its engine and the BLAS threads it runs with
@@ -160,6 +160,7 @@ struct Config {
   int blas_threads = 1;
   std::vector<double> runs;  // seconds per step
   int64_t bytes_to_primary = -1;
+  int64_t state_bytes = -1;  // DDP: what rank 0's workers measured
 };
 
 // The optimizer state bytes of the device that holds the most (a sharded
@@ -194,12 +195,13 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   spec.dp.seed = o.seed;
   spec.dp.math = math;
   spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
+  spec.dp.shard_optimizer = o.shard_optimizer;
   spec.local_processes = env.local_world_size;
   spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
   auto model = models::make_model(o.model, in, model_classes(o.model), o.seed);
   auto engine = make_engine(*model, std::move(spec));
-  auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), o.optimizer_options());
+  auto opt = train::make_engine_optimizer(*engine, o.optimizer_options());
   auto scaler = o.make_scaler();
   const Tensor xs = x.slice(env.rank * local, (env.rank + 1) * local);
   const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
@@ -211,7 +213,7 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   }
   if (env.rank == 0) {
     std::ofstream f(o.ddp_result);
-    f << nlohmann::json(runs).dump() << "\n";
+    f << nlohmann::json{{"runs", runs}, {"state_bytes", max_state_bytes(*opt)}}.dump() << "\n";
     FANOUT_USER_CHECK(f.good()) << "cannot write " << o.ddp_result;
   }
   return 0;
@@ -270,7 +272,7 @@ int run(int argc, char** argv) {
      "32, bf16-mixed or 16-mixed (loss scaling), as dp-train's; PyTorch's rows run under torch.autocast "
      "(+ GradScaler) alike. On CPU devices the mixed modes are emulated: slower, not faster")
     ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
-     "DataParallel over several devices with dp-train's --shard-optimizer (ZeRO-1); the DDP rows stay unsharded")
+     "dp-train's --shard-optimizer (ZeRO-1) in the DataParallel rows over several devices and the DDP row")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(o.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 around each reduction, as dp-train's (PyTorch's DDP "
      "rows: bf16_compress_hook)");
@@ -448,10 +450,13 @@ int run(int argc, char** argv) {
     std::ifstream f(tmpl);
     nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
     ::unlink(tmpl);
-    FANOUT_USER_CHECK(rc == 0 && j.is_array() && !j.empty()) << "the DDP workers failed (exit status " << rc << ")";
+    FANOUT_USER_CHECK(rc == 0 && j.is_object() && j.contains("runs") && !j["runs"].empty())
+        << "the DDP workers failed (exit status " << rc << ")";
     Config c;
     c.name = "ddp " + std::to_string(devices.size()) + " processes x " + (primary.is_cpu() ? "cpu" : "1 GPU");
-    for (auto& v : j) c.runs.push_back(v.get<double>());
+    if (o.shard_optimizer) c.name += ", sharded";
+    for (auto& v : j["runs"]) c.runs.push_back(v.get<double>());
+    c.state_bytes = j.value("state_bytes", int64_t{-1});
     configs.push_back(std::move(c));
   }
   std::vector<Result> results;
@@ -459,7 +464,7 @@ int run(int argc, char** argv) {
     std::sort(c.runs.begin(), c.runs.end());
     const double sec = c.runs[c.runs.size() / 2];
     results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary,
-                       c.opt ? max_state_bytes(*c.opt) : -1});
+                       c.opt ? max_state_bytes(*c.opt) : c.state_bytes});
   }
 
   // "to primary": bytes a step moves onto the primary from the other

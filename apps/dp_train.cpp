@@ -209,8 +209,8 @@ Cli parse(int argc, char** argv) {
      "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); float32 master weights and "
      "optimizer state in every mode. CPU devices round to the low type at the same points (slower, not faster)")
     ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
-     "ZeRO-1 over DataParallel's CPU replicas: each holds the optimizer state of one range of the parameters, "
-     "gets that range's reduced gradient and updates it on its own thread")
+     "ZeRO-1: every replica (of every process under DDP) holds the optimizer state of one range of the "
+     "parameters, gets that range's reduced gradient, updates it on its own thread and passes it on")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(d.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 before and after each reduction (DDP's "
      "bf16_compress_hook)")
@@ -555,6 +555,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.partial = pos.totals;
     ckpt.step = opt.steps();
     ckpt.grad_scaler = scaler_state();
+    if (!save_dir.empty()) opt.gather_state();  // every rank: state sharded across processes meets on rank 0
     if (!saver) return;
     const std::string path = saver->save_mid_epoch(engine, opt, ckpt);
     if (stopping) stop_saved = path;
@@ -570,6 +571,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.metrics = train::metrics_json(m);
     const bool saving = !save_dir.empty() && (m.epoch % c.save_every == 0 || m.epoch == last);
     if (saving && p.world > 1) engine.barrier("barrier before the checkpoint of epoch " + std::to_string(m.epoch));
+    if (saving) opt.gather_state();
     if (saver) {
       for (auto& path : saver->on_epoch_end(engine, opt, ckpt, last)) std::printf("saved %s\n", path.c_str());
       std::fflush(stdout);
@@ -579,6 +581,9 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   train::EpochMetrics m = trainer.run(ckpt.epoch, last, train::EpochPosition{ckpt.batch, ckpt.partial});
   if (trainer.stopped()) {
     const int sig = g_stop_signal;
+    // Stopped at an epoch's end whose checkpoint was not due: it is written now (below, on rank 0).
+    if (!save_dir.empty() && trainer.stopped_at().batch == 0 && saved_epoch != trainer.stopped_epoch())
+      opt.gather_state();
     if (!p.primary()) return 128 + sig;
     const int epoch = trainer.stopped_epoch();
     const int64_t batch = trainer.stopped_at().batch;

@@ -26,7 +26,8 @@ class P2pComm : public Comm {
  public:
   P2pComm(const std::vector<Device>& devices, int max_ops)
       : devices_(devices), slots_(devices.size()), op_bufs_(max_ops, std::vector<Tensor>(devices.size())),
-        op_count_(max_ops, 0), staging_(max_ops), sums_(devices.size()),
+        op_count_(max_ops, 0), staging_(max_ops), sums_(devices.size()), acc_(max_ops),
+        owner_streams_(devices.size()),
         ready_(max_ops, std::vector<cudaEvent_t>(devices.size(), nullptr)) {
     for (int op = 0; op < max_ops; ++op)
       for (size_t r = 0; r < devices.size(); ++r) {
@@ -60,11 +61,10 @@ class P2pComm : public Comm {
   }
 
   void reduce_add(int op, int rank, const Tensor& buf, Context& ctx, int owner) override {
-    FANOUT_USER_CHECK(owner == 0) << "the p2p communicator reduces onto the primary only (a sharded optimizer on "
-                                    "GPUs is not supported yet)";
+    FANOUT_CHECK(owner >= 0 && owner < active_) << "reduce onto rank " << owner << " of " << active_;
     if (active_ == 1) return;  // the primary's bucket already is the sum
     // This rank's gradients are final once its stream reaches this event; the
-    // primary's stream waits for it instead of the host.
+    // owner's stream waits for it instead of the host.
     FANOUT_CUDA_CHECK(cudaEventRecord(ready_[op][rank], stream_of(ctx)));
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -72,19 +72,34 @@ class P2pComm : public Comm {
       if (++op_count_[op] < active_) return;
       op_count_[op] = 0;
     }
-    // Last to arrive: stage every other rank's bucket on the primary and add,
-    // in rank order, then wait once: the sum is final when this returns.
+    // Last to arrive: stage every other rank's bucket on the owner's device
+    // and add, in rank order from rank 0 (the same bits whichever rank owns
+    // it), then wait once: the sum is final when this returns.
     auto& bufs = op_bufs_[op];
-    const int root = devices_[0].index;
-    FANOUT_CUDA_CHECK(cudaSetDevice(root));
-    cudaStream_t s = root_stream();
+    const int dev = devices_[owner].index;
+    FANOUT_CUDA_CHECK(cudaSetDevice(dev));
+    cudaStream_t s = owner_stream(owner);
     for (int r = 0; r < active_; ++r) FANOUT_CUDA_CHECK(cudaStreamWaitEvent(s, ready_[op][r], 0));
-    ensure(staging_[op], bufs[0].shape(), DType::F32, devices_[0]);
-    for (int r = 1; r < active_; ++r) {
-      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(staging_[op].raw(), root, bufs[r].raw(), devices_[r].index,
-                                            bufs[r].nbytes(), s));
-      cuda_comm::add_inplace(root, bufs[0].f32(), staging_[op].f32(), static_cast<size_t>(bufs[0].numel()), s);
+    ensure(staging_[op], bufs[0].shape(), DType::F32, devices_[owner]);
+    const size_t n = static_cast<size_t>(bufs[0].numel());
+    // The running sum: rank 0's buffer itself when it owns the piece, else a copy of it.
+    float* acc = bufs[owner].f32();
+    if (owner != 0) {
+      ensure(acc_[op], bufs[0].shape(), DType::F32, devices_[owner]);
+      acc = acc_[op].f32();
+      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(acc, dev, bufs[0].raw(), devices_[0].index, bufs[0].nbytes(), s));
     }
+    for (int r = 1; r < active_; ++r) {
+      if (r == owner) {
+        cuda_comm::add_inplace(dev, acc, bufs[r].f32(), n, s);
+        continue;
+      }
+      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(staging_[op].raw(), dev, bufs[r].raw(), devices_[r].index,
+                                            bufs[r].nbytes(), s));
+      cuda_comm::add_inplace(dev, acc, staging_[op].f32(), n, s);
+    }
+    if (owner != 0)
+      FANOUT_CUDA_CHECK(cudaMemcpyAsync(bufs[owner].raw(), acc, bufs[owner].nbytes(), cudaMemcpyDeviceToDevice, s));
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
   }
@@ -130,10 +145,11 @@ class P2pComm : public Comm {
       for (size_t i = 0; i < n; ++i) dst[i] += src[i];
     }
   }
-  cudaStream_t root_stream() {
+  // The stream the sums owned by rank r are formed on (on r's device).
+  cudaStream_t owner_stream(int r) {
     std::lock_guard<std::mutex> g(mu_);
-    if (!root_stream_) root_stream_ = std::make_unique<Stream>(devices_[0]);
-    return static_cast<cudaStream_t>(root_stream_->handle());
+    if (!owner_streams_[r]) owner_streams_[r] = std::make_unique<Stream>(devices_[r]);
+    return static_cast<cudaStream_t>(owner_streams_[r]->handle());
   }
   std::vector<Device> devices_;
   int active_ = 1;
@@ -145,8 +161,9 @@ class P2pComm : public Comm {
   std::vector<Tensor> staging_;
   std::vector<char> host_;                // every rank's bytes, rank after rank
   std::vector<std::vector<char>> sums_;  // one per rank: written concurrently
+  std::vector<Tensor> acc_;               // [op] the running sum when the owner is not rank 0
+  std::vector<std::unique_ptr<Stream>> owner_streams_;  // [rank]
   std::vector<std::vector<cudaEvent_t>> ready_;  // [op][rank]: that rank's bucket is written
-  std::unique_ptr<Stream> root_stream_;
 };
 
 ncclDataType_t nccl_type(const Tensor& t) {

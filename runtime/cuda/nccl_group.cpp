@@ -85,6 +85,12 @@ class NcclGroup : public ProcessGroup {
                                 ncclSum, comm_, stream_));
     wait_stream(what);
   }
+  void reduce(Tensor& buf, int root, const std::string& what, uint32_t) override {
+    check(buf, what);
+    enqueue(what, ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
+                             ncclSum, root, comm_, stream_));
+    wait_stream(what);
+  }
   void all_gather(const Tensor& in, Tensor& out, const std::string& what, uint32_t) override {
     check(in, what);
     check(out, what);

@@ -5,6 +5,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
+#include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -203,6 +204,31 @@ class GlooGroup : public ProcessGroup {
           FANOUT_FAIL() << what << ": all-reduce of " << dtype_name(buf.dtype()) << " is not supported";
       }
       gloo::allreduce(opts);
+    });
+  }
+
+  void reduce(Tensor& buf, int root, const std::string& what, uint32_t tag) override {
+    check_host(buf, what);
+    FANOUT_CHECK(root >= 0 && root < size_) << what << ": reduce onto rank " << root << " of " << size_;
+    if (buf.numel() == 0) return;
+    run(what, [&] {
+      gloo::ReduceOptions opts(ctx_);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      switch (buf.dtype()) {
+        case DType::F32:
+          opts.setOutput(buf.data<float>(), buf.numel());
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+          break;
+        case DType::F64:
+          opts.setOutput(buf.data<double>(), buf.numel());
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
+          break;
+        default:
+          FANOUT_FAIL() << what << ": reduce of " << dtype_name(buf.dtype()) << " is not supported";
+      }
+      gloo::reduce(opts);
     });
   }
 

@@ -55,6 +55,9 @@ class ProcessGroup {
   virtual void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag = 0) = 0;
   // Every rank's buf becomes the elementwise sum over ranks: F32, F64 or I64.
   virtual void all_reduce(Tensor& buf, const std::string& what, uint32_t tag = 0) = 0;
+  // Rank root's buf becomes the elementwise sum over ranks (F32 or F64);
+  // the other ranks' buf is left undefined (the algorithm's scratch).
+  virtual void reduce(Tensor& buf, int root, const std::string& what, uint32_t tag = 0) = 0;
   // out (size() * in.numel(), same dtype) receives every rank's `in`, in rank order.
   virtual void all_gather(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag = 0) = 0;
   virtual void barrier(const std::string& what, uint32_t tag = 0) = 0;

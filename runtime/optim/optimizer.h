@@ -95,6 +95,12 @@ class Optimizer {
   // checkpoint's load), call state_written().
   virtual std::vector<std::pair<std::string, Tensor*>> state();
   virtual void state_written() {}
+  // State sharded across processes: gather_state() brings every process's
+  // shards to every process (a collective: all of them call it before a
+  // checkpoint is written), and state_complete() says whether state() holds
+  // all of it now. Always complete for state in one process.
+  virtual void gather_state() {}
+  virtual bool state_complete() const { return true; }
   // The names state() has once the optimizer has stepped.
   virtual std::vector<std::string> state_names() const;
   // Bytes of state per device it lives on: one entry (this optimizer's

@@ -22,8 +22,8 @@ class Comm {
   virtual void broadcast(int rank, Tensor& buf, Context& ctx) = 0;
   // Rank `root`'s buf becomes the sum of every rank's buf, added in rank
   // order from rank 0 (the same bits whichever rank is the root). `op` names
-  // the bucket (or piece of one) so concurrent reductions stay apart. Roots
-  // other than 0 (a sharded optimizer's owners): CPU devices only so far.
+  // the bucket (or piece of one) so concurrent reductions stay apart; roots
+  // other than 0 are a sharded optimizer's owners.
   virtual void reduce_add(int op, int rank, const Tensor& buf, Context& ctx, int root = 0) = 0;
   // Every rank's buf becomes the sum over ranks (in rank order). Blocks.
   virtual void all_reduce(int rank, Tensor& buf, Context& ctx) = 0;

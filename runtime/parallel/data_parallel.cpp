@@ -147,14 +147,17 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   output_ctx_->math = opts.math;
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
-  comm_ = make_comm(opts.comm, devices, layout_.size() + n + 1);  // a bucket cut by shards is one op per piece
+  const int world = opts.group ? opts.group->size() : 1, rank = opts.group ? opts.group->rank() : 0;
+  // A bucket cut by shards is one op per piece.
+  comm_ = make_comm(opts.comm, devices, layout_.size() + world * n + 1);
   if (opts.shard_optimizer) {
-    FANOUT_USER_CHECK(devices[0].is_cpu()) << "--shard-optimizer runs on CPU devices in this version";
-    FANOUT_USER_CHECK(!opts.group) << "--shard-optimizer runs with --strategy dp in this version (not under DDP)";
-    // Balanced cuts, aligned as parameters are (the last range ends with the arena).
-    const int64_t total = module.arenas().params.numel();
-    for (int r = 0; r < n; ++r) shard_bounds_.push_back(total * r / n / kArenaAlign * kArenaAlign);
+    // One shard per replica of every process, balanced and aligned as
+    // parameters are (the last ends with the arena); this process's are
+    // shards [rank * n, rank * n + n).
+    const int64_t total = module.arenas().params.numel(), slots = int64_t{world} * n;
+    for (int64_t s = 0; s < slots; ++s) shard_bounds_.push_back(total * s / slots / kArenaAlign * kArenaAlign);
     shard_bounds_.push_back(total);
+    first_shard_ = rank * n;
   }
   std::vector<Module*> ms;
   std::vector<Context*> cs;
@@ -219,10 +222,38 @@ void DataParallel::run_on_every_replica(const std::function<void(int)>& fn) {
 
 void DataParallel::gather_shards() {
   Tensor& dst = module_.arenas().params;
-  for (int r = 1; r < static_cast<int>(devices_.size()); ++r) {
-    const int64_t b = shard_bounds_[r], e = shard_bounds_[r + 1];
-    if (b < e) dst.flat(b, Shape{e - b}).copy_from(replica(r).arenas().params.flat(b, Shape{e - b}));
+  const int n = static_cast<int>(devices_.size());
+  for (int r = 0; r < n; ++r) contexts_[r]->compute().synchronize();  // the shards' updates are done
+  for (int r = 1; r < n; ++r) {
+    const auto [b, e] = shard_range(r);
+    if (b < e) dst.flat(b, Shape{e - b}).copy_from(replica(r).arenas().params.flat(b, Shape{e - b}), &contexts_[0]->compute());
   }
+  contexts_[0]->compute().synchronize();
+  gather_ranges(dst, "all-gather of the updated parameters");
+}
+
+std::pair<int64_t, int64_t> DataParallel::process_range(int p) const {
+  const size_t n = devices_.size();
+  return {shard_bounds_[p * n], shard_bounds_[(p + 1) * n]};
+}
+
+void DataParallel::gather_ranges(Tensor& t, const std::string& what) {
+  ProcessLink* link = reducer_->link();
+  if (!link || shard_bounds_.empty()) return;
+  for (int p = 0; p < link->group().size(); ++p) {
+    const auto [b, e] = process_range(p);
+    Tensor range = t.flat(b, Shape{e - b});
+    if (b < e) link->broadcast(range, what + " (the range of rank " + std::to_string(p) + ")", kTagMain, p);
+  }
+}
+
+double DataParallel::sum_over_processes(double v) {
+  ProcessLink* link = reducer_->link();
+  if (!link) return v;
+  ensure(scalar_, Shape{1}, DType::F64, Device::cpu());
+  scalar_.f64()[0] = v;
+  link->all_reduce(scalar_, "all-reduce of the gradient's squared norm", kTagMain);
+  return scalar_.f64()[0];
 }
 
 void DataParallel::begin_pass(const Tensor& x) {
@@ -260,12 +291,18 @@ Tensor DataParallel::replica_forward(int i, const Tensor& x) {
   m.train(training_forward_);
   ctx.training = training_forward_;
   if (training_forward_ && !shard_bounds_.empty()) {
-    // Sharded: the replica's own range accumulates until its optimizer
-    // zeroes it; the rest carries this pass's contribution to the others.
+    // Sharded: the ranges whose sums this replica receives (its shard; the
+    // primary: other processes' shards too) accumulate until the optimizer
+    // zeroes them or the sum is sent on; the rest carries this pass's
+    // contribution to the other replicas.
     Tensor& g = m.arenas().grads;
-    const int64_t b = shard_bounds_[i], e = shard_bounds_[i + 1];
-    if (b > 0) g.flat(0, Shape{b}).zero(&ctx.compute());
-    if (e < g.numel()) g.flat(e, Shape{g.numel() - e}).zero(&ctx.compute());
+    const int n = static_cast<int>(devices_.size());
+    for (size_t s = 0; s + 1 < shard_bounds_.size(); ++s) {
+      const int local = static_cast<int>(s) - first_shard_;
+      const int owner = local >= 0 && local < n ? local : 0;
+      const int64_t b = shard_bounds_[s], e = shard_bounds_[s + 1];
+      if (owner != i && b < e) g.flat(b, Shape{e - b}).zero(&ctx.compute());
+    }
   } else if (i > 0 && training_forward_) {
     m.zero_grad(&ctx.compute());
   }
@@ -462,9 +499,11 @@ std::vector<int64_t> DataParallelEngine::replica_arena_bytes() {
 
 std::vector<ArenaShard> DataParallelEngine::shards() {
   std::vector<ArenaShard> out;
-  const auto& b = dp_.shard_bounds();
-  for (size_t r = 0; r + 1 < b.size(); ++r)
-    out.push_back({&dp_.replica(static_cast<int>(r)), &dp_.replica_context(static_cast<int>(r)), b[r], b[r + 1]});
+  if (dp_.shard_bounds().empty()) return out;
+  for (int r = 0; r < static_cast<int>(dp_.devices().size()); ++r) {
+    const auto [b, e] = dp_.shard_range(r);
+    out.push_back({&dp_.replica(r), &dp_.replica_context(r), b, e});
+  }
   return out;
 }
 

@@ -48,9 +48,9 @@ struct DataParallelOptions {
   std::shared_ptr<dist::ProcessGroup> group;
   // F32, or BF16: buckets rounded to bfloat16 around each reduction.
   DType grad_reduce_dtype = DType::F32;
-  // ZeRO-1 (CPU devices, one process): the arena cut into one contiguous
-  // range per replica, each range's gradient summed onto its replica, for
-  // an optimizer per range there (runtime/train/sharded_optimizer.h).
+  // ZeRO-1: the arena cut into one contiguous range per replica of every
+  // process, each range's gradient summed onto its replica, for an
+  // optimizer per range there (runtime/train/sharded_optimizer.h).
   bool shard_optimizer = false;
 };
 
@@ -112,13 +112,26 @@ class DataParallel {
   void set_sync(bool on) { sync_ = on; }
   // The process group (options.group), or null.
   ProcessLink* process_link() { return reducer_->link(); }
-  // With shard_optimizer: replica r's range is [bounds[r], bounds[r + 1]);
+  // With shard_optimizer: shard s is [bounds[s], bounds[s + 1]), one per
+  // replica of every process (process p's replica r owns p * replicas + r);
   // empty otherwise.
   const std::vector<int64_t>& shard_bounds() const { return shard_bounds_; }
+  // Local replica r's shard, and process p's range (its replicas' shards).
+  std::pair<int64_t, int64_t> shard_range(int r) const {
+    return {shard_bounds_[first_shard_ + r], shard_bounds_[first_shard_ + r + 1]};
+  }
+  std::pair<int64_t, int64_t> process_range(int p) const;
   // Runs fn(r) on every replica's thread at once (not only the active ones).
   void run_on_every_replica(const std::function<void(int)>& fn);
-  // Every replica's range of the parameters into the primary's arena.
+  // Every replica's range of the parameters into the primary's arena, then
+  // (across processes) every process's range into every primary's.
   void gather_shards();
+  // Sharded across processes: every process's range of t (laid out like
+  // the arena) from that process, on every process (a collective). No-op
+  // in one process.
+  void gather_ranges(Tensor& t, const std::string& what);
+  // The sum of v over the processes (a collective); v alone in one process.
+  double sum_over_processes(double v);
 
  private:
   class StatSync;
@@ -142,6 +155,8 @@ class DataParallel {
   BucketLayout layout_;
   std::unique_ptr<Reducer> reducer_;
   std::vector<int64_t> shard_bounds_;
+  int first_shard_ = 0;  // this process's first shard
+  Tensor scalar_;        // sum_over_processes' buffer
   bool sync_ = true;
   std::vector<int64_t> sizes_, starts_;
   Shape batch_shape_;  // of the last pass's input
@@ -178,6 +193,8 @@ class DataParallelEngine : public Engine {
   std::vector<ArenaShard> shards() override;
   void for_each_shard(const std::function<void(int)>& fn) override { dp_.run_on_every_replica(fn); }
   void gather_shards() override { dp_.gather_shards(); }
+  void gather_ranges(Tensor& t, const std::string& what) override { dp_.gather_ranges(t, what); }
+  double sum_over_processes(double v) override { return dp_.sum_over_processes(v); }
   std::vector<int64_t> replica_arena_bytes() override;
   // Bytes the last step moved to the primary (the output device) from the
   // other replicas: with the loss on the replicas, their sums (what the

@@ -47,6 +47,11 @@ class DistributedDataParallelEngine : public Engine {
   dist::ProcessGroup& group() { return link_.group(); }
   DataParallel& data_parallel() { return inner_.data_parallel(); }
   std::vector<int64_t> replica_arena_bytes() override { return inner_.replica_arena_bytes(); }
+  std::vector<ArenaShard> shards() override { return inner_.shards(); }
+  void for_each_shard(const std::function<void(int)>& fn) override { inner_.for_each_shard(fn); }
+  void gather_shards() override { inner_.gather_shards(); }
+  void gather_ranges(Tensor& t, const std::string& what) override { inner_.gather_ranges(t, what); }
+  double sum_over_processes(double v) override { return inner_.sum_over_processes(v); }
 
  private:
   void broadcast_buffers();

@@ -78,7 +78,7 @@ class Engine {
   // running statistics) when the engine broadcasts buffers.
   virtual void prepare_eval() {}
 
-  // Sharded engines (DataParallel with shard_optimizer): the shards, empty
+  // Sharded engines (shard_optimizer): this process's shards, empty
   // otherwise; fn(i) run for every shard at once on its replica's thread;
   // and, after the shards' steps, every shard's parameters into model().
   virtual std::vector<ArenaShard> shards() { return {}; }
@@ -87,6 +87,11 @@ class Engine {
   virtual std::vector<int64_t> replica_arena_bytes() { return {arena_bytes(model())}; }
   virtual void for_each_shard(const std::function<void(int)>& fn) {}
   virtual void gather_shards() {}
+  // Sharded across processes (DDP, hybrid): every process's range of t
+  // (laid out like the arena) from its owner, on every process; and the sum
+  // of v over the processes. Collectives: every process calls them.
+  virtual void gather_ranges(Tensor& t, const std::string& what) {}
+  virtual double sum_over_processes(double v) { return v; }
 };
 
 }  // namespace fanout

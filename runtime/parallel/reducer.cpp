@@ -83,7 +83,7 @@ ProcessLink::ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& pri
     : group_(std::move(group)), ctx_(primary), host_(group_->backend() == "gloo") {}
 
 void ProcessLink::staged(Tensor& t, const std::function<void(Tensor&)>& collective) {
-  if (t.device().is_cpu() == host_) {
+  if (direct(t)) {
     // The group runs on its own stream: what the compute stream still writes into t comes first.
     if (!host_) ctx_.compute().synchronize();
     return collective(t);
@@ -101,22 +101,30 @@ void ProcessLink::all_reduce(Tensor& t, const std::string& what, uint32_t tag) {
   staged(t, [&](Tensor& s) { group_->all_reduce(s, what, tag); });
 }
 
-void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag) {
-  staged(t, [&](Tensor& s) { group_->broadcast(s, 0, what, tag); });
+void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag, int root) {
+  staged(t, [&](Tensor& s) { group_->broadcast(s, root, what, tag); });
 }
 
-std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds) {
+void ProcessLink::reduce(Tensor& t, int root, const std::string& what, uint32_t tag) {
+  staged(t, [&](Tensor& s) { group_->reduce(s, root, what, tag); });
+}
+
+std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds,
+                                                    int replicas, int rank) {
   std::vector<std::vector<ReducePiece>> out(layout.size());
   int op = 0;
   for (int b = 0; b < layout.size(); ++b) {
     const GradBucket& bk = layout.buckets()[b];
     if (bounds.empty()) {
-      out[b].push_back({op++, 0, bk.begin, bk.count});
+      out[b].push_back({op++, 0, rank, bk.begin, bk.count});
       continue;
     }
-    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-      const int64_t lo = std::max(bk.begin, bounds[r]), hi = std::min(bk.begin + bk.count, bounds[r + 1]);
-      if (lo < hi) out[b].push_back({op++, static_cast<int>(r), lo, hi - lo});
+    for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+      const int64_t lo = std::max(bk.begin, bounds[s]), hi = std::min(bk.begin + bk.count, bounds[s + 1]);
+      const int home = static_cast<int>(s) / replicas;
+      // Another process's shard: summed here onto the primary, which sends it on.
+      const int owner = home == rank ? static_cast<int>(s) % replicas : 0;
+      if (lo < hi) out[b].push_back({op++, owner, home, lo, hi - lo});
     }
   }
   return out;
@@ -129,7 +137,7 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
       comm_(comm),
       layout_(layout),
       opts_(o),
-      pieces_(reduce_pieces(layout, o.shard_bounds)),
+      pieces_(reduce_pieces(layout, o.shard_bounds, static_cast<int>(replicas_.size()), o.group ? o.group->rank() : 0)),
       ready_(layout, static_cast<int>(replicas_.size()), [this](int rank, int b) { local(rank, b); }),
       arrivals_(std::make_unique<std::atomic<int>[]>(layout.size())),
       host_memory_(contexts_[0]->device().is_cpu()),
@@ -139,7 +147,9 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
   FANOUT_USER_CHECK(o.reduce_dtype == DType::F32 || replicas_[0]->grad_dtype() == DType::F32)
       << "--grad-reduce-dtype bf16 cannot keep --split-invariant's exact float64 gradient sums";
   if (o.group) {
-    for (int b = 0; b < layout.size(); ++b) global_names_.push_back("all-reduce of gradient bucket " + std::to_string(b));
+    const char* op = o.shard_bounds.empty() ? "all-reduce" : "reduce onto the owners";
+    for (int b = 0; b < layout.size(); ++b)
+      global_names_.push_back(op + std::string(" of gradient bucket ") + std::to_string(b));
     link_ = std::make_unique<ProcessLink>(o.group, *contexts_[0]);
     if (link_->host() && contexts_[0]->device().is_cpu()) thread_ = std::thread([this] { global_loop(); });
   }
@@ -169,13 +179,15 @@ void Reducer::begin(int active, bool training, bool sync) {
   active_ = active;
   training_ = training;
   sync_ = sync && link_ != nullptr;
+  // Sharded with a replica sitting out: its pieces reach their owner in finish(), before they are sent on.
+  deferred_ = sync_ && !opts_.shard_bounds.empty() && active < static_cast<int>(replicas_.size());
   ready_.begin();
   for (int b = 0; b < layout_.size(); ++b) arrivals_[b] = 0;
   if (thread_.joinable()) {
     std::lock_guard<std::mutex> g(mu_);
     std::fill(reduced_locally_.begin(), reduced_locally_.end(), 0);
     error_ = nullptr;
-    next_ = training && sync_ ? layout_.size() - 1 : -1;
+    next_ = training && sync_ && !deferred_ ? layout_.size() - 1 : -1;
   }
 }
 
@@ -209,7 +221,7 @@ void Reducer::local(int rank, int b) {
   if (arrivals_[b].fetch_add(1) + 1 != active_ || !host_memory_) return;
   if (active_ > 1 && opts_.reduce_dtype != DType::F32)
     for (const ReducePiece& p : pieces_[b]) round_piece(root(p), p);
-  if (!thread_.joinable() || !sync_) return;
+  if (!thread_.joinable() || !sync_ || deferred_) return;
   {
     std::lock_guard<std::mutex> g(mu_);
     reduced_locally_[b] = 1;
@@ -218,10 +230,24 @@ void Reducer::local(int rank, int b) {
 }
 
 void Reducer::global(int b) {
-  Tensor g = bucket_of(0, b);
-  round(0, g);
-  link_->all_reduce(g, global_names_[b], kTagGrads);
-  round(0, g);
+  if (opts_.shard_bounds.empty()) {
+    Tensor g = bucket_of(0, b);
+    round(0, g);
+    link_->all_reduce(g, global_names_[b], kTagGrads);
+    round(0, g);
+    return;
+  }
+  const int me = link_->group().rank();
+  for (const ReducePiece& p : pieces_[b]) {
+    Tensor g = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
+    round(p.owner, g);
+    link_->reduce(g, p.home, global_names_[b], kTagGrads);
+    if (p.home == me) {
+      round(p.owner, g);
+    } else {
+      g.zero(&contexts_[p.owner]->compute());  // sent on: this process's share starts again from zero
+    }
+  }
 }
 
 void Reducer::global_loop() {
@@ -250,6 +276,27 @@ void Reducer::global_loop() {
   }
 }
 
+void Reducer::pass_on_sat_out() {
+  for (const auto& ps : pieces_)
+    for (const ReducePiece& p : ps) {
+      if (p.owner < active_) continue;
+      Tensor sum = replicas_[0]->arenas().grads.flat(p.begin, Shape{p.count});
+      Tensor mine = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
+      Context& ctx = *contexts_[p.owner];
+      if (sum.dtype() == DType::F64) {  // split-invariant gradients (host memory)
+        for (int64_t i = 0; i < p.count; ++i) mine.f64()[i] += sum.f64()[i];
+      } else if (sum.device() == mine.device()) {
+        kernels::axpy(ctx, 1.0f, sum, mine);
+      } else {  // another GPU: through a copy on the owner's device
+        ensure(sat_out_, Shape{p.count}, DType::F32, mine.device());
+        Tensor s = sat_out_.flat(0, Shape{p.count});
+        s.copy_from(sum, &ctx.compute());
+        kernels::axpy(ctx, 1.0f, s, mine);
+      }
+      if (!host_memory_) ctx.compute().synchronize();
+    }
+}
+
 void Reducer::finish() {
   if (!training_) return;
   if (!host_memory_) {
@@ -259,27 +306,17 @@ void Reducer::finish() {
     ctx.comm().synchronize();
     if (active_ > 1 && opts_.reduce_dtype != DType::F32)
       for (const auto& ps : pieces_)
-        for (const ReducePiece& p : ps) round_piece(0, p);  // sharding is CPU-only: every sum is the primary's
+        for (const ReducePiece& p : ps) round_piece(root(p), p);
   }
-  // Shards of replicas that sat out: their owners accumulate what the primary received.
-  for (const auto& ps : pieces_)
-    for (const ReducePiece& p : ps)
-      if (p.owner >= active_) {
-        Tensor sum = replicas_[0]->arenas().grads.flat(p.begin, Shape{p.count});
-        Tensor mine = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
-        if (sum.dtype() == DType::F64) {  // split-invariant gradients (host memory)
-          for (int64_t i = 0; i < p.count; ++i) mine.f64()[i] += sum.f64()[i];
-        } else {
-          kernels::axpy(*contexts_[0], 1.0f, sum, mine);
-        }
-      }
-  if (!sync_) return;
-  if (thread_.joinable()) {
+  if (thread_.joinable() && sync_ && !deferred_) {
+    // The global stage ran during backward (every owner took part).
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return next_ < 0; });
     if (error_) std::rethrow_exception(error_);
     return;
   }
+  pass_on_sat_out();
+  if (!sync_) return;
   for (int b = layout_.size() - 1; b >= 0; --b) global(b);
 }
 

@@ -86,8 +86,12 @@ class ProcessLink {
   const std::shared_ptr<dist::ProcessGroup>& shared_group() const { return group_; }
   // Whether the group takes host tensors.
   bool host() const { return host_; }
+  // Whether t goes to the group as it is (else through a staging buffer).
+  bool direct(const Tensor& t) const { return host_ ? t.device().is_cpu() : t.device() == ctx_.device(); }
   void all_reduce(Tensor& t, const std::string& what, uint32_t tag);
-  void broadcast(Tensor& t, const std::string& what, uint32_t tag);  // from rank 0
+  void broadcast(Tensor& t, const std::string& what, uint32_t tag, int root = 0);
+  // Rank root's t becomes the sum; the others' t is left undefined.
+  void reduce(Tensor& t, int root, const std::string& what, uint32_t tag);
 
  private:
   void staged(Tensor& t, const std::function<void(Tensor&)>& collective);
@@ -108,30 +112,38 @@ struct ReducerOptions {
   // BF16: each bucket is rounded to bfloat16 before it is reduced and the
   // sum after (PyTorch DDP's bf16_compress_hook: cast, reduce, cast back).
   DType reduce_dtype = DType::F32;
-  // A sharded optimizer (ZeRO-1): shard r is [bounds[r], bounds[r + 1]) of
-  // the arena and its sum goes to replica r instead of the primary (one
-  // reduce per piece of a bucket in a shard). Empty: everything to the primary.
+  // A sharded optimizer (ZeRO-1): shard s is [bounds[s], bounds[s + 1]) of
+  // the arena, one per replica of every process (process p's replica r
+  // owns shard p * replicas + r). Each shard's sum goes to its owner
+  // instead of everywhere: locally a reduce onto the owning replica (the
+  // primary for shards of other processes), across processes a reduce onto
+  // the owning process. Empty: every sum to the primary (and all-reduced).
   std::vector<int64_t> shard_bounds;
 };
 
 // The reductions a layout and shard bounds make: each bucket cut at the
-// shard bounds, every piece summed onto its shard's replica.
+// shard bounds, every piece summed onto its owner.
 struct ReducePiece {
-  int op;  // the Comm operation id
-  int owner;
+  int op;     // the Comm operation id
+  int owner;  // the local replica the piece's sum goes to
+  int home;   // the process whose shard the piece is in (its owner's process)
   int64_t begin, count;
 };
-std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds);
+// `replicas` per process, this process's `rank`.
+std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds,
+                                                    int replicas = 1, int rank = 0);
 
 // The path from "this bucket's gradients are final on replica r" to "this
 // bucket is reduced", for `replicas` (replica 0 the primary) sharing one
 // layout. Local stage: replica r's bucket is reduce-added onto the
-// primary's on r's thread as soon as it is complete there. Global stage
-// (with a group): once every active replica's bucket has arrived, the
-// primary's is all-reduced across processes; for gradients in host memory
-// on the reducer's own thread while backward goes on, for device memory
-// after backward (stream-ordered local sums), in the same order. An error
-// of the global stage is rethrown by finish().
+// primary's (sharded: onto each piece's owner) on r's thread as soon as it
+// is complete there. Global stage (with a group): once every active
+// replica's bucket has arrived, the primary's is all-reduced across
+// processes (sharded: each piece reduced onto its home process, and zeroed
+// where it was only sent); for gradients in host memory on the reducer's
+// own thread while backward goes on, for device memory after backward
+// (stream-ordered local sums), in the same order. An error of the global
+// stage is rethrown by finish().
 class Reducer {
  public:
   Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, Comm& comm, const BucketLayout& layout,
@@ -162,6 +174,8 @@ class Reducer {
   // Where a piece's sum goes this pass: its owner, or the primary when the owner sits out.
   int root(const ReducePiece& p) const { return p.owner < active_ ? p.owner : 0; }
   void global(int bucket);
+  // Sharded: the sums of pieces whose owner sat out this pass (they went to the primary) into the owner's range.
+  void pass_on_sat_out();
   void global_loop();
   Tensor bucket_of(int rank, int bucket);
   void round(int rank, Tensor& t);
@@ -173,12 +187,14 @@ class Reducer {
   ReducerOptions opts_;
   std::vector<std::vector<ReducePiece>> pieces_;  // [bucket]
   std::vector<std::string> global_names_;         // [bucket] the global stage's operation names, for errors
+  Tensor sat_out_;                                // a sum on its way to another GPU's owner
   BucketReadiness ready_;
   std::unique_ptr<ProcessLink> link_;
   std::unique_ptr<std::atomic<int>[]> arrivals_;  // [bucket] replicas past reduce_add this pass
   bool host_memory_;  // CPU replicas: a reduce_add is complete when it returns
   int active_ = 0;
   bool training_ = false, sync_ = false;
+  bool deferred_ = false;  // the global stage waits for finish() this pass (an owner sat out)
 
   // Global stage on its own thread (host-memory gradients).
   std::thread thread_;

@@ -72,6 +72,8 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
   nlohmann::json hyper = nullptr;
   if (opt) {
     FANOUT_CHECK(&opt->model() == &model) << "the optimizer does not step the engine's model";
+    FANOUT_CHECK(opt->state_complete())
+        << "the optimizer's state is sharded across processes: every process calls gather_state() before a checkpoint";
     const auto params = model.named_parameters();
     for (auto& [state, arena] : opt->state()) {
       FANOUT_CHECK(arena->numel() == model.arenas().params.numel())

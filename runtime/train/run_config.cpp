@@ -77,8 +77,6 @@ void RunConfig::validate() const {
       << "the batch is split); use one or the other";
   FANOUT_USER_CHECK(parse_grad_reduce_dtype(grad_reduce_dtype) == DType::F32 || !split_invariant)
       << "--grad-reduce-dtype " << grad_reduce_dtype << " cannot keep --split-invariant's exact gradient sums";
-  FANOUT_USER_CHECK(!shard_optimizer || strategy == "dp")
-      << "--shard-optimizer runs with --strategy dp in this version (not under DDP)";
 }
 
 optim::OptimizerOptions RunConfig::optimizer_options() const {

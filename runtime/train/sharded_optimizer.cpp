@@ -9,7 +9,8 @@ ShardedOptimizer::ShardedOptimizer(Engine& engine, const optim::OptimizerOptions
                                    std::vector<optim::ParamGroup> groups)
     : Optimizer(engine.model(), engine.primary_context(), o, optim::resolve_groups(engine.model(), o, groups)),
       engine_(engine),
-      ranges_(engine.shards()) {
+      ranges_(engine.shards()),
+      across_processes_(engine.world_size() > 1) {
   FANOUT_CHECK(!ranges_.empty()) << "a sharded optimizer needs a sharded engine";
   for (const ArenaShard& s : ranges_) {
     optim::OptimizerOptions so = o;
@@ -49,9 +50,7 @@ std::vector<int64_t> ShardedOptimizer::state_bytes() const {
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
-  std::vector<std::pair<std::string, Tensor*>> out;
-  if (steps() == 0) return out;
+void ShardedOptimizer::assemble() {
   const int64_t total = model().arenas().params.numel();
   const std::vector<std::string> names = state_names();
   full_.resize(names.size());
@@ -64,10 +63,26 @@ std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
       const int64_t n = ranges_[i].end - ranges_[i].begin;
       if (n > 0) full_[k].second.flat(ranges_[i].begin, Shape{n}).copy_from(*st[k].second);
     }
-    out.emplace_back(names[k], &full_[k].second);
   }
+}
+
+std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  if (steps() == 0) return out;
+  // Across processes the other processes' ranges are those gather_state() brought.
+  if (!across_processes_ || full_.empty()) assemble();
+  for (auto& [name, t] : full_) out.emplace_back(name, &t);
   return out;
 }
+
+void ShardedOptimizer::gather_state() {
+  if (steps() == 0) return;
+  assemble();
+  for (auto& [name, t] : full_) engine_.gather_ranges(t, "all-gather of optimizer state '" + name + "'");
+  gathered_at_ = steps();
+}
+
+bool ShardedOptimizer::state_complete() const { return !across_processes_ || steps() == 0 || gathered_at_ == steps(); }
 
 void ShardedOptimizer::state_written() {
   for (size_t k = 0; k < full_.size(); ++k)
@@ -82,7 +97,7 @@ double ShardedOptimizer::grad_sum_squares() {
   double sum = 0;
   for (size_t i = 0; i < shards_.size(); ++i)
     if (ranges_[i].end > ranges_[i].begin) sum += shards_[i]->grad_sum_squares();
-  return sum;
+  return engine_.sum_over_processes(sum);
 }
 
 void ShardedOptimizer::scale_grads(float a) {

@@ -2,11 +2,13 @@
 // parameter arena, on its replica's device, holding state for its shard
 // alone (runtime/parallel/engine.h, ArenaShard). step() runs every shard's
 // update at once on the replicas' threads and gathers the updated shards
-// into the primary's model, which the next forward broadcasts. Clipping by
-// norm sums the shards' squares, so it clips by the whole gradient's norm;
-// loss scaling checks every shard. state() assembles the full state laid
-// out like the arena, so checkpoints are those of an unsharded optimizer
-// and load into any shard count.
+// into the primary's model (across processes too, under DDP), which the
+// next forward broadcasts. Clipping by norm sums the shards' squares over
+// every process, so it clips by the whole gradient's norm; loss scaling
+// checks every shard. state() assembles the full state laid out like the
+// arena, so checkpoints are those of an unsharded optimizer and load into
+// any shard count; across processes gather_state() first brings the other
+// processes' shards.
 #pragma once
 #include <memory>
 #include <string>
@@ -26,6 +28,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   void set_steps(int64_t s) override;
   std::vector<std::pair<std::string, Tensor*>> state() override;
   void state_written() override;
+  void gather_state() override;
+  bool state_complete() const override;
   std::vector<std::string> state_names() const override;
   std::vector<int64_t> state_bytes() const override;
   double grad_sum_squares() override;
@@ -40,7 +44,10 @@ class ShardedOptimizer final : public optim::Optimizer {
   Engine& engine_;
   std::vector<std::unique_ptr<optim::Optimizer>> shards_;
   std::vector<ArenaShard> ranges_;
+  void assemble();
   std::vector<std::pair<std::string, Tensor>> full_;  // assembled state (host), for checkpoints
+  bool across_processes_;
+  int64_t gathered_at_ = -1;  // steps() when gather_state() last ran
 };
 
 // The optimizer a Trainer steps for `engine`: a ShardedOptimizer when the

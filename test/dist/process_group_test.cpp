@@ -28,6 +28,8 @@ TEST(ProcessGroup, CollectivesMatchTheirDefinition) {
   std::vector<std::vector<float>> reduced(kWorld), gathered(kWorld), bcast(kWorld);
   std::vector<std::vector<double>> reduced64(kWorld);
   std::vector<std::vector<int64_t>> reduced_i(kWorld);
+  std::vector<float> to_root(1000);
+  std::vector<double> to_root64(7);
   run_ranks(kWorld, [&](int r) {
     auto g = make_gloo_group({r, kWorld, "file:" + dir.path(), "t1", 30});
     EXPECT_EQ(g->rank(), r);
@@ -58,8 +60,17 @@ TEST(ProcessGroup, CollectivesMatchTheirDefinition) {
     Tensor out = Tensor::empty(Shape{2 * kWorld});
     g->all_gather(in, out, "test all-gather");
     gathered[r].assign(out.f32(), out.f32() + 2 * kWorld);
+    // reduce onto rank 2 (float32) and rank 1 (float64), as all-reduce's inputs.
+    for (int i = 0; i < 1000; ++i) a.f32()[i] = (r + 1) * (i + 0.5f);
+    g->reduce(a, 2, "test reduce");
+    if (r == 2) to_root.assign(a.f32(), a.f32() + 1000);
+    for (int i = 0; i < 7; ++i) d.f64()[i] = 1.0 / (r + 1) + i;
+    g->reduce(d, 1, "test reduce f64");
+    if (r == 1) to_root64.assign(d.f64(), d.f64() + 7);
     g->barrier("test barrier");
   });
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(to_root[i], 6 * (i + 0.5f)) << "reduce, element " << i;
+  for (int i = 0; i < 7; ++i) EXPECT_NEAR(to_root64[i], 1.0 + 0.5 + 1.0 / 3 + 3 * i, 1e-12);
   for (int r = 0; r < kWorld; ++r) {
     for (int i = 0; i < 1000; ++i) ASSERT_EQ(reduced[r][i], 6 * (i + 0.5f)) << "rank " << r << " element " << i;
     for (int i = 0; i < 7; ++i) EXPECT_NEAR(reduced64[r][i], 1.0 + 0.5 + 1.0 / 3 + 3 * i, 1e-12);

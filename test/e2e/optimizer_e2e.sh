@@ -71,6 +71,27 @@ assert len(b) == 2 and abs(b[0] - b[1]) <= 256, f"sharded replicas should hold a
 print(f"--shard-optimizer cpu:2 == one device, and resumed on cpu:3, bit for bit; replica bytes {b}")
 PY
 
+# --shard-optimizer under DDP: 2 processes (a shard each) equal one device bit
+# for bit; stopped after epoch 1 and resumed as the hybrid 2 processes x 2
+# replicas (4 shards), the same again.
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --strategy ddp --shard-optimizer --save-dir "$work/ddp-sharded" > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --strategy ddp --shard-optimizer --stop-after 1 \
+  --save-dir "$work/ddp-sharded-part" > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:4 --nproc-per-node 2 --strategy ddp --shard-optimizer \
+  --resume "$work/ddp-sharded-part" > /dev/null
+python3 - "$work" <<'PY'
+import sys
+from safetensors.numpy import load_file
+work = sys.argv[1]
+one = load_file(f"{work}/one/epoch-0002.safetensors")
+for run in ("ddp-sharded", "ddp-sharded-part"):
+    got = load_file(f"{work}/{run}/epoch-0002.safetensors")
+    assert sorted(got) == sorted(one)
+    for k in one:
+        assert got[k].tobytes() == one[k].tobytes(), f"{run}: {k} differs from one device"
+print("--shard-optimizer DDP 2 processes == one device, and resumed as the hybrid 2x2, bit for bit")
+PY
+
 common=(--model resnet18 --data synthetic:96 --batch-size 16 --epochs 2 --devices cpu --seed 4 --progress off
         --optimizer adamw --lr 2e-3 --weight-decay 0.05 --no-decay-norm-bias --clip-grad-norm 1.0 --lr-schedule cosine)
 "$DP_TRAIN" "${common[@]}" --save-dir "$work/whole" --save-every-steps 2 --keep-last 20 --metrics "$work/whole.jsonl"
