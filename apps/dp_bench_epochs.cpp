@@ -295,11 +295,13 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     fanout("DP", "fanout DP " + join(devices) + (o.shard_optimizer ? " sharded" : ""), 1, n, dp);
   }
   const bool ddp = !o.no_ddp && (n > 1 || gpu);
-  if (ddp) fanout("DDP", "fanout DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : ""), n, 1,
-                  {"--devices", o.devices, "--strategy", "ddp"});
+  const std::string sharded = o.shard_optimizer ? " sharded" : "";
+  std::vector<std::string> ddp_args = {"--devices", o.devices, "--strategy", "ddp"};
+  if (o.shard_optimizer) ddp_args.push_back("--shard-optimizer");
+  if (ddp) fanout("DDP", "fanout DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : "") + sharded, n, 1, ddp_args);
+  ddp_args.insert(ddp_args.end(), {"--nproc-per-node", "2"});
   if (ddp && n >= 4 && n % 2 == 0)
-    fanout("hybrid", "fanout hybrid 2 processes x " + std::to_string(n / 2), 2, n / 2,
-           {"--devices", o.devices, "--strategy", "ddp", "--nproc-per-node", "2"});
+    fanout("hybrid", "fanout hybrid 2 processes x " + std::to_string(n / 2) + sharded, 2, n / 2, ddp_args);
   if (!o.no_pytorch) {
     auto pytorch = [&](const std::string& mode, const std::string& label, int procs, int reps,
                        std::vector<std::string> extra) {

@@ -25,7 +25,7 @@ struct EpochBenchOptions {
   float clip_grad_value = 0;
   std::string precision = "32";  // dp-train's --precision; PyTorch under torch.autocast (+ GradScaler)
   std::string grad_reduce_dtype = "fp32";  // dp-train's; PyTorch DDP's bf16_compress_hook for bf16
-  bool shard_optimizer = false;            // fanout's DP row with --shard-optimizer
+  bool shard_optimizer = false;            // fanout's DP, DDP and hybrid rows with --shard-optimizer
 };
 
 // Runs the benchmark; prints a progress line per run and the table; writes
