@@ -149,7 +149,7 @@ RunResult summarize(const std::vector<nlohmann::json>& epochs, const char* secon
   r.epoch_seconds /= n;
   r.images_per_second /= n;
   r.data_wait /= n;
-  r.test_acc = epochs.back()["test_acc"].get<double>();
+  r.test_acc = epochs.back().value("test_acc", 0.0);  // none for dense targets
   r.test_loss = epochs.back()["test_loss"].get<double>();
   return r;
 }

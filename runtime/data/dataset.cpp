@@ -1,4 +1,5 @@
-// ImageDataset helpers (sample shape, normalization, channel statistics) and the --data spec parser.
+// Datasets: the interface's checks, TensorDataset, ImageDataset's samples
+// (shape, normalization, channel statistics) and the --data spec parser.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/keypoints.h"
+#include "runtime/data/transforms.h"
 
 namespace fanout::data {
 
@@ -61,17 +63,20 @@ Shape ImageDataset::target_shape() const {
   return t;
 }
 
+std::pair<float, float> ImageDataset::channel_stats(int64_t c) const {
+  if (mean.empty() && std.empty()) return {0.0f, 1.0f};
+  return {mean[c], std[c]};
+}
+
 void ImageDataset::normalized(int64_t i, float* out) const {
   FANOUT_CHECK(0 <= i && i < size()) << "sample " << i << " of dataset '" << name << "' with " << size();
   const Shape s = sample_shape();  // (C, spatial...)
   const int64_t c = s[0], plane = s.numel() / c;
-  FANOUT_CHECK(static_cast<int64_t>(mean.size()) == c && static_cast<int64_t>(std.size()) == c)
-      << "dataset '" << name << "' has " << mean.size() << " means and " << std.size() << " stds for " << c
-      << " channels";
   if (images.dtype() == DType::F32) {
     const float* x = images.f32() + i * c * plane;
     for (int64_t ch = 0; ch < c; ++ch) {
-      const float scale = 1.0f / std[ch], shift = -mean[ch] / std[ch];
+      const auto [m, sd] = channel_stats(ch);
+      const float scale = 1.0f / sd, shift = -m / sd;
       for (int64_t k = 0; k < plane; ++k) out[ch * plane + k] = x[ch * plane + k] * scale + shift;
     }
     return;
@@ -81,8 +86,89 @@ void ImageDataset::normalized(int64_t i, float* out) const {
   const uint8_t* x = images.data<uint8_t>() + i * c * plane;
   for (int64_t ch = 0; ch < c; ++ch) {
     // (x / 255 - mean) / std as one multiply-add.
-    const float scale = 1.0f / (255.0f * std[ch]), shift = -mean[ch] / std[ch];
+    const auto [m, sd] = channel_stats(ch);
+    const float scale = 1.0f / (255.0f * sd), shift = -m / sd;
     for (int64_t k = 0; k < plane; ++k) out[ch * plane + k] = static_cast<float>(x[ch * plane + k]) * scale + shift;
+  }
+}
+
+void ImageDataset::get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const {
+  load_sample(*this, i, draw.augment ? *draw.augment : Augment{}, draw.seed, draw.epoch, x);  // checks i
+  if (dense_targets()) render_target(i, y);
+  else *label = labels.data<int32_t>()[i];
+}
+
+void ImageDataset::check(const Augment& augment) const {
+  FANOUT_USER_CHECK(images.defined() && (images.dim() == 4 || images.dim() == 5) &&
+                    (images.dtype() == DType::U8 || images.dtype() == DType::F32))
+      << "dataset '" << name << "' has no (N, C, H, W) or (N, C, D, H, W) uint8 or float32 images"
+      << " (TensorDataset takes samples of any shape)";
+  const int64_t c = images.size(1);
+  FANOUT_USER_CHECK((mean.empty() && std.empty()) ||
+                    (static_cast<int64_t>(mean.size()) == c && static_cast<int64_t>(std.size()) == c))
+      << "dataset '" << name << "' has " << mean.size() << " means and " << std.size() << " stds for " << c
+      << " channels (give one of each per channel, or neither)";
+  for (float v : std) FANOUT_USER_CHECK(v > 0 && std::isfinite(v)) << "dataset '" << name << "' has std " << v;
+  if (dense_targets()) {
+    FANOUT_USER_CHECK(landmarks.dim() == 3 && landmarks.dtype() == DType::F32 && landmarks.size(0) == size() &&
+                      landmarks.size(2) == images.dim() - 2)
+        << "dataset '" << name << "' has landmarks " << landmarks.shape().str() << " for images "
+        << images.shape().str() << " (expected (N, K, " << images.dim() - 2 << ") float32)";
+    FANOUT_USER_CHECK(!augment.any())
+        << "dataset '" << name << "': augmentation is for image classification; it would move the landmarks";
+  } else {
+    FANOUT_USER_CHECK(labels.defined() && labels.dim() == 1 && labels.dtype() == DType::I32)
+        << "dataset '" << name << "' has no (N) int32 labels";
+    FANOUT_USER_CHECK(images.size(0) == labels.size(0))
+        << "dataset '" << name << "' has " << images.size(0) << " images but " << labels.size(0) << " labels";
+    FANOUT_USER_CHECK(!augment.any() || images.dim() == 4)
+        << "dataset '" << name << "': augmentation is for (N, C, H, W) images";
+  }
+}
+
+void Dataset::check(const Augment& augment) const {
+  FANOUT_USER_CHECK(!augment.any()) << "dataset '" << name << "' cannot be augmented (crop and flip are for images)";
+}
+
+TensorDataset::TensorDataset(Tensor inputs, Tensor targets, std::string n)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+  name = std::move(n);
+  FANOUT_USER_CHECK(inputs_.defined() && inputs_.dim() >= 1 && inputs_.dtype() == DType::F32 &&
+                    inputs_.device().is_cpu())
+      << "TensorDataset '" << name << "': inputs must be a (N, ...) float32 tensor on the CPU, got "
+      << (inputs_.defined() ? inputs_.shape().str() + " " + dtype_name(inputs_.dtype()) + " on " +
+                                  inputs_.device().str()
+                            : std::string("none"));
+  FANOUT_USER_CHECK(targets_.defined() && targets_.dim() >= 1 && targets_.device().is_cpu() &&
+                    (targets_.dtype() == DType::F32 || (targets_.dtype() == DType::I32 && targets_.dim() == 1)))
+      << "TensorDataset '" << name << "': targets must be (N) int32 class indices or (N, ...) float32 on the CPU, got "
+      << (targets_.defined() ? targets_.shape().str() + " " + dtype_name(targets_.dtype()) : std::string("none"));
+  FANOUT_USER_CHECK(targets_.size(0) == inputs_.size(0))
+      << "TensorDataset '" << name << "' has " << inputs_.size(0) << " inputs but " << targets_.size(0) << " targets";
+  kind_ = targets_.dtype() == DType::I32 ? TargetKind::ClassIndex : TargetKind::Dense;
+  if (kind_ == TargetKind::ClassIndex)
+    for (int64_t i = 0; i < targets_.numel(); ++i)
+      FANOUT_USER_CHECK(targets_.data<int32_t>()[i] >= 0)
+          << "TensorDataset '" << name << "': label " << targets_.data<int32_t>()[i] << " of sample " << i
+          << " is negative";
+  sample_.ndim = inputs_.dim() - 1;
+  for (int d = 0; d < sample_.ndim; ++d) sample_.d[d] = inputs_.size(d + 1);
+  if (kind_ == TargetKind::Dense) {
+    target_.ndim = targets_.dim() - 1;
+    for (int d = 0; d < target_.ndim; ++d) target_.d[d] = targets_.size(d + 1);
+  }
+}
+
+void TensorDataset::get(int64_t i, const SampleDraw&, float* x, int32_t* label, float* y) const {
+  FANOUT_USER_CHECK(0 <= i && i < size())
+      << "sample index " << i << " is out of range for dataset '" << name << "' with " << size() << " samples";
+  const int64_t n = sample_.numel();
+  std::copy(inputs_.f32() + i * n, inputs_.f32() + (i + 1) * n, x);
+  if (kind_ == TargetKind::ClassIndex) {
+    *label = targets_.data<int32_t>()[i];
+  } else {
+    const int64_t m = target_.numel();
+    std::copy(targets_.f32() + i * m, targets_.f32() + (i + 1) * m, y);
   }
 }
 

@@ -1,14 +1,16 @@
-// In-memory datasets: images (N, C, H, W) or volumes (N, C, D, H, W) with the
-// per-channel mean and std used to normalize them, and per sample either a
-// class label or landmarks whose heatmaps are the (dense) target.
-// Readers: IDX (MNIST / Fashion-MNIST, gzip'd or raw), CIFAR-10 binary, seeded
-// synthetic sets that a small network can learn, and keypoint volumes
-// (keypoints.h).
+// Datasets: what the DataLoader batches (Dataset), in-memory tensors of any
+// shape (TensorDataset), and images (N, C, H, W) or volumes (N, C, D, H, W)
+// with the per-channel mean and std used to normalize them and per sample
+// either a class label or landmarks whose heatmaps are the (dense) target
+// (ImageDataset). Readers: IDX (MNIST / Fashion-MNIST, gzip'd or raw),
+// CIFAR-10 binary, seeded synthetic sets that a small network can learn, and
+// keypoint volumes (keypoints.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/tensor.h"
@@ -16,8 +18,66 @@
 
 namespace fanout::data {
 
-struct ImageDataset {
-  std::string name;             // "fashion-mnist/train", ...
+struct Augment;
+
+// Targets: one class index per sample (int32, for cross-entropy) or dense
+// float32 values of target_shape() (for mse).
+enum class TargetKind { ClassIndex, Dense };
+
+// What one epoch's draw of a sample depends on: augmenting datasets seed
+// their random crops and flips with (seed, epoch, index); the rest ignore it.
+struct SampleDraw {
+  const Augment* augment = nullptr;  // null or none: no augmentation
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+};
+
+// The interface the DataLoader drives (with its workers, pinned buffers and
+// deterministic order): sample i is float32 of sample_shape(); its target a
+// class index or float32 of target_shape(). get() runs on the loader's
+// worker threads at once, so it must only read the dataset.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  std::string name;  // for messages: "fashion-mnist/train", ...
+  virtual int64_t size() const = 0;
+  virtual Shape sample_shape() const = 0;
+  virtual TargetKind target_kind() const = 0;
+  // A dense target's shape (a sample's; () for one value); () for class indices.
+  virtual Shape target_shape() const = 0;
+  bool dense_targets() const { return target_kind() == TargetKind::Dense; }
+  // Writes sample i into x (sample_shape().numel() floats) and its target
+  // into *label (class indices) or y (target_shape().numel() floats).
+  virtual void get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const = 0;
+  // One-line error when the dataset cannot serve batches with these
+  // options (augmentation it cannot apply, inconsistent tensors); called
+  // when a loader is built.
+  virtual void check(const Augment& augment) const;
+};
+
+// In-memory samples of any shape: inputs (N, ...) float32, passed as they
+// are (normalize them first if the model wants it); targets (N) int32 class
+// indices, or (N, ...) float32 dense targets (N alone: one value per
+// sample). Both on the CPU; the tensors are shared, not copied.
+class TensorDataset : public Dataset {
+ public:
+  // One-line errors for tensors that do not fit these rules.
+  TensorDataset(Tensor inputs, Tensor targets, std::string name = "tensors");
+  int64_t size() const override { return inputs_.size(0); }
+  Shape sample_shape() const override { return sample_; }
+  TargetKind target_kind() const override { return kind_; }
+  Shape target_shape() const override { return target_; }
+  void get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const override;
+  const Tensor& inputs() const { return inputs_; }
+  const Tensor& targets() const { return targets_; }
+
+ private:
+  Tensor inputs_, targets_;
+  Shape sample_, target_;
+  TargetKind kind_;
+};
+
+struct ImageDataset : Dataset {
   // (N, C, H, W) or (N, C, D, H, W), CPU: uint8 (mean and std on the [0, 1]
   // scale) or float32 (mean and std in the data's own units).
   Tensor images;
@@ -28,18 +88,23 @@ struct ImageDataset {
   Tensor landmarks;
   HeatmapSpec heatmap;
   int num_classes = 10;         // classes; for keypoint sets, the landmarks K (the model's output channels)
-  std::vector<float> mean, std; // per channel
+  // Per channel, or both empty: no normalization (uint8 scaled to [0, 1]).
+  std::vector<float> mean, std;
 
   // Samples: rows of images that have a label (or landmarks).
-  int64_t size() const {
+  int64_t size() const override {
     if (!images.defined()) return 0;
     const Tensor& t = landmarks.defined() ? landmarks : labels;
     return t.defined() ? std::min(images.size(0), t.size(0)) : 0;
   }
-  Shape sample_shape() const;   // (C, H, W) or (C, D, H, W)
-  bool dense_targets() const { return landmarks.defined(); }
+  Shape sample_shape() const override;  // (C, H, W) or (C, D, H, W)
+  TargetKind target_kind() const override { return landmarks.defined() ? TargetKind::Dense : TargetKind::ClassIndex; }
   // A sample's target: () for a class label, (K, spatial...) for heatmaps.
-  Shape target_shape() const;
+  Shape target_shape() const override;
+  void get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const override;
+  void check(const Augment& augment) const override;
+  // Channel c's (mean, std): the statistics', or (0, 1) without them.
+  std::pair<float, float> channel_stats(int64_t c) const;
   // Writes sample i normalized, (x / 255 - mean[c]) / std[c] for uint8 and
   // (x - mean[c]) / std[c] for float32, as float32 into out.
   void normalized(int64_t i, float* out) const;

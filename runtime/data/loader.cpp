@@ -29,7 +29,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-DataLoader::DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler, const LoaderOptions& o)
+DataLoader::DataLoader(const Dataset& ds, std::unique_ptr<Sampler> sampler, const LoaderOptions& o)
     : ds_(ds), sampler_(std::move(sampler)), opts_(o) {
   FANOUT_USER_CHECK(o.batch_size > 0) << "batch size must be positive, got " << o.batch_size;
   FANOUT_USER_CHECK(o.workers >= 0 && o.workers <= kMaxWorkers)
@@ -37,25 +37,7 @@ DataLoader::DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler,
   FANOUT_USER_CHECK(o.prefetch >= 1 && o.prefetch <= kMaxPrefetch)
       << "loader prefetch must be in 1.." << kMaxPrefetch << " batches per worker, got " << o.prefetch;
   FANOUT_USER_CHECK(sampler_ != nullptr) << "DataLoader needs a sampler";
-  FANOUT_USER_CHECK(ds.images.defined() && (ds.images.dim() == 4 || ds.images.dim() == 5) &&
-                    (ds.images.dtype() == DType::U8 || ds.images.dtype() == DType::F32))
-      << "dataset '" << ds.name << "' has no (N, C, H, W) or (N, C, D, H, W) uint8 or float32 images";
-  if (ds.dense_targets()) {
-    FANOUT_USER_CHECK(ds.landmarks.dim() == 3 && ds.landmarks.dtype() == DType::F32 &&
-                      ds.landmarks.size(0) == ds.size() && ds.landmarks.size(2) == ds.images.dim() - 2)
-        << "dataset '" << ds.name << "' has landmarks " << ds.landmarks.shape().str() << " for images "
-        << ds.images.shape().str() << " (expected (N, K, " << ds.images.dim() - 2 << ") float32)";
-    FANOUT_USER_CHECK(!o.augment.any())
-        << "dataset '" << ds.name << "': augmentation is for image classification; it would move the landmarks";
-  } else {
-    FANOUT_USER_CHECK(ds.labels.defined() && ds.labels.dim() == 1 && ds.labels.dtype() == DType::I32)
-        << "dataset '" << ds.name << "' has no (N) int32 labels";
-    FANOUT_USER_CHECK(ds.images.size(0) == ds.labels.size(0))
-        << "dataset '" << ds.name << "' has " << ds.images.size(0) << " images but " << ds.labels.size(0)
-        << " labels";
-    FANOUT_USER_CHECK(!o.augment.any() || ds.images.dim() == 4)
-        << "dataset '" << ds.name << "': augmentation is for (N, C, H, W) images";
-  }
+  ds.check(o.augment);
   pinned_ = o.pin_memory && cuda_device_count() > 0;  // page-locking needs a CUDA driver
   sample_numel_ = ds.sample_shape().numel();
   target_numel_ = ds.dense_targets() ? ds.target_shape().numel() : 0;
@@ -165,12 +147,15 @@ bool DataLoader::build(int64_t b, Slot& s, uint64_t generation) {
   const int64_t rows = batch_rows(b), begin = b * opts_.batch_size;
   float* xp = s.x.f32();
   const bool dense = ds_.dense_targets();
+  const SampleDraw draw{&opts_.augment, opts_.seed, epoch_};
   for (int64_t k = 0; k < rows; ++k) {
     if (generation_.load(std::memory_order_relaxed) != generation) return false;
     const int64_t i = order_[static_cast<size_t>(begin + k)];
-    load_sample(ds_, i, opts_.augment, opts_.seed, epoch_, xp + k * sample_numel_);  // checks i
-    if (dense) ds_.render_target(i, s.y.f32() + k * target_numel_);
-    else s.y.data<int32_t>()[k] = ds_.labels.data<int32_t>()[i];
+    FANOUT_USER_CHECK(0 <= i && i < ds_.size())
+        << "sample index " << i << " is out of range for dataset '" << ds_.name << "' with " << ds_.size()
+        << " samples";
+    if (dense) ds_.get(i, draw, xp + k * sample_numel_, nullptr, s.y.f32() + k * target_numel_);
+    else ds_.get(i, draw, xp + k * sample_numel_, s.y.data<int32_t>() + k, nullptr);
   }
   return true;
 }

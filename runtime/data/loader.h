@@ -41,7 +41,7 @@ class DataLoader {
  public:
   // Validates options with one-line FANOUT_USER_CHECK errors (batch_size > 0, workers >= 0, prefetch >= 1).
   // ds must outlive the loader.
-  DataLoader(const ImageDataset& ds, std::unique_ptr<Sampler> sampler, const LoaderOptions& o);
+  DataLoader(const Dataset& ds, std::unique_ptr<Sampler> sampler, const LoaderOptions& o);
   ~DataLoader();  // stops and joins the workers; never hangs, even mid-epoch
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -52,8 +52,8 @@ class DataLoader {
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   int64_t num_batches() const;  // for the current sampler size
   int64_t num_samples() const;  // samples delivered per epoch (drop_last aware)
-  // Next batch in order: x (B, C, H, W) or (B, C, D, H, W) f32 and y, (B) i32 labels or (B, K, spatial...)
-  // f32 heatmaps (ImageDataset::target_shape), on the CPU, views of a reused slot buffer;
+  // Next batch in order: x (B, sample shape...) f32 and y, (B) i32 class indices or (B, target shape...)
+  // f32 dense targets (Dataset::target_shape), on the CPU, views of a reused slot buffer;
   // valid until the next call to next() or start_epoch(). Returns false at the end of the epoch.
   // An exception thrown while building a batch (in a worker or inline) is rethrown here, in the
   // batch's turn; that batch is skipped and the following next() goes on with the one after it.
@@ -79,7 +79,7 @@ class DataLoader {
   void worker_loop();
   void stop_workers();
 
-  const ImageDataset& ds_;
+  const Dataset& ds_;
   std::unique_ptr<Sampler> sampler_;
   LoaderOptions opts_;
   bool pinned_ = false;

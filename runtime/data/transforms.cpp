@@ -84,9 +84,6 @@ void load_sample(const ImageDataset& ds, int64_t index, const Augment& aug, uint
       << "dataset '" << ds.name << "': augmentation is for uint8 (N, C, H, W) images";
   const Shape s = ds.sample_shape();  // (C, H, W)
   const int64_t c = s[0], h = s[1], w = s[2];
-  FANOUT_CHECK(static_cast<int64_t>(ds.mean.size()) == c && static_cast<int64_t>(ds.std.size()) == c)
-      << "dataset '" << ds.name << "' has " << ds.mean.size() << " means and " << ds.std.size() << " stds for " << c
-      << " channels";
   const bool flip = aug.hflip && (draw(seed, epoch, index, kFlip) >> 63) != 0;
   // RandomCrop draws the window's corner in [0, 2P] of the padded image: a shift by [-P, P] of the original.
   int64_t dy = 0, dx = 0;
@@ -101,7 +98,8 @@ void load_sample(const ImageDataset& ds, int64_t index, const Augment& aug, uint
   const uint8_t* img = ds.images.data<uint8_t>() + index * c * h * w;
   for (int64_t ch = 0; ch < c; ++ch) {
     // The same multiply-add as ImageDataset::normalized, so results agree bit for bit.
-    const float scale = 1.0f / (255.0f * ds.std[ch]), shift = -ds.mean[ch] / ds.std[ch];
+    const auto [m, sd] = ds.channel_stats(ch);
+    const float scale = 1.0f / (255.0f * sd), shift = -m / sd;
     const float zero = static_cast<float>(0) * scale + shift;
     for (int64_t y = 0; y < h; ++y) {
       float* row = out + (ch * h + y) * w;

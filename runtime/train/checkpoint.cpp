@@ -399,7 +399,9 @@ std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, optim::Op
                                                        int last_epoch) {
   std::vector<std::string> written;
   // Heatmap runs score by the share of landmarks found within 2 voxels.
-  const double acc = st.metrics.value("test_within_2", st.metrics.value("test_acc", -1.0));
+  // Other dense targets by the lowest test loss, as 1 / (1 + loss): in (0, 1], higher is better.
+  const double by_loss = st.metrics.contains("test_loss") ? 1.0 / (1.0 + st.metrics.value("test_loss", 0.0)) : -1.0;
+  const double acc = st.metrics.value("test_within_2", st.metrics.value("test_acc", by_loss));
   const bool best = acc > st.best_test_acc;
   if (best) st.best_test_acc = acc;
   if (st.epoch % every_ == 0 || st.epoch == last_epoch) {

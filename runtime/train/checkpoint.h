@@ -40,7 +40,7 @@ struct CheckpointState {
   // progress) done, and their totals over every process (0 and {}: none).
   int64_t batch = 0;
   nlohmann::json partial = nlohmann::json::object();
-  double best_test_acc = -1;     // best test accuracy (heatmaps: share within 2 voxels) so far; -1: none yet
+  double best_test_acc = -1;     // best test accuracy (heatmaps: share within 2 voxels; other dense targets: 1 / (1 + test loss)) so far; -1: none yet
   nlohmann::json config = nlohmann::json::object();   // training options, as the front end names them
   nlohmann::json metrics = nlohmann::json::object();  // the last epoch's summary
   // The loss scaler's state (GradScaler::state(); 16-mixed runs), empty when there is none.

@@ -29,6 +29,15 @@ void Progress::begin(const std::string& label, int64_t total_batches, int64_t to
   drawn_ = false;
 }
 
+namespace {
+std::string metric_text(const char* name, double v) {
+  if (!name) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "  %s %.4f", name, v);
+  return buf;
+}
+}  // namespace
+
 void Progress::update(int64_t batches, int64_t images, double loss, const char* metric_name, double metric) {
   if (mode_ == Mode::Off || total_batches_ <= 0) return;
   const auto now = std::chrono::steady_clock::now();
@@ -42,10 +51,10 @@ void Progress::update(int64_t batches, int64_t images, double loss, const char* 
     const int filled = static_cast<int>(width * batches / total_batches_);
     std::string bar(filled, '#');
     bar += std::string(width - filled, '.');
-    std::fprintf(out_, "\r%s [%s] %3d%% %lld/%lld  %.0f img/s  ETA %s  loss %.4f  %s %.4f\033[K", label_.c_str(),
+    std::fprintf(out_, "\r%s [%s] %3d%% %lld/%lld  %.0f img/s  ETA %s  loss %.4f%s\033[K", label_.c_str(),
                  bar.c_str(), static_cast<int>(100 * batches / total_batches_), static_cast<long long>(batches),
-                 static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss, metric_name,
-                 metric);
+                 static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss,
+                 metric_text(metric_name, metric).c_str());
     std::fflush(out_);
     drawn_ = true;
     return;
@@ -53,9 +62,10 @@ void Progress::update(int64_t batches, int64_t images, double loss, const char* 
   // Lines: one each time another tenth of the epoch is done.
   if (batches * 10 < next_line_ * total_batches_) return;
   while (batches * 10 >= next_line_ * total_batches_) ++next_line_;
-  std::fprintf(out_, "%s %3d%% %lld/%lld batches  %.0f img/s  ETA %s  loss %.4f  %s %.4f\n", label_.c_str(),
+  std::fprintf(out_, "%s %3d%% %lld/%lld batches  %.0f img/s  ETA %s  loss %.4f%s\n", label_.c_str(),
                static_cast<int>(100 * batches / total_batches_), static_cast<long long>(batches),
-               static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss, metric_name, metric);
+               static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss,
+               metric_text(metric_name, metric).c_str());
   std::fflush(out_);
 }
 

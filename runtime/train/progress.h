@@ -14,7 +14,7 @@ class Progress {
   Progress(Mode mode, FILE* out = stderr);
   void begin(const std::string& label, int64_t total_batches, int64_t total_images);
   // The running metric is shown as "<metric_name> <value>": "acc" for
-  // classifiers, "loc err" (voxels) for heatmaps.
+  // classifiers, "loc err" (voxels) for heatmaps; none when null.
   void update(int64_t batches_done, int64_t images_done, double running_loss, const char* metric_name,
               double metric);
   void end();

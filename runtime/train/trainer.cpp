@@ -17,23 +17,24 @@
 
 namespace fanout::train {
 
-TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, const data::TrainTest& data) {
+TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, int64_t train_size,
+                                 int64_t test_size) {
   TrainerSamplers s;
   const int world = engine.world_size(), rank = engine.rank();
   if (world == 1) {
-    s.train = std::make_unique<data::RandomSampler>(data.train.size(), cfg.seed);
-    s.test = std::make_unique<data::SequentialSampler>(data.test.size());
+    s.train = std::make_unique<data::RandomSampler>(train_size, cfg.seed);
+    s.test = std::make_unique<data::SequentialSampler>(test_size);
   } else {
-    s.train = std::make_unique<data::DistributedSampler>(data.train.size(), world, rank, /*shuffle=*/true, cfg.seed,
+    s.train = std::make_unique<data::DistributedSampler>(train_size, world, rank, /*shuffle=*/true, cfg.seed,
                                                          cfg.drop_last);
-    s.test = std::make_unique<data::ShardSampler>(data.test.size(), world, rank);
+    s.test = std::make_unique<data::ShardSampler>(test_size, world, rank);
   }
   return s;
 }
 
-Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
-                 TrainerSamplers samplers)
-    : cfg_(cfg), engine_(engine), opt_(opt), data_(data), progress_(cfg.progress) {
+Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::Dataset& train,
+                 const data::Dataset& test, TrainerSamplers samplers)
+    : cfg_(cfg), engine_(engine), opt_(opt), progress_(cfg.progress) {
   if (cfg.loss_scaling) scaler_ = std::make_unique<optim::GradScaler>(*cfg.loss_scaling);
   cfg_.schedule.base_lr = opt.initial_lr();
   FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
@@ -44,12 +45,12 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   FANOUT_USER_CHECK(cfg.batch_size > 0) << "batch size must be positive, got " << cfg.batch_size;
   FANOUT_USER_CHECK(cfg.epochs > 0) << "epochs must be positive, got " << cfg.epochs;
   FANOUT_USER_CHECK(cfg.accumulate >= 1) << "--accumulate must be at least 1, got " << cfg.accumulate;
-  FANOUT_USER_CHECK(data.train.size() > 0) << "the training set is empty";
+  FANOUT_USER_CHECK(train.size() > 0) << "the training set is empty";
   const int world = engine.world_size();
   FANOUT_USER_CHECK(cfg.batch_size % world == 0)
       << "the batch size " << cfg.batch_size << " cannot be split evenly over " << world << " processes";
   if (!samplers.train || !samplers.test) {
-    TrainerSamplers d = default_samplers(cfg, engine, data);
+    TrainerSamplers d = default_samplers(cfg, engine, train.size(), test.size());
     if (!samplers.train) samplers.train = std::move(d.train);
     if (!samplers.test) samplers.test = std::move(d.test);
   }
@@ -61,12 +62,12 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   lo.pin_memory = cfg.pin_memory;
   lo.augment = cfg.augment;
   lo.seed = cfg.seed;
-  train_loader_ = std::make_unique<data::DataLoader>(data.train, std::move(samplers.train), lo);
+  train_loader_ = std::make_unique<data::DataLoader>(train, std::move(samplers.train), lo);
   data::LoaderOptions eo = lo;
   eo.batch_size = cfg.eval_batch_size;
   eo.drop_last = false;
   eo.augment = {};
-  test_loader_ = std::make_unique<data::DataLoader>(data.test, std::move(samplers.test), eo);
+  test_loader_ = std::make_unique<data::DataLoader>(test, std::move(samplers.test), eo);
 }
 
 namespace {
@@ -129,9 +130,7 @@ struct Totals {
 nlohmann::json metrics_json(const EpochMetrics& m) {
   nlohmann::json j = {{"epoch", m.epoch},
           {"train_loss", m.train_loss},
-          {"train_acc", m.train_acc},
           {"test_loss", m.test_loss},
-          {"test_acc", m.test_acc},
           {"epoch_seconds", m.epoch_seconds},
           {"images_per_second", m.images_per_second},
           {"steady_epoch_seconds", m.steady_epoch_seconds},
@@ -147,6 +146,10 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
   if (m.loss_scaling) {
     j["loss_scale"] = m.loss_scale;
     j["skipped_steps"] = m.skipped_steps;
+  }
+  if (!m.dense) {
+    j["train_acc"] = m.train_acc;
+    j["test_acc"] = m.test_acc;
   }
   if (m.heatmaps) {
     j["train_loc_error"] = m.train_loc_error;
@@ -219,7 +222,7 @@ StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, co
   return r;
 }
 
-void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms) {
+void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, const ExactSum& loss, int64_t rows) {
   const Stepped s = clipped_step(opt_, scaler_.get(), lr, cfg_.clip_grad_norm, cfg_.clip_grad_value, [&](double n) {
     return "training diverged: the gradient norm is " + std::to_string(n) + " at epoch " + std::to_string(epoch + 1) +
            " step " + std::to_string(b + 1) + " (try a smaller --lr)";
@@ -229,6 +232,7 @@ void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms) {
     norms.max = std::max(norms.max, s.norm);
     ++norms.steps;
   }
+  if (on_step) on_step(StepInfo{epoch, b + 1, opt_.steps(), rows ? loss.value() / rows : 0, rows, lr, s.norm, s.stepped});
 }
 
 bool Trainer::stop_agreed(bool every_rank_checks) {
@@ -249,6 +253,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const int64_t total = it.num_samples();
   const int64_t batch = it.options().batch_size;
   const int k = cfg_.accumulate;
+  const bool dense = engine_.criterion().dense_targets();
   const int64_t opt_steps = (nb + k - 1) / k;  // the schedule counts optimizer steps
   const int world = engine_.world_size();
   auto rows_of = [&](int64_t b) { return std::min(batch, total - b * batch); };
@@ -276,6 +281,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     norms = {g["sum"].get<double>(), g["max"].get<double>(), g["steps"].get<int64_t>()};
   }
   int64_t b = b0, group_rows = 0;
+  ExactSum step_loss;  // this optimizer step's rows, for on_step
   while (it.next(x, y)) {
     const int64_t group = b / k;
     if (b % k == 0) {
@@ -290,7 +296,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1
         << " (try a smaller --lr)";
-    if (last_in_group) optimizer_step(lr, epoch, b, norms);
+    if (b % k == 0) step_loss = ExactSum{};
+    step_loss.merge(r.loss);
+    if (last_in_group) optimizer_step(lr, epoch, b, norms, step_loss, group_rows);
     t.add(r);
     running_loss += r.loss_sum;
     ++b;
@@ -300,6 +308,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     }
     if (t.r.points > 0)  // heatmaps: the localization error, as the epoch's summary shows it
       progress_.update(b, t.r.count, running_loss / t.r.count, "loc err", t.loc_error());
+    else if (dense)
+      progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
     else
       progress_.update(b, t.r.count, running_loss / t.r.count, "acc", t.accuracy());
     if (last_in_group && b < nb) {
@@ -334,6 +344,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   m.train_loss = t.mean_loss();
   m.train_acc = t.accuracy();
   m.heatmaps = t.r.points > 0;
+  m.dense = dense;
   m.train_loc_error = t.loc_error();
   m.train_within_2 = t.near_share();
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
@@ -409,6 +420,8 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
                   "train loss %.4g loc err %.2f (%.1f%% within 2)  test loss %.4g loc err %.2f (%.1f%% within 2)",
                   m.train_loss, m.train_loc_error, 100 * m.train_within_2, m.test_loss, m.test_loc_error,
                   100 * m.test_within_2);
+  else if (m.dense)
+    std::snprintf(scores, sizeof scores, "train loss %.4g  test loss %.4g", m.train_loss, m.test_loss);
   else
     std::snprintf(scores, sizeof scores, "train loss %.4f acc %.4f  test loss %.4f acc %.4f", m.train_loss,
                   m.train_acc, m.test_loss, m.test_acc);

@@ -63,6 +63,18 @@ struct EpochPosition {
   nlohmann::json totals = nlohmann::json::object();  // empty: nothing trained yet
 };
 
+// What Trainer::on_step reports after each optimizer step.
+struct StepInfo {
+  int epoch = 0;       // 0-based
+  int64_t batch = 0;   // batches of the epoch done (1-based: the step's last batch)
+  int64_t step = 0;    // the optimizer's steps so far
+  double loss = 0;     // this process's mean loss over the step's rows (every micro-batch of it)
+  int64_t rows = 0;    // those rows
+  float lr = 0;        // the learning rate the step used
+  double grad_norm = 0;  // the reduced gradient's norm before clipping (clipping by norm only; else 0)
+  bool stepped = true;   // false: the loss scaler skipped it (inf/NaN gradients)
+};
+
 // Optimizer steps between the ranks' agreements on whether to stop (DDP;
 // one process checks after every step).
 inline constexpr int64_t kStopCheckSteps = 16;
@@ -71,7 +83,8 @@ inline constexpr int64_t kStopCheckSteps = 16;
 // the test set in order. Several (engine.world_size() > 1): the training set
 // through DistributedSampler (a shard per rank, reshuffled per epoch) and the
 // test set split without padding, so per-rank sums add up to the whole set.
-TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, const data::TrainTest& data);
+TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, int64_t train_size,
+                                 int64_t test_size);
 
 struct EpochMetrics {
   int epoch = 0;  // 1-based
@@ -99,6 +112,9 @@ struct EpochMetrics {
   // Heatmap targets (the mse criterion on (N, C, spatial...) outputs): mean
   // localization error in voxels and the share of landmarks found within 2.
   bool heatmaps = false;
+  // Dense targets (mse): no accuracy (train_acc and test_acc stay 0 and are
+  // left out of the summary and the metrics).
+  bool dense = false;
   double train_loc_error = 0, train_within_2 = 0, test_loc_error = 0, test_within_2 = 0;
 };
 
@@ -132,8 +148,13 @@ int drop_metrics_after(const std::string& path, int last_epoch);
 class Trainer {
  public:
   // `opt` steps engine.model() (the trainer sets its learning rate from the schedule).
+  // Any datasets (data::Dataset: images, TensorDataset, a user's own);
+  // they must outlive the trainer.
+  Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::Dataset& train,
+          const data::Dataset& test, TrainerSamplers samplers = {});
   Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
-          TrainerSamplers samplers = {});
+          TrainerSamplers samplers = {})
+      : Trainer(cfg, engine, opt, data.train, data.test, std::move(samplers)) {}
   // Trains epochs [first_epoch, last_epoch) (last_epoch < 0: cfg.epochs);
   // returns the last epoch's metrics.
   // `start`: a position inside first_epoch to continue from (a mid-epoch
@@ -152,6 +173,8 @@ class Trainer {
   // On every rank inside an epoch, every save_every_steps optimizer steps and
   // when stopping: the epoch (0-based), the position, and whether the run stops.
   std::function<void(int, const EpochPosition&, bool)> on_mid_epoch;
+  // After each optimizer step, on every rank (for a user's own logging).
+  std::function<void(const StepInfo&)> on_step;
   // After run(): whether it stopped early, and at which epoch (0-based) and position.
   bool stopped() const { return stopped_; }
   // The loss scaler (cfg.loss_scaling), or null: its state goes into checkpoints.
@@ -167,12 +190,11 @@ class Trainer {
     int64_t steps = 0;
   };
   // Clipping, the optimizer's step at `lr` and zero_grad, after batch `b` of `epoch` (0-based).
-  void optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms);
+  void optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, const ExactSum& loss, int64_t rows);
   TrainerConfig cfg_;
   Engine& engine_;
   optim::Optimizer& opt_;
   std::unique_ptr<optim::GradScaler> scaler_;
-  const data::TrainTest& data_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
   bool stopped_ = false;

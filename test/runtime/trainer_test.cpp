@@ -136,3 +136,54 @@ TEST(Trainer, EpochReportsPeakMemory) {
 
 }  // namespace
 }  // namespace fanout
+
+namespace fanout {
+namespace {
+
+// on_step: once per optimizer step, in order, with the step's rows and
+// their mean loss (the epoch's loss is their row-weighted mean), the
+// schedule's rate and the norm before clipping.
+TEST(Trainer, OnStepReportsEveryOptimizerStep) {
+  const auto data = data::make_synthetic(120, 4);  // 120 rows in batches of 16: 8 batches, the last of 8 rows
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+  train::TrainerConfig tc;
+  tc.epochs = 2;
+  tc.batch_size = 16;
+  tc.accumulate = 3;  // steps of batches 1-3, 4-6, 7-8
+  tc.seed = 3;
+  tc.clip_grad_norm = 1e-3;  // clips every step
+  tc.schedule = optim::parse_lr_schedule("step:1:0.5", 0.05f, 2, 0);
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  train::Trainer t(tc, engine, *opt, data);
+  std::vector<train::StepInfo> seen;
+  t.on_step = [&](const train::StepInfo& s) { seen.push_back(s); };
+  std::vector<train::EpochMetrics> epochs;
+  t.on_epoch_end = [&](const train::EpochMetrics& m) { epochs.push_back(m); };
+  t.run();
+  ASSERT_EQ(seen.size(), 6u);
+  const int64_t batches[] = {3, 6, 8}, rows[] = {48, 48, 24};
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const train::StepInfo& s = seen[i];
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(s.epoch, static_cast<int>(i / 3));
+    EXPECT_EQ(s.batch, batches[i % 3]);
+    EXPECT_EQ(s.rows, rows[i % 3]);
+    EXPECT_EQ(s.step, static_cast<int64_t>(i + 1));
+    EXPECT_FLOAT_EQ(s.lr, i < 3 ? 0.05f : 0.025f);
+    EXPECT_GT(s.grad_norm, 1e-3);
+    EXPECT_TRUE(s.stepped);
+    EXPECT_GT(s.loss, 0);
+  }
+  ASSERT_EQ(epochs.size(), 2u);
+  for (int e = 0; e < 2; ++e) {
+    double sum = 0;
+    for (int i = 0; i < 3; ++i) sum += seen[3 * e + i].loss * seen[3 * e + i].rows;
+    EXPECT_NEAR(sum / 120, epochs[e].train_loss, 1e-12 * epochs[e].train_loss);
+  }
+}
+
+}  // namespace
+}  // namespace fanout
