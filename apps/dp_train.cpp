@@ -422,13 +422,15 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
     g.world_size = p.world;
     g.rendezvous = !p.env.rendezvous.empty() ? p.env.rendezvous : c.rdzv;
     FANOUT_USER_CHECK(!g.rendezvous.empty())
-        << "this worker was started by " << p.env.source << ": give the rendezvous with --rdzv file:DIR or "
-        << "redis:HOST:PORT";
+        << "this worker was started by " << p.env.source << ": give the rendezvous in FANOUT_RDZV (or with "
+        << "--rdzv): file:DIR or redis:HOST:PORT";
     g.run_id = !p.env.run_id.empty() ? p.env.run_id : c.run_id;
     for (const char* v : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"})
       if (g.run_id.empty() && std::getenv(v)) g.run_id = std::getenv(v);
     if (g.run_id.empty()) g.run_id = "fanout";
     g.timeout_s = c.timeout;
+    // An outside launcher did not check it: the directory is created here (by every rank) if need be.
+    if (p.env.source != "fanout") dist::probe_rendezvous(dist::Rendezvous::parse(g.rendezvous), c.timeout);
     spec.group = make_process_group(g, c.ddp_backend, p.devices, gpus_shared_by_processes(all, p.env.local_world_size));
     spec.broadcast_buffers = !c.no_broadcast_buffers;
     spec.local_processes = p.env.local_world_size;
