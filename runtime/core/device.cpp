@@ -5,8 +5,11 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <algorithm>
 #include <set>
 #include <sstream>
+#include <string>
+#include <thread>
 
 #include "runtime/core/error.h"
 
@@ -49,6 +52,14 @@ std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat)
     return out;
   }
   const int count = cuda_device_count();
+  if (spec == "auto") {
+    // Every visible GPU; without one, one CPU replica per core (dp-train's
+    // --devices auto also caps that by the batch: auto_devices in
+    // runtime/parallel/engine_factory.h).
+    if (count > 0 && cuda_available_in_build()) return parse_devices("all", allow_repeat);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return parse_devices(cores == 1 ? "cpu" : "cpu:" + std::to_string(std::min(cores, 256)), allow_repeat);
+  }
   if (spec == "all") {
     FANOUT_USER_CHECK(cuda_available_in_build())
         << "--devices all: this build has no CUDA backend (use cpu or cpu:N)";

@@ -51,7 +51,9 @@ void reset_device_peak_bytes(Device device);
 // This process's peak resident memory (the kernel's high-water mark).
 size_t peak_host_bytes();
 
-// Parses a device list. Throws fanout::Error with a one-line message on bad
+// Parses a device list: cpu, cpu:N, all (every visible GPU), auto (every
+// visible GPU, else cpu:N with N the host's cores), or CUDA indices (0,1 or
+// cuda:0,cuda:1). Throws fanout::Error with a one-line message on bad
 // input (unknown form, out-of-range index, mixed CPU and CUDA, no GPU).
 // `allow_repeat`: whether a CUDA index may appear more than once (DP allows it).
 std::vector<Device> parse_devices(const std::string& spec, bool allow_repeat = true);

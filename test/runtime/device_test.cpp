@@ -1,6 +1,9 @@
 // Device-list parsing and the core tensor operations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/core/memory.h"
@@ -17,6 +20,18 @@ TEST(Devices, CpuForms) {
   ASSERT_EQ(four.size(), 4u);
   EXPECT_EQ(four[3], Device::cpu(3));
   EXPECT_EQ(four[2].str(), "cpu:2");
+}
+
+// "auto" as in dp-train: every visible GPU, else one CPU replica per core.
+TEST(Devices, AutoIsTheGpusOrOneCpuReplicaPerCore) {
+  const auto d = parse_devices("auto");
+  if (cuda_device_count() > 0 && cuda_available_in_build()) {
+    EXPECT_EQ(d, parse_devices("all"));
+    return;
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ASSERT_EQ(d.size(), static_cast<size_t>(cores));
+  for (int i = 0; i < cores; ++i) EXPECT_EQ(d[i], Device::cpu(i));
 }
 
 TEST(Devices, BadForms) {
