@@ -25,4 +25,31 @@ class GroupNorm : public Module {
   Tensor x_, y_, mean_, rstd_, dx_;
 };
 
+// InstanceNorm2d / InstanceNorm3d, torch.nn.InstanceNormNd(num_features,
+// eps, affine=False, track_running_stats=False): each (sample, channel)
+// normalized over its positions, in training and evaluation alike (GroupNorm
+// with one channel per group). Input (N, C, H, W) or (N, C, D, H, W); with
+// affine, weight 1 and bias 0 initially, else no parameters.
+class InstanceNorm : public Module {
+ public:
+  // spatial_dims 2 or 3.
+  InstanceNorm(int spatial_dims, int64_t num_features, float eps = 1e-5f, bool affine = false);
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  void reset_parameters(std::mt19937_64& rng) override;
+  std::unique_ptr<Module> make_like() const override {
+    return std::make_unique<InstanceNorm>(dims_, c_, eps_, affine_);
+  }
+  std::string type_name() const override { return dims_ == 2 ? "InstanceNorm2d" : "InstanceNorm3d"; }
+
+ private:
+  int dims_;
+  int64_t c_;
+  float eps_;
+  bool affine_;
+  Parameter *w_ = nullptr, *b_ = nullptr;
+  Tensor ones_, zeros_, dgamma_, dbeta_;  // without affine: the identity's gamma and beta, and a sink for their gradients
+  Tensor x_, y_, mean_, rstd_, dx_;
+};
+
 }  // namespace fanout::models

@@ -131,6 +131,57 @@ TEST(LayerGrad, GroupNorm) {
                              {"GroupNorm(2, 6) cannot take input of shape (2, 5, 3)"});
 }
 
+TEST(LayerGrad, InstanceNorm) {
+  InstanceNorm plain(2, 3);
+  plain.init(3);
+  EXPECT_TRUE(plain.named_parameters().empty()) << "torch's default: affine=False";
+  check_module(plain, Shape{2, 3, 4, 5}, 9);
+  InstanceNorm affine(3, 4, 1e-5f, /*affine=*/true);
+  affine.init(3);
+  const auto ps = affine.named_parameters();
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].first, "weight");
+  EXPECT_EQ(ps[1].first, "bias");
+  ps[0].second->value.fill(0.7f);
+  ps[1].second->value.fill(0.3f);
+  check_module(affine, Shape{2, 4, 2, 3, 3}, 10);
+  Context ctx(Device::cpu());
+  testing::expect_user_error([&] { plain.forward(Tensor::zeros(Shape{2, 3, 5}), ctx); },
+                             {"InstanceNorm2d(3) cannot take input of shape (2, 3, 5)"});
+  testing::expect_user_error([] { InstanceNorm(1, 3); }, {"2 or 3 spatial dimensions"});
+}
+
+// Against torch's definition in float64: (x - mean) / sqrt(var + eps) per
+// (sample, channel), biased variance, then weight and bias per channel.
+TEST(LayerGrad, InstanceNormMatchesItsDefinition) {
+  InstanceNorm m(2, 3, 1e-3f, /*affine=*/true);
+  m.init(1);
+  const auto ps = m.named_parameters();
+  const float w[3] = {0.5f, -1.5f, 2.0f}, b[3] = {0.1f, 0.0f, -0.4f};
+  for (int c = 0; c < 3; ++c) {
+    ps[0].second->value.f32()[c] = w[c];
+    ps[1].second->value.f32()[c] = b[c];
+  }
+  std::mt19937_64 rng(12);
+  Tensor x = random_tensor(Shape{2, 3, 4, 5}, rng);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = 3.0f * x.f32()[i] + 5.0f;  // away from zero mean, unit scale
+  Context ctx(Device::cpu());
+  const Tensor y = m.forward(x, ctx);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 3; ++c) {
+      const float* xs = x.f32() + (n * 3 + c) * 20;
+      double mean = 0, var = 0;
+      for (int k = 0; k < 20; ++k) mean += xs[k];
+      mean /= 20;
+      for (int k = 0; k < 20; ++k) var += (xs[k] - mean) * (xs[k] - mean);
+      var /= 20;
+      for (int k = 0; k < 20; ++k) {
+        const double want = (xs[k] - mean) / std::sqrt(var + 1e-3) * w[c] + b[c];
+        EXPECT_NEAR(y.f32()[(n * 3 + c) * 20 + k], want, 2e-6 * std::max(1.0, std::abs(want)));
+      }
+    }
+}
+
 TEST(LayerGrad, MaxPool) {
   MaxPool2d m(3, 2, 1);
   check_module(m, Shape{2, 3, 7, 6}, 6);
