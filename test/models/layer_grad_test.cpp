@@ -12,6 +12,7 @@
 #include "models/layers/conv2d.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
+#include "models/layers/layernorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/sequential.h"
@@ -180,6 +181,32 @@ TEST(LayerGrad, InstanceNormMatchesItsDefinition) {
         EXPECT_NEAR(y.f32()[(n * 3 + c) * 20 + k], want, 2e-6 * std::max(1.0, std::abs(want)));
       }
     }
+}
+
+TEST(LayerGrad, LayerNorm) {
+  LayerNorm m(Shape{6});
+  m.init(3);
+  const auto ps = m.named_parameters();
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].first, "weight");
+  EXPECT_EQ(ps[1].first, "bias");
+  EXPECT_EQ(ps[0].second->shape, Shape{6});
+  std::mt19937_64 rng(4);
+  ps[0].second->value.copy_from(random_tensor(Shape{6}, rng, 0.5f, 1.5f));
+  ps[1].second->value.copy_from(random_tensor(Shape{6}, rng));
+  check_module(m, Shape{3, 4, 6}, 11);
+  LayerNorm two(Shape{3, 4});
+  two.init(3);
+  check_module(two, Shape{2, 3, 4}, 12);
+  LayerNorm plain(Shape{5}, 1e-5f, /*elementwise_affine=*/false);
+  plain.init(3);
+  EXPECT_TRUE(plain.named_parameters().empty());
+  check_module(plain, Shape{4, 5}, 13);
+  Context ctx(Device::cpu());
+  testing::expect_user_error([&] { m.forward(Tensor::zeros(Shape{2, 5}), ctx); },
+                             {"LayerNorm(6) cannot take input of shape (2, 5)"});
+  testing::expect_user_error([&] { m.forward(Tensor::zeros(Shape{6}), ctx); }, {"cannot take input of shape (6)"});
+  testing::expect_user_error([] { LayerNorm(Shape{}); }, {"normalized_shape"});
 }
 
 TEST(LayerGrad, MaxPool) {

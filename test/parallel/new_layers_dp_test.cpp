@@ -1,13 +1,16 @@
-// The layers added for users' own models, under DataParallel: a model with
-// InstanceNorm2d (with and without affine parameters) trained 10 SGD steps
-// on cpu:2 and cpu:3 equals one device bit for bit (split-invariant math:
-// per-sample statistics and exact gradient sums).
+// The layers added for users' own models, under DataParallel: models with
+// InstanceNorm2d (with and without affine parameters) and with LayerNorm
+// trained 10 SGD steps on cpu:2 and cpu:3 equal one device bit for bit
+// (split-invariant math: per-sample statistics and exact gradient sums).
 #include <gtest/gtest.h>
+
+#include <functional>
 
 #include "models/layers/activation.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
+#include "models/layers/layernorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
 #include "runtime/optim/optimizer.h"
@@ -29,8 +32,20 @@ std::unique_ptr<Module> instance_norm_net(bool affine) {
   return m;
 }
 
-Tensor train(bool affine, const std::string& devices, const std::vector<testing::Batch>& data) {
-  auto m = instance_norm_net(affine);
+std::unique_ptr<Module> layer_norm_net(bool affine) {
+  auto m = std::make_unique<models::Sequential>();
+  m->add("flatten", std::make_unique<models::Flatten>());
+  m->add("fc1", std::make_unique<models::Linear>(64, 32));
+  m->add("norm", std::make_unique<models::LayerNorm>(Shape{32}, 1e-5f, affine));
+  m->add("relu", std::make_unique<models::ReLU>());
+  m->add("fc2", std::make_unique<models::Linear>(32, 10));
+  m->init(6);
+  return m;
+}
+
+Tensor train(const std::function<std::unique_ptr<Module>()>& make, const std::string& devices,
+             const std::vector<testing::Batch>& data) {
+  auto m = make();
   EngineSpec spec;
   spec.devices = parse_devices(devices);
   spec.force_data_parallel = devices != "cpu";
@@ -40,15 +55,19 @@ Tensor train(bool affine, const std::string& devices, const std::vector<testing:
   return m->arenas().params.to(Device::cpu());
 }
 
-TEST(NewLayersUnderDataParallel, InstanceNormEqualsOneDevice) {
+TEST(NewLayersUnderDataParallel, NormalizationLayersEqualOneDevice) {
   const auto data = testing::random_batches(Shape{1, 8, 8}, 12, 10, 17);
-  for (bool affine : {false, true}) {
-    SCOPED_TRACE(affine ? "affine" : "no affine");
-    const Tensor one = train(affine, "cpu", data);
-    for (const char* devices : {"cpu:2", "cpu:3"}) EXPECT_TRUE(testing::same_bits(train(affine, devices, data), one)) << devices;
-    const Tensor init = instance_norm_net(affine)->arenas().params;
-    EXPECT_GT(testing::max_rel_diff(one, init), 1e-3) << "training moved the parameters";
-  }
+  for (bool affine : {false, true})
+    for (auto make : {instance_norm_net, layer_norm_net}) {
+      SCOPED_TRACE(std::string(make == instance_norm_net ? "InstanceNorm2d" : "LayerNorm") +
+                   (affine ? ", affine" : ", no affine"));
+      auto build = [&] { return make(affine); };
+      const Tensor one = train(build, "cpu", data);
+      for (const char* devices : {"cpu:2", "cpu:3"})
+        EXPECT_TRUE(testing::same_bits(train(build, devices, data), one)) << devices;
+      const Tensor init = make(affine)->arenas().params;
+      EXPECT_GT(testing::max_rel_diff(one, init), 1e-3) << "training moved the parameters";
+    }
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+// CPU layer normalization: per row two passes in double for the
+// statistics; backward's row sums in double, per-element sums for gamma and
+// beta over rows in a fixed order (per sample first under split-invariant math).
+#include <cmath>
+
+#include "kernels/layernorm.h"
+
+namespace fanout::kernels::cpu {
+
+void layer_norm_forward(Context&, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd) {
+  const int64_t d = gamma.numel(), rows = x.numel() / d;
+  const float *xp = x.f32(), *g = gamma.f32(), *b = beta.f32();
+  float* yp = y.f32();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * d;
+    double sum = 0;
+    for (int64_t k = 0; k < d; ++k) sum += xr[k];
+    const double mu = sum / static_cast<double>(d);
+    double sq = 0;
+    for (int64_t k = 0; k < d; ++k) sq += (xr[k] - mu) * (xr[k] - mu);
+    const double rs = 1.0 / std::sqrt(sq / static_cast<double>(d) + eps);
+    mean.f32()[r] = static_cast<float>(mu);
+    rstd.f32()[r] = static_cast<float>(rs);
+    const float muf = static_cast<float>(mu), rf = static_cast<float>(rs);
+    float* yr = yp + r * d;
+    for (int64_t k = 0; k < d; ++k) yr[k] = ((xr[k] - muf) * rf) * g[k] + b[k];
+  }
+}
+
+void layer_norm_backward(Context&, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const int64_t d = gamma.numel(), rows = x.numel() / d, per_sample = rows / x.size(0);
+  const float *xp = x.f32(), *dyp = dy.f32(), *g = gamma.f32();
+  float* dxp = dx.f32();
+  const bool exact = dgamma.dtype() == DType::F64;
+  for (int64_t k = 0; k < d; ++k) {
+    double sg = 0, sb = 0;
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      double pg = 0, pb = 0;  // this sample's rows
+      for (int64_t r = i * per_sample; r < (i + 1) * per_sample; ++r) {
+        const double xh = (xp[r * d + k] - static_cast<double>(mean.f32()[r])) * rstd.f32()[r];
+        pg += dyp[r * d + k] * xh;
+        pb += dyp[r * d + k];
+      }
+      if (exact) {  // a float per sample, summed exactly whatever the split
+        dgamma.f64()[k] += static_cast<float>(pg);
+        dbeta.f64()[k] += static_cast<float>(pb);
+      }
+      sg += pg;
+      sb += pb;
+    }
+    if (!exact) {
+      dgamma.f32()[k] += static_cast<float>(sg);
+      dbeta.f32()[k] += static_cast<float>(sb);
+    }
+  }
+  const double inv_d = 1.0 / static_cast<double>(d);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double mu = mean.f32()[r], rs = rstd.f32()[r];
+    const float *xr = xp + r * d, *dr = dyp + r * d;
+    double sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat over the row
+    for (int64_t k = 0; k < d; ++k) {
+      const double dxh = static_cast<double>(dr[k]) * g[k];
+      sd += dxh;
+      sdx += dxh * ((xr[k] - mu) * rs);
+    }
+    float* dxr = dxp + r * d;
+    for (int64_t k = 0; k < d; ++k) {
+      const double xh = (xr[k] - mu) * rs;
+      dxr[k] = static_cast<float>(rs * (static_cast<double>(dr[k]) * g[k] - inv_d * sd - xh * inv_d * sdx));
+    }
+  }
+}
+
+}  // namespace fanout::kernels::cpu

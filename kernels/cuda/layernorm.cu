@@ -1,0 +1,111 @@
+// CUDA layer normalization, the CPU kernel's arithmetic (kernels/cpu/layernorm.cpp):
+// a block per row for the statistics, the output and dx (sums in double,
+// reduced in a fixed tree, so results do not depend on timing); a thread
+// per element of d for dgamma and dbeta (rows summed in order), before dx
+// (dx may alias dy).
+#include "kernels/cuda/common.cuh"
+#include "kernels/layernorm.h"
+
+namespace fanout::kernels::cuda {
+
+namespace {
+
+constexpr int kLnThreads = 256;
+
+// The block's sums of a and b, in every thread.
+__device__ __forceinline__ void block_sum2_all(double& a, double& b) {
+  __shared__ double out[2];
+  detail::block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    out[0] = a;
+    out[1] = b;
+  }
+  __syncthreads();
+  a = out[0];
+  b = out[1];
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kLnThreads)
+    ln_forward_kernel(const float* x, const float* gamma, const float* beta, int64_t d, float eps, float* y,
+                      float* mean, float* rstd) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * d;
+  double sum = 0, unused = 0;
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) sum += xr[k];
+  block_sum2_all(sum, unused);
+  const double mu = sum / static_cast<double>(d);
+  double sq = 0;
+  unused = 0;
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) sq += (xr[k] - mu) * (xr[k] - mu);
+  block_sum2_all(sq, unused);
+  const double rs = 1.0 / sqrt(sq / static_cast<double>(d) + eps);
+  if (threadIdx.x == 0) {
+    mean[r] = static_cast<float>(mu);
+    rstd[r] = static_cast<float>(rs);
+  }
+  const float muf = static_cast<float>(mu), rf = static_cast<float>(rs);
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x)
+    y[r * d + k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xr[k], muf), rf), gamma[k]), beta[k]);
+}
+
+__global__ void ln_param_grad_kernel(const float* x, const float* dy, const float* mean, const float* rstd,
+                                     int64_t rows, int64_t d, float* dgamma, float* dbeta) {
+  const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (k >= d) return;
+  double sg = 0, sb = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double xh = (x[r * d + k] - static_cast<double>(mean[r])) * rstd[r];
+    sg += dy[r * d + k] * xh;
+    sb += dy[r * d + k];
+  }
+  dgamma[k] += static_cast<float>(sg);
+  dbeta[k] += static_cast<float>(sb);
+}
+
+__global__ void __launch_bounds__(kLnThreads)
+    ln_dx_kernel(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd, int64_t d,
+                 float* dx) {
+  const int64_t r = blockIdx.x;
+  const double mu = mean[r], rs = rstd[r];
+  double sd = 0, sdx = 0;
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
+    const double dxh = static_cast<double>(dy[r * d + k]) * gamma[k];
+    sd += dxh;
+    sdx += dxh * ((x[r * d + k] - mu) * rs);
+  }
+  block_sum2_all(sd, sdx);
+  const double inv_d = 1.0 / static_cast<double>(d);
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
+    const double xh = (x[r * d + k] - mu) * rs;
+    dx[r * d + k] = static_cast<float>(rs * (static_cast<double>(dy[r * d + k]) * gamma[k] - inv_d * sd - xh * inv_d * sdx));
+  }
+}
+
+}  // namespace
+
+void layer_norm_forward(Context& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd) {
+  detail::DeviceScope scope(ctx);
+  const int64_t d = gamma.numel(), rows = x.numel() / d;
+  FANOUT_CHECK(rows <= INT32_MAX) << "layer_norm_forward: " << rows << " rows";
+  ln_forward_kernel<<<static_cast<unsigned>(rows), kLnThreads, 0, detail::stream_of(ctx)>>>(
+      x.f32(), gamma.f32(), beta.f32(), d, eps, y.f32(), mean.f32(), rstd.f32());
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+void layer_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  detail::DeviceScope scope(ctx);
+  const int64_t d = gamma.numel(), rows = x.numel() / d;
+  FANOUT_CHECK(rows <= INT32_MAX) << "layer_norm_backward: " << rows << " rows";
+  cudaStream_t st = detail::stream_of(ctx);
+  ln_param_grad_kernel<<<static_cast<unsigned>((d + kLnThreads - 1) / kLnThreads), kLnThreads, 0, st>>>(
+      x.f32(), dy.f32(), mean.f32(), rstd.f32(), rows, d, dgamma.f32(), dbeta.f32());
+  FANOUT_CUDA_CHECK_LAUNCH();
+  ln_dx_kernel<<<static_cast<unsigned>(rows), kLnThreads, 0, st>>>(x.f32(), dy.f32(), gamma.f32(), mean.f32(),
+                                                                    rstd.f32(), d, dx.f32());
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fanout::kernels::cuda

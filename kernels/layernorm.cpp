@@ -1,0 +1,53 @@
+// Layer normalization entry points: checks, then dispatch.
+#include "kernels/layernorm.h"
+
+#include "kernels/dispatch.h"
+
+namespace fanout::kernels {
+
+namespace {
+void check_shapes(Context& ctx, const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                  const Tensor& rstd) {
+  detail::check_tensor(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "gamma", gamma);
+  detail::check_tensor(ctx, op, "mean", mean);
+  detail::check_tensor(ctx, op, "rstd", rstd);
+  const int64_t d = gamma.numel();
+  FANOUT_CHECK(x.dim() >= 1 && d >= 1 && x.numel() % d == 0 && (x.numel() == 0 || (x.numel() / d) % x.size(0) == 0))
+      << op << ": x " << x.shape().str() << " does not end in gamma's " << gamma.shape().str() << " elements";
+  const Shape stats{d > 0 ? x.numel() / d : 0};
+  FANOUT_CHECK(mean.shape() == stats && rstd.shape() == stats)
+      << op << ": mean " << mean.shape().str() << " and rstd " << rstd.shape().str() << " must be " << stats.str();
+}
+}  // namespace
+
+void layer_norm_forward(Context& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd) {
+  const char* op = "layer_norm_forward";
+  check_shapes(ctx, op, x, gamma, mean, rstd);
+  detail::check_tensor(ctx, op, "beta", beta);
+  detail::check_tensor(ctx, op, "y", y);
+  FANOUT_CHECK(beta.numel() == gamma.numel() && y.shape() == x.shape() && eps >= 0.0f)
+      << op << ": beta " << beta.shape().str() << ", y " << y.shape().str() << " or eps " << eps;
+  if (x.numel() == 0) return;
+  FANOUT_DISPATCH(ctx, layer_norm_forward, ctx, x, gamma, beta, eps, y, mean, rstd);
+}
+
+void layer_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const char* op = "layer_norm_backward";
+  check_shapes(ctx, op, x, gamma, mean, rstd);
+  detail::check_tensor(ctx, op, "dy", dy);
+  detail::check_tensor(ctx, op, "dx", dx);
+  detail::check_grad(ctx, op, "dgamma", dgamma);
+  detail::check_grad(ctx, op, "dbeta", dbeta);
+  FANOUT_CHECK(dgamma.dtype() == dbeta.dtype()) << op << ": dgamma and dbeta of different dtypes";
+  FANOUT_CHECK(dy.shape() == x.shape() && dx.shape() == x.shape() && dgamma.numel() == gamma.numel() &&
+               dbeta.numel() == gamma.numel())
+      << op << ": dy " << dy.shape().str() << ", dx " << dx.shape().str() << ", dgamma " << dgamma.shape().str()
+      << ", dbeta " << dbeta.shape().str() << " for x " << x.shape().str();
+  if (x.numel() == 0) return;
+  FANOUT_DISPATCH(ctx, layer_norm_backward, ctx, x, dy, gamma, mean, rstd, dx, dgamma, dbeta);
+}
+
+}  // namespace fanout::kernels

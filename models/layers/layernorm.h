@@ -1,0 +1,28 @@
+// LayerNorm, torch.nn.LayerNorm(normalized_shape, eps, elementwise_affine):
+// each sample normalized over its last dims (normalized_shape), e.g. the
+// features of every token of (N, L, D) with normalized_shape (D); weight 1
+// and bias 0 of normalized_shape initially, none without elementwise_affine.
+#pragma once
+#include "runtime/nn/module.h"
+
+namespace fanout::models {
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(const Shape& normalized_shape, float eps = 1e-5f, bool elementwise_affine = true);
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  void reset_parameters(std::mt19937_64& rng) override;
+  std::unique_ptr<Module> make_like() const override { return std::make_unique<LayerNorm>(shape_, eps_, affine_); }
+  std::string type_name() const override { return "LayerNorm"; }
+
+ private:
+  Shape shape_;
+  float eps_;
+  bool affine_;
+  Parameter *w_ = nullptr, *b_ = nullptr;
+  Tensor ones_, zeros_, dgamma_, dbeta_;  // without affine: the identity's gamma and beta, and a sink for their gradients
+  Tensor x_, y_, mean_, rstd_, dx_;
+};
+
+}  // namespace fanout::models
