@@ -45,6 +45,12 @@ class Context {
   // The batch row this context's first row is (a DataParallel replica's
   // offset in the user's batch), so errors name the user's rows.
   int64_t first_row = 0;
+  // Counter-based randomness (Dropout): the training pass's key, the same on
+  // every replica and process, and the row its draws start from (first_row
+  // plus the rows of lower DDP ranks), so that how a batch is split does not
+  // change what is drawn. Engines set both before each training forward.
+  uint64_t pass_key = 0;
+  int64_t random_row = 0;
 
   std::mt19937_64& rng() { return rng_; }
   void seed(uint64_t s) { rng_.seed(s); }

@@ -273,6 +273,16 @@ void DataParallel::begin_pass(const Tensor& x) {
   for (int i = 1; i < active_; ++i) starts_[i] = starts_[i - 1] + sizes_[i - 1];
   batch_shape_ = x.shape();
   for (int i = 0; i < active_; ++i) contexts_[i]->first_row = starts_[i];
+  if (module_.is_training()) {
+    // Every replica draws from the pass's key at its rows of the whole
+    // batch; a DDP rank's rows follow the lower ranks' (equal batches).
+    const int64_t rank_rows = opts_.group ? opts_.group->rank() * x.size(0) : 0;
+    const uint64_t key = pass_key(opts_.seed, pass_++);
+    for (int i = 0; i < active_; ++i) {
+      contexts_[i]->pass_key = key;
+      contexts_[i]->random_row = rank_rows + starts_[i];
+    }
+  }
   training_forward_ = module_.is_training();
   gathered_pass_ = false;
   comm_->begin(active_);

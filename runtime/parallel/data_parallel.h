@@ -107,6 +107,8 @@ class DataParallel {
   const Comm& comm() const { return *comm_; }
   int num_buckets() const { return layout_.size(); }
   const BucketLayout& buckets() const { return layout_; }
+  // The index of the next training pass (Engine::set_pass); counted from 0.
+  void set_pass(uint64_t index) { pass_ = index; }
   // Whether the next training passes' gradients are reduced across
   // processes too (with a group; DDP's no_sync() is false). Default true.
   void set_sync(bool on) { sync_ = on; }
@@ -156,6 +158,7 @@ class DataParallel {
   std::unique_ptr<Reducer> reducer_;
   std::vector<int64_t> shard_bounds_;
   int first_shard_ = 0;  // this process's first shard
+  uint64_t pass_ = 0;    // the next training pass
   Tensor scalar_;        // sum_over_processes' buffer
   bool sync_ = true;
   std::vector<int64_t> sizes_, starts_;
@@ -184,6 +187,7 @@ class DataParallelEngine : public Engine {
                      const DataParallelOptions& opts = {});
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override;
+  void set_pass(uint64_t index) override { dp_.set_pass(index); }
   Module& model() override { return dp_.module(); }
   Context& primary_context() override { return dp_.primary_context(); }
   std::vector<Device> devices() const override { return dp_.devices(); }

@@ -34,6 +34,7 @@ class DistributedDataParallelEngine : public Engine {
 
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override { return inner_.eval_step(x, y); }
+  void set_pass(uint64_t index) override { inner_.set_pass(index); }
   Module& model() override { return inner_.model(); }
   Context& primary_context() override { return inner_.primary_context(); }
   std::vector<Device> devices() const override { return inner_.devices(); }

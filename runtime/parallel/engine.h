@@ -36,6 +36,9 @@ struct ArenaShard {
   int64_t begin, end;
 };
 
+// Context::pass_key of training pass `pass` of an engine seeded with `seed`.
+uint64_t pass_key(uint64_t seed, uint64_t pass);
+
 // Bytes of a model's parameter, gradient and buffer arenas.
 int64_t arena_bytes(Module& m);
 
@@ -58,6 +61,11 @@ class Engine {
   }
   // Forward in eval mode; no gradients.
   virtual StepResult eval_step(const Tensor& x, const Tensor& y) = 0;
+  // The index of the next training pass, from which its random draws
+  // (Dropout) are keyed (Context::pass_key). Engines count passes from 0 by
+  // themselves; the Trainer sets it from its position in the run, so a
+  // resumed run draws what the uninterrupted one did.
+  virtual void set_pass(uint64_t index) {}
   virtual const Criterion& criterion() const = 0;
   // The model whose parameters are the ones trained (on the primary device):
   // its gradient arena holds the reduced gradients after forward_backward

@@ -5,7 +5,7 @@ namespace fanout {
 
 SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const Criterion& criterion, uint64_t seed,
                                        const MathOptions& math)
-    : model_(model), ctx_(device, seed), criterion_(criterion.clone()) {
+    : model_(model), ctx_(device, seed), criterion_(criterion.clone()), seed_(seed) {
   ctx_.math = math;
   model_.to(device, &ctx_.compute());
   ctx_.compute().synchronize();  // the copy is complete before anyone loads into the model
@@ -26,6 +26,7 @@ void SingleDeviceEngine::forward_loss(const Tensor& x, const Tensor& y, bool tra
     yin = &yd_;
   }
   ctx_.training = train;
+  if (train) ctx_.pass_key = pass_key(seed_, pass_++);
   model_.train(train);
   Tensor out = model_.forward(*xin, ctx_);
   criterion_->forward(ctx_, out, *yin, train, grad_scale);

@@ -15,6 +15,7 @@ class SingleDeviceEngine : public Engine {
                      const MathOptions& math = {});
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override;
+  void set_pass(uint64_t index) override { pass_ = index; }
   Module& model() override { return model_; }
   Context& primary_context() override { return ctx_; }
   std::vector<Device> devices() const override { return {ctx_.device()}; }
@@ -25,6 +26,7 @@ class SingleDeviceEngine : public Engine {
   Module& model_;
   Context ctx_;
   std::unique_ptr<Criterion> criterion_;
+  uint64_t seed_, pass_ = 0;
   Tensor xd_, yd_;
 };
 

@@ -292,6 +292,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     const float lr = cfg_.schedule.at(epoch, static_cast<int>(group), static_cast<int>(opt_steps));
     m.lr = lr;
     const float grad_scale = loss_gradient_scale(scaler_.get()) / static_cast<float>(group_rows * world);
+    // Random draws (Dropout) keyed by the position in the run, so a resumed run draws the same.
+    engine_.set_pass(static_cast<uint64_t>(epoch) << 32 | static_cast<uint64_t>(b));
     StepResult r = engine_.forward_backward(x, y, grad_scale, last_in_group);
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1

@@ -10,6 +10,7 @@
 #include "models/layers/basic_block.h"
 #include "models/layers/batchnorm2d.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
 #include "models/layers/layernorm.h"
@@ -207,6 +208,27 @@ TEST(LayerGrad, LayerNorm) {
                              {"LayerNorm(6) cannot take input of shape (2, 5)"});
   testing::expect_user_error([&] { m.forward(Tensor::zeros(Shape{6}), ctx); }, {"cannot take input of shape (6)"});
   testing::expect_user_error([] { LayerNorm(Shape{}); }, {"normalized_shape"});
+}
+
+// The mask is a function of the context's key and rows, so repeated
+// forwards in the gradient check draw the same one; backward multiplies by
+// it. In evaluation (and at p = 0) the identity.
+TEST(LayerGrad, Dropout) {
+  Dropout m(0.3f);
+  EXPECT_TRUE(m.named_parameters().empty());
+  check_module(m, Shape{4, 3, 5}, 14);
+  Context ctx(Device::cpu());
+  ctx.pass_key = 77;
+  std::mt19937_64 rng(15);
+  Tensor x = random_tensor(Shape{64, 32}, rng, 0.5f, 1.5f);
+  const Tensor y = m.forward(x, ctx).to(Device::cpu());
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) zeros += y.f32()[i] == 0.0f;
+  EXPECT_GT(zeros, 0.2 * y.numel());
+  EXPECT_LT(zeros, 0.4 * y.numel());
+  ctx.training = false;
+  EXPECT_TRUE(testing::same_bits(m.forward(x, ctx).to(Device::cpu()), x)) << "evaluation: the identity";
+  testing::expect_user_error([] { Dropout(1.5f); }, {"between 0 and 1"});
 }
 
 TEST(LayerGrad, MaxPool) {

@@ -1,13 +1,17 @@
 // The layers added for users' own models, under DataParallel: models with
-// InstanceNorm2d (with and without affine parameters) and with LayerNorm
-// trained 10 SGD steps on cpu:2 and cpu:3 equal one device bit for bit
-// (split-invariant math: per-sample statistics and exact gradient sums).
+// InstanceNorm2d (with and without affine parameters), with LayerNorm and
+// with Dropout trained 10 SGD steps on cpu:2 and cpu:3 equal one device bit
+// for bit (split-invariant math: per-sample statistics, exact gradient sums,
+// and Dropout's mask drawn by the sample's row in the whole batch). An
+// engine told which pass comes next (set_pass, as the Trainer does from its
+// position) draws that pass's mask, as a resumed run must.
 #include <gtest/gtest.h>
 
 #include <functional>
 
 #include "models/layers/activation.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
 #include "models/layers/layernorm.h"
@@ -43,6 +47,17 @@ std::unique_ptr<Module> layer_norm_net(bool affine) {
   return m;
 }
 
+std::unique_ptr<Module> dropout_net(bool inplace) {
+  auto m = std::make_unique<models::Sequential>();
+  m->add("flatten", std::make_unique<models::Flatten>());
+  m->add("fc1", std::make_unique<models::Linear>(64, 32));
+  m->add("relu", std::make_unique<models::ReLU>());
+  m->add("drop", std::make_unique<models::Dropout>(0.4f, inplace));
+  m->add("fc2", std::make_unique<models::Linear>(32, 10));
+  m->init(6);
+  return m;
+}
+
 Tensor train(const std::function<std::unique_ptr<Module>()>& make, const std::string& devices,
              const std::vector<testing::Batch>& data) {
   auto m = make();
@@ -58,9 +73,11 @@ Tensor train(const std::function<std::unique_ptr<Module>()>& make, const std::st
 TEST(NewLayersUnderDataParallel, NormalizationLayersEqualOneDevice) {
   const auto data = testing::random_batches(Shape{1, 8, 8}, 12, 10, 17);
   for (bool affine : {false, true})
-    for (auto make : {instance_norm_net, layer_norm_net}) {
-      SCOPED_TRACE(std::string(make == instance_norm_net ? "InstanceNorm2d" : "LayerNorm") +
-                   (affine ? ", affine" : ", no affine"));
+    for (auto make : {instance_norm_net, layer_norm_net, dropout_net}) {
+      SCOPED_TRACE(std::string(make == instance_norm_net ? "InstanceNorm2d"
+                               : make == layer_norm_net  ? "LayerNorm"
+                                                         : "Dropout") +
+                   (affine ? ", affine (in place)" : ""));
       auto build = [&] { return make(affine); };
       const Tensor one = train(build, "cpu", data);
       for (const char* devices : {"cpu:2", "cpu:3"})
@@ -68,6 +85,29 @@ TEST(NewLayersUnderDataParallel, NormalizationLayersEqualOneDevice) {
       const Tensor init = make(affine)->arenas().params;
       EXPECT_GT(testing::max_rel_diff(one, init), 1e-3) << "training moved the parameters";
     }
+}
+
+TEST(NewLayersUnderDataParallel, SetPassDrawsThatPassesDropoutMask) {
+  const auto data = testing::random_batches(Shape{1, 8, 8}, 12, 4, 18);
+  auto grads_of_pass = [&](const std::string& devices, uint64_t skip_by_running, uint64_t set) {
+    auto m = dropout_net(false);
+    EngineSpec spec;
+    spec.devices = parse_devices(devices);
+    spec.force_data_parallel = devices != "cpu";
+    spec.dp.math.split_invariant = true;
+    auto e = make_engine(*m, std::move(spec));
+    for (uint64_t i = 0; i < skip_by_running; ++i) e->forward_backward_batch(data[i].x, data[i].y);
+    m->zero_grad();
+    if (set > 0) e->set_pass(set);
+    e->forward_backward_batch(data[3].x, data[3].y);
+    return m->arenas().grads.to(Device::cpu());
+  };
+  for (const char* devices : {"cpu", "cpu:2"}) {
+    SCOPED_TRACE(devices);
+    const Tensor third = grads_of_pass(devices, 3, 0);  // the 4th pass, counted by the engine
+    EXPECT_TRUE(testing::same_bits(grads_of_pass(devices, 0, 3), third)) << "set_pass(3) on a fresh engine";
+    EXPECT_FALSE(testing::same_bits(grads_of_pass(devices, 0, 0), third)) << "pass 0 draws another mask";
+  }
 }
 
 }  // namespace

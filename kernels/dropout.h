@@ -1,0 +1,47 @@
+// Dropout with counter-based randomness: whether element e of the sample at
+// batch row r is kept is a hash of (key, r, e) alone, so a batch split over
+// replicas (each with its first row's offset) draws the same mask as the
+// whole batch on one device, and backward redraws the forward's mask
+// instead of storing it. torch's semantics: zeroed with probability p, the
+// rest scaled by 1 / (1 - p).
+#pragma once
+#include <cstdint>
+
+#include "kernels/declare.h"
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+#ifdef __CUDACC__
+#define FANOUT_DROPOUT_HD __host__ __device__ __forceinline__
+#else
+#define FANOUT_DROPOUT_HD inline
+#endif
+
+namespace fanout::kernels {
+
+namespace dropout_math {
+FANOUT_DROPOUT_HD uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// Whether element `e` of the sample at row `row` survives: a uniform 24-bit
+// draw in [0, 1) against p.
+FANOUT_DROPOUT_HD bool keep(uint64_t key, int64_t row, int64_t e, float p) {
+  const uint64_t h = mix(mix(key ^ mix(static_cast<uint64_t>(row))) ^ static_cast<uint64_t>(e));
+  return static_cast<float>(h >> 40) * (1.0f / 16777216.0f) >= p;
+}
+// 1 / (1 - p), or 0 when everything is dropped.
+FANOUT_DROPOUT_HD float scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+}  // namespace dropout_math
+
+FANOUT_KERNEL_OPS(
+// y (=) x * keep(key, first_row + i / sample, i % sample, p) * scale(p), for
+// x (N, ...) with sample = x.numel() / N elements a row; y may be x.
+// 0 <= p <= 1. Applied to dy with the forward's key and rows, it is the
+// backward.
+void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first_row, Tensor& y);
+)
+
+}  // namespace fanout::kernels

@@ -1,0 +1,84 @@
+// Dropout on every backend: against its definition (each element zero or
+// x / (1 - p), the zeros where the hash says, in float64), the share dropped
+// within 6 standard deviations of p, p = 0 the identity and p = 1 zeros, a
+// batch split by rows (each part with its first row) draws what the whole
+// batch draws, another key another mask, and in place.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/backend_test_util.h"
+#include "kernels/dropout.h"
+#include "runtime/core/error.h"
+
+namespace fanout {
+namespace {
+
+namespace ft = fanout::testing;
+
+class DropoutOnBackend : public ft::BackendTest {};
+FANOUT_ON_EVERY_BACKEND(DropoutOnBackend);
+
+TEST_P(DropoutOnBackend, MatchesItsDefinitionAndDropsAShareOfP) {
+  std::mt19937_64 rng(91);
+  const Shape s{50, 4, 500};  // 100,000 elements
+  Tensor x = ft::random_tensor(s, rng, 0.5f, 2.0f);  // never zero: a zero output is a dropped element
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    SCOPED_TRACE("p " + std::to_string(p));
+    Tensor y = poisoned(s);
+    kernels::dropout(ctx(), up(x), p, 12345, 7, y);
+    const Tensor h = down(y);
+    const double scale = 1.0 / (1.0 - static_cast<double>(p));
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < h.numel(); ++i) {
+      const int64_t r = i / 2000, e = i % 2000;
+      const bool keep = kernels::dropout_math::keep(12345, 7 + r, e, p);
+      if (!keep) {
+        ASSERT_EQ(h.f32()[i], 0.0f) << i;
+        ++dropped;
+      } else {
+        ASSERT_NEAR(h.f32()[i], x.f32()[i] * scale, 1e-6 * x.f32()[i] * scale) << i;
+      }
+    }
+    const double n = static_cast<double>(h.numel()), share = dropped / n;
+    EXPECT_NEAR(share, p, 6 * std::sqrt(p * (1 - p) / n));
+  }
+}
+
+TEST_P(DropoutOnBackend, ZeroIsTheIdentityAndOneDropsEverything) {
+  std::mt19937_64 rng(92);
+  Tensor x = ft::random_tensor(Shape{3, 17}, rng);
+  Tensor y0 = poisoned(x.shape()), y1 = poisoned(x.shape());
+  kernels::dropout(ctx(), up(x), 0.0f, 5, 0, y0);
+  kernels::dropout(ctx(), up(x), 1.0f, 5, 0, y1);
+  EXPECT_TRUE(ft::same_bits(down(y0), x));
+  EXPECT_EQ(ft::l2_norm(down(y1)), 0.0);
+}
+
+TEST_P(DropoutOnBackend, SplitRowsDrawTheWholeBatchsMask) {
+  std::mt19937_64 rng(93);
+  Tensor x = ft::random_tensor(Shape{8, 3, 5}, rng);
+  Tensor whole = poisoned(x.shape());
+  kernels::dropout(ctx(), up(x), 0.4f, 99, 0, whole);
+  Tensor top = poisoned(Shape{3, 3, 5}), bottom = poisoned(Shape{5, 3, 5});
+  kernels::dropout(ctx(), up(x.slice(0, 3).to(Device::cpu())), 0.4f, 99, 0, top);
+  kernels::dropout(ctx(), up(x.slice(3, 8).to(Device::cpu())), 0.4f, 99, 3, bottom);
+  const Tensor w = down(whole);
+  EXPECT_TRUE(ft::same_bits(down(top), w.slice(0, 3).to(Device::cpu())));
+  EXPECT_TRUE(ft::same_bits(down(bottom), w.slice(3, 8).to(Device::cpu())));
+  Tensor other = poisoned(x.shape());
+  kernels::dropout(ctx(), up(x), 0.4f, 100, 0, other);
+  EXPECT_FALSE(ft::same_bits(down(other), w)) << "another key, another mask";
+  Tensor in_place = up(x);
+  kernels::dropout(ctx(), in_place, 0.4f, 99, 0, in_place);
+  EXPECT_TRUE(ft::same_bits(down(in_place), w));
+}
+
+TEST_P(DropoutOnBackend, RefusesBadArguments) {
+  Tensor x = up(Tensor::zeros(Shape{2, 3})), y = up(Tensor::zeros(Shape{2, 4}));
+  EXPECT_THROW(kernels::dropout(ctx(), x, 0.5f, 1, 0, y), Error);
+  EXPECT_THROW(kernels::dropout(ctx(), x, 1.5f, 1, 0, x), Error);
+}
+
+}  // namespace
+}  // namespace fanout
