@@ -12,7 +12,7 @@ Tensor Sequential::forward(const Tensor& x, Context& ctx) {
 Tensor Sequential::backward(const Tensor& dy, Context& ctx) {
   Tensor g = dy;
   auto& ch = children();
-  for (size_t i = ch.size(); i-- > 0;) g = ch[i].second->backward(g, ctx);
+  for (size_t i = ch.size(); i-- > 0;) g = backward_of(*ch[i].second, ch[i].first, g, ctx);
   return g;
 }
 

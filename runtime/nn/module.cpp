@@ -184,10 +184,20 @@ void Module::set_grad_dtype(DType t) {
 }
 
 void Module::notify_grads_ready(Context& ctx) const {
+  notified_ = true;
   if (params_.empty()) return;
   const int64_t begin = params_.front().offset;
   const int64_t end = params_.back().offset + params_.back().shape.numel();
   ctx.grad_ready(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+}
+
+Tensor Module::backward_of(Module& m, const std::string& name, const Tensor& dy, Context& ctx) {
+  m.notified_ = false;
+  Tensor g = m.backward(dy, ctx);
+  FANOUT_USER_CHECK(m.params_.empty() || m.notified_)
+      << "layer '" << name << "' (" << m.type_name() << ") has parameters but its backward did not call "
+      << "notify_grads_ready(ctx); a layer calls it once its parameters' gradients are final (README: Writing a layer)";
+  return g;
 }
 
 }  // namespace fanout

@@ -111,6 +111,12 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> state_dict();
   std::vector<std::pair<std::string, Module*>> named_modules();
 
+  // m.backward(dy, ctx), checking the contract every caller relies on: a
+  // module with parameters of its own calls notify_grads_ready(ctx) in
+  // backward. One that does not is a one-line error naming it (`name`: its
+  // name in its parent). Containers and engines call children this way.
+  static Tensor backward_of(Module& m, const std::string& name, const Tensor& dy, Context& ctx);
+
  protected:
   Parameter& register_parameter(const std::string& name, const Shape& s);
   Buffer& register_buffer(const std::string& name, const Shape& s, DType t = DType::F32);
@@ -136,6 +142,7 @@ class Module {
   void init_tree(std::mt19937_64& rng);
 
   std::deque<Parameter> params_;  // deque: references stay valid
+  mutable bool notified_ = false;  // notify_grads_ready ran since backward_of began
   std::deque<Buffer> buffers_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   std::shared_ptr<Arenas> arenas_;  // shared by every module of one tree

@@ -330,7 +330,7 @@ Tensor DataParallel::replica_forward(int i, const Tensor& x) {
 
 void DataParallel::replica_backward(int i, const Tensor& dy) {
   Context& ctx = *contexts_[i];
-  replica(i).backward(dy, ctx);
+  Module::backward_of(replica(i), "model", dy, ctx);
   if (opts_.require_all_grads) {
     const auto missing = reducer_->unready(i);
     if (!missing.empty()) {

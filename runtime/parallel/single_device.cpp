@@ -34,7 +34,7 @@ void SingleDeviceEngine::forward_loss(const Tensor& x, const Tensor& y, bool tra
 
 StepResult SingleDeviceEngine::forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool) {
   forward_loss(x, y, true, grad_scale);
-  model_.backward(criterion_->grad(), ctx_);
+  Module::backward_of(model_, "model", criterion_->grad(), ctx_);
   return criterion_->read(ctx_);
 }
 
