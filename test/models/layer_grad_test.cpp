@@ -17,6 +17,7 @@
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/sequential.h"
+#include "runtime/nn/grad_check.h"
 #include "support/test_util.h"
 
 namespace fanout::models {
@@ -25,58 +26,57 @@ namespace {
 using fanout::testing::l2_norm;
 using fanout::testing::random_tensor;
 
-// Largest |numerical - analytic| over entries of t, relative to max |analytic|:
-// float32 central differences carry absolute noise, so per-entry relative
-// errors of near-zero entries say nothing. Kinks (ReLU, max) are skipped.
-double scaled_grad_error(const std::function<double()>& f, Tensor& t, const Tensor& g, double eps) {
-  double scale = 1e-3;
-  for (int64_t i = 0; i < g.numel(); ++i) scale = std::max(scale, std::abs(double(g.f32()[i])));
-  const int64_t step = std::max<int64_t>(1, t.numel() / 300);
-  double worst = 0;
-  for (int64_t i = 0; i < t.numel(); i += step) {
-    const float o = t.f32()[i];
-    t.f32()[i] = o + float(eps);
-    const double fp = f();
-    t.f32()[i] = o - float(eps);
-    const double fm = f();
-    t.f32()[i] = o;
-    const double f0 = f();
-    const double right = (fp - f0) / eps, left = (f0 - fm) / eps;
-    if (std::abs(right - left) > 0.05 * scale) continue;  // a kink inside [o - eps, o + eps]
-    worst = std::max(worst, std::abs((fp - fm) / (2 * eps) - g.f32()[i]) / scale);
-  }
-  return worst;
+// Checks d(sum(r * m(x)))/dx and /dparams for every parameter of m with
+// the library's own helper (runtime/nn/grad_check.h), which users run on
+// their layers; m is initialized with `seed` unless it already is.
+void check_module(Module& m, const Shape& in, uint64_t seed, double tol = 1e-2, double eps = 1e-3) {
+  const GradCheck c = check_gradients(m, in, seed, eps);
+  ASSERT_TRUE(c.input_grad) << m.type_name() << " returned no input gradient";
+  EXPECT_TRUE(c.zero_grads.empty()) << m.type_name() << ": " << c.report();
+  EXPECT_LT(c.worst(), tol) << m.type_name() << ": " << c.report();
+  EXPECT_EQ(c.param_errors.size(), m.named_parameters().size());
 }
 
-// Checks d(sum(r * m(x)))/dx and /dparams for every parameter of m.
-void check_module(Module& m, const Shape& in, uint64_t seed, double tol = 1e-2, double eps = 1e-3) {
-  m.init(seed);
-  m.train(true);
-  Context ctx(Device::cpu(), seed);
-  std::mt19937_64 rng(seed + 1);
-  Tensor x = random_tensor(in, rng);
-  Tensor y0 = m.forward(x, ctx);
-  Tensor r = random_tensor(y0.shape(), rng);
-  auto loss = [&]() {
-    Tensor y = m.forward(x, ctx);
-    double s = 0;
-    for (int64_t i = 0; i < y.numel(); ++i) s += double(y.f32()[i]) * r.f32()[i];
-    return s;
-  };
-  m.zero_grad();
-  m.forward(x, ctx);
-  Tensor dy = r.to(Device::cpu());  // a copy: backward may overwrite dy (the Module contract), r stays the loss's
-  Tensor dx = m.backward(dy, ctx);
-  ASSERT_TRUE(dx.defined());
-  Tensor dx_copy = dx.to(Device::cpu());
-  EXPECT_GT(l2_norm(dx_copy), 0.0) << "input gradient is all zeros";
-  EXPECT_LT(scaled_grad_error(loss, x, dx_copy, eps), tol) << "input gradient of " << m.type_name();
-  Tensor grads = m.arenas().grads.to(Device::cpu());
-  for (auto& [name, p] : m.named_parameters()) {
-    Tensor g = grads.flat(p->offset, p->shape);
-    EXPECT_GT(l2_norm(g), 0.0) << name << " gradient is all zeros";
-    EXPECT_LT(scaled_grad_error(loss, p->value, g, eps), tol) << "gradient of " << name << " in " << m.type_name();
+// The helper fails what it should: a parameter gradient off by a factor,
+// an input gradient of the wrong sign, and a backward without notify_grads_ready.
+class Doubling : public Module {
+ public:
+  Doubling(float grad_factor, float dx_sign, bool notify) : gf_(grad_factor), sign_(dx_sign), notify_(notify) {
+    w_ = &register_parameter("weight", Shape{4});
   }
+  void reset_parameters(std::mt19937_64&) override { w_->value.fill(0.8f); }
+  Tensor forward(const Tensor& x, Context& ctx) override {
+    x_ = x;
+    ensure(y_, x.shape(), ctx.device());
+    for (int64_t i = 0; i < x.numel(); ++i) y_.f32()[i] = 2 * x.f32()[i] * w_->value.f32()[i % 4];
+    return y_;
+  }
+  Tensor backward(const Tensor& dy, Context& ctx) override {
+    for (int64_t i = 0; i < dy.numel(); ++i) w_->grad.f32()[i % 4] += gf_ * 2 * dy.f32()[i] * x_.f32()[i];
+    if (notify_) notify_grads_ready(ctx);
+    for (int64_t i = 0; i < dy.numel(); ++i) dy.f32()[i] *= sign_ * 2 * w_->value.f32()[i % 4];
+    return dy;
+  }
+  std::unique_ptr<Module> make_like() const override { return std::make_unique<Doubling>(gf_, sign_, notify_); }
+  std::string type_name() const override { return "Doubling"; }
+
+ private:
+  float gf_, sign_;
+  bool notify_;
+  Parameter* w_;
+  Tensor x_, y_;
+};
+
+TEST(LayerGrad, TheCheckFailsWrongGradients) {
+  Doubling right(1, 1, true), wrong_param(1.5f, 1, true), wrong_input(1, -1, true), silent(1, 1, false);
+  EXPECT_LT(check_gradients(right, Shape{3, 4}, 1).worst(), 1e-2);
+  const GradCheck p = check_gradients(wrong_param, Shape{3, 4}, 1);
+  EXPECT_GT(p.param_errors.at(0).second, 0.2) << p.report();
+  EXPECT_LT(p.input_error, 1e-2);
+  EXPECT_GT(check_gradients(wrong_input, Shape{3, 4}, 1).input_error, 1.0);
+  testing::expect_user_error([&] { check_gradients(silent, Shape{3, 4}, 1); },
+                             {"layer 'Doubling' (Doubling) has parameters but its backward did not call "
+                              "notify_grads_ready(ctx)"});
 }
 
 TEST(LayerGrad, Linear) {
