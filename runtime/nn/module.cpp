@@ -123,7 +123,8 @@ void Module::init(uint64_t seed) {
 }
 
 void Module::to(Device d, Stream* s) {
-  FANOUT_CHECK(arenas_) << "to() before materialize";
+  FANOUT_USER_CHECK(arenas_) << type_name() << "::to(): the module has no parameters in memory yet; call "
+                                  "init(seed) first (it materializes them on the CPU)";
   if (arenas_->params.device() == d) return;
   auto a = std::make_shared<Arenas>();
   a->params = arenas_->params.to(d, s);
@@ -133,7 +134,8 @@ void Module::to(Device d, Stream* s) {
 }
 
 std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
-  FANOUT_CHECK(arenas_) << "clone() before materialize";
+  FANOUT_USER_CHECK(arenas_) << type_name() << "::clone(): the module has no parameters in memory yet; call "
+                                  "init(seed) first (it materializes them on the CPU)";
   std::unique_ptr<Module> m = make_like();
   m->materialize(d);
   if (grad_dtype() != DType::F32) m->set_grad_dtype(grad_dtype());
@@ -151,16 +153,19 @@ std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
 }
 
 Device Module::device() const {
-  FANOUT_CHECK(arenas_) << "device() before materialize";
+  FANOUT_USER_CHECK(arenas_) << type_name() << "::device(): the module has no parameters in memory yet; call "
+                                  "init(seed) first (it materializes them on the CPU)";
   return arenas_->params.device();
 }
 
 Arenas& Module::arenas() {
-  FANOUT_CHECK(arenas_) << "arenas() before materialize";
+  FANOUT_USER_CHECK(arenas_) << type_name() << "::arenas(): the module has no parameters in memory yet; call "
+                                  "init(seed) first (it materializes them on the CPU)";
   return *arenas_;
 }
 const Arenas& Module::arenas() const {
-  FANOUT_CHECK(arenas_) << "arenas() before materialize";
+  FANOUT_USER_CHECK(arenas_) << type_name() << "::arenas(): the module has no parameters in memory yet; call "
+                                  "init(seed) first (it materializes them on the CPU)";
   return *arenas_;
 }
 

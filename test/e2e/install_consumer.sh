@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # e2e: `cmake --install` gives a package that another project finds with
-# find_package(fanout) and links as fanout::fanout; the consumer is the
-# README's library example (your own loop, criterion, AdamW and clipping).
+# find_package(fanout) and links as fanout::fanout; the consumers are the
+# README's library example (your own loop, criterion, AdamW and clipping)
+# and its "Writing a layer" example (a layer of your own, its gradient
+# check, a TensorDataset and the Trainer over cpu:2).
 set -euo pipefail
 src=$1
 build=$2
@@ -16,14 +18,20 @@ set(CMAKE_CXX_STANDARD 20)
 find_package(fanout REQUIRED)
 add_executable(consumer main.cpp)
 target_link_libraries(consumer PRIVATE fanout::fanout)
+add_executable(layer layer.cpp)
+target_link_libraries(layer PRIVATE fanout::fanout)
 CM
 # The README's library example, as it stands there.
 sed -n '/<!-- library-example begin -->/,/<!-- library-example end -->/p' "$src/README.md" | sed '1,2d;$d' | sed '$d' \
   > "$work/app/main.cpp"
 grep -q "int main" "$work/app/main.cpp" || { echo "FAIL: no library example in README.md"; exit 1; }
+sed -n '/<!-- layer-example begin -->/,/<!-- layer-example end -->/p' "$src/README.md" | sed '1,2d;$d' | sed '$d' \
+  > "$work/app/layer.cpp"
+grep -q "int main" "$work/app/layer.cpp" || { echo "FAIL: no layer example in README.md"; exit 1; }
 cmake -S "$work/app" -B "$work/app/build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/cfg.log"
 cmake --build "$work/app/build" -j2 > "$work/build.log"
 (cd "$work" && LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/consumer") | tee "$work/out.txt"
+(cd "$work" && LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/layer") | tee "$work/layer.txt"
 python3 - "$work" <<'PY'
 import re, sys
 from safetensors.numpy import load_file
@@ -33,4 +41,12 @@ assert len(losses) == 3 and losses[2] < 0.7 * losses[0], f"the example's loss di
 t = load_file(f"{work}/lenet.safetensors")
 assert "conv1.weight" in t and "optimizer.exp_avg.conv1.weight" in t and "optimizer.exp_avg_sq.fc3.bias" in t, sorted(t)
 print(f"README library example: mean loss {losses[0]:.3f} -> {losses[2]:.3f}; checkpoint with AdamW state")
+out = open(f"{work}/layer.txt").read()
+worst = float(re.search(r"gradient check: worst ([0-9.e+-]+)", out).group(1))
+acc = float(re.search(r"test accuracy ([0-9.]+)", out).group(1))
+steps = re.findall(r"step (\d+) loss ([0-9.]+)", out)
+assert worst < 1e-2, f"the layer example's gradient check: {worst}"
+assert acc >= 0.95, f"the layer example's test accuracy {acc}"
+assert len(steps) == 3, f"on_step lines: {steps}"
+print(f"README layer example: gradient check {worst:.1e}, test accuracy {acc:.4f}")
 PY

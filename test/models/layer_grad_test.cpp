@@ -79,6 +79,12 @@ TEST(LayerGrad, TheCheckFailsWrongGradients) {
                               "notify_grads_ready(ctx)"});
 }
 
+TEST(LayerGrad, UsingAModuleBeforeInitSaysWhatToCall) {
+  Linear l(2, 3);
+  testing::expect_user_error([&] { l.to(Device::cpu()); },
+                             {"Linear::to(): the module has no parameters in memory yet; call init(seed) first"});
+}
+
 TEST(LayerGrad, Linear) {
   Linear m(7, 5);
   check_module(m, Shape{3, 7}, 1);
