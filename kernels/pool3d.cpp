@@ -78,6 +78,22 @@ void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Te
   maxpool2d_backward(ctx, planes(dy), planes(argmax), dx_planes);
 }
 
+void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  const char* op = "avgpool3d_forward";
+  check_5d(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "y", y);
+  check_pooled(op, x, g, "y", y);
+  FANOUT_DISPATCH(ctx, avgpool3d_forward, ctx, x, g, y);
+}
+
+void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  const char* op = "avgpool3d_backward";
+  check_5d(ctx, op, "dy", dy);
+  check_5d(ctx, op, "dx", dx);
+  check_pooled(op, dx, g, "dy", dy);
+  FANOUT_DISPATCH(ctx, avgpool3d_backward, ctx, dy, g, dx);
+}
+
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
   const char* op = "upsample3d_nearest_forward";
   check_5d(ctx, op, "x", x);

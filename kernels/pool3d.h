@@ -1,6 +1,8 @@
-// Volumetric pooling and resampling over (N, C, D, H, W): max pooling
-// (torch.nn.MaxPool3d: cubic window, floor mode) and nearest upsampling by an
-// integer factor (torch.nn.Upsample(scale_factor=s, mode='nearest')).
+// Volumetric pooling and resampling over (N, C, D, H, W): max and average
+// pooling (torch.nn.MaxPool3d / AvgPool3d: cubic window, floor mode; average
+// with count_include_pad, so every window divides by kernel^3) and nearest
+// upsampling by an integer factor (torch.nn.Upsample(scale_factor=s,
+// mode='nearest')).
 #pragma once
 #include "kernels/declare.h"
 #include "kernels/pool.h"
@@ -20,6 +22,13 @@ FANOUT_KERNEL_OPS(
 // the max inside each (D, H, W) volume. First maximum wins, NaN propagates,
 // padding is never selected.
 void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax);
+
+// y (=): each window's sum over the volume (padding counts as 0) / kernel^3,
+// summed in (depth, row, column) order.
+void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y);
+// dx (=): each input element gathers dy / kernel^3 of the windows that hold
+// it, in (depth, row, column) order of the outputs (no atomics on CUDA).
+void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx);
 
 // y[n, c, d, h, w] = x[n, c, d/s, h/s, w/s], written (=).
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y);

@@ -48,6 +48,64 @@ void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor&
   }
 }
 
+void avgpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
+  const int64_t od = y.size(2), oh = y.size(3), ow = y.size(4);
+  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for (int64_t v = 0; v < vols; ++v) {
+    const float* xs = xp + v * d * h * w;
+    float* ys = yp + v * od * oh * ow;
+    for (int64_t i = 0; i < od; ++i) {
+      int64_t d0, d1;
+      window(i, g, d, d0, d1);
+      for (int64_t j = 0; j < oh; ++j) {
+        int64_t h0, h1;
+        window(j, g, h, h0, h1);
+        for (int64_t k = 0; k < ow; ++k) {
+          int64_t w0, w1;
+          window(k, g, w, w0, w1);
+          float s = 0.0f;
+          for (int64_t a = d0; a < d1; ++a)
+            for (int64_t b = h0; b < h1; ++b)
+              for (int64_t c = w0; c < w1; ++c) s += xs[(a * h + b) * w + c];
+          ys[(i * oh + j) * ow + k] = s * inv;
+        }
+      }
+    }
+  }
+}
+
+void avgpool3d_backward(Context&, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  const int64_t vols = dx.size(0) * dx.size(1), d = dx.size(2), h = dx.size(3), w = dx.size(4);
+  const int64_t od = dy.size(2), oh = dy.size(3), ow = dy.size(4);
+  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
+  const float* gp = dy.f32();
+  float* dp = dx.f32();
+  for (int64_t v = 0; v < vols; ++v) {
+    const float* gs = gp + v * od * oh * ow;
+    float* ds = dp + v * d * h * w;
+    for (int64_t a = 0; a < d; ++a) {
+      int64_t i0, i1;
+      covering(a, g, od, i0, i1);
+      for (int64_t b = 0; b < h; ++b) {
+        int64_t j0, j1;
+        covering(b, g, oh, j0, j1);
+        for (int64_t c = 0; c < w; ++c) {
+          int64_t k0, k1;
+          covering(c, g, ow, k0, k1);
+          float s = 0.0f;
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = j0; j < j1; ++j)
+              for (int64_t k = k0; k < k1; ++k) s += gs[(i * oh + j) * ow + k] * inv;
+          ds[(a * h + b) * w + c] = s;
+        }
+      }
+    }
+  }
+}
+
 void upsample3d_nearest_forward(Context&, const Tensor& x, int64_t scale, Tensor& y) {
   const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
   const int64_t s = scale, oh = h * s, ow = w * s, ohw = oh * ow;

@@ -80,6 +80,64 @@ __global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __
   }
 }
 
+// One thread per output: the window's sum over the volume / kernel^3, in
+// (depth, row, column) order with explicit roundings, as the CPU path.
+template <class I>
+__global__ void avgpool3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, Pool3dDims<I> d,
+                                         float inv) {
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I ok = i % d.ow;
+    I t = i / d.ow;
+    const I oj = t % d.oh;
+    t /= d.oh;
+    const I oi = t % d.od, vol = t / d.od;
+    I d0, d1, h0, h1, w0, w1;
+    window(oi, d.k, d.stride, d.pad, d.d, d0, d1);
+    window(oj, d.k, d.stride, d.pad, d.h, h0, h1);
+    window(ok, d.k, d.stride, d.pad, d.w, w0, w1);
+    const float* xs = x + vol * d.d * d.h * d.w;
+    float s = 0.0f;
+    for (I a = d0; a < d1; ++a)
+      for (I b = h0; b < h1; ++b)
+        for (I c = w0; c < w1; ++c) s = __fadd_rn(s, xs[(a * d.h + b) * d.w + c]);
+    y[i] = __fmul_rn(s, inv);
+  }
+}
+
+// Outputs [lo, hi) along an axis whose windows hold input index i.
+template <class I>
+__device__ __forceinline__ void covering(I i, I k, I stride, I pad, I out, I& lo, I& hi) {
+  const I p = i + pad;
+  lo = p >= k ? (p - k) / stride + 1 : I(0);
+  hi = p / stride + 1 < out ? p / stride + 1 : out;
+}
+
+// One thread per input element: dy / kernel^3 of the windows holding it (=),
+// in (depth, row, column) order of the outputs, as the CPU path. No atomics.
+template <class I>
+__global__ void avgpool3d_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total,
+                                          Pool3dDims<I> d, float inv) {
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I c = i % d.w;
+    I t = i / d.w;
+    const I b = t % d.h;
+    t /= d.h;
+    const I a = t % d.d, vol = t / d.d;
+    I i0, i1, j0, j1, k0, k1;
+    covering(a, d.k, d.stride, d.pad, d.od, i0, i1);
+    covering(b, d.k, d.stride, d.pad, d.oh, j0, j1);
+    covering(c, d.k, d.stride, d.pad, d.ow, k0, k1);
+    const float* g = dy + vol * d.od * d.oh * d.ow;
+    float s = 0.0f;
+    for (I oi = i0; oi < i1; ++oi)
+      for (I oj = j0; oj < j1; ++oj)
+        for (I ok = k0; ok < k1; ++ok) s = __fadd_rn(s, __fmul_rn(g[(oi * d.oh + oj) * d.ow + ok], inv));
+    dx[i] = s;
+  }
+}
+
 // One thread per input element: the sum of its s^3 copies' gradients (=), in
 // the order (depth, row, column), as the CPU path. Deterministic, no atomics.
 template <class I>
@@ -114,6 +172,32 @@ void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Ten
     using I = decltype(tag);
     maxpool3d_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
         x.f32(), y.f32(), argmax.data<int32_t>(), static_cast<I>(total), pool_dims<I>(x.shape(), y.shape(), g));
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  const int64_t total = y.numel();
+  if (total == 0) return;
+  detail::DeviceScope scope(ctx);
+  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
+  detail::dispatch_index(std::max(x.numel(), total), [&](auto tag) {
+    using I = decltype(tag);
+    avgpool3d_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        x.f32(), y.f32(), static_cast<I>(total), pool_dims<I>(x.shape(), y.shape(), g), inv);
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  const int64_t total = dx.numel();
+  if (total == 0) return;
+  detail::DeviceScope scope(ctx);
+  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
+  detail::dispatch_index(std::max(dy.numel(), total), [&](auto tag) {
+    using I = decltype(tag);
+    avgpool3d_backward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        dy.f32(), dx.f32(), static_cast<I>(total), pool_dims<I>(dx.shape(), dy.shape(), g), inv);
     FANOUT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -1,5 +1,6 @@
 // Volumetric pooling and resampling layers over (N, C, D, H, W):
-// MaxPool3d (torch.nn.MaxPool3d, cubic window, floor mode) and Upsample3d
+// MaxPool3d and AvgPool3d (torch.nn.MaxPool3d / AvgPool3d: cubic window,
+// floor mode; average with count_include_pad) and Upsample3d
 // (torch.nn.Upsample(scale_factor=s, mode='nearest') with an integer s).
 #pragma once
 #include "kernels/pool3d.h"
@@ -22,6 +23,23 @@ class MaxPool3d : public Module {
   kernels::PoolGeometry g_;
   Shape in_shape_;
   Tensor y_, argmax_, dx_;
+};
+
+class AvgPool3d : public Module {
+ public:
+  AvgPool3d(int64_t kernel, int64_t stride, int64_t padding = 0);
+  explicit AvgPool3d(int64_t kernel) : AvgPool3d(kernel, kernel) {}  // torch's default stride = kernel
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::unique_ptr<Module> make_like() const override {
+    return std::make_unique<AvgPool3d>(g_.kernel, g_.stride, g_.padding);
+  }
+  std::string type_name() const override { return "AvgPool3d"; }
+
+ private:
+  kernels::PoolGeometry g_;
+  Shape in_shape_;
+  Tensor y_, dx_;
 };
 
 class Upsample3d : public Module {

@@ -1,5 +1,7 @@
-// Volumetric max pooling and nearest upsampling on every backend against
-// naive references: argmax with first-max-wins ties (also with CUDA's
+// Volumetric max and average pooling and nearest upsampling on every
+// backend against naive references (average: float64 window sums over
+// kernel^3, torch's count_include_pad, and the gradient spread back over
+// each window; central differences): argmax with first-max-wins ties (also with CUDA's
 // deterministic backward), padding never selected, NaN propagation, volumes
 // with D != H != W, stride 2, padding; the upsampled gradient summing its
 // s^3 copies; central-difference gradients; errors.
@@ -101,6 +103,8 @@ TEST(Pool3d, OutputShapes) {
 
 class MaxPool3dOnBackend : public ft::BackendTest {};
 class Upsample3dOnBackend : public ft::BackendTest {};
+class AvgPool3dOnBackend : public ft::BackendTest {};
+FANOUT_ON_EVERY_BACKEND(AvgPool3dOnBackend);
 class Pool3dErrorsOnBackend : public ft::BackendTest {};
 FANOUT_ON_EVERY_BACKEND(MaxPool3dOnBackend);
 FANOUT_ON_EVERY_BACKEND(Upsample3dOnBackend);
@@ -222,6 +226,60 @@ TEST_P(MaxPool3dOnBackend, BackwardMatchesCentralDifferences) {
     auto res = ft::grad_check_detail(loss, x, dx, 1e-3);
     EXPECT_LT(res.worst, 1e-2) << str(g);
     EXPECT_GT(res.checked, 150) << str(g);
+  }
+}
+
+TEST_P(AvgPool3dOnBackend, ForwardBackwardAgainstFloat64) {
+  std::mt19937_64 rng(406);
+  std::vector<std::pair<Shape, PoolGeometry>> cases;
+  for (const PoolGeometry& g : kGeoms) cases.emplace_back(kShape, g);
+  cases.emplace_back(Shape{1, 2, 9, 16, 13}, PoolGeometry{3, 2, 1});
+  for (const auto& [xs, g] : cases) {
+    SCOPED_TRACE(xs.str() + " " + str(g));
+    Tensor x = ft::random_tensor(xs, rng);
+    const Shape ys = kernels::pool3d_output_shape(xs, g);
+    Tensor r = ft::random_tensor(ys, rng);
+    Tensor yd = poisoned(ys), dxd = poisoned(xs);
+    kernels::avgpool3d_forward(ctx(), up(x), g, yd);
+    kernels::avgpool3d_backward(ctx(), up(r), g, dxd);
+    const Tensor y = down(yd), dx = down(dxd);
+    const int64_t d = xs[2], h = xs[3], w = xs[4], od = ys[2], oh = ys[3], ow = ys[4], k = g.kernel;
+    const double k3 = static_cast<double>(k * k * k);
+    std::vector<double> ry(y.numel(), 0.0), rdx(x.numel(), 0.0);
+    for (int64_t v = 0; v < xs[0] * xs[1]; ++v)
+      for (int64_t i = 0; i < od; ++i)
+        for (int64_t j = 0; j < oh; ++j)
+          for (int64_t l = 0; l < ow; ++l) {
+            const int64_t o = ((v * od + i) * oh + j) * ow + l;
+            for (int64_t a = i * g.stride - g.padding; a < i * g.stride - g.padding + k; ++a)
+              for (int64_t b = j * g.stride - g.padding; b < j * g.stride - g.padding + k; ++b)
+                for (int64_t c = l * g.stride - g.padding; c < l * g.stride - g.padding + k; ++c) {
+                  if (a < 0 || a >= d || b < 0 || b >= h || c < 0 || c >= w) continue;  // padding: 0
+                  const int64_t in = ((v * d + a) * h + b) * w + c;
+                  ry[o] += x.f32()[in] / k3;
+                  rdx[in] += r.f32()[o] / k3;
+                }
+          }
+    EXPECT_TRUE(matches(y, ry, 1e-6, 1e-5));
+    EXPECT_TRUE(matches(dx, rdx, 1e-6, 1e-5));
+    EXPECT_GT(ft::l2_norm(dx), 0.0);
+  }
+}
+
+TEST_P(AvgPool3dOnBackend, BackwardMatchesCentralDifferences) {
+  std::mt19937_64 rng(407);
+  for (const PoolGeometry& g : kGeoms) {
+    Tensor x = ft::random_tensor(kShape, rng);
+    const Shape ys = kernels::pool3d_output_shape(x.shape(), g);
+    Tensor r = ft::random_tensor(ys, rng), yd = poisoned(ys), dxd = poisoned(x.shape());
+    kernels::avgpool3d_backward(ctx(), up(r), g, dxd);
+    const Tensor dx = down(dxd);
+    auto loss = [&] {
+      kernels::avgpool3d_forward(ctx(), up(x), g, yd);
+      return ft::dot(down(yd), r);
+    };
+    auto res = ft::grad_check_detail(loss, x, dx, 1e-2);
+    EXPECT_LT(res.worst, 1e-2) << str(g);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "models/layers/layernorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
+#include "models/layers/pooling3d.h"
 #include "models/layers/sequential.h"
 #include "runtime/nn/grad_check.h"
 #include "support/test_util.h"
@@ -235,6 +236,17 @@ TEST(LayerGrad, Dropout) {
   ctx.training = false;
   EXPECT_TRUE(testing::same_bits(m.forward(x, ctx).to(Device::cpu()), x)) << "evaluation: the identity";
   testing::expect_user_error([] { Dropout(1.5f); }, {"between 0 and 1"});
+}
+
+TEST(LayerGrad, AvgPool3d) {
+  AvgPool3d m(3, 2, 1);
+  check_module(m, Shape{2, 2, 5, 6, 7}, 16);
+  AvgPool3d by_kernel(2);
+  check_module(by_kernel, Shape{1, 3, 4, 4, 6}, 17);
+  Context ctx(Device::cpu());
+  testing::expect_user_error([&] { m.forward(Tensor::zeros(Shape{2, 3, 5, 5}), ctx); },
+                             {"AvgPool3d(kernel 3, padding 1) cannot take input of shape (2, 3, 5, 5)"});
+  testing::expect_user_error([] { AvgPool3d(2, 1, 2); }, {"padding must be at most half the kernel"});
 }
 
 TEST(LayerGrad, MaxPool) {

@@ -1,6 +1,6 @@
 // The layers added for users' own models, under DataParallel: models with
-// InstanceNorm2d (with and without affine parameters), with LayerNorm and
-// with Dropout trained 10 SGD steps on cpu:2 and cpu:3 equal one device bit
+// InstanceNorm2d (with and without affine parameters), with LayerNorm, with
+// Dropout and with InstanceNorm3d and AvgPool3d trained 10 SGD steps on cpu:2 and cpu:3 equal one device bit
 // for bit (split-invariant math: per-sample statistics, exact gradient sums,
 // and Dropout's mask drawn by the sample's row in the whole batch). An
 // engine told which pass comes next (set_pass, as the Trainer does from its
@@ -11,6 +11,8 @@
 
 #include "models/layers/activation.h"
 #include "models/layers/conv2d.h"
+#include "models/layers/conv3d.h"
+#include "models/layers/pooling3d.h"
 #include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
@@ -32,6 +34,18 @@ std::unique_ptr<Module> instance_norm_net(bool affine) {
   m->add("relu", std::make_unique<models::ReLU>());
   m->add("flatten", std::make_unique<models::Flatten>());
   m->add("fc", std::make_unique<models::Linear>(4 * 8 * 8, 10));
+  m->init(6);
+  return m;
+}
+
+// Volumes (1, 4, 4, 4): Conv3d, InstanceNorm3d, AvgPool3d.
+std::unique_ptr<Module> volume_net(bool affine) {
+  auto m = std::make_unique<models::Sequential>();
+  m->add("conv", std::make_unique<models::Conv3d>(1, 3, 3, 1, 1));
+  m->add("norm", std::make_unique<models::InstanceNorm>(3, 3, 1e-5f, affine));
+  m->add("pool", std::make_unique<models::AvgPool3d>(2));
+  m->add("flatten", std::make_unique<models::Flatten>());
+  m->add("fc", std::make_unique<models::Linear>(3 * 8, 10));
   m->init(6);
   return m;
 }
@@ -71,14 +85,17 @@ Tensor train(const std::function<std::unique_ptr<Module>()>& make, const std::st
 }
 
 TEST(NewLayersUnderDataParallel, NormalizationLayersEqualOneDevice) {
-  const auto data = testing::random_batches(Shape{1, 8, 8}, 12, 10, 17);
+  const auto images = testing::random_batches(Shape{1, 8, 8}, 12, 10, 17);
+  const auto volumes = testing::random_batches(Shape{1, 4, 4, 4}, 12, 10, 19);
   for (bool affine : {false, true})
-    for (auto make : {instance_norm_net, layer_norm_net, dropout_net}) {
+    for (auto make : {instance_norm_net, layer_norm_net, dropout_net, volume_net}) {
       SCOPED_TRACE(std::string(make == instance_norm_net ? "InstanceNorm2d"
                                : make == layer_norm_net  ? "LayerNorm"
-                                                         : "Dropout") +
+                               : make == dropout_net     ? "Dropout"
+                                                         : "InstanceNorm3d and AvgPool3d") +
                    (affine ? ", affine (in place)" : ""));
       auto build = [&] { return make(affine); };
+      const auto& data = make == volume_net ? volumes : images;
       const Tensor one = train(build, "cpu", data);
       for (const char* devices : {"cpu:2", "cpu:3"})
         EXPECT_TRUE(testing::same_bits(train(build, devices, data), one)) << devices;

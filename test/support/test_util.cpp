@@ -175,8 +175,11 @@ std::string expect_user_error(const std::function<void()>& f, const std::vector<
 std::vector<Batch> random_batches(const Shape& sample, int64_t rows, int steps, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<Batch> out;
-  for (int s = 0; s < steps; ++s)
-    out.push_back({random_tensor(Shape{rows, sample[0], sample[1], sample[2]}, rng), random_labels(rows, 10, rng)});
+  Shape batch;  // (rows, sample...)
+  batch.ndim = sample.ndim + 1;
+  batch.d[0] = rows;
+  for (int i = 0; i < sample.ndim; ++i) batch.d[i + 1] = sample.d[i];
+  for (int s = 0; s < steps; ++s) out.push_back({random_tensor(batch, rng), random_labels(rows, 10, rng)});
   return out;
 }
 
