@@ -19,7 +19,7 @@ FANOUT_KERNEL_OPS(
 // y (N, OC, OH, OW) is written (=); b (OC) or null.
 void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
                     Tensor& y);
-// dx (=) when non-null; dw (+=); db (+=) when non-null.
+// dx (=) when non-null; dw (+=) when defined; db (+=) when non-null.
 void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
                      Tensor* dx, Tensor& dw, Tensor* db);
 )

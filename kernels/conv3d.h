@@ -21,7 +21,7 @@ FANOUT_KERNEL_OPS(
 // y (N, OC, OD, OH, OW) is written (=); b (OC) or null.
 void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
                     Tensor& y);
-// dx (=) when non-null; dw (+=); db (+=) when non-null.
+// dx (=) when non-null; dw (+=) when defined; db (+=) when non-null.
 void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
                      Tensor* dx, Tensor& dw, Tensor* db);
 )

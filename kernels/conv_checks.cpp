@@ -71,10 +71,12 @@ void check_conv_forward(const Context& ctx, const char* op, const ConvSpec& s, c
 void check_conv_backward(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
                          const Tensor& dy, const Tensor* dx, const Tensor& dw, const Tensor* db) {
   check_args(ctx, op, s, x, w, db, true, dy, "dy");
-  check_grad(ctx, op, "dw", dw);
-  FANOUT_CHECK(dw.shape() == w.shape()) << op << ": dw " << dw.shape().str() << " for w " << w.shape().str();
-  FANOUT_CHECK(!db || db->dtype() == dw.dtype())
-      << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
+  if (dw.defined()) {  // undefined: the weight gradient is not wanted (a transposed convolution's forward)
+    check_grad(ctx, op, "dw", dw);
+    FANOUT_CHECK(dw.shape() == w.shape()) << op << ": dw " << dw.shape().str() << " for w " << w.shape().str();
+    FANOUT_CHECK(!db || db->dtype() == dw.dtype())
+        << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
+  }
   if (dx) {
     check_tensor(ctx, op, "dx", *dx);
     FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();

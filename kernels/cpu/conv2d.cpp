@@ -181,7 +181,8 @@ void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   if (d.n == 0 || ohw == 0) return;
   // float64 gradients: each image's float dW goes to a scratch matrix first,
   // then is added in double, so the sum does not depend on the image order.
-  const bool exact = dw.dtype() == DType::F64;
+  const bool want_dw = dw.defined();
+  const bool exact = want_dw && dw.dtype() == DType::F64;
   const int64_t col_floats = d.direct() ? 0 : ckk * ohw;
   float* scratch =
       static_cast<float*>(ctx.workspace(sizeof(float) * (col_floats + (exact ? d.oc * ckk : 0))));
@@ -190,7 +191,7 @@ void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   const float* xp = x.f32();
   const float* wp = w.f32();    // (OC, CKK)
   const float* dyp = dy.f32();  // (N, OC, OHW)
-  float* dwp = exact ? nullptr : dw.f32();  // (OC, CKK), +=
+  float* dwp = want_dw && !exact ? dw.f32() : nullptr;  // (OC, CKK), +=
   double* dwp64 = exact ? dw.f64() : nullptr;
   float* dbp = db && !exact ? db->f32() : nullptr;
   double* dbp64 = db && exact ? db->f64() : nullptr;
@@ -199,16 +200,18 @@ void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     const float* xn = xp + n * chw;
     const float* dyn = dyp + n * d.oc * ohw;
     // dW (OC, CKK) += dy_n (OC, OHW) col^T (OHW, CKK).
-    const float* cn = xn;
-    if (!d.direct()) {
-      im2col(d, xn, col);
-      cn = col;
-    }
-    if (exact) {
-      gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 0.0f, dw_img, ckk);
-      for (int64_t i = 0; i < d.oc * ckk; ++i) dwp64[i] += dw_img[i];
-    } else {
-      gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 1.0f, dwp, ckk);
+    if (want_dw) {
+      const float* cn = xn;
+      if (!d.direct()) {
+        im2col(d, xn, col);
+        cn = col;
+      }
+      if (exact) {
+        gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 0.0f, dw_img, ckk);
+        for (int64_t i = 0; i < d.oc * ckk; ++i) dwp64[i] += dw_img[i];
+      } else {
+        gemm(ctx, false, true, d.oc, ckk, ohw, 1.0f, dyn, ohw, cn, ohw, 1.0f, dwp, ckk);
+      }
     }
     if (dbp)
       for (int64_t o = 0; o < d.oc; ++o) dbp[o] += sum_f32(dyn + o * ohw, ohw);

@@ -151,7 +151,8 @@ void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   // float64 gradients: each image's float dW goes to a scratch matrix first
   // (its slabs summed in a fixed order), then is added in double, so the sum
   // does not depend on the image order or on how the batch is split.
-  const bool exact = dw.dtype() == DType::F64;
+  const bool want_dw = dw.defined();
+  const bool exact = want_dw && dw.dtype() == DType::F64;
   const int64_t col_floats = d.direct() ? 0 : ck * slab * d.ohw();
   float* scratch = static_cast<float*>(ctx.workspace(sizeof(float) * (col_floats + (exact ? d.oc * ck : 0))));
   float* col = d.direct() ? nullptr : scratch;
@@ -159,7 +160,7 @@ void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   const float* xp = x.f32();
   const float* wp = w.f32();    // (OC, CK)
   const float* dyp = dy.f32();  // (N, OC, ODHW)
-  float* dwp = exact ? nullptr : dw.f32();  // (OC, CK), +=
+  float* dwp = want_dw && !exact ? dw.f32() : nullptr;  // (OC, CK), +=
   double* dwp64 = exact ? dw.f64() : nullptr;
   float* dbp = db && !exact ? db->f32() : nullptr;
   double* dbp64 = db && exact ? db->f64() : nullptr;
@@ -173,7 +174,7 @@ void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
       const float* dys = dyn + first;  // (OC, cols), row stride ODHW
       const float* cs = xn + first;    // direct: the image's columns, row stride ODHW
       int64_t ldc = odhw;
-      if (!d.direct()) {
+      if (want_dw && !d.direct()) {
         vol2col(d, xn, od0, nd, col);
         cs = col;
         ldc = cols;
@@ -181,7 +182,7 @@ void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
       // dW (OC, CK) += dy_slab (OC, cols) col^T (cols, CK).
       if (exact) {
         gemm(ctx, false, true, d.oc, ck, cols, 1.0f, dys, odhw, cs, ldc, od0 == 0 ? 0.0f : 1.0f, dw_img, ck);
-      } else {
+      } else if (want_dw) {
         gemm(ctx, false, true, d.oc, ck, cols, 1.0f, dys, odhw, cs, ldc, 1.0f, dwp, ck);
       }
       if (dxn) {

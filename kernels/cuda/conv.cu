@@ -15,6 +15,7 @@
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
 #include "kernels/conv2d.h"
 #include "kernels/conv3d.h"
+#include "kernels/conv_bias.h"
 
 #include <algorithm>
 #include <array>
@@ -399,7 +400,7 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   }
 }
 
-// dx (=) when non-null; dw (+=); db (+=) when non-null.
+// dx (=) when non-null; dw (+=) when defined; db (+=) when non-null.
 void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, int64_t stride,
               int64_t pad, Tensor* dx, Tensor& dw, Tensor* db) {
   if (dy.numel() == 0) return;  // N == 0: nothing to add, dx is empty
@@ -416,7 +417,7 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), ws, p.ws,
                                                     &zero, p.x, dx->raw()));
   }
-  {
+  if (dw.defined()) {
     // The timed search writes its output: give it a scratch dw (allocated
     // only when a plan is built in benchmark mode) so the real dw keeps its sum.
     Tensor scratch;
@@ -454,6 +455,23 @@ void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
                      Tensor* dx, Tensor& dw, Tensor* db) {
   backward("conv3d_backward", ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
+}
+
+void channel_bias_add(Context& ctx, Tensor& y, const Tensor& b) {
+  const int64_t total = y.numel(), c = y.size(1), sp = total / (y.size(0) * c);
+  detail::DeviceScope scope(ctx);
+  detail::dispatch_index(total, [&](auto tag) {
+    using I = decltype(tag);
+    add_bias_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        y.f32(), b.f32(), static_cast<I>(c), static_cast<I>(sp), static_cast<I>(total));
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void channel_bias_grad(Context& ctx, const Tensor& dy, Tensor& db) {
+  const int64_t n = dy.size(0), c = dy.size(1), sp = dy.numel() / (n * c);
+  detail::DeviceScope scope(ctx);
+  detail::channel_reduce<BiasGradOp>(ctx, n, c, sp, BiasGradFin{db.f32()}, dy.f32());
 }
 
 }  // namespace fanout::kernels::cuda
