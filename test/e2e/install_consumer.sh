@@ -3,13 +3,25 @@
 # find_package(fanout) and links as fanout::fanout; the consumers are the
 # README's library example (your own loop, criterion, AdamW and clipping)
 # and its "Writing a layer" example (a layer of your own, its gradient
-# check, a TensorDataset and the Trainer over cpu:2).
+# check, a TensorDataset and the Trainer over cpu:2). Headers: only
+# <fanout/...> ones are used and installed, none of the backends' internal
+# headers is, and the consumer's own models/ and runtime/ folders (first on
+# its include path, each header an #error) are never picked up by fanout's.
 set -euo pipefail
 src=$1
 build=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+inc="$work/prefix/include"
+[ -f "$inc/fanout/runtime/core/tensor.h" ] || { echo "FAIL: no runtime/core/tensor.h under $inc/fanout"; exit 1; }
+for internal in kernels/cpu kernels/cuda runtime/cuda; do
+  [ ! -e "$inc/fanout/$internal" ] || { echo "FAIL: $internal is installed"; exit 1; }
+done
+[ ! -e "$inc/runtime" ] && [ ! -e "$inc/models" ] || { echo "FAIL: headers outside $inc/fanout"; exit 1; }
+if grep -rhoE '#include "(runtime|kernels|models)/' "$inc/fanout" | head -1 | grep -q .; then
+  echo "FAIL: an installed header includes a path without fanout/"; exit 1
+fi
 mkdir -p "$work/app"
 cat > "$work/app/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.20)
@@ -20,7 +32,16 @@ add_executable(consumer main.cpp)
 target_link_libraries(consumer PRIVATE fanout::fanout)
 add_executable(layer layer.cpp)
 target_link_libraries(layer PRIVATE fanout::fanout)
+# The project's own folders come first on its include path.
+target_include_directories(consumer BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_include_directories(layer BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 CM
+# A project with folders named as fanout's: any of its headers picked up
+# instead of fanout's stops the build.
+for h in models/zoo/zoo.h models/layers/linear.h runtime/core/tensor.h runtime/nn/module.h kernels/declare.h; do
+  mkdir -p "$work/app/$(dirname "$h")"
+  echo "#error \"the consumer's own $h was included instead of fanout's\"" > "$work/app/$h"
+done
 # The README's library example, as it stands there.
 sed -n '/<!-- library-example begin -->/,/<!-- library-example end -->/p' "$src/README.md" | sed '1,2d;$d' | sed '$d' \
   > "$work/app/main.cpp"
@@ -28,6 +49,9 @@ grep -q "int main" "$work/app/main.cpp" || { echo "FAIL: no library example in R
 sed -n '/<!-- layer-example begin -->/,/<!-- layer-example end -->/p' "$src/README.md" | sed '1,2d;$d' | sed '$d' \
   > "$work/app/layer.cpp"
 grep -q "int main" "$work/app/layer.cpp" || { echo "FAIL: no layer example in README.md"; exit 1; }
+if grep -hE '#include "(runtime|kernels|models)/' "$work/app/main.cpp" "$work/app/layer.cpp"; then
+  echo "FAIL: the README's examples include fanout headers without <fanout/...>"; exit 1
+fi
 cmake -S "$work/app" -B "$work/app/build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/cfg.log"
 cmake --build "$work/app/build" -j2 > "$work/build.log"
 (cd "$work" && LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/consumer") | tee "$work/out.txt"
