@@ -356,7 +356,13 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   split_devices(devices, nproc, 0);  // refuses a list that cannot be split, before anything starts
   FANOUT_USER_CHECK(c.batch_size % (nproc * c.nnodes) == 0)
       << "--batch-size " << c.batch_size << " cannot be split evenly over " << nproc * c.nnodes << " processes";
-  if (!c.rdzv.empty()) dist::Rendezvous::parse(c.rdzv);
+  if (!c.rdzv.empty()) {
+    try {
+      dist::Rendezvous::parse(c.rdzv);
+    } catch (const Error& e) {
+      throw Error(std::string("--rdzv: ") + e.what());
+    }
+  }
   dist::LaunchOptions lo;
   lo.program = apps::self_path();
   lo.args.assign(argv + 1, argv + argc);
@@ -475,12 +481,19 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
   if (!c.resume.empty()) {
     const std::string path = train::resolve_resume_path(c.resume);
     // Every rank reads the file (one machine, or a shared file system).
-    ckpt = train::load_checkpoint(path, engine, opt, [&](const train::CheckpointState& st) {
-      const std::string was_model =
-          st.config.contains("model") && st.config["model"].is_string() ? st.config["model"].get<std::string>() : "?";
-      FANOUT_USER_CHECK(was_model == c.model)
-          << "checkpoint " << path << " was trained with --model " << was_model << ", not " << c.model;
-    });
+    try {
+      ckpt = train::load_checkpoint(path, engine, opt, [&](const train::CheckpointState& st) {
+        const std::string was_model = st.config.contains("model") && st.config["model"].is_string()
+                                          ? st.config["model"].get<std::string>()
+                                          : "?";
+        FANOUT_USER_CHECK(was_model == c.model)
+            << "checkpoint " << path << " was trained with --model " << was_model << ", not " << c.model;
+      });
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("is not a fanout training checkpoint") == std::string::npos) throw;
+      throw Error(what + "; --init-from loads weights alone");
+    }
     if (p.primary()) {
       // Split-invariant runs give the same result on any number of CPU devices and processes.
       const bool any_devices = c.split_invariant && ckpt.config.contains("split_invariant") &&

@@ -62,8 +62,8 @@ std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat)
   }
   if (spec == "all") {
     FANOUT_USER_CHECK(cuda_available_in_build())
-        << "--devices all: this build has no CUDA backend (use cpu or cpu:N)";
-    FANOUT_USER_CHECK(count > 0) << "--devices all: no visible CUDA device"
+        << "devices 'all': this build has no CUDA backend (use cpu or cpu:N)";
+    FANOUT_USER_CHECK(count > 0) << "devices 'all': no visible CUDA device"
                                  << (std::getenv("CUDA_VISIBLE_DEVICES") ? " (check CUDA_VISIBLE_DEVICES)" : "");
     std::vector<Device> out;
     for (int i = 0; i < count; ++i) out.push_back(Device::cuda(i));

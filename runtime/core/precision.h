@@ -26,7 +26,7 @@ inline Precision parse_precision(const std::string& s) {
   if (s == "32" || s == "32-true") return Precision::F32;
   if (s == "bf16-mixed" || s == "bf16") return Precision::BF16Mixed;
   if (s == "16-mixed" || s == "16") return Precision::F16Mixed;
-  throw Error("unknown --precision '" + s + "' (choose 32, bf16-mixed or 16-mixed)");
+  throw Error("unknown precision '" + s + "' (choose 32, bf16-mixed or 16-mixed)");
 }
 
 // The type autocast computes matrix products in: F32 (off), BF16 or F16.

@@ -49,7 +49,7 @@ DataLoader::DataLoader(const Dataset& ds, std::unique_ptr<Sampler> sampler, cons
     FANOUT_USER_CHECK(budget <= 0 || bytes <= budget)
         << "the loader's batches in flight (" << o.workers << " workers x " << o.prefetch << " prefetch x batch "
         << o.batch_size << ") would take " << bytes / 1073741824.0 << " GiB, more than a quarter of this machine's "
-        << physical_memory_bytes() / 1073741824.0 << " GiB; lower --workers or --prefetch";
+        << physical_memory_bytes() / 1073741824.0 << " GiB; use fewer workers or a smaller prefetch";
   }
   slots_.resize(o.workers == 0 ? 1 : static_cast<size_t>(o.workers) * static_cast<size_t>(o.prefetch));
   allocate_slots(std::min(o.batch_size, sampler_->size()));

@@ -40,7 +40,7 @@ Rendezvous Rendezvous::parse(const std::string& spec) {
   if (spec.rfind("file:", 0) == 0) {
     r.kind = Kind::File;
     r.path = spec.substr(5);
-    FANOUT_USER_CHECK(!r.path.empty()) << "bad --rdzv '" << spec << "': file: needs a directory (file:DIR)";
+    FANOUT_USER_CHECK(!r.path.empty()) << "bad rendezvous '" << spec << "': file: needs a directory (file:DIR)";
     return r;
   }
   if (spec.rfind("redis:", 0) == 0) {
@@ -48,16 +48,16 @@ Rendezvous Rendezvous::parse(const std::string& spec) {
     const std::string rest = spec.substr(6);
     const auto colon = rest.rfind(':');
     FANOUT_USER_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < rest.size())
-        << "bad --rdzv '" << spec << "': expected redis:HOST:PORT";
+        << "bad rendezvous '" << spec << "': expected redis:HOST:PORT";
     r.host = rest.substr(0, colon);
     const std::string port = rest.substr(colon + 1);
     FANOUT_USER_CHECK(port.find_first_not_of("0123456789") == std::string::npos && port.size() <= 5 &&
                       std::stoi(port) >= 1 && std::stoi(port) <= 65535)
-        << "bad --rdzv '" << spec << "': port '" << port << "' is not in 1..65535";
+        << "bad rendezvous '" << spec << "': port '" << port << "' is not in 1..65535";
     r.port = std::stoi(port);
     return r;
   }
-  FANOUT_FAIL() << "bad --rdzv '" << spec << "' (expected file:DIR or redis:HOST:PORT)";
+  FANOUT_FAIL() << "bad rendezvous '" << spec << "' (expected file:DIR or redis:HOST:PORT)";
 }
 
 std::string Rendezvous::str() const {
@@ -135,7 +135,7 @@ class GlooGroup : public ProcessGroup {
   GlooGroup(const GroupOptions& o) : ProcessGroup(o.rank, o.world_size, o.timeout_s) {
     FANOUT_USER_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size)
         << "rank " << o.rank << " is outside a world of " << o.world_size;
-    FANOUT_USER_CHECK(o.timeout_s > 0) << "--timeout must be positive, got " << o.timeout_s;
+    FANOUT_USER_CHECK(o.timeout_s > 0) << "the process group's timeout must be positive, got " << o.timeout_s;
     const Rendezvous r = Rendezvous::parse(o.rendezvous);
     timeout_ = Ms(static_cast<int64_t>(o.timeout_s * 1000));
     gloo::transport::tcp::attr attr;
@@ -160,7 +160,7 @@ class GlooGroup : public ProcessGroup {
     } catch (const fanout::Error&) {
       throw;
     } catch (const std::exception& e) {
-      FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; --timeout sets the wait): "
+      FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; the timeout sets the wait): "
                     << first_line(e.what());
     }
   }

@@ -154,11 +154,11 @@ class MeanSquaredError final : public Criterion {
 std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
   if (o.criterion == "cross_entropy") {
     FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
-        << "--label-smoothing must be in [0, 1), got " << o.label_smoothing;
+        << "label smoothing must be in [0, 1), got " << o.label_smoothing;
     return std::make_unique<CrossEntropy>(o.label_smoothing);
   }
   if (o.criterion == "mse") {
-    FANOUT_USER_CHECK(o.label_smoothing == 0) << "--label-smoothing applies to cross_entropy, not mse";
+    FANOUT_USER_CHECK(o.label_smoothing == 0) << "label smoothing applies to cross_entropy, not mse";
     return std::make_unique<MeanSquaredError>();
   }
   FANOUT_FAIL() << "unknown criterion '" << o.criterion << "' (expected cross_entropy or mse)";

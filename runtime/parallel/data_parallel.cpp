@@ -94,19 +94,19 @@ std::unique_ptr<Comm> make_comm(const std::string& kind, const std::vector<Devic
   const bool cpu = devices[0].is_cpu();
   if (cpu) {
     FANOUT_USER_CHECK(kind == "auto" || kind == "cpu")
-        << "--dp-comm " << kind << " needs CUDA devices; CPU devices use the cpu communicator";
+        << "the " << kind << " communicator needs CUDA devices; CPU devices use the cpu communicator";
     return make_cpu_comm(static_cast<int>(devices.size()), max_ops);
   }
   std::set<int> distinct;
   for (auto& d : devices) distinct.insert(d.index);
   const bool repeated = distinct.size() != devices.size();
   if (kind == "nccl") {
-    FANOUT_USER_CHECK(!repeated) << "--dp-comm nccl needs distinct devices, but the device list repeats a GPU "
-                                    "(use --dp-comm p2p)";
+    FANOUT_USER_CHECK(!repeated) << "the nccl communicator needs distinct devices, but the device list repeats a GPU "
+                                    "(use the p2p communicator)";
     return make_nccl_comm(devices, max_ops);
   }
   if (kind == "p2p") return make_p2p_comm(devices, max_ops);
-  FANOUT_USER_CHECK(kind == "auto") << "unknown --dp-comm '" << kind << "' (expected auto, p2p or nccl)";
+  FANOUT_USER_CHECK(kind == "auto") << "unknown communicator '" << kind << "' (expected auto, p2p or nccl)";
   return repeated || devices.size() == 1 ? make_p2p_comm(devices, max_ops) : make_nccl_comm(devices, max_ops);
 }
 }  // namespace
@@ -188,7 +188,7 @@ DataParallel::~DataParallel() {
 DType parse_grad_reduce_dtype(const std::string& s) {
   if (s == "fp32" || s == "float32") return DType::F32;
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  throw Error("gradients cannot be reduced in '" + s + "' (--grad-reduce-dtype takes fp32 or bf16)");
+  throw Error("gradients cannot be reduced in '" + s + "' (expected fp32 or bf16)");
 }
 
 void DataParallel::run_replicas(const std::function<void(int)>& fn) {

@@ -11,11 +11,11 @@ namespace fanout {
 
 void apply_split_invariant(Module& model, Device device, const MathOptions& math) {
   if (!math.split_invariant) return;
-  FANOUT_USER_CHECK(device.is_cpu()) << "--split-invariant is implemented for CPU devices only, not "
+  FANOUT_USER_CHECK(device.is_cpu()) << "split-invariant math is implemented for CPU devices only, not "
                                      << device.str();
   for (auto& [name, m] : model.named_modules())
     FANOUT_USER_CHECK(m->type_name().rfind("BatchNorm", 0) != 0)
-        << "--split-invariant cannot hold for a model with BatchNorm (" << (name.empty() ? "the model" : name)
+        << "split-invariant math cannot hold for a model with BatchNorm (" << (name.empty() ? "the model" : name)
         << "): its batch statistics depend on the split by definition";
   model.set_grad_dtype(DType::F64);
   kernels::set_cpu_blas_threads(1);

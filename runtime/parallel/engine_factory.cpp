@@ -39,12 +39,12 @@ std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions&
   std::string b = backend;
   if (b == "auto") b = cuda && !gpus_shared ? "nccl" : "gloo";
   if (b == "nccl") {
-    FANOUT_USER_CHECK(cuda) << "--ddp-backend nccl needs CUDA devices";
-    FANOUT_USER_CHECK(!gpus_shared) << "--ddp-backend nccl needs a GPU of its own per process (NCCL refuses two "
-                                       "ranks on one GPU); use --ddp-backend gloo";
+    FANOUT_USER_CHECK(cuda) << "the nccl process-group backend needs CUDA devices";
+    FANOUT_USER_CHECK(!gpus_shared) << "the nccl process-group backend needs a GPU of its own per process (NCCL refuses two "
+                                       "ranks on one GPU); use the gloo backend";
     return dist::make_nccl_group(opts, devices[0]);
   }
-  FANOUT_USER_CHECK(b == "gloo") << "bad --ddp-backend '" << backend << "' (expected auto, gloo or nccl)";
+  FANOUT_USER_CHECK(b == "gloo") << "unknown process-group backend '" << backend << "' (expected auto, gloo or nccl)";
   return dist::make_gloo_group(opts);
 }
 
@@ -60,7 +60,7 @@ std::vector<Device> split_devices(const std::vector<Device>& all, int local_worl
   const int n = static_cast<int>(all.size());
   FANOUT_USER_CHECK(local_world >= 1 && n % local_world == 0)
       << "cannot split " << n << " device" << (n == 1 ? "" : "s") << " evenly over " << local_world
-      << " processes (list a multiple of --nproc-per-node devices, e.g. cpu:" << local_world << ")";
+      << " processes (list a multiple of the processes per machine, e.g. cpu:" << local_world << ")";
   FANOUT_CHECK(local_rank >= 0 && local_rank < local_world) << "local rank " << local_rank;
   const int per = n / local_world;
   std::vector<Device> out(all.begin() + local_rank * per, all.begin() + (local_rank + 1) * per);

@@ -145,7 +145,7 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
   FANOUT_CHECK(o.reduce_dtype == DType::F32 || o.reduce_dtype == DType::BF16)
       << "gradients cannot be reduced in " << dtype_name(o.reduce_dtype);
   FANOUT_USER_CHECK(o.reduce_dtype == DType::F32 || replicas_[0]->grad_dtype() == DType::F32)
-      << "--grad-reduce-dtype bf16 cannot keep --split-invariant's exact float64 gradient sums";
+      << "bf16 gradient reduction cannot keep split-invariant math's exact float64 gradient sums";
   if (o.group) {
     const char* op = o.shard_bounds.empty() ? "all-reduce" : "reduce onto the owners";
     for (int b = 0; b < layout.size(); ++b)

@@ -115,7 +115,7 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   auto fmt = f.metadata.find("format");
   FANOUT_USER_CHECK(fmt != f.metadata.end() && fmt->second == kCheckpointFormat)
       << path << " is not a fanout training checkpoint (no format '" << kCheckpointFormat
-      << "' in its metadata); use --init-from to load weights only";
+      << "' in its metadata); load its weights alone instead (load_weights)";
   CheckpointState st;
   const int64_t epoch = meta_int(f, "epoch", path);
   FANOUT_USER_CHECK(epoch <= 1000000) << "checkpoint " << path << ": metadata 'epoch' is out of range: " << epoch;
@@ -302,7 +302,7 @@ SaveDirLock::SaveDirLock(const std::string& dir) {
     fd_ = -1;
     FANOUT_USER_CHECK(err != EWOULDBLOCK)
         << "checkpoint directory " << dir << " is in use by another run (" << (holder.empty() ? "unknown" : holder)
-        << "); give each run its own --save-dir";
+        << "); give each run its own save directory";
     FANOUT_FAIL() << "cannot lock checkpoint directory " << dir << ": " << std::strerror(err);
   }
   // Write access, checked now rather than at the first save.
@@ -336,8 +336,8 @@ SaveDirLock::~SaveDirLock() {
 
 CheckpointSaver::CheckpointSaver(std::string dir, int every, int keep_last)
     : dir_(std::move(dir)), every_(every), keep_last_(keep_last) {
-  FANOUT_USER_CHECK(every >= 1) << "--save-every must be at least 1, got " << every;
-  FANOUT_USER_CHECK(keep_last >= 1) << "--keep-last must be at least 1, got " << keep_last;
+  FANOUT_USER_CHECK(every >= 1) << "checkpoints every N epochs need N of at least 1, got " << every;
+  FANOUT_USER_CHECK(keep_last >= 1) << "keeping the newest N checkpoints needs N of at least 1, got " << keep_last;
   lock_ = std::make_unique<SaveDirLock>(dir_);
 }
 

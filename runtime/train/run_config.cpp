@@ -53,6 +53,8 @@ void RunConfig::validate() const {
       << "--clip-grad-value must be non-negative, got " << clip_grad_value;
   FANOUT_USER_CHECK(timing_warmup >= 0) << "--timing-warmup must be non-negative, got " << timing_warmup;
   FANOUT_USER_CHECK(save_every_steps >= 0) << "--save-every-steps must be non-negative, got " << save_every_steps;
+  FANOUT_USER_CHECK(save_every >= 1) << "--save-every must be at least 1, got " << save_every;
+  FANOUT_USER_CHECK(keep_last >= 1) << "--keep-last must be at least 1, got " << keep_last;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";

@@ -39,12 +39,12 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   cfg_.schedule.base_lr = opt.initial_lr();
   FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
   FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_norm) && cfg.clip_grad_norm >= 0)
-      << "--clip-grad-norm must be non-negative, got " << cfg.clip_grad_norm;
+      << "the norm to clip gradients to must be non-negative, got " << cfg.clip_grad_norm;
   FANOUT_USER_CHECK(std::isfinite(cfg.clip_grad_value) && cfg.clip_grad_value >= 0)
-      << "--clip-grad-value must be non-negative, got " << cfg.clip_grad_value;
+      << "the value to clip gradients to must be non-negative, got " << cfg.clip_grad_value;
   FANOUT_USER_CHECK(cfg.batch_size > 0) << "batch size must be positive, got " << cfg.batch_size;
   FANOUT_USER_CHECK(cfg.epochs > 0) << "epochs must be positive, got " << cfg.epochs;
-  FANOUT_USER_CHECK(cfg.accumulate >= 1) << "--accumulate must be at least 1, got " << cfg.accumulate;
+  FANOUT_USER_CHECK(cfg.accumulate >= 1) << "gradient accumulation needs at least 1 batch per step, got " << cfg.accumulate;
   FANOUT_USER_CHECK(train.size() > 0) << "the training set is empty";
   const int world = engine.world_size();
   FANOUT_USER_CHECK(cfg.batch_size % world == 0)
@@ -225,7 +225,7 @@ StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, co
 void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, const ExactSum& loss, int64_t rows) {
   const Stepped s = clipped_step(opt_, scaler_.get(), lr, cfg_.clip_grad_norm, cfg_.clip_grad_value, [&](double n) {
     return "training diverged: the gradient norm is " + std::to_string(n) + " at epoch " + std::to_string(epoch + 1) +
-           " step " + std::to_string(b + 1) + " (try a smaller --lr)";
+           " step " + std::to_string(b + 1) + " (try a smaller learning rate)";
   });
   if (cfg_.clip_grad_norm > 0 && s.stepped) {
     norms.sum += s.norm;
@@ -262,7 +262,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t b0 = std::min(start.batch, nb);
   FANOUT_USER_CHECK(b0 % k == 0 || b0 == nb) << "cannot continue epoch " << epoch + 1 << " at batch " << b0
-                                             << ": not the end of an optimizer step (--accumulate " << k << ")";
+                                             << ": not the end of an optimizer step (of " << k << " batches)";
   const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - b0 - 1);
   auto t_warm = t0;
   double wait_at_warm = it.wait_seconds();
@@ -297,7 +297,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     StepResult r = engine_.forward_backward(x, y, grad_scale, last_in_group);
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1
-        << " (try a smaller --lr)";
+        << " (try a smaller learning rate)";
     if (b % k == 0) step_loss = ExactSum{};
     step_loss.merge(r.loss);
     if (last_in_group) optimizer_step(lr, epoch, b, norms, step_loss, group_rows);

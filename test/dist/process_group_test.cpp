@@ -182,7 +182,7 @@ TEST(ProcessGroup, RendezvousSpecs) {
   EXPECT_EQ(r.host, "127.0.0.1");
   EXPECT_EQ(r.port, 6390);
   EXPECT_EQ(r.str(), "redis:127.0.0.1:6390");
-  testing::expect_user_error([] { Rendezvous::parse("tcp:1.2.3.4"); }, {"bad --rdzv 'tcp:1.2.3.4'"});
+  testing::expect_user_error([] { Rendezvous::parse("tcp:1.2.3.4"); }, {"bad rendezvous 'tcp:1.2.3.4'"});
   testing::expect_user_error([] { Rendezvous::parse("file:"); }, {"file:DIR"});
   testing::expect_user_error([] { Rendezvous::parse("redis:host"); }, {"redis:HOST:PORT"});
   testing::expect_user_error([] { Rendezvous::parse("redis:host:0"); }, {"1..65535"});

@@ -125,14 +125,14 @@ expect_error config-huge "at most 1048576" --config "$work/huge.cfg" --data synt
 # Loader bounds and the warm-up bound.
 expect_error prefetch-bound "prefetch must be in 1..64" --workers 256 --prefetch 100000 --data synthetic:64
 expect_error workers-bound "workers must be at most 256" --workers 100000 --data synthetic:64
-expect_error in-flight-bound "batches in flight .* lower --workers or --prefetch" --workers 256 --prefetch 64 \
+expect_error in-flight-bound "batches in flight .* use fewer workers or a smaller prefetch" --workers 256 --prefetch 64 \
   --batch-size 60000 --data fashion-mnist
 expect_error warmup-inf "warmup-epochs must be in" --warmup-epochs inf --data synthetic:64
 expect_error warmup-past-end "warmup-epochs must be in \[0, --epochs\] = \[0, 1\], got 5" --warmup-epochs 5 --data synthetic:64
 expect_error warmup-nan "warmup-epochs must be in" --warmup-epochs nan --data synthetic:64
 expect_error split-invariant-batchnorm "cannot hold for a model with BatchNorm" --split-invariant --model resnet18 \
   --devices cpu:2 --data synthetic:64
-expect_error unknown-precision "unknown --precision 'fp8' \(choose 32, bf16-mixed or 16-mixed\)" --precision fp8 \
+expect_error unknown-precision "unknown precision 'fp8' \(choose 32, bf16-mixed or 16-mixed\)" --precision fp8 \
   --data synthetic:64
 expect_error bf16-split-invariant "--precision bf16-mixed cannot keep --split-invariant" --precision bf16-mixed \
   --split-invariant --data synthetic:64

@@ -137,7 +137,7 @@ bad() {  # expected-substring args...
 }
 bad "--nproc-per-node must be at least 1" --devices cpu:2 --strategy ddp --nproc-per-node 0
 bad "cannot split 3 devices evenly over 2 processes" --devices cpu:3 --strategy ddp --nproc-per-node 2
-bad "bad --rdzv 'tcp:host'" --devices cpu:2 --strategy ddp --rdzv tcp:host
+bad "--rdzv: bad rendezvous 'tcp:host'" --devices cpu:2 --strategy ddp --rdzv tcp:host
 bad "expected redis:HOST:PORT" --devices cpu:2 --strategy ddp --rdzv redis:localhost
 bad "cannot reach the Redis rendezvous at 127.0.0.1:1" --devices cpu:2 --strategy ddp --rdzv redis:127.0.0.1:1
 bad "bad --strategy 'ring'" --strategy ring

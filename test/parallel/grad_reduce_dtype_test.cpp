@@ -61,7 +61,7 @@ TEST(GradReduceDtype, BadTypesAreOneLineErrors) {
   o.grad_reduce_dtype = DType::BF16;
   o.math.split_invariant = true;
   testing::expect_user_error([&] { DataParallel dp(*m, parse_devices("cpu:2"), o); },
-                                 {"--grad-reduce-dtype bf16 cannot keep --split-invariant"});
+                                 {"bf16 gradient reduction cannot keep split-invariant math"});
 }
 
 }  // namespace

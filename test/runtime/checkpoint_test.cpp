@@ -271,7 +271,7 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   // Weights only (what PyTorch exports): --init-from material, not --resume.
   io::save_safetensors(dir / "weights.safetensors", r.model->state_dict());
   testing::expect_user_error([&] { train::load_checkpoint(dir / "weights.safetensors", *r.engine, *r.opt); },
-                             {"is not a fanout training checkpoint", "--init-from"});
+                             {"is not a fanout training checkpoint", "load its weights alone instead (load_weights)"});
   // A checkpoint of another architecture.
   auto mlp = models::make_model("mlp", data.train.sample_shape(), 10, 1);
   testing::Trained<SingleDeviceEngine> mlp_engine(*mlp, Device::cpu(), *make_criterion({}), 1);
@@ -283,7 +283,7 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   // best.safetensors (the model alone) is not a checkpoint to resume.
   train::save_checkpoint(dir / "best.safetensors", *r.engine, nullptr, {});
   testing::expect_user_error([&] { train::load_checkpoint(dir / "best.safetensors", *r.engine, *r.opt); },
-                             {"is not a fanout training checkpoint", "--init-from"});
+                             {"is not a fanout training checkpoint", "load its weights alone instead (load_weights)"});
   // Momentum buffers into an optimizer without momentum.
   r.trainer->run();
   train::save_checkpoint(dir / "c.safetensors", *r.engine, r.opt.get(), {});
@@ -460,8 +460,8 @@ TEST(Checkpoint, ResolveResumePathErrors) {
   EXPECT_EQ(train::resolve_resume_path(dir / "x.safetensors"), dir / "x.safetensors");
   testing::expect_user_error([&] { train::CheckpointSaver(dir / "x.safetensors", 1, 1); },
                              {"cannot create checkpoint directory"});
-  testing::expect_user_error([&] { train::CheckpointSaver(dir / "d", 0, 1); }, {"--save-every"});
-  testing::expect_user_error([&] { train::CheckpointSaver(dir / "d", 1, 0); }, {"--keep-last"});
+  testing::expect_user_error([&] { train::CheckpointSaver(dir / "d", 0, 1); }, {"checkpoints every N epochs need N of at least 1"});
+  testing::expect_user_error([&] { train::CheckpointSaver(dir / "d", 1, 0); }, {"keeping the newest N checkpoints needs N of at least 1"});
 }
 
 }  // namespace
