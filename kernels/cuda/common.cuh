@@ -113,6 +113,20 @@ __device__ __forceinline__ void block_sum2(T& a, T& b) {
   __syncthreads();  // the shared arrays may be reused by a later call
 }
 
+// The block's sums of a and b, in every thread (block_sum2's fixed tree).
+__device__ __forceinline__ void block_sum2_all(double& a, double& b) {
+  __shared__ double out[2];
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    out[0] = a;
+    out[1] = b;
+  }
+  __syncthreads();
+  a = out[0];
+  b = out[1];
+  __syncthreads();
+}
+
 // ---- deterministic per-channel reduction over (N, C, S) ----
 //
 // For each channel c, accumulates two doubles over the N*S elements

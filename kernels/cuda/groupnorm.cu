@@ -11,20 +11,6 @@ namespace {
 
 constexpr int kGnThreads = 256;
 
-// The block's sums of a and b, in every thread.
-__device__ __forceinline__ void block_sum2_all(double& a, double& b) {
-  __shared__ double out[2];
-  detail::block_sum2(a, b);
-  if (threadIdx.x == 0) {
-    out[0] = a;
-    out[1] = b;
-  }
-  __syncthreads();
-  a = out[0];
-  b = out[1];
-  __syncthreads();
-}
-
 __global__ void __launch_bounds__(kGnThreads)
     gn_forward_kernel(const float* x, const float* gamma, const float* beta, int64_t c, int64_t s, int groups, float eps,
                       float* y, float* mean, float* rstd) {
@@ -32,12 +18,12 @@ __global__ void __launch_bounds__(kGnThreads)
   const int64_t base = (i * c + gr * cg) * s;
   double sum = 0, unused = 0;
   for (int64_t k = threadIdx.x; k < m; k += blockDim.x) sum += x[base + k];
-  block_sum2_all(sum, unused);
+  detail::block_sum2_all(sum, unused);
   const double mu = sum / static_cast<double>(m);
   double sq = 0;
   unused = 0;
   for (int64_t k = threadIdx.x; k < m; k += blockDim.x) sq += (x[base + k] - mu) * (x[base + k] - mu);
-  block_sum2_all(sq, unused);
+  detail::block_sum2_all(sq, unused);
   const double r = 1.0 / sqrt(sq / static_cast<double>(m) + eps);
   if (threadIdx.x == 0) {
     mean[ng] = static_cast<float>(mu);
@@ -85,7 +71,7 @@ __global__ void __launch_bounds__(kGnThreads)
     sd += dxh;
     sdx += dxh * ((x[base + k] - mu) * r);
   }
-  block_sum2_all(sd, sdx);
+  detail::block_sum2_all(sd, sdx);
   const double inv_m = 1.0 / static_cast<double>(m);
   for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
     const double xh = (x[base + k] - mu) * r;

@@ -12,20 +12,6 @@ namespace {
 
 constexpr int kLnThreads = 256;
 
-// The block's sums of a and b, in every thread.
-__device__ __forceinline__ void block_sum2_all(double& a, double& b) {
-  __shared__ double out[2];
-  detail::block_sum2(a, b);
-  if (threadIdx.x == 0) {
-    out[0] = a;
-    out[1] = b;
-  }
-  __syncthreads();
-  a = out[0];
-  b = out[1];
-  __syncthreads();
-}
-
 __global__ void __launch_bounds__(kLnThreads)
     ln_forward_kernel(const float* x, const float* gamma, const float* beta, int64_t d, float eps, float* y,
                       float* mean, float* rstd) {
@@ -33,12 +19,12 @@ __global__ void __launch_bounds__(kLnThreads)
   const float* xr = x + r * d;
   double sum = 0, unused = 0;
   for (int64_t k = threadIdx.x; k < d; k += blockDim.x) sum += xr[k];
-  block_sum2_all(sum, unused);
+  detail::block_sum2_all(sum, unused);
   const double mu = sum / static_cast<double>(d);
   double sq = 0;
   unused = 0;
   for (int64_t k = threadIdx.x; k < d; k += blockDim.x) sq += (xr[k] - mu) * (xr[k] - mu);
-  block_sum2_all(sq, unused);
+  detail::block_sum2_all(sq, unused);
   const double rs = 1.0 / sqrt(sq / static_cast<double>(d) + eps);
   if (threadIdx.x == 0) {
     mean[r] = static_cast<float>(mu);
@@ -74,7 +60,7 @@ __global__ void __launch_bounds__(kLnThreads)
     sd += dxh;
     sdx += dxh * ((x[r * d + k] - mu) * rs);
   }
-  block_sum2_all(sd, sdx);
+  detail::block_sum2_all(sd, sdx);
   const double inv_d = 1.0 / static_cast<double>(d);
   for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
     const double xh = (x[r * d + k] - mu) * rs;

@@ -130,6 +130,28 @@ namespace {
 
 using Ms = std::chrono::milliseconds;
 
+// Sets buf as the output of a summing collective (F32, F64 or I64); false for other dtypes.
+template <class Options>
+bool sum_into(Options& opts, Tensor& buf) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  switch (buf.dtype()) {
+    case DType::F32:
+      opts.setOutput(buf.data<float>(), buf.numel());
+      opts.setReduceFunction(static_cast<Fn>(&gloo::sum<float>));
+      return true;
+    case DType::F64:
+      opts.setOutput(buf.data<double>(), buf.numel());
+      opts.setReduceFunction(static_cast<Fn>(&gloo::sum<double>));
+      return true;
+    case DType::I64:
+      opts.setOutput(buf.data<int64_t>(), buf.numel());
+      opts.setReduceFunction(static_cast<Fn>(&gloo::sum<int64_t>));
+      return true;
+    default:
+      return false;
+  }
+}
+
 class GlooGroup : public ProcessGroup {
  public:
   GlooGroup(const GroupOptions& o) : ProcessGroup(o.rank, o.world_size, o.timeout_s) {
@@ -186,23 +208,7 @@ class GlooGroup : public ProcessGroup {
       gloo::AllreduceOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
-      switch (buf.dtype()) {
-        case DType::F32:
-          opts.setOutput(buf.data<float>(), buf.numel());
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-          break;
-        case DType::F64:
-          opts.setOutput(buf.data<double>(), buf.numel());
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
-          break;
-        case DType::I64:
-          opts.setOutput(buf.data<int64_t>(), buf.numel());
-          opts.setReduceFunction(
-              static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<int64_t>));
-          break;
-        default:
-          FANOUT_FAIL() << what << ": all-reduce of " << dtype_name(buf.dtype()) << " is not supported";
-      }
+      FANOUT_CHECK(sum_into(opts, buf)) << what << ": all-reduce of " << dtype_name(buf.dtype()) << " is not supported";
       gloo::allreduce(opts);
     });
   }
@@ -216,18 +222,8 @@ class GlooGroup : public ProcessGroup {
       opts.setRoot(root);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
-      switch (buf.dtype()) {
-        case DType::F32:
-          opts.setOutput(buf.data<float>(), buf.numel());
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-          break;
-        case DType::F64:
-          opts.setOutput(buf.data<double>(), buf.numel());
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
-          break;
-        default:
-          FANOUT_FAIL() << what << ": reduce of " << dtype_name(buf.dtype()) << " is not supported";
-      }
+      FANOUT_CHECK(buf.dtype() != DType::I64 && sum_into(opts, buf))
+          << what << ": reduce of " << dtype_name(buf.dtype()) << " is not supported";
       gloo::reduce(opts);
     });
   }

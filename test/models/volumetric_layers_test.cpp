@@ -7,6 +7,8 @@
 // allocation after warm-up, and one-line errors for bad shapes.
 #include <gtest/gtest.h>
 
+#include "runtime/nn/grad_check.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -346,50 +348,14 @@ TEST(VolumetricLayers, SteadyStateStepAllocatesNothing) {
 
 // ---- central differences through the Module interface (CPU) ----
 
-// Largest |numerical - analytic| over sampled entries of t, relative to
-// max |analytic|; kinks (max pooling, ReLU) are skipped.
-double scaled_grad_error(const std::function<double()>& f, Tensor& t, const Tensor& g, double eps) {
-  double scale = 1e-3;
-  for (int64_t i = 0; i < g.numel(); ++i) scale = std::max(scale, std::abs(double(g.f32()[i])));
-  const int64_t step = std::max<int64_t>(1, t.numel() / 300);
-  double worst = 0;
-  for (int64_t i = 0; i < t.numel(); i += step) {
-    const float o = t.f32()[i];
-    t.f32()[i] = o + float(eps);
-    const double fp = f();
-    t.f32()[i] = o - float(eps);
-    const double fm = f();
-    t.f32()[i] = o;
-    const double f0 = f();
-    if (std::abs((fp - f0) / eps - (f0 - fm) / eps) > 0.05 * scale) continue;  // a kink inside [o - eps, o + eps]
-    worst = std::max(worst, std::abs((fp - fm) / (2 * eps) - g.f32()[i]) / scale);
-  }
-  return worst;
-}
-
-// Checks d(sum(r * m(x)))/dx and /dparams for every parameter of m.
+// d(sum(r * m(x)))/dx and /dparams for every parameter of m, by the
+// library's check (runtime/nn/grad_check.h); m initialized with `seed`.
 void check_module(Module& m, const Shape& in, uint64_t seed, double tol = 1e-2, double eps = 1e-3) {
   m.init(seed);
-  m.train(true);
-  Context ctx(Device::cpu(), seed);
-  std::mt19937_64 rng(seed + 1);
-  Tensor x = ft::random_tensor(in, rng);
-  Tensor y0 = m.forward(x, ctx);
-  Tensor r = ft::random_tensor(y0.shape(), rng);
-  auto loss = [&]() { return ft::dot(m.forward(x, ctx), r); };
-  m.zero_grad();
-  m.forward(x, ctx);
-  Tensor dx = m.backward(ft::clone(r), ctx);
-  ASSERT_TRUE(dx.defined());
-  Tensor dx_copy = ft::clone(dx);
-  EXPECT_GT(ft::l2_norm(dx_copy), 0.0) << "input gradient is all zeros";
-  EXPECT_LT(scaled_grad_error(loss, x, dx_copy, eps), tol) << "input gradient of " << m.type_name();
-  Tensor grads = ft::clone(m.arenas().grads);
-  for (auto& [name, p] : m.named_parameters()) {
-    Tensor g = grads.flat(p->offset, p->shape);
-    EXPECT_GT(ft::l2_norm(g), 0.0) << name << " gradient is all zeros";
-    EXPECT_LT(scaled_grad_error(loss, p->value, g, eps), tol) << "gradient of " << name << " in " << m.type_name();
-  }
+  const GradCheck c = check_gradients(m, in, seed, eps);
+  ASSERT_TRUE(c.input_grad) << m.type_name() << " returned no input gradient";
+  EXPECT_TRUE(c.zero_grads.empty()) << m.type_name() << ": " << c.report();
+  EXPECT_LT(c.worst(), tol) << m.type_name() << ": " << c.report();
 }
 
 TEST(VolumetricLayerGrad, Conv3dStride2Pad1) {
