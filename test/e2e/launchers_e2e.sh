@@ -30,18 +30,20 @@ run own "$DP_TRAIN"
 run mpirun mpirun --allow-run-as-root --oversubscribe -np 2 -x FANOUT_RDZV="file:$work/rdzv-mpi" "$DP_TRAIN"
 
 # What torchrun and srun give each worker: its rank and world in the environment.
-by_env() {  # name rdzv-dir env-of-rank-0... -- env-of-rank-1...
-  local name=$1 dir=$2
-  shift 2
-  local env0=() env1=()
+# The rendezvous as the README gives it: FANOUT_RDZV for torchrun, --rdzv for srun.
+by_env() {  # name how(env|flag) rdzv-dir env-of-rank-0... -- env-of-rank-1...
+  local name=$1 how=$2 dir=$3
+  shift 3
+  local env0=() env1=() rdzv=()
   while [ "$1" != "--" ]; do env0+=("$1"); shift; done
   shift
   env1=("$@")
-  env "${env0[@]}" FANOUT_RDZV="file:$dir" timeout 300 "$DP_TRAIN" "${args[@]}" --metrics "$work/$name.jsonl" \
+  if [ "$how" = env ]; then env0+=("FANOUT_RDZV=file:$dir"); env1+=("FANOUT_RDZV=file:$dir"); else rdzv=(--rdzv "file:$dir"); fi
+  env "${env0[@]}" timeout 300 "$DP_TRAIN" "${args[@]}" "${rdzv[@]}" --metrics "$work/$name.jsonl" \
     --save-dir "$work/$name" > "$work/$name.out" 2>&1 &
   local p0=$!
   pids+=("$p0")
-  env "${env1[@]}" FANOUT_RDZV="file:$dir" timeout 300 "$DP_TRAIN" "${args[@]}" --metrics "$work/$name.jsonl" \
+  env "${env1[@]}" timeout 300 "$DP_TRAIN" "${args[@]}" "${rdzv[@]}" --metrics "$work/$name.jsonl" \
     --save-dir "$work/$name" > "$work/$name-1.out" 2>&1 &
   local p1=$!
   pids+=("$p1")
@@ -49,9 +51,9 @@ by_env() {  # name rdzv-dir env-of-rank-0... -- env-of-rank-1...
   wait "$p1" || { cat "$work/$name-1.out"; fail "$name: rank 1 failed"; }
   pids=()  # both gone: nothing left for the cleanup to kill
 }
-by_env torchrun "$work/rdzv-torchrun" RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 TORCHELASTIC_RUN_ID=t1 -- \
+by_env torchrun env "$work/rdzv-torchrun" RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 TORCHELASTIC_RUN_ID=t1 -- \
   RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 TORCHELASTIC_RUN_ID=t1
-by_env srun "$work/rdzv-srun" SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=7 -- \
+by_env srun flag "$work/rdzv-srun" SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=7 -- \
   SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=7
 
 python3 - "$work" <<'PY'

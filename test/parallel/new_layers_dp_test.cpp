@@ -19,6 +19,7 @@
 #include "models/layers/layernorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
+#include "models/layers/smooth_activation.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/engine_factory.h"
 #include "support/test_util.h"
@@ -46,6 +47,23 @@ std::unique_ptr<Module> volume_net(bool affine) {
   m->add("pool", std::make_unique<models::AvgPool3d>(2));
   m->add("flatten", std::make_unique<models::Flatten>());
   m->add("fc", std::make_unique<models::Linear>(3 * 8, 10));
+  m->init(6);
+  return m;
+}
+
+// The smooth activations (affine: LeakyReLU in place of Tanh).
+std::unique_ptr<Module> activation_net(bool affine) {
+  auto m = std::make_unique<models::Sequential>();
+  m->add("flatten", std::make_unique<models::Flatten>());
+  m->add("fc1", std::make_unique<models::Linear>(64, 32));
+  m->add("gelu", models::GELU());
+  m->add("fc2", std::make_unique<models::Linear>(32, 32));
+  m->add("silu", models::SiLU());
+  m->add("fc3", std::make_unique<models::Linear>(32, 32));
+  m->add("act", affine ? models::LeakyReLU(0.1f) : models::Tanh());
+  m->add("fc4", std::make_unique<models::Linear>(32, 32));
+  m->add("sigmoid", models::Sigmoid());
+  m->add("fc5", std::make_unique<models::Linear>(32, 10));
   m->init(6);
   return m;
 }
@@ -84,15 +102,16 @@ Tensor train(const std::function<std::unique_ptr<Module>()>& make, const std::st
   return m->arenas().params.to(Device::cpu());
 }
 
-TEST(NewLayersUnderDataParallel, NormalizationLayersEqualOneDevice) {
+TEST(NewLayersUnderDataParallel, EachNewLayerEqualsOneDevice) {
   const auto images = testing::random_batches(Shape{1, 8, 8}, 12, 10, 17);
   const auto volumes = testing::random_batches(Shape{1, 4, 4, 4}, 12, 10, 19);
   for (bool affine : {false, true})
-    for (auto make : {instance_norm_net, layer_norm_net, dropout_net, volume_net}) {
+    for (auto make : {instance_norm_net, layer_norm_net, dropout_net, volume_net, activation_net}) {
       SCOPED_TRACE(std::string(make == instance_norm_net ? "InstanceNorm2d"
                                : make == layer_norm_net  ? "LayerNorm"
                                : make == dropout_net     ? "Dropout"
-                                                         : "InstanceNorm3d and AvgPool3d") +
+                               : make == volume_net      ? "InstanceNorm3d and AvgPool3d"
+                                                         : "GELU, SiLU, Tanh/LeakyReLU, Sigmoid") +
                    (affine ? ", affine (in place)" : ""));
       auto build = [&] { return make(affine); };
       const auto& data = make == volume_net ? volumes : images;
