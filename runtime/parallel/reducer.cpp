@@ -304,6 +304,10 @@ void Reducer::finish() {
     Context& ctx = *contexts_[0];
     ctx.compute().synchronize();
     ctx.comm().synchronize();
+    // Sharded: sums on the other replicas (NCCL reduces onto their streams)
+    // are read by the global stage and by the primary's copies.
+    if (!opts_.shard_bounds.empty())
+      for (Context* c : contexts_) c->compute().synchronize();
     if (active_ > 1 && opts_.reduce_dtype != DType::F32)
       for (const auto& ps : pieces_)
         for (const ReducePiece& p : ps) round_piece(root(p), p);
