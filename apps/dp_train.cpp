@@ -440,6 +440,13 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
     spec.group = make_process_group(g, c.ddp_backend, p.devices, gpus_shared_by_processes(all, p.env.local_world_size));
     spec.broadcast_buffers = !c.no_broadcast_buffers;
     spec.local_processes = p.env.local_world_size;
+    // Beyond the engine's own (model size, buckets, precision): the run's options every rank must share.
+    spec.agree = {{"batch size", c.batch_size},
+                  {"accumulate", c.accumulate},
+                  {"epochs", c.epochs},
+                  {"seed", static_cast<int64_t>(c.seed)},
+                  {"optimizer (kind)", static_cast<int64_t>(optim::parse_optimizer(c.optimizer))},
+                  {"training samples", data.train.size()}};
   }
   return make_engine(model, std::move(spec));
 }

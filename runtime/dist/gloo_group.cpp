@@ -282,4 +282,25 @@ class GlooGroup : public ProcessGroup {
 
 std::unique_ptr<ProcessGroup> make_gloo_group(const GroupOptions& opts) { return std::make_unique<GlooGroup>(opts); }
 
+void check_agreement(ProcessGroup& g, const Agreement& fields,
+                     const std::function<void(const Tensor& in, Tensor& out)>& gather) {
+  const int64_t n = static_cast<int64_t>(fields.size());
+  if (g.size() == 1 || n == 0) return;
+  Tensor mine = Tensor::empty(Shape{n + 1}, DType::I64);
+  mine.data<int64_t>()[0] = n;  // a rank built from other code would list other fields
+  for (int64_t i = 0; i < n; ++i) mine.data<int64_t>()[i + 1] = fields[static_cast<size_t>(i)].second;
+  Tensor all = Tensor::empty(Shape{g.size() * (n + 1)}, DType::I64);
+  gather(mine, all);
+  const int64_t* v = all.data<int64_t>();
+  for (int r = 1; r < g.size(); ++r) {
+    const int64_t* theirs = v + r * (n + 1);
+    FANOUT_USER_CHECK(theirs[0] == n) << "rank " << r << " describes its run with " << theirs[0]
+                                      << " fields where rank 0 has " << n << " (every rank must run the same program)";
+    for (int64_t i = 0; i < n; ++i)
+      FANOUT_USER_CHECK(theirs[i + 1] == v[i + 1])
+          << "rank " << r << " has " << fields[static_cast<size_t>(i)].first << " " << theirs[i + 1]
+          << " where rank 0 has " << v[i + 1] << " (every rank must run the same model and options)";
+  }
+}
+
 }  // namespace fanout::dist

@@ -11,7 +11,10 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
@@ -67,6 +70,16 @@ class ProcessGroup {
   int rank_, size_;
   double timeout_s_;
 };
+
+// What every rank of a run must agree on (model size, bucket layout,
+// precision, batch size...), as named integers in the same order on every
+// rank. check_agreement gathers every rank's values (one all-gather of host
+// memory through `gather`) and fails, on every rank, with one line naming
+// the first rank and field that differ from rank 0's: "rank 1 has batch size
+// 64 where rank 0 has 32 (every rank must run the same model and options)".
+using Agreement = std::vector<std::pair<std::string, int64_t>>;
+void check_agreement(ProcessGroup& g, const Agreement& fields,
+                     const std::function<void(const Tensor& in, Tensor& out)>& gather);
 
 // Gloo over TCP, for tensors in host memory. The transport binds to the
 // interface GLOO_SOCKET_IFNAME names when set, else to 127.0.0.1 with a file

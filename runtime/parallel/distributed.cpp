@@ -24,8 +24,27 @@ DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, cons
   if (devices.at(0).is_cpu())
     kernels::set_cpu_blas_threads(
         cpu_blas_threads(static_cast<int>(devices.size()), opts.dp.math, std::max(1, opts.local_processes)));
-  // Start from rank 0's state.
+  // A rank with another model or options would exchange buffers of other
+  // sizes: one line naming the difference instead, on every rank.
   Arenas& a = inner_.model().arenas();
+  const DataParallel& dp = inner_.data_parallel();
+  int64_t layout = 0;  // the bucket bounds, hashed
+  for (const GradBucket& b : dp.buckets().buckets()) layout = layout * 1000003 + b.begin * 31 + b.count;
+  dist::Agreement agree = {{"parameter elements", a.params.numel()},
+                           {"buffer elements", a.buffers.numel()},
+                           {"parameters", static_cast<int64_t>(inner_.model().named_parameters().size())},
+                           {"gradient buckets", dp.num_buckets()},
+                           {"bucket layout hash", layout},
+                           {"devices per process", static_cast<int64_t>(devices.size())},
+                           {"precision (autocast dtype)", static_cast<int64_t>(opts.dp.math.autocast)},
+                           {"split-invariant math", opts.dp.math.split_invariant},
+                           {"gradient reduce dtype", static_cast<int64_t>(opts.dp.grad_reduce_dtype)},
+                           {"sharded optimizer", opts.dp.shard_optimizer}};
+  agree.insert(agree.end(), opts.agree.begin(), opts.agree.end());
+  dist::check_agreement(link_.group(), agree, [&](const Tensor& in, Tensor& out) {
+    link_.all_gather_host(in, out, "all-gather of the run's description (start-up check)", kTagMain);
+  });
+  // Start from rank 0's state.
   link_.broadcast(a.params, "broadcast of the initial parameters", kTagMain);
   if (a.buffers.numel() > 0) link_.broadcast(a.buffers, "broadcast of the initial buffers", kTagMain);
 }

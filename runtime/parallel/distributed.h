@@ -23,6 +23,10 @@ struct DdpOptions {
   DataParallelOptions dp;         // for this process's devices (its group is set from the engine's)
   bool broadcast_buffers = true;  // rank 0's buffers to every process before each training forward
   int local_processes = 1;        // processes on this machine (CPU threads are shared among them)
+  // More that every rank must agree on (the batch size, the optimizer...),
+  // checked with the engine's own (parameters, buckets, precision, gradient
+  // reduction, sharding, devices per process) before anything is exchanged.
+  dist::Agreement agree;
 };
 
 class DistributedDataParallelEngine : public Engine {

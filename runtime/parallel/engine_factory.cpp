@@ -19,6 +19,7 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
     o.dp = spec.dp;
     o.broadcast_buffers = spec.broadcast_buffers;
     o.local_processes = spec.local_processes;
+    o.agree = spec.agree;
     return std::make_unique<DistributedDataParallelEngine>(model, spec.devices, *criterion, o,
                                                            std::move(spec.group));
   }

@@ -24,6 +24,7 @@ struct EngineSpec {
   std::unique_ptr<dist::ProcessGroup> group;
   bool broadcast_buffers = true;
   int local_processes = 1;      // processes sharing this machine's cores
+  dist::Agreement agree;        // DDP: what else every rank must agree on (DdpOptions::agree)
 };
 
 // Also sets OpenBLAS's thread count for CPU devices.

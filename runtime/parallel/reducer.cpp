@@ -105,6 +105,14 @@ void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag, in
   staged(t, [&](Tensor& s) { group_->broadcast(s, root, what, tag); });
 }
 
+void ProcessLink::all_gather_host(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag) {
+  if (host_) return group_->all_gather(in, out, what, tag);
+  const Tensor din = in.to(ctx_.device());  // once, at start-up: allocating is fine
+  Tensor dout = Tensor::empty(out.shape(), out.dtype(), ctx_.device());
+  group_->all_gather(din, dout, what, tag);
+  out.copy_from(dout);
+}
+
 void ProcessLink::reduce(Tensor& t, int root, const std::string& what, uint32_t tag) {
   staged(t, [&](Tensor& s) { group_->reduce(s, root, what, tag); });
 }

@@ -92,6 +92,8 @@ class ProcessLink {
   void broadcast(Tensor& t, const std::string& what, uint32_t tag, int root = 0);
   // Rank root's t becomes the sum; the others' t is left undefined.
   void reduce(Tensor& t, int root, const std::string& what, uint32_t tag);
+  // out (size() * in.numel()) receives every rank's in; small host tensors (start-up checks).
+  void all_gather_host(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag);
 
  private:
   void staged(Tensor& t, const std::function<void(Tensor&)>& collective);

@@ -239,3 +239,43 @@ TEST_P(DistributedEvaluation, EqualsOneDevice) {
 
 }  // namespace
 }  // namespace fanout
+
+namespace fanout {
+namespace {
+
+// Ranks that do not run the same model or options end at start-up, every
+// one with one line naming the first difference (before, a different model
+// met its peers in a broadcast of another size).
+TEST(DdpAgreement, ADifferentModelOrBatchSizeIsOneLineOnEveryRank) {
+  struct Case {
+    const char* model1;
+    int64_t batch1;
+    const char* expect;
+  };
+  for (const Case& c : {Case{"mlp", 32, "rank 1 has parameter elements "},
+                        Case{"lenet", 64, "rank 1 has batch size 64 where rank 0 has 32"}}) {
+    SCOPED_TRACE(c.expect);
+    testing::TempDir dir;
+    std::vector<std::string> errors(2);
+    testing::run_ranks(2, [&](int r) {
+      auto m = models::make_model(r == 0 ? "lenet" : c.model1, Shape{1, 28, 28}, 10, 1);
+      EngineSpec spec;
+      spec.devices = parse_devices("cpu");
+      spec.group = dist::make_gloo_group({r, 2, "file:" + dir.path(), "agree", 20});
+      spec.agree = {{"batch size", r == 0 ? 32 : c.batch1}};
+      try {
+        make_engine(*m, std::move(spec));
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find(c.expect), std::string::npos) << "rank " << r << ": " << errors[r];
+      EXPECT_NE(errors[r].find("every rank must run the same model and options"), std::string::npos) << errors[r];
+      EXPECT_EQ(errors[r].find('\n'), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fanout
