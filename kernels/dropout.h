@@ -9,6 +9,7 @@
 
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
+#include "runtime/core/splitmix.h"
 #include "runtime/core/tensor.h"
 
 #ifdef __CUDACC__
@@ -20,16 +21,10 @@
 namespace fanout::kernels {
 
 namespace dropout_math {
-FANOUT_DROPOUT_HD uint64_t mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 // Whether element `e` of the sample at row `row` survives: a uniform 24-bit
 // draw in [0, 1) against p.
 FANOUT_DROPOUT_HD bool keep(uint64_t key, int64_t row, int64_t e, float p) {
-  const uint64_t h = mix(mix(key ^ mix(static_cast<uint64_t>(row))) ^ static_cast<uint64_t>(e));
+  const uint64_t h = splitmix64(splitmix64(key ^ splitmix64(static_cast<uint64_t>(row))) ^ static_cast<uint64_t>(e));
   return static_cast<float>(h >> 40) * (1.0f / 16777216.0f) >= p;
 }
 // 1 / (1 - p), or 0 when everything is dropped.

@@ -12,69 +12,64 @@
 
 namespace fanout::kernels::cpu {
 
+namespace {
+// A pooling window clipped to the volume: [d0, d1) x [h0, h1) x [w0, w1).
+struct Box {
+  int64_t d0, d1, h0, h1, w0, w1;
+};
+
+// f(v, o, box) for every output o of every (sample, channel) volume v of y,
+// in memory order: the loop both 3-D poolings run.
+template <class F>
+void each_window(const Shape& x, const Shape& y, const PoolGeometry& g, F&& f) {
+  const int64_t vols = x[0] * x[1], od = y[2], oh = y[3], ow = y[4];
+  for (int64_t v = 0; v < vols; ++v)
+    for (int64_t i = 0; i < od; ++i) {
+      Box box;
+      window(i, g, x[2], box.d0, box.d1);
+      for (int64_t j = 0; j < oh; ++j) {
+        window(j, g, x[3], box.h0, box.h1);
+        for (int64_t k = 0; k < ow; ++k) {
+          window(k, g, x[4], box.w0, box.w1);
+          f(v, (i * oh + j) * ow + k, box);
+        }
+      }
+    }
+}
+}  // namespace
+
 void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
-  const int64_t od = y.size(2), oh = y.size(3), ow = y.size(4);
-  const int64_t dhw = d * h * w, odhw = od * oh * ow;
+  const int64_t h = x.size(3), w = x.size(4), dhw = x.size(2) * h * w, odhw = y.size(2) * y.size(3) * y.size(4);
   const float* xp = x.f32();
   float* yp = y.f32();
   int32_t* ap = argmax.data<int32_t>();
-  for (int64_t v = 0; v < vols; ++v) {
+  each_window(x.shape(), y.shape(), g, [&](int64_t v, int64_t o, const Box& b) {
     const float* xs = xp + v * dhw;
-    float* ys = yp + v * odhw;
-    int32_t* as = ap + v * odhw;
-    for (int64_t i = 0; i < od; ++i) {
-      int64_t d0, d1;
-      window(i, g, d, d0, d1);
-      for (int64_t j = 0; j < oh; ++j) {
-        int64_t h0, h1;
-        window(j, g, h, h0, h1);
-        for (int64_t k = 0; k < ow; ++k) {
-          int64_t w0, w1;
-          window(k, g, w, w0, w1);
-          float best = -std::numeric_limits<float>::infinity();
-          int32_t best_i = static_cast<int32_t>((d0 * h + h0) * w + w0);
-          for (int64_t a = d0; a < d1; ++a)
-            for (int64_t b = h0; b < h1; ++b) {
-              const int64_t row = (a * h + b) * w;
-              for (int64_t c = w0; c < w1; ++c) take_max(xs[row + c], static_cast<int32_t>(row + c), best, best_i);
-            }
-          const int64_t o = (i * oh + j) * ow + k;
-          ys[o] = best;
-          as[o] = best_i;
-        }
+    float best = -std::numeric_limits<float>::infinity();
+    int32_t best_i = static_cast<int32_t>((b.d0 * h + b.h0) * w + b.w0);
+    for (int64_t a = b.d0; a < b.d1; ++a)
+      for (int64_t r = b.h0; r < b.h1; ++r) {
+        const int64_t row = (a * h + r) * w;
+        for (int64_t c = b.w0; c < b.w1; ++c) take_max(xs[row + c], static_cast<int32_t>(row + c), best, best_i);
       }
-    }
-  }
+    yp[v * odhw + o] = best;
+    ap[v * odhw + o] = best_i;
+  });
 }
 
 void avgpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
-  const int64_t od = y.size(2), oh = y.size(3), ow = y.size(4);
+  const int64_t h = x.size(3), w = x.size(4), dhw = x.size(2) * h * w, odhw = y.size(2) * y.size(3) * y.size(4);
   const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
   const float* xp = x.f32();
   float* yp = y.f32();
-  for (int64_t v = 0; v < vols; ++v) {
-    const float* xs = xp + v * d * h * w;
-    float* ys = yp + v * od * oh * ow;
-    for (int64_t i = 0; i < od; ++i) {
-      int64_t d0, d1;
-      window(i, g, d, d0, d1);
-      for (int64_t j = 0; j < oh; ++j) {
-        int64_t h0, h1;
-        window(j, g, h, h0, h1);
-        for (int64_t k = 0; k < ow; ++k) {
-          int64_t w0, w1;
-          window(k, g, w, w0, w1);
-          float s = 0.0f;
-          for (int64_t a = d0; a < d1; ++a)
-            for (int64_t b = h0; b < h1; ++b)
-              for (int64_t c = w0; c < w1; ++c) s += xs[(a * h + b) * w + c];
-          ys[(i * oh + j) * ow + k] = s * inv;
-        }
-      }
-    }
-  }
+  each_window(x.shape(), y.shape(), g, [&](int64_t v, int64_t o, const Box& b) {
+    const float* xs = xp + v * dhw;
+    float s = 0.0f;
+    for (int64_t a = b.d0; a < b.d1; ++a)
+      for (int64_t r = b.h0; r < b.h1; ++r)
+        for (int64_t c = b.w0; c < b.w1; ++c) s += xs[(a * h + r) * w + c];
+    yp[v * odhw + o] = s * inv;
+  });
 }
 
 void avgpool3d_backward(Context&, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {

@@ -29,6 +29,26 @@ __device__ __forceinline__ void window(I o, I k, I stride, I pad, I len, I& lo, 
   hi = start + k < len ? start + k : len;
 }
 
+// Output i's (sample, channel) volume and its window clipped to the volume:
+// [d0, d1) x [h0, h1) x [w0, w1), as the CPU path's each_window.
+template <class I>
+struct Box {
+  I vol, d0, d1, h0, h1, w0, w1;
+};
+template <class I>
+__device__ __forceinline__ Box<I> window_of(I i, const Pool3dDims<I>& d) {
+  const I ok = i % d.ow;
+  I t = i / d.ow;
+  const I oj = t % d.oh;
+  t /= d.oh;
+  Box<I> b;
+  b.vol = t / d.od;
+  window(t % d.od, d.k, d.stride, d.pad, d.d, b.d0, b.d1);
+  window(oj, d.k, d.stride, d.pad, d.h, b.h0, b.h1);
+  window(ok, d.k, d.stride, d.pad, d.w, b.w0, b.w1);
+  return b;
+}
+
 // One thread per output. First maximum wins; NaN propagates (as the CPU path:
 // a NaN replaces the running best, so the last NaN of the window is kept).
 template <class I>
@@ -36,22 +56,14 @@ __global__ void maxpool3d_forward_kernel(const float* __restrict__ x, float* __r
                                          int32_t* __restrict__ argmax, I total, Pool3dDims<I> d) {
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I ok = i % d.ow;
-    I t = i / d.ow;
-    const I oj = t % d.oh;
-    t /= d.oh;
-    const I oi = t % d.od, vol = t / d.od;
-    I d0, d1, h0, h1, w0, w1;
-    window(oi, d.k, d.stride, d.pad, d.d, d0, d1);
-    window(oj, d.k, d.stride, d.pad, d.h, h0, h1);
-    window(ok, d.k, d.stride, d.pad, d.w, w0, w1);
-    const float* xs = x + vol * d.d * d.h * d.w;
+    const Box<I> bx = window_of(i, d);
+    const float* xs = x + bx.vol * d.d * d.h * d.w;
     float best = -CUDART_INF_F;
-    I best_i = (d0 * d.h + h0) * d.w + w0;
-    for (I a = d0; a < d1; ++a)
-      for (I b = h0; b < h1; ++b) {
+    I best_i = (bx.d0 * d.h + bx.h0) * d.w + bx.w0;
+    for (I a = bx.d0; a < bx.d1; ++a)
+      for (I b = bx.h0; b < bx.h1; ++b) {
         const I row = (a * d.h + b) * d.w;
-        for (I c = w0; c < w1; ++c) {
+        for (I c = bx.w0; c < bx.w1; ++c) {
           const float v = xs[row + c];
           if (v > best || isnan(v)) {
             best = v;
@@ -87,20 +99,12 @@ __global__ void avgpool3d_forward_kernel(const float* __restrict__ x, float* __r
                                          float inv) {
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I ok = i % d.ow;
-    I t = i / d.ow;
-    const I oj = t % d.oh;
-    t /= d.oh;
-    const I oi = t % d.od, vol = t / d.od;
-    I d0, d1, h0, h1, w0, w1;
-    window(oi, d.k, d.stride, d.pad, d.d, d0, d1);
-    window(oj, d.k, d.stride, d.pad, d.h, h0, h1);
-    window(ok, d.k, d.stride, d.pad, d.w, w0, w1);
-    const float* xs = x + vol * d.d * d.h * d.w;
+    const Box<I> bx = window_of(i, d);
+    const float* xs = x + bx.vol * d.d * d.h * d.w;
     float s = 0.0f;
-    for (I a = d0; a < d1; ++a)
-      for (I b = h0; b < h1; ++b)
-        for (I c = w0; c < w1; ++c) s = __fadd_rn(s, xs[(a * d.h + b) * d.w + c]);
+    for (I a = bx.d0; a < bx.d1; ++a)
+      for (I b = bx.h0; b < bx.h1; ++b)
+        for (I c = bx.w0; c < bx.w1; ++c) s = __fadd_rn(s, xs[(a * d.h + b) * d.w + c]);
     y[i] = __fmul_rn(s, inv);
   }
 }

@@ -6,14 +6,11 @@
 #include <cstdint>
 #include <random>
 
+#include "runtime/core/splitmix.h"
+
 namespace fanout::data {
 
-inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using fanout::splitmix64;
 
 // Uniform [0, 1) from the top 53 bits.
 inline double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }

@@ -167,6 +167,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   }
   reducer_ = std::make_unique<Reducer>(std::move(ms), std::move(cs), *comm_, layout_,
                                        ReducerOptions{opts.group, opts.grad_reduce_dtype, shard_bounds_});
+  if (!shard_bounds_.empty()) param_gather_names_ = range_names("all-gather of the updated parameters");
   if (opts.sync_bn) {
     stat_sync_ = std::make_unique<StatSync>(*this);
     for (int i = 0; i < n; ++i) replica(i).set_batch_stat_sync(stat_sync_.get());
@@ -229,7 +230,7 @@ void DataParallel::gather_shards() {
     if (b < e) dst.flat(b, Shape{e - b}).copy_from(replica(r).arenas().params.flat(b, Shape{e - b}), &contexts_[0]->compute());
   }
   contexts_[0]->compute().synchronize();
-  gather_ranges(dst, "all-gather of the updated parameters");
+  broadcast_ranges(dst, param_gather_names_);
 }
 
 std::pair<int64_t, int64_t> DataParallel::process_range(int p) const {
@@ -237,15 +238,24 @@ std::pair<int64_t, int64_t> DataParallel::process_range(int p) const {
   return {shard_bounds_[p * n], shard_bounds_[(p + 1) * n]};
 }
 
-void DataParallel::gather_ranges(Tensor& t, const std::string& what) {
+std::vector<std::string> DataParallel::range_names(const std::string& what) const {
+  std::vector<std::string> out;
+  if (ProcessLink* link = reducer_->link())
+    for (int p = 0; p < link->group().size(); ++p) out.push_back(what + " (the range of rank " + std::to_string(p) + ")");
+  return out;
+}
+
+void DataParallel::broadcast_ranges(Tensor& t, const std::vector<std::string>& names) {
   ProcessLink* link = reducer_->link();
   if (!link || shard_bounds_.empty()) return;
   for (int p = 0; p < link->group().size(); ++p) {
     const auto [b, e] = process_range(p);
     Tensor range = t.flat(b, Shape{e - b});
-    if (b < e) link->broadcast(range, what + " (the range of rank " + std::to_string(p) + ")", kTagMain, p);
+    if (b < e) link->broadcast(range, names[p], kTagMain, p);
   }
 }
+
+void DataParallel::gather_ranges(Tensor& t, const std::string& what) { broadcast_ranges(t, range_names(what)); }
 
 double DataParallel::sum_over_processes(double v) {
   ProcessLink* link = reducer_->link();

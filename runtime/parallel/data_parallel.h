@@ -142,6 +142,9 @@ class DataParallel {
   void run_replicas(const std::function<void(int)>& fn);
   Tensor replica_forward(int i, const Tensor& x);
   void replica_backward(int i, const Tensor& dy);
+  // Process p's range of t broadcast from p, names[p] naming it in errors.
+  void broadcast_ranges(Tensor& t, const std::vector<std::string>& names);
+  std::vector<std::string> range_names(const std::string& what) const;
 
   Module& module_;
   std::vector<Device> devices_;
@@ -158,6 +161,7 @@ class DataParallel {
   std::unique_ptr<Reducer> reducer_;
   std::vector<int64_t> shard_bounds_;
   int first_shard_ = 0;  // this process's first shard
+  std::vector<std::string> param_gather_names_;  // built once: gather_shards runs every step
   uint64_t pass_ = 0;    // the next training pass
   Tensor scalar_;        // sum_over_processes' buffer
   bool sync_ = true;

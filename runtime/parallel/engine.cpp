@@ -6,6 +6,7 @@
 
 #include "kernels/gemm.h"
 #include "runtime/core/error.h"
+#include "runtime/core/splitmix.h"
 
 namespace fanout {
 
@@ -32,14 +33,6 @@ int cpu_blas_threads(int replicas, const MathOptions& math, int processes) {
   return std::max(1, cores / std::max(1, replicas * processes));
 }
 
-uint64_t pass_key(uint64_t seed, uint64_t pass) {
-  auto mix = [](uint64_t x) {  // splitmix64
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  };
-  return mix(mix(seed) ^ pass);
-}
+uint64_t pass_key(uint64_t seed, uint64_t pass) { return splitmix64(splitmix64(seed) ^ pass); }
 
 }  // namespace fanout
