@@ -32,7 +32,6 @@
 
 #include "apps/cli_main.h"
 #include "apps/dp_bench_epochs.h"
-#include "kernels/gemm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/dist/launcher.h"
@@ -149,15 +148,14 @@ struct Result {
   int64_t state_bytes = -1;       // optimizer state on the device holding the most (DDP: on rank 0's); -1: not measured
 };
 
-// One configuration under test: its engine and the BLAS threads it runs with
-// (set before each of its runs: the setting is process-wide).
+// One configuration under test: its model and engine (whose contexts hold
+// their kernel threads: each replica's share of the cores).
 struct Config {
   std::string name;
   std::unique_ptr<Module> model;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<optim::GradScaler> scaler;
-  int blas_threads = 1;
   std::vector<double> runs;  // seconds per step
   int64_t bytes_to_primary = -1;
   int64_t state_bytes = -1;  // DDP: what rank 0's workers measured
@@ -363,7 +361,7 @@ int run(int argc, char** argv) {
   const Tensor& y = targets.y;
   const LossOptions& loss = targets.loss;
 
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = host_cores();
   MathOptions math;
   math.split_invariant = o.split_invariant;
   math.allow_tf32 = o.allow_tf32;
@@ -382,8 +380,8 @@ int run(int argc, char** argv) {
     Config c;
     c.name = "plain " + primary.str();
     c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
-    c.blas_threads = cpu_blas_threads(1, math);
-    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, *make_criterion(loss), o.seed, math);
+    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, *make_criterion(loss), o.seed,
+                                                    with_cpu_threads(math, 1));
     c.bytes_to_primary = 0;
     configs.push_back(std::move(c));
   }
@@ -403,7 +401,6 @@ int run(int argc, char** argv) {
     for (auto& d : run.devices) c.name += (c.name.empty() ? "dp " : ",") + d.str();
     if (run.devices.size() > 1) c.name += run.on_replicas ? " loss on replicas" : " gathered";
     c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
-    c.blas_threads = cpu_blas_threads(static_cast<int>(run.devices.size()), math);  // as DataParallel sets it
     DataParallelOptions dpo;
     dpo.seed = o.seed;
     dpo.comm = o.comm;
@@ -418,14 +415,12 @@ int run(int argc, char** argv) {
   // Warm up each, then interleave the timed runs so that drift in the
   // machine's speed spreads over every configuration alike.
   for (auto& c : configs) {
-    if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
     c.opt = train::make_engine_optimizer(*c.engine, o.optimizer_options());
     c.scaler = o.make_scaler();
     time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.warmup, o.lr(), o);
   }
   for (int r = 0; r < o.repeats; ++r)
     for (auto& c : configs) {
-      if (primary.is_cpu()) kernels::set_cpu_blas_threads(c.blas_threads);
       c.runs.push_back(time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.steps, o.lr(), o));
       if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
     }

@@ -231,7 +231,7 @@ int run_epoch_bench(const EpochBenchOptions& options) {
   const std::vector<Device> devices = parse_devices(o.devices);
   const int n = static_cast<int>(devices.size());
   const bool gpu = devices[0].is_cuda();
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = host_cores();
   const std::string dp_train = self_dir() + "/dp-train";
   FANOUT_USER_CHECK(::access(dp_train.c_str(), X_OK) == 0) << "cannot find dp-train beside dp-bench (" << dp_train << ")";
   TempDir tmp;

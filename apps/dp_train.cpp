@@ -314,8 +314,6 @@ std::vector<Device> order_by_free_memory(std::vector<Device> devices, bool print
   return devices;
 }
 
-int host_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
-
 // The batch of one process on this machine: --devices auto shares it out.
 int64_t local_batch(const train::RunConfig& c) {
   if (c.strategy != "ddp") return c.batch_size;

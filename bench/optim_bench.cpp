@@ -1,7 +1,7 @@
 // optim-bench: the optimizer step alone (no forward or backward) on a zoo
 // model's arenas, for each optimizer: median milliseconds of step() plus
-// zero_grad() over repeats, with random gradients, on one CPU device (BLAS is
-// not involved: the step is the fused update kernels). PyTorch's
+// zero_grad() over repeats, with random gradients, on one CPU device (no GEMM
+// or convolution: the step is the fused update kernels). PyTorch's
 // opt.step() on the same model: bench/pytorch/optimizer_step.py.
 #include <boost/program_options.hpp>
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Public 2-D convolution entry points: output shape, shape/dtype/device
-// checks (kernels/conv_checks.h), then dispatch (CPU im2col + GEMM, CUDA cuDNN).
+// checks (kernels/conv_checks.h), then dispatch (CPU oneDNN, CUDA cuDNN).
 #include "kernels/conv2d.h"
 
 #include "kernels/conv_checks.h"

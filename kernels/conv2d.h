@@ -1,5 +1,5 @@
 // 2-D convolution (cross-correlation, as PyTorch), groups = 1, dilation = 1.
-// CPU: im2col + GEMM per image. CUDA: cuDNN.
+// CPU: oneDNN (kernels/cpu/conv.cpp). CUDA: cuDNN.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -1,5 +1,5 @@
 // 3-D convolution (cross-correlation, as PyTorch's Conv3d), groups = 1,
-// dilation = 1, over (N, C, D, H, W). CPU: vol2col + GEMM per image.
+// dilation = 1, over (N, C, D, H, W). CPU: oneDNN (kernels/cpu/conv.cpp).
 // CUDA: cuDNN's N-d convolution.
 #pragma once
 #include "kernels/declare.h"

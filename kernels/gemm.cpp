@@ -1,5 +1,5 @@
 // Public GEMM entry point: checks sizes and leading dimensions, then
-// dispatches to OpenBLAS (CPU) or cuBLAS (CUDA).
+// dispatches to oneDNN (CPU) or cuBLAS (CUDA).
 #include "kernels/gemm.h"
 
 #include <algorithm>
@@ -22,11 +22,6 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   FANOUT_CHECK((m == 0 || n == 0 || c != nullptr) && (m == 0 || n == 0 || k == 0 || (a != nullptr && b != nullptr)))
       << "gemm: null matrix pointer for m=" << m << " n=" << n << " k=" << k;
   FANOUT_DISPATCH(ctx, gemm, ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void set_cpu_blas_threads(int n) {
-  FANOUT_CHECK(n >= 1) << "set_cpu_blas_threads: need at least 1 thread, got " << n;
-  cpu::set_blas_threads(n);
 }
 
 }  // namespace fanout::kernels

@@ -1,5 +1,5 @@
 // Row-major GEMM on any device: C = alpha * op(A) * op(B) + beta * C.
-// CPU: OpenBLAS (cblas_sgemm). CUDA: cuBLAS on the context's compute stream.
+// CPU: oneDNN's matmul (threads: Context::math.cpu_threads). CUDA: cuBLAS on the context's compute stream.
 #pragma once
 #include <cstdint>
 
@@ -13,11 +13,5 @@ FANOUT_KERNEL_OPS(
 void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 )
-
-// Threads the CPU BLAS may use per call (CPU devices set it to cores / workers).
-void set_cpu_blas_threads(int n);
-namespace cpu {
-void set_blas_threads(int n);  // behind set_cpu_blas_threads, after its check
-}
 
 }  // namespace fanout::kernels

@@ -6,14 +6,15 @@
 # third_party/prefix in the repository), then prunes what a build does not
 # need.
 #
-#   OpenBLAS (pthread flavour) + libgfortran5/libquadmath0, Boost.Program_options
+#   oneDNN (libdnnl, the CPU backend's convolutions and GEMM; OpenMP threads)
+#   with the OpenCL loader it links, Boost.Program_options
 #   (runtime, dev, and only the Boost headers it includes), nlohmann-json,
 #   GoogleTest/GoogleMock, Google Benchmark, zlib, Gloo (DDP's CPU collectives)
 #   with hiredis and the verbs/netlink libraries it links.
 #
 # Outputs (all ignored by git through a '*' .gitignore written beside them):
-#   PREFIX/              the unpacked prefix (~50 MiB, 36 of them OpenBLAS's
-#                        every-CPU shared library), PREFIX/MANIFEST.txt
+#   PREFIX/              the unpacked prefix (~55 MiB, 38 of them oneDNN's
+#                        shared library), PREFIX/MANIFEST.txt
 #   PREFIX.tar.xz        the same, packed (~7 MiB): what travels to a GPU
 #                        machine; run_gpu.sh unpacks it when PREFIX is absent
 #                        (PACK=0 skips it)
@@ -51,7 +52,7 @@ bench_rt=$(dep_of libbenchmark-dev '^libbenchmark[0-9]')
 if [ -z "$po_rt" ] || [ -z "$boost_dev" ]; then die "cannot resolve Boost packages (got '$po_rt', '$boost_dev')"; fi
 
 packages=(
-  libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
+  libdnnl-dev libdnnl2 ocl-icd-libopencl1
   libboost-program-options-dev "$po_dev" "$po_rt" "$boost_dev"
   nlohmann-json3-dev
   libgtest-dev libgmock-dev
@@ -89,12 +90,11 @@ fi
 rm -rf "${prefix:?}"/usr/share/doc "${prefix:?}"/usr/share/man "${prefix:?}"/usr/share/lintian \
   "${prefix:?}"/usr/share/bug "${prefix:?}"/usr/src "${prefix:?}"/etc
 lib="$prefix/usr/lib/$arch"
-# Static archives that have a shared twin (OpenBLAS's is ~30 MiB); GoogleTest
-# and Google Benchmark ship static archives only, so those stay.
-find "$prefix" -name 'libopenblas*.a' -delete
+# Static archives that have a shared twin; GoogleTest and Google Benchmark
+# ship static archives only, so those stay.
 find "$prefix" -name 'libboost_*.a' -delete
-# OpenBLAS ships lapack/blas shims under openblas-pthread/ that the build does not use.
-rm -f "$lib"/openblas-pthread/liblapack* "$lib"/openblas-pthread/libblas*
+# oneDNN's CMake package names absolute paths; the build finds it by path.
+rm -rf "$lib/cmake/dnnl"
 
 # Boost: keep only the headers that <boost/program_options.hpp> pulls in (under
 # several language standards), plus the small configuration trees whose
@@ -140,11 +140,6 @@ done < <(find "$prefix" -type l -print0)
 if [ ! -e "$lib/libz.so" ] && [ -e "$prefix/lib/$arch/libz.so.1" ]; then
   ln -sfn "../../../lib/$arch/libz.so.1" "$lib/libz.so"
 fi
-# Convenience: plain libopenblas.so / libcblas-less link in the multiarch dir
-# (Debian makes these with update-alternatives, which dpkg-deb -x does not run).
-if [ -e "$lib/openblas-pthread/libopenblas.so" ] && [ ! -e "$lib/libopenblas.so" ]; then
-  ln -sfn openblas-pthread/libopenblas.so "$lib/libopenblas.so"
-fi
 
 echo '*' >"$prefix/.gitignore"
 
@@ -174,10 +169,10 @@ need() {  # need DESCRIPTION PATH...: one of the paths must exist
   done
   echo
   echo "what the build looks for:"
-  need "cblas.h" "$inc/$arch/openblas-pthread/cblas.h" "$inc/openblas/cblas.h" "$inc/cblas.h"
-  need "libopenblas.so" "$lib/openblas-pthread/libopenblas.so" "$lib/libopenblas.so"
-  need "libopenblas.so.0" "$lib/openblas-pthread/libopenblas.so.0"
-  need "libgfortran.so.5" "$lib/libgfortran.so.5"
+  need "oneapi/dnnl/dnnl.hpp" "$inc/oneapi/dnnl/dnnl.hpp"
+  need "libdnnl.so" "$lib/libdnnl.so"
+  need "libdnnl.so.2" "$lib/libdnnl.so.2"
+  need "libOpenCL.so.1" "$lib/libOpenCL.so.1"
   need "boost/program_options.hpp" "$inc/boost/program_options.hpp"
   need "libboost_program_options.so" "$lib/libboost_program_options.so"
   need "Boost CMake config" "$lib"/cmake/Boost-*/BoostConfig.cmake

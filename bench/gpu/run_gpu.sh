@@ -186,7 +186,6 @@ fanout_ld=""
 add_ld() { case ":$fanout_ld:" in *":$1:"*) ;; *) fanout_ld=${fanout_ld:+$fanout_ld:}$1 ;; esac; }
 for f in "$CUDNN_LIB" "$NCCL_LIB" "$CUBLAS_LIB"; do [ -n "$f" ] && add_ld "$(dirname "$f")"; done
 [ -n "$cuda_home" ] && add_ld "$cuda_home/lib64"
-add_ld "$prefix/usr/lib/$ma/openblas-pthread"
 add_ld "$prefix/usr/lib/$ma"
 add_ld "$prefix/usr/lib"  # Gloo installs its library there
 note "LD_LIBRARY_PATH for fanout programs: $fanout_ld"
@@ -269,7 +268,7 @@ PY
     echo
     echo "== CUDA libraries present"
     echo "-- ldconfig"
-    ldconfig -p 2>/dev/null | grep -E 'lib(cudnn|nccl|cublas|cublasLt|cudart|openblas|boost_program_options|gtest|gfortran)\.' || true
+    ldconfig -p 2>/dev/null | grep -E 'lib(cudnn|nccl|cublas|cublasLt|cudart|dnnl|gomp|OpenCL|boost_program_options|gtest)\.' || true
     echo "-- toolkit ${cuda_home:-?}"
     ls "${cuda_home:-/nonexistent}"/lib64/lib{cudart,cublas,cublasLt,cudnn,nccl}.so* 2>/dev/null || true
     ls "${cuda_home:-/nonexistent}"/lib/lib{cudnn,nccl}.so* 2>/dev/null || true
@@ -291,16 +290,16 @@ step_configure() {
     -DCMAKE_CUDA_ARCHITECTURES=90)
   [ -n "$nvcc" ] && args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
   [ -d "$prefix/usr" ] && args+=(-DCMAKE_PREFIX_PATH="$prefix/usr")
-  local blas_inc="$prefix/usr/include/$ma/openblas-pthread" blas_lib="$prefix/usr/lib/$ma/openblas-pthread/libopenblas.so"
-  [ -e "$blas_inc/cblas.h" ] && args+=(-DOPENBLAS_INCLUDE_DIR="$blas_inc")
-  [ -e "$blas_lib" ] && args+=(-DOPENBLAS_LIBRARY="$blas_lib")
+  local dnnl_inc="$prefix/usr/include" dnnl_lib="$prefix/usr/lib/$ma/libdnnl.so"
+  [ -e "$dnnl_inc/oneapi/dnnl/dnnl.hpp" ] && args+=(-DDNNL_INCLUDE_DIR="$dnnl_inc")
+  [ -e "$dnnl_lib" ] && args+=(-DDNNL_LIBRARY="$dnnl_lib")
   [ -n "$CUDNN_LIB" ] && args+=(-DCUDNN_LIBRARY="$CUDNN_LIB")
   [ -n "$NCCL_LIB" ] && args+=(-DNCCL_LIBRARY="$NCCL_LIB")
   [ -n "$extra_flags" ] && args+=(-DCMAKE_CXX_FLAGS="$extra_flags" -DCMAKE_CUDA_FLAGS="$extra_flags")
   echo "cmake ${args[*]}"
   frun cmake "${args[@]}" || return
   # Where each dependency was found.
-  grep -E '^(Boost_DIR|GTest_DIR|nlohmann_json_DIR|ZLIB_INCLUDE_DIR|ZLIB_LIBRARY_RELEASE|OPENBLAS_INCLUDE_DIR|OPENBLAS_LIBRARY|CUDNN_LIBRARY|NCCL_LIBRARY|CUDAToolkit_LIBRARY_DIR|CMAKE_CUDA_COMPILER):' \
+  grep -E '^(Boost_DIR|GTest_DIR|nlohmann_json_DIR|ZLIB_INCLUDE_DIR|ZLIB_LIBRARY_RELEASE|DNNL_INCLUDE_DIR|DNNL_LIBRARY|OpenMP_CXX_FLAGS|CUDNN_LIBRARY|NCCL_LIBRARY|CUDAToolkit_LIBRARY_DIR|CMAKE_CUDA_COMPILER):' \
     "$build/CMakeCache.txt"
 }
 

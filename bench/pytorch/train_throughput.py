@@ -8,6 +8,9 @@ SGD step) of the same architectures fanout's model zoo builds:
             no max pool), 10 classes, batch 256 of 3x32x32
   lenet     LeNet-5 as models/zoo/zoo.cpp (conv1 5x5 pad 2 for 28x28 input,
             max pools 2, fc 120-84-10), batch 512 of 1x28x28
+  mlp, cnn  as bench/pytorch/zoo.py writes them, batch 256 of 1x28x28
+  heatmap3d the 3-D encoder-decoder, 4 landmarks, batch 8 of 1x32x32x32,
+            mean squared error against random dense targets
 
 SGD with momentum 0.9 and weight decay 5e-4 (dp-train's defaults). Random
 inputs and labels: this measures compute, not a data loader. By default the
@@ -40,14 +43,19 @@ import torch.nn as nn
 
 import zoo  # bench/pytorch/zoo.py, beside this script
 
-DEFAULT_BATCH = {"resnet18": 256, "lenet": 512}
-SAMPLE_SHAPE = {"resnet18": (3, 32, 32), "lenet": (1, 28, 28)}
+DEFAULT_BATCH = {"resnet18": 256, "lenet": 512, "mlp": 256, "cnn": 256, "heatmap3d": 8}
 
 
-def build(name):
+def sample_shape(name, args):
+    if args.shape:
+        return tuple(int(s) for s in args.shape.lower().split("x"))
+    return zoo.SAMPLE_SHAPE[name]
+
+
+def build(name, args):
     if name not in DEFAULT_BATCH:
         raise SystemExit(f"unknown model {name!r} (known: {', '.join(DEFAULT_BATCH)})")
-    return zoo.build(name, SAMPLE_SHAPE[name], 10)
+    return zoo.build(name, sample_shape(name, args), 4 if name in zoo.DENSE else 10)
 
 
 def set_tf32(mode):
@@ -75,10 +83,10 @@ def make_fused_optimizer(model, args):
 
 
 def measure(name, batch, args, device):
-    model, source = build(name)
+    model, source = build(name, args)
     model = model.to(device).train()
-    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last_3d if name in zoo.DENSE else torch.channels_last)
     if args.fused_optimizer:
         opt, opt_impl = make_fused_optimizer(model, args)
     else:
@@ -92,14 +100,21 @@ def measure(name, batch, args, device):
             compile_status = "ok"
         except Exception as e:  # noqa: BLE001
             compile_status = f"failed: {str(e).splitlines()[0][:200]}"
-    loss_fn = nn.CrossEntropyLoss()
-    shape = (batch,) + SAMPLE_SHAPE[name]
+    shape = (batch,) + sample_shape(name, args)
     gen = torch.Generator().manual_seed(args.seed)
     x_host = torch.randn(shape, generator=gen)
-    y_host = torch.randint(0, 10, (batch,), generator=gen)
+    if name in zoo.DENSE:
+        loss_fn = nn.MSELoss()
+        with torch.no_grad():
+            out_shape = model(x_host[:1].to(device)).shape[1:]
+        y_host = torch.rand((batch,) + tuple(out_shape), generator=gen)
+    else:
+        loss_fn = nn.CrossEntropyLoss()
+        y_host = torch.randint(0, 10, (batch,), generator=gen)
     if device.type == "cuda" and args.input == "host":
         x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
-    x_host = x_host.contiguous(memory_format=memory_format) if x_host.dim() == 4 else x_host
+    if args.channels_last and x_host.dim() in (4, 5):
+        x_host = x_host.contiguous(memory_format=torch.channels_last if x_host.dim() == 4 else torch.channels_last_3d)
     x_dev, y_dev = x_host.to(device), y_host.to(device)
 
     def step():
@@ -144,6 +159,7 @@ def measure(name, batch, args, device):
         "batch": batch,
         "images_per_second": round(batch * args.iters / seconds, 1),
         "gpu": gpu,
+        "threads": torch.get_num_threads(),
         "step_ms": round(1000.0 * seconds / args.iters, 3),
         "iters": args.iters,
         "warmup": args.warmup,
@@ -167,8 +183,12 @@ def measure(name, batch, args, device):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="resnet18,lenet", help="comma-separated: resnet18, lenet")
-    p.add_argument("--batch", type=int, default=0, help="batch size for every model (0: 256 resnet18, 512 lenet)")
+    p.add_argument("--models", default="resnet18,lenet",
+                   help="comma-separated: resnet18, lenet, mlp, cnn, heatmap3d")
+    p.add_argument("--batch", type=int, default=0,
+                   help="batch size for every model (0: 256 resnet18, mlp, cnn; 512 lenet; 8 heatmap3d)")
+    p.add_argument("--shape", default="", help="sample shape CxHxW (CxDxHxW for heatmap3d); default: the model's")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     p.add_argument("--iters", type=int, default=100, help="timed steps")
     p.add_argument("--lr", type=float, default=0.05)
@@ -198,6 +218,8 @@ def main():
         return 2
     if args.warmup < 0 or args.iters < 1:
         raise SystemExit("--warmup must be >= 0 and --iters >= 1")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     set_tf32(args.tf32)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(args.seed)

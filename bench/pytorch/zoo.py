@@ -137,11 +137,46 @@ def resnet18_cifar(in_channels=3, classes=10):
         return ResNet18Cifar(in_channels, classes), "hand-written (no torchvision)"
 
 
-MODELS = ("mlp", "lenet", "cnn", "resnet18")
+class Heatmap3d(nn.Module):
+    """heatmap3d: a 3-D encoder-decoder drawing one heatmap per landmark,
+    blocks of Conv3d 3x3x3 (no bias) -> BatchNorm3d -> relu at widths 8, 16,
+    32, 16, 8 with max pools 2 after the first two and nearest upsampling 2
+    before the last two, then a 1x1x1 head to `landmarks` channels."""
+
+    def __init__(self, shape=(1, 32, 32, 32), landmarks=4, width=8):
+        super().__init__()
+        widths = (width, 2 * width, 4 * width, 2 * width, width)
+        c = shape[0]
+        for i, w in enumerate(widths, start=1):
+            setattr(self, f"conv{i}", nn.Conv3d(c, w, 3, 1, 1, bias=False))
+            setattr(self, f"bn{i}", nn.BatchNorm3d(w))
+            c = w
+        self.head = nn.Conv3d(width, landmarks, 1)
+
+    def block(self, i, x):
+        return F.relu(getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(x)), inplace=True)
+
+    def forward(self, x):
+        x = F.max_pool3d(self.block(1, x), 2)
+        x = F.max_pool3d(self.block(2, x), 2)
+        x = F.interpolate(self.block(3, x), scale_factor=2, mode="nearest")
+        x = F.interpolate(self.block(4, x), scale_factor=2, mode="nearest")
+        return self.head(self.block(5, x))
+
+
+MODELS = ("mlp", "lenet", "cnn", "resnet18", "heatmap3d")
+# The sample shape each model is measured on by default: (C, H, W), or (C, D, H, W).
+SAMPLE_SHAPE = {"mlp": (1, 28, 28), "lenet": (1, 28, 28), "cnn": (1, 28, 28), "resnet18": (3, 32, 32),
+                "heatmap3d": (1, 32, 32, 32)}
+# Models whose output is dense (a map per landmark) and whose loss is the mean squared error.
+DENSE = ("heatmap3d",)
 
 
 def build(name, shape, classes=10):
-    """(model, source) for a zoo name and a sample shape (C, H, W)."""
+    """(model, source) for a zoo name and a sample shape (C, H, W), or
+    (C, D, H, W) for heatmap3d (`classes`: its landmarks)."""
+    if name == "heatmap3d":
+        return Heatmap3d(shape, classes), "hand-written"
     if name == "mlp":
         return Mlp(shape, classes), "hand-written"
     if name == "lenet":

@@ -4,17 +4,26 @@
 
 #include "kernels/activation_math.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/parallel.h"
 
 namespace fanout::kernels::cpu {
 
-void relu_forward(Context&, const Tensor& x, Tensor& y) {
+void relu_forward(Context& ctx, const Tensor& x, Tensor& y) {
   // y may alias x. NaN propagates (NaN < 0 is false), as torch.relu.
-  map1(x.f32(), y.f32(), x.numel(), [](float v) { return v < 0.0f ? 0.0f : v; });
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  parallel_for(ctx, x.numel(), grain_for(1), [&](int64_t b, int64_t e) {
+    map1(xp + b, yp + b, e - b, [](float v) { return v < 0.0f ? 0.0f : v; });
+  });
 }
 
-void relu_backward(Context&, const Tensor& y, const Tensor& dy, Tensor& dx) {
+void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {
   // dx may alias dy (or y).
-  map2(y.f32(), dy.f32(), dx.f32(), y.numel(), [](float yv, float g) { return yv > 0.0f ? g : 0.0f; });
+  const float *yp = y.f32(), *gp = dy.f32();
+  float* dp = dx.f32();
+  parallel_for(ctx, y.numel(), grain_for(1), [&](int64_t b, int64_t e) {
+    map2(yp + b, gp + b, dp + b, e - b, [](float yv, float g) { return yv > 0.0f ? g : 0.0f; });
+  });
 }
 
 }  // namespace fanout::kernels::cpu
@@ -23,34 +32,42 @@ namespace fanout::kernels::cpu {
 
 namespace {
 template <Act K>
-void forward_as(const Activation& a, const Tensor& x, Tensor& y) {
+void forward_as(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
   const float slope = a.negative_slope;
-  map1(x.f32(), y.f32(), x.numel(), [slope](float v) { return act::forward<K>(v, slope); });
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  parallel_for(ctx, x.numel(), grain_for(8), [&](int64_t b, int64_t e) {
+    map1(xp + b, yp + b, e - b, [slope](float v) { return act::forward<K>(v, slope); });
+  });
 }
 template <Act K>
-void backward_as(const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
+void backward_as(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float slope = a.negative_slope;
-  map2(x.f32(), dy.f32(), dx.f32(), x.numel(), [slope](float v, float g) { return act::backward<K>(v, g, slope); });
+  const float *xp = x.f32(), *gp = dy.f32();
+  float* dp = dx.f32();
+  parallel_for(ctx, x.numel(), grain_for(8), [&](int64_t b, int64_t e) {
+    map2(xp + b, gp + b, dp + b, e - b, [slope](float v, float g) { return act::backward<K>(v, g, slope); });
+  });
 }
 }  // namespace
 
-void activation_forward(Context&, const Activation& a, const Tensor& x, Tensor& y) {
+void activation_forward(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
   switch (a.kind) {
-    case Act::Tanh: return forward_as<Act::Tanh>(a, x, y);
-    case Act::Sigmoid: return forward_as<Act::Sigmoid>(a, x, y);
-    case Act::Gelu: return forward_as<Act::Gelu>(a, x, y);
-    case Act::Silu: return forward_as<Act::Silu>(a, x, y);
-    case Act::LeakyRelu: return forward_as<Act::LeakyRelu>(a, x, y);
+    case Act::Tanh: return forward_as<Act::Tanh>(ctx, a, x, y);
+    case Act::Sigmoid: return forward_as<Act::Sigmoid>(ctx, a, x, y);
+    case Act::Gelu: return forward_as<Act::Gelu>(ctx, a, x, y);
+    case Act::Silu: return forward_as<Act::Silu>(ctx, a, x, y);
+    case Act::LeakyRelu: return forward_as<Act::LeakyRelu>(ctx, a, x, y);
   }
 }
 
-void activation_backward(Context&, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
+void activation_backward(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
   switch (a.kind) {
-    case Act::Tanh: return backward_as<Act::Tanh>(a, x, dy, dx);
-    case Act::Sigmoid: return backward_as<Act::Sigmoid>(a, x, dy, dx);
-    case Act::Gelu: return backward_as<Act::Gelu>(a, x, dy, dx);
-    case Act::Silu: return backward_as<Act::Silu>(a, x, dy, dx);
-    case Act::LeakyRelu: return backward_as<Act::LeakyRelu>(a, x, dy, dx);
+    case Act::Tanh: return backward_as<Act::Tanh>(ctx, a, x, dy, dx);
+    case Act::Sigmoid: return backward_as<Act::Sigmoid>(ctx, a, x, dy, dx);
+    case Act::Gelu: return backward_as<Act::Gelu>(ctx, a, x, dy, dx);
+    case Act::Silu: return backward_as<Act::Silu>(ctx, a, x, dy, dx);
+    case Act::LeakyRelu: return backward_as<Act::LeakyRelu>(ctx, a, x, dy, dx);
   }
 }
 

@@ -2,12 +2,15 @@
 // of the spatial dims (1 for (N, C) input); each (n, c) plane is contiguous.
 // Reductions accumulate in double with independent partial sums so the loops
 // vectorize; elementwise passes use per-channel constants, no division.
+// Threads take whole channels (reductions) or planes (elementwise passes),
+// so the results do not depend on their number.
 #include "kernels/batchnorm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/parallel.h"
 
 namespace fanout::kernels::cpu {
 
@@ -71,24 +74,26 @@ inline void affine2(const float* x, int64_t len, float hi, float lo, float k, fl
 
 }  // namespace
 
-void bn_stats(Context&, const Tensor& x, Tensor& stats) {
+void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
   const Planes p = planes_of(x);
   const float* xp = x.f32();
   double* sp = stats.f64();  // (3, C)
   const double count = static_cast<double>(p.n * p.s);
-  for (int64_t c = 0; c < p.c; ++c) {
-    if (count == 0) {
-      sp[c] = sp[p.c + c] = sp[2 * p.c + c] = 0;
-      continue;
+  parallel_for(ctx, p.c, grain_for(p.n * p.s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      if (count == 0) {
+        sp[c] = sp[p.c + c] = sp[2 * p.c + c] = 0;
+        continue;
+      }
+      const double k = xp[c * p.s];  // pivot: the channel's first value, near its mean
+      double a = 0, q = 0;
+      for (int64_t n = 0; n < p.n; ++n) sum_sumsq(xp + (n * p.c + c) * p.s, p.s, k, a, q);
+      const double s = a + count * k;
+      sp[c] = s;
+      sp[p.c + c] = std::max(0.0, q - a * a / count);
+      sp[2 * p.c + c] = s * s / count;
     }
-    const double k = xp[c * p.s];  // pivot: the channel's first value, near its mean
-    double a = 0, q = 0;
-    for (int64_t n = 0; n < p.n; ++n) sum_sumsq(xp + (n * p.c + c) * p.s, p.s, k, a, q);
-    const double s = a + count * k;
-    sp[c] = s;
-    sp[p.c + c] = std::max(0.0, q - a * a / count);
-    sp[2 * p.c + c] = s * s / count;
-  }
+  });
 }
 
 void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
@@ -116,71 +121,78 @@ void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float 
   }
 }
 
-void bn_apply(Context&, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
   float* yp = y.f32();
-  for (int64_t n = 0; n < p.n; ++n)
-    for (int64_t c = 0; c < p.c; ++c) {
-      const int64_t off = (n * p.c + c) * p.s;
+  parallel_for(ctx, p.n * p.c, grain_for(p.s), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {  // plane q = (n, c)
+      const int64_t c = q % p.c, off = q * p.s;
       affine2(xp + off, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
     }
+  });
 }
 
-void bn_forward_eval(Context&, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(),
               *bp = beta.f32();
   float* yp = y.f32();
-  for (int64_t c = 0; c < p.c; ++c) {
-    const float k = static_cast<float>(gp[c] / std::sqrt(static_cast<double>(vp[c]) + static_cast<double>(eps)));
-    for (int64_t n = 0; n < p.n; ++n) {
-      const int64_t off = (n * p.c + c) * p.s;
-      affine(xp + off, p.s, mp[c], k, bp[c], yp + off);
+  parallel_for(ctx, p.c, grain_for(p.n * p.s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const float k = static_cast<float>(gp[c] / std::sqrt(static_cast<double>(vp[c]) + static_cast<double>(eps)));
+      for (int64_t n = 0; n < p.n; ++n) {
+        const int64_t off = (n * p.c + c) * p.s;
+        affine(xp + off, p.s, mp[c], k, bp[c], yp + off);
+      }
     }
-  }
+  });
 }
 
-void bn_backward_reduce(Context&, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
-                        Tensor& grad_stats) {
+void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean,
+                        const Tensor& invstd, Tensor& grad_stats) {
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32();
   float* gs = grad_stats.f32();  // (2, C)
-  for (int64_t c = 0; c < p.c; ++c) {
-    double s = 0, t = 0;
-    for (int64_t n = 0; n < p.n; ++n) {
-      const int64_t off = (n * p.c + c) * p.s;
-      sum_dy_dyxmu(xp + off, dp + off, p.s, static_cast<double>(mp[c]) + mp[p.c + c], s, t);
+  parallel_for(ctx, p.c, grain_for(p.n * p.s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      double s = 0, t = 0;
+      for (int64_t n = 0; n < p.n; ++n) {
+        const int64_t off = (n * p.c + c) * p.s;
+        sum_dy_dyxmu(xp + off, dp + off, p.s, static_cast<double>(mp[c]) + mp[p.c + c], s, t);
+      }
+      gs[c] = static_cast<float>(s);
+      gs[p.c + c] = static_cast<float>(t * ip[c]);  // sum dy * xhat
     }
-    gs[c] = static_cast<float>(s);
-    gs[p.c + c] = static_cast<float>(t * ip[c]);  // sum dy * xhat
-  }
+  });
 }
 
-void bn_backward_apply(Context&, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(),
               *gs = grad_stats.f32();
   float* out = dx.f32();
   const double inv_count = 1.0 / static_cast<double>(count);
-  for (int64_t c = 0; c < p.c; ++c) {
-    // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
-    // q = k * invstd * sum_dy_xhat / count.
-    const double k = static_cast<double>(gp[c]) * ip[c];
-    const float kf = static_cast<float>(k);
-    const float a = static_cast<float>(gs[c] * inv_count);
-    const float q = static_cast<float>(k * ip[c] * gs[p.c + c] * inv_count);
-    const float hi = mp[c], lo = mp[p.c + c];
-    for (int64_t n = 0; n < p.n; ++n) {
-      const int64_t off = (n * p.c + c) * p.s;
-      // dx may alias dy.
-      map2(xp + off, dp + off, out + off, p.s,
-           [=](float xv, float g) { return kf * (g - a) - ((xv - hi) - lo) * q; });
+  parallel_for(ctx, p.c, grain_for(p.n * p.s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
+      // q = k * invstd * sum_dy_xhat / count.
+      const double k = static_cast<double>(gp[c]) * ip[c];
+      const float kf = static_cast<float>(k);
+      const float a = static_cast<float>(gs[c] * inv_count);
+      const float q = static_cast<float>(k * ip[c] * gs[p.c + c] * inv_count);
+      const float hi = mp[c], lo = mp[p.c + c];
+      for (int64_t n = 0; n < p.n; ++n) {
+        const int64_t off = (n * p.c + c) * p.s;
+        // dx may alias dy.
+        map2(xp + off, dp + off, out + off, p.s,
+             [=](float xv, float g) { return kf * (g - a) - ((xv - hi) - lo) * q; });
+      }
     }
-  }
+  });
 }
 
 }  // namespace fanout::kernels::cpu

@@ -2,23 +2,33 @@
 #include "kernels/elementwise.h"
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/parallel.h"
 
 namespace fanout::kernels::cpu {
 
-void add(Context&, const Tensor& a, const Tensor& b, Tensor& out) {
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
   // out may alias a or b.
-  map2(a.f32(), b.f32(), out.f32(), out.numel(), [](float u, float v) { return u + v; });
+  const float *ap = a.f32(), *bp = b.f32();
+  float* op = out.f32();
+  parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+    map2(ap + s, bp + s, op + s, e - s, [](float u, float v) { return u + v; });
+  });
 }
 
-void axpy(Context&, float alpha, const Tensor& x, Tensor& y) {
+void axpy(Context& ctx, float alpha, const Tensor& x, Tensor& y) {
   // y += alpha * x; x == y gives y *= 1 + alpha, as the formula says.
-  map2(x.f32(), y.f32(), y.f32(), y.numel(), [alpha](float u, float v) { return v + alpha * u; });
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  parallel_for(ctx, y.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+    map2(xp + s, yp + s, yp + s, e - s, [alpha](float u, float v) { return v + alpha * u; });
+  });
 }
 
-void scale(Context&, float alpha, Tensor& x) {
+void scale(Context& ctx, float alpha, Tensor& x) {
   float* xp = x.f32();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) xp[i] *= alpha;
+  parallel_for(ctx, x.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) xp[i] *= alpha;
+  });
 }
 
 }  // namespace fanout::kernels::cpu

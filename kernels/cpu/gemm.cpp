@@ -1,13 +1,36 @@
-// CPU GEMM through OpenBLAS (row-major cblas_sgemm).
+// CPU GEMM through oneDNN's matmul primitive: one plan per shape, strides,
+// alpha and beta, kept by the context (kernels/cpu/onednn.h), its scratchpad
+// in the context's workspace. Row-major; a transposed operand is the same
+// memory read through swapped strides.
 #include "kernels/gemm.h"
 
-#include <cblas.h>
-
 #include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/onednn.h"
 
 namespace fanout::kernels::cpu {
 
-void gemm(Context&, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+namespace {
+
+namespace dn = onednn;
+using dnnl::memory;
+
+struct GemmPlan : dn::Plan {
+  dnnl::matmul prim;
+  memory a, b, c, scratch;
+  size_t bytes = 0;
+};
+
+// (rows, cols) read from row-major storage with leading dimension ld,
+// transposed when `trans`.
+memory::desc matrix(int64_t rows, int64_t cols, int64_t ld, bool trans) {
+  return memory::desc({rows, cols}, memory::data_type::f32, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
+}
+
+}  // namespace
+
+void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.0f) {
@@ -20,11 +43,38 @@ void gemm(Context&, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     }
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  dn::State& s = dn::state(ctx);
+  uint32_t alpha_bits, beta_bits;
+  std::memcpy(&alpha_bits, &alpha, 4);
+  std::memcpy(&beta_bits, &beta, 4);
+  dn::Key key;
+  key << dn::kGemm << trans_a << trans_b << m << n << k << lda << ldb << ldc << alpha_bits << beta_bits
+      << dn::threads(ctx);
+  GemmPlan& p = s.plan<GemmPlan>(key, [&] {
+    auto q = std::make_unique<GemmPlan>();
+    const memory::desc ad = matrix(m, k, lda, trans_a), bd = matrix(k, n, ldb, trans_b), cd = matrix(m, n, ldc, false);
+    dnnl::primitive_attr attr = dn::user_scratchpad();
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops po;
+      po.append_sum(beta);  // C = alpha * A B + beta * C
+      attr.set_post_ops(po);
+    }
+    const dnnl::matmul::primitive_desc pd({ad, bd, cd}, attr, s.engine);
+    q->a = dn::unbound(ad, s.engine);
+    q->b = dn::unbound(bd, s.engine);
+    q->c = dn::unbound(cd, s.engine);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->bytes = pd.scratchpad_desc().get_size();
+    q->prim = dnnl::matmul(pd);
+    return q;
+  });
+  dn::bind(p.a, a);
+  dn::bind(p.b, b);
+  dn::bind(p.c, c);
+  dn::bind(p.scratch, p.bytes ? ctx.workspace(p.bytes) : nullptr);
+  dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_DST, &p.c},
+                          {DNNL_ARG_SCRATCHPAD, &p.scratch}});
 }
-
-void set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 }  // namespace fanout::kernels::cpu

@@ -1,6 +1,7 @@
-// CPU fully connected layer: GEMMs through OpenBLAS, or, with
+// CPU fully connected layer: GEMMs (oneDNN's matmul), or, with
 // math.split_invariant, loops whose per-row summation order does not depend
-// on the number of rows (OpenBLAS's does) and exact float64 weight gradients.
+// on the number of rows (a GEMM library's does) and exact float64 weight
+// gradients.
 #include "kernels/linear.h"
 
 #include <algorithm>

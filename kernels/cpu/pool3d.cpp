@@ -1,5 +1,5 @@
 // CPU volumetric max pooling and nearest upsampling over (N, C, D, H, W), one
-// contiguous volume at a time. Max-pooling windows are clipped to the volume,
+// contiguous volume at a time (threads take whole volumes). Max-pooling windows are clipped to the volume,
 // so padding is never selected (it acts as -inf), as in kernels/cpu/pool.cpp.
 #include "kernels/pool3d.h"
 
@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool_common.h"
 #include "runtime/core/error.h"
 
@@ -19,11 +20,13 @@ struct Box {
 };
 
 // f(v, o, box) for every output o of every (sample, channel) volume v of y,
-// in memory order: the loop both 3-D poolings run.
+// in memory order, the volumes shared out over the context's threads: the
+// loop both 3-D poolings run.
 template <class F>
-void each_window(const Shape& x, const Shape& y, const PoolGeometry& g, F&& f) {
+void each_window(Context& ctx, const Shape& x, const Shape& y, const PoolGeometry& g, F&& f) {
   const int64_t vols = x[0] * x[1], od = y[2], oh = y[3], ow = y[4];
-  for (int64_t v = 0; v < vols; ++v)
+  parallel_for(ctx, vols, grain_for(x[2] * x[3] * x[4]), [&](int64_t v0, int64_t v1) {
+  for (int64_t v = v0; v < v1; ++v)
     for (int64_t i = 0; i < od; ++i) {
       Box box;
       window(i, g, x[2], box.d0, box.d1);
@@ -35,15 +38,16 @@ void each_window(const Shape& x, const Shape& y, const PoolGeometry& g, F&& f) {
         }
       }
     }
+  });
 }
 }  // namespace
 
-void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
+void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
   const int64_t h = x.size(3), w = x.size(4), dhw = x.size(2) * h * w, odhw = y.size(2) * y.size(3) * y.size(4);
   const float* xp = x.f32();
   float* yp = y.f32();
   int32_t* ap = argmax.data<int32_t>();
-  each_window(x.shape(), y.shape(), g, [&](int64_t v, int64_t o, const Box& b) {
+  each_window(ctx, x.shape(), y.shape(), g, [&](int64_t v, int64_t o, const Box& b) {
     const float* xs = xp + v * dhw;
     float best = -std::numeric_limits<float>::infinity();
     int32_t best_i = static_cast<int32_t>((b.d0 * h + b.h0) * w + b.w0);
@@ -57,12 +61,12 @@ void maxpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor&
   });
 }
 
-void avgpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
   const int64_t h = x.size(3), w = x.size(4), dhw = x.size(2) * h * w, odhw = y.size(2) * y.size(3) * y.size(4);
   const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
   const float* xp = x.f32();
   float* yp = y.f32();
-  each_window(x.shape(), y.shape(), g, [&](int64_t v, int64_t o, const Box& b) {
+  each_window(ctx, x.shape(), y.shape(), g, [&](int64_t v, int64_t o, const Box& b) {
     const float* xs = xp + v * dhw;
     float s = 0.0f;
     for (int64_t a = b.d0; a < b.d1; ++a)
@@ -72,13 +76,14 @@ void avgpool3d_forward(Context&, const Tensor& x, const PoolGeometry& g, Tensor&
   });
 }
 
-void avgpool3d_backward(Context&, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
   const int64_t vols = dx.size(0) * dx.size(1), d = dx.size(2), h = dx.size(3), w = dx.size(4);
   const int64_t od = dy.size(2), oh = dy.size(3), ow = dy.size(4);
   const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel * g.kernel);
   const float* gp = dy.f32();
   float* dp = dx.f32();
-  for (int64_t v = 0; v < vols; ++v) {
+  parallel_for(ctx, vols, grain_for(d * h * w), [&](int64_t v0, int64_t v1) {
+  for (int64_t v = v0; v < v1; ++v) {
     const float* gs = gp + v * od * oh * ow;
     float* ds = dp + v * d * h * w;
     for (int64_t a = 0; a < d; ++a) {
@@ -99,14 +104,16 @@ void avgpool3d_backward(Context&, const Tensor& dy, const PoolGeometry& g, Tenso
       }
     }
   }
+  });
 }
 
-void upsample3d_nearest_forward(Context&, const Tensor& x, int64_t scale, Tensor& y) {
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
   const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
   const int64_t s = scale, oh = h * s, ow = w * s, ohw = oh * ow;
   const float* xp = x.f32();
   float* yp = y.f32();
-  for (int64_t v = 0; v < vols; ++v) {
+  parallel_for(ctx, vols, grain_for(d * s * ohw), [&](int64_t v0, int64_t v1) {
+  for (int64_t v = v0; v < v1; ++v) {
     const float* xs = xp + v * d * h * w;
     float* ys = yp + v * d * s * ohw;
     for (int64_t i = 0; i < d; ++i) {
@@ -120,16 +127,18 @@ void upsample3d_nearest_forward(Context&, const Tensor& x, int64_t scale, Tensor
       for (int64_t r = 1; r < s; ++r) std::memcpy(plane + r * ohw, plane, sizeof(float) * ohw);
     }
   }
+  });
 }
 
-void upsample3d_nearest_backward(Context&, const Tensor& dy, int64_t scale, Tensor& dx) {
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
   const int64_t vols = dx.size(0) * dx.size(1), d = dx.size(2), h = dx.size(3), w = dx.size(4);
   const int64_t s = scale, oh = h * s, ow = w * s;
   const float* gp = dy.f32();
   float* dp = dx.f32();
   // Each input element sums its s^3 copies in the order (depth, row, column),
   // the order the CUDA kernel uses too.
-  for (int64_t v = 0; v < vols; ++v) {
+  parallel_for(ctx, vols, grain_for(d * s * oh * ow), [&](int64_t v0, int64_t v1) {
+  for (int64_t v = v0; v < v1; ++v) {
     const float* gs = gp + v * d * s * oh * ow;
     float* ds = dp + v * d * h * w;
     for (int64_t i = 0; i < d; ++i)
@@ -144,6 +153,7 @@ void upsample3d_nearest_backward(Context&, const Tensor& dy, int64_t scale, Tens
           }
       }
   }
+  });
 }
 
 }  // namespace fanout::kernels::cpu

@@ -19,13 +19,25 @@ struct MathOptions {
   bool cudnn_benchmark = false;
   bool deterministic = false;
   // CPU only: results independent of how a batch is split over replicas.
-  // Per-row products use a fixed summation order (not BLAS, whose order
-  // depends on the row count), and weight gradients accumulate each sample's
+  // Per-row products use a fixed summation order (not a GEMM library's,
+  // whose order depends on the row count), and weight gradients accumulate each sample's
   // float contribution in float64 (see Module::set_grad_dtype).
   bool split_invariant = false;
   // Mixed precision: BF16 or F16 runs the layers under autocast's rules in
   // that type (runtime/nn/autocast.h); F32: off.
   DType autocast = DType::F32;
+  // CPU: the threads one kernel call may use (oneDNN's OpenMP team). 0: every
+  // core (host_cores()); engines give each replica its share. The summation
+  // order of a threaded kernel depends on it, so runs agree bit for bit only
+  // at the same count (split-invariant math uses 1).
+  int cpu_threads = 0;
+};
+
+// What a backend keeps per context beyond handles (oneDNN's engine, stream
+// and primitives on CPU devices): made by the backend on first use, destroyed
+// with the context.
+struct BackendState {
+  virtual ~BackendState() = default;
 };
 
 class Context {
@@ -63,6 +75,9 @@ class Context {
   // Library handles, created on first use (CUDA only; null on CPU).
   void* cublas();
   void* cudnn();
+  // The backend's per-context state, or null before it made one.
+  BackendState* backend_state() { return backend_state_.get(); }
+  void set_backend_state(std::unique_ptr<BackendState> s) { backend_state_ = std::move(s); }
 
   // Called by layers when a parameter range of the gradient arena holds its
   // final value for this backward pass: [begin, begin + count) in floats.
@@ -78,6 +93,7 @@ class Context {
   Tensor workspace_;
   void* cublas_ = nullptr;
   void* cudnn_ = nullptr;
+  std::unique_ptr<BackendState> backend_state_;
 };
 
 namespace backend {

@@ -25,6 +25,8 @@ std::string Device::str() const {
   return (kind == DeviceKind::CPU ? "cpu:" : "cuda:") + std::to_string(index);
 }
 
+int host_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 namespace {
 bool parse_int(const std::string& s, int& out) {
   if (s.empty() || s.size() > 6) return false;
@@ -57,7 +59,7 @@ std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat)
     // --devices auto also caps that by the batch: auto_devices in
     // runtime/parallel/engine_factory.h).
     if (count > 0 && cuda_available_in_build()) return parse_devices("all", allow_repeat);
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = host_cores();
     return parse_devices(cores == 1 ? "cpu" : "cpu:" + std::to_string(std::min(cores, 256)), allow_repeat);
   }
   if (spec == "all") {

@@ -26,6 +26,8 @@ struct Device {
 
 // Number of visible CUDA devices; 0 in a build without CUDA or without a GPU.
 int cuda_device_count();
+// Cores of this machine (at least 1): what CPU devices share.
+int host_cores();
 // True when this build carries the CUDA backend.
 bool cuda_available_in_build();
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice);

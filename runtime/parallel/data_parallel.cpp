@@ -137,14 +137,14 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   const int n = static_cast<int>(devices.size());
   if (auto it = std::find(devices.begin(), devices.end(), output_device_); it != devices.end())
     output_replica_ = static_cast<int>(it - devices.begin());
-  if (devices[0].is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(n, opts.math));
+  opts_.math = with_cpu_threads(opts.math, n);  // DDP has set it for its processes already
 
   for (int i = 0; i < n; ++i) {
     contexts_.push_back(std::make_unique<Context>(devices[i], opts.seed + 0x9E3779B97F4A7C15ull * (i + 1)));
-    contexts_.back()->math = opts.math;
+    contexts_.back()->math = opts_.math;
   }
   output_ctx_ = std::make_unique<Context>(output_device_, opts.seed);
-  output_ctx_->math = opts.math;
+  output_ctx_->math = opts_.math;
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
   const int world = opts.group ? opts.group->size() : 1, rank = opts.group ? opts.group->rank() : 0;

@@ -1,14 +1,15 @@
 // DDP engine: DataParallel over this process's devices with a process group.
 #include "runtime/parallel/distributed.h"
 
-#include "kernels/gemm.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
 
 namespace {
-DataParallelOptions ddp_dp_options(DataParallelOptions o, std::unique_ptr<dist::ProcessGroup> group) {
+DataParallelOptions ddp_dp_options(DataParallelOptions o, std::unique_ptr<dist::ProcessGroup> group,
+                                   int devices, int local_processes) {
   FANOUT_CHECK(group) << "DDP needs a process group";
+  o.math = with_cpu_threads(o.math, devices, std::max(1, local_processes));
   o.group = std::move(group);
   o.require_all_grads = true;  // DDP refuses a step in which a parameter got no gradient
   return o;
@@ -18,12 +19,10 @@ DataParallelOptions ddp_dp_options(DataParallelOptions o, std::unique_ptr<dist::
 DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, const std::vector<Device>& devices,
                                                              const Criterion& criterion, const DdpOptions& opts,
                                                              std::unique_ptr<dist::ProcessGroup> group)
-    : inner_(model, devices, criterion, ddp_dp_options(opts.dp, std::move(group))),
+    : inner_(model, devices, criterion,
+             ddp_dp_options(opts.dp, std::move(group), static_cast<int>(devices.size()), opts.local_processes)),
       link_(*inner_.data_parallel().process_link()),
       opts_(opts) {
-  if (devices.at(0).is_cpu())
-    kernels::set_cpu_blas_threads(
-        cpu_blas_threads(static_cast<int>(devices.size()), opts.dp.math, std::max(1, opts.local_processes)));
   // A rank with another model or options would exchange buffers of other
   // sizes: one line naming the difference instead, on every rank.
   Arenas& a = inner_.model().arenas();

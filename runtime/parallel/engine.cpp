@@ -2,9 +2,7 @@
 #include "runtime/parallel/engine.h"
 
 #include <algorithm>
-#include <thread>
 
-#include "kernels/gemm.h"
 #include "runtime/core/error.h"
 #include "runtime/core/splitmix.h"
 
@@ -19,7 +17,6 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
         << "split-invariant math cannot hold for a model with BatchNorm (" << (name.empty() ? "the model" : name)
         << "): its batch statistics depend on the split by definition";
   model.set_grad_dtype(DType::F64);
-  kernels::set_cpu_blas_threads(1);
 }
 
 int64_t arena_bytes(Module& m) {
@@ -27,10 +24,15 @@ int64_t arena_bytes(Module& m) {
   return static_cast<int64_t>(a.params.nbytes() + a.grads.nbytes() + (a.buffers.defined() ? a.buffers.nbytes() : 0));
 }
 
-int cpu_blas_threads(int replicas, const MathOptions& math, int processes) {
+int cpu_threads_per_replica(int replicas, const MathOptions& math, int processes) {
+  if (math.cpu_threads > 0) return math.cpu_threads;
   if (math.split_invariant) return 1;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, replicas * processes));
+  return std::max(1, host_cores() / std::max(1, replicas * processes));
+}
+
+MathOptions with_cpu_threads(MathOptions math, int replicas, int processes) {
+  math.cpu_threads = cpu_threads_per_replica(replicas, math, processes);
+  return math;
 }
 
 uint64_t pass_key(uint64_t seed, uint64_t pass) { return splitmix64(splitmix64(seed) ^ pass); }

@@ -16,15 +16,17 @@
 namespace fanout {
 
 // With math.split_invariant: checks that it can hold for `model` on `device`
-// (CPU devices, no BatchNorm), switches its gradients to float64 and OpenBLAS
-// to one thread (its results depend on its thread count), so training gives
-// the same parameters however the batch is split. No-op when off.
+// (CPU devices, no BatchNorm) and switches its gradients to float64, so
+// training gives the same parameters however the batch is split. No-op when off.
 void apply_split_invariant(Module& model, Device device, const MathOptions& math);
 
-// OpenBLAS threads for `replicas` CPU replicas running at once in each of
-// `processes` processes on this machine: the cores shared out, at least one
-// (always one when split-invariant).
-int cpu_blas_threads(int replicas, const MathOptions& math, int processes = 1);
+// Threads per kernel call for `replicas` CPU replicas running at once in each
+// of `processes` processes on this machine: math.cpu_threads when set, else
+// the cores shared out, at least one (one when split-invariant, whose
+// results must not depend on the machine).
+int cpu_threads_per_replica(int replicas, const MathOptions& math, int processes = 1);
+// `math` with cpu_threads filled in as cpu_threads_per_replica says.
+MathOptions with_cpu_threads(MathOptions math, int replicas, int processes = 1);
 
 // ZeRO-1: one contiguous range [begin, end) of the parameter arena per
 // replica. After a backward pass the replica's range of its gradient arena

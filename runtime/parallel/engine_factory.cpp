@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <set>
 
-#include "kernels/gemm.h"
 #include "runtime/core/error.h"
 #include "runtime/parallel/single_device.h"
 
@@ -28,8 +27,8 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
                      dp.comm == "auto";
   if (plain) {
     const Device d = spec.devices[0];
-    if (d.is_cpu()) kernels::set_cpu_blas_threads(cpu_blas_threads(1, dp.math, spec.local_processes));
-    return std::make_unique<SingleDeviceEngine>(model, d, *criterion, dp.seed, dp.math);
+    return std::make_unique<SingleDeviceEngine>(model, d, *criterion, dp.seed,
+                                                with_cpu_threads(dp.math, 1, spec.local_processes));
   }
   return std::make_unique<DataParallelEngine>(model, spec.devices, *criterion, dp);
 }

@@ -27,7 +27,8 @@ struct EngineSpec {
   dist::Agreement agree;        // DDP: what else every rank must agree on (DdpOptions::agree)
 };
 
-// Also sets OpenBLAS's thread count for CPU devices.
+// CPU devices get their share of the cores as kernel threads
+// (cpu_threads_per_replica, with spec.local_processes).
 std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec);
 
 // The process group a DDP worker needs for its devices: `backend` auto picks
@@ -42,7 +43,7 @@ std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions&
 std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank);
 
 // What --devices auto means: every visible GPU; without one, one CPU
-// replica per core (each on one BLAS thread) while each replica gets at
+// replica per core (each with one kernel thread) while each replica gets at
 // least kAutoMinRowsPerReplica rows of `batch_size` (the batch of one
 // process), which dp-bench --epochs measured faster than one device using
 // every core. `why` says which and why, for the run's summary line.

@@ -6,7 +6,7 @@ namespace fanout {
 SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const Criterion& criterion, uint64_t seed,
                                        const MathOptions& math)
     : model_(model), ctx_(device, seed), criterion_(criterion.clone()), seed_(seed) {
-  ctx_.math = math;
+  ctx_.math = with_cpu_threads(math, 1);
   model_.to(device, &ctx_.compute());
   ctx_.compute().synchronize();  // the copy is complete before anyone loads into the model
   model_.set_input_grad(false);  // nothing upstream of the model needs dx

@@ -18,7 +18,7 @@ namespace fanout {
 
 class WorkerPool {
  public:
-  // `bind(i)` runs once on the thread of rank i >= 1 when it starts (sets the CUDA device, BLAS threads).
+  // `bind(i)` runs once on the thread of rank i >= 1 when it starts (sets the CUDA device).
   WorkerPool(const std::vector<Device>& devices, std::function<void(int)> bind);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;

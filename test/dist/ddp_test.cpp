@@ -187,7 +187,7 @@ TEST(Ddp, SyncBatchNormAcrossProcessesAndReplicasEqualsOneDevice) {
 // divisible by 3): each rank takes its shard, the sums are added across
 // ranks, and the result is one device's test loss and accuracy.
 // Split-invariant: to the bit. Default math: a rank's batches hold other
-// images than one device's, and a BLAS product's rounding depends on its
+// images than one device's, and a GEMM's rounding (oneDNN's) depends on its
 // row count, so each logit may differ in its last bits: the loss to 1e-6
 // relative, the accuracy to one image in 10,000.
 class DistributedEvaluation : public ::testing::TestWithParam<bool> {};

@@ -7,7 +7,10 @@
 #   0.885.
 # - Without it, float sums run in another order (per-chunk sums, then the
 #   reduction) and 1875 steps per epoch amplify that, so the default cpu:2
-#   agrees with cpu:1 to run-to-run noise (0.01); the differences are printed.
+#   agrees with cpu:1 to run-to-run noise: accuracy 0.01, losses 8% (seeds 1,
+#   2 and 3 of this run on one device spread the first epoch's test loss over
+#   0.363-0.383, 5.3%, and DDP's 0.401 against seed 1's 0.381 was seen,
+#   2026-11-26); the differences are printed.
 # - DDP over 2 processes (--strategy ddp) reaches 0.885; with
 #   --split-invariant its metrics equal one device's every epoch, exactly.
 set -euo pipefail
@@ -51,9 +54,9 @@ compare("split-invariant cpu:1 vs cpu:2", si1, si2, 0.0, 0.0)
 same = all(a[k] == b[k] for a, b in zip(si1, si2) for k in ("train_loss", "train_acc", "test_loss", "test_acc"))
 assert same, "split-invariant cpu:1 and cpu:2 metrics differ"
 print("split-invariant cpu:1 and cpu:2 metrics identical")
-compare("default cpu:1 vs cpu:2", one, two, 0.01, 0.05)
+compare("default cpu:1 vs cpu:2", one, two, 0.01, 0.08)
 compare("split-invariant one device vs DDP over 2 processes", si1, ddpsi2, 0.0, 0.0)
-compare("default one device vs DDP over 2 processes", one, ddp2, 0.01, 0.05)
+compare("default one device vs DDP over 2 processes", one, ddp2, 0.01, 0.08)
 for name, rows in (("cpu:2", two), ("split-invariant cpu:2", si2), ("DDP cpu:2", ddp2)):
     final = rows[-1]["test_acc"]
     print(f"{name} test accuracy {final:.4f}, {rows[-1]['images_per_second']:.0f} img/s")

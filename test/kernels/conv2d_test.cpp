@@ -1,4 +1,4 @@
-// 2-D convolution on every backend (im2col + GEMM on CPU, cuDNN on CUDA)
+// 2-D convolution on every backend (oneDNN on CPU, cuDNN on CUDA)
 // against a direct double-precision convolution, forward and backward, over
 // many geometries (stride 1/2, padding 0/1/2, kernel 1/3/5, non-square
 // kernels, windows entirely in the padding) and math options (deterministic,
@@ -36,7 +36,7 @@ const std::vector<ConvCase>& cases() {
       {3, 5, 7, 9, 4, 3, 3, 2, 1},  // strided
       {2, 3, 7, 9, 4, 3, 3, 1, 0},  // valid
       {2, 4, 8, 7, 3, 3, 3, 2, 0},
-      {2, 3, 8, 6, 5, 1, 1, 1, 0},  // 1x1 direct path (no im2col)
+      {2, 3, 8, 6, 5, 1, 1, 1, 0},  // 1x1 (oneDNN's 1x1 kernels)
       {2, 3, 9, 7, 4, 1, 1, 2, 0},  // 1x1 strided (downsample)
       {2, 3, 5, 6, 4, 1, 1, 1, 1},  // border outputs read only padding
       {2, 3, 7, 9, 4, 5, 5, 1, 2},  // 5x5 "same"
@@ -244,8 +244,8 @@ TEST_P(Conv2dOnBackend, BackwardTwiceDoublesParameterGradients) {
 }
 
 // float64 gradients: the reference's values, and the same bits whether the
-// batch is processed whole or in parts, in any order. y and dx are computed
-// image by image, so they are split-invariant with either gradient dtype.
+// batch is processed whole or in parts, in any order. With them the CPU runs
+// every pass image by image, so dx is split-invariant too.
 TEST(Conv2d, Float64GradientsDoNotDependOnTheSplit) {
   Context ctx(Device::cpu());
   std::mt19937_64 rng(55);

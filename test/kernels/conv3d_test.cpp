@@ -1,8 +1,7 @@
-// 3-D convolution on every backend (vol2col + GEMM on CPU, cuDNN on CUDA)
+// 3-D convolution on every backend (oneDNN on CPU, cuDNN on CUDA)
 // against a direct double-precision convolution, forward and backward:
 // stride 1/2, padding 0/1/2, kernels 1/3/5 and non-cubic ones, volumes with
-// D != H != W, windows entirely in the padding, images processed in several
-// depth slabs on the CPU; math options; central-difference gradient checks;
+// D != H != W, windows entirely in the padding, large volumes; math options; central-difference gradient checks;
 // += semantics; float64 gradients independent of the batch split; errors.
 #include <gtest/gtest.h>
 
@@ -35,7 +34,7 @@ const std::vector<Conv3dCase>& cases() {
       {2, 3, 5, 6, 7, 4, 3, 3, 3, 1, 1},  // 3x3x3 "same"
       {2, 3, 5, 6, 7, 4, 3, 3, 3, 2, 1},  // strided
       {2, 2, 4, 7, 5, 3, 3, 3, 3, 1, 0},  // valid
-      {2, 3, 5, 4, 6, 5, 1, 1, 1, 1, 0},  // 1x1x1 direct path (no vol2col)
+      {2, 3, 5, 4, 6, 5, 1, 1, 1, 1, 0},  // 1x1x1 (oneDNN's 1x1 kernels)
       {2, 3, 5, 7, 6, 4, 1, 1, 1, 2, 0},  // 1x1x1 strided (downsample)
       {1, 2, 3, 4, 5, 3, 1, 1, 1, 1, 1},  // border outputs read only padding
       {2, 2, 5, 7, 6, 3, 5, 5, 5, 2, 2},  // 5x5x5 strided
@@ -48,10 +47,9 @@ const std::vector<Conv3dCase>& cases() {
   return v;
 }
 
-// Large enough that the CPU path splits each image into several slabs of
-// output depth planes (a column budget of 4 Mi floats): 3 slabs of 1, 3 slabs
-// of 2, 2, 1, and 4 strided slabs of 1.
-const std::vector<Conv3dCase>& slab_cases() {
+// Large volumes: 6,348 to 40,500 output positions per image, so the CPU
+// cuts their weight gradients into one call per image (kernels/cpu/conv.cpp).
+const std::vector<Conv3dCase>& large_cases() {
   static const std::vector<Conv3dCase> v = {
       {1, 16, 3, 46, 46, 3, 5, 5, 5, 1, 2},
       {2, 8, 5, 90, 90, 2, 3, 3, 3, 1, 1},
@@ -171,10 +169,10 @@ TEST_P(Conv3dOnBackend, CubicKernelGridAgainstDirectConvolution) {
       for (int64_t pad : {0, 1, 2}) check({2, 3, 5, 7, 6, 4, k, k, k, stride, pad}, stride == 1, {}, 1e-4, rng);
 }
 
-TEST_P(Conv3dOnBackend, SlabsAgainstDirectConvolution) {
+TEST_P(Conv3dOnBackend, LargeVolumesAgainstDirectConvolution) {
   std::mt19937_64 rng(303);
   int variant = 0;
-  for (const Conv3dCase& k : slab_cases()) check(k, (variant++ % 2) == 0, {}, 1e-3, rng);
+  for (const Conv3dCase& k : large_cases()) check(k, (variant++ % 2) == 0, {}, 1e-3, rng);
 }
 
 TEST_P(Conv3dOnBackend, MathOptionsAgainstDirectConvolution) {
@@ -252,12 +250,12 @@ TEST_P(Conv3dOnBackend, BackwardTwiceDoublesParameterGradients) {
 }
 
 // float64 gradients (CPU): the reference's values, and the same bits whether
-// the batch is processed whole or in parts, in any order; also when an image
-// spans several slabs.
+// the batch is processed whole or in parts, in any order; also for a large
+// volume.
 TEST(Conv3d, Float64GradientsDoNotDependOnTheSplit) {
   Context ctx(Device::cpu());
   std::mt19937_64 rng(308);
-  for (const Conv3dCase& k0 : {cases()[0], cases()[1], cases()[3], cases()[6], slab_cases()[0]}) {
+  for (const Conv3dCase& k0 : {cases()[0], cases()[1], cases()[3], cases()[6], large_cases()[0]}) {
     Conv3dCase k = k0;
     k.n = 5;
     Tensor x = ft::random_tensor(x_shape(k), rng);

@@ -161,7 +161,7 @@ TEST(Linear, SplitInvariantRowsAndExactGradientSums) {
 }
 
 TEST(Linear, Float64GradientsWithoutSplitInvariantMath) {
-  // dw's dtype alone selects the exact accumulation; y and dx use BLAS.
+  // dw's dtype alone selects the exact accumulation; y and dx use the GEMM.
   Context ctx(Device::cpu());
   std::mt19937_64 rng(35);
   Tensor x = ft::random_tensor(Shape{6, 9}, rng), w = ft::random_tensor(Shape{4, 9}, rng);

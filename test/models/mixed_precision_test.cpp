@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/plan_count.h"
 #include "models/layers/activation.h"
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
@@ -265,11 +266,13 @@ TEST(MixedPrecision, SteadyStateAllocatesNothing) {
     for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
     for (auto& b : batches) eng.eval_step(b.x, b.y);
     const auto before = alloc_stats();
+    const uint64_t plans = kernels::cpu::onednn_plans_made();
     for (int rep = 0; rep < 2; ++rep) {
       for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
       for (auto& b : batches) eng.eval_step(b.x, b.y);
     }
     EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+    EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans);
   }
 }
 

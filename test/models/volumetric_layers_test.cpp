@@ -7,6 +7,7 @@
 // allocation after warm-up, and one-line errors for bad shapes.
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/plan_count.h"
 #include "runtime/nn/grad_check.h"
 
 #include <algorithm>
@@ -340,10 +341,11 @@ TEST(VolumetricLayers, SteadyStateStepAllocatesNothing) {
   net->forward(x, ctx);
   net->backward(dy, ctx);
   dy.copy_from(r);
-  const uint64_t before = alloc_stats().host_allocs;
+  const uint64_t before = alloc_stats().host_allocs, plans = kernels::cpu::onednn_plans_made();
   net->forward(x, ctx);
   net->backward(dy, ctx);
   EXPECT_EQ(alloc_stats().host_allocs, before);
+  EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans);
 }
 
 // ---- central differences through the Module interface (CPU) ----

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "kernels/cpu/plan_count.h"
 #include "kernels/loss.h"
 #include "models/layers/batchnorm2d.h"
 #include "models/zoo/zoo.h"
@@ -74,9 +75,14 @@ TEST_P(Equivalence, SameParametersAsOneDevice) {
   Tensor ref = train_single(name, sample, batches);
   Tensor got = train_dp(name, sample, batches, n);
   // Float sums in a different order: per-chunk partial sums, then across
-  // replicas; how BLAS splits them depends on the CPU and its core count
-  // (1.2e-5 was seen on a 16-core machine, under 1e-5 on 2 cores).
-  EXPECT_LT(max_rel(got, ref), 3e-5) << name << " on cpu:" << n << " batch " << batch;
+  // replicas, with another thread count per replica than the one device's
+  // (1.2e-5 was seen on a 16-core machine, under 1e-5 on 2 cores, for the
+  // matrix products). Convolution weight gradients sum in oneDNN's order,
+  // float after float within each call (kernels/cpu/conv.cpp): lenet's conv2
+  // weights differ by up to 4e-7 after 20 steps, 4.1e-4 of an element of 7e-4
+  // in this metric (measured on 2 cores, 2026-11-26).
+  const double bound = name == "lenet" ? 1e-3 : 3e-5;
+  EXPECT_LT(max_rel(got, ref), bound) << name << " on cpu:" << n << " batch " << batch;
   EXPECT_GT(testing::l2_norm(got), 0.0);
 }
 
@@ -265,6 +271,7 @@ TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
   for (auto& b : batches) eng.eval_step(b.x, b.y);
   const auto before = alloc_stats();
   const auto modules = Module::constructed();
+  const uint64_t plans = kernels::cpu::onednn_plans_made();
   for (int rep = 0; rep < 3; ++rep) {
     for (auto& b : batches) eng.train_step(b.x, b.y, 0.05f);
     for (auto& b : batches) eng.eval_step(b.x, b.y);
@@ -272,6 +279,7 @@ TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
   EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
   EXPECT_EQ(alloc_stats().device_allocs, before.device_allocs);
   EXPECT_EQ(Module::constructed(), modules);
+  EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans) << "oneDNN primitives made after warm-up";
 }
 
 TEST(DataParallel, ReplicaFailureIsRethrownWithoutHanging) {

@@ -21,7 +21,8 @@ Tensor chunk_grad(const Tensor& init, const Shape& sample, const Tensor& x, cons
                   int64_t end) {
   auto m = models::make_model("lenet", sample, 10, 3);
   m->arenas().params.copy_from(init);
-  SingleDeviceEngine e(*m, Device::cpu(), *make_criterion({}), 1);
+  // The threads of each of DataParallel's two replicas: oneDNN's sums follow the thread count.
+  SingleDeviceEngine e(*m, Device::cpu(), *make_criterion({}), 1, with_cpu_threads({}, 2));
   e.forward_backward(x.slice(begin, end), y.slice(begin, end), 1.0f / static_cast<float>(x.size(0)), true);
   return m->arenas().grads.to(Device::cpu());
 }
@@ -36,7 +37,7 @@ TEST(GradReduceDtype, Bf16RoundsEachReplicasBucketAndTheSum) {
     const Tensor init = m->arenas().params.to(Device::cpu());
     DataParallelOptions o;
     o.grad_reduce_dtype = t;
-    DataParallelEngine dp(*m, parse_devices("cpu:2"), *make_criterion({}), o);  // sets the BLAS threads first
+    DataParallelEngine dp(*m, parse_devices("cpu:2"), *make_criterion({}), o);
     dp.forward_backward_batch(x, y);
     const Tensor g0 = chunk_grad(init, sample, x, y, 0, 5), g1 = chunk_grad(init, sample, x, y, 5, 10);
     const Tensor& got = m->arenas().grads;

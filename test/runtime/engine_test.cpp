@@ -2,6 +2,7 @@
 // forward / backward / SGD sequence, and allocates nothing once warm.
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/plan_count.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/data/loader.h"
@@ -56,11 +57,13 @@ TEST_P(SteadyState, TrainingStepAllocatesNothing) {
   while (loader.next(x, y)) batches.emplace_back(x.to(Device::cpu()), y.to(Device::cpu()));
   for (auto& [bx, by] : batches) step(bx, by);  // warm-up: every batch size seen
   const auto before = alloc_stats();
+  const uint64_t plans = kernels::cpu::onednn_plans_made();
   for (int rep = 0; rep < 2; ++rep)
     for (auto& [bx, by] : batches) step(bx, by);
   const auto after = alloc_stats();
   EXPECT_EQ(after.host_allocs, before.host_allocs);
   EXPECT_EQ(after.device_allocs, before.device_allocs);
+  EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans) << "oneDNN primitives made after warm-up";
 }
 
 TEST(SingleDeviceEngine, SplitInvariantSteadyStateAllocatesNothing) {
@@ -74,8 +77,10 @@ TEST(SingleDeviceEngine, SplitInvariantSteadyStateAllocatesNothing) {
   Tensor y = testing::random_labels(8, 10, rng);
   eng.train_step(x, y, 0.01f);
   const auto before = alloc_stats();
+  const uint64_t plans = kernels::cpu::onednn_plans_made();
   for (int i = 0; i < 3; ++i) eng.train_step(x, y, 0.01f);
   EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+  EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans);
 }
 
 // float64 gradients: parameters keep float views of the new arena, clones

@@ -1,0 +1,363 @@
+// CPU convolutions, 2-D and 3-D, forward and both backward passes, through
+// oneDNN. Tensors stay NCHW / NCDHW at the op boundary: a plan reorders each
+// operand into the layout oneDNN's kernel for the shape prefers (blocked
+// channels, usually) in the context's workspace and the result back, once
+// per call. Plans are made once per shape and kept by the context.
+//
+// Split-invariant math, and float64 weight gradients, run the same kernels
+// one image at a time on plans made for one image: an image's output, input
+// gradient and weight-gradient contribution then do not depend on the batch
+// it came in, and float64 gradients sum each image's float contribution.
+#include <algorithm>
+
+#include "kernels/conv2d.h"
+#include "kernels/conv3d.h"
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/onednn.h"
+
+namespace fanout::kernels::cpu {
+
+namespace {
+
+using dnnl::memory;
+namespace dn = onednn;
+
+// One convolution call: full-batch dims, the images each primitive call
+// takes (the batch, or 1), and the geometry.
+struct Conv {
+  memory::dims x, w, y;  // (N, C, spatial...), (OC, C, kernel...), (N, OC, spatial...)
+  int64_t stride, pad;
+  int64_t images;        // per primitive call
+  int spatial() const { return static_cast<int>(x.size()) - 2; }
+  int64_t batch() const { return x[0]; }
+  memory::dims per_call(memory::dims d) const {
+    d[0] = images;
+    return d;
+  }
+  memory::dims strides() const { return memory::dims(spatial(), stride); }
+  memory::dims pads() const { return memory::dims(spatial(), pad); }
+};
+
+Conv conv_of(const Tensor& x, const Tensor& w, const Tensor& y, int64_t stride, int64_t pad, bool per_image) {
+  Conv c;
+  c.x.assign(x.shape().d.begin(), x.shape().d.begin() + x.dim());
+  c.w.assign(w.shape().d.begin(), w.shape().d.begin() + w.dim());
+  c.y.assign(y.shape().d.begin(), y.shape().d.begin() + y.dim());
+  c.stride = stride;
+  c.pad = pad;
+  c.images = per_image ? 1 : c.x[0];
+  return c;
+}
+
+// What a plan is made for: the pass (kForward, kBackward), the flags naming
+// its inputs and outputs, the shapes and the threads.
+dn::Key key_of(const Conv& c, int64_t pass, int64_t flags, int threads) {
+  dn::Key k;
+  k << pass << flags << c.spatial() << c.images << threads << c.stride << c.pad;
+  for (int64_t v : c.x) k << v;
+  for (int64_t v : c.w) k << v;
+  return k;
+}
+
+// One operand of a primitive: the user's plain tensor and, when the
+// primitive wants another layout, its copy in the workspace and the reorder
+// between them (user -> inner for inputs, inner -> user for outputs).
+struct Operand {
+  memory user, inner;
+  dnnl::reorder reorder;
+  bool converts = false;
+  size_t at = 0;  // inner's offset in the workspace
+};
+
+Operand operand(dn::State& s, const memory::desc& plain, const memory::desc& want, bool input,
+                dn::WorkspaceLayout& ws, bool accumulate = false) {
+  Operand o;
+  o.user = dn::unbound(plain, s.engine);
+  o.converts = accumulate || want != plain;
+  if (!o.converts) {
+    o.inner = o.user;
+    return o;
+  }
+  o.inner = dn::unbound(want, s.engine);
+  o.at = ws.add(want.get_size());
+  dnnl::primitive_attr attr;  // no scratchpad: float reorders between layouts need none
+  if (accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);  // user += inner
+    attr.set_post_ops(po);
+  }
+  o.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(s.engine, plain, s.engine, want, attr))
+                    : dnnl::reorder(dnnl::reorder::primitive_desc(s.engine, want, s.engine, plain, attr));
+  return o;
+}
+
+// Binds an input to the tensor's data and converts it; binds an output
+// (converted by finish()).
+void bind_input(dn::State& s, Operand& o, const float* data, char* ws) {
+  dn::bind(o.user, data);
+  if (!o.converts) return;
+  dn::bind(o.inner, ws + o.at);
+  dn::execute(s, o.reorder, {{DNNL_ARG_FROM, &o.user}, {DNNL_ARG_TO, &o.inner}});
+}
+void bind_output(Operand& o, float* data, char* ws) {
+  dn::bind(o.user, data);
+  if (o.converts) dn::bind(o.inner, ws + o.at);
+}
+void finish(dn::State& s, Operand& o) {
+  if (o.converts) dn::execute(s, o.reorder, {{DNNL_ARG_FROM, &o.inner}, {DNNL_ARG_TO, &o.user}});
+}
+
+memory::desc any(const memory::dims& d) {
+  return memory::desc(d, memory::data_type::f32, memory::format_tag::any);
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(dn::State& s, const Conv& c, bool bias) {
+  const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+  return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any(c.per_call(c.x)), any(c.w), b,
+           any(c.per_call(c.y)), c.strides(), c.pads(), c.pads()},
+          dn::user_scratchpad(), s.engine};
+}
+
+struct ForwardPlan : dn::Plan {
+  dnnl::convolution_forward prim;
+  Operand x, w, y;
+  memory b, scratch;
+  size_t scratch_at = 0, bytes = 0;
+};
+
+struct DataPlan : dn::Plan {
+  dnnl::convolution_backward_data prim;
+  Operand dy, w, dx;
+  memory scratch;
+  size_t scratch_at = 0, bytes = 0;
+};
+
+struct WeightsPlan : dn::Plan {
+  dnnl::convolution_backward_weights prim;
+  Operand x, dy, dw;
+  memory db, scratch;  // db: empty without a bias gradient
+  size_t scratch_at = 0, db_at = 0, part_at = 0, bytes = 0;
+};
+
+enum : int64_t { kForward = dn::kConvForward, kData = dn::kConvBackwardData, kWeights = dn::kConvBackwardWeights };
+
+// y (=) for x, w, bias.
+void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t stride, int64_t pad,
+             Tensor& y) {
+  const Conv c = conv_of(x, w, y, stride, pad, ctx.math.split_invariant);
+  if (c.batch() == 0) return;
+  dn::State& s = dn::state(ctx);
+  ForwardPlan& p = s.plan<ForwardPlan>(key_of(c, kForward, b != nullptr, dn::threads(ctx)), [&] {
+    auto q = std::make_unique<ForwardPlan>();
+    const auto pd = forward_pd(s, c, b != nullptr);
+    dn::WorkspaceLayout ws;
+    q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
+    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
+    q->y = operand(s, dn::plain(c.per_call(c.y)), pd.dst_desc(), false, ws);
+    if (b) q->b = dn::unbound(pd.bias_desc(), s.engine);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+    q->bytes = ws.bytes;
+    q->prim = dnnl::convolution_forward(pd);
+    return q;
+  });
+  char* ws = static_cast<char*>(ctx.workspace(p.bytes));
+  dn::bind(p.scratch, ws + p.scratch_at);
+  bind_input(s, p.w, w.f32(), ws);
+  if (b) dn::bind(p.b, b->f32());
+  const int64_t xs = x.numel() / c.batch() * c.images, ys = y.numel() / c.batch() * c.images;
+  for (int64_t k = 0; k * c.images < c.batch(); ++k) {
+    bind_input(s, p.x, x.f32() + k * xs, ws);
+    bind_output(p.y, y.f32() + k * ys, ws);
+    if (b)
+      dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_BIAS, &p.b},
+                              {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+    else
+      dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
+                              {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+    finish(s, p.y);
+  }
+}
+
+// dx (=).
+void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& c, Tensor& dx) {
+  dn::State& s = dn::state(ctx);
+  DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, dn::threads(ctx)), [&] {
+    auto q = std::make_unique<DataPlan>();
+    const dnnl::convolution_backward_data::primitive_desc pd(
+        {dnnl::algorithm::convolution_direct, any(c.per_call(c.x)), any(c.w), any(c.per_call(c.y)), c.strides(),
+         c.pads(), c.pads()},
+        dn::user_scratchpad(), s.engine, forward_pd(s, c, false));
+    dn::WorkspaceLayout ws;
+    q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
+    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
+    q->dx = operand(s, dn::plain(c.per_call(c.x)), pd.diff_src_desc(), false, ws);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+    q->bytes = ws.bytes;
+    q->prim = dnnl::convolution_backward_data(pd);
+    return q;
+  });
+  char* ws = static_cast<char*>(ctx.workspace(p.bytes));
+  dn::bind(p.scratch, ws + p.scratch_at);
+  bind_input(s, p.w, w.f32(), ws);
+  const int64_t xs = dx.numel() / c.batch() * c.images, ys = dy.numel() / c.batch() * c.images;
+  for (int64_t k = 0; k * c.images < c.batch(); ++k) {
+    bind_input(s, p.dy, dy.f32() + k * ys, ws);
+    bind_output(p.dx, dx.f32() + k * xs, ws);
+    dn::execute(s, p.prim, {{DNNL_ARG_DIFF_DST, &p.dy.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
+                            {DNNL_ARG_DIFF_SRC, &p.dx.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+    finish(s, p.dx);
+  }
+}
+
+// The longest sum one weights-gradient call may take per element (images x
+// output positions). oneDNN's kernels add a call's terms one after another
+// in float, whose error grows with the count; longer batches are cut into
+// calls of at most this many terms (at least one image) whose results are
+// added in double. Measured against float64 (relative error of dW, 2 cores):
+// lenet conv1 at batch 64 2.3e-4 in one call, 6e-5 cut; (128, 32, 16, 16)
+// into 64 channels 3.9e-4, 1.1e-4 cut. Cost: lenet's step at batch 256
+// 14.6 against 13.3 ms; cnn, resnet18 and heatmap3d within the noise.
+constexpr int64_t kMaxSumTerms = 4096;
+
+// The weights-gradient plan for calls of c.images images. `direct`: one
+// call whose float32 result is added to dw by its reorder; otherwise each
+// call's result lands in plain floats (dw_part, db_part) for the caller to add.
+WeightsPlan& weights_plan(Context& ctx, const Conv& c, bool want_dw, bool bias, bool direct) {
+  dn::State& s = dn::state(ctx);
+  const int64_t flags = want_dw | bias << 1 | direct << 2;
+  return s.plan<WeightsPlan>(key_of(c, kWeights, flags, dn::threads(ctx)), [&] {
+    auto q = std::make_unique<WeightsPlan>();
+    const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+    const dnnl::convolution_backward_weights::primitive_desc pd(
+        {dnnl::algorithm::convolution_direct, any(c.per_call(c.x)), any(c.w), b, any(c.per_call(c.y)), c.strides(),
+         c.pads(), c.pads()},
+        dn::user_scratchpad(), s.engine, forward_pd(s, c, bias));
+    dn::WorkspaceLayout ws;
+    q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
+    q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
+    q->dw = operand(s, dn::plain(c.w), pd.diff_weights_desc(), false, ws, direct);
+    q->part_at = ws.add(dn::plain(c.w).get_size());
+    if (bias) {
+      q->db = dn::unbound(pd.diff_bias_desc(), s.engine);
+      q->db_at = ws.add(pd.diff_bias_desc().get_size());
+    }
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+    q->bytes = ws.bytes;
+    q->prim = dnnl::convolution_backward_weights(pd);
+    return q;
+  });
+}
+
+// Runs p on images [first, first + c.images) of x and dy; the results as
+// weights_plan says. `ws` is the workspace, at least p.bytes.
+void run_weights(dn::State& s, WeightsPlan& p, const Conv& c, const Tensor& x, const Tensor& dy, int64_t first,
+                 float* direct_dw, char* ws) {
+  dn::bind(p.scratch, ws + p.scratch_at);
+  bind_input(s, p.x, x.f32() + first * (x.numel() / c.batch()), ws);
+  bind_input(s, p.dy, dy.f32() + first * (dy.numel() / c.batch()), ws);
+  bind_output(p.dw, direct_dw ? direct_dw : reinterpret_cast<float*>(ws + p.part_at), ws);
+  if (p.db) {
+    dn::bind(p.db, ws + p.db_at);
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
+                            {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_DIFF_BIAS, &p.db},
+                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  } else {
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
+                            {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  }
+  finish(s, p.dw);
+}
+
+// dw (+=) when defined, db (+=) when non-null. With float64 gradients
+// (`exact`, c.images == 1) each image's float result is added to them in
+// double; otherwise the batch is cut into calls of at most kMaxSumTerms
+// terms, whose float results are summed in double and added once.
+void backward_weights(Context& ctx, const Tensor& x, const Tensor& dy, Conv c, Tensor& dw, Tensor* db,
+                      bool exact) {
+  const bool want_dw = dw.defined(), bias = db != nullptr;
+  const int64_t n = c.batch(), oc = c.w[0];
+  int64_t wn = 1;  // weight elements
+  for (int64_t v : c.w) wn *= v;
+  if (!exact) {
+    int64_t positions = 1;  // output positions per image
+    for (size_t a = 2; a < c.y.size(); ++a) positions *= c.y[a];
+    const int64_t calls = (n * positions + kMaxSumTerms - 1) / kMaxSumTerms;
+    c.images = (n + calls - 1) / calls;  // the last call may take fewer
+  }
+  const int64_t calls = (n + c.images - 1) / c.images, last = n - (calls - 1) * c.images;
+  if (calls == 1 && want_dw && !exact) {  // one call: dw += through the reorder
+    dn::State& s = dn::state(ctx);
+    WeightsPlan& p = weights_plan(ctx, c, true, bias, true);
+    char* ws = static_cast<char*>(ctx.workspace(p.bytes));
+    run_weights(s, p, c, x, dy, 0, dw.f32(), ws);
+    const float* db_part = reinterpret_cast<const float*>(ws + p.db_at);
+    if (bias)
+      for (int64_t o = 0; o < oc; ++o) db->f32()[o] += db_part[o];
+    return;
+  }
+  Conv tail = c;
+  tail.images = last;
+  dn::State& s = dn::state(ctx);
+  WeightsPlan& p = weights_plan(ctx, c, want_dw, bias, false);
+  WeightsPlan& q = last == c.images ? p : weights_plan(ctx, tail, want_dw, bias, false);
+  // The double sums follow the plans' own buffers in the workspace; exact
+  // mode adds into float64 dw and db themselves.
+  const size_t plan_bytes = std::max(p.bytes, q.bytes);
+  char* ws = static_cast<char*>(ctx.workspace(plan_bytes + sizeof(double) * (wn + oc)));
+  double* dw_sum = exact ? (want_dw ? dw.f64() : nullptr) : reinterpret_cast<double*>(ws + plan_bytes);
+  double* db_sum = exact ? (bias ? db->f64() : nullptr) : reinterpret_cast<double*>(ws + plan_bytes) + wn;
+  if (!exact) std::fill(dw_sum, dw_sum + wn + oc, 0.0);
+  for (int64_t k = 0; k < calls; ++k) {
+    WeightsPlan& r = k + 1 < calls ? p : q;
+    run_weights(s, r, k + 1 < calls ? c : tail, x, dy, k * c.images, nullptr, ws);
+    const float* part = reinterpret_cast<const float*>(ws + r.part_at);
+    const float* db_part = reinterpret_cast<const float*>(ws + r.db_at);
+    if (want_dw)
+      for (int64_t j = 0; j < wn; ++j) dw_sum[j] += part[j];
+    if (bias)
+      for (int64_t o = 0; o < oc; ++o) db_sum[o] += db_part[o];
+  }
+  if (exact) return;
+  if (want_dw)
+    for (int64_t j = 0; j < wn; ++j) dw.f32()[j] = static_cast<float>(dw.f32()[j] + dw_sum[j]);
+  if (bias)
+    for (int64_t o = 0; o < oc; ++o) db->f32()[o] = static_cast<float>(db->f32()[o] + db_sum[o]);
+}
+
+// dx (=) when non-null; dw (+=) when defined; db (+=) when non-null. float64
+// dw and db take each image's float contribution.
+void backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, int64_t stride, int64_t pad,
+              Tensor* dx, Tensor& dw, Tensor* db) {
+  const bool exact = (dw.defined() && dw.dtype() == DType::F64) || (db && db->dtype() == DType::F64);
+  const Conv c = conv_of(x, w, dy, stride, pad, ctx.math.split_invariant || exact);
+  if (c.batch() == 0) return;
+  if (dx) backward_data(ctx, w, dy, c, *dx);
+  if (dw.defined() || db) backward_weights(ctx, x, dy, c, dw, db, exact);
+}
+
+}  // namespace
+
+void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
+                    Tensor& y) {
+  forward(ctx, x, w, b, g.stride, g.padding, y);
+}
+
+void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
+                     Tensor* dx, Tensor& dw, Tensor* db) {
+  backward(ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
+}
+
+void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
+                    Tensor& y) {
+  forward(ctx, x, w, b, g.stride, g.padding, y);
+}
+
+void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
+                     Tensor* dx, Tensor& dw, Tensor* db) {
+  backward(ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
+}
+
+}  // namespace fanout::kernels::cpu
