@@ -12,7 +12,10 @@ Tensor Sequential::forward(const Tensor& x, Context& ctx) {
 Tensor Sequential::backward(const Tensor& dy, Context& ctx) {
   Tensor g = dy;
   auto& ch = children();
-  for (size_t i = ch.size(); i-- > 0;) g = backward_of(*ch[i].second, ch[i].first, g, ctx);
+  for (size_t i = ch.size(); i-- > 0;) {
+    g = backward_of(*ch[i].second, ch[i].first, g, ctx);
+    if (!g.defined()) break;  // the children before it hold no parameters and need no gradient
+  }
   return g;
 }
 
@@ -25,8 +28,14 @@ std::unique_ptr<Module> Sequential::make_like() const {
 
 void Sequential::set_input_grad(bool on) {
   Module::set_input_grad(on);
-  auto& ch = children();
-  for (size_t i = 0; i < ch.size(); ++i) ch[i].second->set_input_grad(i == 0 ? on : true);
+  // A child's input needs a gradient when this container's does or an
+  // earlier child holds parameters: a model that starts with Flatten does
+  // not compute its first linear layer's input gradient.
+  bool need = on;
+  for (auto& [n, c] : children()) {
+    c->set_input_grad(need);
+    need = need || !c->named_parameters().empty();
+  }
 }
 
 }  // namespace fanout::models

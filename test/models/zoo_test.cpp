@@ -177,6 +177,33 @@ TEST(Zoo, GradReadyCoversArenaOnceInReverseOrder) {
   EXPECT_EQ(ranges.back().first, 0u);
 }
 
+// Without an input gradient, the layers before the first one with
+// parameters compute none: mlp's fc1 (after Flatten) skips its dx, and the
+// parameter gradients are the same bits.
+TEST(Zoo, NoInputGradientSkipsItUpToTheFirstLayerWithParameters) {
+  std::mt19937_64 rng(8);
+  const Tensor x = random_tensor(Shape{6, 1, 5, 5}, rng);
+  Tensor dy;
+  auto grads = [&](bool input_grad, bool* returned_dx) {
+    auto m = make_model("mlp", Shape{1, 5, 5}, 10, 3);
+    m->set_input_grad(input_grad);
+    Context ctx(Device::cpu());
+    Tensor y = m->forward(x, ctx);
+    if (!dy.defined()) dy = random_tensor(y.shape(), rng);
+    Tensor g = testing::clone(dy);
+    *returned_dx = Module::backward_of(*m, "mlp", g, ctx).defined();
+    for (auto& [name, mod] : m->named_modules())
+      if (name == "fc1") EXPECT_EQ(mod->input_grad(), input_grad);
+    return m->arenas().grads.to(Device::cpu());
+  };
+  bool with_dx = false, without_dx = true;
+  const Tensor a = grads(true, &with_dx), b = grads(false, &without_dx);
+  EXPECT_TRUE(with_dx);
+  EXPECT_FALSE(without_dx);
+  EXPECT_TRUE(testing::same_bits(a, b));
+  EXPECT_GT(testing::l2_norm(a), 0.0);
+}
+
 TEST(BatchNormSemantics, TrainEvalAndRunningStats) {
   BatchNorm2d bn(3, 1e-5f, 0.1f);
   bn.init(0);
