@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <mutex>
 
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
@@ -26,7 +27,12 @@ namespace {
 std::atomic<uint64_t> plans_made{0};
 }
 
-State::State() : engine(dnnl::engine::kind::cpu, 0), stream(engine) {}
+State::State() : engine(dnnl::engine::kind::cpu, 0), stream(engine) {
+  // Plans are kept per context: oneDNN's process-wide primitive cache would
+  // only hold them twice, and share them between device workers.
+  static std::once_flag once;
+  std::call_once(once, [] { dnnl::set_primitive_cache_capacity(0); });
+}
 
 void State::count_plan() { plans_made.fetch_add(1, std::memory_order_relaxed); }
 
