@@ -220,6 +220,9 @@ Cli parse(int argc, char** argv) {
     ("split-invariant", po::bool_switch(&o.split_invariant),
      "CPU devices: the same parameters whatever the device or process count (weight gradients summed exactly "
      "in float64; no BatchNorm models)")
+    ("cpu-threads", po::value(&o.cpu_threads)->default_value(d.cpu_threads),
+     "CPU devices: threads for each device's kernels (0: its share of the cores, cores / (devices x processes "
+     "on this machine); 1 with --split-invariant)")
     ("config", po::value<std::string>(), "read options from this file (key = value lines; the command line wins)");
   // clang-format on
   po::variables_map vm;
@@ -453,9 +456,12 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
 void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::vector<Device>& all) {
   auto warn = [](const std::string& s) { std::fprintf(stderr, "dp-train: warning: %s\n", s.c_str()); };
   if (all[0].is_cpu())
-    for (auto [on, flag] : {std::pair{c.allow_tf32, "--allow-tf32"}, std::pair{c.deterministic, "--deterministic"},
-                            std::pair{c.cudnn_benchmark, "--cudnn-benchmark"}})
+    for (auto [on, flag] : {std::pair{c.allow_tf32, "--allow-tf32"}, std::pair{c.cudnn_benchmark, "--cudnn-benchmark"}})
       if (on) warn(std::string(flag) + " has no effect on CPU devices");
+  if (all[0].is_cpu() && c.deterministic)
+    warn("--deterministic has no effect on CPU devices: their runs repeat bit for bit at the same devices and "
+         "threads");
+  if (all[0].is_cuda() && c.cpu_threads > 0) warn("--cpu-threads has no effect on CUDA devices");
   if (all[0].is_cuda() && parse_precision(c.precision) != Precision::F32)
     warn("--precision " + c.precision + " on CUDA devices rounds to the low type around float32 kernels in this "
          "version: a GPU's mixed-precision numbers, not yet its speed");

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one test per core, one kernel thread each (test/run_tests.sh)
 kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(address thread)
 here=$(pwd)

@@ -4,4 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash apps/setup.sh
+# ctest runs one test per core: one kernel thread per test process keeps
+# their OpenMP teams from waiting on each other's cores (threaded kernels
+# have tests of their own that set their thread counts).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"

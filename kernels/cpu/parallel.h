@@ -1,5 +1,6 @@
 // Threads for the CPU kernels: a call on a context may use
-// Context::math.cpu_threads threads (every core when 0), the calling thread
+// Context::math.cpu_threads threads (kernel_thread_budget() when 0: every
+// core, or OMP_NUM_THREADS), the calling thread
 // and an OpenMP team it owns (each device worker has its own). Work is cut
 // into contiguous ranges, one per thread, each computed exactly as a
 // one-thread call computes it: results do not depend on the thread count.
@@ -15,8 +16,17 @@
 
 namespace fanout::kernels::cpu {
 
-// The threads a kernel call on this context may use.
-inline int threads(const Context& ctx) { return ctx.math.cpu_threads > 0 ? ctx.math.cpu_threads : host_cores(); }
+// The threads a kernel call on this context may use. The ThreadSanitizer
+// build uses one: GCC's OpenMP runtime is not built with TSan, which would
+// report every hand-off across its barriers; fanout's own threads (device
+// workers, loader, communication) stay checked.
+inline int threads(const Context& ctx) {
+#ifdef FANOUT_ONE_KERNEL_THREAD
+  return 1;
+#else
+  return ctx.math.cpu_threads > 0 ? ctx.math.cpu_threads : kernel_thread_budget();
+#endif
+}
 
 // Items per range so that a range holds at least ~16 Ki elements of work
 // (a thread's wake-up costs microseconds).

@@ -27,7 +27,8 @@ struct MathOptions {
   // that type (runtime/nn/autocast.h); F32: off.
   DType autocast = DType::F32;
   // CPU: the threads one kernel call may use (oneDNN's OpenMP team). 0: every
-  // core (host_cores()); engines give each replica its share. The summation
+  // core, or OMP_NUM_THREADS (kernel_thread_budget()); engines give each
+  // replica its share. The summation
   // order of a threaded kernel depends on it, so runs agree bit for bit only
   // at the same count (split-invariant math uses 1).
   int cpu_threads = 0;

@@ -27,6 +27,16 @@ std::string Device::str() const {
 
 int host_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
+int kernel_thread_budget() {
+  const int cores = host_cores();
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  if (!v || !*v) return cores;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);  // "4" or "4,2" (OpenMP's nested form: the first level counts)
+  if (end == v || n < 1) return cores;
+  return static_cast<int>(std::min<long>(n, cores));
+}
+
 namespace {
 bool parse_int(const std::string& s, int& out) {
   if (s.empty() || s.size() > 6) return false;

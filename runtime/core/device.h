@@ -28,6 +28,11 @@ struct Device {
 int cuda_device_count();
 // Cores of this machine (at least 1): what CPU devices share.
 int host_cores();
+// The threads the CPU devices' kernels share in all: every core, or fewer
+// when OMP_NUM_THREADS says so (read as PyTorch reads it), e.g. for
+// processes that share the cores (a threaded kernel slows down badly when
+// its threads wait for cores another process holds).
+int kernel_thread_budget();
 // True when this build carries the CUDA backend.
 bool cuda_available_in_build();
 // Makes `device` the calling thread's current CUDA device (cudaSetDevice);

@@ -27,7 +27,7 @@ int64_t arena_bytes(Module& m) {
 int cpu_threads_per_replica(int replicas, const MathOptions& math, int processes) {
   if (math.cpu_threads > 0) return math.cpu_threads;
   if (math.split_invariant) return 1;
-  return std::max(1, host_cores() / std::max(1, replicas * processes));
+  return std::max(1, kernel_thread_budget() / std::max(1, replicas * processes));
 }
 
 MathOptions with_cpu_threads(MathOptions math, int replicas, int processes) {

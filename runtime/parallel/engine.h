@@ -22,8 +22,9 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
 
 // Threads per kernel call for `replicas` CPU replicas running at once in each
 // of `processes` processes on this machine: math.cpu_threads when set, else
-// the cores shared out, at least one (one when split-invariant, whose
-// results must not depend on the machine).
+// kernel_thread_budget() (the cores, or OMP_NUM_THREADS) shared out, at
+// least one (one when split-invariant, whose results must not depend on the
+// machine).
 int cpu_threads_per_replica(int replicas, const MathOptions& math, int processes = 1);
 // `math` with cpu_threads filled in as cpu_threads_per_replica says.
 MathOptions with_cpu_threads(MathOptions math, int replicas, int processes = 1);

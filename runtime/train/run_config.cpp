@@ -31,6 +31,8 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(heatmap_radius >= 0 && heatmap_radius <= 64)
       << "--heatmap-radius must be in 0..64 voxels, got " << heatmap_radius;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;
+  FANOUT_USER_CHECK(cpu_threads >= 0 && cpu_threads <= 1024)
+      << "--cpu-threads must be in 0..1024 (0: each device's share of the cores), got " << cpu_threads;
   FANOUT_USER_CHECK(workers <= data::kMaxWorkers)
       << "--workers must be at most " << data::kMaxWorkers << ", got " << workers;
   FANOUT_USER_CHECK(prefetch >= 1 && prefetch <= data::kMaxPrefetch)

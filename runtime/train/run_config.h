@@ -67,6 +67,7 @@ struct RunConfig {
   int timing_warmup = 0;  // steps of each epoch left out of its steady time
   // Math.
   bool allow_tf32 = false, cudnn_benchmark = false, deterministic = false, split_invariant = false;
+  int cpu_threads = 0;  // CPU devices: threads per device's kernels (0: its share of the cores)
   std::string precision = "32";  // 32, bf16-mixed or 16-mixed (runtime/core/precision.h)
   std::string grad_reduce_dtype = "fp32";
   bool shard_optimizer = false;  // ZeRO-1 over DataParallel's replicas  // fp32 or bf16: the type gradient buckets are reduced in
@@ -74,7 +75,8 @@ struct RunConfig {
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;
   MathOptions math() const {
-    return {allow_tf32, cudnn_benchmark, deterministic, split_invariant, autocast_dtype(parse_precision(precision))};
+    return {allow_tf32, cudnn_benchmark, deterministic, split_invariant, autocast_dtype(parse_precision(precision)),
+            cpu_threads};
   }
   optim::OptimizerOptions optimizer_options() const;
   // The options that change what a run computes, as a checkpoint records them

@@ -125,6 +125,8 @@ expect_error config-huge "at most 1048576" --config "$work/huge.cfg" --data synt
 # Loader bounds and the warm-up bound.
 expect_error prefetch-bound "prefetch must be in 1..64" --workers 256 --prefetch 100000 --data synthetic:64
 expect_error workers-bound "workers must be at most 256" --workers 100000 --data synthetic:64
+expect_error cpu-threads-negative "cpu-threads must be in 0..1024" --cpu-threads -1 --data synthetic:64
+expect_error cpu-threads-bound "cpu-threads must be in 0..1024" --cpu-threads 5000 --data synthetic:64
 expect_error in-flight-bound "batches in flight .* use fewer workers or a smaller prefetch" --workers 256 --prefetch 64 \
   --batch-size 60000 --data fashion-mnist
 expect_error warmup-inf "warmup-epochs must be in" --warmup-epochs inf --data synthetic:64

@@ -2,6 +2,9 @@
 // forward / backward / SGD sequence, and allocates nothing once warm.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "kernels/cpu/plan_count.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
@@ -64,6 +67,32 @@ TEST_P(SteadyState, TrainingStepAllocatesNothing) {
   EXPECT_EQ(after.host_allocs, before.host_allocs);
   EXPECT_EQ(after.device_allocs, before.device_allocs);
   EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans) << "oneDNN primitives made after warm-up";
+}
+
+// Kernel threads: each replica's share of every core, or of OMP_NUM_THREADS
+// when set; an explicit count wins; split-invariant math uses one.
+TEST(CpuThreadsPerReplica, ShareTheCoresOrOmpNumThreads) {
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string keep = saved ? saved : "";
+  const int cores = host_cores();
+  ::unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(cpu_threads_per_replica(1, {}), cores);
+  EXPECT_EQ(cpu_threads_per_replica(2, {}, 2), std::max(1, cores / 4));
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  EXPECT_EQ(kernel_thread_budget(), 1);
+  EXPECT_EQ(cpu_threads_per_replica(1, {}), 1);
+  ::setenv("OMP_NUM_THREADS", "100000", 1);
+  EXPECT_EQ(kernel_thread_budget(), cores);  // at most the cores
+  ::setenv("OMP_NUM_THREADS", "not a number", 1);
+  EXPECT_EQ(kernel_thread_budget(), cores);
+  MathOptions m;
+  m.cpu_threads = 3;
+  EXPECT_EQ(cpu_threads_per_replica(4, m), 3);
+  MathOptions si;
+  si.split_invariant = true;
+  EXPECT_EQ(cpu_threads_per_replica(1, si), 1);
+  if (saved) ::setenv("OMP_NUM_THREADS", keep.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
 }
 
 TEST(SingleDeviceEngine, SplitInvariantSteadyStateAllocatesNothing) {
