@@ -55,6 +55,7 @@ struct Options {
   int warmup = 5, steps = 20, repeats = 3;
   uint64_t seed = 0;
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
+  int cpu_threads = 0;  // CPU devices: threads per device's kernels (0: its share of the cores)
   // The optimizer every configuration steps (dp-train's flags; momentum 0.9
   // and weight decay 5e-4 as its defaults).
   std::string optimizer = "sgd", betas = "0.9,0.999";
@@ -252,6 +253,8 @@ int run(int argc, char** argv) {
     ("seed", po::value(&o.seed)->default_value(0), "seed for weights and inputs")
     ("split-invariant", po::bool_switch(&o.split_invariant),
      "every configuration with split-invariant math (CPU devices; see dp-train --help)")
+    ("cpu-threads", po::value(&o.cpu_threads)->default_value(0),
+     "CPU devices: threads for each device's kernels in every configuration (0: its share of the cores)")
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions (CUDA)")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms (CUDA)")
     ("no-ddp", po::bool_switch(&o.no_ddp), "skip the DDP configuration (one process per listed device)")
@@ -310,6 +313,8 @@ int run(int argc, char** argv) {
       << "--precision " << o.precision << " cannot keep --split-invariant's exactness; use one or the other";
   FANOUT_USER_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0)
       << "--clip-grad-norm must be non-negative, got " << o.clip_grad_norm;
+  FANOUT_USER_CHECK(o.cpu_threads >= 0 && o.cpu_threads <= 1024)
+      << "--cpu-threads must be in 0..1024 (0: each device's share of the cores), got " << o.cpu_threads;
   FANOUT_USER_CHECK(std::isfinite(o.clip_grad_value) && o.clip_grad_value >= 0)
       << "--clip-grad-value must be non-negative, got " << o.clip_grad_value;
   if (vm.count("epochs")) {
@@ -324,6 +329,7 @@ int run(int argc, char** argv) {
     e.json = o.json;
     e.no_ddp = o.no_ddp;
     e.split_invariant = o.split_invariant;
+    e.cpu_threads = o.cpu_threads;
     e.allow_tf32 = o.allow_tf32;
     e.cudnn_benchmark = o.cudnn_benchmark;
     e.optimizer = o.optimizer;
@@ -364,6 +370,7 @@ int run(int argc, char** argv) {
   const int cores = host_cores();
   MathOptions math;
   math.split_invariant = o.split_invariant;
+  math.cpu_threads = o.cpu_threads;
   math.allow_tf32 = o.allow_tf32;
   math.cudnn_benchmark = o.cudnn_benchmark;
   math.autocast = autocast_dtype(precision);
@@ -479,7 +486,7 @@ int run(int argc, char** argv) {
       f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
                           {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
                           {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
-                          {"split_invariant", o.split_invariant}, {"allow_tf32", o.allow_tf32},
+                          {"split_invariant", o.split_invariant}, {"cpu_threads", o.cpu_threads}, {"allow_tf32", o.allow_tf32},
                           {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices},
                           {"bytes_to_primary", r.bytes_to_primary}, {"optimizer", o.optimizer},
                           {"clip_grad_norm", o.clip_grad_norm}, {"clip_grad_value", o.clip_grad_value},

@@ -17,6 +17,7 @@ struct EpochBenchOptions {
   std::string json, plot, python = "python3";
   bool no_ddp = false, no_pytorch = false;
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
+  int cpu_threads = 0;  // dp-train's --cpu-threads (0: not passed)
   std::string optimizer = "sgd";  // dp-train's --optimizer, and the same torch.optim class
   std::string betas = "0.9,0.999";
   double eps = 1e-8;

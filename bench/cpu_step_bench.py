@@ -35,9 +35,9 @@ CASES = [
 ]
 
 
-def fanout_run(args, model, batch, shape, steps):
+def fanout_run(args, model, batch, shape, steps, build=None):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
-        cmd = [os.path.join(args.build, "apps", "dp-bench"), "--model", model, "--batch-size", str(batch),
+        cmd = [os.path.join(build or args.build, "apps", "dp-bench"), "--model", model, "--batch-size", str(batch),
                "--input", shape, "--devices", "cpu", "--no-ddp", "--warmup", "2", "--steps", str(steps),
                "--repeats", "1", "--json", f.name] + args.fanout_args
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -59,32 +59,37 @@ def main():
     p.add_argument("--python", default="python3", help="a Python with torch")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch's intra-op threads")
+    p.add_argument("--before", default="", help="another build (older code) measured in the same pairs")
     p.add_argument("--models", default="", help="comma list of models to keep (default: every case)")
     p.add_argument("--json", default="", help="append every run here")
     p.add_argument("--no-channels-last", action="store_true", help="leave PyTorch's channels_last row out")
     p.add_argument("fanout_args", nargs="*", help="after --: extra dp-bench arguments")
     args = p.parse_args()
     keep = set(m for m in args.models.split(",") if m)
-    print(f"| model | batch | fanout ms/step | PyTorch NCHW ms/step | PyTorch channels_last ms/step | "
+    before = "fanout before ms/step | " if args.before else ""
+    print(f"| model | batch | {before}fanout ms/step | PyTorch NCHW ms/step | PyTorch channels_last ms/step | "
           f"PyTorch best / fanout |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | " + "--- | " * (5 if args.before else 4) + "--- |")
     for model, batch, shape, steps in CASES:
         if keep and model not in keep:
             continue
-        runs = {"fanout": [], "nchw": [], "cl": []}
+        runs = {"fanout": [], "nchw": [], "cl": [], "before": []}
         for _ in range(args.pairs):
+            if args.before:
+                runs["before"].append(fanout_run(args, model, batch, shape, steps, args.before))
             runs["fanout"].append(fanout_run(args, model, batch, shape, steps))
             runs["nchw"].append(pytorch_run(args, model, batch, shape, steps, False))
             if not args.no_channels_last and model != "mlp":
                 runs["cl"].append(pytorch_run(args, model, batch, shape, steps, True))
         med = {k: statistics.median(v) if v else None for k, v in runs.items()}
-        best = min(v for k, v in med.items() if k != "fanout" and v is not None)
+        best = min(v for k, v in med.items() if k in ("nchw", "cl") and v is not None)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps({"model": model, "batch": batch, "shape": shape, "runs_ms": runs,
                                     "median_ms": med, "pytorch_threads": args.threads}) + "\n")
         cl = f"{med['cl']:.2f}" if med["cl"] is not None else "-"
-        print(f"| {model} | {batch} | {med['fanout']:.2f} | {med['nchw']:.2f} | {cl} | {best / med['fanout']:.2f} |",
+        b = f"{med['before']:.2f} | " if args.before else ""
+        print(f"| {model} | {batch} | {b}{med['fanout']:.2f} | {med['nchw']:.2f} | {cl} | {best / med['fanout']:.2f} |",
               flush=True)
     return 0
 

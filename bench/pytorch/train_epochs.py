@@ -103,6 +103,10 @@ def worker(rank, args, result_path):
     torch.manual_seed(args.seed)
     model, _ = zoo.build(args.model, shape, int(meta["classes"]))
     model = model.to(device)
+    layout = None
+    if args.channels_last and len(shape) == 3:  # (C, H, W) images: NHWC model and batches
+        layout = torch.channels_last
+        model = model.to(memory_format=layout)
     if args.mode == "ddp":
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         if args.grad_reduce_dtype == "bf16":
@@ -150,6 +154,8 @@ def worker(rank, args, result_path):
             x, y = next(it)
             wait += time.perf_counter() - tw
             x = x.to(device, non_blocking=True)
+            if layout is not None:
+                x = x.contiguous(memory_format=layout)
             y = y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=False)
             train_step(net, model, opt, loss_fn, x, y)
@@ -197,7 +203,7 @@ def worker(rank, args, result_path):
         dist.destroy_process_group()
     if rank == 0:
         result = {"framework": "pytorch", "torch": torch.__version__, "mode": args.mode, "processes": world,
-                  "threads_per_process": args.threads, "epochs": epochs,
+                  "threads_per_process": args.threads, "channels_last": layout is not None, "epochs": epochs,
                   "peak_host_bytes": int(host.item()), "peak_device_bytes": [int(p) for p in dev_peaks]}
         with open(result_path, "w") as f:
             json.dump(result, f)
@@ -223,6 +229,8 @@ def main():
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                    help="ddp: auto is NCCL on GPUs, gloo on CPUs (gloo for a GPU shared by processes)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
+    p.add_argument("--channels-last", action="store_true",
+                   help="model and batches in channels_last (NHWC), PyTorch's faster CPU layout for convolutions")
     p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes per training process")
     p.add_argument("--batch", type=int, default=256, help="global batch")
     p.add_argument("--epochs", type=int, default=1)
