@@ -281,7 +281,7 @@ int run(int argc, char** argv) {
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
     ("data", po::value(&e.data)->default_value(e.data),
-     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (--input is the data's)")
+     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (3x32x32 images); the data sets the sample shape")
     ("lr", po::value(&e.lr)->default_value(e.lr, "0.02"), "learning rate (constant; SGD momentum 0.9, weight decay 5e-4)")
     ("workers", po::value(&e.workers)->default_value(e.workers), "loader threads per process (PyTorch: worker processes)")
     ("plot", po::value(&e.plot), "draw epoch time per configuration into this PNG (Python with matplotlib)")

@@ -69,7 +69,7 @@ def main():
     before = "fanout before ms/step | " if args.before else ""
     print(f"| model | batch | {before}fanout ms/step | PyTorch NCHW ms/step | PyTorch channels_last ms/step | "
           f"PyTorch best / fanout |")
-    print("| --- | --- | " + "--- | " * (5 if args.before else 4) + "--- |")
+    print("| --- | --- | " + "--- | " * (4 if args.before else 3) + "--- |")
     for model, batch, shape, steps in CASES:
         if keep and model not in keep:
             continue

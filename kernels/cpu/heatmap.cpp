@@ -12,15 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/loops.h"
 #include "runtime/core/error.h"
 
-// The window loop is also built for AVX2 and picked at run time. It only
-// multiplies, compares and selects, so both builds give the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(FANOUT_NO_TARGET_CLONES)
-#define FANOUT_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
-#else
-#define FANOUT_AVX2_CLONE
-#endif
 
 namespace fanout::kernels {
 
@@ -71,6 +65,7 @@ inline void max_row(float* __restrict row, const float* __restrict fx, float fzy
 
 // out_c (D, H, W) = max(out_c, gaussian) over the window [lo, hi] per axis;
 // f points at the factor of offset 0 (f[-r..r] valid), c is the center.
+// Also built for AVX2 (loops.h): it multiplies, compares and selects.
 FANOUT_AVX2_CLONE void draw_window(float* out_c, const int64_t vol[3], const int64_t lo[3], const int64_t hi[3],
                                    const int64_t c[3], const float* f) {
   const int64_t nx = hi[2] - lo[2] + 1;

@@ -10,15 +10,7 @@
 #include "kernels/gemm.h"
 #include "kernels/cpu/loops.h"
 
-// The loops below are also built for AVX2 and picked at run time. Their
-// partial sums are explicit and nothing is contracted into FMAs, so both
-// builds give the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(FANOUT_NO_TARGET_CLONES)
-#define FANOUT_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
-#else
-#define FANOUT_AVX2_CLONE
-#endif
-
+// The loops marked FANOUT_AVX2_CLONE keep explicit partial sums (loops.h).
 namespace fanout::kernels::cpu {
 
 namespace {

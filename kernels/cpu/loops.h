@@ -6,6 +6,16 @@
 #pragma once
 #include <cstdint>
 
+// A loop marked FANOUT_AVX2_CLONE is also built for AVX2 and picked at run
+// time (the build's baseline is SSE2). Only for loops whose sums are
+// explicit and not contracted into FMAs (the build passes
+// -ffp-contract=off): both builds then give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(FANOUT_NO_TARGET_CLONES)
+#define FANOUT_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define FANOUT_AVX2_CLONE
+#endif
+
 namespace fanout::kernels::cpu {
 
 // out[i] = f(a[i]); out may equal a.

@@ -77,7 +77,7 @@ AutoDevices auto_devices(int64_t batch_size, int cores, int gpus) {
     return {"cpu", cores == 1 ? "no GPU, one core" : "no GPU, and a batch too small to share out over the cores"};
   return {"cpu:" + std::to_string(n),
           "no GPU, so " + std::to_string(n) + " CPU replicas: one per core, at least " +
-              std::to_string(kAutoMinRowsPerReplica) + " rows each; faster than one device on every core in "
+              std::to_string(kAutoMinRowsPerReplica) + " rows each; as fast as one device on every core in "
               "dp-bench --epochs (--devices cpu for one)"};
 }
 
