@@ -13,9 +13,9 @@
 #   with hiredis and the verbs/netlink libraries it links.
 #
 # Outputs (all ignored by git through a '*' .gitignore written beside them):
-#   PREFIX/              the unpacked prefix (~55 MiB, 38 of them oneDNN's
+#   PREFIX/              the unpacked prefix (53 MiB, 38 of them oneDNN's
 #                        shared library), PREFIX/MANIFEST.txt
-#   PREFIX.tar.xz        the same, packed (~7 MiB): what travels to a GPU
+#   PREFIX.tar.xz        the same, packed (8.4 MiB): what travels to a GPU
 #                        machine; run_gpu.sh unpacks it when PREFIX is absent
 #                        (PACK=0 skips it)
 #   DATASETS/fashion-mnist/  with FETCH_DATA=1 (default): the IDX files of the
@@ -195,7 +195,9 @@ need() {  # need DESCRIPTION PATH...: one of the paths must exist
   echo
   echo "prefix size: $(du -sh "$prefix" | cut -f1) unpacked"
   du -sh "$prefix"/usr/include "$lib" 2>/dev/null | sed 's/^/  /'
-  [ "$fetch_data" = 1 ] && echo "dataset: $(du -sh "$datasets/fashion-mnist" | cut -f1) at $datasets/fashion-mnist"
+  if [ "$fetch_data" = 1 ]; then
+    echo "dataset: $(du -sh "$datasets/fashion-mnist" | cut -f1) at $datasets/fashion-mnist"
+  fi
 } | tee "$prefix/MANIFEST.txt"
 [ "$missing" = 0 ] || die "some files are missing (see above)"
 if [ "$pack" = 1 ]; then

@@ -309,7 +309,9 @@ step_ctest() {
   local extra=()
   # shellcheck disable=SC2206  # word splitting of user-given ctest arguments is intended
   [ -n "${FANOUT_CTEST_ARGS:-}" ] && extra=($FANOUT_CTEST_ARGS)
-  (cd "$build" && FANOUT_REQUIRE_GPU=1 frun ctest --output-on-failure --timeout 1800 -j "$jobs" \
+  # One test per core, so one kernel thread per test (test/run_tests.sh says why).
+  (cd "$build" && FANOUT_REQUIRE_GPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} frun ctest --output-on-failure \
+    --timeout 1800 -j "$jobs" \
     --output-junit "$out/ctest.xml" "${extra[@]}")
 }
 
