@@ -213,10 +213,18 @@ std::string join(const std::vector<Device>& ds) {
   return s;
 }
 
-}  // namespace
+// What every run shares, found and checked before the first one.
+struct Setup {
+  std::vector<Device> devices;
+  bool gpu = false;
+  int cores = 0;
+  int64_t train_size = 0, test_size = 0;
+  std::string dp_train, plot_script, py_script;
+  std::string torch_status = "not asked (--no-pytorch)", torch_version;
+  int n() const { return static_cast<int>(devices.size()); }
+};
 
-int run_epoch_bench(const EpochBenchOptions& options) {
-  EpochBenchOptions o = options;
+void check_options(EpochBenchOptions& o) {
   FANOUT_USER_CHECK(o.epochs > 0) << "--epochs must be positive, got " << o.epochs;
   FANOUT_USER_CHECK(o.repeats > 0) << "--repeats must be positive, got " << o.repeats;
   FANOUT_USER_CHECK(o.warmup >= 0) << "--warmup must be non-negative, got " << o.warmup;
@@ -228,44 +236,51 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     if (fs::path(o.plot).extension().empty()) o.plot += ".png";  // what matplotlib would write
     check_output_file("--plot", o.plot);
   }
-  const std::vector<Device> devices = parse_devices(o.devices);
-  const int n = static_cast<int>(devices.size());
-  const bool gpu = devices[0].is_cuda();
-  const int cores = host_cores();
-  const std::string dp_train = self_dir() + "/dp-train";
-  FANOUT_USER_CHECK(::access(dp_train.c_str(), X_OK) == 0) << "cannot find dp-train beside dp-bench (" << dp_train << ")";
-  TempDir tmp;
+}
 
-  // Check what can be checked before the first run: the data, the batch
-  // split, PyTorch, and the plot's script.
+// Checks what can be checked before the first run: dp-train, the data, the
+// batch split, the plot's script and PyTorch (which gets the data exported).
+Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
+  Setup s;
+  s.devices = parse_devices(o.devices);
+  s.gpu = s.devices[0].is_cuda();
+  s.cores = host_cores();
+  s.dp_train = self_dir() + "/dp-train";
+  FANOUT_USER_CHECK(::access(s.dp_train.c_str(), X_OK) == 0)
+      << "cannot find dp-train beside dp-bench (" << s.dp_train << ")";
   const data::TrainTest data = data::open_dataset(o.data, o.seed);
-  const bool split_ok = o.batch_size % n == 0;
-  FANOUT_USER_CHECK(split_ok || n == 1) << "--batch-size " << o.batch_size << " cannot be split evenly over " << n
-                                        << " devices";
-  std::string plot_script;
+  s.train_size = data.train.size();
+  s.test_size = data.test.size();
+  FANOUT_USER_CHECK(o.batch_size % s.n() == 0 || s.n() == 1)
+      << "--batch-size " << o.batch_size << " cannot be split evenly over " << s.n() << " devices";
   if (!o.plot.empty()) {
-    plot_script = find_script("plot_epochs.py");
-    const int rc = run_logged({o.python, plot_script, "--check"}, tmp.path + "/plot-check.log");
-    FANOUT_USER_CHECK(rc == 0) << "--plot needs Python with matplotlib: " << last_line(tmp.path + "/plot-check.log");
+    s.plot_script = find_script("plot_epochs.py");
+    const int rc = run_logged({o.python, s.plot_script, "--check"}, tmp + "/plot-check.log");
+    FANOUT_USER_CHECK(rc == 0) << "--plot needs Python with matplotlib: " << last_line(tmp + "/plot-check.log");
   }
-  std::string torch_status = "not asked (--no-pytorch)", torch_version, py_script;
   if (!o.no_pytorch) {
-    py_script = find_script("pytorch/train_epochs.py");
-    const std::string log = tmp.path + "/torch-version.log";
-    const int rc = run_logged({o.python, py_script, "--version"}, log);
+    s.py_script = find_script("pytorch/train_epochs.py");
+    const std::string log = tmp + "/torch-version.log";
+    const int rc = run_logged({o.python, s.py_script, "--version"}, log);
     std::ifstream f(log);
-    std::getline(f, torch_version);
+    std::getline(f, s.torch_version);
     if (rc == 0) {
-      torch_status = "ok";
-      export_dataset(data, tmp.path + "/data");
+      s.torch_status = "ok";
+      export_dataset(data, tmp + "/data");
     } else {
-      torch_status = "not installed";
-      torch_version.clear();
+      s.torch_status = "not installed";
+      s.torch_version.clear();
     }
   }
+  return s;
+}
 
-  // The configurations.
-  std::vector<Config> configs;
+bool with_ddp(const EpochBenchOptions& o, const Setup& s) { return !o.no_ddp && (s.n() > 1 || s.gpu); }
+std::string one_device(const Setup& s) { return s.gpu ? s.devices[0].str() : "cpu"; }
+std::string processes(int n) { return std::to_string(n) + " process" + (n > 1 ? "es" : ""); }
+
+// fanout's rows: dp-train on one device, DataParallel, DDP and the hybrid.
+void add_fanout_configs(const EpochBenchOptions& o, const Setup& s, std::vector<Config>& configs) {
   const std::vector<std::string> common = {
       "--model", o.model, "--data", o.data, "--epochs", std::to_string(o.epochs), "--batch-size",
       std::to_string(o.batch_size), "--lr", fmt("%g", o.lr), "--momentum", "0.9", "--weight-decay", "5e-4",
@@ -274,10 +289,10 @@ int run_epoch_bench(const EpochBenchOptions& options) {
       "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
       "--clip-grad-value", fmt("%g", o.clip_grad_value), "--precision", o.precision,
       "--grad-reduce-dtype", o.grad_reduce_dtype};
-  auto fanout = [&](const std::string& mode, const std::string& label, int procs, int reps,
-                    std::vector<std::string> extra) {
+  auto add = [&](const std::string& mode, const std::string& label, int procs, int reps,
+                 std::vector<std::string> extra) {
     Config c{"fanout", mode, label, procs, reps};
-    c.argv = {dp_train};
+    c.argv = {s.dp_train};
     c.argv.insert(c.argv.end(), common.begin(), common.end());
     c.argv.insert(c.argv.end(), extra.begin(), extra.end());
     if (o.split_invariant) c.argv.push_back("--split-invariant");
@@ -288,77 +303,86 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     if (o.cudnn_benchmark) c.argv.push_back("--cudnn-benchmark");
     configs.push_back(std::move(c));
   };
-  const std::string one = gpu ? devices[0].str() : "cpu";
-  fanout("one device", "fanout one device " + one, 1, 1, {"--devices", one});
+  const int n = s.n();
+  const std::string sharded = o.shard_optimizer ? " sharded" : "";
+  add("one device", "fanout one device " + one_device(s), 1, 1, {"--devices", one_device(s)});
   if (n > 1) {
     std::vector<std::string> dp = {"--devices", o.devices};
     if (o.shard_optimizer) dp.push_back("--shard-optimizer");
-    fanout("DP", "fanout DP " + join(devices) + (o.shard_optimizer ? " sharded" : ""), 1, n, dp);
+    add("DP", "fanout DP " + join(s.devices) + sharded, 1, n, dp);
   }
-  const bool ddp = !o.no_ddp && (n > 1 || gpu);
-  const std::string sharded = o.shard_optimizer ? " sharded" : "";
-  std::vector<std::string> ddp_args = {"--devices", o.devices, "--strategy", "ddp"};
-  if (o.shard_optimizer) ddp_args.push_back("--shard-optimizer");
-  if (ddp) fanout("DDP", "fanout DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : "") + sharded, n, 1, ddp_args);
-  ddp_args.insert(ddp_args.end(), {"--nproc-per-node", "2"});
-  if (ddp && n >= 4 && n % 2 == 0)
-    fanout("hybrid", "fanout hybrid 2 processes x " + std::to_string(n / 2) + sharded, 2, n / 2, ddp_args);
-  if (!o.no_pytorch) {
-    auto pytorch = [&](const std::string& mode, const std::string& label, int procs, int reps,
-                       std::vector<std::string> extra) {
-      Config c{"pytorch", mode, label, procs, reps};
-      c.argv = {o.python, py_script, "--data", tmp.path + "/data", "--model", o.model, "--epochs",
-                std::to_string(o.epochs), "--batch", std::to_string(o.batch_size), "--lr", fmt("%g", o.lr),
-                "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
-                std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup), "--optimizer", o.optimizer,
-                "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
-                "--clip-grad-value", fmt("%g", o.clip_grad_value), "--precision", o.precision,
-                "--grad-reduce-dtype", o.grad_reduce_dtype};
-      if (o.amsgrad) c.argv.push_back("--amsgrad");
-      if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
-      c.argv.insert(c.argv.end(), extra.begin(), extra.end());
-      if (o.allow_tf32) c.argv.push_back("--tf32");
-      if (torch_status != "ok") c.status = torch_status;
-      configs.push_back(std::move(c));
-    };
-    std::string gpus;
-    for (auto& d : devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d.index);
-    bool distinct = true;
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < i; ++j) distinct = distinct && devices[i].index != devices[j].index;
-    pytorch("one device", "PyTorch one device " + one, 1, 1,
-            {"--mode", "one", "--devices", gpu ? one : "cpu", "--threads", std::to_string(gpu ? 1 : cores)});
-    // PyTorch's convolutions run faster on NHWC activations (its oneDNN CPU
-    // path, tensor cores): its best one-device configuration is this row.
-    pytorch("one device", "PyTorch one device " + one + " channels_last", 1, 1,
-            {"--mode", "one", "--devices", gpu ? one : "cpu", "--threads", std::to_string(gpu ? 1 : cores),
-             "--channels-last"});
-    if (ddp)
-      pytorch("DDP",
-              "PyTorch DDP " + std::to_string(n) + " process" + (n > 1 ? "es" : "") +
-                  (gpu && distinct ? " (nccl)" : " (gloo)"),
-              n, 1,
-              {"--mode", "ddp", "--nproc", std::to_string(n), "--devices", gpu ? gpus : "cpu", "--backend",
-               gpu && distinct ? "nccl" : "gloo", "--threads", std::to_string(gpu ? 1 : std::max(1, cores / n))});
-    if (gpu && n > 1) {
-      pytorch("DP", "PyTorch DP " + join(devices), 1, n, {"--mode", "dp", "--devices", gpus, "--threads", "1"});
-      if (!distinct && configs.back().status == "ok")
-        configs.back().status = "skipped: nn.DataParallel needs distinct GPUs";
-    }
-  }
+  if (!with_ddp(o, s)) return;
+  std::vector<std::string> ddp = {"--devices", o.devices, "--strategy", "ddp"};
+  if (o.shard_optimizer) ddp.push_back("--shard-optimizer");
+  add("DDP", "fanout DDP " + processes(n) + sharded, n, 1, ddp);
+  ddp.insert(ddp.end(), {"--nproc-per-node", "2"});
+  if (n >= 4 && n % 2 == 0) add("hybrid", "fanout hybrid 2 processes x " + std::to_string(n / 2) + sharded, 2, n / 2, ddp);
+}
 
-  // Interleaved runs: A B C ... A B C ...
-  int total = 0;
-  for (auto& c : configs) total += c.status == "ok" ? o.repeats : 0;
+// PyTorch's rows (bench/pytorch/train_epochs.py): one device in NCHW and in
+// channels_last, DDP, and nn.DataParallel on GPUs.
+void add_pytorch_configs(const EpochBenchOptions& o, const Setup& s, const std::string& tmp,
+                         std::vector<Config>& configs) {
+  auto add = [&](const std::string& mode, const std::string& label, int procs, int reps,
+                 std::vector<std::string> extra) {
+    Config c{"pytorch", mode, label, procs, reps};
+    c.argv = {o.python, s.py_script, "--data", tmp + "/data", "--model", o.model, "--epochs",
+              std::to_string(o.epochs), "--batch", std::to_string(o.batch_size), "--lr", fmt("%g", o.lr),
+              "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
+              std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup), "--optimizer", o.optimizer,
+              "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
+              "--clip-grad-value", fmt("%g", o.clip_grad_value), "--precision", o.precision,
+              "--grad-reduce-dtype", o.grad_reduce_dtype};
+    if (o.amsgrad) c.argv.push_back("--amsgrad");
+    if (o.no_decay_norm_bias) c.argv.push_back("--no-decay-norm-bias");
+    c.argv.insert(c.argv.end(), extra.begin(), extra.end());
+    if (o.allow_tf32) c.argv.push_back("--tf32");
+    if (s.torch_status != "ok") c.status = s.torch_status;
+    configs.push_back(std::move(c));
+  };
+  const int n = s.n();
+  const std::string one = one_device(s), threads = std::to_string(s.gpu ? 1 : s.cores);
+  std::string gpus;
+  for (auto& d : s.devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d.index);
+  bool distinct = true;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < i; ++j) distinct = distinct && s.devices[i].index != s.devices[j].index;
+  add("one device", "PyTorch one device " + one, 1, 1,
+      {"--mode", "one", "--devices", s.gpu ? one : "cpu", "--threads", threads});
+  // PyTorch's convolutions run faster on NHWC activations (its oneDNN CPU
+  // path, tensor cores): its best one-device configuration is this row.
+  add("one device", "PyTorch one device " + one + " channels_last", 1, 1,
+      {"--mode", "one", "--devices", s.gpu ? one : "cpu", "--threads", threads, "--channels-last"});
+  if (with_ddp(o, s)) {
+    const bool nccl = s.gpu && distinct;
+    add("DDP", "PyTorch DDP " + processes(n) + (nccl ? " (nccl)" : " (gloo)"), n, 1,
+        {"--mode", "ddp", "--nproc", std::to_string(n), "--devices", s.gpu ? gpus : "cpu", "--backend",
+         nccl ? "nccl" : "gloo", "--threads", std::to_string(s.gpu ? 1 : std::max(1, s.cores / n))});
+  }
+  if (s.gpu && n > 1) {
+    add("DP", "PyTorch DP " + join(s.devices), 1, n, {"--mode", "dp", "--devices", gpus, "--threads", "1"});
+    if (!distinct && configs.back().status == "ok") configs.back().status = "skipped: nn.DataParallel needs distinct GPUs";
+  }
+}
+
+void print_header(const EpochBenchOptions& o, const Setup& s) {
   std::printf("dp-bench --epochs: %s on %s (%lld train / %lld test), global batch %lld, %d epoch%s per run, "
               "%d run%s per configuration, interleaved; %d host cores\n",
-              o.model.c_str(), o.data.c_str(), static_cast<long long>(data.train.size()),
-              static_cast<long long>(data.test.size()), static_cast<long long>(o.batch_size), o.epochs,
-              o.epochs == 1 ? "" : "s", o.repeats, o.repeats == 1 ? "" : "s", cores);
+              o.model.c_str(), o.data.c_str(), static_cast<long long>(s.train_size),
+              static_cast<long long>(s.test_size), static_cast<long long>(o.batch_size), o.epochs,
+              o.epochs == 1 ? "" : "s", o.repeats, o.repeats == 1 ? "" : "s", s.cores);
   std::printf("each run is a fresh process; the first %d steps of each epoch are warm-up, left out of its time "
               "(the rest is scaled to the whole epoch); evaluation is not timed%s\n",
-              o.warmup, torch_status == "ok" ? ("; PyTorch " + torch_version).c_str() : "");
+              o.warmup, s.torch_status == "ok" ? ("; PyTorch " + s.torch_version).c_str() : "");
   std::fflush(stdout);
+}
+
+// Runs every configuration o.repeats times, interleaved (A B C ... A B C
+// ...), each a fresh process; SIGINT or SIGTERM stops between runs. Returns
+// the signal that stopped it, or 0.
+int run_interleaved(const EpochBenchOptions& o, std::vector<Config>& configs, const std::string& tmp) {
+  int total = 0;
+  for (auto& c : configs) total += c.status == "ok" ? o.repeats : 0;
   struct sigaction sa {}, old_int{}, old_term{};
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
@@ -369,7 +393,7 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     for (size_t k = 0; k < configs.size() && !g_interrupted; ++k) {
       Config& c = configs[k];
       if (c.status != "ok") continue;
-      const std::string stem = tmp.path + "/run-" + std::to_string(k) + "-" + std::to_string(r);
+      const std::string stem = tmp + "/run-" + std::to_string(k) + "-" + std::to_string(r);
       std::vector<std::string> argv = c.argv;
       argv.push_back(c.framework == "fanout" ? "--metrics" : "--out");
       argv.push_back(stem + ".json");
@@ -380,21 +404,19 @@ int run_epoch_bench(const EpochBenchOptions& options) {
         std::printf("interrupted\n");
         break;
       }
+      ++finished;
       if (rc != 0) {
         c.status = "failed (exit status " + std::to_string(rc) + ")";
-        ++finished;
         std::printf("failed (exit status %d); its last lines:\n%s", rc, tail_of(stem + ".log", 6).c_str());
         std::fflush(stdout);
         continue;
       }
       c.runs.push_back(c.framework == "fanout" ? parse_fanout_metrics(stem + ".json")
                                                : parse_pytorch_result(stem + ".json"));
-      ++finished;
       const RunResult& x = c.runs.back();
       std::printf("%.2f s/epoch, %.0f img/s, test acc %.4f\n", x.epoch_seconds, x.images_per_second, x.test_acc);
       std::fflush(stdout);
     }
-
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   const int interrupted = g_interrupted;
@@ -405,16 +427,28 @@ int run_epoch_bench(const EpochBenchOptions& options) {
     for (auto& c : configs)
       if (c.status == "ok" && c.runs.empty()) c.status = "not run (interrupted)";
   }
+  return interrupted;
+}
 
-  // Median run per configuration; speed-up over the same framework's fastest
-  // one-device configuration.
-  struct Row {
-    const Config* c;
-    RunResult med;
-    double lo = 0, hi = 0, speedup = 0, efficiency = 0;
-  };
+// A configuration's median run, and its speed-up over the same framework's
+// fastest one-device configuration.
+struct Row {
+  const Config* c;
+  RunResult med;
+  double lo = 0, hi = 0, speedup = 0, efficiency = 0;
+};
+struct Table {
   std::vector<Row> rows;
-  std::map<std::string, double> one_device;  // framework -> median epoch seconds
+  std::map<std::string, double> one_device;  // framework -> its fastest one-device median epoch seconds
+  double median_of(const std::string& fw, const std::string& mode) const {
+    for (auto& row : rows)
+      if (row.c->framework == fw && row.c->mode == mode && !row.c->runs.empty()) return row.med.epoch_seconds;
+    return 0;
+  }
+};
+
+Table tabulate(const std::vector<Config>& configs) {
+  Table t;
   for (auto& c : configs) {
     Row row{&c, {}};
     if (!c.runs.empty()) {
@@ -423,21 +457,27 @@ int run_epoch_bench(const EpochBenchOptions& options) {
       row.med = s[s.size() / 2];
       row.lo = s.front().epoch_seconds;
       row.hi = s.back().epoch_seconds;
-      if (c.mode == "one device" && (!one_device.count(c.framework) || row.med.epoch_seconds < one_device[c.framework]))
-        one_device[c.framework] = row.med.epoch_seconds;
+      if (c.mode == "one device" &&
+          (!t.one_device.count(c.framework) || row.med.epoch_seconds < t.one_device[c.framework]))
+        t.one_device[c.framework] = row.med.epoch_seconds;
     }
-    rows.push_back(row);
+    t.rows.push_back(row);
   }
-  for (auto& row : rows)
-    if (!row.c->runs.empty() && one_device.count(row.c->framework)) {
-      row.speedup = one_device[row.c->framework] / row.med.epoch_seconds;
+  for (auto& row : t.rows)
+    if (!row.c->runs.empty() && t.one_device.count(row.c->framework)) {
+      row.speedup = t.one_device[row.c->framework] / row.med.epoch_seconds;
       row.efficiency = row.speedup / row.c->devices();
     }
+  return t;
+}
 
-  auto gib = [](int64_t b) { return fmt("%.2f", static_cast<double>(b) / 1073741824.0); };
+std::string gib(int64_t b) { return fmt("%.2f", static_cast<double>(b) / 1073741824.0); }
+
+// The table, then the questions this benchmark answers.
+void print_table(const Table& t, bool gpu) {
   std::printf("\n%-38s %9s %15s %9s %8s %6s %6s %8s  %s\n", "configuration", "epoch s", "spread", "img/s",
               "speed-up", "eff.", "wait", "test acc", gpu ? "peak GiB: host; per GPU" : "peak GiB (host)");
-  for (auto& row : rows) {
+  for (auto& row : t.rows) {
     const Config& c = *row.c;
     if (c.runs.empty()) {
       std::printf("%-38s %s\n", c.label.c_str(), c.status.c_str());
@@ -451,78 +491,90 @@ int run_epoch_bench(const EpochBenchOptions& options) {
                 row.med.images_per_second, row.speedup, row.efficiency, 100 * row.med.data_wait, row.med.test_acc,
                 mem.c_str(), c.status == "ok" ? "" : ("  (" + c.status + ")").c_str());
   }
-  // The questions this benchmark answers.
-  auto median_of = [&](const std::string& fw, const std::string& mode) -> double {
-    for (auto& row : rows)
-      if (row.c->framework == fw && row.c->mode == mode && !row.c->runs.empty()) return row.med.epoch_seconds;
-    return 0;
-  };
-  const double f_dp = median_of("fanout", "DP"), f_ddp = median_of("fanout", "DDP"),
-               t_ddp = median_of("pytorch", "DDP"), t_dp = median_of("pytorch", "DP");
+  const double f_dp = t.median_of("fanout", "DP"), f_ddp = t.median_of("fanout", "DDP"),
+               t_ddp = t.median_of("pytorch", "DDP"), t_dp = t.median_of("pytorch", "DP");
   std::printf("\n");
   if (f_dp > 0 && f_ddp > 0)
     std::printf("fanout DP / fanout DDP epoch time: %.3f (DP is %s)\n", f_dp / f_ddp,
                 f_dp <= f_ddp ? "faster or equal" : (fmt("%.1f%% slower", 100 * (f_dp / f_ddp - 1))).c_str());
   if (f_ddp > 0 && t_ddp > 0) std::printf("fanout DDP / PyTorch DDP epoch time: %.3f\n", f_ddp / t_ddp);
   if (f_dp > 0 && t_dp > 0) std::printf("fanout DP / PyTorch DP epoch time: %.3f\n", f_dp / t_dp);
-  if (f_dp > 0 && one_device.count("pytorch"))
-    std::printf("PyTorch's fastest one device / fanout DP epoch time: %.3f\n", one_device["pytorch"] / f_dp);
+  if (f_dp > 0 && t.one_device.count("pytorch"))
+    std::printf("PyTorch's fastest one device / fanout DP epoch time: %.3f\n", t.one_device.at("pytorch") / f_dp);
+}
 
-  std::string json_path = o.json;
-  if (json_path.empty() && !o.plot.empty()) json_path = tmp.path + "/results.jsonl";
-  if (!json_path.empty()) {
-    // One id per invocation, so that a plot of a file of several takes the latest of each setting.
-    const long long run_id = std::chrono::duration_cast<std::chrono::seconds>(
-                                 std::chrono::system_clock::now().time_since_epoch()).count();
-    std::ofstream f(json_path, std::ios::app);
-    FANOUT_USER_CHECK(f.good()) << "cannot open --json " << json_path << ": " << std::strerror(errno);
-    for (auto& row : rows) {
-      const Config& c = *row.c;
-      std::vector<double> runs;
-      for (auto& x : c.runs) runs.push_back(x.epoch_seconds);
-      nlohmann::json j = {{"bench", "epochs"},
-                          {"framework", c.framework},
-                          {"mode", c.mode},
-                          {"config", c.label},
-                          {"processes", c.processes},
-                          {"replicas_per_process", c.replicas},
-                          {"status", c.status},
-                          {"run_id", run_id},
-                          {"model", o.model},
-                          {"data", o.data},
-                          {"devices", o.devices},
-                          {"batch_size", o.batch_size},
-                          {"epochs", o.epochs},
-                          {"warmup_steps", o.warmup},
-                          {"repeats", o.repeats},
-                          {"host_cores", cores},
-                          {"split_invariant", o.split_invariant}, {"cpu_threads", o.cpu_threads},
-                          {"allow_tf32", o.allow_tf32},
-                          {"precision", o.precision},
-                          {"grad_reduce_dtype", o.grad_reduce_dtype},
-                          {"runs_epoch_seconds", runs}};
-      if (c.framework == "pytorch") j["torch"] = torch_version;
-      if (!c.runs.empty()) {
-        j["epoch_seconds"] = row.med.epoch_seconds;
-        j["epoch_seconds_min"] = row.lo;
-        j["epoch_seconds_max"] = row.hi;
-        j["images_per_second"] = row.med.images_per_second;
-        j["speedup_vs_one_device"] = row.speedup;
-        j["efficiency_per_device"] = row.efficiency;
-        j["data_wait_fraction"] = row.med.data_wait;
-        j["test_acc"] = row.med.test_acc;
-        j["test_loss"] = row.med.test_loss;
-        j["peak_host_bytes"] = row.med.peak_host;
-        j["peak_device_bytes"] = row.med.peak_device;
-      }
-      f << j.dump() << "\n";
+// One JSON line per configuration, appended.
+void write_json(const std::string& path, const EpochBenchOptions& o, const Setup& s, const Table& t) {
+  // One id per invocation, so that a plot of a file of several takes the latest of each setting.
+  const long long run_id =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ofstream f(path, std::ios::app);
+  FANOUT_USER_CHECK(f.good()) << "cannot open --json " << path << ": " << std::strerror(errno);
+  for (auto& row : t.rows) {
+    const Config& c = *row.c;
+    std::vector<double> runs;
+    for (auto& x : c.runs) runs.push_back(x.epoch_seconds);
+    nlohmann::json j = {{"bench", "epochs"},
+                        {"framework", c.framework},
+                        {"mode", c.mode},
+                        {"config", c.label},
+                        {"processes", c.processes},
+                        {"replicas_per_process", c.replicas},
+                        {"status", c.status},
+                        {"run_id", run_id},
+                        {"model", o.model},
+                        {"data", o.data},
+                        {"devices", o.devices},
+                        {"batch_size", o.batch_size},
+                        {"epochs", o.epochs},
+                        {"warmup_steps", o.warmup},
+                        {"repeats", o.repeats},
+                        {"host_cores", s.cores},
+                        {"split_invariant", o.split_invariant},
+                        {"cpu_threads", o.cpu_threads},
+                        {"allow_tf32", o.allow_tf32},
+                        {"precision", o.precision},
+                        {"grad_reduce_dtype", o.grad_reduce_dtype},
+                        {"runs_epoch_seconds", runs}};
+    if (c.framework == "pytorch") j["torch"] = s.torch_version;
+    if (!c.runs.empty()) {
+      j["epoch_seconds"] = row.med.epoch_seconds;
+      j["epoch_seconds_min"] = row.lo;
+      j["epoch_seconds_max"] = row.hi;
+      j["images_per_second"] = row.med.images_per_second;
+      j["speedup_vs_one_device"] = row.speedup;
+      j["efficiency_per_device"] = row.efficiency;
+      j["data_wait_fraction"] = row.med.data_wait;
+      j["test_acc"] = row.med.test_acc;
+      j["test_loss"] = row.med.test_loss;
+      j["peak_host_bytes"] = row.med.peak_host;
+      j["peak_device_bytes"] = row.med.peak_device;
     }
-    f.flush();
-    FANOUT_USER_CHECK(f.good()) << "cannot write --json " << json_path << ": " << std::strerror(errno);
+    f << j.dump() << "\n";
   }
+  f.flush();
+  FANOUT_USER_CHECK(f.good()) << "cannot write --json " << path << ": " << std::strerror(errno);
+}
+
+}  // namespace
+
+int run_epoch_bench(const EpochBenchOptions& options) {
+  EpochBenchOptions o = options;
+  check_options(o);
+  TempDir tmp;
+  const Setup s = prepare(o, tmp.path);
+  std::vector<Config> configs;
+  add_fanout_configs(o, s, configs);
+  if (!o.no_pytorch) add_pytorch_configs(o, s, tmp.path, configs);
+  print_header(o, s);
+  const int interrupted = run_interleaved(o, configs, tmp.path);
+  const Table table = tabulate(configs);
+  print_table(table, s.gpu);
+  const std::string json = !o.json.empty() || o.plot.empty() ? o.json : tmp.path + "/results.jsonl";
+  if (!json.empty()) write_json(json, o, s, table);
   if (!o.plot.empty()) {
     const std::string log = tmp.path + "/plot.log";
-    const int rc = run_logged({o.python, plot_script, "--json", json_path, "--out", o.plot}, log);
+    const int rc = run_logged({o.python, s.plot_script, "--json", json, "--out", o.plot}, log);
     FANOUT_USER_CHECK(rc == 0) << "the plot failed: " << last_line(log);
     std::printf("plot: %s\n", o.plot.c_str());
   }
