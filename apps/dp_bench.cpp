@@ -229,14 +229,8 @@ double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler,
   return steps > 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps : 0;
 }
 
-int run(int argc, char** argv) {
-  Options o;
-  apps::EpochBenchOptions e;
-  po::options_description desc(
-      "dp-bench: is DataParallel slower than DDP? Training time of one model on one device, DataParallel over\n"
-      "the listed devices and DDP with one process per device (and the hybrid), fanout beside PyTorch.\n\n"
-      "Usage: dp-bench [options]            step mode: time per step on random inputs\n"
-      "       dp-bench --epochs N [options] epoch mode: whole epochs of real data through the loader\n\nOptions");
+// dp-bench's options, into o (both modes) and e (epoch mode's own).
+void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions& e) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
@@ -289,11 +283,20 @@ int run(int argc, char** argv) {
     ("no-pytorch", po::bool_switch(&e.no_pytorch), "leave PyTorch's rows out");
   desc.add(epochs);
   // clang-format on
+}
+
+// Parses argv into o and e; false after printing --help.
+bool parse(int argc, char** argv, Options& o, apps::EpochBenchOptions& e, po::variables_map& vm) {
+  po::options_description desc(
+      "dp-bench: is DataParallel slower than DDP? Training time of one model on one device, DataParallel over\n"
+      "the listed devices and DDP with one process per device (and the hybrid), fanout beside PyTorch.\n\n"
+      "Usage: dp-bench [options]            step mode: time per step on random inputs\n"
+      "       dp-bench --epochs N [options] epoch mode: whole epochs of real data through the loader\n\nOptions");
+  describe(desc, o, e);
   po::options_description hidden;
   hidden.add_options()("ddp-result", po::value(&o.ddp_result), "internal: a DDP worker writes its timings here");
   po::options_description all;
   all.add(desc).add(hidden);
-  po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, all), vm);
   if (vm.count("help")) {
     std::cout << desc
@@ -301,9 +304,14 @@ int run(int argc, char** argv) {
                  "runs per configuration (interleaved; the median is reported).\n"
                  "\nExamples:\n  dp-bench --model lenet --batch-size 256 --devices cpu:2\n"
                  "  dp-bench --epochs 1 --model cnn --batch-size 128 --devices cpu:2 --json r.jsonl --plot r.png\n";
-    return 0;
+    return false;
   }
   po::notify(vm);
+  return true;
+}
+
+// Checks what both modes share; returns the precision.
+Precision check_common(const Options& o) {
   o.optimizer_options();  // an unknown --optimizer is an error before any run
   const Precision precision = parse_precision(o.precision);
   const DType reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
@@ -317,33 +325,40 @@ int run(int argc, char** argv) {
       << "--cpu-threads must be in 0..1024 (0: each device's share of the cores), got " << o.cpu_threads;
   FANOUT_USER_CHECK(std::isfinite(o.clip_grad_value) && o.clip_grad_value >= 0)
       << "--clip-grad-value must be non-negative, got " << o.clip_grad_value;
-  if (vm.count("epochs")) {
-    for (const char* step_only : {"input", "steps", "dp-comm"})
-      FANOUT_USER_CHECK(!given(vm, step_only)) << "--" << step_only << " is for step mode, not with --epochs";
-    e.model = o.model;
-    e.devices = o.devices;
-    e.batch_size = o.batch_size;
-    e.repeats = o.repeats;
-    e.warmup = o.warmup;
-    e.seed = o.seed;
-    e.json = o.json;
-    e.no_ddp = o.no_ddp;
-    e.split_invariant = o.split_invariant;
-    e.cpu_threads = o.cpu_threads;
-    e.allow_tf32 = o.allow_tf32;
-    e.cudnn_benchmark = o.cudnn_benchmark;
-    e.optimizer = o.optimizer;
-    e.no_decay_norm_bias = o.no_decay_norm_bias;
-    e.clip_grad_norm = o.clip_grad_norm;
-    e.clip_grad_value = o.clip_grad_value;
-    e.betas = o.betas;
-    e.eps = o.eps;
-    e.amsgrad = o.amsgrad;
-    e.precision = precision_name(precision);
-    e.grad_reduce_dtype = o.grad_reduce_dtype;
-    e.shard_optimizer = o.shard_optimizer;
-    return apps::run_epoch_bench(e);
-  }
+  return precision;
+}
+
+// Epoch mode's options: e plus what the two modes share.
+apps::EpochBenchOptions epoch_options(const po::variables_map& vm, const Options& o, apps::EpochBenchOptions e,
+                                      Precision precision) {
+  for (const char* step_only : {"input", "steps", "dp-comm"})
+    FANOUT_USER_CHECK(!given(vm, step_only)) << "--" << step_only << " is for step mode, not with --epochs";
+  e.model = o.model;
+  e.devices = o.devices;
+  e.batch_size = o.batch_size;
+  e.repeats = o.repeats;
+  e.warmup = o.warmup;
+  e.seed = o.seed;
+  e.json = o.json;
+  e.no_ddp = o.no_ddp;
+  e.split_invariant = o.split_invariant;
+  e.cpu_threads = o.cpu_threads;
+  e.allow_tf32 = o.allow_tf32;
+  e.cudnn_benchmark = o.cudnn_benchmark;
+  e.optimizer = o.optimizer;
+  e.no_decay_norm_bias = o.no_decay_norm_bias;
+  e.clip_grad_norm = o.clip_grad_norm;
+  e.clip_grad_value = o.clip_grad_value;
+  e.betas = o.betas;
+  e.eps = o.eps;
+  e.amsgrad = o.amsgrad;
+  e.precision = precision_name(precision);
+  e.grad_reduce_dtype = o.grad_reduce_dtype;
+  e.shard_optimizer = o.shard_optimizer;
+  return e;
+}
+
+void check_step_options(const po::variables_map& vm, const Options& o) {
   for (const char* epoch_only : {"data", "lr", "workers", "plot", "python", "no-pytorch"})
     FANOUT_USER_CHECK(!given(vm, epoch_only)) << "--" << epoch_only << " is for epoch mode (--epochs N)";
   FANOUT_USER_CHECK(o.batch_size > 0) << "--batch-size must be positive, got " << o.batch_size;
@@ -351,37 +366,36 @@ int run(int argc, char** argv) {
   FANOUT_USER_CHECK(o.steps > 0) << "--steps must be positive, got " << o.steps;
   FANOUT_USER_CHECK(o.repeats > 0) << "--repeats must be positive, got " << o.repeats;
   if (!o.json.empty()) apps::check_output_file("--json", o.json);
-  const Shape in = parse_input(o.input);
-  const std::vector<Device> devices = parse_devices(o.devices);
-  const Device primary = devices[0];
+}
 
-  std::mt19937_64 rng(o.seed);
+// The batch: inputs uniform in [-1, 1).
+Tensor random_batch(const Shape& in, int64_t batch, std::mt19937_64& rng) {
   Shape xs;
   xs.ndim = in.ndim + 1;
-  xs.d[0] = o.batch_size;
+  xs.d[0] = batch;
   for (int i = 0; i < in.ndim; ++i) xs.d[i + 1] = in.d[i];
   Tensor x = Tensor::empty(xs);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = u(rng);
-  const Targets targets = make_targets(o.model, in, o.batch_size, o.seed, rng);
-  const Tensor& y = targets.y;
-  const LossOptions& loss = targets.loss;
+  return x;
+}
 
-  const int cores = host_cores();
+MathOptions math_of(const Options& o, Precision precision) {
   MathOptions math;
   math.split_invariant = o.split_invariant;
   math.cpu_threads = o.cpu_threads;
   math.allow_tf32 = o.allow_tf32;
   math.cudnn_benchmark = o.cudnn_benchmark;
   math.autocast = autocast_dtype(precision);
-  if (!o.ddp_result.empty()) return ddp_worker(o, x, y, loss, math, in);
-  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s%s\n",
-              o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
-              cores, o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
-              o.cudnn_benchmark ? ", cuDNN benchmark" : "",
-              precision == Precision::F32 ? "" : (std::string(", precision ") + precision_name(precision)).c_str());
-  std::fflush(stdout);
+  return math;
+}
 
+// The plain single-device engine, then DataParallel over the primary alone
+// and over every device with the loss on the replicas and with the outputs
+// gathered (PyTorch's way).
+std::vector<Config> local_configs(const Options& o, const Shape& in, const std::vector<Device>& devices,
+                                  const LossOptions& loss, const MathOptions& math) {
+  const Device primary = devices[0];
   std::vector<Config> configs;
   {
     Config c;
@@ -392,8 +406,6 @@ int run(int argc, char** argv) {
     c.bytes_to_primary = 0;
     configs.push_back(std::move(c));
   }
-  // DataParallel over the primary alone, then over every device with the
-  // loss on the replicas and with the outputs gathered (PyTorch's way).
   struct DpRun {
     std::vector<Device> devices;
     bool on_replicas;
@@ -412,15 +424,19 @@ int run(int argc, char** argv) {
     dpo.seed = o.seed;
     dpo.comm = o.comm;
     dpo.math = math;
-    dpo.grad_reduce_dtype = reduce_dtype;
+    dpo.grad_reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
     dpo.shard_optimizer = o.shard_optimizer && run.devices.size() > 1;
     if (dpo.shard_optimizer) c.name += ", sharded";
     dpo.loss_on_replicas = run.on_replicas;
     c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, *make_criterion(loss), dpo);
     configs.push_back(std::move(c));
   }
-  // Warm up each, then interleave the timed runs so that drift in the
-  // machine's speed spreads over every configuration alike.
+  return configs;
+}
+
+// Warms each configuration up, then interleaves the timed runs so that drift
+// in the machine's speed spreads over every configuration alike.
+void time_configs(const Options& o, std::vector<Config>& configs, Tensor& x, const Tensor& y) {
   for (auto& c : configs) {
     c.opt = train::make_engine_optimizer(*c.engine, o.optimizer_options());
     c.scaler = o.make_scaler();
@@ -431,36 +447,40 @@ int run(int argc, char** argv) {
       c.runs.push_back(time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.steps, o.lr(), o));
       if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
     }
-  // DDP: one process per listed device, each with its share of the batch.
-  const bool ddp = devices.size() > 1 && !o.no_ddp;
-  if (ddp) {
-    FANOUT_USER_CHECK(o.batch_size % static_cast<int64_t>(devices.size()) == 0)
-        << "--batch-size " << o.batch_size << " cannot be split evenly over " << devices.size()
-        << " DDP processes (or pass --no-ddp)";
-    char tmpl[] = "/tmp/dp-bench-ddp-XXXXXX";
-    const int fd = ::mkstemp(tmpl);
-    FANOUT_USER_CHECK(fd >= 0) << "cannot create a temporary file for the DDP timings";
-    ::close(fd);
-    dist::LaunchOptions lo;
-    lo.program = apps::self_path();
-    lo.args.assign(argv + 1, argv + argc);
-    lo.args.push_back("--ddp-result");
-    lo.args.push_back(tmpl);
-    lo.nproc_per_node = static_cast<int>(devices.size());
-    lo.name = "dp-bench";
-    const int rc = dist::launch(lo);
-    std::ifstream f(tmpl);
-    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    ::unlink(tmpl);
-    FANOUT_USER_CHECK(rc == 0 && j.is_object() && j.contains("runs") && !j["runs"].empty())
-        << "the DDP workers failed (exit status " << rc << ")";
-    Config c;
-    c.name = "ddp " + std::to_string(devices.size()) + " processes x " + (primary.is_cpu() ? "cpu" : "1 GPU");
-    if (o.shard_optimizer) c.name += ", sharded";
-    for (auto& v : j["runs"]) c.runs.push_back(v.get<double>());
-    c.state_bytes = j.value("state_bytes", int64_t{-1});
-    configs.push_back(std::move(c));
-  }
+}
+
+// DDP: one process per listed device, each with its share of the batch; the
+// workers are dp-bench itself with --ddp-result.
+Config ddp_config(const Options& o, const std::vector<Device>& devices, int argc, char** argv) {
+  FANOUT_USER_CHECK(o.batch_size % static_cast<int64_t>(devices.size()) == 0)
+      << "--batch-size " << o.batch_size << " cannot be split evenly over " << devices.size()
+      << " DDP processes (or pass --no-ddp)";
+  char tmpl[] = "/tmp/dp-bench-ddp-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  FANOUT_USER_CHECK(fd >= 0) << "cannot create a temporary file for the DDP timings";
+  ::close(fd);
+  dist::LaunchOptions lo;
+  lo.program = apps::self_path();
+  lo.args.assign(argv + 1, argv + argc);
+  lo.args.push_back("--ddp-result");
+  lo.args.push_back(tmpl);
+  lo.nproc_per_node = static_cast<int>(devices.size());
+  lo.name = "dp-bench";
+  const int rc = dist::launch(lo);
+  std::ifstream f(tmpl);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  ::unlink(tmpl);
+  FANOUT_USER_CHECK(rc == 0 && j.is_object() && j.contains("runs") && !j["runs"].empty())
+      << "the DDP workers failed (exit status " << rc << ")";
+  Config c;
+  c.name = "ddp " + std::to_string(devices.size()) + " processes x " + (devices[0].is_cpu() ? "cpu" : "1 GPU");
+  if (o.shard_optimizer) c.name += ", sharded";
+  for (auto& v : j["runs"]) c.runs.push_back(v.get<double>());
+  c.state_bytes = j.value("state_bytes", int64_t{-1});
+  return c;
+}
+
+std::vector<Result> medians(const Options& o, std::vector<Config>& configs) {
   std::vector<Result> results;
   for (auto& c : configs) {
     std::sort(c.runs.begin(), c.runs.end());
@@ -468,10 +488,13 @@ int run(int argc, char** argv) {
     results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary,
                        c.opt ? max_state_bytes(*c.opt) : c.state_bytes});
   }
+  return results;
+}
 
-  // "to primary": bytes a step moves onto the primary from the other
-  // replicas (outputs and their targets gathered, or the replicas' loss sums).
-  // "opt state B": optimizer state on the device holding the most.
+// "to primary": bytes a step moves onto the primary from the other replicas
+// (outputs and their targets gathered, or the replicas' loss sums). "opt
+// state B": optimizer state on the device holding the most.
+void print_results(const std::vector<Result>& results) {
   std::printf("%-44s %12s %14s %10s %14s %14s\n", "configuration", "ms/step", "images/s", "vs plain", "to primary B",
               "opt state B");
   for (auto& r : results)
@@ -479,27 +502,63 @@ int run(int argc, char** argv) {
                 results[0].ms_per_step / r.ms_per_step,
                 r.bytes_to_primary < 0 ? "-" : std::to_string(r.bytes_to_primary).c_str(),
                 r.state_bytes < 0 ? "-" : std::to_string(r.state_bytes).c_str());
-  if (!o.json.empty()) {
-    std::ofstream f(o.json, std::ios::app);
-    FANOUT_USER_CHECK(f.good()) << "cannot open --json " << o.json << ": " << std::strerror(errno);
-    for (auto& r : results)
-      f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
-                          {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
-                          {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
-                          {"split_invariant", o.split_invariant}, {"cpu_threads", o.cpu_threads}, {"allow_tf32", o.allow_tf32},
-                          {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices},
-                          {"bytes_to_primary", r.bytes_to_primary}, {"optimizer", o.optimizer},
-                          {"clip_grad_norm", o.clip_grad_norm}, {"clip_grad_value", o.clip_grad_value},
-                          {"betas", o.betas}, {"eps", o.eps}, {"amsgrad", o.amsgrad},
-                          {"no_decay_norm_bias", o.no_decay_norm_bias}, {"precision", precision_name(precision)},
-                          {"grad_reduce_dtype", o.grad_reduce_dtype}, {"shard_optimizer", o.shard_optimizer},
-                          {"optimizer_state_bytes_max_device", r.state_bytes}}
-               .dump()
-        << "\n";
-    f.flush();
-    FANOUT_USER_CHECK(f.good()) << "cannot write --json " << o.json << ": " << std::strerror(errno);
-  }
+}
+
+void write_json(const Options& o, const Shape& in, Precision precision, const std::vector<Result>& results) {
+  std::ofstream f(o.json, std::ios::app);
+  FANOUT_USER_CHECK(f.good()) << "cannot open --json " << o.json << ": " << std::strerror(errno);
+  for (auto& r : results)
+    f << nlohmann::json{{"model", o.model},       {"batch_size", o.batch_size},   {"input", in.str()},
+                        {"config", r.config},      {"ms_per_step", r.ms_per_step}, {"images_per_second", r.images_per_second},
+                        {"speedup_vs_plain", results[0].ms_per_step / r.ms_per_step},
+                        {"split_invariant", o.split_invariant}, {"cpu_threads", o.cpu_threads}, {"allow_tf32", o.allow_tf32},
+                        {"cudnn_benchmark", o.cudnn_benchmark}, {"devices", o.devices},
+                        {"bytes_to_primary", r.bytes_to_primary}, {"optimizer", o.optimizer},
+                        {"clip_grad_norm", o.clip_grad_norm}, {"clip_grad_value", o.clip_grad_value},
+                        {"betas", o.betas}, {"eps", o.eps}, {"amsgrad", o.amsgrad},
+                        {"no_decay_norm_bias", o.no_decay_norm_bias}, {"precision", precision_name(precision)},
+                        {"grad_reduce_dtype", o.grad_reduce_dtype}, {"shard_optimizer", o.shard_optimizer},
+                        {"optimizer_state_bytes_max_device", r.state_bytes}}
+             .dump()
+      << "\n";
+  f.flush();
+  FANOUT_USER_CHECK(f.good()) << "cannot write --json " << o.json << ": " << std::strerror(errno);
+}
+
+// Step mode: time per step on one seeded random batch (or, with
+// --ddp-result, one DDP worker of it).
+int run_steps(const Options& o, Precision precision, int argc, char** argv) {
+  const Shape in = parse_input(o.input);
+  const std::vector<Device> devices = parse_devices(o.devices);
+  std::mt19937_64 rng(o.seed);
+  Tensor x = random_batch(in, o.batch_size, rng);
+  const Targets targets = make_targets(o.model, in, o.batch_size, o.seed, rng);
+  const MathOptions math = math_of(o, precision);
+  if (!o.ddp_result.empty()) return ddp_worker(o, x, targets.y, targets.loss, math, in);
+  std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s%s\n",
+              o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
+              host_cores(), o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
+              o.cudnn_benchmark ? ", cuDNN benchmark" : "",
+              precision == Precision::F32 ? "" : (std::string(", precision ") + precision_name(precision)).c_str());
+  std::fflush(stdout);
+  std::vector<Config> configs = local_configs(o, in, devices, targets.loss, math);
+  time_configs(o, configs, x, targets.y);
+  if (devices.size() > 1 && !o.no_ddp) configs.push_back(ddp_config(o, devices, argc, argv));
+  const std::vector<Result> results = medians(o, configs);
+  print_results(results);
+  if (!o.json.empty()) write_json(o, in, precision, results);
   return 0;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  apps::EpochBenchOptions e;
+  po::variables_map vm;
+  if (!parse(argc, argv, o, e, vm)) return 0;
+  const Precision precision = check_common(o);
+  if (vm.count("epochs")) return apps::run_epoch_bench(epoch_options(vm, o, e, precision));
+  check_step_options(vm, o);
+  return run_steps(o, precision, argc, argv);
 }
 
 }  // namespace
