@@ -97,18 +97,18 @@ struct HeatmapRecipe {
 };
 constexpr HeatmapRecipe kHeatmapRecipe{2.0f, 0.0f, 8, 5, 6};
 
-Cli parse(int argc, char** argv) {
-  Cli cli;
+template <class T>
+std::string num(T v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// dp-train's options, in three parts (one table in --help): the model, data
+// and optimization; seed, devices and the distributed run; loading,
+// checkpoints, output and math.
+void describe_training(po::options_description& desc, Cli& cli, const train::RunConfig& d) {
   train::RunConfig& o = cli.run;
-  const train::RunConfig d;  // the defaults, stated once in RunConfig
-  po::options_description desc(
-      "dp-train: data-parallel training on every device of this machine, and past it\n\n"
-      "Usage: dp-train [options]\n\nOptions");
-  auto num = [](auto v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
-  };
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
@@ -150,7 +150,14 @@ Cli parse(int argc, char** argv) {
     ("heatmap-radius", po::value(&o.heatmap_radius)->default_value(d.heatmap_radius),
      "keypoint data: radius r in voxels of each landmark's target Gaussian (sigma = (2r+1)/6); "
      "heatmap3d's own defaults: --data synthetic3d --lr 2 --weight-decay 0 --batch-size 8 --epochs 5 "
-     "--heatmap-radius 6")
+     "--heatmap-radius 6");
+  // clang-format on
+}
+
+void describe_devices(po::options_description& desc, Cli& cli, const train::RunConfig& d) {
+  train::RunConfig& o = cli.run;
+  // clang-format off
+  desc.add_options()
     ("seed", po::value(&cli.seed)->default_value(std::to_string(d.seed)), "seed for initialization and shuffling (0..2^64-1)")
     ("devices", po::value(&o.devices)->default_value(d.devices),
      "auto (every GPU, else cpu:N, one replica per core), cpu, cpu:N (N CPU workers), all, cuda:N, or a list like 0,1,3 or "
@@ -179,7 +186,14 @@ Cli parse(int argc, char** argv) {
     ("sync-bn", po::bool_switch(&o.sync_bn), "synchronize BatchNorm statistics across replicas and processes")
     ("dp-comm", po::value(&o.dp_comm)->default_value(d.dp_comm), "gradient reduction on GPUs: auto, nccl or p2p")
     ("order-by-free-memory", po::bool_switch(&o.order_by_free_memory),
-     "make the listed GPU with the most free memory the primary, and print the order")
+     "make the listed GPU with the most free memory the primary, and print the order");
+  // clang-format on
+}
+
+void describe_run(po::options_description& desc, Cli& cli, const train::RunConfig& d) {
+  train::RunConfig& o = cli.run;
+  // clang-format off
+  desc.add_options()
     ("list-devices", po::bool_switch(&cli.list_devices), "print every visible GPU and the peer-access matrix, and exit")
     ("workers", po::value(&o.workers)->default_value(d.workers), "data-loader threads (0: load on the training thread)")
     ("prefetch", po::value(&o.prefetch)->default_value(d.prefetch), "batches in flight per loader thread")
@@ -225,6 +239,50 @@ Cli parse(int argc, char** argv) {
      "on this machine); 1 with --split-invariant)")
     ("config", po::value<std::string>(), "read options from this file (key = value lines; the command line wins)");
   // clang-format on
+}
+
+// Reads a --config file into vm; what the command line gave (stored first) wins.
+void read_config_file(const std::string& path, const po::options_description& desc, po::variables_map& vm) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  FANOUT_USER_CHECK(fs::exists(st)) << "config file " << path << " does not exist";
+  FANOUT_USER_CHECK(!fs::is_directory(st)) << "config file " << path << " is a directory";
+  FANOUT_USER_CHECK(fs::is_regular_file(st)) << "config file " << path << " is not a regular file";
+  const auto size = fs::file_size(path, ec);
+  FANOUT_USER_CHECK(!ec && size <= kMaxConfigBytes)
+      << "config file " << path << " is " << size << " bytes; a config file holds at most " << kMaxConfigBytes;
+  std::ifstream f(path);
+  FANOUT_USER_CHECK(f.good()) << "cannot open config file " << path << ": " << std::strerror(errno);
+  const po::parsed_options from_file = po::parse_config_file(f, desc);
+  for (const auto& opt : from_file.options)
+    FANOUT_USER_CHECK(opt.string_key != "config")
+        << "config file " << path << " names another config file (config = ...): put its options in one file";
+  po::store(from_file, vm);
+  FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
+}
+
+// heatmap3d's recipe for the options left at their (classification) defaults.
+void apply_heatmap_recipe(const po::variables_map& vm, train::RunConfig& o) {
+  auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
+  if (unset("data")) o.data = "synthetic3d";
+  if (unset("lr")) o.lr = kHeatmapRecipe.lr;
+  if (unset("weight-decay")) o.weight_decay = kHeatmapRecipe.weight_decay;
+  if (unset("batch-size")) o.batch_size = kHeatmapRecipe.batch_size;
+  if (unset("epochs")) o.epochs = kHeatmapRecipe.epochs;
+  if (unset("heatmap-radius")) o.heatmap_radius = kHeatmapRecipe.heatmap_radius;
+}
+
+Cli parse(int argc, char** argv) {
+  Cli cli;
+  train::RunConfig& o = cli.run;
+  const train::RunConfig d;  // the defaults, stated once in RunConfig
+  po::options_description desc(
+      "dp-train: data-parallel training on every device of this machine, and past it\n\n"
+      "Usage: dp-train [options]\n\nOptions");
+  describe_training(desc, cli, d);
+  describe_devices(desc, cli, d);
+  describe_run(desc, cli, d);
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -234,26 +292,7 @@ Cli parse(int argc, char** argv) {
     cli.help = true;
     return cli;
   }
-  if (vm.count("config")) {
-    const std::string path = vm["config"].as<std::string>();
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const auto st = fs::status(path, ec);
-    FANOUT_USER_CHECK(fs::exists(st)) << "config file " << path << " does not exist";
-    FANOUT_USER_CHECK(!fs::is_directory(st)) << "config file " << path << " is a directory";
-    FANOUT_USER_CHECK(fs::is_regular_file(st)) << "config file " << path << " is not a regular file";
-    const auto size = fs::file_size(path, ec);
-    FANOUT_USER_CHECK(!ec && size <= kMaxConfigBytes)
-        << "config file " << path << " is " << size << " bytes; a config file holds at most " << kMaxConfigBytes;
-    std::ifstream f(path);
-    FANOUT_USER_CHECK(f.good()) << "cannot open config file " << path << ": " << std::strerror(errno);
-    const po::parsed_options from_file = po::parse_config_file(f, desc);
-    for (const auto& opt : from_file.options)
-      FANOUT_USER_CHECK(opt.string_key != "config")
-          << "config file " << path << " names another config file (config = ...): put its options in one file";
-    po::store(from_file, vm);
-    FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
-  }
+  if (vm.count("config")) read_config_file(vm["config"].as<std::string>(), desc, vm);
   po::notify(vm);
   {
     const char* end = cli.seed.data() + cli.seed.size();
@@ -262,16 +301,7 @@ Cli parse(int argc, char** argv) {
         << "--seed must be an integer in 0..18446744073709551615, got '" << cli.seed << "'";
   }
   std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
-  // heatmap3d's recipe for the options left at their (classification) defaults.
-  if (models::dense_output(o.model)) {
-    auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
-    if (unset("data")) o.data = "synthetic3d";
-    if (unset("lr")) o.lr = kHeatmapRecipe.lr;
-    if (unset("weight-decay")) o.weight_decay = kHeatmapRecipe.weight_decay;
-    if (unset("batch-size")) o.batch_size = kHeatmapRecipe.batch_size;
-    if (unset("epochs")) o.epochs = kHeatmapRecipe.epochs;
-    if (unset("heatmap-radius")) o.heatmap_radius = kHeatmapRecipe.heatmap_radius;
-  }
+  if (models::dense_output(o.model)) apply_heatmap_recipe(vm, o);
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   // Options that would otherwise be ignored without a word.
