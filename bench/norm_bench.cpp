@@ -50,7 +50,7 @@ int main() {
   for (auto& sh : shapes) {
     Shape s{sh[0], sh[1], sh[2], sh[3]};
     const int64_t C = sh[1], cnt = sh[0] * sh[2] * sh[3];
-    Tensor x = rnd(s, g), dy = rnd(s, g), y = Tensor::empty(s), dx = Tensor::empty(s);
+    Tensor x = rnd(s, g), y = Tensor::empty(s), dx = Tensor::empty(s);
     Tensor gamma = rnd(Shape{C}, g), beta = rnd(Shape{C}, g);
     Tensor stats = Tensor::empty(Shape{3, C}, DType::F64), mean = Tensor::empty(Shape{2, C}), invstd = Tensor::empty(Shape{C});
     Tensor gs = Tensor::empty(Shape{2, C});
