@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 
 #include "runtime/core/error.h"
@@ -54,14 +54,39 @@ int64_t meta_int(const io::TensorFile& f, const std::string& key, const std::str
   return v;
 }
 
+// Reads a run of 1..max_digits decimal digits at s[pos]; -1 when there is none or it is longer.
+int64_t digits_at(const std::string& s, size_t& pos, size_t max_digits) {
+  const size_t start = pos;
+  int64_t v = 0;
+  while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9' && pos - start < max_digits) v = v * 10 + (s[pos++] - '0');
+  const bool more = pos < s.size() && s[pos] >= '0' && s[pos] <= '9';
+  return pos == start || more ? -1 : v;
+}
+
+bool eat(const std::string& s, size_t& pos, std::string_view word) {
+  if (s.compare(pos, word.size(), word) != 0) return false;
+  pos += word.size();
+  return true;
+}
+
 // (epochs, batches) done for epoch-NNNN.safetensors (batches 0) or
 // epoch-NNNN-batch-BBBBBBB.safetensors; {-1, -1} for any other name.
 std::pair<int64_t, int64_t> progress_of(const fs::path& p) {
-  static const std::regex re(R"(epoch-(\d{1,9})(-batch-(\d{1,12}))?\.safetensors)");
-  std::smatch m;
   const std::string name = p.filename().string();
-  if (!std::regex_match(name, m, re)) return {-1, -1};
-  return {std::stoll(m[1].str()), m[3].matched ? std::stoll(m[3].str()) : 0};
+  size_t pos = 0;
+  if (!eat(name, pos, "epoch-")) return {-1, -1};
+  const int64_t epochs = digits_at(name, pos, 9);
+  int64_t batches = 0;
+  if (epochs >= 0 && eat(name, pos, "-batch-")) batches = digits_at(name, pos, 12);
+  if (epochs < 0 || batches < 0 || !eat(name, pos, ".safetensors") || pos != name.size()) return {-1, -1};
+  return {epochs, batches};
+}
+
+// A temporary left by write_file_atomic: NAME.tmp.PID.
+bool is_temporary(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at + 5 == name.size()) return false;
+  return name.find_first_not_of("0123456789", at + 5) == std::string::npos;
 }
 
 }  // namespace
@@ -323,9 +348,8 @@ SaveDirLock::SaveDirLock(const std::string& dir) {
                   << std::strerror(p < 0 ? probe_err : errno);
   }
   // Temporaries of a run that died while saving: nobody else can be writing here now.
-  static const std::regex tmp_name(R"(.*\.tmp\.[0-9]+)");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (!e.is_regular_file(ec) || !std::regex_match(e.path().filename().string(), tmp_name)) continue;
+    if (!e.is_regular_file(ec) || !is_temporary(e.path().filename().string())) continue;
     if (fs::remove(e.path(), ec)) ++removed_;
   }
 }
