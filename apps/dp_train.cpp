@@ -177,6 +177,9 @@ void describe_devices(po::options_description& desc, Cli& cli, const train::RunC
     ("timeout", po::value(&o.timeout)->default_value(d.timeout, num(d.timeout)),
      "ddp: seconds a rendezvous or a collective may wait before every rank ends with an error")
     ("log-dir", po::value(&o.log_dir), "ddp: also write each rank's output to DIR/rank-N.log")
+    ("max-restarts", po::value(&o.max_restarts)->default_value(d.max_restarts),
+     "ddp: when a worker fails, stop the others and start them again from --save-dir's newest checkpoint, "
+     "up to N times")
     ("no-broadcast-buffers", po::bool_switch(&o.no_broadcast_buffers),
      "ddp: each rank keeps its own BatchNorm running statistics (default: rank 0's, before every forward)")
     ("output-device", po::value(&o.output_device), "where outputs are gathered and the loss computed (default: the primary)")
@@ -273,6 +276,15 @@ void apply_heatmap_recipe(const po::variables_map& vm, train::RunConfig& o) {
   if (unset("heatmap-radius")) o.heatmap_radius = kHeatmapRecipe.heatmap_radius;
 }
 
+// Where checkpoints go: --save-dir, else the directory --resume names
+// (resuming from a directory keeps saving there).
+std::string save_dir_of(const train::RunConfig& c) {
+  if (!c.save_dir.empty()) return c.save_dir;
+  std::error_code ec;
+  if (!c.resume.empty() && std::filesystem::is_directory(c.resume, ec)) return c.resume;
+  return "";
+}
+
 Cli parse(int argc, char** argv) {
   Cli cli;
   train::RunConfig& o = cli.run;
@@ -307,6 +319,11 @@ Cli parse(int argc, char** argv) {
   // Options that would otherwise be ignored without a word.
   for (const char* ddp_only : {"nproc-per-node", "log-dir"})
     FANOUT_USER_CHECK(!vm.count(ddp_only) || o.strategy == "ddp") << "--" << ddp_only << " applies to --strategy ddp";
+  FANOUT_USER_CHECK(o.max_restarts >= 0) << "--max-restarts must be at least 0, got " << o.max_restarts;
+  FANOUT_USER_CHECK(o.max_restarts == 0 || o.strategy == "ddp")
+      << "--max-restarts applies to --strategy ddp (it restarts the worker processes)";
+  FANOUT_USER_CHECK(o.max_restarts == 0 || !save_dir_of(o).empty())
+      << "--max-restarts needs --save-dir: a restart continues from its newest checkpoint";
   o.validate();
   return cli;
 }
@@ -403,6 +420,7 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   lo.rendezvous = c.rdzv;
   lo.run_id = c.run_id;
   lo.log_dir = c.log_dir;
+  lo.max_restarts = c.max_restarts;
   if (const double g = test_hook_seconds("FANOUT_TEST_STOP_GRACE_S"); g > 0) lo.stop_grace_s = g;
   return dist::launch(lo);
 }
@@ -505,13 +523,22 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
 
 // --- restore -------------------------------------------------------------
 
-// Where checkpoints go: --save-dir, else the directory --resume names
-// (resuming from a directory keeps saving there).
-std::string save_dir_of(const train::RunConfig& c) {
-  if (!c.save_dir.empty()) return c.save_dir;
-  std::error_code ec;
-  if (!c.resume.empty() && std::filesystem::is_directory(c.resume, ec)) return c.resume;
-  return "";
+// A restarted worker (the launcher's restart n > 0) continues from the save
+// directory's newest checkpoint; with none there yet it starts as the first
+// start did, replacing what that one left.
+train::RunConfig restarted(train::RunConfig c) {
+  const char* n = std::getenv("FANOUT_RESTART_COUNT");
+  if (!n || !*n || std::string(n) == "0") return c;
+  const std::string dir = save_dir_of(c);
+  FANOUT_USER_CHECK(!dir.empty()) << "FANOUT_RESTART_COUNT=" << n << " but no --save-dir to continue from";
+  if (train::newest_checkpoint(dir).empty()) {
+    c.overwrite = true;
+  } else {
+    c.resume = dir;
+    c.init_from.clear();
+    c.non_strict = false;
+  }
+  return c;
 }
 
 // Loads --resume or --init-from; returns the checkpoint state to continue
@@ -670,8 +697,8 @@ int run(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   if (cli.help) return 0;
   if (cli.list_devices) return list_devices();
-  const train::RunConfig& c = cli.run;
-  if (c.strategy == "ddp" && !dist::worker_env().present) return launch(c, argc, argv);
+  if (cli.run.strategy == "ddp" && !dist::worker_env().present) return launch(cli.run, argc, argv);
+  const train::RunConfig c = restarted(cli.run);
 
   install_stop_handlers();
   const Process p = this_process(c);

@@ -89,110 +89,28 @@ void write_all(int fd, const char* p, size_t n) {
   }
 }
 
-}  // namespace
+// One start of the workers.
+struct Start {
+  std::vector<std::string> base_env;  // their environment, less the variables a worker's identity sets
+  std::string rdzv, run_id;
+  int world = 1;
+  int restart = 0;  // 0: the first start
+  bool tty = false;
+};
 
-WorkerEnv worker_env() {
-  WorkerEnv e;
-  auto has = [](const char* n) { return std::getenv(n) != nullptr; };
-  if (has("RANK") || has("WORLD_SIZE")) {
-    e.source = has("FANOUT_LAUNCHED") ? "fanout" : "torchrun";
-    e.rank = parse_env_int("RANK", 0);
-    e.world_size = parse_env_int("WORLD_SIZE", 1);
-    e.local_rank = has("LOCAL_RANK") ? parse_env_int("LOCAL_RANK", 0) : 0;
-    e.local_world_size = has("LOCAL_WORLD_SIZE") ? parse_env_int("LOCAL_WORLD_SIZE", 1) : 1;
-  } else if (has("OMPI_COMM_WORLD_RANK")) {
-    e.source = "mpirun";
-    e.rank = parse_env_int("OMPI_COMM_WORLD_RANK", 0);
-    e.world_size = parse_env_int("OMPI_COMM_WORLD_SIZE", 1);
-    e.local_rank = has("OMPI_COMM_WORLD_LOCAL_RANK") ? parse_env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0) : 0;
-    e.local_world_size = has("OMPI_COMM_WORLD_LOCAL_SIZE") ? parse_env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1) : 1;
-  } else if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
-    e.source = "slurm";
-    e.rank = parse_env_int("SLURM_PROCID", 0);
-    e.world_size = parse_env_int("SLURM_NTASKS", 1);
-    e.local_rank = has("SLURM_LOCALID") ? parse_env_int("SLURM_LOCALID", 0) : 0;
-    e.local_world_size = has("SLURM_NTASKS_PER_NODE") ? parse_env_int("SLURM_NTASKS_PER_NODE", 1) : 1;
-  } else {
-    return e;
-  }
-  e.present = true;
-  FANOUT_USER_CHECK(e.rank < e.world_size)
-      << e.source << " rank " << e.rank << " is outside its world size " << e.world_size;
-  FANOUT_USER_CHECK(e.local_rank < e.local_world_size)
-      << e.source << " local rank " << e.local_rank << " is outside its local world size " << e.local_world_size;
-  if (const char* r = std::getenv("FANOUT_RDZV")) e.rendezvous = r;
-  if (const char* r = std::getenv("FANOUT_RUN_ID")) e.run_id = r;
-  return e;
-}
+struct Ended {
+  int code = 0;              // 0, the failing worker's exit status, or 128 + the signal
+  bool interrupted = false;  // the launcher was signalled
+};
 
-std::string random_run_id() {
-  std::random_device rd;
-  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-int launch(const LaunchOptions& o) {
-  FANOUT_USER_CHECK(o.nproc_per_node >= 1) << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
-  FANOUT_USER_CHECK(o.nnodes >= 1) << "--nnodes must be at least 1, got " << o.nnodes;
-  FANOUT_USER_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes)
-      << "--node-rank " << o.node_rank << " is outside 0.." << o.nnodes - 1;
-  FANOUT_USER_CHECK(o.nnodes == 1 || !o.rendezvous.empty())
-      << "several machines (--nnodes " << o.nnodes << ") need a shared rendezvous: --rdzv redis:HOST:PORT";
-  FANOUT_USER_CHECK(o.nnodes == 1 || !o.run_id.empty())
-      << "several machines (--nnodes " << o.nnodes << ") need the same --run-id on every machine";
-  const int world = o.nnodes * o.nproc_per_node;
-  const std::string run_id = o.run_id.empty() ? random_run_id() : o.run_id;
-
-  // Rendezvous: a fresh directory unless given; checked before any worker starts.
-  std::string rdzv = o.rendezvous, temp_dir;
-  if (rdzv.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fanout-rdzv-XXXXXX";
-    FANOUT_USER_CHECK(::mkdtemp(tmpl.data()) != nullptr) << "cannot create a rendezvous directory in "
-                                                         << (tmp && *tmp ? tmp : "/tmp") << ": " << strerror(errno);
-    temp_dir = tmpl;
-    rdzv = "file:" + temp_dir;
-  }
-  struct RemoveDir {
-    std::string d;
-    ~RemoveDir() {
-      std::error_code ec;
-      if (!d.empty()) fs::remove_all(d, ec);
-    }
-  } remove_dir{temp_dir};
-  probe_rendezvous(Rendezvous::parse(rdzv), 10);
-  if (!o.log_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(o.log_dir, ec);
-    FANOUT_USER_CHECK(!ec && fs::is_directory(o.log_dir)) << "cannot create --log-dir " << o.log_dir;
-  }
-
+// Starts the workers once and watches them until every one has exited.
+Ended run_workers(const LaunchOptions& o, const Start& st) {
   // Arguments and environment, made before fork (the child only calls exec).
   std::vector<std::string> argv_s{o.program};
   argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const char* ours[] = {"RANK=",         "LOCAL_RANK=",    "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",
-                        "GROUP_RANK=",   "FANOUT_RDZV=",   "FANOUT_RUN_ID=", "FANOUT_LAUNCHED=",
-                        "FANOUT_STDERR_TTY=", "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
-  std::vector<std::string> base_env;
-  for (char** e = environ; *e; ++e) {
-    bool skip = false;
-    for (const char* p : ours) skip = skip || std::strncmp(*e, p, std::strlen(p)) == 0;
-    if (!skip) base_env.push_back(*e);
-  }
-  const bool tty = ::isatty(STDERR_FILENO);
-
-  struct sigaction sa{}, old_int{}, old_term{};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  g_signal = 0;
-  g_signals = 0;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
   const pid_t parent = ::getpid();
 
   std::vector<Worker> workers(o.nproc_per_node);
@@ -203,16 +121,17 @@ int launch(const LaunchOptions& o) {
   for (int i = 0; i < o.nproc_per_node; ++i) {
     Worker& w = workers[i];
     w.rank = o.node_rank * o.nproc_per_node + i;
-    std::vector<std::string> env_s = base_env;
+    std::vector<std::string> env_s = st.base_env;
     env_s.push_back("RANK=" + std::to_string(w.rank));
     env_s.push_back("LOCAL_RANK=" + std::to_string(i));
-    env_s.push_back("WORLD_SIZE=" + std::to_string(world));
+    env_s.push_back("WORLD_SIZE=" + std::to_string(st.world));
     env_s.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node));
     env_s.push_back("GROUP_RANK=" + std::to_string(o.node_rank));
-    env_s.push_back("FANOUT_RDZV=" + rdzv);
-    env_s.push_back("FANOUT_RUN_ID=" + run_id);
+    env_s.push_back("FANOUT_RDZV=" + st.rdzv);
+    env_s.push_back("FANOUT_RUN_ID=" + st.run_id);
+    env_s.push_back("FANOUT_RESTART_COUNT=" + std::to_string(st.restart));
     env_s.push_back("FANOUT_LAUNCHED=1");
-    if (tty) env_s.push_back("FANOUT_STDERR_TTY=1");
+    if (st.tty) env_s.push_back("FANOUT_STDERR_TTY=1");
     std::vector<char*> envp;
     for (auto& e : env_s) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -364,8 +283,6 @@ int launch(const LaunchOptions& o) {
         if (w.done && w.err < 0 && w.out >= 0) ::close(w.out), w.out = -1;
     }
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
 
   // The held-back error lines: the first failure's in the summary, the others' when they differ from it.
   const std::string first_error =
@@ -378,17 +295,146 @@ int launch(const LaunchOptions& o) {
   if (interrupted) {
     std::fprintf(stderr, "%s: interrupted (%s): stopped %d worker%s\n", o.name.c_str(), strsignal(interrupted),
                  o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s");
-    return 128 + interrupted;
+    return {128 + interrupted, true};
   }
   if (first_failure) {
     if (!first_error.empty())
       std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure->rank);
     else
       std::fprintf(stderr, "%s: %s; stopped the other workers\n", o.name.c_str(), describe(*first_failure).c_str());
-    return WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status)
-                                              : WEXITSTATUS(first_failure->status);
+    return {WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status)
+                                               : WEXITSTATUS(first_failure->status),
+            false};
   }
-  return 0;
+  return {0, false};
+}
+
+}  // namespace
+
+WorkerEnv worker_env() {
+  WorkerEnv e;
+  auto has = [](const char* n) { return std::getenv(n) != nullptr; };
+  if (has("RANK") || has("WORLD_SIZE")) {
+    e.source = has("FANOUT_LAUNCHED") ? "fanout" : "torchrun";
+    e.rank = parse_env_int("RANK", 0);
+    e.world_size = parse_env_int("WORLD_SIZE", 1);
+    e.local_rank = has("LOCAL_RANK") ? parse_env_int("LOCAL_RANK", 0) : 0;
+    e.local_world_size = has("LOCAL_WORLD_SIZE") ? parse_env_int("LOCAL_WORLD_SIZE", 1) : 1;
+  } else if (has("OMPI_COMM_WORLD_RANK")) {
+    e.source = "mpirun";
+    e.rank = parse_env_int("OMPI_COMM_WORLD_RANK", 0);
+    e.world_size = parse_env_int("OMPI_COMM_WORLD_SIZE", 1);
+    e.local_rank = has("OMPI_COMM_WORLD_LOCAL_RANK") ? parse_env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0) : 0;
+    e.local_world_size = has("OMPI_COMM_WORLD_LOCAL_SIZE") ? parse_env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1) : 1;
+  } else if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
+    e.source = "slurm";
+    e.rank = parse_env_int("SLURM_PROCID", 0);
+    e.world_size = parse_env_int("SLURM_NTASKS", 1);
+    e.local_rank = has("SLURM_LOCALID") ? parse_env_int("SLURM_LOCALID", 0) : 0;
+    e.local_world_size = has("SLURM_NTASKS_PER_NODE") ? parse_env_int("SLURM_NTASKS_PER_NODE", 1) : 1;
+  } else {
+    return e;
+  }
+  e.present = true;
+  FANOUT_USER_CHECK(e.rank < e.world_size)
+      << e.source << " rank " << e.rank << " is outside its world size " << e.world_size;
+  FANOUT_USER_CHECK(e.local_rank < e.local_world_size)
+      << e.source << " local rank " << e.local_rank << " is outside its local world size " << e.local_world_size;
+  if (const char* r = std::getenv("FANOUT_RDZV")) e.rendezvous = r;
+  if (const char* r = std::getenv("FANOUT_RUN_ID")) e.run_id = r;
+  return e;
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+int launch(const LaunchOptions& o) {
+  FANOUT_USER_CHECK(o.nproc_per_node >= 1) << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
+  FANOUT_USER_CHECK(o.nnodes >= 1) << "--nnodes must be at least 1, got " << o.nnodes;
+  FANOUT_USER_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes)
+      << "--node-rank " << o.node_rank << " is outside 0.." << o.nnodes - 1;
+  FANOUT_USER_CHECK(o.nnodes == 1 || !o.rendezvous.empty())
+      << "several machines (--nnodes " << o.nnodes << ") need a shared rendezvous: --rdzv redis:HOST:PORT";
+  FANOUT_USER_CHECK(o.nnodes == 1 || !o.run_id.empty())
+      << "several machines (--nnodes " << o.nnodes << ") need the same --run-id on every machine";
+  FANOUT_USER_CHECK(o.max_restarts >= 0) << "--max-restarts must be at least 0, got " << o.max_restarts;
+  FANOUT_USER_CHECK(o.max_restarts == 0 || o.nnodes == 1)
+      << "--max-restarts restarts the workers of one machine; with --nnodes " << o.nnodes
+      << " the machines' launchers would restart apart";
+  const int world = o.nnodes * o.nproc_per_node;
+  const std::string run_id = o.run_id.empty() ? random_run_id() : o.run_id;
+
+  // Rendezvous: a fresh directory unless given; checked before any worker starts.
+  std::string rdzv = o.rendezvous, temp_dir;
+  if (rdzv.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fanout-rdzv-XXXXXX";
+    FANOUT_USER_CHECK(::mkdtemp(tmpl.data()) != nullptr) << "cannot create a rendezvous directory in "
+                                                         << (tmp && *tmp ? tmp : "/tmp") << ": " << strerror(errno);
+    temp_dir = tmpl;
+    rdzv = "file:" + temp_dir;
+  }
+  struct RemoveDir {
+    std::string d;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!d.empty()) fs::remove_all(d, ec);
+    }
+  } remove_dir{temp_dir};
+  probe_rendezvous(Rendezvous::parse(rdzv), 10);
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(o.log_dir, ec);
+    FANOUT_USER_CHECK(!ec && fs::is_directory(o.log_dir)) << "cannot create --log-dir " << o.log_dir;
+  }
+
+  // The environment every worker gets, less its identity (set per worker).
+  const char* ours[] = {"RANK=",         "LOCAL_RANK=",    "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",
+                        "GROUP_RANK=",   "FANOUT_RDZV=",   "FANOUT_RUN_ID=", "FANOUT_LAUNCHED=",
+                        "FANOUT_STDERR_TTY=", "FANOUT_RESTART_COUNT=", "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
+  Start st;
+  for (char** e = environ; *e; ++e) {
+    bool skip = false;
+    for (const char* p : ours) skip = skip || std::strncmp(*e, p, std::strlen(p)) == 0;
+    if (!skip) st.base_env.push_back(*e);
+  }
+  st.tty = ::isatty(STDERR_FILENO);
+  st.rdzv = rdzv;
+  st.world = world;
+
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  g_signal = 0;
+  g_signals = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  struct Restore {
+    struct sigaction i, t;
+    ~Restore() {
+      sigaction(SIGINT, &i, nullptr);
+      sigaction(SIGTERM, &t, nullptr);
+    }
+  } restore{old_int, old_term};
+
+  for (;;) {
+    // Each start has keys of its own in the rendezvous: a restart never meets the last one's.
+    st.run_id = st.restart == 0 ? run_id : run_id + "/restart-" + std::to_string(st.restart);
+    const Ended r = run_workers(o, st);
+    if (r.code == 0 || r.interrupted || o.max_restarts == 0) return r.code;
+    if (st.restart == o.max_restarts) {
+      std::fprintf(stderr, "%s: no restarts left (--max-restarts %d)\n", o.name.c_str(), o.max_restarts);
+      return r.code;
+    }
+    ++st.restart;
+    std::fprintf(stderr, "%s: restarting the workers (restart %d of %d)\n", o.name.c_str(), st.restart,
+                 o.max_restarts);
+  }
 }
 
 }  // namespace fanout::dist

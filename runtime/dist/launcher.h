@@ -6,7 +6,8 @@
 // output is also kept in rank-N.log. If a worker dies or exits non-zero, the
 // others are stopped (SIGTERM, then SIGKILL after a grace period) and the
 // launch fails naming the rank and its last error line. Workers are killed
-// with the launcher (PR_SET_PDEATHSIG), so none is ever left behind.
+// with the launcher (PR_SET_PDEATHSIG), so none is ever left behind. With
+// max_restarts, a failed start is followed by another.
 #pragma once
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ struct LaunchOptions {
   double grace_s = 5;             // SIGTERM to SIGKILL when stopping workers after a failure
   double stop_grace_s = 120;      // after a forwarded SIGTERM/SIGINT: time to finish a step and save
   std::string name = "dp-train";  // prefix of the launcher's own messages
+  // After a worker fails, stop the others and start them all again, up to
+  // max_restarts times (torchrun's --max-restarts). Restart n's workers get
+  // FANOUT_RESTART_COUNT=n (where to continue from is theirs to find) and keys
+  // of their own in the rendezvous.
+  int max_restarts = 0;
 };
 
 // Runs the workers to completion. Returns 0 when all succeed, otherwise the
@@ -45,7 +51,7 @@ struct LaunchOptions {
 // workers (each in its own process group, so a terminal's Ctrl-C reaches
 // them once, through the launcher), which stop after their step and save;
 // they are killed if they have not exited after stop_grace_s, or at once on
-// a second signal. The launcher then returns 128 + the signal.
+// a second signal. The launcher then returns 128 + the signal (no restart).
 int launch(const LaunchOptions& opts);
 
 // A fresh run id: 16 hex digits from the system's random source.

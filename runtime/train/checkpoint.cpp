@@ -270,23 +270,27 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
   }
 }
 
+std::string newest_checkpoint(const std::string& dir) {
+  std::pair<int64_t, int64_t> best{-1, -1};
+  std::string found;
+  try {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const auto n = progress_of(e.path());
+      if (n > best) best = n, found = e.path().string();
+    }
+  } catch (const fs::filesystem_error& e) {
+    FANOUT_FAIL() << "cannot read directory " << dir << ": " << e.code().message();
+  }
+  return found;
+}
+
 std::string resolve_resume_path(const std::string& path) {
   std::error_code ec;
   const fs::file_status s = fs::status(path, ec);
   FANOUT_USER_CHECK(!ec && fs::exists(s)) << "cannot resume: " << path << " does not exist";
   if (!fs::is_directory(s)) return path;
-  std::pair<int64_t, int64_t> best{-1, -1};
-  std::string found;
-  try {
-    for (const auto& e : fs::directory_iterator(path)) {
-      const auto n = progress_of(e.path());
-      if (n > best) best = n, found = e.path().string();
-    }
-  } catch (const fs::filesystem_error& e) {
-    FANOUT_FAIL() << "cannot read directory " << path << ": " << e.code().message();
-  }
-  FANOUT_USER_CHECK(!ec) << "cannot read directory " << path << ": " << ec.message();
-  FANOUT_USER_CHECK(best.first >= 0) << "cannot resume: no epoch-NNNN.safetensors checkpoint in " << path;
+  const std::string found = newest_checkpoint(path);
+  FANOUT_USER_CHECK(!found.empty()) << "cannot resume: no epoch-NNNN.safetensors checkpoint in " << path;
   return found;
 }
 

@@ -71,6 +71,8 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
 // directory the furthest one, epoch-NNNN.safetensors (N epochs done) or
 // epoch-NNNN-batch-BBBBBBB.safetensors (N epochs and B batches done).
 std::string resolve_resume_path(const std::string& path);
+// The furthest checkpoint in directory `dir` as above; empty when it holds none.
+std::string newest_checkpoint(const std::string& dir);
 
 // Holds a save directory for one run: an exclusive lock on DIR/.fanout.lock
 // (flock: the kernel drops it when the process dies, so a crash never blocks

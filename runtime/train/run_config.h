@@ -50,6 +50,7 @@ struct RunConfig {
   std::string ddp_backend = "auto";  // auto, gloo or nccl
   double timeout = 300;           // seconds: rendezvous and every collective
   std::string log_dir;
+  int max_restarts = 0;           // ddp: starts of the workers again after one fails, from --save-dir's newest
   bool no_broadcast_buffers = false;
   // Data pipeline.
   int workers = 1, prefetch = 2;
