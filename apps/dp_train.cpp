@@ -421,6 +421,7 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   lo.run_id = c.run_id;
   lo.log_dir = c.log_dir;
   lo.max_restarts = c.max_restarts;
+  lo.stall_s = c.timeout;
   if (const double g = test_hook_seconds("FANOUT_TEST_STOP_GRACE_S"); g > 0) lo.stop_grace_s = g;
   return dist::launch(lo);
 }
@@ -626,8 +627,13 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
   auto scaler_state = [scaler] { return scaler ? scaler->state() : nlohmann::json::object(); };
   const double hold = test_hook_seconds("FANOUT_TEST_STEP_SLEEP_S");
-  trainer.should_stop = [hold] {
+  // Test hook: rank FANOUT_TEST_HANG_RANK stops making progress (without
+  // stopping) once FANOUT_TEST_HANG_AT_STEP steps are done, as a deadlocked data worker would.
+  const int hang_rank = std::getenv("FANOUT_TEST_HANG_RANK") ? std::atoi(std::getenv("FANOUT_TEST_HANG_RANK")) : -1;
+  const auto hang_at = static_cast<int64_t>(test_hook_seconds("FANOUT_TEST_HANG_AT_STEP"));
+  trainer.should_stop = [hold, hang = hang_rank == p.rank, hang_at, &opt] {
     if (hold > 0) std::this_thread::sleep_for(std::chrono::duration<double>(hold));
+    while (hang && opt.steps() >= hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
     return g_stop_signal != 0;
   };
   std::string stop_saved;

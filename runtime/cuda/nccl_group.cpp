@@ -11,6 +11,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/dist/process_group.h"
+#include "runtime/dist/progress_board.h"
 #include "runtime/dist/store.h"
 
 namespace fanout::dist {
@@ -75,18 +76,21 @@ class NcclGroup : public ProcessGroup {
 
   void broadcast(Tensor& buf, int root, const std::string& what, uint32_t) override {
     check(buf, what);
+    CollectiveMark mark(what, buf.numel());
     enqueue(what, ncclBroadcast(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                                 root, comm_, stream_));
     wait_stream(what);
   }
   void all_reduce(Tensor& buf, const std::string& what, uint32_t) override {
     check(buf, what);
+    CollectiveMark mark(what, buf.numel());
     enqueue(what, ncclAllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                                 ncclSum, comm_, stream_));
     wait_stream(what);
   }
   void reduce(Tensor& buf, int root, const std::string& what, uint32_t) override {
     check(buf, what);
+    CollectiveMark mark(what, buf.numel());
     enqueue(what, ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                              ncclSum, root, comm_, stream_));
     wait_stream(what);
@@ -96,6 +100,7 @@ class NcclGroup : public ProcessGroup {
     check(out, what);
     FANOUT_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_)
         << what << ": all-gather of " << in.shape().str() << " into " << out.shape().str();
+    CollectiveMark mark(what, out.numel());
     enqueue(what, ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_type(in.dtype(), what),
                                 comm_, stream_));
     wait_stream(what);

@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "runtime/core/error.h"
+#include "runtime/dist/progress_board.h"
 #include "runtime/dist/store.h"
 
 namespace fanout::dist {
@@ -191,7 +192,7 @@ class GlooGroup : public ProcessGroup {
 
   void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag) override {
     check_host(buf, what);
-    run(what, [&] {
+    run(what, buf.numel(), [&] {
       gloo::BroadcastOptions opts(ctx_);
       opts.setOutput(static_cast<uint8_t*>(buf.raw()), buf.nbytes());
       opts.setRoot(root);
@@ -204,7 +205,7 @@ class GlooGroup : public ProcessGroup {
   void all_reduce(Tensor& buf, const std::string& what, uint32_t tag) override {
     check_host(buf, what);
     if (buf.numel() == 0) return;
-    run(what, [&] {
+    run(what, buf.numel(), [&] {
       gloo::AllreduceOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -217,7 +218,7 @@ class GlooGroup : public ProcessGroup {
     check_host(buf, what);
     FANOUT_CHECK(root >= 0 && root < size_) << what << ": reduce onto rank " << root << " of " << size_;
     if (buf.numel() == 0) return;
-    run(what, [&] {
+    run(what, buf.numel(), [&] {
       gloo::ReduceOptions opts(ctx_);
       opts.setRoot(root);
       opts.setTag(tag);
@@ -237,7 +238,7 @@ class GlooGroup : public ProcessGroup {
       out.copy_from(in.view(out.shape()));
       return;
     }
-    run(what, [&] {
+    run(what, out.numel(), [&] {
       gloo::AllgatherOptions opts(ctx_);
       opts.setInput(static_cast<uint8_t*>(in.raw()), in.nbytes());
       opts.setOutput(static_cast<uint8_t*>(out.raw()), out.nbytes());
@@ -248,7 +249,7 @@ class GlooGroup : public ProcessGroup {
   }
 
   void barrier(const std::string& what, uint32_t tag) override {
-    run(what, [&] {
+    run(what, 0, [&] {
       gloo::BarrierOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -261,9 +262,10 @@ class GlooGroup : public ProcessGroup {
     FANOUT_CHECK(t.defined() && t.device().is_cpu()) << what << ": the Gloo group takes host tensors";
   }
   template <class F>
-  void run(const std::string& what, F&& f) {
+  void run(const std::string& what, int64_t elements, F&& f) {
     FANOUT_CHECK(ctx_) << what << ": the process group failed earlier";
     if (size_ == 1) return;
+    CollectiveMark mark(what, elements);  // the launcher's view of where this rank is
     try {
       f();
     } catch (const std::exception& e) {

@@ -20,6 +20,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/dist/process_group.h"
+#include "runtime/dist/progress_board.h"
 
 extern char** environ;
 
@@ -89,6 +90,15 @@ void write_all(int fd, const char* p, size_t n) {
   }
 }
 
+// A process's state letter from /proc (R, S, D, T stopped, t traced...), or '?'.
+char proc_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? '?' : line[close + 2];
+}
+
 // One start of the workers.
 struct Start {
   std::vector<std::string> base_env;  // their environment, less the variables a worker's identity sets
@@ -96,6 +106,7 @@ struct Start {
   int world = 1;
   int restart = 0;  // 0: the first start
   bool tty = false;
+  ProgressBoard* board = nullptr;  // where each worker is; slot i is local worker i
 };
 
 struct Ended {
@@ -130,6 +141,7 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     env_s.push_back("FANOUT_RDZV=" + st.rdzv);
     env_s.push_back("FANOUT_RUN_ID=" + st.run_id);
     env_s.push_back("FANOUT_RESTART_COUNT=" + std::to_string(st.restart));
+    if (st.board) env_s.push_back("FANOUT_PROGRESS_FD=" + std::to_string(st.board->fd()));
     env_s.push_back("FANOUT_LAUNCHED=1");
     if (st.tty) env_s.push_back("FANOUT_STDERR_TTY=1");
     std::vector<char*> envp;
@@ -215,6 +227,60 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     }
   };
 
+  // A rank that keeps the others waiting: stopped (SIGSTOP, a debugger) or
+  // outside any collective for `after` seconds while another waits inside
+  // one, or behind `failed` (a rank that ended, as a collective timed out).
+  std::vector<Clock::time_point> stopped_since(workers.size());
+  std::string stall, whereabouts;
+  auto where = [&](size_t j) {
+    if (!workers[j].done) return st.board->describe(static_cast<int>(j), workers[j].rank);
+    const ProgressBoard::Seen seen = st.board->read(static_cast<int>(j));
+    return "rank " + std::to_string(workers[j].rank) + " ended after " + seen.what + " (collective #" +
+           std::to_string(seen.entered) + ")";
+  };
+  // Where the ranks are, from the progress board: one clause per rank.
+  auto where_all = [&] {
+    std::string s;
+    if (!st.board) return s;
+    bool begun = false;
+    for (size_t i = 0; i < workers.size(); ++i) begun = begun || st.board->read(static_cast<int>(i)).entered > 0;
+    for (size_t i = 0; begun && i < workers.size(); ++i)
+      s += (s.empty() ? "" : "; ") + where(i);
+    return s;
+  };
+  auto find_stall = [&](double after, const Worker* failed) -> std::string {
+    const uint64_t failed_at = failed ? st.board->read(static_cast<int>(failed - workers.data())).entered : 0;
+    bool someone_waits = failed_at > 0;
+    for (size_t i = 0; i < workers.size(); ++i)
+      someone_waits = someone_waits || (!workers[i].done && st.board->read(static_cast<int>(i)).inside > 0);
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const Worker& w = workers[i];
+      if (w.done) continue;
+      const char state = proc_state(w.pid);
+      if (state != 'T' && state != 't') stopped_since[i] = {};
+      else if (stopped_since[i] == Clock::time_point{}) stopped_since[i] = Clock::now();
+      if (!someone_waits) continue;
+      const ProgressBoard::Seen seen = st.board->read(static_cast<int>(i));
+      const double stopped_s =
+          stopped_since[i] == Clock::time_point{} ? 0 : std::chrono::duration<double>(Clock::now() - stopped_since[i]).count();
+      const bool behind = !failed || seen.entered < failed_at;
+      char head[160];
+      if (stopped_s >= after)
+        std::snprintf(head, sizeof head, "rank %d (pid %d) is stopped (SIGSTOP or a debugger) for %.0f s", w.rank,
+                      static_cast<int>(w.pid), stopped_s);
+      else if (seen.inside == 0 && seen.idle_s >= after && behind)
+        std::snprintf(head, sizeof head, "rank %d (pid %d) has made no progress for %.0f s", w.rank,
+                      static_cast<int>(w.pid), seen.idle_s);
+      else
+        continue;
+      std::string others;
+      for (size_t j = 0; j < workers.size(); ++j)
+        if (j != i) others += "; " + where(j);
+      return std::string(head) + ": " + where(i) + others;
+    }
+    return {};
+  };
+
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, bool>> who;  // worker, is stderr
@@ -272,9 +338,20 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     if (interrupted && g_signals > signals_seen) kill_at = Clock::now();
     if (round_failure && !first_failure && !stopping) {
       first_failure = round_failure;
+      whereabouts = where_all();
+      // A collective that timed out on one rank because another stalls: name the one that stalls.
+      if (o.stall_s > 0 && st.board) stall = find_stall(o.stall_s / 2, round_failure);
       stopping = true;
-      stop_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+      stop_all(stall.empty() ? SIGTERM : SIGKILL);
+      kill_at = Clock::now() + std::chrono::milliseconds(stall.empty() ? static_cast<int64_t>(o.grace_s * 1000) : 0);
+    }
+    if (!stopping && o.stall_s > 0 && st.board) {
+      stall = find_stall(o.stall_s, nullptr);
+      if (!stall.empty()) {
+        stopping = true;
+        stop_all(SIGKILL);  // a stopped or stuck process would not act on SIGTERM
+        kill_at = Clock::now();
+      }
     }
     if (stopping && Clock::now() > kill_at) {
       stop_all(SIGKILL);
@@ -297,7 +374,16 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
                  o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s");
     return {128 + interrupted, true};
   }
+  if (!stall.empty()) {
+    if (first_failure && !first_error.empty()) {
+      const std::string line = "[rank " + std::to_string(first_failure->rank) + "] " + first_error + "\n";
+      write_all(STDERR_FILENO, line.data(), line.size());
+    }
+    std::fprintf(stderr, "%s: %s; stopped the workers (--timeout %g s)\n", o.name.c_str(), stall.c_str(), o.stall_s);
+    return {124, false};
+  }
   if (first_failure) {
+    if (!whereabouts.empty()) std::fprintf(stderr, "%s: when it failed: %s\n", o.name.c_str(), whereabouts.c_str());
     if (!first_error.empty())
       std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure->rank);
     else
@@ -396,7 +482,7 @@ int launch(const LaunchOptions& o) {
   // The environment every worker gets, less its identity (set per worker).
   const char* ours[] = {"RANK=",         "LOCAL_RANK=",    "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",
                         "GROUP_RANK=",   "FANOUT_RDZV=",   "FANOUT_RUN_ID=", "FANOUT_LAUNCHED=",
-                        "FANOUT_STDERR_TTY=", "FANOUT_RESTART_COUNT=", "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
+                        "FANOUT_STDERR_TTY=", "FANOUT_RESTART_COUNT=", "FANOUT_PROGRESS_FD=", "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
   Start st;
   for (char** e = environ; *e; ++e) {
     bool skip = false;
@@ -406,6 +492,8 @@ int launch(const LaunchOptions& o) {
   st.tty = ::isatty(STDERR_FILENO);
   st.rdzv = rdzv;
   st.world = world;
+  ProgressBoard board(o.nproc_per_node);
+  st.board = &board;
 
   struct sigaction sa{}, old_int{}, old_term{};
   sa.sa_handler = on_signal;
@@ -425,6 +513,7 @@ int launch(const LaunchOptions& o) {
   for (;;) {
     // Each start has keys of its own in the rendezvous: a restart never meets the last one's.
     st.run_id = st.restart == 0 ? run_id : run_id + "/restart-" + std::to_string(st.restart);
+    board.clear();
     const Ended r = run_workers(o, st);
     if (r.code == 0 || r.interrupted || o.max_restarts == 0) return r.code;
     if (st.restart == o.max_restarts) {

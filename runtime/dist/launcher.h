@@ -43,6 +43,10 @@ struct LaunchOptions {
   // FANOUT_RESTART_COUNT=n (where to continue from is theirs to find) and keys
   // of their own in the rendezvous.
   int max_restarts = 0;
+  // A rank that keeps the others waiting in a collective this long (stopped,
+  // or outside any collective) is named and every worker stopped; the launch
+  // returns 124. 0: off. dp-train passes its --timeout.
+  double stall_s = 0;
 };
 
 // Runs the workers to completion. Returns 0 when all succeed, otherwise the

@@ -4,6 +4,9 @@
 #   --timeout + 10 s, names the rank, and no worker is left.
 # - A rank that never joins: the one that did ends with an error after --timeout.
 # - A stale rendezvous directory (files of a dead run) does not disturb a new run.
+# - A rank that stops making progress without dying (SIGSTOP; a hang outside
+#   any collective, by a test hook) is named by the launcher, with where each
+#   rank was, within --timeout + 10 s, exit status 124, and no worker is left.
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 work=$(mktemp -d)
@@ -76,4 +79,49 @@ lonely 1
 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 --batch-size 48 --devices cpu:2 --strategy ddp \
   --rdzv "file:$work/rdzv" --progress off > "$work/stale.out"
 grep -q 'final test accuracy' "$work/stale.out"
+# --- a stalled rank: SIGSTOP, and a hang outside any collective -------------
+stalled() {  # stalled NAME: waits for the launcher in $launcher, checks time, line and leftovers
+  local name=$1 start=$2 rc elapsed w
+  set +e
+  wait "$launcher"
+  rc=$?
+  set -e
+  elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
+  echo "$name: exit status $rc after ${elapsed} s; $(tail -1 "$work/$name.err")"
+  [ "$rc" = 124 ] || { cat "$work/$name.err"; echo "$name: exit status $rc, expected 124"; exit 1; }
+  python3 -c "import sys; assert float(sys.argv[1]) <= float(sys.argv[2]) + 10, sys.argv" "$elapsed" "$timeout_s"
+  for w in $workers; do
+    if kill -0 "$w" 2> /dev/null; then echo "$name: worker $w is still running"; exit 1; fi
+  done
+}
+timeout_s=6
+start_ddp() {  # start_ddp NAME: lenet over 2 processes in the background; sets launcher and workers
+  "$DP_TRAIN" --model lenet --data synthetic:20000 --epochs 5 --devices cpu:2 --strategy ddp --progress lines \
+    --workers 0 --timeout $timeout_s > "$work/$1.out" 2> "$work/$1.err" &
+  launcher=$!
+  pids_to_kill+=("$launcher")
+  for _ in $(seq 1 300); do
+    if { [ -n "${FANOUT_TEST_HANG_RANK:-}" ] || grep -q 'epoch 1/5' "$work/$1.err" 2> /dev/null; } &&
+      [ "$(workers_of $launcher | wc -l)" = 2 ]; then break; fi
+    sleep 0.1
+  done
+  workers=$(workers_of $launcher)
+  [ "$(echo "$workers" | wc -w)" = 2 ] || { echo "$1: expected 2 workers, got: $workers"; cat "$work/$1.err"; exit 1; }
+}
+start_ddp sigstop
+for w in $workers; do [ "$(rank_of "$w")" = 1 ] && victim=$w; done
+start=$(date +%s.%N)
+kill -STOP "$victim"
+stalled sigstop "$start"
+tail -1 "$work/sigstop.err" | grep -q "rank 1 (pid $victim) is stopped (SIGSTOP or a debugger) for [0-9]* s: rank 1 is .*all-reduce of gradient bucket .*; rank 0 .*all-reduce of gradient bucket" ||
+  { cat "$work/sigstop.err"; echo "sigstop: the last line does not name rank 1 and the collectives"; exit 1; }
+
+export FANOUT_TEST_HANG_RANK=1 FANOUT_TEST_HANG_AT_STEP=40
+start=$(date +%s.%N)
+start_ddp hang
+stalled hang "$start"
+unset FANOUT_TEST_HANG_RANK FANOUT_TEST_HANG_AT_STEP
+tail -1 "$work/hang.err" | grep -q "rank 1 (pid [0-9]*) has made no progress for [0-9]* s: rank 1 is outside any collective for .* after all-reduce of gradient bucket .* (collective #[0-9]*); rank 0 " ||
+  { cat "$work/hang.err"; echo "hang: the last line does not name rank 1 and the collectives"; exit 1; }
+
 echo "ddp faults e2e: ok"
