@@ -242,9 +242,11 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
   auto where_all = [&] {
     std::string s;
     if (!st.board) return s;
-    bool begun = false;
-    for (size_t i = 0; i < workers.size(); ++i) begun = begun || st.board->read(static_cast<int>(i)).entered > 0;
-    for (size_t i = 0; begun && i < workers.size(); ++i)
+    // Worth a line when a rank still waits in a collective (not after a bad option, say).
+    bool waits = false;
+    for (size_t i = 0; i < workers.size(); ++i)
+      waits = waits || (!workers[i].done && st.board->read(static_cast<int>(i)).inside > 0);
+    for (size_t i = 0; waits && i < workers.size(); ++i)
       s += (s.empty() ? "" : "; ") + where(i);
     return s;
   };
