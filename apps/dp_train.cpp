@@ -526,7 +526,7 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
 
 // A restarted worker (the launcher's restart n > 0) continues from the save
 // directory's newest checkpoint; with none there yet it starts as the first
-// start did, replacing what that one left.
+// start did, replacing what that one left (checkpoints, metrics lines).
 train::RunConfig restarted(train::RunConfig c) {
   const char* n = std::getenv("FANOUT_RESTART_COUNT");
   if (!n || !*n || std::string(n) == "0") return c;
@@ -534,6 +534,8 @@ train::RunConfig restarted(train::RunConfig c) {
   FANOUT_USER_CHECK(!dir.empty()) << "FANOUT_RESTART_COUNT=" << n << " but no --save-dir to continue from";
   if (train::newest_checkpoint(dir).empty()) {
     c.overwrite = true;
+    // The failed start's epoch lines (--save-every above 1) are trained again.
+    if (!c.metrics.empty() && dist::worker_env().rank == 0) train::drop_metrics_after(c.metrics, 0);
   } else {
     c.resume = dir;
     c.init_from.clear();

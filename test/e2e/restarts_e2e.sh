@@ -12,8 +12,9 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$work"
 
-a=(--model lenet --data synthetic:6144 --epochs 3 --batch-size 32 --devices cpu:2 --strategy ddp --split-invariant
-   --workers 0 --progress off --seed 7 --timeout 20)
+base=(--model lenet --data synthetic:6144 --batch-size 32 --devices cpu:2 --strategy ddp --split-invariant
+      --workers 0 --progress off --seed 7 --timeout 20)
+a=("${base[@]}" --epochs 3)
 
 timeout 300 "$DP_TRAIN" "${a[@]}" --save-dir whole --metrics whole.jsonl > whole.log 2>&1 ||
   { cat whole.log; fail "the uninterrupted run failed"; }
@@ -94,6 +95,26 @@ cut 3 2
 [ "$rc" -eq 137 ] || { cat cut.out cut.err; fail "exit status $rc after a third kill, expected 137"; }
 tail -1 cut.err | grep -q "no restarts left (--max-restarts 2)" || { cat cut.err; fail "no reason on the last line"; }
 tail -2 cut.err
+
+# --- a restart before any checkpoint starts over, each epoch still once ------
+rm -rf early early.jsonl
+FANOUT_TEST_STEP_SLEEP_S=0.01 "$DP_TRAIN" "${base[@]}" --epochs 2 --save-every 2 --save-dir early --metrics early.jsonl \
+  --max-restarts 1 > early.out 2> early.err &
+launcher=$!
+pids+=("$launcher")
+for _ in $(seq 1 1200); do grep -q '"epoch": *1' early.jsonl 2> /dev/null && break; sleep 0.05; done
+victim=$(rank1_of "$launcher")
+[ -n "$victim" ] || { cat early.out early.err; fail "early: no epoch 1 line, or no rank 1"; }
+kill -9 "$victim"
+timeout 300 tail --pid="$launcher" -f /dev/null
+wait "$launcher" || { cat early.out early.err; fail "early: the restarted run failed"; }
+grep -q "restarting the workers (restart 1 of 1)" early.err || { cat early.err; fail "early: no restart line"; }
+ls early/epoch-0002.safetensors > /dev/null || fail "early: no final checkpoint"
+python3 -c "
+import json
+e = [json.loads(l)['epoch'] for l in open('early.jsonl')]
+assert e == [1, 2], e
+print('restart before any checkpoint: epochs', e)" || { cat early.jsonl; fail "early: epochs in the metrics file"; }
 
 # --- refused --------------------------------------------------------------
 out=$("$DP_TRAIN" --model lenet --data synthetic:64 --devices cpu:2 --strategy ddp --max-restarts 1 2>&1) &&
