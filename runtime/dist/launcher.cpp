@@ -235,8 +235,9 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
   auto where = [&](size_t j) {
     if (!workers[j].done) return st.board->describe(static_cast<int>(j), workers[j].rank);
     const ProgressBoard::Seen seen = st.board->read(static_cast<int>(j));
-    return "rank " + std::to_string(workers[j].rank) + " ended after " + seen.what + " (collective #" +
-           std::to_string(seen.entered) + ")";
+    const std::string rank = "rank " + std::to_string(workers[j].rank);
+    if (seen.entered == 0) return rank + " ended before any collective";
+    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.entered) + ")";
   };
   // Where the ranks are, from the progress board: one clause per rank.
   auto where_all = [&] {
