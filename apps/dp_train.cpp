@@ -565,6 +565,16 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
       if (what.find("is not a fanout training checkpoint") == std::string::npos) throw;
       throw Error(what + "; --init-from loads weights alone");
     }
+    // Mid-epoch, the position is batches of the saved global batch: another
+    // batch size would skip or repeat samples of that epoch.
+    if (ckpt.batch > 0 && ckpt.config.contains("batch_size") && ckpt.config["batch_size"].is_number_integer()) {
+      const int64_t was = ckpt.config["batch_size"].get<int64_t>();
+      FANOUT_USER_CHECK(was == c.batch_size)
+          << "checkpoint " << path << " stopped inside epoch " << ckpt.epoch + 1 << " after " << ckpt.batch
+          << " batches of " << was << "; --batch-size " << c.batch_size
+          << " would skip or repeat samples of that epoch: resume with --batch-size " << was
+          << " (any devices or processes)";
+    }
     if (p.primary()) {
       // Split-invariant runs give the same result on any number of CPU devices and processes.
       const bool any_devices = c.split_invariant && ckpt.config.contains("split_invariant") &&

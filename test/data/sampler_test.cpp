@@ -239,5 +239,34 @@ TEST(SequentialDistributedSampler, GatherRejectsWrongSizes) {
   expect_user_error([] { gather_unpadded({{1.0f}}, -1); }, {"must be non-negative, got -1"});
 }
 
+// A run interrupted after k global batches of B on N ranks and resumed on M
+// (the loader skips each rank's first k * B / M indices) sees every sample of
+// the epoch exactly once: rank r of R takes global positions r, r + R, ..., so
+// the first k * B / R of every rank are the first k * B positions whatever R.
+// One process (RandomSampler, the DataParallel and one-device order) is R = 1.
+TEST(DistributedSampler, AnEpochResumedOnAnotherWorldSizeSeesEverySampleOnce) {
+  const int64_t n = 2880, batch = 48;  // 60 batches; 48 splits over 1, 2, 3, 4 and 6 ranks
+  auto ranks_order = [&](int world, int rank) -> std::vector<int64_t> {
+    if (world == 1) return random_order(n, 11, 3);
+    DistributedSampler s(n, world, rank, /*shuffle=*/true, 11);
+    s.set_epoch(3);
+    return s.indices();
+  };
+  for (auto [from, to] : std::vector<std::pair<int, int>>{{2, 3}, {3, 1}, {1, 4}, {6, 2}, {4, 4}}) {
+    for (int64_t k : {1, 17, 59}) {
+      std::vector<int64_t> seen;
+      for (int r = 0; r < from; ++r) {
+        const auto o = ranks_order(from, r);
+        seen.insert(seen.end(), o.begin(), o.begin() + k * batch / from);
+      }
+      for (int r = 0; r < to; ++r) {
+        const auto o = ranks_order(to, r);
+        seen.insert(seen.end(), o.begin() + k * batch / to, o.end());
+      }
+      EXPECT_EQ(sorted(seen), iota(n)) << from << " -> " << to << " ranks after " << k << " batches";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fanout::data

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# e2e: a run stopped mid-epoch resumes on another number of processes or
+# devices. With split-invariant math, DDP over 2 processes resumed on 3, and
+# DataParallel over cpu:3 resumed on one device, give the uninterrupted
+# one-device run's parameters and metrics bit for bit (the position is kept in
+# global batches, the same samples whatever the split; the sampler test
+# AnEpochResumedOnAnotherWorldSizeSeesEverySampleOnce covers the sample set).
+# Another global batch size mid-epoch is refused in one line.
+set -uo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$work"
+
+a=(--model lenet --data fashion-mnist --epochs 1 --batch-size 48 --split-invariant --workers 0 --progress off --seed 3)
+timeout 300 "$DP_TRAIN" "${a[@]}" --devices cpu --save-dir whole --metrics whole.jsonl > whole.log 2>&1 ||
+  { cat whole.log; fail "the uninterrupted run failed"; }
+
+# resized NAME 'FIRST ARGS' 'RESUME ARGS': SIGTERM once batch 300 is saved, then --resume with other devices.
+resized() {
+  local name=$1 first=$2 then=$3
+  # shellcheck disable=SC2086
+  "$DP_TRAIN" "${a[@]}" $first --save-dir "$name" --metrics "$name.jsonl" --save-every-steps 150 --keep-last 5 \
+    > "$name.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  for _ in $(seq 1 1200); do
+    [ -e "$name/epoch-0000-batch-0000300.safetensors" ] && break
+    sleep 0.05
+  done
+  kill -TERM "$pid"
+  wait "$pid"
+  grep -q "stopped by SIGTERM in epoch 1 after batch" "$name.log" || { cat "$name.log"; fail "$name: no stop line"; }
+  # shellcheck disable=SC2086
+  timeout 300 "$DP_TRAIN" "${a[@]}" $then --resume "$name" --metrics "$name.jsonl" > "$name.resume.log" 2>&1 ||
+    { cat "$name.resume.log"; fail "$name: the resumed run failed"; }
+  grep "resumed from" "$name.resume.log"
+  python3 - "$name" <<'PY' || fail "$name: the resumed run differs from the uninterrupted one"
+import json, sys
+from safetensors.numpy import load_file
+d = sys.argv[1]
+a, b = load_file("whole/epoch-0001.safetensors"), load_file(f"{d}/epoch-0001.safetensors")
+assert a.keys() == b.keys(), "different tensors"
+for k in a:
+    assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
+w = [json.loads(l) for l in open("whole.jsonl")]
+c = [json.loads(l) for l in open(f"{d}.jsonl")]
+assert [m["epoch"] for m in c] == [1], c
+for k in ("train_loss", "train_acc", "test_loss", "test_acc"):
+    assert w[0][k] == c[0][k], f"{k}: {w[0][k]} != {c[0][k]}"
+print(f"{d}: {len(a)} tensors bit-identical to the uninterrupted run, metrics equal")
+PY
+}
+resized ddp2to3 "--devices cpu:2 --strategy ddp" "--devices cpu:3 --strategy ddp"
+resized dp3to1 "--devices cpu:3" "--devices cpu"
+
+# Another global batch size mid-epoch: one line, nothing trained.
+mid=$(ls dp3to1/epoch-0000-batch-*.safetensors | head -1)
+[ -n "$mid" ] || fail "no mid-epoch checkpoint left in dp3to1"
+out=$("$DP_TRAIN" "${a[@]/48/64}" --devices cpu:2 --resume "$mid" 2>&1) &&
+  fail "a mid-epoch resume with another batch size ran"
+echo "$out" | grep -q "error: checkpoint .* stopped inside epoch 1 after [0-9]* batches of 48; --batch-size 64 would skip or repeat samples of that epoch: resume with --batch-size 48" ||
+  fail "got: $out"
+echo "resize: OK"
