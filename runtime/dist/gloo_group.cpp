@@ -15,6 +15,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <mutex>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -153,6 +157,18 @@ bool sum_into(Options& opts, Tensor& buf) {
   }
 }
 
+// FANOUT_TEST_SKIP_COLLECTIVE=RANK:TAG:N (a test hook): rank RANK skips its N-th collective of tag TAG.
+struct SkipHook {
+  int rank = -1;
+  uint32_t tag = 0, n = 0;
+};
+SkipHook skip_hook() {
+  const char* v = std::getenv("FANOUT_TEST_SKIP_COLLECTIVE");
+  SkipHook h;
+  if (!v || std::sscanf(v, "%d:%u:%u", &h.rank, &h.tag, &h.n) != 3) return {};
+  return h;
+}
+
 class GlooGroup : public ProcessGroup {
  public:
   GlooGroup(const GroupOptions& o) : ProcessGroup(o.rank, o.world_size, o.timeout_s) {
@@ -192,11 +208,11 @@ class GlooGroup : public ProcessGroup {
 
   void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag) override {
     check_host(buf, what);
-    run(what, buf.numel(), [&] {
+    run(what, buf.numel(), tag, [&](uint32_t wire) {
       gloo::BroadcastOptions opts(ctx_);
       opts.setOutput(static_cast<uint8_t*>(buf.raw()), buf.nbytes());
       opts.setRoot(root);
-      opts.setTag(tag);
+      opts.setTag(wire);
       opts.setTimeout(timeout_);
       gloo::broadcast(opts);
     });
@@ -205,9 +221,9 @@ class GlooGroup : public ProcessGroup {
   void all_reduce(Tensor& buf, const std::string& what, uint32_t tag) override {
     check_host(buf, what);
     if (buf.numel() == 0) return;
-    run(what, buf.numel(), [&] {
+    run(what, buf.numel(), tag, [&](uint32_t wire) {
       gloo::AllreduceOptions opts(ctx_);
-      opts.setTag(tag);
+      opts.setTag(wire);
       opts.setTimeout(timeout_);
       FANOUT_CHECK(sum_into(opts, buf)) << what << ": all-reduce of " << dtype_name(buf.dtype()) << " is not supported";
       gloo::allreduce(opts);
@@ -218,10 +234,10 @@ class GlooGroup : public ProcessGroup {
     check_host(buf, what);
     FANOUT_CHECK(root >= 0 && root < size_) << what << ": reduce onto rank " << root << " of " << size_;
     if (buf.numel() == 0) return;
-    run(what, buf.numel(), [&] {
+    run(what, buf.numel(), tag, [&](uint32_t wire) {
       gloo::ReduceOptions opts(ctx_);
       opts.setRoot(root);
-      opts.setTag(tag);
+      opts.setTag(wire);
       opts.setTimeout(timeout_);
       FANOUT_CHECK(buf.dtype() != DType::I64 && sum_into(opts, buf))
           << what << ": reduce of " << dtype_name(buf.dtype()) << " is not supported";
@@ -238,20 +254,20 @@ class GlooGroup : public ProcessGroup {
       out.copy_from(in.view(out.shape()));
       return;
     }
-    run(what, out.numel(), [&] {
+    run(what, out.numel(), tag, [&](uint32_t wire) {
       gloo::AllgatherOptions opts(ctx_);
       opts.setInput(static_cast<uint8_t*>(in.raw()), in.nbytes());
       opts.setOutput(static_cast<uint8_t*>(out.raw()), out.nbytes());
-      opts.setTag(tag);
+      opts.setTag(wire);
       opts.setTimeout(timeout_);
       gloo::allgather(opts);
     });
   }
 
   void barrier(const std::string& what, uint32_t tag) override {
-    run(what, 0, [&] {
+    run(what, 0, tag, [&](uint32_t wire) {
       gloo::BarrierOptions opts(ctx_);
-      opts.setTag(tag);
+      opts.setTag(wire);
       opts.setTimeout(timeout_);
       gloo::barrier(opts);
     });
@@ -261,21 +277,35 @@ class GlooGroup : public ProcessGroup {
   void check_host(const Tensor& t, const std::string& what) const {
     FANOUT_CHECK(t.defined() && t.device().is_cpu()) << what << ": the Gloo group takes host tensors";
   }
+  // Gloo pairs messages by tag: the wire tag carries the collective's number
+  // among this tag's, so a rank that skipped or added a collective meets no
+  // one (every rank then times out, numbers in the error) instead of summing
+  // another collective's buffer.
   template <class F>
-  void run(const std::string& what, int64_t elements, F&& f) {
+  void run(const std::string& what, int64_t elements, uint32_t tag, F&& f) {
     FANOUT_CHECK(ctx_) << what << ": the process group failed earlier";
+    FANOUT_CHECK(tag < 256) << what << ": tag " << tag << " (the group takes tags below 256)";
     if (size_ == 1) return;
-    CollectiveMark mark(what, elements);  // the launcher's view of where this rank is
+    uint32_t n;
+    {
+      std::lock_guard<std::mutex> g(seq_mu_);
+      n = ++seq_[tag];
+    }
+    if (skip_.rank == rank_ && skip_.tag == tag && skip_.n == n) return;  // test hook: this rank misses it
+    CollectiveMark mark(what, elements, n);  // the launcher's view of where this rank is
     try {
-      f();
+      f(tag << 24 | (n & 0xffffff));
     } catch (const std::exception& e) {
       ctx_.reset();
-      FANOUT_FAIL() << what << " failed on rank " << rank_ << " of " << size_ << " (timeout " << timeout_s_
-                    << " s): " << first_line(e.what());
+      FANOUT_FAIL() << what << " failed on rank " << rank_ << " of " << size_ << " (its collective #" << n
+                    << " of tag " << tag << "; timeout " << timeout_s_ << " s): " << first_line(e.what());
     }
   }
 
   Ms timeout_;
+  std::mutex seq_mu_;
+  std::map<uint32_t, uint32_t> seq_;  // collectives so far, per tag
+  SkipHook skip_ = skip_hook();
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> ctx_;
 };

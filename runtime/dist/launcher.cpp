@@ -231,13 +231,14 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
   // outside any collective for `after` seconds while another waits inside
   // one, or behind `failed` (a rank that ended, as a collective timed out).
   std::vector<Clock::time_point> stopped_since(workers.size());
-  std::string stall, whereabouts;
+  std::string stall, whereabouts, desync;
   auto where = [&](size_t j) {
     if (!workers[j].done) return st.board->describe(static_cast<int>(j), workers[j].rank);
     const ProgressBoard::Seen seen = st.board->read(static_cast<int>(j));
     const std::string rank = "rank " + std::to_string(workers[j].rank);
     if (seen.entered == 0) return rank + " ended before any collective";
-    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.entered) + ")";
+    if (seen.failed) return st.board->describe(static_cast<int>(j), workers[j].rank);
+    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.number ? seen.number : seen.entered) + ")";
   };
   // Where the ranks are, from the progress board: one clause per rank.
   auto where_all = [&] {
@@ -282,6 +283,30 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
       return std::string(head) + ": " + where(i) + others;
     }
     return {};
+  };
+
+  // Ranks stuck in (or failed in) collectives of different numbers: one
+  // skipped or added a collective. The Gloo group's tags make such ranks
+  // wait for each other instead of mixing their buffers.
+  auto find_desync = [&]() -> std::string {
+    std::vector<size_t> stuck;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const ProgressBoard::Seen seen = st.board->read(static_cast<int>(i));
+      if (seen.failed || (!workers[i].done && seen.inside > 0)) stuck.push_back(i);
+    }
+    // The group's own numbers (Gloo's, per tag) when it gives them: a skipped
+    // collective shifts them, not the count of collectives begun.
+    auto number = [&](size_t i) {
+      const ProgressBoard::Seen seen = st.board->read(static_cast<int>(i));
+      return seen.number ? seen.number : seen.entered;
+    };
+    bool differ = false;
+    for (size_t i : stuck) differ = differ || number(i) != number(stuck[0]);
+    if (!differ) return {};
+    std::string s = "the ranks' collectives are out of step (a rank skipped or added one; every rank must make the same "
+                    "collectives in the same order): ";
+    for (size_t k = 0; k < stuck.size(); ++k) s += (k ? "; " : "") + where(stuck[k]);
+    return s;
   };
 
   for (;;) {
@@ -344,6 +369,7 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
       whereabouts = where_all();
       // A collective that timed out on one rank because another stalls: name the one that stalls.
       if (o.stall_s > 0 && st.board) stall = find_stall(o.stall_s / 2, round_failure);
+      if (stall.empty() && st.board && !WIFSIGNALED(round_failure->status)) desync = find_desync();
       stopping = true;
       stop_all(stall.empty() ? SIGTERM : SIGKILL);
       kill_at = Clock::now() + std::chrono::milliseconds(stall.empty() ? static_cast<int64_t>(o.grace_s * 1000) : 0);
@@ -384,6 +410,15 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     }
     std::fprintf(stderr, "%s: %s; stopped the workers (--timeout %g s)\n", o.name.c_str(), stall.c_str(), o.stall_s);
     return {124, false};
+  }
+  if (first_failure && !desync.empty()) {
+    if (!first_error.empty()) {
+      const std::string line = "[rank " + std::to_string(first_failure->rank) + "] " + first_error + "\n";
+      write_all(STDERR_FILENO, line.data(), line.size());
+    }
+    std::fprintf(stderr, "%s: %s; stopped the workers\n", o.name.c_str(), desync.c_str());
+    return {WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status) : WEXITSTATUS(first_failure->status),
+            false};
   }
   if (first_failure) {
     if (!whereabouts.empty()) std::fprintf(stderr, "%s: when it failed: %s\n", o.name.c_str(), whereabouts.c_str());

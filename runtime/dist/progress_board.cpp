@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 
 #include "runtime/core/error.h"
 
@@ -24,10 +25,11 @@ struct Slot {
   std::atomic<uint32_t> version;
   std::atomic<uint64_t> entered;
   std::atomic<int32_t> inside;
-  int32_t unused;
+  std::atomic<int32_t> failed;
   std::atomic<int64_t> changed_ns;
   std::atomic<int64_t> elements;
-  char what[88];
+  std::atomic<uint64_t> number;
+  char what[80];
 };
 static_assert(sizeof(Slot) == 128 && std::atomic<uint64_t>::is_always_lock_free);
 
@@ -69,13 +71,16 @@ struct Locked {
 
 }  // namespace
 
-CollectiveMark::CollectiveMark(const std::string& what, int64_t elements) : slot_(my_slot()) {
+CollectiveMark::CollectiveMark(const std::string& what, int64_t elements, uint64_t number)
+    : slot_(my_slot()), exceptions_(std::uncaught_exceptions()) {
   if (!slot_) return;
   Slot& s = *static_cast<Slot*>(slot_);
   Locked l(s);
+  s.failed.store(0, std::memory_order_relaxed);
   s.entered.fetch_add(1, std::memory_order_relaxed);
   s.inside.fetch_add(1, std::memory_order_relaxed);
   s.elements.store(elements, std::memory_order_relaxed);
+  s.number.store(number, std::memory_order_relaxed);
   const size_t n = std::min(what.size(), sizeof s.what - 1);
   std::memcpy(s.what, what.data(), n);
   s.what[n] = '\0';
@@ -86,6 +91,7 @@ CollectiveMark::~CollectiveMark() {
   Slot& s = *static_cast<Slot*>(slot_);
   Locked l(s);
   s.inside.fetch_sub(1, std::memory_order_relaxed);
+  if (std::uncaught_exceptions() > exceptions_) s.failed.store(1, std::memory_order_relaxed);
 }
 
 ProgressBoard::ProgressBoard(int slots) : slots_(slots) {
@@ -116,7 +122,9 @@ ProgressBoard::Seen ProgressBoard::read(int slot) const {
     const uint32_t v = s.version.load(std::memory_order_acquire);
     out.entered = s.entered.load(std::memory_order_relaxed);
     out.inside = s.inside.load(std::memory_order_relaxed);
+    out.failed = s.failed.load(std::memory_order_relaxed) != 0;
     out.elements = s.elements.load(std::memory_order_relaxed);
+    out.number = s.number.load(std::memory_order_relaxed);
     const int64_t changed = s.changed_ns.load(std::memory_order_relaxed);
     char what[sizeof s.what];
     std::memcpy(what, s.what, sizeof what);
@@ -130,16 +138,20 @@ ProgressBoard::Seen ProgressBoard::read(int slot) const {
 
 std::string ProgressBoard::describe(int slot, int rank) const {
   const Seen s = read(slot);
+  const auto id = static_cast<unsigned long long>(s.number ? s.number : s.entered);  // the group's own number if given
   char buf[256];
   if (s.entered == 0)
     std::snprintf(buf, sizeof buf, "rank %d has begun no collective (%.1f s since it started)", rank, s.idle_s);
+  else if (s.failed && s.inside == 0)
+    std::snprintf(buf, sizeof buf, "rank %d failed in %s (collective #%llu)", rank, s.what.c_str(),
+                  id);
   else if (s.inside > 0)
     std::snprintf(buf, sizeof buf, "rank %d is in %s (collective #%llu, %lld elements) for %.1f s", rank,
-                  s.what.c_str(), static_cast<unsigned long long>(s.entered), static_cast<long long>(s.elements),
+                  s.what.c_str(), id, static_cast<long long>(s.elements),
                   s.idle_s);
   else
     std::snprintf(buf, sizeof buf, "rank %d is outside any collective for %.1f s, after %s (collective #%llu)", rank,
-                  s.idle_s, s.what.c_str(), static_cast<unsigned long long>(s.entered));
+                  s.idle_s, s.what.c_str(), id);
   return buf;
 }
 

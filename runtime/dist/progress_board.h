@@ -20,13 +20,15 @@ namespace fanout::dist {
 // Collectives may run on several threads at once (DDP's reducer has its own).
 class CollectiveMark {
  public:
-  CollectiveMark(const std::string& what, int64_t elements);
+  // number: the collective's own number in its group (Gloo: among its tag's), 0 when the group has none.
+  CollectiveMark(const std::string& what, int64_t elements, uint64_t number = 0);
   ~CollectiveMark();
   CollectiveMark(const CollectiveMark&) = delete;
   CollectiveMark& operator=(const CollectiveMark&) = delete;
 
  private:
   void* slot_;
+  int exceptions_;  // uncaught when the collective began: more at its end means it failed
 };
 
 // Launcher side.
@@ -43,9 +45,11 @@ class ProgressBoard {
   struct Seen {
     uint64_t entered = 0;  // collectives begun (0: none yet)
     int inside = 0;        // collectives in flight
+    bool failed = false;   // the latest collective ended by an error (a timeout, a dead peer)
     double idle_s = 0;     // seconds since the slot last changed (or since clear())
     std::string what;      // the latest collective begun
     int64_t elements = 0;
+    uint64_t number = 0;   // the latest collective's number in its group (0: none given)
   };
   Seen read(int slot) const;
 

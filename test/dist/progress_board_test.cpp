@@ -42,7 +42,7 @@ TEST(ProgressBoard, MarksLandInThisWorkersSlot) {
   for (int other : {0, 1}) EXPECT_EQ(board.read(other).entered, 0u) << other;  // the other slots untouched
   const std::string long_name(300, 'x');
   { CollectiveMark c(long_name, 7); }
-  EXPECT_EQ(board.read(2).what, long_name.substr(0, 87));  // cut to the slot, never past it
+  EXPECT_EQ(board.read(2).what, long_name.substr(0, 79));  // cut to the slot, never past it
   board.clear();
   EXPECT_EQ(board.read(2).entered, 0u);
   EXPECT_EQ(board.read(2).what, "");

@@ -7,6 +7,9 @@
 # - A rank that stops making progress without dying (SIGSTOP; a hang outside
 #   any collective, by a test hook) is named by the launcher, with where each
 #   rank was, within --timeout + 10 s, exit status 124, and no worker is left.
+# - A rank that skips one gradient all-reduce (a test hook): the ranks wait for
+#   each other instead of summing different steps' gradients, and the run ends
+#   within --timeout + 10 s with one line naming each rank's collective.
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 work=$(mktemp -d)
@@ -101,7 +104,7 @@ start_ddp() {  # start_ddp NAME: lenet over 2 processes in the background; sets 
   launcher=$!
   pids_to_kill+=("$launcher")
   for _ in $(seq 1 300); do
-    if { [ -n "${FANOUT_TEST_HANG_RANK:-}" ] || grep -q 'epoch 1/5' "$work/$1.err" 2> /dev/null; } &&
+    if { [ -n "${FANOUT_TEST_HANG_RANK:-}${FANOUT_TEST_SKIP_COLLECTIVE:-}" ] || grep -q 'epoch 1/5' "$work/$1.err" 2> /dev/null; } &&
       [ "$(workers_of $launcher | wc -l)" = 2 ]; then break; fi
     sleep 0.1
   done
@@ -123,5 +126,23 @@ stalled hang "$start"
 unset FANOUT_TEST_HANG_RANK FANOUT_TEST_HANG_AT_STEP
 tail -1 "$work/hang.err" | grep -q "rank 1 (pid [0-9]*) has made no progress for [0-9]* s: rank 1 is outside any collective for .* after all-reduce of gradient bucket .* (collective #[0-9]*); rank 0 " ||
   { cat "$work/hang.err"; echo "hang: the last line does not name rank 1 and the collectives"; exit 1; }
+
+export FANOUT_TEST_SKIP_COLLECTIVE=1:2:30  # rank 1 skips its 30th collective of tag 2 (gradient buckets)
+start=$(date +%s.%N)
+start_ddp skip
+set +e
+wait "$launcher"
+rc=$?
+set -e
+unset FANOUT_TEST_SKIP_COLLECTIVE
+elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
+echo "skip: exit status $rc after ${elapsed} s; $(tail -1 "$work/skip.err")"
+[ "$rc" != 0 ] || { cat "$work/skip.err"; echo "skip: the run went on"; exit 1; }
+python3 -c "import sys; assert float(sys.argv[1]) <= float(sys.argv[2]) + 10 + 5, sys.argv" "$elapsed" "$timeout_s"
+tail -1 "$work/skip.err" | grep -q "the ranks' collectives are out of step .*: rank 0 .*all-reduce of gradient bucket 0 (collective #30); rank 1 .*all-reduce of gradient bucket 0 (collective #31)" ||
+  { cat "$work/skip.err"; echo "skip: the last line does not name both ranks' collectives"; exit 1; }
+for w in $workers; do
+  if kill -0 "$w" 2> /dev/null; then echo "skip: worker $w is still running"; exit 1; fi
+done
 
 echo "ddp faults e2e: ok"
