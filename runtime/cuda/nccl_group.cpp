@@ -76,21 +76,21 @@ class NcclGroup : public ProcessGroup {
 
   void broadcast(Tensor& buf, int root, const std::string& what, uint32_t) override {
     check(buf, what);
-    CollectiveMark mark(what, buf.numel());
+    CollectiveMark mark(what, buf.numel(), ++seq_);
     enqueue(what, ncclBroadcast(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                                 root, comm_, stream_));
     wait_stream(what);
   }
   void all_reduce(Tensor& buf, const std::string& what, uint32_t) override {
     check(buf, what);
-    CollectiveMark mark(what, buf.numel());
+    CollectiveMark mark(what, buf.numel(), ++seq_);
     enqueue(what, ncclAllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                                 ncclSum, comm_, stream_));
     wait_stream(what);
   }
   void reduce(Tensor& buf, int root, const std::string& what, uint32_t) override {
     check(buf, what);
-    CollectiveMark mark(what, buf.numel());
+    CollectiveMark mark(what, buf.numel(), ++seq_);
     enqueue(what, ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                              ncclSum, root, comm_, stream_));
     wait_stream(what);
@@ -100,7 +100,7 @@ class NcclGroup : public ProcessGroup {
     check(out, what);
     FANOUT_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_)
         << what << ": all-gather of " << in.shape().str() << " into " << out.shape().str();
-    CollectiveMark mark(what, out.numel());
+    CollectiveMark mark(what, out.numel(), ++seq_);
     enqueue(what, ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_type(in.dtype(), what),
                                 comm_, stream_));
     wait_stream(what);
@@ -154,13 +154,14 @@ class NcclGroup : public ProcessGroup {
   [[noreturn]] void fail(const std::string& what, const std::string& cause) {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
-    FANOUT_FAIL() << what << " failed on rank " << rank_ << " of " << size_ << " (NCCL, timeout " << timeout_s_
-                  << " s): " << cause;
+    FANOUT_FAIL() << what << " failed on rank " << rank_ << " of " << size_ << " (NCCL, its collective #" << seq_
+                  << "; timeout " << timeout_s_ << " s): " << cause;
   }
 
   Device device_;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  uint64_t seq_ = 0;  // collectives so far: one stream runs them in order, so every rank counts alike
 };
 
 }  // namespace
