@@ -146,6 +146,120 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
   EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-3 * std::max(1.0, std::abs(ec.loss_sum))) << "eval loss";
 }
 
+// One forward and backward from the same weights and batch, no update: the
+// loss and each parameter's gradient on cuda:0 against the CPU's, by norm.
+// Both sides sum in float32 in other orders; a healthy pair agrees to a few
+// roundings times the net's conditioning (an input perturbed by 1e-7 moves
+// these gradients by under 1e-5 on the CPU). Every tensor's difference is
+// printed, so a miss shows the layer where the two part.
+void check_gradients_match_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed,
+                               double rtol) {
+  SCOPED_TRACE(model);
+  std::mt19937_64 rng(seed + 1);
+  const TargetBatch b = make_batch(model, sample, batch, rng);
+  auto cpu_model = models::make_model(model, sample, b.classes, seed);
+  auto cuda_model = models::make_model(model, sample, b.classes, seed);
+  testing::Trained<SingleDeviceEngine> cpu_eng(*cpu_model, Device::cpu(), *make_criterion(b.loss), seed);
+  testing::Trained<SingleDeviceEngine> cuda_eng(*cuda_model, gpu(), *make_criterion(b.loss), seed);
+  const StepResult rc = cpu_eng.forward_backward_batch(b.x, b.y);
+  const StepResult rg = cuda_eng.forward_backward_batch(b.x, b.y);
+  cuda_eng.primary_context().compute().synchronize();
+  EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-5 * std::max(1.0, std::abs(rc.loss_sum)));
+  const Tensor gg = cuda_model->arenas().grads.to(Device::cpu()), gc = cpu_model->arenas().grads.to(Device::cpu());
+  ASSERT_EQ(gg.dtype(), gc.dtype());
+  auto value = [](const Tensor& t, int64_t i) { return t.dtype() == DType::F64 ? t.f64()[i] : double(t.f32()[i]); };
+  for (const auto& [name, p] : cpu_model->named_parameters()) {
+    double d = 0, n = 0;
+    for (int64_t k = 0; k < p->shape.numel(); ++k) {
+      const double w = value(gc, p->offset + k), g = value(gg, p->offset + k);
+      d += (g - w) * (g - w);
+      n += w * w;
+    }
+    const double rel = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    std::printf("%-10s grad %-28s |cuda - cpu| / |cpu| %.3g\n", model.c_str(), name.c_str(), rel);
+    EXPECT_LE(rel, rtol) << name;
+  }
+}
+
+// Relative difference by norm of each named slice of two host arenas;
+// prints those above `print_above` and returns the largest.
+template <class Named>
+double worst_slice(const char* what, int step, const Named& named, const Tensor& got, const Tensor& want,
+                   double print_above) {
+  auto value = [](const Tensor& t, int64_t i) { return t.dtype() == DType::F64 ? t.f64()[i] : double(t.f32()[i]); };
+  double worst = 0;
+  for (const auto& [name, p] : named) {
+    double d = 0, n = 0;
+    for (int64_t k = 0; k < p->shape.numel(); ++k) {
+      const double w = value(want, p->offset + k), g = value(got, p->offset + k);
+      d += (g - w) * (g - w);
+      n += w * w;
+    }
+    const double rel = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    if (rel > print_above) std::printf("step %d %-8s %-28s %.3g\n", step, what, name.c_str(), rel);
+    worst = std::max(worst, rel);
+  }
+  return worst;
+}
+
+// Three SGD steps (momentum, weight decay) taken apart: before each update
+// the gradients, after it the parameters, the momentum buffer and the
+// BatchNorm statistics on cuda:0 against the CPU's, each by norm.
+TEST(CudaTraining, EveryStepMatchesCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  for (const char* model : {"cnn", "lenet"}) {
+    SCOPED_TRACE(model);
+    std::mt19937_64 rng(14);
+    const Shape sample{1, 28, 28};
+    const TargetBatch b = make_batch(model, sample, 6, rng);
+    auto mc = models::make_model(model, sample, b.classes, 13);
+    auto mg = models::make_model(model, sample, b.classes, 13);
+    testing::Trained<SingleDeviceEngine> ec(*mc, Device::cpu(), *make_criterion(b.loss), 13);
+    testing::Trained<SingleDeviceEngine> eg(*mg, gpu(), *make_criterion(b.loss), 13);
+    for (auto* e : {&ec, &eg}) e->set_optimizer(sgd_hyper(0.02f));
+    for (int step = 1; step <= 3; ++step) {
+      ec.forward_backward_batch(b.x, b.y);
+      eg.forward_backward_batch(b.x, b.y);
+      eg.primary_context().compute().synchronize();
+      const auto np = mc->named_parameters();
+      std::vector<std::pair<std::string, const Parameter*>> named(np.begin(), np.end());
+      EXPECT_LE(worst_slice("grad", step, named, mg->arenas().grads.to(Device::cpu()), mc->arenas().grads, 1e-5),
+                1e-4)
+          << "gradients before update " << step;
+      for (auto* e : {&ec, &eg}) {
+        e->optimizer().set_lr(0.02f);
+        e->optimizer().step();
+      }
+      eg.primary_context().compute().synchronize();
+      EXPECT_LE(worst_slice("param", step, named, mg->arenas().params.to(Device::cpu()), mc->arenas().params, 1e-6),
+                1e-5)
+          << "parameters after update " << step;
+      const auto sc = ec.optimizer().state(), sg = eg.optimizer().state();
+      ASSERT_EQ(sc.size(), sg.size());
+      for (size_t i = 0; i < sc.size(); ++i)
+        EXPECT_LE(worst_slice(sc[i].first.c_str(), step, named, sg[i].second->to(Device::cpu()), *sc[i].second, 1e-5),
+                  1e-4);
+      const auto nb = mc->named_buffers();
+      std::vector<std::pair<std::string, const Buffer*>> bufs;
+      for (const auto& [n, bf] : nb)
+        if (bf->dtype == DType::F32) bufs.emplace_back(n, bf);
+      EXPECT_LE(worst_slice("buffer", step, bufs, mg->arenas().buffers.to(Device::cpu()), mc->arenas().buffers, 1e-6),
+                1e-5);
+      for (auto* e : {&ec, &eg}) e->optimizer().zero_grad();
+    }
+  }
+}
+
+TEST(CudaTraining, GradientsMatchCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_gradients_match_cpu("lenet", Shape{1, 28, 28}, 5, 11, 1e-4);
+  check_gradients_match_cpu("cnn", Shape{1, 28, 28}, 6, 13, 1e-4);
+  check_gradients_match_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, 1e-4);
+  check_gradients_match_cpu("resnet18", Shape{3, 16, 16}, 8, 12, 1e-4);
+  // Resnet18StepsMatchCpu's batch: its first update missed by 1.5% on an H100.
+  check_gradients_match_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 1e-4);
+}
+
 TEST(CudaTraining, LenetStepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
   check_training_matches_cpu("lenet", Shape{1, 28, 28}, 5, 11);
