@@ -214,6 +214,9 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
      "start a fresh run in a --save-dir that holds another run's checkpoints, removing them")
     ("resume", po::value(&o.resume),
      "continue a run from a checkpoint file, or from the newest one in a directory (--epochs counts the whole run)")
+    ("allow-batch-change", po::bool_switch(&o.allow_batch_change),
+     "with --resume from inside an epoch: accept another --batch-size; the rest of that epoch is re-batched "
+     "from the sample it stopped at")
     ("stop-after", po::value(&o.stop_after)->default_value(d.stop_after),
      "stop once epoch N of the run is done (0: run them all); --resume continues it")
     ("init-from", po::value(&o.init_from), "initialize the model's weights from a safetensors file (optimizer state not loaded)")
@@ -565,15 +568,32 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
       if (what.find("is not a fanout training checkpoint") == std::string::npos) throw;
       throw Error(what + "; --init-from loads weights alone");
     }
-    // Mid-epoch, the position is batches of the saved global batch: another
-    // batch size would skip or repeat samples of that epoch.
+    // Mid-epoch, another batch size continues the epoch from its sample
+    // position in batches of the new size (Trainer::train_epoch): asked for
+    // explicitly, since the run then differs from an uninterrupted one.
     if (ckpt.batch > 0 && ckpt.config.contains("batch_size") && ckpt.config["batch_size"].is_number_integer()) {
       const int64_t was = ckpt.config["batch_size"].get<int64_t>();
-      FANOUT_USER_CHECK(was == c.batch_size)
+      FANOUT_USER_CHECK(was == c.batch_size || c.allow_batch_change)
           << "checkpoint " << path << " stopped inside epoch " << ckpt.epoch + 1 << " after " << ckpt.batch
-          << " batches of " << was << "; --batch-size " << c.batch_size
-          << " would skip or repeat samples of that epoch: resume with --batch-size " << was
-          << " (any devices or processes)";
+          << " batches of " << was << "; resume with --batch-size " << was
+          << " (any devices or processes), or add --allow-batch-change to re-batch the rest of that epoch in "
+          << c.batch_size;
+      if (was != c.batch_size) {
+        // Each process continues at its share of the samples done (rank r of
+        // R takes the epoch's positions r, r + R, ...): R must divide them.
+        const int64_t done = ckpt.partial.contains("count") && ckpt.partial["count"].is_number_integer()
+                                 ? ckpt.partial["count"].get<int64_t>()
+                                 : ckpt.batch * was;
+        FANOUT_USER_CHECK(done % p.world == 0)
+            << "checkpoint " << path << " stopped inside epoch " << ckpt.epoch + 1 << " after " << done
+            << " samples, which " << p.world << " processes cannot share evenly: re-batch on a number of "
+            << "processes that divides " << done << ", or resume with --batch-size " << was;
+        if (p.primary())
+          std::printf("the rest of epoch %d is re-batched: batches of %lld from sample %lld, where batches of %lld "
+                      "stopped\n",
+                      ckpt.epoch + 1, static_cast<long long>(c.batch_size), static_cast<long long>(done),
+                      static_cast<long long>(was));
+      }
     }
     if (p.primary()) {
       // Split-invariant runs give the same result on any number of CPU devices and processes.

@@ -98,12 +98,12 @@ void DataLoader::allocate_slots(int64_t rows) {
 }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = sampler_->size(), b = opts_.batch_size;
+  const int64_t n = std::max<int64_t>(0, sampler_->size() - first_sample_), b = opts_.batch_size;
   return opts_.drop_last ? n / b : (n + b - 1) / b;
 }
 
 int64_t DataLoader::num_samples() const {
-  const int64_t n = sampler_->size(), b = opts_.batch_size;
+  const int64_t n = std::max<int64_t>(0, sampler_->size() - first_sample_), b = opts_.batch_size;
   return opts_.drop_last ? n / b * b : n;
 }
 
@@ -113,11 +113,13 @@ double DataLoader::wait_seconds() const {
 }
 
 int64_t DataLoader::batch_rows(int64_t b) const {
-  return std::min(opts_.batch_size, static_cast<int64_t>(order_.size()) - b * opts_.batch_size);
+  return std::min(opts_.batch_size, static_cast<int64_t>(order_.size()) - first_sample_ - b * opts_.batch_size);
 }
 
-void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch, int64_t first_sample) {
   FANOUT_CHECK(first_batch >= 0) << "start_epoch: first batch " << first_batch;
+  FANOUT_USER_CHECK(first_sample >= 0 && first_sample <= sampler_->size())
+      << "cannot start epoch " << epoch + 1 << " at sample " << first_sample << " of " << sampler_->size();
   sampler_->set_epoch(epoch);
   std::vector<int64_t> order = sampler_->indices();
   std::unique_lock<std::mutex> lk(mu_);
@@ -127,7 +129,8 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   ready_cv_.wait(lk, [&] { return busy_ == 0; });
   order_ = std::move(order);
   epoch_ = epoch;
-  const int64_t n = static_cast<int64_t>(order_.size()), b = opts_.batch_size;
+  first_sample_ = first_sample;
+  const int64_t n = static_cast<int64_t>(order_.size()) - first_sample, b = opts_.batch_size;
   num_batches_ = opts_.drop_last ? n / b : (n + b - 1) / b;
   if (std::min(b, n) > slot_rows_) allocate_slots(std::min(b, n));  // only when the sampler grew
   for (Slot& s : slots_) {
@@ -144,7 +147,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
 }
 
 bool DataLoader::build(int64_t b, Slot& s, uint64_t generation) {
-  const int64_t rows = batch_rows(b), begin = b * opts_.batch_size;
+  const int64_t rows = batch_rows(b), begin = first_sample_ + b * opts_.batch_size;
   float* xp = s.x.f32();
   const bool dense = ds_.dense_targets();
   const SampleDraw draw{&opts_.augment, opts_.seed, epoch_};

@@ -49,9 +49,13 @@ class DataLoader {
   // sampler->set_epoch(epoch); workers start filling; abandons an unfinished epoch cleanly.
   // first_batch > 0 skips the epoch's first batches (a run resumed mid-epoch):
   // the next batch is the one an uninterrupted epoch gives at that position.
-  void start_epoch(int64_t epoch, int64_t first_batch = 0);
-  int64_t num_batches() const;  // for the current sampler size
-  int64_t num_samples() const;  // samples delivered per epoch (drop_last aware)
+  // first_sample > 0 starts the epoch's batches at that sample of the
+  // sampler's order instead of its start (a run resumed mid-epoch with another
+  // batch size: the rest of the epoch, re-batched); first_batch then counts
+  // batches from there.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0, int64_t first_sample = 0);
+  int64_t num_batches() const;  // for the current sampler size, from the epoch's first sample
+  int64_t num_samples() const;  // samples delivered per epoch (drop_last aware), likewise
   // Next batch in order: x (B, sample shape...) f32 and y, (B) i32 class indices or (B, target shape...)
   // f32 dense targets (Dataset::target_shape), on the CPU, views of a reused slot buffer;
   // valid until the next call to next() or start_epoch(). Returns false at the end of the epoch.
@@ -97,6 +101,7 @@ class DataLoader {
   std::vector<int64_t> order_;
   int64_t epoch_ = 0;
   int64_t num_batches_ = 0;
+  int64_t first_sample_ = 0;  // the epoch's batches start at this sample of order_
   int64_t next_claim_ = 0, next_consume_ = 0;
   int64_t handed_ = -1;  // slot handed to the consumer by the last next(), released by the following one
   int busy_ = 0;         // workers building a batch

@@ -38,6 +38,8 @@ struct CheckpointState {
   int64_t step = 0;              // optimizer steps taken
   // A mid-epoch checkpoint: batches of epoch `epoch` (0-based: the one in
   // progress) done, and their totals over every process (0 and {}: none).
+  // The totals' count is the position in samples; in an epoch re-batched
+  // after a batch-size change, `batch` counts the batches since the change.
   int64_t batch = 0;
   nlohmann::json partial = nlohmann::json::object();
   double best_test_acc = -1;     // best test accuracy (heatmaps: share within 2 voxels; other dense targets: 1 / (1 + test loss)) so far; -1: none yet

@@ -63,6 +63,7 @@ struct RunConfig {
   int64_t save_every_steps = 0;
   bool non_strict = false;
   bool overwrite = false;  // a fresh run may replace another run's checkpoints in --save-dir
+  bool allow_batch_change = false;  // a resume mid-epoch may change the batch size (the rest is re-batched)
   std::string metrics;
   std::string progress = "auto";
   int timing_warmup = 0;  // steps of each epoch left out of its steady time

@@ -248,28 +248,43 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   EpochMetrics m;
   m.epoch = epoch + 1;
   data::DataLoader& it = *train_loader_;
-  it.start_epoch(epoch, start.batch);
-  const int64_t nb = it.num_batches();
-  const int64_t total = it.num_samples();
   const int64_t batch = it.options().batch_size;
   const int k = cfg_.accumulate;
   const bool dense = engine_.criterion().dense_targets();
-  const int64_t opt_steps = (nb + k - 1) / k;  // the schedule counts optimizer steps
   const int world = engine_.world_size();
+  // The totals of the batches done before a resume are every rank's: rank 0 carries them.
+  const Totals before = Totals::from_json(start.totals);
+  Totals t = engine_.rank() == 0 ? before : Totals{};
+  const int64_t carried = before.r.count;  // rows over every rank before this call
+  // A resume is at `carried` samples of the epoch. Batches of this run's
+  // size: at batch carried / (batch * world). Otherwise the batch size
+  // changed (--allow-batch-change): the rest of the epoch is re-batched from
+  // that sample, every rank at its share of it, and batches count from there.
+  const bool rebatched = start.batch > 0 && !start.totals.empty() && carried != start.batch * batch * world;
+  int64_t first_sample = 0;  // of this rank's order
+  if (rebatched) {
+    FANOUT_USER_CHECK(carried % world == 0)
+        << "cannot continue epoch " << epoch + 1 << " after " << carried << " samples on " << world
+        << " processes: resume on a number of processes that divides it";
+    first_sample = carried / world;
+  }
+  it.start_epoch(epoch, rebatched ? 0 : start.batch, first_sample);
+  const int64_t nb = it.num_batches();
+  const int64_t total = it.num_samples();
+  // The schedule counts optimizer steps; a re-batched rest continues from
+  // the steps its samples would have taken in batches of this size.
+  const int64_t steps_before = rebatched ? carried / (batch * world * k) : 0;
+  const int64_t opt_steps = steps_before + (nb + k - 1) / k;
   auto rows_of = [&](int64_t b) { return std::min(batch, total - b * batch); };
   Tensor x, y;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), nb, total);
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t b0 = std::min(start.batch, nb);
+  const int64_t b0 = rebatched ? 0 : std::min(start.batch, nb);
   FANOUT_USER_CHECK(b0 % k == 0 || b0 == nb) << "cannot continue epoch " << epoch + 1 << " at batch " << b0
                                              << ": not the end of an optimizer step (of " << k << " batches)";
   const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - b0 - 1);
   auto t_warm = t0;
   double wait_at_warm = it.wait_seconds();
-  // The totals of the batches done before a resume are every rank's: rank 0 carries them.
-  const Totals before = Totals::from_json(start.totals);
-  Totals t = engine_.rank() == 0 ? before : Totals{};
-  const int64_t carried = before.r.count;  // rows over every rank before this call
   double running_loss = t.r.loss.value();
   // Every rank computes the same norms (of the reduced gradient): carried as they are.
   GradNorms norms;
@@ -289,11 +304,14 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       for (int64_t i = b; i < std::min(nb, b + k); ++i) group_rows += rows_of(i);
     }
     const bool last_in_group = b % k == k - 1 || b == nb - 1;
-    const float lr = cfg_.schedule.at(epoch, static_cast<int>(group), static_cast<int>(opt_steps));
+    const float lr = cfg_.schedule.at(epoch, static_cast<int>(steps_before + group), static_cast<int>(opt_steps));
     m.lr = lr;
     const float grad_scale = loss_gradient_scale(scaler_.get()) / static_cast<float>(group_rows * world);
     // Random draws (Dropout) keyed by the position in the run, so a resumed run draws the same.
-    engine_.set_pass(static_cast<uint64_t>(epoch) << 32 | static_cast<uint64_t>(b));
+    // A re-batched rest keys its passes by their first sample, apart from batch indices.
+    engine_.set_pass(static_cast<uint64_t>(epoch) << 32 |
+                     (rebatched ? uint64_t{1} << 31 | static_cast<uint64_t>(first_sample + b * batch)
+                                : static_cast<uint64_t>(b)));
     StepResult r = engine_.forward_backward(x, y, grad_scale, last_in_group);
     FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1

@@ -58,6 +58,8 @@ struct TrainerSamplers {
 
 // Where an epoch stands: the batches done and their totals summed over every
 // process (exact loss sum, correct, count), as a mid-epoch checkpoint keeps it.
+// The count is the samples done: when they are not `batch` batches of the
+// trainer's batch size, train_epoch re-batches the rest from that sample.
 struct EpochPosition {
   int64_t batch = 0;
   nlohmann::json totals = nlohmann::json::object();  // empty: nothing trained yet

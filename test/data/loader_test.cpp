@@ -237,6 +237,45 @@ TEST(DataLoader, StartEpochMidEpochThenAFullEpoch) {
   EXPECT_EQ(dl.wait_seconds(), 0.0) << "reset by start_epoch";
 }
 
+// An epoch cut after 3 batches of 7 (21 samples) and continued from sample
+// 21 in batches of 5 (a resume with another batch size): the rest comes in
+// the epoch's order, re-batched, so the two parts hold every sample once;
+// first_batch then counts batches of 5 from sample 21.
+TEST(DataLoader, StartEpochAtASampleReBatchesTheRest) {
+  ImageDataset ds = random_image_dataset(50, kC, kH, kW, 8);
+  for (int32_t i = 0; i < 50; ++i) ds.labels.data<int32_t>()[i] = i;  // labels name the samples
+  const std::vector<int64_t> order = shuffled_indices(50, 4, 1);
+  for (int workers : {0, 2}) {
+    std::vector<int32_t> seen;
+    DataLoader first(ds, std::make_unique<RandomSampler>(50, 4), opts(7, workers));
+    first.start_epoch(1);
+    Tensor x, y;
+    for (int b = 0; b < 3; ++b) {
+      ASSERT_TRUE(first.next(x, y));
+      seen.insert(seen.end(), y.data<int32_t>(), y.data<int32_t>() + y.numel());
+    }
+    DataLoader rest(ds, std::make_unique<RandomSampler>(50, 4), opts(5, workers));
+    rest.start_epoch(1, 0, 21);
+    EXPECT_EQ(rest.num_batches(), 6);
+    EXPECT_EQ(rest.num_samples(), 29);
+    std::vector<int64_t> got_sizes;
+    while (rest.next(x, y)) {
+      got_sizes.push_back(x.size(0));
+      seen.insert(seen.end(), y.data<int32_t>(), y.data<int32_t>() + y.numel());
+    }
+    EXPECT_EQ(got_sizes, (std::vector<int64_t>{5, 5, 5, 5, 5, 4}));
+    ASSERT_EQ(seen.size(), 50u);
+    for (size_t i = 0; i < 50; ++i) EXPECT_EQ(seen[i], order[i]) << "position " << i;
+    // Batch 2 of the re-batched rest: samples 31..35 of the order.
+    rest.start_epoch(1, 2, 21);
+    ASSERT_TRUE(rest.next(x, y));
+    EXPECT_EQ(y.data<int32_t>()[0], order[31]);
+    // The next epoch starts at its beginning again.
+    EXPECT_EQ(sizes(read_epoch(rest, 2)), (std::vector<int64_t>{5, 5, 5, 5, 5, 5, 5, 5, 5, 5}));
+    expect_user_error([&] { rest.start_epoch(1, 0, 51); }, {"cannot start epoch 2 at sample 51 of 50"});
+  }
+}
+
 TEST(DataLoader, WaitSecondsIsTimeSpentInsideNext) {
   // wait_seconds() sums the time next() blocked for a batch (workers == 0: built it). Each call may add
   // at most its own duration, measured here around the call; time between calls (the consumer sleeps

@@ -5,7 +5,8 @@
 # one-device run's parameters and metrics bit for bit (the position is kept in
 # global batches, the same samples whatever the split; the sampler test
 # AnEpochResumedOnAnotherWorldSizeSeesEverySampleOnce covers the sample set).
-# Another global batch size mid-epoch is refused in one line.
+# Another global batch size mid-epoch is refused in one line, or with
+# --allow-batch-change re-batches the rest of the epoch.
 set -uo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 # shellcheck source=lib.sh
@@ -54,11 +55,34 @@ PY
 resized ddp2to3 "--devices cpu:2 --strategy ddp" "--devices cpu:3 --strategy ddp"
 resized dp3to1 "--devices cpu:3" "--devices cpu"
 
-# Another global batch size mid-epoch: one line, nothing trained.
+# Another global batch size mid-epoch: one line, nothing trained, unless
+# --allow-batch-change; then the rest of the epoch is re-batched (the trainer
+# test MidEpochResumeWithAnotherBatchSizeReBatchesTheRest checks the samples).
 mid=$(ls dp3to1/epoch-0000-batch-*.safetensors | head -1)
 [ -n "$mid" ] || fail "no mid-epoch checkpoint left in dp3to1"
 out=$("$DP_TRAIN" "${a[@]/48/64}" --devices cpu:2 --resume "$mid" 2>&1) &&
   fail "a mid-epoch resume with another batch size ran"
-echo "$out" | grep -q "error: checkpoint .* stopped inside epoch 1 after [0-9]* batches of 48; --batch-size 64 would skip or repeat samples of that epoch: resume with --batch-size 48" ||
+echo "$out" | grep -q "error: checkpoint .* stopped inside epoch 1 after [0-9]* batches of 48; resume with --batch-size 48 (any devices or processes), or add --allow-batch-change to re-batch the rest of that epoch in 64" ||
+  fail "got: $out"
+cp "$mid" rebatch.safetensors
+nb=${mid##*-batch-}
+nb=$((10#${nb%.safetensors}))
+done=$((nb * 48))
+timeout 300 "$DP_TRAIN" "${a[@]/48/64}" --devices cpu:2 --resume rebatch.safetensors --allow-batch-change \
+  --save-dir rebatch --metrics rebatch.jsonl > rebatch.log 2>&1 || { cat rebatch.log; fail "the re-batched resume failed"; }
+grep -q "the rest of epoch 1 is re-batched: batches of 64 from sample $done, where batches of 48 stopped" rebatch.log ||
+  { cat rebatch.log; fail "no re-batch line"; }
+python3 - <<'PY' || fail "the re-batched run's metrics"
+import json
+m = [json.loads(l) for l in open("rebatch.jsonl")]
+assert [x["epoch"] for x in m] == [1], m
+assert 0.5 < m[0]["train_acc"] < 1 and 0.5 < m[0]["test_acc"] < 1, m[0]
+PY
+# Samples done that the processes cannot share evenly: one line before training.
+w=5
+while [ $((done % w)) -eq 0 ]; do w=$((w + 1)); done
+out=$(timeout 120 "$DP_TRAIN" "${a[@]/48/$((8 * w))}" --devices "cpu:$w" --strategy ddp --resume "$mid" \
+  --allow-batch-change 2>&1) && fail "a re-batch over $w processes ran"
+echo "$out" | grep -q "stopped inside epoch 1 after $done samples, which $w processes cannot share evenly" ||
   fail "got: $out"
 echo "resize: OK"

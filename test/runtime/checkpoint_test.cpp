@@ -55,7 +55,8 @@ FILE* devnull() {
 // run start from different weights, to prove the checkpoint replaces them.
 // With `adamw`: AdamW (amsgrad), no decay on biases and norm weights, and
 // clipping by norm, tight enough to clip most steps.
-TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed, bool adamw = false) {
+TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed, bool adamw = false,
+                     int64_t batch = 24, float lr = -1) {
   TrainingRun r;
   r.model = models::make_model("lenet", data.train.sample_shape(), 10, init_seed);
   if (devices == 0) {
@@ -66,11 +67,12 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
     r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices("cpu:" + std::to_string(devices)),
                                                     *make_criterion({}), o);
   }
-  const optim::OptimizerOptions oo = adamw ? testing::test_adamw() : testing::test_sgd();
+  optim::OptimizerOptions oo = adamw ? testing::test_adamw() : testing::test_sgd();
+  if (lr >= 0) oo.lr = lr;
   r.opt = optim::make_optimizer(r.engine->model(), r.engine->primary_context(), oo);
   train::TrainerConfig tc;
   tc.epochs = epochs;
-  tc.batch_size = 24;  // 96 samples: 4 batches an epoch
+  tc.batch_size = batch;  // 24: 96 samples are 4 batches an epoch
   tc.eval_batch_size = 50;
   tc.seed = 7;
   tc.workers = 2;
@@ -195,6 +197,37 @@ TEST(Checkpoint, MidEpochResumeIsBitExactAdamW) {
 
 // A stop asked for at an epoch's last step ends that epoch (evaluated, and
 // its checkpoint hook run) and stops before the next.
+// Stopped after one batch of 24 and resumed with batches of 36 or 20: the
+// remaining 72 samples come as 36 + 36 or 20 + 20 + 20 + 12 (re-batched, not
+// skipped), and at lr 0 the epoch's accuracy and loss are the uninterrupted
+// epoch's: every sample seen once (the loss within float32 rounding, as
+// another batch size sums each row's products in another blocking).
+TEST(Checkpoint, MidEpochResumeWithAnotherBatchSizeReBatchesTheRest) {
+  const auto data = data::make_synthetic(96, 5);
+  for (int devices : {0, 2}) {
+    TrainingRun whole = make_run(data, devices, 1, 1, false, 24, 0.0f);
+    const train::EpochMetrics want = whole.trainer->run();
+    for (int64_t batch : {36, 20}) {
+      SCOPED_TRACE(std::to_string(devices) + " devices, batches of " + std::to_string(batch));
+      TrainingRun first = make_run(data, devices, 1, 1, false, 24, 0.0f);
+      first.trainer->should_stop = [&] { return first.opt->steps() >= 1; };
+      train::EpochPosition at;
+      first.trainer->on_mid_epoch = [&](int, const train::EpochPosition& pos, bool) { at = pos; };
+      first.trainer->run();
+      ASSERT_TRUE(first.trainer->stopped());
+      ASSERT_EQ(at.batch, 1);
+      TrainingRun rest = make_run(data, devices, 1, 1, false, batch, 0.0f);
+      std::vector<int64_t> rows;
+      rest.trainer->on_step = [&](const train::StepInfo& s) { rows.push_back(s.rows); };
+      const train::EpochMetrics got = rest.trainer->run(0, -1, at);
+      EXPECT_EQ(rows, batch == 36 ? (std::vector<int64_t>{36, 36}) : (std::vector<int64_t>{20, 20, 20, 12}));
+      EXPECT_EQ(got.train_acc, want.train_acc);
+      EXPECT_NEAR(got.train_loss, want.train_loss, 1e-6 * want.train_loss);
+      EXPECT_EQ(got.test_acc, want.test_acc);
+    }
+  }
+}
+
 TEST(Checkpoint, StopAtTheEpochsEndStopsBetweenEpochs) {
   const auto data = data::make_synthetic(96, 5);
   TrainingRun r = make_run(data, 0, 3, 1);
