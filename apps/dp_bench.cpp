@@ -133,7 +133,7 @@ Targets make_targets(const std::string& model, const Shape& in, int64_t batch, u
     for (int64_t i = 0; i < batch; ++i) t.y.data<int32_t>()[i] = static_cast<int32_t>(rng() % out[1]);
     return t;
   }
-  t.loss.criterion = "mse";
+  t.loss.criterion = CriterionKind::Mse;
   t.y = Tensor::empty(out);
   std::uniform_real_distribution<float> u(0.0f, 0.05f);
   for (int64_t i = 0; i < t.y.numel(); ++i) t.y.f32()[i] = u(rng);

@@ -321,9 +321,9 @@ Cli parse(int argc, char** argv) {
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   // Options that would otherwise be ignored without a word.
   for (const char* ddp_only : {"nproc-per-node", "log-dir"})
-    FANOUT_USER_CHECK(!vm.count(ddp_only) || o.strategy == "ddp") << "--" << ddp_only << " applies to --strategy ddp";
+    FANOUT_USER_CHECK(!vm.count(ddp_only) || o.distributed()) << "--" << ddp_only << " applies to --strategy ddp";
   FANOUT_USER_CHECK(o.max_restarts >= 0) << "--max-restarts must be at least 0, got " << o.max_restarts;
-  FANOUT_USER_CHECK(o.max_restarts == 0 || o.strategy == "ddp")
+  FANOUT_USER_CHECK(o.max_restarts == 0 || o.distributed())
       << "--max-restarts applies to --strategy ddp (it restarts the worker processes)";
   FANOUT_USER_CHECK(o.max_restarts == 0 || !save_dir_of(o).empty())
       << "--max-restarts needs --save-dir: a restart continues from its newest checkpoint";
@@ -369,7 +369,7 @@ std::vector<Device> order_by_free_memory(std::vector<Device> devices, bool print
 
 // The batch of one process on this machine: --devices auto shares it out.
 int64_t local_batch(const train::RunConfig& c) {
-  if (c.strategy != "ddp") return c.batch_size;
+  if (!c.distributed()) return c.batch_size;
   const int nproc = c.nproc_per_node > 0 ? c.nproc_per_node : 1;
   return std::max<int64_t>(1, c.batch_size / (static_cast<int64_t>(nproc) * c.nnodes));
 }
@@ -442,7 +442,7 @@ Process this_process(const train::RunConfig& c) {
   Process p;
   auto all = machine_devices(c);
   if (c.order_by_free_memory && all[0].is_cuda()) all = order_by_free_memory(all, true);
-  if (c.strategy != "ddp") {
+  if (!c.distributed()) {
     p.devices = all;
     return p;
   }
@@ -459,7 +459,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   EngineSpec spec;
   spec.devices = p.devices;
   // Heatmap targets take the squared error; class labels cross-entropy.
-  spec.loss.criterion = data.train.dense_targets() ? "mse" : "cross_entropy";
+  spec.loss.criterion = data.train.dense_targets() ? CriterionKind::Mse : CriterionKind::CrossEntropy;
   spec.loss.label_smoothing = c.label_smoothing;
   spec.dp.loss_on_replicas = !c.gather_outputs;
   if (!c.output_device.empty()) {
@@ -475,7 +475,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   spec.dp.math = c.math();
   spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(c.grad_reduce_dtype);
   spec.dp.shard_optimizer = c.shard_optimizer;
-  if (c.strategy == "ddp") {
+  if (c.distributed()) {
     dist::GroupOptions g;
     g.rank = p.rank;
     g.world_size = p.world;
@@ -735,7 +735,7 @@ int run(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   if (cli.help) return 0;
   if (cli.list_devices) return list_devices();
-  if (cli.run.strategy == "ddp" && !dist::worker_env().present) return launch(cli.run, argc, argv);
+  if (cli.run.distributed() && !dist::worker_env().present) return launch(cli.run, argc, argv);
   const train::RunConfig c = restarted(cli.run);
 
   install_stop_handlers();

@@ -18,6 +18,7 @@ class BatchNormNd : public Module {
   void reset_parameters(std::mt19937_64& rng) override;  // weight 1, bias 0, mean 0, var 1
   void set_batch_stat_sync(BatchStatSync* s) override { sync_ = s; }
   BatchStatSync* batch_stat_sync() const override { return sync_; }
+  bool normalizes_over_batch() const override { return true; }
   // Identifies this layer to the sync hook; set by models that use SyncBatchNorm.
   void set_layer_id(int id) { layer_id_ = id; }
   int64_t channels() const { return c_; }

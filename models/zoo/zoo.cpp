@@ -142,33 +142,58 @@ std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width,
   return m;
 }
 
-std::vector<std::string> model_names() {
-  return {"mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d", "heatmap3d:group"};
+namespace {
+// The zoo: one row per name, in the order model_names() lists them.
+struct ZooEntry {
+  const char* name;
+  bool dense;  // heatmaps (one per landmark) rather than class scores
+  std::unique_ptr<Module> (*build)(const Shape& input, int classes);
+};
+constexpr ZooEntry kZoo[] = {
+    {"mlp", false, [](const Shape& in, int c) { return mlp(in, c); }},
+    {"lenet", false, [](const Shape& in, int c) { return lenet(in, c); }},
+    {"cnn", false, [](const Shape& in, int c) { return cnn(in, c); }},
+    {"resnet18", false, [](const Shape& in, int c) { return resnet18(in, c, false); }},
+    {"resnet18:imagenet", false, [](const Shape& in, int c) { return resnet18(in, c, true); }},
+    {"heatmap3d", true, [](const Shape& in, int c) { return heatmap3d(in, c); }},
+    {"heatmap3d:group", true, [](const Shape& in, int c) { return heatmap3d(in, c, 8, /*group_norm=*/true); }},
+};
+
+const ZooEntry* find_entry(const std::string& name) {
+  for (const ZooEntry& e : kZoo)
+    if (name == e.name) return &e;
+  return nullptr;
 }
 
-bool dense_output(const std::string& name) { return name == "heatmap3d" || name == "heatmap3d:group"; }
+const ZooEntry& zoo_entry(const std::string& name) {
+  if (const ZooEntry* e = find_entry(name)) return *e;
+  std::string known;
+  for (const ZooEntry& e : kZoo) known += (known.empty() ? "" : ", ") + std::string(e.name);
+  FANOUT_FAIL() << "unknown model '" << name << "' (known: " << known << ")";
+}
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> out;
+  for (const ZooEntry& e : kZoo) out.emplace_back(e.name);
+  return out;
+}
+
+bool dense_output(const std::string& name) {
+  const ZooEntry* e = find_entry(name);
+  return e && e->dense;
+}
 
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
-  FANOUT_USER_CHECK(dense_output(name) || classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
-  std::unique_ptr<Module> m;
-  if (name == "heatmap3d") m = heatmap3d(input, classes);
-  else if (name == "heatmap3d:group") m = heatmap3d(input, classes, 8, /*group_norm=*/true);
-  else if (name == "mlp") m = mlp(input, classes);
-  else if (name == "lenet") m = lenet(input, classes);
-  else if (name == "cnn") m = cnn(input, classes);
-  else if (name == "resnet18") m = resnet18(input, classes, false);
-  else if (name == "resnet18:imagenet") m = resnet18(input, classes, true);
-  else {
-    std::string known;
-    for (auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
-    FANOUT_FAIL() << "unknown model '" << name << "' (known: " << known << ")";
-  }
+  const ZooEntry& entry = zoo_entry(name);
+  FANOUT_USER_CHECK(entry.dense || classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
+  std::unique_ptr<Module> m = entry.build(input, classes);
   // Layer ids let SyncBatchNorm match the same layer across replicas.
   int id = 0;
   for (auto& [n, mod] : m->named_modules())
     if (auto* bn = dynamic_cast<BatchNormNd*>(mod)) bn->set_layer_id(id++);
   m->init(seed);
-  if (dense_output(name))
+  if (entry.dense)
     // The head starts near zero (N(0, 0.001)-sized, bias 0), as heatmap
     // networks initialize their last layer: outputs begin at the empty map
     // instead of noise that SGD first spends its steps removing.

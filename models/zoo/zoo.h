@@ -38,7 +38,8 @@ std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t wid
 // a one-line error listing the known ones. The model is initialized from seed.
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed);
 std::vector<std::string> model_names();
-// Whether the model's output is dense (heatmaps) rather than class scores.
+// Whether the model's output is dense (heatmaps) rather than class scores
+// (false for a name the zoo does not know: make_model says so).
 bool dense_output(const std::string& name);
 
 }  // namespace fanout::models

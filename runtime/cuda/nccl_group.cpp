@@ -73,6 +73,7 @@ class NcclGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
+  bool host_memory() const override { return false; }
 
   void broadcast(Tensor& buf, int root, const std::string& what, uint32_t) override {
     check(buf, what);

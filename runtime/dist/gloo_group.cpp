@@ -205,6 +205,7 @@ class GlooGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "gloo"; }
+  bool host_memory() const override { return true; }
 
   void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag) override {
     check_host(buf, what);

@@ -46,7 +46,10 @@ struct GroupOptions {
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
-  virtual std::string backend() const = 0;
+  virtual std::string backend() const = 0;  // its name, for messages
+  // Whether collectives take host tensors (Gloo), so device tensors are
+  // staged through host buffers; otherwise they take device tensors (NCCL).
+  virtual bool host_memory() const = 0;
   int rank() const { return rank_; }
   int size() const { return size_; }
   double timeout_s() const { return timeout_s_; }

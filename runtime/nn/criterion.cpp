@@ -65,7 +65,7 @@ class CrossEntropy final : public Criterion {
   std::unique_ptr<Criterion> clone() const override { return std::make_unique<CrossEntropy>(smoothing_); }
 
  private:
-  const std::string name_ = "cross_entropy";
+  const std::string name_ = criterion_name(CriterionKind::CrossEntropy);
   float smoothing_;
   Tensor probs_, loss_, correct_, rows_, grad_, rows_h_, correct_h_;
 };
@@ -143,7 +143,7 @@ class MeanSquaredError final : public Criterion {
       r.distance.add(dist);
     }
   }
-  const std::string name_ = "mse";
+  const std::string name_ = criterion_name(CriterionKind::Mse);
   Shape shape_;
   bool heatmaps_ = false;
   Tensor rows_, grad_, idx_, val_, rows_h_, idx_h_, val_h_;
@@ -151,17 +151,16 @@ class MeanSquaredError final : public Criterion {
 
 }  // namespace
 
+const char* criterion_name(CriterionKind k) { return k == CriterionKind::Mse ? "mse" : "cross_entropy"; }
+
 std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
-  if (o.criterion == "cross_entropy") {
-    FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
-        << "label smoothing must be in [0, 1), got " << o.label_smoothing;
-    return std::make_unique<CrossEntropy>(o.label_smoothing);
-  }
-  if (o.criterion == "mse") {
+  if (o.criterion == CriterionKind::Mse) {
     FANOUT_USER_CHECK(o.label_smoothing == 0) << "label smoothing applies to cross_entropy, not mse";
     return std::make_unique<MeanSquaredError>();
   }
-  FANOUT_FAIL() << "unknown criterion '" << o.criterion << "' (expected cross_entropy or mse)";
+  FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
+      << "label smoothing must be in [0, 1), got " << o.label_smoothing;
+  return std::make_unique<CrossEntropy>(o.label_smoothing);
 }
 
 }  // namespace fanout

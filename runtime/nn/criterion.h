@@ -42,9 +42,12 @@ struct StepResult {
   void merge(const StepResult& o);
 };
 
+enum class CriterionKind { CrossEntropy, Mse };
+const char* criterion_name(CriterionKind k);  // "cross_entropy", "mse"
+
 struct LossOptions {
-  std::string criterion = "cross_entropy";  // or "mse"
-  float label_smoothing = 0.0f;             // cross_entropy only
+  CriterionKind criterion = CriterionKind::CrossEntropy;
+  float label_smoothing = 0.0f;  // cross_entropy only
 };
 
 class Criterion {

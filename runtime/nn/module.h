@@ -71,6 +71,9 @@ class Module {
   virtual void set_batch_stat_sync(BatchStatSync* s);
   // The hook installed in this subtree (the first layer's that has one), or null.
   virtual BatchStatSync* batch_stat_sync() const;
+  // Whether this layer (not its children) normalizes over the batch in
+  // training, so that a sample's output depends on the other samples.
+  virtual bool normalizes_over_batch() const { return false; }
 
   // Training flag for the whole subtree (BatchNorm reads it).
   void train(bool on = true);

@@ -13,7 +13,7 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
   FANOUT_USER_CHECK(device.is_cpu()) << "split-invariant math is implemented for CPU devices only, not "
                                      << device.str();
   for (auto& [name, m] : model.named_modules())
-    FANOUT_USER_CHECK(m->type_name().rfind("BatchNorm", 0) != 0)
+    FANOUT_USER_CHECK(!m->normalizes_over_batch())
         << "split-invariant math cannot hold for a model with BatchNorm (" << (name.empty() ? "the model" : name)
         << "): its batch statistics depend on the split by definition";
   model.set_grad_dtype(DType::F64);

@@ -80,7 +80,7 @@ void BucketReadiness::issue_ready(int rank) {
 }
 
 ProcessLink::ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& primary)
-    : group_(std::move(group)), ctx_(primary), host_(group_->backend() == "gloo") {}
+    : group_(std::move(group)), ctx_(primary), host_(group_->host_memory()) {}
 
 void ProcessLink::staged(Tensor& t, const std::function<void(Tensor&)>& collective) {
   if (direct(t)) {

@@ -71,7 +71,7 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(nnodes >= 1) << "--nnodes must be at least 1, got " << nnodes;
   FANOUT_USER_CHECK(node_rank >= 0 && node_rank < nnodes)
       << "--node-rank " << node_rank << " is outside 0.." << nnodes - 1;
-  FANOUT_USER_CHECK(strategy == "ddp" || (nnodes == 1 && node_rank == 0 && rdzv.empty()))
+  FANOUT_USER_CHECK(distributed() || (nnodes == 1 && node_rank == 0 && rdzv.empty()))
       << "--nnodes, --node-rank and --rdzv need --strategy ddp";
   parse_progress(progress);
   data::parse_augment(augment);

@@ -76,6 +76,8 @@ struct RunConfig {
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;
+  // --strategy ddp: one process per device (or per group of devices).
+  bool distributed() const { return strategy == "ddp"; }
   MathOptions math() const {
     return {allow_tf32, cudnn_benchmark, deterministic, split_invariant, autocast_dtype(parse_precision(precision)),
             cpu_threads};

@@ -230,7 +230,7 @@ HeatmapRun run_heatmap3d(int replicas, bool on_replicas, bool sync_bn) {
   std::mt19937_64 rng(41);
   auto m = models::make_model("heatmap3d", sample, landmarks, 9);
   const Tensor init = m->arenas().params.to(Device::cpu());
-  const LossOptions mse{"mse", 0.0f};
+  const LossOptions mse{CriterionKind::Mse, 0.0f};
   MathOptions math;
   math.deterministic = true;
   testing::EngineRun eng;

@@ -94,7 +94,7 @@ TargetBatch make_batch(const std::string& model, const Shape& sample, int64_t ba
   b.x = random_tensor(xs, rng);
   if (models::dense_output(model)) {
     b.classes = 3;
-    b.loss.criterion = "mse";
+    b.loss.criterion = CriterionKind::Mse;
     Shape ys = xs;
     ys[1] = b.classes;
     b.y = testing::random_heatmaps(ys, rng);

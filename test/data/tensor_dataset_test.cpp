@@ -151,7 +151,7 @@ TEST(TensorDataset, DenseTargetsTrainUnderMse) {
   for (int64_t i = 0; i < test.targets().numel(); ++i) zero += std::pow(test.targets().f32()[i], 2);
   zero /= static_cast<double>(test.targets().numel());
   LossOptions mse;
-  mse.criterion = "mse";
+  mse.criterion = CriterionKind::Mse;
   const Result r = fit(train, test, two_layers(16, 32, 4, 3), "cpu", 0, mse, true, 8);
   EXPECT_LT(r.metrics.test_loss, 0.02 * zero) << "predicting zero: " << zero;
   const Result dp = fit(train, test, two_layers(16, 32, 4, 3), "cpu:2", 2, mse, true, 8);

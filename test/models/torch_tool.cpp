@@ -62,7 +62,7 @@ int run(const std::string& name, const std::string& shape_arg, int64_t batch, ui
   Tensor y;
   LossOptions loss;
   if (dense) {
-    loss.criterion = "mse";
+    loss.criterion = CriterionKind::Mse;
     y = Tensor::empty(logits.shape());
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     for (int64_t i = 0; i < y.numel(); ++i) y.f32()[i] = u(rng);

@@ -75,7 +75,7 @@ TEST(LossOnReplicas, ClassLabelsMatchTheGatheredPath) {
   const Shape sample{1, 28, 28};
   auto batches = testing::random_batches(sample, 22, 4, 31);
   auto make = [&] { return models::make_model("lenet", sample, 10, 5); };
-  const LossOptions xent{"cross_entropy", 0.1f};
+  const LossOptions xent{CriterionKind::CrossEntropy, 0.1f};
   const DpRun local = run_dp(make, xent, true, batches, 3), gathered = run_dp(make, xent, false, batches, 3);
   expect_same_results(local, gathered);
   // Replicas 1 and 2 hold 8 and 6 of the 22 rows: their row losses and correct counts reach the primary,
@@ -89,7 +89,7 @@ TEST(LossOnReplicas, HeatmapTargetsMatchTheGatheredPathAndOneDevice) {
   std::vector<testing::Batch> batches;
   for (int s = 0; s < 4; ++s) batches.push_back({random_tensor(Shape{10, 1, 12, 9}, rng), testing::random_heatmaps(Shape{10, 2, 12, 9}, rng)});
   auto make = [] { return heatmap_net(6); };
-  const LossOptions mse{"mse", 0.0f};
+  const LossOptions mse{CriterionKind::Mse, 0.0f};
   const DpRun local = run_dp(make, mse, true, batches, 3), gathered = run_dp(make, mse, false, batches, 3);
   expect_same_results(local, gathered);
   EXPECT_EQ(local.train[0].points, 20);  // every (row, channel) has a peak
