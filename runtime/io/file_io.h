@@ -1,5 +1,6 @@
-// Small POSIX helpers shared by the checkpoint and array readers and writers
-// (safetensors.cpp, npy.cpp): an owned descriptor, exact positioned reads,
+// Files written and read by the checkpoint, array and metrics code
+// (safetensors.cpp, npy.cpp, the trainer's metrics file): the atomic write,
+// and small POSIX helpers: an owned descriptor, exact positioned reads,
 // errno text, and file text quoted for one-line messages.
 #pragma once
 #include <unistd.h>
@@ -7,8 +8,20 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <system_error>
+
+namespace fanout::io {
+
+// Writes `path` atomically: `produce` emits the bytes through the function
+// it is given into PATH.tmp.PID, which is fsynced and renamed over `path`,
+// and the directory is fsynced; on failure the temporary file is removed,
+// an existing file at `path` is left as it was, and fanout::Error is thrown.
+using WriteFn = std::function<void(const void* data, size_t bytes)>;
+void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce);
+
+}  // namespace fanout::io
 
 namespace fanout::io::detail {
 

@@ -317,17 +317,6 @@ using detail::errno_text;
 using detail::Fd;
 using detail::pread_all;
 
-void write_all(int fd, const void* buf, size_t n, const std::string& tmp) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::write(fd, p, std::min<size_t>(n, 1u << 30));
-    if (r < 0 && errno == EINTR) continue;
-    FANOUT_USER_CHECK(r > 0) << "writing " << tmp << " failed: " << (r < 0 ? errno_text(errno) : "no progress");
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
 // JSON string literal for `s`; throws fanout::Error when s is not valid UTF-8.
 std::string json_string(const std::string& s, const std::string& path) {
   try {
@@ -397,38 +386,6 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
       write(host.raw(), host.nbytes());
     }
   });
-}
-
-void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  FANOUT_USER_CHECK(fd.fd >= 0) << "cannot create " << tmp << ": " << errno_text(errno);
-  bool committed = false;
-  struct Cleanup {  // removes the temporary file unless it was renamed into place
-    Fd& fd;
-    const std::string& tmp;
-    const bool& committed;
-    ~Cleanup() {
-      if (fd.fd >= 0) ::close(fd.release());
-      if (!committed) ::unlink(tmp.c_str());
-    }
-  } cleanup{fd, tmp, committed};
-
-  produce([&](const void* data, size_t bytes) { write_all(fd.fd, data, bytes, tmp); });
-  FANOUT_USER_CHECK(::fsync(fd.fd) == 0) << "fsync of " << tmp << " failed: " << errno_text(errno);
-  FANOUT_USER_CHECK(::close(fd.release()) == 0) << "closing " << tmp << " failed: " << errno_text(errno);
-  FANOUT_USER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0)
-      << "cannot rename " << tmp << " to " << path << ": " << errno_text(errno);
-  committed = true;
-
-  // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  FANOUT_USER_CHECK(dfd.fd >= 0) << "saved " << path << " but cannot open its directory to sync it: "
-                                 << errno_text(errno);
-  if (::fsync(dfd.fd) != 0 && errno != EINVAL && errno != ENOTSUP)  // some filesystems cannot sync directories
-    FANOUT_FAIL() << "saved " << path << " but syncing its directory failed: " << errno_text(errno);
 }
 
 TensorFile parse_safetensors(const uint8_t* data, size_t size, const std::string& what) {

@@ -38,11 +38,6 @@ inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-// The atomic write behind save_safetensors, for any file: `produce` emits the
-// bytes through the function it is given.
-using WriteFn = std::function<void(const void* data, size_t bytes)>;
-void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce);
-
 // Reads a whole file; tensors come back on the CPU.
 TensorFile load_safetensors(const std::string& path);
 

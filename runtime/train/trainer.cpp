@@ -12,7 +12,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/exact_sum.h"
-#include "runtime/io/safetensors.h"
+#include "runtime/io/file_io.h"
 #include "runtime/optim/clip.h"
 
 namespace fanout::train {

@@ -89,6 +89,19 @@ inline ::testing::AssertionResult close64(const Tensor& got, const Tensor& want,
   return ::testing::AssertionSuccess() << "worst " << worst / scale;
 }
 
+// ||got - want|| / ||want|| over elements [offset, offset + n) of two host
+// arenas (float32 or float64), or ||got - want|| where want is all zeros.
+inline double slice_rel(const Tensor& got, const Tensor& want, int64_t offset, int64_t n) {
+  auto value = [](const Tensor& t, int64_t i) { return t.dtype() == DType::F64 ? t.f64()[i] : double(t.f32()[i]); };
+  double d = 0, w2 = 0;
+  for (int64_t k = offset; k < offset + n; ++k) {
+    const double w = value(want, k), g = value(got, k);
+    d += (g - w) * (g - w);
+    w2 += w * w;
+  }
+  return w2 > 0 ? std::sqrt(d / w2) : std::sqrt(d);
+}
+
 inline ::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
   if (got.numel() != want.numel())
     return ::testing::AssertionFailure() << "numel " << got.numel() << " vs " << want.numel();

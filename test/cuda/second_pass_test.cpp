@@ -67,13 +67,7 @@ std::unique_ptr<Module> net(const V& v) {
 double worst(Module& a, const Tensor& ga, const Tensor& gb, const char* tag) {
   double w = 0;
   for (auto& [name, p] : a.named_parameters()) {
-    double d = 0, n = 0;
-    for (int64_t k = 0; k < p->shape.numel(); ++k) {
-      const double x = ga.f32()[p->offset + k], y = gb.f32()[p->offset + k];
-      d += (x - y) * (x - y);
-      n += x * x;
-    }
-    const double r = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    const double r = cudatest::slice_rel(gb, ga, p->offset, p->shape.numel());
     if (r > 1e-5) std::printf("  %-10s %-14s %.3g\n", tag, name.c_str(), r);
     w = std::max(w, r);
   }

@@ -167,15 +167,8 @@ void check_gradients_match_cpu(const std::string& model, const Shape& sample, in
   EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-5 * std::max(1.0, std::abs(rc.loss_sum)));
   const Tensor gg = cuda_model->arenas().grads.to(Device::cpu()), gc = cpu_model->arenas().grads.to(Device::cpu());
   ASSERT_EQ(gg.dtype(), gc.dtype());
-  auto value = [](const Tensor& t, int64_t i) { return t.dtype() == DType::F64 ? t.f64()[i] : double(t.f32()[i]); };
   for (const auto& [name, p] : cpu_model->named_parameters()) {
-    double d = 0, n = 0;
-    for (int64_t k = 0; k < p->shape.numel(); ++k) {
-      const double w = value(gc, p->offset + k), g = value(gg, p->offset + k);
-      d += (g - w) * (g - w);
-      n += w * w;
-    }
-    const double rel = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    const double rel = cudatest::slice_rel(gg, gc, p->offset, p->shape.numel());
     std::printf("%-10s grad %-28s |cuda - cpu| / |cpu| %.3g\n", model.c_str(), name.c_str(), rel);
     EXPECT_LE(rel, rtol) << name;
   }
@@ -186,16 +179,9 @@ void check_gradients_match_cpu(const std::string& model, const Shape& sample, in
 template <class Named>
 double worst_slice(const char* what, int step, const Named& named, const Tensor& got, const Tensor& want,
                    double print_above) {
-  auto value = [](const Tensor& t, int64_t i) { return t.dtype() == DType::F64 ? t.f64()[i] : double(t.f32()[i]); };
   double worst = 0;
   for (const auto& [name, p] : named) {
-    double d = 0, n = 0;
-    for (int64_t k = 0; k < p->shape.numel(); ++k) {
-      const double w = value(want, p->offset + k), g = value(got, p->offset + k);
-      d += (g - w) * (g - w);
-      n += w * w;
-    }
-    const double rel = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    const double rel = cudatest::slice_rel(got, want, p->offset, p->shape.numel());
     if (rel > print_above) std::printf("step %d %-8s %-28s %.3g\n", step, what, name.c_str(), rel);
     worst = std::max(worst, rel);
   }
