@@ -54,7 +54,7 @@ class ProcessGroup {
   int size() const { return size_; }
   double timeout_s() const { return timeout_s_; }
 
-  // `what` names the operation in errors ("all-reduce of gradient bucket 3").
+  // `what` names the operation in errors ("all-reduce of gradient bucket 3 of 7").
   // Collectives with the same `tag` must not run at the same time; ones with
   // different tags may (DDP reduces gradients on its own thread).
   // Every rank's buf becomes root's.

@@ -143,15 +143,16 @@ std::string ProgressBoard::describe(int slot, int rank) const {
   if (s.entered == 0)
     std::snprintf(buf, sizeof buf, "rank %d has begun no collective (%.1f s since it started)", rank, s.idle_s);
   else if (s.failed && s.inside == 0)
-    std::snprintf(buf, sizeof buf, "rank %d failed in %s (collective #%llu)", rank, s.what.c_str(),
-                  id);
+    std::snprintf(buf, sizeof buf, "rank %d failed in %s (collective #%llu, %lld elements)", rank, s.what.c_str(),
+                  id, static_cast<long long>(s.elements));
   else if (s.inside > 0)
     std::snprintf(buf, sizeof buf, "rank %d is in %s (collective #%llu, %lld elements) for %.1f s", rank,
                   s.what.c_str(), id, static_cast<long long>(s.elements),
                   s.idle_s);
   else
-    std::snprintf(buf, sizeof buf, "rank %d is outside any collective for %.1f s, after %s (collective #%llu)", rank,
-                  s.idle_s, s.what.c_str(), id);
+    std::snprintf(buf, sizeof buf,
+                  "rank %d is outside any collective for %.1f s, after %s (collective #%llu, %lld elements)", rank,
+                  s.idle_s, s.what.c_str(), id, static_cast<long long>(s.elements));
   return buf;
 }
 

@@ -3,8 +3,8 @@
 // slot (entered, left, what, how many elements, when); the launcher reads
 // the slots to name a rank that stops making progress (a SIGSTOP, a
 // deadlocked data worker) and, when a run fails, where every rank was:
-// "rank 1 is in all-reduce of gradient bucket 3 (#812, 301,056 elements)
-// while rank 0 waits in barrier 'evaluation' (#811)".
+// "rank 1 is in all-reduce of gradient bucket 3 of 7 (collective #812,
+// 301056 elements) for 6.0 s; rank 0 is in barrier 'evaluation' ...".
 //
 // The board is a memfd the launcher creates and its workers inherit
 // (FANOUT_PROGRESS_FD); one slot per local rank. Marking a collective costs

@@ -157,7 +157,8 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
   if (o.group) {
     const char* op = o.shard_bounds.empty() ? "all-reduce" : "reduce onto the owners";
     for (int b = 0; b < layout.size(); ++b)
-      global_names_.push_back(op + std::string(" of gradient bucket ") + std::to_string(b));
+      global_names_.push_back(op + std::string(" of gradient bucket ") + std::to_string(b) + " of " +
+                              std::to_string(layout.size()));
     link_ = std::make_unique<ProcessLink>(o.group, *contexts_[0]);
     if (link_->host() && contexts_[0]->device().is_cpu()) thread_ = std::thread([this] { global_loop(); });
   }

@@ -19,13 +19,13 @@ TEST(ProgressBoard, MarksLandInThisWorkersSlot) {
   EXPECT_EQ(board.read(2).entered, 0u);
   EXPECT_NE(board.describe(2, 5).find("rank 5 has begun no collective"), std::string::npos) << board.describe(2, 5);
   {
-    CollectiveMark a("all-reduce of gradient bucket 3", 301056);
+    CollectiveMark a("all-reduce of gradient bucket 3 of 7", 301056);
     const ProgressBoard::Seen s = board.read(2);
     EXPECT_EQ(s.entered, 1u);
     EXPECT_EQ(s.inside, 1);
-    EXPECT_EQ(s.what, "all-reduce of gradient bucket 3");
+    EXPECT_EQ(s.what, "all-reduce of gradient bucket 3 of 7");
     EXPECT_EQ(s.elements, 301056);
-    EXPECT_EQ(board.describe(2, 5).rfind("rank 5 is in all-reduce of gradient bucket 3 (collective #1, 301056 elements)", 0), 0u)
+    EXPECT_EQ(board.describe(2, 5).rfind("rank 5 is in all-reduce of gradient bucket 3 of 7 (collective #1, 301056 elements)", 0), 0u)
         << board.describe(2, 5);
     std::thread t([] { CollectiveMark b("barrier 'evaluation'", 0); });  // another thread, as DDP's reducer
     t.join();
@@ -38,7 +38,7 @@ TEST(ProgressBoard, MarksLandInThisWorkersSlot) {
   EXPECT_GE(s.idle_s, 0.0);
   EXPECT_LT(s.idle_s, 60.0);
   EXPECT_EQ(board.describe(2, 5).rfind("rank 5 is outside any collective for ", 0), 0u) << board.describe(2, 5);
-  EXPECT_NE(board.describe(2, 5).find("after barrier 'evaluation' (collective #2)"), std::string::npos);
+  EXPECT_NE(board.describe(2, 5).find("after barrier 'evaluation' (collective #2, 0 elements)"), std::string::npos);
   for (int other : {0, 1}) EXPECT_EQ(board.read(other).entered, 0u) << other;  // the other slots untouched
   const std::string long_name(300, 'x');
   { CollectiveMark c(long_name, 7); }

@@ -124,7 +124,7 @@ start=$(date +%s.%N)
 start_ddp hang
 stalled hang "$start"
 unset FANOUT_TEST_HANG_RANK FANOUT_TEST_HANG_AT_STEP
-tail -1 "$work/hang.err" | grep -q "rank 1 (pid [0-9]*) has made no progress for [0-9]* s: rank 1 is outside any collective for .* after all-reduce of gradient bucket .* (collective #[0-9]*); rank 0 " ||
+tail -1 "$work/hang.err" | grep -q "rank 1 (pid [0-9]*) has made no progress for [0-9]* s: rank 1 is outside any collective for .* after all-reduce of gradient bucket [0-9]* of [0-9]* (collective #[0-9]*, [0-9]* elements); rank 0 " ||
   { cat "$work/hang.err"; echo "hang: the last line does not name rank 1 and the collectives"; exit 1; }
 
 export FANOUT_TEST_SKIP_COLLECTIVE=1:2:30  # rank 1 skips its 30th collective of tag 2 (gradient buckets)
@@ -139,7 +139,7 @@ elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1
 echo "skip: exit status $rc after ${elapsed} s; $(tail -1 "$work/skip.err")"
 [ "$rc" != 0 ] || { cat "$work/skip.err"; echo "skip: the run went on"; exit 1; }
 python3 -c "import sys; assert float(sys.argv[1]) <= float(sys.argv[2]) + 10 + 5, sys.argv" "$elapsed" "$timeout_s"
-tail -1 "$work/skip.err" | grep -q "the ranks' collectives are out of step .*: rank 0 .*all-reduce of gradient bucket 0 (collective #30); rank 1 .*all-reduce of gradient bucket 0 (collective #31)" ||
+tail -1 "$work/skip.err" | grep -q "the ranks' collectives are out of step .*: rank 0 .*all-reduce of gradient bucket 0 of [0-9]* (collective #30, [0-9]* elements); rank 1 .*all-reduce of gradient bucket 0 of [0-9]* (collective #31, [0-9]* elements)" ||
   { cat "$work/skip.err"; echo "skip: the last line does not name both ranks' collectives"; exit 1; }
 for w in $workers; do
   if kill -0 "$w" 2> /dev/null; then echo "skip: worker $w is still running"; exit 1; fi
