@@ -146,11 +146,13 @@ TensorDataset::TensorDataset(Tensor inputs, Tensor targets, std::string n)
   FANOUT_USER_CHECK(targets_.size(0) == inputs_.size(0))
       << "TensorDataset '" << name << "' has " << inputs_.size(0) << " inputs but " << targets_.size(0) << " targets";
   kind_ = targets_.dtype() == DType::I32 ? TargetKind::ClassIndex : TargetKind::Dense;
-  if (kind_ == TargetKind::ClassIndex)
-    for (int64_t i = 0; i < targets_.numel(); ++i)
+  if (kind_ == TargetKind::ClassIndex) {
+    for (int64_t i = 0; i < targets_.numel(); ++i) {
       FANOUT_USER_CHECK(targets_.data<int32_t>()[i] >= 0)
           << "TensorDataset '" << name << "': label " << targets_.data<int32_t>()[i] << " of sample " << i
           << " is negative";
+    }
+  }
   sample_.ndim = inputs_.dim() - 1;
   for (int d = 0; d < sample_.ndim; ++d) sample_.d[d] = inputs_.size(d + 1);
   if (kind_ == TargetKind::Dense) {
