@@ -269,12 +269,16 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
           stopped_since[i] == Clock::time_point{} ? 0 : std::chrono::duration<double>(Clock::now() - stopped_since[i]).count();
       const bool behind = !failed || seen.entered < failed_at;
       char head[160];
+      // The board's idle clock starts at the rank's last step, before the
+      // launcher first sees it stopped: a stopped rank may be idle long
+      // enough first, and is still named as stopped.
+      const char* stopped = stopped_since[i] == Clock::time_point{} ? "" : " is stopped (SIGSTOP or a debugger) and";
       if (stopped_s >= after)
         std::snprintf(head, sizeof head, "rank %d (pid %d) is stopped (SIGSTOP or a debugger) for %.0f s", w.rank,
                       static_cast<int>(w.pid), stopped_s);
       else if (seen.inside == 0 && seen.idle_s >= after && behind)
-        std::snprintf(head, sizeof head, "rank %d (pid %d) has made no progress for %.0f s", w.rank,
-                      static_cast<int>(w.pid), seen.idle_s);
+        std::snprintf(head, sizeof head, "rank %d (pid %d)%s has made no progress for %.0f s", w.rank,
+                      static_cast<int>(w.pid), stopped, seen.idle_s);
       else
         continue;
       std::string others;
