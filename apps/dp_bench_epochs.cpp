@@ -3,8 +3,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +27,7 @@
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
+#include "runtime/dist/child_process.h"
 #include "runtime/io/npy.h"
 
 namespace fs = std::filesystem;
@@ -66,29 +65,23 @@ void on_interrupt(int sig) {
 int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   FANOUT_USER_CHECK(fd >= 0) << "cannot create " << log;
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  FANOUT_USER_CHECK(pid >= 0) << "cannot start " << argv[0];
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s\n", argv[0].c_str());
-    ::_exit(127);
+  dist::ChildSpec spec;
+  spec.argv = argv;
+  spec.out_fd = spec.err_fd = fd;
+  spec.death_signal = SIGTERM;
+  pid_t pid = -1;
+  try {
+    pid = dist::spawn(spec);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   ::close(fd);
   g_child = pid;
   if (g_interrupted) ::kill(pid, g_interrupted);  // arrived between the check and the fork
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int rc = dist::wait_exit_code(pid);
   g_child = 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return rc;
 }
 
 std::string tail_of(const std::string& path, int lines) {

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +18,7 @@
 #include <string>
 
 #include "runtime/core/error.h"
+#include "runtime/dist/child_process.h"
 #include "runtime/dist/process_group.h"
 #include "runtime/dist/progress_board.h"
 
@@ -78,18 +78,6 @@ std::string last_line(const std::string& s) {
 
 bool failed(const Worker& w) { return WIFSIGNALED(w.status) || WEXITSTATUS(w.status) != 0; }
 
-void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t k = ::write(fd, p, n);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-}
-
 // A process's state letter from /proc (R, S, D, T stopped, t traced...), or '?'.
 char proc_state(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -116,13 +104,8 @@ struct Ended {
 
 // Starts the workers once and watches them until every one has exited.
 Ended run_workers(const LaunchOptions& o, const Start& st) {
-  // Arguments and environment, made before fork (the child only calls exec).
-  std::vector<std::string> argv_s{o.program};
-  argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
+  std::vector<std::string> argv{o.program};
+  argv.insert(argv.end(), o.args.begin(), o.args.end());
 
   std::vector<Worker> workers(o.nproc_per_node);
   auto stop_all = [&](int sig) {
@@ -144,38 +127,27 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     if (st.board) env_s.push_back("FANOUT_PROGRESS_FD=" + std::to_string(st.board->fd()));
     env_s.push_back("FANOUT_LAUNCHED=1");
     if (st.tty) env_s.push_back("FANOUT_STDERR_TTY=1");
-    std::vector<char*> envp;
-    for (auto& e : env_s) envp.push_back(e.data());
-    envp.push_back(nullptr);
     int out[2], err[2];
     FANOUT_USER_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0)
         << "cannot create pipes for the workers: " << strerror(errno);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      ::setpgid(0, 0);  // signals reach a worker through the launcher alone, once
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
-      struct sigaction dfl{};
-      dfl.sa_handler = SIG_DFL;
-      sigaction(SIGINT, &dfl, nullptr);
-      sigaction(SIGTERM, &dfl, nullptr);
-      ::execve(o.program.c_str(), argv.data(), envp.data());
-      const char msg[] = "cannot execute the worker program\n";
-      write_all(STDERR_FILENO, msg, sizeof msg - 1);
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    if (pid < 0) {
-      ::close(out[0]);
-      ::close(err[0]);
+    ChildSpec spec;
+    spec.argv = argv;
+    spec.env = std::move(env_s);
+    spec.out_fd = out[1];
+    spec.err_fd = err[1];
+    spec.own_process_group = true;  // signals reach a worker through the launcher alone, once
+    pid_t pid = -1;
+    try {
+      pid = spawn(spec);
+    } catch (...) {
+      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
       stop_all(SIGKILL);
       for (auto& x : workers)
         if (x.pid > 0) ::waitpid(x.pid, nullptr, 0);
-      FANOUT_FAIL() << "cannot start worker " << i << ": " << strerror(errno);
+      throw;
     }
+    ::close(out[1]);
+    ::close(err[1]);
     w.pid = pid;
     w.out = out[0];
     w.err = err[0];
