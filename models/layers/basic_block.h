@@ -6,7 +6,7 @@
 // into conv1's input gradient, so the block keeps no buffer of its own.
 #pragma once
 #include "models/layers/activation.h"
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/sequential.h"
 

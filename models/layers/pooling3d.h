@@ -1,7 +1,6 @@
-// Volumetric pooling and resampling layers over (N, C, D, H, W):
-// MaxPool3d and AvgPool3d (torch.nn.MaxPool3d / AvgPool3d: cubic window,
-// floor mode; average with count_include_pad) and Upsample3d
-// (torch.nn.Upsample(scale_factor=s, mode='nearest') with an integer s).
+// Volumetric pooling layers over (N, C, D, H, W): MaxPool3d and AvgPool3d
+// (torch.nn.MaxPool3d / AvgPool3d: cubic window, floor mode; average with
+// count_include_pad).
 #pragma once
 #include "kernels/pool3d.h"
 #include "runtime/nn/module.h"
@@ -38,21 +37,6 @@ class AvgPool3d : public Module {
 
  private:
   kernels::PoolGeometry g_;
-  Shape in_shape_;
-  Tensor y_, dx_;
-};
-
-class Upsample3d : public Module {
- public:
-  explicit Upsample3d(int64_t scale);
-  Tensor forward(const Tensor& x, Context& ctx) override;
-  Tensor backward(const Tensor& dy, Context& ctx) override;
-  std::unique_ptr<Module> make_like() const override { return std::make_unique<Upsample3d>(scale_); }
-  std::string type_name() const override { return "Upsample3d"; }
-  int64_t scale() const { return scale_; }
-
- private:
-  int64_t scale_;
   Shape in_shape_;
   Tensor y_, dx_;
 };

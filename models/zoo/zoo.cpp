@@ -3,7 +3,7 @@
 
 #include "models/layers/activation.h"
 #include "models/layers/basic_block.h"
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/conv3d.h"
 #include "models/layers/flatten.h"
@@ -11,6 +11,7 @@
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/pooling3d.h"
+#include "models/layers/upsample.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"
 

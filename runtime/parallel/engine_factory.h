@@ -10,7 +10,7 @@
 
 #include "runtime/dist/process_group.h"
 #include "runtime/parallel/data_parallel.h"
-#include "runtime/parallel/distributed.h"
+#include "runtime/parallel/ddp.h"
 
 namespace fanout {
 

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend_test_util.h"
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "runtime/parallel/data_parallel.h"
 #include "support/test_util.h"
 

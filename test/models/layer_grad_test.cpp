@@ -8,7 +8,7 @@
 #include "models/layers/activation.h"
 #include "models/layers/smooth_activation.h"
 #include "models/layers/basic_block.h"
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "models/layers/conv2d.h"
 #include "models/layers/dropout.h"
 #include "models/layers/flatten.h"

@@ -19,9 +19,10 @@
 
 #include "kernels/backend_test_util.h"
 #include "models/layers/activation.h"
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "models/layers/conv3d.h"
 #include "models/layers/pooling3d.h"
+#include "models/layers/upsample.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"
 #include "runtime/core/memory.h"

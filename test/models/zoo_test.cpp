@@ -5,7 +5,7 @@
 #include <cstring>
 #include <map>
 
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "support/test_util.h"

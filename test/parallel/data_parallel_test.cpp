@@ -7,7 +7,7 @@
 
 #include "kernels/cpu/plan_count.h"
 #include "kernels/loss.h"
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/nn/batch_stat_sync.h"

@@ -1,5 +1,5 @@
 // DDP engine: DataParallel over this process's devices with a process group.
-#include "runtime/parallel/distributed.h"
+#include "runtime/parallel/ddp.h"
 
 #include "runtime/core/error.h"
 

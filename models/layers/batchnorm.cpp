@@ -1,5 +1,5 @@
 // BatchNorm2d / BatchNorm3d layers, composed from the split statistics kernels.
-#include "models/layers/batchnorm2d.h"
+#include "models/layers/batchnorm.h"
 
 #include "kernels/batchnorm.h"
 #include "kernels/elementwise.h"
