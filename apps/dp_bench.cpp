@@ -39,7 +39,6 @@
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/optim/grad_scaler.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/parallel/single_device.h"
 #include "runtime/train/sharded_optimizer.h"
 #include "runtime/train/trainer.h"
 
@@ -165,16 +164,8 @@ struct Config {
 // The optimizer state bytes of the device that holds the most (a sharded
 // optimizer's largest shard; else all of it, on the primary).
 int64_t max_state_bytes(optim::Optimizer& opt) {
-  auto bytes = [](optim::Optimizer& o) {
-    int64_t b = 0;
-    for (auto& [name, t] : o.state()) b += static_cast<int64_t>(t->nbytes());
-    return b;
-  };
-  auto* sharded = dynamic_cast<train::ShardedOptimizer*>(&opt);
-  if (!sharded) return bytes(opt);
-  int64_t most = 0;
-  for (int i = 0; i < sharded->num_shards(); ++i) most = std::max(most, bytes(sharded->shard(i)));
-  return most;
+  const std::vector<int64_t> b = opt.state_bytes();
+  return b.empty() ? 0 : *std::max_element(b.begin(), b.end());
 }
 
 double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler, const Tensor& x, const Tensor& y,
@@ -401,9 +392,12 @@ std::vector<Config> local_configs(const Options& o, const Shape& in, const std::
     Config c;
     c.name = "plain " + primary.str();
     c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
-    c.engine = std::make_unique<SingleDeviceEngine>(*c.model, primary, *make_criterion(loss), o.seed,
-                                                    with_cpu_threads(math, 1));
-    c.bytes_to_primary = 0;
+    EngineSpec spec;
+    spec.devices = {primary};
+    spec.loss = loss;
+    spec.dp.seed = o.seed;
+    spec.dp.math = math;
+    c.engine = make_engine(*c.model, std::move(spec));
     configs.push_back(std::move(c));
   }
   struct DpRun {
@@ -420,7 +414,11 @@ std::vector<Config> local_configs(const Options& o, const Shape& in, const std::
     for (auto& d : run.devices) c.name += (c.name.empty() ? "dp " : ",") + d.str();
     if (run.devices.size() > 1) c.name += run.on_replicas ? " loss on replicas" : " gathered";
     c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
-    DataParallelOptions dpo;
+    EngineSpec spec;
+    spec.devices = run.devices;
+    spec.loss = loss;
+    spec.force_data_parallel = true;
+    DataParallelOptions& dpo = spec.dp;
     dpo.seed = o.seed;
     dpo.comm = o.comm;
     dpo.math = math;
@@ -428,7 +426,7 @@ std::vector<Config> local_configs(const Options& o, const Shape& in, const std::
     dpo.shard_optimizer = o.shard_optimizer && run.devices.size() > 1;
     if (dpo.shard_optimizer) c.name += ", sharded";
     dpo.loss_on_replicas = run.on_replicas;
-    c.engine = std::make_unique<DataParallelEngine>(*c.model, run.devices, *make_criterion(loss), dpo);
+    c.engine = make_engine(*c.model, std::move(spec));
     configs.push_back(std::move(c));
   }
   return configs;
@@ -445,7 +443,7 @@ void time_configs(const Options& o, std::vector<Config>& configs, Tensor& x, con
   for (int r = 0; r < o.repeats; ++r)
     for (auto& c : configs) {
       c.runs.push_back(time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.steps, o.lr(), o));
-      if (auto* dp = dynamic_cast<DataParallelEngine*>(c.engine.get())) c.bytes_to_primary = dp->bytes_to_primary();
+      if (c.engine->bytes_to_primary() >= 0) c.bytes_to_primary = c.engine->bytes_to_primary();
     }
 }
 

@@ -631,11 +631,11 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
 
 // --- train ---------------------------------------------------------------
 
-int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
-              const Process& p,
-              train::CheckpointState ckpt, const std::string& save_dir, train::CheckpointSaver* saver) {
+// The Trainer's settings in this process: rank 0 alone prints, writes
+// metrics and saves.
+train::TrainerConfig process_trainer_config(const train::RunConfig& c, const Process& p) {
   train::TrainerConfig tc = c.trainer_config(p.devices[0].is_cuda());
-  if (!p.primary()) {  // rank 0 alone prints, writes metrics and saves
+  if (!p.primary()) {
     tc.progress = train::Progress::Mode::Off;
     tc.summary_out = nullptr;
     tc.metrics_path.clear();
@@ -646,6 +646,12 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     std::ofstream probe(tc.metrics_path, std::ios::app);
     FANOUT_USER_CHECK(probe.good()) << "cannot open metrics file " << tc.metrics_path;
   }
+  return tc;
+}
+
+// The last epoch this run trains (--stop-after), checked against the
+// checkpoint and the save directory.
+int last_epoch(const train::RunConfig& c, const train::CheckpointState& ckpt, const std::string& save_dir) {
   FANOUT_USER_CHECK(c.stop_after == 0 || c.stop_after > ckpt.epoch)
       << "--stop-after " << c.stop_after << " but the checkpoint already has " << ckpt.epoch << " epochs done";
   const int last = c.stop_after > 0 ? std::min(c.epochs, c.stop_after) : c.epochs;
@@ -653,23 +659,64 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
       << "--stop-after " << c.stop_after << " without --save-dir would leave nothing to --resume from";
   FANOUT_USER_CHECK(c.save_every_steps == 0 || !save_dir.empty())
       << "--save-every-steps needs --save-dir (or --resume DIR)";
-  train::Trainer trainer(tc, engine, opt, data);
-  optim::GradScaler* scaler = trainer.grad_scaler();
-  // 16-mixed continues with the saved scale; a checkpoint of another precision has none to give.
-  if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
-  auto scaler_state = [scaler] { return scaler ? scaler->state() : nlohmann::json::object(); };
+  return last;
+}
+
+// Stops at SIGINT / SIGTERM; and the test hooks: FANOUT_TEST_STEP_SLEEP_S
+// slows every step, and rank FANOUT_TEST_HANG_RANK stops making progress
+// (without stopping) once FANOUT_TEST_HANG_AT_STEP steps are done, as a
+// deadlocked data worker would.
+void set_stop_check(train::Trainer& trainer, const optim::Optimizer& opt, int rank) {
   const double hold = test_hook_seconds("FANOUT_TEST_STEP_SLEEP_S");
-  // Test hook: rank FANOUT_TEST_HANG_RANK stops making progress (without
-  // stopping) once FANOUT_TEST_HANG_AT_STEP steps are done, as a deadlocked data worker would.
   const int hang_rank = std::getenv("FANOUT_TEST_HANG_RANK") ? std::atoi(std::getenv("FANOUT_TEST_HANG_RANK")) : -1;
   const auto hang_at = static_cast<int64_t>(test_hook_seconds("FANOUT_TEST_HANG_AT_STEP"));
-  trainer.should_stop = [hold, hang = hang_rank == p.rank, hang_at, &opt] {
+  trainer.should_stop = [hold, hang = hang_rank == rank, hang_at, &opt] {
     if (hold > 0) std::this_thread::sleep_for(std::chrono::duration<double>(hold));
     while (hang && opt.steps() >= hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
     return g_stop_signal != 0;
   };
-  std::string stop_saved;
-  int saved_epoch = -1;  // the last epoch whose end-of-epoch checkpoint was written
+}
+
+// What train_run's callbacks saved, for the end of a stopped run.
+struct Saved {
+  std::string stop_path;  // the checkpoint written as the run stopped
+  int epoch = -1;         // the last epoch whose end-of-epoch checkpoint was written
+};
+
+// A run stopped by a signal: an epoch end's checkpoint that was not due is
+// written now, and one line says where the run stopped and what it saved.
+int finish_stopped(const train::Trainer& trainer, Engine& engine, optim::Optimizer& opt, const Process& p,
+                   const train::CheckpointState& ckpt, const std::string& save_dir, train::CheckpointSaver* saver,
+                   Saved saved) {
+  const int sig = g_stop_signal;
+  const int epoch = trainer.stopped_epoch();
+  const int64_t batch = trainer.stopped_at().batch;
+  if (!save_dir.empty() && batch == 0 && saved.epoch != epoch) opt.gather_state();  // every rank
+  if (!p.primary()) return 128 + sig;
+  if (saver && saved.stop_path.empty()) {  // stopped at an epoch's end
+    saved.stop_path = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
+    if (saved.epoch != epoch) saver->save_mid_epoch(engine, opt, ckpt);  // its checkpoint was not due: ckpt is that epoch's
+  }
+  std::printf("stopped by %s %s: %s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig),
+              batch > 0 ? ("in epoch " + std::to_string(epoch + 1) + " after batch " + std::to_string(batch)).c_str()
+                        : ("after epoch " + std::to_string(epoch)).c_str(),
+              saved.stop_path.empty() ? "nothing saved (no --save-dir)"
+                                      : ("saved " + saved.stop_path + "; continue with --resume " + save_dir).c_str());
+  std::fflush(stdout);
+  return 128 + sig;
+}
+
+int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
+              const Process& p,
+              train::CheckpointState ckpt, const std::string& save_dir, train::CheckpointSaver* saver) {
+  const int last = last_epoch(c, ckpt, save_dir);
+  train::Trainer trainer(process_trainer_config(c, p), engine, opt, data);
+  optim::GradScaler* scaler = trainer.grad_scaler();
+  // 16-mixed continues with the saved scale; a checkpoint of another precision has none to give.
+  if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
+  auto scaler_state = [scaler] { return scaler ? scaler->state() : nlohmann::json::object(); };
+  set_stop_check(trainer, opt, p.rank);
+  Saved saved;
   trainer.on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
     ckpt.epoch = epoch;
     ckpt.batch = pos.batch;
@@ -679,7 +726,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     if (!save_dir.empty()) opt.gather_state();  // every rank: state sharded across processes meets on rank 0
     if (!saver) return;
     const std::string path = saver->save_mid_epoch(engine, opt, ckpt);
-    if (stopping) stop_saved = path;
+    if (stopping) saved.stop_path = path;
     std::printf("saved %s\n", path.c_str());
     std::fflush(stdout);
   };
@@ -697,29 +744,10 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
       for (auto& path : saver->on_epoch_end(engine, opt, ckpt, last)) std::printf("saved %s\n", path.c_str());
       std::fflush(stdout);
     }
-    if (saving) saved_epoch = m.epoch;
+    if (saving) saved.epoch = m.epoch;
   };
   train::EpochMetrics m = trainer.run(ckpt.epoch, last, train::EpochPosition{ckpt.batch, ckpt.partial});
-  if (trainer.stopped()) {
-    const int sig = g_stop_signal;
-    // Stopped at an epoch's end whose checkpoint was not due: it is written now (below, on rank 0).
-    if (!save_dir.empty() && trainer.stopped_at().batch == 0 && saved_epoch != trainer.stopped_epoch())
-      opt.gather_state();
-    if (!p.primary()) return 128 + sig;
-    const int epoch = trainer.stopped_epoch();
-    const int64_t batch = trainer.stopped_at().batch;
-    if (saver && stop_saved.empty()) {  // stopped at an epoch's end
-      stop_saved = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
-      if (saved_epoch != epoch) saver->save_mid_epoch(engine, opt, ckpt);  // its checkpoint was not due: ckpt is that epoch's
-    }
-    std::printf("stopped by %s %s: %s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig),
-                batch > 0 ? ("in epoch " + std::to_string(epoch + 1) + " after batch " + std::to_string(batch)).c_str()
-                          : ("after epoch " + std::to_string(epoch)).c_str(),
-                stop_saved.empty() ? "nothing saved (no --save-dir)"
-                                   : ("saved " + stop_saved + "; continue with --resume " + save_dir).c_str());
-    std::fflush(stdout);
-    return 128 + sig;
-  }
+  if (trainer.stopped()) return finish_stopped(trainer, engine, opt, p, ckpt, save_dir, saver, saved);
   if (!p.primary()) return 0;
   if (last < c.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, c.epochs);
@@ -786,7 +814,7 @@ int run(int argc, char** argv) {
     if (p.world > 1)
       std::printf("ddp: %d processes (%d per machine) of %zu device%s each, %s\n", p.world,
                   p.env.local_world_size, p.devices.size(), p.devices.size() == 1 ? "" : "s",
-                  static_cast<DistributedDataParallelEngine&>(*engine).group().backend().c_str());
+                  engine->group_backend().c_str());
     std::fflush(stdout);
   }
   const nlohmann::json config = c.checkpoint_config(names(all), p.world);

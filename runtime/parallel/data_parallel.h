@@ -207,7 +207,7 @@ class DataParallelEngine : public Engine {
   // Bytes the last step moved to the primary (the output device) from the
   // other replicas: with the loss on the replicas, their sums (what the
   // criterion reads back); gathering, their outputs and their rows' targets.
-  int64_t bytes_to_primary() const { return bytes_to_primary_; }
+  int64_t bytes_to_primary() const override { return bytes_to_primary_; }
 
  private:
   StepResult loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale);

@@ -82,6 +82,13 @@ class Engine {
   // Distributed runs: this process's rank and the number of processes.
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
+  // The backend of the group over the processes ("gloo", "nccl"); empty
+  // for one process.
+  virtual std::string group_backend() const { return {}; }
+  // Bytes the last training step sent to the primary device (outputs or
+  // losses, and targets): what DataParallel pays and DDP does not. -1 where
+  // the engine does not count them (DDP).
+  virtual int64_t bytes_to_primary() const { return -1; }
   // Sums `v` over the processes, in place (epoch statistics).
   virtual void all_reduce_stats(std::vector<int64_t>& v) {}
   virtual void barrier(const std::string& what) {}

@@ -16,6 +16,7 @@ class SingleDeviceEngine : public Engine {
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override;
   void set_pass(uint64_t index) override { pass_ = index; }
+  int64_t bytes_to_primary() const override { return 0; }
   Module& model() override { return model_; }
   Context& primary_context() override { return ctx_; }
   std::vector<Device> devices() const override { return {ctx_.device()}; }

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Apps read like a table of contents: no function in apps/ is longer than
+80 lines (from its signature to its closing brace). Lists every longer one
+and exits 1 if there is any.
+
+  python3 test/layout/check_function_length.py [SOURCE_DIR] [MAX_LINES]
+"""
+import os
+import re
+import sys
+
+SCOPE = re.compile(r"\b(namespace|struct|class|union|enum)\b")
+FUNCTION_HEAD = re.compile(r"\)\s*(const|override|noexcept|final|mutable|->\s*[\w:<>,\s*&]+|\s)*$")
+
+
+def blank_literals(text):
+    """The text with comments, strings and character literals blanked (newlines kept)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c == 'R' and text.startswith('R"', i):
+            m = re.match(r'R"([^(]*)\(', text[i:])
+            end = text.find(")" + m.group(1) + '"', i) if m else -1
+            j = n if end < 0 else end + len(m.group(1)) + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c in "\"'" and not (c == "'" and i > 0 and text[i - 1].isalnum()):  # 1'000 digit separators
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(" " * (j + 1 - i))
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def functions(text):
+    """(name line, first line, last line) of every function body at namespace or class scope."""
+    code = blank_literals(text)
+    stack, head_start, found = [], 0, []  # stack: (kind, start line)
+    for i, c in enumerate(code):
+        if c in ";":
+            head_start = i + 1
+        elif c == "{":
+            head = code[head_start:i]
+            enclosing = stack[-1][0] if stack else "scope"
+            if SCOPE.search(head) and "(" not in head:
+                kind = "scope"
+            elif enclosing == "scope" and FUNCTION_HEAD.search(head.rstrip()) and "=" not in head.split("(")[0]:
+                kind = "function"
+            else:
+                kind = "block"
+            first = code.count("\n", 0, head_start + len(head) - len(head.lstrip())) + 1
+            stack.append((kind, first, head.strip().split("\n")[0]))
+            head_start = i + 1
+        elif c == "}":
+            if stack:
+                kind, first, name = stack.pop()
+                if kind == "function":
+                    found.append((name, first, code.count("\n", 0, i) + 1))
+            head_start = i + 1
+    return found
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    limit = int(sys.argv[2]) if len(sys.argv) > 2 else 80
+    long_ones, count = [], 0
+    for dirpath, _, files in os.walk(os.path.join(root, "apps")):
+        for f in sorted(files):
+            if not f.endswith((".h", ".cpp")):
+                continue
+            path = os.path.join(dirpath, f)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+            for name, first, last in functions(text):
+                count += 1
+                if last - first + 1 > limit:
+                    long_ones.append(f"{os.path.relpath(path, root)}:{first}: {last - first + 1} lines: {name}")
+    if count == 0:
+        print(f"check_function_length.py: no functions found under {root}/apps")
+        return 1
+    for line in long_ones:
+        print(line)
+    print(f"{len(long_ones)} of {count} functions in apps/ longer than {limit} lines")
+    return 1 if long_ones else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
