@@ -737,6 +737,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.step = opt.steps();
     ckpt.grad_scaler = scaler_state();
     ckpt.metrics = train::metrics_json(m);
+    ckpt.score = m.best_score();
     const bool saving = !save_dir.empty() && (m.epoch % c.save_every == 0 || m.epoch == last);
     if (saving && p.world > 1) engine.barrier("barrier before the checkpoint of epoch " + std::to_string(m.epoch));
     if (saving) opt.gather_state();
@@ -751,11 +752,8 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   if (!p.primary()) return 0;
   if (last < c.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, c.epochs);
-  else if (m.heatmaps)
-    std::printf("final test localization error %.3f voxels (%.1f%% within 2)\n", m.test_loc_error,
-                100 * m.test_within_2);
   else
-    std::printf("final test accuracy %.4f\n", m.test_acc);
+    std::printf("%s\n", train::final_line(m).c_str());
   return 0;
 }
 

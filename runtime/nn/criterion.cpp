@@ -13,10 +13,17 @@ void StepResult::merge(const StepResult& o) {
   loss.merge(o.loss);
   loss_sum = loss.value();
   count += o.count;
-  correct += o.correct;
-  points += o.points;
-  near += o.near;
-  distance.merge(o.distance);
+  for (int i = 0; i < kMetricSums; ++i) sums[i].merge(o.sums[i]);
+}
+
+MetricSpec accuracy_metric(int correct) {
+  MetricSpec m;
+  m.key = "acc";
+  m.summary = "acc %.4f";
+  m.final = "accuracy %.4f";
+  m.numerator = correct;
+  m.picks_best = true;
+  return m;
 }
 
 namespace {
@@ -58,11 +65,14 @@ class CrossEntropy final : public Criterion {
     r.count = rows_h_.numel();
     r.loss.add(rows_h_.f32(), r.count);
     r.loss_sum = r.loss.value();
-    r.correct = correct_h_.data<int32_t>()[0];
+    r.sums[kCorrectSum].add(static_cast<float>(correct_h_.data<int32_t>()[0]));
     return r;
   }
   int64_t result_bytes(const Shape& out) const override { return out[0] * 4 + 4; }
   std::unique_ptr<Criterion> clone() const override { return std::make_unique<CrossEntropy>(smoothing_); }
+  std::vector<MetricSpec> metrics() const override { return {accuracy_metric()}; }
+  std::vector<std::string> sum_names() const override { return {"correct"}; }
+  const char* loss_format() const override { return "%.4f"; }
 
  private:
   const std::string name_ = criterion_name(CriterionKind::CrossEntropy);
@@ -118,6 +128,14 @@ class MeanSquaredError final : public Criterion {
     return out[0] * 4 + (out.ndim >= 3 ? out[0] * out[1] * 16 : 0);
   }
   std::unique_ptr<Criterion> clone() const override { return std::make_unique<MeanSquaredError>(); }
+  // Heatmaps (outputs of 1 to 3 spatial dims) alone count points: other
+  // dense outputs report the loss alone.
+  std::vector<MetricSpec> metrics() const override {
+    MetricSpec error{"loc_error", "loc err %.2f", "localization error %.3f voxels", kDistanceSum, kPointsSum, 1};
+    MetricSpec near{"within_2", "(%.1f%% within 2)", "(%.1f%% within 2)", kNearSum, kPointsSum, 100, true};
+    return {error, near};
+  }
+  std::vector<std::string> sum_names() const override { return {"points", "near", "distance"}; }
 
  private:
   // The heatmap metric from the argmax of each output plane and target plane.
@@ -138,9 +156,9 @@ class MeanSquaredError final : public Criterion {
         b /= n;
       }
       const float dist = static_cast<float>(std::sqrt(d2));
-      ++r.points;
-      if (dist <= kNearVoxels) ++r.near;
-      r.distance.add(dist);
+      r.sums[kPointsSum].add(1.0f);
+      if (dist <= kNearVoxels) r.sums[kNearSum].add(1.0f);
+      r.sums[kDistanceSum].add(dist);
     }
   }
   const std::string name_ = criterion_name(CriterionKind::Mse);

@@ -7,18 +7,25 @@
 //
 //   cross_entropy  targets (N) int32 class indices; softmax cross-entropy
 //                  with label smoothing (torch.nn.CrossEntropyLoss); metric:
-//                  rows whose argmax is the label.
+//                  accuracy, the share of rows whose argmax is the label.
 //   mse            targets float32 of the output's shape (dense targets;
 //                  torch.nn.MSELoss, reduction mean); for (N, C, spatial...)
-//                  outputs with 1 to 3 spatial dims, also the heatmap metric:
-//                  per (row, channel) whose target has a positive peak, the
-//                  distance in voxels between the output's argmax and the
-//                  target's (the landmark's voxel), and whether it is within
-//                  kNearVoxels.
+//                  outputs with 1 to 3 spatial dims, also the heatmap
+//                  metrics: per (row, channel) whose target has a positive
+//                  peak, the distance in voxels between the output's argmax
+//                  and the target's (the landmark's voxel), averaged, and the
+//                  share within kNearVoxels.
+//
+// A criterion's metrics are its own: it counts what it needs in
+// StepResult::sums and names, in metrics(), each metric as a ratio of two
+// of them. The training loop, its summary line, the metrics file and
+// dp-bench read them by name and know nothing of the task.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/core/context.h"
 #include "runtime/core/exact_sum.h"
@@ -29,18 +36,45 @@ namespace fanout {
 // A heatmap peak counts as found within this distance (voxels).
 inline constexpr double kNearVoxels = 2.0;
 
+// The sums a criterion may count per step besides its loss (StepResult::sums).
+inline constexpr int kMetricSums = 3;
+
 struct StepResult {
   double loss_sum = 0;  // loss.value(): the exact sum over the rows of their loss, rounded to double
   ExactSum loss;        // the rows' losses (each rounded to float), summed exactly
   int64_t count = 0;    // rows
-  int64_t correct = 0;  // cross_entropy: rows whose argmax is the label
-  // mse on heatmaps: peaks scored, those found within kNearVoxels, and the
-  // distances' exact sum (each rounded to float).
-  int64_t points = 0, near = 0;
-  ExactSum distance;
+  // The criterion's own sums, summed exactly (counts add 1 each), so they
+  // merge over replicas and processes in any order to the same bits; what
+  // each one is, the criterion's metrics() says.
+  std::array<ExactSum, kMetricSums> sums;
   // Adds o's sums to this one's.
   void merge(const StepResult& o);
 };
+
+// One metric of a criterion: sums[numerator] / sums[denominator] (or / the
+// rows when denominator is kRows) over an epoch. Reported when its
+// denominator is nonzero in the epoch's training or test pass.
+struct MetricSpec {
+  static constexpr int kRows = -1;
+  std::string key;      // the metrics file's key after "train_" / "test_": "acc"
+  std::string summary;  // printf format of the summary line and progress: "acc %.4f"
+  std::string final;    // printf format of a run's final line: "accuracy %.4f"
+  int numerator = 0;
+  int denominator = kRows;
+  double scale = 1;     // the printed value is the ratio times this (100: a percentage)
+  // best.safetensors keeps the epoch whose test value of this metric is the
+  // highest (without such a metric: the lowest test loss).
+  bool picks_best = false;
+};
+
+// The built-in criteria's sums: cross_entropy counts the rows whose argmax
+// is the label; mse on heatmaps the peaks scored, those found within
+// kNearVoxels, and the distances (each rounded to float).
+inline constexpr int kCorrectSum = 0;
+inline constexpr int kPointsSum = 0, kNearSum = 1, kDistanceSum = 2;
+
+// Accuracy from sums[correct] (cross_entropy's metric, for criteria that count it too).
+MetricSpec accuracy_metric(int correct = kCorrectSum);
 
 enum class CriterionKind { CrossEntropy, Mse };
 const char* criterion_name(CriterionKind k);  // "cross_entropy", "mse"
@@ -67,6 +101,13 @@ class Criterion {
   virtual int64_t result_bytes(const Shape& out_shape) const = 0;
   // A criterion with the same options and its own buffers (one per replica).
   virtual std::unique_ptr<Criterion> clone() const = 0;
+  // The metrics it reports from its sums (none: the loss alone), the first
+  // one also in the progress line; and the names of the sums it uses, which
+  // a checkpoint stores them under.
+  virtual std::vector<MetricSpec> metrics() const { return {}; }
+  virtual std::vector<std::string> sum_names() const { return {}; }
+  // printf format of its mean loss in the summary line.
+  virtual const char* loss_format() const { return "%.4g"; }
 };
 
 // One-line error for an unknown criterion or bad options.

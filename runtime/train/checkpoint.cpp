@@ -426,12 +426,8 @@ std::string CheckpointSaver::epoch_file(int epoch) {
 std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, optim::Optimizer& opt, CheckpointState& st,
                                                        int last_epoch) {
   std::vector<std::string> written;
-  // Heatmap runs score by the share of landmarks found within 2 voxels.
-  // Other dense targets by the lowest test loss, as 1 / (1 + loss): in (0, 1], higher is better.
-  const double by_loss = st.metrics.contains("test_loss") ? 1.0 / (1.0 + st.metrics.value("test_loss", 0.0)) : -1.0;
-  const double acc = st.metrics.value("test_within_2", st.metrics.value("test_acc", by_loss));
-  const bool best = acc > st.best_test_acc;
-  if (best) st.best_test_acc = acc;
+  const bool best = st.score > st.best_test_acc;  // the criterion's choice (EpochMetrics::best_score)
+  if (best) st.best_test_acc = st.score;
   if (st.epoch % every_ == 0 || st.epoch == last_epoch) {
     const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
     save_checkpoint(p, engine, &opt, st);

@@ -42,9 +42,13 @@ struct CheckpointState {
   // after a batch-size change, `batch` counts the batches since the change.
   int64_t batch = 0;
   nlohmann::json partial = nlohmann::json::object();
-  double best_test_acc = -1;     // best test accuracy (heatmaps: share within 2 voxels; other dense targets: 1 / (1 + test loss)) so far; -1: none yet
+  // The best EpochMetrics::best_score() so far (the test value of the
+  // criterion's metric that picks the best: accuracy, heatmaps' share within
+  // 2 voxels; without one 1 / (1 + test loss)); -1: none yet.
+  double best_test_acc = -1;
   nlohmann::json config = nlohmann::json::object();   // training options, as the front end names them
   nlohmann::json metrics = nlohmann::json::object();  // the last epoch's summary
+  double score = -1;  // the last epoch's EpochMetrics::best_score(), for CheckpointSaver; not saved
   // The loss scaler's state (GradScaler::state(); 16-mixed runs), empty when there is none.
   nlohmann::json grad_scaler = nlohmann::json::object();
 };

@@ -30,15 +30,15 @@ void Progress::begin(const std::string& label, int64_t total_batches, int64_t to
 }
 
 namespace {
-std::string metric_text(const char* name, double v) {
-  if (!name) return "";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "  %s %.4f", name, v);
+std::string metric_text(const char* format, double v) {
+  if (!format) return "";
+  char buf[128] = "  ";
+  std::snprintf(buf + 2, sizeof buf - 2, format, v);  // the Trainer checked it: one floating conversion
   return buf;
 }
 }  // namespace
 
-void Progress::update(int64_t batches, int64_t images, double loss, const char* metric_name, double metric) {
+void Progress::update(int64_t batches, int64_t images, double loss, const char* metric_format, double metric) {
   if (mode_ == Mode::Off || total_batches_ <= 0) return;
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
@@ -54,7 +54,7 @@ void Progress::update(int64_t batches, int64_t images, double loss, const char* 
     std::fprintf(out_, "\r%s [%s] %3d%% %lld/%lld  %.0f img/s  ETA %s  loss %.4f%s\033[K", label_.c_str(),
                  bar.c_str(), static_cast<int>(100 * batches / total_batches_), static_cast<long long>(batches),
                  static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss,
-                 metric_text(metric_name, metric).c_str());
+                 metric_text(metric_format, metric).c_str());
     std::fflush(out_);
     drawn_ = true;
     return;
@@ -65,7 +65,7 @@ void Progress::update(int64_t batches, int64_t images, double loss, const char* 
   std::fprintf(out_, "%s %3d%% %lld/%lld batches  %.0f img/s  ETA %s  loss %.4f%s\n", label_.c_str(),
                static_cast<int>(100 * batches / total_batches_), static_cast<long long>(batches),
                static_cast<long long>(total_batches_), rate, format_duration(eta).c_str(), loss,
-               metric_text(metric_name, metric).c_str());
+               metric_text(metric_format, metric).c_str());
   std::fflush(out_);
 }
 

@@ -13,9 +13,10 @@ class Progress {
   enum class Mode { Auto, Bar, Lines, Off };
   Progress(Mode mode, FILE* out = stderr);
   void begin(const std::string& label, int64_t total_batches, int64_t total_images);
-  // The running metric is shown as "<metric_name> <value>": "acc" for
-  // classifiers, "loc err" (voxels) for heatmaps; none when null.
-  void update(int64_t batches_done, int64_t images_done, double running_loss, const char* metric_name,
+  // The running metric is shown by `metric_format`, a printf format with
+  // one floating conversion (the criterion's first metric: "acc %.4f" for
+  // classifiers, "loc err %.2f" for heatmaps); none when null.
+  void update(int64_t batches_done, int64_t images_done, double running_loss, const char* metric_format,
               double metric);
   void end();
 

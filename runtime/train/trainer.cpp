@@ -71,61 +71,134 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
 }
 
 namespace {
-// This process's sums (exact loss, correct, count, heatmap scores), summed over every process.
+// This process's sums (exact loss, rows, the criterion's own sums), summed over every process.
 struct Totals {
   StepResult r;
   void add(const StepResult& s) { r.merge(s); }
   void all_reduce(Engine& engine) {
     std::vector<int64_t> v(r.loss.slots().begin(), r.loss.slots().end());
-    v.insert(v.end(), r.distance.slots().begin(), r.distance.slots().end());
-    v.insert(v.end(), {r.correct, r.count, r.points, r.near});
+    for (const ExactSum& s : r.sums) v.insert(v.end(), s.slots().begin(), s.slots().end());
+    v.push_back(r.count);
     engine.all_reduce_stats(v);
     auto it = v.begin();
-    std::copy(it, it + ExactSum::kSlots, r.loss.slots().begin());
-    it += ExactSum::kSlots;
-    std::copy(it, it + ExactSum::kSlots, r.distance.slots().begin());
-    it += ExactSum::kSlots;
-    r.correct = it[0];
-    r.count = it[1];
-    r.points = it[2];
-    r.near = it[3];
+    auto take = [&it](ExactSum& s) {
+      std::copy(it, it + ExactSum::kSlots, s.slots().begin());
+      it += ExactSum::kSlots;
+    };
+    take(r.loss);
+    for (ExactSum& s : r.sums) take(s);
+    r.count = v.back();
     r.loss_sum = r.loss.value();
   }
-  nlohmann::json to_json() const {
-    return {{"loss", std::vector<int64_t>(r.loss.slots().begin(), r.loss.slots().end())},
-            {"correct", r.correct},
-            {"count", r.count},
-            {"distance", std::vector<int64_t>(r.distance.slots().begin(), r.distance.slots().end())},
-            {"points", r.points},
-            {"near", r.near}};
+  // The criterion's sums by the names it gives them (Criterion::sum_names).
+  nlohmann::json to_json(const std::vector<std::string>& names) const {
+    nlohmann::json j = {{"loss", std::vector<int64_t>(r.loss.slots().begin(), r.loss.slots().end())},
+                        {"count", r.count}};
+    for (size_t i = 0; i < names.size() && i < r.sums.size(); ++i)
+      j[names[i]] = std::vector<int64_t>(r.sums[i].slots().begin(), r.sums[i].slots().end());
+    return j;
   }
-  // Checkpoints from before the heatmap metrics lack their keys: zero.
-  static Totals from_json(const nlohmann::json& j) {
+  // A sum missing from the checkpoint is zero; one written as an integer
+  // (checkpoints before the criteria named their sums) is that count.
+  static Totals from_json(const nlohmann::json& j, const std::vector<std::string>& names) {
     Totals t;
     if (j.empty()) return t;
     auto slots_ok = [&](const char* key) {
-      return j.contains(key) && j[key].is_array() && j[key].size() == ExactSum::kSlots;
+      return j[key].is_array() && j[key].size() == ExactSum::kSlots;
     };
-    FANOUT_USER_CHECK(j.is_object() && slots_ok("loss") && j.contains("correct") && j.contains("count") &&
-                      (!j.contains("distance") || slots_ok("distance")))
-        << "checkpoint: the epoch's partial totals are malformed";
+    bool ok = j.is_object() && j.contains("loss") && slots_ok("loss") && j.contains("count") &&
+              j["count"].is_number_integer();
+    for (size_t i = 0; ok && i < names.size(); ++i) {
+      const char* key = names[i].c_str();
+      ok = !j.contains(key) || j[key].is_number_integer() || slots_ok(key);
+    }
+    FANOUT_USER_CHECK(ok) << "checkpoint: the epoch's partial totals are malformed";
     for (int i = 0; i < ExactSum::kSlots; ++i) t.r.loss.slots()[i] = j["loss"][i].get<int64_t>();
-    if (j.contains("distance"))
-      for (int i = 0; i < ExactSum::kSlots; ++i) t.r.distance.slots()[i] = j["distance"][i].get<int64_t>();
-    t.r.correct = j["correct"].get<int64_t>();
+    for (size_t i = 0; i < names.size() && i < t.r.sums.size(); ++i) {
+      if (!j.contains(names[i])) continue;
+      const nlohmann::json& v = j[names[i]];
+      if (v.is_number_integer())
+        for (int64_t n = v.get<int64_t>(); n > 0; n -= std::min<int64_t>(n, 1 << 24))
+          t.r.sums[i].add(static_cast<float>(std::min<int64_t>(n, 1 << 24)));  // exact: at most 2^24 a time
+      else
+        for (int k = 0; k < ExactSum::kSlots; ++k) t.r.sums[i].slots()[k] = v[k].get<int64_t>();
+    }
     t.r.count = j["count"].get<int64_t>();
-    t.r.points = j.value("points", int64_t{0});
-    t.r.near = j.value("near", int64_t{0});
     t.r.loss_sum = t.r.loss.value();
     return t;
   }
   double mean_loss() const { return r.count ? r.loss.value() / r.count : 0; }
-  double accuracy() const { return r.count ? static_cast<double>(r.correct) / r.count : 0; }
-  // Heatmaps: mean localization error (voxels) and the share within kNearVoxels.
-  double loc_error() const { return r.points ? r.distance.value() / r.points : 0; }
-  double near_share() const { return r.points ? static_cast<double>(r.near) / r.points : 0; }
+  double denominator(const MetricSpec& m) const {
+    return m.denominator == MetricSpec::kRows ? static_cast<double>(r.count) : r.sums.at(m.denominator).value();
+  }
+  double ratio(const MetricSpec& m) const {
+    const double d = denominator(m);
+    return d != 0 ? r.sums.at(m.numerator).value() / d : 0;
+  }
 };
+
+// A printf format with exactly one floating-point conversion ("acc %.4f",
+// "(%.1f%% within 2)"), safe to give one double.
+bool valid_value_format(const std::string& f) {
+  int conversions = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (f[i] != '%') continue;
+    if (i + 1 < f.size() && f[i + 1] == '%') {
+      ++i;
+      continue;
+    }
+    size_t j = f.find_first_not_of("-+ #0123456789.", i + 1);
+    if (j == std::string::npos || std::string("fFeEgGaA").find(f[j]) == std::string::npos) return false;
+    ++conversions;
+    i = j;
+  }
+  return conversions == 1;
+}
+
+// The criterion's metrics, checked: sums in range, formats safe for one double.
+std::vector<MetricSpec> checked_metrics(const Criterion& c) {
+  std::vector<MetricSpec> specs = c.metrics();
+  for (const MetricSpec& spec : specs) {
+    const bool sums_ok = spec.numerator >= 0 && spec.numerator < kMetricSums &&
+                         spec.denominator >= MetricSpec::kRows && spec.denominator < kMetricSums;
+    FANOUT_USER_CHECK(sums_ok && !spec.key.empty() && valid_value_format(spec.summary) &&
+                      valid_value_format(spec.final))
+        << "criterion " << c.name() << ": metric '" << spec.key << "' needs a key, sums in [0, " << kMetricSums
+        << ") and formats with one floating-point conversion (e.g. \"acc %.4f\")";
+  }
+  return specs;
+}
+
+// The criterion's metrics in `metrics`, one entry per metric it declares,
+// scored by this pass when its denominator is nonzero.
+void score(std::vector<EpochMetrics::Metric>& metrics, const std::vector<MetricSpec>& specs, const Totals& t,
+           bool test) {
+  if (metrics.empty())
+    for (const MetricSpec& spec : specs) metrics.push_back({spec});
+  for (EpochMetrics::Metric& x : metrics) {
+    (test ? x.test : x.train) = t.ratio(x.spec);
+    x.scored = x.scored || t.denominator(x.spec) != 0;
+  }
+}
 }  // namespace
+
+double EpochMetrics::train_metric(const std::string& key) const {
+  for (const Metric& x : metrics)
+    if (x.spec.key == key) return x.train;
+  return 0;
+}
+
+double EpochMetrics::best_score() const {
+  for (const Metric& x : metrics)
+    if (x.scored && x.spec.picks_best) return x.test;
+  return 1.0 / (1.0 + test_loss);
+}
+
+double EpochMetrics::test_metric(const std::string& key) const {
+  for (const Metric& x : metrics)
+    if (x.spec.key == key) return x.test;
+  return 0;
+}
 
 nlohmann::json metrics_json(const EpochMetrics& m) {
   nlohmann::json j = {{"epoch", m.epoch},
@@ -147,16 +220,11 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
     j["loss_scale"] = m.loss_scale;
     j["skipped_steps"] = m.skipped_steps;
   }
-  if (!m.dense) {
-    j["train_acc"] = m.train_acc;
-    j["test_acc"] = m.test_acc;
-  }
-  if (m.heatmaps) {
-    j["train_loc_error"] = m.train_loc_error;
-    j["train_within_2"] = m.train_within_2;
-    j["test_loc_error"] = m.test_loc_error;
-    j["test_within_2"] = m.test_within_2;
-  }
+  for (const EpochMetrics::Metric& x : m.metrics)
+    if (x.scored) {
+      j["train_" + x.spec.key] = x.train;
+      j["test_" + x.spec.key] = x.test;
+    }
   return j;
 }
 
@@ -250,10 +318,11 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   data::DataLoader& it = *train_loader_;
   const int64_t batch = it.options().batch_size;
   const int k = cfg_.accumulate;
-  const bool dense = engine_.criterion().dense_targets();
+  const Criterion& criterion = engine_.criterion();
+  const std::vector<MetricSpec> metrics = checked_metrics(criterion);
   const int world = engine_.world_size();
   // The totals of the batches done before a resume are every rank's: rank 0 carries them.
-  const Totals before = Totals::from_json(start.totals);
+  const Totals before = Totals::from_json(start.totals, criterion.sum_names());
   Totals t = engine_.rank() == 0 ? before : Totals{};
   const int64_t carried = before.r.count;  // rows over every rank before this call
   // A resume is at `carried` samples of the epoch. Batches of this run's
@@ -326,12 +395,12 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       t_warm = std::chrono::steady_clock::now();
       wait_at_warm = it.wait_seconds();
     }
-    if (t.r.points > 0)  // heatmaps: the localization error, as the epoch's summary shows it
-      progress_.update(b, t.r.count, running_loss / t.r.count, "loc err", t.loc_error());
-    else if (dense)
-      progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
+    // The criterion's first metric, as the epoch's summary shows it, once this pass scores it.
+    if (!metrics.empty() && t.denominator(metrics[0]) != 0)
+      progress_.update(b, t.r.count, running_loss / t.r.count, metrics[0].summary.c_str(),
+                       t.ratio(metrics[0]) * metrics[0].scale);
     else
-      progress_.update(b, t.r.count, running_loss / t.r.count, "acc", t.accuracy());
+      progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
     if (last_in_group && b < nb) {
       const int64_t steps = opt_.steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
@@ -339,7 +408,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       if (save || stop) {
         Totals global = t;  // every rank's batches so far
         global.all_reduce(engine_);
-        EpochPosition pos{b, global.to_json()};
+        EpochPosition pos{b, global.to_json(criterion.sum_names())};
         if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
         if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
         if (stop) {
@@ -362,11 +431,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                                ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
                                : m.epoch_seconds;
   m.train_loss = t.mean_loss();
-  m.train_acc = t.accuracy();
-  m.heatmaps = t.r.points > 0;
-  m.dense = dense;
-  m.train_loc_error = t.loc_error();
-  m.train_within_2 = t.near_share();
+  m.loss_format = criterion.loss_format();
+  score(m.metrics, metrics, t, /*test=*/false);
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
   m.grad_norms = norms.steps > 0;
   m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : 0;
@@ -398,10 +464,7 @@ void Trainer::evaluate(EpochMetrics& m) {
     }
   t.all_reduce(engine_);
   m.test_loss = t.mean_loss();
-  m.test_acc = t.accuracy();
-  m.heatmaps = m.heatmaps || t.r.points > 0;
-  m.test_loc_error = t.loc_error();
-  m.test_within_2 = t.near_share();
+  score(m.metrics, checked_metrics(engine_.criterion()), t, /*test=*/true);
 }
 
 void Trainer::measure_memory(EpochMetrics& m) {
@@ -425,6 +488,12 @@ void Trainer::measure_memory(EpochMetrics& m) {
 }
 
 namespace {
+std::string format_value(const char* format, double v) {
+  char s[128];
+  std::snprintf(s, sizeof s, format, v);  // checked by valid_value_format: one floating conversion
+  return s;
+}
+
 std::string gib(int64_t bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f", static_cast<double>(bytes) / 1073741824.0);
@@ -433,18 +502,14 @@ std::string gib(int64_t bytes) {
 }  // namespace
 
 std::string summary_line(const EpochMetrics& m, int epochs) {
-  char head[160], scores[200], tail[160];
+  char head[160], tail[160];
   std::snprintf(head, sizeof head, "epoch %d/%d  ", m.epoch, epochs);
-  if (m.heatmaps)
-    std::snprintf(scores, sizeof scores,
-                  "train loss %.4g loc err %.2f (%.1f%% within 2)  test loss %.4g loc err %.2f (%.1f%% within 2)",
-                  m.train_loss, m.train_loc_error, 100 * m.train_within_2, m.test_loss, m.test_loc_error,
-                  100 * m.test_within_2);
-  else if (m.dense)
-    std::snprintf(scores, sizeof scores, "train loss %.4g  test loss %.4g", m.train_loss, m.test_loss);
-  else
-    std::snprintf(scores, sizeof scores, "train loss %.4f acc %.4f  test loss %.4f acc %.4f", m.train_loss,
-                  m.train_acc, m.test_loss, m.test_acc);
+  auto scores = [&](const char* split, double loss, bool test) {
+    std::string s = std::string(split) + " loss " + format_value(m.loss_format.c_str(), loss);
+    for (const EpochMetrics::Metric& x : m.metrics)
+      if (x.scored) s += " " + format_value(x.spec.summary.c_str(), (test ? x.test : x.train) * x.spec.scale);
+    return s;
+  };
   std::snprintf(tail, sizeof tail, "  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g  ", m.epoch_seconds,
                 m.images_per_second, 100 * m.data_wait_fraction, m.lr);
   char norms[96] = "";
@@ -454,7 +519,19 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
   if (m.loss_scaling)
     std::snprintf(scaling, sizeof scaling, "loss scale %.6g (%lld step%s skipped)  ", m.loss_scale,
                   static_cast<long long>(m.skipped_steps), m.skipped_steps == 1 ? "" : "s");
-  return std::string(head) + scores + tail + norms + scaling + memory_summary(m);
+  return std::string(head) + scores("train", m.train_loss, false) + "  " + scores("test", m.test_loss, true) + tail +
+         norms + scaling + memory_summary(m);
+}
+
+std::string final_line(const EpochMetrics& m) {
+  std::string s = "final test";
+  bool any = false;
+  for (const EpochMetrics::Metric& x : m.metrics)
+    if (x.scored) {
+      s += " " + format_value(x.spec.final.c_str(), x.test * x.spec.scale);
+      any = true;
+    }
+  return any ? s : s + " loss " + format_value(m.loss_format.c_str(), m.test_loss);
 }
 
 std::string memory_summary(const EpochMetrics& m) {

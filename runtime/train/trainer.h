@@ -90,7 +90,24 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 
 struct EpochMetrics {
   int epoch = 0;  // 1-based
-  double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  double train_loss = 0, test_loss = 0;
+  // The criterion's metrics (Criterion::metrics()), each with its training
+  // and test value; those no pass scored (a zero denominator: mse on
+  // outputs that are not heatmaps) are left out of the summary and the
+  // metrics file.
+  struct Metric {
+    MetricSpec spec;
+    double train = 0, test = 0;
+    bool scored = false;
+  };
+  std::vector<Metric> metrics;
+  std::string loss_format = "%.4g";  // the criterion's, for the summary line
+  // A metric's value by key ("acc", "loc_error", "within_2"); 0 without it.
+  double train_metric(const std::string& key) const;
+  double test_metric(const std::string& key) const;
+  // What best.safetensors maximizes: the test value of the criterion's
+  // metric that picks_best, else 1 / (1 + test loss) (in (0, 1]).
+  double best_score() const;
   double epoch_seconds = 0, images_per_second = 0;
   // The epoch's time without its first timing_warmup steps, scaled to all
   // of its steps (epoch_seconds when there is no warm-up).
@@ -111,13 +128,6 @@ struct EpochMetrics {
   // CPU devices: each replica's parameters, gradients, buffers and
   // optimizer state in bytes (every process's replicas, rank order).
   std::vector<int64_t> replica_bytes;
-  // Heatmap targets (the mse criterion on (N, C, spatial...) outputs): mean
-  // localization error in voxels and the share of landmarks found within 2.
-  bool heatmaps = false;
-  // Dense targets (mse): no accuracy (train_acc and test_acc stay 0 and are
-  // left out of the summary and the metrics).
-  bool dense = false;
-  double train_loc_error = 0, train_within_2 = 0, test_loc_error = 0, test_within_2 = 0;
 };
 
 // One optimizer step over a whole batch outside the Trainer (tests,
@@ -133,6 +143,9 @@ StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, co
 nlohmann::json metrics_json(const EpochMetrics& m);
 // The epoch's summary line (losses, accuracy or localization error, speed, memory).
 std::string summary_line(const EpochMetrics& m, int epochs);
+// The run's last line: the criterion's metrics on the test set ("final test
+// accuracy 0.8919"), or its loss when it has none.
+std::string final_line(const EpochMetrics& m);
 // "peak memory 1.20 GiB host, GPUs 3.10 / 2.90 GiB".
 std::string memory_summary(const EpochMetrics& m);
 

@@ -263,7 +263,7 @@ void expect_same_heatmap_steps(const HeatmapRun& got, const HeatmapRun& want, do
   for (size_t i = 0; i < want.train.size(); ++i) {
     EXPECT_NEAR(got.train[i].loss_sum, want.train[i].loss_sum, rtol * std::abs(want.train[i].loss_sum)) << "step " << i;
     EXPECT_EQ(got.train[i].count, want.train[i].count);
-    EXPECT_EQ(got.train[i].points, 30);  // every (row, landmark) has a peak
+    EXPECT_EQ(got.train[i].sums[kPointsSum].value(), 30);  // every (row, landmark) has a peak
   }
   EXPECT_LE(norm_rel(got.delta, want.delta), rtol) << "parameter updates";
 }

@@ -228,10 +228,10 @@ TEST_P(DistributedEvaluation, EqualsOneDevice) {
   for (int r = 0; r < 3; ++r) {
     if (exact) {
       EXPECT_EQ(got[r].test_loss, expected.test_loss) << "rank " << r;
-      EXPECT_EQ(got[r].test_acc, expected.test_acc) << "rank " << r;
+      EXPECT_EQ(got[r].test_metric("acc"), expected.test_metric("acc")) << "rank " << r;
     } else {
       EXPECT_NEAR(got[r].test_loss, expected.test_loss, 1e-6 * expected.test_loss) << "rank " << r;
-      EXPECT_NEAR(got[r].test_acc, expected.test_acc, 1.0 / 10000) << "rank " << r;
+      EXPECT_NEAR(got[r].test_metric("acc"), expected.test_metric("acc"), 1.0 / 10000) << "rank " << r;
     }
     EXPECT_EQ(got[r].test_loss, got[0].test_loss) << "every rank holds the same sums";
   }

@@ -177,9 +177,9 @@ TEST_P(CriterionOnBackend, MseScoresHeatmapPeaks) {
   c->forward(ctx(), up(out), up(target), true, 0.5f);
   const StepResult r = c->read(ctx());
   EXPECT_EQ(r.count, 2);
-  EXPECT_EQ(r.points, 3);
-  EXPECT_EQ(r.near, 2);
-  EXPECT_NEAR(r.distance.value(), 0 + 1 + 3, 1e-6);
+  EXPECT_EQ(r.sums[kPointsSum].value(), 3);
+  EXPECT_EQ(r.sums[kNearSum].value(), 2);
+  EXPECT_NEAR(r.sums[kDistanceSum].value(), 0 + 1 + 3, 1e-6);
   // The loss: the rows' mean squared errors, summed.
   double want = 0;
   for (int64_t j = 0; j < s.numel(); ++j) {
@@ -197,7 +197,7 @@ TEST_P(CriterionOnBackend, MseOnFlatOutputsHasNoHeatmapScore) {
   c->forward(ctx(), up(out), up(target), false, 0.0f);
   const StepResult r = c->read(ctx());
   EXPECT_EQ(r.count, 4);
-  EXPECT_EQ(r.points, 0);
+  EXPECT_EQ(r.sums[kPointsSum].value(), 0);
   EXPECT_GT(r.loss_sum, 0);
 }
 
@@ -212,7 +212,7 @@ TEST_P(CriterionOnBackend, CrossEntropyCountsAndSumsRows) {
   kernels::softmax_xent_forward(ctx(), up(z), up(y), 0.1f, probs, loss);
   kernels::count_correct(ctx(), up(z), up(y), correct);
   EXPECT_EQ(r.count, 9);
-  EXPECT_EQ(r.correct, down(correct).data<int32_t>()[0]);
+  EXPECT_EQ(r.sums[kCorrectSum].value(), down(correct).data<int32_t>()[0]);
   EXPECT_NEAR(r.loss_sum / 9, down(loss).f32()[0], 1e-5);
   auto twin = c->clone();
   twin->forward(ctx(), up(z), up(y), false, 0.0f);
@@ -249,24 +249,25 @@ TEST(Criterion, BadOptionsAreOneLineErrors) {
 TEST(StepResult, MergeIsExactInAnyOrder) {
   std::mt19937_64 rng(11);
   std::vector<StepResult> parts(5);
+  double counted = 0;  // the integer sum's expected value
   for (auto& p : parts) {
     for (int i = 0; i < 7; ++i) {
       p.loss.add(static_cast<float>(rng() % 1000) * 1e-3f + 1e-7f);
-      p.distance.add(std::sqrt(static_cast<float>(rng() % 50)));
+      p.sums[kDistanceSum].add(std::sqrt(static_cast<float>(rng() % 50)));
+      p.sums[1].add(static_cast<float>(rng() % 1000) * 1e-3f + 1e-7f);
     }
+    const int64_t n = static_cast<int64_t>(rng() % 7);
+    p.sums[0].add(static_cast<float>(n));
+    counted += static_cast<double>(n);
     p.count = 7;
-    p.correct = static_cast<int64_t>(rng() % 7);
-    p.points = 7;
-    p.near = static_cast<int64_t>(rng() % 7);
   }
   StepResult a, b;
   for (size_t i = 0; i < parts.size(); ++i) a.merge(parts[i]);
   for (size_t i = parts.size(); i-- > 0;) b.merge(parts[i]);
   EXPECT_EQ(a.loss_sum, b.loss_sum);
-  EXPECT_EQ(a.distance.value(), b.distance.value());
   EXPECT_EQ(a.count, 35);
-  EXPECT_EQ(a.correct, b.correct);
-  EXPECT_EQ(a.near, b.near);
+  for (int i = 0; i < kMetricSums; ++i) EXPECT_EQ(a.sums[i].slots(), b.sums[i].slots()) << "sum " << i;
+  EXPECT_EQ(a.sums[0].value(), counted);
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ namespace {
 // double and rounded to float; the gradient is grad_scale * w[y_i] * (p - onehot).
 class WeightedCrossEntropy final : public Criterion {
  public:
-  explicit WeightedCrossEntropy(std::vector<double> w) : w_(std::move(w)) {}
+  explicit WeightedCrossEntropy(std::vector<double> w, std::vector<MetricSpec> metrics = {accuracy_metric()})
+      : w_(std::move(w)), metrics_(std::move(metrics)) {}
   const std::string& name() const override { return name_; }
   bool dense_targets() const override { return false; }
   void forward(Context& ctx, const Tensor& out, const Tensor& target, bool train, float grad_scale) override {
@@ -56,15 +57,18 @@ class WeightedCrossEntropy final : public Criterion {
     r.count = rows_.numel();
     r.loss.add(rows_.f32(), r.count);
     r.loss_sum = r.loss.value();
-    r.correct = correct_;
+    r.sums[kCorrectSum].add(static_cast<float>(correct_));
     return r;
   }
   int64_t result_bytes(const Shape& out) const override { return out[0] * 4 + 8; }
-  std::unique_ptr<Criterion> clone() const override { return std::make_unique<WeightedCrossEntropy>(w_); }
+  std::unique_ptr<Criterion> clone() const override { return std::make_unique<WeightedCrossEntropy>(w_, metrics_); }
+  std::vector<MetricSpec> metrics() const override { return metrics_; }
+  std::vector<std::string> sum_names() const override { return {"correct"}; }
 
  private:
   const std::string name_ = "weighted_cross_entropy";
   std::vector<double> w_;
+  std::vector<MetricSpec> metrics_;
   Tensor rows_, grad_;
   int64_t correct_ = 0;
 };
@@ -120,7 +124,15 @@ TEST(CustomCriterion, TrainsThroughDataParallelAndTheTrainerAndResumes) {
   EXPECT_TRUE(epochs[0].grad_norms);
   EXPECT_GT(epochs[0].grad_norm_max, 0.0);
   EXPECT_LT(epochs[2].train_loss, 0.5 * epochs[0].train_loss);
-  EXPECT_GT(epochs[2].test_acc, 0.5);
+  EXPECT_GT(epochs[2].test_metric("acc"), 0.5);
+  // Its metric, by the name it gave, in the metrics file and the summary line.
+  const nlohmann::json j = train::metrics_json(epochs[2]);
+  EXPECT_EQ(j["test_acc"].get<double>(), epochs[2].test_metric("acc"));
+  EXPECT_EQ(j["train_acc"].get<double>(), epochs[2].train_metric("acc"));
+  EXPECT_FALSE(j.contains("test_loc_error"));
+  char acc[32];
+  std::snprintf(acc, sizeof acc, " acc %.4f", epochs[2].test_metric("acc"));
+  EXPECT_NE(train::summary_line(epochs[2], 3).find(acc), std::string::npos) << train::summary_line(epochs[2], 3);
 
   // Two epochs, a checkpoint, a fresh engine from other weights, the third epoch.
   testing::TempDir dir;
@@ -146,6 +158,45 @@ TEST(CustomCriterion, UnitWeightsAreTheBuiltInCrossEntropy) {
   const double mine = run(WeightedCrossEntropy(std::vector<double>(10, 1.0)));
   const double builtin = run(*make_criterion({}));
   EXPECT_NEAR(mine, builtin, 1e-5 * builtin);
+}
+
+// The Trainer reports a criterion's metrics by the names and formats the
+// criterion gives, and knows none of them itself.
+TEST(CustomCriterion, NamesItsOwnMetrics) {
+  const auto data = data::make_synthetic(96, 6);
+  const std::vector<double> w(10, 1.0);
+  MetricSpec right{"right_pct", "right %.1f%%", "right %.2f%%", kCorrectSum, MetricSpec::kRows, 100};
+  UserRun r = make_user_run(data, WeightedCrossEntropy(w, {right}), 2);
+  std::vector<train::EpochMetrics> epochs;
+  r.trainer->on_epoch_end = [&](const train::EpochMetrics& m) { epochs.push_back(m); };
+  r.trainer->run(0, 1);
+  ASSERT_EQ(epochs.size(), 1u);
+  const train::EpochMetrics& m = epochs[0];
+  const double share = m.test_metric("right_pct");
+  EXPECT_GE(share, 0.0);
+  EXPECT_LE(share, 1.0);
+  EXPECT_EQ(m.test_metric("acc"), 0.0);  // not this criterion's
+  const nlohmann::json j = train::metrics_json(m);
+  EXPECT_EQ(j["test_right_pct"].get<double>(), share);
+  EXPECT_TRUE(j.contains("train_right_pct"));
+  EXPECT_FALSE(j.contains("test_acc"));
+  char want[64];
+  std::snprintf(want, sizeof want, " right %.1f%%", 100 * share);
+  EXPECT_NE(train::summary_line(m, 3).find(want), std::string::npos) << train::summary_line(m, 3);
+  std::snprintf(want, sizeof want, "final test right %.2f%%", 100 * share);
+  EXPECT_EQ(train::final_line(m), want);
+}
+
+TEST(CustomCriterion, MalformedMetricIsAOneLineError) {
+  const auto data = data::make_synthetic(64, 7);
+  const std::vector<double> w(10, 1.0);
+  const MetricSpec bad_format{"x", "x %s", "x %f", kCorrectSum, MetricSpec::kRows, 1};
+  const MetricSpec bad_sum{"y", "y %f", "y %f", kMetricSums, MetricSpec::kRows, 1};
+  for (const MetricSpec& spec : {bad_format, bad_sum}) {
+    UserRun r = make_user_run(data, WeightedCrossEntropy(w, {spec}), 2);
+    testing::expect_user_error([&] { r.trainer->train_epoch(0); },
+                               {"criterion weighted_cross_entropy: metric '" + spec.key + "'", "floating-point"});
+  }
 }
 
 }  // namespace

@@ -62,10 +62,10 @@ void expect_same_results(const DpRun& a, const DpRun& b) {
     for (auto [x, y] : {std::pair{&a.train[i], &b.train[i]}, std::pair{&a.eval[i], &b.eval[i]}}) {
       EXPECT_NEAR(x->loss_sum, y->loss_sum, 1e-5 * std::abs(y->loss_sum)) << "step " << i;
       EXPECT_EQ(x->count, y->count);
-      EXPECT_EQ(x->correct, y->correct);
-      EXPECT_EQ(x->points, y->points);
-      EXPECT_EQ(x->near, y->near);
-      EXPECT_EQ(x->distance.value(), y->distance.value());
+      EXPECT_EQ(x->sums[kCorrectSum].value(), y->sums[kCorrectSum].value());
+      EXPECT_EQ(x->sums[kPointsSum].value(), y->sums[kPointsSum].value());
+      EXPECT_EQ(x->sums[kNearSum].value(), y->sums[kNearSum].value());
+      EXPECT_EQ(x->sums[kDistanceSum].value(), y->sums[kDistanceSum].value());
     }
   }
   EXPECT_LT(testing::max_rel_diff(a.params, b.params), 1e-5);
@@ -92,7 +92,7 @@ TEST(LossOnReplicas, HeatmapTargetsMatchTheGatheredPathAndOneDevice) {
   const LossOptions mse{CriterionKind::Mse, 0.0f};
   const DpRun local = run_dp(make, mse, true, batches, 3), gathered = run_dp(make, mse, false, batches, 3);
   expect_same_results(local, gathered);
-  EXPECT_EQ(local.train[0].points, 20);  // every (row, channel) has a peak
+  EXPECT_EQ(local.train[0].sums[kPointsSum].value(), 20);  // every (row, channel) has a peak
   // Replicas 1 and 2 hold 4 and 2 rows: their row losses and the two argmax planes (index and
   // value of output and target) per (row, channel), against their outputs and targets.
   EXPECT_EQ(local.bytes[0], (4 + 2) * 4 + (4 + 2) * 2 * 16);
@@ -104,7 +104,7 @@ TEST(LossOnReplicas, HeatmapTargetsMatchTheGatheredPathAndOneDevice) {
   for (size_t i = 0; i < batches.size(); ++i) {
     const StepResult r = eng.train_step(batches[i].x, batches[i].y, 0.05f);
     EXPECT_NEAR(r.loss_sum, local.train[i].loss_sum, 1e-5 * r.loss_sum) << "step " << i;
-    EXPECT_EQ(r.points, local.train[i].points);
+    EXPECT_EQ(r.sums[kPointsSum].value(), local.train[i].sums[kPointsSum].value());
   }
   EXPECT_LT(testing::max_rel_diff(one->arenas().params.to(Device::cpu()), local.params), 1e-5);
 }

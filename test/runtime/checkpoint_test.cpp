@@ -110,7 +110,7 @@ void expect_exact_resume(int devices, bool adamw = false) {
   train::CheckpointState st;
   st.epoch = 2;
   st.step = first.opt->steps();
-  st.best_test_acc = m2.test_acc;
+  st.best_test_acc = m2.test_metric("acc");
   st.config = {{"model", "lenet"}, {"seed", 7}};
   st.metrics = train::metrics_json(m2);
   const std::string path = dir / "mid.safetensors";
@@ -121,9 +121,9 @@ void expect_exact_resume(int devices, bool adamw = false) {
   const train::CheckpointState back = train::load_checkpoint(path, *rest.engine, *rest.opt);
   EXPECT_EQ(back.epoch, 2);
   EXPECT_EQ(back.step, 8);
-  EXPECT_EQ(back.best_test_acc, m2.test_acc);
+  EXPECT_EQ(back.best_test_acc, m2.test_metric("acc"));
   EXPECT_EQ(back.config["model"], "lenet");
-  EXPECT_EQ(back.metrics["test_acc"], m2.test_acc);
+  EXPECT_EQ(back.metrics["test_acc"], m2.test_metric("acc"));
   EXPECT_EQ(rest.opt->steps(), 8);
   EXPECT_TRUE(same_bits(rest.model->arenas().params, first.model->arenas().params));
   EXPECT_TRUE(same_state(*rest.opt, *first.opt));
@@ -221,9 +221,9 @@ TEST(Checkpoint, MidEpochResumeWithAnotherBatchSizeReBatchesTheRest) {
       rest.trainer->on_step = [&](const train::StepInfo& s) { rows.push_back(s.rows); };
       const train::EpochMetrics got = rest.trainer->run(0, -1, at);
       EXPECT_EQ(rows, batch == 36 ? (std::vector<int64_t>{36, 36}) : (std::vector<int64_t>{20, 20, 20, 12}));
-      EXPECT_EQ(got.train_acc, want.train_acc);
+      EXPECT_EQ(got.train_metric("acc"), want.train_metric("acc"));
       EXPECT_NEAR(got.train_loss, want.train_loss, 1e-6 * want.train_loss);
-      EXPECT_EQ(got.test_acc, want.test_acc);
+      EXPECT_EQ(got.test_metric("acc"), want.test_metric("acc"));
     }
   }
 }
@@ -436,7 +436,7 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   std::vector<std::vector<std::string>> written;
   for (int e = 1; e <= 7; ++e) {
     st.epoch = e;
-    st.metrics = {{"test_acc", accs[e - 1]}};
+    st.score = accs[e - 1];
     written.push_back(saver.on_epoch_end(*r.engine, *r.opt, st, 7));
   }
   EXPECT_EQ(written[0].size(), 1u);  // epoch 1: not a save epoch, but the best so far
@@ -456,7 +456,7 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   // A run resumed from epoch 2 that stops at 3 (not a multiple of every=2)
   // saves epoch 3 and keeps it, leaving the later epochs of the old run alone.
   st.epoch = 3;
-  st.metrics = {{"test_acc", 0.0}};
+  st.score = 0.0;
   EXPECT_EQ(saver.on_epoch_end(*r.engine, *r.opt, st, /*last_epoch=*/3).size(), 1u);
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0003.safetensors"));
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0007.safetensors"));

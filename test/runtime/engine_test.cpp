@@ -28,7 +28,7 @@ TEST(SingleDeviceEngine, LossFallsOnAFixedBatch) {
   double last = first;
   for (int i = 0; i < 40; ++i) last = eng.train_step(x, y, 0.05f).loss_sum / 16;
   EXPECT_LT(last, 0.2 * first);
-  EXPECT_EQ(eng.eval_step(x, y).correct, 16);
+  EXPECT_EQ(eng.eval_step(x, y).sums[kCorrectSum].value(), 16);
 }
 
 // With every optimizer, parameter groups and clipping by norm.

@@ -48,7 +48,7 @@ TEST(Trainer, TimingWarmupTimesLessAndTrainsTheSame) {
     const Tensor& b = r->model->arenas().params;
     ASSERT_EQ(a.nbytes(), b.nbytes());
     EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "the timing warm-up changed training";
-    EXPECT_EQ(r->last.test_acc, plain.last.test_acc);
+    EXPECT_EQ(r->last.test_metric("acc"), plain.last.test_metric("acc"));
     EXPECT_GT(r->last.steady_epoch_seconds, 0);
     EXPECT_GT(r->last.images_per_second, 0);
     EXPECT_GE(r->last.data_wait_fraction, 0);
@@ -88,7 +88,7 @@ TEST(Trainer, EvaluationSeesAtMostTheTrainingBatch) {
   const auto data = data::make_synthetic(640, 4);  // 128 test rows
   const TrainedRun small = train_two_epochs(data, 0, 16), whole = train_two_epochs(data, 0, 1000);
   EXPECT_EQ(small.last.test_loss, whole.last.test_loss);
-  EXPECT_EQ(small.last.test_acc, whole.last.test_acc);
+  EXPECT_EQ(small.last.test_metric("acc"), whole.last.test_metric("acc"));
   RowsSeen seen(*whole.engine);
   train::TrainerConfig tc;
   tc.batch_size = 16;
@@ -101,7 +101,7 @@ TEST(Trainer, EvaluationSeesAtMostTheTrainingBatch) {
   t.evaluate(m);
   EXPECT_EQ(seen.max_eval_rows, 16);
   EXPECT_EQ(m.test_loss, whole.last.test_loss);
-  EXPECT_EQ(m.test_acc, whole.last.test_acc);
+  EXPECT_EQ(m.test_metric("acc"), whole.last.test_metric("acc"));
 }
 
 // The learning rate has one source, the optimizer's: a Trainer whose
