@@ -16,6 +16,14 @@ void StepResult::merge(const StepResult& o) {
   for (int i = 0; i < kMetricSums; ++i) sums[i].merge(o.sums[i]);
 }
 
+StepResult StepResult::of_rows(const float* losses, int64_t n) {
+  StepResult r;
+  r.count = n;
+  r.loss.add(losses, n);
+  r.loss_sum = r.loss.value();
+  return r;
+}
+
 MetricSpec accuracy_metric(int correct) {
   MetricSpec m;
   m.key = "acc";
@@ -61,10 +69,7 @@ class CrossEntropy final : public Criterion {
     to_host(ctx, rows_, rows_h_);
     to_host(ctx, correct_, correct_h_);
     ctx.compute().synchronize();
-    StepResult r;
-    r.count = rows_h_.numel();
-    r.loss.add(rows_h_.f32(), r.count);
-    r.loss_sum = r.loss.value();
+    StepResult r = StepResult::of_rows(rows_h_.f32(), rows_h_.numel());
     r.sums[kCorrectSum].add(static_cast<float>(correct_h_.data<int32_t>()[0]));
     return r;
   }
@@ -117,10 +122,7 @@ class MeanSquaredError final : public Criterion {
       to_host(ctx, val_, val_h_);
     }
     ctx.compute().synchronize();
-    StepResult r;
-    r.count = rows_h_.numel();
-    r.loss.add(rows_h_.f32(), r.count);
-    r.loss_sum = r.loss.value();
+    StepResult r = StepResult::of_rows(rows_h_.f32(), rows_h_.numel());
     if (heatmaps_) score(r);
     return r;
   }

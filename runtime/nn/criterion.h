@@ -49,6 +49,9 @@ struct StepResult {
   std::array<ExactSum, kMetricSums> sums;
   // Adds o's sums to this one's.
   void merge(const StepResult& o);
+  // The result of n rows whose losses are `losses` (host memory): their
+  // count and exact sum, no other sums yet.
+  static StepResult of_rows(const float* losses, int64_t n);
 };
 
 // One metric of a criterion: sums[numerator] / sums[denominator] (or / the

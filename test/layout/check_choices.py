@@ -9,9 +9,10 @@ comparison of such a string outside its edge and exits 1 if there is any.
 
   python3 test/layout/check_choices.py [SOURCE_DIR]
 """
-import os
 import re
 import sys
+
+from layout_common import report, source_root, sources
 
 WORDS = r"dp|ddp|mse|cross_entropy|gloo|nccl|p2p|mlp|lenet|cnn|resnet18[^\"]*|heatmap3d[^\"]*"
 COMPARE = re.compile(r'(?:[=!]=\s*"(?:%s)")|(?:"(?:%s)"\s*[=!]=)' % (WORDS, WORDS))
@@ -28,30 +29,17 @@ SOURCES = (".h", ".cpp", ".cu", ".cuh")
 
 
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    root = source_root()
     bad, scanned = [], 0
-    for folder in FOLDERS:
-        for dirpath, _, files in os.walk(os.path.join(root, folder)):
-            for f in sorted(files):
-                if not f.endswith(SOURCES):
-                    continue
-                path = os.path.join(dirpath, f)
-                rel = os.path.relpath(path, root).replace(os.sep, "/")
-                scanned += 1
-                if rel in EDGES:
-                    continue
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    for n, line in enumerate(fh, 1):
-                        code = line.split("//", 1)[0]
-                        if COMPARE.search(code):
-                            bad.append(f"{rel}:{n}: {line.strip()}")
-    if scanned == 0:
-        print(f"check_choices.py: no sources under {root}")
-        return 1
-    for b in bad:
-        print(b)
-    print(f"{len(bad)} comparison(s) of a parsed choice outside its edge in {scanned} files")
-    return 1 if bad else 0
+    for rel, path in sources(root, FOLDERS, SOURCES):
+        scanned += 1
+        if rel in EDGES:
+            continue
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if COMPARE.search(line.split("//", 1)[0]):
+                    bad.append(f"{rel}:{n}: {line.strip()}")
+    return report(bad, scanned, f"{len(bad)} comparison(s) of a parsed choice outside its edge in {scanned} files")
 
 
 if __name__ == "__main__":

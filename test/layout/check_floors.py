@@ -6,9 +6,10 @@ if there is any.
 
   python3 test/layout/check_floors.py [SOURCE_DIR]
 """
-import os
 import re
 import sys
+
+from layout_common import report, source_root, sources
 
 # Lowest first. A path belongs to the floor of its longest matching prefix.
 FLOORS = [
@@ -40,32 +41,22 @@ def floor_of(path):
 
 
 def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../.."))
+    root = source_root()
     bad, files = [], 0
-    for top in ("runtime", "kernels", "models", "apps", "bench"):
-        for dirpath, _, names in os.walk(os.path.join(root, top)):
-            for name in names:
-                if not name.endswith(SOURCES):
-                    continue
-                path = os.path.relpath(os.path.join(dirpath, name), root)
-                here = floor_of(path)
-                if here is None:  # a new folder or CUDA backend file: give it its floor above
-                    bad.append(f"{path}: on no floor (add it to FLOORS in {os.path.relpath(__file__, root)})")
-                    continue
-                files += 1
-                with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
-                    for n, line in enumerate(f, 1):
-                        m = INCLUDE.match(line)
-                        if not m:
-                            continue
-                        there = floor_of(m.group(1))
-                        if there is not None and there > here:
-                            bad.append(f"{path}:{n}: {FLOORS[here][0]} includes {m.group(1)} ({FLOORS[there][0]})")
-    for b in bad:
-        print(b)
-    print(f"{files} files, {len(bad)} finding(s); the floors, lowest first: "
-          + " < ".join(name for name, _ in FLOORS))
-    return 1 if bad else 0
+    for path, full in sources(root, ("runtime", "kernels", "models", "apps", "bench"), SOURCES):
+        here = floor_of(path)
+        if here is None:  # a new folder or CUDA backend file: give it its floor above
+            bad.append(f"{path}: on no floor (add it to FLOORS in test/layout/check_floors.py)")
+            continue
+        files += 1
+        with open(full, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                m = INCLUDE.match(line)
+                there = floor_of(m.group(1)) if m else None
+                if there is not None and there > here:
+                    bad.append(f"{path}:{n}: {FLOORS[here][0]} includes {m.group(1)} ({FLOORS[there][0]})")
+    return report(bad, files, f"{files} files, {len(bad)} finding(s); the floors, lowest first: "
+                  + " < ".join(name for name, _ in FLOORS))
 
 
 if __name__ == "__main__":

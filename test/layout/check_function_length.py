@@ -5,9 +5,10 @@ and exits 1 if there is any.
 
   python3 test/layout/check_function_length.py [SOURCE_DIR] [MAX_LINES]
 """
-import os
 import re
 import sys
+
+from layout_common import report, source_root, sources
 
 SCOPE = re.compile(r"\b(namespace|struct|class|union|enum)\b")
 FUNCTION_HEAD = re.compile(r"\)\s*(const|override|noexcept|final|mutable|->\s*[\w:<>,\s*&]+|\s)*$")
@@ -75,27 +76,17 @@ def functions(text):
 
 
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    root = source_root()
     limit = int(sys.argv[2]) if len(sys.argv) > 2 else 80
     long_ones, count = [], 0
-    for dirpath, _, files in os.walk(os.path.join(root, "apps")):
-        for f in sorted(files):
-            if not f.endswith((".h", ".cpp")):
-                continue
-            path = os.path.join(dirpath, f)
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
-            for name, first, last in functions(text):
-                count += 1
-                if last - first + 1 > limit:
-                    long_ones.append(f"{os.path.relpath(path, root)}:{first}: {last - first + 1} lines: {name}")
-    if count == 0:
-        print(f"check_function_length.py: no functions found under {root}/apps")
-        return 1
-    for line in long_ones:
-        print(line)
-    print(f"{len(long_ones)} of {count} functions in apps/ longer than {limit} lines")
-    return 1 if long_ones else 0
+    for rel, path in sources(root, ("apps",), (".h", ".cpp")):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        for name, first, last in functions(text):
+            count += 1
+            if last - first + 1 > limit:
+                long_ones.append(f"{rel}:{first}: {last - first + 1} lines: {name}")
+    return report(long_ones, count, f"{len(long_ones)} of {count} functions in apps/ longer than {limit} lines")
 
 
 if __name__ == "__main__":

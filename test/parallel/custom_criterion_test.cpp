@@ -53,10 +53,7 @@ class WeightedCrossEntropy final : public Criterion {
   }
   const Tensor& grad() const override { return grad_; }
   StepResult read(Context&) override {
-    StepResult r;
-    r.count = rows_.numel();
-    r.loss.add(rows_.f32(), r.count);
-    r.loss_sum = r.loss.value();
+    StepResult r = StepResult::of_rows(rows_.f32(), rows_.numel());
     r.sums[kCorrectSum].add(static_cast<float>(correct_));
     return r;
   }
