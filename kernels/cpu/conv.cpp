@@ -10,8 +10,7 @@
 // it came in, and float64 gradients sum each image's float contribution.
 #include <algorithm>
 
-#include "kernels/conv2d.h"
-#include "kernels/conv3d.h"
+#include "kernels/conv.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 
@@ -356,23 +355,13 @@ void backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, 
 
 }  // namespace
 
-void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
-                    Tensor& y) {
+void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b,
+                  const ConvGeometry& g, Tensor& y) {
   forward(ctx, x, w, b, g.stride, g.padding, y);
 }
 
-void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
-                     Tensor* dx, Tensor& dw, Tensor* db) {
-  backward(ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
-}
-
-void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
-                    Tensor& y) {
-  forward(ctx, x, w, b, g.stride, g.padding, y);
-}
-
-void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
-                     Tensor* dx, Tensor& dw, Tensor* db) {
+void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor& dy,
+                   const ConvGeometry& g, Tensor* dx, Tensor& dw, Tensor* db) {
   backward(ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
 }
 

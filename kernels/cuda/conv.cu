@@ -1,7 +1,6 @@
 // CUDA 2-D and 3-D convolution through cuDNN (legacy convolution API of
-// cuDNN 9), one implementation for both ranks; CPU counterparts (im2col /
-// vol2col + GEMM) in kernels/cpu/conv2d.cpp and kernels/cpu/conv3d.cpp.
-// 2-D uses cuDNN's 4-D descriptors, 3-D its N-d ones.
+// cuDNN 9), one implementation for both ranks; the CPU counterpart (oneDNN)
+// in kernels/cpu/conv.cpp. 2-D uses cuDNN's 4-D descriptors, 3-D its N-d ones.
 //
 // Per (device, direction, shapes, geometry, math options) a plan holds the
 // descriptors and the chosen algorithm with its workspace size. Plans are
@@ -13,8 +12,7 @@
 // Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
 // tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
-#include "kernels/conv2d.h"
-#include "kernels/conv3d.h"
+#include "kernels/conv.h"
 #include "kernels/conv_bias.h"
 
 #include <algorithm>
@@ -437,24 +435,14 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
 
 }  // namespace
 
-void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
-                    Tensor& y) {
-  forward("conv2d_forward", ctx, x, w, b, g.stride, g.padding, y);
+void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b,
+                  const ConvGeometry& g, Tensor& y) {
+  forward(spatial == 2 ? "conv2d_forward" : "conv3d_forward", ctx, x, w, b, g.stride, g.padding, y);
 }
 
-void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dGeometry& g,
-                     Tensor* dx, Tensor& dw, Tensor* db) {
-  backward("conv2d_backward", ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
-}
-
-void conv3d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const Conv3dGeometry& g,
-                    Tensor& y) {
-  forward("conv3d_forward", ctx, x, w, b, g.stride, g.padding, y);
-}
-
-void conv3d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Conv3dGeometry& g,
-                     Tensor* dx, Tensor& dw, Tensor* db) {
-  backward("conv3d_backward", ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
+void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor& dy,
+                   const ConvGeometry& g, Tensor* dx, Tensor& dw, Tensor* db) {
+  backward(spatial == 2 ? "conv2d_backward" : "conv3d_backward", ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
 }
 
 void channel_bias_add(Context& ctx, Tensor& y, const Tensor& b) {

@@ -1,6 +1,6 @@
 // 2-D convolution layer, torch.nn.Conv2d (square kernel, groups 1).
 #pragma once
-#include "kernels/conv2d.h"
+#include "kernels/conv.h"
 #include "runtime/nn/autocast.h"
 #include "runtime/nn/module.h"
 

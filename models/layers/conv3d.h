@@ -1,7 +1,7 @@
 // 3-D convolution layer, torch.nn.Conv3d (cubic kernel, groups 1, dilation 1)
 // over (N, C, D, H, W).
 #pragma once
-#include "kernels/conv3d.h"
+#include "kernels/conv.h"
 #include "runtime/nn/autocast.h"
 #include "runtime/nn/module.h"
 

@@ -4,8 +4,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "kernels/conv2d.h"
-#include "kernels/conv3d.h"
+#include "kernels/conv.h"
 #include "kernels/conv_bias.h"
 #include "models/layers/init.h"
 #include "runtime/core/error.h"

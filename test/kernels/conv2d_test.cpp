@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/backend_test_util.h"
-#include "kernels/conv2d.h"
+#include "kernels/conv.h"
 #include "runtime/core/error.h"
 
 namespace fanout {

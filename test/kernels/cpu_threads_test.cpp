@@ -14,7 +14,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
-#include "kernels/conv2d.h"
+#include "kernels/conv.h"
 #include "kernels/cpu/plan_count.h"
 #include "kernels/elementwise.h"
 #include "kernels/pool.h"

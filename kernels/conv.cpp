@@ -1,12 +1,29 @@
-#include "kernels/conv_checks.h"
+// Convolution entry points for both ranks: output shape, shape/dtype/device
+// checks, then dispatch (CPU oneDNN, CUDA cuDNN).
+#include "kernels/conv.h"
 
 #include <string>
 
 #include "kernels/dispatch.h"
 
-namespace fanout::kernels::detail {
+namespace fanout::kernels {
 
 namespace {
+
+using detail::check_grad;
+using detail::check_tensor;
+
+// One convolution's rank and geometry, for its checks and messages.
+struct ConvSpec {
+  const char* family;  // "conv2d" or "conv3d", the prefix of shape errors
+  int spatial;         // 2 or 3
+  int64_t stride, padding;
+};
+
+ConvSpec spec_of(int spatial, const ConvGeometry& g) {
+  FANOUT_CHECK(spatial == 2 || spatial == 3) << "convolution over " << spatial << " spatial axes (2 or 3)";
+  return {spatial == 2 ? "conv2d" : "conv3d", spatial, g.stride, g.padding};
+}
 
 // "(N, C, H, W) and (OC, C, KH, KW)" or the 3-D form.
 std::string layouts(int spatial) {
@@ -20,26 +37,7 @@ std::string extents(const int64_t* e, int spatial) {
   return s;
 }
 
-void check_args(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
-                const Tensor* b, bool b_is_grad, const Tensor& y, const char* y_name) {
-  check_tensor(ctx, op, "x", x);
-  check_tensor(ctx, op, "w", w);
-  check_tensor(ctx, op, y_name, y);
-  const Shape ys = conv_output_shape(s, x.shape(), w.shape());
-  FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
-                                << ", w " << w.shape().str() << ", stride " << s.stride << ", padding " << s.padding
-                                << " give " << ys.str();
-  if (b) {
-    if (b_is_grad) check_grad(ctx, op, "db", *b);
-    else check_tensor(ctx, op, "bias", *b);
-    FANOUT_CHECK(b->shape() == Shape{w.size(0)}) << op << ": bias " << b->shape().str() << " for w "
-                                                 << w.shape().str();
-  }
-}
-
-}  // namespace
-
-Shape conv_output_shape(const ConvSpec& s, const Shape& x, const Shape& w) {
+Shape shape_of(const ConvSpec& s, const Shape& x, const Shape& w) {
   const int rank = s.spatial + 2;
   FANOUT_CHECK(x.ndim == rank && w.ndim == rank)
       << s.family << ": x " << x.str() << " and w " << w.str() << " must be " << layouts(s.spatial);
@@ -63,6 +61,23 @@ Shape conv_output_shape(const ConvSpec& s, const Shape& x, const Shape& w) {
   return y;
 }
 
+void check_args(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
+                const Tensor* b, bool b_is_grad, const Tensor& y, const char* y_name) {
+  check_tensor(ctx, op, "x", x);
+  check_tensor(ctx, op, "w", w);
+  check_tensor(ctx, op, y_name, y);
+  const Shape ys = shape_of(s, x.shape(), w.shape());
+  FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
+                                << ", w " << w.shape().str() << ", stride " << s.stride << ", padding " << s.padding
+                                << " give " << ys.str();
+  if (b) {
+    if (b_is_grad) check_grad(ctx, op, "db", *b);
+    else check_tensor(ctx, op, "bias", *b);
+    FANOUT_CHECK(b->shape() == Shape{w.size(0)}) << op << ": bias " << b->shape().str() << " for w "
+                                                 << w.shape().str();
+  }
+}
+
 void check_conv_forward(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
                         const Tensor* b, const Tensor& y) {
   check_args(ctx, op, s, x, w, b, false, y, "y");
@@ -83,4 +98,24 @@ void check_conv_backward(const Context& ctx, const char* op, const ConvSpec& s, 
   }
 }
 
-}  // namespace fanout::kernels::detail
+}  // namespace
+
+Shape conv_output_shape(int spatial, const Shape& x, const Shape& w, const ConvGeometry& g) {
+  return shape_of(spec_of(spatial, g), x, w);
+}
+
+void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b, const ConvGeometry& g,
+                  Tensor& y) {
+  const ConvSpec s = spec_of(spatial, g);
+  check_conv_forward(ctx, spatial == 2 ? "conv2d_forward" : "conv3d_forward", s, x, w, b, y);
+  FANOUT_DISPATCH(ctx, conv_forward, ctx, spatial, x, w, b, g, y);
+}
+
+void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor& dy,
+                   const ConvGeometry& g, Tensor* dx, Tensor& dw, Tensor* db) {
+  const ConvSpec s = spec_of(spatial, g);
+  check_conv_backward(ctx, spatial == 2 ? "conv2d_backward" : "conv3d_backward", s, x, w, dy, dx, dw, db);
+  FANOUT_DISPATCH(ctx, conv_backward, ctx, spatial, x, w, dy, g, dx, dw, db);
+}
+
+}  // namespace fanout::kernels
