@@ -1,30 +1,57 @@
-// Public pooling entry points: output shape, shape/dtype/device checks, then dispatch.
+// Public pooling and upsampling entry points for both ranks (kernels/pool.h,
+// kernels/pool3d.h): output shapes, shape/dtype/device checks, then dispatch.
 #include "kernels/pool.h"
 
+#include <climits>
+#include <string>
+
 #include "kernels/dispatch.h"
+#include "kernels/pool3d.h"
 
 namespace fanout::kernels {
 
-Shape pool2d_output_shape(const Shape& x, const PoolGeometry& g) {
-  FANOUT_CHECK(x.ndim == 4) << "pool2d: x " << x.str() << " must be (N, C, H, W)";
+namespace {
+const char* layout(int spatial) { return spatial == 3 ? "(N, C, D, H, W)" : "(N, C, H, W)"; }
+}  // namespace
+
+Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g) {
+  const char* family = spatial == 3 ? "pool3d" : "pool2d";
+  FANOUT_CHECK(x.ndim == spatial + 2) << family << ": x " << x.str() << " must be " << layout(spatial);
   FANOUT_CHECK(g.kernel >= 1 && g.stride >= 1 && g.padding >= 0 && 2 * g.padding <= g.kernel)
-      << "pool2d: bad kernel " << g.kernel << " / stride " << g.stride << " / padding " << g.padding
+      << family << ": bad kernel " << g.kernel << " / stride " << g.stride << " / padding " << g.padding
       << " (padding must be at most half the kernel)";
-  const int64_t hp = x[2] + 2 * g.padding, wp = x[3] + 2 * g.padding;
-  FANOUT_CHECK(hp >= g.kernel && wp >= g.kernel) << "pool2d: kernel " << g.kernel << " larger than padded input "
-                                                 << hp << "x" << wp << " (x " << x.str() << ", padding "
-                                                 << g.padding << ")";
-  return Shape{x[0], x[1], (hp - g.kernel) / g.stride + 1, (wp - g.kernel) / g.stride + 1};
+  Shape y = x;
+  std::string padded;
+  bool fits = true;
+  for (int a = 2; a < x.ndim; ++a) {
+    const int64_t p = x[a] + 2 * g.padding;
+    padded += (a > 2 ? "x" : "") + std::to_string(p);
+    fits = fits && p >= g.kernel;
+    y[a] = (p - g.kernel) / g.stride + 1;
+  }
+  FANOUT_CHECK(fits) << family << ": kernel " << g.kernel << " larger than padded input " << padded << " (x "
+                     << x.str() << ", padding " << g.padding << ")";
+  return y;
+}
+
+Shape upsample3d_output_shape(const Shape& x, int64_t scale) {
+  FANOUT_CHECK(x.ndim == 5) << "upsample3d: x " << x.str() << " must be (N, C, D, H, W)";
+  FANOUT_CHECK(scale >= 1) << "upsample3d: scale " << scale << " must be at least 1";
+  return Shape{x[0], x[1], x[2] * scale, x[3] * scale, x[4] * scale};
 }
 
 namespace {
-void check_4d(const Context& ctx, const char* op, const char* name, const Tensor& t, DType dt = DType::F32) {
+// t on the context with dtype dt and `spatial` spatial axes.
+void check_rank(const Context& ctx, const char* op, const char* name, const Tensor& t, int spatial,
+                DType dt = DType::F32) {
   detail::check_tensor(ctx, op, name, t, dt);
-  FANOUT_CHECK(t.dim() == 4) << op << ": " << name << " " << t.shape().str() << " must be (N, C, H, W)";
+  FANOUT_CHECK(t.dim() == spatial + 2) << op << ": " << name << " " << t.shape().str() << " must be "
+                                       << layout(spatial);
 }
-// x (N, C, H, W) -> y: y must have the pooled shape.
-void check_pooled(const char* op, const Tensor& x, const PoolGeometry& g, const char* y_name, const Tensor& y) {
-  const Shape ys = pool2d_output_shape(x.shape(), g);
+// x -> y: y must have the pooled shape.
+void check_pooled(const char* op, int spatial, const Tensor& x, const PoolGeometry& g, const char* y_name,
+                  const Tensor& y) {
+  const Shape ys = pool_output_shape(spatial, x.shape(), g);
   FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
                                 << " with kernel " << g.kernel << ", stride " << g.stride << ", padding "
                                 << g.padding << " gives " << ys.str();
@@ -35,23 +62,33 @@ void check_global(const char* op, const Tensor& x, const char* y_name, const Ten
       << op << ": " << y_name << " " << y.shape().str() << " for (N, C, H, W) " << x.shape().str()
       << ", expected (" << x.size(0) << ", " << x.size(1) << ", 1, 1)";
 }
+// argmax holds int32 indices into one (D, H, W) volume.
+void check_volume_indexable(const char* op, const Tensor& x) {
+  FANOUT_CHECK(x.size(2) * x.size(3) * x.size(4) <= INT32_MAX)
+      << op << ": a volume of " << x.shape().str() << " has more elements than an int32 argmax can index";
+}
+void check_upsampled(const char* op, const Tensor& x, int64_t scale, const char* y_name, const Tensor& y) {
+  const Shape ys = upsample3d_output_shape(x.shape(), scale);
+  FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
+                                << " with scale " << scale << " gives " << ys.str();
+}
 }  // namespace
 
 void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
   const char* op = "maxpool2d_forward";
-  check_4d(ctx, op, "x", x);
+  check_rank(ctx, op, "x", x, 2);
   detail::check_tensor(ctx, op, "y", y);
   detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
-  check_pooled(op, x, g, "y", y);
-  check_pooled(op, x, g, "argmax", argmax);
+  check_pooled(op, 2, x, g, "y", y);
+  check_pooled(op, 2, x, g, "argmax", argmax);
   FANOUT_DISPATCH(ctx, maxpool2d_forward, ctx, x, g, y, argmax);
 }
 
 void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   const char* op = "maxpool2d_backward";
-  check_4d(ctx, op, "dy", dy);
+  check_rank(ctx, op, "dy", dy, 2);
   detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
-  check_4d(ctx, op, "dx", dx);
+  check_rank(ctx, op, "dx", dx, 2);
   FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
       << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
       << " do not match";
@@ -60,23 +97,23 @@ void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Te
 
 void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
   const char* op = "avgpool2d_forward";
-  check_4d(ctx, op, "x", x);
+  check_rank(ctx, op, "x", x, 2);
   detail::check_tensor(ctx, op, "y", y);
-  check_pooled(op, x, g, "y", y);
+  check_pooled(op, 2, x, g, "y", y);
   FANOUT_DISPATCH(ctx, avgpool2d_forward, ctx, x, g, y);
 }
 
 void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
   const char* op = "avgpool2d_backward";
   detail::check_tensor(ctx, op, "dy", dy);
-  check_4d(ctx, op, "dx", dx);
-  check_pooled(op, dx, g, "dy", dy);
+  check_rank(ctx, op, "dx", dx, 2);
+  check_pooled(op, 2, dx, g, "dy", dy);
   FANOUT_DISPATCH(ctx, avgpool2d_backward, ctx, dy, g, dx);
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
   const char* op = "global_avgpool_forward";
-  check_4d(ctx, op, "x", x);
+  check_rank(ctx, op, "x", x, 2);
   detail::check_tensor(ctx, op, "y", y);
   check_global(op, x, "y", y);
   FANOUT_DISPATCH(ctx, global_avgpool_forward, ctx, x, y);
@@ -85,9 +122,68 @@ void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   const char* op = "global_avgpool_backward";
   detail::check_tensor(ctx, op, "dy", dy);
-  check_4d(ctx, op, "dx", dx);
+  check_rank(ctx, op, "dx", dx, 2);
   check_global(op, dx, "dy", dy);
   FANOUT_DISPATCH(ctx, global_avgpool_backward, ctx, dy, dx);
+}
+
+void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
+  const char* op = "maxpool3d_forward";
+  check_rank(ctx, op, "x", x, 3);
+  check_volume_indexable(op, x);
+  detail::check_tensor(ctx, op, "y", y);
+  detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
+  check_pooled(op, 3, x, g, "y", y);
+  check_pooled(op, 3, x, g, "argmax", argmax);
+  FANOUT_DISPATCH(ctx, maxpool3d_forward, ctx, x, g, y, argmax);
+}
+
+void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  const char* op = "maxpool3d_backward";
+  check_rank(ctx, op, "dy", dy, 3);
+  check_rank(ctx, op, "argmax", argmax, 3, DType::I32);
+  check_rank(ctx, op, "dx", dx, 3);
+  check_volume_indexable(op, dx);
+  FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
+      << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
+      << " do not match";
+  const auto planes = [](const Tensor& t) {
+    return t.view(Shape{t.size(0), t.size(1), t.size(2) * t.size(3) * t.size(4), 1});
+  };
+  Tensor dx_planes = planes(dx);
+  maxpool2d_backward(ctx, planes(dy), planes(argmax), dx_planes);
+}
+
+void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  const char* op = "avgpool3d_forward";
+  check_rank(ctx, op, "x", x, 3);
+  detail::check_tensor(ctx, op, "y", y);
+  check_pooled(op, 3, x, g, "y", y);
+  FANOUT_DISPATCH(ctx, avgpool3d_forward, ctx, x, g, y);
+}
+
+void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  const char* op = "avgpool3d_backward";
+  check_rank(ctx, op, "dy", dy, 3);
+  check_rank(ctx, op, "dx", dx, 3);
+  check_pooled(op, 3, dx, g, "dy", dy);
+  FANOUT_DISPATCH(ctx, avgpool3d_backward, ctx, dy, g, dx);
+}
+
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
+  const char* op = "upsample3d_nearest_forward";
+  check_rank(ctx, op, "x", x, 3);
+  detail::check_tensor(ctx, op, "y", y);
+  check_upsampled(op, x, scale, "y", y);
+  FANOUT_DISPATCH(ctx, upsample3d_nearest_forward, ctx, x, scale, y);
+}
+
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
+  const char* op = "upsample3d_nearest_backward";
+  detail::check_tensor(ctx, op, "dy", dy);
+  check_rank(ctx, op, "dx", dx, 3);
+  check_upsampled(op, dx, scale, "dy", dy);
+  FANOUT_DISPATCH(ctx, upsample3d_nearest_backward, ctx, dy, scale, dx);
 }
 
 }  // namespace fanout::kernels

@@ -13,8 +13,10 @@ struct PoolGeometry {
   int64_t padding = 0;
 };
 
-// Floor mode, as PyTorch's default; throws on impossible shapes.
-Shape pool2d_output_shape(const Shape& x, const PoolGeometry& g);
+// Floor mode, as PyTorch's default, over the `spatial` (2 or 3) trailing
+// axes of x; throws on impossible shapes.
+Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g);
+inline Shape pool2d_output_shape(const Shape& x, const PoolGeometry& g) { return pool_output_shape(2, x, g); }
 
 FANOUT_KERNEL_OPS(
 // y (=); argmax (I32, same shape as y) holds the flat index h*W+w of the max inside each plane.

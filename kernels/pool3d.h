@@ -11,9 +11,8 @@
 
 namespace fanout::kernels {
 
-// PoolGeometry (kernels/pool.h) applies to all three axes alike. Floor mode,
-// as PyTorch's default; throws on impossible shapes.
-Shape pool3d_output_shape(const Shape& x, const PoolGeometry& g);
+// PoolGeometry (kernels/pool.h) applies to all three axes alike (pool_output_shape).
+inline Shape pool3d_output_shape(const Shape& x, const PoolGeometry& g) { return pool_output_shape(3, x, g); }
 // (N, C, D*s, H*s, W*s) for x (N, C, D, H, W) and scale s >= 1.
 Shape upsample3d_output_shape(const Shape& x, int64_t scale);
 
