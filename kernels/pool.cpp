@@ -72,42 +72,54 @@ void check_upsampled(const char* op, const Tensor& x, int64_t scale, const char*
   FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
                                 << " with scale " << scale << " gives " << ys.str();
 }
+// The forward's checks: x of the rank, y (and argmax, int32) of the pooled shape.
+void check_pool_forward(const Context& ctx, const char* op, int spatial, const Tensor& x, const PoolGeometry& g,
+                        const Tensor& y, const Tensor* argmax) {
+  check_rank(ctx, op, "x", x, spatial);
+  if (spatial == 3) check_volume_indexable(op, x);
+  detail::check_tensor(ctx, op, "y", y);
+  check_pooled(op, spatial, x, g, "y", y);
+  if (!argmax) return;
+  detail::check_tensor(ctx, op, "argmax", *argmax, DType::I32);
+  check_pooled(op, spatial, x, g, "argmax", *argmax);
+}
+// Max pooling's backward: dy and argmax alike, dx of the rank with their planes.
+void check_max_backward(const Context& ctx, const char* op, int spatial, const Tensor& dy, const Tensor& argmax,
+                        const Tensor& dx) {
+  check_rank(ctx, op, "dy", dy, spatial);
+  check_rank(ctx, op, "argmax", argmax, spatial, DType::I32);
+  check_rank(ctx, op, "dx", dx, spatial);
+  if (spatial == 3) check_volume_indexable(op, dx);
+  FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
+      << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
+      << " do not match";
+}
+// Average pooling's backward: dy of dx's pooled shape.
+void check_avg_backward(const Context& ctx, const char* op, int spatial, const Tensor& dy, const PoolGeometry& g,
+                        const Tensor& dx) {
+  detail::check_tensor(ctx, op, "dy", dy);
+  check_rank(ctx, op, "dx", dx, spatial);
+  check_pooled(op, spatial, dx, g, "dy", dy);
+}
 }  // namespace
 
 void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  const char* op = "maxpool2d_forward";
-  check_rank(ctx, op, "x", x, 2);
-  detail::check_tensor(ctx, op, "y", y);
-  detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
-  check_pooled(op, 2, x, g, "y", y);
-  check_pooled(op, 2, x, g, "argmax", argmax);
+  check_pool_forward(ctx, "maxpool2d_forward", 2, x, g, y, &argmax);
   FANOUT_DISPATCH(ctx, maxpool2d_forward, ctx, x, g, y, argmax);
 }
 
 void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  const char* op = "maxpool2d_backward";
-  check_rank(ctx, op, "dy", dy, 2);
-  detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
-  check_rank(ctx, op, "dx", dx, 2);
-  FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
-      << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
-      << " do not match";
+  check_max_backward(ctx, "maxpool2d_backward", 2, dy, argmax, dx);
   FANOUT_DISPATCH(ctx, maxpool2d_backward, ctx, dy, argmax, dx);
 }
 
 void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  const char* op = "avgpool2d_forward";
-  check_rank(ctx, op, "x", x, 2);
-  detail::check_tensor(ctx, op, "y", y);
-  check_pooled(op, 2, x, g, "y", y);
+  check_pool_forward(ctx, "avgpool2d_forward", 2, x, g, y, nullptr);
   FANOUT_DISPATCH(ctx, avgpool2d_forward, ctx, x, g, y);
 }
 
 void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  const char* op = "avgpool2d_backward";
-  detail::check_tensor(ctx, op, "dy", dy);
-  check_rank(ctx, op, "dx", dx, 2);
-  check_pooled(op, 2, dx, g, "dy", dy);
+  check_avg_backward(ctx, "avgpool2d_backward", 2, dy, g, dx);
   FANOUT_DISPATCH(ctx, avgpool2d_backward, ctx, dy, g, dx);
 }
 
@@ -128,25 +140,12 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
 }
 
 void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  const char* op = "maxpool3d_forward";
-  check_rank(ctx, op, "x", x, 3);
-  check_volume_indexable(op, x);
-  detail::check_tensor(ctx, op, "y", y);
-  detail::check_tensor(ctx, op, "argmax", argmax, DType::I32);
-  check_pooled(op, 3, x, g, "y", y);
-  check_pooled(op, 3, x, g, "argmax", argmax);
+  check_pool_forward(ctx, "maxpool3d_forward", 3, x, g, y, &argmax);
   FANOUT_DISPATCH(ctx, maxpool3d_forward, ctx, x, g, y, argmax);
 }
 
 void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  const char* op = "maxpool3d_backward";
-  check_rank(ctx, op, "dy", dy, 3);
-  check_rank(ctx, op, "argmax", argmax, 3, DType::I32);
-  check_rank(ctx, op, "dx", dx, 3);
-  check_volume_indexable(op, dx);
-  FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
-      << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
-      << " do not match";
+  check_max_backward(ctx, "maxpool3d_backward", 3, dy, argmax, dx);
   const auto planes = [](const Tensor& t) {
     return t.view(Shape{t.size(0), t.size(1), t.size(2) * t.size(3) * t.size(4), 1});
   };
@@ -155,18 +154,12 @@ void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Te
 }
 
 void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  const char* op = "avgpool3d_forward";
-  check_rank(ctx, op, "x", x, 3);
-  detail::check_tensor(ctx, op, "y", y);
-  check_pooled(op, 3, x, g, "y", y);
+  check_pool_forward(ctx, "avgpool3d_forward", 3, x, g, y, nullptr);
   FANOUT_DISPATCH(ctx, avgpool3d_forward, ctx, x, g, y);
 }
 
 void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  const char* op = "avgpool3d_backward";
-  check_rank(ctx, op, "dy", dy, 3);
-  check_rank(ctx, op, "dx", dx, 3);
-  check_pooled(op, 3, dx, g, "dy", dy);
+  check_avg_backward(ctx, "avgpool3d_backward", 3, dy, g, dx);
   FANOUT_DISPATCH(ctx, avgpool3d_backward, ctx, dy, g, dx);
 }
 
