@@ -7,7 +7,7 @@
 #pragma once
 #include "models/layers/activation.h"
 #include "models/layers/batchnorm.h"
-#include "models/layers/conv2d.h"
+#include "models/layers/conv.h"
 #include "models/layers/sequential.h"
 
 namespace fanout::models {

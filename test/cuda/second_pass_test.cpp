@@ -16,7 +16,7 @@
 #include "cuda/cuda_test_util.h"
 #include "models/layers/activation.h"
 #include "models/layers/batchnorm.h"
-#include "models/layers/conv2d.h"
+#include "models/layers/conv.h"
 #include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"

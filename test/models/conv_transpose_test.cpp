@@ -13,7 +13,7 @@
 #include "kernels/backend_test_util.h"
 #include "kernels/conv_bias.h"
 #include "models/layers/activation.h"
-#include "models/layers/conv2d.h"
+#include "models/layers/conv.h"
 #include "models/layers/conv_transpose.h"
 #include "models/layers/flatten.h"
 #include "models/layers/linear.h"

@@ -9,7 +9,7 @@
 #include "models/layers/smooth_activation.h"
 #include "models/layers/basic_block.h"
 #include "models/layers/batchnorm.h"
-#include "models/layers/conv2d.h"
+#include "models/layers/conv.h"
 #include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"

@@ -20,7 +20,7 @@
 #include "kernels/backend_test_util.h"
 #include "models/layers/activation.h"
 #include "models/layers/batchnorm.h"
-#include "models/layers/conv3d.h"
+#include "models/layers/conv.h"
 #include "models/layers/pooling3d.h"
 #include "models/layers/upsample.h"
 #include "models/layers/sequential.h"

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "models/layers/activation.h"
-#include "models/layers/conv2d.h"
+#include "models/layers/conv.h"
 #include "models/layers/sequential.h"
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/data_parallel.h"

@@ -10,8 +10,7 @@
 #include <functional>
 
 #include "models/layers/activation.h"
-#include "models/layers/conv2d.h"
-#include "models/layers/conv3d.h"
+#include "models/layers/conv.h"
 #include "models/layers/pooling3d.h"
 #include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
