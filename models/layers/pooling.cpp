@@ -1,4 +1,4 @@
-// Pooling layers.
+// Pooling layers of both kinds and ranks, and global average pooling.
 #include "models/layers/pooling.h"
 
 #include "runtime/core/error.h"
@@ -6,40 +6,47 @@
 
 namespace fanout::models {
 
-Tensor MaxPool2d::forward(const Tensor& x, Context& ctx) {
-  FANOUT_USER_CHECK(x.dim() == 4 && x.size(2) + 2 * g_.padding >= g_.kernel && x.size(3) + 2 * g_.padding >= g_.kernel)
-      << "MaxPool2d(kernel " << g_.kernel << ") cannot take input of shape " << x.shape().str();
+PoolNd::PoolNd(Kind kind, int spatial, int64_t kernel, int64_t stride, int64_t padding)
+    : kind_(kind), spatial_(spatial), g_{kernel, stride, padding} {
+  FANOUT_CHECK(spatial == 2 || spatial == 3) << "pooling over " << spatial << " spatial axes";
+  FANOUT_USER_CHECK(kernel >= 1 && stride >= 1 && padding >= 0 && 2 * padding <= kernel)
+      << "bad " << type_name() << " hyper-parameters: kernel " << kernel << ", stride " << stride << ", padding "
+      << padding << " (padding must be at most half the kernel)";
+}
+
+std::string PoolNd::type_name() const {
+  return std::string(kind_ == Kind::Max ? "MaxPool" : "AvgPool") + (spatial_ == 2 ? "2d" : "3d");
+}
+
+Tensor PoolNd::forward(const Tensor& x, Context& ctx) {
+  bool fits = x.dim() == spatial_ + 2;
+  for (int a = 2; fits && a < x.dim(); ++a) fits = x.size(a) + 2 * g_.padding >= g_.kernel;
+  FANOUT_USER_CHECK(fits) << type_name() << "(kernel " << g_.kernel << ", padding " << g_.padding
+                          << ") cannot take input of shape " << x.shape().str()
+                          << (spatial_ == 2 ? " (expected (N, C, H, W))" : " (expected (N, C, D, H, W))");
   in_shape_ = x.shape();
-  const Shape s = kernels::pool2d_output_shape(x.shape(), g_);
+  const Shape s = kernels::pool_output_shape(spatial_, x.shape(), g_);
   ensure(y_, s, ctx.device());
-  ensure(argmax_, s, DType::I32, ctx.device());
-  kernels::maxpool2d_forward(ctx, x, g_, y_, argmax_);
+  if (kind_ == Kind::Max) {
+    ensure(argmax_, s, DType::I32, ctx.device());
+    if (spatial_ == 2) kernels::maxpool2d_forward(ctx, x, g_, y_, argmax_);
+    else kernels::maxpool3d_forward(ctx, x, g_, y_, argmax_);
+    return y_;  // the input's values: already of its type
+  }
+  if (spatial_ == 2) kernels::avgpool2d_forward(ctx, x, g_, y_);
+  else kernels::avgpool3d_forward(ctx, x, g_, y_);
+  autocast_round(ctx, y_);  // the input's type
   return y_;
 }
 
-Tensor MaxPool2d::backward(const Tensor& dy, Context& ctx) {
+Tensor PoolNd::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
-  kernels::maxpool2d_backward(ctx, dy, argmax_, dx_);
+  if (kind_ == Kind::Max && spatial_ == 2) kernels::maxpool2d_backward(ctx, dy, argmax_, dx_);
+  else if (kind_ == Kind::Max) kernels::maxpool3d_backward(ctx, dy, argmax_, dx_);
+  else if (spatial_ == 2) kernels::avgpool2d_backward(ctx, dy, g_, dx_);
+  else kernels::avgpool3d_backward(ctx, dy, g_, dx_);
   autocast_round(ctx, dx_);  // overlapping windows add gradients
-  return dx_;
-}
-
-Tensor AvgPool2d::forward(const Tensor& x, Context& ctx) {
-  FANOUT_USER_CHECK(x.dim() == 4 && x.size(2) + 2 * g_.padding >= g_.kernel && x.size(3) + 2 * g_.padding >= g_.kernel)
-      << "AvgPool2d(kernel " << g_.kernel << ") cannot take input of shape " << x.shape().str();
-  in_shape_ = x.shape();
-  ensure(y_, kernels::pool2d_output_shape(x.shape(), g_), ctx.device());
-  kernels::avgpool2d_forward(ctx, x, g_, y_);
-  autocast_round(ctx, y_);
-  return y_;
-}
-
-Tensor AvgPool2d::backward(const Tensor& dy, Context& ctx) {
-  if (!input_grad()) return Tensor();
-  ensure(dx_, in_shape_, ctx.device());
-  kernels::avgpool2d_backward(ctx, dy, g_, dx_);
-  autocast_round(ctx, dx_);
   return dx_;
 }
 

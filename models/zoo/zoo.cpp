@@ -9,7 +9,6 @@
 #include "models/layers/groupnorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
-#include "models/layers/pooling3d.h"
 #include "models/layers/upsample.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"

@@ -16,7 +16,6 @@
 #include "models/layers/layernorm.h"
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
-#include "models/layers/pooling3d.h"
 #include "models/layers/sequential.h"
 #include "runtime/nn/grad_check.h"
 #include "support/test_util.h"

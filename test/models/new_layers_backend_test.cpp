@@ -16,7 +16,7 @@
 #include "models/layers/dropout.h"
 #include "models/layers/groupnorm.h"
 #include "models/layers/layernorm.h"
-#include "models/layers/pooling3d.h"
+#include "models/layers/pooling.h"
 #include "support/test_util.h"
 
 namespace fanout {

@@ -21,7 +21,7 @@
 #include "models/layers/activation.h"
 #include "models/layers/batchnorm.h"
 #include "models/layers/conv.h"
-#include "models/layers/pooling3d.h"
+#include "models/layers/pooling.h"
 #include "models/layers/upsample.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"

@@ -11,7 +11,7 @@
 
 #include "models/layers/activation.h"
 #include "models/layers/conv.h"
-#include "models/layers/pooling3d.h"
+#include "models/layers/pooling.h"
 #include "models/layers/dropout.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
