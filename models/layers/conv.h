@@ -37,24 +37,18 @@ class ConvNd : public Module {
   AutocastWeights autocast_;
 };
 
-class Conv2d final : public ConvNd {
+// The named ranks: Conv2d and Conv3d.
+template <int Spatial>
+class Conv final : public ConvNd {
  public:
-  Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0, bool bias = true,
-         Init init = Init::TorchDefault)
-      : ConvNd(2, in, out, kernel, stride, padding, bias, init) {}
+  Conv(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0, bool bias = true,
+       Init init = Init::TorchDefault)
+      : ConvNd(Spatial, in, out, kernel, stride, padding, bias, init) {}
   std::unique_ptr<Module> make_like() const override {
-    return std::make_unique<Conv2d>(in_, out_, k_, g_.stride, g_.padding, has_bias(), init_);
+    return std::make_unique<Conv>(in_, out_, k_, g_.stride, g_.padding, has_bias(), init_);
   }
 };
-
-class Conv3d final : public ConvNd {
- public:
-  Conv3d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0, bool bias = true,
-         Init init = Init::TorchDefault)
-      : ConvNd(3, in, out, kernel, stride, padding, bias, init) {}
-  std::unique_ptr<Module> make_like() const override {
-    return std::make_unique<Conv3d>(in_, out_, k_, g_.stride, g_.padding, has_bias(), init_);
-  }
-};
+using Conv2d = Conv<2>;
+using Conv3d = Conv<3>;
 
 }  // namespace fanout::models
