@@ -12,12 +12,7 @@
 namespace fanout::data {
 namespace {
 
-using fanout::testing::Bytes;
-using fanout::testing::cifar_pixel;
-using fanout::testing::cifar_records;
-using fanout::testing::expect_user_error;
-using fanout::testing::ScratchDir;
-using fanout::testing::write_file;
+using namespace fanout::testing;  // the data tests' file builders and checks
 
 // Batch b (1..5, 0 = test) holds labels[b]; each batch's pixels are salted by b.
 const std::vector<std::vector<uint8_t>> kLabels = {{9, 8}, {0, 1, 2}, {3}, {4, 5}, {6, 7, 8, 9}, {0}};

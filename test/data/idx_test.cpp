@@ -14,15 +14,7 @@
 namespace fanout::data {
 namespace {
 
-using fanout::testing::Bytes;
-using fanout::testing::expect_user_error;
-using fanout::testing::idx_bytes;
-using fanout::testing::idx_images;
-using fanout::testing::idx_labels;
-using fanout::testing::pattern_pixels;
-using fanout::testing::ScratchDir;
-using fanout::testing::write_file;
-using fanout::testing::write_gz;
+using namespace fanout::testing;  // the data tests' file builders and checks
 
 constexpr uint32_t kN = 5, kH = 3, kW = 4;
 const Bytes kLabels = {3, 0, 9, 1, 7};

@@ -10,14 +10,7 @@
 namespace fanout::data {
 namespace {
 
-using fanout::testing::cifar_records;
-using fanout::testing::expect_user_error;
-using fanout::testing::idx_images;
-using fanout::testing::idx_labels;
-using fanout::testing::pattern_pixels;
-using fanout::testing::ScratchDir;
-using fanout::testing::write_file;
-using fanout::testing::write_gz;
+using namespace fanout::testing;  // the data tests' file builders and checks
 
 TEST(OpenDataset, SyntheticDefaultAndSized) {
   const TrainTest d = open_dataset("synthetic", 9);
