@@ -21,9 +21,7 @@
 namespace fanout::data {
 namespace {
 
-using fanout::testing::expect_user_error;
-using fanout::testing::iota;
-using fanout::testing::random_image_dataset;
+using namespace fanout::testing;  // random datasets and checks
 
 constexpr int64_t kC = 2, kH = 4, kW = 5, kPer = kC * kH * kW;
 

@@ -14,9 +14,7 @@
 namespace fanout::data {
 namespace {
 
-using fanout::testing::expect_user_error;
-using fanout::testing::random_image_dataset;
-using fanout::testing::same_floats;
+using namespace fanout::testing;  // random datasets and checks
 
 constexpr int64_t kC = 3, kH = 5, kW = 7, kPer = kC * kH * kW;
 
