@@ -210,25 +210,25 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     const std::string rank = "rank " + std::to_string(workers[j].rank);
     if (seen.entered == 0) return rank + " ended before any collective";
     if (seen.failed) return st.board->describe(static_cast<int>(j), workers[j].rank);
-    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.number ? seen.number : seen.entered) + ")";
+    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.id()) + ")";
+  };
+  // Whether a running rank waits inside a collective now.
+  auto someone_inside = [&] {
+    for (size_t i = 0; i < workers.size(); ++i)
+      if (!workers[i].done && st.board->read(static_cast<int>(i)).inside > 0) return true;
+    return false;
   };
   // Where the ranks are, from the progress board: one clause per rank.
+  // Worth a line when a rank still waits in a collective (not after a bad option, say).
   auto where_all = [&] {
     std::string s;
-    if (!st.board) return s;
-    // Worth a line when a rank still waits in a collective (not after a bad option, say).
-    bool waits = false;
-    for (size_t i = 0; i < workers.size(); ++i)
-      waits = waits || (!workers[i].done && st.board->read(static_cast<int>(i)).inside > 0);
-    for (size_t i = 0; waits && i < workers.size(); ++i)
-      s += (s.empty() ? "" : "; ") + where(i);
+    if (!st.board || !someone_inside()) return s;
+    for (size_t i = 0; i < workers.size(); ++i) s += (s.empty() ? "" : "; ") + where(i);
     return s;
   };
   auto find_stall = [&](double after, const Worker* failed) -> std::string {
     const uint64_t failed_at = failed ? st.board->read(static_cast<int>(failed - workers.data())).entered : 0;
-    bool someone_waits = failed_at > 0;
-    for (size_t i = 0; i < workers.size(); ++i)
-      someone_waits = someone_waits || (!workers[i].done && st.board->read(static_cast<int>(i)).inside > 0);
+    const bool someone_waits = failed_at > 0 || someone_inside();
     for (size_t i = 0; i < workers.size(); ++i) {
       const Worker& w = workers[i];
       if (w.done) continue;
@@ -272,10 +272,7 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     }
     // The group's own numbers (Gloo's, per tag) when it gives them: a skipped
     // collective shifts them, not the count of collectives begun.
-    auto number = [&](size_t i) {
-      const ProgressBoard::Seen seen = st.board->read(static_cast<int>(i));
-      return seen.number ? seen.number : seen.entered;
-    };
+    auto number = [&](size_t i) { return st.board->read(static_cast<int>(i)).id(); };
     bool differ = false;
     for (size_t i : stuck) differ = differ || number(i) != number(stuck[0]);
     if (!differ) return {};

@@ -138,21 +138,18 @@ ProgressBoard::Seen ProgressBoard::read(int slot) const {
 
 std::string ProgressBoard::describe(int slot, int rank) const {
   const Seen s = read(slot);
-  const auto id = static_cast<unsigned long long>(s.number ? s.number : s.entered);  // the group's own number if given
-  char buf[256];
+  const std::string which = s.what + " (collective #" + std::to_string(s.id()) + ", " + std::to_string(s.elements) +
+                            " elements)";
+  char buf[320];
   if (s.entered == 0)
     std::snprintf(buf, sizeof buf, "rank %d has begun no collective (%.1f s since it started)", rank, s.idle_s);
   else if (s.failed && s.inside == 0)
-    std::snprintf(buf, sizeof buf, "rank %d failed in %s (collective #%llu, %lld elements)", rank, s.what.c_str(),
-                  id, static_cast<long long>(s.elements));
+    std::snprintf(buf, sizeof buf, "rank %d failed in %s", rank, which.c_str());
   else if (s.inside > 0)
-    std::snprintf(buf, sizeof buf, "rank %d is in %s (collective #%llu, %lld elements) for %.1f s", rank,
-                  s.what.c_str(), id, static_cast<long long>(s.elements),
-                  s.idle_s);
+    std::snprintf(buf, sizeof buf, "rank %d is in %s for %.1f s", rank, which.c_str(), s.idle_s);
   else
-    std::snprintf(buf, sizeof buf,
-                  "rank %d is outside any collective for %.1f s, after %s (collective #%llu, %lld elements)", rank,
-                  s.idle_s, s.what.c_str(), id, static_cast<long long>(s.elements));
+    std::snprintf(buf, sizeof buf, "rank %d is outside any collective for %.1f s, after %s", rank, s.idle_s,
+                  which.c_str());
   return buf;
 }
 

@@ -50,6 +50,8 @@ class ProgressBoard {
     std::string what;      // the latest collective begun
     int64_t elements = 0;
     uint64_t number = 0;   // the latest collective's number in its group (0: none given)
+    // The number reports give it: the group's own when it gives one, else the count begun.
+    uint64_t id() const { return number ? number : entered; }
   };
   Seen read(int slot) const;
 
