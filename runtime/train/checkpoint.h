@@ -108,7 +108,9 @@ class CheckpointSaver {
   CheckpointSaver(std::string dir, int every, int keep_last);
   const SaveDirLock& lock() const { return *lock_; }
   // Call after each epoch's evaluation; st.epoch is the epoch just completed,
-  // last_epoch the last one this process trains (always saved).
+  // st.score its EpochMetrics::best_score() (best.safetensors is written when
+  // it beats st.best_test_acc), last_epoch the last one this process trains
+  // (always saved).
   // Returns the paths written (empty when this epoch is not saved).
   std::vector<std::string> on_epoch_end(Engine& engine, optim::Optimizer& opt, CheckpointState& st, int last_epoch);
   // Mid-epoch (--save-every-steps, or a stop): epoch-NNNN-batch-BBBBBBB, and
