@@ -63,8 +63,8 @@ int main() {
       kernels::bn_finalize(ctx, stats, cnt, 1e-5f, 0.1f, mean, invstd, nullptr, nullptr);
       kernels::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
       kernels::relu_forward(ctx, y, y);
-      kernels::maxpool2d_forward(ctx, y, geo, py, pa);
-      kernels::maxpool2d_backward(ctx, pdy, pa, dx);
+      kernels::maxpool_forward(ctx, 2, y, geo, py, pa);
+      kernels::maxpool_backward(ctx, 2, pdy, pa, dx);
       kernels::relu_backward(ctx, y, dx, dx);
       kernels::bn_backward_reduce(ctx, x, dx, mean, invstd, gs);
       kernels::bn_backward_apply(ctx, x, dx, mean, invstd, gamma, gs, cnt, dx);

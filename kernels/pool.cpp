@@ -1,12 +1,12 @@
-// Public pooling and upsampling entry points for both ranks (kernels/pool.h,
-// kernels/pool3d.h): output shapes, shape/dtype/device checks, then dispatch.
+// Public pooling and upsampling entry points for both ranks (kernels/pool.h):
+// output shapes, shape/dtype/device checks, then dispatch.
 #include "kernels/pool.h"
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
 #include "kernels/dispatch.h"
-#include "kernels/pool3d.h"
 
 namespace fanout::kernels {
 
@@ -15,6 +15,7 @@ const char* layout(int spatial) { return spatial == 3 ? "(N, C, D, H, W)" : "(N,
 }  // namespace
 
 Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g) {
+  FANOUT_CHECK(spatial == 2 || spatial == 3) << "pooling over " << spatial << " spatial axes";
   const char* family = spatial == 3 ? "pool3d" : "pool2d";
   FANOUT_CHECK(x.ndim == spatial + 2) << family << ": x " << x.str() << " must be " << layout(spatial);
   FANOUT_CHECK(g.kernel >= 1 && g.stride >= 1 && g.padding >= 0 && 2 * g.padding <= g.kernel)
@@ -44,6 +45,7 @@ namespace {
 // t on the context with dtype dt and `spatial` spatial axes.
 void check_rank(const Context& ctx, const char* op, const char* name, const Tensor& t, int spatial,
                 DType dt = DType::F32) {
+  FANOUT_CHECK(spatial == 2 || spatial == 3) << op << ": pooling over " << spatial << " spatial axes";
   detail::check_tensor(ctx, op, name, t, dt);
   FANOUT_CHECK(t.dim() == spatial + 2) << op << ": " << name << " " << t.shape().str() << " must be "
                                        << layout(spatial);
@@ -62,9 +64,9 @@ void check_global(const char* op, const Tensor& x, const char* y_name, const Ten
       << op << ": " << y_name << " " << y.shape().str() << " for (N, C, H, W) " << x.shape().str()
       << ", expected (" << x.size(0) << ", " << x.size(1) << ", 1, 1)";
 }
-// argmax holds int32 indices into one (D, H, W) volume.
+// argmax holds int32 indices into one (n, c) plane or volume.
 void check_volume_indexable(const char* op, const Tensor& x) {
-  FANOUT_CHECK(x.size(2) * x.size(3) * x.size(4) <= INT32_MAX)
+  FANOUT_CHECK(x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1)) <= INT32_MAX)
       << op << ": a volume of " << x.shape().str() << " has more elements than an int32 argmax can index";
 }
 void check_upsampled(const char* op, const Tensor& x, int64_t scale, const char* y_name, const Tensor& y) {
@@ -76,7 +78,7 @@ void check_upsampled(const char* op, const Tensor& x, int64_t scale, const char*
 void check_pool_forward(const Context& ctx, const char* op, int spatial, const Tensor& x, const PoolGeometry& g,
                         const Tensor& y, const Tensor* argmax) {
   check_rank(ctx, op, "x", x, spatial);
-  if (spatial == 3) check_volume_indexable(op, x);
+  check_volume_indexable(op, x);
   detail::check_tensor(ctx, op, "y", y);
   check_pooled(op, spatial, x, g, "y", y);
   if (!argmax) return;
@@ -89,7 +91,7 @@ void check_max_backward(const Context& ctx, const char* op, int spatial, const T
   check_rank(ctx, op, "dy", dy, spatial);
   check_rank(ctx, op, "argmax", argmax, spatial, DType::I32);
   check_rank(ctx, op, "dx", dx, spatial);
-  if (spatial == 3) check_volume_indexable(op, dx);
+  check_volume_indexable(op, dx);
   FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
       << op << ": dy " << dy.shape().str() << ", argmax " << argmax.shape().str() << " and dx " << dx.shape().str()
       << " do not match";
@@ -103,24 +105,25 @@ void check_avg_backward(const Context& ctx, const char* op, int spatial, const T
 }
 }  // namespace
 
-void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  check_pool_forward(ctx, "maxpool2d_forward", 2, x, g, y, &argmax);
-  FANOUT_DISPATCH(ctx, maxpool2d_forward, ctx, x, g, y, argmax);
+void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
+                     Tensor& argmax) {
+  check_pool_forward(ctx, "maxpool_forward", spatial, x, g, y, &argmax);
+  FANOUT_DISPATCH(ctx, maxpool_forward, ctx, spatial, x, g, y, argmax);
 }
 
-void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  check_max_backward(ctx, "maxpool2d_backward", 2, dy, argmax, dx);
-  FANOUT_DISPATCH(ctx, maxpool2d_backward, ctx, dy, argmax, dx);
+void maxpool_backward(Context& ctx, int spatial, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  check_max_backward(ctx, "maxpool_backward", spatial, dy, argmax, dx);
+  FANOUT_DISPATCH(ctx, maxpool_backward, ctx, spatial, dy, argmax, dx);
 }
 
-void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  check_pool_forward(ctx, "avgpool2d_forward", 2, x, g, y, nullptr);
-  FANOUT_DISPATCH(ctx, avgpool2d_forward, ctx, x, g, y);
+void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  check_pool_forward(ctx, "avgpool_forward", spatial, x, g, y, nullptr);
+  FANOUT_DISPATCH(ctx, avgpool_forward, ctx, spatial, x, g, y);
 }
 
-void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  check_avg_backward(ctx, "avgpool2d_backward", 2, dy, g, dx);
-  FANOUT_DISPATCH(ctx, avgpool2d_backward, ctx, dy, g, dx);
+void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  check_avg_backward(ctx, "avgpool_backward", spatial, dy, g, dx);
+  FANOUT_DISPATCH(ctx, avgpool_backward, ctx, spatial, dy, g, dx);
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
@@ -137,30 +140,6 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   check_rank(ctx, op, "dx", dx, 2);
   check_global(op, dx, "dy", dy);
   FANOUT_DISPATCH(ctx, global_avgpool_backward, ctx, dy, dx);
-}
-
-void maxpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  check_pool_forward(ctx, "maxpool3d_forward", 3, x, g, y, &argmax);
-  FANOUT_DISPATCH(ctx, maxpool3d_forward, ctx, x, g, y, argmax);
-}
-
-void maxpool3d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  check_max_backward(ctx, "maxpool3d_backward", 3, dy, argmax, dx);
-  const auto planes = [](const Tensor& t) {
-    return t.view(Shape{t.size(0), t.size(1), t.size(2) * t.size(3) * t.size(4), 1});
-  };
-  Tensor dx_planes = planes(dx);
-  maxpool2d_backward(ctx, planes(dy), planes(argmax), dx_planes);
-}
-
-void avgpool3d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  check_pool_forward(ctx, "avgpool3d_forward", 3, x, g, y, nullptr);
-  FANOUT_DISPATCH(ctx, avgpool3d_forward, ctx, x, g, y);
-}
-
-void avgpool3d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  check_avg_backward(ctx, "avgpool3d_backward", 3, dy, g, dx);
-  FANOUT_DISPATCH(ctx, avgpool3d_backward, ctx, dy, g, dx);
 }
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {

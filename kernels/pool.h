@@ -1,5 +1,12 @@
-// Pooling over (N, C, H, W): max, average (count_include_pad = true, as
-// PyTorch's default), and global average (adaptive average pool to 1x1).
+// Pooling over the 2 or 3 trailing spatial axes of (N, C, H, W) or
+// (N, C, D, H, W), one op family for both ranks (the rank an argument, as in
+// kernels/conv.h): max pooling with argmax and average pooling
+// (torch.nn.MaxPool2d/3d, AvgPool2d/3d: cubic window, floor mode; average with
+// count_include_pad, so every window divides by kernel^rank), global average
+// pooling (adaptive average pool to 1x1), and nearest 3-D upsampling by an
+// integer factor (torch.nn.Upsample(scale_factor=s, mode='nearest')).
+// Backends treat a 2-D pooling as a 3-D one with depth 1 and a window of 1
+// along it.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
@@ -7,6 +14,7 @@
 
 namespace fanout::kernels {
 
+// The same window on every spatial axis.
 struct PoolGeometry {
   int64_t kernel = 2;
   int64_t stride = 2;
@@ -16,20 +24,33 @@ struct PoolGeometry {
 // Floor mode, as PyTorch's default, over the `spatial` (2 or 3) trailing
 // axes of x; throws on impossible shapes.
 Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g);
-inline Shape pool2d_output_shape(const Shape& x, const PoolGeometry& g) { return pool_output_shape(2, x, g); }
+// (N, C, D*s, H*s, W*s) for x (N, C, D, H, W) and scale s >= 1.
+Shape upsample3d_output_shape(const Shape& x, int64_t scale);
 
 FANOUT_KERNEL_OPS(
-// y (=); argmax (I32, same shape as y) holds the flat index h*W+w of the max inside each plane.
-void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax);
+// y (=); argmax (I32, same shape as y) holds the flat index ((d*H + h)*W + w,
+// or h*W + w) of the max inside its (n, c) volume. First maximum wins, NaN
+// propagates, padding is never selected.
+void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax);
 // dx (=), scattered from dy through argmax.
-void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx);
+void maxpool_backward(Context& ctx, int spatial, const Tensor& dy, const Tensor& argmax, Tensor& dx);
 
-void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y);
-void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx);
+// y (=): each window's sum (padding counts as 0) / kernel^spatial, summed in
+// (depth, row, column) order.
+void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y);
+// dx (=): each input element gathers dy / kernel^spatial of the windows that
+// hold it, in (depth, row, column) order of the outputs (no atomics on CUDA).
+void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx);
 
 // x (N, C, H, W) -> y (N, C, 1, 1), written (=).
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y);
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx);
+
+// y[n, c, d, h, w] = x[n, c, d/s, h/s, w/s], written (=).
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y);
+// dx (=): each input element gets the sum of the s^3 gradients it was copied
+// to, in (depth, row, column) order.
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx);
 )
 
 }  // namespace fanout::kernels

@@ -1,22 +1,97 @@
-// CPU pooling over (N, C, H, W), one contiguous plane at a time. Windows are
-// clipped to the image, so padding is never selected by max pooling (it acts
-// as -inf) and counts as zeros for average pooling (count_include_pad).
+// CPU pooling and upsampling, one contiguous (n, c) plane or volume at a
+// time (threads take whole volumes). A 2-D pooling runs as a 3-D one with
+// depth 1 and a window of 1 along it. Windows are clipped to the volume, so
+// padding is never selected by max pooling (it acts as -inf) and counts as
+// zeros for average pooling (count_include_pad).
 #include "kernels/pool.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/cpu/pool_common.h"
 #include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
 
 namespace {
 
-// The common 2x2 / stride 2 / no padding case: every window lies inside the image.
+// One pooled axis: input and output lengths and the window along it.
+struct Axis {
+  int64_t len, out;
+  PoolGeometry g;
+};
+
+// The (depth, row, column) axes of a pooling from x to y; a 2-D pooling's
+// depth axis has length 1 and a window of 1.
+struct Axes {
+  Axis d, h, w;
+  int64_t in_volume() const { return d.len * h.len * w.len; }
+  int64_t out_volume() const { return d.out * h.out * w.out; }
+};
+Axes axes_of(int spatial, const Shape& x, const Shape& y, const PoolGeometry& g) {
+  const int r = spatial == 3 ? 3 : 2;  // the row axis
+  const Axis depth = spatial == 3 ? Axis{x[2], y[2], g} : Axis{1, 1, PoolGeometry{1, 1, 0}};
+  return {depth, {x[r], y[r], g}, {x[r + 1], y[r + 1], g}};
+}
+float window_divisor(int spatial, const PoolGeometry& g) {
+  return static_cast<float>(spatial == 3 ? g.kernel * g.kernel * g.kernel : g.kernel * g.kernel);
+}
+
+// Window [lo, hi) of output index o along an axis, clipped to the axis.
+void window(int64_t o, const Axis& a, int64_t& lo, int64_t& hi) {
+  const int64_t start = o * a.g.stride - a.g.padding;
+  lo = std::max<int64_t>(start, 0);
+  hi = std::min<int64_t>(start + a.g.kernel, a.len);
+}
+
+// Max-pool select step: take v when it is larger, or NaN (NaN propagates, as
+// PyTorch's CPU kernel); a strict > keeps the first of equal maxima. Written
+// branch-free: on real data a branch here mispredicts about half the time.
+inline void take_max(float v, int32_t idx, float& best, int32_t& best_i) {
+  const bool take = (v > best) | (v != v);
+  best = take ? v : best;
+  best_i = take ? idx : best_i;
+}
+
+// A window clipped to the volume: [d0, d1) x [h0, h1) x [w0, w1).
+struct Box {
+  int64_t d0, d1, h0, h1, w0, w1;
+};
+
+// f(v, o, box) for every output o of the volumes [v0, v1), in memory order.
+// kDepth false: a 2-D pooling, whose one depth step the compiler then drops.
+template <bool kDepth, class F>
+void windows(const Axes& ax, int64_t v0, int64_t v1, F& f) {
+  for (int64_t v = v0; v < v1; ++v)
+    for (int64_t i = 0; i < (kDepth ? ax.d.out : 1); ++i) {
+      Box box{0, 1, 0, 0, 0, 0};
+      if constexpr (kDepth) window(i, ax.d, box.d0, box.d1);
+      for (int64_t j = 0; j < ax.h.out; ++j) {
+        window(j, ax.h, box.h0, box.h1);
+        for (int64_t k = 0; k < ax.w.out; ++k) {
+          window(k, ax.w, box.w0, box.w1);
+          f(v, (i * ax.h.out + j) * ax.w.out + k, box);
+        }
+      }
+    }
+}
+template <class F>
+void each_window(const Axes& ax, int64_t v0, int64_t v1, F&& f) {
+  if (ax.d.len == 1 && ax.d.out == 1) windows<false>(ax, v0, v1, f);
+  else windows<true>(ax, v0, v1, f);
+}
+
+// f(start) for every row of the box, start the offset of the row's first
+// element in its volume of rows of length w, h rows a plane.
+template <class F>
+void each_row(const Box& b, int64_t h, int64_t w, F&& f) {
+  for (int64_t a = b.d0; a < b.d1; ++a)
+    for (int64_t r = b.h0; r < b.h1; ++r) f((a * h + r) * w);
+}
+
+// The common 2x2 / stride 2 / no padding 2-D case: every window lies inside the image.
 void maxpool_2x2(const float* xp, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, float* yp,
                  int32_t* ap) {
   const int32_t wi = static_cast<int32_t>(w);
@@ -42,65 +117,52 @@ void maxpool_2x2(const float* xp, int64_t planes, int64_t h, int64_t w, int64_t 
     }
   }
 }
-
-// Any geometry, planes [p0, p1): windows clipped to the image.
-void maxpool_planes(const float* xp, int64_t p0, int64_t p1, const PoolGeometry& g, int64_t h, int64_t w,
-                    int64_t oh, int64_t ow, float* yp, int32_t* ap) {
-  for (int64_t p = p0; p < p1; ++p) {
-    const float* xs = xp + p * h * w;
-    float* ys = yp + p * oh * ow;
-    int32_t* as = ap + p * oh * ow;
-    for (int64_t i = 0; i < oh; ++i) {
-      int64_t h0, h1;
-      window(i, g, h, h0, h1);
-      for (int64_t j = 0; j < ow; ++j) {
-        int64_t w0, w1;
-        window(j, g, w, w0, w1);
-        // Clipped window: padding is never a candidate. First maximum wins;
-        // NaN propagates (as PyTorch's CPU kernel).
-        float best = -std::numeric_limits<float>::infinity();
-        int32_t best_i = static_cast<int32_t>(h0 * w + w0);
-        for (int64_t r = h0; r < h1; ++r) {
-          const float* row = xs + r * w;
-          for (int64_t c = w0; c < w1; ++c) take_max(row[c], static_cast<int32_t>(r * w + c), best, best_i);
-        }
-        ys[i * ow + j] = best;
-        as[i * ow + j] = best_i;
-      }
-    }
-  }
-}
 }  // namespace
 
-void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = y.size(2), ow = y.size(3);
+void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
+                     Tensor& argmax) {
+  const Axes ax = axes_of(spatial, x.shape(), y.shape(), g);
+  const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
+  const bool two_by_two = spatial == 2 && g.kernel == 2 && g.stride == 2 && g.padding == 0;
   const float* xp = x.f32();
   float* yp = y.f32();
   int32_t* ap = argmax.data<int32_t>();
-  parallel_for(ctx, planes, grain_for(h * w), [&](int64_t p0, int64_t p1) {
-    if (g.kernel == 2 && g.stride == 2 && g.padding == 0)
-      maxpool_2x2(xp + p0 * h * w, p1 - p0, h, w, oh, ow, yp + p0 * oh * ow, ap + p0 * oh * ow);
-    else
-      maxpool_planes(xp, p0, p1, g, h, w, oh, ow, yp, ap);
+  parallel_for(ctx, x.size(0) * x.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
+    if (two_by_two) {
+      maxpool_2x2(xp + v0 * in, v1 - v0, h, w, ax.h.out, ax.w.out, yp + v0 * out, ap + v0 * out);
+      return;
+    }
+    each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
+      const float* xs = xp + v * in;
+      float best = -std::numeric_limits<float>::infinity();
+      int32_t best_i = static_cast<int32_t>((b.d0 * h + b.h0) * w + b.w0);
+      for (int64_t a = b.d0; a < b.d1; ++a)
+        for (int64_t r = b.h0; r < b.h1; ++r) {
+          const int64_t row = (a * h + r) * w;
+          for (int64_t c = b.w0; c < b.w1; ++c) take_max(xs[row + c], static_cast<int32_t>(row + c), best, best_i);
+        }
+      yp[v * out + o] = best;
+      ap[v * out + o] = best_i;
+    });
   });
 }
 
-void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  const int64_t planes = dy.size(0) * dy.size(1), ohw = dy.size(2) * dy.size(3);
-  const int64_t hw = dx.size(2) * dx.size(3);
+void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  const int64_t vols = dx.size(0) * dx.size(1);
+  if (vols == 0) return;
+  const int64_t in = dx.numel() / vols, out = dy.numel() / vols;
   const float* gp = dy.f32();
   const int32_t* ap = argmax.data<int32_t>();
   float* dp = dx.f32();
-  parallel_for(ctx, planes, grain_for(hw), [&](int64_t p0, int64_t p1) {
-    std::fill(dp + p0 * hw, dp + p1 * hw, 0.0f);
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* gs = gp + p * ohw;
-      const int32_t* as = ap + p * ohw;
-      float* ds = dp + p * hw;
-      for (int64_t i = 0; i < ohw; ++i) {
+  parallel_for(ctx, vols, grain_for(in), [&](int64_t v0, int64_t v1) {
+    std::fill(dp + v0 * in, dp + v1 * in, 0.0f);
+    for (int64_t v = v0; v < v1; ++v) {
+      const float* gs = gp + v * out;
+      const int32_t* as = ap + v * out;
+      float* ds = dp + v * in;
+      for (int64_t i = 0; i < out; ++i) {
         const int64_t k = as[i];
-        FANOUT_CHECK(k >= 0 && k < hw) << "maxpool2d_backward: argmax " << k << " outside a plane of dx "
+        FANOUT_CHECK(k >= 0 && k < in) << "maxpool_backward: argmax " << k << " outside a volume of dx "
                                        << dx.shape().str();
         ds[k] += gs[i];
       }
@@ -108,60 +170,43 @@ void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Te
   });
 }
 
-void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = y.size(2), ow = y.size(3);
-  // count_include_pad: in floor mode every window lies inside the padded image, so the divisor is kernel^2.
-  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
+void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  const Axes ax = axes_of(spatial, x.shape(), y.shape(), g);
+  const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
+  // count_include_pad: in floor mode every window lies inside the padded volume.
+  const float inv = 1.0f / window_divisor(spatial, g);
   const float* xp = x.f32();
   float* yp = y.f32();
-  parallel_for(ctx, planes, grain_for(h * w), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* xs = xp + p * h * w;
-      float* ys = yp + p * oh * ow;
-      for (int64_t i = 0; i < oh; ++i) {
-        int64_t h0, h1;
-        window(i, g, h, h0, h1);
-        for (int64_t j = 0; j < ow; ++j) {
-          int64_t w0, w1;
-          window(j, g, w, w0, w1);
-          float s = 0.0f;
-          for (int64_t r = h0; r < h1; ++r) {
-            const float* row = xs + r * w;
-            for (int64_t c = w0; c < w1; ++c) s += row[c];
-          }
-          ys[i * ow + j] = s * inv;
-        }
-      }
-    }
+  parallel_for(ctx, x.size(0) * x.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
+    each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
+      const float* xs = xp + v * in;
+      float s = 0.0f;
+      each_row(b, h, w, [&](int64_t row) {
+        for (int64_t c = b.w0; c < b.w1; ++c) s += xs[row + c];
+      });
+      yp[v * out + o] = s * inv;
+    });
   });
 }
 
-void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  const int64_t planes = dx.size(0) * dx.size(1), h = dx.size(2), w = dx.size(3);
-  const int64_t oh = dy.size(2), ow = dy.size(3);
-  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
+void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  const Axes ax = axes_of(spatial, dx.shape(), dy.shape(), g);
+  const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
+  const float inv = 1.0f / window_divisor(spatial, g);
   const float* gp = dy.f32();
   float* dp = dx.f32();
-  parallel_for(ctx, planes, grain_for(h * w), [&](int64_t p0, int64_t p1) {
-    std::fill(dp + p0 * h * w, dp + p1 * h * w, 0.0f);
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* gs = gp + p * oh * ow;
-      float* ds = dp + p * h * w;
-      for (int64_t i = 0; i < oh; ++i) {
-        int64_t h0, h1;
-        window(i, g, h, h0, h1);
-        for (int64_t j = 0; j < ow; ++j) {
-          int64_t w0, w1;
-          window(j, g, w, w0, w1);
-          const float v = gs[i * ow + j] * inv;
-          for (int64_t r = h0; r < h1; ++r) {
-            float* row = ds + r * w;
-            for (int64_t c = w0; c < w1; ++c) row[c] += v;
-          }
-        }
-      }
-    }
+  // Scattered window by window in output order: each input element sums its
+  // windows' shares in (depth, row, column) order of the outputs, the order
+  // the CUDA kernel gathers them in.
+  parallel_for(ctx, dx.size(0) * dx.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
+    std::fill(dp + v0 * in, dp + v1 * in, 0.0f);
+    each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
+      float* ds = dp + v * in;
+      const float share = gp[v * out + o] * inv;
+      each_row(b, h, w, [&](int64_t row) {
+        for (int64_t c = b.w0; c < b.w1; ++c) ds[row + c] += share;
+      });
+    });
   });
 }
 
@@ -182,6 +227,53 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   float* dp = dx.f32();
   parallel_for(ctx, planes, grain_for(hw), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) std::fill(dp + p * hw, dp + (p + 1) * hw, gp[p] * inv);
+  });
+}
+
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
+  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
+  const int64_t s = scale, oh = h * s, ow = w * s, ohw = oh * ow;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  parallel_for(ctx, vols, grain_for(d * s * ohw), [&](int64_t v0, int64_t v1) {
+    for (int64_t v = v0; v < v1; ++v) {
+      const float* xs = xp + v * d * h * w;
+      float* ys = yp + v * d * s * ohw;
+      for (int64_t i = 0; i < d; ++i) {
+        float* plane = ys + i * s * ohw;  // output plane i*s; planes i*s+1 .. i*s+s-1 are copies
+        for (int64_t j = 0; j < h; ++j) {
+          const float* src = xs + (i * h + j) * w;
+          float* row = plane + j * s * ow;  // output row j*s; rows j*s+1 .. j*s+s-1 are copies
+          for (int64_t k = 0; k < w; ++k) std::fill(row + k * s, row + (k + 1) * s, src[k]);
+          for (int64_t r = 1; r < s; ++r) std::memcpy(row + r * ow, row, sizeof(float) * ow);
+        }
+        for (int64_t r = 1; r < s; ++r) std::memcpy(plane + r * ohw, plane, sizeof(float) * ohw);
+      }
+    }
+  });
+}
+
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
+  const int64_t vols = dx.size(0) * dx.size(1), d = dx.size(2), h = dx.size(3), w = dx.size(4);
+  const int64_t s = scale, oh = h * s, ow = w * s;
+  const float* gp = dy.f32();
+  float* dp = dx.f32();
+  parallel_for(ctx, vols, grain_for(d * s * oh * ow), [&](int64_t v0, int64_t v1) {
+    for (int64_t v = v0; v < v1; ++v) {
+      const float* gs = gp + v * d * s * oh * ow;
+      float* ds = dp + v * d * h * w;
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t j = 0; j < h; ++j) {
+          float* out = ds + (i * h + j) * w;
+          std::fill(out, out + w, 0.0f);
+          for (int64_t a = 0; a < s; ++a)
+            for (int64_t b = 0; b < s; ++b) {
+              const float* row = gs + ((i * s + a) * oh + j * s + b) * ow;
+              for (int64_t k = 0; k < w; ++k)
+                for (int64_t c = 0; c < s; ++c) out[k] += row[k * s + c];
+            }
+        }
+    }
   });
 }
 

@@ -1,8 +1,8 @@
-// CUDA pooling over (N, C, H, W): max (with argmax), average
-// (count_include_pad, floor mode) and global average; CPU counterparts in
-// kernels/cpu/pool.cpp. Windows are clipped to the image exactly as on the
-// CPU: padding is never selected by max pooling and counts as zeros for
-// average pooling (divisor kernel^2).
+// CUDA pooling and upsampling over (N, C, H, W) or (N, C, D, H, W); CPU
+// counterparts in kernels/cpu/pool.cpp. A 2-D pooling runs as a 3-D one with
+// depth 1 and a window of 1 along it. Windows are clipped to the volume
+// exactly as on the CPU: padding is never selected by max pooling and counts
+// as zeros for average pooling (divisor kernel^rank).
 #include "kernels/pool.h"
 
 #include "kernels/cuda/common.cuh"
@@ -11,23 +11,67 @@ namespace fanout::kernels::cuda {
 
 namespace {
 
+// The (depth, row, column) axes of a pooling: input and output lengths and
+// the window along each; a 2-D pooling's depth axis has length 1, window 1.
 template <class I>
 struct PoolDims {
-  I h, w, oh, ow, k, stride, pad;
+  I len[3], out[3], k[3], stride[3], pad[3];
+  __host__ __device__ I in_volume() const { return len[0] * len[1] * len[2]; }
+  __host__ __device__ I out_volume() const { return out[0] * out[1] * out[2]; }
 };
 
 template <class I>
-PoolDims<I> pool_dims(const Shape& x, const Shape& y, const PoolGeometry& g) {
-  return {static_cast<I>(x[2]), static_cast<I>(x[3]), static_cast<I>(y[2]), static_cast<I>(y[3]),
-          static_cast<I>(g.kernel), static_cast<I>(g.stride), static_cast<I>(g.padding)};
+PoolDims<I> pool_dims(int spatial, const Shape& x, const Shape& y, const PoolGeometry& g) {
+  PoolDims<I> d;
+  for (int a = 0; a < 3; ++a) {
+    const int axis = a + x.ndim - 3;  // 2-D: axis 1 (C) stands for the absent depth
+    const bool real = a > 0 || spatial == 3;
+    d.len[a] = real ? static_cast<I>(x[axis]) : I(1);
+    d.out[a] = real ? static_cast<I>(y[axis]) : I(1);
+    d.k[a] = real ? static_cast<I>(g.kernel) : I(1);
+    d.stride[a] = real ? static_cast<I>(g.stride) : I(1);
+    d.pad[a] = real ? static_cast<I>(g.padding) : I(0);
+  }
+  return d;
+}
+float window_divisor(int spatial, const PoolGeometry& g) {
+  return static_cast<float>(spatial == 3 ? g.kernel * g.kernel * g.kernel : g.kernel * g.kernel);
 }
 
-// Window [lo, hi) of output index o along an axis of length len.
+// Window [lo, hi) of output index o along axis a, clipped to the axis.
 template <class I>
-__device__ __forceinline__ void window(I o, I k, I stride, I pad, I len, I& lo, I& hi) {
-  const I start = o * stride - pad;
+__device__ __forceinline__ void window(const PoolDims<I>& d, int a, I o, I& lo, I& hi) {
+  const I start = o * d.stride[a] - d.pad[a];
   lo = start > 0 ? start : I(0);
-  hi = start + k < len ? start + k : len;
+  hi = start + d.k[a] < d.len[a] ? start + d.k[a] : d.len[a];
+}
+
+// Outputs [lo, hi) along axis a whose windows hold input index i.
+template <class I>
+__device__ __forceinline__ void covering(const PoolDims<I>& d, int a, I i, I& lo, I& hi) {
+  const I p = i + d.pad[a];
+  lo = p >= d.k[a] ? (p - d.k[a]) / d.stride[a] + 1 : I(0);
+  hi = p / d.stride[a] + 1 < d.out[a] ? p / d.stride[a] + 1 : d.out[a];
+}
+
+// Output i's (sample, channel) volume and its window clipped to the volume:
+// [d0, d1) x [h0, h1) x [w0, w1), as the CPU path's each_window.
+template <class I>
+struct Box {
+  I vol, d0, d1, h0, h1, w0, w1;
+};
+template <class I>
+__device__ __forceinline__ Box<I> window_of(I i, const PoolDims<I>& d) {
+  const I ok = i % d.out[2];
+  I t = i / d.out[2];
+  const I oj = t % d.out[1];
+  t /= d.out[1];
+  Box<I> b;
+  b.vol = t / d.out[0];
+  window(d, 0, t % d.out[0], b.d0, b.d1);
+  window(d, 1, oj, b.h0, b.h1);
+  window(d, 2, ok, b.w0, b.w1);
+  return b;
 }
 
 // One thread per output. First maximum wins; NaN propagates (as the CPU path:
@@ -35,107 +79,100 @@ __device__ __forceinline__ void window(I o, I k, I stride, I pad, I len, I& lo, 
 template <class I>
 __global__ void maxpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
                                        int32_t* __restrict__ argmax, I total, PoolDims<I> d) {
+  const I h = d.len[1], w = d.len[2];
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I oj = i % d.ow, t = i / d.ow;
-    const I oi = t % d.oh, plane = t / d.oh;
-    I h0, h1, w0, w1;
-    window(oi, d.k, d.stride, d.pad, d.h, h0, h1);
-    window(oj, d.k, d.stride, d.pad, d.w, w0, w1);
-    const float* xs = x + plane * d.h * d.w;
+    const Box<I> bx = window_of(i, d);
+    const float* xs = x + bx.vol * d.in_volume();
     float best = -CUDART_INF_F;
-    I best_i = h0 * d.w + w0;
-    for (I r = h0; r < h1; ++r) {
-      for (I c = w0; c < w1; ++c) {
-        const float v = xs[r * d.w + c];
-        if (v > best || isnan(v)) {
-          best = v;
-          best_i = r * d.w + c;
+    I best_i = (bx.d0 * h + bx.h0) * w + bx.w0;
+    for (I a = bx.d0; a < bx.d1; ++a)
+      for (I b = bx.h0; b < bx.h1; ++b) {
+        const I row = (a * h + b) * w;
+        for (I c = bx.w0; c < bx.w1; ++c) {
+          const float v = xs[row + c];
+          if (v > best || isnan(v)) {
+            best = v;
+            best_i = row + c;
+          }
         }
       }
-    }
     y[i] = best;
     argmax[i] = static_cast<int32_t>(best_i);
   }
 }
 
 // dx (zeroed before) += dy scattered through argmax; one thread per dy
-// element, atomics where windows overlap. Out-of-plane indices (corrupt
+// element, atomics where windows overlap. Out-of-volume indices (corrupt
 // argmax; the CPU path throws) are skipped: a kernel cannot throw.
 template <class I>
 __global__ void maxpool_backward_atomic_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                               float* __restrict__ dx, I total, I ohw, I hw) {
+                                               float* __restrict__ dx, I total, I out, I in) {
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I plane = i / ohw;
+    const I vol = i / out;
     const int32_t k = argmax[i];
-    if (k >= 0 && static_cast<I>(k) < hw) atomicAdd(dx + plane * hw + k, dy[i]);
+    if (k >= 0 && static_cast<I>(k) < in) atomicAdd(dx + vol * in + k, dy[i]);
   }
 }
 
-// Deterministic variant (ctx.math.deterministic): one thread per plane adds
+// Deterministic variant (ctx.math.deterministic): one thread per volume adds
 // its outputs in order, as the CPU path does.
 template <class I>
 __global__ void maxpool_backward_serial_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                               float* __restrict__ dx, I planes, I ohw, I hw) {
-  for (I p = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); p < planes;
-       p += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const float* g = dy + p * ohw;
-    const int32_t* a = argmax + p * ohw;
-    float* d = dx + p * hw;
-    for (I i = 0; i < ohw; ++i) {
+                                               float* __restrict__ dx, I vols, I out, I in) {
+  for (I v = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); v < vols;
+       v += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const float* g = dy + v * out;
+    const int32_t* a = argmax + v * out;
+    float* dv = dx + v * in;
+    for (I i = 0; i < out; ++i) {
       const int32_t k = a[i];
-      if (k >= 0 && static_cast<I>(k) < hw) d[k] += g[i];
+      if (k >= 0 && static_cast<I>(k) < in) dv[k] += g[i];
     }
   }
 }
 
-// One thread per output: sum of the clipped window / kernel^2.
+// One thread per output: the window's sum over the volume / kernel^rank, in
+// (depth, row, column) order with explicit roundings, as the CPU path.
 template <class I>
 __global__ void avgpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, PoolDims<I> d,
                                        float inv) {
+  const I h = d.len[1], w = d.len[2];
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I oj = i % d.ow, t = i / d.ow;
-    const I oi = t % d.oh, plane = t / d.oh;
-    I h0, h1, w0, w1;
-    window(oi, d.k, d.stride, d.pad, d.h, h0, h1);
-    window(oj, d.k, d.stride, d.pad, d.w, w0, w1);
-    const float* xs = x + plane * d.h * d.w;
+    const Box<I> bx = window_of(i, d);
+    const float* xs = x + bx.vol * d.in_volume();
     float s = 0.0f;
-    for (I r = h0; r < h1; ++r)
-      for (I c = w0; c < w1; ++c) s += xs[r * d.w + c];
-    y[i] = s * inv;
+    for (I a = bx.d0; a < bx.d1; ++a)
+      for (I b = bx.h0; b < bx.h1; ++b)
+        for (I c = bx.w0; c < bx.w1; ++c) s = __fadd_rn(s, xs[(a * h + b) * w + c]);
+    y[i] = __fmul_rn(s, inv);
   }
 }
 
-// Output indices o whose window [o*stride - pad, o*stride - pad + k) holds
-// input index r: [ceil((r + pad - k + 1) / stride), floor((r + pad) / stride)],
-// clipped to [0, out).
-template <class I>
-__device__ __forceinline__ void covering(I r, I k, I stride, I pad, I out, I& lo, I& hi) {
-  const I num = r + pad - k + 1;
-  lo = num <= 0 ? I(0) : (num + stride - 1) / stride;
-  const I last = (r + pad) / stride;
-  hi = last + 1 < out ? last + 1 : out;  // exclusive
-}
-
-// One thread per input element: gathers dy * inv over every window holding
-// it (=). Deterministic, no atomics.
+// One thread per input element: dy / kernel^rank of the windows holding it
+// (=), in (depth, row, column) order of the outputs, as the CPU path. No atomics.
 template <class I>
 __global__ void avgpool_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, PoolDims<I> d,
                                         float inv) {
+  const I oh = d.out[1], ow = d.out[2];
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = i % d.w, t = i / d.w;
-    const I r = t % d.h, plane = t / d.h;
-    I i0, i1, j0, j1;
-    covering(r, d.k, d.stride, d.pad, d.oh, i0, i1);
-    covering(c, d.k, d.stride, d.pad, d.ow, j0, j1);
-    const float* g = dy + plane * d.oh * d.ow;
+    const I c = i % d.len[2];
+    I t = i / d.len[2];
+    const I b = t % d.len[1];
+    t /= d.len[1];
+    const I a = t % d.len[0], vol = t / d.len[0];
+    I i0, i1, j0, j1, k0, k1;
+    covering(d, 0, a, i0, i1);
+    covering(d, 1, b, j0, j1);
+    covering(d, 2, c, k0, k1);
+    const float* g = dy + vol * d.out_volume();
     float s = 0.0f;
     for (I oi = i0; oi < i1; ++oi)
-      for (I oj = j0; oj < j1; ++oj) s += g[oi * d.ow + oj] * inv;
+      for (I oj = j0; oj < j1; ++oj)
+        for (I ok = k0; ok < k1; ++ok) s = __fadd_rn(s, __fmul_rn(g[(oi * oh + oj) * ow + ok], inv));
     dx[i] = s;
   }
 }
@@ -163,66 +200,107 @@ __global__ void global_avg_backward_kernel(const float* __restrict__ dy, float* 
     dx[i] = dy[i / hw] * inv;
 }
 
-}  // namespace
+// One thread per output: y[v, i, j, k] = x[v, i/s, j/s, k/s].
+template <class I>
+__global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, I d, I h, I w,
+                                          I s) {
+  const I ow = w * s, oh = h * s, od = d * s;
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I k = i % ow;
+    I t = i / ow;
+    const I j = t % oh;
+    t /= oh;
+    const I a = t % od, vol = t / od;
+    y[i] = x[((vol * d + a / s) * h + j / s) * w + k / s];
+  }
+}
 
-void maxpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y, Tensor& argmax) {
-  const int64_t total = y.numel();
+// One thread per input element: the sum of its s^3 copies' gradients (=), in
+// the order (depth, row, column), as the CPU path. Deterministic, no atomics.
+template <class I>
+__global__ void upsample3d_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, I d, I h,
+                                           I w, I s) {
+  const I ow = w * s, oh = h * s;
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I k = i % w;
+    I t = i / w;
+    const I j = t % h;
+    t /= h;
+    const I a0 = t % d, vol = t / d;
+    const float* g = dy + vol * d * s * oh * ow;
+    float sum = 0.0f;
+    for (I a = 0; a < s; ++a)
+      for (I b = 0; b < s; ++b) {
+        const float* row = g + ((a0 * s + a) * oh + j * s + b) * ow + k * s;
+        for (I c = 0; c < s; ++c) sum += row[c];
+      }
+    dx[i] = sum;
+  }
+}
+
+// One thread per element of a `total`-element output: launch(I{}, grid,
+// stream) with an index type I wide enough for `extent` elements, then the
+// launch check. Nothing to do for an empty output.
+template <class Launch>
+void per_element(Context& ctx, int64_t total, int64_t extent, Launch&& launch) {
   if (total == 0) return;
   detail::DeviceScope scope(ctx);
-  detail::dispatch_index(std::max(x.numel(), total), [&](auto tag) {
-    using I = decltype(tag);
-    maxpool_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        x.f32(), y.f32(), argmax.data<int32_t>(), static_cast<I>(total), pool_dims<I>(x.shape(), y.shape(), g));
+  detail::dispatch_index(std::max(extent, total), [&](auto tag) {
+    launch(tag, detail::grid_for(ctx, total), detail::stream_of(ctx));
     FANOUT_CUDA_CHECK_LAUNCH();
   });
 }
 
-void maxpool2d_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+}  // namespace
+
+void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
+                     Tensor& argmax) {
+  per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
+    using I = decltype(tag);
+    maxpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), argmax.data<int32_t>(),
+                                                                 static_cast<I>(y.numel()),
+                                                                 pool_dims<I>(spatial, x.shape(), y.shape(), g));
+  });
+}
+
+void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   if (dx.numel() == 0) return;
   detail::DeviceScope scope(ctx);
   cudaStream_t st = detail::stream_of(ctx);
   FANOUT_CUDA_CHECK(cudaMemsetAsync(dx.raw(), 0, dx.nbytes(), st));
   const int64_t total = dy.numel();
   if (total == 0) return;
-  const int64_t planes = dy.size(0) * dy.size(1), ohw = dy.size(2) * dy.size(3), hw = dx.size(2) * dx.size(3);
+  const int64_t vols = dy.size(0) * dy.size(1), out = total / vols, in = dx.numel() / vols;
   detail::dispatch_index(std::max(dx.numel(), total), [&](auto tag) {
     using I = decltype(tag);
     if (ctx.math.deterministic) {
-      maxpool_backward_serial_kernel<I><<<detail::grid_for(ctx, planes, 128), 128, 0, st>>>(
-          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(planes), static_cast<I>(ohw),
-          static_cast<I>(hw));
+      maxpool_backward_serial_kernel<I><<<detail::grid_for(ctx, vols, 128), 128, 0, st>>>(
+          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(vols), static_cast<I>(out), static_cast<I>(in));
     } else {
       maxpool_backward_atomic_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, st>>>(
-          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(total), static_cast<I>(ohw),
-          static_cast<I>(hw));
+          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(total), static_cast<I>(out), static_cast<I>(in));
     }
     FANOUT_CUDA_CHECK_LAUNCH();
   });
 }
 
-void avgpool2d_forward(Context& ctx, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  const int64_t total = y.numel();
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
-  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
-  detail::dispatch_index(std::max(x.numel(), total), [&](auto tag) {
+void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
-    avgpool_forward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        x.f32(), y.f32(), static_cast<I>(total), pool_dims<I>(x.shape(), y.shape(), g), inv);
-    FANOUT_CUDA_CHECK_LAUNCH();
+    avgpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), static_cast<I>(y.numel()),
+                                                                 pool_dims<I>(spatial, x.shape(), y.shape(), g),
+                                                                 1.0f / window_divisor(spatial, g));
   });
 }
 
-void avgpool2d_backward(Context& ctx, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  const int64_t total = dx.numel();
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
-  const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
-  detail::dispatch_index(std::max(dy.numel(), total), [&](auto tag) {
+void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
+  per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
-    avgpool_backward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        dy.f32(), dx.f32(), static_cast<I>(total), pool_dims<I>(dx.shape(), dy.shape(), g), inv);
-    FANOUT_CUDA_CHECK_LAUNCH();
+    avgpool_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(dy.f32(), dx.f32(), static_cast<I>(dx.numel()),
+                                                                  pool_dims<I>(spatial, dx.shape(), dy.shape(), g),
+                                                                  1.0f / window_divisor(spatial, g));
   });
 }
 
@@ -237,15 +315,29 @@ void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
 }
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
-  const int64_t total = dx.numel(), hw = dx.size(2) * dx.size(3);
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
-  const float inv = 1.0f / static_cast<float>(hw);
-  detail::dispatch_index(total, [&](auto tag) {
+  const int64_t hw = dx.size(2) * dx.size(3);
+  per_element(ctx, dx.numel(), dx.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
-    global_avg_backward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        dy.f32(), dx.f32(), static_cast<I>(total), static_cast<I>(hw), inv);
-    FANOUT_CUDA_CHECK_LAUNCH();
+    global_avg_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
+        dy.f32(), dx.f32(), static_cast<I>(dx.numel()), static_cast<I>(hw), 1.0f / static_cast<float>(hw));
+  });
+}
+
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
+  per_element(ctx, y.numel(), y.numel(), [&](auto tag, int grid, cudaStream_t st) {
+    using I = decltype(tag);
+    upsample3d_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
+        x.f32(), y.f32(), static_cast<I>(y.numel()), static_cast<I>(x.size(2)), static_cast<I>(x.size(3)),
+        static_cast<I>(x.size(4)), static_cast<I>(scale));
+  });
+}
+
+void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
+  per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
+    using I = decltype(tag);
+    upsample3d_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
+        dy.f32(), dx.f32(), static_cast<I>(dx.numel()), static_cast<I>(dx.size(2)), static_cast<I>(dx.size(3)),
+        static_cast<I>(dx.size(4)), static_cast<I>(scale));
   });
 }
 

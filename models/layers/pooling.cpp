@@ -29,12 +29,10 @@ Tensor PoolNd::forward(const Tensor& x, Context& ctx) {
   ensure(y_, s, ctx.device());
   if (kind_ == Kind::Max) {
     ensure(argmax_, s, DType::I32, ctx.device());
-    if (spatial_ == 2) kernels::maxpool2d_forward(ctx, x, g_, y_, argmax_);
-    else kernels::maxpool3d_forward(ctx, x, g_, y_, argmax_);
+    kernels::maxpool_forward(ctx, spatial_, x, g_, y_, argmax_);
     return y_;  // the input's values: already of its type
   }
-  if (spatial_ == 2) kernels::avgpool2d_forward(ctx, x, g_, y_);
-  else kernels::avgpool3d_forward(ctx, x, g_, y_);
+  kernels::avgpool_forward(ctx, spatial_, x, g_, y_);
   autocast_round(ctx, y_);  // the input's type
   return y_;
 }
@@ -42,10 +40,8 @@ Tensor PoolNd::forward(const Tensor& x, Context& ctx) {
 Tensor PoolNd::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   ensure(dx_, in_shape_, ctx.device());
-  if (kind_ == Kind::Max && spatial_ == 2) kernels::maxpool2d_backward(ctx, dy, argmax_, dx_);
-  else if (kind_ == Kind::Max) kernels::maxpool3d_backward(ctx, dy, argmax_, dx_);
-  else if (spatial_ == 2) kernels::avgpool2d_backward(ctx, dy, g_, dx_);
-  else kernels::avgpool3d_backward(ctx, dy, g_, dx_);
+  if (kind_ == Kind::Max) kernels::maxpool_backward(ctx, spatial_, dy, argmax_, dx_);
+  else kernels::avgpool_backward(ctx, spatial_, dy, g_, dx_);
   autocast_round(ctx, dx_);  // overlapping windows add gradients
   return dx_;
 }

@@ -4,7 +4,6 @@
 // AdaptiveAvgPool2d to 1x1.
 #pragma once
 #include "kernels/pool.h"
-#include "kernels/pool3d.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {

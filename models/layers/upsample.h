@@ -1,7 +1,7 @@
 // Upsample3d over (N, C, D, H, W): torch.nn.Upsample(scale_factor=s,
 // mode='nearest') with an integer s.
 #pragma once
-#include "kernels/pool3d.h"
+#include "kernels/pool.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {

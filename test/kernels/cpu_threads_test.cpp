@@ -18,7 +18,6 @@
 #include "kernels/cpu/plan_count.h"
 #include "kernels/elementwise.h"
 #include "kernels/pool.h"
-#include "kernels/pool3d.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/parallel/single_device.h"
@@ -68,13 +67,13 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
   });
   expect_same_bits_on_any_thread_count("2-D pooling", [&](Context& ctx) {
     const kernels::PoolGeometry g2{2, 2, 0}, g3{3, 2, 1};
-    Tensor y2 = Tensor::empty(kernels::pool2d_output_shape(x.shape(), g2));
+    Tensor y2 = Tensor::empty(kernels::pool_output_shape(2, x.shape(), g2));
     Tensor a2 = Tensor::empty(y2.shape(), DType::I32), dx2 = Tensor::empty(x.shape());
-    kernels::maxpool2d_forward(ctx, x, g2, y2, a2);
-    kernels::maxpool2d_backward(ctx, y2, a2, dx2);
-    Tensor y3 = Tensor::empty(kernels::pool2d_output_shape(x.shape(), g3)), dx3 = Tensor::empty(x.shape());
-    kernels::avgpool2d_forward(ctx, x, g3, y3);
-    kernels::avgpool2d_backward(ctx, y3, g3, dx3);
+    kernels::maxpool_forward(ctx, 2, x, g2, y2, a2);
+    kernels::maxpool_backward(ctx, 2, y2, a2, dx2);
+    Tensor y3 = Tensor::empty(kernels::pool_output_shape(2, x.shape(), g3)), dx3 = Tensor::empty(x.shape());
+    kernels::avgpool_forward(ctx, 2, x, g3, y3);
+    kernels::avgpool_backward(ctx, 2, y3, g3, dx3);
     Tensor gy = Tensor::empty(Shape{6, 20, 1, 1}), gdx = Tensor::empty(x.shape());
     kernels::global_avgpool_forward(ctx, x, gy);
     kernels::global_avgpool_backward(ctx, gy, gdx);
@@ -94,12 +93,12 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
   const Tensor v = ft::random_tensor(Shape{2, 6, 8, 10, 12}, rng);
   expect_same_bits_on_any_thread_count("3-D pooling and upsampling", [&](Context& ctx) {
     const kernels::PoolGeometry g{2, 2, 0};
-    Tensor y = Tensor::empty(kernels::pool3d_output_shape(v.shape(), g)), a = Tensor::empty(y.shape(), DType::I32);
+    Tensor y = Tensor::empty(kernels::pool_output_shape(3, v.shape(), g)), a = Tensor::empty(y.shape(), DType::I32);
     Tensor dx = Tensor::empty(v.shape()), avg = Tensor::empty(y.shape()), davg = Tensor::empty(v.shape());
-    kernels::maxpool3d_forward(ctx, v, g, y, a);
-    kernels::maxpool3d_backward(ctx, y, a, dx);
-    kernels::avgpool3d_forward(ctx, v, g, avg);
-    kernels::avgpool3d_backward(ctx, avg, g, davg);
+    kernels::maxpool_forward(ctx, 3, v, g, y, a);
+    kernels::maxpool_backward(ctx, 3, y, a, dx);
+    kernels::avgpool_forward(ctx, 3, v, g, avg);
+    kernels::avgpool_backward(ctx, 3, avg, g, davg);
     Tensor up = Tensor::empty(kernels::upsample3d_output_shape(v.shape(), 2)), dup = Tensor::empty(v.shape());
     kernels::upsample3d_nearest_forward(ctx, v, 2, up);
     kernels::upsample3d_nearest_backward(ctx, up, 2, dup);
@@ -117,10 +116,10 @@ TEST(CpuThreads, AnErrorInsideAThreadedKernelIsThrownToTheCaller) {
   for (int64_t i = 0; i < argmax.numel(); ++i) argmax.data<int32_t>()[i] = 0;
   argmax.data<int32_t>()[argmax.numel() - 1] = 5000;  // outside a 32x32 plane, in the last thread's range
   try {
-    kernels::maxpool2d_backward(ctx, dy, argmax, dx);
+    kernels::maxpool_backward(ctx, 2, dy, argmax, dx);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("argmax 5000 outside a plane"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("argmax 5000 outside a volume"), std::string::npos) << e.what();
   }
 }
 

@@ -1,13 +1,17 @@
-// Max / average / global-average pooling on every backend against naive
-// references over several geometries: argmax and first-max-wins ties (also
-// with CUDA's deterministic mode), padding never selected by max pooling,
-// count_include_pad averaging, central-difference gradients (overlapping
-// windows accumulate), and errors.
+// Max / average pooling of both ranks (one body runs 2-D and 3-D), global
+// average pooling and nearest 3-D upsampling on every backend against naive
+// float64 references over several geometries: argmax and first-max-wins ties
+// (also with CUDA's deterministic mode), padding never selected by max
+// pooling, NaN propagation, count_include_pad averaging (kernel^rank), volumes
+// with D != H != W, central-difference gradients (overlapping windows
+// accumulate), the upsampled gradient summing its s^3 copies, and errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
-#include <ostream>
+#include <string>
 #include <vector>
 
 #include "kernels/backend_test_util.h"
@@ -15,227 +19,289 @@
 #include "runtime/core/error.h"
 
 namespace fanout {
-namespace kernels {
-std::ostream& operator<<(std::ostream& os, const PoolGeometry& g) {
-  return os << "k" << g.kernel << " s" << g.stride << " p" << g.padding;
-}
-}  // namespace kernels
-
 namespace {
 
 namespace ft = fanout::testing;
 using kernels::PoolGeometry;
 
+std::string str(const PoolGeometry& g) {
+  return "k" + std::to_string(g.kernel) + " s" + std::to_string(g.stride) + " p" + std::to_string(g.padding);
+}
+
 const std::vector<PoolGeometry> kGeoms = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0},
                                           {3, 3, 0}, {5, 2, 2}, {1, 1, 0}, {4, 3, 2}};
-const Shape kShape{3, 5, 7, 9};
+constexpr int kRanks[] = {2, 3};
+// The shape each body pools at rank 2 and 3 (D != H != W).
+Shape base_shape(int spatial) { return spatial == 2 ? Shape{3, 5, 7, 9} : Shape{2, 3, 5, 7, 6}; }
+// (N, C, 2, ..., 2) or any per-axis extents, at the given rank.
+Shape shape_of(int spatial, int64_t n, int64_t c, int64_t d, int64_t h, int64_t w) {
+  return spatial == 2 ? Shape{n, c, h, w} : Shape{n, c, d, h, w};
+}
 
-// Naive max pooling: scans every kernel offset, skips positions outside the
-// image, keeps the first strict maximum.
-void naive_maxpool(const Tensor& x, const PoolGeometry& g, std::vector<float>& y, std::vector<int32_t>& arg) {
-  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = (h + 2 * g.padding - g.kernel) / g.stride + 1, ow = (w + 2 * g.padding - g.kernel) / g.stride + 1;
-  y.assign(planes * oh * ow, 0.0f);
-  arg.assign(planes * oh * ow, -1);
-  for (int64_t p = 0; p < planes; ++p)
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        bool any = false;
-        float best = 0;
-        int32_t bi = -1;
-        for (int64_t a = 0; a < g.kernel; ++a)
-          for (int64_t b = 0; b < g.kernel; ++b) {
-            const int64_t r = i * g.stride - g.padding + a, c = j * g.stride - g.padding + b;
-            if (r < 0 || r >= h || c < 0 || c >= w) continue;
-            const float v = x.f32()[p * h * w + r * w + c];
-            if (!any || v > best) {
-              any = true;
-              best = v;
-              bi = static_cast<int32_t>(r * w + c);
-            }
+// The reference's view of a pooling: (volumes, D, H, W) with D = 1 and a
+// depth window of 1 at rank 2, and the output extents.
+struct Ref {
+  int64_t vols, len[3], out[3], k[3], stride[3], pad[3];
+  Ref(int spatial, const Shape& x, const PoolGeometry& g) {
+    vols = x[0] * x[1];
+    for (int a = 0; a < 3; ++a) {
+      const bool real = a > 0 || spatial == 3;
+      len[a] = real ? x[a + x.ndim - 3] : 1;
+      k[a] = real ? g.kernel : 1;
+      stride[a] = real ? g.stride : 1;
+      pad[a] = real ? g.padding : 0;
+      out[a] = (len[a] + 2 * pad[a] - k[a]) / stride[a] + 1;
+    }
+  }
+  int64_t in_volume() const { return len[0] * len[1] * len[2]; }
+  int64_t out_volume() const { return out[0] * out[1] * out[2]; }
+  // f(o, i): output o (flat over all volumes) and each input i inside its
+  // window (flat, in bounds), taps in (depth, row, column) order.
+  void each_tap(const std::function<void(int64_t, int64_t)>& f) const {
+    for (int64_t v = 0; v < vols; ++v)
+      for (int64_t od = 0; od < out[0]; ++od)
+        for (int64_t oh = 0; oh < out[1]; ++oh)
+          for (int64_t ow = 0; ow < out[2]; ++ow) {
+            const int64_t o = ((v * out[0] + od) * out[1] + oh) * out[2] + ow;
+            for (int64_t a = 0; a < k[0]; ++a)
+              for (int64_t b = 0; b < k[1]; ++b)
+                for (int64_t c = 0; c < k[2]; ++c) {
+                  const int64_t p = od * stride[0] - pad[0] + a, q = oh * stride[1] - pad[1] + b,
+                                r = ow * stride[2] - pad[2] + c;
+                  if (p < 0 || p >= len[0] || q < 0 || q >= len[1] || r < 0 || r >= len[2]) continue;
+                  f(o, v * in_volume() + (p * len[1] + q) * len[2] + r);
+                }
           }
-        y[(p * oh + i) * ow + j] = best;
-        arg[(p * oh + i) * ow + j] = bi;
-      }
+  }
+};
+
+// Naive max pooling: the first strict maximum of each window; argmax within the volume.
+void naive_maxpool(const Ref& ref, const Tensor& x, std::vector<float>& y, std::vector<int32_t>& arg) {
+  y.assign(ref.vols * ref.out_volume(), -std::numeric_limits<float>::infinity());
+  arg.assign(y.size(), -1);
+  ref.each_tap([&](int64_t o, int64_t i) {
+    if (arg[o] < 0 || x.f32()[i] > y[o]) {
+      y[o] = x.f32()[i];
+      arg[o] = static_cast<int32_t>(i % ref.in_volume());
+    }
+  });
 }
 
-// Naive average pooling with count_include_pad (divisor kernel^2), in double.
-std::vector<double> naive_avgpool(const Tensor& x, const PoolGeometry& g) {
-  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = (h + 2 * g.padding - g.kernel) / g.stride + 1, ow = (w + 2 * g.padding - g.kernel) / g.stride + 1;
-  std::vector<double> y(planes * oh * ow);
-  for (int64_t p = 0; p < planes; ++p)
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        double s = 0;
-        for (int64_t a = 0; a < g.kernel; ++a)
-          for (int64_t b = 0; b < g.kernel; ++b) {
-            const int64_t r = i * g.stride - g.padding + a, c = j * g.stride - g.padding + b;
-            if (r >= 0 && r < h && c >= 0 && c < w) s += x.f32()[p * h * w + r * w + c];
-          }
-        y[(p * oh + i) * ow + j] = s / static_cast<double>(g.kernel * g.kernel);
-      }
-  return y;
-}
-
-TEST(Pool, OutputShape) {
-  EXPECT_EQ(kernels::pool2d_output_shape(Shape{3, 5, 7, 9}, {2, 2, 0}), (Shape{3, 5, 3, 4}));
-  EXPECT_EQ(kernels::pool2d_output_shape(Shape{3, 5, 7, 9}, {3, 2, 1}), (Shape{3, 5, 4, 5}));
-  EXPECT_EQ(kernels::pool2d_output_shape(Shape{1, 1, 28, 28}, {2, 2, 0}), (Shape{1, 1, 14, 14}));
-  EXPECT_THROW(kernels::pool2d_output_shape(Shape{3, 5, 7, 9}, {3, 2, 2}), Error);  // padding > kernel / 2
-  EXPECT_THROW(kernels::pool2d_output_shape(Shape{3, 5, 2, 9}, {4, 1, 0}), Error);  // kernel > input
-  EXPECT_THROW(kernels::pool2d_output_shape(Shape{3, 5, 7, 9}, {2, 0, 0}), Error);  // stride 0
-}
-
-class MaxPool : public ft::BackendTest {};
-class AvgPool : public ft::BackendTest {};
-class GlobalAvgPool : public ft::BackendTest {};
-class PoolErrors : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(MaxPool);
-FANOUT_ON_EVERY_BACKEND(AvgPool);
-FANOUT_ON_EVERY_BACKEND(GlobalAvgPool);
-FANOUT_ON_EVERY_BACKEND(PoolErrors);
-
-// Inputs rounded to a few values, so windows hold ties (first maximum wins).
-Tensor tied_tensor(const Shape& s, std::mt19937_64& rng) {
+Tensor tied_tensor(const Shape& s, std::mt19937_64& rng) {  // a few values, so windows hold ties
   Tensor t = ft::random_tensor(s, rng);
   for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = std::round(t.f32()[i] * 2.0f) / 2.0f;
   return t;
 }
 
+TEST(Pool, OutputShapes) {
+  EXPECT_EQ(kernels::pool_output_shape(2, Shape{3, 5, 7, 9}, {2, 2, 0}), (Shape{3, 5, 3, 4}));
+  EXPECT_EQ(kernels::pool_output_shape(2, Shape{3, 5, 7, 9}, {3, 2, 1}), (Shape{3, 5, 4, 5}));
+  EXPECT_EQ(kernels::pool_output_shape(2, Shape{1, 1, 28, 28}, {2, 2, 0}), (Shape{1, 1, 14, 14}));
+  EXPECT_EQ(kernels::pool_output_shape(3, Shape{2, 3, 5, 7, 6}, {2, 2, 0}), (Shape{2, 3, 2, 3, 3}));
+  EXPECT_EQ(kernels::pool_output_shape(3, Shape{2, 3, 5, 7, 6}, {3, 2, 1}), (Shape{2, 3, 3, 4, 3}));
+  EXPECT_EQ(kernels::pool_output_shape(3, Shape{1, 1, 32, 64, 48}, {2, 2, 0}), (Shape{1, 1, 16, 32, 24}));
+  for (int s : kRanks) {
+    SCOPED_TRACE(s);
+    EXPECT_THROW(kernels::pool_output_shape(s, base_shape(s), {3, 2, 2}), Error);  // padding > kernel / 2
+    EXPECT_THROW(kernels::pool_output_shape(s, shape_of(s, 3, 5, 5, 2, 9), {4, 1, 0}), Error);  // kernel > input
+    EXPECT_THROW(kernels::pool_output_shape(s, base_shape(s), {2, 0, 0}), Error);  // stride 0
+    EXPECT_THROW(kernels::pool_output_shape(s, base_shape(5 - s), {2, 2, 0}), Error);  // the other rank
+  }
+  EXPECT_THROW(kernels::pool_output_shape(1, Shape{3, 5, 7}, {2, 2, 0}), Error);
+  EXPECT_EQ(kernels::upsample3d_output_shape(Shape{2, 3, 5, 7, 6}, 2), (Shape{2, 3, 10, 14, 12}));
+  EXPECT_EQ(kernels::upsample3d_output_shape(Shape{2, 3, 5, 7, 6}, 1), (Shape{2, 3, 5, 7, 6}));
+  EXPECT_THROW(kernels::upsample3d_output_shape(Shape{2, 3, 5, 7, 6}, 0), Error);
+  EXPECT_THROW(kernels::upsample3d_output_shape(Shape{2, 3, 7, 6}, 2), Error);
+}
+
+class MaxPool : public ft::BackendTest {};
+class AvgPool : public ft::BackendTest {};
+class GlobalAvgPool : public ft::BackendTest {};
+class Upsample3d : public ft::BackendTest {};
+class PoolErrors : public ft::BackendTest {};
+FANOUT_ON_EVERY_BACKEND(MaxPool);
+FANOUT_ON_EVERY_BACKEND(AvgPool);
+FANOUT_ON_EVERY_BACKEND(GlobalAvgPool);
+FANOUT_ON_EVERY_BACKEND(Upsample3d);
+FANOUT_ON_EVERY_BACKEND(PoolErrors);
+
 TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
   std::mt19937_64 rng(71);
   struct Case {
+    int spatial;
     Shape x;
     PoolGeometry g;
     bool ties, deterministic;
   };
   std::vector<Case> cases;
-  for (const PoolGeometry& g : kGeoms)
-    for (bool ties : {false, true})
-      for (bool det : {false, true}) cases.push_back({kShape, g, ties, det});
-  cases.push_back({Shape{4, 64, 32, 32}, {3, 2, 1}, false, false});
+  for (int s : kRanks)
+    for (const PoolGeometry& g : kGeoms)
+      for (bool ties : {false, true})
+        for (bool det : {false, true}) cases.push_back({s, base_shape(s), g, ties, det});
+  cases.push_back({2, Shape{4, 64, 32, 32}, {3, 2, 1}, false, false});
+  cases.push_back({3, Shape{2, 8, 9, 16, 13}, {3, 2, 1}, false, false});
+  cases.push_back({3, Shape{1, 2, 3, 11, 4}, {3, 2, 1}, true, true});
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << c.x.str() << " " << c.g << " ties " << c.ties << " deterministic "
+    SCOPED_TRACE(::testing::Message() << c.x.str() << " " << str(c.g) << " ties " << c.ties << " deterministic "
                                       << c.deterministic);
     ctx().math.deterministic = c.deterministic;
     Tensor x = c.ties ? tied_tensor(c.x, rng) : ft::random_tensor(c.x, rng);
-    const Shape ys = kernels::pool2d_output_shape(x.shape(), c.g);
+    const Shape ys = kernels::pool_output_shape(c.spatial, x.shape(), c.g);
     Tensor r = ft::random_tensor(ys, rng);
     Tensor xd = up(x), rd = up(r), yd = poisoned(ys), argd = poisoned(ys, DType::I32), dxd = poisoned(x.shape());
-    kernels::maxpool2d_forward(ctx(), xd, c.g, yd, argd);
-    kernels::maxpool2d_backward(ctx(), rd, argd, dxd);
+    kernels::maxpool_forward(ctx(), c.spatial, xd, c.g, yd, argd);
+    kernels::maxpool_backward(ctx(), c.spatial, rd, argd, dxd);
     const Tensor y = down(yd), arg = down(argd), dx = down(dxd);
+    const Ref ref(c.spatial, c.x, c.g);
     std::vector<float> ry;
     std::vector<int32_t> ra;
-    naive_maxpool(x, c.g, ry, ra);
+    naive_maxpool(ref, x, ry, ra);
+    ASSERT_EQ(y.numel(), static_cast<int64_t>(ry.size()));
     for (int64_t i = 0; i < y.numel(); ++i) {
       ASSERT_EQ(y.f32()[i], ry[i]) << i;
       ASSERT_EQ(arg.data<int32_t>()[i], ra[i]) << i;
     }
     EXPECT_GT(ft::l2_norm(y), 0.0);
     // Backward: scatter-add dy through the naive argmax (overlapping windows accumulate).
-    std::vector<double> ref(x.numel(), 0.0);
-    const int64_t hw = c.x[2] * c.x[3], ohw = ys[2] * ys[3];
-    for (int64_t i = 0; i < r.numel(); ++i) ref[(i / ohw) * hw + ra[i]] += r.f32()[i];
-    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_NEAR(dx.f32()[i], ref[i], 1e-5) << i;
+    std::vector<double> rdx(x.numel(), 0.0);
+    for (int64_t i = 0; i < r.numel(); ++i) rdx[(i / ref.out_volume()) * ref.in_volume() + ra[i]] += r.f32()[i];
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_NEAR(dx.f32()[i], rdx[i], 1e-5) << i;
     EXPECT_GT(ft::l2_norm(dx), 0.0);
   }
 }
 
 TEST_P(MaxPool, TiesPickFirstAndPaddingIsNeverSelected) {
-  // All-equal negative input: padding (which would read as 0 if it were
-  // selectable) must lose, and the first position of each clipped window wins.
-  Tensor x = Tensor::empty(Shape{1, 2, 5, 6});
-  x.fill(-3.0f);
-  const PoolGeometry g{3, 2, 1};
-  const Shape ys = kernels::pool2d_output_shape(x.shape(), g);
-  Tensor xd = up(x), yd = poisoned(ys), argd = poisoned(ys, DType::I32);
-  kernels::maxpool2d_forward(ctx(), xd, g, yd, argd);
-  const Tensor y = down(yd), arg = down(argd);
-  for (int64_t i = 0; i < ys[2]; ++i)
-    for (int64_t j = 0; j < ys[3]; ++j) {
-      const int64_t r0 = std::max<int64_t>(0, i * 2 - 1), c0 = std::max<int64_t>(0, j * 2 - 1);
-      EXPECT_EQ(y.f32()[i * ys[3] + j], -3.0f);
-      EXPECT_EQ(arg.data<int32_t>()[i * ys[3] + j], r0 * 6 + c0);
+  for (int s : kRanks) {
+    SCOPED_TRACE(s);
+    // All-equal negative input: padding (0 if it were selectable) must lose,
+    // and the first position of each clipped window wins.
+    const Shape xs = shape_of(s, 1, 2, 4, 5, 6);
+    Tensor x = Tensor::empty(xs);
+    x.fill(-3.0f);
+    const PoolGeometry g{3, 2, 1};
+    const Shape ys = kernels::pool_output_shape(s, xs, g);
+    Tensor xd = up(x), yd = poisoned(ys), argd = poisoned(ys, DType::I32);
+    kernels::maxpool_forward(ctx(), s, xd, g, yd, argd);
+    const Tensor y = down(yd), arg = down(argd);
+    const Ref ref(s, xs, g);
+    std::vector<int32_t> first(ys.numel(), -1);
+    ref.each_tap([&](int64_t o, int64_t i) {
+      if (first[o] < 0) first[o] = static_cast<int32_t>(i % ref.in_volume());
+    });
+    for (int64_t o = 0; o < ys.numel(); ++o) {
+      EXPECT_EQ(y.f32()[o], -3.0f) << o;
+      EXPECT_EQ(arg.data<int32_t>()[o], first[o]) << o;
     }
-  // A repeated maximum inside one window: the first in row-major order wins.
-  Tensor z = Tensor::zeros(Shape{1, 1, 2, 2});
-  z.f32()[1] = 5.0f;
-  z.f32()[3] = 5.0f;
-  Tensor zd = up(z), zyd = poisoned(Shape{1, 1, 1, 1}), zad = poisoned(Shape{1, 1, 1, 1}, DType::I32);
-  kernels::maxpool2d_forward(ctx(), zd, {2, 2, 0}, zyd, zad);
-  EXPECT_EQ(down(zyd).f32()[0], 5.0f);
-  EXPECT_EQ(down(zad).data<int32_t>()[0], 1);
+    // A repeated maximum inside one window: the first in (depth, row, column) order wins.
+    Tensor z = Tensor::zeros(shape_of(s, 1, 1, 2, 2, 2));
+    const int64_t early = z.numel() / 2 - 1;  // (0, 1) or (0, 1, 1)
+    z.f32()[early] = 5.0f;
+    z.f32()[z.numel() - 1] = 5.0f;
+    const Shape one = shape_of(s, 1, 1, 1, 1, 1);
+    Tensor zd = up(z), zyd = poisoned(one), zad = poisoned(one, DType::I32);
+    kernels::maxpool_forward(ctx(), s, zd, {2, 2, 0}, zyd, zad);
+    EXPECT_EQ(down(zyd).f32()[0], 5.0f);
+    EXPECT_EQ(down(zad).data<int32_t>()[0], early);
+  }
 }
 
 TEST_P(MaxPool, NanPropagates) {
-  // As PyTorch's kernels: a NaN in a window is the maximum (and its argmax), on both code paths.
+  // As PyTorch's kernels: a NaN in a window is the maximum (and its argmax), on every code path.
   std::mt19937_64 rng(75);
-  for (const PoolGeometry& g : {PoolGeometry{2, 2, 0}, PoolGeometry{3, 2, 1}}) {
-    Tensor x = ft::random_tensor(Shape{1, 1, 6, 6}, rng);
-    x.f32()[1 * 6 + 1] = std::numeric_limits<float>::quiet_NaN();  // inside output (0, 0)'s window for both
-    const Shape ys = kernels::pool2d_output_shape(x.shape(), g);
-    Tensor xd = up(x), yd = poisoned(ys), argd = poisoned(ys, DType::I32);
-    kernels::maxpool2d_forward(ctx(), xd, g, yd, argd);
-    const Tensor y = down(yd), arg = down(argd);
-    EXPECT_TRUE(std::isnan(y.f32()[0])) << g;
-    EXPECT_EQ(arg.data<int32_t>()[0], 7) << g;
-    EXPECT_FALSE(std::isnan(y.f32()[ys.numel() - 1])) << g;
-  }
+  for (int s : kRanks)
+    for (const PoolGeometry& g : {PoolGeometry{2, 2, 0}, PoolGeometry{3, 2, 1}}) {
+      SCOPED_TRACE(std::to_string(s) + " " + str(g));
+      const Shape xs = shape_of(s, 1, 1, 4, 6, 5);
+      Tensor x = ft::random_tensor(xs, rng);
+      const int64_t nan_at = s == 2 ? 1 * 5 + 1 : (1 * 6 + 1) * 5 + 1;  // inside output 0's window for both
+      x.f32()[nan_at] = std::numeric_limits<float>::quiet_NaN();
+      const Shape ys = kernels::pool_output_shape(s, xs, g);
+      Tensor xd = up(x), yd = poisoned(ys), argd = poisoned(ys, DType::I32);
+      kernels::maxpool_forward(ctx(), s, xd, g, yd, argd);
+      const Tensor y = down(yd), arg = down(argd);
+      EXPECT_TRUE(std::isnan(y.f32()[0]));
+      EXPECT_EQ(arg.data<int32_t>()[0], nan_at);
+      EXPECT_FALSE(std::isnan(y.f32()[ys.numel() - 1]));
+    }
 }
 
 TEST_P(MaxPool, BackwardMatchesCentralDifferences) {
   std::mt19937_64 rng(72);
-  for (const PoolGeometry& g : kGeoms) {
-    Tensor x = ft::random_tensor(kShape, rng);
-    const Shape ys = kernels::pool2d_output_shape(x.shape(), g);
+  for (int s : kRanks)
+    for (const PoolGeometry& g : kGeoms) {
+      SCOPED_TRACE(std::to_string(s) + " " + str(g));
+      Tensor x = ft::random_tensor(base_shape(s), rng);
+      const Shape ys = kernels::pool_output_shape(s, x.shape(), g);
+      Tensor r = ft::random_tensor(ys, rng);
+      Tensor xd = up(x), rd = up(r), yd = poisoned(ys), argd = poisoned(ys, DType::I32), dxd = poisoned(x.shape());
+      kernels::maxpool_forward(ctx(), s, xd, g, yd, argd);
+      kernels::maxpool_backward(ctx(), s, rd, argd, dxd);
+      const Tensor dx = down(dxd);
+      auto loss = [&] {  // <r, y>, accumulated in float64
+        Tensor xe = up(x);
+        kernels::maxpool_forward(ctx(), s, xe, g, yd, argd);
+        return ft::dot(down(yd), r);
+      };
+      // A small step: random inputs are rarely closer than 1e-3, so few entries are kinks.
+      auto res = ft::grad_check_detail(loss, x, dx, 1e-3);
+      EXPECT_LT(res.worst, 1e-2);
+      EXPECT_GT(res.checked, 150);
+    }
+}
+
+TEST_P(AvgPool, ForwardBackwardAgainstFloat64) {
+  std::mt19937_64 rng(73);
+  std::vector<std::pair<Shape, PoolGeometry>> cases;
+  for (int s : kRanks)
+    for (const PoolGeometry& g : kGeoms) cases.emplace_back(base_shape(s), g);
+  cases.emplace_back(Shape{3, 5, 7, 9}, PoolGeometry{4, 4, 2});
+  cases.emplace_back(Shape{1, 2, 9, 16, 13}, PoolGeometry{3, 2, 1});
+  for (const auto& [xs, g] : cases) {
+    SCOPED_TRACE(xs.str() + " " + str(g));
+    const int s = xs.ndim - 2;
+    Tensor x = ft::random_tensor(xs, rng);
+    const Shape ys = kernels::pool_output_shape(s, xs, g);
     Tensor r = ft::random_tensor(ys, rng);
-    Tensor xd = up(x), rd = up(r), yd = poisoned(ys), argd = poisoned(ys, DType::I32), dxd = poisoned(x.shape());
-    kernels::maxpool2d_forward(ctx(), xd, g, yd, argd);
-    kernels::maxpool2d_backward(ctx(), rd, argd, dxd);
-    const Tensor dx = down(dxd);
-    auto loss = [&] {
-      Tensor xe = up(x);
-      kernels::maxpool2d_forward(ctx(), xe, g, yd, argd);
-      return ft::dot(down(yd), r);
-    };
-    auto res = ft::grad_check_detail(loss, x, dx, 1e-3);
-    EXPECT_LT(res.worst, 1e-2) << g;
-    EXPECT_GT(res.checked, 150) << g;
+    Tensor yd = poisoned(ys), dxd = poisoned(xs);
+    kernels::avgpool_forward(ctx(), s, up(x), g, yd);
+    kernels::avgpool_backward(ctx(), s, up(r), g, dxd);
+    const Tensor y = down(yd), dx = down(dxd);
+    // count_include_pad: every window divides by kernel^rank; padding adds 0.
+    const double divisor = std::pow(static_cast<double>(g.kernel), s);
+    std::vector<double> ry(y.numel(), 0.0), rdx(x.numel(), 0.0);
+    Ref(s, xs, g).each_tap([&](int64_t o, int64_t i) {
+      ry[o] += x.f32()[i] / divisor;
+      rdx[i] += r.f32()[o] / divisor;
+    });
+    EXPECT_TRUE(matches(y, ry, 1e-6, 1e-5));
+    EXPECT_TRUE(matches(dx, rdx, 1e-6, 1e-5));
+    EXPECT_GT(ft::l2_norm(y), 0.0);
+    EXPECT_GT(ft::l2_norm(dx), 0.0);
   }
 }
 
-TEST_P(AvgPool, ForwardBackwardAgainstNaive) {
-  std::mt19937_64 rng(73);
-  std::vector<PoolGeometry> geoms = kGeoms;
-  geoms.push_back({4, 4, 2});
-  for (const PoolGeometry& g : geoms) {
-    SCOPED_TRACE(::testing::Message() << g);
-    Tensor x = ft::random_tensor(kShape, rng);
-    const Shape ys = kernels::pool2d_output_shape(x.shape(), g);
-    Tensor r = ft::random_tensor(ys, rng);
-    Tensor xd = up(x), rd = up(r), yd = poisoned(ys), dxd = poisoned(x.shape());
-    kernels::avgpool2d_forward(ctx(), xd, g, yd);
-    kernels::avgpool2d_backward(ctx(), rd, g, dxd);
-    const Tensor y = down(yd), dx = down(dxd);
-    const std::vector<double> ref = naive_avgpool(x, g);
-    for (int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.f32()[i], ref[i], tol(1e-6, 1e-5)) << i;
-    EXPECT_GT(ft::l2_norm(y), 0.0);
-    EXPECT_GT(ft::l2_norm(dx), 0.0);
-    auto loss = [&] {
-      Tensor xe = up(x);
-      kernels::avgpool2d_forward(ctx(), xe, g, yd);
-      return ft::dot(down(yd), r);
-    };
-    auto res = ft::grad_check_detail(loss, x, dx);
-    EXPECT_LT(res.worst, 1e-2);
-    EXPECT_GT(res.checked, 150);
-  }
+TEST_P(AvgPool, BackwardMatchesCentralDifferences) {
+  std::mt19937_64 rng(74);
+  for (int s : kRanks)
+    for (const PoolGeometry& g : kGeoms) {
+      SCOPED_TRACE(std::to_string(s) + " " + str(g));
+      Tensor x = ft::random_tensor(base_shape(s), rng);
+      const Shape ys = kernels::pool_output_shape(s, x.shape(), g);
+      Tensor r = ft::random_tensor(ys, rng), yd = poisoned(ys), dxd = poisoned(x.shape());
+      kernels::avgpool_backward(ctx(), s, up(r), g, dxd);
+      const Tensor dx = down(dxd);
+      auto loss = [&] {
+        kernels::avgpool_forward(ctx(), s, up(x), g, yd);
+        return ft::dot(down(yd), r);
+      };
+      auto res = ft::grad_check_detail(loss, x, dx);
+      EXPECT_LT(res.worst, 1e-2);
+      EXPECT_GT(res.checked, 150);
+    }
 }
 
 TEST_P(GlobalAvgPool, ForwardBackward) {
-  std::mt19937_64 rng(74);
+  std::mt19937_64 rng(76);
   for (const Shape& s :
        {Shape{3, 5, 7, 9}, Shape{2, 3, 1, 1}, Shape{2, 4, 1, 13}, Shape{2, 513, 1, 1}, Shape{2, 3, 45, 47}}) {
     SCOPED_TRACE(s.str());
@@ -267,31 +333,110 @@ TEST_P(GlobalAvgPool, ForwardBackward) {
   }
 }
 
-TEST_P(PoolErrors, Throw) {
-  Tensor x = up(Tensor::zeros(Shape{3, 5, 7, 9}));
-  Tensor y = up(Tensor::zeros(Shape{3, 5, 3, 4})), arg = up(Tensor::zeros(Shape{3, 5, 3, 4}, DType::I32));
-  Tensor y_bad = up(Tensor::zeros(Shape{3, 5, 4, 4})), arg_f32 = up(Tensor::zeros(Shape{3, 5, 3, 4}));
-  EXPECT_NO_THROW(kernels::maxpool2d_forward(ctx(), x, {2, 2, 0}, y, arg));
-  EXPECT_THROW(kernels::maxpool2d_forward(ctx(), x, {2, 2, 0}, y_bad, arg), Error);
-  EXPECT_THROW(kernels::maxpool2d_forward(ctx(), x, {2, 2, 0}, y, arg_f32), Error);
-  EXPECT_THROW(kernels::maxpool2d_forward(ctx(), x, {2, 2, 2}, y, arg), Error);
-  Tensor dx_bad = up(Tensor::zeros(Shape{3, 4, 7, 9}));
-  EXPECT_THROW(kernels::maxpool2d_backward(ctx(), y, arg, dx_bad), Error);
-  EXPECT_THROW(kernels::maxpool2d_backward(ctx(), y_bad, arg, x), Error);
-  EXPECT_THROW(kernels::avgpool2d_forward(ctx(), x, {2, 2, 0}, y_bad), Error);
-  EXPECT_THROW(kernels::avgpool2d_backward(ctx(), y_bad, {2, 2, 0}, x), Error);
-  Tensor g_bad = up(Tensor::zeros(Shape{3, 5, 1, 2}));
-  EXPECT_THROW(kernels::global_avgpool_forward(ctx(), x, g_bad), Error);
-  EXPECT_THROW(kernels::global_avgpool_backward(ctx(), g_bad, x), Error);
+// Naive nearest upsampling: y at (i, j, l) reads x at (i / s, j / s, l / s);
+// the gradient of x sums dy over every output reading it (float64).
+void naive_upsample3d(const Tensor& x, const Tensor& dy, int64_t s, std::vector<double>& y, std::vector<double>& dx) {
+  const int64_t vols = x.size(0) * x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
+  y.assign(dy.numel(), 0.0);
+  dx.assign(x.numel(), 0.0);
+  for (int64_t v = 0; v < vols; ++v)
+    for (int64_t i = 0; i < d * s; ++i)
+      for (int64_t j = 0; j < h * s; ++j)
+        for (int64_t l = 0; l < w * s; ++l) {
+          const int64_t o = ((v * d * s + i) * h * s + j) * w * s + l, in = ((v * d + i / s) * h + j / s) * w + l / s;
+          y[o] = x.f32()[in];
+          dx[in] += dy.f32()[o];
+        }
 }
 
-TEST(Pool, ArgmaxOutsideThePlaneIsRefused) {
+TEST_P(Upsample3d, ForwardBackwardAgainstNaive) {
+  std::mt19937_64 rng(404);
+  for (const Shape& s : {base_shape(3), Shape{1, 2, 3, 1, 4}, Shape{3, 1, 2, 5, 3}, Shape{1, 4, 7, 9, 8}})
+    for (int64_t scale : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << s.str() << " scale " << scale);
+      Tensor x = ft::random_tensor(s, rng);
+      const Shape ys = kernels::upsample3d_output_shape(s, scale);
+      Tensor r = ft::random_tensor(ys, rng);
+      Tensor xd = up(x), rd = up(r), yd = poisoned(ys), dxd = poisoned(s);
+      kernels::upsample3d_nearest_forward(ctx(), xd, scale, yd);
+      kernels::upsample3d_nearest_backward(ctx(), rd, scale, dxd);
+      const Tensor y = down(yd), dx = down(dxd);
+      std::vector<double> ry, rdx;
+      naive_upsample3d(x, r, scale, ry, rdx);
+      for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.f32()[i], ry[i]) << i;  // a copy: exact
+      for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_NEAR(dx.f32()[i], rdx[i], 1e-5) << i;
+      EXPECT_GT(ft::l2_norm(y), 0.0);
+      EXPECT_GT(ft::l2_norm(dx), 0.0);
+    }
+}
+
+TEST_P(Upsample3d, BackwardMatchesCentralDifferences) {
+  std::mt19937_64 rng(405);
+  for (int64_t scale : {2, 3}) {
+    Tensor x = ft::random_tensor(Shape{2, 2, 3, 4, 5}, rng);
+    const Shape ys = kernels::upsample3d_output_shape(x.shape(), scale);
+    Tensor r = ft::random_tensor(ys, rng);
+    Tensor rd = up(r), yd = poisoned(ys), dxd = poisoned(x.shape());
+    kernels::upsample3d_nearest_backward(ctx(), rd, scale, dxd);
+    const Tensor dx = down(dxd);
+    auto loss = [&] {
+      Tensor xe = up(x);
+      kernels::upsample3d_nearest_forward(ctx(), xe, scale, yd);
+      return ft::dot(down(yd), r);
+    };
+    auto res = ft::grad_check_detail(loss, x, dx);
+    EXPECT_LT(res.worst, 1e-2) << "scale " << scale;
+    EXPECT_EQ(res.checked, static_cast<int>(x.numel())) << "scale " << scale;  // linear: no kinks
+  }
+}
+
+TEST_P(PoolErrors, Throw) {
+  const PoolGeometry g{2, 2, 0};
+  for (int s : kRanks) {
+    SCOPED_TRACE(s);
+    const Shape xs = base_shape(s), ys = kernels::pool_output_shape(s, xs, g);
+    Shape ys_wide = ys, xs_channels = xs;
+    ys_wide[s + 1] += 1;
+    xs_channels[1] += 1;
+    Tensor x = up(Tensor::zeros(xs)), y = up(Tensor::zeros(ys)), arg = up(Tensor::zeros(ys, DType::I32));
+    Tensor y_bad = up(Tensor::zeros(ys_wide)), arg_f32 = up(Tensor::zeros(ys));
+    Tensor x_other = up(Tensor::zeros(base_shape(5 - s)));
+    EXPECT_NO_THROW(kernels::maxpool_forward(ctx(), s, x, g, y, arg));
+    EXPECT_THROW(kernels::maxpool_forward(ctx(), s, x, g, y_bad, arg), Error);
+    EXPECT_THROW(kernels::maxpool_forward(ctx(), s, x, g, y, arg_f32), Error);
+    EXPECT_THROW(kernels::maxpool_forward(ctx(), s, x, {2, 2, 2}, y, arg), Error);
+    EXPECT_THROW(kernels::maxpool_forward(ctx(), s, x_other, g, y, arg), Error);
+    Tensor dx_bad = up(Tensor::zeros(xs_channels));
+    EXPECT_NO_THROW(kernels::maxpool_backward(ctx(), s, y, arg, x));
+    EXPECT_THROW(kernels::maxpool_backward(ctx(), s, y, arg, dx_bad), Error);
+    EXPECT_THROW(kernels::maxpool_backward(ctx(), s, y_bad, arg, x), Error);
+    EXPECT_THROW(kernels::avgpool_forward(ctx(), s, x, g, y_bad), Error);
+    EXPECT_THROW(kernels::avgpool_backward(ctx(), s, y_bad, g, x), Error);
+    EXPECT_THROW(kernels::avgpool_forward(ctx(), 5 - s, x, g, y), Error);
+  }
+  Tensor x = up(Tensor::zeros(base_shape(2))), g_bad = up(Tensor::zeros(Shape{3, 5, 1, 2}));
+  EXPECT_THROW(kernels::global_avgpool_forward(ctx(), x, g_bad), Error);
+  EXPECT_THROW(kernels::global_avgpool_backward(ctx(), g_bad, x), Error);
+  Tensor v = up(Tensor::zeros(base_shape(3)));
+  Tensor u = up(Tensor::zeros(Shape{2, 3, 10, 14, 12})), u_bad = up(Tensor::zeros(Shape{2, 3, 10, 14, 13}));
+  EXPECT_NO_THROW(kernels::upsample3d_nearest_forward(ctx(), v, 2, u));
+  EXPECT_THROW(kernels::upsample3d_nearest_forward(ctx(), v, 2, u_bad), Error);
+  EXPECT_THROW(kernels::upsample3d_nearest_forward(ctx(), v, 3, u), Error);
+  EXPECT_THROW(kernels::upsample3d_nearest_forward(ctx(), v, 0, u), Error);
+  EXPECT_NO_THROW(kernels::upsample3d_nearest_backward(ctx(), u, 2, v));
+  EXPECT_THROW(kernels::upsample3d_nearest_backward(ctx(), u_bad, 2, v), Error);
+  EXPECT_THROW(kernels::upsample3d_nearest_backward(ctx(), x, 1, x), Error);
+}
+
+TEST(Pool, ArgmaxOutsideTheVolumeIsRefused) {
   // Checked on the host before writing (CPU): never written out of bounds.
   Context ctx(Device::cpu());
-  Tensor x = Tensor::zeros(Shape{3, 5, 7, 9});
-  Tensor y = Tensor::zeros(Shape{3, 5, 3, 4}), arg = Tensor::zeros(Shape{3, 5, 3, 4}, DType::I32);
-  arg.data<int32_t>()[0] = 63;
-  EXPECT_THROW(kernels::maxpool2d_backward(ctx, y, arg, x), Error);
+  for (int s : kRanks) {
+    const Shape xs = base_shape(s), ys = kernels::pool_output_shape(s, xs, {2, 2, 0});
+    Tensor x = Tensor::zeros(xs), y = Tensor::zeros(ys), arg = Tensor::zeros(ys, DType::I32);
+    arg.data<int32_t>()[0] = static_cast<int32_t>(xs.numel() / (xs[0] * xs[1]));
+    EXPECT_THROW(kernels::maxpool_backward(ctx, s, y, arg, x), Error) << s;
+  }
 }
 
 }  // namespace
