@@ -83,7 +83,9 @@ double max_rel_diff(const Tensor& a, const std::vector<double>& b) {
   FANOUT_CHECK(a.numel() == static_cast<int64_t>(b.size())) << a.shape().str() << " vs " << b.size() << " values";
   double diff = 0, scale = 0;
   for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a.f32()[i]) - b[i]));
+    const double d = std::abs(static_cast<double>(a.f32()[i]) - b[i]);
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, d);
     scale = std::max(scale, std::abs(b[i]));
   }
   return scale > 0 ? diff / scale : diff;

@@ -1,0 +1,411 @@
+// 2-D and 3-D convolution on every backend (oneDNN on CPU, cuDNN on CUDA),
+// one body for both ranks, against a direct double-precision convolution,
+// forward and backward: stride 1/2, padding 0/1/2, kernels 1/3/5 and
+// non-square/non-cubic ones, volumes with D != H != W, windows entirely in
+// the padding, images smaller than the kernel, large volumes; math options
+// (deterministic, timed algorithm search, TF32); central-difference gradient
+// checks; += semantics; float64 gradients independent of the batch split;
+// errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/backend_test_util.h"
+#include "kernels/conv.h"
+#include "runtime/core/error.h"
+
+namespace fanout {
+namespace {
+
+namespace ft = fanout::testing;
+
+// A convolution of either rank: a 2-D one has d = kd = 0.
+struct ConvCase {
+  int64_t n, c, d, h, w, oc, kd, kh, kw, stride, pad;
+  int spatial() const { return d > 0 ? 3 : 2; }
+  Shape x() const { return d > 0 ? Shape{n, c, d, h, w} : Shape{n, c, h, w}; }
+  Shape weight() const { return d > 0 ? Shape{oc, c, kd, kh, kw} : Shape{oc, c, kh, kw}; }
+  kernels::ConvGeometry geometry() const { return {stride, pad}; }
+};
+ConvCase conv2d(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc, int64_t kh, int64_t kw, int64_t stride,
+                int64_t pad) {
+  return {n, c, 0, h, w, oc, 0, kh, kw, stride, pad};
+}
+std::ostream& operator<<(std::ostream& os, const ConvCase& k) {
+  return os << "N" << k.n << " x " << k.x().str() << " w " << k.weight().str() << " s" << k.stride << " p" << k.pad;
+}
+
+const std::vector<ConvCase>& cases2d() {
+  static const std::vector<ConvCase> v = {
+      conv2d(3, 5, 7, 9, 4, 3, 3, 1, 1),    // the usual 3x3 "same"
+      conv2d(3, 5, 7, 9, 4, 3, 3, 2, 1),    // strided
+      conv2d(2, 3, 7, 9, 4, 3, 3, 1, 0),    // valid
+      conv2d(2, 4, 8, 7, 3, 3, 3, 2, 0),
+      conv2d(2, 3, 8, 6, 5, 1, 1, 1, 0),    // 1x1 (oneDNN's 1x1 kernels)
+      conv2d(2, 3, 9, 7, 4, 1, 1, 2, 0),    // 1x1 strided (downsample)
+      conv2d(2, 3, 5, 6, 4, 1, 1, 1, 1),    // border outputs read only padding
+      conv2d(2, 3, 7, 9, 4, 5, 5, 1, 2),    // 5x5 "same"
+      conv2d(2, 3, 11, 10, 6, 5, 5, 2, 2),
+      conv2d(1, 2, 5, 5, 3, 5, 5, 1, 0),    // kernel covers the image: 1x1 output
+      conv2d(2, 3, 4, 5, 3, 3, 3, 1, 2),    // padding 2 with a 3x3 kernel: corner windows all padding
+      conv2d(2, 3, 7, 9, 4, 3, 2, 1, 1),    // non-square kernel
+      conv2d(3, 1, 9, 8, 2, 2, 3, 2, 1),    // one input channel, non-square, strided
+      conv2d(2, 3, 7, 9, 4, 5, 3, 1, 1),    // OW == W but OH < H: a tall kernel
+      conv2d(1, 2, 2, 3, 3, 5, 5, 1, 2),    // image smaller than the kernel: some kernel rows never valid
+  };
+  return v;
+}
+
+const std::vector<ConvCase>& cases3d() {
+  static const std::vector<ConvCase> v = {
+      {2, 3, 5, 6, 7, 4, 3, 3, 3, 1, 1},  // 3x3x3 "same"
+      {2, 3, 5, 6, 7, 4, 3, 3, 3, 2, 1},  // strided
+      {2, 2, 4, 7, 5, 3, 3, 3, 3, 1, 0},  // valid
+      {2, 3, 5, 4, 6, 5, 1, 1, 1, 1, 0},  // 1x1x1 (oneDNN's 1x1 kernels)
+      {2, 3, 5, 7, 6, 4, 1, 1, 1, 2, 0},  // 1x1x1 strided (downsample)
+      {1, 2, 3, 4, 5, 3, 1, 1, 1, 1, 1},  // border outputs read only padding
+      {2, 2, 5, 7, 6, 3, 5, 5, 5, 2, 2},  // 5x5x5 strided
+      {1, 2, 3, 5, 4, 3, 5, 5, 5, 1, 2},  // depth smaller than the kernel
+      {2, 3, 3, 4, 5, 3, 3, 3, 3, 1, 2},  // padding 2: corner windows all padding
+      {1, 2, 4, 4, 4, 2, 4, 4, 4, 1, 0},  // kernel covers the volume: 1x1x1 output
+      {2, 3, 4, 5, 6, 2, 2, 3, 3, 1, 1},  // non-cubic kernel
+      {3, 1, 7, 6, 5, 2, 3, 2, 3, 2, 1},  // one input channel, non-cubic, strided
+  };
+  return v;
+}
+const std::vector<ConvCase>& cases(int spatial) { return spatial == 2 ? cases2d() : cases3d(); }
+constexpr int kRanks[] = {2, 3};
+
+// Large volumes: 6,348 to 40,500 output positions per image, so the CPU
+// cuts their weight gradients into one call per image (kernels/cpu/conv.cpp).
+const std::vector<ConvCase>& large_cases() {
+  static const std::vector<ConvCase> v = {
+      {1, 16, 3, 46, 46, 3, 5, 5, 5, 1, 2},
+      {2, 8, 5, 90, 90, 2, 3, 3, 3, 1, 1},
+      {1, 16, 7, 92, 91, 2, 5, 5, 5, 2, 2},
+  };
+  return v;
+}
+
+struct ConvRef {
+  std::vector<double> y, dx, dw, db;
+};
+
+// Direct convolution and its gradients in double; a 2-D case is a 3-D one
+// with depth 1, a kernel of depth 1 and no padding along the depth.
+ConvRef naive_conv(const ConvCase& k, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* dy) {
+  const int64_t d = std::max<int64_t>(k.d, 1), kd = std::max<int64_t>(k.kd, 1), pd = k.d > 0 ? k.pad : 0;
+  const int64_t od = (d + 2 * pd - kd) / k.stride + 1, oh = (k.h + 2 * k.pad - k.kh) / k.stride + 1,
+                ow = (k.w + 2 * k.pad - k.kw) / k.stride + 1;
+  ConvRef r{std::vector<double>(k.n * k.oc * od * oh * ow), std::vector<double>(x.numel()),
+            std::vector<double>(w.numel()), std::vector<double>(k.oc)};
+  const float *xp = x.f32(), *wp = w.f32();
+  for (int64_t n = 0; n < k.n; ++n)
+    for (int64_t o = 0; o < k.oc; ++o)
+      for (int64_t i = 0; i < od; ++i)
+        for (int64_t j = 0; j < oh; ++j)
+          for (int64_t l = 0; l < ow; ++l) {
+            const int64_t yi = (((n * k.oc + o) * od + i) * oh + j) * ow + l;
+            const double g = dy ? dy->f32()[yi] : 0.0;
+            double s = b ? b->f32()[o] : 0.0;
+            r.db[o] += g;
+            for (int64_t c = 0; c < k.c; ++c)
+              for (int64_t a = 0; a < kd; ++a)
+                for (int64_t e = 0; e < k.kh; ++e)
+                  for (int64_t f = 0; f < k.kw; ++f) {
+                    const int64_t id = i * k.stride - pd + a, ih = j * k.stride - k.pad + e,
+                                  iw = l * k.stride - k.pad + f;
+                    if (id < 0 || id >= d || ih < 0 || ih >= k.h || iw < 0 || iw >= k.w) continue;
+                    const int64_t xi = (((n * k.c + c) * d + id) * k.h + ih) * k.w + iw;
+                    const int64_t wi = (((o * k.c + c) * kd + a) * k.kh + e) * k.kw + f;
+                    s += double(xp[xi]) * wp[wi];
+                    r.dx[xi] += g * wp[wi];
+                    r.dw[wi] += g * xp[xi];
+                  }
+            r.y[yi] = s;
+          }
+  return r;
+}
+
+TEST(Conv, OutputShape) {
+  using kernels::conv_output_shape;
+  EXPECT_EQ(conv_output_shape(2, Shape{3, 5, 7, 9}, Shape{4, 5, 3, 3}, {1, 1}), (Shape{3, 4, 7, 9}));
+  EXPECT_EQ(conv_output_shape(2, Shape{3, 5, 7, 9}, Shape{4, 5, 3, 3}, {2, 1}), (Shape{3, 4, 4, 5}));
+  EXPECT_EQ(conv_output_shape(2, Shape{1, 1, 28, 28}, Shape{6, 1, 5, 5}, {1, 0}), (Shape{1, 6, 24, 24}));
+  EXPECT_EQ(conv_output_shape(3, Shape{2, 3, 5, 6, 7}, Shape{4, 3, 3, 3, 3}, {1, 1}), (Shape{2, 4, 5, 6, 7}));
+  EXPECT_EQ(conv_output_shape(3, Shape{2, 3, 5, 6, 7}, Shape{4, 3, 3, 3, 3}, {2, 1}), (Shape{2, 4, 3, 3, 4}));
+  EXPECT_EQ(conv_output_shape(3, Shape{1, 1, 16, 32, 24}, Shape{8, 1, 5, 5, 5}, {1, 0}), (Shape{1, 8, 12, 28, 20}));
+  EXPECT_EQ(conv_output_shape(3, Shape{1, 2, 3, 5, 4}, Shape{3, 2, 5, 5, 5}, {1, 2}), (Shape{1, 3, 3, 5, 4}));
+  for (int s : kRanks) {
+    SCOPED_TRACE(s);
+    const ConvCase k = cases(s)[0];
+    Shape other_channels = k.weight(), tall = k.x();
+    other_channels[1] += 1;
+    tall[2] = 2;
+    Shape big_kernel = k.weight();
+    for (int a = 2; a < big_kernel.ndim; ++a) big_kernel[a] = 5;
+    EXPECT_THROW(conv_output_shape(s, k.x(), other_channels, {1, 1}), Error);     // channels
+    EXPECT_THROW(conv_output_shape(s, tall, big_kernel, {1, 1}), Error);          // kernel too big
+    EXPECT_THROW(conv_output_shape(s, k.x(), k.weight(), {0, 1}), Error);         // stride 0
+    EXPECT_THROW(conv_output_shape(s, k.x(), k.weight(), {1, -1}), Error);        // padding < 0
+    EXPECT_THROW(conv_output_shape(5 - s, k.x(), k.weight(), {1, 1}), Error);     // the other rank
+  }
+  EXPECT_THROW(conv_output_shape(1, Shape{3, 5, 7}, Shape{4, 5, 3}, {1, 1}), Error);
+}
+
+class ConvOnBackend : public ft::BackendTest {
+ protected:
+  // Forward and backward against the direct convolution: within 1e-4
+  // (relative to the largest reference value) on CPU, within `cuda_rtol` on
+  // CUDA. y and dx are poisoned (=); dw and db start from random values (+=);
+  // a second backward without dx (cached plan on CUDA) accumulates again.
+  void check(const ConvCase& k, bool with_bias, const MathOptions& math, double cuda_rtol, std::mt19937_64& rng) {
+    SCOPED_TRACE(::testing::Message() << k << " bias " << with_bias << " deterministic " << math.deterministic
+                                      << " benchmark " << math.cudnn_benchmark << " tf32 " << math.allow_tf32);
+    ctx().math = math;
+    const int s = k.spatial();
+    Tensor x = ft::random_tensor(k.x(), rng), w = ft::random_tensor(k.weight(), rng);
+    Tensor b = ft::random_tensor(Shape{k.oc}, rng);
+    const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), k.geometry());
+    Tensor dy = ft::random_tensor(ys, rng);
+    Tensor dw0 = ft::random_tensor(w.shape(), rng), db0 = ft::random_tensor(Shape{k.oc}, rng);
+    Tensor xd = up(x), wd = up(w), bd = up(b), dyd = up(dy), dwd = up(dw0), dbd = up(db0);
+    Tensor yd = poisoned(ys), dxd = poisoned(x.shape());
+    kernels::conv_forward(ctx(), s, xd, wd, with_bias ? &bd : nullptr, k.geometry(), yd);
+    kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), &dxd, dwd, &dbd);
+    ConvRef r = naive_conv(k, x, w, with_bias ? &b : nullptr, &dy);
+    const ConvRef fresh = r;
+    for (int64_t i = 0; i < w.numel(); ++i) r.dw[i] += dw0.f32()[i];
+    for (int64_t i = 0; i < k.oc; ++i) r.db[i] += db0.f32()[i];
+    const Tensor y = down(yd), dx = down(dxd);
+    EXPECT_TRUE(matches(y, r.y, 1e-4, cuda_rtol)) << "y";
+    EXPECT_TRUE(matches(dx, r.dx, 1e-4, cuda_rtol)) << "dx";
+    EXPECT_TRUE(matches(down(dwd), r.dw, 1e-4, cuda_rtol)) << "dw (+=)";
+    EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, cuda_rtol)) << "db (+=)";
+    EXPECT_GT(ft::l2_norm(y), 0.0);
+    EXPECT_GT(ft::l2_norm(dx), 0.0);
+
+    kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), nullptr, dwd, &dbd);
+    for (int64_t i = 0; i < w.numel(); ++i) r.dw[i] += fresh.dw[i];
+    for (int64_t i = 0; i < k.oc; ++i) r.db[i] += fresh.db[i];
+    EXPECT_TRUE(matches(down(dwd), r.dw, 1e-4, cuda_rtol)) << "dw after a second backward without dx";
+    EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, cuda_rtol)) << "db after a second backward";
+  }
+};
+FANOUT_ON_EVERY_BACKEND(ConvOnBackend);
+
+TEST_P(ConvOnBackend, ForwardBackwardAgainstDirectConvolution) {
+  std::mt19937_64 rng(51);
+  int variant = 0;
+  for (int s : kRanks)
+    for (const ConvCase& k : cases(s)) check(k, (variant++ % 2) == 0, {}, 1e-4, rng);
+}
+
+TEST_P(ConvOnBackend, SquareKernelGridAgainstDirectConvolution) {
+  std::mt19937_64 rng(100);
+  for (int64_t k : {1, 3, 5})
+    for (int64_t stride : {1, 2})
+      for (int64_t pad : {0, 1, 2}) {
+        check(conv2d(3, 5, 7, 9, 4, k, k, stride, pad), true, {}, 1e-4, rng);
+        check(conv2d(2, 3, 9, 7, 6, k, k, stride, pad), false, {}, 1e-4, rng);
+        check({2, 3, 5, 7, 6, 4, k, k, k, stride, pad}, stride == 1, {}, 1e-4, rng);
+      }
+}
+
+TEST_P(ConvOnBackend, LargeVolumesAgainstDirectConvolution) {
+  std::mt19937_64 rng(303);
+  int variant = 0;
+  for (const ConvCase& k : large_cases()) check(k, (variant++ % 2) == 0, {}, 1e-3, rng);
+}
+
+TEST_P(ConvOnBackend, MathOptionsAgainstDirectConvolution) {
+  std::mt19937_64 rng(200);
+  MathOptions det;
+  det.deterministic = true;
+  MathOptions bench;
+  bench.cudnn_benchmark = true;
+  MathOptions bench_det = bench;
+  bench_det.deterministic = true;
+  for (int64_t k : {1, 3, 5}) {
+    check(conv2d(3, 5, 7, 9, 4, k, k, 2, 1), true, det, 1e-4, rng);
+    check(conv2d(3, 5, 7, 9, 4, k, k, 1, 2), true, bench, 1e-4, rng);
+    if (k == 5) continue;
+    check({2, 3, 5, 6, 7, 4, k, k, k, 2, 1}, true, det, 1e-4, rng);
+    check({2, 3, 5, 6, 7, 4, k, k, k, 1, 1}, true, bench, 1e-4, rng);
+  }
+  check(conv2d(4, 16, 12, 12, 32, 3, 3, 1, 1), false, det, 1e-3, rng);
+  check(conv2d(3, 5, 7, 9, 4, 3, 3, 2, 0), true, bench_det, 1e-4, rng);
+  check({2, 3, 5, 6, 7, 4, 3, 3, 3, 2, 0}, false, bench_det, 1e-4, rng);
+  // K = 64 * 3 * 3 = 576 per output, and N * OH * OW = 1152 per weight gradient; K = 16 * 27 = 432.
+  check(conv2d(8, 64, 13, 11, 96, 3, 3, 1, 1), true, {}, 1e-3, rng);
+  check(conv2d(8, 64, 13, 11, 96, 3, 3, 2, 1), false, {}, 1e-3, rng);
+  check({2, 16, 6, 9, 8, 24, 3, 3, 3, 1, 1}, true, {}, 1e-3, rng);
+}
+
+TEST_P(ConvOnBackend, Tf32WithinTf32Tolerance) {
+  if (!on_cuda()) GTEST_SKIP() << "TF32 is a CUDA math mode; the CPU computes in float32";
+  std::mt19937_64 rng(500);
+  MathOptions m;
+  m.allow_tf32 = true;
+  check(conv2d(4, 32, 10, 10, 48, 3, 3, 1, 1), true, m, 3e-2, rng);
+  check({2, 16, 6, 8, 7, 24, 3, 3, 3, 1, 1}, true, m, 3e-2, rng);
+}
+
+TEST_P(ConvOnBackend, GradientsByCentralDifferences) {
+  std::mt19937_64 rng(52);
+  const std::vector<ConvCase> picked = {cases2d()[0], cases2d()[1], cases2d()[5], cases2d()[8],
+                                        cases2d()[10], cases2d()[12], cases3d()[0], cases3d()[1],
+                                        cases3d()[4], cases3d()[6], cases3d()[8], cases3d()[11]};
+  for (const ConvCase& k : picked) {
+    const int s = k.spatial();
+    Tensor x = ft::random_tensor(k.x(), rng), w = ft::random_tensor(k.weight(), rng);
+    Tensor b = ft::random_tensor(Shape{k.oc}, rng);
+    const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), k.geometry());
+    Tensor r = ft::random_tensor(ys, rng);
+    Tensor yd = poisoned(ys);
+    auto loss = [&] {  // <r, y>, accumulated in float64
+      Tensor xe = up(x), we = up(w), be = up(b);
+      kernels::conv_forward(ctx(), s, xe, we, &be, k.geometry(), yd);
+      return ft::dot(down(yd), r);
+    };
+    Tensor xd = up(x), wd = up(w), rd = up(r), dxd = poisoned(x.shape());
+    Tensor dwd = up(Tensor::zeros(w.shape())), dbd = up(Tensor::zeros(Shape{k.oc}));
+    kernels::conv_backward(ctx(), s, xd, wd, rd, k.geometry(), &dxd, dwd, &dbd);
+    const Tensor dx = down(dxd), dw = down(dwd), db = down(dbd);
+    for (auto [t, gr, name] : {std::tuple{&x, &dx, "x"}, std::tuple{&w, &dw, "w"}, std::tuple{&b, &db, "b"}}) {
+      auto res = ft::grad_check_detail(loss, *t, *gr);
+      EXPECT_LT(res.worst, 1e-2) << k << " d" << name;
+      EXPECT_GE(res.checked, std::min<int>(100, static_cast<int>(t->numel()))) << k << " d" << name;
+      EXPECT_GT(ft::l2_norm(*gr), 0.0) << k << " d" << name;
+    }
+  }
+}
+
+TEST_P(ConvOnBackend, BackwardTwiceDoublesParameterGradients) {
+  std::mt19937_64 rng(53);
+  for (int s : kRanks) {
+    const ConvCase k = cases(s)[1];
+    SCOPED_TRACE(::testing::Message() << k);
+    Tensor x = ft::random_tensor(k.x(), rng), w = ft::random_tensor(k.weight(), rng);
+    const kernels::ConvGeometry g = k.geometry();
+    Tensor dy = ft::random_tensor(kernels::conv_output_shape(s, x.shape(), w.shape(), g), rng);
+    Tensor xd = up(x), wd = up(w), dyd = up(dy);
+    Tensor dwd = up(Tensor::zeros(w.shape())), dbd = up(Tensor::zeros(Shape{k.oc})), dxd = poisoned(x.shape());
+    kernels::conv_backward(ctx(), s, xd, wd, dyd, g, nullptr, dwd, &dbd);
+    const Tensor dw1 = down(dwd), db1 = down(dbd);
+    kernels::conv_backward(ctx(), s, xd, wd, dyd, g, &dxd, dwd, &dbd);
+    const Tensor dx1 = down(dxd);
+    dxd.copy_from(poisoned(x.shape()));
+    kernels::conv_backward(ctx(), s, xd, wd, dyd, g, &dxd, dwd, nullptr);  // dx is written, not accumulated
+    const Tensor dw = down(dwd), db = down(dbd), dx = down(dxd);
+    for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_NEAR(dw.f32()[i], 3 * dw1.f32()[i], 1e-4);
+    for (int64_t i = 0; i < db.numel(); ++i) EXPECT_NEAR(db.f32()[i], 2 * db1.f32()[i], 1e-4);
+    // Written, not accumulated: equal up to the order of cuDNN's (possibly atomic) sums.
+    for (int64_t i = 0; i < dx.numel(); ++i)
+      EXPECT_NEAR(dx.f32()[i], dx1.f32()[i], 1e-5 * (1 + std::abs(dx1.f32()[i])));
+    EXPECT_GT(ft::l2_norm(dw1), 0.0);
+    EXPECT_GT(ft::l2_norm(db1), 0.0);
+  }
+}
+
+// float64 gradients (CPU): the reference's values, and the same bits whether
+// the batch is processed whole or in parts, in any order; also for a large
+// volume. With them the CPU runs every pass image by image, so dx is
+// split-invariant too.
+TEST(Conv, Float64GradientsDoNotDependOnTheSplit) {
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(55);
+  for (const ConvCase& k0 : {cases2d()[0], cases2d()[1], cases2d()[4], cases2d()[7], cases3d()[0], cases3d()[1],
+                             cases3d()[3], cases3d()[6], large_cases()[0]}) {
+    ConvCase k = k0;
+    k.n = 5;
+    const int s = k.spatial();
+    Tensor x = ft::random_tensor(k.x(), rng), w = ft::random_tensor(k.weight(), rng);
+    const kernels::ConvGeometry g = k.geometry();
+    const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), g);
+    Tensor dy = ft::random_tensor(ys, rng);
+    Tensor dx = Tensor::empty(x.shape()), dw = Tensor::zeros(w.shape(), DType::F64);
+    Tensor db = Tensor::zeros(Shape{k.oc}, DType::F64);
+    kernels::conv_backward(ctx, s, x, w, dy, g, &dx, dw, &db);
+    const ConvRef r = naive_conv(k, x, w, nullptr, &dy);
+    double scale = 1;
+    for (double v : r.dw) scale = std::max(scale, std::abs(v));
+    EXPECT_LT(ft::max_rel_diff(dx, r.dx), 1e-4) << k;
+    for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_NEAR(dw.f64()[i], r.dw[i], 1e-5 * scale) << k << " dw at " << i;
+    for (int64_t i = 0; i < db.numel(); ++i) ASSERT_NEAR(db.f64()[i], r.db[i], 1e-3) << k << " db at " << i;
+
+    Tensor dx2 = Tensor::empty(x.shape()), dw2 = Tensor::zeros(w.shape(), DType::F64);
+    Tensor db2 = Tensor::zeros(Shape{k.oc}, DType::F64);
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{3, 5}, {0, 1}, {1, 3}}) {
+      Tensor dxs = dx2.slice(lo, hi);
+      kernels::conv_backward(ctx, s, x.slice(lo, hi), w, dy.slice(lo, hi), g, &dxs, dw2, &db2);
+    }
+    EXPECT_TRUE(ft::same_bits(dw2, dw)) << k;
+    EXPECT_TRUE(ft::same_bits(db2, db)) << k;
+    EXPECT_TRUE(ft::same_bits(dx2, dx)) << k;
+    EXPECT_GT(ft::l2_norm(dx), 0.0) << k;
+  }
+}
+
+TEST(Conv, WorkspaceGrowsAcrossCalls) {
+  // A small conv, then one that needs a larger workspace, then the small one again.
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(54);
+  for (const ConvCase& k : {cases2d()[2], cases2d()[8], cases2d()[2], cases3d()[2], cases3d()[6], cases3d()[2]}) {
+    const int s = k.spatial();
+    Tensor x = ft::random_tensor(k.x(), rng), w = ft::random_tensor(k.weight(), rng);
+    Tensor y = Tensor::empty(kernels::conv_output_shape(s, x.shape(), w.shape(), k.geometry()));
+    ft::poison(y);
+    kernels::conv_forward(ctx, s, x, w, nullptr, k.geometry(), y);
+    EXPECT_LT(ft::max_rel_diff(y, naive_conv(k, x, w, nullptr, nullptr).y), 1e-4) << k;
+  }
+  EXPECT_GT(ctx.workspace_size(), 0u);
+}
+
+TEST_P(ConvOnBackend, ShapeMismatchesThrow) {
+  Context& ctx = this->ctx();
+  const kernels::ConvGeometry g{1, 1};
+  for (int s : kRanks) {
+    SCOPED_TRACE(s);
+    const ConvCase k = cases(s)[0];  // 3x3(x3) "same"
+    Shape w_channels = k.weight(), y_narrow = k.x(), dw_narrow = k.weight();
+    w_channels[1] += 1;
+    y_narrow[1] = k.oc;
+    y_narrow[s + 1] -= 1;
+    dw_narrow[s + 1] -= 1;
+    Shape ys = k.x(), dx_narrow = k.x();
+    ys[1] = k.oc;
+    dx_narrow[s + 1] -= 1;
+    Tensor x = up(Tensor::zeros(k.x())), w = up(Tensor::zeros(k.weight())), y = up(Tensor::zeros(ys));
+    Tensor w_bad = up(Tensor::zeros(w_channels)), y_bad = up(Tensor::zeros(y_narrow));
+    Tensor b_bad = up(Tensor::zeros(Shape{k.oc + 1})), x_i32 = up(Tensor::zeros(k.x(), DType::I32));
+    EXPECT_NO_THROW(kernels::conv_forward(ctx, s, x, w, nullptr, g, y));
+    EXPECT_THROW(kernels::conv_forward(ctx, s, x, w_bad, nullptr, g, y), Error);
+    EXPECT_THROW(kernels::conv_forward(ctx, s, x, w, nullptr, g, y_bad), Error);
+    EXPECT_THROW(kernels::conv_forward(ctx, s, x, w, &b_bad, g, y), Error);
+    EXPECT_THROW(kernels::conv_forward(ctx, s, x_i32, w, nullptr, g, y), Error);
+    EXPECT_THROW(kernels::conv_forward(ctx, 5 - s, x, w, nullptr, g, y), Error);
+    Tensor dw_bad = up(Tensor::zeros(dw_narrow)), dw = up(Tensor::zeros(w.shape()));
+    Tensor dx_bad = up(Tensor::zeros(dx_narrow));
+    EXPECT_THROW(kernels::conv_backward(ctx, s, x, w, y, g, nullptr, dw_bad, nullptr), Error);
+    EXPECT_THROW(kernels::conv_backward(ctx, s, x, w, y, g, &dx_bad, dw, nullptr), Error);
+    EXPECT_THROW(kernels::conv_backward(ctx, s, x, w, y_bad, g, nullptr, dw, nullptr), Error);
+    try {
+      kernels::conv_forward(ctx, s, x, w, nullptr, g, y_bad);
+      FAIL();
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(s == 2 ? "conv2d_forward" : "conv3d_forward"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(y_narrow.str()), std::string::npos) << msg;
+      EXPECT_NE(msg.find(k.x().str()), std::string::npos) << msg;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fanout
