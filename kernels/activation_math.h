@@ -3,6 +3,8 @@
 #pragma once
 #include <math.h>
 
+#include <type_traits>
+
 #include "kernels/activation.h"
 
 #ifdef __CUDACC__
@@ -48,6 +50,19 @@ FANOUT_HD float backward(float x, float dy, float slope) {
   }
   if constexpr (K == Act::LeakyRelu) return x > 0.0f ? dy : dy * slope;
   return dy;
+}
+
+// f(std::integral_constant<Act, K>{}) for the K that is `kind`: the one
+// switch from a run-time kind to a kernel instantiated for it (host code).
+template <class F>
+inline void with_kind(Act kind, F&& f) {
+  switch (kind) {
+    case Act::Tanh: return f(std::integral_constant<Act, Act::Tanh>{});
+    case Act::Sigmoid: return f(std::integral_constant<Act, Act::Sigmoid>{});
+    case Act::Gelu: return f(std::integral_constant<Act, Act::Gelu>{});
+    case Act::Silu: return f(std::integral_constant<Act, Act::Silu>{});
+    case Act::LeakyRelu: return f(std::integral_constant<Act, Act::LeakyRelu>{});
+  }
 }
 
 }  // namespace fanout::kernels::act

@@ -56,24 +56,12 @@ void backward_as(Context& ctx, const Activation& a, const Tensor& x, const Tenso
 
 void activation_forward(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
   detail::DeviceScope scope(ctx);
-  switch (a.kind) {
-    case Act::Tanh: return forward_as<Act::Tanh>(ctx, a, x, y);
-    case Act::Sigmoid: return forward_as<Act::Sigmoid>(ctx, a, x, y);
-    case Act::Gelu: return forward_as<Act::Gelu>(ctx, a, x, y);
-    case Act::Silu: return forward_as<Act::Silu>(ctx, a, x, y);
-    case Act::LeakyRelu: return forward_as<Act::LeakyRelu>(ctx, a, x, y);
-  }
+  act::with_kind(a.kind, [&](auto k) { forward_as<decltype(k)::value>(ctx, a, x, y); });
 }
 
 void activation_backward(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
   detail::DeviceScope scope(ctx);
-  switch (a.kind) {
-    case Act::Tanh: return backward_as<Act::Tanh>(ctx, a, x, dy, dx);
-    case Act::Sigmoid: return backward_as<Act::Sigmoid>(ctx, a, x, dy, dx);
-    case Act::Gelu: return backward_as<Act::Gelu>(ctx, a, x, dy, dx);
-    case Act::Silu: return backward_as<Act::Silu>(ctx, a, x, dy, dx);
-    case Act::LeakyRelu: return backward_as<Act::LeakyRelu>(ctx, a, x, dy, dx);
-  }
+  act::with_kind(a.kind, [&](auto k) { backward_as<decltype(k)::value>(ctx, a, x, dy, dx); });
 }
 
 }  // namespace fanout::kernels::cuda
