@@ -170,44 +170,48 @@ void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax,
   });
 }
 
-void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  const Axes ax = axes_of(spatial, x.shape(), y.shape(), g);
+namespace {
+// Average pooling's two passes over the same windows, threads taking whole
+// volumes. Forward (src x, dst y): each window's sum / kernel^rank.
+// Backward (src dy, dst dx, zeroed first): each output's share spread over
+// its window, so every input sums its shares in (depth, row, column) order of
+// the outputs, the order the CUDA kernel gathers them in.
+template <bool kBackward>
+void avg_windows(Context& ctx, int spatial, const Axes& ax, const PoolGeometry& g, int64_t vols, const float* src,
+                 float* dst) {
   const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
   // count_include_pad: in floor mode every window lies inside the padded volume.
   const float inv = 1.0f / window_divisor(spatial, g);
-  const float* xp = x.f32();
-  float* yp = y.f32();
-  parallel_for(ctx, x.size(0) * x.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
+  parallel_for(ctx, vols, grain_for(in), [&](int64_t v0, int64_t v1) {
+    if constexpr (kBackward) std::fill(dst + v0 * in, dst + v1 * in, 0.0f);
     each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
-      const float* xs = xp + v * in;
-      float s = 0.0f;
-      each_row(b, h, w, [&](int64_t row) {
-        for (int64_t c = b.w0; c < b.w1; ++c) s += xs[row + c];
-      });
-      yp[v * out + o] = s * inv;
+      if constexpr (kBackward) {
+        float* ds = dst + v * in;
+        const float share = src[v * out + o] * inv;
+        each_row(b, h, w, [&](int64_t row) {
+          for (int64_t c = b.w0; c < b.w1; ++c) ds[row + c] += share;
+        });
+      } else {
+        const float* xs = src + v * in;
+        float sum = 0.0f;
+        each_row(b, h, w, [&](int64_t row) {
+          for (int64_t c = b.w0; c < b.w1; ++c) sum += xs[row + c];
+        });
+        dst[v * out + o] = sum * inv;
+      }
     });
   });
 }
+}  // namespace
+
+void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  avg_windows<false>(ctx, spatial, axes_of(spatial, x.shape(), y.shape(), g), g, x.size(0) * x.size(1), x.f32(),
+                     y.f32());
+}
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  const Axes ax = axes_of(spatial, dx.shape(), dy.shape(), g);
-  const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
-  const float inv = 1.0f / window_divisor(spatial, g);
-  const float* gp = dy.f32();
-  float* dp = dx.f32();
-  // Scattered window by window in output order: each input element sums its
-  // windows' shares in (depth, row, column) order of the outputs, the order
-  // the CUDA kernel gathers them in.
-  parallel_for(ctx, dx.size(0) * dx.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
-    std::fill(dp + v0 * in, dp + v1 * in, 0.0f);
-    each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
-      float* ds = dp + v * in;
-      const float share = gp[v * out + o] * inv;
-      each_row(b, h, w, [&](int64_t row) {
-        for (int64_t c = b.w0; c < b.w1; ++c) ds[row + c] += share;
-      });
-    });
-  });
+  avg_windows<true>(ctx, spatial, axes_of(spatial, dx.shape(), dy.shape(), g), g, dx.size(0) * dx.size(1),
+                    dy.f32(), dx.f32());
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {

@@ -170,14 +170,11 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
               const Tensor& beta, Tensor& y) {
   const Planes p = planes_of(x);
   const int64_t total = x.numel();
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
-  detail::dispatch_index(total, [&](auto tag) {
+  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    apply_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        x.f32(), mean.f32(), invstd.f32(), gamma.f32(), beta.f32(), y.f32(), static_cast<I>(p.c),
-        static_cast<I>(p.s), static_cast<I>(total));
-    FANOUT_CUDA_CHECK_LAUNCH();
+    apply_kernel<I><<<blocks, detail::kThreads, 0, st>>>(x.f32(), mean.f32(), invstd.f32(), gamma.f32(),
+                                                         beta.f32(), y.f32(), static_cast<I>(p.c),
+                                                         static_cast<I>(p.s), static_cast<I>(total));
   });
 }
 
@@ -185,14 +182,12 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const Planes p = planes_of(x);
   const int64_t total = x.numel();
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
-  detail::dispatch_index(total, [&](auto tag) {
+  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    eval_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        x.f32(), running_mean.f32(), running_var.f32(), gamma.f32(), beta.f32(), static_cast<double>(eps), y.f32(),
-        static_cast<I>(p.c), static_cast<I>(p.s), static_cast<I>(total));
-    FANOUT_CUDA_CHECK_LAUNCH();
+    eval_kernel<I><<<blocks, detail::kThreads, 0, st>>>(x.f32(), running_mean.f32(), running_var.f32(), gamma.f32(),
+                                                        beta.f32(), static_cast<double>(eps), y.f32(),
+                                                        static_cast<I>(p.c), static_cast<I>(p.s),
+                                                        static_cast<I>(total));
   });
 }
 
@@ -211,15 +206,12 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const Planes p = planes_of(x);
   const int64_t total = x.numel();
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
   const double inv_count = 1.0 / static_cast<double>(count);
-  detail::dispatch_index(total, [&](auto tag) {
+  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    backward_apply_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+    backward_apply_kernel<I><<<blocks, detail::kThreads, 0, st>>>(
         x.f32(), dy.f32(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count, dx.f32(),
         static_cast<I>(p.c), static_cast<I>(p.s), static_cast<I>(total));
-    FANOUT_CUDA_CHECK_LAUNCH();
   });
 }
 

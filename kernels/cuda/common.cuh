@@ -77,6 +77,20 @@ inline void dispatch_index(int64_t n, F&& f) {
   }
 }
 
+// A grid-stride kernel over `total` outputs on the context's device and
+// compute stream: launch(I{}, blocks, stream) with I the index type of
+// dispatch_index(max(extent, total)), then the launch check. An empty output
+// launches nothing.
+template <class Launch>
+void launch_per_element(Context& ctx, int64_t total, int64_t extent, Launch&& launch) {
+  if (total == 0) return;
+  DeviceScope scope(ctx);
+  dispatch_index(std::max(extent, total), [&](auto tag) {
+    launch(tag, grid_for(ctx, total), stream_of(ctx));
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+
 // ---- device-side reductions ----
 
 template <class T>

@@ -387,15 +387,7 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   FANOUT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.raw(), p.w, w.raw(), p.conv,
                                              static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
                                              y.raw()));
-  if (b) {
-    const int64_t total = y.numel(), sp = s.out_plane();
-    detail::dispatch_index(total, [&](auto tag) {
-      using I = decltype(tag);
-      add_bias_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-          y.f32(), b->f32(), static_cast<I>(s.oc), static_cast<I>(sp), static_cast<I>(total));
-      FANOUT_CUDA_CHECK_LAUNCH();
-    });
-  }
+  if (b) channel_bias_add(ctx, y, *b);
 }
 
 // dx (=) when non-null; dw (+=) when defined; db (+=) when non-null.
@@ -446,13 +438,11 @@ void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, 
 }
 
 void channel_bias_add(Context& ctx, Tensor& y, const Tensor& b) {
-  const int64_t total = y.numel(), c = y.size(1), sp = total / (y.size(0) * c);
-  detail::DeviceScope scope(ctx);
-  detail::dispatch_index(total, [&](auto tag) {
+  const int64_t total = y.numel(), c = y.size(1), sp = total == 0 ? 0 : total / (y.size(0) * c);
+  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    add_bias_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        y.f32(), b.f32(), static_cast<I>(c), static_cast<I>(sp), static_cast<I>(total));
-    FANOUT_CUDA_CHECK_LAUNCH();
+    add_bias_kernel<I><<<blocks, detail::kThreads, 0, st>>>(y.f32(), b.f32(), static_cast<I>(c),
+                                                            static_cast<I>(sp), static_cast<I>(total));
   });
 }
 

@@ -38,11 +38,10 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   float* yp = y.f32();
   if (b) {
     // y = b broadcast over rows, then y += x W^T (as the CPU path).
-    detail::dispatch_index(n * out, [&](auto tag) {
+    detail::launch_per_element(ctx, n * out, n * out, [&](auto tag, int blocks, cudaStream_t st) {
       using I = decltype(tag);
-      broadcast_rows_kernel<I><<<detail::grid_for(ctx, n * out), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-          b->f32(), yp, static_cast<I>(n), static_cast<I>(out));
-      FANOUT_CUDA_CHECK_LAUNCH();
+      broadcast_rows_kernel<I><<<blocks, detail::kThreads, 0, st>>>(b->f32(), yp, static_cast<I>(n),
+                                                                    static_cast<I>(out));
     });
   }
   gemm(ctx, false, true, n, out, in, 1.0f, x.f32(), in, w.f32(), in, b ? 1.0f : 0.0f, yp, out);

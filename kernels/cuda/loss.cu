@@ -203,16 +203,13 @@ void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labe
 void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
                            Tensor& dlogits) {
   const int64_t k = probs.size(1), total = probs.numel();
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
   const float off = smoothing / static_cast<float>(k);  // target s/K off the label
   const float on = 1.0f - smoothing;                    // plus (1 - s) on the label
-  detail::dispatch_index(total, [&](auto tag) {
+  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    xent_backward_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-        probs.f32(), labels.data<int32_t>(), static_cast<I>(k), static_cast<I>(total), off, on, scale,
-        dlogits.f32());
-    FANOUT_CUDA_CHECK_LAUNCH();
+    xent_backward_kernel<I><<<blocks, detail::kThreads, 0, st>>>(probs.f32(), labels.data<int32_t>(),
+                                                                 static_cast<I>(k), static_cast<I>(total), off, on,
+                                                                 scale, dlogits.f32());
   });
 }
 

@@ -54,6 +54,23 @@ __device__ __forceinline__ void covering(const PoolDims<I>& d, int a, I i, I& lo
   hi = p / d.stride[a] + 1 < d.out[a] ? p / d.stride[a] + 1 : d.out[a];
 }
 
+// Flat index i of a (volumes, d, h, w) layout as (volume, depth, row, column).
+template <class I>
+struct Coords {
+  I vol, a, b, c;
+};
+template <class I>
+__device__ __forceinline__ Coords<I> coords_of(I i, I d, I h, I w) {
+  Coords<I> r;
+  r.c = i % w;
+  I t = i / w;
+  r.b = t % h;
+  t /= h;
+  r.a = t % d;
+  r.vol = t / d;
+  return r;
+}
+
 // Output i's (sample, channel) volume and its window clipped to the volume:
 // [d0, d1) x [h0, h1) x [w0, w1), as the CPU path's each_window.
 template <class I>
@@ -62,15 +79,12 @@ struct Box {
 };
 template <class I>
 __device__ __forceinline__ Box<I> window_of(I i, const PoolDims<I>& d) {
-  const I ok = i % d.out[2];
-  I t = i / d.out[2];
-  const I oj = t % d.out[1];
-  t /= d.out[1];
+  const Coords<I> o = coords_of(i, d.out[0], d.out[1], d.out[2]);
   Box<I> b;
-  b.vol = t / d.out[0];
-  window(d, 0, t % d.out[0], b.d0, b.d1);
-  window(d, 1, oj, b.h0, b.h1);
-  window(d, 2, ok, b.w0, b.w1);
+  b.vol = o.vol;
+  window(d, 0, o.a, b.d0, b.d1);
+  window(d, 1, o.b, b.h0, b.h1);
+  window(d, 2, o.c, b.w0, b.w1);
   return b;
 }
 
@@ -159,16 +173,12 @@ __global__ void avgpool_backward_kernel(const float* __restrict__ dy, float* __r
   const I oh = d.out[1], ow = d.out[2];
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = i % d.len[2];
-    I t = i / d.len[2];
-    const I b = t % d.len[1];
-    t /= d.len[1];
-    const I a = t % d.len[0], vol = t / d.len[0];
+    const Coords<I> at = coords_of(i, d.len[0], d.len[1], d.len[2]);
     I i0, i1, j0, j1, k0, k1;
-    covering(d, 0, a, i0, i1);
-    covering(d, 1, b, j0, j1);
-    covering(d, 2, c, k0, k1);
-    const float* g = dy + vol * d.out_volume();
+    covering(d, 0, at.a, i0, i1);
+    covering(d, 1, at.b, j0, j1);
+    covering(d, 2, at.c, k0, k1);
+    const float* g = dy + at.vol * d.out_volume();
     float s = 0.0f;
     for (I oi = i0; oi < i1; ++oi)
       for (I oj = j0; oj < j1; ++oj)
@@ -207,12 +217,8 @@ __global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __
   const I ow = w * s, oh = h * s, od = d * s;
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I k = i % ow;
-    I t = i / ow;
-    const I j = t % oh;
-    t /= oh;
-    const I a = t % od, vol = t / od;
-    y[i] = x[((vol * d + a / s) * h + j / s) * w + k / s];
+    const Coords<I> o = coords_of(i, od, oh, ow);
+    y[i] = x[((o.vol * d + o.a / s) * h + o.b / s) * w + o.c / s];
   }
 }
 
@@ -224,40 +230,23 @@ __global__ void upsample3d_backward_kernel(const float* __restrict__ dy, float* 
   const I ow = w * s, oh = h * s;
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I k = i % w;
-    I t = i / w;
-    const I j = t % h;
-    t /= h;
-    const I a0 = t % d, vol = t / d;
-    const float* g = dy + vol * d * s * oh * ow;
+    const Coords<I> at = coords_of(i, d, h, w);
+    const float* g = dy + at.vol * d * s * oh * ow;
     float sum = 0.0f;
     for (I a = 0; a < s; ++a)
       for (I b = 0; b < s; ++b) {
-        const float* row = g + ((a0 * s + a) * oh + j * s + b) * ow + k * s;
+        const float* row = g + ((at.a * s + a) * oh + at.b * s + b) * ow + at.c * s;
         for (I c = 0; c < s; ++c) sum += row[c];
       }
     dx[i] = sum;
   }
 }
 
-// One thread per element of a `total`-element output: launch(I{}, grid,
-// stream) with an index type I wide enough for `extent` elements, then the
-// launch check. Nothing to do for an empty output.
-template <class Launch>
-void per_element(Context& ctx, int64_t total, int64_t extent, Launch&& launch) {
-  if (total == 0) return;
-  detail::DeviceScope scope(ctx);
-  detail::dispatch_index(std::max(extent, total), [&](auto tag) {
-    launch(tag, detail::grid_for(ctx, total), detail::stream_of(ctx));
-    FANOUT_CUDA_CHECK_LAUNCH();
-  });
-}
-
 }  // namespace
 
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
-  per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
+  detail::launch_per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     maxpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), argmax.data<int32_t>(),
                                                                  static_cast<I>(y.numel()),
@@ -287,7 +276,7 @@ void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax,
 }
 
 void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
+  detail::launch_per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     avgpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), static_cast<I>(y.numel()),
                                                                  pool_dims<I>(spatial, x.shape(), y.shape(), g),
@@ -296,7 +285,7 @@ void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeome
 }
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
+  detail::launch_per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     avgpool_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(dy.f32(), dx.f32(), static_cast<I>(dx.numel()),
                                                                   pool_dims<I>(spatial, dx.shape(), dy.shape(), g),
@@ -316,7 +305,7 @@ void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   const int64_t hw = dx.size(2) * dx.size(3);
-  per_element(ctx, dx.numel(), dx.numel(), [&](auto tag, int grid, cudaStream_t st) {
+  detail::launch_per_element(ctx, dx.numel(), dx.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     global_avg_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
         dy.f32(), dx.f32(), static_cast<I>(dx.numel()), static_cast<I>(hw), 1.0f / static_cast<float>(hw));
@@ -324,7 +313,7 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
 }
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
-  per_element(ctx, y.numel(), y.numel(), [&](auto tag, int grid, cudaStream_t st) {
+  detail::launch_per_element(ctx, y.numel(), y.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     upsample3d_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
         x.f32(), y.f32(), static_cast<I>(y.numel()), static_cast<I>(x.size(2)), static_cast<I>(x.size(3)),
@@ -333,7 +322,7 @@ void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Te
 }
 
 void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
-  per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
+  detail::launch_per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     upsample3d_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
         dy.f32(), dx.f32(), static_cast<I>(dx.numel()), static_cast<I>(dx.size(2)), static_cast<I>(dx.size(3)),
