@@ -24,18 +24,8 @@ using testing::poison;
 
 constexpr float kEps = std::numeric_limits<float>::epsilon();
 
-Tensor landmarks_of(const std::vector<std::vector<float>>& rows) {
-  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.at(0).size())});
-  for (size_t i = 0; i < rows.size(); ++i)
-    for (size_t a = 0; a < rows[i].size(); ++a) t.f32()[i * rows[i].size() + a] = rows[i][a];
-  return t;
-}
-
-Tensor channels_of(const std::vector<int32_t>& c) {
-  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(c.size())}, DType::I32);
-  if (!c.empty()) std::memcpy(t.raw(), c.data(), c.size() * sizeof(int32_t));
-  return t;
-}
+Tensor landmarks_of(const std::vector<std::vector<float>>& rows) { return testing::f32_rows(rows); }
+Tensor channels_of(const std::vector<int32_t>& c) { return testing::i32_values(c); }
 
 // K random landmarks for a volume `vol` ((H, W) or (D, H, W)): mostly inside,
 // some within r of a border or across it, some entirely outside, some at

@@ -15,8 +15,7 @@ namespace {
 
 namespace ft = fanout::testing;
 
-class Relu : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(Relu);
+FANOUT_BACKEND_SUITE(Relu);
 
 TEST_P(Relu, ForwardBackwardAndInPlace) {
   for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{257}, int64_t{3 * 5 * 7 * 9}, int64_t{100003}}) {
@@ -114,8 +113,7 @@ const kernels::Activation kAll[] = {{kernels::Act::Tanh}, {kernels::Act::Sigmoid
 
 }  // namespace smooth
 
-class SmoothActivation : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(SmoothActivation);
+FANOUT_BACKEND_SUITE(SmoothActivation);
 
 TEST_P(SmoothActivation, MatchFormulasInFloat64) {
   for (const kernels::Activation& a : smooth::kAll) {

@@ -93,3 +93,8 @@ inline std::string backend_name(const ::testing::TestParamInfo<Device>& info) {
 #define FANOUT_ON_EVERY_BACKEND(Suite)                                                                   \
   INSTANTIATE_TEST_SUITE_P(, Suite, ::testing::Values(::fanout::Device::cpu(), ::fanout::Device::cuda(0)), \
                            ::fanout::testing::backend_name)
+
+// A suite of no state of its own on every backend: its fixture and instances.
+#define FANOUT_BACKEND_SUITE(Suite)                         \
+  class Suite : public ::fanout::testing::BackendTest {}; \
+  FANOUT_ON_EVERY_BACKEND(Suite)

@@ -16,8 +16,7 @@ namespace {
 
 namespace ft = fanout::testing;
 
-class DropoutOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(DropoutOnBackend);
+FANOUT_BACKEND_SUITE(DropoutOnBackend);
 
 TEST_P(DropoutOnBackend, MatchesItsDefinitionAndDropsAShareOfP) {
   std::mt19937_64 rng(91);

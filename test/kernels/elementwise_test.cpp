@@ -16,8 +16,7 @@ namespace {
 
 namespace ft = fanout::testing;
 
-class Elementwise : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(Elementwise);
+FANOUT_BACKEND_SUITE(Elementwise);
 
 TEST_P(Elementwise, AddAxpyScale) {
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{105}, int64_t{1029}, int64_t{100003}}) {

@@ -65,8 +65,7 @@ Reference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Ten
   return r;
 }
 
-class GroupNormOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(GroupNormOnBackend);
+FANOUT_BACKEND_SUITE(GroupNormOnBackend);
 
 TEST_P(GroupNormOnBackend, ForwardBackwardAgainstFloat64) {
   struct Case {

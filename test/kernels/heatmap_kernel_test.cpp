@@ -81,19 +81,10 @@ FANOUT_ON_EVERY_BACKEND(HeatmapKernel);
 
 // (N, K, S) from rows of N * K landmarks.
 Tensor landmarks_of(int64_t n, const std::vector<std::vector<float>>& rows) {
-  const int64_t s = static_cast<int64_t>(rows.at(0).size());
-  const int64_t k = static_cast<int64_t>(rows.size()) / n;
-  Tensor t = Tensor::empty(Shape{n, k, s});
-  for (size_t i = 0; i < rows.size(); ++i)
-    for (size_t a = 0; a < rows[i].size(); ++a) t.f32()[i * rows[i].size() + a] = rows[i][a];
-  return t;
+  const Tensor t = ft::f32_rows(rows);
+  return t.view(Shape{n, t.size(0) / n, t.size(1)});
 }
-
-Tensor channels_of(const std::vector<int32_t>& c) {
-  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(c.size())}, DType::I32);
-  if (!c.empty()) std::memcpy(t.raw(), c.data(), c.size() * sizeof(int32_t));
-  return t;
-}
+Tensor channels_of(const std::vector<int32_t>& c) { return ft::i32_values(c); }
 
 // (N, K, S) landmarks for a volume of sizes `vol`, per coordinate one of:
 // inside, across the low or the high border, beyond the window's reach, or

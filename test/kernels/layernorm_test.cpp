@@ -58,8 +58,7 @@ Reference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Ten
   return r;
 }
 
-class LayerNormOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(LayerNormOnBackend);
+FANOUT_BACKEND_SUITE(LayerNormOnBackend);
 
 TEST_P(LayerNormOnBackend, ForwardBackwardAgainstFloat64) {
   struct Case {

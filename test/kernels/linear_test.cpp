@@ -46,8 +46,7 @@ void expect_close(const Tensor& t, const std::vector<double>& ref, double tol, c
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(t.f32()[i], ref[i], tol) << what << " at " << i;
 }
 
-class LinearOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(LinearOnBackend);
+FANOUT_BACKEND_SUITE(LinearOnBackend);
 
 TEST_P(LinearOnBackend, ForwardBackwardAgainstNaive) {
   std::mt19937_64 rng(31);

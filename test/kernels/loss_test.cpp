@@ -61,10 +61,8 @@ int32_t naive_count_correct(const Tensor& z, const Tensor& labels) {
   return hits;
 }
 
-class SoftmaxXentOnBackend : public ft::BackendTest {};
-class CountCorrect : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(SoftmaxXentOnBackend);
-FANOUT_ON_EVERY_BACKEND(CountCorrect);
+FANOUT_BACKEND_SUITE(SoftmaxXentOnBackend);
+FANOUT_BACKEND_SUITE(CountCorrect);
 
 TEST_P(SoftmaxXentOnBackend, HandComputedValues) {
   Tensor z = Tensor::empty(Shape{1, 3}), labels = Tensor::empty(Shape{1}, DType::I32);

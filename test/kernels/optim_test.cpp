@@ -18,8 +18,7 @@ namespace {
 
 namespace ft = fanout::testing;
 
-class OptimKernel : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(OptimKernel);
+FANOUT_BACKEND_SUITE(OptimKernel);
 
 constexpr int64_t kN = 40000;
 

@@ -114,16 +114,11 @@ TEST(Pool, OutputShapes) {
   EXPECT_THROW(kernels::upsample3d_output_shape(Shape{2, 3, 7, 6}, 2), Error);
 }
 
-class MaxPool : public ft::BackendTest {};
-class AvgPool : public ft::BackendTest {};
-class GlobalAvgPool : public ft::BackendTest {};
-class Upsample3d : public ft::BackendTest {};
-class PoolErrors : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(MaxPool);
-FANOUT_ON_EVERY_BACKEND(AvgPool);
-FANOUT_ON_EVERY_BACKEND(GlobalAvgPool);
-FANOUT_ON_EVERY_BACKEND(Upsample3d);
-FANOUT_ON_EVERY_BACKEND(PoolErrors);
+FANOUT_BACKEND_SUITE(MaxPool);
+FANOUT_BACKEND_SUITE(AvgPool);
+FANOUT_BACKEND_SUITE(GlobalAvgPool);
+FANOUT_BACKEND_SUITE(Upsample3d);
+FANOUT_BACKEND_SUITE(PoolErrors);
 
 TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
   std::mt19937_64 rng(71);

@@ -83,8 +83,7 @@ Reference reference(const Case& c, const Shape& ys, const Tensor& x, const Tenso
   return ref;
 }
 
-class ConvTransposeOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(ConvTransposeOnBackend);
+FANOUT_BACKEND_SUITE(ConvTransposeOnBackend);
 
 TEST_P(ConvTransposeOnBackend, ForwardBackwardAgainstFloat64) {
   const Case cases[] = {
@@ -176,16 +175,7 @@ std::unique_ptr<Module> decoder() {
 
 TEST(ConvTransposeLayer, DataParallelEqualsOneDevice) {
   const auto data = ft::random_batches(Shape{1, 8, 8}, 12, 8, 31);
-  auto train = [&](const std::string& devices) {
-    auto m = decoder();
-    EngineSpec spec;
-    spec.devices = parse_devices(devices);
-    spec.force_data_parallel = devices != "cpu";
-    spec.dp.math.split_invariant = true;
-    ft::EngineRun e(make_engine(*m, std::move(spec)));
-    for (const auto& b : data) e.train_step(b.x, b.y, 0.05f);
-    return m->arenas().params.to(Device::cpu());
-  };
+  auto train = [&](const std::string& devices) { return ft::trained_params(*decoder(), devices, data); };
   const Tensor one = train("cpu");
   EXPECT_GT(ft::max_rel_diff(one, decoder()->arenas().params), 1e-3) << "training moved the parameters";
   for (const char* d : {"cpu:2", "cpu:3"}) EXPECT_TRUE(ft::same_bits(train(d), one)) << d;

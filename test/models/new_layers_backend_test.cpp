@@ -30,8 +30,7 @@ struct LayerCase {
   Shape input;
 };
 
-class NewLayersOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(NewLayersOnBackend);
+FANOUT_BACKEND_SUITE(NewLayersOnBackend);
 
 TEST_P(NewLayersOnBackend, ForwardBackwardMatchCpu) {
   const std::vector<LayerCase> cases = {

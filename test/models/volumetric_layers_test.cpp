@@ -166,8 +166,7 @@ TEST(VolumetricLayers, PoolingLayersHaveNoTensors) {
 
 // ---- BatchNorm3d statistics against float64, on every backend ----
 
-class BatchNorm3dOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(BatchNorm3dOnBackend);
+FANOUT_BACKEND_SUITE(BatchNorm3dOnBackend);
 
 // Per-channel mean and biased variance over (N, D, H, W) in double.
 void moments(const Tensor& x, std::vector<double>& m, std::vector<double>& v) {
@@ -296,8 +295,7 @@ std::unique_ptr<Sequential> heatmap_net() {
   return m;
 }
 
-class VolumetricNetOnBackend : public ft::BackendTest {};
-FANOUT_ON_EVERY_BACKEND(VolumetricNetOnBackend);
+FANOUT_BACKEND_SUITE(VolumetricNetOnBackend);
 
 TEST_P(VolumetricNetOnBackend, ForwardBackwardMatchCpu) {
   std::mt19937_64 rng(21);

@@ -63,9 +63,7 @@ std::string step(const std::string& devices, int world, bool notify) {
   testing::TempDir dir;
   testing::run_ranks(world, [&](int rank) {
     auto m = net(notify);
-    EngineSpec spec;
-    spec.devices = parse_devices(devices);
-    spec.force_data_parallel = devices != "cpu";
+    EngineSpec spec = testing::engine_on(devices, false);
     if (world > 1) spec.group = dist::make_gloo_group({rank, world, "file:" + dir.path(), "contract", 30});
     auto e = make_engine(*m, std::move(spec));
     try {

@@ -91,14 +91,7 @@ std::unique_ptr<Module> dropout_net(bool inplace) {
 
 Tensor train(const std::function<std::unique_ptr<Module>()>& make, const std::string& devices,
              const std::vector<testing::Batch>& data) {
-  auto m = make();
-  EngineSpec spec;
-  spec.devices = parse_devices(devices);
-  spec.force_data_parallel = devices != "cpu";
-  spec.dp.math.split_invariant = true;
-  testing::EngineRun e(make_engine(*m, std::move(spec)));
-  for (const auto& b : data) e.train_step(b.x, b.y, 0.05f);
-  return m->arenas().params.to(Device::cpu());
+  return testing::trained_params(*make(), devices, data);
 }
 
 TEST(NewLayersUnderDataParallel, EachNewLayerEqualsOneDevice) {
@@ -126,11 +119,7 @@ TEST(NewLayersUnderDataParallel, SetPassDrawsThatPassesDropoutMask) {
   const auto data = testing::random_batches(Shape{1, 8, 8}, 12, 4, 18);
   auto grads_of_pass = [&](const std::string& devices, uint64_t skip_by_running, uint64_t set) {
     auto m = dropout_net(false);
-    EngineSpec spec;
-    spec.devices = parse_devices(devices);
-    spec.force_data_parallel = devices != "cpu";
-    spec.dp.math.split_invariant = true;
-    auto e = make_engine(*m, std::move(spec));
+    auto e = make_engine(*m, testing::engine_on(devices));
     for (uint64_t i = 0; i < skip_by_running; ++i) e->forward_backward_batch(data[i].x, data[i].y);
     m->zero_grad();
     if (set > 0) e->set_pass(set);

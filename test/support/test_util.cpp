@@ -34,6 +34,22 @@ Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng) {
   return t;
 }
 
+Tensor f32_rows(const std::vector<std::vector<float>>& rows) {
+  const size_t cols = rows.at(0).size();
+  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(rows.size()), static_cast<int64_t>(cols)});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    FANOUT_CHECK(rows[i].size() == cols) << "f32_rows: row " << i << " has " << rows[i].size() << " values, not " << cols;
+    std::copy(rows[i].begin(), rows[i].end(), t.f32() + i * cols);
+  }
+  return t;
+}
+
+Tensor i32_values(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(v.size())}, DType::I32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
 void poison(Tensor& t) {
   if (t.dtype() == DType::F32) t.fill(std::numeric_limits<float>::quiet_NaN());
   if (t.dtype() == DType::F64 && t.device().is_cpu())

@@ -23,6 +23,10 @@ struct Batch {
   Tensor x, y;
 };
 std::vector<Batch> random_batches(const Shape& sample, int64_t rows, int steps, uint64_t seed);
+// Host tensors of the given values: (rows, columns) float32 from equal-length
+// rows, and (n) int32.
+Tensor f32_rows(const std::vector<std::vector<float>>& rows);
+Tensor i32_values(const std::vector<int32_t>& v);
 // Fills with NaN so unwritten outputs are caught.
 void poison(Tensor& t);
 // max |a - b| / max(1, |b|), elementwise.

@@ -4,11 +4,15 @@
 // takes a step (forward_backward_batch, step, zero_grad).
 #pragma once
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/engine.h"
+#include "runtime/parallel/engine_factory.h"
 #include "runtime/train/trainer.h"
+#include "support/test_util.h"
 
 namespace fanout::testing {
 
@@ -62,5 +66,24 @@ struct EngineRun {
   }
   Engine* operator->() { return engine.get(); }
 };
+
+// An engine on `devices` ("cpu", "cpu:2", ...), DataParallel beyond one
+// device; split-invariant math: the same bits on any split.
+inline EngineSpec engine_on(const std::string& devices, bool split_invariant = true) {
+  EngineSpec spec;
+  spec.devices = parse_devices(devices);
+  spec.force_data_parallel = devices != "cpu";
+  spec.dp.math.split_invariant = split_invariant;
+  return spec;
+}
+
+// m's parameters (on the host) after one test_sgd() step with `lr` per batch
+// on engine_on(devices).
+inline Tensor trained_params(Module& m, const std::string& devices, const std::vector<Batch>& data,
+                             float lr = 0.05f) {
+  EngineRun e(make_engine(m, engine_on(devices)));
+  for (const Batch& b : data) e.train_step(b.x, b.y, lr);
+  return m.arenas().params.to(Device::cpu());
+}
 
 }  // namespace fanout::testing
