@@ -27,17 +27,11 @@ except ImportError as e:
           file=sys.stderr)
     sys.exit(2)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from interop import check, finish, tool_path  # noqa: E402  (the shared helpers)
+
 EPS32 = float(np.finfo(np.float32).eps)
 REL = 5 * 2.0**-24  # heatmap.h: three factor roundings, two products
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg, file=sys.stderr)
-
 
 def reference(landmarks, channels, c, size, radius, sigma):
     """(C, *size) float64: the definition, voxel by voxel over the whole volume;
@@ -116,11 +110,7 @@ def run_case(tool, d, name, rng, size, radius, sigma=0.0, k=6, c=None, batch=Non
 
 
 def main():
-    tool = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("HEATMAP_TOOL")
-    if not tool or not os.path.exists(tool):
-        print("heatmap_reference.py: pass the heatmap_tool executable as the argument or in HEATMAP_TOOL",
-              file=sys.stderr)
-        return 2
+    tool = tool_path("heatmap_reference.py", "HEATMAP_TOOL", "heatmap_tool")
     rng = np.random.default_rng(2024)
     with tempfile.TemporaryDirectory(prefix="fanout_heatmap_") as d:
         for radius in (0, 1, 2, 7):
@@ -133,11 +123,7 @@ def main():
         run_case(tool, d, "2d_shared_channels", rng, (27, 19), 5, k=8, c=2)
         run_case(tool, d, "3d_batch", rng, (9, 12, 10), 4, k=4, batch=3)
         run_case(tool, d, "3d_large", rng, (24, 40, 36), 10, k=8)
-    if failures:
-        print(f"{len(failures)} check(s) failed", file=sys.stderr)
-        return 1
-    print("ok")
-    return 0
+    return finish("heatmap_reference.py")
 
 
 if __name__ == "__main__":

@@ -41,25 +41,16 @@ except ImportError as e:
           f"Install them with: pip install safetensors numpy", file=sys.stderr)
     sys.exit(2)
 
-DP_TRAIN = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DP_TRAIN")
-if not DP_TRAIN:
-    print("usage: forward_interop.py DP_TRAIN (or DP_TRAIN in the environment)", file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from interop import check, finish, tool_path  # noqa: E402  (the shared helpers)
+
+DP_TRAIN = tool_path("forward_interop.py", "DP_TRAIN", "dp-train")
 
 # fanout computes in float32, the reference in float64.
 TOL = {"lenet": (2e-5, 2e-5), "resnet18": (1e-4, 1e-4)}  # (absolute, relative)
 # The constants dp-train normalizes with (runtime/data/idx.cpp, cifar10.cpp).
 MEAN_STD = {"lenet": ([0.2860], [0.3530]),
             "resnet18": ([0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616])}
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg, file=sys.stderr)
-
 
 # --- data files dp-train reads ---------------------------------------------
 
@@ -297,10 +288,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for model in ("lenet", "resnet18"):
             run_model(model, work, rng)
-    if failures:
-        print(f"forward_interop.py: {len(failures)} failure(s)", file=sys.stderr)
-        sys.exit(1)
-    print("forward_interop.py: ok")
+    sys.exit(finish("forward_interop.py"))
 
 
 if __name__ == "__main__":

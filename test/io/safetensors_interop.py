@@ -34,6 +34,9 @@ except ImportError as e:
           f"Install them with: pip install safetensors numpy", file=sys.stderr)
     sys.exit(2)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from interop import check, finish, tool_path  # noqa: E402  (the shared helpers)
+
 DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "F64": np.float64, "F16": np.float16}
 FLOATS = (np.float16, np.float32, np.float64)
 
@@ -68,15 +71,6 @@ WRITTEN = [
     ("\u00fcnicode.weight", np.float32, (2,)),
 ]
 WRITTEN_METADATA = {"format": "pt", "note": "fanout \u2713"}
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg, file=sys.stderr)
-
 
 def same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -271,21 +265,14 @@ def numpy_to_cpp(tool, d):
 
 
 def main():
-    tool = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("ST_TOOL")
-    if not tool or not os.path.exists(tool):
-        print("safetensors_interop.py: pass the st_tool executable as the argument or in ST_TOOL", file=sys.stderr)
-        return 2
+    tool = tool_path("safetensors_interop.py", "ST_TOOL", "st_tool")
     with tempfile.TemporaryDirectory(prefix="fanout_interop_") as d:
         cpp_to_python(tool, d)
         python_to_cpp(tool, d)
         bad_files(tool, d)
         npy_to_numpy(tool, d)
         numpy_to_cpp(tool, d)
-    if failures:
-        print(f"{len(failures)} check(s) failed", file=sys.stderr)
-        return 1
-    print("ok")
-    return 0
+    return finish("safetensors_interop.py")
 
 
 if __name__ == "__main__":
