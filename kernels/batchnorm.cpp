@@ -34,6 +34,18 @@ void check_same_shape(const char* op, const char* a_name, const Tensor& a, const
   FANOUT_CHECK(a.shape() == b.shape()) << op << ": " << a_name << " " << a.shape().str() << " and " << b_name << " "
                                        << b.shape().str() << " differ";
 }
+// The backward passes' inputs: x and dy alike, the saved mean (2, C), invstd
+// (C) and the gradient sums (2, C); returns C.
+int64_t check_backward_inputs(const Context& ctx, const char* op, const Tensor& x, const Tensor& dy,
+                              const Tensor& mean, const Tensor& invstd, const Tensor& grad_stats) {
+  const int64_t c = check_bn_input(ctx, op, "x", x);
+  detail::check_tensor(ctx, op, "dy", dy);
+  check_same_shape(op, "x", x, "dy", dy);
+  check_stats(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  check_stats(ctx, op, "grad_stats", grad_stats, c);
+  return c;
+}
 }  // namespace
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
@@ -91,26 +103,15 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats) {
-  const char* op = "bn_backward_reduce";
-  const int64_t c = check_bn_input(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "dy", dy);
-  check_same_shape(op, "x", x, "dy", dy);
-  check_stats(ctx, op, "mean", mean, c);
-  check_channel_vec(ctx, op, "invstd", invstd, c);
-  check_stats(ctx, op, "grad_stats", grad_stats, c);
+  check_backward_inputs(ctx, "bn_backward_reduce", x, dy, mean, invstd, grad_stats);
   FANOUT_DISPATCH(ctx, bn_backward_reduce, ctx, x, dy, mean, invstd, grad_stats);
 }
 
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const char* op = "bn_backward_apply";
-  const int64_t c = check_bn_input(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "dy", dy);
-  check_same_shape(op, "x", x, "dy", dy);
-  check_stats(ctx, op, "mean", mean, c);
-  check_channel_vec(ctx, op, "invstd", invstd, c);
+  const int64_t c = check_backward_inputs(ctx, op, x, dy, mean, invstd, grad_stats);
   check_channel_vec(ctx, op, "gamma", gamma, c);
-  check_stats(ctx, op, "grad_stats", grad_stats, c);
   FANOUT_CHECK(count >= 1) << op << ": count " << count << " for x " << x.shape().str();
   detail::check_tensor(ctx, op, "dx", dx);
   check_same_shape(op, "x", x, "dx", dx);
