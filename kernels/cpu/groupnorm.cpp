@@ -1,9 +1,9 @@
 // CPU group normalization: per (sample, group) two passes in double for the
 // statistics; backward's group sums in double, per-channel sums for gamma
 // and beta over samples in a fixed order.
-#include <cmath>
-
 #include "kernels/groupnorm.h"
+
+#include "kernels/cpu/norm_rows.h"
 
 namespace fanout::kernels::cpu {
 
@@ -15,18 +15,13 @@ void group_norm_forward(Context&, const Tensor& x, const Tensor& gamma, const Te
   for (int64_t i = 0; i < n; ++i)
     for (int64_t gr = 0; gr < groups; ++gr) {
       const int64_t base = (i * c + gr * cg) * s;
-      double sum = 0;
-      for (int64_t k = 0; k < m; ++k) sum += xp[base + k];
-      const double mu = sum / static_cast<double>(m);
-      double sq = 0;
-      for (int64_t k = 0; k < m; ++k) sq += (xp[base + k] - mu) * (xp[base + k] - mu);
-      const double r = 1.0 / std::sqrt(sq / static_cast<double>(m) + eps);
-      mean.f32()[i * groups + gr] = static_cast<float>(mu);
-      rstd.f32()[i * groups + gr] = static_cast<float>(r);
+      const RowMoments st = row_moments(xp + base, m, eps);
+      mean.f32()[i * groups + gr] = static_cast<float>(st.mu);
+      rstd.f32()[i * groups + gr] = static_cast<float>(st.r);
       for (int64_t ch = 0; ch < cg; ++ch) {
         const int64_t cc = gr * cg + ch;
-        const float scale = static_cast<float>(r) * g[cc];
-        const float shift = b[cc] - static_cast<float>(mu) * scale;
+        const float scale = static_cast<float>(st.r) * g[cc];
+        const float shift = b[cc] - static_cast<float>(st.mu) * scale;
         const float* xr = xp + base + ch * s;
         float* yr = yp + base + ch * s;
         for (int64_t k = 0; k < s; ++k) yr[k] = xr[k] * scale + shift;
@@ -67,26 +62,8 @@ void group_norm_backward(Context&, const Tensor& x, const Tensor& dy, const Tens
   for (int64_t i = 0; i < n; ++i)
     for (int64_t gr = 0; gr < groups; ++gr) {
       const int64_t base = (i * c + gr * cg) * s;
-      const double mu = mean.f32()[i * groups + gr], r = rstd.f32()[i * groups + gr];
-      double sd = 0, sdx = 0;  // sum of dxhat, of dxhat * xhat over the group
-      for (int64_t ch = 0; ch < cg; ++ch) {
-        const double gm = g[gr * cg + ch];
-        for (int64_t k = 0; k < s; ++k) {
-          const int64_t j = base + ch * s + k;
-          const double dxh = dyp[j] * gm;
-          sd += dxh;
-          sdx += dxh * ((xp[j] - mu) * r);
-        }
-      }
-      const double inv_m = 1.0 / static_cast<double>(m);
-      for (int64_t ch = 0; ch < cg; ++ch) {
-        const double gm = g[gr * cg + ch];
-        for (int64_t k = 0; k < s; ++k) {
-          const int64_t j = base + ch * s + k;
-          const double xh = (xp[j] - mu) * r;
-          dxp[j] = static_cast<float>(r * (dyp[j] * gm - inv_m * sd - xh * inv_m * sdx));
-        }
-      }
+      const RowMoments st{mean.f32()[i * groups + gr], rstd.f32()[i * groups + gr]};
+      row_dx(xp + base, dyp + base, m, s, g + gr * cg, st, dxp + base);
     }
 }
 

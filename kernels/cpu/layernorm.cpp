@@ -2,9 +2,10 @@
 // statistics; backward's row sums in double, per-element sums for gamma and
 // beta over rows in a fixed order (per sample first under split-invariant math).
 #include <algorithm>
-#include <cmath>
 
 #include "kernels/layernorm.h"
+
+#include "kernels/cpu/norm_rows.h"
 
 namespace fanout::kernels::cpu {
 
@@ -15,15 +16,10 @@ void layer_norm_forward(Context&, const Tensor& x, const Tensor& gamma, const Te
   float* yp = y.f32();
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * d;
-    double sum = 0;
-    for (int64_t k = 0; k < d; ++k) sum += xr[k];
-    const double mu = sum / static_cast<double>(d);
-    double sq = 0;
-    for (int64_t k = 0; k < d; ++k) sq += (xr[k] - mu) * (xr[k] - mu);
-    const double rs = 1.0 / std::sqrt(sq / static_cast<double>(d) + eps);
-    mean.f32()[r] = static_cast<float>(mu);
-    rstd.f32()[r] = static_cast<float>(rs);
-    const float muf = static_cast<float>(mu), rf = static_cast<float>(rs);
+    const RowMoments st = row_moments(xr, d, eps);
+    mean.f32()[r] = static_cast<float>(st.mu);
+    rstd.f32()[r] = static_cast<float>(st.r);
+    const float muf = static_cast<float>(st.mu), rf = static_cast<float>(st.r);
     float* yr = yp + r * d;
     for (int64_t k = 0; k < d; ++k) yr[k] = ((xr[k] - muf) * rf) * g[k] + b[k];
   }
@@ -64,22 +60,8 @@ void layer_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const 
       dgamma.f32()[k] += static_cast<float>(sg[k]);
       dbeta.f32()[k] += static_cast<float>(sb[k]);
     }
-  const double inv_d = 1.0 / static_cast<double>(d);
-  for (int64_t r = 0; r < rows; ++r) {
-    const double mu = mean.f32()[r], rs = rstd.f32()[r];
-    const float *xr = xp + r * d, *dr = dyp + r * d;
-    double sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat over the row
-    for (int64_t k = 0; k < d; ++k) {
-      const double dxh = static_cast<double>(dr[k]) * g[k];
-      sd += dxh;
-      sdx += dxh * ((xr[k] - mu) * rs);
-    }
-    float* dxr = dxp + r * d;
-    for (int64_t k = 0; k < d; ++k) {
-      const double xh = (xr[k] - mu) * rs;
-      dxr[k] = static_cast<float>(rs * (static_cast<double>(dr[k]) * g[k] - inv_d * sd - xh * inv_d * sdx));
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    row_dx(xp + r * d, dyp + r * d, d, 1, g, RowMoments{mean.f32()[r], rstd.f32()[r]}, dxp + r * d);
 }
 
 }  // namespace fanout::kernels::cpu

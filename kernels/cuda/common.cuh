@@ -141,6 +141,41 @@ __device__ __forceinline__ void block_sum2_all(double& a, double& b) {
   __syncthreads();
 }
 
+// ---- row normalization (GroupNorm, LayerNorm; kernels/cpu/norm_rows.h) ----
+
+// The block's row x[0, m): its mean and 1 / sqrt(var + eps), two passes in
+// double reduced in block_sum2's fixed tree, in every thread.
+__device__ __forceinline__ void block_row_moments(const float* x, int64_t m, float eps, double& mu, double& r) {
+  double sum = 0, unused = 0;
+  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) sum += x[k];
+  block_sum2_all(sum, unused);
+  mu = sum / static_cast<double>(m);
+  double sq = 0;
+  unused = 0;
+  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) sq += (x[k] - mu) * (x[k] - mu);
+  block_sum2_all(sq, unused);
+  r = 1.0 / sqrt(sq / static_cast<double>(m) + eps);
+}
+
+// The block's row gradient, written (=; dx may alias dy), in double:
+// dx = r * (dy g - mean(dy g) - xhat * mean(dy g xhat)), g = gamma(k).
+template <class Gamma>
+__device__ __forceinline__ void block_row_dx(const float* x, const float* dy, int64_t m, double mu, double r,
+                                             const Gamma& gamma, float* dx) {
+  double sd = 0, sdx = 0;
+  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
+    const double dxh = static_cast<double>(dy[k]) * gamma(k);
+    sd += dxh;
+    sdx += dxh * ((x[k] - mu) * r);
+  }
+  block_sum2_all(sd, sdx);
+  const double inv_m = 1.0 / static_cast<double>(m);
+  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
+    const double xh = (x[k] - mu) * r;
+    dx[k] = static_cast<float>(r * (static_cast<double>(dy[k]) * gamma(k) - inv_m * sd - xh * inv_m * sdx));
+  }
+}
+
 // ---- deterministic per-channel reduction over (N, C, S) ----
 //
 // For each channel c, accumulates two doubles over the N*S elements

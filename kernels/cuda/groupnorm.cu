@@ -16,15 +16,8 @@ __global__ void __launch_bounds__(kGnThreads)
                       float* y, float* mean, float* rstd) {
   const int64_t ng = blockIdx.x, i = ng / groups, gr = ng % groups, cg = c / groups, m = cg * s;
   const int64_t base = (i * c + gr * cg) * s;
-  double sum = 0, unused = 0;
-  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) sum += x[base + k];
-  detail::block_sum2_all(sum, unused);
-  const double mu = sum / static_cast<double>(m);
-  double sq = 0;
-  unused = 0;
-  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) sq += (x[base + k] - mu) * (x[base + k] - mu);
-  detail::block_sum2_all(sq, unused);
-  const double r = 1.0 / sqrt(sq / static_cast<double>(m) + eps);
+  double mu, r;
+  detail::block_row_moments(x + base, m, eps, mu, r);
   if (threadIdx.x == 0) {
     mean[ng] = static_cast<float>(mu);
     rstd[ng] = static_cast<float>(r);
@@ -64,20 +57,8 @@ __global__ void __launch_bounds__(kGnThreads)
                  int64_t s, int groups, float* dx) {
   const int64_t ng = blockIdx.x, i = ng / groups, gr = ng % groups, cg = c / groups, m = cg * s;
   const int64_t base = (i * c + gr * cg) * s;
-  const double mu = mean[ng], r = rstd[ng];
-  double sd = 0, sdx = 0;
-  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
-    const double dxh = static_cast<double>(dy[base + k]) * gamma[gr * cg + k / s];
-    sd += dxh;
-    sdx += dxh * ((x[base + k] - mu) * r);
-  }
-  detail::block_sum2_all(sd, sdx);
-  const double inv_m = 1.0 / static_cast<double>(m);
-  for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
-    const double xh = (x[base + k] - mu) * r;
-    dx[base + k] =
-        static_cast<float>(r * (static_cast<double>(dy[base + k]) * gamma[gr * cg + k / s] - inv_m * sd - xh * inv_m * sdx));
-  }
+  const float* g = gamma + gr * cg;
+  detail::block_row_dx(x + base, dy + base, m, mean[ng], rstd[ng], [&](int64_t k) { return g[k / s]; }, dx + base);
 }
 
 }  // namespace

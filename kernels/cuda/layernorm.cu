@@ -17,15 +17,8 @@ __global__ void __launch_bounds__(kLnThreads)
                       float* mean, float* rstd) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * d;
-  double sum = 0, unused = 0;
-  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) sum += xr[k];
-  detail::block_sum2_all(sum, unused);
-  const double mu = sum / static_cast<double>(d);
-  double sq = 0;
-  unused = 0;
-  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) sq += (xr[k] - mu) * (xr[k] - mu);
-  detail::block_sum2_all(sq, unused);
-  const double rs = 1.0 / sqrt(sq / static_cast<double>(d) + eps);
+  double mu, rs;
+  detail::block_row_moments(xr, d, eps, mu, rs);
   if (threadIdx.x == 0) {
     mean[r] = static_cast<float>(mu);
     rstd[r] = static_cast<float>(rs);
@@ -53,19 +46,7 @@ __global__ void __launch_bounds__(kLnThreads)
     ln_dx_kernel(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd, int64_t d,
                  float* dx) {
   const int64_t r = blockIdx.x;
-  const double mu = mean[r], rs = rstd[r];
-  double sd = 0, sdx = 0;
-  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
-    const double dxh = static_cast<double>(dy[r * d + k]) * gamma[k];
-    sd += dxh;
-    sdx += dxh * ((x[r * d + k] - mu) * rs);
-  }
-  detail::block_sum2_all(sd, sdx);
-  const double inv_d = 1.0 / static_cast<double>(d);
-  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
-    const double xh = (x[r * d + k] - mu) * rs;
-    dx[r * d + k] = static_cast<float>(rs * (static_cast<double>(dy[r * d + k]) * gamma[k] - inv_d * sd - xh * inv_d * sdx));
-  }
+  detail::block_row_dx(x + r * d, dy + r * d, d, mean[r], rstd[r], [&](int64_t k) { return gamma[k]; }, dx + r * d);
 }
 
 }  // namespace
