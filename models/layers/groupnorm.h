@@ -4,6 +4,7 @@
 // batches (3-D volumes at batch 6 over two GPUs), where BatchNorm's batch
 // statistics fail. Input (N, C, ...); weight 1 and bias 0 initially.
 #pragma once
+#include "models/layers/norm_affine.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {
@@ -21,7 +22,7 @@ class GroupNorm : public Module {
   int groups_;
   int64_t c_;
   float eps_;
-  Parameter *w_, *b_;
+  NormAffine scale_;
   Tensor x_, y_, mean_, rstd_, dx_;
 };
 
@@ -47,8 +48,7 @@ class InstanceNorm : public Module {
   int64_t c_;
   float eps_;
   bool affine_;
-  Parameter *w_ = nullptr, *b_ = nullptr;
-  Tensor ones_, zeros_, dgamma_, dbeta_;  // without affine: the identity's gamma and beta, and a sink for their gradients
+  NormAffine scale_;
   Tensor x_, y_, mean_, rstd_, dx_;
 };
 

@@ -10,7 +10,7 @@
 namespace fanout::models {
 
 LayerNorm::LayerNorm(const Shape& normalized_shape, float eps, bool elementwise_affine)
-    : shape_(normalized_shape), eps_(eps), affine_(elementwise_affine) {
+    : shape_(normalized_shape), eps_(eps), affine_(elementwise_affine), scale_(shape_, nullptr, nullptr) {
   FANOUT_USER_CHECK(shape_.ndim >= 1 && shape_.ndim < Shape::kMaxDims && shape_.numel() >= 1)
       << "LayerNorm: normalized_shape " << shape_.str() << " must have 1 to " << Shape::kMaxDims - 1
       << " positive dimensions";
@@ -18,17 +18,13 @@ LayerNorm::LayerNorm(const Shape& normalized_shape, float eps, bool elementwise_
     FANOUT_USER_CHECK(shape_[i] >= 1) << "LayerNorm: normalized_shape " << shape_.str() << " has an empty dimension";
   FANOUT_USER_CHECK(std::isfinite(eps) && eps >= 0) << "LayerNorm: eps must be non-negative, got " << eps;
   if (affine_) {
-    w_ = &register_parameter("weight", shape_);
-    b_ = &register_parameter("bias", shape_);
+    Parameter& w = register_parameter("weight", shape_);
+    Parameter& b = register_parameter("bias", shape_);
+    scale_ = NormAffine(shape_, &w, &b);
   }
 }
 
-void LayerNorm::reset_parameters(std::mt19937_64&) {
-  if (!affine_) return;
-  FANOUT_CHECK(w_->value.device().is_cpu()) << "initialization runs on the CPU";
-  w_->value.fill(1.0f);
-  b_->value.fill(0.0f);
-}
+void LayerNorm::reset_parameters(std::mt19937_64&) { scale_.reset(); }
 
 Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
   bool fits = x.dim() > shape_.ndim;
@@ -40,14 +36,7 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
   ensure(y_, x.shape(), ctx.device());
   ensure(mean_, Shape{rows}, ctx.device());
   ensure(rstd_, Shape{rows}, ctx.device());
-  if (!affine_ && (!ones_.defined() || ones_.device() != ctx.device())) {
-    ensure(ones_, shape_, ctx.device());
-    ensure(zeros_, shape_, ctx.device());
-    ones_.fill(1.0f, &ctx.compute());
-    zeros_.zero(&ctx.compute());
-  }
-  kernels::layer_norm_forward(ctx, x, affine_ ? w_->value : ones_, affine_ ? b_->value : zeros_, eps_, y_, mean_,
-                              rstd_);
+  kernels::layer_norm_forward(ctx, x, scale_.gamma(ctx), scale_.beta(ctx), eps_, y_, mean_, rstd_);
   return y_;
 }
 
@@ -55,16 +44,9 @@ Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
   if (!affine_ && !input_grad()) return Tensor();  // nothing to compute
   // dx over dy (backward may overwrite dy); the parameter gradients (+=) first.
   Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx.device()), dx_);
-  if (affine_) {
-    kernels::layer_norm_backward(ctx, x_, dy, w_->value, mean_, rstd_, dx, w_->grad, b_->grad);
-    notify_grads_ready(ctx);
-  } else {
-    ensure(dgamma_, shape_, ctx.device());
-    ensure(dbeta_, shape_, ctx.device());
-    dgamma_.zero(&ctx.compute());  // the kernel adds into them
-    dbeta_.zero(&ctx.compute());
-    kernels::layer_norm_backward(ctx, x_, dy, ones_, mean_, rstd_, dx, dgamma_, dbeta_);
-  }
+  const NormAffine::Grads g = scale_.grads(ctx);
+  kernels::layer_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, dx, g.dgamma, g.dbeta);
+  if (affine_) notify_grads_ready(ctx);
   if (!input_grad()) return Tensor();
   autocast_round(ctx, dx);  // autocast: float32 output (torch's fp32 list), low-type input gradient
   return dx;

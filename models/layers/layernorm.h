@@ -3,6 +3,7 @@
 // features of every token of (N, L, D) with normalized_shape (D); weight 1
 // and bias 0 of normalized_shape initially, none without elementwise_affine.
 #pragma once
+#include "models/layers/norm_affine.h"
 #include "runtime/nn/module.h"
 
 namespace fanout::models {
@@ -20,8 +21,7 @@ class LayerNorm : public Module {
   Shape shape_;
   float eps_;
   bool affine_;
-  Parameter *w_ = nullptr, *b_ = nullptr;
-  Tensor ones_, zeros_, dgamma_, dbeta_;  // without affine: the identity's gamma and beta, and a sink for their gradients
+  NormAffine scale_;
   Tensor x_, y_, mean_, rstd_, dx_;
 };
 
