@@ -15,7 +15,7 @@
 #include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/parallel/comm.h"
-#include "runtime/parallel/worker_pool.h"
+#include "runtime/parallel/rank_slots.h"
 
 namespace fanout {
 namespace {
@@ -25,8 +25,8 @@ cudaStream_t stream_of(Context& ctx) { return static_cast<cudaStream_t>(ctx.comp
 class P2pComm : public Comm {
  public:
   P2pComm(const std::vector<Device>& devices, int max_ops)
-      : devices_(devices), slots_(devices.size()), op_bufs_(max_ops, std::vector<Tensor>(devices.size())),
-        op_count_(max_ops, 0), staging_(max_ops), sums_(devices.size()), acc_(max_ops),
+      : devices_(devices), ranks_(static_cast<int>(devices.size()), max_ops), staging_(max_ops),
+        sums_(devices.size()), acc_(max_ops),
         owner_streams_(devices.size()),
         ready_(max_ops, std::vector<cudaEvent_t>(devices.size(), nullptr)) {
     for (int op = 0; op < max_ops; ++op)
@@ -42,44 +42,35 @@ class P2pComm : public Comm {
   }
   std::string name() const override { return "p2p"; }
 
-  void begin(int active) override {
-    active_ = active;
-    barrier_.reset(active);
-    std::fill(op_count_.begin(), op_count_.end(), 0);
-  }
+  void begin(int active) override { ranks_.begin(active); }
 
   void broadcast(int rank, Tensor& buf, Context& ctx) override {
-    slots_[rank] = buf;
-    barrier_.arrive_and_wait();
+    ranks_.post_and_wait(rank, buf);
     if (rank != 0) {
       FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
-      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(buf.raw(), devices_[rank].index, slots_[0].raw(), devices_[0].index,
-                                            buf.nbytes(), stream_of(ctx)));
+      FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(buf.raw(), devices_[rank].index, ranks_.slot(0).raw(),
+                                            devices_[0].index, buf.nbytes(), stream_of(ctx)));
       FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
     }
-    barrier_.arrive_and_wait();
+    ranks_.wait();
   }
 
   void reduce_add(int op, int rank, const Tensor& buf, Context& ctx, int owner) override {
-    FANOUT_CHECK(owner >= 0 && owner < active_) << "reduce onto rank " << owner << " of " << active_;
-    if (active_ == 1) return;  // the primary's bucket already is the sum
+    const int active = ranks_.active();
+    FANOUT_CHECK(owner >= 0 && owner < active) << "reduce onto rank " << owner << " of " << active;
+    if (active == 1) return;  // the primary's bucket already is the sum
     // This rank's gradients are final once its stream reaches this event; the
     // owner's stream waits for it instead of the host.
     FANOUT_CUDA_CHECK(cudaEventRecord(ready_[op][rank], stream_of(ctx)));
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      op_bufs_[op][rank] = buf;
-      if (++op_count_[op] < active_) return;
-      op_count_[op] = 0;
-    }
+    if (!ranks_.post_op(op, rank, buf)) return;
     // Last to arrive: stage every other rank's bucket on the owner's device
     // and add, in rank order from rank 0 (the same bits whichever rank owns
     // it), then wait once: the sum is final when this returns.
-    auto& bufs = op_bufs_[op];
+    auto& bufs = ranks_.buffers(op);
     const int dev = devices_[owner].index;
     FANOUT_CUDA_CHECK(cudaSetDevice(dev));
     cudaStream_t s = owner_stream(owner);
-    for (int r = 0; r < active_; ++r) FANOUT_CUDA_CHECK(cudaStreamWaitEvent(s, ready_[op][r], 0));
+    for (int r = 0; r < active; ++r) FANOUT_CUDA_CHECK(cudaStreamWaitEvent(s, ready_[op][r], 0));
     ensure(staging_[op], bufs[0].shape(), DType::F32, devices_[owner]);
     const size_t n = static_cast<size_t>(bufs[0].numel());
     // The running sum: rank 0's buffer itself when it owns the piece, else a copy of it.
@@ -89,7 +80,7 @@ class P2pComm : public Comm {
       acc = acc_[op].f32();
       FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(acc, dev, bufs[0].raw(), devices_[0].index, bufs[0].nbytes(), s));
     }
-    for (int r = 1; r < active_; ++r) {
+    for (int r = 1; r < active; ++r) {
       if (r == owner) {
         cuda_comm::add_inplace(dev, acc, bufs[r].f32(), n, s);
         continue;
@@ -113,7 +104,7 @@ class P2pComm : public Comm {
       std::lock_guard<std::mutex> g(mu_);
       if (host_.size() < devices_.size() * bytes) host_.resize(devices_.size() * bytes * 2);
     }
-    barrier_.arrive_and_wait();
+    ranks_.wait();
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
     {
       std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());  // pageable copies
@@ -121,18 +112,18 @@ class P2pComm : public Comm {
                                         stream_of(ctx)));
       FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
     }
-    barrier_.arrive_and_wait();
+    ranks_.wait();
     std::vector<char>& sum = sums_[rank];
     sum.assign(host_.begin(), host_.begin() + static_cast<std::ptrdiff_t>(bytes));
     if (buf.dtype() == DType::F64) add_host<double>(sum, bytes);
     else add_host<float>(sum, bytes);
-    barrier_.arrive_and_wait();
+    ranks_.wait();
     std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
     FANOUT_CUDA_CHECK(cudaMemcpyAsync(buf.raw(), sum.data(), bytes, cudaMemcpyHostToDevice, stream_of(ctx)));
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
   }
 
-  void abort() override { barrier_.abort(); }
+  void abort() override { ranks_.abort(); }
 
  private:
   // sum (rank 0's bytes) += every other active rank's, in rank order.
@@ -140,7 +131,7 @@ class P2pComm : public Comm {
   void add_host(std::vector<char>& sum, size_t bytes) const {
     const size_t n = bytes / sizeof(T);
     T* dst = reinterpret_cast<T*>(sum.data());
-    for (int r = 1; r < active_; ++r) {
+    for (int r = 1; r < ranks_.active(); ++r) {
       const T* src = reinterpret_cast<const T*>(host_.data() + r * bytes);
       for (size_t i = 0; i < n; ++i) dst[i] += src[i];
     }
@@ -152,12 +143,8 @@ class P2pComm : public Comm {
     return static_cast<cudaStream_t>(owner_streams_[r]->handle());
   }
   std::vector<Device> devices_;
-  int active_ = 1;
-  AbortableBarrier barrier_;
-  std::mutex mu_;
-  std::vector<Tensor> slots_;
-  std::vector<std::vector<Tensor>> op_bufs_;
-  std::vector<int> op_count_;
+  RankSlots ranks_;
+  std::mutex mu_;  // host_'s size, owner_streams_
   std::vector<Tensor> staging_;
   std::vector<char> host_;                // every rank's bytes, rank after rank
   std::vector<std::vector<char>> sums_;  // one per rank: written concurrently
