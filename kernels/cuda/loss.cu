@@ -97,6 +97,22 @@ __device__ __forceinline__ bool better(const ArgBest& a, const ArgBest& b) {  //
   return a.idx < b.idx;
 }
 
+// The best of v[j] for j = first, first + step, ... below n, then the best
+// over the warp (in every lane).
+__device__ __forceinline__ ArgBest warp_best(const float* v, int64_t first, int64_t n, int64_t step) {
+  ArgBest best{0.0f, -1};
+  for (int64_t j = first; j < n; j += step) {
+    const ArgBest c{v[j], j};
+    if (better(c, best)) best = c;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgBest other{__shfl_xor_sync(0xffffffffu, best.v, o),
+                  static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(best.idx), o))};
+    if (better(other, best)) best = other;
+  }
+  return best;
+}
+
 // One warp per row; per block, the hits are summed and added to correct[0].
 __global__ void count_correct_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t n,
                                      int64_t k, int32_t* __restrict__ correct) {
@@ -105,17 +121,7 @@ __global__ void count_correct_kernel(const float* __restrict__ logits, const int
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp;
   int hit = 0;
   if (row < n) {
-    const float* z = logits + row * k;
-    ArgBest best{0.0f, -1};
-    for (int64_t j = lane; j < k; j += 32) {
-      const ArgBest c{z[j], j};
-      if (better(c, best)) best = c;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      ArgBest other{__shfl_xor_sync(0xffffffffu, best.v, o),
-                    static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(best.idx), o))};
-      if (better(other, best)) best = other;
-    }
+    const ArgBest best = warp_best(logits + row * k, lane, k, 32);
     hit = best.idx == static_cast<int64_t>(labels[row]) ? 1 : 0;
   }
   if (lane == 0) hits[warp] = hit;
@@ -151,17 +157,7 @@ __global__ void plane_argmax_kernel(const float* __restrict__ x, int64_t s, int3
                                     float* __restrict__ val) {
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ long long si[kArgmaxThreads / 32];
-  const float* v = x + static_cast<int64_t>(blockIdx.x) * s;
-  ArgBest best{0.0f, -1};
-  for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
-    const ArgBest c{v[j], j};
-    if (better(c, best)) best = c;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    ArgBest other{__shfl_xor_sync(0xffffffffu, best.v, o),
-                  static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(best.idx), o))};
-    if (better(other, best)) best = other;
-  }
+  ArgBest best = warp_best(x + static_cast<int64_t>(blockIdx.x) * s, threadIdx.x, s, blockDim.x);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
     sv[warp] = best.v;
