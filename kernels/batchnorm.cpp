@@ -74,30 +74,35 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
   FANOUT_DISPATCH(ctx, bn_finalize, ctx, stats, count, eps, momentum, mean, invstd, running_mean, running_var);
 }
 
-void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
-              const Tensor& beta, Tensor& y) {
-  const char* op = "bn_apply";
+namespace {
+// The forward passes' tensors: x, y alike, and the per-channel gamma and beta; returns C.
+int64_t check_forward_io(const Context& ctx, const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                         const Tensor& y) {
   const int64_t c = check_bn_input(ctx, op, "x", x);
-  check_stats(ctx, op, "mean", mean, c);
-  check_channel_vec(ctx, op, "invstd", invstd, c);
   check_channel_vec(ctx, op, "gamma", gamma, c);
   check_channel_vec(ctx, op, "beta", beta, c);
   detail::check_tensor(ctx, op, "y", y);
   check_same_shape(op, "x", x, "y", y);
+  return c;
+}
+}  // namespace
+
+void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+              const Tensor& beta, Tensor& y) {
+  const char* op = "bn_apply";
+  const int64_t c = check_forward_io(ctx, op, x, gamma, beta, y);
+  check_stats(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
   FANOUT_DISPATCH(ctx, bn_apply, ctx, x, mean, invstd, gamma, beta, y);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const char* op = "bn_forward_eval";
-  const int64_t c = check_bn_input(ctx, op, "x", x);
+  const int64_t c = check_forward_io(ctx, op, x, gamma, beta, y);
   check_channel_vec(ctx, op, "running_mean", running_mean, c);
   check_channel_vec(ctx, op, "running_var", running_var, c);
-  check_channel_vec(ctx, op, "gamma", gamma, c);
-  check_channel_vec(ctx, op, "beta", beta, c);
   FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
-  detail::check_tensor(ctx, op, "y", y);
-  check_same_shape(op, "x", x, "y", y);
   FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, x, running_mean, running_var, gamma, beta, eps, y);
 }
 
