@@ -55,5 +55,20 @@ inline void check_grad(const Context& ctx, const char* op, const char* name, con
   check_tensor(ctx, op, name, t, f64 ? DType::F64 : DType::F32);
 }
 
+// A normalization's backward outputs: dx of x's shape beside dy, and the
+// gradients of gamma and beta (check_grad, one dtype, gamma's shape).
+inline void check_norm_backward(const Context& ctx, const char* op, const Tensor& x, const Tensor& dy,
+                                const Tensor& gamma, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  check_tensor(ctx, op, "dy", dy);
+  check_tensor(ctx, op, "dx", dx);
+  check_grad(ctx, op, "dgamma", dgamma);
+  check_grad(ctx, op, "dbeta", dbeta);
+  FANOUT_CHECK(dgamma.dtype() == dbeta.dtype()) << op << ": dgamma and dbeta of different dtypes";
+  FANOUT_CHECK(dy.shape() == x.shape() && dx.shape() == x.shape() && dgamma.shape() == gamma.shape() &&
+               dbeta.shape() == gamma.shape())
+      << op << ": dy " << dy.shape().str() << ", dx " << dx.shape().str() << ", dgamma " << dgamma.shape().str()
+      << ", dbeta " << dbeta.shape().str() << " for x " << x.shape().str();
+}
+
 }  // namespace detail
 }  // namespace fanout::kernels

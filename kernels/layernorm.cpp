@@ -37,15 +37,7 @@ void layer_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const 
                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const char* op = "layer_norm_backward";
   check_shapes(ctx, op, x, gamma, mean, rstd);
-  detail::check_tensor(ctx, op, "dy", dy);
-  detail::check_tensor(ctx, op, "dx", dx);
-  detail::check_grad(ctx, op, "dgamma", dgamma);
-  detail::check_grad(ctx, op, "dbeta", dbeta);
-  FANOUT_CHECK(dgamma.dtype() == dbeta.dtype()) << op << ": dgamma and dbeta of different dtypes";
-  FANOUT_CHECK(dy.shape() == x.shape() && dx.shape() == x.shape() && dgamma.numel() == gamma.numel() &&
-               dbeta.numel() == gamma.numel())
-      << op << ": dy " << dy.shape().str() << ", dx " << dx.shape().str() << ", dgamma " << dgamma.shape().str()
-      << ", dbeta " << dbeta.shape().str() << " for x " << x.shape().str();
+  detail::check_norm_backward(ctx, op, x, dy, gamma, dx, dgamma, dbeta);
   if (x.numel() == 0) return;
   FANOUT_DISPATCH(ctx, layer_norm_backward, ctx, x, dy, gamma, mean, rstd, dx, dgamma, dbeta);
 }
