@@ -92,8 +92,7 @@ template <class I>
 __global__ void apply_kernel(const float* x, const float* __restrict__ mean, const float* __restrict__ invstd,
                              const float* __restrict__ gamma, const float* __restrict__ beta, float* y, I c, I s,
                              I total) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const I ch = (i / s) % c;
     const float k = invstd[ch] * gamma[ch];
     y[i] = ((x[i] - mean[ch]) - mean[c + ch]) * k + beta[ch];  // mean (2, C): hi, lo
@@ -105,8 +104,7 @@ template <class I>
 __global__ void eval_kernel(const float* x, const float* __restrict__ rmean, const float* __restrict__ rvar,
                             const float* __restrict__ gamma, const float* __restrict__ beta, double eps, float* y,
                             I c, I s, I total) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const I ch = (i / s) % c;
     const float k = static_cast<float>(static_cast<double>(gamma[ch]) / sqrt(static_cast<double>(rvar[ch]) + eps));
     y[i] = (x[i] - rmean[ch]) * k + beta[ch];
@@ -121,8 +119,7 @@ __global__ void backward_apply_kernel(const float* x, const float* dy, const flo
                                       const float* __restrict__ invstd, const float* __restrict__ gamma,
                                       const float* __restrict__ grad_stats, double inv_count, float* dx, I c, I s,
                                       I total) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const I ch = (i / s) % c;
     const double k = static_cast<double>(gamma[ch]) * static_cast<double>(invstd[ch]);
     const float kf = static_cast<float>(k);

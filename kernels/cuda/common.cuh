@@ -91,6 +91,32 @@ void launch_per_element(Context& ctx, int64_t total, int64_t extent, Launch&& la
   });
 }
 
+// This thread's indices of a grid-stride loop over [0, total):
+//   for (I i : grid_stride(total)) ...
+// (I from dispatch_index, so the increments cannot overflow.)
+template <class I>
+struct GridStride {
+  struct It {
+    I i, step;
+    __device__ I operator*() const { return i; }
+    __device__ It& operator++() {
+      i += step;
+      return *this;
+    }
+    __device__ bool operator!=(const It& end) const { return i < end.i; }
+  };
+  I total;
+  __device__ It begin() const {
+    return {static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x),
+            static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)};
+  }
+  __device__ It end() const { return {total, 0}; }
+};
+template <class I>
+__device__ __forceinline__ GridStride<I> grid_stride(I total) {
+  return {total};
+}
+
 // ---- device-side reductions ----
 
 template <class T>

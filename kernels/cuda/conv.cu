@@ -356,8 +356,7 @@ const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, cons
 // y (N, OC, S) += b[oc]
 template <class I>
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ b, I oc, I s, I total) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x))
+  for (I i : detail::grid_stride(total))
     y[i] += b[(i / s) % oc];
 }
 

@@ -12,8 +12,7 @@ namespace {
 template <class I>
 __global__ void broadcast_rows_kernel(const float* __restrict__ b, float* __restrict__ y, I rows, I cols) {
   const I total = rows * cols;
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x))
+  for (I i : detail::grid_stride(total))
     y[i] = b[i % cols];
 }
 

@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(1024)
 template <class I>
 __global__ void xent_backward_kernel(const float* probs, const int32_t* __restrict__ labels, I k, I total, float off,
                                      float on, float scale, float* dlogits) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const I row = i / k, j = i - row * k;
     const int32_t y = labels[row];
     float d = scale * (probs[i] - off);

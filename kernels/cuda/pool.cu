@@ -94,8 +94,7 @@ template <class I>
 __global__ void maxpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
                                        int32_t* __restrict__ argmax, I total, PoolDims<I> d) {
   const I h = d.len[1], w = d.len[2];
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const Box<I> bx = window_of(i, d);
     const float* xs = x + bx.vol * d.in_volume();
     float best = -CUDART_INF_F;
@@ -122,8 +121,7 @@ __global__ void maxpool_forward_kernel(const float* __restrict__ x, float* __res
 template <class I>
 __global__ void maxpool_backward_atomic_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
                                                float* __restrict__ dx, I total, I out, I in) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const I vol = i / out;
     const int32_t k = argmax[i];
     if (k >= 0 && static_cast<I>(k) < in) atomicAdd(dx + vol * in + k, dy[i]);
@@ -135,8 +133,7 @@ __global__ void maxpool_backward_atomic_kernel(const float* __restrict__ dy, con
 template <class I>
 __global__ void maxpool_backward_serial_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
                                                float* __restrict__ dx, I vols, I out, I in) {
-  for (I v = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); v < vols;
-       v += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I v : detail::grid_stride(vols)) {
     const float* g = dy + v * out;
     const int32_t* a = argmax + v * out;
     float* dv = dx + v * in;
@@ -153,8 +150,7 @@ template <class I>
 __global__ void avgpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, PoolDims<I> d,
                                        float inv) {
   const I h = d.len[1], w = d.len[2];
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const Box<I> bx = window_of(i, d);
     const float* xs = x + bx.vol * d.in_volume();
     float s = 0.0f;
@@ -171,8 +167,7 @@ template <class I>
 __global__ void avgpool_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, PoolDims<I> d,
                                         float inv) {
   const I oh = d.out[1], ow = d.out[2];
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const Coords<I> at = coords_of(i, d.len[0], d.len[1], d.len[2]);
     I i0, i1, j0, j1, k0, k1;
     covering(d, 0, at.a, i0, i1);
@@ -205,8 +200,7 @@ __global__ void global_avg_forward_kernel(const float* __restrict__ x, float* __
 template <class I>
 __global__ void global_avg_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, I hw,
                                            float inv) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x))
+  for (I i : detail::grid_stride(total))
     dx[i] = dy[i / hw] * inv;
 }
 
@@ -215,8 +209,7 @@ template <class I>
 __global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, I d, I h, I w,
                                           I s) {
   const I ow = w * s, oh = h * s, od = d * s;
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const Coords<I> o = coords_of(i, od, oh, ow);
     y[i] = x[((o.vol * d + o.a / s) * h + o.b / s) * w + o.c / s];
   }
@@ -228,8 +221,7 @@ template <class I>
 __global__ void upsample3d_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, I d, I h,
                                            I w, I s) {
   const I ow = w * s, oh = h * s;
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
-       i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i : detail::grid_stride(total)) {
     const Coords<I> at = coords_of(i, d, h, w);
     const float* g = dy + at.vol * d * s * oh * ow;
     float sum = 0.0f;

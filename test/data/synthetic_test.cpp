@@ -13,10 +13,7 @@ namespace fanout::data {
 namespace {
 
 using fanout::testing::expect_user_error;
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
+using fanout::testing::same_bits;
 
 // Per-class mean images, (10, 3 * 32 * 32), on the [0, 255] scale; counts per class.
 std::vector<std::vector<double>> class_means(const ImageDataset& ds, std::vector<int64_t>& count) {
@@ -64,19 +61,15 @@ TEST(Synthetic, ShapesSizesAndLabels) {
 
 TEST(Synthetic, SameSeedSameBytes) {
   const TrainTest a = make_synthetic(200, 42), b = make_synthetic(200, 42);
-  EXPECT_TRUE(same_bytes(a.train.images, b.train.images));
-  EXPECT_TRUE(same_bytes(a.train.labels, b.train.labels));
-  EXPECT_TRUE(same_bytes(a.test.images, b.test.images));
-  EXPECT_TRUE(same_bytes(a.test.labels, b.test.labels));
-  EXPECT_EQ(a.train.mean, b.train.mean);
-  EXPECT_EQ(a.train.std, b.train.std);
+  EXPECT_TRUE(testing::same_data(a.train, b.train));
+  EXPECT_TRUE(testing::same_data(a.test, b.test));
 }
 
 TEST(Synthetic, DifferentSeedDiffers) {
   const TrainTest a = make_synthetic(200, 42), b = make_synthetic(200, 43);
-  EXPECT_FALSE(same_bytes(a.train.images, b.train.images));
-  EXPECT_FALSE(same_bytes(a.train.labels, b.train.labels));
-  EXPECT_FALSE(same_bytes(a.test.images, b.test.images));
+  EXPECT_FALSE(same_bits(a.train.images, b.train.images));
+  EXPECT_FALSE(same_bits(a.train.labels, b.train.labels));
+  EXPECT_FALSE(same_bits(a.test.images, b.test.images));
 }
 
 TEST(Synthetic, TestSplitIsAnotherStream) {

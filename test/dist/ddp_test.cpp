@@ -73,10 +73,7 @@ TEST_P(Accumulate, MicroBatchesEqualOneBatchAndStayLocalUntilTheLast) {
   Tensor x = random_tensor(Shape{64, 1, 10, 10}, rng), y = random_labels(64, 10, rng);
 
   auto ref_model = models::make_model("mlp", sample, 10, 3);
-  EngineSpec ref;
-  ref.devices = parse_devices("cpu");
-  ref.dp.math = math;
-  testing::EngineRun ref_engine(make_engine(*ref_model, std::move(ref)), hyper());
+  testing::EngineRun ref_engine(make_engine(*ref_model, testing::engine_on("cpu", split_invariant)), hyper());
   ref_engine->forward_backward(x, y, 1.0f / 64, true);
   const auto expected = grads_of(*ref_model);
 
@@ -151,9 +148,7 @@ TEST(Ddp, SyncBatchNormAcrossProcessesAndReplicasEqualsOneDevice) {
   std::mt19937_64 rng(9);
   Tensor x = random_tensor(Shape{16, 3, 12, 12}, rng), y = random_labels(16, 10, rng);
   auto ref_model = models::make_model("cnn", sample, 10, 4);
-  EngineSpec ref;
-  ref.devices = parse_devices("cpu");
-  testing::EngineRun ref_engine(make_engine(*ref_model, std::move(ref)), hyper());
+  testing::EngineRun ref_engine(make_engine(*ref_model, testing::engine_on("cpu", false)), hyper());
   for (int s = 0; s < 3; ++s) ref_engine.train_step(x, y, 0.05f);
   const Tensor expected = ref_model->arenas().params.to(Device::cpu());
   const Tensor expected_buffers = ref_model->arenas().buffers.to(Device::cpu());

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "runtime/core/error.h"
+#include "runtime/data/dataset.h"
 
 namespace fanout::testing {
 
@@ -170,6 +171,14 @@ Tensor clone(const Tensor& t) { return t.to(Device::cpu()); }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool same_data(const data::ImageDataset& a, const data::ImageDataset& b) {
+  const auto same_optional = [](const Tensor& x, const Tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || same_bits(x, y));
+  };
+  return same_bits(a.images, b.images) && same_optional(a.labels, b.labels) &&
+         same_optional(a.landmarks, b.landmarks) && a.mean == b.mean && a.std == b.std;
 }
 
 std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts) {

@@ -8,6 +8,10 @@
 
 #include "runtime/core/tensor.h"
 
+namespace fanout::data {
+struct ImageDataset;
+}  // namespace fanout::data
+
 namespace fanout::testing {
 
 // Seeded uniform [lo, hi) values; never all zeros.
@@ -69,6 +73,9 @@ double dot(const Tensor& a, const Tensor& b);
 Tensor clone(const Tensor& t);
 // Same shape, dtype and bytes (CPU tensors).
 bool same_bits(const Tensor& a, const Tensor& b);
+// The same bytes in every part of two data sets: images, labels or
+// landmarks (whichever they hold), mean and std.
+bool same_data(const data::ImageDataset& a, const data::ImageDataset& b);
 
 // Runs f, expecting a fanout::Error whose message is one line and contains
 // every string in `parts`; returns the message (empty after a failure).
