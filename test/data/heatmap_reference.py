@@ -20,18 +20,15 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-except ImportError as e:
-    print(f"heatmap_reference.py: needs the Python package 'numpy' ({e}). Install it with: pip install numpy",
-          file=sys.stderr)
-    sys.exit(2)
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from interop import check, finish, tool_path  # noqa: E402  (the shared helpers)
+from interop import check, finish, require, tool_path  # noqa: E402  (the shared helpers)
+
+require("heatmap_reference.py", "numpy")
+import numpy as np  # noqa: E402
 
 EPS32 = float(np.finfo(np.float32).eps)
 REL = 5 * 2.0**-24  # heatmap.h: three factor roundings, two products
+
 
 def reference(landmarks, channels, c, size, radius, sigma):
     """(C, *size) float64: the definition, voxel by voxel over the whole volume;

@@ -33,16 +33,12 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    from safetensors.numpy import load_file
-except ImportError as e:
-    print(f"forward_interop.py: needs the Python packages 'safetensors' and 'numpy' ({e}).\n"
-          f"Install them with: pip install safetensors numpy", file=sys.stderr)
-    sys.exit(2)
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from interop import check, finish, tool_path  # noqa: E402  (the shared helpers)
+from interop import check, finish, require, tool_path  # noqa: E402  (the shared helpers)
+
+require("forward_interop.py", "numpy", "safetensors")
+import numpy as np  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
 
 DP_TRAIN = tool_path("forward_interop.py", "DP_TRAIN", "dp-train")
 

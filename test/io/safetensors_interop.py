@@ -25,17 +25,13 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
-except ImportError as e:
-    print(f"safetensors_interop.py: needs the Python packages 'safetensors' and 'numpy' ({e}).\n"
-          f"Install them with: pip install safetensors numpy", file=sys.stderr)
-    sys.exit(2)
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from interop import check, finish, tool_path  # noqa: E402  (the shared helpers)
+from interop import check, finish, require, tool_path  # noqa: E402  (the shared helpers)
+
+require("safetensors_interop.py", "numpy", "safetensors")
+import numpy as np  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
 
 DTYPES = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "F64": np.float64, "F16": np.float16}
 FLOATS = (np.float16, np.float32, np.float64)

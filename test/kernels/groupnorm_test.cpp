@@ -33,13 +33,10 @@ Reference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Ten
   for (int64_t i = 0; i < n; ++i)
     for (int64_t gr = 0; gr < groups; ++gr) {
       const int64_t base = (i * c + gr * cg) * s;
-      double mu = 0, var = 0;
-      for (int64_t k = 0; k < m; ++k) mu += x.f32()[base + k];
-      mu /= m;
-      for (int64_t k = 0; k < m; ++k) var += std::pow(x.f32()[base + k] - mu, 2);
-      var /= m;
+      const ft::Moments mom = ft::moments64(x.f32() + base, m);
+      double mu = mom.mean;
       r.mean.push_back(mu);
-      r.rstd.push_back(1 / std::sqrt(var + eps));
+      r.rstd.push_back(1 / std::sqrt(mom.var + eps));
       // The op keeps its statistics in float (as torch does) and normalizes
       // with those: with two values per group and a variance near eps the
       // rounding of the mean alone moves dx by 1e-5.

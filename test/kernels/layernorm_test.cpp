@@ -32,13 +32,10 @@ Reference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Ten
   r.dbeta.assign(d, 0.0);
   for (int64_t row = 0; row < rows; ++row) {
     const float* xr = x.f32() + row * d;
-    double mu = 0, var = 0;
-    for (int64_t k = 0; k < d; ++k) mu += xr[k];
-    mu /= d;
-    for (int64_t k = 0; k < d; ++k) var += std::pow(xr[k] - mu, 2);
-    var /= d;
+    const ft::Moments mom = ft::moments64(xr, d);
+    double mu = mom.mean;
     r.mean.push_back(mu);
-    r.rstd.push_back(1 / std::sqrt(var + eps));
+    r.rstd.push_back(1 / std::sqrt(mom.var + eps));
     mu = static_cast<float>(mu);
     const double rs = static_cast<float>(r.rstd.back());
     double sd = 0, sdx = 0;

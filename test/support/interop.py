@@ -1,5 +1,6 @@
 """What the Python interop scripts share: the executable they drive, a check
 that records a failure and goes on, and the ending that counts failures."""
+import importlib.util
 import os
 import sys
 
@@ -11,6 +12,15 @@ def check(cond, msg):
     if not cond:
         failures.append(msg)
         print("FAIL:", msg, file=sys.stderr)
+
+
+def require(script, *packages):
+    """Exits 2 naming the pip install line unless every package can be imported."""
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        print(f"{script}: needs the Python package(s) {', '.join(missing)}. "
+              f"Install them with: pip install {' '.join(packages)}", file=sys.stderr)
+        sys.exit(2)
 
 
 def tool_path(script, env, what):

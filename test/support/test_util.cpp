@@ -120,6 +120,14 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+Moments moments64(const float* x, int64_t m) {
+  double mu = 0, var = 0;
+  for (int64_t k = 0; k < m; ++k) mu += x[k];
+  mu /= static_cast<double>(m);
+  for (int64_t k = 0; k < m; ++k) var += (x[k] - mu) * (x[k] - mu);
+  return {mu, var / static_cast<double>(m)};
+}
+
 double l2_norm(const Tensor& t) {
   double s = 0;
   for (int64_t i = 0; i < t.numel(); ++i) s += double(t.f32()[i]) * t.f32()[i];

@@ -48,6 +48,11 @@ BnReference bn_reference(const Tensor& x, double eps, double momentum);
 Tensor offset_channels(const Shape& s, const std::vector<double>& offsets, double spread, std::mt19937_64& rng);
 // max |a - b| / max |b| of a float tensor against float64 values.
 double max_rel_diff(const Tensor& a, const std::vector<double>& b);
+// x[0, m)'s mean and biased variance in float64 (a normalization's reference).
+struct Moments {
+  double mean, var;
+};
+Moments moments64(const float* x, int64_t m);
 double l2_norm(const Tensor& t);
 
 // Numerical gradient of a scalar function f() with respect to the float32
