@@ -17,49 +17,13 @@ namespace {
 
 namespace ft = fanout::testing;
 
-struct Reference {
-  std::vector<double> y, mean, rstd, dx, dgamma, dbeta;
-};
-
-// torch.nn.functional.group_norm and its gradients, in double from the
-// statistics as the op keeps them (float).
-Reference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& dy, int groups, double eps) {
-  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / (n * c), cg = c / groups, m = cg * s;
-  Reference r;
-  r.y.resize(x.numel());
-  r.dx.resize(x.numel());
-  r.dgamma.assign(c, 0.0);
-  r.dbeta.assign(c, 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t gr = 0; gr < groups; ++gr) {
-      const int64_t base = (i * c + gr * cg) * s;
-      const ft::Moments mom = ft::moments64(x.f32() + base, m);
-      double mu = mom.mean;
-      r.mean.push_back(mu);
-      r.rstd.push_back(1 / std::sqrt(mom.var + eps));
-      // The op keeps its statistics in float (as torch does) and normalizes
-      // with those: with two values per group and a variance near eps the
-      // rounding of the mean alone moves dx by 1e-5.
-      mu = static_cast<float>(mu);
-      const double rs = static_cast<float>(r.rstd.back());
-      double sd = 0, sdx = 0;
-      for (int64_t k = 0; k < m; ++k) {
-        const int64_t cc = gr * cg + k / s;
-        const double xh = (x.f32()[base + k] - mu) * rs;
-        r.y[base + k] = xh * g.f32()[cc] + b.f32()[cc];
-        const double dxh = dy.f32()[base + k] * g.f32()[cc];
-        sd += dxh;
-        sdx += dxh * xh;
-        r.dgamma[cc] += dy.f32()[base + k] * xh;
-        r.dbeta[cc] += dy.f32()[base + k];
-      }
-      for (int64_t k = 0; k < m; ++k) {
-        const int64_t cc = gr * cg + k / s;
-        const double xh = (x.f32()[base + k] - mu) * rs;
-        r.dx[base + k] = rs * (dy.f32()[base + k] * g.f32()[cc] - sd / m - xh * sdx / m);
-      }
-    }
-  return r;
+// torch.nn.functional.group_norm and its gradients: rows of a (sample,
+// group), each channel its own gamma and beta.
+ft::NormReference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& dy, int groups,
+                            double eps) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / (n * c), cg = c / groups;
+  return ft::norm_reference(x, g, b, dy, cg * s, eps,
+                            [&](int64_t row, int64_t k) { return (row % groups) * cg + k / s; });
 }
 
 FANOUT_BACKEND_SUITE(GroupNormOnBackend);
@@ -78,7 +42,7 @@ TEST_P(GroupNormOnBackend, ForwardBackwardAgainstFloat64) {
     Tensor x = ft::random_tensor(cs.x, rng, -2.0f, 3.0f), dy = ft::random_tensor(cs.x, rng);
     Tensor g = ft::random_tensor(Shape{c}, rng, 0.5f, 1.5f), b = ft::random_tensor(Shape{c}, rng);
     Tensor dg0 = ft::random_tensor(Shape{c}, rng), db0 = ft::random_tensor(Shape{c}, rng);  // += onto these
-    const Reference want = reference(x, g, b, dy, cs.groups, 1e-5);
+    const ft::NormReference want = reference(x, g, b, dy, cs.groups, 1e-5);
     Tensor xd = up(x), gd = up(g), bd = up(b), dyd = up(dy), dgd = up(dg0), dbd = up(db0);
     Tensor yd = poisoned(cs.x), md = poisoned(Shape{cs.x[0], cs.groups}), rd = poisoned(Shape{cs.x[0], cs.groups});
     Tensor dxd = poisoned(cs.x);

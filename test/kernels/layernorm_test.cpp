@@ -17,42 +17,10 @@ namespace {
 
 namespace ft = fanout::testing;
 
-struct Reference {
-  std::vector<double> y, mean, rstd, dx, dgamma, dbeta;
-};
-
-// torch.nn.functional.layer_norm and its gradients over rows of d, in
-// double from the statistics as the op keeps them (float).
-Reference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& dy, double eps) {
-  const int64_t d = g.numel(), rows = x.numel() / d;
-  Reference r;
-  r.y.resize(x.numel());
-  r.dx.resize(x.numel());
-  r.dgamma.assign(d, 0.0);
-  r.dbeta.assign(d, 0.0);
-  for (int64_t row = 0; row < rows; ++row) {
-    const float* xr = x.f32() + row * d;
-    const ft::Moments mom = ft::moments64(xr, d);
-    double mu = mom.mean;
-    r.mean.push_back(mu);
-    r.rstd.push_back(1 / std::sqrt(mom.var + eps));
-    mu = static_cast<float>(mu);
-    const double rs = static_cast<float>(r.rstd.back());
-    double sd = 0, sdx = 0;
-    for (int64_t k = 0; k < d; ++k) {
-      const double xh = (xr[k] - mu) * rs, dyk = dy.f32()[row * d + k];
-      r.y[row * d + k] = xh * g.f32()[k] + b.f32()[k];
-      sd += dyk * g.f32()[k];
-      sdx += dyk * g.f32()[k] * xh;
-      r.dgamma[k] += dyk * xh;
-      r.dbeta[k] += dyk;
-    }
-    for (int64_t k = 0; k < d; ++k) {
-      const double xh = (xr[k] - mu) * rs;
-      r.dx[row * d + k] = rs * (dy.f32()[row * d + k] * g.f32()[k] - sd / d - xh * sdx / d);
-    }
-  }
-  return r;
+// torch.nn.functional.layer_norm and its gradients over rows of d = g's
+// elements, elementwise gamma and beta.
+ft::NormReference reference(const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& dy, double eps) {
+  return ft::norm_reference(x, g, b, dy, g.numel(), eps, [](int64_t, int64_t k) { return k; });
 }
 
 FANOUT_BACKEND_SUITE(LayerNormOnBackend);
@@ -70,7 +38,7 @@ TEST_P(LayerNormOnBackend, ForwardBackwardAgainstFloat64) {
     Tensor x = ft::random_tensor(cs.x, rng, -2.0f, 3.0f), dy = ft::random_tensor(cs.x, rng);
     Tensor g = ft::random_tensor(cs.normalized, rng, 0.5f, 1.5f), b = ft::random_tensor(cs.normalized, rng);
     Tensor dg0 = ft::random_tensor(cs.normalized, rng), db0 = ft::random_tensor(cs.normalized, rng);  // += onto these
-    const Reference want = reference(x, g, b, dy, 1e-5);
+    const ft::NormReference want = reference(x, g, b, dy, 1e-5);
     Tensor xd = up(x), gd = up(g), bd = up(b), dyd = up(dy), dgd = up(dg0), dbd = up(db0);
     Tensor yd = poisoned(cs.x), md = poisoned(Shape{rows}), rd = poisoned(Shape{rows}), dxd = poisoned(cs.x);
     kernels::layer_norm_forward(ctx(), xd, gd, bd, 1e-5f, yd, md, rd);

@@ -120,12 +120,44 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-Moments moments64(const float* x, int64_t m) {
-  double mu = 0, var = 0;
-  for (int64_t k = 0; k < m; ++k) mu += x[k];
-  mu /= static_cast<double>(m);
-  for (int64_t k = 0; k < m; ++k) var += (x[k] - mu) * (x[k] - mu);
-  return {mu, var / static_cast<double>(m)};
+NormReference norm_reference(const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& dy, int64_t m,
+                             double eps, const std::function<int64_t(int64_t, int64_t)>& affine) {
+  NormReference r;
+  r.y.resize(x.numel());
+  r.dx.resize(x.numel());
+  r.dgamma.assign(g.numel(), 0.0);
+  r.dbeta.assign(g.numel(), 0.0);
+  const float *xp = x.f32(), *dp = dy.f32(), *gp = g.f32(), *bp = b.f32();
+  for (int64_t row = 0; row < x.numel() / m; ++row) {
+    const float* xr = xp + row * m;
+    const float* dr = dp + row * m;
+    double mu = 0, var = 0;
+    for (int64_t k = 0; k < m; ++k) mu += xr[k];
+    mu /= static_cast<double>(m);
+    for (int64_t k = 0; k < m; ++k) var += (xr[k] - mu) * (xr[k] - mu);
+    var /= static_cast<double>(m);
+    r.mean.push_back(mu);
+    r.rstd.push_back(1 / std::sqrt(var + eps));
+    // The ops keep their statistics in float (as torch does) and normalize
+    // with those: with two values per row and a variance near eps the
+    // rounding of the mean alone moves dx by 1e-5.
+    const double muf = static_cast<float>(mu), rs = static_cast<float>(r.rstd.back());
+    double sd = 0, sdx = 0;
+    for (int64_t k = 0; k < m; ++k) {
+      const int64_t a = affine(row, k);
+      const double xh = (xr[k] - muf) * rs;
+      r.y[row * m + k] = xh * gp[a] + bp[a];
+      sd += dr[k] * gp[a];
+      sdx += dr[k] * gp[a] * xh;
+      r.dgamma[a] += dr[k] * xh;
+      r.dbeta[a] += dr[k];
+    }
+    for (int64_t k = 0; k < m; ++k) {
+      const double xh = (xr[k] - muf) * rs;
+      r.dx[row * m + k] = rs * (dr[k] * gp[affine(row, k)] - sd / m - xh * sdx / m);
+    }
+  }
+  return r;
 }
 
 double l2_norm(const Tensor& t) {

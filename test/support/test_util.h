@@ -48,11 +48,15 @@ BnReference bn_reference(const Tensor& x, double eps, double momentum);
 Tensor offset_channels(const Shape& s, const std::vector<double>& offsets, double spread, std::mt19937_64& rng);
 // max |a - b| / max |b| of a float tensor against float64 values.
 double max_rel_diff(const Tensor& a, const std::vector<double>& b);
-// x[0, m)'s mean and biased variance in float64 (a normalization's reference).
-struct Moments {
-  double mean, var;
+// torch's normalization over rows of m values (GroupNorm's (sample, group),
+// LayerNorm's rows) and its gradients, in float64 from the statistics as the
+// ops keep them (float): row r's value k is scaled and shifted by
+// g[affine(r, k)] and b[affine(r, k)]; dgamma and dbeta have g's size.
+struct NormReference {
+  std::vector<double> y, mean, rstd, dx, dgamma, dbeta;
 };
-Moments moments64(const float* x, int64_t m);
+NormReference norm_reference(const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& dy, int64_t m,
+                             double eps, const std::function<int64_t(int64_t, int64_t)>& affine);
 double l2_norm(const Tensor& t);
 
 // Numerical gradient of a scalar function f() with respect to the float32
