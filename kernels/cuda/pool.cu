@@ -267,22 +267,30 @@ void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax,
   });
 }
 
-void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  detail::launch_per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
+namespace {
+// Average pooling's passes, one thread per element of dst: kernel_of(I{})
+// takes (src, dst, total, dims, 1 / kernel^rank) with vol the input volume's
+// shape and pooled the output's.
+template <class KernelOf>
+void launch_avg(Context& ctx, int spatial, const PoolGeometry& g, const Tensor& src, Tensor& dst, const Shape& vol,
+                const Shape& pooled, KernelOf kernel_of) {
+  detail::launch_per_element(ctx, dst.numel(), src.numel(), [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    avgpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), static_cast<I>(y.numel()),
-                                                                 pool_dims<I>(spatial, x.shape(), y.shape(), g),
-                                                                 1.0f / window_divisor(spatial, g));
+    kernel_of(tag)<<<blocks, detail::kThreads, 0, st>>>(src.f32(), dst.f32(), static_cast<I>(dst.numel()),
+                                                        pool_dims<I>(spatial, vol, pooled, g),
+                                                        1.0f / window_divisor(spatial, g));
   });
+}
+}  // namespace
+
+void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
+  launch_avg(ctx, spatial, g, x, y, x.shape(), y.shape(),
+             [](auto tag) { return &avgpool_forward_kernel<decltype(tag)>; });
 }
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  detail::launch_per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
-    using I = decltype(tag);
-    avgpool_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(dy.f32(), dx.f32(), static_cast<I>(dx.numel()),
-                                                                  pool_dims<I>(spatial, dx.shape(), dy.shape(), g),
-                                                                  1.0f / window_divisor(spatial, g));
-  });
+  launch_avg(ctx, spatial, g, dy, dx, dx.shape(), dy.shape(),
+             [](auto tag) { return &avgpool_backward_kernel<decltype(tag)>; });
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {

@@ -99,18 +99,26 @@ def cpp_to_python(tool, d):
     print(f"C++ -> Python: {len(loaded)} tensors read by safetensors.numpy.load_file")
 
 
+def edge_arrays(rng, floats, ints, longs, nbytes):
+    """float32 of shape `floats` whose first row starts with a signed zero, a
+    subnormal and the largest float; random int32, int64 and uint8 arrays."""
+    f = rng.standard_normal(floats).astype(np.float32)
+    f[0, :3] = [-0.0, 1e-40, np.finfo(np.float32).max]
+    return {
+        "floats": f,
+        "ints": rng.integers(-2**31, 2**31, size=ints, dtype=np.int32),
+        "longs": rng.integers(-2**63, 2**63 - 1, size=longs, dtype=np.int64),
+        "bytes": rng.integers(0, 256, size=nbytes, dtype=np.uint8),
+    }
+
+
 def python_to_cpp(tool, d):
     rng = np.random.default_rng(0)
-    floats = rng.standard_normal((3, 5)).astype(np.float32)
-    floats[0, :3] = [-0.0, 1e-40, np.finfo(np.float32).max]  # signed zero, subnormal, largest
     tensors = {
+        **edge_arrays(rng, (3, 5), (4, 7), (5,), (3, 1, 5)),
         "conv.weight": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
-        "floats": floats,
         "bn.num_batches_tracked": np.array(123456789012345, dtype=np.int64),
         "doubles": rng.standard_normal((2, 3)),
-        "ints": rng.integers(-2**31, 2**31, size=(4, 7), dtype=np.int32),
-        "longs": rng.integers(-2**63, 2**63 - 1, size=(5,), dtype=np.int64),
-        "bytes": rng.integers(0, 256, size=(3, 1, 5), dtype=np.uint8),
         "vol": rng.standard_normal((2, 1, 3, 2, 2)).astype(np.float32),
         "nothing": np.zeros((0, 4), dtype=np.float32),
     }
@@ -199,15 +207,10 @@ def npy_to_numpy(tool, d):
 def numpy_to_cpp(tool, d):
     """Files numpy writes load with io::load_npy: dtype, shape and every bit."""
     rng = np.random.default_rng(1)
-    floats = rng.standard_normal((4, 6)).astype(np.float32)
-    floats[0, :3] = [-0.0, 1e-40, np.finfo(np.float32).max]  # signed zero, subnormal, largest
     arrays = {
-        "floats": floats,
+        **edge_arrays(rng, (4, 6), (5, 3), (7,), (2, 1, 9)),
         "vol": rng.standard_normal((2, 3, 4, 5, 2)).astype(np.float32),
         "doubles": rng.standard_normal((3, 2)),
-        "ints": rng.integers(-2**31, 2**31, size=(5, 3), dtype=np.int32),
-        "longs": rng.integers(-2**63, 2**63 - 1, size=(7,), dtype=np.int64),
-        "bytes": rng.integers(0, 256, size=(2, 1, 9), dtype=np.uint8),
         "halves": rng.standard_normal((3, 5)).astype(np.float16),
         "scalar": np.array(-2.5, dtype=np.float64),
         "scalar_long": np.array(123456789012345, dtype=np.int64),
