@@ -312,22 +312,28 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   });
 }
 
-void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
-  detail::launch_per_element(ctx, y.numel(), y.numel(), [&](auto tag, int grid, cudaStream_t st) {
+namespace {
+// Nearest upsampling's passes, one thread per element of dst: kernel_of(I{})
+// takes (src, dst, total, D, H, W of the small volume vol, scale).
+template <class KernelOf>
+void launch_upsample(Context& ctx, int64_t scale, const Tensor& src, Tensor& dst, const Shape& vol,
+                     KernelOf kernel_of) {
+  detail::launch_per_element(ctx, dst.numel(), src.numel(), [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
-    upsample3d_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
-        x.f32(), y.f32(), static_cast<I>(y.numel()), static_cast<I>(x.size(2)), static_cast<I>(x.size(3)),
-        static_cast<I>(x.size(4)), static_cast<I>(scale));
+    kernel_of(tag)<<<blocks, detail::kThreads, 0, st>>>(src.f32(), dst.f32(), static_cast<I>(dst.numel()),
+                                                        static_cast<I>(vol[2]), static_cast<I>(vol[3]),
+                                                        static_cast<I>(vol[4]), static_cast<I>(scale));
   });
+}
+}  // namespace
+
+void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
+  launch_upsample(ctx, scale, x, y, x.shape(), [](auto tag) { return &upsample3d_forward_kernel<decltype(tag)>; });
 }
 
 void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
-  detail::launch_per_element(ctx, dx.numel(), dy.numel(), [&](auto tag, int grid, cudaStream_t st) {
-    using I = decltype(tag);
-    upsample3d_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
-        dy.f32(), dx.f32(), static_cast<I>(dx.numel()), static_cast<I>(dx.size(2)), static_cast<I>(dx.size(3)),
-        static_cast<I>(dx.size(4)), static_cast<I>(scale));
-  });
+  launch_upsample(ctx, scale, dy, dx, dx.shape(),
+                  [](auto tag) { return &upsample3d_backward_kernel<decltype(tag)>; });
 }
 
 }  // namespace fanout::kernels::cuda

@@ -112,6 +112,21 @@ def edge_arrays(rng, floats, ints, longs, nbytes):
     }
 
 
+def check_printed(t, want, what):
+    """A tensor st_tool printed as JSON (dtype, shape, values) equals want, bit
+    for bit in C order; False when any part differs."""
+    dtype = DTYPES.get(t["dtype"])
+    ok = dtype is not None and np.dtype(dtype) == want.dtype
+    check(ok, f"{what}: dtype {t['dtype']} vs {want.dtype}")
+    check(tuple(t["shape"]) == want.shape, f"{what}: shape {t['shape']} vs {want.shape}")
+    if not ok or tuple(t["shape"]) != want.shape:
+        return False
+    values = np.array(t["values"], dtype=np.float64 if dtype in FLOATS else object)
+    equal = same(values.astype(dtype).reshape(t["shape"]), want)
+    check(equal, f"{what}: values differ")
+    return equal
+
+
 def python_to_cpp(tool, d):
     rng = np.random.default_rng(0)
     tensors = {
@@ -136,15 +151,7 @@ def python_to_cpp(tool, d):
     for name, want in tensors.items():
         if name not in got:
             continue
-        t = got[name]
-        dtype = DTYPES.get(t["dtype"])
-        check(dtype is not None and np.dtype(dtype) == want.dtype, f"{name}: dtype {t['dtype']} vs {want.dtype}")
-        check(tuple(t["shape"]) == want.shape, f"{name}: shape {t['shape']} vs {want.shape}")
-        if dtype is None:
-            continue
-        values = np.array(t["values"], dtype=np.float64 if dtype in FLOATS else object)
-        a = values.astype(dtype).reshape(t["shape"])
-        check(same(a, want), f"{name}: values differ")
+        check_printed(got[name], want, name)
     # The reference orders data by alignment then name; fanout reports data order.
     print(f"Python -> C++: {len(got)} tensors read by st_tool")
 
@@ -234,15 +241,8 @@ def numpy_to_cpp(tool, d):
             check(r.returncode == 0, f"st_tool npyload {path} failed: {r.stderr}")
             if r.returncode != 0:
                 continue
-            t = json.loads(r.stdout)
-            dtype = DTYPES.get(t["dtype"])
-            check(dtype is not None and np.dtype(dtype) == want.dtype, f"{path}: dtype {t['dtype']} vs {want.dtype}")
-            check(tuple(t["shape"]) == want.shape, f"{path}: shape {t['shape']} vs {want.shape}")
-            if dtype is None:
-                continue
-            values = np.array(t["values"], dtype=np.float64 if dtype in FLOATS else object)
-            check(same(values.astype(dtype).reshape(t["shape"]), want), f"{path}: values differ")  # tobytes: C order
-            count += 1
+            if check_printed(json.loads(r.stdout), want, path):
+                count += 1
 
     # What numpy writes but fanout refuses, each with one line naming the file.
     refused = {
