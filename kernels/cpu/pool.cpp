@@ -214,24 +214,31 @@ void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeo
                     dy.f32(), dx.f32());
 }
 
+namespace {
+// f(p) for every (sample, channel) plane p of `hw` values, the planes shared
+// out over the context's threads.
+template <class F>
+void each_plane(Context& ctx, int64_t planes, int64_t hw, F&& f) {
+  parallel_for(ctx, planes, grain_for(hw), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) f(p);
+  });
+}
+}  // namespace
+
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
-  const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
+  const int64_t hw = x.size(2) * x.size(3);
   const float inv = 1.0f / static_cast<float>(hw);
   const float* xp = x.f32();
   float* yp = y.f32();
-  parallel_for(ctx, planes, grain_for(hw), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) yp[p] = sum_f32(xp + p * hw, hw) * inv;
-  });
+  each_plane(ctx, x.size(0) * x.size(1), hw, [&](int64_t p) { yp[p] = sum_f32(xp + p * hw, hw) * inv; });
 }
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
-  const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
-  const float inv = 1.0f / static_cast<float>(hw);
+  const int64_t hw = dx.size(2) * dx.size(3);
   const float* gp = dy.f32();
   float* dp = dx.f32();
-  parallel_for(ctx, planes, grain_for(hw), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) std::fill(dp + p * hw, dp + (p + 1) * hw, gp[p] * inv);
-  });
+  each_plane(ctx, dx.size(0) * dx.size(1), hw,
+             [&](int64_t p) { std::fill(dp + p * hw, dp + (p + 1) * hw, gp[p] * (1.0f / static_cast<float>(hw))); });
 }
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {

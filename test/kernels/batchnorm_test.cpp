@@ -48,8 +48,8 @@ void naive_moments(const Tensor& x, std::vector<double>& mean, std::vector<doubl
 
 // Host inputs of one case and their backend copies and outputs.
 struct BnRun {
-  Tensor x, gamma, beta;                        // host
-  Tensor xd, gammad, betad, stats, mean, invstd, y;  // backend
+  Tensor x, gamma, beta, running_mean, running_var;  // host; running variances in [0.1, 2)
+  Tensor xd, gammad, betad, rmd, rvd, stats, mean, invstd, y;  // backend
   int64_t c = 0, count = 0;
   float eps = 1e-5f;
 };
@@ -63,6 +63,12 @@ class BatchNormOnBackend : public ft::BackendTest {
     r.count = r.x.numel() / r.c;
     r.gamma = ft::random_tensor(Shape{r.c}, rng, 0.5f, 1.5f);
     r.beta = ft::random_tensor(Shape{r.c}, rng);
+    // Their own stream, so the draws of x, gamma and beta do not move.
+    std::mt19937_64 running(static_cast<uint64_t>(s.numel()) * 1000003u + static_cast<uint64_t>(r.c));
+    r.running_mean = ft::random_tensor(Shape{r.c}, running);
+    r.running_var = ft::random_tensor(Shape{r.c}, running, 0.1f, 2.0f);
+    r.rmd = up(r.running_mean);
+    r.rvd = up(r.running_var);
     upload(r);
     r.stats = poisoned(Shape{3, r.c}, DType::F64);
     r.mean = poisoned(Shape{2, r.c});
@@ -137,12 +143,12 @@ TEST_P(BatchNormOnBackend, RunningStatsUseMomentumAndUnbiasedVariance) {
   for (const BnShape& bs : kShapes) {
     SCOPED_TRACE(bs.s.str());
     BnRun f = make(bs.s, rng);
-    Tensor rm0 = ft::random_tensor(Shape{f.c}, rng), rv0 = ft::random_tensor(Shape{f.c}, rng, 0.5f, 2.0f);
-    Tensor rmd = up(rm0), rvd = up(rv0);
+    const Tensor& rm0 = f.running_mean;
+    const Tensor& rv0 = f.running_var;
     const float momentum = 0.1f;
     kernels::bn_stats(ctx(), f.xd, f.stats);
-    kernels::bn_finalize(ctx(), f.stats, f.count, f.eps, momentum, f.mean, f.invstd, &rmd, &rvd);
-    const Tensor rm = down(rmd), rv = down(rvd), invstd = down(f.invstd);
+    kernels::bn_finalize(ctx(), f.stats, f.count, f.eps, momentum, f.mean, f.invstd, &f.rmd, &f.rvd);
+    const Tensor rm = down(f.rmd), rv = down(f.rvd), invstd = down(f.invstd);
     std::vector<double> m, v;
     naive_moments(f.x, m, v);
     const double n = static_cast<double>(f.count);
@@ -164,9 +170,9 @@ TEST_P(BatchNormOnBackend, ForwardEval) {
   for (const BnShape& bs : kShapes) {
     SCOPED_TRACE(bs.s.str());
     BnRun f = make(bs.s, rng);
-    Tensor rm = ft::random_tensor(Shape{f.c}, rng), rv = ft::random_tensor(Shape{f.c}, rng, 0.1f, 2.0f);
-    Tensor rmd = up(rm), rvd = up(rv);
-    kernels::bn_forward_eval(ctx(), f.xd, rmd, rvd, f.gammad, f.betad, f.eps, f.y);
+    const Tensor& rm = f.running_mean;
+    const Tensor& rv = f.running_var;
+    kernels::bn_forward_eval(ctx(), f.xd, f.rmd, f.rvd, f.gammad, f.betad, f.eps, f.y);
     const Tensor y = down(f.y);
     Ncs d(f.x);
     for (int64_t i = 0; i < d.n; ++i)
