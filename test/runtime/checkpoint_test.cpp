@@ -85,6 +85,15 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
   return r;
 }
 
+// make_run(data, 0, 1, 3) trained for its epoch, its checkpoint (with st) written to path.
+TrainingRun trained_and_saved(const data::TrainTest& data, const std::string& path,
+                              const train::CheckpointState& st = {}) {
+  TrainingRun r = make_run(data, 0, 1, 3);
+  r.trainer->run();
+  train::save_checkpoint(path, *r.engine, r.opt.get(), st);
+  return r;
+}
+
 bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
@@ -285,11 +294,9 @@ TEST(Checkpoint, FileHoldsTorchvisionNamesAndOptimizerState) {
     EXPECT_EQ(key_set(dir / "w.safetensors"), model_keys);
     EXPECT_EQ(io::load_safetensors(dir / "w.safetensors").metadata.at("format"), train::kWeightsFormat);
   }
-  TrainingRun r = make_run(data, 0, 1, 3);
-  r.trainer->run();
   train::CheckpointState st;
   st.epoch = 1;
-  train::save_checkpoint(dir / "c.safetensors", *r.engine, r.opt.get(), st);
+  trained_and_saved(data, dir / "c.safetensors", st);
   const io::TensorFile f = io::load_safetensors(dir / "c.safetensors");
   EXPECT_EQ(f.metadata.at("format"), train::kCheckpointFormat);
   EXPECT_EQ(f.metadata.at("epoch"), "1");
@@ -363,9 +370,7 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
 TEST(Checkpoint, OlderSgdCheckpointsLoad) {
   const auto data = data::make_synthetic(48, 2);
   TempDir dir;
-  TrainingRun r = make_run(data, 0, 1, 3);
-  r.trainer->run();
-  train::save_checkpoint(dir / "new.safetensors", *r.engine, r.opt.get(), {});
+  TrainingRun r = trained_and_saved(data, dir / "new.safetensors");
   auto f = io::load_safetensors(dir / "new.safetensors");
   // The optimizer metadata as those versions wrote it.
   auto older = [](double momentum, bool has_buffer) {
@@ -409,9 +414,7 @@ TEST(Checkpoint, OlderSgdCheckpointsLoad) {
 TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
   const auto data = data::make_synthetic(48, 2);
   TempDir dir;
-  TrainingRun src = make_run(data, 0, 1, 3);
-  src.trainer->run();
-  train::save_checkpoint(dir / "c.safetensors", *src.engine, src.opt.get(), {});
+  TrainingRun src = trained_and_saved(data, dir / "c.safetensors");
   auto dst = models::make_model("lenet", data.train.sample_shape(), 10, 11);
   const io::LoadReport ok = train::load_weights(dir / "c.safetensors", *dst, true);
   EXPECT_TRUE(ok.ok()) << ok.summary();  // optimizer entries are not "unexpected"
