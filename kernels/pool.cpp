@@ -35,6 +35,18 @@ Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g) {
   return y;
 }
 
+PoolAxes pool_axes(int spatial, const Shape& x, const Shape& y, const PoolGeometry& g) {
+  PoolAxes a;
+  for (int i = 0; i < 3; ++i) {
+    const bool real = i > 0 || spatial == 3;
+    const int axis = i + spatial - 1;  // x's axis for depth (3-D), row, column
+    a.len[i] = real ? x[axis] : 1;
+    a.out[i] = real ? y[axis] : 1;
+    a.g[i] = real ? g : PoolGeometry{1, 1, 0};
+  }
+  return a;
+}
+
 Shape upsample3d_output_shape(const Shape& x, int64_t scale) {
   FANOUT_CHECK(x.ndim == 5) << "upsample3d: x " << x.str() << " must be (N, C, D, H, W)";
   FANOUT_CHECK(scale >= 1) << "upsample3d: scale " << scale << " must be at least 1";

@@ -24,6 +24,19 @@ struct PoolGeometry {
 // Floor mode, as PyTorch's default, over the `spatial` (2 or 3) trailing
 // axes of x; throws on impossible shapes.
 Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g);
+// How the backends walk a pooling from x to y: its (depth, row, column) axes,
+// each with its input and output lengths and window; a 2-D pooling's depth
+// axis has length 1 and a window of 1.
+struct PoolAxes {
+  int64_t len[3], out[3];
+  PoolGeometry g[3];
+  int64_t in_volume() const { return len[0] * len[1] * len[2]; }
+  int64_t out_volume() const { return out[0] * out[1] * out[2]; }
+  // Elements of a whole window (kernel^spatial): average pooling's divisor.
+  int64_t window_elements() const { return g[0].kernel * g[1].kernel * g[2].kernel; }
+};
+PoolAxes pool_axes(int spatial, const Shape& x, const Shape& y, const PoolGeometry& g);
+
 // (N, C, D*s, H*s, W*s) for x (N, C, D, H, W) and scale s >= 1.
 Shape upsample3d_output_shape(const Shape& x, int64_t scale);
 

@@ -17,33 +17,11 @@ namespace fanout::kernels::cpu {
 
 namespace {
 
-// One pooled axis: input and output lengths and the window along it.
-struct Axis {
-  int64_t len, out;
-  PoolGeometry g;
-};
-
-// The (depth, row, column) axes of a pooling from x to y; a 2-D pooling's
-// depth axis has length 1 and a window of 1.
-struct Axes {
-  Axis d, h, w;
-  int64_t in_volume() const { return d.len * h.len * w.len; }
-  int64_t out_volume() const { return d.out * h.out * w.out; }
-};
-Axes axes_of(int spatial, const Shape& x, const Shape& y, const PoolGeometry& g) {
-  const int r = spatial == 3 ? 3 : 2;  // the row axis
-  const Axis depth = spatial == 3 ? Axis{x[2], y[2], g} : Axis{1, 1, PoolGeometry{1, 1, 0}};
-  return {depth, {x[r], y[r], g}, {x[r + 1], y[r + 1], g}};
-}
-float window_divisor(int spatial, const PoolGeometry& g) {
-  return static_cast<float>(spatial == 3 ? g.kernel * g.kernel * g.kernel : g.kernel * g.kernel);
-}
-
-// Window [lo, hi) of output index o along an axis, clipped to the axis.
-void window(int64_t o, const Axis& a, int64_t& lo, int64_t& hi) {
-  const int64_t start = o * a.g.stride - a.g.padding;
+// Window [lo, hi) of output index o along axis a, clipped to the axis.
+void window(int64_t o, const PoolAxes& ax, int a, int64_t& lo, int64_t& hi) {
+  const int64_t start = o * ax.g[a].stride - ax.g[a].padding;
   lo = std::max<int64_t>(start, 0);
-  hi = std::min<int64_t>(start + a.g.kernel, a.len);
+  hi = std::min<int64_t>(start + ax.g[a].kernel, ax.len[a]);
 }
 
 // Max-pool select step: take v when it is larger, or NaN (NaN propagates, as
@@ -63,23 +41,23 @@ struct Box {
 // f(v, o, box) for every output o of the volumes [v0, v1), in memory order.
 // kDepth false: a 2-D pooling, whose one depth step the compiler then drops.
 template <bool kDepth, class F>
-void windows(const Axes& ax, int64_t v0, int64_t v1, F& f) {
+void windows(const PoolAxes& ax, int64_t v0, int64_t v1, F& f) {
   for (int64_t v = v0; v < v1; ++v)
-    for (int64_t i = 0; i < (kDepth ? ax.d.out : 1); ++i) {
+    for (int64_t i = 0; i < (kDepth ? ax.out[0] : 1); ++i) {
       Box box{0, 1, 0, 0, 0, 0};
-      if constexpr (kDepth) window(i, ax.d, box.d0, box.d1);
-      for (int64_t j = 0; j < ax.h.out; ++j) {
-        window(j, ax.h, box.h0, box.h1);
-        for (int64_t k = 0; k < ax.w.out; ++k) {
-          window(k, ax.w, box.w0, box.w1);
-          f(v, (i * ax.h.out + j) * ax.w.out + k, box);
+      if constexpr (kDepth) window(i, ax, 0, box.d0, box.d1);
+      for (int64_t j = 0; j < ax.out[1]; ++j) {
+        window(j, ax, 1, box.h0, box.h1);
+        for (int64_t k = 0; k < ax.out[2]; ++k) {
+          window(k, ax, 2, box.w0, box.w1);
+          f(v, (i * ax.out[1] + j) * ax.out[2] + k, box);
         }
       }
     }
 }
 template <class F>
-void each_window(const Axes& ax, int64_t v0, int64_t v1, F&& f) {
-  if (ax.d.len == 1 && ax.d.out == 1) windows<false>(ax, v0, v1, f);
+void each_window(const PoolAxes& ax, int64_t v0, int64_t v1, F&& f) {
+  if (ax.len[0] == 1 && ax.out[0] == 1) windows<false>(ax, v0, v1, f);
   else windows<true>(ax, v0, v1, f);
 }
 
@@ -121,15 +99,15 @@ void maxpool_2x2(const float* xp, int64_t planes, int64_t h, int64_t w, int64_t 
 
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
-  const Axes ax = axes_of(spatial, x.shape(), y.shape(), g);
-  const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
+  const PoolAxes ax = pool_axes(spatial, x.shape(), y.shape(), g);
+  const int64_t h = ax.len[1], w = ax.len[2], in = ax.in_volume(), out = ax.out_volume();
   const bool two_by_two = spatial == 2 && g.kernel == 2 && g.stride == 2 && g.padding == 0;
   const float* xp = x.f32();
   float* yp = y.f32();
   int32_t* ap = argmax.data<int32_t>();
   parallel_for(ctx, x.size(0) * x.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
     if (two_by_two) {
-      maxpool_2x2(xp + v0 * in, v1 - v0, h, w, ax.h.out, ax.w.out, yp + v0 * out, ap + v0 * out);
+      maxpool_2x2(xp + v0 * in, v1 - v0, h, w, ax.out[1], ax.out[2], yp + v0 * out, ap + v0 * out);
       return;
     }
     each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
@@ -177,11 +155,10 @@ namespace {
 // its window, so every input sums its shares in (depth, row, column) order of
 // the outputs, the order the CUDA kernel gathers them in.
 template <bool kBackward>
-void avg_windows(Context& ctx, int spatial, const Axes& ax, const PoolGeometry& g, int64_t vols, const float* src,
-                 float* dst) {
-  const int64_t h = ax.h.len, w = ax.w.len, in = ax.in_volume(), out = ax.out_volume();
+void avg_windows(Context& ctx, const PoolAxes& ax, int64_t vols, const float* src, float* dst) {
+  const int64_t h = ax.len[1], w = ax.len[2], in = ax.in_volume(), out = ax.out_volume();
   // count_include_pad: in floor mode every window lies inside the padded volume.
-  const float inv = 1.0f / window_divisor(spatial, g);
+  const float inv = 1.0f / static_cast<float>(ax.window_elements());
   parallel_for(ctx, vols, grain_for(in), [&](int64_t v0, int64_t v1) {
     if constexpr (kBackward) std::fill(dst + v0 * in, dst + v1 * in, 0.0f);
     each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
@@ -205,13 +182,11 @@ void avg_windows(Context& ctx, int spatial, const Axes& ax, const PoolGeometry& 
 }  // namespace
 
 void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  avg_windows<false>(ctx, spatial, axes_of(spatial, x.shape(), y.shape(), g), g, x.size(0) * x.size(1), x.f32(),
-                     y.f32());
+  avg_windows<false>(ctx, pool_axes(spatial, x.shape(), y.shape(), g), x.size(0) * x.size(1), x.f32(), y.f32());
 }
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  avg_windows<true>(ctx, spatial, axes_of(spatial, dx.shape(), dy.shape(), g), g, dx.size(0) * dx.size(1),
-                    dy.f32(), dx.f32());
+  avg_windows<true>(ctx, pool_axes(spatial, dx.shape(), dy.shape(), g), dx.size(0) * dx.size(1), dy.f32(), dx.f32());
 }
 
 namespace {

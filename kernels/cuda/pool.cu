@@ -11,8 +11,7 @@ namespace fanout::kernels::cuda {
 
 namespace {
 
-// The (depth, row, column) axes of a pooling: input and output lengths and
-// the window along each; a 2-D pooling's depth axis has length 1, window 1.
+// PoolAxes (kernels/pool.h) in the kernel's index type.
 template <class I>
 struct PoolDims {
   I len[3], out[3], k[3], stride[3], pad[3];
@@ -21,21 +20,16 @@ struct PoolDims {
 };
 
 template <class I>
-PoolDims<I> pool_dims(int spatial, const Shape& x, const Shape& y, const PoolGeometry& g) {
+PoolDims<I> pool_dims(const PoolAxes& a) {
   PoolDims<I> d;
-  for (int a = 0; a < 3; ++a) {
-    const int axis = a + x.ndim - 3;  // 2-D: axis 1 (C) stands for the absent depth
-    const bool real = a > 0 || spatial == 3;
-    d.len[a] = real ? static_cast<I>(x[axis]) : I(1);
-    d.out[a] = real ? static_cast<I>(y[axis]) : I(1);
-    d.k[a] = real ? static_cast<I>(g.kernel) : I(1);
-    d.stride[a] = real ? static_cast<I>(g.stride) : I(1);
-    d.pad[a] = real ? static_cast<I>(g.padding) : I(0);
+  for (int i = 0; i < 3; ++i) {
+    d.len[i] = static_cast<I>(a.len[i]);
+    d.out[i] = static_cast<I>(a.out[i]);
+    d.k[i] = static_cast<I>(a.g[i].kernel);
+    d.stride[i] = static_cast<I>(a.g[i].stride);
+    d.pad[i] = static_cast<I>(a.g[i].padding);
   }
   return d;
-}
-float window_divisor(int spatial, const PoolGeometry& g) {
-  return static_cast<float>(spatial == 3 ? g.kernel * g.kernel * g.kernel : g.kernel * g.kernel);
 }
 
 // Window [lo, hi) of output index o along axis a, clipped to the axis.
@@ -238,11 +232,11 @@ __global__ void upsample3d_backward_kernel(const float* __restrict__ dy, float* 
 
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
+  const PoolAxes axes = pool_axes(spatial, x.shape(), y.shape(), g);
   detail::launch_per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
     using I = decltype(tag);
     maxpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), argmax.data<int32_t>(),
-                                                                 static_cast<I>(y.numel()),
-                                                                 pool_dims<I>(spatial, x.shape(), y.shape(), g));
+                                                                 static_cast<I>(y.numel()), pool_dims<I>(axes));
   });
 }
 
@@ -269,27 +263,25 @@ void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax,
 
 namespace {
 // Average pooling's passes, one thread per element of dst: kernel_of(I{})
-// takes (src, dst, total, dims, 1 / kernel^rank) with vol the input volume's
-// shape and pooled the output's.
+// takes (src, dst, total, dims, 1 / kernel^rank).
 template <class KernelOf>
-void launch_avg(Context& ctx, int spatial, const PoolGeometry& g, const Tensor& src, Tensor& dst, const Shape& vol,
-                const Shape& pooled, KernelOf kernel_of) {
+void launch_avg(Context& ctx, const PoolAxes& axes, const Tensor& src, Tensor& dst, KernelOf kernel_of) {
   detail::launch_per_element(ctx, dst.numel(), src.numel(), [&](auto tag, int blocks, cudaStream_t st) {
     using I = decltype(tag);
     kernel_of(tag)<<<blocks, detail::kThreads, 0, st>>>(src.f32(), dst.f32(), static_cast<I>(dst.numel()),
-                                                        pool_dims<I>(spatial, vol, pooled, g),
-                                                        1.0f / window_divisor(spatial, g));
+                                                        pool_dims<I>(axes),
+                                                        1.0f / static_cast<float>(axes.window_elements()));
   });
 }
 }  // namespace
 
 void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  launch_avg(ctx, spatial, g, x, y, x.shape(), y.shape(),
+  launch_avg(ctx, pool_axes(spatial, x.shape(), y.shape(), g), x, y,
              [](auto tag) { return &avgpool_forward_kernel<decltype(tag)>; });
 }
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  launch_avg(ctx, spatial, g, dy, dx, dx.shape(), dy.shape(),
+  launch_avg(ctx, pool_axes(spatial, dx.shape(), dy.shape(), g), dy, dx,
              [](auto tag) { return &avgpool_backward_kernel<decltype(tag)>; });
 }
 
