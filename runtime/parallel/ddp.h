@@ -46,7 +46,7 @@ class DistributedDataParallelEngine : public Engine {
   int rank() const override { return link_.group().rank(); }
   int world_size() const override { return link_.group().size(); }
   std::string group_backend() const override { return link_.group().backend(); }
-  void all_reduce_stats(std::vector<int64_t>& v) override;
+  void all_reduce_stats(std::vector<int64_t>& v, const char* what) override;
   void barrier(const std::string& what) override;
   void prepare_eval() override;
 

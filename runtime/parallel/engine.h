@@ -89,8 +89,9 @@ class Engine {
   // losses, and targets): what DataParallel pays and DDP does not. -1 where
   // the engine does not count them (DDP).
   virtual int64_t bytes_to_primary() const { return -1; }
-  // Sums `v` over the processes, in place (epoch statistics).
-  virtual void all_reduce_stats(std::vector<int64_t>& v) {}
+  // Sums `v` over the processes, in place; `what` names the sum in errors
+  // and hang reports ("epoch statistics", "the stop check").
+  virtual void all_reduce_stats(std::vector<int64_t>& v, const char* what) {}
   virtual void barrier(const std::string& what) {}
   // Before an evaluation: every process takes rank 0's buffers (BatchNorm
   // running statistics) when the engine broadcasts buffers.

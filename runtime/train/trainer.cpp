@@ -79,7 +79,7 @@ struct Totals {
     std::vector<int64_t> v(r.loss.slots().begin(), r.loss.slots().end());
     for (const ExactSum& s : r.sums) v.insert(v.end(), s.slots().begin(), s.slots().end());
     v.push_back(r.count);
-    engine.all_reduce_stats(v);
+    engine.all_reduce_stats(v, "epoch statistics");
     auto it = v.begin();
     auto take = [&it](ExactSum& s) {
       std::copy(it, it + ExactSum::kSlots, s.slots().begin());
@@ -308,7 +308,7 @@ bool Trainer::stop_agreed(bool every_rank_checks) {
   if (engine_.world_size() == 1) return local;
   if (!every_rank_checks) return false;
   std::vector<int64_t> v{local ? 1 : 0};
-  engine_.all_reduce_stats(v);
+  engine_.all_reduce_stats(v, "the stop check");
   return v[0] > 0;
 }
 
@@ -481,7 +481,7 @@ void Trainer::measure_memory(EpochMetrics& m) {
     for (size_t i = 0; i < replicas && i < arenas.size(); ++i)
       v[1 + rank * replicas + i] = arenas[i] + (i < state.size() ? state[i] : 0);
   }
-  engine_.all_reduce_stats(v);
+  engine_.all_reduce_stats(v, "peak memory");
   m.peak_host_bytes = v[0];
   m.peak_device_bytes.assign(v.begin() + 1, v.begin() + 1 + static_cast<int64_t>(n * world));
   m.replica_bytes.assign(v.begin() + 1 + static_cast<int64_t>(n * world), v.end());
