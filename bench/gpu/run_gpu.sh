@@ -9,7 +9,7 @@
 # printed (and written to OUTDIR/summary.txt) and the exit status is non-zero
 # if any step failed.
 #
-# Steps (default: all, in this order; name some to run only those, e.g. when a
+# Steps (default: all but diagnose, in this order; name some to run only those, e.g. when a
 # session limits each command's time, `run_gpu.sh out build` then
 # `run_gpu.sh out ctest`; the build directory is reused):
 #   env        OUTDIR/env.txt: nvidia-smi, nvcc, cmake, compilers, python/torch
@@ -21,6 +21,13 @@
 #   dp         dp-train DataParallel on 0,0 (one GPU, two replicas), 1 epoch
 #              of lenet, and DDP with 2 processes on it  -> dp_0_0.log, ddp_0_0.log
 #   memcheck   compute-sanitizer memcheck on every CUDA test -> memcheck.log
+#   diagnose   the CUDA engine tests that compare training passes with the
+#              CPU (FANOUT_DIAG_FILTER), run plainly, with
+#              CUDA_LAUNCH_BLOCKING=1 (a miss that goes away is a race between
+#              streams), with FANOUT_CUDA_ALLOC=plain (each tensor its own
+#              cudaMalloc: a miss that goes away depends on where the pool
+#              puts tensors) and under initcheck (reads of unwritten memory)
+#              and memcheck with plain allocations -> diagnose.log, diag_*.log
 #   train      dp-train on cuda:0: lenet 3 epochs, cnn 10 epochs
 #                                   -> dp_train_{lenet,cnn}.log / .jsonl
 #   bench      PyTorch eager throughput (TF32 on and off) -> pytorch.jsonl;
@@ -49,6 +56,9 @@
 #   FANOUT_DATASETS      folder holding fashion-mnist/ (default third_party/datasets)
 #   FANOUT_BUILD_DIR     build folder (default build-gpu in the repository)
 #   FANOUT_JOBS          build parallelism (default: all cores)
+#   FANOUT_BUILD_TARGETS targets for the build step (default: all)
+#   FANOUT_DIAG_FILTER   gtest filter of test_cuda for the diagnose step
+#   FANOUT_DIAG_SANITIZE_FILTER  the same for its sanitizer runs
 #   FANOUT_STEP_TIMEOUT  seconds per command (default 3000)
 #   FANOUT_CTEST_ARGS    extra ctest arguments, e.g. "-L cuda" or "-E e2e"
 #   FANOUT_MEMCHECK_FILTER  gtest filter for memcheck (default: every test)
@@ -74,7 +84,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -303,7 +313,12 @@ step_configure() {
     "$build/CMakeCache.txt"
 }
 
-step_build() { frun cmake --build "$build" -j "$jobs"; }
+step_build() {
+  local targets=()
+  # shellcheck disable=SC2206  # a space-separated list of targets
+  [ -n "${FANOUT_BUILD_TARGETS:-}" ] && targets=(--target $FANOUT_BUILD_TARGETS)
+  frun cmake --build "$build" -j "$jobs" "${targets[@]}"
+}
 
 step_ctest() {
   local extra=()
@@ -315,19 +330,48 @@ step_ctest() {
     --output-junit "$out/ctest.xml" "${extra[@]}")
 }
 
-step_memcheck() {
-  local cs="" rc=0
+sanitizer() {
+  local c
   for c in "$(command -v compute-sanitizer 2>/dev/null)" "${cuda_home:-/usr/local/cuda}/bin/compute-sanitizer" \
     "${cuda_home:-/usr/local/cuda}/compute-sanitizer/compute-sanitizer"; do
-    [ -n "$c" ] && [ -x "$c" ] && cs=$c && break
+    [ -n "$c" ] && [ -x "$c" ] && echo "$c" && return 0
   done
-  [ -n "$cs" ] || { echo "compute-sanitizer not found"; return 1; }
+  echo "compute-sanitizer not found" >&2
+  return 1
+}
+
+step_memcheck() {
+  local cs rc=0
+  cs=$(sanitizer) || return 1
   # The CUDA instances of the kernel and layer tests (names end in /cuda) and
   # the CUDA engine tests (suites named Cuda*).
   for t in test_kernels test_models test_cuda; do
     [ -x "$build/test/$t" ] || { echo "no $build/test/$t (build step failed?)"; return 1; }
     FANOUT_REQUIRE_GPU=1 frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/$t" \
       --gtest_filter="${FANOUT_MEMCHECK_FILTER:-*/cuda:Cuda*}" || rc=1
+  done
+  return "$rc"
+}
+
+step_diagnose() {
+  local t="$build/test/test_cuda" cs rc=0 f
+  f=${FANOUT_DIAG_FILTER:-CudaTraining.*:CudaDataParallel.*}
+  [ -x "$t" ] || { echo "no $t (build step failed?)"; return 1; }
+  echo "== plain";    FANOUT_REQUIRE_GPU=1 frun "$t" --gtest_filter="$f" >"$out/diag_plain.log" 2>&1 || rc=1
+  tail -n 30 "$out/diag_plain.log"
+  echo "== CUDA_LAUNCH_BLOCKING=1"
+  CUDA_LAUNCH_BLOCKING=1 FANOUT_REQUIRE_GPU=1 frun "$t" --gtest_filter="$f" >"$out/diag_blocking.log" 2>&1 || rc=1
+  tail -n 30 "$out/diag_blocking.log"
+  echo "== FANOUT_CUDA_ALLOC=plain"
+  FANOUT_CUDA_ALLOC=plain FANOUT_REQUIRE_GPU=1 frun "$t" --gtest_filter="$f" >"$out/diag_plain_alloc.log" 2>&1 || rc=1
+  tail -n 30 "$out/diag_plain_alloc.log"
+  cs=$(sanitizer) || return 1
+  for tool in initcheck memcheck; do
+    echo "== $tool (FANOUT_CUDA_ALLOC=plain: each tensor its own allocation)"
+    FANOUT_CUDA_ALLOC=plain FANOUT_REQUIRE_GPU=1 frun "$cs" --tool "$tool" --error-exitcode 97 --print-limit 50 "$t" \
+      --gtest_filter="${FANOUT_DIAG_SANITIZE_FILTER:-CudaTraining.GradientsMatchCpu:CudaTraining.Resnet18UnitsAloneMatchCpu}" \
+      >"$out/diag_$tool.log" 2>&1 || rc=1
+    tail -n 30 "$out/diag_$tool.log"
   done
   return "$rc"
 }
@@ -514,6 +558,7 @@ for s in "${steps[@]}"; do
     ctest) run_step ctest "$out/ctest.log" step_ctest ;;
     dp) run_step dp "$out/dp.log" step_dp ;;
     memcheck) run_step memcheck "$out/memcheck.log" step_memcheck ;;
+    diagnose) run_step diagnose "$out/diagnose.log" step_diagnose ;;
     train)
       run_step train-lenet "$out/dp_train_lenet.log" step_train_lenet
       run_step train-cnn "$out/dp_train_cnn.log" step_train_cnn

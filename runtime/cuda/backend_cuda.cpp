@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/core/context.h"
@@ -130,6 +132,16 @@ StreamRegistry& streams() {
   static StreamRegistry* r = new StreamRegistry;  // never destroyed: frees may run during static teardown
   return *r;
 }
+// FANOUT_CUDA_ALLOC=plain: cudaMalloc and cudaFree (which waits for the
+// device) instead of the stream-ordered pool, so that compute-sanitizer sees
+// each tensor as its own allocation. For diagnosis; slow.
+bool plain_alloc() {
+  static const bool plain = [] {
+    const char* v = std::getenv("FANOUT_CUDA_ALLOC");
+    return v && std::string(v) == "plain";
+  }();
+  return plain;
+}
 }  // namespace
 
 void* cuda_alloc(int device, size_t bytes) {
@@ -139,7 +151,7 @@ void* cuda_alloc(int device, size_t bytes) {
   void* p = nullptr;
   // Allocations on the legacy stream are ordered before any later work, so a
   // tensor may be used from any stream of its device.
-  const cudaError_t e = cudaMallocAsync(&p, bytes, nullptr);
+  const cudaError_t e = plain_alloc() ? cudaMalloc(&p, bytes) : cudaMallocAsync(&p, bytes, nullptr);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it
     size_t free_b = 0, total_b = 0;
@@ -156,6 +168,11 @@ void cuda_free(int device, void* p) noexcept {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
+  if (plain_alloc()) {
+    if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+    cudaSetDevice(prev);
+    return;
+  }
   // The block may still be in use on any stream of the device: the free is
   // queued on a stream that first waits for the work queued so far on every
   // stream (the legacy one included). Nothing waits on the host.
