@@ -171,9 +171,12 @@ TEST(CudaDataParallel, ShardedOptimizerEqualsUnsharded) {
 // the updates agree to 8 u (u = 2^-9) by norm.
 TEST(CudaDataParallel, Bf16MixedOnTwoReplicasMatchesTheCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  for (const char* model : {"lenet", "resnet18"}) {
+  // lenet only: resnet18 on these batches is chaotic in bf16 (weights 8 ulps
+  // apart move its three steps' updates by 76% on the CPU alone), so its
+  // mixed-mode comparison is CudaTraining.Resnet18Bf16MixedMatchesCpu's one step.
+  for (const char* model : {"lenet"}) {
     SCOPED_TRACE(model);
-    const Shape sample = std::string(model) == "lenet" ? Shape{1, 28, 28} : Shape{3, 16, 16};
+    const Shape sample{1, 28, 28};
     const auto data = random_batches(sample, 8, 3, 23);
     auto mc = models::make_model(model, sample, 10, 7);
     auto mg = models::make_model(model, sample, 10, 7);

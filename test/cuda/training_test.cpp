@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/target_batch.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/memory.h"
 #include "runtime/optim/clip.h"
@@ -20,6 +23,8 @@ namespace {
 
 using cudatest::close;
 using cudatest::gpu;
+using cudatest::make_batch;
+using cudatest::TargetBatch;
 using testing::random_labels;
 using testing::random_tensor;
 
@@ -78,43 +83,32 @@ void expect_same_state(Context& cuda_ctx, Module& cuda_model, Module& cpu_model,
   }
 }
 
-// A batch of `batch` samples and its targets: class labels, or for a dense
-// model (heatmap3d, 3 landmarks) heatmaps of the input's spatial shape.
-struct TargetBatch {
-  Tensor x, y;
-  LossOptions loss;
-  int classes = 10;
-};
-TargetBatch make_batch(const std::string& model, const Shape& sample, int64_t batch, std::mt19937_64& rng) {
-  TargetBatch b;
-  Shape xs = sample;
-  xs.ndim = sample.ndim + 1;
-  xs[0] = batch;
-  for (int i = 0; i < sample.ndim; ++i) xs[i + 1] = sample[i];
-  b.x = random_tensor(xs, rng);
-  if (models::dense_output(model)) {
-    b.classes = 3;
-    b.loss.criterion = CriterionKind::Mse;
-    Shape ys = xs;
-    ys[1] = b.classes;
-    b.y = testing::random_heatmaps(ys, rng);
-  } else {
-    b.y = random_labels(batch, b.classes, rng);
-  }
-  return b;
-}
-
-// After step 1 every element holds at 1e-3. BatchNorm over a batch of 2
-// (resnet18 below: 8 values per channel in its last stage) amplifies float32
-// rounding step by step, so `loose3` compares step 3 per tensor, by norm, at
-// 5e-3.
-// autocast BF16 or F16: both engines in that mixed mode, compared by norm
-// at 8 u (u = the low type's unit roundoff): a sum the GPU adds in another
-// order than the CPU may round to the neighbouring low-type value.
+// Whole-network comparisons need cases far from ReLU's and max-pool's kinks:
+// a decision within float32 rounding of its kink may go either way on either
+// device and moves every gradient below it by percent (test/cuda/margins.py
+// says why and finds such cases). Each case below has every margin of every
+// compared pass at least 1e-5 in float64, as margins.py measured it:
+//   margins.py batch_tool MODEL SHAPE BATCH MODEL_SEED DATA_SEED 3 --same-batch
+// After step 1 every element holds at 1e-3; `loose3` compares step 3 per
+// tensor, by norm, at 5e-3 (BatchNorm over few values per channel amplifies
+// float32 rounding step by step).
+// autocast BF16 or F16: both engines in that mixed mode. Every rounding to
+// the low type is a step a sum added in another order may land on either
+// side of, so after the first step the trajectories part as a perturbed
+// CPU run parts from the CPU (resnet18 in bf16: 8-ulp weight perturbations
+// move three steps' updates by 46-77% on the CPU alone): the state after
+// step 1 is compared by norm at 8 u (u = the low type's unit roundoff), the
+// losses of every step at 8 u.
+// `verified`: how many of the three passes keep their margins. A later pass
+// may cross a kink (resnet18: no data seed of 140 kept three passes' margins
+// at 3x8x8), so neither the state after it nor the loss of the step after it
+// is compared (resnet18 at batch 2 on the CPU alone: weights 8 ulps apart
+// move the third loss by up to 8e-4, the updates by up to 2.4%).
 void check_training_matches_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed,
-                                bool loose3 = false, DType autocast = DType::F32) {
+                                uint64_t data_seed, bool loose3 = false, DType autocast = DType::F32,
+                                int verified = 3) {
   SCOPED_TRACE(model);
-  std::mt19937_64 rng(seed + 1);
+  std::mt19937_64 rng(data_seed);
   const TargetBatch b = make_batch(model, sample, batch, rng);
   const Tensor &x = b.x, &y = b.y;
   auto cpu_model = models::make_model(model, sample, b.classes, seed);
@@ -131,17 +125,23 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
   for (int step = 1; step <= 3; ++step) {
     const StepResult rc = cpu_eng.train_step(x, y, lr);
     const StepResult rg = cuda_eng.train_step(x, y, lr);
-    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-4 * std::max(1.0, std::abs(rc.loss_sum))) << "loss at step " << step;
-    EXPECT_EQ(rg.count, rc.count);
-    EXPECT_EQ(rg.sums[kPointsSum].value(), rc.sums[kPointsSum].value());  // planes with a target peak: the targets' alone
     const bool mixed = autocast != DType::F32;
     const double u = autocast == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -9);
-    if (mixed && (step == 1 || step == 3))
+    const int compared = mixed ? 1 : verified;  // passes whose results are compared
+    if (step > compared + 1) continue;            // a step's loss comes before its own pass's decisions
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, (mixed ? 8 * u : 1e-4) * std::max(1.0, std::abs(rc.loss_sum)))
+        << "loss at step " << step;
+    EXPECT_EQ(rg.count, rc.count);
+    EXPECT_EQ(rg.sums[kPointsSum].value(), rc.sums[kPointsSum].value());  // planes with a target peak: the targets' alone
+    if (mixed && step == 1)
       expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, 8 * u, step, true);
+    else if (mixed || step > compared)
+      continue;
     else if (step == 1 || step == 3)
       expect_same_state(cuda_eng.primary_context(), *cuda_model, *cpu_model, step == 3 && loose3 ? 5e-3 : 1e-3, step,
                         step == 3 && loose3);  // 2.7e-3 by norm was seen on an H100
   }
+  if (autocast != DType::F32 || verified < 3) return;  // the running statistics of three steps
   const StepResult ec = cpu_eng.eval_step(x, y), eg = cuda_eng.eval_step(x, y);
   EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-3 * std::max(1.0, std::abs(ec.loss_sum))) << "eval loss";
 }
@@ -149,13 +149,13 @@ void check_training_matches_cpu(const std::string& model, const Shape& sample, i
 // One forward and backward from the same weights and batch, no update: the
 // loss and each parameter's gradient on cuda:0 against the CPU's, by norm.
 // Both sides sum in float32 in other orders; a healthy pair agrees to a few
-// roundings times the net's conditioning (an input perturbed by 1e-7 moves
-// these gradients by under 1e-5 on the CPU). Every tensor's difference is
-// printed, so a miss shows the layer where the two part.
+// roundings times the net's conditioning, on a case whose first pass keeps
+// every margin (margins.py, 1 pass) at least 1e-5. Every tensor's difference
+// is printed, so a miss shows the layer where the two part.
 void check_gradients_match_cpu(const std::string& model, const Shape& sample, int64_t batch, uint64_t seed,
-                               double rtol) {
+                               uint64_t data_seed, double rtol) {
   SCOPED_TRACE(model);
-  std::mt19937_64 rng(seed + 1);
+  std::mt19937_64 rng(data_seed);
   const TargetBatch b = make_batch(model, sample, batch, rng);
   auto cpu_model = models::make_model(model, sample, b.classes, seed);
   auto cuda_model = models::make_model(model, sample, b.classes, seed);
@@ -190,12 +190,16 @@ double worst_slice(const char* what, int step, const Named& named, const Tensor&
 
 // Three SGD steps (momentum, weight decay) taken apart: before each update
 // the gradients, after it the parameters, the momentum buffer and the
-// BatchNorm statistics on cuda:0 against the CPU's, each by norm.
+// BatchNorm statistics on cuda:0 against the CPU's, each by norm. The data
+// seeds keep every margin of the three passes at least 1e-5 (margins.py
+// batch_tool MODEL 1x28x28 6 13 SEED 3 --same-batch; with seed 14 the cnn's
+// second pass put two values of a pool2 window 1.6e-6 apart, and the GPU
+// routed their gradient to the other one: conv1..conv2 1.4% off).
 TEST(CudaTraining, EveryStepMatchesCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  for (const char* model : {"cnn", "lenet"}) {
+  for (const auto& [model, data_seed] : {std::pair<const char*, uint64_t>{"cnn", 27}, {"lenet", 30}}) {
     SCOPED_TRACE(model);
-    std::mt19937_64 rng(14);
+    std::mt19937_64 rng(data_seed);
     const Shape sample{1, 28, 28};
     const TargetBatch b = make_batch(model, sample, 6, rng);
     auto mc = models::make_model(model, sample, b.classes, 13);
@@ -238,34 +242,130 @@ TEST(CudaTraining, EveryStepMatchesCpu) {
 
 TEST(CudaTraining, GradientsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_gradients_match_cpu("lenet", Shape{1, 28, 28}, 5, 11, 1e-4);
-  check_gradients_match_cpu("cnn", Shape{1, 28, 28}, 6, 13, 1e-4);
-  check_gradients_match_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, 1e-4);
-  check_gradients_match_cpu("resnet18", Shape{3, 16, 16}, 8, 12, 1e-4);
-  // Resnet18StepsMatchCpu's batch: its first update missed by 1.5% on an H100.
-  check_gradients_match_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 1e-4);
+  check_gradients_match_cpu("lenet", Shape{1, 28, 28}, 5, 11, 12, 1e-4);
+  check_gradients_match_cpu("cnn", Shape{1, 28, 28}, 6, 13, 14, 1e-4);
+  check_gradients_match_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, 15, 1e-4);
+  // Data seed 13 put one of layer2.0.bn1's outputs 1.9e-6 from ReLU's kink:
+  // the GPU's rounding put it on the other side and every gradient below
+  // moved by 1-3%, as flipping that one value in float64 does.
+  check_gradients_match_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 19, 1e-4);
+}
+
+// A host copy of a host tensor (its own storage).
+Tensor host_copy(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype());
+  std::memcpy(c.raw(), t.raw(), t.nbytes());
+  return c;
+}
+
+Module& module_named(Module& m, const std::string& name) {
+  for (auto& [n, p] : m.named_modules())
+    if (n == name) return *p;
+  throw std::runtime_error("no module " + name);
+}
+
+// Runs `units` of the two models in order, each alone on both devices from
+// the CPU's own input, then backward in reverse from a random output
+// gradient, each from the CPU's own output gradient; prints and returns the
+// worst difference by norm of each unit's output, input gradient and
+// parameter gradients (grads zeroed before each unit's backward).
+double units_alone(Context& cc, Context& gc, Module& mc, Module& mg, const std::vector<std::string>& units, Tensor x,
+                   std::mt19937_64& rng) {
+  double worst = 0;
+  auto report = [&](const char* what, const std::string& unit, const Tensor& got, const Tensor& want) {
+    const double rel = cudatest::slice_rel(got, want, 0, want.numel());
+    std::printf("resnet18 alone %-8s %-24s %.3g\n", what, unit.c_str(), rel);
+    EXPECT_LE(rel, 1e-4) << what << " " << unit;
+    worst = std::max(worst, rel);
+  };
+  for (const std::string& u : units) {
+    Tensor yc = module_named(mc, u).forward(host_copy(x), cc);
+    Tensor yg = module_named(mg, u).forward(cudatest::to_gpu(x), gc);
+    report("forward", u, cudatest::to_host(gc, yg), yc);
+    x = host_copy(yc);
+  }
+  Tensor dy = random_tensor(x.shape(), rng);
+  const auto params = mc.named_parameters();
+  for (auto it = units.rbegin(); it != units.rend(); ++it) {
+    gc.compute().synchronize();
+    mc.zero_grad();
+    mg.zero_grad(&gc.compute());
+    Tensor dyg = cudatest::to_gpu(dy);
+    gc.compute().synchronize();
+    Tensor dxc = module_named(mc, *it).backward(host_copy(dy), cc);
+    Tensor dxg = module_named(mg, *it).backward(dyg, gc);
+    if (dxc.defined()) report("dx", *it, cudatest::to_host(gc, dxg), dxc);
+    const Tensor gg = cudatest::to_host(gc, mg.arenas().grads), gcpu = mc.arenas().grads;
+    for (const auto& [name, p] : params)
+      if (name.rfind(*it + ".", 0) == 0) {
+        const double rel = cudatest::slice_rel(gg, gcpu, p->offset, p->shape.numel());
+        std::printf("resnet18 alone grad    %-24s %.3g\n", name.c_str(), rel);
+        EXPECT_LE(rel, 1e-4) << name;
+        worst = std::max(worst, rel);
+      }
+    if (dxc.defined()) dy = host_copy(dxc);
+  }
+  return worst;
+}
+
+// resnet18 at batch 2 taken apart: each top-level unit (a BasicBlock being
+// one) and each block's main path (conv1, bn1, relu, conv2, bn2) and
+// shortcut run alone on cuda:0 from the CPU's own inputs, so a unit's miss
+// is the unit's and no difference upstream can carry a value across a kink.
+// (With data seed 13 every unit agreed here while the whole net missed by
+// 1-3%: the kink in layer2.0.bn1's output GradientsMatchCpu describes.)
+TEST(CudaTraining, Resnet18UnitsAloneMatchCpu) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  const Shape sample{3, 16, 16};
+  std::mt19937_64 rng(19);
+  const TargetBatch b = make_batch("resnet18", sample, 2, rng);
+  auto mc = models::make_model("resnet18", sample, b.classes, 12);
+  auto mg = models::make_model("resnet18", sample, b.classes, 12);
+  testing::Trained<SingleDeviceEngine> ec(*mc, Device::cpu(), *make_criterion(b.loss), 12);
+  testing::Trained<SingleDeviceEngine> eg(*mg, gpu(), *make_criterion(b.loss), 12);
+  Context &cc = ec.primary_context(), &gc = eg.primary_context();
+  std::vector<std::string> top = {"conv1", "bn1", "relu"};
+  for (int l = 1; l <= 4; ++l)
+    for (int k = 0; k < 2; ++k) top.push_back("layer" + std::to_string(l) + "." + std::to_string(k));
+  for (const char* u : {"avgpool", "flatten", "fc"}) top.push_back(u);
+  units_alone(cc, gc, *mc, *mg, top, b.x, rng);
+  // Each block's inside, from the block's input in the CPU's forward.
+  Tensor x = b.x;
+  for (const std::string& u : top) {
+    if (u.rfind("layer", 0) == 0) {
+      std::vector<std::string> inner;
+      for (const char* v : {"conv1", "bn1", "relu", "conv2", "bn2"}) inner.push_back(u + "." + v);
+      units_alone(cc, gc, *mc, *mg, inner, x, rng);
+      bool has_shortcut = false;
+      for (auto& [n, m] : mc->named_modules()) has_shortcut |= n == u + ".downsample";
+      if (has_shortcut) units_alone(cc, gc, *mc, *mg, {u + ".downsample"}, x, rng);
+    }
+    x = host_copy(module_named(*mc, u).forward(host_copy(x), cc));
+  }
 }
 
 TEST(CudaTraining, LenetStepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("lenet", Shape{1, 28, 28}, 5, 11);
+  check_training_matches_cpu("lenet", Shape{1, 28, 28}, 6, 13, 30);
 }
 
+// The state after the first step (the pass whose margins data seed 19
+// keeps), the losses of three.
 TEST(CudaTraining, Resnet18StepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12, true);
+  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 19, false, DType::F32, 1);
 }
 
 TEST(CudaTraining, CnnStepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("cnn", Shape{1, 28, 28}, 6, 13);
+  check_training_matches_cpu("cnn", Shape{1, 28, 28}, 6, 13, 27);
 }
 
 // Conv3d (cuDNN N-d), BatchNorm3d, MaxPool3d, Upsample3d and the MSE
 // criterion with its heatmap metric, on volumes 8x12x8 with 3 landmarks.
 TEST(CudaTraining, Heatmap3dStepsMatchCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true);
+  check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, 15, true);
 }
 
 // bf16-mixed: autocast's roundings (runtime/nn/autocast.h) on the GPU
@@ -273,54 +373,65 @@ TEST(CudaTraining, Heatmap3dStepsMatchCpu) {
 // losses; 16-mixed on lenet.
 TEST(CudaTraining, Resnet18Bf16MixedMatchesCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 4, 12, true, DType::BF16);
+  check_training_matches_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 19, true, DType::BF16);
 }
 
 TEST(CudaTraining, Heatmap3dBf16MixedMatchesCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, true, DType::BF16);
+  check_training_matches_cpu("heatmap3d", Shape{1, 8, 12, 8}, 3, 14, 15, true, DType::BF16);
 }
 
 TEST(CudaTraining, Lenet16MixedMatchesCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  check_training_matches_cpu("lenet", Shape{1, 28, 28}, 5, 11, false, DType::F16);
+  check_training_matches_cpu("lenet", Shape{1, 28, 28}, 6, 13, 30, false, DType::F16);
 }
 
 optim::OptimizerOptions adamw_amsgrad() { return testing::test_adamw(); }
 
 // AdamW (amsgrad, two groups) with clipping by norm on cuda:0 against the
 // CPU, from the same weights and batches: CUB's norm and the chunked update
-// kernel against their CPU counterparts, 4 steps.
+// kernel against their CPU counterparts, 4 steps of lenet on batches whose
+// every margin stays at least 1e-5 along the float64 run (margins.py
+// batch_tool lenet 1x28x28 8 8 66 4 --optimizer adamw; its gradient norms
+// 0.4-0.6 are clipped to 0.1). Compared by norm:
+// the parameters' change and the optimizer's state.
 TEST(CudaTraining, AdamWWithClippingMatchesCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(21);
-  const Shape sample{3, 16, 16};
-  auto cpu_model = models::make_model("resnet18", sample, 10, 8);
-  auto cuda_model = models::make_model("resnet18", sample, 10, 8);
+  std::mt19937_64 rng(66);
+  const Shape sample{1, 28, 28};
+  auto cpu_model = models::make_model("lenet", sample, 10, 8);
+  auto cuda_model = models::make_model("lenet", sample, 10, 8);
+  const Tensor init = cpu_model->arenas().params.to(Device::cpu());
   testing::Trained<SingleDeviceEngine> cpu_eng(*cpu_model, Device::cpu(), *make_criterion({}), 8);
   testing::Trained<SingleDeviceEngine> cuda_eng(*cuda_model, gpu(), *make_criterion({}), 8);
   cpu_eng.set_optimizer(adamw_amsgrad());
   cuda_eng.set_optimizer(adamw_amsgrad());
   for (int s = 0; s < 4; ++s) {
-    const Tensor x = random_tensor(Shape{8, 3, 16, 16}, rng), y = random_labels(8, 10, rng);
+    const TargetBatch b = make_batch("lenet", sample, 8, rng);
     double norms[2];
     int k = 0;
     for (auto* e : {static_cast<Engine*>(&cpu_eng), static_cast<Engine*>(&cuda_eng)}) {
       optim::Optimizer& opt = e == &cpu_eng ? cpu_eng.optimizer() : cuda_eng.optimizer();
-      e->forward_backward_batch(x, y);
-      norms[k++] = optim::clip_grad_norm(opt, 0.5);
+      e->forward_backward_batch(b.x, b.y);
+      norms[k++] = optim::clip_grad_norm(opt, 0.1);
       opt.step();
       opt.zero_grad();
     }
-    EXPECT_GT(norms[0], 0.5) << "clipping acts";
+    EXPECT_GT(norms[0], 0.1) << "clipping acts";
     EXPECT_NEAR(norms[1], norms[0], 1e-4 * norms[0]) << "step " << s;
   }
-  const Tensor a = cpu_model->arenas().params.to(Device::cpu()), b = cuda_model->arenas().params.to(Device::cpu());
-  EXPECT_LT(testing::max_rel_diff(b, a), 1e-3);
+  cuda_eng.primary_context().compute().synchronize();
+  Tensor a = testing::clone(cpu_model->arenas().params), b = cuda_model->arenas().params.to(Device::cpu());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    a.f32()[i] -= init.f32()[i];
+    b.f32()[i] -= init.f32()[i];
+  }
+  EXPECT_LT(cudatest::slice_rel(b, a, 0, a.numel()), 1e-4) << "parameter change";
   const auto sa = cpu_eng.optimizer().state(), sb = cuda_eng.optimizer().state();
   ASSERT_EQ(sb.size(), 3u);
   for (size_t i = 0; i < sa.size(); ++i)
-    EXPECT_LT(testing::max_rel_diff(sb[i].second->to(Device::cpu()), *sa[i].second), 1e-3) << sa[i].first;
+    EXPECT_LT(cudatest::slice_rel(sb[i].second->to(Device::cpu()), *sa[i].second, 0, sa[i].second->numel()), 1e-4)
+        << sa[i].first;
 }
 
 // After warm-up, train and eval steps on cuda:0 allocate no device memory
