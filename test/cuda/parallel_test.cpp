@@ -173,7 +173,7 @@ TEST(CudaDataParallel, Bf16MixedOnTwoReplicasMatchesTheCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
   // lenet only: resnet18 on these batches is chaotic in bf16 (weights 8 ulps
   // apart move its three steps' updates by 76% on the CPU alone), so its
-  // mixed-mode comparison is CudaTraining.Resnet18Bf16MixedMatchesCpu's one step.
+  // mixed-mode comparison is CudaTraining.Resnet18Bf16UnitsAloneMatchCpu.
   for (const char* model : {"lenet"}) {
     SCOPED_TRACE(model);
     const Shape sample{1, 28, 28};
