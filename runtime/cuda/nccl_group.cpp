@@ -84,6 +84,7 @@ class NcclGroup : public ProcessGroup {
   }
   void all_reduce(Tensor& buf, const std::string& what, uint32_t) override {
     check(buf, what);
+    count_summed(buf);
     CollectiveMark mark(what, buf.numel(), ++seq_);
     enqueue(what, ncclAllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                                 ncclSum, comm_, stream_));
@@ -91,6 +92,7 @@ class NcclGroup : public ProcessGroup {
   }
   void reduce(Tensor& buf, int root, const std::string& what, uint32_t) override {
     check(buf, what);
+    count_summed(buf);
     CollectiveMark mark(what, buf.numel(), ++seq_);
     enqueue(what, ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), nccl_type(buf.dtype(), what),
                              ncclSum, root, comm_, stream_));

@@ -23,6 +23,7 @@
 #include <fstream>
 
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 #include "runtime/dist/progress_board.h"
 #include "runtime/dist/store.h"
 
@@ -135,11 +136,22 @@ namespace {
 
 using Ms = std::chrono::milliseconds;
 
-// Sets buf as the output of a summing collective (F32, F64 or I64); false for other dtypes.
+// c = a + b over bfloat16 bit patterns, each sum rounded to nearest even.
+void sum_bf16(void* c, const void* a, const void* b, size_t n) {
+  auto* pc = static_cast<uint16_t*>(c);
+  const auto *pa = static_cast<const uint16_t*>(a), *pb = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) pc[i] = half::bf16_from_float(half::float_from_bf16(pa[i]) + half::float_from_bf16(pb[i]));
+}
+
+// Sets buf as the output of a summing collective (F32, F64, I64 or BF16); false for other dtypes.
 template <class Options>
 bool sum_into(Options& opts, Tensor& buf) {
   using Fn = void (*)(void*, const void*, const void*, size_t);
   switch (buf.dtype()) {
+    case DType::BF16:
+      opts.setOutput(static_cast<uint16_t*>(buf.raw()), static_cast<size_t>(buf.numel()));
+      opts.setReduceFunction(static_cast<Fn>(&sum_bf16));
+      return true;
     case DType::F32:
       opts.setOutput(buf.data<float>(), buf.numel());
       opts.setReduceFunction(static_cast<Fn>(&gloo::sum<float>));
@@ -222,6 +234,7 @@ class GlooGroup : public ProcessGroup {
   void all_reduce(Tensor& buf, const std::string& what, uint32_t tag) override {
     check_host(buf, what);
     if (buf.numel() == 0) return;
+    count_summed(buf);
     run(what, buf.numel(), tag, [&](uint32_t wire) {
       gloo::AllreduceOptions opts(ctx_);
       opts.setTag(wire);
@@ -235,6 +248,7 @@ class GlooGroup : public ProcessGroup {
     check_host(buf, what);
     FANOUT_CHECK(root >= 0 && root < size_) << what << ": reduce onto rank " << root << " of " << size_;
     if (buf.numel() == 0) return;
+    count_summed(buf);
     run(what, buf.numel(), tag, [&](uint32_t wire) {
       gloo::ReduceOptions opts(ctx_);
       opts.setRoot(root);

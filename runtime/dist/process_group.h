@@ -9,6 +9,7 @@
 // A collective that fails (a peer died, a timeout) throws fanout::Error
 // naming the operation, the rank and the cause; the group is unusable after.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <functional>
@@ -59,19 +60,27 @@ class ProcessGroup {
   // different tags may (DDP reduces gradients on its own thread).
   // Every rank's buf becomes root's.
   virtual void broadcast(Tensor& buf, int root, const std::string& what, uint32_t tag = 0) = 0;
-  // Every rank's buf becomes the elementwise sum over ranks: F32, F64 or I64.
+  // Every rank's buf becomes the elementwise sum over ranks: F32, F64, I64
+  // or BF16 (each partial sum rounded to bfloat16, as NCCL sums it).
   virtual void all_reduce(Tensor& buf, const std::string& what, uint32_t tag = 0) = 0;
-  // Rank root's buf becomes the elementwise sum over ranks (F32 or F64);
-  // the other ranks' buf is left undefined (the algorithm's scratch).
+  // Rank root's buf becomes the elementwise sum over ranks (F32, F64 or
+  // BF16); the other ranks' buf is left undefined (the algorithm's scratch).
   virtual void reduce(Tensor& buf, int root, const std::string& what, uint32_t tag = 0) = 0;
   // out (size() * in.numel(), same dtype) receives every rank's `in`, in rank order.
   virtual void all_gather(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag = 0) = 0;
   virtual void barrier(const std::string& what, uint32_t tag = 0) = 0;
+  // Bytes of the buffers this rank has put into summing collectives
+  // (all-reduce, reduce) so far: what its gradients cost on the wire.
+  int64_t summed_bytes() const { return summed_bytes_.load(); }
 
  protected:
   ProcessGroup(int rank, int size, double timeout_s) : rank_(rank), size_(size), timeout_s_(timeout_s) {}
+  void count_summed(const Tensor& buf) {
+    if (size_ > 1) summed_bytes_ += static_cast<int64_t>(buf.nbytes());
+  }
   int rank_, size_;
   double timeout_s_;
+  std::atomic<int64_t> summed_bytes_{0};
 };
 
 // What every rank of a run must agree on (model size, bucket layout,

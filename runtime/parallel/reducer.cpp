@@ -82,14 +82,14 @@ void BucketReadiness::issue_ready(int rank) {
 ProcessLink::ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& primary)
     : group_(std::move(group)), ctx_(primary), host_(group_->host_memory()) {}
 
-void ProcessLink::staged(Tensor& t, const std::function<void(Tensor&)>& collective) {
+void ProcessLink::staged(Tensor& t, Tensor& staging, const std::function<void(Tensor&)>& collective) {
   if (direct(t)) {
     // The group runs on its own stream: what the compute stream still writes into t comes first.
     if (!host_) ctx_.compute().synchronize();
     return collective(t);
   }
-  ensure(staging_, t.shape(), t.dtype(), host_ ? Device::cpu() : ctx_.device());
-  Tensor s = staging_.flat(0, t.shape());
+  ensure(staging, t.shape(), t.dtype(), host_ ? Device::cpu() : ctx_.device());
+  Tensor s = staging.flat(0, t.shape());
   s.copy_from(t, &ctx_.compute());
   ctx_.compute().synchronize();
   collective(s);
@@ -97,12 +97,23 @@ void ProcessLink::staged(Tensor& t, const std::function<void(Tensor&)>& collecti
   ctx_.compute().synchronize();
 }
 
-void ProcessLink::all_reduce(Tensor& t, const std::string& what, uint32_t tag) {
-  staged(t, [&](Tensor& s) { group_->all_reduce(s, what, tag); });
+void ProcessLink::in_wire_type(Tensor& t, DType wire, const std::function<void(Tensor&)>& collective) {
+  if (wire != DType::BF16) return staged(t, staging_, collective);
+  FANOUT_CHECK(t.dtype() == DType::F32) << "a " << dtype_name(t.dtype()) << " sum cannot travel as bfloat16";
+  // Converted on t's device, so a GPU's bucket crosses to the host (Gloo) at the wire type's size.
+  ensure(low_, t.shape(), wire, t.device());
+  Tensor l = low_.flat(0, t.shape());
+  kernels::convert(ctx_, t, l);
+  staged(l, low_staging_, collective);
+  kernels::convert(ctx_, l, t);
+}
+
+void ProcessLink::all_reduce(Tensor& t, const std::string& what, uint32_t tag, DType wire) {
+  in_wire_type(t, wire, [&](Tensor& s) { group_->all_reduce(s, what, tag); });
 }
 
 void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag, int root) {
-  staged(t, [&](Tensor& s) { group_->broadcast(s, root, what, tag); });
+  staged(t, staging_, [&](Tensor& s) { group_->broadcast(s, root, what, tag); });
 }
 
 void ProcessLink::all_gather_host(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag) {
@@ -113,8 +124,8 @@ void ProcessLink::all_gather_host(const Tensor& in, Tensor& out, const std::stri
   out.copy_from(dout);
 }
 
-void ProcessLink::reduce(Tensor& t, int root, const std::string& what, uint32_t tag) {
-  staged(t, [&](Tensor& s) { group_->reduce(s, root, what, tag); });
+void ProcessLink::reduce(Tensor& t, int root, const std::string& what, uint32_t tag, DType wire) {
+  in_wire_type(t, wire, [&](Tensor& s) { group_->reduce(s, root, what, tag); });
 }
 
 std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds,
@@ -239,22 +250,25 @@ void Reducer::local(int rank, int b) {
 }
 
 void Reducer::global(int b) {
+  // In bfloat16 (--grad-reduce-dtype bf16) the bucket travels and is summed
+  // as bfloat16: half the bytes, and the rounding before and after the sum
+  // is the conversion's.
   if (opts_.shard_bounds.empty()) {
     Tensor g = bucket_of(0, b);
-    round(0, g);
-    link_->all_reduce(g, global_names_[b], kTagGrads);
-    round(0, g);
+    link_->all_reduce(g, global_names_[b], kTagGrads, opts_.reduce_dtype);
     return;
   }
   const int me = link_->group().rank();
   for (const ReducePiece& p : pieces_[b]) {
     Tensor g = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
-    round(p.owner, g);
-    link_->reduce(g, p.home, global_names_[b], kTagGrads);
-    if (p.home == me) {
-      round(p.owner, g);
-    } else {
+    // An owner on another GPU than the primary: rounded in place, sent in float32.
+    const bool convert = g.device() == contexts_[0]->device();
+    if (!convert) round(p.owner, g);
+    link_->reduce(g, p.home, global_names_[b], kTagGrads, convert ? opts_.reduce_dtype : DType::F32);
+    if (p.home != me) {
       g.zero(&contexts_[p.owner]->compute());  // sent on: this process's share starts again from zero
+    } else if (!convert) {
+      round(p.owner, g);
     }
   }
 }

@@ -88,19 +88,23 @@ class ProcessLink {
   bool host() const { return host_; }
   // Whether t goes to the group as it is (else through a staging buffer).
   bool direct(const Tensor& t) const { return host_ ? t.device().is_cpu() : t.device() == ctx_.device(); }
-  void all_reduce(Tensor& t, const std::string& what, uint32_t tag);
+  // `wire` BF16: an F32 t travels and is summed as bfloat16 (rounded to it
+  // and back; the rounding is the conversion); otherwise t goes as it is.
+  void all_reduce(Tensor& t, const std::string& what, uint32_t tag, DType wire = DType::F32);
   void broadcast(Tensor& t, const std::string& what, uint32_t tag, int root = 0);
   // Rank root's t becomes the sum; the others' t is left undefined.
-  void reduce(Tensor& t, int root, const std::string& what, uint32_t tag);
+  void reduce(Tensor& t, int root, const std::string& what, uint32_t tag, DType wire = DType::F32);
   // out (size() * in.numel()) receives every rank's in; small host tensors (start-up checks).
   void all_gather_host(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag);
 
  private:
-  void staged(Tensor& t, const std::function<void(Tensor&)>& collective);
+  void staged(Tensor& t, Tensor& staging, const std::function<void(Tensor&)>& collective);
+  void in_wire_type(Tensor& t, DType wire, const std::function<void(Tensor&)>& collective);
   std::shared_ptr<dist::ProcessGroup> group_;
   Context& ctx_;
   bool host_;
   Tensor staging_;
+  Tensor low_, low_staging_;  // gradient sums in a lower wire type (the global stage's alone)
 };
 
 // Gloo tags: the global stage's thread and the caller's thread each run

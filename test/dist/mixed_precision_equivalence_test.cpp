@@ -35,12 +35,15 @@ struct Trajectory {
   Tensor params;
   float scale = 0;
   int64_t skipped = 0;
+  int64_t summed_bytes = 0;  // DDP: what the rank put into summing collectives
+  int64_t grad_elements = 0;
 };
 
 Trajectory train(EngineSpec spec, int rank, int world, int micro, const std::vector<testing::Batch>& data) {
   auto m = models::make_model("lenet", kSample, 10, 5);
   Trajectory r;
   const bool f16 = spec.dp.math.autocast == DType::F16;
+  const dist::ProcessGroup* group = spec.group.get();  // the engine's from here on
   testing::EngineRun e(make_engine(*m, std::move(spec)));
   std::optional<optim::GradScaler> scaler;
   if (f16) scaler.emplace();
@@ -59,6 +62,8 @@ Trajectory train(EngineSpec spec, int rank, int world, int micro, const std::vec
     e.opt->zero_grad();
   }
   r.params = m->arenas().params.to(Device::cpu());
+  r.grad_elements = m->arenas().grads.numel();
+  if (group) r.summed_bytes = group->summed_bytes();
   if (scaler) {
     r.scale = scaler->scale();
     r.skipped = scaler->skipped();
@@ -134,7 +139,9 @@ TEST_P(MixedPrecisionEquivalence, EveryEngineEqualsOneDeviceWithinTheLowTypesRou
 // and DDP over 2 processes round each bucket to bfloat16 around the
 // reduction, which moves the gradient by at most one bfloat16 rounding
 // (u = 2^-9) per element and step; after 20 steps both stay within 6 u of
-// float32 one device's parameters, and differ from float32 reduction.
+// float32 one device's parameters, and differ from float32 reduction. DDP's
+// buckets travel as bfloat16: 2 bytes per gradient element and step fewer
+// than float32 reduction puts on the wire, everything else the same.
 TEST(GradReduceDtype, Bf16ReductionOnEveryEngineStaysWithinItsRounding) {
   const double u = std::ldexp(1.0, -9);
   const auto data = testing::random_batches(kSample, kBatch, kSteps, 17);
@@ -145,6 +152,11 @@ TEST(GradReduceDtype, Bf16ReductionOnEveryEngineStaysWithinItsRounding) {
   const auto ddp = train_ddp(2, DType::F32, data, DType::BF16);
   runs.emplace_back("DDP 2 processes", ddp[0]);
   EXPECT_TRUE(testing::same_bits(ddp[0].params, ddp[1].params));
+  const auto ddp32 = train_ddp(2, DType::F32, data);
+  std::printf("DDP bytes summed per rank over %d steps: float32 %lld, bfloat16 %lld\n", kSteps,
+              static_cast<long long>(ddp32[0].summed_bytes), static_cast<long long>(ddp[0].summed_bytes));
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(ddp32[r].summed_bytes - ddp[r].summed_bytes, int64_t{2} * kSteps * ddp[r].grad_elements) << "rank " << r;
   for (const auto& [name, r] : runs) {
     SCOPED_TRACE(name);
     const double rel = relative_to_weights(r, one);

@@ -8,10 +8,12 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <random>
 #include <string>
 #include <thread>
 
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 #include "runtime/dist/process_group.h"
 #include "support/dist_util.h"
 #include "support/test_util.h"
@@ -81,6 +83,40 @@ TEST(ProcessGroup, CollectivesMatchTheirDefinition) {
       EXPECT_EQ(gathered[r][2 * q + 1], 100.0f + q);
     }
   }
+}
+
+// bfloat16 sums (--grad-reduce-dtype bf16 on the wire): two ranks' values,
+// their sum rounded to nearest even, bit for bit, by all-reduce and by
+// reduce; the bytes each rank summed are counted at 2 per element.
+TEST(ProcessGroup, Bf16SumsRoundToNearestEven) {
+  TempDir dir;
+  constexpr int64_t kN = 4099;
+  std::vector<std::vector<uint16_t>> in(2, std::vector<uint16_t>(kN));
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  for (auto& v : in)
+    for (auto& h : v) h = half::bf16_from_float(u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4));
+  std::vector<std::vector<uint16_t>> all(2), root(2);
+  std::vector<int64_t> bytes(2);
+  run_ranks(2, [&](int r) {
+    auto g = make_gloo_group({r, 2, "file:" + dir.path(), "bf16", 30});
+    Tensor t = Tensor::empty(Shape{kN}, DType::BF16);
+    std::copy(in[r].begin(), in[r].end(), t.data<uint16_t>());
+    g->all_reduce(t, "test all-reduce bf16");
+    all[r].assign(t.data<uint16_t>(), t.data<uint16_t>() + kN);
+    std::copy(in[r].begin(), in[r].end(), t.data<uint16_t>());
+    g->reduce(t, 1, "test reduce bf16");
+    root[r].assign(t.data<uint16_t>(), t.data<uint16_t>() + kN);
+    bytes[r] = g->summed_bytes();
+  });
+  for (int64_t i = 0; i < kN; ++i) {
+    const uint16_t want = half::bf16_from_float(half::float_from_bf16(in[0][i]) + half::float_from_bf16(in[1][i]));
+    ASSERT_EQ(all[0][i], want) << "all-reduce, element " << i;
+    ASSERT_EQ(all[1][i], want) << "all-reduce, element " << i;
+    ASSERT_EQ(root[1][i], want) << "reduce, element " << i;
+  }
+  EXPECT_EQ(bytes[0], 2 * 2 * kN);
+  EXPECT_EQ(bytes[1], 2 * 2 * kN);
 }
 
 TEST(ProcessGroup, WorldOfOneNeedsNoPeers) {
