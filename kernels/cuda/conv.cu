@@ -12,8 +12,13 @@
 // Winograd algorithm) unless ctx.math.allow_tf32, which lets cuDNN use TF32
 // tensor cores and any algorithm. FANOUT_CUDNN_LOG=1 prints each choice.
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
+// Under autocast (ctx.math.autocast BF16 or F16) cuDNN runs in that type with
+// float32 accumulation and tensor-op math (kernels/cuda/low_precision.cuh):
+// x, w and dy are narrowed (exactly: the layers pass low-type values), y and
+// dx come back rounded to it, and dw's term is rounded before it is added.
 #include "kernels/conv.h"
 #include "kernels/conv_bias.h"
+#include "kernels/convert.h"
 
 #include <algorithm>
 #include <array>
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -44,6 +50,7 @@ struct ConvShape {
   int64_t n, c, oc;
   std::array<int64_t, 3> in{}, k{}, out{};
   int64_t stride, pad;
+  DType dt = DType::F32;  // of x, w and y: F32, or the autocast type
   const char* name() const { return rank == 2 ? "conv2d" : "conv3d"; }
   int64_t out_plane() const {  // elements of one output channel plane
     int64_t p = 1;
@@ -186,28 +193,34 @@ struct Algos<Dir::BackwardFilter> {
 
 // ---- plan construction ----
 
+cudnnDataType_t cudnn_type(DType t) {
+  return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : t == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
+
 // A packed (row-major) N-d tensor descriptor.
-void set_tensor_nd(cudnnTensorDescriptor_t t, int nd, const int* dims) {
+void set_tensor_nd(cudnnTensorDescriptor_t t, cudnnDataType_t dt, int nd, const int* dims) {
   std::array<int, 5> strides{};
   strides[nd - 1] = 1;
   for (int i = nd - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
-  FANOUT_CUDNN_CHECK(cudnnSetTensorNdDescriptor(t, CUDNN_DATA_FLOAT, nd, dims, strides.data()));
+  FANOUT_CUDNN_CHECK(cudnnSetTensorNdDescriptor(t, dt, nd, dims, strides.data()));
 }
 
+// Tensors and filter in s.dt; the convolution computes in float32 whatever the data type.
 void make_descriptors(ConvPlan& p, const ConvShape& s) {
   const auto i = [](int64_t v) { return static_cast<int>(v); };
+  const cudnnDataType_t dt = cudnn_type(s.dt);
   FANOUT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
   FANOUT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
   FANOUT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
   FANOUT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
   std::array<int, 5> out{};
   if (s.rank == 2) {
-    FANOUT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(s.n), i(s.c),
-                                                  i(s.in[0]), i(s.in[1])));
-    FANOUT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(s.n), i(s.oc),
-                                                  i(s.out[0]), i(s.out[1])));
-    FANOUT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(s.oc), i(s.c),
-                                                  i(s.k[0]), i(s.k[1])));
+    FANOUT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, i(s.n), i(s.c), i(s.in[0]),
+                                                  i(s.in[1])));
+    FANOUT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, i(s.n), i(s.oc), i(s.out[0]),
+                                                  i(s.out[1])));
+    FANOUT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, i(s.oc), i(s.c), i(s.k[0]),
+                                                  i(s.k[1])));
     FANOUT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p.conv, i(s.pad), i(s.pad), i(s.stride), i(s.stride), 1, 1,
                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     FANOUT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p.conv, p.x, p.w, &out[0], &out[1], &out[2], &out[3]));
@@ -215,9 +228,9 @@ void make_descriptors(ConvPlan& p, const ConvShape& s) {
     const std::array<int, 5> xd{i(s.n), i(s.c), i(s.in[0]), i(s.in[1]), i(s.in[2])};
     const std::array<int, 5> yd{i(s.n), i(s.oc), i(s.out[0]), i(s.out[1]), i(s.out[2])};
     const std::array<int, 5> wd{i(s.oc), i(s.c), i(s.k[0]), i(s.k[1]), i(s.k[2])};
-    set_tensor_nd(p.x, 5, xd.data());
-    set_tensor_nd(p.y, 5, yd.data());
-    FANOUT_CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 5, wd.data()));
+    set_tensor_nd(p.x, dt, 5, xd.data());
+    set_tensor_nd(p.y, dt, 5, yd.data());
+    FANOUT_CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, 5, wd.data()));
     const std::array<int, 3> pad{i(s.pad), i(s.pad), i(s.pad)}, stride{i(s.stride), i(s.stride), i(s.stride)},
         dilation{1, 1, 1};
     FANOUT_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, 3, pad.data(), stride.data(), dilation.data(),
@@ -238,8 +251,11 @@ void make_descriptors(ConvPlan& p, const ConvShape& s) {
 // Math type the descriptor asks for before the search. With TF32 allowed,
 // CUDNN_DEFAULT_MATH lets cuDNN take TF32 tensor-core kernels for float data
 // (as PyTorch with cudnn.allow_tf32); otherwise CUDNN_FMA_MATH keeps it to
-// plain float32 FMA kernels.
-cudnnMathType_t requested_math(const MathOptions& m) { return m.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+// plain float32 FMA kernels. Low-type data: tensor-op math.
+cudnnMathType_t requested_math(const MathOptions& m, bool low) {
+  if (low) return CUDNN_TENSOR_OP_MATH;
+  return m.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
 
 // Usable results: found, deterministic when asked, and never a math type that
 // may lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16).
@@ -247,13 +263,15 @@ cudnnMathType_t requested_math(const MathOptions& m) { return m.allow_tf32 ? CUD
 // no FFT or Winograd algorithm. Measured on an H100: the timed search's FFT
 // pick was 2e-3 off on a weight gradient, and with Winograd allowed, two
 // replicas training resnet18 drifted 12% from one device within 2 steps.
+// Low-type data (low): tensor-op math is the point; FFT and Winograd stay
+// out unless TF32 is allowed, as for float32.
 template <class A>
-bool acceptable(const typename A::Perf& p, const MathOptions& m) {
+bool acceptable(const typename A::Perf& p, const MathOptions& m, bool low) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
   if (!m.allow_tf32 && A::transform_based(p.algo)) return false;
   if (m.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-  if (!m.allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) return false;
+  if (!low && !m.allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) return false;
   return true;
 }
 
@@ -273,7 +291,8 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
   auto plan = std::make_unique<ConvPlan>();
   make_descriptors(*plan, s);
   const MathOptions m = ctx.math;
-  FANOUT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, requested_math(m)));
+  const bool low = s.dt != DType::F32;
+  FANOUT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, requested_math(m, low)));
 
   const int max_algos = std::max(1, A::max_count(h));
   std::vector<typename A::Perf> perf(static_cast<size_t>(max_algos));
@@ -284,7 +303,7 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     // hungriest acceptable heuristic candidate wants (up to the cap).
     size_t search_ws = 0;
     for (int i = 0; i < got; ++i)
-      if (acceptable<A>(perf[i], m) && perf[i].memory <= kMaxWorkspaceBytes)
+      if (acceptable<A>(perf[i], m, low) && perf[i].memory <= kMaxWorkspaceBytes)
         search_ws = std::max(search_ws, perf[i].memory);
     void* ws = search_ws ? ctx.workspace(search_ws) : nullptr;
     got = 0;
@@ -297,8 +316,8 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
   // asked again with the math type it will run under, fits the cap.
   for (int i = 0; i < got; ++i) {
     const auto& p = perf[i];
-    if (!acceptable<A>(p, m)) continue;
-    const cudnnMathType_t math = m.allow_tf32 ? p.mathType : CUDNN_FMA_MATH;
+    if (!acceptable<A>(p, m, low)) continue;
+    const cudnnMathType_t math = m.allow_tf32 || low ? p.mathType : CUDNN_FMA_MATH;
     FANOUT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, math));
     size_t bytes = 0;
     if (A::workspace(h, *plan, p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
@@ -306,9 +325,9 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     plan->algo = static_cast<int>(p.algo);
     plan->ws = bytes;
     if (const char* log = std::getenv("FANOUT_CUDNN_LOG"); log && std::string(log) == "1")
-      std::fprintf(stderr, "fanout: %s %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", s.name(),
-                   A::name(), shape_str(s).c_str(), plan->algo, math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes,
-                   m.cudnn_benchmark ? "timed search" : "heuristics");
+      std::fprintf(stderr, "fanout: %s %s %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", s.name(),
+                   A::name(), dtype_name(s.dt), shape_str(s).c_str(), plan->algo,
+                   math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes, m.cudnn_benchmark ? "timed search" : "heuristics");
     return plan;
   }
   FANOUT_FAIL() << s.name() << " " << A::name() << ": cuDNN offers no usable algorithm for " << shape_str(s)
@@ -316,7 +335,7 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
                 << got << " candidates";
 }
 
-using PlanKey = std::array<int64_t, 17>;
+using PlanKey = std::array<int64_t, 18>;
 
 struct PlanCache {
   std::mutex mu;
@@ -336,7 +355,8 @@ template <Dir D, class MakeBufs>
 const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const MakeBufs& make_bufs) {
   const MathOptions& m = ctx.math;
   const PlanKey key{ctx.device().index, static_cast<int64_t>(D), s.rank, s.n, s.c, s.in[0], s.in[1], s.in[2], s.oc,
-                    s.k[0], s.k[1], s.k[2], s.stride, s.pad, m.allow_tf32, m.deterministic, m.cudnn_benchmark};
+                    s.k[0], s.k[1], s.k[2], s.stride, s.pad, m.allow_tf32, m.deterministic, m.cudnn_benchmark,
+                    static_cast<int64_t>(s.dt)};
   PlanCache& cache = plan_cache();
   {
     std::lock_guard<std::mutex> lock(cache.mu);
@@ -379,13 +399,23 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   check_int_range(op, x, w, y, stride, pad);
   detail::DeviceScope scope(ctx);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());  // bound to ctx.compute() at creation
-  const ConvShape s = conv_shape(x, w, y, stride, pad);
-  const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&] { return FindBuffers{x.raw(), w.raw(), y.raw()}; });
+  ConvShape s = conv_shape(x, w, y, stride, pad);
+  // Low precision: the operands' low-type copies, and the output through a low-type buffer.
+  const bool low = detail::low_precision(ctx);
+  Tensor xl = x, wl = w, yl = y;
+  if (low) {
+    s.dt = ctx.math.autocast;
+    xl = detail::narrowed(ctx, 0, x);
+    wl = detail::narrowed(ctx, 1, w);
+    yl = detail::low_buffer(ctx, 2, y.shape());
+  }
+  const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&] { return FindBuffers{xl.raw(), wl.raw(), yl.raw()}; });
   void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
   const float one = 1.0f, zero = 0.0f;  // beta 0: y is not read (it may hold NaN)
-  FANOUT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.raw(), p.w, w.raw(), p.conv,
+  FANOUT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, xl.raw(), p.w, wl.raw(), p.conv,
                                              static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
-                                             y.raw()));
+                                             yl.raw()));
+  if (low) convert(ctx, yl, y);
   if (b) channel_bias_add(ctx, y, *b);
 }
 
@@ -396,28 +426,42 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
   check_int_range(op, x, w, dy, stride, pad);
   detail::DeviceScope scope(ctx);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
-  const ConvShape s = conv_shape(x, w, dy, stride, pad);
+  ConvShape s = conv_shape(x, w, dy, stride, pad);
   const float one = 1.0f, zero = 0.0f;
+  // Low precision: dy narrowed once for both products; dx through a low-type
+  // buffer; dw's term computed into one (beta 0) and added widened.
+  const bool low = detail::low_precision(ctx);
+  Tensor dyl = dy;
+  if (low) {
+    s.dt = ctx.math.autocast;
+    dyl = detail::narrowed(ctx, 3, dy);
+  }
   if (dx) {
+    const Tensor wl = low ? detail::narrowed(ctx, 1, w) : w;
+    Tensor dxl = low ? detail::low_buffer(ctx, 2, dx->shape()) : *dx;
     const ConvPlan& p =
-        get_plan<Dir::BackwardData>(ctx, h, s, [&] { return FindBuffers{w.raw(), dy.raw(), dx->raw()}; });
+        get_plan<Dir::BackwardData>(ctx, h, s, [&] { return FindBuffers{wl.raw(), dyl.raw(), dxl.raw()}; });
     void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
-    FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.raw(), p.y, dy.raw(), p.conv,
+    FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, wl.raw(), p.y, dyl.raw(), p.conv,
                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), ws, p.ws,
-                                                    &zero, p.x, dx->raw()));
+                                                    &zero, p.x, dxl.raw()));
+    if (low) convert(ctx, dxl, *dx);
   }
   if (dw.defined()) {
+    const Tensor xl = low ? detail::narrowed(ctx, 0, x) : x;
+    Tensor dwl = low ? detail::low_buffer(ctx, 2, w.shape()) : dw;
     // The timed search writes its output: give it a scratch dw (allocated
     // only when a plan is built in benchmark mode) so the real dw keeps its sum.
     Tensor scratch;
     const ConvPlan& p = get_plan<Dir::BackwardFilter>(ctx, h, s, [&] {
-      if (ctx.math.cudnn_benchmark) scratch = Tensor::empty(w.shape(), DType::F32, ctx.device());
-      return FindBuffers{x.raw(), dy.raw(), scratch.defined() ? scratch.raw() : nullptr};
+      if (ctx.math.cudnn_benchmark) scratch = Tensor::empty(w.shape(), low ? s.dt : DType::F32, ctx.device());
+      return FindBuffers{xl.raw(), dyl.raw(), scratch.defined() ? scratch.raw() : nullptr};
     });
     void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
-    FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw(), p.y, dy.raw(), p.conv,
+    FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, xl.raw(), p.y, dyl.raw(), p.conv,
                                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), ws, p.ws,
-                                                      &one, p.w, dw.raw()));
+                                                      low ? &zero : &one, p.w, dwl.raw()));
+    if (low) detail::add_widened(ctx, dwl, dw.f32());
   }
   if (db) {
     detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.out_plane(), BiasGradFin{db->f32()}, dy.f32());

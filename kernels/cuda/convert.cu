@@ -6,6 +6,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -37,6 +38,12 @@ __global__ void round_kernel(float* x, int64_t n) {
 }
 
 template <class Low>
+__global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    d[i] += widen(s[i]);
+}
+
+template <class Low>
 void run_convert(Context& ctx, const Tensor& src, Tensor& dst) {
   const int64_t n = src.numel();
   const int grid = detail::grid_for(ctx, n);
@@ -57,6 +64,31 @@ void convert(Context& ctx, const Tensor& src, Tensor& dst) {
     run_convert<__nv_bfloat16>(ctx, src, dst);
   else
     run_convert<__half>(ctx, src, dst);
+}
+
+void detail::narrow_into(Context& ctx, const float* src, Tensor& dst, int64_t n) {
+  if (n == 0) return;
+  detail::DeviceScope scope(ctx);
+  const int grid = detail::grid_for(ctx, n);
+  cudaStream_t st = detail::stream_of(ctx);
+  if (dst.dtype() == DType::BF16)
+    narrow_kernel<__nv_bfloat16><<<grid, detail::kThreads, 0, st>>>(src, dst.data<__nv_bfloat16>(), n);
+  else
+    narrow_kernel<__half><<<grid, detail::kThreads, 0, st>>>(src, dst.data<__half>(), n);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  detail::DeviceScope scope(ctx);
+  const int grid = detail::grid_for(ctx, n);
+  cudaStream_t st = detail::stream_of(ctx);
+  if (src.dtype() == DType::BF16)
+    add_widened_kernel<__nv_bfloat16><<<grid, detail::kThreads, 0, st>>>(src.data<__nv_bfloat16>(), dst, n);
+  else
+    add_widened_kernel<__half><<<grid, detail::kThreads, 0, st>>>(src.data<__half>(), dst, n);
+  FANOUT_CUDA_CHECK_LAUNCH();
 }
 
 void round_to(Context& ctx, Tensor& x, DType t) {

@@ -3,10 +3,13 @@
 // column-major product C^T = op(B)^T op(A)^T, so the operands swap places and
 // each keeps its own transpose flag and leading dimension.
 // TF32 tensor cores only when ctx.math.allow_tf32 (CUBLAS_COMPUTE_32F_FAST_TF32);
-// otherwise CUBLAS_COMPUTE_32F, full float32 products.
+// otherwise CUBLAS_COMPUTE_32F, full float32 products. Under autocast A and B
+// go to cuBLAS in the low type (tensor cores; exact, as the linear layers
+// pass low-type values) and C stays float32, computed in float32.
 #include "kernels/gemm.h"
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -35,12 +38,27 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     return;
   }
   auto handle = static_cast<cublasHandle_t>(ctx.cublas());  // bound to ctx.compute() at creation
-  const cublasComputeType_t compute = ctx.math.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const bool low = detail::low_precision(ctx);
+  const cublasComputeType_t compute =
+      ctx.math.allow_tf32 && !low ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const void *ap = a, *bp = b;
+  cudaDataType_t ab_type = CUDA_R_32F;
+  if (low) {
+    // The rows op(A) and op(B) span in memory, narrowed into low-type buffers with the same strides.
+    const int64_t a_span = ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
+    const int64_t b_span = ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+    Tensor al = detail::low_buffer(ctx, 0, Shape{a_span}), bl = detail::low_buffer(ctx, 1, Shape{b_span});
+    detail::narrow_into(ctx, a, al, a_span);
+    detail::narrow_into(ctx, b, bl, b_span);
+    ap = al.raw();
+    bp = bl.raw();
+    ab_type = ctx.math.autocast == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  }
   // Sizes and strides were checked to fit in int by the public entry point.
   FANOUT_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-                                   CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta, c,
-                                   CUDA_R_32F, static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, bp, ab_type,
+                                   static_cast<int>(ldb), ap, ab_type, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                                   static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace fanout::kernels::cuda

@@ -41,8 +41,9 @@ Tensor Linear::backward(const Tensor& dy, Context& ctx) {
     ensure(dx_, x_.shape(), ctx.device());
     dx = &dx_;
   }
-  const AutocastWeights::Sinks low = autocast_.backward_begin(ctx, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
-  kernels::linear_backward(ctx, x_, *low.w, dy, dx, *low.gw, low.gb);
+  const AutocastWeights::Sinks low =
+      autocast_.backward_begin(ctx, dy, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
+  kernels::linear_backward(ctx, x_, *low.w, *low.dy, dx, *low.gw, low.gb);
   autocast_.backward_end(ctx, w_->grad, b_ ? &b_->grad : nullptr, dx);
   notify_grads_ready(ctx);
   return input_grad() ? dx_ : Tensor();

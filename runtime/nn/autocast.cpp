@@ -37,8 +37,10 @@ AutocastWeights::Cast AutocastWeights::forward(Context& ctx, const Tensor& x, co
   return c;
 }
 
-AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tensor& w, Tensor& gw, Tensor* gb) {
-  return {autocast_on(ctx) ? &w_ : &w, &gw_.sink(ctx, gw), gb ? &gb_.sink(ctx, *gb) : nullptr};
+AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tensor& dy, const Tensor& w, Tensor& gw,
+                                                      Tensor* gb) {
+  if (autocast_on(ctx)) autocast_copy(ctx, dy, dy_);
+  return {autocast_on(ctx) ? &dy_ : &dy, autocast_on(ctx) ? &w_ : &w, &gw_.sink(ctx, gw), gb ? &gb_.sink(ctx, *gb) : nullptr};
 }
 
 void AutocastWeights::backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor* dx) {

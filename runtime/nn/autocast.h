@@ -1,10 +1,14 @@
 // Autocast: which op runs in which type under mixed precision
 // (MathOptions::autocast = BF16 or F16), after torch.autocast's op lists.
 //
-//   convolutions, linear layers: inputs, weights and bias cast to the low
-//     type, accumulation in float32, output low; dx, dW and db computed from
-//     the low-type tensors and rounded to the low type (dW and db are then
-//     added to the float32 gradient arena, as autocast's cast back does)
+//   convolutions (and transposed ones), linear layers: inputs, weights and
+//     bias cast to the low type, accumulation in float32, output low; the
+//     output gradient taken in the low type (the output is a low-type
+//     tensor), dx, dW and db computed from the low-type tensors and rounded
+//     to the low type (dW and db are then added to the float32 gradient
+//     arena, as autocast's cast back does). On CUDA cuDNN and cuBLAS run in
+//     the low type with float32 accumulation; a convolution's bias is added
+//     to its low-type output in float32 and rounded again.
 //   BatchNorm: float32 statistics and parameters, output and dx low;
 //     dgamma and dbeta float32 (cuDNN's mixed BatchNorm)
 //   GroupNorm: float32 throughout, output float32 (autocast's float32 list);
@@ -58,16 +62,17 @@ class AutocastWeights {
   // Off: x, w and b themselves.
   Cast forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b);
   struct Sinks {
-    const Tensor* w;  // the weight backward multiplies by
-    Tensor* gw;       // where backward accumulates dW
-    Tensor* gb;       // and db (null without a bias)
+    const Tensor* dy;  // the output gradient, in the low type (autocast's outputs are low-type tensors)
+    const Tensor* w;   // the weight backward multiplies by
+    Tensor* gw;        // where backward accumulates dW
+    Tensor* gb;        // and db (null without a bias)
   };
-  Sinks backward_begin(Context& ctx, const Tensor& w, Tensor& gw, Tensor* gb);
+  Sinks backward_begin(Context& ctx, const Tensor& dy, const Tensor& w, Tensor& gw, Tensor* gb);
   // Moves dW and db into the float32 gradients and rounds dx (when given).
   void backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor* dx);
 
  private:
-  Tensor x_, w_, b_;
+  Tensor x_, w_, b_, dy_;
   LowGrad gw_, gb_;
 };
 

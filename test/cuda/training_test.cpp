@@ -455,7 +455,7 @@ TEST(CudaTraining, AdamWWithClippingMatchesCpu) {
 void check_steady_state(const std::string& model, const Shape& sample, const MathOptions& math,
                         bool adamw = false) {
   SCOPED_TRACE(::testing::Message() << model << " benchmark " << math.cudnn_benchmark << " deterministic "
-                                    << math.deterministic);
+                                    << math.deterministic << " autocast " << dtype_name(math.autocast));
   std::mt19937_64 rng(6);
   const TargetBatch b = make_batch(model, sample, 4, rng);
   const Tensor &x = b.x, &y = b.y;
@@ -481,15 +481,18 @@ void check_steady_state(const std::string& model, const Shape& sample, const Mat
 
 TEST(CudaTraining, SteadyStateAllocatesNothing) {
   FANOUT_SKIP_WITHOUT_GPU();
-  MathOptions plain, bench, det;
+  MathOptions plain, bench, det, bf16;
   bench.cudnn_benchmark = true;
   det.deterministic = true;
+  bf16.autocast = DType::BF16;  // cuDNN and cuBLAS in bfloat16 through the context's low-type buffers
   check_steady_state("resnet18", Shape{3, 16, 16}, plain);
   check_steady_state("resnet18", Shape{3, 16, 16}, bench);
   check_steady_state("lenet", Shape{1, 28, 28}, det);
   check_steady_state("heatmap3d", Shape{1, 8, 8, 8}, plain);
   check_steady_state("heatmap3d", Shape{1, 8, 8, 8}, bench);
   check_steady_state("resnet18", Shape{3, 16, 16}, plain, /*adamw=*/true);
+  check_steady_state("resnet18", Shape{3, 16, 16}, bf16);
+  check_steady_state("lenet", Shape{1, 28, 28}, bf16);
 }
 
 }  // namespace

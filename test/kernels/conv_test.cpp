@@ -18,6 +18,7 @@
 #include "kernels/backend_test_util.h"
 #include "kernels/conv.h"
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace fanout {
 namespace {
@@ -245,6 +246,46 @@ TEST_P(ConvOnBackend, MathOptionsAgainstDirectConvolution) {
   check(conv2d(8, 64, 13, 11, 96, 3, 3, 1, 1), true, {}, 1e-3, rng);
   check(conv2d(8, 64, 13, 11, 96, 3, 3, 2, 1), false, {}, 1e-3, rng);
   check({2, 16, 6, 9, 8, 24, 3, 3, 3, 1, 1}, true, {}, 1e-3, rng);
+}
+
+// Under autocast the layers hand the kernels low-type values; CUDA then runs
+// cuDNN in that type and rounds y, dx and the dw term to it, the CPU keeps
+// float32. Against the direct convolution of the rounded operands: within
+// 2 u of the largest reference value (u = 2^-9 bfloat16, 2^-11 float16) on
+// CUDA, 1e-4 on the CPU.
+TEST_P(ConvOnBackend, LowPrecisionAgainstRoundedOperands) {
+  std::mt19937_64 rng(77);
+  for (DType t : {DType::BF16, DType::F16}) {
+    const double u = std::ldexp(1.0, t == DType::BF16 ? -9 : -11);
+    auto low = [&](Tensor v) {
+      for (int64_t i = 0; i < v.numel(); ++i)
+        v.f32()[i] = t == DType::BF16 ? half::float_from_bf16(half::bf16_from_float(v.f32()[i]))
+                                      : half::float_from_f16(half::f16_from_float(v.f32()[i]));
+      return v;
+    };
+    MathOptions m;
+    m.autocast = t;
+    ctx().math = m;
+    for (const ConvCase& k : {conv2d(4, 16, 10, 10, 24, 3, 3, 1, 1), conv2d(3, 8, 9, 7, 12, 3, 3, 2, 1),
+                              ConvCase{2, 8, 5, 6, 7, 12, 3, 3, 3, 1, 1}}) {
+      SCOPED_TRACE(::testing::Message() << k << " " << dtype_name(t));
+      const int s = k.spatial();
+      const Tensor x = low(ft::random_tensor(k.x(), rng)), w = low(ft::random_tensor(k.weight(), rng));
+      const Tensor b = low(ft::random_tensor(Shape{k.oc}, rng));
+      const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), k.geometry());
+      const Tensor dy = low(ft::random_tensor(ys, rng)), dw0 = ft::random_tensor(w.shape(), rng);
+      Tensor xd = up(x), wd = up(w), bd = up(b), dyd = up(dy), dwd = up(dw0), dbd = up(Tensor::zeros(Shape{k.oc}));
+      Tensor yd = poisoned(ys), dxd = poisoned(x.shape());
+      kernels::conv_forward(ctx(), s, xd, wd, &bd, k.geometry(), yd);
+      kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), &dxd, dwd, &dbd);
+      ConvRef r = naive_conv(k, x, w, &b, &dy);
+      for (int64_t i = 0; i < w.numel(); ++i) r.dw[i] += dw0.f32()[i];
+      EXPECT_TRUE(matches(down(yd), r.y, 1e-4, 2 * u)) << "y";
+      EXPECT_TRUE(matches(down(dxd), r.dx, 1e-4, 2 * u)) << "dx";
+      EXPECT_TRUE(matches(down(dwd), r.dw, 1e-4, 2 * u)) << "dw (+=)";
+      EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, 1e-4)) << "db (float32 on both)";
+    }
+  }
 }
 
 TEST_P(ConvOnBackend, Tf32WithinTf32Tolerance) {

@@ -10,6 +10,7 @@
 #include "kernels/backend_test_util.h"
 #include "kernels/gemm.h"
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace fanout {
 namespace {
@@ -52,6 +53,11 @@ class GemmOnBackend : public ft::BackendTest {
     const int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = g.n + 1;
     Tensor a = ft::random_tensor(Shape{a_rows, lda}, rng);
     Tensor b = ft::random_tensor(Shape{b_rows, ldb}, rng);
+    if (math.autocast != DType::F32)  // the operands the layers pass under autocast: low-type values
+      for (Tensor* t : {&a, &b})
+        for (int64_t i = 0; i < t->numel(); ++i)
+          t->f32()[i] = math.autocast == DType::BF16 ? half::float_from_bf16(half::bf16_from_float(t->f32()[i]))
+                                                     : half::float_from_f16(half::f16_from_float(t->f32()[i]));
     Tensor c0 = ft::random_tensor(Shape{g.m, ldc}, rng);
     if (g.beta == 0.0f) ft::poison(c0);  // beta == 0 must overwrite NaN
     Tensor ad = up(a), bd = up(b), cd = up(c0);
@@ -98,6 +104,22 @@ TEST_P(GemmOnBackend, Tf32WithinTf32Tolerance) {
   m.allow_tf32 = true;
   // TF32 keeps 10 mantissa bits: ~1e-3 relative per product, growing with sqrt(K).
   check({false, false, 64, 64, 256, 1.0f, 0.0f}, m, 1e-5, 2e-2, rng);
+}
+
+// Under autocast CUDA hands cuBLAS A and B in the low type (tensor cores,
+// float32 accumulation into float32 C); the CPU multiplies in float32. The
+// operands hold low-type values, so both match the float64 product of the
+// same values.
+TEST_P(GemmOnBackend, LowPrecisionOperands) {
+  std::mt19937_64 rng(15);
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    MathOptions m;
+    m.autocast = t;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) check({ta, tb, 37, 29, 53, 0.7f, 0.5f}, m, 1e-5, 1e-4, rng);
+    check({false, true, 65, 47, 2051, 1.0f, 1.0f}, m, 1e-5, 1e-3, rng);
+  }
 }
 
 TEST_P(GemmOnBackend, ZeroInnerDimensionOrAlphaScalesC) {

@@ -180,6 +180,39 @@ TEST_P(MixedStep, GradientsEqualTheRoundedFloat64Reference) {
   EXPECT_LT(f32.equal, f32.total / 2) << "float32 gradients should not match the rounded reference";
 }
 
+// Under autocast a layer's output is a low-type tensor, and so is its
+// gradient: Linear's dx comes from dy rounded to bfloat16, not from the
+// float32 dy it is handed (dy here is not bfloat16-exact).
+TEST(MixedPrecision, LinearTakesItsOutputGradientInTheLowType) {
+  auto m = std::make_unique<models::Sequential>();
+  auto& fc = m->add(std::make_unique<models::Linear>(5, 3));
+  m->set_input_grad(true);
+  m->init(3);
+  Context ctx(Device::cpu());
+  ctx.math.autocast = DType::BF16;
+  std::mt19937_64 rng(9);
+  const Tensor x = testing::random_tensor(Shape{4, 5}, rng), dy = testing::random_tensor(Shape{4, 3}, rng);
+  fc.forward(x, ctx);
+  const Tensor dx = fc.backward(testing::clone(dy), ctx);
+  const Tensor& w = m->named_parameters()[0].second->value;  // (3, 5)
+  int equal = 0, unrounded_differs = 0;
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t k = 0; k < 5; ++k) {
+      double s = 0, s_unrounded = 0;
+      for (int64_t j = 0; j < 3; ++j) {
+        const double wj = low(w.f32()[j * 5 + k], DType::BF16);
+        s += low(dy.f32()[i * 3 + j], DType::BF16) * wj;
+        s_unrounded += dy.f32()[i * 3 + j] * wj;
+      }
+      const double want = low(s, DType::BF16), got = dx.f32()[i * 5 + k];
+      equal += got == want;
+      unrounded_differs += low(s_unrounded, DType::BF16) != want;
+      EXPECT_LE(std::abs(got - want), std::ldexp(std::abs(want), -7)) << i << ", " << k;
+    }
+  EXPECT_GE(equal, 18) << "of 20";
+  EXPECT_GE(unrounded_differs, 3) << "the test must tell a rounded dy from a float32 one";
+}
+
 // Float16 with loss scaling on lenet.
 struct Scaled {
   std::unique_ptr<Module> model;

@@ -1,0 +1,40 @@
+// The CUDA backend's low-precision path under autocast (ctx.math.autocast =
+// BF16 or F16): cuDNN convolutions and cuBLAS GEMMs take their operands in
+// the low type. The layers hand the kernels float32 tensors that already
+// hold low-type values (runtime/nn/autocast.h), so narrowing them is exact;
+// results come back widened (exact) or added into float32 sums.
+#pragma once
+#include <memory>
+
+#include "kernels/cuda/common.cuh"
+
+namespace fanout::kernels::cuda::detail {
+
+inline bool low_precision(const Context& ctx) { return ctx.math.autocast != DType::F32; }
+
+// Per context, per role (0, 1: inputs; 2: output; 3: output gradient): a
+// low-type buffer of at least the shape, grown and never shrunk, so a warm
+// step allocates nothing. Valid until the same role is asked for again.
+struct LowBuffers : BackendState {
+  Tensor slot[4];
+};
+inline Tensor low_buffer(Context& ctx, int role, const Shape& s) {
+  if (!ctx.backend_state()) ctx.set_backend_state(std::make_unique<LowBuffers>());
+  Tensor& t = static_cast<LowBuffers&>(*ctx.backend_state()).slot[role];
+  ensure(t, s, ctx.math.autocast, ctx.device());
+  return t;
+}
+
+// dst (low type, n elements) = src narrowed; kernels/cuda/convert.cu.
+void narrow_into(Context& ctx, const float* src, Tensor& dst, int64_t n);
+// dst (float32) += widen(src), over src's elements.
+void add_widened(Context& ctx, const Tensor& src, float* dst);
+
+// A float32 tensor's values as a low-type copy in `role`'s buffer.
+inline Tensor narrowed(Context& ctx, int role, const Tensor& t) {
+  Tensor l = low_buffer(ctx, role, t.shape());
+  narrow_into(ctx, t.f32(), l, t.numel());
+  return l;
+}
+
+}  // namespace fanout::kernels::cuda::detail
