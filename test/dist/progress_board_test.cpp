@@ -11,7 +11,7 @@
 namespace fanout::dist {
 namespace {
 
-TEST(ProgressBoard, MarksLandInThisWorkersSlot) {
+void marks_land_in_this_workers_slot() {
   ProgressBoard board(3);
   // Set before this process's first mark: the worker side opens the board once.
   ::setenv("FANOUT_PROGRESS_FD", std::to_string(board.fd()).c_str(), 1);
@@ -46,6 +46,19 @@ TEST(ProgressBoard, MarksLandInThisWorkersSlot) {
   board.clear();
   EXPECT_EQ(board.read(2).entered, 0u);
   EXPECT_EQ(board.read(2).what, "");
+}
+
+// A worker opens the board at its first mark, once per process: the test runs
+// in a fresh process (a "threadsafe" death test executes the binary again, so
+// nothing carries over from marks earlier tests made), as a worker would.
+TEST(ProgressBoard, MarksLandInThisWorkersSlot) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        marks_land_in_this_workers_slot();
+        std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(ProgressBoard, WithoutALauncherMarksDoNothing) {
