@@ -2,6 +2,9 @@
 // Conv3d), groups = 1, dilation = 1, over (N, C, H, W) or (N, C, D, H, W):
 // one op family for both ranks, the rank (2 or 3 spatial axes) an argument.
 // CPU: oneDNN (kernels/cpu/conv.cpp). CUDA: cuDNN (kernels/cuda/conv.cu).
+// Under autocast (ctx.math.autocast BF16 or F16) x, w and dy must hold values
+// of that type (the autocast layers pass rounded copies): CUDA runs cuDNN in
+// it, rounding y, dx and the dw term to it; the CPU computes in float32.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -1,5 +1,8 @@
 // Row-major GEMM on any device: C = alpha * op(A) * op(B) + beta * C.
 // CPU: oneDNN's matmul (threads: Context::math.cpu_threads). CUDA: cuBLAS on the context's compute stream.
+// Under autocast (ctx.math.autocast BF16 or F16) A and B must hold values of
+// that type: CUDA hands them to cuBLAS in it (C stays float32); the CPU
+// multiplies in float32. Callers under autocast are the linear layers only.
 #pragma once
 #include <cstdint>
 

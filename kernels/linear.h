@@ -1,4 +1,5 @@
-// Fully connected layer: y = x W^T + b.
+// Fully connected layer: y = x W^T + b, through kernels/gemm.h (whose
+// autocast precondition holds for x, w and dy here).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

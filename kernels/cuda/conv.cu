@@ -264,11 +264,11 @@ cudnnMathType_t requested_math(const MathOptions& m, bool low) {
 // pick was 2e-3 off on a weight gradient, and with Winograd allowed, two
 // replicas training resnet18 drifted 12% from one device within 2 steps.
 // Low-type data (low): tensor-op math is the point; FFT and Winograd stay
-// out unless TF32 is allowed, as for float32.
+// out whatever the TF32 setting (which is about float32 math).
 template <class A>
 bool acceptable(const typename A::Perf& p, const MathOptions& m, bool low) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
-  if (!m.allow_tf32 && A::transform_based(p.algo)) return false;
+  if ((low || !m.allow_tf32) && A::transform_based(p.algo)) return false;
   if (m.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
   if (!low && !m.allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) return false;
@@ -327,10 +327,12 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     if (const char* log = std::getenv("FANOUT_CUDNN_LOG"); log && std::string(log) == "1")
       std::fprintf(stderr, "fanout: %s %s %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", s.name(),
                    A::name(), dtype_name(s.dt), shape_str(s).c_str(), plan->algo,
-                   math == CUDNN_FMA_MATH ? "FMA" : "tensor-op", bytes, m.cudnn_benchmark ? "timed search" : "heuristics");
+                   math == CUDNN_FMA_MATH ? "FMA" : math == CUDNN_DEFAULT_MATH ? "default" : "tensor-op", bytes,
+                   m.cudnn_benchmark ? "timed search" : "heuristics");
     return plan;
   }
-  FANOUT_FAIL() << s.name() << " " << A::name() << ": cuDNN offers no usable algorithm for " << shape_str(s)
+  FANOUT_FAIL() << s.name() << " " << A::name() << ": cuDNN offers no usable algorithm for " << dtype_name(s.dt)
+                << " " << shape_str(s)
                 << (m.deterministic ? " (deterministic only)" : "") << (m.allow_tf32 ? "" : " (TF32 off)") << " among "
                 << got << " candidates";
 }
@@ -432,10 +434,8 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
   // buffer; dw's term computed into one (beta 0) and added widened.
   const bool low = detail::low_precision(ctx);
   Tensor dyl = dy;
-  if (low) {
-    s.dt = ctx.math.autocast;
-    dyl = detail::narrowed(ctx, 3, dy);
-  }
+  if (low) s.dt = ctx.math.autocast;
+  if (low && (dx || dw.defined())) dyl = detail::narrowed(ctx, 3, dy);
   if (dx) {
     const Tensor wl = low ? detail::narrowed(ctx, 1, w) : w;
     Tensor dxl = low ? detail::low_buffer(ctx, 2, dx->shape()) : *dx;

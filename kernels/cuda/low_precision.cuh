@@ -6,11 +6,17 @@
 #pragma once
 #include <memory>
 
+#include "runtime/core/error.h"
+
 #include "kernels/cuda/common.cuh"
 
 namespace fanout::kernels::cuda::detail {
 
-inline bool low_precision(const Context& ctx) { return ctx.math.autocast != DType::F32; }
+inline bool low_precision(const Context& ctx) {
+  const DType t = ctx.math.autocast;
+  FANOUT_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16) << "autocast to " << dtype_name(t);
+  return t != DType::F32;
+}
 
 // Per context, per role (0, 1: inputs; 2: output; 3: output gradient): a
 // low-type buffer of at least the shape, grown and never shrunk, so a warm
@@ -20,7 +26,9 @@ struct LowBuffers : BackendState {
 };
 inline Tensor low_buffer(Context& ctx, int role, const Shape& s) {
   if (!ctx.backend_state()) ctx.set_backend_state(std::make_unique<LowBuffers>());
-  Tensor& t = static_cast<LowBuffers&>(*ctx.backend_state()).slot[role];
+  auto* b = dynamic_cast<LowBuffers*>(ctx.backend_state());
+  FANOUT_CHECK(b) << "the context on " << ctx.device().str() << " holds another backend's state";
+  Tensor& t = b->slot[role];
   ensure(t, s, ctx.math.autocast, ctx.device());
   return t;
 }
