@@ -146,6 +146,7 @@ struct Result {
   double ms_per_step = 0, images_per_second = 0;
   int64_t bytes_to_primary = -1;  // per step; -1: not measured (DDP)
   int64_t state_bytes = -1;       // optimizer state on the device holding the most (DDP: on rank 0's); -1: not measured
+  int64_t summed_bytes = -1;      // DDP: bytes rank 0 put into summing collectives per step; -1: not DDP
 };
 
 // One configuration under test: its model and engine (whose contexts hold
@@ -158,7 +159,8 @@ struct Config {
   std::unique_ptr<optim::GradScaler> scaler;
   std::vector<double> runs;  // seconds per step
   int64_t bytes_to_primary = -1;
-  int64_t state_bytes = -1;  // DDP: what rank 0's workers measured
+  int64_t state_bytes = -1;   // DDP: what rank 0's workers measured
+  int64_t summed_bytes = -1;  // DDP: per step, rank 0's
 };
 
 // The optimizer state bytes of the device that holds the most (a sharded
@@ -190,6 +192,7 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
   auto model = models::make_model(o.model, in, model_classes(o.model), o.seed);
+  const dist::ProcessGroup& group = *spec.group;  // the engine's from here on
   auto engine = make_engine(*model, std::move(spec));
   auto opt = train::make_engine_optimizer(*engine, o.optimizer_options());
   auto scaler = o.make_scaler();
@@ -197,13 +200,16 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   const Tensor ys = y.slice(env.rank * local, (env.rank + 1) * local);
   time_steps(*engine, *opt, scaler.get(), xs, ys, o.warmup, o.lr(), o);
   std::vector<double> runs;
+  const int64_t summed_before = group.summed_bytes();
   for (int r = 0; r < o.repeats; ++r) {
     engine->barrier("barrier before a timed run");
     runs.push_back(time_steps(*engine, *opt, scaler.get(), xs, ys, o.steps, o.lr(), o));
   }
+  const int64_t summed = (group.summed_bytes() - summed_before) / (static_cast<int64_t>(o.repeats) * o.steps);
   if (env.rank == 0) {
     std::ofstream f(o.ddp_result);
-    f << nlohmann::json{{"runs", runs}, {"state_bytes", max_state_bytes(*opt)}}.dump() << "\n";
+    f << nlohmann::json{{"runs", runs}, {"state_bytes", max_state_bytes(*opt)}, {"summed_bytes", summed}}.dump()
+      << "\n";
     FANOUT_USER_CHECK(f.good()) << "cannot write " << o.ddp_result;
   }
   return 0;
@@ -475,6 +481,7 @@ Config ddp_config(const Options& o, const std::vector<Device>& devices, int argc
   if (o.shard_optimizer) c.name += ", sharded";
   for (auto& v : j["runs"]) c.runs.push_back(v.get<double>());
   c.state_bytes = j.value("state_bytes", int64_t{-1});
+  c.summed_bytes = j.value("summed_bytes", int64_t{-1});
   return c;
 }
 
@@ -484,22 +491,24 @@ std::vector<Result> medians(const Options& o, std::vector<Config>& configs) {
     std::sort(c.runs.begin(), c.runs.end());
     const double sec = c.runs[c.runs.size() / 2];
     results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary,
-                       c.opt ? max_state_bytes(*c.opt) : c.state_bytes});
+                       c.opt ? max_state_bytes(*c.opt) : c.state_bytes, c.summed_bytes});
   }
   return results;
 }
 
 // "to primary": bytes a step moves onto the primary from the other replicas
 // (outputs and their targets gathered, or the replicas' loss sums). "opt
-// state B": optimizer state on the device holding the most.
+// state B": optimizer state on the device holding the most. "summed B": DDP,
+// bytes a rank puts into summing collectives per step (gradient buckets; half
+// as many with --grad-reduce-dtype bf16).
 void print_results(const std::vector<Result>& results) {
-  std::printf("%-44s %12s %14s %10s %14s %14s\n", "configuration", "ms/step", "images/s", "vs plain", "to primary B",
-              "opt state B");
+  auto bytes = [](int64_t b) { return b < 0 ? std::string("-") : std::to_string(b); };
+  std::printf("%-44s %12s %14s %10s %14s %14s %12s\n", "configuration", "ms/step", "images/s", "vs plain",
+              "to primary B", "opt state B", "summed B");
   for (auto& r : results)
-    std::printf("%-44s %12.3f %14.0f %9.3fx %14s %14s\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
-                results[0].ms_per_step / r.ms_per_step,
-                r.bytes_to_primary < 0 ? "-" : std::to_string(r.bytes_to_primary).c_str(),
-                r.state_bytes < 0 ? "-" : std::to_string(r.state_bytes).c_str());
+    std::printf("%-44s %12.3f %14.0f %9.3fx %14s %14s %12s\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
+                results[0].ms_per_step / r.ms_per_step, bytes(r.bytes_to_primary).c_str(),
+                bytes(r.state_bytes).c_str(), bytes(r.summed_bytes).c_str());
 }
 
 void write_json(const Options& o, const Shape& in, Precision precision, const std::vector<Result>& results) {
@@ -516,7 +525,8 @@ void write_json(const Options& o, const Shape& in, Precision precision, const st
                         {"betas", o.betas}, {"eps", o.eps}, {"amsgrad", o.amsgrad},
                         {"no_decay_norm_bias", o.no_decay_norm_bias}, {"precision", precision_name(precision)},
                         {"grad_reduce_dtype", o.grad_reduce_dtype}, {"shard_optimizer", o.shard_optimizer},
-                        {"optimizer_state_bytes_max_device", r.state_bytes}}
+                        {"optimizer_state_bytes_max_device", r.state_bytes},
+                        {"summed_bytes_per_step", r.summed_bytes}}
              .dump()
       << "\n";
   f.flush();

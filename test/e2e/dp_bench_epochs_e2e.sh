@@ -131,4 +131,20 @@ grep -q "stopped by SIGINT after 1 of" int.log || { cat int.log; echo "SIGINT: n
 [ "$(grep -c '"status":"ok"' int.jsonl)" -eq 1 ] || { cat int.jsonl; echo "SIGINT: --json lacks the finished run"; exit 1; }
 [ -z "$(ls tmp)" ] || { ls tmp; echo "SIGINT: the temporary directory was left"; exit 1; }
 echo "SIGINT: exit 130, the finished run kept, nothing left in TMPDIR"
+
+# Step mode, DDP row: the bytes a rank sums per step halve with --grad-reduce-dtype bf16.
+for d in fp32 bf16; do
+  rm -f "wire_$d.jsonl"
+  "$DP_BENCH" --model lenet --batch-size 32 --devices cpu:2 --steps 2 --repeats 1 --warmup 1 \
+    --grad-reduce-dtype "$d" --json "wire_$d.jsonl" > "wire_$d.log" 2>&1 || { cat "wire_$d.log"; exit 1; }
+done
+python3 - wire_fp32.jsonl wire_bf16.jsonl <<'PY'
+import json, sys
+def ddp(path):
+    rows = [json.loads(l) for l in open(path)]
+    return next(r["summed_bytes_per_step"] for r in rows if r["config"].startswith("ddp"))
+f32, bf16 = ddp(sys.argv[1]), ddp(sys.argv[2])
+print(f"DDP bytes summed per step: fp32 {f32}, bf16 {bf16}")
+assert f32 > 0 and 2 * bf16 == f32, (f32, bf16)
+PY
 echo "dp-bench --epochs e2e: ok"
