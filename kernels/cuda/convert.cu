@@ -43,64 +43,49 @@ __global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
     d[i] += widen(s[i]);
 }
 
-template <class Low>
-void run_convert(Context& ctx, const Tensor& src, Tensor& dst) {
-  const int64_t n = src.numel();
+// launch(Low{}, grid, stream) for the low type t (BF16 or F16) over n
+// elements, on the context's device and compute stream.
+template <class Launch>
+void for_low(Context& ctx, DType t, int64_t n, Launch&& launch) {
+  if (n == 0) return;
+  detail::DeviceScope scope(ctx);
   const int grid = detail::grid_for(ctx, n);
   cudaStream_t st = detail::stream_of(ctx);
-  if (src.dtype() == DType::F32)
-    narrow_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src.f32(), dst.data<Low>(), n);
+  if (t == DType::BF16)
+    launch(__nv_bfloat16{}, grid, st);
   else
-    widen_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src.data<Low>(), dst.f32(), n);
+    launch(__half{}, grid, st);
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void convert(Context& ctx, const Tensor& src, Tensor& dst) {
-  detail::DeviceScope scope(ctx);
-  const DType low = src.dtype() == DType::F32 ? dst.dtype() : src.dtype();
-  if (low == DType::BF16)
-    run_convert<__nv_bfloat16>(ctx, src, dst);
-  else
-    run_convert<__half>(ctx, src, dst);
+  if (src.dtype() == DType::F32) return detail::narrow_into(ctx, src.f32(), dst, src.numel());
+  for_low(ctx, src.dtype(), src.numel(), [&](auto low, int grid, cudaStream_t st) {
+    using Low = decltype(low);
+    widen_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src.data<Low>(), dst.f32(), src.numel());
+  });
 }
 
 void detail::narrow_into(Context& ctx, const float* src, Tensor& dst, int64_t n) {
-  if (n == 0) return;
-  detail::DeviceScope scope(ctx);
-  const int grid = detail::grid_for(ctx, n);
-  cudaStream_t st = detail::stream_of(ctx);
-  if (dst.dtype() == DType::BF16)
-    narrow_kernel<__nv_bfloat16><<<grid, detail::kThreads, 0, st>>>(src, dst.data<__nv_bfloat16>(), n);
-  else
-    narrow_kernel<__half><<<grid, detail::kThreads, 0, st>>>(src, dst.data<__half>(), n);
-  FANOUT_CUDA_CHECK_LAUNCH();
+  for_low(ctx, dst.dtype(), n, [&](auto low, int grid, cudaStream_t st) {
+    using Low = decltype(low);
+    narrow_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src, dst.data<Low>(), n);
+  });
 }
 
 void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
-  const int64_t n = src.numel();
-  if (n == 0) return;
-  detail::DeviceScope scope(ctx);
-  const int grid = detail::grid_for(ctx, n);
-  cudaStream_t st = detail::stream_of(ctx);
-  if (src.dtype() == DType::BF16)
-    add_widened_kernel<__nv_bfloat16><<<grid, detail::kThreads, 0, st>>>(src.data<__nv_bfloat16>(), dst, n);
-  else
-    add_widened_kernel<__half><<<grid, detail::kThreads, 0, st>>>(src.data<__half>(), dst, n);
-  FANOUT_CUDA_CHECK_LAUNCH();
+  for_low(ctx, src.dtype(), src.numel(), [&](auto low, int grid, cudaStream_t st) {
+    using Low = decltype(low);
+    add_widened_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src.data<Low>(), dst, src.numel());
+  });
 }
 
 void round_to(Context& ctx, Tensor& x, DType t) {
-  detail::DeviceScope scope(ctx);
-  const int64_t n = x.numel();
-  const int grid = detail::grid_for(ctx, n);
-  cudaStream_t st = detail::stream_of(ctx);
-  if (t == DType::BF16)
-    round_kernel<__nv_bfloat16><<<grid, detail::kThreads, 0, st>>>(x.f32(), n);
-  else
-    round_kernel<__half><<<grid, detail::kThreads, 0, st>>>(x.f32(), n);
-  FANOUT_CUDA_CHECK_LAUNCH();
+  for_low(ctx, t, x.numel(), [&](auto low, int grid, cudaStream_t st) {
+    round_kernel<decltype(low)><<<grid, detail::kThreads, 0, st>>>(x.f32(), x.numel());
+  });
 }
 
 }  // namespace fanout::kernels::cuda

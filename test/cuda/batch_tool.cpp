@@ -13,6 +13,7 @@
 
 #include "cuda/target_batch.h"
 #include "runtime/io/safetensors.h"
+#include "support/shape_arg.h"
 
 using namespace fanout;
 
@@ -23,13 +24,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string model = argv[1];
-    Shape sample;
-    sample.ndim = 0;
-    for (size_t b = 0, e; b <= std::string(argv[2]).size(); b = e + 1) {
-      e = std::string(argv[2]).find('x', b);
-      if (e == std::string::npos) e = std::string(argv[2]).size();
-      sample.d[sample.ndim++] = std::stoll(std::string(argv[2]).substr(b, e - b));
-    }
+    const Shape sample = testing::parse_shape(argv[2]);
     const int64_t batch = std::stoll(argv[3]);
     std::mt19937_64 rng(std::stoull(argv[5]));
     std::vector<std::pair<std::string, Tensor>> out;

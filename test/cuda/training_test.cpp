@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -251,13 +250,6 @@ TEST(CudaTraining, GradientsMatchCpu) {
   check_gradients_match_cpu("resnet18", Shape{3, 16, 16}, 2, 12, 19, 1e-4);
 }
 
-// A host copy of a host tensor (its own storage).
-Tensor host_copy(const Tensor& t) {
-  Tensor c = Tensor::empty(t.shape(), t.dtype());
-  std::memcpy(c.raw(), t.raw(), t.nbytes());
-  return c;
-}
-
 Module& module_named(Module& m, const std::string& name) {
   for (auto& [n, p] : m.named_modules())
     if (n == name) return *p;
@@ -279,10 +271,10 @@ double units_alone(Context& cc, Context& gc, Module& mc, Module& mg, const std::
     worst = std::max(worst, rel);
   };
   for (const std::string& u : units) {
-    Tensor yc = module_named(mc, u).forward(host_copy(x), cc);
+    Tensor yc = module_named(mc, u).forward(testing::clone(x), cc);
     Tensor yg = module_named(mg, u).forward(cudatest::to_gpu(x), gc);
     report("forward", u, cudatest::to_host(gc, yg), yc);
-    x = host_copy(yc);
+    x = testing::clone(yc);
   }
   Tensor dy = random_tensor(x.shape(), rng);
   const auto params = mc.named_parameters();
@@ -292,7 +284,7 @@ double units_alone(Context& cc, Context& gc, Module& mc, Module& mg, const std::
     mg.zero_grad(&gc.compute());
     Tensor dyg = cudatest::to_gpu(dy);
     gc.compute().synchronize();
-    Tensor dxc = module_named(mc, *it).backward(host_copy(dy), cc);
+    Tensor dxc = module_named(mc, *it).backward(testing::clone(dy), cc);
     Tensor dxg = module_named(mg, *it).backward(dyg, gc);
     if (dxc.defined()) report("dx", *it, cudatest::to_host(gc, dxg), dxc);
     const Tensor gg = cudatest::to_host(gc, mg.arenas().grads), gcpu = mc.arenas().grads;
@@ -303,7 +295,7 @@ double units_alone(Context& cc, Context& gc, Module& mc, Module& mg, const std::
         EXPECT_LE(rel, rtol) << name;
         worst = std::max(worst, rel);
       }
-    if (dxc.defined()) dy = host_copy(dxc);
+    if (dxc.defined()) dy = testing::clone(dxc);
   }
   return worst;
 }
@@ -343,7 +335,7 @@ void resnet18_units_alone(DType autocast, double rtol, bool whole_blocks) {
       for (auto& [n, m] : mc->named_modules()) has_shortcut |= n == u + ".downsample";
       if (has_shortcut) units_alone(cc, gc, *mc, *mg, {u + ".downsample"}, x, rng, rtol);
     }
-    x = host_copy(module_named(*mc, u).forward(host_copy(x), cc));
+    x = testing::clone(module_named(*mc, u).forward(testing::clone(x), cc));
   }
 }
 

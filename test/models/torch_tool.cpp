@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <map>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "models/zoo/zoo.h"
@@ -26,23 +25,15 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/single_device.h"
 #include "runtime/train/trainer.h"
+#include "support/shape_arg.h"
 
 using namespace fanout;
 
 namespace {
 
-Shape parse_shape(const std::string& s) {
-  Shape shape;
-  std::stringstream ss(s);
-  std::string part;
-  shape.ndim = 0;
-  while (std::getline(ss, part, 'x')) shape.d[shape.ndim++] = std::stoll(part);
-  return shape;
-}
-
 int run(const std::string& name, const std::string& shape_arg, int64_t batch, uint64_t seed,
         const std::string& out) {
-  const Shape sample = parse_shape(shape_arg);
+  const Shape sample = testing::parse_shape(shape_arg);
   const bool dense = models::dense_output(name);
   auto m = models::make_model(name, sample, dense ? 4 : 10, seed);
   std::map<std::string, Tensor> file;
