@@ -9,7 +9,7 @@
 # printed (and written to OUTDIR/summary.txt) and the exit status is non-zero
 # if any step failed.
 #
-# Steps (default: all but diagnose, in this order; name some to run only those, e.g. when a
+# Steps (default: all but diagnose and goals, in this order; name some to run only those, e.g. when a
 # session limits each command's time, `run_gpu.sh out build` then
 # `run_gpu.sh out ctest`; the build directory is reused):
 #   env        OUTDIR/env.txt: nvidia-smi, nvcc, cmake, compilers, python/torch
@@ -48,6 +48,8 @@
 #              (bar 0.88); dp-bench resnet18 and lenet on cuda:0 and 0,0 in
 #              32, bf16-mixed and 16-mixed beside train_throughput.py
 #              --precision (torch.autocast) -> precision*.log / .jsonl
+#   goals      (named only) resnet18 batch 256 on 0,0 in TF32 and bf16-mixed
+#              beside PyTorch TF32, bf16 NCHW, --best and --compile -> goals.jsonl
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -84,7 +86,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -535,6 +537,35 @@ step_precision() {
   return "$rc"
 }
 
+# The issue's goals in one step: resnet18 (3x32x32, batch 256) on cuda:0 and
+# 0,0 in TF32 and bf16-mixed with cuDNN's search, beside PyTorch in TF32, its
+# best eager recipe with and without channels_last (the layout question) and
+# torch.compile on top (bounded by FANOUT_COMPILE_TIMEOUT).
+step_goals() {
+  local b="$build/apps/dp-bench" rc=0 p
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/goals.jsonl"
+  for p in 32 bf16-mixed; do
+    echo "== dp-bench resnet18 batch 256 --devices 0,0 --precision $p --allow-tf32 --cudnn-benchmark"
+    frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp --precision "$p" \
+      --allow-tf32 --cudnn-benchmark --json "$out/goals.jsonl" || rc=1
+  done
+  [ -n "$python" ] || { echo "no python3"; return 1; }
+  local tt="$repo/bench/pytorch/train_throughput.py"
+  echo "== PyTorch TF32, cudnn.benchmark"
+  tmo "$python" "$tt" --models resnet18 --batch 256 --tf32 on --cudnn-benchmark >>"$out/goals.jsonl" || rc=1
+  echo "== PyTorch bf16 autocast, cudnn.benchmark, fused SGD, NCHW"
+  tmo "$python" "$tt" --models resnet18 --batch 256 --tf32 on --precision bf16-mixed --cudnn-benchmark \
+    --fused-optimizer >>"$out/goals.jsonl" || rc=1
+  echo "== PyTorch --best (bf16, channels_last, cudnn.benchmark, fused SGD)"
+  tmo "$python" "$tt" --models resnet18 --batch 256 --tf32 on --best >>"$out/goals.jsonl" || rc=1
+  echo "== PyTorch --best --compile"
+  timeout --kill-after=10 "${FANOUT_COMPILE_TIMEOUT:-240}" "$python" "$tt" --models resnet18 --batch 256 \
+    --tf32 on --best --compile >>"$out/goals.jsonl" || echo "torch.compile row: did not finish"
+  cat "$out/goals.jsonl"
+  return "$rc"
+}
+
 # ------------------------------------------------------------- runner ----
 
 names=() statuses=() seconds=() logs=()
@@ -571,6 +602,7 @@ for s in "${steps[@]}"; do
     heatmap) run_step heatmap "$out/heatmap.log" step_heatmap ;;
     optim) run_step optim "$out/optim.log" step_optim ;;
     precision) run_step precision "$out/precision.log" step_precision ;;
+    goals) run_step goals "$out/goals.log" step_goals ;;
   esac
 done
 
