@@ -9,7 +9,7 @@
 # printed (and written to OUTDIR/summary.txt) and the exit status is non-zero
 # if any step failed.
 #
-# Steps (default: all but diagnose and goals, in this order; name some to run only those, e.g. when a
+# Steps (default: all but diagnose, goals and profile, in this order; name some to run only those, e.g. when a
 # session limits each command's time, `run_gpu.sh out build` then
 # `run_gpu.sh out ctest`; the build directory is reused):
 #   env        OUTDIR/env.txt: nvidia-smi, nvcc, cmake, compilers, python/torch
@@ -50,6 +50,8 @@
 #              --precision (torch.autocast) -> precision*.log / .jsonl
 #   goals      (named only) resnet18 batch 256 on 0,0 in TF32 and bf16-mixed
 #              beside PyTorch TF32, bf16 NCHW, --best and --compile -> goals.jsonl
+#   profile    (named only) Nsight Compute's time for every kernel of a short
+#              resnet18 run in TF32 and bf16-mixed, grouped -> profile.log
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -86,7 +88,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose goals " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals profile)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -566,6 +568,25 @@ step_goals() {
   return "$rc"
 }
 
+# Where a resnet18 step's GPU time goes (batch 256, cuda:0, TF32 and
+# bf16-mixed, cuDNN's heuristics): Nsight Compute times every kernel of a
+# short dp-bench run (2 configurations x 3 steps), kernel_times.py groups them.
+step_profile() {
+  local b="$build/apps/dp-bench" rc=0 p ncu
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu "${cuda_home:-/usr/local/cuda}"/bin/ncu 2>/dev/null | head -n 1)
+  [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
+  for p in 32 bf16-mixed; do
+    echo "== ncu: dp-bench resnet18 batch 256 --devices 0 --precision $p --allow-tf32"
+    timeout --kill-after=10 "${FANOUT_PROFILE_TIMEOUT:-120}" env LD_LIBRARY_PATH="$fanout_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$ncu" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
+      --log-file "$out/ncu_$p.csv" "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0 --no-ddp \
+      --precision "$p" --allow-tf32 --warmup 1 --steps 2 --repeats 1 >/dev/null || rc=1
+    "${python:-python3}" "$repo/bench/gpu/kernel_times.py" "$out/ncu_$p.csv" --steps 6 || rc=1
+  done
+  return "$rc"
+}
+
 # ------------------------------------------------------------- runner ----
 
 names=() statuses=() seconds=() logs=()
@@ -603,6 +624,7 @@ for s in "${steps[@]}"; do
     optim) run_step optim "$out/optim.log" step_optim ;;
     precision) run_step precision "$out/precision.log" step_precision ;;
     goals) run_step goals "$out/goals.log" step_goals ;;
+    profile) run_step profile "$out/profile.log" step_profile ;;
   esac
 done
 

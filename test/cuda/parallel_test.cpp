@@ -166,36 +166,39 @@ TEST(CudaDataParallel, ShardedOptimizerEqualsUnsharded) {
 }
 
 // bf16-mixed DataParallel over 0,0 against DataParallel over cpu:2: the
-// same split and so the same roundings (runtime/nn/autocast.h) but for the
-// order the GPU sums in, which may round a value to its low-type neighbour;
-// the updates agree to 8 u (u = 2^-9) by norm.
+// same split and the same roundings (runtime/nn/autocast.h), but cuDNN's
+// bf16 kernels accumulate in another order (and not exactly: up to one ulp,
+// ConvOnBackend.LowPrecisionAgainstRoundedOperands), so some outputs land on
+// the other low-type neighbour. As in check_training_matches_cpu's mixed
+// modes: the update of step 1 by norm at 8 u (u = 2^-9) and the losses of
+// steps 1 and 2 at 8 u. After that the runs part as perturbed runs do (an
+// H100 moved three steps' updates by 9.4%).
 TEST(CudaDataParallel, Bf16MixedOnTwoReplicasMatchesTheCpu) {
   FANOUT_SKIP_WITHOUT_GPU();
-  // lenet only: resnet18 on these batches is chaotic in bf16 (weights 8 ulps
-  // apart move its three steps' updates by 76% on the CPU alone), so its
+  // lenet only: resnet18 in bf16 is chaotic on these batches (weights 8 ulps
+  // apart move its three steps' updates by 76% on the CPU alone); its
   // mixed-mode comparison is CudaTraining.Resnet18Bf16UnitsAloneMatchCpu.
-  for (const char* model : {"lenet"}) {
-    SCOPED_TRACE(model);
-    const Shape sample{1, 28, 28};
-    const auto data = random_batches(sample, 8, 3, 23);
-    auto mc = models::make_model(model, sample, 10, 7);
-    auto mg = models::make_model(model, sample, 10, 7);
-    const Tensor init = mc->arenas().params.to(Device::cpu());
-    DataParallelOptions opts;
-    opts.math.autocast = DType::BF16;
-    testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion({}), opts);
-    testing::Trained<DataParallelEngine> gpus(*mg, repeated_gpu(2), *make_criterion({}), opts);
-    for (const auto& b : data) {
-      const StepResult rc = cpu.train_step(b.x, b.y, 0.05f);
-      const StepResult rg = gpus.train_step(b.x, b.y, 0.05f);
-      EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 1e-2 * std::abs(rc.loss_sum));
-    }
+  const double u = std::ldexp(1.0, -9);
+  const Shape sample{1, 28, 28};
+  const auto data = random_batches(sample, 8, 2, 23);
+  auto mc = models::make_model("lenet", sample, 10, 7);
+  auto mg = models::make_model("lenet", sample, 10, 7);
+  const Tensor init = mc->arenas().params.to(Device::cpu());
+  DataParallelOptions opts;
+  opts.math.autocast = DType::BF16;
+  testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion({}), opts);
+  testing::Trained<DataParallelEngine> gpus(*mg, repeated_gpu(2), *make_criterion({}), opts);
+  for (size_t step = 0; step < data.size(); ++step) {
+    const StepResult rc = cpu.train_step(data[step].x, data[step].y, 0.05f);
+    const StepResult rg = gpus.train_step(data[step].x, data[step].y, 0.05f);
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 8 * u * std::max(1.0, std::abs(rc.loss_sum))) << "loss at step " << step + 1;
+    if (step > 0) continue;
     Tensor dc = host_params(cpu), dg = host_params(gpus);
     for (int64_t i = 0; i < dc.numel(); ++i) {
       dc.f32()[i] -= init.f32()[i];
       dg.f32()[i] -= init.f32()[i];
     }
-    EXPECT_LE(norm_rel(dg, dc), 8 * std::ldexp(1.0, -9)) << "parameter updates";
+    EXPECT_LE(norm_rel(dg, dc), 8 * u) << "parameter update of step 1";
   }
 }
 
