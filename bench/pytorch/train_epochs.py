@@ -91,7 +91,7 @@ def worker(rank, args, result_path):
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
         torch.backends.cudnn.allow_tf32 = args.tf32
-    if world > 1:
+    if args.mode == "ddp":  # DistributedDataParallel needs a process group, also of one process
         backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         dist.init_process_group(backend,
                                 init_method="file://" + args.store, rank=rank, world_size=world)
@@ -200,6 +200,7 @@ def worker(rank, args, result_path):
         gathered = [None] * world
         dist.all_gather_object(gathered, dev_peaks)
         dev_peaks = [p for part in gathered for p in part]
+    if args.mode == "ddp":
         dist.destroy_process_group()
     if rank == 0:
         result = {"framework": "pytorch", "torch": torch.__version__, "mode": args.mode, "processes": world,
