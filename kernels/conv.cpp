@@ -104,6 +104,10 @@ Shape conv_output_shape(int spatial, const Shape& x, const Shape& w, const ConvG
   return shape_of(spec_of(spatial, g), x, w);
 }
 
+bool conv_rounds_in_low_type(const Context& ctx) {
+  return ctx.math.autocast != DType::F32 && ctx.device().is_cuda();  // kernels/cuda/conv.cu's low-precision path
+}
+
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b, const ConvGeometry& g,
                   Tensor& y) {
   const ConvSpec s = spec_of(spatial, g);

@@ -17,14 +17,16 @@ from collections import defaultdict
 
 GROUPS = [  # first match wins; matched against the kernel's name in lower case
     ("convert (narrow/widen/round)", r"narrow_kernel|widen_kernel|add_widened|round_kernel"),
+    ("cuDNN layout transposes (NCHW<->NHWC)", r"nchwtonhwc|nhwctonchw"),
     ("cuDNN convolution", r"conv|cudnn|xmma|wgrad|dgrad|fprop|winograd|implicit|cutlass|sm90_|sm80_"),
     ("cuBLAS GEMM", r"gemm|cublas|gemv"),
-    ("BatchNorm", r"channel_partials|channel_finish|batch_?norm|bn_"),
+    ("BatchNorm", r"channel_partials|channel_finish|finalize_kernel|[^_]apply_kernel<|^void kernels::<unnamed>::"
+                  r"(backward_)?apply_kernel|eval_kernel|batch_?norm"),
     ("optimizer", r"sgd_kernel|adam_kernel|scale_matrix|clamp_kernel"),
     ("pooling", r"pool"),
     ("loss", r"xent|count_correct|argmax"),
-    ("elementwise (ReLU, add, bias)", r"apply_kernel|backward_apply|add_bias|broadcast_rows|column_sum|elementwise"),
-    ("reduction (norms, sums)", r"reduce|finalize|cub::"),
+    ("elementwise (ReLU, add, bias)", r"map2_kernel|add_bias|broadcast_rows|column_sum|elementwise"),
+    ("reduction (norms, sums)", r"reduce|cub::"),
     ("copies and fills", r"memcpy|memset|fill|copy"),
 ]
 
@@ -60,9 +62,9 @@ def main():
         g = next((g for g, rx in GROUPS if re.search(rx, low)), "other")
         groups[g] += v
     print(f"{sum(count.values())} kernels, {total / a.steps / 1e3:.3f} ms of GPU time per step ({a.steps:g} steps)")
-    print(f"{'group':34} {'ms/step':>9} {'share':>7}")
+    print(f"{'group':40} {'ms/step':>9} {'share':>7}")
     for g, v in sorted(groups.items(), key=lambda kv: -kv[1]):
-        print(f"{g:34} {v / a.steps / 1e3:9.3f} {100 * v / total:6.1f}%")
+        print(f"{g:40} {v / a.steps / 1e3:9.3f} {100 * v / total:6.1f}%")
     print(f"\ntop {a.top} kernels")
     print(f"{'us/step':>9} {'calls/step':>10}  kernel")
     for name, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[: a.top]:

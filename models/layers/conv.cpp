@@ -38,11 +38,12 @@ Tensor ConvNd::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(fits) << type_name() << "(" << in_ << ", " << out_ << ", kernel " << k_ << ", padding "
                           << g_.padding << ") cannot take input of shape " << x.shape().str() << " (expected (N, "
                           << in_ << (spatial_ == 2 ? ", H, W))" : ", D, H, W))");
-  const AutocastWeights::Cast in = autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr);
+  const AutocastWeights::Cast in =
+      autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, kernels::conv_rounds_in_low_type(ctx));
   x_ = in.x;
   ensure(y_, kernels::conv_output_shape(spatial_, x.shape(), w_->shape, g_), ctx.device());
   kernels::conv_forward(ctx, spatial_, in.x, in.w, b_ ? &in.b : nullptr, g_, y_);
-  autocast_round(ctx, y_);
+  autocast_.round_output(ctx, y_);
   return y_;
 }
 

@@ -47,14 +47,15 @@ Tensor ConvTranspose::forward(const Tensor& x, Context& ctx) {
   for (int i = 2; fits && i < ys.ndim; ++i) fits = ys[i] >= 1;
   FANOUT_USER_CHECK(fits) << type_name() << "(" << in_ << ", " << out_ << ", kernel " << k_ << ", stride " << stride_
                           << ", padding " << pad_ << ") cannot take input of shape " << x.shape().str();
-  const AutocastWeights::Cast in = autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr);
+  const AutocastWeights::Cast in =
+      autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, kernels::conv_rounds_in_low_type(ctx));
   x_ = in.x;
   ensure(y_, ys, ctx.device());
   Tensor none;  // no weight gradient: only the convolution's input gradient
   if (dims_ == 2) kernels::conv2d_backward(ctx, y_, in.w, in.x, {stride_, pad_}, &y_, none, nullptr);
   else kernels::conv3d_backward(ctx, y_, in.w, in.x, {stride_, pad_}, &y_, none, nullptr);
   if (b_) kernels::channel_bias_add(ctx, y_, in.b);
-  autocast_round(ctx, y_);
+  autocast_.round_output(ctx, y_);
   return y_;
 }
 

@@ -31,7 +31,7 @@ Tensor Linear::forward(const Tensor& x, Context& ctx) {
   x_ = in.x;
   ensure(y_, Shape{x.size(0), out_}, ctx.device());
   kernels::linear_forward(ctx, in.x, in.w, b_ ? &in.b : nullptr, y_);
-  autocast_round(ctx, y_);
+  autocast_.round_output(ctx, y_);
   return y_;
 }
 

@@ -31,22 +31,33 @@ void LowGrad::flush(Context& ctx, Tensor& grad) {
   kernels::axpy(ctx, 1.0f, g_, grad);
 }
 
-AutocastWeights::Cast AutocastWeights::forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b) {
-  Cast c{autocast_copy(ctx, x, x_), autocast_copy(ctx, w, w_), Tensor()};
+AutocastWeights::Cast AutocastWeights::forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b,
+                                               bool kernel_rounds) {
+  kernel_rounds_ = kernel_rounds && autocast_on(ctx);
+  has_bias_ = b != nullptr;
+  Cast c{kernel_rounds_ ? x : autocast_copy(ctx, x, x_), kernel_rounds_ ? w : autocast_copy(ctx, w, w_), Tensor()};
   if (b) c.b = autocast_copy(ctx, *b, b_);
   return c;
 }
 
+void AutocastWeights::round_output(Context& ctx, Tensor& y) {
+  if (!kernel_rounds_ || has_bias_) autocast_round(ctx, y);
+}
+
 AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tensor& dy, const Tensor& w, Tensor& gw,
                                                       Tensor* gb) {
-  if (autocast_on(ctx)) autocast_copy(ctx, dy, dy_);
-  return {autocast_on(ctx) ? &dy_ : &dy, autocast_on(ctx) ? &w_ : &w, &gw_.sink(ctx, gw), gb ? &gb_.sink(ctx, *gb) : nullptr};
+  if (!autocast_on(ctx)) return {&dy, &w, &gw, gb};
+  // db is a float32 sum of dy in every backend: dy is rounded first where there is one.
+  const bool raw_dy = kernel_rounds_ && !gb;
+  if (!raw_dy) autocast_copy(ctx, dy, dy_);
+  return {raw_dy ? &dy : &dy_, kernel_rounds_ ? &w : &w_, kernel_rounds_ ? &gw : &gw_.sink(ctx, gw),
+          gb ? &gb_.sink(ctx, *gb) : nullptr};
 }
 
 void AutocastWeights::backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor* dx) {
-  gw_.flush(ctx, gw);
+  if (!kernel_rounds_) gw_.flush(ctx, gw);
   if (gb) gb_.flush(ctx, *gb);
-  if (dx) autocast_round(ctx, *dx);
+  if (dx && !kernel_rounds_) autocast_round(ctx, *dx);
 }
 
 }  // namespace fanout

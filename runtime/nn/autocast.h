@@ -53,14 +53,21 @@ class LowGrad {
 // The autocast side of a layer with a weight and an optional bias
 // (convolutions, linear): forward casts the input, weight and bias (and
 // keeps them for backward); backward computes the weight and bias
-// gradients into low-type sinks and rounds dx.
+// gradients into low-type sinks and rounds dx. With `kernel_rounds` (the
+// kernels round as they read and write: kernels::conv_rounds_in_low_type)
+// x, w and dy go to them as they are, dW is added straight into the float32
+// gradient and only what the kernels leave unrounded is rounded here: the
+// bias, y after it, db, and dy where db is summed from it. Each skipped pass
+// would repeat a rounding (rounding is idempotent), so the result is the same.
 class AutocastWeights {
  public:
   struct Cast {
     Tensor x, w, b;  // b undefined without a bias
   };
   // Off: x, w and b themselves.
-  Cast forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b);
+  Cast forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, bool kernel_rounds = false);
+  // y rounded to the low type, unless the kernel already did (no bias).
+  void round_output(Context& ctx, Tensor& y);
   struct Sinks {
     const Tensor* dy;  // the output gradient, in the low type (autocast's outputs are low-type tensors)
     const Tensor* w;   // the weight backward multiplies by
@@ -74,6 +81,7 @@ class AutocastWeights {
  private:
   Tensor x_, w_, b_, dy_;
   LowGrad gw_, gb_;
+  bool kernel_rounds_ = false, has_bias_ = false;
 };
 
 }  // namespace fanout

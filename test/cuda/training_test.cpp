@@ -4,14 +4,20 @@
 // allocates no device memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/target_batch.h"
+#include "models/layers/conv.h"
+#include "models/layers/conv_transpose.h"
+#include "models/layers/sequential.h"
 #include "models/zoo/zoo.h"
+#include "runtime/core/half.h"
 #include "runtime/core/memory.h"
 #include "runtime/optim/clip.h"
 #include "runtime/parallel/single_device.h"
@@ -439,6 +445,71 @@ TEST(CudaTraining, AdamWWithClippingMatchesCpu) {
   for (size_t i = 0; i < sa.size(); ++i)
     EXPECT_LT(cudatest::slice_rel(sb[i].second->to(Device::cpu()), *sa[i].second, 0, sa[i].second->numel()), 1e-4)
         << sa[i].first;
+}
+
+// Under bf16-mixed the CUDA convolutions round as they read and write
+// (kernels::conv_rounds_in_low_type), so their layers hand them x, w and dy
+// unrounded and skip their own rounding passes. Fed float32 values that are
+// not bfloat16 ones: y, dx, dW and db must still be bfloat16 values (dW and
+// db summed into zeroed gradients), and agree with the CPU layer, which
+// rounds each of them explicitly, within one bfloat16 ulp (4 u of
+// max(|value|, rms): cuDNN's accumulation, ConvOnBackend.LowPrecision...).
+TEST(CudaTraining, ConvLayersRoundOnceInTheLowType) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  const double u = std::ldexp(1.0, -9);
+  auto not_bf16 = [](const Tensor& t) {  // how many elements are not bfloat16 values
+    int64_t off = 0;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      off += half::float_from_bf16(half::bf16_from_float(t.f32()[i])) != t.f32()[i];
+    return off;
+  };
+  struct Case {
+    const char* name;
+    std::function<std::unique_ptr<Module>()> make;
+    Shape x;
+  };
+  const std::vector<Case> cases = {
+      {"Conv2d, no bias", [] { return std::make_unique<models::Conv2d>(6, 8, 3, 1, 1, false); }, Shape{3, 6, 9, 9}},
+      {"Conv2d, bias, stride 2", [] { return std::make_unique<models::Conv2d>(6, 8, 3, 2, 1, true); },
+       Shape{3, 6, 9, 9}},
+      {"Conv3d", [] { return std::make_unique<models::Conv3d>(4, 6, 3, 1, 1, false); }, Shape{2, 4, 5, 6, 7}},
+      {"ConvTranspose2d, bias", [] { return std::make_unique<models::ConvTranspose>(2, 6, 4, 3, 2, 1, 1, true); },
+       Shape{3, 6, 5, 5}}};
+  std::mt19937_64 rng(41);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    models::Sequential mc, mg;
+    mc.add(c.make());
+    mg.add(c.make());
+    for (models::Sequential* m : {&mc, &mg}) {
+      m->set_input_grad(true);
+      m->init(5);
+    }
+    Context cc(Device::cpu()), gc(gpu());
+    cc.math.autocast = gc.math.autocast = DType::BF16;
+    mg.to(gpu(), &gc.compute());
+    const Tensor x = random_tensor(c.x, rng);
+    ASSERT_GT(not_bf16(x), x.numel() / 2) << "the input must not be bfloat16 values already";
+    const Tensor yc = testing::clone(mc.forward(testing::clone(x), cc));
+    const Tensor yg = cudatest::to_host(gc, mg.forward(cudatest::to_gpu(x), gc));
+    const Tensor dy = random_tensor(yc.shape(), rng);
+    mc.zero_grad();
+    mg.zero_grad(&gc.compute());
+    const Tensor dxc = mc.backward(testing::clone(dy), cc);
+    const Tensor dxg = cudatest::to_host(gc, mg.backward(cudatest::to_gpu(dy), gc));
+    const Tensor gg = cudatest::to_host(gc, mg.arenas().grads);
+    EXPECT_EQ(not_bf16(yg), 0) << "y";
+    EXPECT_EQ(not_bf16(dxg), 0) << "dx";
+    EXPECT_TRUE(cudatest::close(yg, yc, 4 * u)) << "y";
+    EXPECT_TRUE(cudatest::close(dxg, dxc, 4 * u)) << "dx";
+    for (const auto& [name, p] : mc.named_parameters()) {
+      Tensor got = Tensor::empty(p->shape), want = Tensor::empty(p->shape);
+      std::copy_n(gg.f32() + p->offset, p->shape.numel(), got.f32());
+      std::copy_n(mc.arenas().grads.f32() + p->offset, p->shape.numel(), want.f32());
+      EXPECT_EQ(not_bf16(got), 0) << name;
+      EXPECT_TRUE(cudatest::close(got, want, 4 * u)) << name;
+    }
+  }
 }
 
 // After warm-up, train and eval steps on cuda:0 allocate no device memory
