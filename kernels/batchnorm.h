@@ -11,6 +11,10 @@
 // mean is kept as an unevaluated sum of two floats (hi + lo), so x - mean is
 // taken to float64 accuracy: one float would be off by half an ulp of the
 // offset, 5e-4 at 1e4.
+//
+// Autocast (ctx.math.autocast BF16 or F16): statistics and arithmetic stay
+// float32, and bn_apply, bn_forward_eval and bn_backward_apply write y and dx
+// rounded to the low type (CUDA as it writes, the CPU in a pass after).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -5,6 +5,7 @@
 // Threads take whole channels (reductions) or planes (elementwise passes),
 // so the results do not depend on their number.
 #include "kernels/batchnorm.h"
+#include "kernels/convert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -121,6 +122,13 @@ void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float 
   }
 }
 
+namespace {
+// Autocast's low-type output (kernels/batchnorm.h): rounded after the float32 pass.
+void round_output(Context& ctx, Tensor& t) {
+  if (ctx.math.autocast != DType::F32) round_to(ctx, t, ctx.math.autocast);
+}
+}  // namespace
+
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const Planes p = planes_of(x);
@@ -132,6 +140,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
       affine2(xp + off, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
     }
   });
+  round_output(ctx, y);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -149,6 +158,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
       }
     }
   });
+  round_output(ctx, y);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean,
@@ -193,6 +203,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
       }
     }
   });
+  round_output(ctx, dx);
 }
 
 }  // namespace fanout::kernels::cpu

@@ -7,6 +7,7 @@
 #include "kernels/batchnorm.h"
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -87,15 +88,16 @@ __global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, dou
 
 // ---- elementwise passes over (N, C, S) ----
 
-// y = (x - mean) * (invstd * gamma) + beta; y may alias x.
+// y = (x - mean) * (invstd * gamma) + beta; y may alias x. Each kernel here
+// rounds what it writes as autocast asks (low: detail::low_mode).
 template <class I>
 __global__ void apply_kernel(const float* x, const float* __restrict__ mean, const float* __restrict__ invstd,
                              const float* __restrict__ gamma, const float* __restrict__ beta, float* y, I c, I s,
-                             I total) {
+                             I total, int low) {
   for (I i : detail::grid_stride(total)) {
     const I ch = (i / s) % c;
     const float k = invstd[ch] * gamma[ch];
-    y[i] = ((x[i] - mean[ch]) - mean[c + ch]) * k + beta[ch];  // mean (2, C): hi, lo
+    y[i] = detail::round_low(((x[i] - mean[ch]) - mean[c + ch]) * k + beta[ch], low);  // mean (2, C): hi, lo
   }
 }
 
@@ -103,11 +105,11 @@ __global__ void apply_kernel(const float* x, const float* __restrict__ mean, con
 template <class I>
 __global__ void eval_kernel(const float* x, const float* __restrict__ rmean, const float* __restrict__ rvar,
                             const float* __restrict__ gamma, const float* __restrict__ beta, double eps, float* y,
-                            I c, I s, I total) {
+                            I c, I s, I total, int low) {
   for (I i : detail::grid_stride(total)) {
     const I ch = (i / s) % c;
     const float k = static_cast<float>(static_cast<double>(gamma[ch]) / sqrt(static_cast<double>(rvar[ch]) + eps));
-    y[i] = (x[i] - rmean[ch]) * k + beta[ch];
+    y[i] = detail::round_low((x[i] - rmean[ch]) * k + beta[ch], low);
   }
 }
 
@@ -118,7 +120,7 @@ template <class I>
 __global__ void backward_apply_kernel(const float* x, const float* dy, const float* __restrict__ mean,
                                       const float* __restrict__ invstd, const float* __restrict__ gamma,
                                       const float* __restrict__ grad_stats, double inv_count, float* dx, I c, I s,
-                                      I total) {
+                                      I total, int low) {
   for (I i : detail::grid_stride(total)) {
     const I ch = (i / s) % c;
     const double k = static_cast<double>(gamma[ch]) * static_cast<double>(invstd[ch]);
@@ -126,7 +128,7 @@ __global__ void backward_apply_kernel(const float* x, const float* dy, const flo
     const float a = static_cast<float>(static_cast<double>(grad_stats[ch]) * inv_count);
     const float q =
         static_cast<float>(k * static_cast<double>(invstd[ch]) * static_cast<double>(grad_stats[c + ch]) * inv_count);
-    dx[i] = kf * (dy[i] - a) - ((x[i] - mean[ch]) - mean[c + ch]) * q;
+    dx[i] = detail::round_low(kf * (dy[i] - a) - ((x[i] - mean[ch]) - mean[c + ch]) * q, low);
   }
 }
 
@@ -171,7 +173,8 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
     using I = decltype(tag);
     apply_kernel<I><<<blocks, detail::kThreads, 0, st>>>(x.f32(), mean.f32(), invstd.f32(), gamma.f32(),
                                                          beta.f32(), y.f32(), static_cast<I>(p.c),
-                                                         static_cast<I>(p.s), static_cast<I>(total));
+                                                         static_cast<I>(p.s), static_cast<I>(total),
+                                                         detail::low_mode(ctx));
   });
 }
 
@@ -184,7 +187,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
     eval_kernel<I><<<blocks, detail::kThreads, 0, st>>>(x.f32(), running_mean.f32(), running_var.f32(), gamma.f32(),
                                                         beta.f32(), static_cast<double>(eps), y.f32(),
                                                         static_cast<I>(p.c), static_cast<I>(p.s),
-                                                        static_cast<I>(total));
+                                                        static_cast<I>(total), detail::low_mode(ctx));
   });
 }
 
@@ -208,7 +211,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
     using I = decltype(tag);
     backward_apply_kernel<I><<<blocks, detail::kThreads, 0, st>>>(
         x.f32(), dy.f32(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count, dx.f32(),
-        static_cast<I>(p.c), static_cast<I>(p.s), static_cast<I>(total));
+        static_cast<I>(p.c), static_cast<I>(p.s), static_cast<I>(total), detail::low_mode(ctx));
   });
 }
 

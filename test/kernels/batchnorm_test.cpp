@@ -13,6 +13,7 @@
 
 #include "kernels/backend_test_util.h"
 #include "kernels/batchnorm.h"
+#include "runtime/core/half.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
@@ -259,6 +260,43 @@ TEST_P(BatchNormOnBackend, BackwardApplyMayAliasDy) {
   kernels::bn_backward_apply(ctx(), f.xd, rd, f.mean, f.invstd, f.gammad, gs, f.count, dx);
   kernels::bn_backward_apply(ctx(), f.xd, rd, f.mean, f.invstd, f.gammad, gs, f.count, rd);
   EXPECT_TRUE(ft::same_bits(down(rd), down(dx)));
+}
+
+// Under autocast the three writing kernels round what they write to the low
+// type: bit for bit the float32 result rounded on the host (statistics and
+// arithmetic stay float32), on every backend, for bfloat16 and float16.
+TEST_P(BatchNormOnBackend, AutocastRoundsWhatTheKernelsWrite) {
+  std::mt19937_64 rng(66);
+  BnRun f = make(Shape{3, 5, 7, 9}, rng);
+  Tensor rd = up(ft::random_tensor(f.x.shape(), rng));
+  forward(f);
+  Tensor gs = poisoned(Shape{2, f.c});
+  kernels::bn_backward_reduce(ctx(), f.xd, rd, f.mean, f.invstd, gs);
+  auto outputs = [&] {
+    Tensor y = poisoned(f.x.shape()), ye = poisoned(f.x.shape()), dx = poisoned(f.x.shape());
+    kernels::bn_apply(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, y);
+    kernels::bn_forward_eval(ctx(), f.xd, f.rmd, f.rvd, f.gammad, f.betad, f.eps, ye);
+    kernels::bn_backward_apply(ctx(), f.xd, rd, f.mean, f.invstd, f.gammad, gs, f.count, dx);
+    return std::vector<Tensor>{down(y), down(ye), down(dx)};
+  };
+  const std::vector<Tensor> full = outputs();
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    ctx().math.autocast = t;
+    const std::vector<Tensor> low = outputs();
+    ctx().math.autocast = DType::F32;
+    for (size_t k = 0; k < full.size(); ++k) {
+      int64_t rounded = 0;
+      for (int64_t i = 0; i < full[k].numel(); ++i) {
+        const float v = full[k].f32()[i];
+        const float want = t == DType::BF16 ? half::float_from_bf16(half::bf16_from_float(v))
+                                            : half::float_from_f16(half::f16_from_float(v));
+        ASSERT_EQ(low[k].f32()[i], want) << "output " << k << " element " << i;
+        rounded += want != v;
+      }
+      EXPECT_GT(rounded, full[k].numel() / 2) << "output " << k << ": the float32 values must need rounding";
+    }
+  }
 }
 
 TEST_P(BatchNormOnBackend, StatsAreDeterministic) {
