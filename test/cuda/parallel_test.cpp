@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/target_batch.h"
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
@@ -167,35 +168,34 @@ TEST(CudaDataParallel, ShardedOptimizerEqualsUnsharded) {
 
 // bf16-mixed DataParallel over 0,0. Its update is the mean of what one
 // device makes of each half of the batch: the same cuDNN and cuBLAS calls on
-// the same 4 rows, the loss gradient scaled by exactly 1/2 (which commutes
-// with every rounding to bfloat16), so only float32 rounding in the
+// the same 4 rows (deterministic algorithms; BatchNorm's statistics are the
+// half's either way), the loss gradient scaled by exactly 1/2 (which
+// commutes with every rounding to bfloat16), so only float32 rounding in the
 // reduction and the update parts them (1e-3 by norm). Against DataParallel
-// over cpu:2 only the losses are compared (8 u, u = 2^-9): gradients are
-// not, as cuDNN's bf16 kernels put some outputs on the other bf16 neighbour
-// (ConvOnBackend.LowPrecisionAgainstRoundedOperands) and lenet's gradients
+// over cpu:2 only lenet's losses are compared (8 u, u = 2^-9): gradients
+// are not, as cuDNN's bf16 kernels put some outputs on the other bf16
+// neighbour (ConvOnBackend.LowPrecisionAgainstRoundedOperands) and gradients
 // on random batches turn on ReLU and max-pool decisions that close: on the
-// CPU alone, inputs moved by one bf16 unit roundoff move the first update by
-// 1.6-3.1% in bf16-mixed (1.3-6.2% in float32); an H100 against cpu:2 moved
-// it by 7.1%.
-TEST(CudaDataParallel, Bf16MixedUpdateIsTheMeanOfItsHalves) {
-  FANOUT_SKIP_WITHOUT_GPU();
-  const double u = std::ldexp(1.0, -9);
-  const Shape sample{1, 28, 28};
-  const auto data = random_batches(sample, 8, 2, 23);
+// CPU alone, inputs moved by one bf16 unit roundoff move lenet's first
+// update by 1.6-3.1% in bf16-mixed (1.3-6.2% in float32); an H100 against
+// cpu:2 moved it by 7.1%.
+void check_bf16_dp_is_the_mean_of_its_halves(const std::string& model, const Shape& sample) {
+  SCOPED_TRACE(model);
+  std::mt19937_64 rng(23);
+  const cudatest::TargetBatch b = cudatest::make_batch(model, sample, 8, rng);
   DataParallelOptions opts;
   opts.math.autocast = DType::BF16;
-  auto mp = models::make_model("lenet", sample, 10, 7);
-  auto mc = models::make_model("lenet", sample, 10, 7);
+  opts.math.deterministic = true;
+  auto mp = models::make_model(model, sample, b.classes, 7);
   const Tensor init = mp->arenas().params.to(Device::cpu());
-  testing::Trained<DataParallelEngine> dp(*mp, repeated_gpu(2), *make_criterion({}), opts);
-  testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion({}), opts);
-  const StepResult rd = dp.train_step(data[0].x, data[0].y, 0.05f);
+  testing::Trained<DataParallelEngine> dp(*mp, repeated_gpu(2), *make_criterion(b.loss), opts);
+  const StepResult rd = dp.train_step(b.x, b.y, 0.05f);
   Tensor want = Tensor::zeros(init.shape());
   double half_losses = 0;
   for (int h = 0; h < 2; ++h) {
-    auto m = models::make_model("lenet", sample, 10, 7);
-    testing::Trained<SingleDeviceEngine> one(*m, gpu(), *make_criterion({}), 7, opts.math);
-    half_losses += one.train_step(data[0].x.slice(4 * h, 4 * h + 4), data[0].y.slice(4 * h, 4 * h + 4), 0.05f).loss_sum;
+    auto m = models::make_model(model, sample, b.classes, 7);
+    testing::Trained<SingleDeviceEngine> one(*m, gpu(), *make_criterion(b.loss), 7, opts.math);
+    half_losses += one.train_step(b.x.slice(4 * h, 4 * h + 4), b.y.slice(4 * h, 4 * h + 4), 0.05f).loss_sum;
     const Tensor p = host_params(one);
     for (int64_t i = 0; i < want.numel(); ++i) want.f32()[i] += 0.5f * (p.f32()[i] - init.f32()[i]);
   }
@@ -203,12 +203,27 @@ TEST(CudaDataParallel, Bf16MixedUpdateIsTheMeanOfItsHalves) {
   Tensor got = host_params(dp);
   for (int64_t i = 0; i < got.numel(); ++i) got.f32()[i] -= init.f32()[i];
   EXPECT_LE(norm_rel(got, want), 1e-3) << "parameter update of step 1";
-  // Against the CPU: the losses of both steps (the second after each side's own update).
-  const StepResult rc = cpu.train_step(data[0].x, data[0].y, 0.05f);
-  EXPECT_NEAR(rd.loss_sum, rc.loss_sum, 8 * u * std::abs(rc.loss_sum)) << "loss at step 1";
-  const StepResult rd2 = dp.train_step(data[1].x, data[1].y, 0.05f);
-  const StepResult rc2 = cpu.train_step(data[1].x, data[1].y, 0.05f);
-  EXPECT_NEAR(rd2.loss_sum, rc2.loss_sum, 8 * u * std::abs(rc2.loss_sum)) << "loss at step 2";
+}
+
+TEST(CudaDataParallel, Bf16MixedUpdateIsTheMeanOfItsHalves) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_bf16_dp_is_the_mean_of_its_halves("lenet", Shape{1, 28, 28});
+  check_bf16_dp_is_the_mean_of_its_halves("resnet18", Shape{3, 16, 16});
+  // lenet against the CPU: the losses of two steps (the second after each side's own update).
+  const double u = std::ldexp(1.0, -9);
+  const Shape sample{1, 28, 28};
+  const auto data = random_batches(sample, 8, 2, 23);
+  DataParallelOptions opts;
+  opts.math.autocast = DType::BF16;
+  auto mg = models::make_model("lenet", sample, 10, 7);
+  auto mc = models::make_model("lenet", sample, 10, 7);
+  testing::Trained<DataParallelEngine> gpus(*mg, repeated_gpu(2), *make_criterion({}), opts);
+  testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion({}), opts);
+  for (size_t step = 0; step < data.size(); ++step) {
+    const StepResult rg = gpus.train_step(data[step].x, data[step].y, 0.05f);
+    const StepResult rc = cpu.train_step(data[step].x, data[step].y, 0.05f);
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 8 * u * std::abs(rc.loss_sum)) << "loss at step " << step + 1;
+  }
 }
 
 // Per-replica BatchNorm differs from one device by design; SyncBatchNorm
