@@ -2,9 +2,9 @@
 // Conv3d), groups = 1, dilation = 1, over (N, C, H, W) or (N, C, D, H, W):
 // one op family for both ranks, the rank (2 or 3 spatial axes) an argument.
 // CPU: oneDNN (kernels/cpu/conv.cpp). CUDA: cuDNN (kernels/cuda/conv.cu).
-// Under autocast (ctx.math.autocast BF16 or F16) x, w and dy must hold values
-// of that type (the autocast layers pass rounded copies): CUDA runs cuDNN in
-// it, rounding y, dx and the dw term to it; the CPU computes in float32.
+// Under autocast (ctx.math.autocast BF16 or F16) CUDA runs cuDNN in that
+// type, rounding x, w, dy, y, dx and the dw term to it; the CPU computes in
+// float32 on what it is given (the layers pass it rounded copies).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
@@ -25,11 +25,11 @@ using Conv3dGeometry = ConvGeometry;
 Shape conv_output_shape(int spatial, const Shape& x, const Shape& w, const ConvGeometry& g);
 
 // Whether, under the context's autocast, conv_forward and conv_backward round
-// in the low type themselves: x, w and dy rounded as they are read (so any
-// float32 values will do), y before its bias, dx and the dw term returned
-// rounded. CUDA: yes (cuDNN runs in the low type); CPU: no (float32 on the
-// values it is given). The layers then skip the copies and passes that would
-// repeat those roundings (runtime/nn/autocast.h).
+// in the low type themselves: x, w and dy rounded as they are read for the
+// products (db is still summed from dy as given), y before its bias, dx and
+// the dw term returned rounded. CUDA: yes (cuDNN runs in the low type); CPU:
+// no (float32 on the values it is given). The layers then skip the copies
+// and passes that would repeat those roundings (runtime/nn/autocast.h).
 bool conv_rounds_in_low_type(const Context& ctx);
 
 FANOUT_KERNEL_OPS(

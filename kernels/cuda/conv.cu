@@ -14,8 +14,9 @@
 // Results: y (=), dx (=, beta 0), dw (+=, beta 1), db (+=, own reduction kernel).
 // Under autocast (ctx.math.autocast BF16 or F16) cuDNN runs in that type with
 // float32 accumulation and tensor-op math (kernels/cuda/low_precision.cuh):
-// x, w and dy are narrowed (exactly: the layers pass low-type values), y and
-// dx come back rounded to it, and dw's term is rounded before it is added.
+// x, w and dy are narrowed (rounded) into low-type buffers as they are read,
+// y and dx come back rounded to it, and dw's term is rounded before it is
+// added; db is summed from dy as given (kernels::conv_rounds_in_low_type).
 #include "kernels/conv.h"
 #include "kernels/conv_bias.h"
 #include "kernels/convert.h"
@@ -402,7 +403,7 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   detail::DeviceScope scope(ctx);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());  // bound to ctx.compute() at creation
   ConvShape s = conv_shape(x, w, y, stride, pad);
-  // Low precision: the operands' low-type copies, and the output through a low-type buffer.
+  // Low precision: the operands narrowed into low-type buffers, and the output through one.
   const bool low = detail::low_precision(ctx);
   Tensor xl = x, wl = w, yl = y;
   if (low) {

@@ -22,8 +22,9 @@
 //
 // On a CPU device every tensor stays float32 and "low" means rounded to the
 // low type (kernels::round_to) at exactly these points, so a CPU step is the
-// GPU's arithmetic up to float32 summation order; it is slower than float32,
-// not faster.
+// GPU's arithmetic up to float32 summation order (and, for a convolution
+// with a bias, the GPU's one rounding more); it is slower than float32, not
+// faster.
 #pragma once
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"

@@ -450,17 +450,23 @@ TEST(CudaTraining, AdamWWithClippingMatchesCpu) {
 // Under bf16-mixed the CUDA convolutions round as they read and write
 // (kernels::conv_rounds_in_low_type), so their layers hand them x, w and dy
 // unrounded and skip their own rounding passes. Fed float32 values that are
-// not bfloat16 ones: y, dx, dW and db must still be bfloat16 values (dW and
-// db summed into zeroed gradients), and agree with the CPU layer, which
-// rounds each of them explicitly, within one bfloat16 ulp (4 u of
-// max(|value|, rms): cuDNN's accumulation, ConvOnBackend.LowPrecision...).
+// not bfloat16 ones: y, dx, dW and db must be bit for bit what the same GPU
+// layer gives on x and dy rounded beforehand (db from the rounded dy, too),
+// bfloat16 values (dW and db summed into zeroed gradients), and within one
+// bfloat16 ulp of the CPU layer, which rounds each of them explicitly (4 u
+// of max(|value|, rms): cuDNN's accumulation, ConvOnBackend.LowPrecision...;
+// y 8 u, for the bias the GPU adds after its rounding).
 TEST(CudaTraining, ConvLayersRoundOnceInTheLowType) {
   FANOUT_SKIP_WITHOUT_GPU();
   const double u = std::ldexp(1.0, -9);
-  auto not_bf16 = [](const Tensor& t) {  // how many elements are not bfloat16 values
+  auto rounded = [](Tensor t) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = half::float_from_bf16(half::bf16_from_float(t.f32()[i]));
+    return t;
+  };
+  auto not_bf16 = [&](const Tensor& t) {  // how many elements are not bfloat16 values
+    const Tensor r = rounded(testing::clone(t));
     int64_t off = 0;
-    for (int64_t i = 0; i < t.numel(); ++i)
-      off += half::float_from_bf16(half::bf16_from_float(t.f32()[i])) != t.f32()[i];
+    for (int64_t i = 0; i < t.numel(); ++i) off += r.f32()[i] != t.f32()[i];
     return off;
   };
   struct Case {
@@ -474,33 +480,44 @@ TEST(CudaTraining, ConvLayersRoundOnceInTheLowType) {
        Shape{3, 6, 9, 9}},
       {"Conv3d", [] { return std::make_unique<models::Conv3d>(4, 6, 3, 1, 1, false); }, Shape{2, 4, 5, 6, 7}},
       {"ConvTranspose2d, bias", [] { return std::make_unique<models::ConvTranspose>(2, 6, 4, 3, 2, 1, 1, true); },
-       Shape{3, 6, 5, 5}}};
+       Shape{3, 6, 5, 5}},
+      {"ConvTranspose2d, no bias",
+       [] { return std::make_unique<models::ConvTranspose>(2, 6, 4, 3, 2, 1, 1, false); }, Shape{3, 6, 5, 5}}};
   std::mt19937_64 rng(41);
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    models::Sequential mc, mg;
-    mc.add(c.make());
-    mg.add(c.make());
-    for (models::Sequential* m : {&mc, &mg}) {
+    models::Sequential mc, mg, mr;  // CPU; GPU on raw inputs; GPU on rounded ones
+    for (models::Sequential* m : {&mc, &mg, &mr}) {
+      m->add(c.make());
       m->set_input_grad(true);
       m->init(5);
     }
-    Context cc(Device::cpu()), gc(gpu());
-    cc.math.autocast = gc.math.autocast = DType::BF16;
+    Context cc(Device::cpu()), gc(gpu()), rc(gpu());
+    for (Context* ctx : {&cc, &gc, &rc}) {
+      ctx->math.autocast = DType::BF16;
+      ctx->math.deterministic = true;  // the same cuDNN algorithms, the same sums, on both GPU runs
+    }
     mg.to(gpu(), &gc.compute());
+    mr.to(gpu(), &rc.compute());
     const Tensor x = random_tensor(c.x, rng);
     ASSERT_GT(not_bf16(x), x.numel() / 2) << "the input must not be bfloat16 values already";
     const Tensor yc = testing::clone(mc.forward(testing::clone(x), cc));
     const Tensor yg = cudatest::to_host(gc, mg.forward(cudatest::to_gpu(x), gc));
+    const Tensor yr = cudatest::to_host(rc, mr.forward(cudatest::to_gpu(rounded(testing::clone(x))), rc));
     const Tensor dy = random_tensor(yc.shape(), rng);
     mc.zero_grad();
     mg.zero_grad(&gc.compute());
+    mr.zero_grad(&rc.compute());
     const Tensor dxc = mc.backward(testing::clone(dy), cc);
     const Tensor dxg = cudatest::to_host(gc, mg.backward(cudatest::to_gpu(dy), gc));
-    const Tensor gg = cudatest::to_host(gc, mg.arenas().grads);
+    const Tensor dxr = cudatest::to_host(rc, mr.backward(cudatest::to_gpu(rounded(testing::clone(dy))), rc));
+    const Tensor gg = cudatest::to_host(gc, mg.arenas().grads), gr = cudatest::to_host(rc, mr.arenas().grads);
+    EXPECT_TRUE(testing::same_bits(yg, yr)) << "y";
+    EXPECT_TRUE(testing::same_bits(dxg, dxr)) << "dx";
+    EXPECT_TRUE(testing::same_bits(gg, gr)) << "parameter gradients";
     EXPECT_EQ(not_bf16(yg), 0) << "y";
     EXPECT_EQ(not_bf16(dxg), 0) << "dx";
-    EXPECT_TRUE(cudatest::close(yg, yc, 4 * u)) << "y";
+    EXPECT_TRUE(cudatest::close(yg, yc, 8 * u)) << "y";  // with a bias the GPU rounds once more (autocast.h)
     EXPECT_TRUE(cudatest::close(dxg, dxc, 4 * u)) << "dx";
     for (const auto& [name, p] : mc.named_parameters()) {
       Tensor got = Tensor::empty(p->shape), want = Tensor::empty(p->shape);

@@ -251,8 +251,8 @@ TEST_P(ConvOnBackend, MathOptionsAgainstDirectConvolution) {
 // Under autocast the layers hand the kernels low-type values; CUDA then runs
 // cuDNN in that type and rounds y, dx and the dw term to it, the CPU keeps
 // float32. Against the direct convolution of the rounded operands: on CUDA
-// each element within 4 u (one low-type ulp at worst; u = 2^-9 bfloat16,
-// 2^-11 float16) of max(|reference|, its rms), on the CPU 1e-4. Rounding the
+// each element within 4 u (u = 2^-9 bfloat16, 2^-11 float16: one bfloat16 ulp
+// at worst, two float16 ones) of max(|reference|, its rms), on the CPU 1e-4. Rounding the
 // exact result costs half an ulp; cuDNN's bf16 kernels on an H100 missed by
 // up to 0.99 ulp (21 of 9,600 outputs past 2 u): their float32 accumulation
 // is not exact either.
