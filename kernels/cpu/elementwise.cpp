@@ -1,18 +1,20 @@
 // CPU elementwise arithmetic: contiguous loops that g++ -O3 vectorizes.
 #include "kernels/elementwise.h"
 
+#include "kernels/convert.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 
 namespace fanout::kernels::cpu {
 
-void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round) {
   // out may alias a or b.
   const float *ap = a.f32(), *bp = b.f32();
   float* op = out.f32();
   parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
     map2(ap + s, bp + s, op + s, e - s, [](float u, float v) { return u + v; });
   });
+  if (round != DType::F32) round_to(ctx, out, round);  // a pass after: the vectorized sum stays as it is
 }
 
 void axpy(Context& ctx, float alpha, const Tensor& x, Tensor& y) {

@@ -3,12 +3,14 @@
 #include "kernels/elementwise.h"
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
 namespace {
 struct AddOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  int low;  // detail::round_low's mode
+  __device__ float operator()(float a, float b) const { return detail::round_low(a + b, low); }
 };
 // (x, y) -> y + alpha * x
 struct AxpyOp {
@@ -21,10 +23,11 @@ struct ScaleOp {
 };
 }  // namespace
 
-// out = a + b (=); out may alias a or b.
-void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
+// out = a + b (=), rounded as it is written when `round` is a low type; out may alias a or b.
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round) {
   detail::DeviceScope scope(ctx);
-  detail::launch_map2(ctx, AddOp{}, a.f32(), b.f32(), out.f32(), out.numel());
+  const int low = round == DType::BF16 ? 1 : round == DType::F16 ? 2 : 0;
+  detail::launch_map2(ctx, AddOp{low}, a.f32(), b.f32(), out.f32(), out.numel());
 }
 
 // y += alpha * x.

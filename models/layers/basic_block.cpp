@@ -3,7 +3,6 @@
 
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -42,8 +41,7 @@ Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
   h = bn2_->forward(h, ctx);
   Tensor shortcut = downsample_ ? downsample_->forward(x, ctx) : x;
   y_ = h;  // bn2's output: nothing reads it after the add (bn2's backward needs its input)
-  kernels::add(ctx, y_, shortcut, y_);
-  autocast_round(ctx, y_);
+  kernels::add(ctx, y_, shortcut, y_, ctx.math.autocast);  // autocast: the residual add's output is low
   kernels::relu_forward(ctx, y_, y_);
   return y_;
 }
@@ -60,8 +58,7 @@ Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
   g = bn1_->backward(g, ctx);
   g = conv1_->backward(g, ctx);
   if (!input_grad()) return Tensor();
-  kernels::add(ctx, g, dshort, g);  // conv1's input gradient: nothing reads it after this
-  autocast_round(ctx, g);
+  kernels::add(ctx, g, dshort, g, ctx.math.autocast);  // conv1's input gradient: nothing reads it after this
   return g;
 }
 

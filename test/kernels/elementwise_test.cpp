@@ -10,6 +10,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace fanout {
 namespace {
@@ -56,6 +57,37 @@ TEST_P(Elementwise, AddAxpyScale) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(twice.f32()[i], 2.0f * b.f32()[i]) << "b += b " << i;
     }
   }
+}
+
+// add with a low type rounds what it writes: bit for bit the float32 sum
+// rounded on the host, on aligned and misaligned views (the vector and the
+// scalar paths of the CUDA kernel).
+TEST_P(Elementwise, AddRoundsToTheLowTypeItIsGiven) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (int64_t offset : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " offset " << offset);
+      const int64_t n = 1029;
+      std::mt19937_64 rng(static_cast<uint64_t>(offset) + 31);
+      const Tensor a = ft::random_tensor(Shape{n}, rng), b = ft::random_tensor(Shape{n}, rng);
+      Tensor ad_full = poisoned(Shape{n + offset}), bd_full = poisoned(Shape{n + offset});
+      Tensor ad = ad_full.flat(offset, Shape{n}), bd = bd_full.flat(offset, Shape{n});
+      ad.copy_from(up(a));
+      bd.copy_from(up(b));
+      kernels::add(ctx(), ad, bd, ad, t);  // in place, as the residual add runs
+      const Tensor out = down(ad);
+      int64_t moved = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float sum = a.f32()[i] + b.f32()[i];
+        const float want = t == DType::BF16 ? half::float_from_bf16(half::bf16_from_float(sum))
+                                            : half::float_from_f16(half::f16_from_float(sum));
+        ASSERT_EQ(out.f32()[i], want) << i;
+        moved += want != sum;
+      }
+      EXPECT_GT(moved, n / 2) << "the float32 sums must need rounding";
+    }
+  }
+  Tensor a = up(Tensor::zeros(Shape{4}));
+  EXPECT_THROW(kernels::add(ctx(), a, a, a, DType::I32), Error);
 }
 
 TEST_P(Elementwise, NumelMismatchThrows) {
