@@ -172,7 +172,7 @@ TEST(CudaDataParallel, ShardedOptimizerEqualsUnsharded) {
 // half's either way), the loss gradient scaled by exactly 1/2 (which
 // commutes with every rounding to bfloat16), so only float32 rounding in the
 // reduction and the update parts them (1e-3 by norm). Against DataParallel
-// over cpu:2 only lenet's losses are compared (8 u, u = 2^-9): gradients
+// over cpu:2 only losses are compared (8 u, u = 2^-9): gradients
 // are not, as cuDNN's bf16 kernels put some outputs on the other bf16
 // neighbour (ConvOnBackend.LowPrecisionAgainstRoundedOperands) and gradients
 // on random batches turn on ReLU and max-pool decisions that close: on the
@@ -205,25 +205,35 @@ void check_bf16_dp_is_the_mean_of_its_halves(const std::string& model, const Sha
   EXPECT_LE(norm_rel(got, want), 1e-3) << "parameter update of step 1";
 }
 
+// The losses of two steps (the second after each side's own update) of
+// bf16-mixed DataParallel over 0,0 and over cpu:2, at 8 u.
+void check_bf16_dp_losses_match_the_cpu(const std::string& model, const Shape& sample) {
+  SCOPED_TRACE(model);
+  const double u = std::ldexp(1.0, -9);
+  std::mt19937_64 rng(29);
+  DataParallelOptions opts;
+  opts.math.autocast = DType::BF16;
+  const cudatest::TargetBatch b0 = cudatest::make_batch(model, sample, 8, rng);
+  const cudatest::TargetBatch b1 = cudatest::make_batch(model, sample, 8, rng);
+  auto mg = models::make_model(model, sample, b0.classes, 7);
+  auto mc = models::make_model(model, sample, b0.classes, 7);
+  testing::Trained<DataParallelEngine> gpus(*mg, repeated_gpu(2), *make_criterion(b0.loss), opts);
+  testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion(b0.loss), opts);
+  int step = 0;
+  for (const cudatest::TargetBatch* b : {&b0, &b1}) {
+    const StepResult rg = gpus.train_step(b->x, b->y, 0.05f);
+    const StepResult rc = cpu.train_step(b->x, b->y, 0.05f);
+    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 8 * u * std::abs(rc.loss_sum)) << "loss at step " << ++step;
+  }
+}
+
 TEST(CudaDataParallel, Bf16MixedUpdateIsTheMeanOfItsHalves) {
   FANOUT_SKIP_WITHOUT_GPU();
   check_bf16_dp_is_the_mean_of_its_halves("lenet", Shape{1, 28, 28});
   check_bf16_dp_is_the_mean_of_its_halves("resnet18", Shape{3, 16, 16});
-  // lenet against the CPU: the losses of two steps (the second after each side's own update).
-  const double u = std::ldexp(1.0, -9);
-  const Shape sample{1, 28, 28};
-  const auto data = random_batches(sample, 8, 2, 23);
-  DataParallelOptions opts;
-  opts.math.autocast = DType::BF16;
-  auto mg = models::make_model("lenet", sample, 10, 7);
-  auto mc = models::make_model("lenet", sample, 10, 7);
-  testing::Trained<DataParallelEngine> gpus(*mg, repeated_gpu(2), *make_criterion({}), opts);
-  testing::Trained<DataParallelEngine> cpu(*mc, parse_devices("cpu:2"), *make_criterion({}), opts);
-  for (size_t step = 0; step < data.size(); ++step) {
-    const StepResult rg = gpus.train_step(data[step].x, data[step].y, 0.05f);
-    const StepResult rc = cpu.train_step(data[step].x, data[step].y, 0.05f);
-    EXPECT_NEAR(rg.loss_sum, rc.loss_sum, 8 * u * std::abs(rc.loss_sum)) << "loss at step " << step + 1;
-  }
+  check_bf16_dp_is_the_mean_of_its_halves("heatmap3d", Shape{1, 8, 12, 8});
+  check_bf16_dp_losses_match_the_cpu("lenet", Shape{1, 28, 28});
+  check_bf16_dp_losses_match_the_cpu("heatmap3d", Shape{1, 8, 12, 8});
 }
 
 // Per-replica BatchNorm differs from one device by design; SyncBatchNorm
