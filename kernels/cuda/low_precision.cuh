@@ -21,11 +21,11 @@ inline bool low_precision(const Context& ctx) {
   return t != DType::F32;
 }
 
-// An output's rounding under the context's autocast, for kernels to apply as
-// they write: 0 keeps float32, 1 rounds to bfloat16, 2 to float16 (nearest even).
-inline int low_mode(const Context& ctx) {
-  return low_precision(ctx) ? (ctx.math.autocast == DType::BF16 ? 1 : 2) : 0;
-}
+// An output's rounding to type t (or to the context's autocast type), for
+// kernels to apply as they write: 0 keeps float32, 1 rounds to bfloat16, 2 to
+// float16 (nearest even).
+inline int low_mode(DType t) { return t == DType::BF16 ? 1 : t == DType::F16 ? 2 : 0; }
+inline int low_mode(const Context& ctx) { return low_precision(ctx) ? low_mode(ctx.math.autocast) : 0; }
 __device__ __forceinline__ float round_low(float v, int mode) {
   if (mode == 1) return __bfloat162float(__float2bfloat16_rn(v));
   if (mode == 2) return __half2float(__float2half_rn(v));
