@@ -512,7 +512,7 @@ step_optim() {
       frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 --no-ddp --optimizer "$opt" \
         --clip-grad-norm 1 --json "$out/optim_bench.jsonl" || rc=1
       [ -n "$python" ] && { tmo "$python" "$repo/bench/pytorch/train_throughput.py" --models "$1" --batch "$3" \
-        --optimizer "$opt" --clip-grad-norm 1 >>"$out/optim_bench.jsonl" || rc=1; }
+        --optimizer "$opt" --clip-grad-norm 1 --tf32 off >>"$out/optim_bench.jsonl" || rc=1; }
     done
   done
   return "$rc"
@@ -520,6 +520,8 @@ step_optim() {
 
 # Mixed precision on the GPU: lenet's bar in both modes on cuda:0 and 0,0,
 # then step time in each precision beside PyTorch's autocast (same call).
+# PyTorch runs with --tf32 off like fanout without --allow-tf32: its default
+# lets cuDNN use TF32, which made the float32 rows of 2026-11-27 unlike.
 step_precision() {
   local bin b="$build/apps/dp-bench" data rc=0 spec p devs
   bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
@@ -539,7 +541,7 @@ step_precision() {
       frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 --no-ddp --precision "$p" \
         --json "$out/precision_bench.jsonl" || rc=1
       [ -n "$python" ] && { tmo "$python" "$repo/bench/pytorch/train_throughput.py" --models "$1" --batch "$3" \
-        --precision "$p" >>"$out/precision_bench.jsonl" || rc=1; }
+        --precision "$p" --tf32 off >>"$out/precision_bench.jsonl" || rc=1; }
     done
   done
   return "$rc"
