@@ -15,6 +15,16 @@ FANOUT_KERNEL_OPS(
 void convert(Context& ctx, const Tensor& src, Tensor& dst);
 // x (F32) = float(t(x)) for t BF16 or F16.
 void round_to(Context& ctx, Tensor& x, DType t);
+// Channels-last copies for kernels that read and write (N, spatial..., C),
+// like cuDNN's tensor-core convolutions. src (d0, d1, d2, ..., dk) F32, k >= 2:
+// dst (d0, d2, ..., dk, d1) in BF16 or F16 = src narrowed, dim 1 moved last.
+void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst);
+// The way back: src (d0, d2, ..., dk, d1) in BF16 or F16, dst (d0, d1, ...,
+// dk) F32 = widen(src) with its last dim moved to 1; dst += it when accumulate.
+void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool accumulate);
 )
+
+// (d0, d2, ..., dk, d1): the channels-last shape of s (s has 3 or more dims).
+Shape channels_last_shape(const Shape& s);
 
 }  // namespace fanout::kernels

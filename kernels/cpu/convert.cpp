@@ -84,4 +84,45 @@ void round_to(Context&, Tensor& x, DType t) {
   for (int64_t i = 0; i < n; ++i) a[i] = half::float_from_f16(half::f16_from_float(a[i]));
 }
 
+namespace {
+// (n, c, s) of a channels-first shape: batch, channels, spatial elements.
+struct Ncs {
+  int64_t n, c, s;
+};
+Ncs ncs(const Tensor& first) {
+  const int64_t n = first.size(0), c = first.size(1);
+  return {n, c, first.numel() / (n * c)};
+}
+}  // namespace
+
+void narrow_channels_last(Context&, const Tensor& src, Tensor& dst) {
+  const auto [n, c, s] = ncs(src);
+  const float* x = src.f32();
+  uint16_t* d = dst.data<uint16_t>();
+  const bool bf16 = dst.dtype() == DType::BF16;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ci = 0; ci < c; ++ci) {
+      const float* row = x + (b * c + ci) * s;
+      uint16_t* col = d + b * s * c + ci;
+      for (int64_t si = 0; si < s; ++si)
+        col[si * c] = bf16 ? half::bf16_from_float(row[si]) : half::f16_from_float(row[si]);
+    }
+}
+
+void widen_channels_first(Context&, const Tensor& src, Tensor& dst, bool accumulate) {
+  const auto [n, c, s] = ncs(dst);
+  const uint16_t* x = src.data<uint16_t>();
+  float* d = dst.f32();
+  const bool bf16 = src.dtype() == DType::BF16;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ci = 0; ci < c; ++ci) {
+      const uint16_t* col = x + b * s * c + ci;
+      float* row = d + (b * c + ci) * s;
+      for (int64_t si = 0; si < s; ++si) {
+        const float v = bf16 ? half::float_from_bf16(col[si * c]) : half::float_from_f16(col[si * c]);
+        row[si] = accumulate ? row[si] + v : v;
+      }
+    }
+}
+
 }  // namespace fanout::kernels::cpu

@@ -5,10 +5,13 @@
 // every bfloat16 and float16 pattern widened and narrowed back; midpoints,
 // their float32 neighbours and the values just inside each pair for every
 // pair of neighbours (subnormals, ties, overflow); NaN and the sign of zero.
+// The channels-last copies against the same decoding and an index map.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend_test_util.h"
@@ -145,12 +148,98 @@ TEST_P(Convert, RoundsToNearestEvenOverflowsToInfinity) {
   }
 }
 
+// The pattern nearest to a finite x (the even one on a tie, infinity past the
+// largest finite value plus half its spacing), by bisection over the decoded
+// values of the non-negative patterns.
+uint16_t nearest(const Format& f, float x) {
+  const double a = std::fabs(static_cast<double>(x));
+  const uint32_t inf = inf_bits(f);
+  uint32_t lo = 0, hi = inf;  // the largest h with decode(h) <= a
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1) / 2;
+    if (decode(f, static_cast<uint16_t>(mid)) <= a) lo = mid; else hi = mid - 1;
+  }
+  uint32_t h = lo;
+  if (h < inf) {
+    const double below = decode(f, static_cast<uint16_t>(h));
+    const double above = h + 1 < inf ? decode(f, static_cast<uint16_t>(h + 1))
+                                     : 2 * below - decode(f, static_cast<uint16_t>(h - 1));
+    if (a - below > above - a || (a - below == above - a && (h & 1u))) ++h;
+  }
+  return static_cast<uint16_t>(h | (std::signbit(x) ? 0x8000u : 0u));
+}
+
+// Channels-first shapes: 2-D and 3-D activations, a filter (OC, C, k, k), and
+// sizes that end tiles of 32 partway along both dims.
+const Shape kChannelShapes[] = {Shape{3, 5, 4, 6}, Shape{2, 7, 3, 4, 5}, Shape{6, 70, 3, 3}, Shape{2, 37, 33},
+                                Shape{1, 1, 65}};
+
+// (b, c, position) of a channels-first element -> its channels-last index.
+int64_t last_index(const Shape& first, int64_t i) {
+  const int64_t c = first[1], sp = first.numel() / (first[0] * c);
+  const int64_t b = i / (c * sp), ci = (i / sp) % c, si = i % sp;
+  return (b * sp + si) * c + ci;
+}
+
+TEST_P(Convert, NarrowChannelsLastMovesDimOneLastAndRounds) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  for (const Format& f : kFormats)
+    for (const Shape& first : kChannelShapes) {
+      SCOPED_TRACE(std::string(f.name) + " " + first.str());
+      Tensor x = Tensor::empty(first);
+      for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4);
+      Tensor xd = up(x), ld = up(Tensor::empty(kernels::channels_last_shape(first), f.dtype));
+      kernels::narrow_channels_last(ctx(), xd, ld);
+      const Tensor l = down(ld);
+      ASSERT_EQ(l.shape(), kernels::channels_last_shape(first));
+      for (int64_t i = 0; i < x.numel(); ++i)
+        ASSERT_EQ(l.data<uint16_t>()[last_index(first, i)], nearest(f, x.f32()[i])) << "element " << i;
+    }
+}
+
+TEST_P(Convert, WidenChannelsFirstMovesTheLastDimBackAndAdds) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (const Format& f : kFormats)
+    for (const Shape& first : kChannelShapes)
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(f.name) + " " + first.str() + (accumulate ? " +=" : " ="));
+        Tensor l = Tensor::empty(kernels::channels_last_shape(first), f.dtype);
+        const uint32_t finite = inf_bits(f);  // patterns below it (either sign) are finite
+        std::uniform_int_distribution<uint32_t> pattern(0, finite - 1);
+        for (int64_t i = 0; i < l.numel(); ++i)
+          l.data<uint16_t>()[i] = static_cast<uint16_t>(pattern(rng) | (i % 2 ? 0x8000u : 0u));
+        Tensor y = Tensor::empty(first);
+        for (int64_t i = 0; i < y.numel(); ++i) y.f32()[i] = u(rng);
+        Tensor ld = up(l), yd = up(y);
+        kernels::widen_channels_first(ctx(), ld, yd, accumulate);
+        const Tensor got = down(yd);
+        for (int64_t i = 0; i < y.numel(); ++i) {
+          const float v = static_cast<float>(decode(f, l.data<uint16_t>()[last_index(first, i)]));
+          const float want = accumulate ? y.f32()[i] + v : v;
+          ASSERT_EQ(got.f32()[i], want) << "element " << i;
+        }
+      }
+}
+
 TEST_P(Convert, RefusesOtherTypesAndShapes) {
   Tensor a = up(Tensor::zeros(Shape{4})), b16 = up(Tensor::zeros(Shape{3}, DType::F16));
   Tensor i32 = up(Tensor::zeros(Shape{4}, DType::I32));
   EXPECT_THROW(kernels::convert(ctx(), a, b16), Error);  // numel
   EXPECT_THROW(kernels::convert(ctx(), a, i32), Error);  // not a low-precision type
   EXPECT_THROW(kernels::round_to(ctx(), a, DType::F64), Error);
+  // Channels-last copies: the permuted shape, float32 on the channels-first side, three or more dims.
+  Tensor first = up(Tensor::zeros(Shape{2, 3, 4})), last = up(Tensor::zeros(Shape{2, 4, 3}, DType::BF16));
+  Tensor same = up(Tensor::zeros(Shape{2, 3, 4}, DType::BF16)), last32 = up(Tensor::zeros(Shape{2, 4, 3}));
+  Tensor flat = up(Tensor::zeros(Shape{2, 3})), flat16 = up(Tensor::zeros(Shape{2, 3}, DType::F16));
+  EXPECT_THROW(kernels::narrow_channels_last(ctx(), first, same), Error);
+  EXPECT_THROW(kernels::narrow_channels_last(ctx(), first, last32), Error);
+  EXPECT_THROW(kernels::narrow_channels_last(ctx(), flat, flat16), Error);
+  EXPECT_THROW(kernels::widen_channels_first(ctx(), same, first, false), Error);
+  EXPECT_THROW(kernels::widen_channels_first(ctx(), last, last32, true), Error);
+  EXPECT_NO_THROW(kernels::narrow_channels_last(ctx(), first, last));
+  EXPECT_NO_THROW(kernels::widen_channels_first(ctx(), last, first, true));
 }
 
 }  // namespace
