@@ -49,7 +49,8 @@
 #              32, bf16-mixed and 16-mixed beside train_throughput.py
 #              --precision (torch.autocast) -> precision*.log / .jsonl
 #   goals      (named only) resnet18 batch 256 on 0,0 in TF32 and bf16-mixed
-#              beside PyTorch TF32, bf16 NCHW, --best and --compile -> goals.jsonl
+#              beside PyTorch TF32, bf16 NCHW, --best and --compile -> goals.jsonl;
+#              bf16-mixed again with FANOUT_CUDNN_LAYOUT=nchw -> goals_nchw.jsonl
 #   profile    (named only) Nsight Compute's time for every kernel of a short
 #              resnet18 run in TF32 and bf16-mixed, grouped -> profile.log
 #
@@ -560,6 +561,11 @@ step_goals() {
     frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp --precision "$p" \
       --allow-tf32 --cudnn-benchmark --json "$out/goals.jsonl" || rc=1
   done
+  # The same bf16 rows with cuDNN handed NCHW low-type copies (the layout before channels-last copies).
+  echo "== the same, bf16-mixed, FANOUT_CUDNN_LAYOUT=nchw -> goals_nchw.jsonl"
+  : >"$out/goals_nchw.jsonl"
+  FANOUT_CUDNN_LAYOUT=nchw frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp \
+    --precision bf16-mixed --allow-tf32 --cudnn-benchmark --json "$out/goals_nchw.jsonl" || rc=1
   [ -n "$python" ] || { echo "no python3"; return 1; }
   local tt="$repo/bench/pytorch/train_throughput.py"
   echo "== PyTorch TF32, cudnn.benchmark"
