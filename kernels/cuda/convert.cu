@@ -46,75 +46,58 @@ __global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
     d[i] += widen(s[i]);
 }
 
-// Channels-last transposes of (n, c, s) planes through 32 x 32 shared tiles,
-// blocks of 32 x 8 threads: both the read and the write run along
-// consecutive addresses. grid (s tiles, c tiles, batches, looped past z's limit).
+// A batch of row-major (rows, cols) planes written as (cols, rows) planes,
+// converted on the way (to the output's type; float outputs may accumulate),
+// through 32 x 32 shared tiles and blocks of 32 x 8 threads so that reads and
+// writes both run along consecutive addresses. grid (column tiles, row tiles,
+// batches); the last two loop past their launch limits.
 constexpr int kTile = 32, kTileRows = 8;
 
+__device__ __forceinline__ float widen(float v) { return v; }
 template <class Low>
-__global__ void narrow_channels_last_kernel(const float* __restrict__ src, Low* __restrict__ dst, int64_t n,
-                                            int64_t c, int64_t s) {
-  __shared__ float tile[kTile][kTile + 1];
-  const int64_t c0 = int64_t{blockIdx.y} * kTile, s0 = int64_t{blockIdx.x} * kTile;
-  for (int64_t b = blockIdx.z; b < n; b += gridDim.z) {
-    const float* x = src + b * c * s;
-    Low* d = dst + b * s * c;
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // rows: channels; along s
-      const int64_t ci = c0 + j, si = s0 + threadIdx.x;
-      if (ci < c && si < s) tile[j][threadIdx.x] = x[ci * s + si];
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // rows: positions; along c
-      const int64_t si = s0 + j, ci = c0 + threadIdx.x;
-      if (ci < c && si < s) d[si * c + ci] = narrow<Low>(tile[threadIdx.x][j]);
-    }
-    __syncthreads();
-  }
-}
+__device__ __forceinline__ void put(Low* d, float v, bool) { *d = narrow<Low>(v); }
+__device__ __forceinline__ void put(float* d, float v, bool accumulate) { *d = accumulate ? *d + v : v; }
 
-template <class Low>
-__global__ void widen_channels_first_kernel(const Low* __restrict__ src, float* __restrict__ dst, int64_t n,
-                                            int64_t c, int64_t s, bool accumulate) {
+template <class In, class Out>
+__global__ void transpose_kernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n, int64_t rows,
+                                 int64_t cols, bool accumulate) {
   __shared__ float tile[kTile][kTile + 1];
-  const int64_t c0 = int64_t{blockIdx.y} * kTile, s0 = int64_t{blockIdx.x} * kTile;
-  for (int64_t b = blockIdx.z; b < n; b += gridDim.z) {
-    const Low* x = src + b * s * c;
-    float* d = dst + b * c * s;
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // rows: positions; along c
-      const int64_t si = s0 + j, ci = c0 + threadIdx.x;
-      if (ci < c && si < s) tile[j][threadIdx.x] = widen(x[si * c + ci]);
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // rows: channels; along s
-      const int64_t ci = c0 + j, si = s0 + threadIdx.x;
-      if (ci < c && si < s) {
-        const float v = tile[threadIdx.x][j];
-        d[ci * s + si] = accumulate ? d[ci * s + si] + v : v;
+  const int64_t c0 = int64_t{blockIdx.x} * kTile, row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t b = blockIdx.z; b < n; b += gridDim.z)
+    for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+      const int64_t r0 = rt * kTile;
+      const In* x = src + b * rows * cols;
+      Out* d = dst + b * rows * cols;
+      for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // along a row of src
+        const int64_t r = r0 + j, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[j][threadIdx.x] = widen(x[r * cols + c]);
       }
+      __syncthreads();
+      for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // along a row of dst
+        const int64_t c = c0 + j, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) put(d + c * rows + r, tile[threadIdx.x][j], accumulate);
+      }
+      __syncthreads();
     }
-    __syncthreads();
-  }
 }
 
-// launch(Low{}, grid, block, stream) for a channels-first shape (n, c, s...)
-// and the low type t.
-template <class Launch>
-void for_low_tiles(Context& ctx, DType t, const Shape& first, Launch&& launch) {
-  const int64_t n = first[0], c = first[1], s = first.numel() / (n * c);
-  const int64_t c_tiles = (c + kTile - 1) / kTile, s_tiles = (s + kTile - 1) / kTile;
-  FANOUT_CHECK(c_tiles <= 65535 && s_tiles <= INT32_MAX)
-      << "channels-last copy of " << first.str() << ": too many channels or positions for one grid";
+template <class In, class Out>
+void transpose(Context& ctx, const In* src, Out* dst, int64_t n, int64_t rows, int64_t cols, bool accumulate) {
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  FANOUT_CHECK(col_tiles <= INT32_MAX) << "channels-last copy: " << cols << " columns are too many for one grid";
   detail::DeviceScope scope(ctx);
-  const dim3 grid(static_cast<unsigned>(s_tiles), static_cast<unsigned>(c_tiles),
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  const dim3 block(kTile, kTileRows);
-  cudaStream_t st = detail::stream_of(ctx);
-  if (t == DType::BF16)
-    launch(__nv_bfloat16{}, grid, block, st, n, c, s);
-  else
-    launch(__half{}, grid, block, st, n, c, s);
+  transpose_kernel<In, Out><<<grid, dim3(kTile, kTileRows), 0, detail::stream_of(ctx)>>>(src, dst, n, rows, cols,
+                                                                                          accumulate);
   FANOUT_CUDA_CHECK_LAUNCH();
 }
+
+// (n, c, s) of a channels-first shape: batch, channels, positions.
+struct Ncs {
+  int64_t n, c, s;
+};
+Ncs ncs(const Shape& first) { return {first[0], first[1], first.numel() / (first[0] * first[1])}; }
 
 // launch(Low{}, grid, stream) for the low type t (BF16 or F16) over n
 // elements, on the context's device and compute stream.
@@ -156,20 +139,16 @@ void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
 }
 
 void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
-  for_low_tiles(ctx, dst.dtype(), src.shape(),
-                [&](auto low, dim3 grid, dim3 block, cudaStream_t st, int64_t n, int64_t c, int64_t s) {
-                  using Low = decltype(low);
-                  narrow_channels_last_kernel<Low><<<grid, block, 0, st>>>(src.f32(), dst.data<Low>(), n, c, s);
-                });
+  const auto [n, c, s] = ncs(src.shape());  // (n, c, s) planes -> (n, s, c)
+  if (dst.dtype() == DType::BF16) return transpose(ctx, src.f32(), dst.data<__nv_bfloat16>(), n, c, s, false);
+  transpose(ctx, src.f32(), dst.data<__half>(), n, c, s, false);
 }
 
 void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool accumulate) {
-  for_low_tiles(ctx, src.dtype(), dst.shape(),
-                [&](auto low, dim3 grid, dim3 block, cudaStream_t st, int64_t n, int64_t c, int64_t s) {
-                  using Low = decltype(low);
-                  widen_channels_first_kernel<Low>
-                      <<<grid, block, 0, st>>>(src.data<Low>(), dst.f32(), n, c, s, accumulate);
-                });
+  const auto [n, c, s] = ncs(dst.shape());  // (n, s, c) planes -> (n, c, s)
+  if (src.dtype() == DType::BF16)
+    return transpose(ctx, src.data<__nv_bfloat16>(), dst.f32(), n, s, c, accumulate);
+  transpose(ctx, src.data<__half>(), dst.f32(), n, s, c, accumulate);
 }
 
 void round_to(Context& ctx, Tensor& x, DType t) {
