@@ -17,7 +17,8 @@
 #   configure  CMake for sm_90 with the prefix        -> configure.log
 #   build      all targets, all cores                  -> build.log
 #   ctest      every test label (unit, cuda, e2e), FANOUT_REQUIRE_GPU=1 so
-#              that a GPU the tests cannot see fails them -> ctest.log, ctest.xml
+#              that a GPU the tests cannot see fails them; then the low-type
+#              convolution tests with FANOUT_CUDNN_LAYOUT=nchw -> ctest.log, ctest.xml
 #   dp         dp-train DataParallel on 0,0 (one GPU, two replicas), 1 epoch
 #              of lenet, and DDP with 2 processes on it  -> dp_0_0.log, ddp_0_0.log
 #   memcheck   compute-sanitizer memcheck on every CUDA test -> memcheck.log
@@ -330,9 +331,17 @@ step_ctest() {
   # shellcheck disable=SC2206  # word splitting of user-given ctest arguments is intended
   [ -n "${FANOUT_CTEST_ARGS:-}" ] && extra=($FANOUT_CTEST_ARGS)
   # One test per core, so one kernel thread per test (test/run_tests.sh says why).
+  local rc=0
   (cd "$build" && FANOUT_REQUIRE_GPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} frun ctest --output-on-failure \
     --timeout 1800 -j "$jobs" \
-    --output-junit "$out/ctest.xml" "${extra[@]}")
+    --output-junit "$out/ctest.xml" "${extra[@]}") || rc=1
+  # The convolutions' low-type path with NCHW copies, the layout the default replaced (kernels/cuda/conv.cu).
+  echo "== FANOUT_CUDNN_LAYOUT=nchw: the convolution tests"
+  FANOUT_REQUIRE_GPU=1 FANOUT_CUDNN_LAYOUT=nchw frun "$build/test/test_kernels" --gtest_filter='ConvOnBackend.*/cuda' ||
+    rc=1
+  FANOUT_REQUIRE_GPU=1 FANOUT_CUDNN_LAYOUT=nchw frun "$build/test/test_cuda" \
+    --gtest_filter='CudaTraining.ConvLayersRoundOnceInTheLowType:CudaTraining.*Bf16*' || rc=1
+  return "$rc"
 }
 
 sanitizer() {

@@ -21,8 +21,11 @@
 // operands are narrowed and widened back to NCHW with the results, in one
 // pass each: cuDNN's tensor-core kernels work in NHWC and, handed NCHW,
 // transposed every operand and result themselves (2.1 of the 10.5 ms of GPU
-// time of a bf16 resnet18 step on an H200). FANOUT_CUDNN_LAYOUT=nchw gives
-// cuDNN NCHW low-type copies instead, to measure the difference.
+// time of a bf16 resnet18 step on an H200). A shape and direction for which
+// cuDNN offers no usable channels-last algorithm (say, only nondeterministic
+// ones when determinism is asked for) falls back to NCHW copies; the plan
+// records which. FANOUT_CUDNN_LAYOUT=nchw makes every low-type copy NCHW, to
+// measure the difference.
 #include "kernels/conv.h"
 #include "kernels/conv_bias.h"
 #include "kernels/convert.h"
@@ -92,6 +95,7 @@ struct ConvPlan {
   cudnnConvolutionDescriptor_t conv = nullptr;
   int algo = -1;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
   size_t ws = 0;  // workspace bytes of `algo`
+  bool channels_last = false;  // the layout of the low-type copies it runs on
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
@@ -297,10 +301,22 @@ std::string shape_str(const ConvShape& s) {
          (s.channels_last ? ", channels-last" : "");
 }
 
+// The plan for s, or (when cuDNN offers no usable algorithm) nullptr if
+// `may_fail`, else a one-line error.
+bool cudnn_log() {
+  static const bool on = [] {
+    const char* v = std::getenv("FANOUT_CUDNN_LOG");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
 template <Dir D>
-std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const FindBuffers& bufs) {
+std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const FindBuffers& bufs,
+                                     bool may_fail) {
   using A = Algos<D>;
   auto plan = std::make_unique<ConvPlan>();
+  plan->channels_last = s.channels_last;
   make_descriptors(*plan, s);
   const MathOptions m = ctx.math;
   const bool low = s.dt != DType::F32;
@@ -336,13 +352,14 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     if (bytes > kMaxWorkspaceBytes) continue;
     plan->algo = static_cast<int>(p.algo);
     plan->ws = bytes;
-    if (const char* log = std::getenv("FANOUT_CUDNN_LOG"); log && std::string(log) == "1")
+    if (cudnn_log())
       std::fprintf(stderr, "fanout: %s %s %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", s.name(),
                    A::name(), dtype_name(s.dt), shape_str(s).c_str(), plan->algo,
                    math == CUDNN_FMA_MATH ? "FMA" : math == CUDNN_DEFAULT_MATH ? "default" : "tensor-op", bytes,
                    m.cudnn_benchmark ? "timed search" : "heuristics");
     return plan;
   }
+  if (may_fail) return nullptr;
   FANOUT_FAIL() << s.name() << " " << A::name() << ": cuDNN offers no usable algorithm for " << dtype_name(s.dt)
                 << " " << shape_str(s)
                 << (m.deterministic ? " (deterministic only)" : "") << (m.allow_tf32 ? "" : " (TF32 off)") << " among "
@@ -363,8 +380,9 @@ PlanCache& plan_cache() {
   return *cache;
 }
 
-// make_bufs() gives the buffers for the timed search; it is called only when
-// the plan is built, so a warm step allocates nothing.
+// make_bufs(channels_last) gives the buffers for the timed search in that
+// layout; it is called only when a plan is built, so a warm step allocates
+// nothing. A channels-last shape without a usable algorithm gets an NCHW plan.
 template <Dir D, class MakeBufs>
 const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const MakeBufs& make_bufs) {
   const MathOptions& m = ctx.math;
@@ -379,7 +397,18 @@ const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, cons
   }
   // Built unlocked: the search may sync this device's stream, which must not
   // wait on a lock another device's worker holds.
-  std::unique_ptr<ConvPlan> plan = build_plan<D>(ctx, h, s, make_bufs());
+  std::unique_ptr<ConvPlan> plan;
+  if (s.channels_last) {
+    plan = build_plan<D>(ctx, h, s, make_bufs(true), true);
+    if (!plan && cudnn_log())
+      std::fprintf(stderr, "fanout: %s %s %s %s: no usable algorithm, NCHW copies instead\n", s.name(),
+                   Algos<D>::name(), dtype_name(s.dt), shape_str(s).c_str());
+  }
+  if (!plan) {
+    ConvShape nchw = s;
+    nchw.channels_last = false;
+    plan = build_plan<D>(ctx, h, nchw, make_bufs(false), false);
+  }
   std::lock_guard<std::mutex> lock(cache.mu);
   auto [it, inserted] = cache.plans.emplace(key, std::move(plan));  // a racing twin keeps the first
   return *it->second;
@@ -391,7 +420,10 @@ const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, cons
 bool low_channels_last() {
   static const bool yes = [] {
     const char* v = std::getenv("FANOUT_CUDNN_LAYOUT");
-    return !(v && std::string(v) == "nchw");
+    const std::string layout = v ? v : "nhwc";
+    FANOUT_CHECK(layout == "nhwc" || layout == "nchw")
+        << "FANOUT_CUDNN_LAYOUT must be nhwc or nchw, not '" << layout << "'";
+    return layout == "nhwc";
   }();
   return yes;
 }
@@ -442,23 +474,31 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   detail::DeviceScope scope(ctx);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());  // bound to ctx.compute() at creation
   ConvShape s = conv_shape(x, w, y, stride, pad);
-  // Low precision: the operands narrowed into low-type buffers, and the output through one.
+  // Low precision: the operands narrowed into low-type buffers in the plan's
+  // layout, and the output through one.
   const bool low = detail::low_precision(ctx);
-  Tensor xl = x, wl = w, yl = y;
   if (low) {
     s.dt = ctx.math.autocast;
     s.channels_last = low_channels_last();
-    xl = low_copy(ctx, 0, x, s.channels_last);
-    wl = low_copy(ctx, 1, w, s.channels_last);
-    yl = detail::low_buffer(ctx, 2, low_shape(y.shape(), s.channels_last));
   }
-  const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&] { return FindBuffers{xl.raw(), wl.raw(), yl.raw()}; });
+  Tensor xl = x, wl = w, yl = y;
+  const auto copies = [&](bool cl) {
+    if (!low) return;
+    xl = low_copy(ctx, 0, x, cl);
+    wl = low_copy(ctx, 1, w, cl);
+    yl = detail::low_buffer(ctx, 2, low_shape(y.shape(), cl));
+  };
+  const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&](bool cl) {
+    copies(cl);
+    return FindBuffers{xl.raw(), wl.raw(), yl.raw()};
+  });
+  copies(p.channels_last);
   void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
   const float one = 1.0f, zero = 0.0f;  // beta 0: y is not read (it may hold NaN)
   FANOUT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, xl.raw(), p.w, wl.raw(), p.conv,
                                              static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
                                              yl.raw()));
-  if (low) widen_back(ctx, yl, y, s.channels_last, false);
+  if (low) widen_back(ctx, yl, y, p.channels_last, false);
   if (b) channel_bias_add(ctx, y, *b);
 }
 
@@ -471,42 +511,63 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
   ConvShape s = conv_shape(x, w, dy, stride, pad);
   const float one = 1.0f, zero = 0.0f;
-  // Low precision: dy narrowed once for both products; dx through a low-type
-  // buffer; dw's term computed into one (beta 0) and added widened.
+  // Low precision: dy narrowed once for both products (twice if their plans
+  // differ in layout); dx through a low-type buffer; dw's term computed into
+  // one (beta 0) and added widened.
   const bool low = detail::low_precision(ctx);
-  Tensor dyl = dy;
   if (low) {
     s.dt = ctx.math.autocast;
     s.channels_last = low_channels_last();
   }
-  const bool cl = s.channels_last;
-  if (low && (dx || dw.defined())) dyl = low_copy(ctx, 3, dy, cl);
+  // dy's low-type copy, made again only when the two products' plans differ in layout.
+  Tensor dyl = dy;
+  int dy_layout = -1;  // none yet; else whether channels-last
+  const auto dy_copy = [&](bool cl) {
+    if (!low || dy_layout == static_cast<int>(cl)) return;
+    dyl = low_copy(ctx, 3, dy, cl);
+    dy_layout = cl;
+  };
   if (dx) {
-    const Tensor wl = low ? low_copy(ctx, 1, w, cl) : w;
-    Tensor dxl = low ? detail::low_buffer(ctx, 2, low_shape(dx->shape(), cl)) : *dx;
-    const ConvPlan& p =
-        get_plan<Dir::BackwardData>(ctx, h, s, [&] { return FindBuffers{wl.raw(), dyl.raw(), dxl.raw()}; });
+    Tensor wl = w, dxl = *dx;
+    const auto copies = [&](bool cl) {
+      if (!low) return;
+      dy_copy(cl);
+      wl = low_copy(ctx, 1, w, cl);
+      dxl = detail::low_buffer(ctx, 2, low_shape(dx->shape(), cl));
+    };
+    const ConvPlan& p = get_plan<Dir::BackwardData>(ctx, h, s, [&](bool cl) {
+      copies(cl);
+      return FindBuffers{wl.raw(), dyl.raw(), dxl.raw()};
+    });
+    copies(p.channels_last);
     void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
     FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, wl.raw(), p.y, dyl.raw(), p.conv,
                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), ws, p.ws,
                                                     &zero, p.x, dxl.raw()));
-    if (low) widen_back(ctx, dxl, *dx, cl, false);
+    if (low) widen_back(ctx, dxl, *dx, p.channels_last, false);
   }
   if (dw.defined()) {
-    const Tensor xl = low ? low_copy(ctx, 0, x, cl) : x;
-    Tensor dwl = low ? detail::low_buffer(ctx, 2, low_shape(w.shape(), cl)) : dw;
+    Tensor xl = x, dwl = dw;
+    const auto copies = [&](bool cl) {
+      if (!low) return;
+      dy_copy(cl);
+      xl = low_copy(ctx, 0, x, cl);
+      dwl = detail::low_buffer(ctx, 2, low_shape(w.shape(), cl));
+    };
     // The timed search writes its output: give it a scratch dw (allocated
     // only when a plan is built in benchmark mode) so the real dw keeps its sum.
     Tensor scratch;
-    const ConvPlan& p = get_plan<Dir::BackwardFilter>(ctx, h, s, [&] {
+    const ConvPlan& p = get_plan<Dir::BackwardFilter>(ctx, h, s, [&](bool cl) {
+      copies(cl);
       if (ctx.math.cudnn_benchmark) scratch = Tensor::empty(dwl.shape(), dwl.dtype(), ctx.device());
       return FindBuffers{xl.raw(), dyl.raw(), scratch.defined() ? scratch.raw() : nullptr};
     });
+    copies(p.channels_last);
     void* ws = p.ws ? ctx.workspace(p.ws) : nullptr;
     FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, xl.raw(), p.y, dyl.raw(), p.conv,
                                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), ws, p.ws,
                                                       low ? &zero : &one, p.w, dwl.raw()));
-    if (low) widen_back(ctx, dwl, dw, cl, true);
+    if (low) widen_back(ctx, dwl, dw, p.channels_last, true);
   }
   if (db) {
     detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.out_plane(), BiasGradFin{db->f32()}, dy.f32());
