@@ -52,6 +52,8 @@
 #   goals      (named only) resnet18 batch 256 on 0,0 in TF32 and bf16-mixed
 #              beside PyTorch TF32, bf16 NCHW, --best and --compile -> goals.jsonl;
 #              bf16-mixed again with FANOUT_CUDNN_LAYOUT=nchw -> goals_nchw.jsonl
+#   goals3d    (named only) the same rows for heatmap3d (1x64x64x64, batch 16,
+#              as the heatmap step), without torch.compile -> goals3d.jsonl
 #   profile    (named only) Nsight Compute's time for every kernel of a short
 #              resnet18 run in TF32 and bf16-mixed, grouped -> profile.log
 #
@@ -90,7 +92,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose goals profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals profile)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals goals3d profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d profile)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -557,6 +559,30 @@ step_precision() {
   return "$rc"
 }
 
+# heatmap3d's throughput in TF32 and bf16-mixed beside PyTorch's TF32, bf16
+# NCHW and best eager (channels_last_3d) rows, same shapes as step_heatmap.
+step_goals3d() {
+  local b="$build/apps/dp-bench" rc=0 p tt="$repo/bench/pytorch/train_throughput.py"
+  local shape=(--models heatmap3d --batch 16 --shape 1x64x64x64 --tf32 on)
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/goals3d.jsonl"
+  for p in 32 bf16-mixed; do
+    echo "== dp-bench heatmap3d 1x64x64x64 batch 16 --devices 0,0 --precision $p --allow-tf32 --cudnn-benchmark"
+    frun "$b" --model heatmap3d --input 1x64x64x64 --batch-size 16 --devices 0,0 --no-ddp --precision "$p" \
+      --allow-tf32 --cudnn-benchmark --json "$out/goals3d.jsonl" || rc=1
+  done
+  [ -n "$python" ] || { echo "no python3"; return 1; }
+  echo "== PyTorch TF32, cudnn.benchmark"
+  tmo "$python" "$tt" "${shape[@]}" --cudnn-benchmark >>"$out/goals3d.jsonl" || rc=1
+  echo "== PyTorch bf16 autocast, cudnn.benchmark, fused SGD, NCDHW"
+  tmo "$python" "$tt" "${shape[@]}" --precision bf16-mixed --cudnn-benchmark --fused-optimizer \
+    >>"$out/goals3d.jsonl" || rc=1
+  echo "== PyTorch --best (bf16, channels_last_3d, cudnn.benchmark, fused SGD)"
+  tmo "$python" "$tt" "${shape[@]}" --best >>"$out/goals3d.jsonl" || rc=1
+  cat "$out/goals3d.jsonl"
+  return "$rc"
+}
+
 # The issue's goals in one step: resnet18 (3x32x32, batch 256) on cuda:0 and
 # 0,0 in TF32 and bf16-mixed with cuDNN's search, beside PyTorch in TF32, its
 # best eager recipe with and without channels_last (the layout question) and
@@ -647,6 +673,7 @@ for s in "${steps[@]}"; do
     optim) run_step optim "$out/optim.log" step_optim ;;
     precision) run_step precision "$out/precision.log" step_precision ;;
     goals) run_step goals "$out/goals.log" step_goals ;;
+    goals3d) run_step goals3d "$out/goals3d.log" step_goals3d ;;
     profile) run_step profile "$out/profile.log" step_profile ;;
   esac
 done
