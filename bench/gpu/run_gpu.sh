@@ -42,9 +42,10 @@
 #              dp-bench heatmap3d on 0,0 (loss on the replicas against the
 #              gathered outputs: time and bytes to the primary); dp-train
 #              heatmap3d on cuda:0 and 0,0    -> heatmap*.log / .jsonl
-#   optim      dp-train lenet with AdamW and clipping on cuda:0 and 0,0 (bar
-#              0.885); SGD against AdamW step cost, dp-bench on 0,0 beside
-#              train_throughput.py (resnet18, lenet) -> optim*.log / .jsonl
+#   optim      dp-train lenet with AdamW and clipping on cuda:0 and 0,0, and
+#              on 0,0 with --shard-optimizer (bar 0.885); SGD against AdamW
+#              step cost, dp-bench on 0,0 beside train_throughput.py, and
+#              AdamW sharded (resnet18, lenet) -> optim*.log / .jsonl
 #   precision  dp-train lenet in bf16-mixed and 16-mixed on cuda:0 and 0,0
 #              (bar 0.88); dp-bench resnet18 and lenet on cuda:0 and 0,0 in
 #              32, bf16-mixed and 16-mixed beside train_throughput.py
@@ -510,11 +511,13 @@ step_optim() {
   local bin b="$build/apps/dp-bench" data rc=0 spec opt
   bin=$(dp_train_bin) || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
   if [ -n "$fashion" ]; then data="fashion-mnist:$fashion"; else data=synthetic; fi
-  for devs in 0 0,0; do
-    echo "== dp-train --model lenet --optimizer adamw --lr 1e-3 --clip-grad-norm 1 --devices $devs"
-    frun "$bin" --devices "$devs" --model lenet --epochs 3 --data "$data" --optimizer adamw --lr 1e-3 \
-      --clip-grad-norm 1 --no-decay-norm-bias --progress lines --metrics "$out/optim_lenet_${devs/,/_}.jsonl" \
-      2>&1 | tee "$out/optim_lenet_${devs/,/_}.log" || rc=1
+  for devs in 0 0,0 0,0-sharded; do
+    local shard=()
+    [ "$devs" = 0,0-sharded ] && shard=(--shard-optimizer)
+    echo "== dp-train --model lenet --optimizer adamw --lr 1e-3 --clip-grad-norm 1 --devices ${devs%-sharded} ${shard[*]}"
+    frun "$bin" --devices "${devs%-sharded}" --model lenet --epochs 3 --data "$data" --optimizer adamw --lr 1e-3 \
+      --clip-grad-norm 1 --no-decay-norm-bias "${shard[@]}" --progress lines \
+      --metrics "$out/optim_lenet_${devs/,/_}.jsonl" 2>&1 | tee "$out/optim_lenet_${devs/,/_}.log" || rc=1
   done
   : >"$out/optim_bench.jsonl"
   for spec in "resnet18 3x32x32 256" "lenet 1x28x28 512"; do
@@ -526,6 +529,10 @@ step_optim() {
       [ -n "$python" ] && { tmo "$python" "$repo/bench/pytorch/train_throughput.py" --models "$1" --batch "$3" \
         --optimizer "$opt" --clip-grad-norm 1 --tf32 off >>"$out/optim_bench.jsonl" || rc=1; }
     done
+    # ZeRO-1: AdamW's state sharded over the two replicas (the "opt state B" column halves).
+    echo "== dp-bench --model $1 --batch-size $3 --devices 0,0 --optimizer adamw --clip-grad-norm 1 --shard-optimizer"
+    frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 --no-ddp --optimizer adamw \
+      --clip-grad-norm 1 --shard-optimizer --json "$out/optim_bench.jsonl" || rc=1
   done
   return "$rc"
 }
