@@ -392,7 +392,28 @@ TEST(VolumetricLayerGrad, Upsample3d) {
 
 TEST(VolumetricLayerGrad, HeatmapNet) {
   auto m = heatmap_net();
-  check_module(*m, Shape{2, 2, 4, 6, 6}, 37, 3e-2);  // a BatchNorm deep: float noise ~1e-2
+  m->init(37);
+  const GradCheck c = check_gradients(*m, Shape{2, 2, 4, 6, 6}, 37);
+  ASSERT_TRUE(c.input_grad);
+  // conv1's bias feeds BatchNorm, which subtracts every per-channel constant:
+  // its true gradient is 0, so its central differences are float32 noise
+  // alone, measured against the check's 1e-3 floor (0.50 of it on an AMD EPYC
+  // with oneDNN, 2026-11-27). It is checked as zero instead, against conv1's
+  // weight gradient; every other gradient a BatchNorm deep within 3e-2.
+  EXPECT_LT(c.input_error, 3e-2) << c.report();
+  for (const auto& [name, e] : c.param_errors)
+    if (name != "conv1.bias") EXPECT_LT(e, 3e-2) << name << ": " << c.report();
+  const Tensor grads = m->arenas().grads.to(Device::cpu());
+  double bias = 0, weight = 0;
+  for (auto& [name, p] : m->named_parameters()) {
+    const Tensor g = grads.flat(p->offset, p->shape);
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      if (name == "conv1.bias") bias = std::max(bias, std::abs(double(g.f32()[i])));
+      if (name == "conv1.weight") weight = std::max(weight, std::abs(double(g.f32()[i])));
+    }
+  }
+  EXPECT_GT(weight, 0.0);
+  EXPECT_LT(bias, 1e-4 * weight) << "conv1.bias " << bias << ", conv1.weight " << weight;
 }
 
 TEST(VolumetricLayerGrad, GradientsAccumulateAndInputGradCanBeOff) {

@@ -80,8 +80,11 @@ TEST_P(Equivalence, SameParametersAsOneDevice) {
   // matrix products). Convolution weight gradients sum in oneDNN's order,
   // float after float within each call (kernels/cpu/conv.cpp): lenet's conv2
   // weights differ by up to 4e-7 after 20 steps, 4.1e-4 of an element of 7e-4
-  // in this metric (measured on 2 cores, 2026-11-26).
-  const double bound = name == "lenet" ? 1e-3 : 3e-5;
+  // in this metric (measured on 2 cores, 2026-11-26). mlp on an AMD EPYC
+  // (2026-11-27): 3e-6 to 9e-6 at batches 64 and 10, 3.2e-5 at batch 3 on
+  // cpu:4 (one row a replica: its steps are the noisiest, and 10 of them
+  // carry the order's rounding furthest).
+  const double bound = name == "lenet" ? 1e-3 : 1e-4;
   EXPECT_LT(max_rel(got, ref), bound) << name << " on cpu:" << n << " batch " << batch;
   EXPECT_GT(testing::l2_norm(got), 0.0);
 }
