@@ -566,26 +566,41 @@ step_precision() {
   return "$rc"
 }
 
-# heatmap3d's throughput in TF32 and bf16-mixed beside PyTorch's TF32, bf16
-# NCHW and best eager (channels_last_3d) rows, same shapes as step_heatmap.
-step_goals3d() {
-  local b="$build/apps/dp-bench" rc=0 p tt="$repo/bench/pytorch/train_throughput.py"
-  local shape=(--models heatmap3d --batch 16 --shape 1x64x64x64 --tf32 on)
-  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
-  : >"$out/goals3d.jsonl"
+# fanout's goal rows: dp-bench on 0,0 (plain and DataParallel rows) in TF32
+# and bf16-mixed with cuDNN's search. goal_rows MODEL INPUT BATCH JSONL
+goal_rows() {
+  local p rc=0
   for p in 32 bf16-mixed; do
-    echo "== dp-bench heatmap3d 1x64x64x64 batch 16 --devices 0,0 --precision $p --allow-tf32 --cudnn-benchmark"
-    frun "$b" --model heatmap3d --input 1x64x64x64 --batch-size 16 --devices 0,0 --no-ddp --precision "$p" \
-      --allow-tf32 --cudnn-benchmark --json "$out/goals3d.jsonl" || rc=1
+    echo "== dp-bench $1 $2 batch $3 --devices 0,0 --precision $p --allow-tf32 --cudnn-benchmark"
+    frun "$build/apps/dp-bench" --model "$1" --input "$2" --batch-size "$3" --devices 0,0 --no-ddp \
+      --precision "$p" --allow-tf32 --cudnn-benchmark --json "$4" || rc=1
   done
-  [ -n "$python" ] || { echo "no python3"; return 1; }
+  return "$rc"
+}
+
+# PyTorch's goal rows beside them: TF32, bf16 autocast channels-first, and its
+# best eager recipe (bf16, channels_last, cudnn.benchmark, fused SGD).
+# pytorch_goal_rows JSONL TRAIN_THROUGHPUT_ARGS...
+pytorch_goal_rows() {
+  local json=$1 rc=0 tt="$repo/bench/pytorch/train_throughput.py"
+  shift
   echo "== PyTorch TF32, cudnn.benchmark"
-  tmo "$python" "$tt" "${shape[@]}" --cudnn-benchmark >>"$out/goals3d.jsonl" || rc=1
-  echo "== PyTorch bf16 autocast, cudnn.benchmark, fused SGD, NCDHW"
-  tmo "$python" "$tt" "${shape[@]}" --precision bf16-mixed --cudnn-benchmark --fused-optimizer \
-    >>"$out/goals3d.jsonl" || rc=1
-  echo "== PyTorch --best (bf16, channels_last_3d, cudnn.benchmark, fused SGD)"
-  tmo "$python" "$tt" "${shape[@]}" --best >>"$out/goals3d.jsonl" || rc=1
+  tmo "$python" "$tt" "$@" --tf32 on --cudnn-benchmark >>"$json" || rc=1
+  echo "== PyTorch bf16 autocast, cudnn.benchmark, fused SGD, channels first"
+  tmo "$python" "$tt" "$@" --tf32 on --precision bf16-mixed --cudnn-benchmark --fused-optimizer >>"$json" || rc=1
+  echo "== PyTorch --best"
+  tmo "$python" "$tt" "$@" --tf32 on --best >>"$json" || rc=1
+  return "$rc"
+}
+
+# heatmap3d's rows of the goals, same shapes as step_heatmap; no torch.compile.
+step_goals3d() {
+  local rc=0
+  [ -x "$build/apps/dp-bench" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/goals3d.jsonl"
+  goal_rows heatmap3d 1x64x64x64 16 "$out/goals3d.jsonl" || rc=1
+  [ -n "$python" ] || { echo "no python3"; return 1; }
+  pytorch_goal_rows "$out/goals3d.jsonl" --models heatmap3d --batch 16 --shape 1x64x64x64 || rc=1
   cat "$out/goals3d.jsonl"
   return "$rc"
 }
@@ -595,31 +610,20 @@ step_goals3d() {
 # best eager recipe with and without channels_last (the layout question) and
 # torch.compile on top (bounded by FANOUT_COMPILE_TIMEOUT).
 step_goals() {
-  local b="$build/apps/dp-bench" rc=0 p
+  local b="$build/apps/dp-bench" rc=0
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
   : >"$out/goals.jsonl"
-  for p in 32 bf16-mixed; do
-    echo "== dp-bench resnet18 batch 256 --devices 0,0 --precision $p --allow-tf32 --cudnn-benchmark"
-    frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp --precision "$p" \
-      --allow-tf32 --cudnn-benchmark --json "$out/goals.jsonl" || rc=1
-  done
+  goal_rows resnet18 3x32x32 256 "$out/goals.jsonl" || rc=1
   # The same bf16 rows with cuDNN handed NCHW low-type copies (the layout before channels-last copies).
   echo "== the same, bf16-mixed, FANOUT_CUDNN_LAYOUT=nchw -> goals_nchw.jsonl"
   : >"$out/goals_nchw.jsonl"
   FANOUT_CUDNN_LAYOUT=nchw frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp \
     --precision bf16-mixed --allow-tf32 --cudnn-benchmark --json "$out/goals_nchw.jsonl" || rc=1
   [ -n "$python" ] || { echo "no python3"; return 1; }
-  local tt="$repo/bench/pytorch/train_throughput.py"
-  echo "== PyTorch TF32, cudnn.benchmark"
-  tmo "$python" "$tt" --models resnet18 --batch 256 --tf32 on --cudnn-benchmark >>"$out/goals.jsonl" || rc=1
-  echo "== PyTorch bf16 autocast, cudnn.benchmark, fused SGD, NCHW"
-  tmo "$python" "$tt" --models resnet18 --batch 256 --tf32 on --precision bf16-mixed --cudnn-benchmark \
-    --fused-optimizer >>"$out/goals.jsonl" || rc=1
-  echo "== PyTorch --best (bf16, channels_last, cudnn.benchmark, fused SGD)"
-  tmo "$python" "$tt" --models resnet18 --batch 256 --tf32 on --best >>"$out/goals.jsonl" || rc=1
+  pytorch_goal_rows "$out/goals.jsonl" --models resnet18 --batch 256 || rc=1
   echo "== PyTorch --best --compile"
-  timeout --kill-after=10 "${FANOUT_COMPILE_TIMEOUT:-240}" "$python" "$tt" --models resnet18 --batch 256 \
-    --tf32 on --best --compile >>"$out/goals.jsonl" || echo "torch.compile row: did not finish"
+  timeout --kill-after=10 "${FANOUT_COMPILE_TIMEOUT:-240}" "$python" "$repo/bench/pytorch/train_throughput.py" \
+    --models resnet18 --batch 256 --tf32 on --best --compile >>"$out/goals.jsonl" || echo "torch.compile row: did not finish"
   cat "$out/goals.jsonl"
   return "$rc"
 }
