@@ -301,8 +301,7 @@ std::string shape_str(const ConvShape& s) {
          (s.channels_last ? ", channels-last" : "");
 }
 
-// The plan for s, or (when cuDNN offers no usable algorithm) nullptr if
-// `may_fail`, else a one-line error.
+// FANOUT_CUDNN_LOG=1: print each plan's choice.
 bool cudnn_log() {
   static const bool on = [] {
     const char* v = std::getenv("FANOUT_CUDNN_LOG");
@@ -311,6 +310,8 @@ bool cudnn_log() {
   return on;
 }
 
+// The plan for s, or (when cuDNN offers no usable algorithm) nullptr if
+// `may_fail`, else a one-line error.
 template <Dir D>
 std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, const FindBuffers& bufs,
                                      bool may_fail) {

@@ -93,12 +93,6 @@ void transpose(Context& ctx, const In* src, Out* dst, int64_t n, int64_t rows, i
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 
-// (n, c, s) of a channels-first shape: batch, channels, positions.
-struct Ncs {
-  int64_t n, c, s;
-};
-Ncs ncs(const Shape& first) { return {first[0], first[1], first.numel() / (first[0] * first[1])}; }
-
 // launch(Low{}, grid, stream) for the low type t (BF16 or F16) over n
 // elements, on the context's device and compute stream.
 template <class Launch>
@@ -139,13 +133,13 @@ void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
 }
 
 void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
-  const auto [n, c, s] = ncs(src.shape());  // (n, c, s) planes -> (n, s, c)
+  const auto [n, c, s] = detail::planes_of(src);  // (n, c, s) planes -> (n, s, c)
   if (dst.dtype() == DType::BF16) return transpose(ctx, src.f32(), dst.data<__nv_bfloat16>(), n, c, s, false);
   transpose(ctx, src.f32(), dst.data<__half>(), n, c, s, false);
 }
 
 void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool accumulate) {
-  const auto [n, c, s] = ncs(dst.shape());  // (n, s, c) planes -> (n, c, s)
+  const auto [n, c, s] = detail::planes_of(dst);  // (n, s, c) planes -> (n, c, s)
   if (src.dtype() == DType::BF16)
     return transpose(ctx, src.data<__nv_bfloat16>(), dst.f32(), n, s, c, accumulate);
   transpose(ctx, src.data<__half>(), dst.f32(), n, s, c, accumulate);
