@@ -128,9 +128,14 @@ memory::desc activations(const Conv& c, const memory::dims& d) {
 
 dnnl::convolution_forward::primitive_desc forward_pd(dn::State& s, const Conv& c, bool bias) {
   const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+#if FANOUT_DNNL3
+  return {s.engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)),
+          any(c.w), b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads(), dn::user_scratchpad()};
+#else
   return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), b,
            activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads()},
           dn::user_scratchpad(), s.engine};
+#endif
 }
 
 struct ForwardPlan : dn::Plan {
@@ -199,10 +204,16 @@ void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& 
   dn::State& s = dn::state(ctx);
   DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, dn::threads(ctx)), [&] {
     auto q = std::make_unique<DataPlan>();
+#if FANOUT_DNNL3
+    const dnnl::convolution_backward_data::primitive_desc pd(
+        s.engine, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w),
+        activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads(), forward_pd(s, c, false), dn::user_scratchpad());
+#else
     const dnnl::convolution_backward_data::primitive_desc pd(
         {dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), activations(c, c.per_call(c.y)), c.strides(),
          c.pads(), c.pads()},
         dn::user_scratchpad(), s.engine, forward_pd(s, c, false));
+#endif
     dn::WorkspaceLayout ws;
     q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
     q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
@@ -245,10 +256,16 @@ WeightsPlan& weights_plan(Context& ctx, const Conv& c, bool want_dw, bool bias, 
   return s.plan<WeightsPlan>(key_of(c, kWeights, flags, dn::threads(ctx)), [&] {
     auto q = std::make_unique<WeightsPlan>();
     const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+#if FANOUT_DNNL3
+    const dnnl::convolution_backward_weights::primitive_desc pd(
+        s.engine, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), b,
+        activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads(), forward_pd(s, c, bias), dn::user_scratchpad());
+#else
     const dnnl::convolution_backward_weights::primitive_desc pd(
         {dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), b, activations(c, c.per_call(c.y)), c.strides(),
          c.pads(), c.pads()},
         dn::user_scratchpad(), s.engine, forward_pd(s, c, bias));
+#endif
     dn::WorkspaceLayout ws;
     q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
     q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);

@@ -70,7 +70,11 @@ dnnl::memory unbound(const dnnl::memory::desc& md, const dnnl::engine& e) {
 }
 
 void bind(const dnnl::memory& m, const void* data) {
+#if FANOUT_DNNL3
+  FANOUT_CHECK(dnnl_memory_set_data_handle(m.get(), const_cast<void*>(data)) == dnnl_success)
+#else
   FANOUT_CHECK(dnnl_memory_set_data_handle_v2(m.get(), const_cast<void*>(data), nullptr) == dnnl_success)
+#endif
       << "oneDNN: cannot bind memory";
 }
 

@@ -11,6 +11,11 @@
 #include <utility>
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_version.h>
+
+// oneDNN 3 made primitive descriptors without operation descriptors and
+// dropped output scales; both APIs build.
+#define FANOUT_DNNL3 (DNNL_VERSION_MAJOR >= 3)
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/plan_count.h"
