@@ -2,12 +2,14 @@
 // pooling; forward and backward) on one thread, at the shapes one replica of
 // `dp-train --model cnn --devices cpu:2` sees (batch 16): fanout's CPU loops,
 // which work on NCHW, against oneDNN's primitives (BatchNorm with ReLU fused,
-// pooling with its workspace) on NCHW and on its 16-channel blocked layout.
+// pooling with its workspace) on NCHW and on its blocked layout (16 channels
+// per block with AVX-512, 8 below it).
 // Best of 5 runs of 30 calls each. bench/RESULTS.md has the numbers.
 #include <omp.h>
 
 #include <algorithm>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_version.h>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -45,7 +47,9 @@ int main() {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const int64_t shapes[3][4] = {{16, 32, 28, 28}, {16, 64, 14, 14}, {16, 128, 7, 7}};
-  std::printf("shape            fanout ms   oneDNN nchw ms   oneDNN nChw16c ms\n");
+  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  const bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  std::printf("shape            fanout ms   oneDNN nchw ms   oneDNN %s ms\n", avx512 ? "nChw16c" : " nChw8c");
   double tot_f = 0, tot_p = 0, tot_b = 0;
   for (auto& sh : shapes) {
     Shape s{sh[0], sh[1], sh[2], sh[3]};
@@ -72,16 +76,36 @@ int main() {
     double res[2];
     for (int blocked = 0; blocked < 2; ++blocked) {
       dnnl::memory::dims d = {sh[0], sh[1], sh[2], sh[3]}, pd = {sh[0], sh[1], sh[2] / 2, sh[3] / 2};
-      auto fmt = blocked ? tag::nChw16c : tag::nchw;
+      auto fmt = blocked ? (avx512 ? tag::nChw16c : tag::nChw8c) : tag::nchw;
       dnnl::memory::desc md(d, dt::f32, fmt), pmd(pd, dt::f32, fmt);
+#if DNNL_VERSION_MAJOR >= 3
+      auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
+                   dnnl::normalization_flags::fuse_norm_relu;
+      dnnl::batch_normalization_forward::primitive_desc bnf(eng, dnnl::prop_kind::forward_training, md, md, 1e-5f, flags);
+      dnnl::batch_normalization_backward::primitive_desc bnb(eng, dnnl::prop_kind::backward, md, md, md, 1e-5f, flags, bnf);
+      dnnl::pooling_forward::primitive_desc plf(eng, dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max, md, pmd,
+                                                {2, 2}, {2, 2}, {0, 0}, {0, 0}, {0, 0});
+      dnnl::pooling_backward::primitive_desc plb(eng, dnnl::algorithm::pooling_max, md, pmd, {2, 2}, {2, 2}, {0, 0}, {0, 0},
+                                                 {0, 0}, plf);
+      const dnnl::memory::desc cd({2 * C}, dt::f32, tag::a);  // scale then shift, one buffer
+#else
       auto flags = dnnl::normalization_flags::use_scale_shift | dnnl::normalization_flags::fuse_norm_relu;
       dnnl::batch_normalization_forward::primitive_desc bnf({dnnl::prop_kind::forward_training, md, 1e-5f, flags}, eng);
       dnnl::batch_normalization_backward::primitive_desc bnb({dnnl::prop_kind::backward, md, md, 1e-5f, flags}, eng, bnf);
       dnnl::pooling_forward::primitive_desc plf({dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max, md, pmd, {2, 2}, {2, 2}, {0, 0}, {0, 0}}, eng);
       dnnl::pooling_backward::primitive_desc plb({dnnl::algorithm::pooling_max, md, pmd, {2, 2}, {2, 2}, {0, 0}, {0, 0}}, eng, plf);
+      const dnnl::memory::desc cd = bnf.weights_desc();
+#endif
       dnnl::memory X(md, eng), Y(md, eng), DY(md, eng), DX(md, eng), PY(pmd, eng), PDY(pmd, eng), DX2(md, eng);
-      dnnl::memory SS(bnf.weights_desc(), eng), DSS(bnb.diff_weights_desc(), eng), M(bnf.mean_desc(), eng), V(bnf.variance_desc(), eng);
+      dnnl::memory SS(cd, eng), DSS(cd, eng), M(bnf.mean_desc(), eng), V(bnf.variance_desc(), eng);
       dnnl::memory WS(bnf.workspace_desc(), eng), PWS(plf.workspace_desc(), eng);
+#if DNNL_VERSION_MAJOR >= 3
+      // oneDNN 3 takes scale and shift as two arguments: halves of SS and DSS.
+      const dnnl::memory::desc c1({C}, dt::f32, tag::a);
+      float* ss = static_cast<float*>(SS.get_data_handle());
+      float* dss = static_cast<float*>(DSS.get_data_handle());
+      dnnl::memory S(c1, eng, ss), H(c1, eng, ss + C), DS(c1, eng, dss), DH(c1, eng, dss + C);
+#endif
       // Random values either way: the layout does not change the work timed.
       std::copy(x.f32(), x.f32() + x.numel(), (float*)X.get_data_handle());
       std::copy(pdy.f32(), pdy.f32() + pdy.numel(), (float*)PDY.get_data_handle());
@@ -91,10 +115,18 @@ int main() {
       dnnl::pooling_forward pf(plf);
       dnnl::pooling_backward pb(plb);
       res[blocked] = best_ms([&] {
+#if DNNL_VERSION_MAJOR >= 3
+        bf.execute(st, {{DNNL_ARG_SRC, X}, {DNNL_ARG_DST, Y}, {DNNL_ARG_SCALE, S}, {DNNL_ARG_SHIFT, H}, {DNNL_ARG_MEAN, M}, {DNNL_ARG_VARIANCE, V}, {DNNL_ARG_WORKSPACE, WS}});
+#else
         bf.execute(st, {{DNNL_ARG_SRC, X}, {DNNL_ARG_DST, Y}, {DNNL_ARG_SCALE_SHIFT, SS}, {DNNL_ARG_MEAN, M}, {DNNL_ARG_VARIANCE, V}, {DNNL_ARG_WORKSPACE, WS}});
+#endif
         pf.execute(st, {{DNNL_ARG_SRC, Y}, {DNNL_ARG_DST, PY}, {DNNL_ARG_WORKSPACE, PWS}});
         pb.execute(st, {{DNNL_ARG_DIFF_DST, PDY}, {DNNL_ARG_DIFF_SRC, DY}, {DNNL_ARG_WORKSPACE, PWS}});
+#if DNNL_VERSION_MAJOR >= 3
+        bb.execute(st, {{DNNL_ARG_SRC, X}, {DNNL_ARG_DIFF_DST, DY}, {DNNL_ARG_SCALE, S}, {DNNL_ARG_MEAN, M}, {DNNL_ARG_VARIANCE, V}, {DNNL_ARG_WORKSPACE, WS}, {DNNL_ARG_DIFF_SRC, DX2}, {DNNL_ARG_DIFF_SCALE, DS}, {DNNL_ARG_DIFF_SHIFT, DH}});
+#else
         bb.execute(st, {{DNNL_ARG_SRC, X}, {DNNL_ARG_DIFF_DST, DY}, {DNNL_ARG_SCALE_SHIFT, SS}, {DNNL_ARG_MEAN, M}, {DNNL_ARG_VARIANCE, V}, {DNNL_ARG_WORKSPACE, WS}, {DNNL_ARG_DIFF_SRC, DX2}, {DNNL_ARG_DIFF_SCALE_SHIFT, DSS}});
+#endif
         st.wait();
       });
     }
