@@ -22,6 +22,36 @@ python3 -c "import safetensors, numpy, matplotlib" 2> /dev/null ||
   python3 -m pip install -q safetensors numpy matplotlib 2> /dev/null ||
   python3 -m pip install -q --break-system-packages safetensors numpy matplotlib
 
+# oneDNN 3's headers (two PyPI wheels of about 200 KB, hashes pinned) for the
+# test that keeps the CPU backend building against oneDNN 3 as well as 2.6.
+# Without the network the test skips.
+onednn3="third_party/onednn3"
+if [ ! -f "$onednn3/3.13/include/oneapi/dnnl/dnnl.hpp" ]; then
+  tmp=$(mktemp -d)
+  cat > "$tmp/req.txt" << 'REQ'
+onednn-devel-cpu-gomp==2023.2.0 --hash=sha256:9763c69e8c907e119056bd52ad918ca84ac9ba939d130a99dfa95ccca3e5e284
+onednn-devel==2026.1.0 --hash=sha256:5dc592efaed768834ac02d9086b350e08440501b11ea3f6b230a66551c9b5fac
+REQ
+  if python3 -m pip download -q --no-deps --only-binary=:all: --require-hashes -r "$tmp/req.txt" -d "$tmp" 2> /dev/null; then
+    python3 - "$tmp" "$onednn3" << 'PY'
+import glob, os, sys, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+for wheel, version in (("onednn_devel_cpu_gomp-2023.2.0", "3.2"), ("onednn_devel-2026.1.0", "3.13")):
+    with zipfile.ZipFile(glob.glob(os.path.join(tmp, wheel + "-*.whl"))[0]) as z:
+        for name in z.namelist():
+            head, sep, rest = name.partition(".data/data/include/")
+            if sep and not name.endswith("/"):
+                target = os.path.join(out, version, "include", rest)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as f:
+                    f.write(z.read(name))
+PY
+  else
+    echo "setup: could not fetch oneDNN 3's headers from PyPI; kernels.onednn3_api will skip"
+  fi
+  rm -rf "$tmp"
+fi
+
 # The CUDA toolkit usually sits in /usr/local/cuda without being on PATH:
 # find it there, so that a GPU machine builds the CUDA backend.
 if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
