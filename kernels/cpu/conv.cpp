@@ -128,14 +128,9 @@ memory::desc activations(const Conv& c, const memory::dims& d) {
 
 dnnl::convolution_forward::primitive_desc forward_pd(dn::State& s, const Conv& c, bool bias) {
   const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
-#if FANOUT_DNNL3
-  return {s.engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)),
-          any(c.w), b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads(), dn::user_scratchpad()};
-#else
-  return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), b,
-           activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads()},
-          dn::user_scratchpad(), s.engine};
-#endif
+  return dn::make_pd<dnnl::convolution_forward>(s.engine, dn::user_scratchpad(), dnnl::prop_kind::forward_training,
+                                                dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w),
+                                                b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
 }
 
 struct ForwardPlan : dn::Plan {
@@ -204,16 +199,9 @@ void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& 
   dn::State& s = dn::state(ctx);
   DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, dn::threads(ctx)), [&] {
     auto q = std::make_unique<DataPlan>();
-#if FANOUT_DNNL3
-    const dnnl::convolution_backward_data::primitive_desc pd(
-        s.engine, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w),
-        activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads(), forward_pd(s, c, false), dn::user_scratchpad());
-#else
-    const dnnl::convolution_backward_data::primitive_desc pd(
-        {dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), activations(c, c.per_call(c.y)), c.strides(),
-         c.pads(), c.pads()},
-        dn::user_scratchpad(), s.engine, forward_pd(s, c, false));
-#endif
+    const auto pd = dn::make_backward_pd<dnnl::convolution_backward_data>(
+        s.engine, dn::user_scratchpad(), forward_pd(s, c, false), dnnl::algorithm::convolution_direct,
+        activations(c, c.per_call(c.x)), any(c.w), activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
     dn::WorkspaceLayout ws;
     q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
     q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
@@ -256,16 +244,9 @@ WeightsPlan& weights_plan(Context& ctx, const Conv& c, bool want_dw, bool bias, 
   return s.plan<WeightsPlan>(key_of(c, kWeights, flags, dn::threads(ctx)), [&] {
     auto q = std::make_unique<WeightsPlan>();
     const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
-#if FANOUT_DNNL3
-    const dnnl::convolution_backward_weights::primitive_desc pd(
-        s.engine, dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), b,
-        activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads(), forward_pd(s, c, bias), dn::user_scratchpad());
-#else
-    const dnnl::convolution_backward_weights::primitive_desc pd(
-        {dnnl::algorithm::convolution_direct, activations(c, c.per_call(c.x)), any(c.w), b, activations(c, c.per_call(c.y)), c.strides(),
-         c.pads(), c.pads()},
-        dn::user_scratchpad(), s.engine, forward_pd(s, c, bias));
-#endif
+    const auto pd = dn::make_backward_pd<dnnl::convolution_backward_weights>(
+        s.engine, dn::user_scratchpad(), forward_pd(s, c, bias), dnnl::algorithm::convolution_direct,
+        activations(c, c.per_call(c.x)), any(c.w), b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
     dn::WorkspaceLayout ws;
     q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
     q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);

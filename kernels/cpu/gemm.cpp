@@ -54,21 +54,15 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     auto q = std::make_unique<GemmPlan>();
     const memory::desc ad = matrix(m, k, lda, trans_a), bd = matrix(k, n, ldb, trans_b), cd = matrix(m, n, ldc, false);
     dnnl::primitive_attr attr = dn::user_scratchpad();
-#if FANOUT_DNNL3
     dnnl::post_ops po;
+#if FANOUT_DNNL3
     if (alpha != 1.0f) po.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
-    if (beta != 0.0f) po.append_sum(beta);  // C = alpha * A B + beta * C
-    attr.set_post_ops(po);
-    const dnnl::matmul::primitive_desc pd(s.engine, ad, bd, cd, attr);
 #else
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-    if (beta != 0.0f) {
-      dnnl::post_ops po;
-      po.append_sum(beta);  // C = alpha * A B + beta * C
-      attr.set_post_ops(po);
-    }
-    const dnnl::matmul::primitive_desc pd({ad, bd, cd}, attr, s.engine);
 #endif
+    if (beta != 0.0f) po.append_sum(beta);  // C = alpha * A B + beta * C
+    attr.set_post_ops(po);
+    const auto pd = dn::make_pd<dnnl::matmul>(s.engine, attr, ad, bd, cd);
     q->a = dn::unbound(ad, s.engine);
     q->b = dn::unbound(bd, s.engine);
     q->c = dn::unbound(cd, s.engine);

@@ -13,8 +13,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_version.h>
 
-// oneDNN 3 made primitive descriptors without operation descriptors and
-// dropped output scales; both APIs build.
+// oneDNN 3 made primitive descriptors without operation descriptors
+// (make_pd below) and dropped output scales; both APIs build.
 #define FANOUT_DNNL3 (DNNL_VERSION_MAJOR >= 3)
 
 #include "kernels/cpu/parallel.h"
@@ -72,6 +72,28 @@ State& state(Context& ctx);
 
 // Primitive attributes every plan uses: scratchpads passed in by the caller.
 dnnl::primitive_attr user_scratchpad();
+
+// Primitive P's descriptor for the operation's arguments `a` (in oneDNN's
+// order) and attributes, in either API: oneDNN 2 goes through an operation
+// descriptor, oneDNN 3 takes the arguments directly.
+template <class P, class... A>
+typename P::primitive_desc make_pd(const dnnl::engine& e, const dnnl::primitive_attr& attr, A&&... a) {
+#if FANOUT_DNNL3
+  return typename P::primitive_desc(e, std::forward<A>(a)..., attr);
+#else
+  return typename P::primitive_desc(typename P::desc(std::forward<A>(a)...), attr, e);
+#endif
+}
+// The same for a backward pass, with its forward pass's descriptor as hint.
+template <class P, class Hint, class... A>
+typename P::primitive_desc make_backward_pd(const dnnl::engine& e, const dnnl::primitive_attr& attr, const Hint& hint,
+                                            A&&... a) {
+#if FANOUT_DNNL3
+  return typename P::primitive_desc(e, std::forward<A>(a)..., hint, attr);
+#else
+  return typename P::primitive_desc(typename P::desc(std::forward<A>(a)...), attr, e, hint);
+#endif
+}
 
 // Memory descriptor of a plain row-major float tensor of these dims
 // (nc, nchw, ncdhw, oihw, ... by rank).
