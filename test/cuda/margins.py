@@ -44,15 +44,21 @@ import zoo  # noqa: E402
 
 MARGINS = {}
 PENDING = []  # the last ReLU's (input, output, margin) until a max-pool takes it or the next op comes
+# Every decision call of a pass, in order, when a list: (kind, the values
+# whose distance from 0 decides, the mask of the values that count).
+DECISIONS = None
 
 
-def note(kind, value):
+def note(kind, value, values=None, mask=None):
     MARGINS[kind] = min(MARGINS.get(kind, float("inf")), value)
+    if DECISIONS is not None and values is not None:
+        DECISIONS.append((kind, values, torch.ones_like(values, dtype=torch.bool) if mask is None else mask))
 
 
 def commit():
     if PENDING:
-        note("relu", PENDING.pop()[2])
+        pre, _, margin = PENDING.pop()
+        note("relu", margin, pre)
 
 
 def relu(x, inplace=False):
@@ -67,28 +73,47 @@ def max_pool2d(x, k, *a, **kw):
     """On a ReLU's output the decisions are the window's: its winner's sign
     and, when it is positive, its lead over the runner-up; on other input,
     the lead alone."""
+    top, after_relu = window_top2(x, k, a, kw, 2)
+    return pool_decisions(x, k, a, kw, top, after_relu)
+
+
+def pool_decisions(x, k, a, kw, top, after_relu):
+    if after_relu:
+        note("relu", top[:, 0].abs().min().item(), top[:, 0])
+        lead = top[:, 1] > 0
+    else:
+        lead = torch.ones_like(top[:, 0], dtype=torch.bool)
+    if lead.any():
+        note("pool", (top[:, 0] - top[:, 1])[lead].min().item(), top[:, 0] - top[:, 1], lead)
+    return (ORIG_POOL3D if x.dim() == 5 else ORIG_POOL)(x, k, *a, **kw)
+
+
+def window_top2(x, k, a, kw, dims):
+    """The two largest values of every pooling window (no padding) of the
+    last `dims` axes, and whether x is the last ReLU's output (then the
+    windows are read from that ReLU's input)."""
     kk = k if isinstance(k, int) else k[0]
     stride = kw.get("stride", a[0] if a else None) or kk
+    stride = stride if isinstance(stride, int) else stride[0]
     src = x.detach()
     after_relu = bool(PENDING) and PENDING[-1][1] is x
     if after_relu:
         src = PENDING.pop()[0]
     else:
         commit()
-    u = F.unfold(src.reshape(-1, 1, *src.shape[-2:]), kk, stride=stride)
-    top = u.topk(2, dim=1).values
-    if after_relu:
-        note("relu", top[:, 0].abs().min().item())
-        lead = top[:, 1] > 0
-    else:
-        lead = torch.ones_like(top[:, 0], dtype=torch.bool)
-    if lead.any():
-        note("pool", (top[:, 0] - top[:, 1])[lead].min().item())
-    return ORIG_POOL(x, k, *a, **kw)
+    for axis in range(src.dim() - dims, src.dim()):
+        src = src.unfold(axis, kk, stride)
+    return src.reshape(-1, kk ** dims).topk(2, dim=1).values, after_relu
 
 
-ORIG_RELU, ORIG_POOL = F.relu, F.max_pool2d
-F.relu, F.max_pool2d = relu, max_pool2d
+def max_pool3d(x, k, *a, **kw):
+    """max_pool2d's decisions, for 3-D windows."""
+    top, after_relu = window_top2(x, k, a, kw, 3)
+    return pool_decisions(x, k, a, kw, top, after_relu)
+
+
+ORIG_RELU, ORIG_POOL, ORIG_POOL3D = F.relu, F.max_pool2d, F.max_pool3d
+F.relu, F.max_pool2d, F.max_pool3d = relu, max_pool2d, max_pool3d
 
 
 def optimizer(model, kind, lr):
