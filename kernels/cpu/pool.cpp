@@ -69,31 +69,42 @@ void each_row(const Box& b, int64_t h, int64_t w, F&& f) {
     for (int64_t r = b.h0; r < b.h1; ++r) f((a * h + r) * w);
 }
 
-// The common 2x2 / stride 2 / no padding 2-D case: every window lies inside the image.
-void maxpool_2x2(const float* xp, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, float* yp,
-                 int32_t* ap) {
-  const int32_t wi = static_cast<int32_t>(w);
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xs = xp + p * h * w;
-    for (int64_t i = 0; i < oh; ++i) {
-      const float* r0 = xs + 2 * i * w;
-      const float* r1 = r0 + w;
-      const int32_t base = static_cast<int32_t>(2 * i * w);
-      float* yo = yp + (p * oh + i) * ow;
-      int32_t* ao = ap + (p * oh + i) * ow;
-      // 64-bit subscripts keep the loads affine, so g++ vectorizes this loop.
-      for (int64_t j = 0; j < ow; ++j) {
-        const int32_t c = base + static_cast<int32_t>(2 * j);
-        float best = r0[2 * j];
-        int32_t best_i = c;
-        take_max(r0[2 * j + 1], c + 1, best, best_i);
-        take_max(r1[2 * j], c + wi, best, best_i);
-        take_max(r1[2 * j + 1], c + wi + 1, best, best_i);
-        yo[j] = best;
-        ao[j] = best_i;
+// The common 2x2 (x2) / stride 2 / no padding case: every window lies
+// inside the volume. kDepth: 3-D windows over two planes of the volume.
+template <bool kDepth>
+void maxpool_2x2(const float* xp, int64_t vols, const PoolAxes& ax, float* yp, int32_t* ap) {
+  const int64_t h = ax.len[1], w = ax.len[2], od = kDepth ? ax.out[0] : 1, oh = ax.out[1], ow = ax.out[2];
+  const int64_t in = ax.in_volume(), out = ax.out_volume();
+  const int32_t wi = static_cast<int32_t>(w), plane = static_cast<int32_t>(h * w);
+  for (int64_t p = 0; p < vols; ++p)
+    for (int64_t d = 0; d < od; ++d)
+      for (int64_t i = 0; i < oh; ++i) {
+        const int64_t first = (2 * d * h + 2 * i) * w;  // the window row's first element in the volume
+        const float* r0 = xp + p * in + first;
+        const float* r1 = r0 + w;
+        const float* r2 = r0 + h * w;  // the next plane (kDepth)
+        const float* r3 = r2 + w;
+        const int32_t base = static_cast<int32_t>(first);
+        float* yo = yp + p * out + (d * oh + i) * ow;
+        int32_t* ao = ap + p * out + (d * oh + i) * ow;
+        // 64-bit subscripts keep the loads affine, so g++ vectorizes this loop.
+        for (int64_t j = 0; j < ow; ++j) {
+          const int32_t c = base + static_cast<int32_t>(2 * j);
+          float best = r0[2 * j];
+          int32_t best_i = c;
+          take_max(r0[2 * j + 1], c + 1, best, best_i);
+          take_max(r1[2 * j], c + wi, best, best_i);
+          take_max(r1[2 * j + 1], c + wi + 1, best, best_i);
+          if constexpr (kDepth) {
+            take_max(r2[2 * j], c + plane, best, best_i);
+            take_max(r2[2 * j + 1], c + plane + 1, best, best_i);
+            take_max(r3[2 * j], c + plane + wi, best, best_i);
+            take_max(r3[2 * j + 1], c + plane + wi + 1, best, best_i);
+          }
+          yo[j] = best;
+          ao[j] = best_i;
+        }
       }
-    }
-  }
 }
 }  // namespace
 
@@ -101,13 +112,15 @@ void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeome
                      Tensor& argmax) {
   const PoolAxes ax = pool_axes(spatial, x.shape(), y.shape(), g);
   const int64_t h = ax.len[1], w = ax.len[2], in = ax.in_volume(), out = ax.out_volume();
-  const bool two_by_two = spatial == 2 && g.kernel == 2 && g.stride == 2 && g.padding == 0;
+  // Windows of 2 at stride 2 without padding: none is clipped.
+  const bool two_by_two = g.kernel == 2 && g.stride == 2 && g.padding == 0;
   const float* xp = x.f32();
   float* yp = y.f32();
   int32_t* ap = argmax.data<int32_t>();
   parallel_for(ctx, x.size(0) * x.size(1), grain_for(in), [&](int64_t v0, int64_t v1) {
     if (two_by_two) {
-      maxpool_2x2(xp + v0 * in, v1 - v0, h, w, ax.out[1], ax.out[2], yp + v0 * out, ap + v0 * out);
+      if (spatial == 3) maxpool_2x2<true>(xp + v0 * in, v1 - v0, ax, yp + v0 * out, ap + v0 * out);
+      else maxpool_2x2<false>(xp + v0 * in, v1 - v0, ax, yp + v0 * out, ap + v0 * out);
       return;
     }
     each_window(ax, v0, v1, [&](int64_t v, int64_t o, const Box& b) {
