@@ -224,6 +224,21 @@ TEST_P(ConvOnBackend, LargeVolumesAgainstDirectConvolution) {
   for (const ConvCase& k : large_cases()) check(k, (variant++ % 2) == 0, {}, 1e-3, rng);
 }
 
+// 3-D weight gradients the CPU may run as 2-D calls over depth slices
+// (kernels/cpu/conv.cpp): one input or output channel (whose channels-last
+// copy is the tensor itself), a volume shallower than the kernel, depths cut
+// into several calls (32x32 outputs: 4 slices a call), stride 2.
+TEST_P(ConvOnBackend, ThreeDWeightGradientsOverDepthSlices) {
+  std::mt19937_64 rng(404);
+  const ConvCase cases[] = {
+      {2, 1, 6, 7, 5, 3, 3, 3, 3, 1, 1},   {3, 4, 5, 6, 7, 1, 3, 3, 3, 1, 1},  {1, 1, 4, 6, 5, 2, 5, 5, 5, 1, 2},
+      {2, 3, 2, 5, 6, 4, 5, 5, 5, 1, 2},   {3, 8, 10, 32, 32, 4, 3, 3, 3, 1, 1}, {2, 5, 9, 8, 7, 3, 3, 3, 3, 2, 1},
+      {2, 6, 7, 9, 8, 5, 3, 3, 3, 1, 0},
+  };
+  int variant = 0;
+  for (const ConvCase& k : cases) check(k, (variant++ % 2) == 0, {}, 1e-4, rng);
+}
+
 TEST_P(ConvOnBackend, MathOptionsAgainstDirectConvolution) {
   std::mt19937_64 rng(200);
   MathOptions det;
