@@ -296,6 +296,12 @@ void run_weights(dn::State& s, WeightsPlan& p, const Conv& c, const Tensor& x, c
 // 28 ms, 32 -> 16 at 16^3 25 against 15, 1 -> 8 at 32^3 13.5 against 2.6.
 // Chosen per shape where the 3-D kernel is gemm-based and the 2-D one JIT.
 
+// Whether oneDNN's implementation is a kernel generated for the shape
+// (jit:avx2, brgconv, ...), not the gemm-based or reference one.
+bool generated(const std::string& impl) {
+  return impl.find("gemm") == std::string::npos && impl.rfind("ref", 0) != 0;
+}
+
 // One image's x and dy in channels-last copies.
 struct ImagePlan : dn::Plan {
   Operand x, dy;
@@ -308,7 +314,7 @@ struct SlicePlan : dn::Plan {
   memory x, dy, scratch;
   Operand dw;  // into a plain (OC, IC, KH, KW) part
   size_t scratch_at = 0, part_at = 0, bytes = 0;
-  bool jit = false;  // oneDNN's kernel for it is a JIT one, not gemm-based or reference
+  bool generated_kernel = false;  // oneDNN's kernel for it is generated(), not gemm-based or reference
 };
 
 struct Choice : dn::Plan {
@@ -344,8 +350,7 @@ SlicePlan& slice_plan(Context& ctx, const Conv& c, int64_t slices) {
   return s.plan<SlicePlan>(key_of(per_image(c, slices), kWeights, 8, dn::threads(ctx)), [&] {
     auto q = std::make_unique<SlicePlan>();
     const auto pd = slice_pd(s, c, slices);
-    const std::string impl = pd.impl_info_str();
-    q->jit = impl.find("jit") != std::string::npos && impl.find("gemm") == std::string::npos;
+    q->generated_kernel = generated(pd.impl_info_str());
     dn::WorkspaceLayout ws;
     q->x = dn::unbound(pd.src_desc(), s.engine);
     q->dy = dn::unbound(pd.diff_dst_desc(), s.engine);
@@ -369,8 +374,8 @@ void depth_range(const Conv& c, int64_t kd, int64_t& lo, int64_t& hi) {
   hi = std::min<int64_t>(c.y[2], floor_div(c.x[2] - 1 + c.pad - kd, c.stride) + 1);
 }
 
-// Whether c's weight gradient runs as 2-D slices: the 3-D kernel is not a
-// JIT one and the 2-D kernel for a full call is. Decided once per shape.
+// Whether c's weight gradient runs as 2-D slices: the 3-D kernel is not
+// generated() and the 2-D kernel for a full call is. Decided once per shape.
 bool sliced_wins(Context& ctx, const Conv& c) {
   if (c.spatial() != 3 || c.w[2] > c.x[2] + 2 * c.pad) return false;
   dn::State& s = dn::state(ctx);
@@ -381,11 +386,10 @@ bool sliced_wins(Context& ctx, const Conv& c) {
                s.engine, dn::user_scratchpad(), forward_pd(s, k, false), dnnl::algorithm::convolution_direct,
                activations(k, k.per_call(k.x)), any(k.w), memory::desc(), activations(k, k.per_call(k.y)),
                k.strides(), k.pads(), k.pads());
-           const std::string impl = pd.impl_info_str();
-           const bool jit3 = impl.find("jit") != std::string::npos && impl.find("gemm") == std::string::npos;
+           const bool generated3 = generated(pd.impl_info_str());
            int64_t lo = 0, hi = 0;
            depth_range(c, c.pad, lo, hi);
-           q->sliced = !jit3 && hi > lo && slice_plan(ctx, c, std::min(hi - lo, slices_per_call(c))).jit;
+           q->sliced = !generated3 && hi > lo && slice_plan(ctx, c, std::min(hi - lo, slices_per_call(c))).generated_kernel;
            return q;
          }).sliced;
 }
