@@ -9,11 +9,13 @@
 // gradient and weight-gradient contribution then do not depend on the batch
 // it came in, and float64 gradients sum each image's float contribution.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/conv.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
+#include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
 
@@ -374,10 +376,23 @@ void depth_range(const Conv& c, int64_t kd, int64_t& lo, int64_t& hi) {
   hi = std::min<int64_t>(c.y[2], floor_div(c.x[2] - 1 + c.pad - kd, c.stride) + 1);
 }
 
+// FANOUT_CONV3D_WEIGHT_SLICES: `auto` (the default: by the kernels oneDNN
+// picks), `always` or `never`; read on every call, so that tests run both
+// paths on any CPU.
+enum class Slices { kAuto, kAlways, kNever };
+Slices slices_setting() {
+  const char* v = std::getenv("FANOUT_CONV3D_WEIGHT_SLICES");
+  const std::string setting = v ? v : "auto";
+  FANOUT_CHECK(setting == "auto" || setting == "always" || setting == "never")
+      << "FANOUT_CONV3D_WEIGHT_SLICES must be auto, always or never, not '" << setting << "'";
+  return setting == "always" ? Slices::kAlways : setting == "never" ? Slices::kNever : Slices::kAuto;
+}
+
 // Whether c's weight gradient runs as 2-D slices: the 3-D kernel is not
 // generated() and the 2-D kernel for a full call is. Decided once per shape.
 bool sliced_wins(Context& ctx, const Conv& c) {
   if (c.spatial() != 3 || c.w[2] > c.x[2] + 2 * c.pad) return false;
+  if (const Slices setting = slices_setting(); setting != Slices::kAuto) return setting == Slices::kAlways;
   dn::State& s = dn::state(ctx);
   const Conv k = per_image(c, 1);
   return s.plan<Choice>(key_of(k, kWeights, 16, dn::threads(ctx)), [&] {
@@ -388,7 +403,7 @@ bool sliced_wins(Context& ctx, const Conv& c) {
                k.strides(), k.pads(), k.pads());
            const bool generated3 = generated(pd.impl_info_str());
            int64_t lo = 0, hi = 0;
-           depth_range(c, c.pad, lo, hi);
+           depth_range(c, std::min(c.pad, c.w[2] - 1), lo, hi);  // a kernel depth with a full run
            q->sliced = !generated3 && hi > lo && slice_plan(ctx, c, std::min(hi - lo, slices_per_call(c))).generated_kernel;
            return q;
          }).sliced;
@@ -457,7 +472,7 @@ void sliced_weights(Context& ctx, const Tensor& x, const Tensor& dy, const Conv&
         const float* g = dy.f32() + i * ys + o * c.y[2] * plane_y;
         double acc = 0.0;
         for (int64_t j = 0; j < c.y[2] * plane_y; ++j) acc += g[j];
-        db_sum[o] += acc;
+        db_sum[o] += exact ? static_cast<float>(acc) : acc;  // float64 db: each image's float contribution
       }
   }
   if (exact) return;

@@ -82,8 +82,8 @@ void maxpool_2x2(const float* xp, int64_t vols, const PoolAxes& ax, float* yp, i
         const int64_t first = (2 * d * h + 2 * i) * w;  // the window row's first element in the volume
         const float* r0 = xp + p * in + first;
         const float* r1 = r0 + w;
-        const float* r2 = r0 + h * w;  // the next plane (kDepth)
-        const float* r3 = r2 + w;
+        const float* r2 = kDepth ? r0 + h * w : r0;  // the next plane
+        const float* r3 = kDepth ? r2 + w : r1;
         const int32_t base = static_cast<int32_t>(first);
         float* yo = yp + p * out + (d * oh + i) * ow;
         int32_t* ao = ap + p * out + (d * oh + i) * ow;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -225,18 +226,27 @@ TEST_P(ConvOnBackend, LargeVolumesAgainstDirectConvolution) {
 }
 
 // 3-D weight gradients the CPU may run as 2-D calls over depth slices
-// (kernels/cpu/conv.cpp): one input or output channel (whose channels-last
-// copy is the tensor itself), a volume shallower than the kernel, depths cut
-// into several calls (32x32 outputs: 4 slices a call), stride 2.
+// (kernels/cpu/conv.cpp), forced on and off so that both paths run on any
+// CPU: one input or output channel (whose channels-last copy is the tensor
+// itself), a volume shallower than the kernel, a padding as deep as the
+// kernel, depths cut into several calls (32x32 outputs: 4 slices a call),
+// stride 2 with several calls, a plane of more than 4,096 outputs (one
+// slice a call).
 TEST_P(ConvOnBackend, ThreeDWeightGradientsOverDepthSlices) {
-  std::mt19937_64 rng(404);
   const ConvCase cases[] = {
-      {2, 1, 6, 7, 5, 3, 3, 3, 3, 1, 1},   {3, 4, 5, 6, 7, 1, 3, 3, 3, 1, 1},  {1, 1, 4, 6, 5, 2, 5, 5, 5, 1, 2},
+      {2, 1, 6, 7, 5, 3, 3, 3, 3, 1, 1},   {3, 4, 5, 6, 7, 1, 3, 3, 3, 1, 1},    {1, 1, 4, 6, 5, 2, 5, 5, 5, 1, 2},
       {2, 3, 2, 5, 6, 4, 5, 5, 5, 1, 2},   {3, 8, 10, 32, 32, 4, 3, 3, 3, 1, 1}, {2, 5, 9, 8, 7, 3, 3, 3, 3, 2, 1},
-      {2, 6, 7, 9, 8, 5, 3, 3, 3, 1, 0},
+      {2, 6, 7, 9, 8, 5, 3, 3, 3, 1, 0},   {2, 3, 3, 5, 4, 2, 1, 1, 1, 1, 1},    {1, 4, 12, 64, 64, 2, 3, 3, 3, 2, 1},
+      {1, 2, 3, 66, 65, 2, 3, 3, 3, 1, 1},
   };
-  int variant = 0;
-  for (const ConvCase& k : cases) check(k, (variant++ % 2) == 0, {}, 1e-4, rng);
+  for (const char* setting : {"always", "never", "auto"}) {
+    SCOPED_TRACE(setting);
+    ASSERT_EQ(setenv("FANOUT_CONV3D_WEIGHT_SLICES", setting, 1), 0);
+    std::mt19937_64 rng(404);
+    int variant = 0;
+    for (const ConvCase& k : cases) check(k, (variant++ % 2) == 0, {}, 1e-4, rng);
+  }
+  unsetenv("FANOUT_CONV3D_WEIGHT_SLICES");
 }
 
 TEST_P(ConvOnBackend, MathOptionsAgainstDirectConvolution) {
