@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/conv.h"
+#include "kernels/conv_bias.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 #include "runtime/core/error.h"
@@ -238,6 +239,13 @@ void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& 
 // 14.6 against 13.3 ms; cnn, resnet18 and heatmap3d within the noise.
 constexpr int64_t kMaxSumTerms = 4096;
 
+dnnl::convolution_backward_weights::primitive_desc weights_pd(dn::State& s, const Conv& c, bool bias) {
+  const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+  return dn::make_backward_pd<dnnl::convolution_backward_weights>(
+      s.engine, dn::user_scratchpad(), forward_pd(s, c, bias), dnnl::algorithm::convolution_direct,
+      activations(c, c.per_call(c.x)), any(c.w), b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
+}
+
 // The weights-gradient plan for calls of c.images images. `direct`: one
 // call whose float32 result is added to dw by its reorder; otherwise each
 // call's result lands in plain floats (dw_part, db_part) for the caller to add.
@@ -246,10 +254,7 @@ WeightsPlan& weights_plan(Context& ctx, const Conv& c, bool want_dw, bool bias, 
   const int64_t flags = want_dw | bias << 1 | direct << 2;
   return s.plan<WeightsPlan>(key_of(c, kWeights, flags, dn::threads(ctx)), [&] {
     auto q = std::make_unique<WeightsPlan>();
-    const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
-    const auto pd = dn::make_backward_pd<dnnl::convolution_backward_weights>(
-        s.engine, dn::user_scratchpad(), forward_pd(s, c, bias), dnnl::algorithm::convolution_direct,
-        activations(c, c.per_call(c.x)), any(c.w), b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
+    const auto pd = weights_pd(s, c, bias);
     dn::WorkspaceLayout ws;
     q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
     q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
@@ -296,7 +301,7 @@ void run_weights(dn::State& s, WeightsPlan& p, const Conv& c, const Tensor& x, c
 // calls over runs of consecutive slices. Measured (2 cores, AVX2, batch 8,
 // oneDNN's own time): heatmap3d's 16 -> 8 channels at 32^3 92 against
 // 28 ms, 32 -> 16 at 16^3 25 against 15, 1 -> 8 at 32^3 13.5 against 2.6.
-// Chosen per shape where the 3-D kernel is gemm-based and the 2-D one JIT.
+// Chosen per shape where the 3-D kernel is gemm-based and the 2-D one generated().
 
 // Whether oneDNN's implementation is a kernel generated for the shape
 // (jit:avx2, brgconv, ...), not the gemm-based or reference one.
@@ -391,17 +396,13 @@ Slices slices_setting() {
 // Whether c's weight gradient runs as 2-D slices: the 3-D kernel is not
 // generated() and the 2-D kernel for a full call is. Decided once per shape.
 bool sliced_wins(Context& ctx, const Conv& c) {
-  if (c.spatial() != 3 || c.w[2] > c.x[2] + 2 * c.pad) return false;
+  if (c.spatial() != 3) return false;
   if (const Slices setting = slices_setting(); setting != Slices::kAuto) return setting == Slices::kAlways;
   dn::State& s = dn::state(ctx);
   const Conv k = per_image(c, 1);
   return s.plan<Choice>(key_of(k, kWeights, 16, dn::threads(ctx)), [&] {
            auto q = std::make_unique<Choice>();
-           const auto pd = dn::make_backward_pd<dnnl::convolution_backward_weights>(
-               s.engine, dn::user_scratchpad(), forward_pd(s, k, false), dnnl::algorithm::convolution_direct,
-               activations(k, k.per_call(k.x)), any(k.w), memory::desc(), activations(k, k.per_call(k.y)),
-               k.strides(), k.pads(), k.pads());
-           const bool generated3 = generated(pd.impl_info_str());
+           const bool generated3 = generated(weights_pd(s, k, false).impl_info_str());
            int64_t lo = 0, hi = 0;
            depth_range(c, std::min(c.pad, c.w[2] - 1), lo, hi);  // a kernel depth with a full run
            q->sliced = !generated3 && hi > lo && slice_plan(ctx, c, std::min(hi - lo, slices_per_call(c))).generated_kernel;
@@ -441,12 +442,10 @@ void sliced_weights(Context& ctx, const Tensor& x, const Tensor& dy, const Conv&
   size_t plan_bytes = 0;  // the largest slice plan's
   for (int64_t kd = 0; kd < kds; ++kd)
     each_run(c, kd, [&](int64_t, int64_t k) { plan_bytes = std::max(plan_bytes, slice_plan(ctx, c, k).bytes); });
-  char* ws = static_cast<char*>(ctx.workspace(ip.bytes + plan_bytes + sizeof(double) * (wn + oc)));
+  char* ws = static_cast<char*>(ctx.workspace(ip.bytes + plan_bytes + sizeof(double) * wn));
   char* pws = ws + ip.bytes;
-  double* sums = reinterpret_cast<double*>(pws + plan_bytes);
-  double* dw_sum = exact ? dw.f64() : sums;
-  double* db_sum = db && exact ? db->f64() : sums + wn;
-  if (!exact) std::fill(sums, sums + wn + oc, 0.0);
+  double* dw_sum = exact ? dw.f64() : reinterpret_cast<double*>(pws + plan_bytes);
+  if (!exact) std::fill(dw_sum, dw_sum + wn, 0.0);
   for (int64_t i = 0; i < n; ++i) {
     bind_input(s, ip.x, x.f32() + i * xs, ws);
     bind_input(s, ip.dy, dy.f32() + i * ys, ws);
@@ -467,18 +466,10 @@ void sliced_weights(Context& ctx, const Tensor& x, const Tensor& dy, const Conv&
         for (int64_t o = 0; o < oc * ic; ++o)
           for (int64_t t = 0; t < taps; ++t) dw_sum[(o * kds + kd) * taps + t] += part[o * taps + t];
       });
-    if (db)
-      for (int64_t o = 0; o < oc; ++o) {
-        const float* g = dy.f32() + i * ys + o * c.y[2] * plane_y;
-        double acc = 0.0;
-        for (int64_t j = 0; j < c.y[2] * plane_y; ++j) acc += g[j];
-        db_sum[o] += exact ? static_cast<float>(acc) : acc;  // float64 db: each image's float contribution
-      }
   }
-  if (exact) return;
-  for (int64_t j = 0; j < wn; ++j) dw.f32()[j] = static_cast<float>(dw.f32()[j] + dw_sum[j]);
-  if (db)
-    for (int64_t o = 0; o < oc; ++o) db->f32()[o] = static_cast<float>(db->f32()[o] + db_sum[o]);
+  if (db) channel_bias_grad(ctx, dy, *db);  // per image in double, as the kernels' float64 contract says
+  if (!exact)
+    for (int64_t j = 0; j < wn; ++j) dw.f32()[j] = static_cast<float>(dw.f32()[j] + dw_sum[j]);
 }
 
 // dw (+=) when defined, db (+=) when non-null. With float64 gradients
