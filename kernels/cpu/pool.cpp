@@ -71,24 +71,40 @@ void each_row(const Box& b, int64_t h, int64_t w, F&& f) {
 
 // The common 2x2 (x2) / stride 2 / no padding case: every window lies
 // inside the volume. kDepth: 3-D windows over two planes of the volume.
+//
+// Output rows are short (14, 7 and 3 in cnn), and a vector loop's scalar
+// remainder would take most of the time. A row is therefore computed kRowPad
+// columns at a time, the extra columns running on into the next row's
+// outputs (recomputed right when that row comes) and reading further along
+// the input; a row does so only when both stay inside this call's volumes,
+// so no other thread's outputs are touched and nothing past x is read.
+constexpr int64_t kRowPad = 8;
+
 template <bool kDepth>
 void maxpool_2x2(const float* xp, int64_t vols, const PoolAxes& ax, float* yp, int32_t* ap) {
   const int64_t h = ax.len[1], w = ax.len[2], od = kDepth ? ax.out[0] : 1, oh = ax.out[1], ow = ax.out[2];
   const int64_t in = ax.in_volume(), out = ax.out_volume();
+  const int64_t padded = (ow + kRowPad - 1) / kRowPad * kRowPad;
+  // Elements a padded row reads past its window row's first (r0[0]), and the
+  // end of what this call may read and write.
+  const int64_t reach = (kDepth ? h * w + w : w) + 2 * padded;
+  const int64_t in_end = vols * in, out_end = vols * out;
   const int32_t wi = static_cast<int32_t>(w), plane = static_cast<int32_t>(h * w);
   for (int64_t p = 0; p < vols; ++p)
     for (int64_t d = 0; d < od; ++d)
       for (int64_t i = 0; i < oh; ++i) {
         const int64_t first = (2 * d * h + 2 * i) * w;  // the window row's first element in the volume
+        const int64_t o = p * out + (d * oh + i) * ow;  // the row's first output
+        const int64_t cols = o + padded <= out_end && p * in + first + reach <= in_end ? padded : ow;
         const float* r0 = xp + p * in + first;
         const float* r1 = r0 + w;
         const float* r2 = kDepth ? r0 + h * w : r0;  // the next plane
         const float* r3 = kDepth ? r2 + w : r1;
         const int32_t base = static_cast<int32_t>(first);
-        float* yo = yp + p * out + (d * oh + i) * ow;
-        int32_t* ao = ap + p * out + (d * oh + i) * ow;
+        float* yo = yp + o;
+        int32_t* ao = ap + o;
         // 64-bit subscripts keep the loads affine, so g++ vectorizes this loop.
-        for (int64_t j = 0; j < ow; ++j) {
+        for (int64_t j = 0; j < cols; ++j) {
           const int32_t c = base + static_cast<int32_t>(2 * j);
           float best = r0[2 * j];
           int32_t best_i = c;

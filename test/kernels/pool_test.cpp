@@ -127,6 +127,7 @@ TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
     Shape x;
     PoolGeometry g;
     bool ties, deterministic;
+    int threads = 0;  // CPU kernel threads; 0: the context's default
   };
   std::vector<Case> cases;
   for (int s : kRanks)
@@ -136,10 +137,20 @@ TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
   cases.push_back({2, Shape{4, 64, 32, 32}, {3, 2, 1}, false, false});
   cases.push_back({3, Shape{2, 8, 9, 16, 13}, {3, 2, 1}, false, false});
   cases.push_back({3, Shape{1, 2, 3, 11, 4}, {3, 2, 1}, true, true});
+  // 2x2 windows over cnn's planes (rows of 14, 7 and 3 outputs) and odd 3-D
+  // ones, on three threads too: the CPU computes rows a vector's width at a
+  // time, running on into the next row, never into another thread's.
+  for (int threads : {0, 3}) {
+    cases.push_back({2, Shape{40, 32, 28, 28}, {2, 2, 0}, false, false, threads});
+    cases.push_back({2, Shape{96, 21, 14, 14}, {2, 2, 0}, true, false, threads});
+    cases.push_back({2, Shape{128, 35, 7, 7}, {2, 2, 0}, false, false, threads});
+    cases.push_back({3, Shape{40, 9, 5, 7, 9}, {2, 2, 0}, true, false, threads});
+  }
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.x.str() << " " << str(c.g) << " ties " << c.ties << " deterministic "
-                                      << c.deterministic);
+                                      << c.deterministic << " threads " << c.threads);
     ctx().math.deterministic = c.deterministic;
+    ctx().math.cpu_threads = c.threads;
     Tensor x = c.ties ? tied_tensor(c.x, rng) : ft::random_tensor(c.x, rng);
     const Shape ys = kernels::pool_output_shape(c.spatial, x.shape(), c.g);
     Tensor r = ft::random_tensor(ys, rng);
@@ -163,6 +174,7 @@ TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_NEAR(dx.f32()[i], rdx[i], 1e-5) << i;
     EXPECT_GT(ft::l2_norm(dx), 0.0);
   }
+  ctx().math.cpu_threads = 0;
 }
 
 TEST_P(MaxPool, TiesPickFirstAndPaddingIsNeverSelected) {
