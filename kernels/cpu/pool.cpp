@@ -89,13 +89,16 @@ void maxpool_2x2(const float* xp, int64_t vols, const PoolAxes& ax, float* yp, i
   // end of what this call may read and write.
   const int64_t reach = (kDepth ? h * w + w : w) + 2 * padded;
   const int64_t in_end = vols * in, out_end = vols * out;
+  // The extra columns' indices stay below in + reach: int32 where they may run.
+  const bool may_run_on = in + reach <= std::numeric_limits<int32_t>::max();
   const int32_t wi = static_cast<int32_t>(w), plane = static_cast<int32_t>(h * w);
   for (int64_t p = 0; p < vols; ++p)
     for (int64_t d = 0; d < od; ++d)
       for (int64_t i = 0; i < oh; ++i) {
         const int64_t first = (2 * d * h + 2 * i) * w;  // the window row's first element in the volume
         const int64_t o = p * out + (d * oh + i) * ow;  // the row's first output
-        const int64_t cols = o + padded <= out_end && p * in + first + reach <= in_end ? padded : ow;
+        const int64_t cols =
+            may_run_on && o + padded <= out_end && p * in + first + reach <= in_end ? padded : ow;
         const float* r0 = xp + p * in + first;
         const float* r1 = r0 + w;
         const float* r2 = kDepth ? r0 + h * w : r0;  // the next plane

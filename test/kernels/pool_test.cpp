@@ -151,6 +151,10 @@ TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
                                       << c.deterministic << " threads " << c.threads);
     ctx().math.deterministic = c.deterministic;
     ctx().math.cpu_threads = c.threads;
+    struct Restore {
+      Context& c;
+      ~Restore() { c.math.cpu_threads = 0; }
+    } restore{ctx()};  // an ASSERT returns early
     Tensor x = c.ties ? tied_tensor(c.x, rng) : ft::random_tensor(c.x, rng);
     const Shape ys = kernels::pool_output_shape(c.spatial, x.shape(), c.g);
     Tensor r = ft::random_tensor(ys, rng);
@@ -174,7 +178,6 @@ TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_NEAR(dx.f32()[i], rdx[i], 1e-5) << i;
     EXPECT_GT(ft::l2_norm(dx), 0.0);
   }
-  ctx().math.cpu_threads = 0;
 }
 
 TEST_P(MaxPool, TiesPickFirstAndPaddingIsNeverSelected) {
