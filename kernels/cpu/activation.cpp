@@ -1,5 +1,5 @@
 // CPU activations: elementwise loops (ReLU branch-free, so g++ -O3
-// vectorizes it; the smooth ones call libm per element).
+// vectorizes it, also for AVX2; the smooth ones call libm per element).
 #include "kernels/activation.h"
 
 #include "kernels/activation_math.h"
@@ -8,12 +8,21 @@
 
 namespace fanout::kernels::cpu {
 
+namespace {
+FANOUT_AVX2_CLONE void relu_rows(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](float v) { return v < 0.0f ? 0.0f : v; });
+}
+FANOUT_AVX2_CLONE void relu_grad_rows(const float* y, const float* dy, float* dx, int64_t n) {
+  map2(y, dy, dx, n, [](float yv, float g) { return yv > 0.0f ? g : 0.0f; });
+}
+}  // namespace
+
 void relu_forward(Context& ctx, const Tensor& x, Tensor& y) {
   // y may alias x. NaN propagates (NaN < 0 is false), as torch.relu.
   const float* xp = x.f32();
   float* yp = y.f32();
   parallel_for(ctx, x.numel(), grain_for(1), [&](int64_t b, int64_t e) {
-    map1(xp + b, yp + b, e - b, [](float v) { return v < 0.0f ? 0.0f : v; });
+    relu_rows(xp + b, yp + b, e - b);
   });
 }
 
@@ -22,7 +31,7 @@ void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) 
   const float *yp = y.f32(), *gp = dy.f32();
   float* dp = dx.f32();
   parallel_for(ctx, y.numel(), grain_for(1), [&](int64_t b, int64_t e) {
-    map2(yp + b, gp + b, dp + b, e - b, [](float yv, float g) { return yv > 0.0f ? g : 0.0f; });
+    relu_grad_rows(yp + b, gp + b, dp + b, e - b);
   });
 }
 
