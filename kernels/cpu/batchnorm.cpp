@@ -1,7 +1,8 @@
 // CPU batch normalization. Tensors are viewed as (N, C, S) with S the product
 // of the spatial dims (1 for (N, C) input); each (n, c) plane is contiguous.
 // Reductions accumulate in double with 16 independent partial sums per
-// channel, vectorized; elementwise passes use per-channel constants, no division.
+// channel (and one for the last values of each plane), vectorized;
+// elementwise passes use per-channel constants, no division.
 // Threads take whole channels (reductions) or planes (elementwise passes),
 // so the results do not depend on their number.
 #include "kernels/batchnorm.h"
@@ -27,8 +28,9 @@ Planes planes_of(const Tensor& x) {
 
 // The reductions keep 16 independent float64 partial sums per channel, four
 // vectors of four (lane j takes the j-th value of every group of 16 in a
-// plane; the planes' tails go to one more sum), added pairwise at the end:
-// the order depends on the shape only. Written with vector types because
+// plane; a plane's remaining groups of 4 go to the first vector, its last 0
+// to 3 values to one more sum), added pairwise at the end: the order depends
+// on the shape only. Written with vector types because
 // g++ vectorizes the plain loops badly; FANOUT_AVX2_CLONE (loops.h).
 typedef double d4 __attribute__((vector_size(32)));
 
@@ -53,6 +55,11 @@ FANOUT_AVX2_CLONE void channel_sum_sumsq(const float* x, int64_t planes, int64_t
         as[j] += v;
         aq[j] += v * v;
       }
+    for (; i + 4 <= len; i += 4) {
+      const d4 v = d4{p[i], p[i + 1], p[i + 2], p[i + 3]} - k;
+      as[0] += v;
+      aq[0] += v * v;
+    }
     for (; i < len; ++i) {
       const double v = p[i] - k;
       ts += v;
@@ -78,6 +85,11 @@ FANOUT_AVX2_CLONE void channel_sum_dy_dyxmu(const float* x, const float* dy, int
         as[j] += g;
         at[j] += g * (d4{ex[0], ex[1], ex[2], ex[3]} - m);
       }
+    for (; i + 4 <= len; i += 4) {
+      const d4 g = d4{pg[i], pg[i + 1], pg[i + 2], pg[i + 3]};
+      as[0] += g;
+      at[0] += g * (d4{px[i], px[i + 1], px[i + 2], px[i + 3]} - m);
+    }
     for (; i < len; ++i) {
       const double g = pg[i];
       ts += g;

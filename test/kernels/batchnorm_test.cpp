@@ -99,10 +99,11 @@ struct BnShape {
 const BnShape kShapes[] = {{Shape{3, 5, 7, 9}, -1.0f, 2.0f}, {Shape{6, 5}, -1.0f, 2.0f},
                            {Shape{2, 4, 3, 1, 5}, -1.0f, 2.0f}};
 // Odd sizes, one value per plane, means far from zero, many partial blocks
-// per channel (N*H*W = 64*33*31) with few channels.
+// per channel (N*H*W = 64*33*31) with few channels, planes of whole blocks (8x8).
 const BnShape kMoreShapes[] = {{Shape{2, 3, 1, 1}, -1.0f, 1.0f},   {Shape{5, 7, 3, 3}, 2.0f, 4.0f},
                                {Shape{13, 6}, -1.0f, 1.0f},        {Shape{257, 33}, -1.0f, 1.0f},
-                               {Shape{64, 3, 33, 31}, -1.0f, 1.0f}};
+                               {Shape{64, 3, 33, 31}, -1.0f, 1.0f},
+                               {Shape{4, 3, 8, 8}, -1.0f, 1.0f}};
 
 TEST_P(BatchNormOnBackend, StatsFinalizeApplyAgainstNaive) {
   std::mt19937_64 rng(61);
