@@ -72,6 +72,8 @@
 #   FANOUT_CTEST_ARGS    extra ctest arguments, e.g. "-L cuda" or "-E e2e"
 #   FANOUT_MEMCHECK_FILTER  gtest filter for memcheck (default: every test)
 #   FANOUT_BENCH_ARGS    extra arguments for every dp-bench run
+#   FANOUT_EPOCHS_MODELS   models of the epochs step (default "resnet18 cnn")
+#   FANOUT_EPOCHS_DEVICES  its device lists (default "0 0,0")
 #   FANOUT_LINK_DATASET  auto (default): when /usr/share/datasets/fashion-mnist
 #                        is absent, link it to the carried copy so the e2e
 #                        test (which reads that path) can run; 0: never
@@ -487,12 +489,14 @@ step_epochs() {
   local b="$build/apps/dp-bench" rc=0 devs
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
   : >"$out/epochs.jsonl"
-  for devs in 0 0,0; do
-    echo "== dp-bench --epochs 1 --model resnet18 --data synthetic:20000 --batch-size 256 --devices $devs"
-    # shellcheck disable=SC2086  # user-given arguments
-    frun "$b" --epochs 1 --model resnet18 --data synthetic:20000 --batch-size 256 --devices "$devs" \
-      --repeats 3 --workers 4 --python "${python:-python3}" --json "$out/epochs.jsonl" ${FANOUT_BENCH_ARGS:-} || rc=1
-    if [ -n "$fashion" ]; then
+  for devs in ${FANOUT_EPOCHS_DEVICES:-0 0,0}; do
+    if [[ " ${FANOUT_EPOCHS_MODELS:-resnet18 cnn} " == *" resnet18 "* ]]; then
+      echo "== dp-bench --epochs 1 --model resnet18 --data synthetic:20000 --batch-size 256 --devices $devs"
+      # shellcheck disable=SC2086  # user-given arguments
+      frun "$b" --epochs 1 --model resnet18 --data synthetic:20000 --batch-size 256 --devices "$devs" \
+        --repeats 3 --workers 4 --python "${python:-python3}" --json "$out/epochs.jsonl" ${FANOUT_BENCH_ARGS:-} || rc=1
+    fi
+    if [ -n "$fashion" ] && [[ " ${FANOUT_EPOCHS_MODELS:-resnet18 cnn} " == *" cnn "* ]]; then
       echo "== dp-bench --epochs 1 --model cnn --data fashion-mnist --batch-size 256 --devices $devs"
       # shellcheck disable=SC2086
       frun "$b" --epochs 1 --model cnn --data "fashion-mnist:$fashion" --batch-size 256 --devices "$devs" \
