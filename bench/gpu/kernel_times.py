@@ -16,6 +16,7 @@ import sys
 from collections import defaultdict
 
 GROUPS = [  # first match wins; matched against the kernel's name in lower case
+    ("channels-last copies (narrow/widen)", r"narrow_last_kernel|widen_first_kernel|transpose_kernel"),
     ("convert (narrow/widen/round)", r"narrow_kernel|widen_kernel|add_widened|round_kernel"),
     ("cuDNN layout transposes (NCHW<->NHWC)", r"nchwtonhwc|nhwctonchw"),
     ("cuDNN convolution", r"conv|cudnn|xmma|wgrad|dgrad|fprop|winograd|implicit|cutlass|sm90_|sm80_"),

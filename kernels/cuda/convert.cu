@@ -46,52 +46,133 @@ __global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
     d[i] += widen(s[i]);
 }
 
-// A batch of row-major (rows, cols) planes written as (cols, rows) planes,
-// converted on the way (to the output's type; float outputs may accumulate),
-// through 32 x 32 shared tiles and blocks of 32 x 8 threads so that reads and
-// writes both run along consecutive addresses. grid (column tiles, row tiles,
-// batches); the last two loop past their launch limits.
-constexpr int kTile = 32, kTileRows = 8;
+// Channels-last copies: a batch of (c, s) float planes to (s, c) low-type
+// planes and back. A block moves one tile of tc channels by ts positions
+// through shared memory (row pitch ts + 1), about 2048 values: ts is 32, or s
+// itself when s < 32 (the tile's float rows are then one contiguous run) with
+// tc growing as ts shrinks; under 64 channels the tile takes them all and
+// its rows grow instead. The low-type side moves two channels per 4-byte
+// access when c is even. grid (tiles, batches); batches loop past the
+// launch limit.
+constexpr int kCopyThreads = 256, kTileValues = 2048;
 
-__device__ __forceinline__ float widen(float v) { return v; }
+struct TileGeometry {
+  int tc, ts;
+  int64_t c_tiles, s_tiles;
+};
+TileGeometry tile_geometry(int64_t c, int64_t s) {
+  if (c < 64) {  // one channel tile; its rows grow to fill the tile
+    const int ts = static_cast<int>(std::min<int64_t>(s, std::max<int64_t>(32, kTileValues / c / 32 * 32)));
+    return {static_cast<int>(c), ts, 1, (s + ts - 1) / ts};
+  }
+  const int ts = static_cast<int>(std::min<int64_t>(s, 32));
+  const int tc = std::clamp(kTileValues / ts / 64 * 64, 64, 512);
+  return {tc, ts, (c + tc - 1) / tc, (s + ts - 1) / ts};
+}
+
+// (row, col) over a rows x cols range, each thread starting at its index and
+// stepping by the block's size.
+struct Walk {
+  int row, col, cols, step_rows, step_cols;
+  __device__ Walk(int cols_, int start, int step)
+      : row(start / cols_), col(start % cols_), cols(cols_), step_rows(step / cols_), step_cols(step % cols_) {}
+  __device__ void next() {
+    row += step_rows;
+    col += step_cols;
+    if (col >= cols) col -= cols, ++row;
+  }
+};
+
 template <class Low>
-__device__ __forceinline__ void put(Low* d, float v, bool) { *d = narrow<Low>(v); }
-__device__ __forceinline__ void put(float* d, float v, bool accumulate) { *d = accumulate ? *d + v : v; }
+struct Pair;
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ static type narrow(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  __device__ static float2 widen(type v) { return __bfloat1622float2(v); }
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  __device__ static type narrow(float a, float b) { return __floats2half2_rn(a, b); }
+  __device__ static float2 widen(type v) { return __half22float2(v); }
+};
 
-template <class In, class Out>
-__global__ void transpose_kernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n, int64_t rows,
-                                 int64_t cols, bool accumulate) {
-  __shared__ float tile[kTile][kTile + 1];
-  const int64_t c0 = int64_t{blockIdx.x} * kTile, row_tiles = (rows + kTile - 1) / kTile;
-  for (int64_t b = blockIdx.z; b < n; b += gridDim.z)
-    for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-      const int64_t r0 = rt * kTile;
-      const In* x = src + b * rows * cols;
-      Out* d = dst + b * rows * cols;
-      for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // along a row of src
-        const int64_t r = r0 + j, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[j][threadIdx.x] = widen(x[r * cols + c]);
+template <class Low>
+__global__ void __launch_bounds__(kCopyThreads)
+    narrow_last_kernel(const float* __restrict__ src, Low* __restrict__ dst, int64_t n, int64_t c, int64_t s, int tc,
+                       int ts, int64_t s_tiles, bool pairs) {
+  extern __shared__ float buf[];
+  const int pitch = ts + 1;
+  const int64_t c0 = blockIdx.x / s_tiles * tc, s0 = blockIdx.x % s_tiles * ts;
+  const int tcv = static_cast<int>(c - c0 < tc ? c - c0 : tc), tsv = static_cast<int>(s - s0 < ts ? s - s0 : ts);
+  for (int64_t b = blockIdx.y; b < n; b += gridDim.y) {
+    const float* x = src + (b * c + c0) * s + s0;  // channel row r at x + r * s
+    Low* d = dst + (b * s + s0) * c + c0;          // position row r at d + r * c
+    for (Walk w(tsv, threadIdx.x, kCopyThreads); w.row < tcv; w.next())
+      buf[w.row * pitch + w.col] = x[w.row * s + w.col];
+    __syncthreads();
+    if (pairs) {
+      for (Walk w(tcv / 2, threadIdx.x, kCopyThreads); w.row < tsv; w.next()) {
+        const int k = 2 * w.col;
+        *reinterpret_cast<typename Pair<Low>::type*>(d + w.row * c + k) =
+            Pair<Low>::narrow(buf[k * pitch + w.row], buf[(k + 1) * pitch + w.row]);
       }
-      __syncthreads();
-      for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // along a row of dst
-        const int64_t c = c0 + j, r = r0 + threadIdx.x;
-        if (r < rows && c < cols) put(d + c * rows + r, tile[threadIdx.x][j], accumulate);
-      }
-      __syncthreads();
+    } else {
+      for (Walk w(tcv, threadIdx.x, kCopyThreads); w.row < tsv; w.next())
+        d[w.row * c + w.col] = narrow<Low>(buf[w.col * pitch + w.row]);
     }
+    __syncthreads();
+  }
 }
 
-template <class In, class Out>
-void transpose(Context& ctx, const In* src, Out* dst, int64_t n, int64_t rows, int64_t cols, bool accumulate) {
-  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
-  FANOUT_CHECK(col_tiles <= INT32_MAX) << "channels-last copy: " << cols << " columns are too many for one grid";
-  detail::DeviceScope scope(ctx);
-  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)),
-                  static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  transpose_kernel<In, Out><<<grid, dim3(kTile, kTileRows), 0, detail::stream_of(ctx)>>>(src, dst, n, rows, cols,
-                                                                                          accumulate);
-  FANOUT_CUDA_CHECK_LAUNCH();
+template <class Low>
+__global__ void __launch_bounds__(kCopyThreads)
+    widen_first_kernel(const Low* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t c, int64_t s, int tc,
+                       int ts, int64_t s_tiles, bool pairs, bool accumulate) {
+  extern __shared__ float buf[];
+  const int pitch = ts + 1;
+  const int64_t c0 = blockIdx.x / s_tiles * tc, s0 = blockIdx.x % s_tiles * ts;
+  const int tcv = static_cast<int>(c - c0 < tc ? c - c0 : tc), tsv = static_cast<int>(s - s0 < ts ? s - s0 : ts);
+  for (int64_t b = blockIdx.y; b < n; b += gridDim.y) {
+    const Low* x = src + (b * s + s0) * c + c0;  // position row r at x + r * c
+    float* d = dst + (b * c + c0) * s + s0;      // channel row r at d + r * s
+    if (pairs) {
+      for (Walk w(tcv / 2, threadIdx.x, kCopyThreads); w.row < tsv; w.next()) {
+        const int k = 2 * w.col;
+        const float2 v = Pair<Low>::widen(*reinterpret_cast<const typename Pair<Low>::type*>(x + w.row * c + k));
+        buf[k * pitch + w.row] = v.x;
+        buf[(k + 1) * pitch + w.row] = v.y;
+      }
+    } else {
+      for (Walk w(tcv, threadIdx.x, kCopyThreads); w.row < tsv; w.next())
+        buf[w.col * pitch + w.row] = widen(x[w.row * c + w.col]);
+    }
+    __syncthreads();
+    for (Walk w(tsv, threadIdx.x, kCopyThreads); w.row < tcv; w.next()) {
+      float* p = d + w.row * s + w.col;
+      const float v = buf[w.row * pitch + w.col];
+      *p = accumulate ? *p + v : v;
+    }
+    __syncthreads();
+  }
 }
+
+// Launch geometry of one channels-last copy.
+struct CopyLaunch {
+  TileGeometry g;
+  dim3 grid;
+  size_t shared;
+};
+CopyLaunch copy_launch(int64_t n, int64_t c, int64_t s) {
+  const TileGeometry g = tile_geometry(c, s);
+  FANOUT_CHECK(g.c_tiles * g.s_tiles <= INT32_MAX) << "channels-last copy: (" << c << ", " << s
+                                                   << ") planes need too many tiles for one grid";
+  return {g, dim3(static_cast<unsigned>(g.c_tiles * g.s_tiles), static_cast<unsigned>(std::min<int64_t>(n, 65535))),
+          static_cast<size_t>(g.tc) * (g.ts + 1) * sizeof(float)};
+}
+
+bool even_and_aligned(int64_t c, const void* p) { return c % 2 == 0 && (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
 
 // launch(Low{}, grid, stream) for the low type t (BF16 or F16) over n
 // elements, on the context's device and compute stream.
@@ -134,15 +215,36 @@ void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
 
 void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
   const auto [n, c, s] = detail::planes_of(src);  // (n, c, s) planes -> (n, s, c)
-  if (dst.dtype() == DType::BF16) return transpose(ctx, src.f32(), dst.data<__nv_bfloat16>(), n, c, s, false);
-  transpose(ctx, src.f32(), dst.data<__half>(), n, c, s, false);
+  if (s == 1 || c == 1) return detail::narrow_into(ctx, src.f32(), dst, src.numel());  // the same order
+  if (src.numel() == 0) return;
+  const CopyLaunch l = copy_launch(n, c, s);
+  detail::DeviceScope scope(ctx);
+  cudaStream_t st = detail::stream_of(ctx);
+  const bool pairs = even_and_aligned(c, dst.raw());
+  if (dst.dtype() == DType::BF16)
+    narrow_last_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.f32(), dst.data<__nv_bfloat16>(), n, c, s, l.g.tc,
+                                                               l.g.ts, l.g.s_tiles, pairs);
+  else
+    narrow_last_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.f32(), dst.data<__half>(), n, c, s, l.g.tc, l.g.ts,
+                                                               l.g.s_tiles, pairs);
+  FANOUT_CUDA_CHECK_LAUNCH();
 }
 
 void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool accumulate) {
   const auto [n, c, s] = detail::planes_of(dst);  // (n, s, c) planes -> (n, c, s)
+  if (s == 1 || c == 1) return accumulate ? detail::add_widened(ctx, src, dst.f32()) : convert(ctx, src, dst);
+  if (dst.numel() == 0) return;
+  const CopyLaunch l = copy_launch(n, c, s);
+  detail::DeviceScope scope(ctx);
+  cudaStream_t st = detail::stream_of(ctx);
+  const bool pairs = even_and_aligned(c, src.raw());
   if (src.dtype() == DType::BF16)
-    return transpose(ctx, src.data<__nv_bfloat16>(), dst.f32(), n, s, c, accumulate);
-  transpose(ctx, src.data<__half>(), dst.f32(), n, s, c, accumulate);
+    widen_first_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.data<__nv_bfloat16>(), dst.f32(), n, c, s, l.g.tc,
+                                                               l.g.ts, l.g.s_tiles, pairs, accumulate);
+  else
+    widen_first_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.data<__half>(), dst.f32(), n, c, s, l.g.tc, l.g.ts,
+                                                               l.g.s_tiles, pairs, accumulate);
+  FANOUT_CUDA_CHECK_LAUNCH();
 }
 
 void round_to(Context& ctx, Tensor& x, DType t) {
