@@ -18,10 +18,13 @@
 #   build      all targets, all cores                  -> build.log
 #   ctest      every test label (unit, cuda, e2e), FANOUT_REQUIRE_GPU=1 so
 #              that a GPU the tests cannot see fails them; then the low-type
-#              convolution tests with FANOUT_CUDNN_LAYOUT=nchw -> ctest.log, ctest.xml
+#              convolution tests with FANOUT_CUDNN_LAYOUT=nchw, and the
+#              conversion, convolution and bf16 training tests with
+#              FANOUT_CUDA_CL_COPIES=wide -> ctest.log, ctest.xml
 #   dp         dp-train DataParallel on 0,0 (one GPU, two replicas), 1 epoch
 #              of lenet, and DDP with 2 processes on it  -> dp_0_0.log, ddp_0_0.log
-#   memcheck   compute-sanitizer memcheck on every CUDA test -> memcheck.log
+#   memcheck   compute-sanitizer memcheck on every CUDA test, then the
+#              conversion tests with FANOUT_CUDA_CL_COPIES=wide -> memcheck.log
 #   diagnose   the CUDA engine tests that compare training passes with the
 #              CPU (FANOUT_DIAG_FILTER), run plainly, with
 #              CUDA_LAUNCH_BLOCKING=1 (a miss that goes away is a race between
@@ -52,11 +55,12 @@
 #              --precision (torch.autocast) -> precision*.log / .jsonl
 #   goals      (named only) resnet18 batch 256 on 0,0 in TF32 and bf16-mixed
 #              beside PyTorch TF32, bf16 NCHW, --best and --compile -> goals.jsonl;
-#              bf16-mixed again with FANOUT_CUDNN_LAYOUT=nchw -> goals_nchw.jsonl
+#              bf16-mixed again with FANOUT_CUDA_CL_COPIES=wide -> goals_wide.jsonl
 #   goals3d    (named only) the same rows for heatmap3d (1x64x64x64, batch 16,
 #              as the heatmap step), without torch.compile -> goals3d.jsonl
 #   profile    (named only) Nsight Compute's time for every kernel of a short
-#              resnet18 run in TF32 and bf16-mixed, grouped -> profile.log
+#              resnet18 run in TF32 and bf16-mixed (square and wide
+#              channels-last copies), grouped -> profile.log
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -346,6 +350,12 @@ step_ctest() {
     rc=1
   FANOUT_REQUIRE_GPU=1 FANOUT_CUDNN_LAYOUT=nchw frun "$build/test/test_cuda" \
     --gtest_filter='CudaTraining.ConvLayersRoundOnceInTheLowType:CudaTraining.*Bf16*' || rc=1
+  # The wide-tile channels-last copies (kernels/cuda/convert.cu), not yet the default.
+  echo "== FANOUT_CUDA_CL_COPIES=wide: the conversion, convolution and bf16 training tests"
+  FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$build/test/test_kernels" \
+    --gtest_filter='Convert.*/cuda:ConvOnBackend.*/cuda' || rc=1
+  FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$build/test/test_cuda" \
+    --gtest_filter='CudaTraining.ConvLayersRoundOnceInTheLowType:CudaTraining.*Bf16*' || rc=1
   return "$rc"
 }
 
@@ -375,6 +385,11 @@ step_memcheck() {
     FANOUT_REQUIRE_GPU=1 frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 "$build/test/$t" \
       --gtest_filter="$filter" || rc=1
   done
+  echo "== FANOUT_CUDA_CL_COPIES=wide: the conversion tests and a bf16 convolution layer"
+  FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 \
+    "$build/test/test_kernels" --gtest_filter='Convert.*/cuda' || rc=1
+  FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 \
+    "$build/test/test_cuda" --gtest_filter='CudaTraining.ConvLayersRoundOnceInTheLowType' || rc=1
   return "$rc"
 }
 
@@ -618,11 +633,11 @@ step_goals() {
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
   : >"$out/goals.jsonl"
   goal_rows resnet18 3x32x32 256 "$out/goals.jsonl" || rc=1
-  # The same bf16 rows with cuDNN handed NCHW low-type copies (the layout before channels-last copies).
-  echo "== the same, bf16-mixed, FANOUT_CUDNN_LAYOUT=nchw -> goals_nchw.jsonl"
-  : >"$out/goals_nchw.jsonl"
-  FANOUT_CUDNN_LAYOUT=nchw frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp \
-    --precision bf16-mixed --allow-tf32 --cudnn-benchmark --json "$out/goals_nchw.jsonl" || rc=1
+  # The same bf16 rows with the wide-tile channels-last copies (kernels/cuda/convert.cu).
+  echo "== the same, bf16-mixed, FANOUT_CUDA_CL_COPIES=wide -> goals_wide.jsonl"
+  : >"$out/goals_wide.jsonl"
+  FANOUT_CUDA_CL_COPIES=wide frun "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0,0 --no-ddp \
+    --precision bf16-mixed --allow-tf32 --cudnn-benchmark --json "$out/goals_wide.jsonl" || rc=1
   [ -n "$python" ] || { echo "no python3"; return 1; }
   pytorch_goal_rows "$out/goals.jsonl" --models resnet18 --batch 256 || rc=1
   echo "== PyTorch --best --compile"
@@ -640,12 +655,13 @@ step_profile() {
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu "${cuda_home:-/usr/local/cuda}"/bin/ncu 2>/dev/null | head -n 1)
   [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
-  for p in 32 bf16-mixed; do
-    echo "== ncu: dp-bench resnet18 batch 256 --devices 0 --precision $p --allow-tf32"
+  for p in 32 bf16-mixed bf16-mixed-wide; do  # the last with FANOUT_CUDA_CL_COPIES=wide
+    echo "== ncu: dp-bench resnet18 batch 256 --devices 0 --precision ${p%-wide} --allow-tf32 ($p)"
     timeout --kill-after=10 "${FANOUT_PROFILE_TIMEOUT:-120}" env LD_LIBRARY_PATH="$fanout_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      FANOUT_CUDA_CL_COPIES="$([ "$p" = bf16-mixed-wide ] && echo wide || echo square)" \
       "$ncu" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
       --log-file "$out/ncu_$p.csv" "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0 --no-ddp \
-      --precision "$p" --allow-tf32 --warmup 1 --steps 2 --repeats 1 >/dev/null || rc=1
+      --precision "${p%-wide}" --allow-tf32 --warmup 1 --steps 2 --repeats 1 >/dev/null || rc=1
     "${python:-python3}" "$repo/bench/gpu/kernel_times.py" "$out/ncu_$p.csv" --steps 6 || rc=1
   done
   return "$rc"

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/convert.h"
 #include "kernels/cuda/common.cuh"
@@ -46,7 +48,56 @@ __global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
     d[i] += widen(s[i]);
 }
 
-// Channels-last copies: a batch of (c, s) float planes to (s, c) low-type
+// The copies measured on the H200 (default): a batch of row-major (rows,
+// cols) planes written as (cols, rows) planes, converted on the way (to the
+// output's type; float outputs may accumulate), through 32 x 32 shared tiles
+// and blocks of 32 x 8 threads so that reads and writes both run along
+// consecutive addresses. grid (column tiles, row tiles, batches); the last two
+// loop past their launch limits.
+constexpr int kTile = 32, kTileRows = 8;
+
+__device__ __forceinline__ float widen(float v) { return v; }
+template <class Low>
+__device__ __forceinline__ void put(Low* d, float v, bool) { *d = narrow<Low>(v); }
+__device__ __forceinline__ void put(float* d, float v, bool accumulate) { *d = accumulate ? *d + v : v; }
+
+template <class In, class Out>
+__global__ void transpose_kernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n, int64_t rows,
+                                 int64_t cols, bool accumulate) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t c0 = int64_t{blockIdx.x} * kTile, row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t b = blockIdx.z; b < n; b += gridDim.z)
+    for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+      const int64_t r0 = rt * kTile;
+      const In* x = src + b * rows * cols;
+      Out* d = dst + b * rows * cols;
+      for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // along a row of src
+        const int64_t r = r0 + j, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[j][threadIdx.x] = widen(x[r * cols + c]);
+      }
+      __syncthreads();
+      for (int j = threadIdx.y; j < kTile; j += kTileRows) {  // along a row of dst
+        const int64_t c = c0 + j, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) put(d + c * rows + r, tile[threadIdx.x][j], accumulate);
+      }
+      __syncthreads();
+    }
+}
+
+template <class In, class Out>
+void transpose(Context& ctx, const In* src, Out* dst, int64_t n, int64_t rows, int64_t cols, bool accumulate) {
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  FANOUT_CHECK(col_tiles <= INT32_MAX) << "channels-last copy: " << cols << " columns are too many for one grid";
+  detail::DeviceScope scope(ctx);
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)),
+                  static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  transpose_kernel<In, Out><<<grid, dim3(kTile, kTileRows), 0, detail::stream_of(ctx)>>>(src, dst, n, rows, cols,
+                                                                                          accumulate);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+// Wide-tile copies (FANOUT_CUDA_CL_COPIES=wide; to be measured against the
+// square tiles on a GPU): a batch of (c, s) float planes to (s, c) low-type
 // planes and back. A block moves one tile of tc channels by ts positions
 // through shared memory (row pitch ts + 1), about 2048 values: ts is 32, or s
 // itself when s < 32 (the tile's float rows are then one contiguous run) with
@@ -174,6 +225,18 @@ CopyLaunch copy_launch(int64_t n, int64_t c, int64_t s) {
 
 bool even_and_aligned(int64_t c, const void* p) { return c % 2 == 0 && (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
 
+// FANOUT_CUDA_CL_COPIES: square (default) or wide.
+bool wide_copies() {
+  static const bool yes = [] {
+    const char* v = std::getenv("FANOUT_CUDA_CL_COPIES");
+    const std::string kind = v ? v : "square";
+    FANOUT_CHECK(kind == "square" || kind == "wide")
+        << "FANOUT_CUDA_CL_COPIES must be square or wide, not '" << kind << "'";
+    return kind == "wide";
+  }();
+  return yes;
+}
+
 // launch(Low{}, grid, stream) for the low type t (BF16 or F16) over n
 // elements, on the context's device and compute stream.
 template <class Launch>
@@ -215,6 +278,10 @@ void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
 
 void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
   const auto [n, c, s] = detail::planes_of(src);  // (n, c, s) planes -> (n, s, c)
+  if (!wide_copies()) {
+    if (dst.dtype() == DType::BF16) return transpose(ctx, src.f32(), dst.data<__nv_bfloat16>(), n, c, s, false);
+    return transpose(ctx, src.f32(), dst.data<__half>(), n, c, s, false);
+  }
   if (s == 1 || c == 1) return detail::narrow_into(ctx, src.f32(), dst, src.numel());  // the same order
   if (src.numel() == 0) return;
   const CopyLaunch l = copy_launch(n, c, s);
@@ -232,6 +299,11 @@ void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
 
 void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool accumulate) {
   const auto [n, c, s] = detail::planes_of(dst);  // (n, s, c) planes -> (n, c, s)
+  if (!wide_copies()) {
+    if (src.dtype() == DType::BF16)
+      return transpose(ctx, src.data<__nv_bfloat16>(), dst.f32(), n, s, c, accumulate);
+    return transpose(ctx, src.data<__half>(), dst.f32(), n, s, c, accumulate);
+  }
   if (s == 1 || c == 1) return accumulate ? detail::add_widened(ctx, src, dst.f32()) : convert(ctx, src, dst);
   if (dst.numel() == 0) return;
   const CopyLaunch l = copy_launch(n, c, s);
