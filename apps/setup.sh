@@ -57,7 +57,7 @@ fi
 if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
-jobs=$(nproc)
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc answers OMP_NUM_THREADS
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FANOUT_CMAKE_ARGS:-} > build-configure.log ||
   { cat build-configure.log; exit 1; }
 cmake --build build -j "$jobs"

@@ -7,7 +7,7 @@
 # Any report fails the job. Usage: test/run_sanitizers.sh [address] [thread]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=$(nproc)
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc answers OMP_NUM_THREADS
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one test per core, one kernel thread each (test/run_tests.sh)
 kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(address thread)
@@ -32,7 +32,9 @@ for kind in "${kinds[@]}"; do
       ;;
     thread)
       targets=(test_parallel test_data test_dist)
-      filter=(-L unit -E "python_interop")
+      # The split-invariant mlp at batch 64 took 276 of the job's 518 s under
+      # TSan; its batch-3 and lenet instances run the same threads.
+      filter=(-L unit -E "python_interop|SplitInvariant.SameBitsOnAnyDeviceCount/mlp_batch64")
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/test/sanitizers/tsan.supp"
       ;;
     *) echo "unknown sanitizer '$kind' (address or thread)"; exit 2 ;;
