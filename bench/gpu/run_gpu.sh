@@ -24,7 +24,8 @@
 #   dp         dp-train DataParallel on 0,0 (one GPU, two replicas), 1 epoch
 #              of lenet, and DDP with 2 processes on it  -> dp_0_0.log, ddp_0_0.log
 #   memcheck   compute-sanitizer memcheck on every CUDA test, then the
-#              conversion tests with FANOUT_CUDA_CL_COPIES=wide -> memcheck.log
+#              conversion tests with FANOUT_CUDA_CL_COPIES=wide under
+#              memcheck, racecheck and synccheck -> memcheck.log
 #   diagnose   the CUDA engine tests that compare training passes with the
 #              CPU (FANOUT_DIAG_FILTER), run plainly, with
 #              CUDA_LAUNCH_BLOCKING=1 (a miss that goes away is a race between
@@ -390,6 +391,11 @@ step_memcheck() {
     "$build/test/test_kernels" --gtest_filter='Convert.*/cuda' || rc=1
   FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$cs" --tool memcheck --error-exitcode 97 --print-limit 200 \
     "$build/test/test_cuda" --gtest_filter='CudaTraining.ConvLayersRoundOnceInTheLowType' || rc=1
+  local tool
+  for tool in racecheck synccheck; do  # the wide copies' shared tiles
+    FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$cs" --tool "$tool" --error-exitcode 97 --print-limit 200 \
+      "$build/test/test_kernels" --gtest_filter='Convert.*Channels*/cuda' || rc=1
+  done
   return "$rc"
 }
 

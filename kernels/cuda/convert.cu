@@ -99,10 +99,11 @@ void transpose(Context& ctx, const In* src, Out* dst, int64_t n, int64_t rows, i
 // Wide-tile copies (FANOUT_CUDA_CL_COPIES=wide; to be measured against the
 // square tiles on a GPU): a batch of (c, s) float planes to (s, c) low-type
 // planes and back. A block moves one tile of tc channels by ts positions
-// through shared memory (row pitch ts + 1), about 2048 values: ts is 32, or s
-// itself when s < 32 (the tile's float rows are then one contiguous run) with
-// tc growing as ts shrinks; under 64 channels the tile takes them all and
-// its rows grow instead. The low-type side moves two channels per 4-byte
+// through shared memory (an odd row pitch: no bank conflicts down a column),
+// about 2048 values: with 64 channels or more ts is 32, or s itself when
+// s < 32 (the tile's float rows are then one contiguous run) with tc growing
+// as ts shrinks; under 64 channels the tile takes them all and its rows grow
+// instead. The low-type side moves two channels per 4-byte
 // access when c is even. grid (tiles, batches); batches loop past the
 // launch limit.
 constexpr int kCopyThreads = 256, kTileValues = 2048;
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     narrow_last_kernel(const float* __restrict__ src, Low* __restrict__ dst, int64_t n, int64_t c, int64_t s, int tc,
                        int ts, int64_t s_tiles, bool pairs) {
   extern __shared__ float buf[];
-  const int pitch = ts + 1;
+  const int pitch = ts | 1;
   const int64_t c0 = blockIdx.x / s_tiles * tc, s0 = blockIdx.x % s_tiles * ts;
   const int tcv = static_cast<int>(c - c0 < tc ? c - c0 : tc), tsv = static_cast<int>(s - s0 < ts ? s - s0 : ts);
   for (int64_t b = blockIdx.y; b < n; b += gridDim.y) {
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     widen_first_kernel(const Low* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t c, int64_t s, int tc,
                        int ts, int64_t s_tiles, bool pairs, bool accumulate) {
   extern __shared__ float buf[];
-  const int pitch = ts + 1;
+  const int pitch = ts | 1;
   const int64_t c0 = blockIdx.x / s_tiles * tc, s0 = blockIdx.x % s_tiles * ts;
   const int tcv = static_cast<int>(c - c0 < tc ? c - c0 : tc), tsv = static_cast<int>(s - s0 < ts ? s - s0 : ts);
   for (int64_t b = blockIdx.y; b < n; b += gridDim.y) {
@@ -220,7 +221,7 @@ CopyLaunch copy_launch(int64_t n, int64_t c, int64_t s) {
   FANOUT_CHECK(g.c_tiles * g.s_tiles <= INT32_MAX) << "channels-last copy: (" << c << ", " << s
                                                    << ") planes need too many tiles for one grid";
   return {g, dim3(static_cast<unsigned>(g.c_tiles * g.s_tiles), static_cast<unsigned>(std::min<int64_t>(n, 65535))),
-          static_cast<size_t>(g.tc) * (g.ts + 1) * sizeof(float)};
+          static_cast<size_t>(g.tc) * (g.ts | 1) * sizeof(float)};
 }
 
 bool even_and_aligned(int64_t c, const void* p) { return c % 2 == 0 && (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }

@@ -173,10 +173,12 @@ uint16_t nearest(const Format& f, float x) {
 // sizes that end tiles of 32 partway along both dims.
 // Planes of one position or channel, of fewer positions than a tile row (3,
 // 4, 9, 16: wider channel tiles, the last one partial), of many (40 x 40; 32 x
-// 32 with 3 channels: longer rows), odd and even channel counts.
-const Shape kChannelShapes[] = {Shape{3, 5, 4, 6},   Shape{2, 7, 3, 4, 5}, Shape{6, 70, 3, 3},  Shape{2, 37, 33},
-                                Shape{1, 1, 65},     Shape{3, 130, 1, 1},  Shape{2, 192, 4, 4}, Shape{2, 600, 2, 2},
-                                Shape{2, 515, 3},    Shape{2, 66, 40, 40}, Shape{2, 3, 32, 32}};
+// 32 with 3 channels: longer rows), odd and even channel counts below and
+// above 64, and more batches than one grid dimension holds (65537).
+const Shape kChannelShapes[] = {
+    Shape{3, 5, 4, 6},   Shape{2, 7, 3, 4, 5}, Shape{6, 70, 3, 3},  Shape{2, 37, 33},   Shape{1, 1, 65},
+    Shape{3, 130, 1, 1}, Shape{2, 192, 4, 4},  Shape{2, 600, 2, 2}, Shape{2, 515, 3},   Shape{2, 66, 40, 40},
+    Shape{2, 3, 32, 32}, Shape{2, 16, 5, 7},   Shape{2, 2, 50},     Shape{2, 65, 6, 6}, Shape{65537, 2, 2}};
 
 // (b, c, position) of a channels-first element -> its channels-last index.
 int64_t last_index(const Shape& first, int64_t i) {
