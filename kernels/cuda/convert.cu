@@ -135,6 +135,19 @@ struct Walk {
   }
 };
 
+// This block's tile: first channel and position, how many of each it holds
+// (the last tiles are partial), and its shared row pitch (odd).
+struct TileAt {
+  int64_t c0, s0;
+  int tcv, tsv, pitch;
+  __device__ TileAt(int64_t c, int64_t s, int tc, int ts, int64_t s_tiles)
+      : c0(blockIdx.x / s_tiles * tc),
+        s0(blockIdx.x % s_tiles * ts),
+        tcv(static_cast<int>(c - c0 < tc ? c - c0 : tc)),
+        tsv(static_cast<int>(s - s0 < ts ? s - s0 : ts)),
+        pitch(ts | 1) {}
+};
+
 template <class Low>
 struct Pair;
 template <>
@@ -155,12 +168,11 @@ __global__ void __launch_bounds__(kCopyThreads)
     narrow_last_kernel(const float* __restrict__ src, Low* __restrict__ dst, int64_t n, int64_t c, int64_t s, int tc,
                        int ts, int64_t s_tiles, bool pairs) {
   extern __shared__ float buf[];
-  const int pitch = ts | 1;
-  const int64_t c0 = blockIdx.x / s_tiles * tc, s0 = blockIdx.x % s_tiles * ts;
-  const int tcv = static_cast<int>(c - c0 < tc ? c - c0 : tc), tsv = static_cast<int>(s - s0 < ts ? s - s0 : ts);
+  const TileAt t(c, s, tc, ts, s_tiles);
+  const int pitch = t.pitch, tcv = t.tcv, tsv = t.tsv;
   for (int64_t b = blockIdx.y; b < n; b += gridDim.y) {
-    const float* x = src + (b * c + c0) * s + s0;  // channel row r at x + r * s
-    Low* d = dst + (b * s + s0) * c + c0;          // position row r at d + r * c
+    const float* x = src + (b * c + t.c0) * s + t.s0;  // channel row r at x + r * s
+    Low* d = dst + (b * s + t.s0) * c + t.c0;          // position row r at d + r * c
     for (Walk w(tsv, threadIdx.x, kCopyThreads); w.row < tcv; w.next())
       buf[w.row * pitch + w.col] = x[w.row * s + w.col];
     __syncthreads();
@@ -183,12 +195,11 @@ __global__ void __launch_bounds__(kCopyThreads)
     widen_first_kernel(const Low* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t c, int64_t s, int tc,
                        int ts, int64_t s_tiles, bool pairs, bool accumulate) {
   extern __shared__ float buf[];
-  const int pitch = ts | 1;
-  const int64_t c0 = blockIdx.x / s_tiles * tc, s0 = blockIdx.x % s_tiles * ts;
-  const int tcv = static_cast<int>(c - c0 < tc ? c - c0 : tc), tsv = static_cast<int>(s - s0 < ts ? s - s0 : ts);
+  const TileAt t(c, s, tc, ts, s_tiles);
+  const int pitch = t.pitch, tcv = t.tcv, tsv = t.tsv;
   for (int64_t b = blockIdx.y; b < n; b += gridDim.y) {
-    const Low* x = src + (b * s + s0) * c + c0;  // position row r at x + r * c
-    float* d = dst + (b * c + c0) * s + s0;      // channel row r at d + r * s
+    const Low* x = src + (b * s + t.s0) * c + t.c0;  // position row r at x + r * c
+    float* d = dst + (b * c + t.c0) * s + t.s0;      // channel row r at d + r * s
     if (pairs) {
       for (Walk w(tcv / 2, threadIdx.x, kCopyThreads); w.row < tsv; w.next()) {
         const int k = 2 * w.col;
