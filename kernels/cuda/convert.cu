@@ -103,9 +103,8 @@ void transpose(Context& ctx, const In* src, Out* dst, int64_t n, int64_t rows, i
 // about 2048 values: with 64 channels or more ts is 32, or s itself when
 // s < 32 (the tile's float rows are then one contiguous run) with tc growing
 // as ts shrinks; under 64 channels the tile takes them all and its rows grow
-// instead. The low-type side moves two channels per 4-byte
-// access when c is even. grid (tiles, batches); batches loop past the
-// launch limit.
+// instead. The low-type side moves two channels per 4-byte access when c is
+// even. grid (tiles, batches); batches loop past the launch limit.
 constexpr int kCopyThreads = 256, kTileValues = 2048;
 
 struct TileGeometry {
@@ -289,7 +288,8 @@ void detail::add_widened(Context& ctx, const Tensor& src, float* dst) {
 }
 
 void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
-  const auto [n, c, s] = detail::planes_of(src);  // (n, c, s) planes -> (n, s, c)
+  const detail::Planes p = detail::planes_of(src);  // (n, c, s) planes -> (n, s, c)
+  const int64_t n = p.n, c = p.c, s = p.s;  // plain names: lambdas capture them
   if (!wide_copies()) {
     if (dst.dtype() == DType::BF16) return transpose(ctx, src.f32(), dst.data<__nv_bfloat16>(), n, c, s, false);
     return transpose(ctx, src.f32(), dst.data<__half>(), n, c, s, false);
@@ -297,20 +297,17 @@ void narrow_channels_last(Context& ctx, const Tensor& src, Tensor& dst) {
   if (s == 1 || c == 1) return detail::narrow_into(ctx, src.f32(), dst, src.numel());  // the same order
   if (src.numel() == 0) return;
   const CopyLaunch l = copy_launch(n, c, s);
-  detail::DeviceScope scope(ctx);
-  cudaStream_t st = detail::stream_of(ctx);
   const bool pairs = even_and_aligned(c, dst.raw());
-  if (dst.dtype() == DType::BF16)
-    narrow_last_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.f32(), dst.data<__nv_bfloat16>(), n, c, s, l.g.tc,
-                                                               l.g.ts, l.g.s_tiles, pairs);
-  else
-    narrow_last_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.f32(), dst.data<__half>(), n, c, s, l.g.tc, l.g.ts,
+  for_low(ctx, dst.dtype(), src.numel(), [&](auto low, int, cudaStream_t st) {
+    using Low = decltype(low);
+    narrow_last_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.f32(), dst.data<Low>(), n, c, s, l.g.tc, l.g.ts,
                                                                l.g.s_tiles, pairs);
-  FANOUT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool accumulate) {
-  const auto [n, c, s] = detail::planes_of(dst);  // (n, s, c) planes -> (n, c, s)
+  const detail::Planes p = detail::planes_of(dst);  // (n, s, c) planes -> (n, c, s)
+  const int64_t n = p.n, c = p.c, s = p.s;
   if (!wide_copies()) {
     if (src.dtype() == DType::BF16)
       return transpose(ctx, src.data<__nv_bfloat16>(), dst.f32(), n, s, c, accumulate);
@@ -319,16 +316,12 @@ void widen_channels_first(Context& ctx, const Tensor& src, Tensor& dst, bool acc
   if (s == 1 || c == 1) return accumulate ? detail::add_widened(ctx, src, dst.f32()) : convert(ctx, src, dst);
   if (dst.numel() == 0) return;
   const CopyLaunch l = copy_launch(n, c, s);
-  detail::DeviceScope scope(ctx);
-  cudaStream_t st = detail::stream_of(ctx);
   const bool pairs = even_and_aligned(c, src.raw());
-  if (src.dtype() == DType::BF16)
-    widen_first_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.data<__nv_bfloat16>(), dst.f32(), n, c, s, l.g.tc,
-                                                               l.g.ts, l.g.s_tiles, pairs, accumulate);
-  else
-    widen_first_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.data<__half>(), dst.f32(), n, c, s, l.g.tc, l.g.ts,
+  for_low(ctx, src.dtype(), dst.numel(), [&](auto low, int, cudaStream_t st) {
+    using Low = decltype(low);
+    widen_first_kernel<<<l.grid, kCopyThreads, l.shared, st>>>(src.data<Low>(), dst.f32(), n, c, s, l.g.tc, l.g.ts,
                                                                l.g.s_tiles, pairs, accumulate);
-  FANOUT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void round_to(Context& ctx, Tensor& x, DType t) {
