@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer jobs (CUDA off), after test/run_tests.sh has set the machine up:
-#   address  ASan + UBSan build; every unit test (ctest label unit)
+#   address  ASan + UBSan build (the tests' own code ASan only: test/CMakeLists.txt);
+#            every unit test (ctest label unit)
 #   thread   TSan build; the tests where threads meet: the parallel (DataParallel,
 #            communicators, SyncBatchNorm, reducer), data (loader) and dist
 #            (process groups, DDP engine) suites
