@@ -116,9 +116,10 @@ for w in $workers; do [ "$(rank_of "$w")" = 1 ] && victim=$w; done
 start=$(date +%s.%N)
 kill -STOP "$victim"
 # The stop may catch rank 1 inside any collective (a gradient bucket or the
-# periodic all-reduce of the stop check); rank 0 then waits in the next bucket.
+# periodic all-reduce of the stop check) or between them; rank 0 then waits in
+# the next one, a bucket or the stop check.
 stalled sigstop "$start"
-tail -1 "$work/sigstop.err" | grep -q "rank 1 (pid $victim) is stopped (SIGSTOP or a debugger) [a-z ]*for [0-9]* s: rank 1 is .*all-reduce of .*; rank 0 .*all-reduce of gradient bucket" ||
+tail -1 "$work/sigstop.err" | grep -qE "rank 1 \(pid $victim\) is stopped \(SIGSTOP or a debugger\) [a-z ]*for [0-9]+ s: rank 1 is .*all-reduce of .*; rank 0 .*all-reduce of (gradient bucket|the stop check)" ||
   { cat "$work/sigstop.err"; echo "sigstop: the last line does not name rank 1 and the collectives"; exit 1; }
 
 export FANOUT_TEST_HANG_RANK=1 FANOUT_TEST_HANG_AT_STEP=40
