@@ -34,7 +34,7 @@
 #include "apps/dp_bench_epochs.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
-#include "runtime/dist/launcher.h"
+#include "runtime/distributed/launcher.h"
 #include "runtime/core/precision.h"
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/optim/grad_scaler.h"
@@ -178,7 +178,7 @@ double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler,
 // rank 0 writes the seconds per step of each run to `o.ddp_result`.
 int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOptions& loss, const MathOptions& math,
                const Shape& in) {
-  const dist::WorkerEnv env = dist::worker_env();
+  const distributed::WorkerEnv env = distributed::worker_env();
   FANOUT_USER_CHECK(env.present) << "--ddp-result is dp-bench's own, for its DDP workers";
   const int64_t local = o.batch_size / env.world_size;
   EngineSpec spec;
@@ -192,7 +192,7 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
   auto model = models::make_model(o.model, in, model_classes(o.model), o.seed);
-  const dist::ProcessGroup& group = *spec.group;  // the engine's from here on
+  const distributed::ProcessGroup& group = *spec.group;  // the engine's from here on
   auto engine = make_engine(*model, std::move(spec));
   auto opt = train::make_engine_optimizer(*engine, o.optimizer_options());
   auto scaler = o.make_scaler();
@@ -463,14 +463,14 @@ Config ddp_config(const Options& o, const std::vector<Device>& devices, int argc
   const int fd = ::mkstemp(tmpl);
   FANOUT_USER_CHECK(fd >= 0) << "cannot create a temporary file for the DDP timings";
   ::close(fd);
-  dist::LaunchOptions lo;
+  distributed::LaunchOptions lo;
   lo.program = apps::self_path();
   lo.args.assign(argv + 1, argv + argc);
   lo.args.push_back("--ddp-result");
   lo.args.push_back(tmpl);
   lo.nproc_per_node = static_cast<int>(devices.size());
   lo.name = "dp-bench";
-  const int rc = dist::launch(lo);
+  const int rc = distributed::launch(lo);
   std::ifstream f(tmpl);
   nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
   ::unlink(tmpl);

@@ -27,7 +27,7 @@
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
-#include "runtime/dist/child_process.h"
+#include "runtime/distributed/child_process.h"
 #include "runtime/io/npy.h"
 
 namespace fs = std::filesystem;
@@ -65,13 +65,13 @@ void on_interrupt(int sig) {
 int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   FANOUT_USER_CHECK(fd >= 0) << "cannot create " << log;
-  dist::ChildSpec spec;
+  distributed::ChildSpec spec;
   spec.argv = argv;
   spec.out_fd = spec.err_fd = fd;
   spec.death_signal = SIGTERM;
   pid_t pid = -1;
   try {
-    pid = dist::spawn(spec);
+    pid = distributed::spawn(spec);
   } catch (...) {
     ::close(fd);
     throw;
@@ -79,7 +79,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   ::close(fd);
   g_child = pid;
   if (g_interrupted) ::kill(pid, g_interrupted);  // arrived between the check and the fork
-  const int rc = dist::wait_exit_code(pid);
+  const int rc = distributed::wait_exit_code(pid);
   g_child = 0;
   return rc;
 }

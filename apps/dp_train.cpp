@@ -29,7 +29,7 @@
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
-#include "runtime/dist/launcher.h"
+#include "runtime/distributed/launcher.h"
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/run_config.h"
@@ -409,12 +409,12 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
       << "--batch-size " << c.batch_size << " cannot be split evenly over " << nproc * c.nnodes << " processes";
   if (!c.rdzv.empty()) {
     try {
-      dist::Rendezvous::parse(c.rdzv);
+      distributed::Rendezvous::parse(c.rdzv);
     } catch (const Error& e) {
       throw Error(std::string("--rdzv: ") + e.what());
     }
   }
-  dist::LaunchOptions lo;
+  distributed::LaunchOptions lo;
   lo.program = apps::self_path();
   lo.args.assign(argv + 1, argv + argc);
   lo.nproc_per_node = nproc;
@@ -426,13 +426,13 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   lo.max_restarts = c.max_restarts;
   lo.stall_s = c.timeout;
   if (const double g = test_hook_seconds("FANOUT_TEST_STOP_GRACE_S"); g > 0) lo.stop_grace_s = g;
-  return dist::launch(lo);
+  return distributed::launch(lo);
 }
 
 // --- this process's part of the run --------------------------------------
 
 struct Process {
-  dist::WorkerEnv env;      // present under DDP
+  distributed::WorkerEnv env;      // present under DDP
   int rank = 0, world = 1;
   std::vector<Device> devices;  // this process's
   bool primary() const { return rank == 0; }
@@ -446,7 +446,7 @@ Process this_process(const train::RunConfig& c) {
     p.devices = all;
     return p;
   }
-  p.env = dist::worker_env();
+  p.env = distributed::worker_env();
   FANOUT_CHECK(p.env.present) << "a DDP worker without a rank";
   p.rank = p.env.rank;
   p.world = p.env.world_size;
@@ -476,7 +476,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(c.grad_reduce_dtype);
   spec.dp.shard_optimizer = c.shard_optimizer;
   if (c.distributed()) {
-    dist::GroupOptions g;
+    distributed::GroupOptions g;
     g.rank = p.rank;
     g.world_size = p.world;
     g.rendezvous = !p.env.rendezvous.empty() ? p.env.rendezvous : c.rdzv;
@@ -489,7 +489,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
     if (g.run_id.empty()) g.run_id = "fanout";
     g.timeout_s = c.timeout;
     // An outside launcher did not check it: the directory is created here (by every rank) if need be.
-    if (p.env.source != "fanout") dist::probe_rendezvous(dist::Rendezvous::parse(g.rendezvous), c.timeout);
+    if (p.env.source != "fanout") distributed::probe_rendezvous(distributed::Rendezvous::parse(g.rendezvous), c.timeout);
     spec.group = make_process_group(g, c.ddp_backend, p.devices, gpus_shared_by_processes(all, p.env.local_world_size));
     spec.broadcast_buffers = !c.no_broadcast_buffers;
     spec.local_processes = p.env.local_world_size;
@@ -538,7 +538,7 @@ train::RunConfig restarted(train::RunConfig c) {
   if (train::newest_checkpoint(dir).empty()) {
     c.overwrite = true;
     // The failed start's epoch lines (--save-every above 1) are trained again.
-    if (!c.metrics.empty() && dist::worker_env().rank == 0) train::drop_metrics_after(c.metrics, 0);
+    if (!c.metrics.empty() && distributed::worker_env().rank == 0) train::drop_metrics_after(c.metrics, 0);
   } else {
     c.resume = dir;
     c.init_from.clear();
@@ -761,7 +761,7 @@ int run(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   if (cli.help) return 0;
   if (cli.list_devices) return list_devices();
-  if (cli.run.distributed() && !dist::worker_env().present) return launch(cli.run, argc, argv);
+  if (cli.run.distributed() && !distributed::worker_env().present) return launch(cli.run, argc, argv);
   const train::RunConfig c = restarted(cli.run);
 
   install_stop_handlers();

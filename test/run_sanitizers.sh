@@ -3,7 +3,7 @@
 #   address  ASan + UBSan build (the tests' own code ASan only: test/CMakeLists.txt);
 #            every unit test (ctest label unit)
 #   thread   TSan build; the tests where threads meet: the parallel (DataParallel,
-#            communicators, SyncBatchNorm, reducer), data (loader) and dist
+#            communicators, SyncBatchNorm, reducer), data (loader) and distributed
 #            (process groups, DDP engine) suites
 # Any report fails the job. Usage: test/run_sanitizers.sh [address] [thread]
 set -euo pipefail
@@ -25,14 +25,14 @@ for kind in "${kinds[@]}"; do
     { cat "$dir.configure.log"; exit 1; }
   case $kind in
     address)
-      targets=(test_runtime test_kernels test_models test_data test_parallel test_dist test_io)
+      targets=(test_runtime test_kernels test_models test_data test_parallel test_distributed test_io)
       filter=(-L unit -E "python_interop")
       export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:suppressions=$here/test/sanitizers/lsan.supp"
       export LSAN_OPTIONS="suppressions=$here/test/sanitizers/lsan.supp:print_suppressions=0"
       export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
       ;;
     thread)
-      targets=(test_parallel test_data test_dist)
+      targets=(test_parallel test_data test_distributed)
       # The split-invariant mlp at batch 64 took 276 of the job's 518 s under
       # TSan; its batch-3 and lenet instances run the same threads.
       filter=(-L unit -E "python_interop|SplitInvariant.SameBitsOnAnyDeviceCount/mlp_batch64")

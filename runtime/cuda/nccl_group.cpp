@@ -10,11 +10,11 @@
 #include <thread>
 
 #include "runtime/cuda/cuda_check.h"
-#include "runtime/dist/process_group.h"
-#include "runtime/dist/progress_board.h"
-#include "runtime/dist/store.h"
+#include "runtime/distributed/process_group.h"
+#include "runtime/distributed/progress_board.h"
+#include "runtime/distributed/store.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -173,4 +173,4 @@ std::unique_ptr<ProcessGroup> make_nccl_group(const GroupOptions& opts, Device d
   return std::make_unique<NcclGroup>(opts, device);
 }
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -45,7 +45,7 @@ struct DataParallelOptions {
   MathOptions math;
   // DDP and the hybrid: the processes whose primaries all-reduce every
   // gradient bucket after the local reduction (runtime/parallel/reducer.h).
-  std::shared_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<distributed::ProcessGroup> group;
   // F32, or BF16: buckets rounded to bfloat16 around each reduction.
   DType grad_reduce_dtype = DType::F32;
   // ZeRO-1: the arena cut into one contiguous range per replica of every

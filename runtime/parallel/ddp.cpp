@@ -6,7 +6,7 @@
 namespace fanout {
 
 namespace {
-DataParallelOptions ddp_dp_options(DataParallelOptions o, std::unique_ptr<dist::ProcessGroup> group,
+DataParallelOptions ddp_dp_options(DataParallelOptions o, std::unique_ptr<distributed::ProcessGroup> group,
                                    int devices, int local_processes) {
   FANOUT_CHECK(group) << "DDP needs a process group";
   o.math = with_cpu_threads(o.math, devices, std::max(1, local_processes));
@@ -18,7 +18,7 @@ DataParallelOptions ddp_dp_options(DataParallelOptions o, std::unique_ptr<dist::
 
 DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, const std::vector<Device>& devices,
                                                              const Criterion& criterion, const DdpOptions& opts,
-                                                             std::unique_ptr<dist::ProcessGroup> group)
+                                                             std::unique_ptr<distributed::ProcessGroup> group)
     : inner_(model, devices, criterion,
              ddp_dp_options(opts.dp, std::move(group), static_cast<int>(devices.size()), opts.local_processes)),
       link_(*inner_.data_parallel().process_link()),
@@ -29,7 +29,7 @@ DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, cons
   const DataParallel& dp = inner_.data_parallel();
   int64_t layout = 0;  // the bucket bounds, hashed
   for (const GradBucket& b : dp.buckets().buckets()) layout = layout * 1000003 + b.begin * 31 + b.count;
-  dist::Agreement agree = {{"parameter elements", a.params.numel()},
+  distributed::Agreement agree = {{"parameter elements", a.params.numel()},
                            {"buffer elements", a.buffers.numel()},
                            {"parameters", static_cast<int64_t>(inner_.model().named_parameters().size())},
                            {"gradient buckets", dp.num_buckets()},
@@ -40,7 +40,7 @@ DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, cons
                            {"gradient reduce dtype", static_cast<int64_t>(opts.dp.grad_reduce_dtype)},
                            {"sharded optimizer", opts.dp.shard_optimizer}};
   agree.insert(agree.end(), opts.agree.begin(), opts.agree.end());
-  dist::check_agreement(link_.group(), agree, [&](const Tensor& in, Tensor& out) {
+  distributed::check_agreement(link_.group(), agree, [&](const Tensor& in, Tensor& out) {
     link_.all_gather_host(in, out, "all-gather of the run's description (start-up check)", kTagMain);
   });
   // Start from rank 0's state.

@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/dist/process_group.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/parallel/data_parallel.h"
 
 namespace fanout {
@@ -26,7 +26,7 @@ struct DdpOptions {
   // More that every rank must agree on (the batch size, the optimizer...),
   // checked with the engine's own (parameters, buckets, precision, gradient
   // reduction, sharding, devices per process) before anything is exchanged.
-  dist::Agreement agree;
+  distributed::Agreement agree;
 };
 
 class DistributedDataParallelEngine : public Engine {
@@ -34,7 +34,7 @@ class DistributedDataParallelEngine : public Engine {
   // `group` spans the processes; its backend suits the devices (Gloo for CPU
   // devices, or for GPUs through host buffers; NCCL for GPUs).
   DistributedDataParallelEngine(Module& model, const std::vector<Device>& devices, const Criterion& criterion,
-                                const DdpOptions& opts, std::unique_ptr<dist::ProcessGroup> group);
+                                const DdpOptions& opts, std::unique_ptr<distributed::ProcessGroup> group);
 
   StepResult forward_backward(const Tensor& x, const Tensor& y, float grad_scale, bool sync) override;
   StepResult eval_step(const Tensor& x, const Tensor& y) override { return inner_.eval_step(x, y); }
@@ -50,7 +50,7 @@ class DistributedDataParallelEngine : public Engine {
   void barrier(const std::string& what) override;
   void prepare_eval() override;
 
-  dist::ProcessGroup& group() { return link_.group(); }
+  distributed::ProcessGroup& group() { return link_.group(); }
   DataParallel& data_parallel() { return inner_.data_parallel(); }
   std::vector<int64_t> replica_arena_bytes() override { return inner_.replica_arena_bytes(); }
   std::vector<ArenaShard> shards() override { return inner_.shards(); }

@@ -33,7 +33,7 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
   return std::make_unique<DataParallelEngine>(model, spec.devices, *criterion, dp);
 }
 
-std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions& opts, const std::string& backend,
+std::unique_ptr<distributed::ProcessGroup> make_process_group(const distributed::GroupOptions& opts, const std::string& backend,
                                                        const std::vector<Device>& devices, bool gpus_shared) {
   const bool cuda = devices.at(0).is_cuda();
   std::string b = backend;
@@ -42,10 +42,10 @@ std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions&
     FANOUT_USER_CHECK(cuda) << "the nccl process-group backend needs CUDA devices";
     FANOUT_USER_CHECK(!gpus_shared) << "the nccl process-group backend needs a GPU of its own per process (NCCL refuses two "
                                        "ranks on one GPU); use the gloo backend";
-    return dist::make_nccl_group(opts, devices[0]);
+    return distributed::make_nccl_group(opts, devices[0]);
   }
   FANOUT_USER_CHECK(b == "gloo") << "unknown process-group backend '" << backend << "' (expected auto, gloo or nccl)";
-  return dist::make_gloo_group(opts);
+  return distributed::make_gloo_group(opts);
 }
 
 bool gpus_shared_by_processes(const std::vector<Device>& all, int local_world) {

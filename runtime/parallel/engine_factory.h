@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dist/process_group.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/ddp.h"
 
@@ -21,10 +21,10 @@ struct EngineSpec {
   DataParallelOptions dp;       // output device, SyncBatchNorm, comm, seed, math
   bool force_data_parallel = false;  // DataParallel even on one device
   // DDP: the group over every process (null: this process trains alone).
-  std::unique_ptr<dist::ProcessGroup> group;
+  std::unique_ptr<distributed::ProcessGroup> group;
   bool broadcast_buffers = true;
   int local_processes = 1;      // processes sharing this machine's cores
-  dist::Agreement agree;        // DDP: what else every rank must agree on (DdpOptions::agree)
+  distributed::Agreement agree;        // DDP: what else every rank must agree on (DdpOptions::agree)
 };
 
 // CPU devices get their share of the cores as kernel threads
@@ -34,7 +34,7 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec);
 // The process group a DDP worker needs for its devices: `backend` auto picks
 // NCCL for GPUs that no other process on this machine uses and Gloo
 // otherwise (CPU devices; GPUs shared by processes go through host memory).
-std::unique_ptr<dist::ProcessGroup> make_process_group(const dist::GroupOptions& opts, const std::string& backend,
+std::unique_ptr<distributed::ProcessGroup> make_process_group(const distributed::GroupOptions& opts, const std::string& backend,
                                                        const std::vector<Device>& devices, bool gpus_shared);
 
 // The devices of local rank `local_rank` when `all` is split evenly over

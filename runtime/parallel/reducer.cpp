@@ -79,7 +79,7 @@ void BucketReadiness::issue_ready(int rank) {
   while (next >= 0 && bucket_ready_[rank][next] == layout_.buckets()[next].params) issue_(rank, next--);
 }
 
-ProcessLink::ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& primary)
+ProcessLink::ProcessLink(std::shared_ptr<distributed::ProcessGroup> group, Context& primary)
     : group_(std::move(group)), ctx_(primary), host_(group_->host_memory()) {}
 
 void ProcessLink::staged(Tensor& t, Tensor& staging, const std::function<void(Tensor&)>& collective) {
@@ -189,7 +189,7 @@ Reducer::~Reducer() {
     // interrupted and may wait for its timeout. Leave the thread, and the
     // group it uses, to the process's exit instead of blocking here.
     thread_.detach();
-    new std::shared_ptr<dist::ProcessGroup>(opts_.group);  // never released
+    new std::shared_ptr<distributed::ProcessGroup>(opts_.group);  // never released
   } else {
     thread_.join();
   }

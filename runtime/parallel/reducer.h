@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/dist/process_group.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/nn/module.h"
 #include "runtime/parallel/comm.h"
 
@@ -81,9 +81,9 @@ class BucketReadiness {
 // (host for Gloo, the GPU for NCCL) when that differs.
 class ProcessLink {
  public:
-  ProcessLink(std::shared_ptr<dist::ProcessGroup> group, Context& primary);
-  dist::ProcessGroup& group() { return *group_; }
-  const std::shared_ptr<dist::ProcessGroup>& shared_group() const { return group_; }
+  ProcessLink(std::shared_ptr<distributed::ProcessGroup> group, Context& primary);
+  distributed::ProcessGroup& group() { return *group_; }
+  const std::shared_ptr<distributed::ProcessGroup>& shared_group() const { return group_; }
   // Whether the group takes host tensors.
   bool host() const { return host_; }
   // Whether t goes to the group as it is (else through a staging buffer).
@@ -100,7 +100,7 @@ class ProcessLink {
  private:
   void staged(Tensor& t, Tensor& staging, const std::function<void(Tensor&)>& collective);
   void in_wire_type(Tensor& t, DType wire, const std::function<void(Tensor&)>& collective);
-  std::shared_ptr<dist::ProcessGroup> group_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
   Context& ctx_;
   bool host_;
   Tensor staging_;
@@ -114,7 +114,7 @@ inline constexpr uint32_t kTagMain = 1, kTagGrads = 2;
 struct ReducerOptions {
   // Across processes (DDP, hybrid): the primary's buckets are all-reduced
   // over this group. Null: this process alone.
-  std::shared_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<distributed::ProcessGroup> group;
   // BF16: each bucket is rounded to bfloat16 before it is reduced and the
   // sum after (PyTorch DDP's bf16_compress_hook: cast, reduce, cast back).
   DType reduce_dtype = DType::F32;

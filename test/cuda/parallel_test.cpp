@@ -130,7 +130,7 @@ Tensor train_sharded_or_not(const std::vector<Device>& devices, bool shard, int 
   spec.dp.shard_optimizer = shard;
   spec.dp.bucket_bytes = 64 * 1024;
   spec.dp.math.deterministic = true;
-  if (world > 1) spec.group = dist::make_gloo_group({rank, world, rdzv, "cuda-sharded", 60});
+  if (world > 1) spec.group = distributed::make_gloo_group({rank, world, rdzv, "cuda-sharded", 60});
   auto e = make_engine(*m, std::move(spec));
   auto opt = train::make_engine_optimizer(*e, testing::test_adamw(2e-3f));
   EXPECT_EQ(e->shards().size(), shard ? devices.size() : 0u);

@@ -20,8 +20,8 @@ FLOORS = [
     ("kernels", ["kernels/"]),
     ("nn and models", ["runtime/nn/", "models/"]),
     ("optim", ["runtime/optim/"]),
-    # ... its p2p communicator parallel's and its NCCL group dist's.
-    ("parallel and dist", ["runtime/parallel/", "runtime/dist/", "runtime/cuda/comm_cuda.cpp",
+    # ... its p2p communicator parallel's and its NCCL group distributed's.
+    ("parallel and distributed", ["runtime/parallel/", "runtime/distributed/", "runtime/cuda/comm_cuda.cpp",
                            "runtime/cuda/nccl_group.cpp"]),
     ("data and io", ["runtime/data/", "runtime/io/"]),
     ("train", ["runtime/train/"]),

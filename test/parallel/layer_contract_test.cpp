@@ -64,7 +64,7 @@ std::string step(const std::string& devices, int world, bool notify) {
   testing::run_ranks(world, [&](int rank) {
     auto m = net(notify);
     EngineSpec spec = testing::engine_on(devices, false);
-    if (world > 1) spec.group = dist::make_gloo_group({rank, world, "file:" + dir.path(), "contract", 30});
+    if (world > 1) spec.group = distributed::make_gloo_group({rank, world, "file:" + dir.path(), "contract", 30});
     auto e = make_engine(*m, std::move(spec));
     try {
       const int64_t rows = data[0].x.size(0) / world;

@@ -1,6 +1,6 @@
 // Worker launcher: fork/exec per local rank, pipes for their output, a poll
 // loop that routes output and reaps workers, and a stop sequence on failure.
-#include "runtime/dist/launcher.h"
+#include "runtime/distributed/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -18,13 +18,13 @@
 #include <string>
 
 #include "runtime/core/error.h"
-#include "runtime/dist/child_process.h"
-#include "runtime/dist/process_group.h"
-#include "runtime/dist/progress_board.h"
+#include "runtime/distributed/child_process.h"
+#include "runtime/distributed/process_group.h"
+#include "runtime/distributed/progress_board.h"
 
 extern char** environ;
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 namespace fs = std::filesystem;
 
@@ -537,4 +537,4 @@ int launch(const LaunchOptions& o) {
   }
 }
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -1,5 +1,5 @@
 // fork/exec with the child tied to this process's life.
-#include "runtime/dist/child_process.h"
+#include "runtime/distributed/child_process.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -13,7 +13,7 @@
 
 extern char** environ;
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 pid_t spawn(const ChildSpec& spec) {
   FANOUT_CHECK(!spec.argv.empty()) << "spawn without a program";
@@ -65,4 +65,4 @@ void write_all(int fd, const char* p, size_t n) {
   }
 }
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

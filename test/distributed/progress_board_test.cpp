@@ -1,6 +1,6 @@
 // The launcher's progress board: a worker's marks land in its own slot, the
 // launcher reads them back and describes where each rank is.
-#include "runtime/dist/progress_board.h"
+#include "runtime/distributed/progress_board.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-namespace fanout::dist {
+namespace fanout::distributed {
 namespace {
 
 void marks_land_in_this_workers_slot() {
@@ -69,4 +69,4 @@ TEST(ProgressBoard, WithoutALauncherMarksDoNothing) {
 }
 
 }  // namespace
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

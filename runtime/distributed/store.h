@@ -7,9 +7,9 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "runtime/dist/process_group.h"
+#include "runtime/distributed/process_group.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
                                                     double timeout_s);
@@ -17,4 +17,4 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const s
 // First line of an exception message from Gloo (its messages carry source paths and stack text).
 std::string first_line(const std::string& s);
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 // The worker identity a launcher gave this process, if any.
 struct WorkerEnv {
@@ -61,4 +61,4 @@ int launch(const LaunchOptions& opts);
 // A fresh run id: 16 hex digits from the system's random source.
 std::string random_run_id();
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -14,11 +14,11 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
-#include "runtime/dist/process_group.h"
+#include "runtime/distributed/process_group.h"
 #include "support/dist_util.h"
 #include "support/test_util.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 namespace {
 
 using testing::run_ranks;
@@ -228,4 +228,4 @@ TEST(ProcessGroup, RendezvousSpecs) {
 }
 
 }  // namespace
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

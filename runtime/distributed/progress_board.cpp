@@ -1,4 +1,4 @@
-#include "runtime/dist/progress_board.h"
+#include "runtime/distributed/progress_board.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "runtime/core/error.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 namespace {
 
@@ -153,4 +153,4 @@ std::string ProgressBoard::describe(int slot, int rank) const {
   return buf;
 }
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -64,7 +64,7 @@ std::vector<Trajectory> train_ddp(const std::string& devices, int world, bool sp
   std::vector<Trajectory> runs(world);
   testing::run_ranks(world, [&](int r) {
     EngineSpec s = spec_for(devices, split_invariant);
-    s.group = dist::make_gloo_group({r, world, "file:" + dir.path(), "adamw", 60});
+    s.group = distributed::make_gloo_group({r, world, "file:" + dir.path(), "adamw", 60});
     runs[r] = train(std::move(s), r, world, 1, data);
   });
   return runs;

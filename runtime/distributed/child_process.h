@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 struct ChildSpec {
   std::vector<std::string> argv;  // argv[0] is the program: a path, or a name looked up in PATH
@@ -31,4 +31,4 @@ int wait_exit_code(pid_t pid);
 // silently on an error (a closed pipe or terminal).
 void write_all(int fd, const char* p, size_t n);
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

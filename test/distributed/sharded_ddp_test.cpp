@@ -64,7 +64,7 @@ RankRun make_run(const RunSetup& s, const optim::OptimizerOptions& o, int rank, 
   spec.dp.bucket_bytes = 64 * 1024;  // several buckets, cut by the shard bounds
   spec.dp.math.split_invariant = s.split_invariant;
   spec.dp.seed = 5;
-  if (s.world > 1) spec.group = dist::make_gloo_group({rank, s.world, rdzv, "sharded", 60});
+  if (s.world > 1) spec.group = distributed::make_gloo_group({rank, s.world, rdzv, "sharded", 60});
   r.engine = make_engine(*r.model, std::move(spec));
   r.opt = train::make_engine_optimizer(*r.engine, o);
   return r;

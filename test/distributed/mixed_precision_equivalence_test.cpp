@@ -43,7 +43,7 @@ Trajectory train(EngineSpec spec, int rank, int world, int micro, const std::vec
   auto m = models::make_model("lenet", kSample, 10, 5);
   Trajectory r;
   const bool f16 = spec.dp.math.autocast == DType::F16;
-  const dist::ProcessGroup* group = spec.group.get();  // the engine's from here on
+  const distributed::ProcessGroup* group = spec.group.get();  // the engine's from here on
   testing::EngineRun e(make_engine(*m, std::move(spec)));
   std::optional<optim::GradScaler> scaler;
   if (f16) scaler.emplace();
@@ -86,7 +86,7 @@ std::vector<Trajectory> train_ddp(int world, DType autocast, const std::vector<t
   std::vector<Trajectory> runs(world);
   testing::run_ranks(world, [&](int r) {
     EngineSpec s = spec_for("cpu", autocast, reduce);
-    s.group = dist::make_gloo_group({r, world, "file:" + dir.path(), "mixed", 60});
+    s.group = distributed::make_gloo_group({r, world, "file:" + dir.path(), "mixed", 60});
     runs[r] = train(std::move(s), r, world, 1, data);
   });
   return runs;

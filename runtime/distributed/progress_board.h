@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 // Worker side: marks this process's collectives on the launcher's board.
 // Collectives may run on several threads at once (DDP's reducer has its own).
@@ -67,4 +67,4 @@ class ProgressBoard {
   int64_t cleared_ns_ = 0;
 };
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -24,10 +24,10 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
-#include "runtime/dist/progress_board.h"
-#include "runtime/dist/store.h"
+#include "runtime/distributed/progress_board.h"
+#include "runtime/distributed/store.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 namespace fs = std::filesystem;
 
@@ -350,4 +350,4 @@ void check_agreement(ProcessGroup& g, const Agreement& fields,
   }
 }
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

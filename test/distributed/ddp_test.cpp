@@ -40,7 +40,7 @@ testing::EngineRun ddp_engine(Module& m, int rank, int world, const std::string&
   spec.devices = parse_devices(devices);
   spec.dp.math = math;
   spec.dp.sync_bn = sync_bn;
-  spec.group = dist::make_gloo_group({rank, world, "file:" + dir, run, 60});
+  spec.group = distributed::make_gloo_group({rank, world, "file:" + dir, run, 60});
   return testing::EngineRun(make_engine(m, std::move(spec)), hyper());
 }
 
@@ -256,7 +256,7 @@ TEST(DdpAgreement, ADifferentModelOrBatchSizeIsOneLineOnEveryRank) {
       auto m = models::make_model(r == 0 ? "lenet" : c.model1, Shape{1, 28, 28}, 10, 1);
       EngineSpec spec;
       spec.devices = parse_devices("cpu");
-      spec.group = dist::make_gloo_group({r, 2, "file:" + dir.path(), "agree", 20});
+      spec.group = distributed::make_gloo_group({r, 2, "file:" + dir.path(), "agree", 20});
       spec.agree = {{"batch size", r == 0 ? 32 : c.batch1}};
       try {
         make_engine(*m, std::move(spec));

@@ -1,6 +1,6 @@
 // The one fork/exec: exit codes, output redirection, the environment given,
 // and the line a program that cannot start leaves.
-#include "runtime/dist/child_process.h"
+#include "runtime/distributed/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 
 #include "runtime/core/error.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 namespace {
 
 struct TempLog {
@@ -79,4 +79,4 @@ TEST(ChildProcess, MissingProgramExits127WithALine) {
 }
 
 }  // namespace
-}  // namespace fanout::dist
+}  // namespace fanout::distributed

@@ -20,7 +20,7 @@
 #include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
 
-namespace fanout::dist {
+namespace fanout::distributed {
 
 struct Rendezvous {
   enum class Kind { File, Redis } kind = Kind::File;
@@ -106,4 +106,4 @@ std::unique_ptr<ProcessGroup> make_gloo_group(const GroupOptions& opts);
 // completed when the call returns.
 std::unique_ptr<ProcessGroup> make_nccl_group(const GroupOptions& opts, Device device);
 
-}  // namespace fanout::dist
+}  // namespace fanout::distributed
