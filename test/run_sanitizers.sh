@@ -4,7 +4,9 @@
 #            every unit test (ctest label unit)
 #   thread   TSan build; the tests where threads meet: the parallel (DataParallel,
 #            communicators, SyncBatchNorm, reducer), data (loader) and distributed
-#            (process groups, DDP engine) suites
+#            (process groups, DDP engine) suites; then the DataParallel and
+#            loader tests again with two kernel threads per replica (fanout's
+#            kernel loops on std::threads, oneDNN on one: kernels/cpu/parallel.h)
 # Any report fails the job. Usage: test/run_sanitizers.sh [address] [thread]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,9 +39,15 @@ for kind in "${kinds[@]}"; do
       # TSan; its batch-3 and lenet instances run the same threads.
       filter=(-L unit -E "python_interop|SplitInvariant.SameBitsOnAnyDeviceCount/mlp_batch64")
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/test/sanitizers/tsan.supp"
+      # Kernel threads per replica: OMP_NUM_THREADS shared out over cpu:2's replicas.
+      threaded=(-L unit -R "^(CpuDevices/Equivalence|DataParallel|DataParallelBatchNorm|LossOnReplicas|DataLoader|KeypointLoader)\\.")
       ;;
     *) echo "unknown sanitizer '$kind' (address or thread)"; exit 2 ;;
   esac
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${filter[@]}"
+  if [ "$kind" = thread ]; then
+    echo "== sanitizer: thread, two kernel threads per replica"
+    OMP_NUM_THREADS=4 ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${threaded[@]}"
+  fi
 done

@@ -118,10 +118,8 @@ memory::desc any(const memory::dims& d) {
 // choice (blocks of 16 channels), unless a channel count would leave its
 // blocks part empty: input channels beyond a first layer's 1 to 3 (which
 // oneDNN reads unblocked) or output channels not a multiple of 16 run
-// channels-last (NHWC / NDHWC). Measured on 2 cores (forward, both
-// gradients and the reorders): heatmap3d's 8 -> 16 channels at 16^3 4.0
-// against 10.0 ms, 16 -> 8 at 32^3 49 against 84 ms; lenet's 1 -> 6 at
-// batch 256 6.4 against 16.1 ms; 32 -> 64 and 64 -> 128 faster blocked.
+// channels-last (NHWC / NDHWC): faster there, forward, gradients and
+// reorders together (bench/RESULTS.md, "Measurements behind kernel choices").
 memory::desc activations(const Conv& c, const memory::dims& d) {
   const int64_t in = c.w[1], out = c.w[0];
   if ((in > 3 && in % 16 != 0) || out % 16 != 0)
@@ -166,7 +164,7 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
   const Conv c = conv_of(x, w, y, stride, pad, ctx.math.split_invariant);
   if (c.batch() == 0) return;
   dn::State& s = dn::state(ctx);
-  ForwardPlan& p = s.plan<ForwardPlan>(key_of(c, kForward, b != nullptr, dn::threads(ctx)), [&] {
+  ForwardPlan& p = s.plan<ForwardPlan>(key_of(c, kForward, b != nullptr, onednn_threads(ctx)), [&] {
     auto q = std::make_unique<ForwardPlan>();
     const auto pd = forward_pd(s, c, b != nullptr);
     dn::WorkspaceLayout ws;
@@ -201,7 +199,7 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
 // dx (=).
 void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& c, Tensor& dx) {
   dn::State& s = dn::state(ctx);
-  DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, dn::threads(ctx)), [&] {
+  DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, onednn_threads(ctx)), [&] {
     auto q = std::make_unique<DataPlan>();
     const auto pd = dn::make_backward_pd<dnnl::convolution_backward_data>(
         s.engine, dn::user_scratchpad(), forward_pd(s, c, false), dnnl::algorithm::convolution_direct,
@@ -233,10 +231,9 @@ void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& 
 // output positions). oneDNN's kernels add a call's terms one after another
 // in float, whose error grows with the count; longer batches are cut into
 // calls of at most this many terms (at least one image) whose results are
-// added in double. Measured against float64 (relative error of dW, 2 cores):
-// lenet conv1 at batch 64 2.3e-4 in one call, 6e-5 cut; (128, 32, 16, 16)
-// into 64 channels 3.9e-4, 1.1e-4 cut. Cost: lenet's step at batch 256
-// 14.6 against 13.3 ms; cnn, resnet18 and heatmap3d within the noise.
+// added in double: about a quarter of the error against float64, for a
+// tenth of lenet's step at batch 256 and nothing measurable on larger nets
+// (bench/RESULTS.md, "Measurements behind kernel choices").
 constexpr int64_t kMaxSumTerms = 4096;
 
 dnnl::convolution_backward_weights::primitive_desc weights_pd(dn::State& s, const Conv& c, bool bias) {
@@ -252,7 +249,7 @@ dnnl::convolution_backward_weights::primitive_desc weights_pd(dn::State& s, cons
 WeightsPlan& weights_plan(Context& ctx, const Conv& c, bool want_dw, bool bias, bool direct) {
   dn::State& s = dn::state(ctx);
   const int64_t flags = want_dw | bias << 1 | direct << 2;
-  return s.plan<WeightsPlan>(key_of(c, kWeights, flags, dn::threads(ctx)), [&] {
+  return s.plan<WeightsPlan>(key_of(c, kWeights, flags, onednn_threads(ctx)), [&] {
     auto q = std::make_unique<WeightsPlan>();
     const auto pd = weights_pd(s, c, bias);
     dn::WorkspaceLayout ws;
@@ -298,10 +295,9 @@ void run_weights(dn::State& s, WeightsPlan& p, const Conv& c, const Tensor& x, c
 // the 3-D gradient is the 2-D gradient over depth slices (x at depth
 // d * stride - pad + kd with dy at depth d), and on channels-last copies the
 // slices of one image lie at a constant stride, so each (image, kd) is 2-D
-// calls over runs of consecutive slices. Measured (2 cores, AVX2, batch 8,
-// oneDNN's own time): heatmap3d's 16 -> 8 channels at 32^3 92 against
-// 28 ms, 32 -> 16 at 16^3 25 against 15, 1 -> 8 at 32^3 13.5 against 2.6.
-// Chosen per shape where the 3-D kernel is gemm-based and the 2-D one generated().
+// calls over runs of consecutive slices. Chosen per shape where the 3-D
+// kernel is gemm-based and the 2-D one generated(): 1.7-5.2x faster there
+// (bench/RESULTS.md, "3-D weight gradients by depth slices").
 
 // Whether oneDNN's implementation is a kernel generated for the shape
 // (jit:avx2, brgconv, ...), not the gemm-based or reference one.
@@ -354,7 +350,7 @@ dnnl::convolution_backward_weights::primitive_desc slice_pd(dn::State& s, const 
 
 SlicePlan& slice_plan(Context& ctx, const Conv& c, int64_t slices) {
   dn::State& s = dn::state(ctx);
-  return s.plan<SlicePlan>(key_of(per_image(c, slices), kWeights, 8, dn::threads(ctx)), [&] {
+  return s.plan<SlicePlan>(key_of(per_image(c, slices), kWeights, 8, onednn_threads(ctx)), [&] {
     auto q = std::make_unique<SlicePlan>();
     const auto pd = slice_pd(s, c, slices);
     q->generated_kernel = generated(pd.impl_info_str());
@@ -388,7 +384,7 @@ enum class Slices { kAuto, kAlways, kNever };
 Slices slices_setting() {
   const char* v = std::getenv("FANOUT_CONV3D_WEIGHT_SLICES");
   const std::string setting = v ? v : "auto";
-  FANOUT_CHECK(setting == "auto" || setting == "always" || setting == "never")
+  FANOUT_USER_CHECK(setting == "auto" || setting == "always" || setting == "never")
       << "FANOUT_CONV3D_WEIGHT_SLICES must be auto, always or never, not '" << setting << "'";
   return setting == "always" ? Slices::kAlways : setting == "never" ? Slices::kNever : Slices::kAuto;
 }
@@ -400,7 +396,7 @@ bool sliced_wins(Context& ctx, const Conv& c) {
   if (const Slices setting = slices_setting(); setting != Slices::kAuto) return setting == Slices::kAlways;
   dn::State& s = dn::state(ctx);
   const Conv k = per_image(c, 1);
-  return s.plan<Choice>(key_of(k, kWeights, 16, dn::threads(ctx)), [&] {
+  return s.plan<Choice>(key_of(k, kWeights, 16, onednn_threads(ctx)), [&] {
            auto q = std::make_unique<Choice>();
            const bool generated3 = generated(weights_pd(s, k, false).impl_info_str());
            int64_t lo = 0, hi = 0;
@@ -421,7 +417,7 @@ void each_run(const Conv& c, int64_t kd, F&& f) {
 ImagePlan& image_plan(Context& ctx, const Conv& c) {
   dn::State& s = dn::state(ctx);
   const Conv k = per_image(c, 1);
-  return s.plan<ImagePlan>(key_of(k, kWeights, 32, dn::threads(ctx)), [&] {
+  return s.plan<ImagePlan>(key_of(k, kWeights, 32, onednn_threads(ctx)), [&] {
     auto q = std::make_unique<ImagePlan>();
     dn::WorkspaceLayout ws;
     const auto last = [](const memory::dims& d) { return memory::desc(d, memory::data_type::f32, memory::format_tag::acdeb); };

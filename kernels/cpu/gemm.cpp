@@ -49,7 +49,7 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   std::memcpy(&beta_bits, &beta, 4);
   dn::Key key;
   key << dn::kGemm << trans_a << trans_b << m << n << k << lda << ldb << ldc << alpha_bits << beta_bits
-      << dn::threads(ctx);
+      << onednn_threads(ctx);
   GemmPlan& p = s.plan<GemmPlan>(key, [&] {
     auto q = std::make_unique<GemmPlan>();
     const memory::desc ad = matrix(m, k, lda, trans_a), bd = matrix(k, n, ldb, trans_b), cd = matrix(m, n, ldc, false);

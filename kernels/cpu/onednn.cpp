@@ -39,7 +39,7 @@ void State::count_plan() { plans_made.fetch_add(1, std::memory_order_relaxed); }
 State& state(Context& ctx) {
   // OpenMP's thread count is the calling thread's own setting: the device
   // worker that runs this context keeps its share of the cores.
-  const int t = threads(ctx);
+  const int t = onednn_threads(ctx);
   if (omp_get_max_threads() != t) omp_set_num_threads(t);
   if (!ctx.backend_state()) ctx.set_backend_state(std::make_unique<State>());
   return static_cast<State&>(*ctx.backend_state());

@@ -67,7 +67,7 @@ class State : public BackendState {
 };
 
 // The context's oneDNN state (made on first use), with the calling thread's
-// OpenMP team set to threads(ctx). Call before making or running primitives.
+// OpenMP team set to onednn_threads(ctx). Call before making or running primitives.
 State& state(Context& ctx);
 
 // Primitive attributes every plan uses: scratchpads passed in by the caller.

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <omp.h>
 
@@ -16,15 +19,21 @@
 
 namespace fanout::kernels::cpu {
 
-// The threads a kernel call on this context may use. The ThreadSanitizer
-// build uses one: GCC's OpenMP runtime is not built with TSan, which would
-// report every hand-off across its barriers; fanout's own threads (device
-// workers, loader, communication) stay checked.
+// The threads a kernel call on this context may use.
 inline int threads(const Context& ctx) {
-#ifdef FANOUT_ONE_KERNEL_THREAD
+  return ctx.math.cpu_threads > 0 ? ctx.math.cpu_threads : kernel_thread_budget();
+}
+
+// oneDNN's OpenMP team for a call on this context. The ThreadSanitizer build
+// (FANOUT_TSAN) gives it one thread: GCC's OpenMP runtime and oneDNN are not
+// built with TSan, which would report every hand-off across their barriers.
+// fanout's own loops (parallel_for) keep their threads there, on std::threads
+// that TSan sees.
+inline int onednn_threads(const Context& ctx) {
+#ifdef FANOUT_TSAN
   return 1;
 #else
-  return ctx.math.cpu_threads > 0 ? ctx.math.cpu_threads : kernel_thread_budget();
+  return threads(ctx);
 #endif
 }
 
@@ -46,17 +55,26 @@ void parallel_for(const Context& ctx, int64_t n, int64_t grain, F&& f) {
     return;
   }
   std::exception_ptr error;
-#pragma omp parallel num_threads(t)
-  {
-    const int64_t i = omp_get_thread_num(), k = omp_get_num_threads();
+  std::mutex error_mu;
+  auto range = [&](int64_t i, int64_t k) {
     const int64_t begin = n * i / k, end = n * (i + 1) / k;
     try {
       if (end > begin) f(begin, end);
     } catch (...) {
-#pragma omp critical(fanout_parallel_for_error)
+      std::lock_guard<std::mutex> g(error_mu);
       if (!error) error = std::current_exception();
     }
+  };
+#ifdef FANOUT_TSAN
+  {
+    std::vector<std::jthread> team;
+    for (int i = 1; i < t; ++i) team.emplace_back([&, i] { range(i, t); });
+    range(0, t);
   }
+#else
+#pragma omp parallel num_threads(t)
+  range(omp_get_thread_num(), omp_get_num_threads());
+#endif
   if (error) std::rethrow_exception(error);
 }
 

@@ -20,8 +20,8 @@
 // The low-type copies are channels-last (NHWC, filters KRSC), made as the
 // operands are narrowed and widened back to NCHW with the results, in one
 // pass each: cuDNN's tensor-core kernels work in NHWC and, handed NCHW,
-// transposed every operand and result themselves (2.1 of the 10.5 ms of GPU
-// time of a bf16 resnet18 step on an H200). A shape and direction for which
+// transpose every operand and result themselves, a fifth of a bf16 resnet18
+// step's GPU time (bench/RESULTS.md, "2026-11-28, session 25"). A shape and direction for which
 // cuDNN offers no usable channels-last algorithm (say, only nondeterministic
 // ones when determinism is asked for) falls back to NCHW copies; the plan
 // records which. FANOUT_CUDNN_LAYOUT=nchw makes every low-type copy NCHW, to
@@ -275,9 +275,8 @@ cudnnMathType_t requested_math(const MathOptions& m, bool low) {
 // Usable results: found, deterministic when asked, and never a math type that
 // may lower float32 below TF32 (ALLOW_CONVERSION may down-convert to FP16).
 // With TF32 off the result must have float32 accuracy: no tensor-op math and
-// no FFT or Winograd algorithm. Measured on an H100: the timed search's FFT
-// pick was 2e-3 off on a weight gradient, and with Winograd allowed, two
-// replicas training resnet18 drifted 12% from one device within 2 steps.
+// no FFT or Winograd algorithm: on an H100 FFT's error reached a weight
+// gradient and Winograd let replicas drift from one device (README "GPUs").
 // Low-type data (low): tensor-op math is the point; FFT and Winograd stay
 // out whatever the TF32 setting (which is about float32 math).
 template <class A>
@@ -422,7 +421,7 @@ bool low_channels_last() {
   static const bool yes = [] {
     const char* v = std::getenv("FANOUT_CUDNN_LAYOUT");
     const std::string layout = v ? v : "nhwc";
-    FANOUT_CHECK(layout == "nhwc" || layout == "nchw")
+    FANOUT_USER_CHECK(layout == "nhwc" || layout == "nchw")
         << "FANOUT_CUDNN_LAYOUT must be nhwc or nchw, not '" << layout << "'";
     return layout == "nhwc";
   }();

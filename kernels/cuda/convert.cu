@@ -48,9 +48,10 @@ __global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
     d[i] += widen(s[i]);
 }
 
-// The copies measured on the H200 (default): a batch of row-major (rows,
-// cols) planes written as (cols, rows) planes, converted on the way (to the
-// output's type; float outputs may accumulate), through 32 x 32 shared tiles
+// The square-tile copies (the default; bench/RESULTS.md, "2026-11-28,
+// session 25"): a batch of row-major (rows, cols) planes written as (cols,
+// rows) planes, converted on the way (to the output's type; float outputs may
+// accumulate), through 32 x 32 shared tiles
 // and blocks of 32 x 8 threads so that reads and writes both run along
 // consecutive addresses. grid (column tiles, row tiles, batches); the last two
 // loop past their launch limits.
@@ -241,7 +242,7 @@ bool wide_copies() {
   static const bool yes = [] {
     const char* v = std::getenv("FANOUT_CUDA_CL_COPIES");
     const std::string kind = v ? v : "square";
-    FANOUT_CHECK(kind == "square" || kind == "wide")
+    FANOUT_USER_CHECK(kind == "square" || kind == "wide")
         << "FANOUT_CUDA_CL_COPIES must be square or wide, not '" << kind << "'";
     return kind == "wide";
   }();
