@@ -237,7 +237,7 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
     ("batch-size", po::value(&o.batch_size)->default_value(256), "global batch size")
     ("devices", po::value(&o.devices)->default_value("cpu:2"),
      "devices for the DataParallel run (cpu:N, 0,0, cuda:0,cuda:1, ...); the first is the primary")
-    ("dp-comm", po::value(&o.comm)->default_value("auto"), "gradient reduction on GPUs: auto, nccl or p2p")
+    ("dp-comm", po::value(&o.comm)->default_value("auto"), "gradient reduction: auto; GPUs nccl or p2p; CPU devices cpu")
     ("warmup", po::value(&o.warmup)->default_value(5), "untimed steps per configuration")
     ("steps", po::value(&o.steps)->default_value(20), "timed steps per run")
     ("repeats", po::value(&o.repeats)->default_value(3), "timed runs per configuration (the median is reported)")

@@ -26,12 +26,14 @@
 #include <tuple>
 
 #include "apps/cli_main.h"
+#include "apps/test_hooks.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
 #include "runtime/distributed/launcher.h"
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/resume.h"
 #include "runtime/train/run_config.h"
 #include "runtime/train/sharded_optimizer.h"
 #include "runtime/train/trainer.h"
@@ -62,20 +64,9 @@ void on_stop_signal(int sig) {
   g_stop_at = now;
   g_stop_signal = sig;
 }
-// Test hooks (environment variables the e2e tests set; not for users):
-//   FANOUT_TEST_IGNORE_STOP=1      a DDP worker ignores SIGTERM and SIGINT, so
-//                                  the launcher's kill after its grace runs;
-//   FANOUT_TEST_STOP_GRACE_S=S     the launcher's grace before that kill (120);
-//   FANOUT_TEST_STEP_SLEEP_S=S     each optimizer step is held S seconds at its
-//                                  end, so a signal arrives inside a step.
-double test_hook_seconds(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::atof(v) : 0.0;
-}
-
 void install_stop_handlers() {
   struct sigaction sa {};
-  sa.sa_handler = std::getenv("FANOUT_TEST_IGNORE_STOP") ? SIG_IGN : on_stop_signal;
+  sa.sa_handler = apps::test_hooks().ignore_stop ? SIG_IGN : on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
@@ -187,7 +178,7 @@ void describe_devices(po::options_description& desc, Cli& cli, const train::RunC
      "dp: gather every output on the output device and compute the loss there, as torch.nn.DataParallel "
      "(default: each replica computes its rows' loss and only the sums reach the primary)")
     ("sync-bn", po::bool_switch(&o.sync_bn), "synchronize BatchNorm statistics across replicas and processes")
-    ("dp-comm", po::value(&o.dp_comm)->default_value(d.dp_comm), "gradient reduction on GPUs: auto, nccl or p2p")
+    ("dp-comm", po::value(&o.dp_comm)->default_value(d.dp_comm), "gradient reduction: auto; GPUs nccl or p2p; CPU devices cpu")
     ("order-by-free-memory", po::bool_switch(&o.order_by_free_memory),
      "make the listed GPU with the most free memory the primary, and print the order");
   // clang-format on
@@ -425,7 +416,7 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   lo.log_dir = c.log_dir;
   lo.max_restarts = c.max_restarts;
   lo.stall_s = c.timeout;
-  if (const double g = test_hook_seconds("FANOUT_TEST_STOP_GRACE_S"); g > 0) lo.stop_grace_s = g;
+  if (const double g = apps::test_hooks().stop_grace_s; g > 0) lo.stop_grace_s = g;
   return distributed::launch(lo);
 }
 
@@ -488,6 +479,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
       if (g.run_id.empty() && std::getenv(v)) g.run_id = std::getenv(v);
     if (g.run_id.empty()) g.run_id = "fanout";
     g.timeout_s = c.timeout;
+    g.skip = apps::test_hooks().skip;
     // An outside launcher did not check it: the directory is created here (by every rank) if need be.
     if (p.env.source != "fanout") distributed::probe_rendezvous(distributed::Rendezvous::parse(g.rendezvous), c.timeout);
     spec.group = make_process_group(g, c.ddp_backend, p.devices, gpus_shared_by_processes(all, p.env.local_world_size));
@@ -547,73 +539,39 @@ train::RunConfig restarted(train::RunConfig c) {
   return c;
 }
 
-// Loads --resume or --init-from; returns the checkpoint state to continue
-// from, or nothing when the run is complete.
+// What a resume found, as rank 0 prints it.
+void print_resumed(const train::RunConfig& c, const train::ResumeOutcome& r) {
+  const train::CheckpointState& st = r.state;
+  if (r.rebatch)
+    std::printf("the rest of epoch %d is re-batched: batches of %lld from sample %lld, where batches of %lld "
+                "stopped\n",
+                st.epoch + 1, static_cast<long long>(r.rebatch->batch_size),
+                static_cast<long long>(r.rebatch->from_sample), static_cast<long long>(r.rebatch->was));
+  for (const train::OptionChange& o : r.changed)
+    std::fprintf(stderr, "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue exactly\n",
+                 o.key.c_str(), o.was.dump().c_str(), o.now.dump().c_str());
+  std::printf("resumed from %s: %d of %d epochs done%s, %lld steps\n", r.path.c_str(), st.epoch, c.epochs,
+              st.batch > 0 ? (" and " + std::to_string(st.batch) + " batches of the next").c_str() : "",
+              static_cast<long long>(st.step));
+  if (r.complete) std::printf("nothing left to train (raise --epochs to train further)\n");
+}
+
+// Loads --resume (train::resume_run; every rank reads the file) or
+// --init-from; returns the checkpoint state to continue from, or nothing
+// when the run is complete.
 std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt,
                                               const Process& p, const nlohmann::json& config) {
   train::CheckpointState ckpt;
   if (!c.resume.empty()) {
-    const std::string path = train::resolve_resume_path(c.resume);
-    // Every rank reads the file (one machine, or a shared file system).
+    train::ResumeOutcome resumed;
     try {
-      ckpt = train::load_checkpoint(path, engine, opt, [&](const train::CheckpointState& st) {
-        const std::string was_model = st.config.contains("model") && st.config["model"].is_string()
-                                          ? st.config["model"].get<std::string>()
-                                          : "?";
-        FANOUT_USER_CHECK(was_model == c.model)
-            << "checkpoint " << path << " was trained with --model " << was_model << ", not " << c.model;
-      });
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      if (what.find("is not a fanout training checkpoint") == std::string::npos) throw;
-      throw Error(what + "; --init-from loads weights alone");
+      resumed = train::resume_run(c, engine, opt, config);
+    } catch (const train::NotATrainingCheckpoint& e) {
+      throw Error(std::string(e.what()) + "; --init-from loads weights alone");
     }
-    // Mid-epoch, another batch size continues the epoch from its sample
-    // position in batches of the new size (Trainer::train_epoch): asked for
-    // explicitly, since the run then differs from an uninterrupted one.
-    if (ckpt.batch > 0 && ckpt.config.contains("batch_size") && ckpt.config["batch_size"].is_number_integer()) {
-      const int64_t was = ckpt.config["batch_size"].get<int64_t>();
-      FANOUT_USER_CHECK(was == c.batch_size || c.allow_batch_change)
-          << "checkpoint " << path << " stopped inside epoch " << ckpt.epoch + 1 << " after " << ckpt.batch
-          << " batches of " << was << "; resume with --batch-size " << was
-          << " (any devices or processes), or add --allow-batch-change to re-batch the rest of that epoch in "
-          << c.batch_size;
-      if (was != c.batch_size) {
-        // Each process continues at its share of the samples done (rank r of
-        // R takes the epoch's positions r, r + R, ...): R must divide them.
-        const int64_t done = ckpt.partial.contains("count") && ckpt.partial["count"].is_number_integer()
-                                 ? ckpt.partial["count"].get<int64_t>()
-                                 : ckpt.batch * was;
-        FANOUT_USER_CHECK(done % p.world == 0)
-            << "checkpoint " << path << " stopped inside epoch " << ckpt.epoch + 1 << " after " << done
-            << " samples, which " << p.world << " processes cannot share evenly: re-batch on a number of "
-            << "processes that divides " << done << ", or resume with --batch-size " << was;
-        if (p.primary())
-          std::printf("the rest of epoch %d is re-batched: batches of %lld from sample %lld, where batches of %lld "
-                      "stopped\n",
-                      ckpt.epoch + 1, static_cast<long long>(c.batch_size), static_cast<long long>(done),
-                      static_cast<long long>(was));
-      }
-    }
-    if (p.primary()) {
-      // Split-invariant runs give the same result on any number of CPU devices and processes.
-      const bool any_devices = c.split_invariant && ckpt.config.contains("split_invariant") &&
-                               ckpt.config["split_invariant"] == true;
-      for (auto& [key, value] : config.items()) {
-        const bool layout = key == "devices" || key == "world_size" || key == "strategy";
-        if (!(layout && any_devices) && ckpt.config.contains(key) && ckpt.config[key] != value)
-          std::fprintf(stderr,
-                       "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue exactly\n",
-                       key.c_str(), ckpt.config[key].dump().c_str(), value.dump().c_str());
-      }
-      std::printf("resumed from %s: %d of %d epochs done%s, %lld steps\n", path.c_str(), ckpt.epoch, c.epochs,
-                  ckpt.batch > 0 ? (" and " + std::to_string(ckpt.batch) + " batches of the next").c_str() : "",
-                  static_cast<long long>(ckpt.step));
-    }
-    if (ckpt.epoch >= c.epochs) {
-      if (p.primary()) std::printf("nothing left to train (raise --epochs to train further)\n");
-      return std::nullopt;
-    }
+    if (p.primary()) print_resumed(c, resumed);
+    if (resumed.complete) return std::nullopt;
+    ckpt = std::move(resumed.state);
     if (!c.metrics.empty() && p.primary()) {
       const int dropped = train::drop_metrics_after(c.metrics, ckpt.epoch);
       if (dropped > 0)
@@ -662,15 +620,13 @@ int last_epoch(const train::RunConfig& c, const train::CheckpointState& ckpt, co
   return last;
 }
 
-// Stops at SIGINT / SIGTERM; and the test hooks: FANOUT_TEST_STEP_SLEEP_S
-// slows every step, and rank FANOUT_TEST_HANG_RANK stops making progress
-// (without stopping) once FANOUT_TEST_HANG_AT_STEP steps are done, as a
-// deadlocked data worker would.
+// Stops at SIGINT / SIGTERM; and the test hooks (apps/test_hooks.h): every
+// step held a while, or one rank that stops making progress (without
+// stopping) after some steps, as a deadlocked data worker would.
 void set_stop_check(train::Trainer& trainer, const optim::Optimizer& opt, int rank) {
-  const double hold = test_hook_seconds("FANOUT_TEST_STEP_SLEEP_S");
-  const int hang_rank = std::getenv("FANOUT_TEST_HANG_RANK") ? std::atoi(std::getenv("FANOUT_TEST_HANG_RANK")) : -1;
-  const auto hang_at = static_cast<int64_t>(test_hook_seconds("FANOUT_TEST_HANG_AT_STEP"));
-  trainer.should_stop = [hold, hang = hang_rank == rank, hang_at, &opt] {
+  const apps::TestHooks& hooks = apps::test_hooks();
+  trainer.should_stop = [hold = hooks.step_sleep_s, hang = hooks.hang_rank == rank, hang_at = hooks.hang_at_step,
+                         &opt] {
     if (hold > 0) std::this_thread::sleep_for(std::chrono::duration<double>(hold));
     while (hang && opt.steps() >= hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
     return g_stop_signal != 0;

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs fanout's build dependencies (Debian packages; root or sudo) and
-# builds it into ./build. Used by the README's two commands and by CI.
+# builds it into ./build. Used by the README's two commands and by CI: the
+# library and the apps, or with FANOUT_BUILD_ALL=1 everything (tests and
+# benchmarks too). FANOUT_TEST_HOOKS=ON builds dp-train with the e2e tests'
+# fault hooks (apps/test_hooks.h); anything else builds it without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,6 +61,12 @@ if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc answers OMP_NUM_THREADS
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${FANOUT_CMAKE_ARGS:-} > build-configure.log ||
-  { cat build-configure.log; exit 1; }
-cmake --build build -j "$jobs"
+hooks=OFF
+[ "${FANOUT_TEST_HOOKS:-}" = ON ] && hooks=ON
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFANOUT_TEST_HOOKS=$hooks ${FANOUT_CMAKE_ARGS:-} \
+  > build-configure.log || { cat build-configure.log; exit 1; }
+if [ "${FANOUT_BUILD_ALL:-}" = 1 ]; then
+  cmake --build build -j "$jobs"
+else
+  cmake --build build -j "$jobs" --target dp-train dp-bench
+fi

@@ -169,21 +169,9 @@ bool sum_into(Options& opts, Tensor& buf) {
   }
 }
 
-// FANOUT_TEST_SKIP_COLLECTIVE=RANK:TAG:N (a test hook): rank RANK skips its N-th collective of tag TAG.
-struct SkipHook {
-  int rank = -1;
-  uint32_t tag = 0, n = 0;
-};
-SkipHook skip_hook() {
-  const char* v = std::getenv("FANOUT_TEST_SKIP_COLLECTIVE");
-  SkipHook h;
-  if (!v || std::sscanf(v, "%d:%u:%u", &h.rank, &h.tag, &h.n) != 3) return {};
-  return h;
-}
-
 class GlooGroup : public ProcessGroup {
  public:
-  GlooGroup(const GroupOptions& o) : ProcessGroup(o.rank, o.world_size, o.timeout_s) {
+  GlooGroup(const GroupOptions& o) : ProcessGroup(o.rank, o.world_size, o.timeout_s), skip_(o.skip) {
     FANOUT_USER_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size)
         << "rank " << o.rank << " is outside a world of " << o.world_size;
     FANOUT_USER_CHECK(o.timeout_s > 0) << "the process group's timeout must be positive, got " << o.timeout_s;
@@ -306,7 +294,7 @@ class GlooGroup : public ProcessGroup {
       std::lock_guard<std::mutex> g(seq_mu_);
       n = ++seq_[tag];
     }
-    if (skip_.rank == rank_ && skip_.tag == tag && skip_.n == n) return;  // test hook: this rank misses it
+    if (skip_.rank == rank_ && skip_.tag == tag && skip_.n == n) return;  // an injected fault: this rank misses it
     CollectiveMark mark(what, elements, n);  // the launcher's view of where this rank is
     try {
       f(tag << 24 | (n & 0xffffff));
@@ -320,7 +308,7 @@ class GlooGroup : public ProcessGroup {
   Ms timeout_;
   std::mutex seq_mu_;
   std::map<uint32_t, uint32_t> seq_;  // collectives so far, per tag
-  SkipHook skip_ = skip_hook();
+  SkippedCollective skip_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> ctx_;
 };

@@ -36,12 +36,20 @@ struct Rendezvous {
 // directory exists (or is created) and is writable; the Redis server answers.
 void probe_rendezvous(const Rendezvous& r, double timeout_s);
 
+// A fault a test injects (apps/test_hooks.h): rank `rank` skips the `n`-th
+// collective of tag `tag`, as a rank whose collectives fell out of step.
+struct SkippedCollective {
+  int rank = -1;  // -1: none
+  uint32_t tag = 0, n = 0;
+};
+
 struct GroupOptions {
   int rank = 0;
   int world_size = 1;
   std::string rendezvous;  // file:DIR or redis:HOST:PORT
   std::string run_id;      // key prefix shared by every rank of this run
   double timeout_s = 300;  // rendezvous and every collective
+  SkippedCollective skip;  // tests only; Gloo honours it
 };
 
 class ProcessGroup {

@@ -138,9 +138,9 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
                                 const std::function<void(const CheckpointState&)>& check) {
   io::TensorFile f = io::load_safetensors(path);
   auto fmt = f.metadata.find("format");
-  FANOUT_USER_CHECK(fmt != f.metadata.end() && fmt->second == kCheckpointFormat)
-      << path << " is not a fanout training checkpoint (no format '" << kCheckpointFormat
-      << "' in its metadata); load its weights alone instead (load_weights)";
+  if (fmt == f.metadata.end() || fmt->second != kCheckpointFormat)
+    throw NotATrainingCheckpoint(path + " is not a fanout training checkpoint (no format '" + kCheckpointFormat +
+                                 "' in its metadata); load its weights alone instead (load_weights)");
   CheckpointState st;
   const int64_t epoch = meta_int(f, "epoch", path);
   FANOUT_USER_CHECK(epoch <= 1000000) << "checkpoint " << path << ": metadata 'epoch' is out of range: " << epoch;

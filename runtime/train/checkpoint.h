@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/error.h"
 #include "runtime/io/state_dict.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/train/trainer.h"
@@ -58,13 +59,20 @@ struct CheckpointState {
 // intact). Without an optimizer: the model alone (kWeightsFormat).
 void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st);
 
+// What load_checkpoint throws for a file without kCheckpointFormat (weights
+// alone, or not ours): callers catch it by type to suggest loading weights.
+class NotATrainingCheckpoint : public Error {
+ public:
+  using Error::Error;
+};
+
 // Restores model, optimizer and RNG state into `engine` and `opt` (any
 // device: the file holds host tensors) and returns the saved state. Strict:
 // a missing, unexpected or mismatched tensor, another optimizer type, or a
-// file that is not a fanout checkpoint, is one fanout::Error naming the
-// file; the model's mismatch is reported before the optimizer's. `check`,
-// when given, sees the saved state before anything is restored and may
-// throw to refuse it.
+// file that is not a fanout training checkpoint (NotATrainingCheckpoint), is
+// one fanout::Error naming the file; the model's mismatch is reported before
+// the optimizer's. `check`, when given, sees the saved state before
+// anything is restored and may throw to refuse it.
 CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::Optimizer& opt,
                                 const std::function<void(const CheckpointState&)>& check = {});
 

@@ -332,9 +332,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const bool rebatched = start.batch > 0 && !start.totals.empty() && carried != start.batch * batch * world;
   int64_t first_sample = 0;  // of this rank's order
   if (rebatched) {
-    FANOUT_USER_CHECK(carried % world == 0)
-        << "cannot continue epoch " << epoch + 1 << " after " << carried << " samples on " << world
-        << " processes: resume on a number of processes that divides it";
+    // train::resume_run (runtime/train/resume.h) refuses this before training, naming the checkpoint.
+    FANOUT_CHECK(carried % world == 0) << "cannot continue epoch " << epoch + 1 << " after " << carried
+                                       << " samples on " << world << " processes (train::resume_run checks this)";
     first_sample = carried / world;
   }
   it.start_epoch(epoch, rebatched ? 0 : start.batch, first_sample);

@@ -141,6 +141,10 @@ expect_error bf16-split-invariant "--precision bf16-mixed cannot keep --split-in
 expect_error f16-split-invariant "--precision 16-mixed cannot keep --split-invariant" --precision 16-mixed \
   --split-invariant --data synthetic:64
 
+# A kernel switch with a value it does not take: one line naming it, not an internal error.
+FANOUT_CONV3D_WEIGHT_SLICES=sometimes expect_error conv3d-slices-switch "FANOUT_CONV3D_WEIGHT_SLICES must be auto, always or never" \
+  --model heatmap3d --data synthetic3d:16 --batch-size 4
+
 # --list-devices answers on any machine: GPUs, or that there is none (not a CUDA runtime error).
 if out=$(timeout 60 "$DP_TRAIN" --list-devices 2>&1) && echo "$out" | grep -qE "^no CUDA device visible|^cuda:0"; then
   echo "ok   list-devices: $(echo "$out" | head -1)"

@@ -148,4 +148,16 @@ for w in $workers; do
   if kill -0 "$w" 2> /dev/null; then echo "skip: worker $w is still running"; exit 1; fi
 done
 
+# The hooks themselves take only well-formed values: one line, before anything starts.
+for bad in FANOUT_TEST_HANG_RANK=one FANOUT_TEST_SKIP_COLLECTIVE=1:2 FANOUT_TEST_STEP_SLEEP_S=-1 FANOUT_TEST_IGNORE_STOP=yes; do
+  set +e
+  env "$bad" timeout 60 "$DP_TRAIN" --model mlp --data synthetic:64 --epochs 1 --devices cpu:2 --strategy ddp \
+    --progress off > "$work/hook.out" 2> "$work/hook.err"
+  rc=$?
+  set -e
+  [ "$rc" = 1 ] && [ "$(wc -l < "$work/hook.err")" = 1 ] && grep -q "^dp-train: error: FANOUT_TEST_" "$work/hook.err" ||
+    { cat "$work/hook.err"; echo "$bad: exit $rc, not one line naming the hook"; exit 1; }
+  echo "$bad: $(cat "$work/hook.err")"
+done
+
 echo "ddp faults e2e: ok"

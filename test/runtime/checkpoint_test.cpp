@@ -324,6 +324,15 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   train::save_checkpoint(dir / "best.safetensors", *r.engine, nullptr, {});
   testing::expect_user_error([&] { train::load_checkpoint(dir / "best.safetensors", *r.engine, *r.opt); },
                              {"is not a fanout training checkpoint", "load its weights alone instead (load_weights)"});
+  // Callers tell it apart by type (dp-train adds that --init-from loads weights), not by the message.
+  EXPECT_THROW(train::load_checkpoint(dir / "best.safetensors", *r.engine, *r.opt), train::NotATrainingCheckpoint);
+  EXPECT_THROW(train::load_checkpoint(dir / "mlp.safetensors", *r.engine, *r.opt), Error);
+  try {
+    train::load_checkpoint(dir / "mlp.safetensors", *r.engine, *r.opt);
+  } catch (const train::NotATrainingCheckpoint&) {
+    ADD_FAILURE() << "another architecture's checkpoint is a training checkpoint";
+  } catch (const Error&) {
+  }
   // Momentum buffers into an optimizer without momentum.
   r.trainer->run();
   train::save_checkpoint(dir / "c.safetensors", *r.engine, r.opt.get(), {});
