@@ -1,5 +1,7 @@
 // Worker launcher: fork/exec per local rank, pipes for their output, a poll
 // loop that routes output and reaps workers, and a stop sequence on failure.
+// A Supervisor holds one start's workers; its OutputRouter routes their
+// output and its Watch reads the progress board for stalls and desyncs.
 #include "runtime/distributed/launcher.h"
 
 #include <fcntl.h>
@@ -102,31 +104,360 @@ struct Ended {
   bool interrupted = false;  // the launcher was signalled
 };
 
-// Starts the workers once and watches them until every one has exited.
-Ended run_workers(const LaunchOptions& o, const Start& st) {
-  std::vector<std::string> argv{o.program};
-  argv.insert(argv.end(), o.args.begin(), o.args.end());
+using Clock = std::chrono::steady_clock;
 
-  std::vector<Worker> workers(o.nproc_per_node);
-  auto stop_all = [&](int sig) {
-    for (auto& w : workers)
-      if (w.pid > 0 && !w.done) ::kill(w.pid, sig);
-  };
-  for (int i = 0; i < o.nproc_per_node; ++i) {
-    Worker& w = workers[i];
-    w.rank = o.node_rank * o.nproc_per_node + i;
-    std::vector<std::string> env_s = st.base_env;
-    env_s.push_back("RANK=" + std::to_string(w.rank));
-    env_s.push_back("LOCAL_RANK=" + std::to_string(i));
-    env_s.push_back("WORLD_SIZE=" + std::to_string(st.world));
-    env_s.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node));
-    env_s.push_back("GROUP_RANK=" + std::to_string(o.node_rank));
-    env_s.push_back("FANOUT_RDZV=" + st.rdzv);
-    env_s.push_back("FANOUT_RUN_ID=" + st.run_id);
-    env_s.push_back("FANOUT_RESTART_COUNT=" + std::to_string(st.restart));
-    if (st.board) env_s.push_back("FANOUT_PROGRESS_FD=" + std::to_string(st.board->fd()));
-    env_s.push_back("FANOUT_LAUNCHED=1");
-    if (st.tty) env_s.push_back("FANOUT_STDERR_TTY=1");
+// The launch's exit code for a worker: its exit status, or 128 + the signal that killed it.
+int exit_code(const Worker& w) { return WIFSIGNALED(w.status) ? 128 + WTERMSIG(w.status) : WEXITSTATUS(w.status); }
+
+// One line of a rank's text on our stderr: "[rank N] text".
+void write_rank_line(int rank, const std::string& text) {
+  const std::string line = "[rank " + std::to_string(rank) + "] " + text + "\n";
+  write_all(STDERR_FILENO, line.data(), line.size());
+}
+
+// Local worker i's environment: the launcher's, its identity (torchrun's names) and the run's.
+std::vector<std::string> worker_environment(const LaunchOptions& o, const Start& st, int i, int rank) {
+  std::vector<std::string> env_s = st.base_env;
+  env_s.push_back("RANK=" + std::to_string(rank));
+  env_s.push_back("LOCAL_RANK=" + std::to_string(i));
+  env_s.push_back("WORLD_SIZE=" + std::to_string(st.world));
+  env_s.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node));
+  env_s.push_back("GROUP_RANK=" + std::to_string(o.node_rank));
+  env_s.push_back("FANOUT_RDZV=" + st.rdzv);
+  env_s.push_back("FANOUT_RUN_ID=" + st.run_id);
+  env_s.push_back("FANOUT_RESTART_COUNT=" + std::to_string(st.restart));
+  if (st.board) env_s.push_back("FANOUT_PROGRESS_FD=" + std::to_string(st.board->fd()));
+  env_s.push_back("FANOUT_LAUNCHED=1");
+  if (st.tty) env_s.push_back("FANOUT_STDERR_TTY=1");
+  return env_s;
+}
+
+// The workers' output: rank 0's stdout and stderr pass through as they come
+// (its progress bar's \r included), the other ranks' stderr line by line with
+// a "[rank N] " prefix; everything also goes to the rank's log. Error lines
+// ("NAME: error: ...") are held back in Worker::error_line: the report shows
+// each different one once, not once per rank and again in the summary.
+class OutputRouter {
+ public:
+  explicit OutputRouter(const std::string& name)
+      : err_prefix_(name + ": error: "), internal_prefix_(name + ": internal error: "), buf_(1 << 16) {}
+
+  // Waits up to 100 ms for output on the workers' open pipes and routes what
+  // came; a pipe at its end is closed (its partial stderr line routed).
+  void route(std::vector<Worker>& workers) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, bool>> who;  // worker, is stderr
+    for (auto& w : workers) {
+      if (w.out >= 0) fds.push_back({w.out, POLLIN, 0}), who.emplace_back(&w, false);
+      if (w.err >= 0) fds.push_back({w.err, POLLIN, 0}), who.emplace_back(&w, true);
+    }
+    ::poll(fds.data(), fds.size(), 100);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Worker& w = *who[k].first;
+      const bool is_err = who[k].second;
+      const ssize_t n = ::read(fds[k].fd, buf_.data(), buf_.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::close(fds[k].fd);
+        (is_err ? w.err : w.out) = -1;
+        if (is_err) route_err(w, false);
+        continue;
+      }
+      if (w.log.is_open()) w.log.write(buf_.data(), n).flush();
+      if (!is_err) {
+        if (w.rank == 0) write_all(STDOUT_FILENO, buf_.data(), static_cast<size_t>(n));
+        continue;
+      }
+      w.err_line.append(buf_.data(), static_cast<size_t>(n));
+      route_err(w, true);
+    }
+  }
+
+ private:
+  bool is_error(const std::string& t) const { return t.starts_with(err_prefix_) || t.starts_with(internal_prefix_); }
+
+  // One stderr line (seg, with its terminator if any): noted as the rank's
+  // last error, then held back (an error line) or written out.
+  void route_line(Worker& w, const std::string& seg) {
+    std::string text = seg;
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    if (!last_line(text).empty()) w.last_error = last_line(text);
+    if (is_error(text)) {
+      w.error_line = text;
+    } else if (w.rank == 0) {
+      write_all(STDERR_FILENO, seg.data(), seg.size());
+    } else {
+      write_rank_line(w.rank, text);
+    }
+  }
+
+  // Routes the complete lines in w.err_line (rank 0's end at \r too); the
+  // rest waits for more unless the pipe has closed (more: it is still open).
+  void route_err(Worker& w, bool more) {
+    const char* ends = w.rank == 0 ? "\r\n" : "\n";
+    size_t start = 0, end;
+    while ((end = w.err_line.find_first_of(ends, start)) != std::string::npos) {
+      route_line(w, w.err_line.substr(start, end + 1 - start));
+      start = end + 1;
+    }
+    w.err_line.erase(0, start);
+    const std::string& rest = w.err_line;
+    const bool may_be_error = is_error(rest) || err_prefix_.starts_with(rest) || internal_prefix_.starts_with(rest);
+    if (!rest.empty() && (!more || (w.rank == 0 && !may_be_error))) {
+      route_line(w, rest);  // rank 0's partial line shows at once unless it may be an error line
+      w.err_line.clear();
+    }
+  }
+
+  const std::string err_prefix_, internal_prefix_;
+  std::vector<char> buf_;
+};
+
+// The stall and desync watch: reads the progress board (and /proc) to say
+// where the ranks are and to name a rank that keeps the others waiting.
+// Every method but where_all needs a board.
+class Watch {
+ public:
+  Watch(const std::vector<Worker>& workers, const ProgressBoard* board)
+      : workers_(workers), board_(board), stopped_since_(workers.size()) {}
+
+  // Where the ranks are, from the progress board: one clause per rank.
+  // Worth a line when a rank still waits in a collective (not after a bad option, say).
+  std::string where_all() const {
+    std::string s;
+    if (!board_ || !someone_inside()) return s;
+    for (size_t i = 0; i < workers_.size(); ++i) s += (s.empty() ? "" : "; ") + where(i);
+    return s;
+  }
+
+  // A rank that keeps the others waiting: stopped (SIGSTOP, a debugger) or
+  // outside any collective for `after` seconds while another waits inside
+  // one, or behind `failed` (a rank that ended, as a collective timed out).
+  // Empty when there is none.
+  std::string find_stall(double after, const Worker* failed) {
+    const uint64_t failed_at = failed ? board_->read(static_cast<int>(failed - workers_.data())).entered : 0;
+    const bool someone_waits = failed_at > 0 || someone_inside();
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const Worker& w = workers_[i];
+      if (w.done) continue;
+      const char state = proc_state(w.pid);
+      if (state != 'T' && state != 't') stopped_since_[i] = {};
+      else if (stopped_since_[i] == Clock::time_point{}) stopped_since_[i] = Clock::now();
+      if (!someone_waits) continue;
+      const ProgressBoard::Seen seen = board_->read(static_cast<int>(i));
+      const double stopped_s = stopped_since_[i] == Clock::time_point{}
+                                   ? 0
+                                   : std::chrono::duration<double>(Clock::now() - stopped_since_[i]).count();
+      const bool behind = !failed || seen.entered < failed_at;
+      char head[160];
+      // The board's idle clock starts at the rank's last step, before the
+      // launcher first sees it stopped: a stopped rank may be idle long
+      // enough first, and is still named as stopped.
+      const char* stopped = stopped_since_[i] == Clock::time_point{} ? "" : " is stopped (SIGSTOP or a debugger) and";
+      if (stopped_s >= after)
+        std::snprintf(head, sizeof head, "rank %d (pid %d) is stopped (SIGSTOP or a debugger) for %.0f s", w.rank,
+                      static_cast<int>(w.pid), stopped_s);
+      else if (seen.inside == 0 && seen.idle_s >= after && behind)
+        std::snprintf(head, sizeof head, "rank %d (pid %d)%s has made no progress for %.0f s", w.rank,
+                      static_cast<int>(w.pid), stopped, seen.idle_s);
+      else
+        continue;
+      std::string others;
+      for (size_t j = 0; j < workers_.size(); ++j)
+        if (j != i) others += "; " + where(j);
+      return std::string(head) + ": " + where(i) + others;
+    }
+    return {};
+  }
+
+  // Ranks stuck in (or failed in) collectives of different numbers: one
+  // skipped or added a collective. The Gloo group's tags make such ranks
+  // wait for each other instead of mixing their buffers. Empty when in step.
+  std::string find_desync() const {
+    std::vector<size_t> stuck;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const ProgressBoard::Seen seen = board_->read(static_cast<int>(i));
+      if (seen.failed || (!workers_[i].done && seen.inside > 0)) stuck.push_back(i);
+    }
+    // The group's own numbers (Gloo's, per tag) when it gives them: a skipped
+    // collective shifts them, not the count of collectives begun.
+    auto number = [&](size_t i) { return board_->read(static_cast<int>(i)).id(); };
+    bool differ = false;
+    for (size_t i : stuck) differ = differ || number(i) != number(stuck[0]);
+    if (!differ) return {};
+    std::string s =
+        "the ranks' collectives are out of step (a rank skipped or added one; every rank must make the same "
+        "collectives in the same order): ";
+    for (size_t k = 0; k < stuck.size(); ++k) s += (k ? "; " : "") + where(stuck[k]);
+    return s;
+  }
+
+ private:
+  // Where local worker j is: in or after which collective, or how it ended.
+  std::string where(size_t j) const {
+    if (!workers_[j].done) return board_->describe(static_cast<int>(j), workers_[j].rank);
+    const ProgressBoard::Seen seen = board_->read(static_cast<int>(j));
+    const std::string rank = "rank " + std::to_string(workers_[j].rank);
+    if (seen.entered == 0) return rank + " ended before any collective";
+    if (seen.failed) return board_->describe(static_cast<int>(j), workers_[j].rank);
+    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.id()) + ")";
+  }
+
+  // Whether a running rank waits inside a collective now.
+  bool someone_inside() const {
+    for (size_t i = 0; i < workers_.size(); ++i)
+      if (!workers_[i].done && board_->read(static_cast<int>(i)).inside > 0) return true;
+    return false;
+  }
+
+  const std::vector<Worker>& workers_;
+  const ProgressBoard* board_;
+  std::vector<Clock::time_point> stopped_since_;  // when each rank was first seen stopped; {}: running
+};
+
+// The children of one start: starts them, then, round by round, routes their
+// output, reaps them and stops them all on a signal, a failure or a stall
+// (the signal passed on, SIGTERM or SIGKILL; then SIGKILL when the grace
+// runs out); the report says why the start ended and gives its exit code.
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& o, const Start& st)
+      : o_(o), st_(st), workers_(o.nproc_per_node), router_(o.name), watch_(workers_, st.board) {}
+  Supervisor(const Supervisor&) = delete;  // first_failure_ and watch_ point into workers_
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Starts every local worker, each in its own process group with its output on pipes.
+  void start() {
+    std::vector<std::string> argv{o_.program};
+    argv.insert(argv.end(), o_.args.begin(), o_.args.end());
+    for (int i = 0; i < o_.nproc_per_node; ++i) start_worker(i, argv);
+  }
+
+  // Whether a worker still runs or still has a pipe open.
+  bool running() const {
+    for (const auto& w : workers_)
+      if (!w.done || w.out >= 0 || w.err >= 0) return true;
+    return false;
+  }
+
+  // Waits up to 100 ms for the workers' output and routes it.
+  void route_output() { router_.route(workers_); }
+
+  // Reaps the workers that have exited. Returns the one to blame among those
+  // that failed this round: one killed by a signal is the likelier cause (the
+  // others saw it go and failed after); null when none failed.
+  const Worker* reap() {
+    const Worker* round_failure = nullptr;
+    for (auto& w : workers_) {
+      if (w.done) continue;
+      int status = 0;
+      if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      w.done = true;
+      w.status = status;
+      if (failed(w) && (!round_failure || (WIFSIGNALED(w.status) && !WIFSIGNALED(round_failure->status))))
+        round_failure = &w;
+    }
+    return round_failure;
+  }
+
+  // SIGINT or SIGTERM to the launcher: passed on, and the workers get
+  // stop_grace_s to stop after their step and save; a second signal kills them.
+  void pass_on_signal() {
+    if (!interrupted_ && g_signal) {
+      interrupted_ = g_signal;
+      interrupted_at_ = Clock::now();
+      stop_all(interrupted_);
+      if (!stopping_)
+        kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1000));
+      stopping_ = true;
+    }
+    // Repeats within a second are the same request (timeout(1) signals the
+    // process and then its group: one timeout, two signals).
+    if (interrupted_ && Clock::now() - interrupted_at_ < std::chrono::seconds(1)) signals_seen_ = g_signals;
+    if (interrupted_ && g_signals > signals_seen_) kill_at_ = Clock::now();
+  }
+
+  // The first failure, unless already stopping: notes where the ranks were,
+  // and a stall or desync behind it, then stops the others (SIGTERM and
+  // grace_s; SIGKILL at once when a rank stalls).
+  void stop_on_failure(const Worker* failure) {
+    if (!failure || first_failure_ || stopping_) return;
+    first_failure_ = failure;
+    whereabouts_ = watch_.where_all();
+    // A collective that timed out on one rank because another stalls: name the one that stalls.
+    if (o_.stall_s > 0 && st_.board) stall_ = watch_.find_stall(o_.stall_s / 2, failure);
+    if (stall_.empty() && st_.board && !WIFSIGNALED(failure->status)) desync_ = watch_.find_desync();
+    stopping_ = true;
+    stop_all(stall_.empty() ? SIGTERM : SIGKILL);
+    kill_at_ = Clock::now() + std::chrono::milliseconds(stall_.empty() ? static_cast<int64_t>(o_.grace_s * 1000) : 0);
+  }
+
+  // With --timeout, unless already stopping: a rank that keeps the others
+  // waiting for stall_s is named and every worker killed.
+  void stop_on_stall() {
+    if (!stopping_ && o_.stall_s > 0 && st_.board) {
+      stall_ = watch_.find_stall(o_.stall_s, nullptr);
+      if (!stall_.empty()) {
+        stopping_ = true;
+        stop_all(SIGKILL);  // a stopped or stuck process would not act on SIGTERM
+        kill_at_ = Clock::now();
+      }
+    }
+  }
+
+  // Once stopping and past the grace: SIGKILL to every worker left.
+  void kill_when_due() {
+    if (stopping_ && Clock::now() > kill_at_) {
+      stop_all(SIGKILL);
+      // Pipes of killed workers close; anything their children hold open must not keep us here.
+      for (auto& w : workers_)
+        if (w.done && w.err < 0 && w.out >= 0) ::close(w.out), w.out = -1;
+    }
+  }
+
+  // Prints why the start ended (interrupted, a stall, a desync, a failure) and returns its exit code.
+  Ended report() const {
+    // The held-back error lines: the first failure's in the summary, the others' when they differ from it.
+    const std::string first_error =
+        first_failure_ && !WIFSIGNALED(first_failure_->status) ? first_failure_->error_line : std::string();
+    for (const auto& w : workers_)
+      if (!w.error_line.empty() && w.error_line != first_error) write_rank_line(w.rank, w.error_line);
+    if (interrupted_) {
+      std::fprintf(stderr, "%s: interrupted (%s): stopped %d worker%s\n", o_.name.c_str(), strsignal(interrupted_),
+                   o_.nproc_per_node, o_.nproc_per_node == 1 ? "" : "s");
+      return {128 + interrupted_, true};
+    }
+    if (!stall_.empty()) {
+      if (first_failure_ && !first_error.empty()) write_rank_line(first_failure_->rank, first_error);
+      std::fprintf(stderr, "%s: %s; stopped the workers (--timeout %g s)\n", o_.name.c_str(), stall_.c_str(),
+                   o_.stall_s);
+      return {124, false};
+    }
+    if (first_failure_ && !desync_.empty()) {
+      if (!first_error.empty()) write_rank_line(first_failure_->rank, first_error);
+      std::fprintf(stderr, "%s: %s; stopped the workers\n", o_.name.c_str(), desync_.c_str());
+      return {exit_code(*first_failure_), false};
+    }
+    if (first_failure_) {
+      if (!whereabouts_.empty())
+        std::fprintf(stderr, "%s: when it failed: %s\n", o_.name.c_str(), whereabouts_.c_str());
+      if (!first_error.empty())
+        std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure_->rank);
+      else
+        std::fprintf(stderr, "%s: %s; stopped the other workers\n", o_.name.c_str(), describe(*first_failure_).c_str());
+      return {exit_code(*first_failure_), false};
+    }
+    return {0, false};
+  }
+
+ private:
+  // Starts local worker i, its stdout and stderr on pipes, its log opened.
+  // If it cannot be started, the workers started before it are killed and reaped.
+  void start_worker(int i, const std::vector<std::string>& argv) {
+    Worker& w = workers_[i];
+    w.rank = o_.node_rank * o_.nproc_per_node + i;
+    std::vector<std::string> env_s = worker_environment(o_, st_, i, w.rank);
     int out[2], err[2];
     FANOUT_USER_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0)
         << "cannot create pipes for the workers: " << strerror(errno);
@@ -142,7 +473,7 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     } catch (...) {
       for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
       stop_all(SIGKILL);
-      for (auto& x : workers)
+      for (auto& x : workers_)
         if (x.pid > 0) ::waitpid(x.pid, nullptr, 0);
       throw;
     }
@@ -151,259 +482,42 @@ Ended run_workers(const LaunchOptions& o, const Start& st) {
     w.pid = pid;
     w.out = out[0];
     w.err = err[0];
-    if (!o.log_dir.empty()) w.log.open(o.log_dir + "/rank-" + std::to_string(w.rank) + ".log", std::ios::trunc);
+    if (!o_.log_dir.empty()) w.log.open(o_.log_dir + "/rank-" + std::to_string(w.rank) + ".log", std::ios::trunc);
   }
 
-  // Route output and reap workers until every one has exited and its pipes are drained.
-  using Clock = std::chrono::steady_clock;
-  const Worker* first_failure = nullptr;
-  int interrupted = 0;
-  Clock::time_point interrupted_at{};
-  sig_atomic_t signals_seen = 0;
-  bool stopping = false;
-  Clock::time_point kill_at{};
-  std::vector<char> buf(1 << 16);
-
-  // A worker's stderr: rank 0's passes through as it comes (its progress
-  // bar's \r included), the others' line by line with a "[rank N] " prefix.
-  // Error lines ("NAME: error: ...") are held back: the report below shows
-  // each different one once, not once per rank and again in the summary.
-  const std::string err_prefix = o.name + ": error: ", internal_prefix = o.name + ": internal error: ";
-  auto is_error = [&](const std::string& t) { return t.starts_with(err_prefix) || t.starts_with(internal_prefix); };
-  auto route_line = [&](Worker& w, const std::string& seg) {  // seg: one line, with its terminator if any
-    std::string text = seg;
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-    if (!last_line(text).empty()) w.last_error = last_line(text);
-    if (is_error(text)) {
-      w.error_line = text;
-    } else if (w.rank == 0) {
-      write_all(STDERR_FILENO, seg.data(), seg.size());
-    } else {
-      const std::string line = "[rank " + std::to_string(w.rank) + "] " + text + "\n";
-      write_all(STDERR_FILENO, line.data(), line.size());
-    }
-  };
-  auto route_err = [&](Worker& w, bool more) {  // more: the pipe is still open
-    const char* ends = w.rank == 0 ? "\r\n" : "\n";
-    size_t start = 0, end;
-    while ((end = w.err_line.find_first_of(ends, start)) != std::string::npos) {
-      route_line(w, w.err_line.substr(start, end + 1 - start));
-      start = end + 1;
-    }
-    w.err_line.erase(0, start);
-    const std::string& rest = w.err_line;
-    const bool may_be_error = is_error(rest) || err_prefix.starts_with(rest) || internal_prefix.starts_with(rest);
-    if (!rest.empty() && (!more || (w.rank == 0 && !may_be_error))) {
-      route_line(w, rest);  // rank 0's partial line shows at once unless it may be an error line
-      w.err_line.clear();
-    }
-  };
-
-  // A rank that keeps the others waiting: stopped (SIGSTOP, a debugger) or
-  // outside any collective for `after` seconds while another waits inside
-  // one, or behind `failed` (a rank that ended, as a collective timed out).
-  std::vector<Clock::time_point> stopped_since(workers.size());
-  std::string stall, whereabouts, desync;
-  auto where = [&](size_t j) {
-    if (!workers[j].done) return st.board->describe(static_cast<int>(j), workers[j].rank);
-    const ProgressBoard::Seen seen = st.board->read(static_cast<int>(j));
-    const std::string rank = "rank " + std::to_string(workers[j].rank);
-    if (seen.entered == 0) return rank + " ended before any collective";
-    if (seen.failed) return st.board->describe(static_cast<int>(j), workers[j].rank);
-    return rank + " ended after " + seen.what + " (collective #" + std::to_string(seen.id()) + ")";
-  };
-  // Whether a running rank waits inside a collective now.
-  auto someone_inside = [&] {
-    for (size_t i = 0; i < workers.size(); ++i)
-      if (!workers[i].done && st.board->read(static_cast<int>(i)).inside > 0) return true;
-    return false;
-  };
-  // Where the ranks are, from the progress board: one clause per rank.
-  // Worth a line when a rank still waits in a collective (not after a bad option, say).
-  auto where_all = [&] {
-    std::string s;
-    if (!st.board || !someone_inside()) return s;
-    for (size_t i = 0; i < workers.size(); ++i) s += (s.empty() ? "" : "; ") + where(i);
-    return s;
-  };
-  auto find_stall = [&](double after, const Worker* failed) -> std::string {
-    const uint64_t failed_at = failed ? st.board->read(static_cast<int>(failed - workers.data())).entered : 0;
-    const bool someone_waits = failed_at > 0 || someone_inside();
-    for (size_t i = 0; i < workers.size(); ++i) {
-      const Worker& w = workers[i];
-      if (w.done) continue;
-      const char state = proc_state(w.pid);
-      if (state != 'T' && state != 't') stopped_since[i] = {};
-      else if (stopped_since[i] == Clock::time_point{}) stopped_since[i] = Clock::now();
-      if (!someone_waits) continue;
-      const ProgressBoard::Seen seen = st.board->read(static_cast<int>(i));
-      const double stopped_s =
-          stopped_since[i] == Clock::time_point{} ? 0 : std::chrono::duration<double>(Clock::now() - stopped_since[i]).count();
-      const bool behind = !failed || seen.entered < failed_at;
-      char head[160];
-      // The board's idle clock starts at the rank's last step, before the
-      // launcher first sees it stopped: a stopped rank may be idle long
-      // enough first, and is still named as stopped.
-      const char* stopped = stopped_since[i] == Clock::time_point{} ? "" : " is stopped (SIGSTOP or a debugger) and";
-      if (stopped_s >= after)
-        std::snprintf(head, sizeof head, "rank %d (pid %d) is stopped (SIGSTOP or a debugger) for %.0f s", w.rank,
-                      static_cast<int>(w.pid), stopped_s);
-      else if (seen.inside == 0 && seen.idle_s >= after && behind)
-        std::snprintf(head, sizeof head, "rank %d (pid %d)%s has made no progress for %.0f s", w.rank,
-                      static_cast<int>(w.pid), stopped, seen.idle_s);
-      else
-        continue;
-      std::string others;
-      for (size_t j = 0; j < workers.size(); ++j)
-        if (j != i) others += "; " + where(j);
-      return std::string(head) + ": " + where(i) + others;
-    }
-    return {};
-  };
-
-  // Ranks stuck in (or failed in) collectives of different numbers: one
-  // skipped or added a collective. The Gloo group's tags make such ranks
-  // wait for each other instead of mixing their buffers.
-  auto find_desync = [&]() -> std::string {
-    std::vector<size_t> stuck;
-    for (size_t i = 0; i < workers.size(); ++i) {
-      const ProgressBoard::Seen seen = st.board->read(static_cast<int>(i));
-      if (seen.failed || (!workers[i].done && seen.inside > 0)) stuck.push_back(i);
-    }
-    // The group's own numbers (Gloo's, per tag) when it gives them: a skipped
-    // collective shifts them, not the count of collectives begun.
-    auto number = [&](size_t i) { return st.board->read(static_cast<int>(i)).id(); };
-    bool differ = false;
-    for (size_t i : stuck) differ = differ || number(i) != number(stuck[0]);
-    if (!differ) return {};
-    std::string s = "the ranks' collectives are out of step (a rank skipped or added one; every rank must make the same "
-                    "collectives in the same order): ";
-    for (size_t k = 0; k < stuck.size(); ++k) s += (k ? "; " : "") + where(stuck[k]);
-    return s;
-  };
-
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Worker*, bool>> who;  // worker, is stderr
-    for (auto& w : workers) {
-      if (w.out >= 0) fds.push_back({w.out, POLLIN, 0}), who.emplace_back(&w, false);
-      if (w.err >= 0) fds.push_back({w.err, POLLIN, 0}), who.emplace_back(&w, true);
-    }
-    bool all_done = true;
-    for (auto& w : workers) all_done = all_done && w.done;
-    if (fds.empty() && all_done) break;
-    ::poll(fds.data(), fds.size(), 100);
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Worker& w = *who[k].first;
-      const bool is_err = who[k].second;
-      const ssize_t n = ::read(fds[k].fd, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        ::close(fds[k].fd);
-        (is_err ? w.err : w.out) = -1;
-        if (is_err) route_err(w, false);
-        continue;
-      }
-      if (w.log.is_open()) w.log.write(buf.data(), n).flush();
-      if (!is_err) {
-        if (w.rank == 0) write_all(STDOUT_FILENO, buf.data(), static_cast<size_t>(n));
-        continue;
-      }
-      w.err_line.append(buf.data(), static_cast<size_t>(n));
-      route_err(w, true);
-    }
-    // Reap; among workers that ended in the same round, one killed by a
-    // signal is the likelier cause (the others saw it go and failed after).
-    const Worker* round_failure = nullptr;
-    for (auto& w : workers) {
-      if (w.done) continue;
-      int st = 0;
-      if (::waitpid(w.pid, &st, WNOHANG) != w.pid) continue;
-      w.done = true;
-      w.status = st;
-      if (failed(w) && (!round_failure || (WIFSIGNALED(w.status) && !WIFSIGNALED(round_failure->status))))
-        round_failure = &w;
-    }
-    if (!interrupted && g_signal) {
-      // Passed on: the workers stop after their step and save; a second signal kills them.
-      interrupted = g_signal;
-      interrupted_at = Clock::now();
-      stop_all(interrupted);
-      if (!stopping) kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
-      stopping = true;
-    }
-    // Repeats within a second are the same request (timeout(1) signals the
-    // process and then its group: one timeout, two signals).
-    if (interrupted && Clock::now() - interrupted_at < std::chrono::seconds(1)) signals_seen = g_signals;
-    if (interrupted && g_signals > signals_seen) kill_at = Clock::now();
-    if (round_failure && !first_failure && !stopping) {
-      first_failure = round_failure;
-      whereabouts = where_all();
-      // A collective that timed out on one rank because another stalls: name the one that stalls.
-      if (o.stall_s > 0 && st.board) stall = find_stall(o.stall_s / 2, round_failure);
-      if (stall.empty() && st.board && !WIFSIGNALED(round_failure->status)) desync = find_desync();
-      stopping = true;
-      stop_all(stall.empty() ? SIGTERM : SIGKILL);
-      kill_at = Clock::now() + std::chrono::milliseconds(stall.empty() ? static_cast<int64_t>(o.grace_s * 1000) : 0);
-    }
-    if (!stopping && o.stall_s > 0 && st.board) {
-      stall = find_stall(o.stall_s, nullptr);
-      if (!stall.empty()) {
-        stopping = true;
-        stop_all(SIGKILL);  // a stopped or stuck process would not act on SIGTERM
-        kill_at = Clock::now();
-      }
-    }
-    if (stopping && Clock::now() > kill_at) {
-      stop_all(SIGKILL);
-      // Pipes of killed workers close; anything their children hold open must not keep us here.
-      for (auto& w : workers)
-        if (w.done && w.err < 0 && w.out >= 0) ::close(w.out), w.out = -1;
-    }
+  // Sends sig to every worker that has not been reaped.
+  void stop_all(int sig) {
+    for (auto& w : workers_)
+      if (w.pid > 0 && !w.done) ::kill(w.pid, sig);
   }
 
-  // The held-back error lines: the first failure's in the summary, the others' when they differ from it.
-  const std::string first_error =
-      first_failure && !WIFSIGNALED(first_failure->status) ? first_failure->error_line : std::string();
-  for (auto& w : workers) {
-    if (w.error_line.empty() || w.error_line == first_error) continue;
-    const std::string line = "[rank " + std::to_string(w.rank) + "] " + w.error_line + "\n";
-    write_all(STDERR_FILENO, line.data(), line.size());
+  const LaunchOptions& o_;
+  const Start& st_;
+  std::vector<Worker> workers_;  // slot i is local worker i; never resized
+  OutputRouter router_;
+  Watch watch_;
+  const Worker* first_failure_ = nullptr;  // the failure that stopped the others
+  int interrupted_ = 0;                    // the signal passed on, 0: none
+  Clock::time_point interrupted_at_{};
+  sig_atomic_t signals_seen_ = 0;  // g_signals counted as the first request
+  bool stopping_ = false;
+  Clock::time_point kill_at_{};             // when stopping: SIGKILL to whoever is left after this
+  std::string stall_, whereabouts_, desync_;  // the diagnosis for the report; empty: none
+};
+
+// Starts the workers once and watches them until every one has exited.
+Ended run_workers(const LaunchOptions& o, const Start& st) {
+  Supervisor workers(o, st);
+  workers.start();
+  while (workers.running()) {
+    workers.route_output();
+    const Worker* failure = workers.reap();
+    workers.pass_on_signal();
+    workers.stop_on_failure(failure);
+    workers.stop_on_stall();
+    workers.kill_when_due();
   }
-  if (interrupted) {
-    std::fprintf(stderr, "%s: interrupted (%s): stopped %d worker%s\n", o.name.c_str(), strsignal(interrupted),
-                 o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s");
-    return {128 + interrupted, true};
-  }
-  if (!stall.empty()) {
-    if (first_failure && !first_error.empty()) {
-      const std::string line = "[rank " + std::to_string(first_failure->rank) + "] " + first_error + "\n";
-      write_all(STDERR_FILENO, line.data(), line.size());
-    }
-    std::fprintf(stderr, "%s: %s; stopped the workers (--timeout %g s)\n", o.name.c_str(), stall.c_str(), o.stall_s);
-    return {124, false};
-  }
-  if (first_failure && !desync.empty()) {
-    if (!first_error.empty()) {
-      const std::string line = "[rank " + std::to_string(first_failure->rank) + "] " + first_error + "\n";
-      write_all(STDERR_FILENO, line.data(), line.size());
-    }
-    std::fprintf(stderr, "%s: %s; stopped the workers\n", o.name.c_str(), desync.c_str());
-    return {WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status) : WEXITSTATUS(first_failure->status),
-            false};
-  }
-  if (first_failure) {
-    if (!whereabouts.empty()) std::fprintf(stderr, "%s: when it failed: %s\n", o.name.c_str(), whereabouts.c_str());
-    if (!first_error.empty())
-      std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure->rank);
-    else
-      std::fprintf(stderr, "%s: %s; stopped the other workers\n", o.name.c_str(), describe(*first_failure).c_str());
-    return {WIFSIGNALED(first_failure->status) ? 128 + WTERMSIG(first_failure->status)
-                                               : WEXITSTATUS(first_failure->status),
-            false};
-  }
-  return {0, false};
+  return workers.report();
 }
 
 }  // namespace
