@@ -45,9 +45,6 @@ void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, 
 inline Shape conv2d_output_shape(const Shape& x, const Shape& w, const ConvGeometry& g) {
   return conv_output_shape(2, x, w, g);
 }
-inline Shape conv3d_output_shape(const Shape& x, const Shape& w, const ConvGeometry& g) {
-  return conv_output_shape(3, x, w, g);
-}
 inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const ConvGeometry& g,
                            Tensor& y) {
   conv_forward(ctx, 2, x, w, b, g, y);

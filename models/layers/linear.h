@@ -15,8 +15,6 @@ class Linear : public Module {
   void reset_parameters(std::mt19937_64& rng) override;  // torch default: U(-1/sqrt(in), 1/sqrt(in))
   Parameter& weight() { return *w_; }
   Parameter* bias() { return b_; }
-  int64_t in_features() const { return in_; }
-  int64_t out_features() const { return out_; }
 
  private:
   int64_t in_, out_;

@@ -122,9 +122,6 @@ class Optimizer {
   // The gradients the next step() reads: the model's arena (its range), or
   // the float32 copy of float64 ones once grads_for_step() has run.
   Tensor& grads_for_step();
-  // [begin, end) of the arena this optimizer steps.
-  int64_t range_begin() const { return begin_; }
-  int64_t range_end() const { return end_; }
 
  protected:
   // Every group of `model` (materialized; the optimizer works on its device

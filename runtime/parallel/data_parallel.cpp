@@ -7,8 +7,6 @@
 #include <mutex>
 #include <set>
 
-#include "kernels/gemm.h"
-#include "kernels/loss.h"
 #include "runtime/core/error.h"
 #include "runtime/nn/batch_stat_sync.h"
 

@@ -83,7 +83,6 @@ class ProcessLink {
  public:
   ProcessLink(std::shared_ptr<distributed::ProcessGroup> group, Context& primary);
   distributed::ProcessGroup& group() { return *group_; }
-  const std::shared_ptr<distributed::ProcessGroup>& shared_group() const { return group_; }
   // Whether the group takes host tensors.
   bool host() const { return host_; }
   // Whether t goes to the group as it is (else through a staging buffer).
