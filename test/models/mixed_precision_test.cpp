@@ -1,5 +1,5 @@
 // Mixed precision on CPU devices: a bf16-mixed (and 16-mixed) step's
-// gradients equal a float64 reference that rounds to the low type at the
+// gradients (a linear net's and a convolutional one's) equal a float64 reference that rounds to the low type at the
 // points runtime/nn/autocast.h documents; loss scaling skips a step whose
 // gradients overflow (parameters untouched, scale halved) and grows the
 // scale after its interval of finite steps; the mixed step allocates
@@ -11,6 +11,8 @@
 
 #include "kernels/cpu/plan_count.h"
 #include "models/layers/activation.h"
+#include "models/layers/conv.h"
+#include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
 #include "models/zoo/zoo.h"
@@ -168,16 +170,133 @@ INSTANTIATE_TEST_SUITE_P(Types, MixedStep, ::testing::Values(DType::BF16, DType:
 // float32 ulps of a rounding boundary of the low type may round the other
 // way (rare: about 2^-13 of the elements for bfloat16), so the test asks
 // for at least 99% of the elements equal and none farther than one spacing.
-TEST_P(MixedStep, GradientsEqualTheRoundedFloat64Reference) {
-  const DType t = GetParam();
-  const Agreement a = step_against_reference(t, t);
-  std::printf("%s: %lld of %lld gradient elements equal the reference, worst %.2f spacings\n", dtype_name(t),
+void expect_rounded_reference(const char* net, Agreement (*step)(DType engine_type, DType reference_type), DType t) {
+  const Agreement a = step(t, t);
+  std::printf("%s %s: %lld of %lld gradient elements equal the reference, worst %.2f spacings\n", net, dtype_name(t),
               static_cast<long long>(a.equal), static_cast<long long>(a.total), a.worst_ulps);
   EXPECT_GE(a.equal, a.total * 99 / 100);
   EXPECT_LE(a.worst_ulps, 1.0);
   // The comparison can fail: float32's gradients match the low-type reference in few elements.
-  const Agreement f32 = step_against_reference(DType::F32, t);
+  const Agreement f32 = step(DType::F32, t);
   EXPECT_LT(f32.equal, f32.total / 2) << "float32 gradients should not match the rounded reference";
+}
+
+TEST_P(MixedStep, GradientsEqualTheRoundedFloat64Reference) {
+  expect_rounded_reference("linear", step_against_reference, GetParam());
+}
+
+// Conv2d(C, O, 3, padding 1) -> ReLU -> Flatten -> Linear(O H W, K) -> mean
+// cross-entropy, by the formulas in float64, rounding to `t` where
+// autocast.h says (the CPU rounds a convolution's output once, after its
+// bias). Returns the gradients in the parameters' order.
+std::vector<std::vector<double>> conv_reference(const Tensor& xt, const Tensor& yt, Module& m, DType t) {
+  const int64_t n = xt.size(0), c = xt.size(1), hh = xt.size(2), ww = xt.size(3);
+  auto ps = m.named_parameters();  // 0.weight, 0.bias, 3.weight, 3.bias
+  const int64_t o = ps[0].second->shape[0], k = ps[2].second->shape[0], f = o * hh * ww;
+  auto r = [t](double v) { return low(v, t); };
+  auto rounded = [&](const Tensor& v) {
+    std::vector<double> out(static_cast<size_t>(v.numel()));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = r(v.f32()[i]);
+    return out;
+  };
+  const std::vector<double> x = rounded(xt), w = rounded(ps[0].second->value), b = rounded(ps[1].second->value),
+                            v = rounded(ps[2].second->value), vb = rounded(ps[3].second->value);
+  auto xi = [&](int64_t i, int64_t ch, int64_t y, int64_t z) { return x[((i * c + ch) * hh + y) * ww + z]; };
+  auto wi = [&](int64_t oc, int64_t ch, int64_t dy, int64_t dz) { return w[((oc * c + ch) * 3 + dy) * 3 + dz]; };
+  // Each output position's input taps inside the image: (ch, dy, dz) with y + dy - 1, z + dz - 1 inside.
+  auto each_tap = [&](int64_t y, int64_t z, auto&& fn) {
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t dy = 0; dy < 3; ++dy)
+        for (int64_t dz = 0; dz < 3; ++dz) {
+          const int64_t sy = y + dy - 1, sz = z + dz - 1;
+          if (sy >= 0 && sy < hh && sz >= 0 && sz < ww) fn(ch, dy, dz, sy, sz);
+        }
+  };
+  std::vector<double> a(static_cast<size_t>(n * f)), dz(static_cast<size_t>(n * k)), da(a.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t y = 0; y < hh; ++y)
+        for (int64_t z = 0; z < ww; ++z) {
+          double s = 0;
+          each_tap(y, z, [&](int64_t ch, int64_t dy, int64_t dz2, int64_t sy, int64_t sz) {
+            s += xi(i, ch, sy, sz) * wi(oc, ch, dy, dz2);
+          });
+          a[i * f + (oc * hh + y) * ww + z] = std::max(0.0, r(s + b[oc]));  // conv output low, then ReLU
+        }
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<double> logits(k);
+    for (int64_t j = 0; j < k; ++j) {
+      double s = vb[j];
+      for (int64_t q = 0; q < f; ++q) s += a[i * f + q] * v[j * f + q];
+      logits[j] = r(s);
+    }
+    double mx = logits[0], sum = 0;
+    for (double l : logits) mx = std::max(mx, l);
+    for (double l : logits) sum += std::exp(l - mx);
+    for (int64_t j = 0; j < k; ++j) {
+      const double p = std::exp(logits[j] - mx) / sum;
+      dz[i * k + j] = r((p - (j == yt.data<int32_t>()[i] ? 1.0 : 0.0)) / static_cast<double>(n));
+    }
+  }
+  std::vector<double> gw(w.size()), gb(b.size()), gv(v.size()), gvb(vb.size());
+  for (int64_t j = 0; j < k; ++j) {
+    double sb = 0;
+    for (int64_t i = 0; i < n; ++i) sb += dz[i * k + j];
+    gvb[j] = r(sb);
+    for (int64_t q = 0; q < f; ++q) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) s += dz[i * k + j] * a[i * f + q];
+      gv[j * f + q] = r(s);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t q = 0; q < f; ++q) {
+      double s = 0;
+      for (int64_t j = 0; j < k; ++j) s += dz[i * k + j] * v[j * f + q];
+      da[i * f + q] = a[i * f + q] > 0 ? r(s) : 0.0;  // the linear layer's dx in the low type, masked by ReLU
+    }
+  for (int64_t oc = 0; oc < o; ++oc) {
+    double sb = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t y = 0; y < hh; ++y)
+        for (int64_t z = 0; z < ww; ++z) {
+          const double d = da[i * f + (oc * hh + y) * ww + z];
+          sb += d;
+          each_tap(y, z, [&](int64_t ch, int64_t dy, int64_t dz2, int64_t sy, int64_t sz) {
+            gw[((oc * c + ch) * 3 + dy) * 3 + dz2] += d * xi(i, ch, sy, sz);
+          });
+        }
+    gb[oc] = r(sb);
+  }
+  for (double& g : gw) g = r(g);
+  return {gw, gb, gv, gvb};
+}
+
+Agreement conv_step_against_reference(DType engine_type, DType reference_type) {
+  const int64_t c = 3, o = 4, hw = 6, k = 5;
+  auto m = std::make_unique<models::Sequential>();
+  m->add(std::make_unique<models::Conv2d>(c, o, 3, 1, 1));
+  m->add(std::make_unique<models::ReLU>(/*inplace=*/true));
+  m->add(std::make_unique<models::Flatten>());
+  m->add(std::make_unique<models::Linear>(o * hw * hw, k));
+  m->init(5);
+  std::mt19937_64 rng(11);
+  Tensor x = testing::random_tensor(Shape{8, c, hw, hw}, rng, -2.0f, 2.0f);
+  Tensor y = testing::random_labels(8, k, rng);
+  const auto want = conv_reference(x, y, *m, reference_type);
+  MathOptions math;
+  math.autocast = engine_type;
+  SingleDeviceEngine eng(*m, Device::cpu(), *make_criterion({}), 1, math);
+  eng.forward_backward_batch(x, y);
+  auto ps = m->named_parameters();
+  Agreement a;
+  for (size_t i = 0; i < want.size(); ++i) compare(ps[i].second->grad, want[i], reference_type, a);
+  return a;
+}
+
+// The same bounds for a convolutional net.
+TEST_P(MixedStep, ConvolutionGradientsEqualTheRoundedFloat64Reference) {
+  expect_rounded_reference("convolutional", conv_step_against_reference, GetParam());
 }
 
 // Under autocast a layer's output is a low-type tensor, and so is its

@@ -4,8 +4,9 @@
 //    cpu:2 and cpu:3 (uneven ranges) equals unsharded on the same devices
 //    bit for bit (every element is summed in the same order onto its owner
 //    and updated by the same formula); with clipping by norm within 1e-6
-//    (the shards' squares are summed in another order); with accumulation
-//    and a last batch smaller than the device count, bit for bit.
+//    (the shards' squares are summed in another order); a last batch smaller
+//    than the device count, bit for bit; with accumulation within 1e-6 (an
+//    owner adds its own micro-batches first), bit for bit in split-invariant math.
 //  - Each replica holds the state of its range alone: at most ceil(P / N)
 //    + 16 elements per state (P the arena), so the primary holds no more
 //    than the others.
@@ -100,7 +101,15 @@ TEST_P(ShardedOptimizerTest, AccumulationAndSmallBatchesEqualUnsharded) {
   auto data = testing::random_batches(kSample, 24, 6, 5);
   data.push_back(testing::random_batches(kSample, 4, 1, 6)[0]);  // 4 rows on 3 replicas (2 + 2): the third sits out
   DpRun plain = make_run("cpu:3", false, o), sharded = make_run("cpu:3", true, o);
-  EXPECT_LT(testing::max_rel_diff(train(sharded, data, 3), train(plain, data, 3)), 1e-6);
+  // Accumulating, an owner other than the primary adds its own micro-batches'
+  // terms before the other replicas' (measured: SGD 1.5e-8, AdamW 1.8e-7).
+  const Tensor want = train(plain, data, 3), got = train(sharded, data, 3);
+  EXPECT_LT(testing::max_rel_diff(got, want), 1e-6);
+  EXPECT_FALSE(testing::same_bits(want, models::make_model("lenet", kSample, 10, 5)->arenas().params));  // it trained
+  // Split-invariant math sums in one order whoever owns a range: bit for bit.
+  const auto mlp_data = testing::random_batches(kSample, 24, 6, 7);
+  DpRun plain_si = make_run("cpu:3", false, o, "mlp", true), sharded_si = make_run("cpu:3", true, o, "mlp", true);
+  EXPECT_TRUE(testing::same_bits(train(sharded_si, mlp_data, 3), train(plain_si, mlp_data, 3)));
   DpRun plain1 = make_run("cpu:3", false, o), sharded1 = make_run("cpu:3", true, o);
   EXPECT_TRUE(testing::same_bits(train(sharded1, data), train(plain1, data)));
 }
