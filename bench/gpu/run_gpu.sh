@@ -396,6 +396,10 @@ step_memcheck() {
     FANOUT_REQUIRE_GPU=1 FANOUT_CUDA_CL_COPIES=wide frun "$cs" --tool "$tool" --error-exitcode 97 --print-limit 200 \
       "$build/test/test_kernels" --gtest_filter='Convert.*Channels*/cuda' || rc=1
   done
+  for tool in racecheck synccheck; do  # the softmax's block reductions, the embedding's runs
+    FANOUT_REQUIRE_GPU=1 frun "$cs" --tool "$tool" --error-exitcode 97 --print-limit 200 \
+      "$build/test/test_kernels" --gtest_filter='*Softmax*/cuda:*Embedding*/cuda' || rc=1
+  done
   return "$rc"
 }
 
