@@ -3,9 +3,34 @@
 work=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done
+  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done  # || true: safe under set -e
   chmod -R u+w "$work" 2> /dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+
+# await PID [SECONDS]: waits at most SECONDS (300) for the background process
+# PID to end and leaves its exit status in $rc; one still running then is
+# SIGKILLed and the test fails. Safe under set -e.
+await() {
+  local pid=$1 limit=${2:-300}
+  if ! timeout "$limit" tail --pid="$pid" -f /dev/null; then
+    kill -9 "$pid" 2> /dev/null || true
+    fail "process $pid still runs after $limit s"
+  fi
+  rc=0
+  wait "$pid" || rc=$?
+}
+
+# wait_for SECONDS COMMAND...: runs COMMAND every 0.05 s until it succeeds;
+# fails (1) when it has not within SECONDS.
+wait_for() {
+  local limit=$1 i
+  shift
+  for ((i = 0; i < limit * 20; i++)); do
+    "$@" > /dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  return 1
+}

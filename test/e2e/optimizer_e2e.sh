@@ -10,11 +10,24 @@
 #    processes equals one device bit for bit (split-invariant).
 #  - best.safetensors holds the model alone; an epoch checkpoint the model
 #    and optimizer.<state>.<param> for every state and parameter.
+# Seeded, split-invariant math gives those bits to a run that ignored
+# --resume as well, so every resumed run must also say where it resumed (the
+# checkpoint, its epoch, batch and step) and its metrics file hold only the
+# epochs after the checkpoint.
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+# resumed NAME LINE EPOCHS: NAME.log holds the line LINE ("resumed from ..."), and NAME.jsonl the epochs EPOCHS only.
+resumed() {
+  grep -qxF "$2" "$work/$1.log" || { cat "$work/$1.log"; fail "$1: no line '$2'"; }
+  local got
+  got=$(python3 -c 'import json, sys; print(*[json.loads(l)["epoch"] for l in open(sys.argv[1])])' "$work/$1.jsonl")
+  [ "$got" = "$3" ] || fail "$1: the resumed run trained epochs '$got', not '$3'"
+  echo "$1: $2; trained epoch(s) $got"
+}
 
 "$DP_TRAIN" --model lenet --optimizer adamw --lr 1e-3 --epochs 3 --devices cpu:2 --progress off \
   --metrics "$work/lenet.jsonl" | tee "$work/lenet.txt"
@@ -55,7 +68,10 @@ PY
 "$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --shard-optimizer --save-dir "$work/sharded" --metrics "$work/sharded.jsonl" \
   > /dev/null
 "$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --shard-optimizer --stop-after 1 --save-dir "$work/sharded-part" > /dev/null
-"$DP_TRAIN" "${ddp[@]}" --devices cpu:3 --shard-optimizer --resume "$work/sharded-part" > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:3 --shard-optimizer --resume "$work/sharded-part" \
+  --metrics "$work/sharded-resumed.jsonl" > "$work/sharded-resumed.log"
+# 256 samples in batches of 32: 8 steps an epoch.
+resumed sharded-resumed "resumed from $work/sharded-part/epoch-0001.safetensors: 1 of 2 epochs done, 8 steps" 2
 python3 "$here/same_tensors.py" "$work/one/epoch-0002.safetensors" "$work/sharded/epoch-0002.safetensors" \
   "$work/sharded-part/epoch-0002.safetensors"
 python3 - "$work" <<'PY'
@@ -73,7 +89,8 @@ PY
 "$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --strategy ddp --shard-optimizer --stop-after 1 \
   --save-dir "$work/ddp-sharded-part" > /dev/null
 "$DP_TRAIN" "${ddp[@]}" --devices cpu:4 --nproc-per-node 2 --strategy ddp --shard-optimizer \
-  --resume "$work/ddp-sharded-part" > /dev/null
+  --resume "$work/ddp-sharded-part" --metrics "$work/ddp-sharded-resumed.jsonl" > "$work/ddp-sharded-resumed.log"
+resumed ddp-sharded-resumed "resumed from $work/ddp-sharded-part/epoch-0001.safetensors: 1 of 2 epochs done, 8 steps" 2
 python3 "$here/same_tensors.py" "$work/one/epoch-0002.safetensors" "$work/ddp-sharded/epoch-0002.safetensors" \
   "$work/ddp-sharded-part/epoch-0002.safetensors"
 echo "--shard-optimizer DDP 2 processes == one device, and resumed as the hybrid 2x2, bit for bit"
@@ -84,9 +101,9 @@ common=(--model resnet18 --data synthetic:96 --batch-size 16 --epochs 2 --device
 ls "$work/whole"
 [ -f "$work/whole/epoch-0001-batch-0000004.safetensors" ] || { echo "FAIL: no mid-epoch checkpoint"; exit 1; }
 "$DP_TRAIN" "${common[@]}" --resume "$work/whole/epoch-0001-batch-0000004.safetensors" --save-dir "$work/resumed" \
-  --metrics "$work/resumed.jsonl" | tee "$work/resumed.txt"
-grep -q "resumed from $work/whole/epoch-0001-batch-0000004.safetensors: 1 of 2 epochs done and 4 batches of the next, 10 steps" \
-  "$work/resumed.txt"
+  --metrics "$work/resumed.jsonl" | tee "$work/resumed.log"
+# 96 samples in batches of 16: 6 steps an epoch; the checkpoint is 4 batches into the second.
+resumed resumed "resumed from $work/whole/epoch-0001-batch-0000004.safetensors: 1 of 2 epochs done and 4 batches of the next, 10 steps" 2
 
 python3 - "$work" <<'PY'
 import json, sys

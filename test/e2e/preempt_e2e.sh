@@ -3,9 +3,13 @@
 # flight, save a mid-epoch checkpoint and exit 143; --resume then gives the
 # uninterrupted run's parameters, momentum and metrics bit for bit, on one
 # CPU device, DataParallel over cpu:2 and DDP over 2 processes (the
-# launcher passes the signal on; every rank stops at the same step). A
-# second signal ends the run at once, unless it comes within a second of the
-# first (timeout(1) sends two at once). A closed stdout loses no checkpoint.
+# launcher passes the signal on; every rank stops at the same step). One
+# SIGINT (Ctrl-C) to a one-process run does the same and exits 130. The
+# resumed run must say it continues from the checkpoint the stop saved, at
+# its batch and step (seeded math would give a run that ignored --resume the
+# same bits). A second signal ends the run at once, unless it comes within a
+# second of the first (timeout(1) sends two at once). A closed stdout loses
+# no checkpoint.
 # --save-every-steps keeps the newest --keep-last checkpoints, mid-epoch ones
 # included.
 set -uo pipefail
@@ -33,38 +37,51 @@ print(f"{d.rsplit('/', 1)[1]}: {len(a)} tensors bit-identical, metrics equal")
 PY
 }
 
-preempt() {  # preempt NAME ARGS...: uninterrupted, then SIGTERM mid-epoch and --resume
-  local name=$1
-  shift
+preempt() {  # preempt NAME SIGNAL ARGS...: uninterrupted, then SIGNAL mid-epoch and --resume
+  local name=$1 sig=$2
+  shift 2
+  local status=$((128 + $(kill -l "$sig")))
   mkdir -p "$name"
   local a=(--model lenet --data synthetic:12288 --epochs 3 --batch-size 32 --progress off --seed 5 "$@")
-  timeout 300 "$DP_TRAIN" "${a[@]}" --save-dir "$name/whole" --metrics "$name/whole.jsonl" > "$name/whole.log" 2>&1 ||
+  # The uninterrupted run, unless the caller copied in one of the same arguments.
+  [ -f "$name/whole/epoch-0003.safetensors" ] ||
+    timeout 300 "$DP_TRAIN" "${a[@]}" --save-dir "$name/whole" --metrics "$name/whole.jsonl" > "$name/whole.log" 2>&1 ||
     { cat "$name/whole.log"; fail "$name: the uninterrupted run failed"; }
   "$DP_TRAIN" "${a[@]}" --save-dir "$name/cut" --metrics "$name/cut.jsonl" --save-every-steps 64 \
     > "$name/cut.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
   # Signal once the run is inside its second epoch (a mid-epoch file of epoch 2 exists).
-  for _ in $(seq 1 600); do
-    ls "$name/cut"/epoch-0001-batch-*.safetensors > /dev/null 2>&1 && break
-    sleep 0.05
-  done
-  kill -TERM "$pid"
-  wait "$pid"
-  local rc=$?
-  [ "$rc" -eq 143 ] || { cat "$name/cut.log"; fail "$name: exit status $rc after SIGTERM, expected 143"; }
-  grep -q "stopped by SIGTERM in epoch 2 after batch" "$name/cut.log" || { cat "$name/cut.log"; fail "$name: no stop line"; }
-  ls "$name/cut"/epoch-0001-batch-*.safetensors > /dev/null || fail "$name: no mid-epoch checkpoint"
+  wait_for 240 compgen -G "$name/cut/epoch-0001-batch-*.safetensors" ||
+    { cat "$name/cut.log"; fail "$name: no mid-epoch checkpoint of epoch 2 within 240 s"; }
+  kill "-$sig" "$pid"
+  await "$pid" 300
+  [ "$rc" -eq "$status" ] || { cat "$name/cut.log"; fail "$name: exit status $rc after SIG$sig, expected $status"; }
+  # The stop names the mid-epoch checkpoint it saved, of the batch it stopped after.
+  local stop n saved
+  stop=$(grep -o "stopped by SIG$sig in epoch 2 after batch [0-9]*: saved [^;]*" "$name/cut.log") ||
+    { cat "$name/cut.log"; fail "$name: no line saying SIG$sig stopped epoch 2 and what it saved"; }
+  n=${stop#*after batch }
+  n=${n%%:*}
+  saved=${stop##*saved }
+  [ "$saved" = "$name/cut/epoch-0001-batch-$(printf %07d "$n").safetensors" ] && [ -f "$saved" ] ||
+    { cat "$name/cut.log"; ls "$name/cut"; fail "$name: the stop saved '$saved', not the checkpoint of batch $n"; }
   timeout 300 "$DP_TRAIN" "${a[@]}" --resume "$name/cut" --metrics "$name/cut.jsonl" > "$name/resume.log" 2>&1 ||
     { cat "$name/resume.log"; fail "$name: the resumed run failed"; }
-  grep -q "1 of 3 epochs done and [0-9]* batches of the next" "$name/resume.log" || { cat "$name/resume.log"; fail "$name: resume line"; }
+  # 12288 samples in batches of 32: 384 steps an epoch.
+  grep -qxF "resumed from $saved: 1 of 3 epochs done and $n batches of the next, $((384 + n)) steps" "$name/resume.log" ||
+    { cat "$name/resume.log"; fail "$name: no line saying the run resumed from $saved at batch $n, step $((384 + n))"; }
   compare "$name"
-  grep "stopped by SIGTERM" "$name/cut.log"
+  echo "$name: $stop; resumed from it at step $((384 + n))"
 }
 
-preempt one --devices cpu
-preempt dp --devices cpu:2
-preempt ddp --devices cpu:2 --strategy ddp
+preempt one TERM --devices cpu
+preempt dp TERM --devices cpu:2
+preempt ddp TERM --devices cpu:2 --strategy ddp
+# One SIGINT (Ctrl-C) to a one-process run: the same stop, status 130 (against one's uninterrupted run).
+mkdir -p one-int
+cp -r one/whole one/whole.jsonl one-int/
+preempt one-int INT --devices cpu
 
 # Rotation: --save-every-steps with --keep-last 2 leaves the two newest checkpoints (and best).
 files=$(cd one/cut && ls epoch-*.safetensors | tr '\n' ' ')
@@ -86,8 +103,7 @@ for mode in "--devices cpu" "--devices cpu:2 --strategy ddp"; do
   for _ in $(seq 1 1200); do ls "$dir"/epoch-0000-batch-*.safetensors > /dev/null 2>&1 && break; sleep 0.05; done
   kill -TERM "$pid"
   kill -TERM -- "-$pid"  # setsid: the process group is the run's own
-  wait "$pid"
-  rc=$?
+  await "$pid" 300
   [ "$rc" -eq 143 ] || { cat tm.log; fail "timeout with $mode: exit status $rc, expected 143"; }
   grep -q "stopped by SIGTERM" tm.log || { cat tm.log; fail "timeout with $mode: no stop line"; }
   ls "tm${mode//[^a-z0-9]/}"/epoch-*.safetensors > /dev/null 2>&1 || fail "timeout with $mode: nothing saved"
@@ -113,8 +129,7 @@ for _ in $(seq 1 1200); do grep -q "dp-train: model lenet" twice.log 2> /dev/nul
 kill -TERM "$pid"
 sleep 1.3
 kill -INT "$pid"
-wait "$pid"
-rc=$?
+await "$pid" 120
 [ "$rc" -eq 130 ] || { cat twice.log; fail "a second signal: exit status $rc, expected 130"; }
 ! ls twice/epoch-*.safetensors > /dev/null 2>&1 || fail "a second signal still saved"
 echo "ok   a second signal exits at once (status $rc)"
@@ -133,8 +148,7 @@ workers=$(pgrep -P "$pid" | tr '\n' ' ')
 kill -TERM "$pid"
 for _ in $(seq 1 1200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.05; done  # outer bound: 60 s
 kill -0 "$pid" 2> /dev/null && fail "the launcher still runs 60 s after SIGTERM with a 2 s grace"
-wait "$pid"
-rc=$?
+await "$pid" 10
 [ "$rc" -ne 0 ] || { cat deaf.log; fail "the launcher exited 0 after killing its workers"; }
 grep -q "interrupted (Terminated): stopped 2 workers" deaf.log || { cat deaf.log; fail "no interruption line"; }
 ! grep -q "stopped by SIGTERM" deaf.log || { cat deaf.log; fail "the workers stopped by themselves: the hook did not hold them"; }

@@ -7,35 +7,51 @@
 # AnEpochResumedOnAnotherWorldSizeSeesEverySampleOnce covers the sample set).
 # Another global batch size mid-epoch is refused in one line, or with
 # --allow-batch-change re-batches the rest of the epoch.
-set -uo pipefail
+set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$work"
 
-a=(--model lenet --data fashion-mnist --epochs 1 --batch-size 48 --split-invariant --workers 0 --progress off --seed 3)
-timeout 300 "$DP_TRAIN" "${a[@]}" --devices cpu --save-dir whole --metrics whole.jsonl > whole.log 2>&1 ||
+a=(--model lenet --data fashion-mnist --epochs 1 --batch-size 48 --split-invariant --workers 0 --seed 3)
+timeout 300 "$DP_TRAIN" "${a[@]}" --progress off --devices cpu --save-dir whole --metrics whole.jsonl > whole.log 2>&1 ||
   { cat whole.log; fail "the uninterrupted run failed"; }
 
 # resized NAME 'FIRST ARGS' 'RESUME ARGS': SIGTERM once batch 300 is saved, then --resume with other devices.
+# The resumed run must say it continues from the checkpoint the stop saved, at
+# its batch and step, and train from the next batch on (its first progress
+# line, --progress lines, is at that batch): a run that ignored --resume would
+# end with the same bits, so the bits alone do not show the resume.
 resized() {
   local name=$1 first=$2 then=$3
   # shellcheck disable=SC2086
-  "$DP_TRAIN" "${a[@]}" $first --save-dir "$name" --metrics "$name.jsonl" --save-every-steps 150 --keep-last 5 \
-    > "$name.log" 2>&1 &
+  "$DP_TRAIN" "${a[@]}" --progress off $first --save-dir "$name" --metrics "$name.jsonl" --save-every-steps 150 \
+    --keep-last 5 > "$name.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
-  for _ in $(seq 1 1200); do
-    [ -e "$name/epoch-0000-batch-0000300.safetensors" ] && break
-    sleep 0.05
-  done
+  wait_for 120 test -e "$name/epoch-0000-batch-0000300.safetensors" || true
   kill -TERM "$pid"
-  wait "$pid"
-  grep -q "stopped by SIGTERM in epoch 1 after batch" "$name.log" || { cat "$name.log"; fail "$name: no stop line"; }
+  await "$pid" 300
+  [ "$rc" -eq 143 ] || { cat "$name.log"; fail "$name: exit status $rc after SIGTERM, expected 143"; }
+  local stop n saved
+  stop=$(grep -o "stopped by SIGTERM in epoch 1 after batch [0-9]*: saved [^;]*" "$name.log") ||
+    { cat "$name.log"; fail "$name: no stop line"; }
+  n=${stop#*after batch }
+  n=${n%%:*}
+  saved=${stop##*saved }
+  [ "$saved" = "$name/epoch-0000-batch-$(printf %07d "$n").safetensors" ] && [ -f "$saved" ] ||
+    { cat "$name.log"; fail "$name: the stop saved '$saved', not the checkpoint of batch $n"; }
   # shellcheck disable=SC2086
-  timeout 300 "$DP_TRAIN" "${a[@]}" $then --resume "$name" --metrics "$name.jsonl" > "$name.resume.log" 2>&1 ||
-    { cat "$name.resume.log"; fail "$name: the resumed run failed"; }
-  grep "resumed from" "$name.resume.log"
+  timeout 300 "$DP_TRAIN" "${a[@]}" --progress lines $then --resume "$name" --metrics "$name.jsonl" \
+    > "$name.resume.log" 2>&1 || { cat "$name.resume.log"; fail "$name: the resumed run failed"; }
+  grep -qxF "resumed from $saved: 0 of 1 epochs done and $n batches of the next, $n steps" "$name.resume.log" ||
+    { cat "$name.resume.log"; fail "$name: no line saying the run resumed from $saved at batch $n, step $n"; }
+  local from
+  from=$(grep -o -m1 "epoch 1/1 *[0-9]*% [0-9]*/[0-9]* batches" "$name.resume.log" | sed 's|.*% *\([0-9]*\)/.*|\1|') ||
+    true
+  [ "$from" = $((n + 1)) ] ||
+    { cat "$name.resume.log"; fail "$name: the resumed run's first progress line is at batch ${from:-(none)}, not $((n + 1))"; }
+  echo "$name: stopped after batch $n, resumed from $saved, trained from batch $((n + 1))"
   python3 - "$name" <<'PY' || fail "$name: the resumed run differs from the uninterrupted one"
 import json, sys
 from safetensors.numpy import load_file
@@ -58,9 +74,9 @@ resized dp3to1 "--devices cpu:3" "--devices cpu"
 # Another global batch size mid-epoch: one line, nothing trained, unless
 # --allow-batch-change; then the rest of the epoch is re-batched (the trainer
 # test MidEpochResumeWithAnotherBatchSizeReBatchesTheRest checks the samples).
-mid=$(ls dp3to1/epoch-0000-batch-*.safetensors | head -1)
+mid=$(ls dp3to1/epoch-0000-batch-*.safetensors | head -1) || true
 [ -n "$mid" ] || fail "no mid-epoch checkpoint left in dp3to1"
-out=$("$DP_TRAIN" "${a[@]/48/64}" --devices cpu:2 --resume "$mid" 2>&1) &&
+out=$("$DP_TRAIN" "${a[@]/48/64}" --progress off --devices cpu:2 --resume "$mid" 2>&1) &&
   fail "a mid-epoch resume with another batch size ran"
 echo "$out" | grep -q "error: checkpoint .* stopped inside epoch 1 after [0-9]* batches of 48; resume with --batch-size 48 (any devices or processes), or add --allow-batch-change to re-batch the rest of that epoch in 64" ||
   fail "got: $out"
@@ -68,7 +84,7 @@ cp "$mid" rebatch.safetensors
 nb=${mid##*-batch-}
 nb=$((10#${nb%.safetensors}))
 done=$((nb * 48))
-timeout 300 "$DP_TRAIN" "${a[@]/48/64}" --devices cpu:2 --resume rebatch.safetensors --allow-batch-change \
+timeout 300 "$DP_TRAIN" "${a[@]/48/64}" --progress off --devices cpu:2 --resume rebatch.safetensors --allow-batch-change \
   --save-dir rebatch --metrics rebatch.jsonl > rebatch.log 2>&1 || { cat rebatch.log; fail "the re-batched resume failed"; }
 grep -q "the rest of epoch 1 is re-batched: batches of 64 from sample $done, where batches of 48 stopped" rebatch.log ||
   { cat rebatch.log; fail "no re-batch line"; }
@@ -81,7 +97,7 @@ PY
 # Samples done that the processes cannot share evenly: one line before training.
 w=5
 while [ $((done % w)) -eq 0 ]; do w=$((w + 1)); done
-out=$(timeout 120 "$DP_TRAIN" "${a[@]/48/$((8 * w))}" --devices "cpu:$w" --strategy ddp --resume "$mid" \
+out=$(timeout 120 "$DP_TRAIN" "${a[@]/48/$((8 * w))}" --progress off --devices "cpu:$w" --strategy ddp --resume "$mid" \
   --allow-batch-change 2>&1) && fail "a re-batch over $w processes ran"
 echo "$out" | grep -q "stopped inside epoch 1 after $done samples, which $w processes cannot share evenly" ||
   fail "got: $out"

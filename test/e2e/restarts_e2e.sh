@@ -4,8 +4,11 @@
 # both again from the save directory's newest checkpoint; the run finishes
 # with the uninterrupted run's parameters bit for bit (split-invariant math)
 # and each epoch once in the metrics file. A third kill ends the run with the
-# reason, and nothing is left running. Without a save directory, or without
-# DDP, --max-restarts is refused in one line.
+# reason, and nothing is left running. SIGTERM to the launcher is a stop,
+# never a restart: the workers save a mid-epoch checkpoint, the launcher exits
+# 143 without a restart line, nothing is left running, and the checkpoint
+# resumes to the uninterrupted run's bits. Without a save directory, without
+# DDP, or with --nnodes above 1, --max-restarts is refused in one line.
 set -uo pipefail
 : "${DP_TRAIN:?path to dp-train}"
 # shellcheck source=lib.sh
@@ -56,9 +59,7 @@ cut() {
       saves=$(grep -c 'saved .*-batch-' cut.out)
     fi
   done
-  timeout 300 tail --pid="$launcher" -f /dev/null
-  wait "$launcher"
-  rc=$?
+  await "$launcher" 300
   for w in $(pgrep -f "save-dir cut" || true); do
     [ "$w" = "$$" ] || fail "process $w of the run is still running"
   done
@@ -106,8 +107,8 @@ for _ in $(seq 1 1200); do grep -q '"epoch": *1' early.jsonl 2> /dev/null && bre
 victim=$(rank1_of "$launcher")
 [ -n "$victim" ] || { cat early.out early.err; fail "early: no epoch 1 line, or no rank 1"; }
 kill -9 "$victim"
-timeout 300 tail --pid="$launcher" -f /dev/null
-wait "$launcher" || { cat early.out early.err; fail "early: the restarted run failed"; }
+await "$launcher" 300
+[ "$rc" -eq 0 ] || { cat early.out early.err; fail "early: the restarted run failed (status $rc)"; }
 grep -q "restarting the workers (restart 1 of 1)" early.err || { cat early.err; fail "early: no restart line"; }
 ls early/epoch-0002.safetensors > /dev/null || fail "early: no final checkpoint"
 python3 -c "
@@ -115,6 +116,41 @@ import json
 e = [json.loads(l)['epoch'] for l in open('early.jsonl')]
 assert e == [1, 2], e
 print('restart before any checkpoint: epochs', e)" || { cat early.jsonl; fail "early: epochs in the metrics file"; }
+
+# --- SIGTERM to the launcher stops the run, with restarts left -------------
+rm -rf term term.jsonl
+FANOUT_TEST_STEP_SLEEP_S=0.01 "$DP_TRAIN" "${a[@]}" --save-dir term --metrics term.jsonl --save-every-steps 50 \
+  --max-restarts 2 > term.out 2> term.err &
+launcher=$!
+pids+=("$launcher")
+wait_for 120 grep -q 'saved .*-batch-' term.out || { cat term.out term.err; fail "term: no mid-epoch save in 120 s"; }
+workers=$(pgrep -P "$launcher" | tr '\n' ' ')
+[ "$(echo "$workers" | wc -w)" -eq 2 ] || { cat term.out term.err; fail "term: expected 2 workers, got: $workers"; }
+kill -TERM "$launcher"
+await "$launcher" 120
+[ "$rc" -eq 143 ] || { cat term.out term.err; fail "term: exit status $rc after SIGTERM to the launcher, expected 143"; }
+! grep -q "restarting the workers" term.err || { cat term.err; fail "term: SIGTERM to the launcher restarted the workers"; }
+stop=$(grep -o "stopped by SIGTERM in epoch [0-9]* after batch [0-9]*: saved [^;]*" term.out) ||
+  { cat term.out term.err; fail "term: no line saying SIGTERM stopped the run and what it saved"; }
+saved=${stop##*saved }
+[ -f "$saved" ] || fail "term: the stop's checkpoint $saved is missing"
+for w in $workers; do kill -0 "$w" 2> /dev/null && fail "term: worker $w still runs"; done
+for w in $(pgrep -f "save-dir term" || true); do
+  [ "$w" = "$$" ] || fail "process $w of the stopped run is still running"
+done
+timeout 300 "$DP_TRAIN" "${a[@]}" --resume term --metrics term.jsonl > term.resume.log 2>&1 ||
+  { cat term.resume.log; fail "term: the resumed run failed"; }
+grep -q "^resumed from $saved: " term.resume.log || { cat term.resume.log; fail "term: not resumed from $saved"; }
+python3 - <<'PY' || fail "term: the stopped and resumed run differs from the uninterrupted one"
+import json
+from safetensors.numpy import load_file
+a, b = load_file("whole/epoch-0003.safetensors"), load_file("term/epoch-0003.safetensors")
+assert a.keys() == b.keys(), "different tensors"
+for k in a:
+    assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
+assert [json.loads(l)["epoch"] for l in open("term.jsonl")] == [1, 2, 3]
+PY
+echo "term: $stop (status 143, no restart); resumed == uninterrupted, bit for bit"
 
 # --- refused --------------------------------------------------------------
 out=$("$DP_TRAIN" --model lenet --data synthetic:64 --devices cpu:2 --strategy ddp --max-restarts 1 2>&1) &&
@@ -126,4 +162,12 @@ echo "$out" | grep -q "max-restarts applies to --strategy ddp" || fail "got: $ou
 out=$("$DP_TRAIN" --model lenet --data synthetic:64 --devices cpu:2 --strategy ddp --save-dir d --max-restarts -1 2>&1) &&
   fail "--max-restarts -1 ran"
 echo "$out" | grep -q "max-restarts must be at least 0" || fail "got: $out"
+# Several machines: refused before any rendezvous or worker (the Redis address is never tried).
+rm -rf d
+out=$(timeout 60 "$DP_TRAIN" --model lenet --data synthetic:64 --devices cpu:2 --strategy ddp --nnodes 2 --node-rank 0 \
+  --rdzv redis:127.0.0.1:1 --run-id nodes --save-dir d --max-restarts 1 2>&1) && fail "--max-restarts with --nnodes 2 ran"
+[ "$(echo "$out" | wc -l)" -eq 1 ] &&
+  echo "$out" | grep -qxF "dp-train: error: --max-restarts restarts the workers of one machine; with --nnodes 2 the machines' launchers would restart apart" ||
+  fail "--max-restarts with --nnodes 2: got: $out"
+[ ! -e d ] || fail "--max-restarts with --nnodes 2 created its save directory"
 echo "restarts: OK"

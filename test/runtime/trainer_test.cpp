@@ -1,9 +1,15 @@
 // Trainer timing and memory fields: the timing warm-up changes what is
-// timed, never what is trained; the epoch reports peak memory.
+// timed, never what is trained; the data wait is the loader's share of the
+// epoch; the epoch reports peak memory. Timing is checked against injected
+// delays (sleeps), by relations that hold whatever the machine's load: never
+// against a wall-clock threshold.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/single_device.h"
@@ -21,9 +27,12 @@ struct TrainedRun {
   train::EpochMetrics last;
 };
 
-TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup, int64_t eval_batch = 1000) {
+using OnStep = std::function<void(const train::StepInfo&)>;
+
+TrainedRun train_two_epochs(const data::Dataset& train, const data::Dataset& test, int timing_warmup,
+                            int64_t eval_batch = 1000, const OnStep& on_step = {}) {
   TrainedRun r;
-  r.model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  r.model = models::make_model("mlp", train.sample_shape(), 10, 3);
   r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), *make_criterion({}), 3);
   r.opt = optim::make_optimizer(r.engine->model(), r.engine->primary_context(), testing::test_sgd());
   train::TrainerConfig tc;
@@ -35,29 +44,108 @@ TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup, int6
   tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = nullptr;
-  train::Trainer t(tc, *r.engine, *r.opt, data);
+  train::Trainer t(tc, *r.engine, *r.opt, train, test);
+  t.on_step = on_step;
   r.last = t.run();
   return r;
 }
 
+TrainedRun train_two_epochs(const data::TrainTest& data, int timing_warmup, int64_t eval_batch = 1000,
+                            const OnStep& on_step = {}) {
+  return train_two_epochs(data.train, data.test, timing_warmup, eval_batch, on_step);
+}
+
+void expect_same_training(const TrainedRun& a, const TrainedRun& b, const char* what) {
+  const Tensor &pa = a.model->arenas().params, &pb = b.model->arenas().params;
+  ASSERT_EQ(pa.nbytes(), pb.nbytes());
+  EXPECT_EQ(std::memcmp(pa.raw(), pb.raw(), pa.nbytes()), 0) << what << " changed training";
+  EXPECT_EQ(a.last.test_metric("acc"), b.last.test_metric("acc")) << what;
+}
+
+// A slow step: batch `batch` (1-based) of the last epoch sleeps kDelay in
+// on_step, after its optimizer step and inside the epoch's time. The other
+// steps of these runs (an mlp on 16 rows) take milliseconds (tens on a busy
+// machine).
+constexpr double kDelay = 1.0;
+OnStep slow_step(int64_t batch) {
+  return [batch](const train::StepInfo& s) {
+    if (s.epoch == 1 && s.batch == batch) std::this_thread::sleep_for(std::chrono::duration<double>(kDelay));
+  };
+}
+
+// 128 samples in batches of 16: 8 steps an epoch. The steady time is the
+// time after the warm-up's steps, scaled to all 8: its window (steady time
+// x (8 - warm-up) / 8) excludes a slow step inside the warm-up and holds one
+// after it: those bounds follow from the sleep alone, whatever the load. The
+// comparisons of one time with another fail only if the fast steps of one
+// part of an epoch ran slower than the rest by most of the delay.
 TEST(Trainer, TimingWarmupTimesLessAndTrainsTheSame) {
   const auto data = data::make_synthetic(128, 4);
-  const TrainedRun plain = train_two_epochs(data, 0), warm = train_two_epochs(data, 3), all = train_two_epochs(data, 100);
-  const Tensor& a = plain.model->arenas().params;
-  for (const TrainedRun* r : {&warm, &all}) {
-    const Tensor& b = r->model->arenas().params;
-    ASSERT_EQ(a.nbytes(), b.nbytes());
-    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "the timing warm-up changed training";
-    EXPECT_EQ(r->last.test_metric("acc"), plain.last.test_metric("acc"));
+  const TrainedRun plain = train_two_epochs(data, 0, 1000, slow_step(1)),
+                   warm = train_two_epochs(data, 3, 1000, slow_step(1)),
+                   all = train_two_epochs(data, 100, 1000, slow_step(1)),
+                   late = train_two_epochs(data, 3, 1000, slow_step(5));
+  for (const TrainedRun* r : {&warm, &all, &late}) {
+    expect_same_training(plain, *r, "the timing warm-up");
     EXPECT_GT(r->last.steady_epoch_seconds, 0);
     EXPECT_GT(r->last.images_per_second, 0);
     EXPECT_GE(r->last.data_wait_fraction, 0);
     EXPECT_LE(r->last.data_wait_fraction, 1);
+    EXPECT_GE(r->last.epoch_seconds, kDelay) << "the epoch's time holds the slow step";
   }
-  // Without a warm-up the steady time is the epoch's time; a warm-up of every
-  // step but one still leaves one timed step.
+  // Without a warm-up the steady time is the epoch's time, slow step included.
   EXPECT_EQ(plain.last.steady_epoch_seconds, plain.last.epoch_seconds);
-  EXPECT_GT(all.last.steady_epoch_seconds, 0);
+  EXPECT_GE(plain.last.steady_epoch_seconds, kDelay);
+  // A warm-up of 3 with the slow first step: the window of the last 5 steps
+  // leaves the delay out, so the steady time is below the epoch's by about
+  // the delay (half of it allows for scaling 5 fast steps to 8).
+  const double eps = 1e-9;
+  EXPECT_LE(warm.last.steady_epoch_seconds * 5 / 8, warm.last.epoch_seconds - kDelay + eps)
+      << "the steady time holds the warm-up's slow step";
+  EXPECT_LT(warm.last.steady_epoch_seconds, warm.last.epoch_seconds - kDelay / 2)
+      << "steady " << warm.last.steady_epoch_seconds << " s, epoch " << warm.last.epoch_seconds << " s";
+  // A warm-up of every step but one: the last step alone, scaled by 8.
+  EXPECT_LE(all.last.steady_epoch_seconds / 8, all.last.epoch_seconds - kDelay + eps);
+  // The same slow step after the warm-up (step 5) is in the steady time.
+  EXPECT_GE(late.last.steady_epoch_seconds * 5 / 8, kDelay - eps) << "the steady time lost a step after the warm-up";
+  EXPECT_GT(late.last.steady_epoch_seconds, warm.last.steady_epoch_seconds);
+}
+
+// A dataset whose every sample takes `sleep_s` to read (a slow disk).
+class SlowDataset : public data::Dataset {
+ public:
+  SlowDataset(const data::Dataset& d, double sleep_s) : d_(d), sleep_s_(sleep_s) { name = d.name; }
+  int64_t size() const override { return d_.size(); }
+  Shape sample_shape() const override { return d_.sample_shape(); }
+  data::TargetKind target_kind() const override { return d_.target_kind(); }
+  Shape target_shape() const override { return d_.target_shape(); }
+  void get(int64_t i, const data::SampleDraw& draw, float* x, int32_t* label, float* y) const override {
+    std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s_));
+    d_.get(i, draw, x, label, y);
+  }
+  void check(const data::Augment& augment) const override { d_.check(augment); }
+
+ private:
+  const data::Dataset& d_;
+  double sleep_s_;
+};
+
+// The data wait is the share of the (steady) epoch spent waiting for the
+// loader. Without loader workers the batches are built on the training
+// thread, inside the wait: with a slow dataset the wait (share x the epoch's
+// time) holds at least every sample's sleep, and the share is larger than
+// with the same data read at once. The slow reads change nothing trained.
+TEST(Trainer, DataWaitIsTheLoadersShareOfTheEpoch) {
+  const auto data = data::make_synthetic(128, 4);
+  constexpr double kSampleSleep = 0.004;  // 128 samples: 0.5 s an epoch
+  const SlowDataset slow_train(data.train, kSampleSleep);
+  const TrainedRun fast = train_two_epochs(data, 0), slow = train_two_epochs(slow_train, data.test, 0);
+  expect_same_training(fast, slow, "a slow dataset");
+  EXPECT_GE(slow.last.data_wait_fraction * slow.last.epoch_seconds, 128 * kSampleSleep * (1 - 1e-9))
+      << "data wait " << slow.last.data_wait_fraction << " of " << slow.last.epoch_seconds << " s";
+  EXPECT_LE(slow.last.data_wait_fraction, 1);
+  EXPECT_GE(fast.last.data_wait_fraction, 0);
+  EXPECT_GT(slow.last.data_wait_fraction, fast.last.data_wait_fraction);
 }
 
 // Forwards to an engine and records the most rows one eval_step was given.
