@@ -648,18 +648,23 @@ int finish_stopped(const train::Trainer& trainer, Engine& engine, optim::Optimiz
   const int epoch = trainer.stopped_epoch();
   const int64_t batch = trainer.stopped_at().batch;
   if (!save_dir.empty() && batch == 0 && saved.epoch != epoch) opt.gather_state();  // every rank
-  if (!p.primary()) return 128 + sig;
+  if (!p.primary()) return 128 + (sig != 0 ? sig : SIGTERM);
   if (saver && saved.stop_path.empty()) {  // stopped at an epoch's end
     saved.stop_path = (std::filesystem::path(save_dir) / train::CheckpointSaver::epoch_file(epoch)).string();
     if (saved.epoch != epoch) saver->save_mid_epoch(engine, opt, ckpt);  // its checkpoint was not due: ckpt is that epoch's
   }
-  std::printf("stopped by %s %s: %s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig),
+  // sig 0: this rank had no signal and stopped because another rank had one (Trainer::stop_agreed).
+  const std::string by = sig == SIGINT    ? "by SIGINT"
+                         : sig == SIGTERM ? "by SIGTERM"
+                         : sig == 0       ? "with the other ranks (another rank had a stop signal)"
+                                          : std::string("by ") + strsignal(sig);
+  std::printf("stopped %s %s: %s\n", by.c_str(),
               batch > 0 ? ("in epoch " + std::to_string(epoch + 1) + " after batch " + std::to_string(batch)).c_str()
                         : ("after epoch " + std::to_string(epoch)).c_str(),
               saved.stop_path.empty() ? "nothing saved (no --save-dir)"
                                       : ("saved " + saved.stop_path + "; continue with --resume " + save_dir).c_str());
   std::fflush(stdout);
-  return 128 + sig;
+  return 128 + (sig != 0 ? sig : SIGTERM);
 }
 
 int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
