@@ -79,4 +79,62 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
                           {DNNL_ARG_SCRATCHPAD, &p.scratch}});
 }
 
+namespace {
+
+// (batch, rows, cols): matrix i at i * stride, each as matrix().
+memory::desc batched(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride, bool trans) {
+  return memory::desc({batch, rows, cols}, memory::data_type::f32,
+                      trans ? memory::dims{stride, 1, ld} : memory::dims{stride, ld, 1});
+}
+}  // namespace
+
+// One oneDNN matmul with a batch dimension (its strides carry the batch
+// strides); the plan is cached per shape like gemm's.
+void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+                          int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (k == 0 || alpha == 0.0f || batch == 1) {
+    for (int64_t i = 0; i < batch; ++i)
+      gemm(ctx, trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+           c + i * stride_c, ldc);
+    return;
+  }
+  dn::State& s = dn::state(ctx);
+  uint32_t alpha_bits, beta_bits;
+  std::memcpy(&alpha_bits, &alpha, 4);
+  std::memcpy(&beta_bits, &beta, 4);
+  dn::Key key;
+  key << dn::kGemmStridedBatched << trans_a << trans_b << m << n << k << lda << ldb << ldc << stride_a << stride_b
+      << stride_c << batch << alpha_bits << beta_bits << onednn_threads(ctx);
+  GemmPlan& p = s.plan<GemmPlan>(key, [&] {
+    auto q = std::make_unique<GemmPlan>();
+    const memory::desc ad = batched(batch, m, k, lda, stride_a, trans_a),
+                       bd = batched(batch, k, n, ldb, stride_b, trans_b),
+                       cd = batched(batch, m, n, ldc, stride_c, false);
+    dnnl::primitive_attr attr = dn::user_scratchpad();
+    dnnl::post_ops po;
+#if FANOUT_DNNL3
+    if (alpha != 1.0f) po.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
+#else
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+#endif
+    if (beta != 0.0f) po.append_sum(beta);
+    attr.set_post_ops(po);
+    const auto pd = dn::make_pd<dnnl::matmul>(s.engine, attr, ad, bd, cd);
+    q->a = dn::unbound(ad, s.engine);
+    q->b = dn::unbound(bd, s.engine);
+    q->c = dn::unbound(cd, s.engine);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->bytes = pd.scratchpad_desc().get_size();
+    q->prim = dnnl::matmul(pd);
+    return q;
+  });
+  dn::bind(p.a, a);
+  dn::bind(p.b, b);
+  dn::bind(p.c, c);
+  dn::bind(p.scratch, p.bytes ? ctx.workspace(p.bytes) : nullptr);
+  dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_DST, &p.c},
+                          {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+}
+
 }  // namespace fanout::kernels::cpu

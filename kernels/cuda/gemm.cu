@@ -61,4 +61,28 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
                                    static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
 }
 
+// Float32 operands always (no autocast narrowing); TF32 only when
+// ctx.math.allow_tf32, as gemm.
+void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+                          int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  detail::DeviceScope scope(ctx);
+  if (k == 0 || alpha == 0.0f) {
+    if (beta == 1.0f) return;
+    for (int64_t i = 0; i < batch; ++i) {
+      scale_matrix_kernel<<<detail::grid_for(ctx, m * n), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+          c + i * stride_c, m, n, ldc, beta);
+      FANOUT_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
+  auto handle = static_cast<cublasHandle_t>(ctx.cublas());
+  const cublasComputeType_t compute = ctx.math.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  FANOUT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+      static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), stride_b, a,
+      CUDA_R_32F, static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(ldc), stride_c,
+      static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace fanout::kernels::cuda

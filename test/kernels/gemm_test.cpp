@@ -156,5 +156,85 @@ TEST(Gemm, BadArgumentsThrow) {
   EXPECT_THROW(kernels::gemm(ctx, false, true, 2, 2, 4, 1.0f, a.data(), 4, b.data(), 2, 0.0f, c.data(), 2), Error);
 }
 
+// Strided-batched GEMM: each matrix against the float64 reference; the gaps
+// between C's matrices and C's padding columns are poisoned and must stay so.
+TEST_P(GemmOnBackend, StridedBatchedAgainstFloat64) {
+  std::mt19937_64 rng(21);
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& s : {Case{5, 7, 9}, Case{13, 3, 17}, Case{64, 48, 32}})
+    for (int64_t batch : {1, 5})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (float beta : {0.0f, 1.0f}) {
+            SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " m=" << s.m << " n=" << s.n
+                                              << " k=" << s.k << " batch=" << batch << " beta=" << beta);
+            const float alpha = 0.7f;
+            const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
+            const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
+            const int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = s.n + 1;
+            const int64_t sa = a_rows * lda + 5, sb = b_rows * ldb + 3, sc = s.m * ldc + 7;
+            Tensor a = ft::random_tensor(Shape{batch * sa}, rng), b = ft::random_tensor(Shape{batch * sb}, rng);
+            Tensor c0 = ft::random_tensor(Shape{batch * sc}, rng);
+            // Everything outside the (m, n) matrices is poisoned; with beta == 0 all of C is.
+            std::vector<bool> inside(static_cast<size_t>(batch * sc), false);
+            for (int64_t t = 0; t < batch; ++t)
+              for (int64_t i = 0; i < s.m; ++i)
+                for (int64_t j = 0; j < s.n; ++j) inside[static_cast<size_t>(t * sc + i * ldc + j)] = true;
+            for (int64_t i = 0; i < c0.numel(); ++i)
+              if (beta == 0.0f || !inside[static_cast<size_t>(i)])
+                c0.f32()[i] = std::numeric_limits<float>::quiet_NaN();
+            Tensor ad = up(a), bd = up(b), cd = up(c0);
+            kernels::gemm_strided_batched(ctx(), ta, tb, s.m, s.n, s.k, alpha, ad.f32(), lda, sa, bd.f32(), ldb, sb,
+                                          beta, cd.f32(), ldc, sc, batch);
+            const Tensor c = down(cd);
+            for (int64_t i = 0; i < c.numel(); ++i)
+              if (!inside[static_cast<size_t>(i)]) ASSERT_TRUE(std::isnan(c.f32()[i])) << "gap written at " << i;
+            for (int64_t t = 0; t < batch; ++t) {
+              const auto ref = naive_gemm(ta, tb, s.m, s.n, s.k, alpha, a.f32() + t * sa, lda, b.f32() + t * sb, ldb,
+                                          beta, c0.f32() + t * sc, ldc);
+              Tensor got = Tensor::empty(Shape{s.m, s.n});
+              for (int64_t i = 0; i < s.m; ++i)
+                for (int64_t j = 0; j < s.n; ++j) got.f32()[i * s.n + j] = c.f32()[t * sc + i * ldc + j];
+              EXPECT_TRUE(matches(got, ref, 1e-5, 1e-4)) << "matrix " << t;
+              EXPECT_GT(ft::l2_norm(got), 0.0);
+            }
+          }
+}
+
+// k == 0 scales every C matrix by beta (zeros over NaN with beta == 0).
+TEST_P(GemmOnBackend, StridedBatchedZeroInnerDimension) {
+  const int64_t m = 3, n = 4, batch = 3, sc = m * n + 2;
+  Tensor cd = poisoned(Shape{batch * sc});
+  kernels::gemm_strided_batched(ctx(), false, false, m, n, 0, 1.0f, nullptr, 1, 0, nullptr, n, 0, 0.0f, cd.f32(), n,
+                                sc, batch);
+  const Tensor c = down(cd);
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    if (i % sc < m * n) EXPECT_EQ(c.f32()[i], 0.0f) << i;
+    else EXPECT_TRUE(std::isnan(c.f32()[i])) << "gap written at " << i;
+  }
+}
+
+TEST(Gemm, StridedBatchedBadArgumentsThrow) {
+  Context ctx(Device::cpu());
+  std::vector<float> a(256), b(256), c(256);
+  // Overlapping C matrices.
+  EXPECT_THROW(kernels::gemm_strided_batched(ctx, false, false, 2, 2, 2, 1.0f, a.data(), 2, 4, b.data(), 2, 4, 0.0f,
+                                             c.data(), 2, 3, 2),
+               Error);
+  // Negative stride.
+  EXPECT_THROW(kernels::gemm_strided_batched(ctx, false, false, 2, 2, 2, 1.0f, a.data(), 2, -4, b.data(), 2, 4, 0.0f,
+                                             c.data(), 2, 4, 2),
+               Error);
+  // lda too small, negative batch.
+  EXPECT_THROW(kernels::gemm_strided_batched(ctx, false, false, 2, 2, 4, 1.0f, a.data(), 3, 8, b.data(), 2, 8, 0.0f,
+                                             c.data(), 2, 4, 2),
+               Error);
+  EXPECT_THROW(kernels::gemm_strided_batched(ctx, false, false, 2, 2, 2, 1.0f, a.data(), 2, 4, b.data(), 2, 4, 0.0f,
+                                             c.data(), 2, 4, -1),
+               Error);
+}
+
 }  // namespace
 }  // namespace fanout

@@ -1,0 +1,62 @@
+// Attention entry points: checks, then the CPU backend (no CUDA backend yet:
+// other devices throw no_backend).
+#include "kernels/attention.h"
+
+#include <climits>
+#include <cmath>
+
+#include "kernels/dispatch.h"
+
+namespace fanout::kernels {
+
+namespace {
+// q (B, H, T, D) with T, D >= 1; every other tensor named here float32 of q's
+// shape; lse (B, H, T).
+void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+               const Tensor& lse) {
+  detail::check_tensor(ctx, op, "q", q);
+  detail::check_tensor(ctx, op, "k", k);
+  detail::check_tensor(ctx, op, "v", v);
+  detail::check_tensor(ctx, op, "lse", lse);
+  FANOUT_CHECK(q.dim() == 4 && q.size(2) >= 1 && q.size(3) >= 1 && q.size(2) <= INT_MAX && q.size(3) <= INT_MAX)
+      << op << ": q " << q.shape().str() << " must be (B, H, T, D) with T, D >= 1";
+  FANOUT_CHECK(k.shape() == q.shape() && v.shape() == q.shape())
+      << op << ": q " << q.shape().str() << ", k " << k.shape().str() << " and v " << v.shape().str()
+      << " must have one shape";
+  FANOUT_CHECK(lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}))
+      << op << ": lse " << lse.shape().str() << " must be (B, H, T) for q " << q.shape().str();
+  FANOUT_CHECK(std::isfinite(scale)) << op << ": scale " << scale << " is not finite";
+}
+
+void check_like_q(const Context& ctx, const char* op, const char* name, const Tensor& t, const Tensor& q) {
+  detail::check_tensor(ctx, op, name, t);
+  FANOUT_CHECK(t.shape() == q.shape()) << op << ": " << name << " " << t.shape().str() << " must be q's shape "
+                                       << q.shape().str();
+}
+}  // namespace
+
+void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale, Tensor& y,
+                       Tensor& lse) {
+  const char* op = "attention_forward";
+  check_qkv(ctx, op, q, k, v, scale, lse);
+  check_like_q(ctx, op, "y", y, q);
+  if (q.numel() == 0) return;
+  if (!ctx.device().is_cpu()) no_backend(op, ctx.device());
+  cpu::attention_forward(ctx, q, k, v, scale, y, lse);
+}
+
+void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                        const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  check_qkv(ctx, op, q, k, v, scale, lse);
+  check_like_q(ctx, op, "y", y, q);
+  check_like_q(ctx, op, "dy", dy, q);
+  check_like_q(ctx, op, "dq", dq, q);
+  check_like_q(ctx, op, "dk", dk, q);
+  check_like_q(ctx, op, "dv", dv, q);
+  if (q.numel() == 0) return;
+  if (!ctx.device().is_cpu()) no_backend(op, ctx.device());
+  cpu::attention_backward(ctx, q, k, v, scale, y, lse, dy, dq, dk, dv);
+}
+
+}  // namespace fanout::kernels
