@@ -28,6 +28,38 @@ memory::desc matrix(int64_t rows, int64_t cols, int64_t ld, bool trans) {
   return memory::desc({rows, cols}, memory::data_type::f32, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
 }
 
+
+// C = alpha * A B + beta * C as one oneDNN matmul over these descriptors.
+std::unique_ptr<GemmPlan> make_plan(dn::State& s, float alpha, float beta, const memory::desc& ad,
+                                    const memory::desc& bd, const memory::desc& cd) {
+  auto q = std::make_unique<GemmPlan>();
+  dnnl::primitive_attr attr = dn::user_scratchpad();
+  dnnl::post_ops po;
+#if FANOUT_DNNL3
+  if (alpha != 1.0f) po.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
+#else
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+#endif
+  if (beta != 0.0f) po.append_sum(beta);
+  attr.set_post_ops(po);
+  const auto pd = dn::make_pd<dnnl::matmul>(s.engine, attr, ad, bd, cd);
+  q->a = dn::unbound(ad, s.engine);
+  q->b = dn::unbound(bd, s.engine);
+  q->c = dn::unbound(cd, s.engine);
+  q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+  q->bytes = pd.scratchpad_desc().get_size();
+  q->prim = dnnl::matmul(pd);
+  return q;
+}
+
+void run(Context& ctx, dn::State& s, GemmPlan& p, const float* a, const float* b, float* c) {
+  dn::bind(p.a, a);
+  dn::bind(p.b, b);
+  dn::bind(p.c, c);
+  dn::bind(p.scratch, p.bytes ? ctx.workspace(p.bytes) : nullptr);
+  dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_DST, &p.c},
+                          {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+}
 }  // namespace
 
 void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -51,32 +83,9 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   key << dn::kGemm << trans_a << trans_b << m << n << k << lda << ldb << ldc << alpha_bits << beta_bits
       << onednn_threads(ctx);
   GemmPlan& p = s.plan<GemmPlan>(key, [&] {
-    auto q = std::make_unique<GemmPlan>();
-    const memory::desc ad = matrix(m, k, lda, trans_a), bd = matrix(k, n, ldb, trans_b), cd = matrix(m, n, ldc, false);
-    dnnl::primitive_attr attr = dn::user_scratchpad();
-    dnnl::post_ops po;
-#if FANOUT_DNNL3
-    if (alpha != 1.0f) po.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
-#else
-    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-#endif
-    if (beta != 0.0f) po.append_sum(beta);  // C = alpha * A B + beta * C
-    attr.set_post_ops(po);
-    const auto pd = dn::make_pd<dnnl::matmul>(s.engine, attr, ad, bd, cd);
-    q->a = dn::unbound(ad, s.engine);
-    q->b = dn::unbound(bd, s.engine);
-    q->c = dn::unbound(cd, s.engine);
-    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
-    q->bytes = pd.scratchpad_desc().get_size();
-    q->prim = dnnl::matmul(pd);
-    return q;
+    return make_plan(s, alpha, beta, matrix(m, k, lda, trans_a), matrix(k, n, ldb, trans_b), matrix(m, n, ldc, false));
   });
-  dn::bind(p.a, a);
-  dn::bind(p.b, b);
-  dn::bind(p.c, c);
-  dn::bind(p.scratch, p.bytes ? ctx.workspace(p.bytes) : nullptr);
-  dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_DST, &p.c},
-                          {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  run(ctx, s, p, a, b, c);
 }
 
 namespace {
@@ -107,34 +116,10 @@ void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int64_t m, i
   key << dn::kGemmStridedBatched << trans_a << trans_b << m << n << k << lda << ldb << ldc << stride_a << stride_b
       << stride_c << batch << alpha_bits << beta_bits << onednn_threads(ctx);
   GemmPlan& p = s.plan<GemmPlan>(key, [&] {
-    auto q = std::make_unique<GemmPlan>();
-    const memory::desc ad = batched(batch, m, k, lda, stride_a, trans_a),
-                       bd = batched(batch, k, n, ldb, stride_b, trans_b),
-                       cd = batched(batch, m, n, ldc, stride_c, false);
-    dnnl::primitive_attr attr = dn::user_scratchpad();
-    dnnl::post_ops po;
-#if FANOUT_DNNL3
-    if (alpha != 1.0f) po.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
-#else
-    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-#endif
-    if (beta != 0.0f) po.append_sum(beta);
-    attr.set_post_ops(po);
-    const auto pd = dn::make_pd<dnnl::matmul>(s.engine, attr, ad, bd, cd);
-    q->a = dn::unbound(ad, s.engine);
-    q->b = dn::unbound(bd, s.engine);
-    q->c = dn::unbound(cd, s.engine);
-    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
-    q->bytes = pd.scratchpad_desc().get_size();
-    q->prim = dnnl::matmul(pd);
-    return q;
+    return make_plan(s, alpha, beta, batched(batch, m, k, lda, stride_a, trans_a),
+                     batched(batch, k, n, ldb, stride_b, trans_b), batched(batch, m, n, ldc, stride_c, false));
   });
-  dn::bind(p.a, a);
-  dn::bind(p.b, b);
-  dn::bind(p.c, c);
-  dn::bind(p.scratch, p.bytes ? ctx.workspace(p.bytes) : nullptr);
-  dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_DST, &p.c},
-                          {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  run(ctx, s, p, a, b, c);
 }
 
 }  // namespace fanout::kernels::cpu
