@@ -2,8 +2,9 @@
 # Sets up a fresh machine (dependencies, build) and runs every test:
 # unit, e2e, and cuda (the cuda tests skip with a reason where no GPU is visible).
 # It ends with a summary of the skipped tests; under CI=true a skip other than
-# the documented ones (a CUDA test without a GPU; the PyTorch conformance test
-# without PyTorch) fails the run.
+# the documented ones (a CUDA test without a GPU; the CPU instance of a test
+# of CUDA-only behaviour; the PyTorch conformance test without PyTorch) fails
+# the run (test/skip_summary.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Everything, with dp-train's fault hooks for the e2e tests (apps/test_hooks.h).

@@ -1,14 +1,21 @@
 """Sums up the tests ctest skipped (its "(Skipped)" lines in the log given),
 by reason. Under CI=true, a skip with no documented reason fails (exit 1):
-a CUDA test skips only where no GPU is visible, the PyTorch conformance test
-only where PyTorch is not installed; anything else skipping in CI (a missing
+a CUDA test skips only where no GPU is visible, a test of CUDA-only behaviour
+on its CPU instance, the PyTorch conformance test only where PyTorch is not
+installed; anything else skipping in CI (a missing
 Redis, oneDNN 3's headers not fetched) is a broken set-up, not a pass."""
 import os
 import re
 import sys
 
+# The /cpu instances of tests of CUDA-only behaviour (TF32 math, the CUDA
+# loss's NaN for a bad label), which skip on every machine.
+CUDA_ONLY = ("ConvOnBackend.Tf32WithinTf32Tolerance/cpu", "GemmOnBackend.Tf32WithinTf32Tolerance/cpu",
+             "SoftmaxXentOnBackend.LabelOutOfRangeGivesNanLossOnCuda/cpu")
+
 REASONS = (
     ("no GPU visible", re.compile(r"(^|[./])Cuda|/cuda\b")),
+    ("CUDA-only behaviour, CPU instance", re.compile("^(" + "|".join(re.escape(n) for n in CUDA_ONLY) + ")$")),
     ("PyTorch not installed", re.compile(r"^models\.torch_python_interop$")),
 )
 
