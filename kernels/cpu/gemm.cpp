@@ -29,6 +29,13 @@ memory::desc matrix(int64_t rows, int64_t cols, int64_t ld, bool trans) {
 }
 
 
+// A float's bits, for a plan's key.
+uint32_t bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+
 // C = alpha * A B + beta * C as one oneDNN matmul over these descriptors.
 std::unique_ptr<GemmPlan> make_plan(dn::State& s, float alpha, float beta, const memory::desc& ad,
                                     const memory::desc& bd, const memory::desc& cd) {
@@ -76,11 +83,8 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     return;
   }
   dn::State& s = dn::state(ctx);
-  uint32_t alpha_bits, beta_bits;
-  std::memcpy(&alpha_bits, &alpha, 4);
-  std::memcpy(&beta_bits, &beta, 4);
   dn::Key key;
-  key << dn::kGemm << trans_a << trans_b << m << n << k << lda << ldb << ldc << alpha_bits << beta_bits
+  key << dn::kGemm << trans_a << trans_b << m << n << k << lda << ldb << ldc << bits(alpha) << bits(beta)
       << onednn_threads(ctx);
   GemmPlan& p = s.plan<GemmPlan>(key, [&] {
     return make_plan(s, alpha, beta, matrix(m, k, lda, trans_a), matrix(k, n, ldb, trans_b), matrix(m, n, ldc, false));
@@ -109,12 +113,9 @@ void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int64_t m, i
     return;
   }
   dn::State& s = dn::state(ctx);
-  uint32_t alpha_bits, beta_bits;
-  std::memcpy(&alpha_bits, &alpha, 4);
-  std::memcpy(&beta_bits, &beta, 4);
   dn::Key key;
   key << dn::kGemmStridedBatched << trans_a << trans_b << m << n << k << lda << ldb << ldc << stride_a << stride_b
-      << stride_c << batch << alpha_bits << beta_bits << onednn_threads(ctx);
+      << stride_c << batch << bits(alpha) << bits(beta) << onednn_threads(ctx);
   GemmPlan& p = s.plan<GemmPlan>(key, [&] {
     return make_plan(s, alpha, beta, batched(batch, m, k, lda, stride_a, trans_a),
                      batched(batch, k, n, ldb, stride_b, trans_b), batched(batch, m, n, ldc, stride_c, false));
