@@ -1,5 +1,5 @@
-// Attention entry points: checks, then the CPU backend (no CUDA backend yet:
-// other devices throw no_backend).
+// Attention entry points: checks, then dispatch (CPU: float32; CUDA: float32,
+// bfloat16 or float16 tensors, lse float32 always).
 #include "kernels/attention.h"
 
 #include <climits>
@@ -10,13 +10,18 @@
 namespace fanout::kernels {
 
 namespace {
-// q (B, H, T, D) with T, D >= 1; every other tensor named here float32 of q's
-// shape; lse (B, H, T).
+// q (B, H, T, D) with T, D >= 1, float32 (or, on CUDA, bfloat16 or float16);
+// k, v of q's shape and dtype; lse (B, H, T) float32.
 void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                const Tensor& lse) {
-  detail::check_tensor(ctx, op, "q", q);
-  detail::check_tensor(ctx, op, "k", k);
-  detail::check_tensor(ctx, op, "v", v);
+  FANOUT_CHECK(q.defined()) << op << ": q is undefined";
+  const DType dt = q.dtype();
+  FANOUT_USER_CHECK(dt == DType::F32 || ((dt == DType::BF16 || dt == DType::F16) && ctx.device().is_cuda()))
+      << op << ": q is " << dtype_name(dt) << "; " << ctx.device().str() << " takes "
+      << (ctx.device().is_cuda() ? "float32, bfloat16 or float16" : "float32 only");
+  detail::check_tensor(ctx, op, "q", q, dt);
+  detail::check_tensor(ctx, op, "k", k, dt);
+  detail::check_tensor(ctx, op, "v", v, dt);
   detail::check_tensor(ctx, op, "lse", lse);
   FANOUT_CHECK(q.dim() == 4 && q.size(2) >= 1 && q.size(3) >= 1 && q.size(2) <= INT_MAX && q.size(3) <= INT_MAX)
       << op << ": q " << q.shape().str() << " must be (B, H, T, D) with T, D >= 1";
@@ -26,10 +31,14 @@ void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor
   FANOUT_CHECK(lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}))
       << op << ": lse " << lse.shape().str() << " must be (B, H, T) for q " << q.shape().str();
   FANOUT_CHECK(std::isfinite(scale)) << op << ": scale " << scale << " is not finite";
+  // The CUDA backend launches a block per score row and batches its GEMMs over B * H.
+  FANOUT_CHECK(!ctx.device().is_cuda() ||
+               (q.size(0) * q.size(1) * q.size(2) <= INT32_MAX && q.size(0) * q.size(1) <= INT32_MAX))
+      << op << ": q " << q.shape().str() << " has too many rows";
 }
 
 void check_like_q(const Context& ctx, const char* op, const char* name, const Tensor& t, const Tensor& q) {
-  detail::check_tensor(ctx, op, name, t);
+  detail::check_tensor(ctx, op, name, t, q.dtype());
   FANOUT_CHECK(t.shape() == q.shape()) << op << ": " << name << " " << t.shape().str() << " must be q's shape "
                                        << q.shape().str();
 }
@@ -41,8 +50,7 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   check_qkv(ctx, op, q, k, v, scale, lse);
   check_like_q(ctx, op, "y", y, q);
   if (q.numel() == 0) return;
-  if (!ctx.device().is_cpu()) no_backend(op, ctx.device());
-  cpu::attention_forward(ctx, q, k, v, scale, y, lse);
+  FANOUT_DISPATCH(ctx, attention_forward, ctx, q, k, v, scale, y, lse);
 }
 
 void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
@@ -55,8 +63,7 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   check_like_q(ctx, op, "dk", dk, q);
   check_like_q(ctx, op, "dv", dv, q);
   if (q.numel() == 0) return;
-  if (!ctx.device().is_cpu()) no_backend(op, ctx.device());
-  cpu::attention_backward(ctx, q, k, v, scale, y, lse, dy, dq, dk, dv);
+  FANOUT_DISPATCH(ctx, attention_backward, ctx, q, k, v, scale, y, lse, dy, dq, dk, dv);
 }
 
 }  // namespace fanout::kernels

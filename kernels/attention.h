@@ -1,10 +1,16 @@
 // Causal scaled-dot-product attention (one head's softmax(scale * Q K^T) V
-// with key j visible to query i when j <= i), forward and backward, the
-// FlashAttention way: forward keeps each query row's log-sum-exp of its
-// scaled scores, backward recomputes the probabilities from it and never
-// holds a whole T x T matrix. Float32 in and out.
-// CPU: kernels/cpu/attention.cpp. CUDA: no backend yet; the entry points
-// throw kernels::no_backend on any device but the CPU.
+// with key j visible to query i when j <= i), forward and backward. Forward
+// keeps each query row's log-sum-exp of its scaled scores (lse, float32);
+// backward recomputes the probabilities and returns dq, dk, dv.
+// CPU: kernels/cpu/attention.cpp, the FlashAttention way (never a whole
+// T x T matrix); float32 tensors only.
+// CUDA: kernels/cuda/attention.cu, unfused: the (B*H, T, T) scores through
+// cuBLAS strided batched GEMMs and the CUDA softmax kernels, the T x T
+// matrices in the context's workspace (O(B*H*T^2) scratch). q, k, v, y, dy,
+// dq, dk, dv are all float32, or all bfloat16, or all float16; lse is float32
+// always. bfloat16 / float16 are NOT cuDNN's fused SDPA yet: they are widened
+// to float32, run through the float32 path and the results narrowed back
+// (round to nearest even) - correct, slower, more scratch.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

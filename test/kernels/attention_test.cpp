@@ -1,10 +1,13 @@
 // Causal attention on every backend against a naive float64 reference (full
 // T x T softmax with the causal mask): forward y and lse, backward dq, dk, dv,
-// and backward against central differences of a scalar loss. The CUDA
-// backend does not exist yet: the cuda instances check that it throws.
+// and backward against central differences of a scalar loss; on CUDA also
+// bfloat16 and float16 tensors against the reference on the rounded operands
+// (the CPU takes float32 only and must say so).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -12,6 +15,8 @@
 #include "kernels/attention.h"
 #include "kernels/backend_test_util.h"
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
+#include "runtime/core/memory.h"
 
 namespace fanout {
 namespace {
@@ -77,6 +82,7 @@ Ref naive_attention(const float* q, const float* k, const float* v, const float*
 FANOUT_BACKEND_SUITE(AttentionOnBackend);
 
 TEST_P(AttentionOnBackend, ForwardAndBackwardAgainstFloat64) {
+  ctx().math.allow_tf32 = false;  // full float32 products on CUDA (TF32 would miss 1e-5)
   std::mt19937_64 rng(31);
   const int64_t B = 1, H = 3;
   for (int64_t T : {1, 7, 64, 256})
@@ -89,20 +95,15 @@ TEST_P(AttentionOnBackend, ForwardAndBackwardAgainstFloat64) {
       Tensor qd = up(q), kd = up(k), vd = up(v), gd = up(g);
       Tensor yd = poisoned(s), ld = poisoned(Shape{B, H, T});
       Tensor dqd = poisoned(s), dkd = poisoned(s), dvd = poisoned(s);
-      if (on_cuda()) {
-        EXPECT_THROW(kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld), Error);
-        EXPECT_THROW(kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd), Error);
-        continue;  // no CUDA backend yet
-      }
       kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
       kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
       const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
       const Tensor y = down(yd), lse = down(ld), dq = down(dqd), dk = down(dkd), dv = down(dvd);
-      EXPECT_TRUE(matches(y, r.y, 1e-5, 1e-4)) << "y";
-      EXPECT_TRUE(matches(lse, r.lse, 1e-5, 1e-4)) << "lse";
-      EXPECT_TRUE(matches(dq, r.dq, 1e-5, 1e-4)) << "dq";
-      EXPECT_TRUE(matches(dk, r.dk, 1e-5, 1e-4)) << "dk";
-      EXPECT_TRUE(matches(dv, r.dv, 1e-5, 1e-4)) << "dv";
+      EXPECT_TRUE(matches(y, r.y, 1e-5, 1e-5)) << "y";
+      EXPECT_TRUE(matches(lse, r.lse, 1e-5, 1e-5)) << "lse";
+      EXPECT_TRUE(matches(dq, r.dq, 1e-5, 1e-5)) << "dq";
+      EXPECT_TRUE(matches(dk, r.dk, 1e-5, 1e-5)) << "dk";
+      EXPECT_TRUE(matches(dv, r.dv, 1e-5, 1e-5)) << "dv";
       for (const Tensor* t : {&y, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
       if (T > 1) EXPECT_GT(ft::l2_norm(dq), 0.0);  // T == 1: one key, softmax constant, dq = 0
     }
@@ -111,21 +112,25 @@ TEST_P(AttentionOnBackend, ForwardAndBackwardAgainstFloat64) {
 // loss = sum(g * y): its central differences in q, k and v (double steps on
 // float inputs) against backward's dq, dk, dv at a small size.
 TEST_P(AttentionOnBackend, BackwardAgainstCentralDifferences) {
-  if (on_cuda()) GTEST_SKIP() << "no CUDA attention backend yet (see ForwardAndBackwardAgainstFloat64)";
+  ctx().math.allow_tf32 = false;
   std::mt19937_64 rng(32);
   const Shape s{1, 2, 5, 3};
   const float scale = 0.7f;
   Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
   Tensor g = ft::random_tensor(s, rng);
-  Tensor y = poisoned(s), lse = poisoned(Shape{1, 2, 5});
-  Tensor dq = poisoned(s), dk = poisoned(s), dv = poisoned(s);
-  kernels::attention_forward(ctx(), q, k, v, scale, y, lse);
-  kernels::attention_backward(ctx(), q, k, v, scale, y, lse, g, dq, dk, dv);
+  Tensor qd = up(q), kd = up(k), vd = up(v), gd = up(g);
+  Tensor yd = poisoned(s), ld = poisoned(Shape{1, 2, 5});
+  Tensor dqd = poisoned(s), dkd = poisoned(s), dvd = poisoned(s);
+  kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
+  kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
+  const Tensor dq = down(dqd), dk = down(dkd), dv = down(dvd);
   auto loss = [&] {
+    Tensor qq = up(q), kk = up(k), vv = up(v);
     Tensor yy = poisoned(s), ll = poisoned(Shape{1, 2, 5});
-    kernels::attention_forward(ctx(), q, k, v, scale, yy, ll);
+    kernels::attention_forward(ctx(), qq, kk, vv, scale, yy, ll);
+    const Tensor yh = down(yy);
     double l = 0;
-    for (int64_t i = 0; i < yy.numel(); ++i) l += double(g.f32()[i]) * yy.f32()[i];
+    for (int64_t i = 0; i < yh.numel(); ++i) l += double(g.f32()[i]) * yh.f32()[i];
     return l;
   };
   const double h = 1e-2;
@@ -142,6 +147,129 @@ TEST_P(AttentionOnBackend, BackwardAgainstCentralDifferences) {
     }
     EXPECT_GT(ft::l2_norm(*dx), 0.0) << name;
   }
+}
+
+// A host tensor of type t (BF16 or F16) holding x's values rounded to t; x
+// itself becomes those rounded values (the reference's operands).
+Tensor to_low(Tensor& x, DType t) {
+  Tensor l = Tensor::empty(x.shape(), t);
+  auto* o = l.data<uint16_t>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    o[i] = t == DType::BF16 ? half::bf16_from_float(x.f32()[i]) : half::f16_from_float(x.f32()[i]);
+    x.f32()[i] = t == DType::BF16 ? half::float_from_bf16(o[i]) : half::float_from_f16(o[i]);
+  }
+  return l;
+}
+// A low-type host tensor widened to float32.
+Tensor from_low(const Tensor& l) {
+  Tensor x = Tensor::empty(l.shape());
+  const auto* in = l.data<uint16_t>();
+  for (int64_t i = 0; i < l.numel(); ++i)
+    x.f32()[i] = l.dtype() == DType::BF16 ? half::float_from_bf16(in[i]) : half::float_from_f16(in[i]);
+  return x;
+}
+// A low-type output full of NaN.
+Tensor nan_low(const Shape& s, DType t) {
+  Tensor l = Tensor::empty(s, t);
+  std::fill(l.data<uint16_t>(), l.data<uint16_t>() + l.numel(), uint16_t(t == DType::BF16 ? 0x7FC0 : 0x7E00));
+  return l;
+}
+// Every element within rtol * max(1e-3, max |want|) of want; NaN fails.
+::testing::AssertionResult within_peak(const Tensor& got, const std::vector<double>& want, double rtol) {
+  double peak = 1e-3;
+  for (double w : want) peak = std::max(peak, std::abs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(double(got.f32()[i]) - want[i]);
+    if (!(d <= rtol * peak))
+      return ::testing::AssertionFailure() << "element " << i << ": " << got.f32()[i] << " vs " << want[i]
+                                           << " (tolerance " << rtol * peak << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// bfloat16 and float16 q, k, v, dy (CUDA): y, dq, dk, dv in that type within
+// 2e-2 of their largest magnitude, lse (float32) within 1e-4, against the
+// float64 reference on the rounded operands. The CPU refuses them.
+TEST_P(AttentionOnBackend, LowPrecisionAgainstFloat64) {
+  std::mt19937_64 rng(33);
+  const int64_t B = 2, H = 2;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int64_t T : {1, 7, 64, 256})
+      for (int64_t D : {16, 64}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " T=" << T << " D=" << D);
+        const Shape s{B, H, T, D};
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
+        Tensor g = ft::random_tensor(s, rng);
+        Tensor qd = up(to_low(q, dt)), kd = up(to_low(k, dt)), vd = up(to_low(v, dt)), gd = up(to_low(g, dt));
+        Tensor yd = up(nan_low(s, dt)), ld = poisoned(Shape{B, H, T});
+        Tensor dqd = up(nan_low(s, dt)), dkd = up(nan_low(s, dt)), dvd = up(nan_low(s, dt));
+        if (!on_cuda()) {
+          ft::expect_user_error([&] { kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld); },
+                                {"attention_forward", dtype_name(dt), "float32 only"});
+          ft::expect_user_error(
+              [&] { kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd); },
+              {"attention_backward", dtype_name(dt), "float32 only"});
+          continue;  // float32 only on the CPU
+        }
+        kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
+        kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
+        const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
+        const Tensor y = from_low(down(yd)), lse = down(ld);
+        const Tensor dq = from_low(down(dqd)), dk = from_low(down(dkd)), dv = from_low(down(dvd));
+        EXPECT_TRUE(within_peak(y, r.y, 2e-2)) << "y";
+        EXPECT_TRUE(within_peak(lse, r.lse, 1e-4)) << "lse";
+        EXPECT_TRUE(within_peak(dq, r.dq, 2e-2)) << "dq";
+        EXPECT_TRUE(within_peak(dk, r.dk, 2e-2)) << "dk";
+        EXPECT_TRUE(within_peak(dv, r.dv, 2e-2)) << "dv";
+        for (const Tensor* t : {&y, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
+      }
+}
+
+// A second call at the same sizes allocates nothing (the CUDA backend's
+// T x T scratch lives in the context's grow-only workspace), in float32 and,
+// on CUDA, bfloat16.
+TEST_P(AttentionOnBackend, WarmCallsAllocateNothing) {
+  std::mt19937_64 rng(34);
+  const Shape s{2, 3, 33, 16};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    if (dt != DType::F32 && !on_cuda()) continue;
+    SCOPED_TRACE(dtype_name(dt));
+    auto make = [&] {
+      Tensor h = ft::random_tensor(s, rng);
+      return up(dt == DType::F32 ? h : to_low(h, dt));
+    };
+    Tensor q = make(), k = make(), v = make(), g = make(), y = make(), dq = make(), dk = make(), dv = make();
+    Tensor lse = poisoned(Shape{2, 3, 33});
+    auto step = [&] {
+      kernels::attention_forward(ctx(), q, k, v, 0.25f, y, lse);
+      kernels::attention_backward(ctx(), q, k, v, 0.25f, y, lse, g, dq, dk, dv);
+    };
+    step();
+    const AllocStats before = alloc_stats();
+    const size_t ws = ctx().workspace_size();
+    step();
+    step();
+    const AllocStats after = alloc_stats();
+    EXPECT_EQ(after.device_allocs, before.device_allocs);
+    EXPECT_EQ(after.host_allocs, before.host_allocs);
+    EXPECT_EQ(ctx().workspace_size(), ws);
+    down(dq);  // finish the queued work before the tensors go
+  }
+}
+
+// Mixed dtypes throw on every backend.
+TEST_P(AttentionOnBackend, MixedDtypesThrow) {
+  const Shape s{1, 2, 4, 3};
+  Tensor q = up(Tensor::zeros(s)), k = up(Tensor::zeros(s)), v = up(Tensor::zeros(s)), y = up(Tensor::zeros(s));
+  Tensor lse = up(Tensor::zeros(Shape{1, 2, 4}));
+  Tensor kb = up(Tensor::zeros(s, DType::BF16)), yb = up(Tensor::zeros(s, DType::BF16));
+  Tensor lse_b = up(Tensor::zeros(Shape{1, 2, 4}, DType::BF16));
+  EXPECT_THROW(kernels::attention_forward(ctx(), q, kb, v, 1.0f, y, lse), Error);
+  EXPECT_THROW(kernels::attention_forward(ctx(), q, k, v, 1.0f, yb, lse), Error);
+  EXPECT_THROW(kernels::attention_forward(ctx(), q, k, v, 1.0f, y, lse_b), Error);
+  Tensor dq = up(Tensor::zeros(s)), dk = up(Tensor::zeros(s)), dvb = up(Tensor::zeros(s, DType::BF16));
+  EXPECT_THROW(kernels::attention_backward(ctx(), q, k, v, 1.0f, y, lse, y, dq, dk, dvb), Error);
 }
 
 TEST(Attention, BadArgumentsThrow) {
