@@ -2,23 +2,30 @@
 // CrossEntropyLoss, reduction = mean), and accuracy counting; mean squared
 // error (PyTorch's MSELoss) by rows, and the argmax of planes (heatmaps).
 #pragma once
+#include <cstdint>
+
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
 namespace fanout::kernels {
 
+// A label of -1 marks a row the loss ignores (torch's ignore_index, as
+// nanoGPT sets it): its loss and gradient are 0 and the mean skips it.
+inline constexpr int32_t kIgnoreLabel = -1;
+
 FANOUT_KERNEL_OPS(
-// logits (N, K) float32, labels (N) int32 in [0, K).
-// loss (1) is written (=) with the mean over the batch of
-//   (1 - s) * (-log p[label]) + s * mean_k(-log p[k]).
+// logits (N, K) float32, labels (N) int32 in [0, K) or kIgnoreLabel.
+// loss (1) is written (=) with the mean over the rows not ignored of
+//   (1 - s) * (-log p[label]) + s * mean_k(-log p[k])  (NaN if all are ignored).
 // probs (N, K) is written (=) with the softmax, kept for backward.
 // row_loss (N) float32, when given, is written (=) with each row's loss
 // (rounded to float), which callers sum exactly and in any grouping.
 // Labels out of range throw (CPU) or are reported through the loss as NaN (CUDA).
 void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
                           Tensor& loss, Tensor* row_loss = nullptr);
-// dlogits (=) = scale * (probs - ((1 - s) * onehot + s / K)); scale is usually 1 / N_global.
+// dlogits (=) = scale * (probs - ((1 - s) * onehot + s / K)), 0 on ignored
+// rows; scale is usually 1 / N_global.
 void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
                            Tensor& dlogits);
 // correct (1, int32) is written (=) with the number of rows whose argmax equals the label

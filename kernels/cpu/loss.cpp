@@ -2,6 +2,7 @@
 // PyTorch's label smoothing, and accuracy counting.
 #include "kernels/loss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/core/error.h"
@@ -9,11 +10,11 @@
 namespace fanout::kernels::cpu {
 
 namespace {
-// Labels out of range are bad data, reported as one line.
+// Labels out of range are bad data, reported as one line; -1 (kIgnoreLabel) passes.
 // Rows are numbered in the user's batch (ctx.first_row: a replica's offset in it).
 inline int64_t checked_label(const Context& ctx, const int32_t* labels, int64_t i, int64_t k, const char* op) {
   const int64_t y = labels[i];
-  FANOUT_USER_CHECK(y >= 0 && y < k) << op << ": label " << y << " at batch row " << ctx.first_row + i
+  FANOUT_USER_CHECK((y >= 0 && y < k) || y == kIgnoreLabel) << op << ": label " << y << " at batch row " << ctx.first_row + i
                                      << " is outside [0, " << k << ")";
   return y;
 }
@@ -28,8 +29,10 @@ void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labe
   const double s = smoothing;
   float* rl = row_loss ? row_loss->f32() : nullptr;  // (N)
   double total = 0.0;
+  int64_t counted = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t y = checked_label(ctx, yp, i, k, "softmax_xent_forward");
+    const bool ignored = y == kIgnoreLabel;
     const float* z = zp + i * k;
     float* p = pp + i * k;
     float m = z[0];
@@ -45,13 +48,14 @@ void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labe
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t j = 0; j < k; ++j) p[j] *= inv;
     const double lse = std::log(sum);
-    const double nll = lse - (static_cast<double>(z[y]) - m);            // -log p_y
-    const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
-    const double li = (1.0 - s) * nll + s * mean_nll;
+    const double nll = ignored ? 0.0 : lse - (static_cast<double>(z[y]) - m);  // -log p_y
+    const double mean_nll = lse - sum_shifted / static_cast<double>(k);        // mean_k(-log p_k)
+    const double li = ignored ? 0.0 : (1.0 - s) * nll + s * mean_nll;
     if (rl) rl[i] = static_cast<float>(li);
     total += li;
+    counted += ignored ? 0 : 1;
   }
-  loss.f32()[0] = static_cast<float>(total / static_cast<double>(n));
+  loss.f32()[0] = static_cast<float>(total / static_cast<double>(counted));  // NaN when every row is ignored
 }
 
 void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
@@ -66,6 +70,10 @@ void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labe
     const int64_t y = checked_label(ctx, yp, i, k, "softmax_xent_backward");
     const float* p = pp + i * k;
     float* d = dp + i * k;
+    if (y == kIgnoreLabel) {
+      std::fill(d, d + k, 0.0f);
+      continue;
+    }
     for (int64_t j = 0; j < k; ++j) d[j] = scale * (p[j] - off);
     d[y] -= scale * on;
   }

@@ -2,7 +2,8 @@
 // double) with PyTorch's label smoothing, its backward, and accuracy counting;
 // CPU counterparts in kernels/cpu/loss.cpp. Labels are not range-checked on
 // the host (that would need a sync): a row with a label outside [0, K) gets a
-// NaN loss, so the batch loss is NaN, and NaN gradients in backward.
+// NaN loss, so the batch loss is NaN, and NaN gradients in backward; a row
+// labelled kIgnoreLabel (-1) gets loss and gradient 0.
 #include "kernels/loss.h"
 
 #include "kernels/cuda/common.cuh"
@@ -29,7 +30,7 @@ __global__ void xent_forward_kernel(const float* __restrict__ logits, const int3
   m = detail::warp_max(m);
   // Read the label's logit before probs are written (in case they alias).
   const int32_t y = labels[row];
-  const bool valid = y >= 0 && y < k;
+  const bool valid = y >= 0 && y < k, ignored = y == kIgnoreLabel;
   const double zy = valid ? static_cast<double>(z[y]) : 0.0;
   double sum = 0.0, sum_shifted = 0.0;
   for (int64_t j = lane; j < k; j += 32) {
@@ -51,19 +52,23 @@ __global__ void xent_forward_kernel(const float* __restrict__ logits, const int3
     const double lse = log(sum);
     const double nll = lse - (zy - m);
     const double mean_nll = lse - sum_shifted / static_cast<double>(k);
-    const double li = valid ? (1.0 - smoothing) * nll + smoothing * mean_nll : CUDART_NAN;
+    const double li = valid ? (1.0 - smoothing) * nll + smoothing * mean_nll : ignored ? 0.0 : CUDART_NAN;
     row_loss[row] = li;
     if (row_loss_f) row_loss_f[row] = static_cast<float>(li);
   }
 }
 
-// loss[0] = mean of row_loss, one block, fixed order (deterministic).
-__global__ void __launch_bounds__(1024)
-    mean_kernel(const double* __restrict__ row_loss, int64_t n, float* __restrict__ loss) {
-  double a = 0.0, unused = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) a += row_loss[i];
-  detail::block_sum2(a, unused);
-  if (threadIdx.x == 0) loss[0] = static_cast<float>(a / static_cast<double>(n));
+// loss[0] = mean of row_loss over the rows not ignored, one block, fixed order (deterministic).
+__global__ void __launch_bounds__(1024) mean_kernel(const double* __restrict__ row_loss,
+                                                    const int32_t* __restrict__ labels, int64_t n,
+                                                    float* __restrict__ loss) {
+  double a = 0.0, counted = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    a += row_loss[i];
+    counted += labels[i] == kIgnoreLabel ? 0.0 : 1.0;
+  }
+  detail::block_sum2(a, counted);
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(a / counted);  // NaN when every row is ignored
 }
 
 // dlogits = scale * (probs - ((1 - s) * onehot + s / K)); NaN rows for bad labels.
@@ -76,7 +81,8 @@ __global__ void xent_backward_kernel(const float* probs, const int32_t* __restri
     const int32_t y = labels[row];
     float d = scale * (probs[i] - off);
     if (j == static_cast<I>(y)) d -= scale * on;
-    if (y < 0 || static_cast<I>(y) >= k) d = CUDART_NAN_F;
+    if (y == kIgnoreLabel) d = 0.0f;
+    else if (y < 0 || static_cast<I>(y) >= k) d = CUDART_NAN_F;
     dlogits[i] = d;
   }
 }
@@ -191,7 +197,7 @@ void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labe
       logits.f32(), labels.data<int32_t>(), n, k, static_cast<double>(smoothing), probs.f32(), row_loss,
       row_loss_f ? row_loss_f->f32() : nullptr);
   FANOUT_CUDA_CHECK_LAUNCH();
-  mean_kernel<<<1, 1024, 0, st>>>(row_loss, n, loss.f32());
+  mean_kernel<<<1, 1024, 0, st>>>(row_loss, labels.data<int32_t>(), n, loss.f32());
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 

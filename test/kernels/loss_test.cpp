@@ -5,10 +5,11 @@
 // (CPU throws, CUDA reports NaN) and shape errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend_test_util.h"
@@ -147,7 +148,7 @@ TEST_P(SoftmaxXentOnBackend, LabelOutOfRangeGivesNanLossOnCuda) {
   const int64_t n = 9;
   const int k = 10;
   Tensor labels = ft::random_labels(n, k, rng);
-  for (int32_t bad : {-1, k, 1000}) {
+  for (int32_t bad : {-2, k, 1000}) {  // -1 is the ignored label
     SCOPED_TRACE(bad);
     labels.data<int32_t>()[4] = bad;
     Tensor zd = up(ft::random_tensor(Shape{n, k}, rng)), yd = up(labels);
@@ -162,6 +163,49 @@ TEST_P(SoftmaxXentOnBackend, LabelOutOfRangeGivesNanLossOnCuda) {
     EXPECT_TRUE(std::isnan(dl.f32()[4 * k])) << "the bad row's gradient is NaN";
     EXPECT_FALSE(std::isnan(dl.f32()[0])) << "other rows are finite";
   }
+}
+
+// Label -1 (kernels::kIgnoreLabel, torch's ignore_index as nanoGPT sets it):
+// the row's loss and gradient are 0 and the mean is over the other rows
+// (NaN when every row is ignored, as torch's).
+TEST_P(SoftmaxXentOnBackend, IgnoredRowsHaveNoLossOrGradient) {
+  std::mt19937_64 rng(24);
+  const int64_t n = 7, k = 9;
+  Tensor z = ft::random_tensor(Shape{n, k}, rng, -3.0f, 3.0f), labels = ft::random_labels(n, k, rng);
+  for (int64_t i : {1, 4, 5}) labels.data<int32_t>()[i] = kernels::kIgnoreLabel;
+  Tensor zd = up(z), yd = up(labels), pd = poisoned(Shape{n, k}), lossd = poisoned(Shape{1}), rows = poisoned(Shape{n});
+  kernels::softmax_xent_forward(ctx(), zd, yd, 0.1f, pd, lossd, &rows);
+  Tensor dld = poisoned(Shape{n, k});
+  kernels::softmax_xent_backward(ctx(), pd, yd, 0.1f, 0.5f, dld);
+  const Tensor rl = down(rows), dl = down(dld);
+  double total = 0;
+  int counted = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int y = labels.data<int32_t>()[i];
+    double mx = -1e300, sum = 0, mean_logit = 0;
+    for (int64_t j = 0; j < k; ++j) mx = std::max(mx, double(z.f32()[i * k + j]));
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(double(z.f32()[i * k + j]) - mx), mean_logit += z.f32()[i * k + j];
+    const double lse = std::log(sum) + mx;
+    if (y == kernels::kIgnoreLabel) {
+      EXPECT_EQ(rl.f32()[i], 0.0f) << "row " << i;
+      for (int64_t j = 0; j < k; ++j) EXPECT_EQ(dl.f32()[i * k + j], 0.0f) << "row " << i;
+      continue;
+    }
+    const double want = 0.9 * (lse - z.f32()[i * k + y]) + 0.1 * (lse - mean_logit / k);
+    EXPECT_NEAR(rl.f32()[i], want, 1e-5 * std::abs(want)) << "row " << i;
+    for (int64_t j = 0; j < k; ++j) {
+      const double p = std::exp(double(z.f32()[i * k + j]) - lse);
+      const double g = 0.5 * (p - 0.1 / k - (j == y ? 0.9 : 0.0));
+      EXPECT_NEAR(dl.f32()[i * k + j], g, 1e-6) << "row " << i << " column " << j;
+    }
+    total += want;
+    ++counted;
+  }
+  EXPECT_NEAR(down(lossd).f32()[0], total / counted, 1e-5 * total / counted);
+  for (int64_t i = 0; i < n; ++i) labels.data<int32_t>()[i] = kernels::kIgnoreLabel;
+  Tensor all = up(labels);
+  kernels::softmax_xent_forward(ctx(), zd, all, 0.0f, pd, lossd);
+  EXPECT_TRUE(std::isnan(down(lossd).f32()[0])) << "the mean of no rows";
 }
 
 TEST_P(CountCorrect, FirstMaximumWins) {
@@ -199,7 +243,7 @@ TEST(SoftmaxXent, LabelOutOfRangeThrowsOneLine) {
   std::mt19937_64 rng(83);
   Tensor z = ft::random_tensor(Shape{3, 5}, rng), labels = ft::random_labels(3, 5, rng);
   Tensor probs = Tensor::empty(Shape{3, 5}), loss = Tensor::empty(Shape{1});
-  for (int32_t bad : {5, -1, 1000}) {
+  for (int32_t bad : {5, -2, 1000}) {  // -1 is the ignored label
     labels.data<int32_t>()[1] = bad;
     try {
       kernels::softmax_xent_forward(ctx, z, labels, 0.0f, probs, loss);

@@ -1,0 +1,23 @@
+// Attention heads in and out of token rows: a layout change between a
+// linear layer's (B, T, C) output, whose columns [offset, offset + H * D)
+// hold H heads of D features per token, and attention's (B, H, T, D). Pure
+// copies (no arithmetic), so every backend's bits agree. float32, or
+// bfloat16 / float16 (2-byte elements copied as they are).
+#pragma once
+#include <cstdint>
+
+#include "kernels/declare.h"
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels {
+
+FANOUT_KERNEL_OPS(
+// heads (B, H, T, D) (=): heads[b, h, t, d] = rows[b, t, offset + h * D + d];
+// rows (B, T, C) with offset + H * D <= C.
+void heads_from_rows(Context& ctx, const Tensor& rows, int64_t offset, Tensor& heads);
+// rows[b, t, offset + h * D + d] (=) heads[b, h, t, d]; rows' other columns untouched.
+void heads_to_rows(Context& ctx, const Tensor& heads, int64_t offset, Tensor& rows);
+)
+
+}  // namespace fanout::kernels
