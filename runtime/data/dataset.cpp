@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
+
+#include <cstring>
 #include "runtime/data/keypoints.h"
 #include "runtime/data/transforms.h"
 
@@ -92,10 +95,11 @@ void ImageDataset::normalized(int64_t i, float* out) const {
   }
 }
 
-void ImageDataset::get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const {
-  load_sample(*this, i, draw.augment ? *draw.augment : Augment{}, draw.seed, draw.epoch, x);  // checks i
-  if (dense_targets()) render_target(i, y);
-  else *label = labels.data<int32_t>()[i];
+void ImageDataset::get(int64_t i, const SampleDraw& draw, void* x, void* y) const {
+  load_sample(*this, i, draw.augment ? *draw.augment : Augment{}, draw.seed, draw.epoch,
+              static_cast<float*>(x));  // checks i
+  if (dense_targets()) render_target(i, static_cast<float*>(y));
+  else *static_cast<int32_t*>(y) = labels.data<int32_t>()[i];
 }
 
 void ImageDataset::check(const Augment& augment) const {
@@ -133,45 +137,41 @@ void Dataset::check(const Augment& augment) const {
 TensorDataset::TensorDataset(Tensor inputs, Tensor targets, std::string n)
     : inputs_(std::move(inputs)), targets_(std::move(targets)) {
   name = std::move(n);
-  FANOUT_USER_CHECK(inputs_.defined() && inputs_.dim() >= 1 && inputs_.dtype() == DType::F32 &&
-                    inputs_.device().is_cpu())
-      << "TensorDataset '" << name << "': inputs must be a (N, ...) float32 tensor on the CPU, got "
+  FANOUT_USER_CHECK(inputs_.defined() && inputs_.dim() >= 1 &&
+                    (inputs_.dtype() == DType::F32 || inputs_.dtype() == DType::I32) && inputs_.device().is_cpu())
+      << "TensorDataset '" << name << "': inputs must be a (N, ...) float32 or int32 tensor on the CPU, got "
       << (inputs_.defined() ? inputs_.shape().str() + " " + dtype_name(inputs_.dtype()) + " on " +
                                   inputs_.device().str()
                             : std::string("none"));
   FANOUT_USER_CHECK(targets_.defined() && targets_.dim() >= 1 && targets_.device().is_cpu() &&
-                    (targets_.dtype() == DType::F32 || (targets_.dtype() == DType::I32 && targets_.dim() == 1)))
-      << "TensorDataset '" << name << "': targets must be (N) int32 class indices or (N, ...) float32 on the CPU, got "
+                    (targets_.dtype() == DType::F32 || targets_.dtype() == DType::I32))
+      << "TensorDataset '" << name << "': targets must be (N, ...) int32 class indices or float32 on the CPU, got "
       << (targets_.defined() ? targets_.shape().str() + " " + dtype_name(targets_.dtype()) : std::string("none"));
   FANOUT_USER_CHECK(targets_.size(0) == inputs_.size(0))
       << "TensorDataset '" << name << "' has " << inputs_.size(0) << " inputs but " << targets_.size(0) << " targets";
   kind_ = targets_.dtype() == DType::I32 ? TargetKind::ClassIndex : TargetKind::Dense;
   if (kind_ == TargetKind::ClassIndex) {
+    // Per-sample labels are class indices; per-position ones may be -1 (ignored by the sequence loss).
+    const int32_t lowest = targets_.dim() == 1 ? 0 : -1;
+    const int64_t per = targets_.numel() / std::max<int64_t>(1, targets_.size(0));
     for (int64_t i = 0; i < targets_.numel(); ++i) {
-      FANOUT_USER_CHECK(targets_.data<int32_t>()[i] >= 0)
-          << "TensorDataset '" << name << "': label " << targets_.data<int32_t>()[i] << " of sample " << i
-          << " is negative";
+      FANOUT_USER_CHECK(targets_.data<int32_t>()[i] >= lowest)
+          << "TensorDataset '" << name << "': label " << targets_.data<int32_t>()[i] << " of sample " << i / per
+          << " is " << (lowest == 0 ? "negative" : "below -1 (the ignored index)");
     }
   }
   sample_.ndim = inputs_.dim() - 1;
   for (int d = 0; d < sample_.ndim; ++d) sample_.d[d] = inputs_.size(d + 1);
-  if (kind_ == TargetKind::Dense) {
-    target_.ndim = targets_.dim() - 1;
-    for (int d = 0; d < target_.ndim; ++d) target_.d[d] = targets_.size(d + 1);
-  }
+  target_.ndim = targets_.dim() - 1;
+  for (int d = 0; d < target_.ndim; ++d) target_.d[d] = targets_.size(d + 1);
 }
 
-void TensorDataset::get(int64_t i, const SampleDraw&, float* x, int32_t* label, float* y) const {
+void TensorDataset::get(int64_t i, const SampleDraw&, void* x, void* y) const {
   FANOUT_USER_CHECK(0 <= i && i < size())
       << "sample index " << i << " is out of range for dataset '" << name << "' with " << size() << " samples";
-  const int64_t n = sample_.numel();
-  std::copy(inputs_.f32() + i * n, inputs_.f32() + (i + 1) * n, x);
-  if (kind_ == TargetKind::ClassIndex) {
-    *label = targets_.data<int32_t>()[i];
-  } else {
-    const int64_t m = target_.numel();
-    std::copy(targets_.f32() + i * m, targets_.f32() + (i + 1) * m, y);
-  }
+  const size_t n = static_cast<size_t>(sample_.numel()) * 4, m = static_cast<size_t>(target_.numel()) * 4;
+  std::memcpy(x, static_cast<const char*>(inputs_.raw()) + static_cast<size_t>(i) * n, n);  // float32 and int32 alike
+  std::memcpy(y, static_cast<const char*>(targets_.raw()) + static_cast<size_t>(i) * m, m);
 }
 
 void ImageDataset::render_target(int64_t i, float* out) const {

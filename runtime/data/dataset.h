@@ -20,8 +20,9 @@ namespace fanout::data {
 
 struct Augment;
 
-// Targets: one class index per sample (int32, for cross-entropy) or dense
-// float32 values of target_shape() (for mse).
+// Targets: class indices, int32 of target_shape() (() one per sample, (T)
+// one per position of a sequence; for cross-entropy), or dense float32
+// values of target_shape() (for mse).
 enum class TargetKind { ClassIndex, Dense };
 
 // What one epoch's draw of a sample depends on: augmenting datasets seed
@@ -33,9 +34,10 @@ struct SampleDraw {
 };
 
 // The interface the DataLoader drives (with its workers, pinned buffers and
-// deterministic order): sample i is float32 of sample_shape(); its target a
-// class index or float32 of target_shape(). get() runs on the loader's
-// worker threads at once, so it must only read the dataset.
+// deterministic order): sample i is input_dtype() of sample_shape() (float32
+// values, or int32 token ids); its target int32 class indices or float32
+// values of target_shape(). get() runs on the loader's worker threads at
+// once, so it must only read the dataset.
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -46,9 +48,12 @@ class Dataset {
   // A dense target's shape (a sample's; () for one value); () for class indices.
   virtual Shape target_shape() const = 0;
   bool dense_targets() const { return target_kind() == TargetKind::Dense; }
-  // Writes sample i into x (sample_shape().numel() floats) and its target
-  // into *label (class indices) or y (target_shape().numel() floats).
-  virtual void get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const = 0;
+  // F32 or I32 (token ids).
+  virtual DType input_dtype() const { return DType::F32; }
+  DType target_dtype() const { return dense_targets() ? DType::F32 : DType::I32; }
+  // Writes sample i into x (sample_shape().numel() values of input_dtype())
+  // and its target into y (target_shape().numel() values of target_dtype()).
+  virtual void get(int64_t i, const SampleDraw& draw, void* x, void* y) const = 0;
   // One-line error when the dataset cannot serve batches with these
   // options (augmentation it cannot apply, inconsistent tensors); called
   // when a loader is built.
@@ -56,9 +61,10 @@ class Dataset {
 };
 
 // In-memory samples of any shape: inputs (N, ...) float32, passed as they
-// are (normalize them first if the model wants it); targets (N) int32 class
-// indices, or (N, ...) float32 dense targets (N alone: one value per
-// sample). Both on the CPU; the tensors are shared, not copied.
+// are (normalize them first if the model wants it), or int32 token ids;
+// targets (N, ...) int32 class indices (N alone: one per sample; -1 marks
+// a position a sequence loss ignores), or (N, ...) float32 dense targets.
+// Both on the CPU; the tensors are shared, not copied.
 class TensorDataset : public Dataset {
  public:
   // One-line errors for tensors that do not fit these rules.
@@ -67,7 +73,8 @@ class TensorDataset : public Dataset {
   Shape sample_shape() const override { return sample_; }
   TargetKind target_kind() const override { return kind_; }
   Shape target_shape() const override { return target_; }
-  void get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const override;
+  DType input_dtype() const override { return inputs_.dtype(); }
+  void get(int64_t i, const SampleDraw& draw, void* x, void* y) const override;
   const Tensor& inputs() const { return inputs_; }
   const Tensor& targets() const { return targets_; }
 
@@ -101,7 +108,7 @@ struct ImageDataset : Dataset {
   TargetKind target_kind() const override { return landmarks.defined() ? TargetKind::Dense : TargetKind::ClassIndex; }
   // A sample's target: () for a class label, (K, spatial...) for heatmaps.
   Shape target_shape() const override;
-  void get(int64_t i, const SampleDraw& draw, float* x, int32_t* label, float* y) const override;
+  void get(int64_t i, const SampleDraw& draw, void* x, void* y) const override;
   void check(const Augment& augment) const override;
   // Channel c's (mean, std): the statistics', or (0, 1) without them.
   std::pair<float, float> channel_stats(int64_t c) const;

@@ -40,11 +40,11 @@ DataLoader::DataLoader(const Dataset& ds, std::unique_ptr<Sampler> sampler, cons
   ds.check(o.augment);
   pinned_ = o.pin_memory && cuda_device_count() > 0;  // page-locking needs a CUDA driver
   sample_numel_ = ds.sample_shape().numel();
-  target_numel_ = ds.dense_targets() ? ds.target_shape().numel() : 0;
+  target_numel_ = ds.target_shape().numel();
   {
     const double slots = o.workers == 0 ? 1.0 : static_cast<double>(o.workers) * o.prefetch;
     const double bytes = slots * static_cast<double>(std::min(o.batch_size, std::max<int64_t>(1, sampler_->size()))) *
-                         static_cast<double>((sample_numel_ + std::max<int64_t>(target_numel_, 1)) * sizeof(float));
+                         static_cast<double>((sample_numel_ + target_numel_) * 4);  // float32 or int32 each
     const double budget = kMaxInFlightShare * physical_memory_bytes();
     FANOUT_USER_CHECK(budget <= 0 || bytes <= budget)
         << "the loader's batches in flight (" << o.workers << " workers x " << o.prefetch << " prefetch x batch "
@@ -89,9 +89,9 @@ Shape batch_shape(int64_t rows, const Shape& sample) {
 void DataLoader::allocate_slots(int64_t rows) {
   const Shape xs = batch_shape(rows, ds_.sample_shape());  // (rows, C, spatial...)
   const Shape ys = batch_shape(rows, ds_.target_shape());  // (rows) labels or (rows, K, spatial...) heatmaps
-  const DType yt = ds_.dense_targets() ? DType::F32 : DType::I32;
+  const DType xt = ds_.input_dtype(), yt = ds_.target_dtype();
   for (Slot& slot : slots_) {
-    slot.x = pinned_ ? Tensor::empty_pinned(xs, DType::F32) : Tensor::empty(xs, DType::F32);
+    slot.x = pinned_ ? Tensor::empty_pinned(xs, xt) : Tensor::empty(xs, xt);
     slot.y = pinned_ ? Tensor::empty_pinned(ys, yt) : Tensor::empty(ys, yt);
   }
   slot_rows_ = rows;
@@ -148,8 +148,10 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch, int64_t first_s
 
 bool DataLoader::build(int64_t b, Slot& s, uint64_t generation) {
   const int64_t rows = batch_rows(b), begin = first_sample_ + b * opts_.batch_size;
-  float* xp = s.x.f32();
-  const bool dense = ds_.dense_targets();
+  char* xp = static_cast<char*>(s.x.raw());
+  char* yp = static_cast<char*>(s.y.raw());
+  const int64_t xbytes = sample_numel_ * static_cast<int64_t>(dtype_size(s.x.dtype()));
+  const int64_t ybytes = target_numel_ * static_cast<int64_t>(dtype_size(s.y.dtype()));
   const SampleDraw draw{&opts_.augment, opts_.seed, epoch_};
   for (int64_t k = 0; k < rows; ++k) {
     if (generation_.load(std::memory_order_relaxed) != generation) return false;
@@ -157,8 +159,7 @@ bool DataLoader::build(int64_t b, Slot& s, uint64_t generation) {
     FANOUT_USER_CHECK(0 <= i && i < ds_.size())
         << "sample index " << i << " is out of range for dataset '" << ds_.name << "' with " << ds_.size()
         << " samples";
-    if (dense) ds_.get(i, draw, xp + k * sample_numel_, nullptr, s.y.f32() + k * target_numel_);
-    else ds_.get(i, draw, xp + k * sample_numel_, s.y.data<int32_t>() + k, nullptr);
+    ds_.get(i, draw, xp + k * xbytes, yp + k * ybytes);
   }
   return true;
 }

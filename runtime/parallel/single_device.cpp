@@ -18,7 +18,7 @@ void SingleDeviceEngine::forward_loss(const Tensor& x, const Tensor& y, bool tra
   const Tensor* xin = &x;
   const Tensor* yin = &y;
   if (!d.is_cpu()) {
-    ensure(xd_, x.shape(), DType::F32, d);
+    ensure(xd_, x.shape(), x.dtype(), d);
     ensure(yd_, y.shape(), y.dtype(), d);
     xd_.copy_from(x, &ctx_.compute());
     yd_.copy_from(y, &ctx_.compute());

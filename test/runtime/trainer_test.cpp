@@ -119,9 +119,9 @@ class SlowDataset : public data::Dataset {
   Shape sample_shape() const override { return d_.sample_shape(); }
   data::TargetKind target_kind() const override { return d_.target_kind(); }
   Shape target_shape() const override { return d_.target_shape(); }
-  void get(int64_t i, const data::SampleDraw& draw, float* x, int32_t* label, float* y) const override {
+  void get(int64_t i, const data::SampleDraw& draw, void* x, void* y) const override {
     std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s_));
-    d_.get(i, draw, x, label, y);
+    d_.get(i, draw, x, y);
   }
   void check(const data::Augment& augment) const override { d_.check(augment); }
 
