@@ -5,6 +5,7 @@
 
 #include "kernels/dropout.h"
 #include "runtime/core/error.h"
+#include "runtime/core/splitmix.h"
 #include "runtime/nn/autocast.h"
 
 namespace fanout::models {
@@ -19,7 +20,7 @@ Tensor Dropout::forward(const Tensor& x, Context& ctx) {
       << "Dropout cannot take input of shape " << x.shape().str() << " " << dtype_name(x.dtype());
   applied_ = ctx.training && p_ > 0.0f;
   if (!applied_) return x;
-  key_ = ctx.pass_key;
+  key_ = salt_ == 0 ? ctx.pass_key : splitmix64(ctx.pass_key ^ splitmix64(salt_));
   row_ = ctx.random_row;
   Tensor y = x;
   if (!inplace_) {

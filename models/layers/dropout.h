@@ -14,15 +14,23 @@ class Dropout : public Module {
   explicit Dropout(float p = 0.5f, bool inplace = false);
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
-  std::unique_ptr<Module> make_like() const override { return std::make_unique<Dropout>(p_, inplace_); }
+  std::unique_ptr<Module> make_like() const override {
+    auto m = std::make_unique<Dropout>(p_, inplace_);
+    m->set_salt(salt_);
+    return m;
+  }
   std::string type_name() const override { return "Dropout"; }
   float p() const { return p_; }
+  // Mixed into the pass's key, so that the dropout layers of one model draw
+  // independent masks (a transformer has one per block; 0 by default).
+  void set_salt(uint64_t salt) { salt_ = salt; }
+  uint64_t salt() const { return salt_; }
 
  private:
   float p_;
   bool inplace_;
   bool applied_ = false;  // the last forward dropped (training, p > 0)
-  uint64_t key_ = 0;
+  uint64_t key_ = 0, salt_ = 0;
   int64_t row_ = 0;
   Tensor y_;
 };

@@ -9,8 +9,9 @@
 
 namespace fanout::models {
 
-LayerNorm::LayerNorm(const Shape& normalized_shape, float eps, bool elementwise_affine)
-    : shape_(normalized_shape), eps_(eps), affine_(elementwise_affine), scale_(shape_, nullptr, nullptr) {
+LayerNorm::LayerNorm(const Shape& normalized_shape, float eps, bool elementwise_affine, bool bias)
+    : shape_(normalized_shape), eps_(eps), affine_(elementwise_affine), bias_(elementwise_affine && bias),
+      scale_(shape_, nullptr, nullptr) {
   FANOUT_USER_CHECK(shape_.ndim >= 1 && shape_.ndim < Shape::kMaxDims && shape_.numel() >= 1)
       << "LayerNorm: normalized_shape " << shape_.str() << " must have 1 to " << Shape::kMaxDims - 1
       << " positive dimensions";
@@ -19,8 +20,8 @@ LayerNorm::LayerNorm(const Shape& normalized_shape, float eps, bool elementwise_
   FANOUT_USER_CHECK(std::isfinite(eps) && eps >= 0) << "LayerNorm: eps must be non-negative, got " << eps;
   if (affine_) {
     Parameter& w = register_parameter("weight", shape_);
-    Parameter& b = register_parameter("bias", shape_);
-    scale_ = NormAffine(shape_, &w, &b);
+    Parameter* b = bias_ ? &register_parameter("bias", shape_) : nullptr;
+    scale_ = NormAffine(shape_, &w, b);
   }
 }
 

@@ -25,14 +25,20 @@ void Linear::reset_parameters(std::mt19937_64& rng) {
 }
 
 Tensor Linear::forward(const Tensor& x, Context& ctx) {
-  FANOUT_USER_CHECK(x.dim() == 2 && x.size(1) == in_)
+  FANOUT_USER_CHECK(x.dim() >= 2 && x.size(-1) == in_)
       << "Linear(" << in_ << ", " << out_ << ") cannot take input of shape " << x.shape().str();
-  const AutocastWeights::Cast in = autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr);
+  in_shape_ = x.shape();
+  const int64_t rows = x.numel() / in_;
+  const AutocastWeights::Cast in =
+      autocast_.forward(ctx, x.dim() == 2 ? x : x.view(Shape{rows, in_}), w_->value, b_ ? &b_->value : nullptr);
   x_ = in.x;
-  ensure(y_, Shape{x.size(0), out_}, ctx.device());
+  ensure(y_, Shape{rows, out_}, ctx.device());
   kernels::linear_forward(ctx, in.x, in.w, b_ ? &in.b : nullptr, y_);
   autocast_.round_output(ctx, y_);
-  return y_;
+  if (x.dim() == 2) return y_;
+  Shape ys = in_shape_;
+  ys[-1] = out_;
+  return y_.view(ys);
 }
 
 Tensor Linear::backward(const Tensor& dy, Context& ctx) {
@@ -41,12 +47,14 @@ Tensor Linear::backward(const Tensor& dy, Context& ctx) {
     ensure(dx_, x_.shape(), ctx.device());
     dx = &dx_;
   }
+  const Tensor dy2 = dy.dim() == 2 ? dy : dy.view(Shape{x_.size(0), out_});
   const AutocastWeights::Sinks low =
-      autocast_.backward_begin(ctx, dy, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
+      autocast_.backward_begin(ctx, dy2, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
   kernels::linear_backward(ctx, x_, *low.w, *low.dy, dx, *low.gw, low.gb);
   autocast_.backward_end(ctx, w_->grad, b_ ? &b_->grad : nullptr, dx);
   notify_grads_ready(ctx);
-  return input_grad() ? dx_ : Tensor();
+  if (!input_grad()) return Tensor();
+  return in_shape_.ndim == 2 ? dx_ : dx_.view(in_shape_);
 }
 
 }  // namespace fanout::models

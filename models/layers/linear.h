@@ -1,4 +1,5 @@
-// Linear layer, torch.nn.Linear: y = x W^T + b; x (N, in), W (out, in).
+// Linear layer, torch.nn.Linear: y = x W^T + b; x (N..., in) (any leading
+// dims, as torch's), W (out, in), y (N..., out).
 #pragma once
 #include "runtime/nn/autocast.h"
 #include "runtime/nn/module.h"
@@ -20,6 +21,7 @@ class Linear : public Module {
   int64_t in_, out_;
   Parameter* w_;
   Parameter* b_ = nullptr;
+  Shape in_shape_;  // x's shape (N..., in)
   Tensor x_, y_, dx_;
   AutocastWeights autocast_;
 };

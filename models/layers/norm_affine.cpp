@@ -9,7 +9,7 @@ void NormAffine::reset() {
   if (!affine()) return;
   FANOUT_CHECK(w_->value.device().is_cpu()) << "initialization runs on the CPU";
   w_->value.fill(1.0f);
-  b_->value.fill(0.0f);
+  if (b_) b_->value.fill(0.0f);
 }
 
 void NormAffine::ensure_identity(Context& ctx) {
@@ -27,17 +27,21 @@ const Tensor& NormAffine::gamma(Context& ctx) {
 }
 
 const Tensor& NormAffine::beta(Context& ctx) {
-  if (affine()) return b_->value;
+  if (b_) return b_->value;
   ensure_identity(ctx);
   return zeros_;
 }
 
 NormAffine::Grads NormAffine::grads(Context& ctx) {
-  if (affine()) return {w_->grad, b_->grad};
-  ensure(dgamma_, shape_, ctx.device());
-  ensure(dbeta_, shape_, ctx.device());
-  dgamma_.zero(&ctx.compute());  // the kernel adds into them
+  if (affine() && b_) return {w_->grad, b_->grad};
+  // Sinks of the gradients the layer has no parameter for, zeroed (the kernel
+  // adds into them), of the gradient arena's dtype.
+  const DType gt = affine() ? w_->grad.dtype() : DType::F32;
+  ensure(dgamma_, shape_, gt, ctx.device());
+  ensure(dbeta_, shape_, gt, ctx.device());
   dbeta_.zero(&ctx.compute());
+  if (affine()) return {w_->grad, dbeta_};
+  dgamma_.zero(&ctx.compute());
   return {dgamma_, dbeta_};
 }
 

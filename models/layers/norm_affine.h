@@ -9,7 +9,8 @@ namespace fanout::models {
 
 class NormAffine {
  public:
-  // w and b: the layer's registered weight and bias, or both null.
+  // w and b: the layer's registered weight and bias, both null, or a
+  // weight alone (torch's LayerNorm(bias=False): beta is 0).
   NormAffine(const Shape& shape, Parameter* w, Parameter* b) : shape_(shape), w_(w), b_(b) {}
   bool affine() const { return w_ != nullptr; }
   // Weight 1, bias 0 (on the CPU, before the model moves).

@@ -1,6 +1,8 @@
 // Sequential container.
 #include "models/layers/sequential.h"
 
+#include "runtime/core/error.h"
+
 namespace fanout::models {
 
 Tensor Sequential::forward(const Tensor& x, Context& ctx) {
@@ -36,6 +38,20 @@ void Sequential::set_input_grad(bool on) {
     c->set_input_grad(need);
     need = need || !c->named_parameters().empty();
   }
+}
+
+Tensor ModuleDict::forward(const Tensor&, Context&) {
+  FANOUT_FAIL() << "ModuleDict has no forward: the module that owns it calls its modules";
+}
+
+Tensor ModuleDict::backward(const Tensor&, Context&) {
+  FANOUT_FAIL() << "ModuleDict has no backward: the module that owns it calls its modules";
+}
+
+std::unique_ptr<Module> ModuleDict::make_like() const {
+  auto d = std::make_unique<ModuleDict>();
+  for (auto& [n, c] : children()) d->add(n, c->make_like());
+  return d;
 }
 
 }  // namespace fanout::models

@@ -1,5 +1,7 @@
 // Sequential container: children run in the order they were added; names are
-// the child names given (torch's Sequential uses "0", "1", ...).
+// the child names given (torch's Sequential uses "0", "1", ...). ModuleDict
+// (torch.nn.ModuleDict): named children and no forward of its own; the
+// module that owns it calls them (GPT's "transformer").
 #pragma once
 #include "runtime/nn/module.h"
 
@@ -23,6 +25,19 @@ class Sequential : public Module {
   void set_input_grad(bool on) override;
   size_t size() const { return children().size(); }
   Module& at(size_t i) { return *children()[i].second; }
+};
+
+class ModuleDict : public Module {
+ public:
+  template <class M>
+  M& add(const std::string& name, std::unique_ptr<M> m) {
+    return register_module(name, std::move(m));
+  }
+  // One-line error: the owner runs the children.
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::unique_ptr<Module> make_like() const override;
+  std::string type_name() const override { return "ModuleDict"; }
 };
 
 }  // namespace fanout::models

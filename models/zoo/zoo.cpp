@@ -10,6 +10,7 @@
 #include "models/layers/linear.h"
 #include "models/layers/pooling.h"
 #include "models/layers/upsample.h"
+#include "models/zoo/gpt.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"
 
@@ -175,8 +176,11 @@ const ZooEntry& zoo_entry(const std::string& name) {
 std::vector<std::string> model_names() {
   std::vector<std::string> out;
   for (const ZooEntry& e : kZoo) out.emplace_back(e.name);
+  out.emplace_back("gpt[:PRESET][,KEY=VALUE...]");
   return out;
 }
+
+bool is_gpt(const std::string& name) { return name == "gpt" || name.rfind("gpt:", 0) == 0; }
 
 bool dense_output(const std::string& name) {
   const ZooEntry* e = find_entry(name);
@@ -184,6 +188,16 @@ bool dense_output(const std::string& name) {
 }
 
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
+  if (is_gpt(name)) {
+    const GPTConfig c = parse_gpt_config(name.size() > 4 ? name.substr(4) : "", classes);
+    FANOUT_USER_CHECK(input.ndim == 1 && input[0] >= 1)
+        << "model gpt takes (T) token ids per sample, not samples of shape " << input.str();
+    FANOUT_USER_CHECK(input[0] <= c.block_size)
+        << "gpt: a sequence of " << input[0] << " tokens is longer than block_size " << c.block_size;
+    FANOUT_USER_CHECK(classes <= c.vocab_size)
+        << "gpt: the data has " << classes << " token ids, more than vocab_size " << c.vocab_size;
+    return gpt(c, seed);
+  }
   const ZooEntry& entry = zoo_entry(name);
   FANOUT_USER_CHECK(entry.dense || classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
   std::unique_ptr<Module> m = entry.build(input, classes);

@@ -34,12 +34,16 @@ std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_
 // statistics per sample, for small per-device batches of volumes.
 std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t width = 8, bool group_norm = false);
 
-// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d", "heatmap3d:group". Unknown names throw
+// "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d", "heatmap3d:group", and
+// "gpt:PRESET,KEY=VALUE,..." (models/zoo/gpt.h: samples are (T) token ids,
+// `classes` the data's vocabulary). Unknown names throw
 // a one-line error listing the known ones. The model is initialized from seed.
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed);
 std::vector<std::string> model_names();
 // Whether the model's output is dense (heatmaps) rather than class scores
 // (false for a name the zoo does not know: make_model says so).
 bool dense_output(const std::string& name);
+// Whether `name` is a GPT ("gpt" or "gpt:..."), whose loss is token_cross_entropy.
+bool is_gpt(const std::string& name);
 
 }  // namespace fanout::models

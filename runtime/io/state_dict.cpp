@@ -65,9 +65,14 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
   std::vector<std::pair<size_t, Tensor>> plan;  // model position, source (converted when needed)
   std::vector<bool> found(model.size(), false);
   std::map<std::string, std::string> seen;  // stripped name -> name in the file
+  std::map<std::string, std::string> alias;  // a tied parameter's second name -> its name
+  for (auto& [prefix, mod] : m.named_modules())
+    for (const auto& [a, own] : mod->tied_names())
+      alias.emplace(prefix.empty() ? a : prefix + "." + a, prefix.empty() ? own : prefix + "." + own);
   for (const auto& [file_name, src] : tensors) {
     std::string name = file_name;
     if (name.rfind("module.", 0) == 0) name = name.substr(7);
+    if (auto a = alias.find(name); a != alias.end()) name = a->second;
     auto [it, fresh] = seen.emplace(name, file_name);
     FANOUT_USER_CHECK(fresh) << "load_state_dict: the file has both " << it->second << " and " << file_name
                              << ", which name the same tensor";

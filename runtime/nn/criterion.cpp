@@ -1,6 +1,7 @@
 // Cross-entropy and mean-squared-error criteria.
 #include "runtime/nn/criterion.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/loss.h"
@@ -83,6 +84,79 @@ class CrossEntropy final : public Criterion {
   const std::string name_ = criterion_name(CriterionKind::CrossEntropy);
   float smoothing_;
   Tensor probs_, loss_, correct_, rows_, grad_, rows_h_, correct_h_;
+};
+
+class TokenCrossEntropy final : public Criterion {
+ public:
+  explicit TokenCrossEntropy(float smoothing) : smoothing_(smoothing) {}
+  const std::string& name() const override { return name_; }
+  bool dense_targets() const override { return false; }
+  void forward(Context& ctx, const Tensor& out, const Tensor& target, bool train, float grad_scale) override {
+    FANOUT_USER_CHECK(out.dim() == 3 && target.dtype() == DType::I32 &&
+                      target.dim() == 2 && target.size(0) == out.size(0) && target.size(1) == out.size(1))
+        << "token_cross_entropy: the output " << out.shape().str() << " must be (B, T, vocab) and the targets "
+        << "(B, T) int32 token ids, not " << dtype_name(target.dtype()) << " " << target.shape().str();
+    const Device d = ctx.device();
+    const int64_t b = out.size(0), t = out.size(1), v = out.size(2);
+    const Tensor logits = out.view(Shape{b * t, v}), labels = target.view(Shape{b * t});
+    ensure(probs_, Shape{b * t, v}, d);
+    ensure(loss_, Shape{1}, d);
+    ensure(correct_, Shape{1}, DType::I32, d);
+    ensure(tokens_, Shape{b * t}, d);
+    kernels::softmax_xent_forward(ctx, logits, labels, smoothing_, probs_, loss_, &tokens_);
+    kernels::count_correct(ctx, logits, labels, correct_);
+    targets_ = target;
+    rows_ = b;
+    if (train) {
+      // In place over the probabilities (a vocabulary-wide copy less); row loss = sum / T.
+      kernels::softmax_xent_backward(ctx, probs_, labels, smoothing_, grad_scale / static_cast<float>(t), probs_);
+      autocast_round(ctx, probs_);
+      grad_ = probs_.view(out.shape());
+    }
+  }
+  const Tensor& grad() const override { return grad_; }
+  StepResult read(Context& ctx) override {
+    to_host(ctx, tokens_, tokens_h_);
+    to_host(ctx, correct_, correct_h_);
+    const Tensor* labels = &targets_;
+    if (!targets_.device().is_cpu()) {
+      to_host(ctx, targets_, targets_h_);
+      labels = &targets_h_;
+    }
+    ctx.compute().synchronize();
+    const int64_t t = tokens_h_.numel() / rows_;
+    ensure(row_h_, Shape{rows_}, Device::cpu());
+    int64_t counted = 0;
+    for (int64_t r = 0; r < rows_; ++r) {
+      double sum = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        sum += tokens_h_.f32()[r * t + j];
+        counted += labels->data<int32_t>()[r * t + j] == kernels::kIgnoreLabel ? 0 : 1;
+      }
+      row_h_.f32()[r] = static_cast<float>(sum / static_cast<double>(t));
+    }
+    StepResult res = StepResult::of_rows(row_h_.f32(), rows_);
+    res.sums[kCorrectSum].add(static_cast<float>(correct_h_.data<int32_t>()[0]));
+    for (int64_t n = counted; n > 0; n -= std::min<int64_t>(n, 1 << 24))
+      res.sums[kTargetsSum].add(static_cast<float>(std::min<int64_t>(n, 1 << 24)));  // exact: at most 2^24 a time
+    return res;
+  }
+  int64_t result_bytes(const Shape& out) const override { return out[0] * out[1] * 8 + 4; }
+  std::unique_ptr<Criterion> clone() const override { return std::make_unique<TokenCrossEntropy>(smoothing_); }
+  std::vector<MetricSpec> metrics() const override {
+    MetricSpec acc = accuracy_metric();
+    acc.denominator = kTargetsSum;
+    acc.picks_best = false;  // a language model's best checkpoint is its lowest loss
+    return {acc};
+  }
+  std::vector<std::string> sum_names() const override { return {"correct", "targets"}; }
+  const char* loss_format() const override { return "%.4f"; }
+
+ private:
+  const std::string name_ = criterion_name(CriterionKind::TokenCrossEntropy);
+  float smoothing_;
+  int64_t rows_ = 0;
+  Tensor probs_, loss_, correct_, tokens_, targets_, grad_, tokens_h_, correct_h_, targets_h_, row_h_;
 };
 
 class MeanSquaredError final : public Criterion {
@@ -171,7 +245,13 @@ class MeanSquaredError final : public Criterion {
 
 }  // namespace
 
-const char* criterion_name(CriterionKind k) { return k == CriterionKind::Mse ? "mse" : "cross_entropy"; }
+const char* criterion_name(CriterionKind k) {
+  switch (k) {
+    case CriterionKind::Mse: return "mse";
+    case CriterionKind::TokenCrossEntropy: return "token_cross_entropy";
+    default: return "cross_entropy";
+  }
+}
 
 std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
   if (o.criterion == CriterionKind::Mse) {
@@ -180,6 +260,7 @@ std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
   }
   FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
       << "label smoothing must be in [0, 1), got " << o.label_smoothing;
+  if (o.criterion == CriterionKind::TokenCrossEntropy) return std::make_unique<TokenCrossEntropy>(o.label_smoothing);
   return std::make_unique<CrossEntropy>(o.label_smoothing);
 }
 

@@ -8,6 +8,13 @@
 //   cross_entropy  targets (N) int32 class indices; softmax cross-entropy
 //                  with label smoothing (torch.nn.CrossEntropyLoss); metric:
 //                  accuracy, the share of rows whose argmax is the label.
+//   token_cross_entropy  outputs (B, T, V) (a language model's logits),
+//                  targets (B, T) int32 token ids, -1 where the loss ignores
+//                  the position (torch's ignore_index, as nanoGPT); a row's
+//                  loss is the sum of its tokens' cross-entropy over T, so the
+//                  loss is the mean over the tokens when none is ignored (the
+//                  gradient's direction is torch's mean over the tokens in any
+//                  case); metric: accuracy over the targets not ignored.
 //   mse            targets float32 of the output's shape (dense targets;
 //                  torch.nn.MSELoss, reduction mean); for (N, C, spatial...)
 //                  outputs with 1 to 3 spatial dims, also the heatmap
@@ -75,16 +82,18 @@ struct MetricSpec {
 // kNearVoxels, and the distances (each rounded to float).
 inline constexpr int kCorrectSum = 0;
 inline constexpr int kPointsSum = 0, kNearSum = 1, kDistanceSum = 2;
+// token_cross_entropy: sums[kCorrectSum] the tokens predicted, sums[kTargetsSum] those not ignored.
+inline constexpr int kTargetsSum = 1;
 
 // Accuracy from sums[correct] (cross_entropy's metric, for criteria that count it too).
 MetricSpec accuracy_metric(int correct = kCorrectSum);
 
-enum class CriterionKind { CrossEntropy, Mse };
-const char* criterion_name(CriterionKind k);  // "cross_entropy", "mse"
+enum class CriterionKind { CrossEntropy, Mse, TokenCrossEntropy };
+const char* criterion_name(CriterionKind k);  // "cross_entropy", "mse", "token_cross_entropy"
 
 struct LossOptions {
   CriterionKind criterion = CriterionKind::CrossEntropy;
-  float label_smoothing = 0.0f;  // cross_entropy only
+  float label_smoothing = 0.0f;  // cross_entropy and token_cross_entropy
 };
 
 class Criterion {

@@ -114,6 +114,7 @@ void Module::bind(const std::shared_ptr<Arenas>& a) {
 void Module::init_tree(std::mt19937_64& rng) {
   reset_parameters(rng);
   for (auto& [n, c] : children_) c->init_tree(rng);
+  finish_init(rng);
 }
 
 void Module::init(uint64_t seed) {

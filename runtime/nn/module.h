@@ -61,8 +61,11 @@ class Module {
   virtual std::unique_ptr<Module> make_like() const = 0;
   virtual std::string type_name() const = 0;
   // Sets this module's own parameters and buffers to their initial values
-  // (called on CPU, children first). Default: nothing to initialize.
+  // (called on CPU, before the children's). Default: nothing to initialize.
   virtual void reset_parameters(std::mt19937_64& rng) {}
+  // Called after the whole subtree's reset_parameters: a model that
+  // initializes its tree by its own rule (nanoGPT's _init_weights) does it here.
+  virtual void finish_init(std::mt19937_64& rng) {}
   // Whether backward must return dx. Containers forward this to their first child.
   virtual void set_input_grad(bool on) { input_grad_ = on; }
   bool input_grad() const { return input_grad_; }
@@ -74,6 +77,14 @@ class Module {
   // Whether this layer (not its children) normalizes over the batch in
   // training, so that a sample's output depends on the other samples.
   virtual bool normalizes_over_batch() const { return false; }
+
+  // Parameters this module uses under a second name (weight tying: GPT's
+  // lm_head.weight is transformer.wte.weight), as (alias, the parameter's
+  // name), relative to this module. The parameter is one (one arena entry,
+  // one gradient, one optimizer state, one name in state_dict()); loading a
+  // state dict accepts it under either name, as PyTorch's safetensors
+  // load_model does.
+  virtual std::vector<std::pair<std::string, std::string>> tied_names() const { return {}; }
 
   // Training flag for the whole subtree (BatchNorm reads it).
   void train(bool on = true);

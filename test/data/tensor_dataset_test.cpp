@@ -7,6 +7,11 @@
 //  - (N, 16) features with dense (N, 4) targets under mse: the test loss
 //    falls below 2% of predicting zero (measured 1.1%), and cpu:2 with 2
 //    workers gives cpu's parameters bit for bit (split-invariant).
+//  - Token ids: (N, T) int32 inputs and (N, T) int32 targets (-1 ignored)
+//    batch as int32 with 0 and 2 workers alike, and a GPT learns a
+//    deterministic sequence through the Trainer (token_cross_entropy; test
+//    accuracy over the targets 1.0), on cpu and on cpu:2 with 2 workers bit
+//    for bit (split-invariant).
 //  - An ImageDataset without statistics is used as it is (no normalization).
 //  - Bad tensors are one-line errors naming the dataset.
 #include <gtest/gtest.h>
@@ -18,6 +23,7 @@
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
 #include "models/layers/smooth_activation.h"
+#include "models/zoo/gpt.h"
 #include "runtime/data/loader.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/engine_factory.h"
@@ -79,7 +85,8 @@ struct Result {
 };
 
 Result fit(const data::Dataset& train, const data::Dataset& test, std::unique_ptr<Module> model,
-           const std::string& devices, int workers, const LossOptions& loss, bool split_invariant, int epochs) {
+           const std::string& devices, int workers, const LossOptions& loss, bool split_invariant, int epochs,
+           optim::OptimizerKind kind = optim::OptimizerKind::SGD) {
   EngineSpec spec;
   spec.devices = parse_devices(devices);
   spec.loss = loss;
@@ -87,15 +94,16 @@ Result fit(const data::Dataset& train, const data::Dataset& test, std::unique_pt
   spec.dp.seed = 1;
   auto engine = make_engine(*model, std::move(spec));
   optim::OptimizerOptions o;
-  o.lr = 0.05f;
-  o.momentum = 0.9f;
+  o.kind = kind;
+  o.lr = kind == optim::OptimizerKind::SGD ? 0.05f : 1e-2f;
+  o.momentum = kind == optim::OptimizerKind::SGD ? 0.9f : 0.0f;
   auto opt = optim::make_optimizer(engine->model(), engine->primary_context(), o);
   train::TrainerConfig tc;
   tc.epochs = epochs;
   tc.batch_size = 32;
   tc.seed = 2;
   tc.workers = workers;
-  tc.schedule = optim::parse_lr_schedule("constant", 0.05f, epochs, 0);
+  tc.schedule = optim::parse_lr_schedule("constant", o.lr, epochs, 0);
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = nullptr;
   train::Trainer t(tc, *engine, *opt, train, test);
@@ -158,6 +166,65 @@ TEST(TensorDataset, DenseTargetsTrainUnderMse) {
   EXPECT_TRUE(testing::same_bits(dp.params, r.params)) << "cpu:2 with 2 workers against cpu with none";
 }
 
+// n windows of T + 1 tokens of a fixed cycle over `v` ids (the next token is
+// a function of the current one), x the first T, y the last T; every 7th
+// target ignored.
+data::TensorDataset cycles(int64_t n, int64_t t, int v, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int perm[6] = {3, 0, 5, 1, 4, 2};  // next(i) = perm[i]
+  Tensor x = Tensor::empty(Shape{n, t}, DType::I32), y = Tensor::empty(Shape{n, t}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) {
+    int tok = static_cast<int>(rng() % static_cast<uint64_t>(v));
+    for (int64_t j = 0; j < t; ++j) {
+      x.data<int32_t>()[i * t + j] = tok;
+      tok = perm[tok];
+      y.data<int32_t>()[i * t + j] = (i * t + j) % 7 == 3 ? -1 : tok;
+    }
+  }
+  return data::TensorDataset(x, y, "cycles");
+}
+
+TEST(TensorDataset, TokenIdsBatchAsInt32AndTrainAGPT) {
+  const data::TensorDataset train = cycles(192, 8, 6, 1), test = cycles(32, 8, 6, 2);
+  EXPECT_EQ(train.input_dtype(), DType::I32);
+  EXPECT_EQ(train.target_shape(), Shape{8});
+  std::vector<std::vector<int32_t>> seen[2];
+  for (int w : {0, 2}) {
+    data::LoaderOptions lo;
+    lo.batch_size = 20;
+    lo.workers = w;
+    data::DataLoader loader(train, std::make_unique<data::RandomSampler>(train.size(), 5), lo);
+    loader.start_epoch(1);
+    Tensor x, y;
+    while (loader.next(x, y)) {
+      ASSERT_EQ(x.dtype(), DType::I32);
+      ASSERT_EQ(y.dtype(), DType::I32);
+      ASSERT_EQ(x.size(1), 8);
+      ASSERT_EQ(y.shape(), x.shape());
+      seen[w > 0].emplace_back(x.data<int32_t>(), x.data<int32_t>() + x.numel());
+      seen[w > 0].back().insert(seen[w > 0].back().end(), y.data<int32_t>(), y.data<int32_t>() + y.numel());
+    }
+  }
+  ASSERT_EQ(seen[0].size(), 10u);  // 192 windows in batches of 20
+  EXPECT_EQ(seen[0], seen[1]);
+  auto model = [] {
+    models::GPTConfig c;
+    c.n_layer = 1;
+    c.n_head = 2;
+    c.n_embd = 16;
+    c.block_size = 8;
+    c.vocab_size = 6;
+    return models::gpt(c, 3);
+  };
+  LossOptions loss;
+  loss.criterion = CriterionKind::TokenCrossEntropy;
+  const auto adamw = optim::OptimizerKind::AdamW;
+  const Result one = fit(train, test, model(), "cpu", 0, loss, true, 30, adamw);
+  EXPECT_EQ(one.metrics.test_metric("acc"), 1.0) << "the cycle is learned; test loss " << one.metrics.test_loss;
+  const Result dp = fit(train, test, model(), "cpu:2", 2, loss, true, 30, adamw);
+  EXPECT_TRUE(testing::same_bits(dp.params, one.params)) << "cpu:2 with 2 workers against cpu with none";
+}
+
 TEST(TensorDataset, ImagesWithoutStatisticsAreUsedAsTheyAre) {
   data::ImageDataset ds;
   ds.name = "plain";
@@ -174,13 +241,17 @@ TEST(TensorDataset, BadTensorsAreOneLineErrors) {
   const Tensor x = Tensor::zeros(Shape{4, 2}), labels = Tensor::zeros(Shape{4}, DType::I32);
   testing::expect_user_error([&] { data::TensorDataset(x, Tensor::zeros(Shape{3}, DType::I32), "p"); },
                              {"TensorDataset 'p' has 4 inputs but 3 targets"});
-  testing::expect_user_error([&] { data::TensorDataset(Tensor::zeros(Shape{4, 2}, DType::I32), labels, "p"); },
-                             {"inputs must be a (N, ...) float32 tensor"});
-  testing::expect_user_error([&] { data::TensorDataset(x, Tensor::zeros(Shape{4, 2}, DType::I32), "p"); },
-                             {"targets must be (N) int32 class indices or (N, ...) float32"});
+  testing::expect_user_error([&] { data::TensorDataset(Tensor::zeros(Shape{4, 2}, DType::U8), labels, "p"); },
+                             {"inputs must be a (N, ...) float32 or int32 tensor"});
+  testing::expect_user_error([&] { data::TensorDataset(x, Tensor::zeros(Shape{4, 2}, DType::F64), "p"); },
+                             {"targets must be (N, ...) int32 class indices or float32"});
   Tensor neg = Tensor::zeros(Shape{4}, DType::I32);
   neg.data<int32_t>()[2] = -1;
   testing::expect_user_error([&] { data::TensorDataset(x, neg, "p"); }, {"label -1 of sample 2 is negative"});
+  Tensor below = Tensor::zeros(Shape{4, 3}, DType::I32);
+  below.data<int32_t>()[7] = -2;  // per-position targets may be -1 (ignored), not less
+  testing::expect_user_error([&] { data::TensorDataset(x, below, "p"); },
+                             {"label -2 of sample 2 is below -1 (the ignored index)"});
   const data::TensorDataset ds(x, labels, "p");
   data::LoaderOptions lo;
   lo.augment.hflip = true;

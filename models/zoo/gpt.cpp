@@ -1,0 +1,184 @@
+// GPT model and its configuration.
+#include "models/zoo/gpt.h"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "models/layers/dropout.h"
+#include "models/layers/init.h"
+#include "models/layers/sequential.h"
+#include "runtime/core/error.h"
+
+namespace fanout::models {
+
+namespace {
+
+GPTConfig preset(const std::string& name) {
+  if (name == "gpt2") return GPTConfig{};
+  if (name == "gpt-char") return GPTConfig{256, 0, 6, 6, 384, 0.2f, false};  // vocab: the data's
+  FANOUT_FAIL() << "unknown GPT preset '" << name << "' (known: gpt2, gpt-char)";
+}
+
+int64_t parse_int(const std::string& key, const std::string& v) {
+  int64_t out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  FANOUT_USER_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 1)
+      << "gpt: " << key << "=" << v << " is not a positive integer";
+  return out;
+}
+
+}  // namespace
+
+GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  std::string preset_name = "gpt2";
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos && kv.empty() && preset_name == "gpt2") {
+      preset_name = item;  // a bare first item names the preset: "gpt-char,n_layer=4"
+      continue;
+    }
+    FANOUT_USER_CHECK(eq != std::string::npos && eq > 0)
+        << "gpt: '" << item << "' is not KEY=VALUE (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, "
+        << "dropout, bias)";
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "preset") preset_name = value;
+    else kv.emplace_back(key, value);
+  }
+  GPTConfig c = preset(preset_name);
+  bool vocab_given = false;
+  for (const auto& [key, v] : kv) {
+    if (key == "n_layer") c.n_layer = parse_int(key, v);
+    else if (key == "n_head") c.n_head = parse_int(key, v);
+    else if (key == "n_embd") c.n_embd = parse_int(key, v);
+    else if (key == "block_size") c.block_size = parse_int(key, v);
+    else if (key == "vocab_size") c.vocab_size = parse_int(key, v), vocab_given = true;
+    else if (key == "dropout") {
+      char* end = nullptr;
+      const float p = std::strtof(v.c_str(), &end);
+      FANOUT_USER_CHECK(!v.empty() && end == v.c_str() + v.size() && std::isfinite(p) && p >= 0 && p < 1)
+          << "gpt: dropout=" << v << " is not a probability in [0, 1)";
+      c.dropout = p;
+    } else if (key == "bias") {
+      FANOUT_USER_CHECK(v == "true" || v == "false" || v == "1" || v == "0")
+          << "gpt: bias=" << v << " is not true or false";
+      c.bias = v == "true" || v == "1";
+    } else {
+      FANOUT_FAIL() << "gpt: unknown config key '" << key
+                    << "' (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, dropout, bias)";
+    }
+  }
+  if (!vocab_given && c.vocab_size == 0) c.vocab_size = data_vocab;
+  if (!vocab_given && preset_name == "gpt2" && data_vocab > c.vocab_size) c.vocab_size = data_vocab;
+  FANOUT_USER_CHECK(c.vocab_size >= 1)
+      << "gpt: vocab_size is not known (preset " << preset_name << " takes it from the data; give vocab_size=N)";
+  FANOUT_USER_CHECK(c.n_embd % c.n_head == 0)
+      << "gpt: n_embd " << c.n_embd << " is not divisible by n_head " << c.n_head;
+  return c;
+}
+
+std::string to_string(const GPTConfig& c) {
+  std::ostringstream os;
+  os << "n_layer=" << c.n_layer << ",n_head=" << c.n_head << ",n_embd=" << c.n_embd << ",block_size="
+     << c.block_size << ",vocab_size=" << c.vocab_size << ",dropout=" << c.dropout
+     << ",bias=" << (c.bias ? "true" : "false");
+  return os.str();
+}
+
+GPT::GPT(const GPTConfig& c) : config_(c) {
+  FANOUT_USER_CHECK(c.n_layer >= 1 && c.n_head >= 1 && c.n_embd >= 1 && c.block_size >= 1 && c.vocab_size >= 1)
+      << "gpt: every size must be positive (" << to_string(c) << ")";
+  FANOUT_USER_CHECK(c.n_embd % c.n_head == 0)
+      << "gpt: n_embd " << c.n_embd << " is not divisible by n_head " << c.n_head;
+  auto& t = register_module("transformer", std::make_unique<ModuleDict>());
+  wte_ = &t.add("wte", std::make_unique<Embedding>(c.vocab_size, c.n_embd));
+  wpe_ = &t.add("wpe", std::make_unique<Embedding>(c.block_size, c.n_embd));
+  auto& drop = t.add("drop", std::make_unique<Dropout>(c.dropout));
+  drop.set_salt(1);
+  drop_ = &drop;
+  auto& h = t.add("h", std::make_unique<Sequential>());
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    auto& b = h.add(std::make_unique<Block>(c.n_embd, c.n_head, c.dropout, c.bias));
+    b.set_dropout_salt(static_cast<uint64_t>(2 + 3 * i));  // three masks a block
+  }
+  h_ = &h;
+  ln_f_ = &t.add("ln_f", std::make_unique<LayerNorm>(Shape{c.n_embd}, 1e-5f, true, c.bias));
+}
+
+void GPT::finish_init(std::mt19937_64& rng) {
+  const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  for (auto& [name, p] : named_parameters()) {
+    const bool ln = name.find(".ln_") != std::string::npos;
+    const auto ends = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    if (ends(".bias")) p->value.fill(0.0f);
+    else if (ln) p->value.fill(1.0f);
+    else normal_fill(p->value, ends("c_proj.weight") ? residual : 0.02f, rng);
+  }
+}
+
+int64_t GPT::num_non_embedding_parameters() { return num_parameters() - wpe_->weight().value.numel(); }
+
+Tensor GPT::forward(const Tensor& ids, Context& ctx) {
+  FANOUT_USER_CHECK(ids.dtype() == DType::I32 && ids.dim() == 2)
+      << "gpt takes (B, T) int32 token ids, got " << dtype_name(ids.dtype()) << " " << ids.shape().str();
+  const int64_t b = ids.size(0), t = ids.size(1), e = config_.n_embd, v = config_.vocab_size;
+  FANOUT_USER_CHECK(t <= config_.block_size)
+      << "gpt: a sequence of " << t << " tokens is longer than block_size " << config_.block_size;
+  const Device d = ctx.device();
+  // Positions 0..T-1 for every row: written when the shape changes (into
+  // buffers kept at their largest, so alternating batch sizes allocate nothing).
+  if (!pos_.defined() || pos_.shape() != ids.shape() || !(pos_.device() == d)) {
+    ensure(pos_host_, ids.shape(), DType::I32, Device::cpu());
+    for (int64_t i = 0; i < b * t; ++i) pos_host_.data<int32_t>()[i] = static_cast<int32_t>(i % t);
+    ensure(pos_, ids.shape(), DType::I32, d);
+    pos_.copy_from(pos_host_, &ctx.compute());
+    if (!d.is_cpu()) ctx.compute().synchronize();  // the host buffer is rewritten on the next change
+  }
+  Tensor tok = wte_->forward(ids, ctx);
+  Tensor pos = wpe_->forward(pos_, ctx);
+  ensure(emb_, Shape{b, t, e}, d);
+  kernels::add(ctx, tok, pos, emb_);
+  Tensor x = drop_->forward(emb_, ctx);
+  x = h_->forward(x, ctx);
+  x_ = ln_f_->forward(x, ctx);
+  // lm_head: logits = x wte^T, a matrix product (the low type under autocast).
+  const AutocastWeights::Cast in = head_.forward(ctx, x_.view(Shape{b * t, e}), wte_->weight().value, nullptr);
+  head_x_ = in.x;
+  ensure(logits_, Shape{b * t, v}, d);
+  kernels::linear_forward(ctx, in.x, in.w, nullptr, logits_);
+  head_.round_output(ctx, logits_);
+  return logits_.view(Shape{b, t, v});
+}
+
+Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
+  const int64_t bt = x_.numel() / config_.n_embd, e = config_.n_embd;
+  Parameter& w = wte_->weight();
+  ensure(dx_, Shape{bt, e}, ctx.device());
+  // The head's share of wte's gradient (+=); the embedding adds its own and reports the sum ready.
+  const AutocastWeights::Sinks low =
+      head_.backward_begin(ctx, dlogits.view(Shape{bt, config_.vocab_size}), w.value, w.grad, nullptr);
+  Tensor* dx = &dx_;
+  kernels::linear_backward(ctx, head_x_, *low.w, *low.dy, dx, *low.gw, nullptr);
+  head_.backward_end(ctx, w.grad, nullptr, dx);
+  Tensor g = Module::backward_of(*ln_f_, "transformer.ln_f", dx_.view(x_.shape()), ctx);
+  g = Module::backward_of(*h_, "transformer.h", g, ctx);
+  g = Module::backward_of(*drop_, "transformer.drop", g, ctx);
+  Module::backward_of(*wpe_, "transformer.wpe", g, ctx);
+  Module::backward_of(*wte_, "transformer.wte", g, ctx);
+  return Tensor();  // token ids take no gradient
+}
+
+std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed) {
+  auto m = std::make_unique<GPT>(config);
+  m->init(seed);
+  return m;
+}
+
+}  // namespace fanout::models

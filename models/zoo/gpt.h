@@ -1,0 +1,74 @@
+// GPT (GPT-2's architecture as nanoGPT writes it): token and learned
+// position embeddings, dropout, n_layer Blocks (models/layers/transformer.h),
+// a final LayerNorm and the lm_head, whose weight is the token embedding's
+// (weight tying: one parameter, whose gradient sums both uses). Input (B, T)
+// int32 token ids, T <= block_size; output (B, T, vocab_size) logits.
+// Parameter names and shapes are nanoGPT's state_dict keys
+// (transformer.wte.weight, transformer.h.0.attn.c_attn.weight (3E, E), ...,
+// transformer.ln_f.weight); lm_head.weight is accepted as the tied weight's
+// second name when loading. Initialization as nanoGPT's: weights N(0, 0.02),
+// residual projections (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0,
+// LayerNorm weights 1.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "models/layers/embedding.h"
+#include "models/layers/layernorm.h"
+#include "models/layers/transformer.h"
+#include "runtime/nn/module.h"
+
+namespace fanout::models {
+
+// nanoGPT's GPTConfig, by its field names; the defaults are the gpt2 preset.
+struct GPTConfig {
+  int64_t block_size = 1024;
+  int64_t vocab_size = 50304;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  float dropout = 0.0f;
+  bool bias = true;
+  bool operator==(const GPTConfig&) const = default;
+};
+
+// "gpt2" (12 layers, 12 heads, 768, block 1024, vocab 50304, bias: exactly
+// 124,475,904 parameters) and "gpt-char" (nanoGPT's shakespeare_char: 6, 6,
+// 384, block 256, dropout 0.2, no bias; vocab_size from the data).
+// Parses "KEY=VALUE,..." over a preset (preset=NAME, or gpt2): keys are the
+// GPTConfig fields; vocab_size defaults to `data_vocab` when that is > 0 and
+// the preset does not fix it. One-line errors for unknown keys and bad values.
+GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab = 0);
+std::string to_string(const GPTConfig& c);  // "n_layer=12,n_head=12,..."
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& config);
+  Tensor forward(const Tensor& ids, Context& ctx) override;
+  Tensor backward(const Tensor& dlogits, Context& ctx) override;
+  std::unique_ptr<Module> make_like() const override { return std::make_unique<GPT>(config_); }
+  std::string type_name() const override { return "GPT"; }
+  void finish_init(std::mt19937_64& rng) override;
+  std::vector<std::pair<std::string, std::string>> tied_names() const override {
+    return {{"lm_head.weight", "transformer.wte.weight"}};
+  }
+  const GPTConfig& config() const { return config_; }
+  // Parameters without the position embedding (nanoGPT's get_num_params()).
+  int64_t num_non_embedding_parameters();
+
+ private:
+  GPTConfig config_;
+  Embedding* wte_;
+  Embedding* wpe_;
+  Module* drop_;
+  Module* h_;
+  LayerNorm* ln_f_;
+  Tensor pos_, pos_host_, emb_, x_, head_x_, logits_, dx_;
+  AutocastWeights head_;
+};
+
+// A materialized GPT initialized from seed.
+std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed);
+
+}  // namespace fanout::models

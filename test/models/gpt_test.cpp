@@ -1,0 +1,407 @@
+// GPT (models/zoo/gpt.h): nanoGPT's configuration, parameter names and
+// count; logits and every parameter's gradient against a float64 GPT written
+// here from the published formulas (gradients by central differences of its
+// loss, so the tied weight's two uses are summed by the reference, not by
+// us); the tied weight as one parameter under two names; dropout masks that
+// differ per layer; DataParallel cpu:2 and cpu:3 bit for bit with one device
+// (split-invariant math, AdamW and dropout); a warm step that allocates
+// nothing; and one-line errors for bad ids, long sequences and bad configs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/plan_count.h"
+#include "models/zoo/gpt.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/error.h"
+#include "runtime/io/state_dict.h"
+#include "runtime/optim/clip.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/single_device.h"
+#include "runtime/train/sharded_optimizer.h"
+#include "support/test_util.h"
+#include "support/trained.h"
+
+namespace fanout {
+namespace {
+
+using models::GPT;
+using models::GPTConfig;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+GPTConfig small(bool bias = true, float dropout = 0.0f) {
+  GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.block_size = 8;
+  c.vocab_size = 11;
+  c.bias = bias;
+  c.dropout = dropout;
+  return c;
+}
+
+Tensor random_ids(int64_t b, int64_t t, int v, std::mt19937_64& rng, bool some_ignored = false) {
+  Tensor ids = Tensor::empty(Shape{b, t}, DType::I32);
+  std::uniform_int_distribution<int> u(0, v - 1);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = some_ignored && i % 5 == 3 ? -1 : u(rng);
+  return ids;
+}
+
+// ---- a float64 GPT from the formulas (nanoGPT's model.py) ----
+using P = std::map<std::string, std::vector<double>>;
+
+P params_of(Module& m) {
+  P p;
+  for (auto& [name, prm] : m.named_parameters()) {
+    const Tensor v = prm->value.to(Device::cpu());
+    p[name].assign(v.f32(), v.f32() + v.numel());
+  }
+  return p;
+}
+
+// y (rows, out) = x (rows, in) W^T + b.
+std::vector<double> linear(const std::vector<double>& x, int64_t in, const std::vector<double>& w,
+                           const std::vector<double>* b, int64_t out) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / in;
+  std::vector<double> y(static_cast<size_t>(rows * out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = b ? (*b)[static_cast<size_t>(o)] : 0.0;
+      for (int64_t i = 0; i < in; ++i) s += x[static_cast<size_t>(r * in + i)] * w[static_cast<size_t>(o * in + i)];
+      y[static_cast<size_t>(r * out + o)] = s;
+    }
+  return y;
+}
+
+std::vector<double> layer_norm(const std::vector<double>& x, int64_t e, const std::vector<double>& w,
+                               const std::vector<double>* b) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / static_cast<size_t>(e); ++r) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < e; ++i) mean += x[r * e + i];
+    mean /= static_cast<double>(e);
+    for (int64_t i = 0; i < e; ++i) var += (x[r * e + i] - mean) * (x[r * e + i] - mean);
+    var /= static_cast<double>(e);
+    for (int64_t i = 0; i < e; ++i)
+      y[r * e + i] = (x[r * e + i] - mean) / std::sqrt(var + 1e-5) * w[i] + (b ? (*b)[i] : 0.0);
+  }
+  return y;
+}
+
+struct Ref {
+  std::vector<double> logits;  // (B, T, V)
+  double loss;                 // sum over rows of (sum of the row's token losses) / T, over B
+};
+
+Ref reference(const GPTConfig& c, P& p, const Tensor& ids, const Tensor& targets) {
+  const int64_t b = ids.size(0), t = ids.size(1), e = c.n_embd, v = c.vocab_size, nh = c.n_head, hd = e / nh;
+  auto opt = [&](const std::string& n) { return c.bias ? &p.at(n) : nullptr; };
+  std::vector<double> x(static_cast<size_t>(b * t * e));
+  for (int64_t r = 0; r < b * t; ++r)
+    for (int64_t i = 0; i < e; ++i)
+      x[static_cast<size_t>(r * e + i)] = p.at("transformer.wte.weight")[ids.data<int32_t>()[r] * e + i] +
+                                          p.at("transformer.wpe.weight")[(r % t) * e + i];
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string pre = "transformer.h." + std::to_string(l) + ".";
+    auto h = layer_norm(x, e, p.at(pre + "ln_1.weight"), opt(pre + "ln_1.bias"));
+    auto qkv = linear(h, e, p.at(pre + "attn.c_attn.weight"), opt(pre + "attn.c_attn.bias"), 3 * e);
+    std::vector<double> y(x.size(), 0.0);
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hh = 0; hh < nh; ++hh)
+        for (int64_t i = 0; i < t; ++i) {
+          auto at = [&](int64_t tok, int64_t part, int64_t d) {
+            return qkv[static_cast<size_t>((bi * t + tok) * 3 * e + part * e + hh * hd + d)];
+          };
+          std::vector<double> s(static_cast<size_t>(i + 1));
+          double mx = -1e300, z = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < hd; ++d) dot += at(i, 0, d) * at(j, 1, d);
+            s[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+            mx = std::max(mx, s[static_cast<size_t>(j)]);
+          }
+          for (double& sj : s) z += (sj = std::exp(sj - mx));
+          for (int64_t d = 0; d < hd; ++d) {
+            double acc = 0;
+            for (int64_t j = 0; j <= i; ++j) acc += s[static_cast<size_t>(j)] / z * at(j, 2, d);
+            y[static_cast<size_t>((bi * t + i) * e + hh * hd + d)] = acc;
+          }
+        }
+    auto a = linear(y, e, p.at(pre + "attn.c_proj.weight"), opt(pre + "attn.c_proj.bias"), e);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
+    auto h2 = layer_norm(x, e, p.at(pre + "ln_2.weight"), opt(pre + "ln_2.bias"));
+    auto f = linear(h2, e, p.at(pre + "mlp.c_fc.weight"), opt(pre + "mlp.c_fc.bias"), 4 * e);
+    for (double& u : f) u = 0.5 * u * (1.0 + std::erf(u / std::sqrt(2.0)));  // exact GELU
+    auto m = linear(f, 4 * e, p.at(pre + "mlp.c_proj.weight"), opt(pre + "mlp.c_proj.bias"), e);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+  }
+  x = layer_norm(x, e, p.at("transformer.ln_f.weight"), opt("transformer.ln_f.bias"));
+  Ref out{linear(x, e, p.at("transformer.wte.weight"), nullptr, v), 0.0};
+  for (int64_t r = 0; r < b * t; ++r) {
+    const int y = targets.data<int32_t>()[r];
+    if (y < 0) continue;
+    double mx = -1e300, z = 0;
+    for (int64_t k = 0; k < v; ++k) mx = std::max(mx, out.logits[static_cast<size_t>(r * v + k)]);
+    for (int64_t k = 0; k < v; ++k) z += std::exp(out.logits[static_cast<size_t>(r * v + k)] - mx);
+    out.loss += (std::log(z) + mx - out.logits[static_cast<size_t>(r * v + y)]) / static_cast<double>(t * b);
+  }
+  return out;
+}
+
+TEST(GPTConfigTest, PresetsKeysAndErrors) {
+  const GPTConfig g = models::parse_gpt_config("gpt2");
+  EXPECT_EQ(g, GPTConfig{});
+  EXPECT_EQ(GPT(g).num_parameters(), 124475904);  // nanoGPT's gpt2 with vocab 50304, wte counted once
+  const GPTConfig ch = models::parse_gpt_config("gpt-char", 65);
+  EXPECT_EQ(ch, (GPTConfig{256, 65, 6, 6, 384, 0.2f, false}));
+  const GPTConfig mix = models::parse_gpt_config("preset=gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64", 65);
+  EXPECT_EQ(mix, (GPTConfig{64, 65, 4, 4, 128, 0.2f, false}));
+  EXPECT_EQ(models::parse_gpt_config("n_layer=1,bias=false,dropout=0.1,vocab_size=7").vocab_size, 7);
+  EXPECT_EQ(error_of([] { models::parse_gpt_config("n_layers=3"); }),
+            "gpt: unknown config key 'n_layers' (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, "
+            "dropout, bias)");
+  EXPECT_EQ(error_of([] { models::parse_gpt_config("n_embd=100,n_head=12"); }),
+            "gpt: n_embd 100 is not divisible by n_head 12");
+  EXPECT_EQ(error_of([] { models::parse_gpt_config("gpt-char"); }),
+            "gpt: vocab_size is not known (preset gpt-char takes it from the data; give vocab_size=N)");
+  EXPECT_NE(error_of([] { models::parse_gpt_config("n_layer=0"); }).find("not a positive integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { models::parse_gpt_config("dropout=1.5"); }).find("not a probability"), std::string::npos);
+}
+
+TEST(GPTModel, NanoGPTNamesAndShapes) {
+  GPT m(models::parse_gpt_config("gpt2"));
+  const auto ps = m.named_parameters();
+  ASSERT_EQ(ps.size(), 148u);  // wte, wpe, 12 blocks x 12, ln_f weight and bias
+  std::map<std::string, Shape> shapes;
+  for (auto& [n, p] : ps) shapes[n] = p->shape;
+  EXPECT_EQ(ps.front().first, "transformer.wte.weight");
+  EXPECT_EQ(shapes.at("transformer.wte.weight"), (Shape{50304, 768}));
+  EXPECT_EQ(shapes.at("transformer.wpe.weight"), (Shape{1024, 768}));
+  EXPECT_EQ(shapes.at("transformer.h.0.ln_1.weight"), (Shape{768}));
+  EXPECT_EQ(shapes.at("transformer.h.0.attn.c_attn.weight"), (Shape{2304, 768}));
+  EXPECT_EQ(shapes.at("transformer.h.0.attn.c_attn.bias"), (Shape{2304}));
+  EXPECT_EQ(shapes.at("transformer.h.5.attn.c_proj.weight"), (Shape{768, 768}));
+  EXPECT_EQ(shapes.at("transformer.h.11.mlp.c_fc.weight"), (Shape{3072, 768}));
+  EXPECT_EQ(shapes.at("transformer.h.11.mlp.c_proj.weight"), (Shape{768, 3072}));
+  EXPECT_EQ(shapes.at("transformer.ln_f.bias"), (Shape{768}));
+  EXPECT_EQ(shapes.count("lm_head.weight"), 0u) << "the tied weight is one parameter";
+  GPT nb(models::parse_gpt_config("gpt-char", 65));
+  for (auto& [n, p] : nb.named_parameters()) EXPECT_EQ(n.find("bias"), std::string::npos) << n;
+}
+
+TEST(GPTModel, InitializationIsNanoGPTs) {
+  GPTConfig c = small();
+  c.n_embd = 64;
+  c.vocab_size = 500;
+  auto m = models::gpt(c, 3);
+  for (auto& [name, p] : m->named_parameters()) {
+    const Tensor v = p->value;
+    double sq = 0, sum = 0;
+    for (int64_t i = 0; i < v.numel(); ++i) sq += double(v.f32()[i]) * v.f32()[i], sum += v.f32()[i];
+    const double rms = std::sqrt(sq / static_cast<double>(v.numel()));
+    SCOPED_TRACE(name);
+    if (name.find(".ln_") != std::string::npos && name.find("weight") != std::string::npos) EXPECT_EQ(sum, v.numel());
+    else if (name.find("bias") != std::string::npos) EXPECT_EQ(sq, 0.0);
+    else if (name.find("c_proj.weight") != std::string::npos) EXPECT_NEAR(rms, 0.01, 0.0015);  // 0.02 / sqrt(4)
+    else EXPECT_NEAR(rms, 0.02, 0.002);
+  }
+}
+
+// Logits and every gradient element against the float64 GPT.
+TEST(GPTModel, LogitsAndGradientsMatchAFloat64GPT) {
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    const GPTConfig c = small(bias);
+    auto m = models::gpt(c, 7);
+    std::mt19937_64 rng(8);
+    const int64_t b = 3, t = 7;
+    const Tensor ids = random_ids(b, t, 11, rng), targets = random_ids(b, t, 11, rng, /*some_ignored=*/true);
+    Context ctx(Device::cpu());
+    ctx.training = true;
+    auto crit = make_criterion({CriterionKind::TokenCrossEntropy});
+    m->zero_grad();
+    const Tensor out = m->forward(ids, ctx);
+    crit->forward(ctx, out, targets, true, 1.0f / static_cast<float>(b));
+    Module::backward_of(*m, "model", crit->grad(), ctx);
+    P p = params_of(*m);
+    const Ref ref = reference(c, p, ids, targets);
+    double peak = 0, worst = 0;
+    for (size_t i = 0; i < ref.logits.size(); ++i) {
+      peak = std::max(peak, std::abs(ref.logits[i]));
+      worst = std::max(worst, std::abs(ref.logits[i] - out.f32()[i]));
+    }
+    EXPECT_LT(worst, 1e-5 * peak) << "logits";
+    EXPECT_NEAR(crit->read(ctx).loss_sum / b, ref.loss, 1e-5 * ref.loss);
+    for (auto& [name, prm] : m->named_parameters()) {
+      std::vector<double>& w = p.at(name);
+      std::vector<double> fd(w.size());
+      double gpeak = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        const double h = 1e-5, keep = w[i];
+        w[i] = keep + h;
+        const double up = reference(c, p, ids, targets).loss;
+        w[i] = keep - h;
+        const double down = reference(c, p, ids, targets).loss;
+        w[i] = keep;
+        fd[i] = (up - down) / (2 * h);
+        gpeak = std::max(gpeak, std::abs(fd[i]));
+      }
+      ASSERT_GT(gpeak, 0.0) << name;
+      for (size_t i = 0; i < w.size(); ++i)
+        ASSERT_NEAR(prm->grad.f32()[i], fd[i], 1e-5 * gpeak + 1e-9) << name << " element " << i;
+    }
+  }
+}
+
+TEST(GPTModel, TiedWeightLoadsUnderEitherNameAndOnce) {
+  auto m = models::gpt(small(), 1);
+  const auto sd = m->state_dict();
+  for (auto& [n, t] : sd) EXPECT_NE(n, "lm_head.weight");
+  std::mt19937_64 rng(2);
+  const Tensor wte = testing::random_tensor(Shape{11, 8}, rng);
+  std::vector<std::pair<std::string, Tensor>> file;
+  for (auto& [n, t] : sd) file.emplace_back(n == "transformer.wte.weight" ? "lm_head.weight" : n, t.to(Device::cpu()));
+  for (auto& [n, t] : file)
+    if (n == "lm_head.weight") t = wte;
+  io::load_state_dict(*m, file, /*strict=*/true);  // safetensors' save_model keeps lm_head.weight
+  EXPECT_TRUE(testing::same_bits(m->named_parameters().front().second->value, wte));
+  file.emplace_back("transformer.wte.weight", wte);
+  EXPECT_EQ(error_of([&] { io::load_state_dict(*m, file, true); }),
+            "load_state_dict: the file has both lm_head.weight and transformer.wte.weight, which name the same "
+            "tensor");
+}
+
+TEST(GPTModel, DropoutMasksDifferPerLayerAndEvalIsDeterministic) {
+  auto m = models::gpt(small(true, 0.3f), 4);
+  std::mt19937_64 rng(5);
+  const Tensor ids = random_ids(2, 8, 11, rng);
+  Context ctx(Device::cpu());
+  m->eval();
+  ctx.training = false;
+  const Tensor a = m->forward(ids, ctx).to(Device::cpu());
+  const Tensor b = m->forward(ids, ctx).to(Device::cpu());
+  EXPECT_TRUE(testing::same_bits(a, b));
+  m->train();
+  ctx.training = true;
+  ctx.pass_key = 42;
+  const Tensor t1 = m->forward(ids, ctx).to(Device::cpu());
+  EXPECT_FALSE(testing::same_bits(t1, a)) << "training drops";
+  ctx.pass_key = 43;
+  EXPECT_FALSE(testing::same_bits(m->forward(ids, ctx).to(Device::cpu()), t1)) << "another pass, another mask";
+}
+
+TEST(GPTModel, BadInputIsOneLine) {
+  auto m = models::gpt(small(), 1);
+  Context ctx(Device::cpu());
+  Tensor ids = Tensor::zeros(Shape{3, 4}, DType::I32);
+  ids.data<int32_t>()[9] = 11;  // row 2, position 1
+  EXPECT_EQ(error_of([&] { m->forward(ids, ctx); }),
+            "embedding_forward: id 11 at position 9 of ids (3, 4) (batch row 2) is outside the vocabulary [0, 11)");
+  EXPECT_EQ(error_of([&] { m->forward(Tensor::zeros(Shape{2, 9}, DType::I32), ctx); }),
+            "gpt: a sequence of 9 tokens is longer than block_size 8");
+  EXPECT_NE(error_of([&] { m->forward(Tensor::zeros(Shape{2, 4}), ctx); }).find("int32 token ids"), std::string::npos);
+  EXPECT_EQ(error_of([] { models::make_model("gpt:n_layer=1,n_embd=8,n_head=2,block_size=4", Shape{5}, 11, 1); }),
+            "gpt: a sequence of 5 tokens is longer than block_size 4");
+}
+
+std::vector<testing::Batch> token_batches(int64_t rows, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<testing::Batch> out;
+  for (int s = 0; s < steps; ++s) out.push_back({random_ids(rows, 8, 11, rng), random_ids(rows, 8, 11, rng, true)});
+  return out;
+}
+
+Tensor trained_gpt(const std::string& devices, const std::vector<testing::Batch>& data) {
+  auto m = models::gpt(small(true, 0.1f), 9);
+  EngineSpec spec = testing::engine_on(devices);
+  spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+  testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw(1e-2f));
+  for (const auto& b : data) {
+    e->forward_backward_batch(b.x, b.y);
+    optim::clip_grad_norm(*e.opt, 1.0);
+    e.opt->step();
+    e.opt->zero_grad();
+  }
+  return m->arenas().params.to(Device::cpu());
+}
+
+TEST(GPTUnderDataParallel, SplitInvariantEqualsOneDeviceBitForBit) {
+  const auto data = token_batches(6, 10, 21);
+  const Tensor one = trained_gpt("cpu", data);
+  for (const char* devices : {"cpu:2", "cpu:3"}) EXPECT_TRUE(testing::same_bits(trained_gpt(devices, data), one)) << devices;
+  const Tensor init = models::gpt(small(true, 0.1f), 9)->arenas().params;
+  EXPECT_GT(testing::max_rel_diff(one, init), 1e-3) << "training moved the parameters";
+}
+
+TEST(GPTUnderDataParallel, WarmStepAllocatesNothing) {
+  for (const char* devices : {"cpu", "cpu:2"}) {
+    SCOPED_TRACE(devices);
+    auto m = models::gpt(small(true, 0.1f), 2);
+    EngineSpec spec = testing::engine_on(devices, /*split_invariant=*/false);
+    spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+    testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw());
+    auto data = token_batches(6, 2, 3);
+    data.push_back(token_batches(4, 1, 4)[0]);  // a smaller last batch
+    for (auto& b : data) e.train_step(b.x, b.y, 1e-3f);
+    const auto before = alloc_stats();
+    const auto modules = Module::constructed();
+    const uint64_t plans = kernels::cpu::onednn_plans_made();
+    for (int rep = 0; rep < 2; ++rep)
+      for (auto& b : data) e.train_step(b.x, b.y, 1e-3f);
+    EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+    EXPECT_EQ(Module::constructed(), modules);
+    EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans);
+  }
+}
+
+// ZeRO-1 (--shard-optimizer) over a GPT equals the unsharded optimizer bit
+// for bit: the tied weight is one range of the arena, stepped once.
+TEST(GPTUnderDataParallel, ShardedOptimizerEqualsUnsharded) {
+  const auto data = token_batches(6, 5, 31);
+  auto run = [&](const std::string& devices, bool shard) {
+    auto m = models::gpt(small(), 12);
+    DataParallelOptions dpo;
+    dpo.shard_optimizer = shard;
+    dpo.bucket_bytes = 4096;  // several buckets, cut by the shard bounds
+    DataParallelEngine e(*m, parse_devices(devices), *make_criterion({CriterionKind::TokenCrossEntropy}), dpo);
+    auto opt = train::make_engine_optimizer(e, testing::test_adamw(1e-2f));
+    for (const auto& b : data) train::train_step(e, *opt, b.x, b.y, 1e-2f);
+    return m->arenas().params.to(Device::cpu());
+  };
+  for (const char* devices : {"cpu:2", "cpu:3"})
+    EXPECT_TRUE(testing::same_bits(run(devices, true), run(devices, false))) << devices;
+}
+
+// nanoGPT's optimizer groups: decay for parameters of two or more
+// dimensions (the embeddings and linear weights), none for the rest.
+TEST(GPTModel, NoDecayGroupIsTheOneDimensionalParameters) {
+  auto m = models::gpt(small(), 1);
+  const std::vector<std::string> nd = optim::no_decay_params(*m);
+  size_t one_d = 0;
+  for (auto& [n, p] : m->named_parameters()) {
+    const bool listed = std::find(nd.begin(), nd.end(), n) != nd.end();
+    EXPECT_EQ(listed, p->shape.ndim == 1) << n;
+    one_d += p->shape.ndim == 1;
+  }
+  EXPECT_EQ(nd.size(), one_d);
+}
+
+}  // namespace
+}  // namespace fanout
