@@ -13,6 +13,7 @@
 #include <boost/program_options.hpp>
 #include <unistd.h>
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <chrono>
@@ -32,6 +33,7 @@
 
 #include "apps/cli_main.h"
 #include "apps/dp_bench_epochs.h"
+#include "models/zoo/gpt.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/distributed/launcher.h"
@@ -104,8 +106,19 @@ Shape parse_input(const std::string& s) {
   return d.size() == 3 ? Shape{d[0], d[1], d[2]} : Shape{d[0], d[1], d[2], d[3]};
 }
 
-// The classes (or heatmap channels) each model is built with.
-int model_classes(const std::string& model) { return models::dense_output(model) ? 4 : 10; }
+// A GPT preset that takes its vocabulary from the data (gpt-char) gets
+// shakespeare_char's 65 characters here; gpt2 keeps its 50304.
+constexpr int kBenchVocab = 65;
+
+// The classes (or heatmap channels, or a GPT's data vocabulary) each model is built with.
+int model_classes(const std::string& model) {
+  if (models::is_gpt(model)) return kBenchVocab;
+  return models::dense_output(model) ? 4 : 10;
+}
+
+models::GPTConfig gpt_config(const std::string& model) {
+  return models::parse_gpt_config(model.size() > 4 ? model.substr(4) : "", kBenchVocab);
+}
 
 // Seeded targets for `model`'s output on a batch of `in`: class labels, or
 // dense heatmap-like targets (noise and one peak per channel) when the
@@ -115,6 +128,14 @@ struct Targets {
   LossOptions loss;
 };
 Targets make_targets(const std::string& model, const Shape& in, int64_t batch, uint64_t seed, std::mt19937_64& rng) {
+  if (models::is_gpt(model)) {  // next-token ids, each position's
+    const int64_t v = gpt_config(model).vocab_size;
+    Targets t;
+    t.loss.criterion = CriterionKind::TokenCrossEntropy;
+    t.y = Tensor::empty(Shape{batch, in[0]}, DType::I32);
+    for (int64_t i = 0; i < t.y.numel(); ++i) t.y.data<int32_t>()[i] = static_cast<int32_t>(rng() % v);
+    return t;
+  }
   auto m = models::make_model(model, in, model_classes(model), seed);
   m->train(false);
   Context ctx(Device::cpu(), seed);
@@ -144,6 +165,8 @@ Targets make_targets(const std::string& model, const Shape& in, int64_t batch, u
 struct Result {
   std::string config;
   double ms_per_step = 0, images_per_second = 0;
+  double tokens_per_second = 0;  // GPT: samples x T per second
+  double mfu = -1;               // GPT on GPUs of known peak: model FLOP utilization; -1: not known
   int64_t bytes_to_primary = -1;  // per step; -1: not measured (DDP)
   int64_t state_bytes = -1;       // optimizer state on the device holding the most (DDP: on rank 0's); -1: not measured
   int64_t summed_bytes = -1;      // DDP: bytes rank 0 put into summing collectives per step; -1: not DDP
@@ -232,8 +255,11 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&o.model)->default_value("lenet"),
-     "mlp, lenet, cnn, resnet18, resnet18:imagenet or heatmap3d (dense targets, mean squared error)")
-    ("input", po::value(&o.input)->default_value("1x28x28"), "sample shape CxHxW, or CxDxHxW for heatmap3d")
+     "mlp, lenet, cnn, resnet18, resnet18:imagenet, heatmap3d (dense targets, mean squared error), or "
+     "gpt:PRESET,KEY=VALUE,... (gpt2, gpt-char with 65 tokens; nanoGPT's GPTConfig keys; reports tokens/s and, on "
+     "H100/H200/A100, MFU by nanoGPT's estimate)")
+    ("input", po::value(&o.input)->default_value("1x28x28"),
+     "sample shape CxHxW, or CxDxHxW for heatmap3d; a GPT's sequence length T (default its block_size)")
     ("batch-size", po::value(&o.batch_size)->default_value(256), "global batch size")
     ("devices", po::value(&o.devices)->default_value("cpu:2"),
      "devices for the DataParallel run (cpu:N, 0,0, cuda:0,cuda:1, ...); the first is the primary")
@@ -300,7 +326,9 @@ bool parse(int argc, char** argv, Options& o, apps::EpochBenchOptions& e, po::va
               << "\nIn epoch mode --warmup is the steps at the start of each epoch left out of its time, --repeats the\n"
                  "runs per configuration (interleaved; the median is reported).\n"
                  "\nExamples:\n  dp-bench --model lenet --batch-size 256 --devices cpu:2\n"
-                 "  dp-bench --epochs 1 --model cnn --batch-size 128 --devices cpu:2 --json r.jsonl --plot r.png\n";
+                 "  dp-bench --epochs 1 --model cnn --batch-size 128 --devices cpu:2 --json r.jsonl --plot r.png\n"
+                 "  dp-bench --model gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0 --batch-size 12 "
+                 "--optimizer adamw\n";
     return false;
   }
   po::notify(vm);
@@ -365,8 +393,28 @@ void check_step_options(const po::variables_map& vm, const Options& o) {
   if (!o.json.empty()) apps::check_output_file("--json", o.json);
 }
 
-// The batch: inputs uniform in [-1, 1).
-Tensor random_batch(const Shape& in, int64_t batch, std::mt19937_64& rng) {
+// A GPT's samples are T token ids (--input T; block_size when not given),
+// other models' images CxHxW or volumes CxDxHxW.
+Shape sample_shape(const Options& o) {
+  if (!models::is_gpt(o.model)) return parse_input(o.input);
+  const int64_t block = gpt_config(o.model).block_size;
+  if (o.input.empty()) return Shape{block};
+  int64_t t = 0;
+  const auto [end, ec] = std::from_chars(o.input.data(), o.input.data() + o.input.size(), t);
+  FANOUT_USER_CHECK(ec == std::errc() && end == o.input.data() + o.input.size() && t >= 1)
+      << "bad --input '" << o.input << "' for a GPT (expected the sequence length T, e.g. 256)";
+  FANOUT_USER_CHECK(t <= block) << "gpt: a sequence of " << t << " tokens is longer than block_size " << block;
+  return Shape{t};
+}
+
+// The batch: inputs uniform in [-1, 1), or a GPT's token ids uniform over its vocabulary.
+Tensor random_batch(const Options& o, const Shape& in, int64_t batch, std::mt19937_64& rng) {
+  if (models::is_gpt(o.model)) {
+    const int64_t v = gpt_config(o.model).vocab_size;
+    Tensor x = Tensor::empty(Shape{batch, in[0]}, DType::I32);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % v);
+    return x;
+  }
   Shape xs;
   xs.ndim = in.ndim + 1;
   xs.d[0] = batch;
@@ -485,12 +533,58 @@ Config ddp_config(const Options& o, const std::vector<Device>& devices, int argc
   return c;
 }
 
+// A GPT step's work: tokens per sample and nanoGPT's estimate_mfu FLOPs per
+// sample (6 N + 12 L H Q T per token, N without the position embedding, Q
+// the head size), and the dense peak of the devices for the precision (0
+// where unknown: CPU devices, GPUs not listed here).
+struct StepWork {
+  int64_t tokens_per_sample = 0;
+  double flops_per_sample = 0, peak_flops = 0;
+};
+
+// Dense peaks (FLOP/s, SXM boards) by GPU name: bf16/fp16 tensor cores, TF32, float32.
+double gpu_peak(const std::string& name, Precision p, bool tf32) {
+  struct Peak {
+    const char* key;
+    double half, tf32, f32;
+  };
+  const Peak peaks[] = {{"H200", 989.4e12, 494.7e12, 66.9e12},
+                        {"H100", 989.4e12, 494.7e12, 66.9e12},
+                        {"A100", 312e12, 156e12, 19.5e12}};
+  for (const Peak& k : peaks)
+    if (name.find(k.key) != std::string::npos) return p != Precision::F32 ? k.half : tf32 ? k.tf32 : k.f32;
+  return 0;
+}
+
+StepWork step_work(const Options& o, const Shape& in, Precision precision, const std::vector<Device>& devices) {
+  StepWork w;
+  if (!models::is_gpt(o.model)) return w;
+  const models::GPTConfig c = gpt_config(o.model);
+  const int64_t t = in[0];
+  const double n = static_cast<double>(models::GPT(c).num_non_embedding_parameters());
+  w.tokens_per_sample = t;
+  w.flops_per_sample =
+      (6.0 * n + 12.0 * static_cast<double>(c.n_layer * c.n_head * (c.n_embd / c.n_head) * t)) * static_cast<double>(t);
+  if (devices[0].is_cuda()) {
+    const std::vector<CudaDeviceInfo> info = cuda_device_info();
+    std::vector<int> seen;
+    for (const Device& d : devices) {
+      if (std::find(seen.begin(), seen.end(), d.index) != seen.end()) continue;  // "0,0" is one GPU
+      seen.push_back(d.index);
+      const double peak = d.index < static_cast<int>(info.size()) ? gpu_peak(info[d.index].name, precision, o.allow_tf32) : 0;
+      if (peak == 0) return {w.tokens_per_sample, w.flops_per_sample, 0};
+      w.peak_flops += peak;
+    }
+  }
+  return w;
+}
+
 std::vector<Result> medians(const Options& o, std::vector<Config>& configs) {
   std::vector<Result> results;
   for (auto& c : configs) {
     std::sort(c.runs.begin(), c.runs.end());
     const double sec = c.runs[c.runs.size() / 2];
-    results.push_back({c.name, 1e3 * sec, o.batch_size / sec, c.bytes_to_primary,
+    results.push_back({c.name, 1e3 * sec, o.batch_size / sec, 0, -1, c.bytes_to_primary,
                        c.opt ? max_state_bytes(*c.opt) : c.state_bytes, c.summed_bytes});
   }
   return results;
@@ -501,14 +595,19 @@ std::vector<Result> medians(const Options& o, std::vector<Config>& configs) {
 // state B": optimizer state on the device holding the most. "summed B": DDP,
 // bytes a rank puts into summing collectives per step (gradient buckets; half
 // as many with --grad-reduce-dtype bf16).
-void print_results(const std::vector<Result>& results) {
+// A GPT's rows give tokens/s (and MFU where the peak is known) in place of images/s.
+void print_results(const std::vector<Result>& results, const StepWork& w) {
   auto bytes = [](int64_t b) { return b < 0 ? std::string("-") : std::to_string(b); };
-  std::printf("%-44s %12s %14s %10s %14s %14s %12s\n", "configuration", "ms/step", "images/s", "vs plain",
-              "to primary B", "opt state B", "summed B");
-  for (auto& r : results)
-    std::printf("%-44s %12.3f %14.0f %9.3fx %14s %14s %12s\n", r.config.c_str(), r.ms_per_step, r.images_per_second,
-                results[0].ms_per_step / r.ms_per_step, bytes(r.bytes_to_primary).c_str(),
-                bytes(r.state_bytes).c_str(), bytes(r.summed_bytes).c_str());
+  const bool tokens = w.tokens_per_sample > 0;
+  std::printf("%-44s %12s %14s %10s %14s %14s %12s%s\n", "configuration", "ms/step", tokens ? "tokens/s" : "images/s",
+              "vs plain", "to primary B", "opt state B", "summed B", w.peak_flops > 0 ? "      MFU" : "");
+  for (auto& r : results) {
+    std::printf("%-44s %12.3f %14.0f %9.3fx %14s %14s %12s", r.config.c_str(), r.ms_per_step,
+                tokens ? r.tokens_per_second : r.images_per_second, results[0].ms_per_step / r.ms_per_step,
+                bytes(r.bytes_to_primary).c_str(), bytes(r.state_bytes).c_str(), bytes(r.summed_bytes).c_str());
+    if (r.mfu >= 0) std::printf(" %7.1f%%", 100 * r.mfu);
+    std::printf("\n");
+  }
 }
 
 void write_json(const Options& o, const Shape& in, Precision precision, const std::vector<Result>& results) {
@@ -526,7 +625,8 @@ void write_json(const Options& o, const Shape& in, Precision precision, const st
                         {"no_decay_norm_bias", o.no_decay_norm_bias}, {"precision", precision_name(precision)},
                         {"grad_reduce_dtype", o.grad_reduce_dtype}, {"shard_optimizer", o.shard_optimizer},
                         {"optimizer_state_bytes_max_device", r.state_bytes},
-                        {"summed_bytes_per_step", r.summed_bytes}}
+                        {"summed_bytes_per_step", r.summed_bytes},
+                        {"tokens_per_second", r.tokens_per_second}, {"mfu", r.mfu}}
              .dump()
       << "\n";
   f.flush();
@@ -536,10 +636,10 @@ void write_json(const Options& o, const Shape& in, Precision precision, const st
 // Step mode: time per step on one seeded random batch (or, with
 // --ddp-result, one DDP worker of it).
 int run_steps(const Options& o, Precision precision, int argc, char** argv) {
-  const Shape in = parse_input(o.input);
+  const Shape in = sample_shape(o);
   const std::vector<Device> devices = parse_devices(o.devices);
   std::mt19937_64 rng(o.seed);
-  Tensor x = random_batch(in, o.batch_size, rng);
+  Tensor x = random_batch(o, in, o.batch_size, rng);
   const Targets targets = make_targets(o.model, in, o.batch_size, o.seed, rng);
   const MathOptions math = math_of(o, precision);
   if (!o.ddp_result.empty()) return ddp_worker(o, x, targets.y, targets.loss, math, in);
@@ -552,8 +652,13 @@ int run_steps(const Options& o, Precision precision, int argc, char** argv) {
   std::vector<Config> configs = local_configs(o, in, devices, targets.loss, math);
   time_configs(o, configs, x, targets.y);
   if (devices.size() > 1 && !o.no_ddp) configs.push_back(ddp_config(o, devices, argc, argv));
-  const std::vector<Result> results = medians(o, configs);
-  print_results(results);
+  std::vector<Result> results = medians(o, configs);
+  const StepWork work = step_work(o, in, precision, devices);
+  for (Result& r : results) {
+    r.tokens_per_second = r.images_per_second * static_cast<double>(work.tokens_per_sample);
+    if (work.peak_flops > 0) r.mfu = r.images_per_second * work.flops_per_sample / work.peak_flops;
+  }
+  print_results(results, work);
   if (!o.json.empty()) write_json(o, in, precision, results);
   return 0;
 }
@@ -564,7 +669,11 @@ int run(int argc, char** argv) {
   po::variables_map vm;
   if (!parse(argc, argv, o, e, vm)) return 0;
   const Precision precision = check_common(o);
-  if (vm.count("epochs")) return apps::run_epoch_bench(epoch_options(vm, o, e, precision));
+  if (vm.count("epochs")) {
+    FANOUT_USER_CHECK(!models::is_gpt(o.model)) << "--epochs trains on image data; a GPT runs in step mode";
+    return apps::run_epoch_bench(epoch_options(vm, o, e, precision));
+  }
+  if (models::is_gpt(o.model) && !given(vm, "input")) o.input.clear();  // block_size
   check_step_options(vm, o);
   return run_steps(o, precision, argc, argv);
 }

@@ -1,7 +1,9 @@
 // DDP engine with ranks as threads over Gloo: gradient accumulation without
 // reduction (no_sync) then one reduction equal to one big batch, parameters
 // that get no gradient named, SyncBatchNorm across processes, and evaluation
-// split over ranks equal to one device's, to the bit.
+// split over ranks equal to one device's, to the bit; a GPT (dropout,
+// AdamW, clipping) over 2 ranks, and over 2 ranks of cpu:2, bit for bit as
+// one device with split-invariant math.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,9 +11,11 @@
 
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
+#include "models/zoo/gpt.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
+#include "runtime/optim/clip.h"
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/train/trainer.h"
 #include "support/dist_util.h"
@@ -269,6 +273,61 @@ TEST(DdpAgreement, ADifferentModelOrBatchSizeIsOneLineOnEveryRank) {
       EXPECT_NE(errors[r].find("every rank must run the same model and options"), std::string::npos) << errors[r];
       EXPECT_EQ(errors[r].find('\n'), std::string::npos);
     }
+  }
+}
+
+// Ten AdamW steps (clipping at 1.0) of a small GPT with dropout 0.1 on
+// token batches of 8 rows; ranks take contiguous halves of each batch.
+TEST(Ddp, GptEqualsOneDeviceBitForBit) {
+  models::GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.block_size = 8;
+  c.vocab_size = 13;
+  c.dropout = 0.1f;
+  std::mt19937_64 rng(41);
+  std::vector<testing::Batch> data;
+  for (int s = 0; s < 10; ++s) {
+    Tensor x = Tensor::empty(Shape{8, 8}, DType::I32), y = Tensor::empty(Shape{8, 8}, DType::I32);
+    for (int64_t i = 0; i < 64; ++i) {
+      x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 13);
+      y.data<int32_t>()[i] = i % 9 == 4 ? -1 : static_cast<int32_t>(rng() % 13);
+    }
+    data.push_back({x, y});
+  }
+  MathOptions math;
+  math.split_invariant = true;
+  auto step = [](testing::EngineRun& e, const Tensor& x, const Tensor& y, float scale) {
+    e->forward_backward(x, y, scale, true);
+    optim::clip_grad_norm(*e.opt, 1.0);
+    e.opt->step();
+    e.opt->zero_grad();
+  };
+  auto one = models::gpt(c, 5);
+  {
+    EngineSpec spec = testing::engine_on("cpu", true);
+    spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+    testing::EngineRun e(make_engine(*one, std::move(spec)), testing::test_adamw(1e-2f));
+    for (const auto& b : data) step(e, b.x, b.y, 1.0f / 8);
+  }
+  const Tensor want = one->arenas().params.to(Device::cpu());
+  for (const char* devices : {"cpu", "cpu:2"}) {
+    SCOPED_TRACE(devices);
+    TempDir dir;
+    std::vector<Tensor> got(2);
+    run_ranks(2, [&](int r) {
+      auto m = models::gpt(c, 5);
+      EngineSpec spec;
+      spec.devices = parse_devices(devices);
+      spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+      spec.dp.math = math;
+      spec.group = distributed::make_gloo_group({r, 2, "file:" + dir.path(), "gpt", 60});
+      testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw(1e-2f));
+      for (const auto& b : data) step(e, b.x.slice(4 * r, 4 * r + 4), b.y.slice(4 * r, 4 * r + 4), 1.0f / 8);
+      got[r] = m->arenas().params.to(Device::cpu());
+    });
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(testing::same_bits(got[r], want)) << "rank " << r;
   }
 }
 
