@@ -3,7 +3,8 @@
 # find_package(fanout) and links as fanout::fanout; the consumers are the
 # README's library example (your own loop, criterion, AdamW and clipping)
 # and its "Writing a layer" example (a layer of your own, its gradient
-# check, a TensorDataset and the Trainer over cpu:2). Headers: only
+# check, a TensorDataset and the Trainer over cpu:2) and its GPT example (a
+# transformer block of your own on token windows over cpu:2). Headers: only
 # <fanout/...> ones are used and installed, none of the backends' internal
 # headers is, and the consumer's own models/ and runtime/ folders (first on
 # its include path, each header an #error) are never picked up by fanout's.
@@ -32,9 +33,12 @@ add_executable(consumer main.cpp)
 target_link_libraries(consumer PRIVATE fanout::fanout)
 add_executable(layer layer.cpp)
 target_link_libraries(layer PRIVATE fanout::fanout)
+add_executable(gpt gpt.cpp)
+target_link_libraries(gpt PRIVATE fanout::fanout)
 # The project's own folders come first on its include path.
 target_include_directories(consumer BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_include_directories(layer BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_include_directories(gpt BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 CM
 # A project with folders named as fanout's: any of its headers picked up
 # instead of fanout's stops the build.
@@ -49,13 +53,17 @@ grep -q "int main" "$work/app/main.cpp" || { echo "FAIL: no library example in R
 sed -n '/<!-- layer-example begin -->/,/<!-- layer-example end -->/p' "$src/README.md" | sed '1,2d;$d' | sed '$d' \
   > "$work/app/layer.cpp"
 grep -q "int main" "$work/app/layer.cpp" || { echo "FAIL: no layer example in README.md"; exit 1; }
-if grep -hE '#include "(runtime|kernels|models)/' "$work/app/main.cpp" "$work/app/layer.cpp"; then
+sed -n '/<!-- gpt-example begin -->/,/<!-- gpt-example end -->/p' "$src/README.md" | sed '1,2d;$d' | sed '$d' \
+  > "$work/app/gpt.cpp"
+grep -q "int main" "$work/app/gpt.cpp" || { echo "FAIL: no GPT example in README.md"; exit 1; }
+if grep -hE '#include "(runtime|kernels|models)/' "$work/app/main.cpp" "$work/app/layer.cpp" "$work/app/gpt.cpp"; then
   echo "FAIL: the README's examples include fanout headers without <fanout/...>"; exit 1
 fi
 cmake -S "$work/app" -B "$work/app/build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/cfg.log"
 cmake --build "$work/app/build" -j2 > "$work/build.log"
 (cd "$work" && LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/consumer") | tee "$work/out.txt"
 (cd "$work" && LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/layer") | tee "$work/layer.txt"
+(cd "$work" && LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/app/build/gpt") | tee "$work/gpt.txt"
 python3 - "$work" <<'PY'
 import re, sys
 from safetensors.numpy import load_file
@@ -73,4 +81,10 @@ assert worst < 1e-2, f"the layer example's gradient check: {worst}"
 assert acc >= 0.95, f"the layer example's test accuracy {acc}"
 assert len(steps) == 3, f"on_step lines: {steps}"
 print(f"README layer example: gradient check {worst:.1e}, test accuracy {acc:.4f}")
+out = open(f"{work}/gpt.txt").read()
+steps = [float(v) for v in re.findall(r"step \d+ loss ([0-9.]+)", out)]
+acc = float(re.search(r"next-token accuracy ([0-9.]+)", out).group(1))
+assert len(steps) >= 3 and steps[-1] < 0.5 * steps[0], f"the GPT example's loss did not fall: {steps}"
+assert acc >= 0.95, f"the GPT example's next-token accuracy {acc}"
+print(f"README GPT example: loss {steps[0]:.3f} -> {steps[-1]:.3f}, next-token accuracy {acc:.4f}")
 PY
