@@ -117,7 +117,7 @@ int model_classes(const std::string& model) {
 }
 
 models::GPTConfig gpt_config(const std::string& model) {
-  return models::parse_gpt_config(model.size() > 4 ? model.substr(4) : "", kBenchVocab);
+  return models::parse_gpt_config(models::gpt_spec(model), kBenchVocab);
 }
 
 // Seeded targets for `model`'s output on a batch of `in`: class labels, or

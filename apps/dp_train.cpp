@@ -27,9 +27,10 @@
 
 #include "apps/cli_main.h"
 #include "apps/test_hooks.h"
+#include "models/zoo/gpt.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
-#include "runtime/data/dataset.h"
+#include "runtime/data/open_data.h"
 #include "runtime/distributed/launcher.h"
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/train/checkpoint.h"
@@ -105,10 +106,15 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
     ("help,h", "print this help and exit")
     ("model", po::value(&o.model)->default_value(d.model),
      "mlp, lenet, cnn, resnet18 or resnet18:imagenet (classification); heatmap3d, or heatmap3d:group with "
-     "GroupNorm for small per-device batches (keypoint volumes)")
+     "GroupNorm for small per-device batches (keypoint volumes); gpt:PRESET,KEY=VALUE,... (a language model on "
+     "token data: presets gpt2, gpt-char; nanoGPT's GPTConfig keys n_layer, n_head, n_embd, block_size, "
+     "vocab_size, dropout, bias)")
     ("data", po::value(&o.data)->default_value(d.data),
      "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N]; "
-     "keypoint volumes: keypoints3d:DIR, synthetic3d[:N]")
+     "keypoint volumes: keypoints3d:DIR, synthetic3d[:N]; token data for gpt: tokens:DIR (nanoGPT's train.bin "
+     "and val.bin or llm.c shards by those names, DIR/meta.json), text:FILE (a character vocabulary, 90% train "
+     "and 10% validation, as nanoGPT's shakespeare_char; cached in $FANOUT_CACHE_DIR or ~/.cache/fanout), "
+     "text-bytes:FILE (the 256 byte values)")
     ("epochs", po::value(&o.epochs)->default_value(d.epochs), "epochs to train")
     ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size),
      "global batch size (split over the processes, then the devices)")
@@ -446,11 +452,13 @@ Process this_process(const train::RunConfig& c) {
 }
 
 std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model, const Process& p,
-                                        const std::vector<Device>& all, const data::TrainTest& data) {
+                                        const std::vector<Device>& all, const data::DataSplits& data) {
   EngineSpec spec;
   spec.devices = p.devices;
-  // Heatmap targets take the squared error; class labels cross-entropy.
-  spec.loss.criterion = data.train.dense_targets() ? CriterionKind::Mse : CriterionKind::CrossEntropy;
+  // Heatmap targets take the squared error; class labels cross-entropy; a language model's next tokens token_cross_entropy.
+  spec.loss.criterion = data.train->dense_targets() ? CriterionKind::Mse
+                        : data.token_data()         ? CriterionKind::TokenCrossEntropy
+                                                    : CriterionKind::CrossEntropy;
   spec.loss.label_smoothing = c.label_smoothing;
   spec.dp.loss_on_replicas = !c.gather_outputs;
   if (!c.output_device.empty()) {
@@ -491,7 +499,7 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
                   {"epochs", c.epochs},
                   {"seed", static_cast<int64_t>(c.seed)},
                   {"optimizer (kind)", static_cast<int64_t>(optim::parse_optimizer(c.optimizer))},
-                  {"training samples", data.train.size()}};
+                  {"training samples", data.train->size()}};
   }
   return make_engine(model, std::move(spec));
 }
@@ -667,11 +675,11 @@ int finish_stopped(const train::Trainer& trainer, Engine& engine, optim::Optimiz
   return 128 + (sig != 0 ? sig : SIGTERM);
 }
 
-int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, const data::TrainTest& data,
+int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, const data::DataSplits& data,
               const Process& p,
               train::CheckpointState ckpt, const std::string& save_dir, train::CheckpointSaver* saver) {
   const int last = last_epoch(c, ckpt, save_dir);
-  train::Trainer trainer(process_trainer_config(c, p), engine, opt, data);
+  train::Trainer trainer(process_trainer_config(c, p), engine, opt, *data.train, *data.test);
   optim::GradScaler* scaler = trainer.grad_scaler();
   // 16-mixed continues with the saved scale; a checkpoint of another precision has none to give.
   if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
@@ -718,6 +726,34 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   return 0;
 }
 
+// --data opened for --model: a GPT's windows are its block_size; the data
+// must suit the model (token ids for a GPT, images for the rest).
+data::DataSplits open_run_data(const train::RunConfig& c, const Process& p) {
+  data::DataOptions o;
+  o.seed = c.seed;
+  o.heatmap = data::HeatmapSpec{c.heatmap_radius, 0.0};
+  if (models::is_gpt(c.model)) {
+    bool from_data = false;
+    const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(c.model), 1, &from_data);
+    o.block_size = g.block_size;
+    o.vocab_size = from_data ? 0 : g.vocab_size;
+  }
+  data::DataSplits data = data::open_data(c.data, o);
+  if (p.primary())
+    for (const std::string& w : data.warnings) std::fprintf(stderr, "dp-train: warning: %s\n", w.c_str());
+  FANOUT_USER_CHECK(models::is_gpt(c.model) == data.token_data())
+      << "model " << c.model << (models::is_gpt(c.model) ? " reads token ids" : " reads images") << " but data "
+      << c.data << (data.token_data() ? " is text or tokens (train it with --model gpt:...)" : " is images");
+  FANOUT_USER_CHECK(models::dense_output(c.model) == data.train->dense_targets())
+      << "model " << c.model << (models::dense_output(c.model) ? " draws heatmaps" : " is a classifier")
+      << " but data " << c.data << (data.train->dense_targets() ? " has landmarks" : " has class labels")
+      << " (heatmap3d goes with keypoints3d:DIR or synthetic3d)";
+  FANOUT_USER_CHECK(!c.drop_last || data.train->size() >= c.batch_size)
+      << "--drop-last with --batch-size " << c.batch_size << " would drop every batch: the training set holds "
+      << data.train->size() << " samples";
+  return data;
+}
+
 int run(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   if (cli.help) return 0;
@@ -750,23 +786,14 @@ int run(int argc, char** argv) {
                   others.size() == 1 ? "" : "s", save_to.c_str());
     }
   }
-  data::TrainTest data = data::open_dataset(c.data, c.seed, data::HeatmapSpec{c.heatmap_radius, 0.0});
-  if (p.primary())
-    for (const std::string& w : data.warnings) std::fprintf(stderr, "dp-train: warning: %s\n", w.c_str());
-  FANOUT_USER_CHECK(models::dense_output(c.model) == data.train.dense_targets())
-      << "model " << c.model << (models::dense_output(c.model) ? " draws heatmaps" : " is a classifier")
-      << " but data " << c.data << (data.train.dense_targets() ? " has landmarks" : " has class labels")
-      << " (heatmap3d goes with keypoints3d:DIR or synthetic3d)";
-  FANOUT_USER_CHECK(!c.drop_last || data.train.size() >= c.batch_size)
-      << "--drop-last with --batch-size " << c.batch_size << " would drop every batch: the training set holds "
-      << data.train.size() << " samples";
-  auto model = models::make_model(c.model, data.train.sample_shape(), data.train.num_classes, c.seed);
+  const data::DataSplits data = open_run_data(c, p);
+  auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed);
   auto engine = make_run_engine(c, *model, p, all, data);
   if (p.primary()) {
     std::printf("fanout dp-train: model %s (%lld parameters) on %s, data %s (%lld train / %lld test, %s)\n",
                 c.model.c_str(), static_cast<long long>(model->num_parameters()), names(p.devices).c_str(),
-                c.data.c_str(), static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
-                data.train.sample_shape().str().c_str());
+                c.data.c_str(), static_cast<long long>(data.train->size()), static_cast<long long>(data.test->size()),
+                data.train->sample_shape().str().c_str());
     if (c.devices == "auto")
       std::printf("devices auto: %s, %s\n", names(all).c_str(),
                   auto_devices(local_batch(c), host_cores(), cuda_device_count()).why.c_str());

@@ -32,7 +32,9 @@ int64_t parse_int(const std::string& key, const std::string& v) {
 
 }  // namespace
 
-GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab) {
+std::string gpt_spec(const std::string& model) { return model.size() > 4 ? model.substr(4) : ""; }
+
+GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab, bool* vocab_from_data) {
   std::vector<std::pair<std::string, std::string>> kv;
   std::string preset_name = "gpt2";
   std::stringstream ss(spec);
@@ -73,6 +75,7 @@ GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab) {
                     << "' (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, dropout, bias)";
     }
   }
+  if (vocab_from_data) *vocab_from_data = !vocab_given && c.vocab_size == 0;
   if (!vocab_given && c.vocab_size == 0) c.vocab_size = data_vocab;
   if (!vocab_given && preset_name == "gpt2" && data_vocab > c.vocab_size) c.vocab_size = data_vocab;
   FANOUT_USER_CHECK(c.vocab_size >= 1)

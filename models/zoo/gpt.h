@@ -38,8 +38,11 @@ struct GPTConfig {
 // 384, block 256, dropout 0.2, no bias; vocab_size from the data).
 // Parses "KEY=VALUE,..." over a preset (preset=NAME, or gpt2): keys are the
 // GPTConfig fields; vocab_size defaults to `data_vocab` when that is > 0 and
-// the preset does not fix it. One-line errors for unknown keys and bad values.
-GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab = 0);
+// the preset does not fix it (*vocab_from_data, when given, says whether it
+// did). One-line errors for unknown keys and bad values.
+GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab = 0, bool* vocab_from_data = nullptr);
+// The configuration part of a model name "gpt:..." ("" for "gpt").
+std::string gpt_spec(const std::string& model);
 std::string to_string(const GPTConfig& c);  // "n_layer=12,n_head=12,..."
 
 class GPT : public Module {

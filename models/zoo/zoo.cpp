@@ -189,7 +189,7 @@ bool dense_output(const std::string& name) {
 
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
   if (is_gpt(name)) {
-    const GPTConfig c = parse_gpt_config(name.size() > 4 ? name.substr(4) : "", classes);
+    const GPTConfig c = parse_gpt_config(gpt_spec(name), classes);
     FANOUT_USER_CHECK(input.ndim == 1 && input[0] >= 1)
         << "model gpt takes (T) token ids per sample, not samples of shape " << input.str();
     FANOUT_USER_CHECK(input[0] <= c.block_size)

@@ -1,0 +1,36 @@
+// open_data: image sets through open_dataset, token data through tokens.h.
+#include "runtime/data/open_data.h"
+
+#include "runtime/core/error.h"
+
+namespace fanout::data {
+
+DataSplits open_data(const std::string& spec, const DataOptions& o) {
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  DataSplits s;
+  if (kind != "tokens" && kind != "text" && kind != "text-bytes") {
+    auto tt = std::make_shared<TrainTest>(open_dataset(spec, o.seed, o.heatmap));
+    s.train = std::shared_ptr<const Dataset>(tt, &tt->train);
+    s.test = std::shared_ptr<const Dataset>(tt, &tt->test);
+    s.classes = tt->train.num_classes;
+    s.warnings = tt->warnings;
+    return s;
+  }
+  FANOUT_USER_CHECK(!arg.empty()) << "bad dataset '" << spec << "': " << kind << " needs "
+                                  << (kind == "tokens" ? "a directory (tokens:DIR)" : "a file (" + kind + ":FILE)");
+  FANOUT_USER_CHECK(o.block_size > 0) << "dataset '" << spec
+                                      << "' is token data for a language model: train it with --model gpt:...";
+  const std::string dir =
+      kind == "tokens" ? arg : prepare_text(arg, kind == "text-bytes", o.cache_dir.empty() ? default_cache_dir() : o.cache_dir);
+  TokenSplits t = open_token_dir(dir, o.block_size, o.vocab_size);
+  s.tokens = t.meta;
+  s.tokens.vocab_size = t.train->vocab();
+  s.classes = t.meta.vocab_size > 0 ? t.meta.vocab_size : t.train->vocab();
+  s.train = std::move(t.train);
+  s.test = std::move(t.val);
+  s.token_dir = dir;
+  return s;
+}
+
+}  // namespace fanout::data

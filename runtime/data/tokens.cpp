@@ -1,0 +1,290 @@
+// Token files, their windows, and text made into token files.
+#include "runtime/data/tokens.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/error.h"
+#include "runtime/io/file_io.h"
+
+namespace fanout::data {
+
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+constexpr size_t kMaxVocab = 65536;  // ids are stored as uint16
+
+std::string errno_text() { return io::detail::errno_text(errno); }
+
+}  // namespace
+
+std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
+  std::shared_ptr<TokenFile> f(new TokenFile());
+  f->path_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FANOUT_USER_CHECK(fd >= 0) << "cannot open token file " << path << ": " << errno_text();
+  struct stat st {};
+  const int rc = ::fstat(fd, &st);
+  const int err = errno;
+  if (rc != 0 || st.st_size == 0) {
+    ::close(fd);
+    FANOUT_USER_CHECK(rc == 0) << "cannot read token file " << path << ": " << io::detail::errno_text(err);
+    FANOUT_FAIL() << "token file " << path << " is empty";
+  }
+  f->bytes_ = static_cast<size_t>(st.st_size);
+  f->map_ = ::mmap(nullptr, f->bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (f->map_ == MAP_FAILED) {
+    f->map_ = nullptr;
+    FANOUT_FAIL() << "cannot map token file " << path << ": " << errno_text();
+  }
+  ::madvise(f->map_, f->bytes_, MADV_RANDOM);  // windows are read in the sampler's order
+  const auto* head = static_cast<const int32_t*>(f->map_);
+  if (f->bytes_ >= 4 && head[0] == kLlmcMagic) {
+    FANOUT_USER_CHECK(static_cast<int64_t>(f->bytes_) >= kLlmcHeaderBytes)
+        << "token file " << path << ": llm.c header truncated (" << f->bytes_ << " of " << kLlmcHeaderBytes
+        << " bytes)";
+    FANOUT_USER_CHECK(head[1] == 1) << "token file " << path << ": llm.c version " << head[1]
+                                    << " (version 1, uint16 tokens, is read)";
+    const int64_t count = head[2];
+    const int64_t have = (static_cast<int64_t>(f->bytes_) - kLlmcHeaderBytes) / 2;
+    FANOUT_USER_CHECK(count >= 0 && count == have && (f->bytes_ - kLlmcHeaderBytes) % 2 == 0)
+        << "token file " << path << ": the llm.c header says " << count << " tokens but the file holds " << have
+        << (((f->bytes_ - kLlmcHeaderBytes) % 2) ? " and an odd byte" : "");
+    f->llmc_ = true;
+    f->count_ = count;
+    f->tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(f->map_) + kLlmcHeaderBytes);
+  } else {
+    FANOUT_USER_CHECK(f->bytes_ % 2 == 0)
+        << "token file " << path << " has an odd byte count (" << f->bytes_
+        << "): not uint16 tokens (nanoGPT's .bin) nor an llm.c shard (magic " << kLlmcMagic << ")";
+    f->count_ = static_cast<int64_t>(f->bytes_ / 2);
+    f->tokens_ = static_cast<const uint16_t*>(f->map_);
+  }
+  return f;
+}
+
+TokenFile::~TokenFile() {
+  if (map_) ::munmap(map_, bytes_);
+}
+
+TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_size, int64_t vocab, std::string n)
+    : file_(std::move(file)), block_(block_size), vocab_(vocab) {
+  name = std::move(n);
+  FANOUT_CHECK(block_size >= 1 && vocab >= 1) << "TokenWindows: block " << block_size << ", vocabulary " << vocab;
+  FANOUT_USER_CHECK(file_->size() >= block_size + 1)
+      << "token file " << file_->path() << " holds " << file_->size() << " tokens, shorter than one window of "
+      << block_size + 1 << " (block_size " << block_size << " + 1)";
+  windows_ = (file_->size() - 1) / block_size;
+}
+
+void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
+  FANOUT_USER_CHECK(0 <= i && i < windows_)
+      << "sample index " << i << " is out of range for dataset '" << name << "' with " << windows_ << " windows";
+  const uint16_t* t = file_->data() + i * block_;
+  auto* xp = static_cast<int32_t*>(x);
+  auto* yp = static_cast<int32_t*>(y);
+  for (int64_t k = 0; k <= block_; ++k) {
+    const int32_t id = t[k];
+    FANOUT_USER_CHECK(id < vocab_) << "token file " << file_->path() << ": token " << id << " at position "
+                                   << i * block_ + k << " is outside the vocabulary [0, " << vocab_ << ")";
+    if (k < block_) xp[k] = id;
+    if (k > 0) yp[k - 1] = id;
+  }
+}
+
+// ---- text ----
+
+namespace {
+
+// The UTF-8 characters of `text`, each as its bytes; one-line error at the
+// first invalid sequence.
+std::vector<std::string> utf8_chars(const std::string& text, const std::string& path) {
+  std::vector<std::string> out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    FANOUT_USER_CHECK(ok) << "text " << path << " is not UTF-8 at byte " << i
+                          << " (text-bytes:FILE reads any bytes)";
+    out.emplace_back(text, i, n);
+    i += n;
+  }
+  return out;
+}
+
+// A character's code point (for Python's sort order of str).
+uint32_t code_point(const std::string& ch) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(ch[k])); };
+  switch (ch.size()) {
+    case 1: return b(0);
+    case 2: return (b(0) & 0x1f) << 6 | (b(1) & 0x3f);
+    case 3: return (b(0) & 0x0f) << 12 | (b(1) & 0x3f) << 6 | (b(2) & 0x3f);
+    default: return (b(0) & 0x07) << 18 | (b(1) & 0x3f) << 12 | (b(2) & 0x3f) << 6 | (b(3) & 0x3f);
+  }
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void write_tokens(const std::string& path, const std::vector<uint16_t>& ids) {
+  io::write_file_atomic(path, [&](const io::WriteFn& w) { w(ids.data(), ids.size() * sizeof(uint16_t)); });
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  FANOUT_USER_CHECK(f.good()) << "cannot open text " << path << ": " << errno_text();
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  FANOUT_USER_CHECK(!f.bad()) << "cannot read text " << path << ": " << errno_text();
+  FANOUT_USER_CHECK(!text.empty()) << "text " << path << " is empty";
+  return text;
+}
+
+}  // namespace
+
+std::vector<int32_t> Vocabulary::encode(const std::string& text) const {
+  std::vector<int32_t> out;
+  if (bytes) {
+    for (unsigned char c : text) out.push_back(c);
+    return out;
+  }
+  std::map<std::string, int32_t> stoi;
+  for (size_t i = 0; i < itos.size(); ++i) stoi.emplace(itos[i], static_cast<int32_t>(i));
+  for (const std::string& ch : utf8_chars(text, "(the prompt)")) {
+    const auto it = stoi.find(ch);
+    FANOUT_USER_CHECK(it != stoi.end()) << "the character " << io::detail::quoted(ch, true)
+                                        << " is not in the model's vocabulary of " << itos.size() << " characters";
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+std::string Vocabulary::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    FANOUT_USER_CHECK(id >= 0 && id < size()) << "token " << id << " is outside the vocabulary [0, " << size() << ")";
+    out += itos[static_cast<size_t>(id)];
+  }
+  return out;
+}
+
+TokenMeta read_token_meta(const std::string& dir) {
+  TokenMeta m;
+  const std::string path = dir + "/meta.json";
+  std::ifstream f(path);
+  if (!f.good()) return m;
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  FANOUT_USER_CHECK(!j.is_discarded() && j.is_object() && j.contains("vocab_size") &&
+                    j["vocab_size"].is_number_integer() && j["vocab_size"].get<int64_t>() >= 1 &&
+                    j["vocab_size"].get<int64_t>() <= static_cast<int64_t>(kMaxVocab))
+      << path << " is not a token meta file ({\"vocab_size\": N, ...} with N in 1.." << kMaxVocab << ")";
+  m.vocab_size = j["vocab_size"].get<int64_t>();
+  if (j.value("kind", std::string()) == "bytes") {
+    FANOUT_USER_CHECK(m.vocab_size == 256) << path << ": a byte vocabulary has 256 tokens, not " << m.vocab_size;
+    m.vocab.bytes = true;
+    for (int b = 0; b < 256; ++b) m.vocab.itos.emplace_back(1, static_cast<char>(b));
+  } else if (j.contains("itos")) {
+    FANOUT_USER_CHECK(j["itos"].is_array() && static_cast<int64_t>(j["itos"].size()) == m.vocab_size)
+        << path << ": itos must list vocab_size strings";
+    for (const auto& s : j["itos"]) {
+      FANOUT_USER_CHECK(s.is_string()) << path << ": itos must list strings";
+      m.vocab.itos.push_back(s.get<std::string>());
+    }
+  }
+  return m;
+}
+
+void write_token_meta(const std::string& dir, const TokenMeta& meta) {
+  nlohmann::json j = {{"vocab_size", meta.vocab_size}};
+  if (meta.vocab.bytes) {
+    j["kind"] = "bytes";  // token b is byte b (bytes past 0x7f are no UTF-8 strings of their own)
+  } else if (!meta.vocab.itos.empty()) {
+    j["kind"] = "char";
+    j["itos"] = meta.vocab.itos;
+  }
+  const std::string text = j.dump() + "\n";
+  io::write_file_atomic(dir + "/meta.json", [&](const io::WriteFn& w) { w(text.data(), text.size()); });
+}
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("FANOUT_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/fanout";
+  if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/fanout";
+  return "/tmp/fanout-cache";
+}
+
+std::string prepare_text(const std::string& path, bool bytes, const std::string& cache_dir) {
+  const std::string text = read_all(path);
+  char key[17];
+  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
+  const std::string dir = cache_dir + "/text-" + (bytes ? "bytes-" : "char-") + key;
+  namespace fs = std::filesystem;
+  if (fs::exists(dir + "/meta.json") && fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin")) return dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
+  TokenMeta meta;
+  std::vector<uint16_t> ids;
+  if (bytes) {
+    meta.vocab.bytes = true;
+    for (int b = 0; b < 256; ++b) meta.vocab.itos.emplace_back(1, static_cast<char>(b));
+    ids.reserve(text.size());
+    for (unsigned char c : text) ids.push_back(c);
+  } else {
+    const std::vector<std::string> chars = utf8_chars(text, path);
+    std::map<uint32_t, std::string> distinct;  // sorted by code point, as Python sorts str
+    for (const std::string& ch : chars) distinct.emplace(code_point(ch), ch);
+    FANOUT_USER_CHECK(distinct.size() <= kMaxVocab)
+        << "text " << path << " has " << distinct.size() << " distinct characters, more than uint16 tokens hold";
+    std::map<std::string, uint16_t> stoi;
+    for (auto& [cp, ch] : distinct) {
+      stoi.emplace(ch, static_cast<uint16_t>(meta.vocab.itos.size()));
+      meta.vocab.itos.push_back(ch);
+    }
+    ids.reserve(chars.size());
+    for (const std::string& ch : chars) ids.push_back(stoi.at(ch));
+  }
+  meta.vocab_size = meta.vocab.size();
+  // nanoGPT: train = data[:int(n * 0.9)], val = the rest.
+  const size_t n = ids.size(), cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
+  write_tokens(dir + "/train.bin", std::vector<uint16_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(cut)));
+  write_tokens(dir + "/val.bin", std::vector<uint16_t>(ids.begin() + static_cast<std::ptrdiff_t>(cut), ids.end()));
+  write_token_meta(dir, meta);  // last: its presence marks a complete cache entry
+  return dir;
+}
+
+TokenSplits open_token_dir(const std::string& dir, int64_t block_size, int64_t vocab) {
+  TokenSplits s;
+  s.dir = dir;
+  s.meta = read_token_meta(dir);
+  FANOUT_USER_CHECK(vocab > 0 || s.meta.vocab_size > 0)
+      << "token data " << dir << " has no meta.json giving vocab_size: give the model's vocab_size";
+  FANOUT_USER_CHECK(vocab == 0 || s.meta.vocab_size == 0 || vocab >= s.meta.vocab_size)
+      << "the model's vocab_size " << vocab << " is smaller than the data's " << s.meta.vocab_size << " (" << dir
+      << "/meta.json)";
+  const int64_t v = vocab > 0 ? vocab : s.meta.vocab_size;
+  s.train = std::make_unique<TokenWindows>(TokenFile::open(dir + "/train.bin"), block_size, v, "tokens/train");
+  s.val = std::make_unique<TokenWindows>(TokenFile::open(dir + "/val.bin"), block_size, v, "tokens/val");
+  return s;
+}
+
+}  // namespace fanout::data

@@ -1,0 +1,252 @@
+// Token data (runtime/data/tokens.h, open_data.h): nanoGPT's flat uint16
+// files and llm.c's shards read alike; windows of block_size + 1 tokens
+// overlapping by one, x and y shifted by one; an epoch visits every window
+// once on one loader and split over 2 or 3 ranks; every malformed file a
+// one-line error naming it; text made into token files exactly as nanoGPT's
+// shakespeare_char/prepare.py makes them (a Python reference run on the same
+// text), a cache reused while the text is unchanged and rebuilt when it
+// changes; byte vocabularies; encode and decode round trips.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/error.h"
+#include "runtime/data/loader.h"
+#include "runtime/data/open_data.h"
+#include "runtime/data/sampler.h"
+#include "runtime/data/tokens.h"
+#include "support/dist_util.h"
+
+namespace fanout {
+namespace {
+
+using data::TokenFile;
+using data::TokenWindows;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void write_bytes(const std::string& path, const void* p, size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+}
+
+std::vector<uint16_t> random_tokens(int64_t n, int v, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<uint16_t>(rng() % static_cast<uint64_t>(v));
+  return t;
+}
+
+void write_llmc(const std::string& path, const std::vector<uint16_t>& t, int32_t magic = 20240520, int32_t version = 1,
+                int64_t count = -1) {
+  std::vector<int32_t> head(256, 0);
+  head[0] = magic;
+  head[1] = version;
+  head[2] = static_cast<int32_t>(count < 0 ? static_cast<int64_t>(t.size()) : count);
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(head.data()), 1024);
+  f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+}
+
+TEST(TokenFiles, NanoGptAndLlmcLayoutsGiveTheSameWindows) {
+  testing::TempDir dir;
+  const auto t = random_tokens(1000, 50, 1);
+  write_bytes(dir.path() + "/flat.bin", t.data(), t.size() * 2);
+  write_llmc(dir.path() + "/shard.bin", t);
+  for (const char* name : {"flat.bin", "shard.bin"}) {
+    SCOPED_TRACE(name);
+    auto f = TokenFile::open(dir.path() + "/" + name);
+    EXPECT_EQ(f->llmc(), std::string(name) == "shard.bin");
+    ASSERT_EQ(f->size(), 1000);
+    TokenWindows w(f, 64, 50, "w");
+    EXPECT_EQ(w.size(), 999 / 64);  // windows of 65 tokens overlapping by one
+    EXPECT_EQ(w.input_dtype(), DType::I32);
+    EXPECT_EQ(w.sample_shape(), Shape{64});
+    std::vector<int32_t> x(64), y(64);
+    for (int64_t i : {int64_t{0}, int64_t{7}, w.size() - 1}) {
+      w.get(i, {}, x.data(), y.data());
+      for (int64_t k = 0; k < 64; ++k) {
+        ASSERT_EQ(x[k], t[i * 64 + k]) << "window " << i;
+        ASSERT_EQ(y[k], t[i * 64 + k + 1]) << "window " << i;
+      }
+    }
+  }
+}
+
+// Each window starts at a distinct multiple of block_size, so its first
+// token position names it: every window seen once per epoch.
+TEST(TokenFiles, AnEpochVisitsEveryWindowOnceOnAnyRankCount) {
+  testing::TempDir dir;
+  std::vector<uint16_t> t(2001);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(i % 60000);
+  write_bytes(dir.path() + "/train.bin", t.data(), t.size() * 2);
+  TokenWindows w(TokenFile::open(dir.path() + "/train.bin"), 16, 60000, "w");
+  ASSERT_EQ(w.size(), 125);
+  for (int ranks : {1, 2, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    std::multiset<int32_t> starts;
+    for (int r = 0; r < ranks; ++r) {
+      data::LoaderOptions lo;
+      lo.batch_size = 7;
+      lo.workers = 2;
+      std::unique_ptr<data::Sampler> s;
+      if (ranks == 1) s = std::make_unique<data::RandomSampler>(w.size(), 3);
+      else s = std::make_unique<data::DistributedSampler>(w.size(), ranks, r, true, 3, /*drop_last=*/false);
+      data::DataLoader loader(w, std::move(s), lo);
+      loader.start_epoch(1);
+      Tensor x, y;
+      while (loader.next(x, y))
+        for (int64_t b = 0; b < x.size(0); ++b) starts.insert(x.data<int32_t>()[b * 16]);
+    }
+    // DistributedSampler pads to a multiple of the ranks by repeating the first windows.
+    const size_t padded = static_cast<size_t>((125 + ranks - 1) / ranks * ranks);
+    ASSERT_EQ(starts.size(), padded);
+    for (int32_t i = 0; i < 125; ++i) EXPECT_GE(starts.count(i * 16), 1u) << "window " << i;
+    EXPECT_EQ(std::set<int32_t>(starts.begin(), starts.end()).size(), 125u);
+  }
+}
+
+TEST(TokenFiles, MalformedFilesAreOneLineErrorsNamingThem) {
+  testing::TempDir dir;
+  const std::string d = dir.path();
+  const auto t = random_tokens(100, 20, 2);
+  EXPECT_EQ(error_of([&] { TokenFile::open(d + "/none.bin"); }),
+            "cannot open token file " + d + "/none.bin: No such file or directory");
+  write_bytes(d + "/empty.bin", "", 0);
+  EXPECT_EQ(error_of([&] { TokenFile::open(d + "/empty.bin"); }), "token file " + d + "/empty.bin is empty");
+  write_bytes(d + "/odd.bin", t.data(), 77);
+  EXPECT_NE(error_of([&] { TokenFile::open(d + "/odd.bin"); }).find("has an odd byte count (77)"), std::string::npos);
+  write_llmc(d + "/version.bin", t, 20240520, 3);
+  EXPECT_EQ(error_of([&] { TokenFile::open(d + "/version.bin"); }),
+            "token file " + d + "/version.bin: llm.c version 3 (version 1, uint16 tokens, is read)");
+  write_llmc(d + "/count.bin", t, 20240520, 1, 101);
+  EXPECT_EQ(error_of([&] { TokenFile::open(d + "/count.bin"); }),
+            "token file " + d + "/count.bin: the llm.c header says 101 tokens but the file holds 100");
+  const int32_t magic = 20240520;
+  write_bytes(d + "/short.bin", &magic, 4);
+  EXPECT_EQ(error_of([&] { TokenFile::open(d + "/short.bin"); }),
+            "token file " + d + "/short.bin: llm.c header truncated (4 of 1024 bytes)");
+  // A wrong magic is read as flat tokens (no header), which then fail the vocabulary.
+  write_llmc(d + "/magic.bin", t, 20240521);
+  TokenWindows wm(TokenFile::open(d + "/magic.bin"), 8, 20, "m");
+  std::vector<int32_t> x(8), y(8);
+  EXPECT_NE(error_of([&] { wm.get(0, {}, x.data(), y.data()); }).find("is outside the vocabulary [0, 20)"),
+            std::string::npos);
+  auto bad = t;
+  bad[37] = 20;
+  write_bytes(d + "/bad.bin", bad.data(), bad.size() * 2);
+  TokenWindows wb(TokenFile::open(d + "/bad.bin"), 8, 20, "b");
+  EXPECT_EQ(error_of([&] { wb.get(4, {}, x.data(), y.data()); }),
+            "token file " + d + "/bad.bin: token 20 at position 37 is outside the vocabulary [0, 20)");
+  EXPECT_EQ(error_of([&] { TokenWindows(TokenFile::open(d + "/bad.bin"), 100, 20, "s"); }),
+            "token file " + d + "/bad.bin holds 100 tokens, shorter than one window of 101 (block_size 100 + 1)");
+}
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// nanoGPT's shakespeare_char/prepare.py, in Python, on the same text: the
+// vocabulary (sorted set of characters), train = data[:int(n*0.9)] and val
+// = the rest as uint16 files.
+TEST(TextData, EqualsNanoGptsPrepareOnTheSameText) {
+  if (std::system("python3 -c 'import array' > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  testing::TempDir dir;
+  const std::string text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\xC3\xA9t\xC3\xA9 \xE2\x82\xAC "
+                           "\xF0\x9F\x98\x80 caf\xC3\xA9!\nAll:\nSpeak, speak.\n";
+  write_bytes(dir.path() + "/input.txt", text.data(), text.size());
+  const std::string py = dir.path() + "/prepare.py";
+  std::ofstream(py) << "import array, json, sys\n"
+                       "d = sys.argv[1]\n"
+                       "data = open(d + '/input.txt', encoding='utf-8').read()\n"
+                       "chars = sorted(list(set(data)))\n"
+                       "stoi = {ch: i for i, ch in enumerate(chars)}\n"
+                       "n = len(data)\n"
+                       "enc = lambda s: [stoi[c] for c in s]\n"
+                       "array.array('H', enc(data[:int(n * 0.9)])).tofile(open(d + '/ref_train.bin', 'wb'))\n"
+                       "array.array('H', enc(data[int(n * 0.9):])).tofile(open(d + '/ref_val.bin', 'wb'))\n"
+                       "json.dump(chars, open(d + '/ref_chars.json', 'w'))\n";
+  ASSERT_EQ(std::system(("python3 " + py + " " + dir.path()).c_str()), 0);
+  const std::string out = data::prepare_text(dir.path() + "/input.txt", false, dir.path() + "/cache");
+  EXPECT_EQ(read_file(out + "/train.bin"), read_file(dir.path() + "/ref_train.bin"));
+  EXPECT_EQ(read_file(out + "/val.bin"), read_file(dir.path() + "/ref_val.bin"));
+  const data::TokenMeta meta = data::read_token_meta(out);
+  const auto want = nlohmann::json::parse(read_file(dir.path() + "/ref_chars.json")).get<std::vector<std::string>>();
+  EXPECT_EQ(meta.vocab.itos, want);
+  EXPECT_EQ(meta.vocab_size, static_cast<int64_t>(want.size()));
+  // Round trip through the vocabulary.
+  EXPECT_EQ(meta.vocab.decode(meta.vocab.encode(text)), text);
+  EXPECT_EQ(error_of([&] { meta.vocab.encode("Speak, Zed"); }),
+            "the character 'Z' is not in the model's vocabulary of " + std::to_string(want.size()) + " characters");
+}
+
+TEST(TextData, CacheIsReusedUntilTheTextChangesAndBytesTakeAnyText) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/t.txt", cache = dir.path() + "/cache";
+  write_bytes(path, "abcabcabd\n", 10);
+  const std::string first = data::prepare_text(path, false, cache);
+  const auto stamp = std::filesystem::last_write_time(first + "/train.bin");
+  EXPECT_EQ(data::prepare_text(path, false, cache), first) << "unchanged text: the same cache entry";
+  EXPECT_EQ(std::filesystem::last_write_time(first + "/train.bin"), stamp) << "and not rewritten";
+  write_bytes(path, "abcabcabe\n", 10);
+  const std::string second = data::prepare_text(path, false, cache);
+  EXPECT_NE(second, first) << "a changed text is prepared again";
+  EXPECT_EQ(data::read_token_meta(second).vocab.itos, (std::vector<std::string>{"\n", "a", "b", "c", "e"}));
+  // Not UTF-8: text refuses it naming the byte, text-bytes takes it.
+  write_bytes(path, "ok\xff\xfe", 4);
+  EXPECT_EQ(error_of([&] { data::prepare_text(path, false, cache); }),
+            "text " + path + " is not UTF-8 at byte 2 (text-bytes:FILE reads any bytes)");
+  const std::string bytes = data::prepare_text(path, true, cache);
+  const data::TokenMeta m = data::read_token_meta(bytes);
+  EXPECT_TRUE(m.vocab.bytes);
+  EXPECT_EQ(m.vocab_size, 256);
+  EXPECT_EQ(m.vocab.decode(m.vocab.encode("ok\xff\xfe")), "ok\xff\xfe");
+  EXPECT_EQ(read_file(bytes + "/train.bin"), std::string("o\0k\0\xff\0", 6));  // int(4 * 0.9) = 3 bytes
+  write_bytes(path, "", 0);
+  EXPECT_EQ(error_of([&] { data::prepare_text(path, false, cache); }), "text " + path + " is empty");
+}
+
+TEST(TextData, OpenDataNeedsALanguageModelAndAWindowThatFits) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/t.txt";
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "the quick brown fox\n";  // 1000 characters: 900 train, 100 validation
+  write_bytes(path, text.data(), text.size());
+  data::DataOptions o;
+  o.cache_dir = dir.path() + "/cache";
+  EXPECT_EQ(error_of([&] { data::open_data("text:" + path, o); }),
+            "dataset 'text:" + path + "' is token data for a language model: train it with --model gpt:...");
+  o.block_size = 64;
+  const data::DataSplits s = data::open_data("text:" + path, o);
+  EXPECT_TRUE(s.token_data());
+  EXPECT_EQ(s.classes, 17);  // distinct characters
+  EXPECT_EQ(s.train->size(), 899 / 64);
+  EXPECT_EQ(s.test->size(), 99 / 64);
+  o.block_size = 128;  // longer than the validation split
+  EXPECT_NE(error_of([&] { data::open_data("text:" + path, o); }).find("shorter than one window of 129"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { data::open_data("text:", o); }), "bad dataset 'text:': text needs a file (text:FILE)");
+  EXPECT_EQ(error_of([&] { data::open_data("tokens:" + dir.path() + "/none", o); }),
+            "token data " + dir.path() + "/none has no meta.json giving vocab_size: give the model's vocab_size");
+}
+
+}  // namespace
+}  // namespace fanout
