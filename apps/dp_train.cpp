@@ -139,7 +139,13 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
     ("clip-grad-value", po::value(&o.clip_grad_value)->default_value(d.clip_grad_value, num(d.clip_grad_value)),
      "clamp every reduced gradient element into [-V, V] before each step (clip_grad_value_; 0: off)")
     ("lr-schedule", po::value(&o.lr_schedule)->default_value(d.lr_schedule),
-     "constant, step[:STEP_SIZE[:GAMMA]], multistep:M1,M2,...[:GAMMA] or cosine (stepped per epoch)")
+     "constant, step[:STEP_SIZE[:GAMMA]], multistep:M1,M2,...[:GAMMA] or cosine (stepped per epoch); "
+     "warmup-cosine (nanoGPT's, per optimizer step: --warmup-steps, --lr-decay-steps, --min-lr)")
+    ("warmup-steps", po::value(&o.warmup_steps)->default_value(d.warmup_steps),
+     "warmup-cosine: steps of linear warm-up (nanoGPT's warmup_iters)")
+    ("lr-decay-steps", po::value(&o.lr_decay_steps)->default_value(d.lr_decay_steps),
+     "warmup-cosine: the step where the cosine reaches --min-lr (nanoGPT's lr_decay_iters)")
+    ("min-lr", po::value(&o.min_lr)->default_value(d.min_lr, "lr/10"), "warmup-cosine: the floor")
     ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(d.warmup_epochs, num(d.warmup_epochs)),
      "linear warm-up length in epochs (per optimizer step)")
     ("label-smoothing", po::value(&o.label_smoothing)->default_value(d.label_smoothing, num(d.label_smoothing)),

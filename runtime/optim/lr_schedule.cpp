@@ -10,6 +10,13 @@
 namespace fanout::optim {
 
 float LrSchedule::at(int epoch, int step, int steps_per_epoch) const {
+  if (kind == Kind::WarmupCosine) {
+    const double it = static_cast<double>(epoch) * steps_per_epoch + step;
+    if (it < warmup_steps) return static_cast<float>(base_lr * (it + 1) / (warmup_steps + 1));
+    if (it > lr_decay_steps) return min_lr;
+    const double ratio = (it - warmup_steps) / (lr_decay_steps - warmup_steps);
+    return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (base_lr - min_lr));
+  }
   double lr = base_lr;
   switch (kind) {
     case Kind::Constant: break;
@@ -19,6 +26,7 @@ float LrSchedule::at(int epoch, int step, int steps_per_epoch) const {
       lr = base_lr * std::pow(gamma, static_cast<double>(passed));
       break;
     }
+    case Kind::WarmupCosine: break;  // above
     case Kind::Cosine: {
       const double t = std::min(epoch, std::max(1, total_epochs));
       lr = eta_min + (base_lr - eta_min) * (1 + std::cos(M_PI * t / std::max(1, total_epochs))) / 2;
@@ -66,11 +74,14 @@ LrSchedule parse_lr_schedule(const std::string& spec, float base_lr, int total_e
   const auto parts = split(spec, ':');
   const std::string kind = parts.empty() ? "" : parts[0];
   const std::string usage =
-      " (expected constant, step[:STEP_SIZE[:GAMMA]], multistep:M1,M2,...[:GAMMA] or cosine)";
+      " (expected constant, step[:STEP_SIZE[:GAMMA]], multistep:M1,M2,...[:GAMMA], cosine or warmup-cosine)";
   if (kind == "constant" && parts.size() == 1) {
     s.kind = LrSchedule::Kind::Constant;
   } else if (kind == "cosine" && parts.size() == 1) {
     s.kind = LrSchedule::Kind::Cosine;
+  } else if (kind == "warmup-cosine" && parts.size() == 1) {
+    FANOUT_USER_CHECK(warmup_epochs == 0) << "warmup-cosine warms up by steps (--warmup-steps), not --warmup-epochs";
+    s.kind = LrSchedule::Kind::WarmupCosine;
   } else if (kind == "step" && parts.size() <= 3) {
     s.kind = LrSchedule::Kind::Step;
     s.step_size = std::max(1, total_epochs / 3);
@@ -96,6 +107,17 @@ LrSchedule parse_lr_schedule(const std::string& spec, float base_lr, int total_e
     FANOUT_FAIL() << "unknown lr schedule '" << spec << "'" << usage;
   }
   return s;
+}
+
+void set_warmup_cosine(LrSchedule& s, int warmup_steps, int lr_decay_steps, float min_lr) {
+  FANOUT_USER_CHECK(warmup_steps >= 0 && lr_decay_steps > warmup_steps)
+      << "warmup-cosine needs 0 <= --warmup-steps < --lr-decay-steps, got " << warmup_steps << " and "
+      << lr_decay_steps;
+  FANOUT_USER_CHECK(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= s.base_lr)
+      << "--min-lr must be in [0, --lr] = [0, " << s.base_lr << "], got " << min_lr;
+  s.warmup_steps = warmup_steps;
+  s.lr_decay_steps = lr_decay_steps;
+  s.min_lr = min_lr;
 }
 
 }  // namespace fanout::optim

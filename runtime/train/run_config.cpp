@@ -119,6 +119,9 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"clip_grad_value", clip_grad_value},
           {"lr_schedule", lr_schedule},
           {"warmup_epochs", warmup_epochs},
+          {"warmup_steps", warmup_steps},
+          {"lr_decay_steps", lr_decay_steps},
+          {"min_lr", min_lr},
           {"label_smoothing", label_smoothing},
           {"heatmap_radius", heatmap_radius},
           {"seed", seed},
@@ -149,6 +152,8 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.save_every_steps = save_every_steps;
   tc.seed = seed;
   tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
+  if (tc.schedule.kind == optim::LrSchedule::Kind::WarmupCosine)
+    optim::set_warmup_cosine(tc.schedule, warmup_steps, lr_decay_steps, min_lr < 0 ? lr / 10 : min_lr);
   tc.clip_grad_norm = clip_grad_norm;
   tc.clip_grad_value = clip_grad_value;
   tc.metrics_path = metrics;

@@ -34,6 +34,8 @@ struct RunConfig {
   float clip_grad_value = 0;  // 0: off
   std::string lr_schedule = "cosine";
   float warmup_epochs = 0, label_smoothing = 0;
+  int warmup_steps = 0, lr_decay_steps = 0;  // --lr-schedule warmup-cosine
+  float min_lr = -1;                         // warmup-cosine's floor; < 0: lr / 10
   int heatmap_radius = 2;         // keypoint data: the target Gaussians' radius in voxels
   // Devices and parallelism.
   std::string devices = "auto";

@@ -1,4 +1,5 @@
-// Learning-rate schedules against torch.optim.lr_scheduler's closed forms.
+// Learning-rate schedules against torch.optim.lr_scheduler's closed forms,
+// and warmup-cosine against nanoGPT's get_lr (written here in double).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,6 +42,29 @@ TEST(LrSchedule, BadSpecs) {
   for (const char* bad : {"linear", "step:0", "step:x", "multistep", "multistep:5,3", "cosine:3", ""})
     EXPECT_THROW(parse_lr_schedule(bad, 0.1f, 10, 0), Error) << bad;
   EXPECT_THROW(parse_lr_schedule("cosine", 0.1f, 10, -1), Error);
+}
+
+// nanoGPT's get_lr(it): lr (it + 1) / (warmup + 1) while it < warmup; min_lr
+// past lr_decay_iters; a cosine between. The step index runs across epochs.
+TEST(LrSchedule, WarmupCosineIsNanoGptsPerStep) {
+  LrSchedule s = parse_lr_schedule("warmup-cosine", 1e-3f, 10, 0);
+  set_warmup_cosine(s, 100, 2000, 1e-4f);
+  auto nanogpt = [](int it) {
+    const double lr = 1e-3, min_lr = 1e-4;
+    if (it < 100) return lr * (it + 1) / 101;
+    if (it > 2000) return min_lr;
+    const double ratio = (it - 100) / 1900.0;
+    return min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (lr - min_lr);
+  };
+  const int per_epoch = 37;
+  for (int it : {0, 1, 50, 99, 100, 101, 777, 1999, 2000, 2001, 5000}) {
+    const float got = s.at(it / per_epoch, it % per_epoch, per_epoch);
+    EXPECT_NEAR(got, nanogpt(it), 1e-6 * nanogpt(it)) << "step " << it;
+  }
+  EXPECT_THROW(parse_lr_schedule("warmup-cosine", 1e-3f, 10, 0.5f), Error);  // steps, not epochs
+  LrSchedule bad = parse_lr_schedule("warmup-cosine", 1e-3f, 10, 0);
+  EXPECT_THROW(set_warmup_cosine(bad, 100, 100, 0), Error);
+  EXPECT_THROW(set_warmup_cosine(bad, 0, 100, 2e-3f), Error);
 }
 
 }  // namespace
