@@ -809,7 +809,13 @@ int run(int argc, char** argv) {
                   engine->group_backend().c_str());
     std::fflush(stdout);
   }
-  const nlohmann::json config = c.checkpoint_config(names(all), p.world);
+  nlohmann::json config = c.checkpoint_config(names(all), p.world);
+  if (data.token_data()) {  // dp-generate decodes with it
+    nlohmann::json tokens = {{"vocab_size", data.tokens.vocab_size}};
+    if (data.tokens.vocab.bytes) tokens["kind"] = "bytes";
+    else if (!data.tokens.vocab.itos.empty()) tokens["kind"] = "char", tokens["itos"] = data.tokens.vocab.itos;
+    config["tokens"] = tokens;
+  }
   auto opt = train::make_engine_optimizer(*engine, c.optimizer_options());
   auto ckpt = restore(c, *engine, *opt, p, config);
   if (!ckpt) return 0;

@@ -68,5 +68,5 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFANOUT_TEST_HOOKS=$hoo
 if [ "${FANOUT_BUILD_ALL:-}" = 1 ]; then
   cmake --build build -j "$jobs"
 else
-  cmake --build build -j "$jobs" --target dp-train dp-bench
+  cmake --build build -j "$jobs" --target dp-train dp-bench dp-generate
 fi

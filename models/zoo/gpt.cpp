@@ -1,7 +1,11 @@
 // GPT model and its configuration.
 #include "models/zoo/gpt.h"
 
+#include <algorithm>
 #include <charconv>
+#include <functional>
+#include <limits>
+#include <random>
 #include <cmath>
 #include <sstream>
 
@@ -176,6 +180,59 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   Module::backward_of(*wpe_, "transformer.wpe", g, ctx);
   Module::backward_of(*wte_, "transformer.wte", g, ctx);
   return Tensor();  // token ids take no gradient
+}
+
+std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o) {
+  FANOUT_USER_CHECK(!ids.empty()) << "generation needs a prompt of at least one token";
+  FANOUT_USER_CHECK(std::isfinite(o.temperature) && o.temperature > 0)
+      << "temperature must be positive, got " << o.temperature;
+  FANOUT_USER_CHECK(o.top_k >= 0) << "top-k must be non-negative (0: every token), got " << o.top_k;
+  FANOUT_USER_CHECK(o.max_new_tokens >= 0) << "max new tokens must be non-negative, got " << o.max_new_tokens;
+  const GPTConfig& c = model.config();
+  for (int32_t id : ids)
+    FANOUT_USER_CHECK(id >= 0 && id < c.vocab_size) << "prompt token " << id << " is outside [0, " << c.vocab_size << ")";
+  model.eval();
+  ctx.training = false;
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<int32_t> all = ids, out;
+  std::vector<double> p(static_cast<size_t>(c.vocab_size));
+  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(all.size()), c.block_size);
+    Tensor x = Tensor::empty(Shape{1, t}, DType::I32);
+    std::copy(all.end() - t, all.end(), x.data<int32_t>());
+    const Tensor out_dev = model.forward(ctx.device().is_cpu() ? x : x.to(ctx.device()), ctx);
+    ctx.compute().synchronize();
+    const Tensor logits = out_dev.slice(0, 1)
+                              .view(Shape{t, c.vocab_size})
+                              .slice(t - 1, t)
+                              .to(Device::cpu());
+    const float* z = logits.f32();
+    // top-k: keep the logits at least as large as the k-th largest (ties kept, as torch.topk's threshold).
+    double cut = -std::numeric_limits<double>::infinity();
+    if (o.top_k > 0 && o.top_k < c.vocab_size) {
+      std::vector<float> sorted(z, z + c.vocab_size);
+      std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
+      cut = sorted[static_cast<size_t>(o.top_k - 1)];
+    }
+    double peak = -std::numeric_limits<double>::infinity(), sum = 0;
+    for (int64_t k = 0; k < c.vocab_size; ++k)
+      if (z[k] >= cut) peak = std::max(peak, z[k] / o.temperature);
+    for (int64_t k = 0; k < c.vocab_size; ++k) {
+      p[static_cast<size_t>(k)] = z[k] >= cut ? std::exp(z[k] / o.temperature - peak) : 0.0;
+      sum += p[static_cast<size_t>(k)];
+    }
+    double u = uniform(rng) * sum;
+    int32_t next = 0;
+    for (int64_t k = 0; k < c.vocab_size; ++k) {
+      if (p[static_cast<size_t>(k)] == 0) continue;
+      next = static_cast<int32_t>(k);
+      if ((u -= p[static_cast<size_t>(k)]) < 0) break;
+    }
+    all.push_back(next);
+    out.push_back(next);
+  }
+  return out;
 }
 
 std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/layers/embedding.h"
 #include "models/layers/layernorm.h"
@@ -73,5 +74,21 @@ class GPT : public Module {
 
 // A materialized GPT initialized from seed.
 std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed);
+
+// nanoGPT's sample.py: each new token from the logits of the last position
+// of the context (its last block_size tokens), divided by temperature, cut
+// to the top_k largest (0: all), softmax (in double), and drawn with the
+// seeded generator: the same seed gives the same tokens. The whole context
+// runs again for each token (no key-value cache: at these sizes a forward
+// pass is milliseconds, and the model's layers keep one code path).
+struct SampleOptions {
+  int64_t max_new_tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 200;
+  uint64_t seed = 1337;
+};
+// `ids`: the prompt (at least one token); returns the new tokens. The
+// model is put in evaluation mode. One-line errors for bad options.
+std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o);
 
 }  // namespace fanout::models

@@ -171,7 +171,7 @@ std::vector<int32_t> Vocabulary::encode(const std::string& text) const {
   for (size_t i = 0; i < itos.size(); ++i) stoi.emplace(itos[i], static_cast<int32_t>(i));
   for (const std::string& ch : utf8_chars(text, "(the prompt)")) {
     const auto it = stoi.find(ch);
-    FANOUT_USER_CHECK(it != stoi.end()) << "the character " << io::detail::quoted(ch, true)
+    FANOUT_USER_CHECK(it != stoi.end()) << "the character " << io::detail::quoted(ch, false)
                                         << " is not in the model's vocabulary of " << itos.size() << " characters";
     out.push_back(it->second);
   }

@@ -474,5 +474,41 @@ TEST(GPTMixedPrecision, Bf16MixedRoundsWhereAutocastDoesAndTrains) {
   EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
 }
 
+// Sampling: top_k 1 is greedy decoding (each token the argmax of the last
+// position's logits, computed here from forward); a seed repeats its draws;
+// every token lies in the vocabulary; bad options are one line.
+TEST(GPTGenerate, TopOneIsGreedyAndASeedRepeats) {
+  auto m = models::gpt(small(), 21);
+  Context ctx(Device::cpu());
+  const std::vector<int32_t> prompt = {3, 1, 4};
+  models::SampleOptions greedy;
+  greedy.max_new_tokens = 9;  // runs past block_size 8: the context is cropped
+  greedy.top_k = 1;
+  const std::vector<int32_t> got = models::generate(*m, ctx, prompt, greedy);
+  ASSERT_EQ(got.size(), 9u);
+  std::vector<int32_t> ctxt = prompt;
+  for (int32_t tok : got) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(ctxt.size()), 8);
+    Tensor x = Tensor::empty(Shape{1, t}, DType::I32);
+    std::copy(ctxt.end() - t, ctxt.end(), x.data<int32_t>());
+    const Tensor logits = m->forward(x, ctx);
+    const float* last = logits.f32() + (t - 1) * 11;
+    EXPECT_EQ(tok, std::max_element(last, last + 11) - last);
+    ctxt.push_back(tok);
+  }
+  models::SampleOptions o;
+  o.max_new_tokens = 50;
+  o.temperature = 1.5;
+  o.seed = 4;
+  const auto a = models::generate(*m, ctx, prompt, o), b = models::generate(*m, ctx, prompt, o);
+  EXPECT_EQ(a, b);
+  for (int32_t tok : a) EXPECT_TRUE(tok >= 0 && tok < 11);
+  o.seed = 5;
+  EXPECT_NE(models::generate(*m, ctx, prompt, o), a) << "another seed, other draws";
+  o.temperature = 0;
+  EXPECT_EQ(error_of([&] { models::generate(*m, ctx, prompt, o); }), "temperature must be positive, got 0");
+  EXPECT_EQ(error_of([&] { models::generate(*m, ctx, {}, greedy); }), "generation needs a prompt of at least one token");
+}
+
 }  // namespace
 }  // namespace fanout

@@ -1,0 +1,116 @@
+// dp-generate: text from a GPT that dp-train trained on text (nanoGPT's
+// sample.py). The checkpoint (or best.safetensors) names the model and holds
+// the run's vocabulary; the prompt is encoded with it, new tokens are drawn
+// (models/zoo/gpt.h: temperature, top-k, a seeded generator) and the text
+// is printed, prompt first.
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/cli_main.h"
+#include "models/zoo/gpt.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/context.h"
+#include "runtime/core/device.h"
+#include "runtime/core/error.h"
+#include "runtime/data/tokens.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/train/checkpoint.h"
+
+namespace po = boost::program_options;
+using namespace fanout;
+
+namespace {
+
+struct Options {
+  std::string checkpoint, prompt = "\n", device = "cpu";
+  models::SampleOptions sample;
+  int num_samples = 1;
+};
+
+bool parse(int argc, char** argv, Options& o) {
+  po::options_description desc(
+      "dp-generate: text from a GPT trained by dp-train on text:FILE or text-bytes:FILE (nanoGPT's sample.py)\n\n"
+      "Usage: dp-generate --checkpoint FILE [options]\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "print this help and exit")
+    ("checkpoint", po::value(&o.checkpoint)->required(), "a dp-train checkpoint or best.safetensors of a GPT")
+    ("prompt", po::value(&o.prompt)->default_value(o.prompt, "\"\\n\""), "text the samples continue")
+    ("max-new-tokens", po::value(&o.sample.max_new_tokens)->default_value(o.sample.max_new_tokens), "tokens to draw")
+    ("temperature", po::value(&o.sample.temperature)->default_value(o.sample.temperature, "0.8"),
+     "divides the logits: below 1 sharper, above 1 more random")
+    ("top-k", po::value(&o.sample.top_k)->default_value(o.sample.top_k), "draw among the K likeliest tokens (0: all)")
+    ("seed", po::value(&o.sample.seed)->default_value(o.sample.seed), "the same seed prints the same text")
+    ("num-samples", po::value(&o.num_samples)->default_value(o.num_samples), "samples, each from seed + its index")
+    ("device", po::value(&o.device)->default_value(o.device), "cpu, or a CUDA index (0)");
+  // clang-format on
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, desc), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\nExample:\n  dp-generate --checkpoint run/best.safetensors --prompt 'ROMEO:' --seed 7\n";
+    return false;
+  }
+  po::notify(vm);
+  FANOUT_USER_CHECK(o.num_samples >= 1) << "--num-samples must be positive, got " << o.num_samples;
+  return true;
+}
+
+// The model name and vocabulary a dp-train checkpoint of a GPT records.
+struct Trained {
+  std::string model;
+  data::Vocabulary vocab;
+};
+
+Trained read_trained(const std::string& path) {
+  const io::TensorFile f = io::load_safetensors(path);
+  const auto cfg = f.metadata.find("config");
+  nlohmann::json config = cfg == f.metadata.end() ? nlohmann::json() : nlohmann::json::parse(cfg->second, nullptr, false);
+  FANOUT_USER_CHECK(config.is_object() && config.contains("model") && config["model"].is_string())
+      << path << " is not a checkpoint of dp-train (no training configuration in its metadata)";
+  Trained t;
+  t.model = config["model"].get<std::string>();
+  FANOUT_USER_CHECK(models::is_gpt(t.model)) << path << " holds model " << t.model << ", not a GPT";
+  FANOUT_USER_CHECK(config.contains("tokens") && config["tokens"].is_object() && config["tokens"].contains("kind"))
+      << path << " was not trained on text (text:FILE or text-bytes:FILE): it has no vocabulary to decode with";
+  const nlohmann::json& tok = config["tokens"];
+  t.vocab.bytes = tok["kind"] == "bytes";
+  if (t.vocab.bytes)
+    for (int b = 0; b < 256; ++b) t.vocab.itos.emplace_back(1, static_cast<char>(b));
+  else
+    t.vocab.itos = tok.at("itos").get<std::vector<std::string>>();
+  return t;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) return 0;
+  const Trained t = read_trained(o.checkpoint);
+  const models::GPTConfig c = models::parse_gpt_config(models::gpt_spec(t.model), t.vocab.size());
+  auto model = models::gpt(c, 0);
+  train::load_weights(o.checkpoint, *model, /*strict=*/true);
+  const std::vector<Device> devices = parse_devices(o.device, false);
+  FANOUT_USER_CHECK(devices.size() == 1) << "--device takes one device, got '" << o.device << "'";
+  Context ctx(devices[0]);
+  if (!devices[0].is_cpu()) model->to(devices[0], &ctx.compute());
+  const std::vector<int32_t> prompt = t.vocab.encode(o.prompt);
+  for (int s = 0; s < o.num_samples; ++s) {
+    models::SampleOptions so = o.sample;
+    so.seed = o.sample.seed + static_cast<uint64_t>(s);
+    const std::string text = o.prompt + t.vocab.decode(models::generate(*model, ctx, prompt, so));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n%s", s + 1 < o.num_samples ? "---------------\n" : "");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return fanout::apps::cli_main("dp-generate", [&] { return run(argc, argv); });
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# e2e: a language model from a text file, end to end.
+#  - dp-train --model gpt:gpt-char,... --data text:FILE over cpu:2 with
+#    nanoGPT's warmup-cosine schedule reaches a validation loss at least 25%
+#    below the text's unigram entropy (computed here from the characters).
+#  - Stopped after its first epoch and resumed, the run ends with the
+#    uninterrupted run's tensors bit for bit (parameters and AdamW state).
+#  - dp-generate with a seed prints the same text twice, the prompt first and
+#    only characters of the text's vocabulary after it.
+#  - Bad input is one line and exit status 1: a prompt character outside the
+#    vocabulary (named), a checkpoint of another model, block_size longer than
+#    the validation split, a missing and an empty text.
+set -euo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+: "${DP_GENERATE:?path to dp-generate}"
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+export FANOUT_CACHE_DIR="$work/cache"
+
+# A seeded toy language: sentences of a small grammar, about 60 KB.
+python3 - "$work/corpus.txt" <<'PY'
+import random, sys
+rng = random.Random(7)
+subjects = ["the cat", "a dog", "my friend", "the old king", "a small bird", "the river"]
+verbs = ["sees", "likes", "follows", "finds", "carries", "watches"]
+objects = ["the moon", "a red apple", "the quiet town", "an open door", "the long road", "a bright star"]
+ends = [".", "!", "?"]
+lines = []
+while sum(len(l) for l in lines) < 60000:
+    s = f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}{rng.choice(ends)}"
+    lines.append(s[0].upper() + s[1:] + "\n")
+open(sys.argv[1], "w").write("".join(lines))
+PY
+model="gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=64,dropout=0"
+common=(--model "$model" --data "text:$work/corpus.txt" --devices cpu:2 --batch-size 32 --epochs 4 --optimizer adamw
+  --lr 3e-3 --lr-schedule warmup-cosine --warmup-steps 20 --lr-decay-steps 105 --progress off)
+"$DP_TRAIN" "${common[@]}" --save-dir "$work/full" --metrics "$work/full.jsonl" | tee "$work/full.log"
+python3 - "$work/corpus.txt" "$work/full.jsonl" <<'PY'
+import collections, json, math, sys
+text = open(sys.argv[1]).read()
+counts = collections.Counter(text)
+h = -sum(c / len(text) * math.log(c / len(text)) for c in counts.values())
+val = [json.loads(l)["test_loss"] for l in open(sys.argv[2])][-1]
+print(f"unigram entropy {h:.4f} nats; validation loss {val:.4f} ({100 * (1 - val / h):.1f}% below)")
+assert val <= 0.75 * h, f"validation loss {val} is not 25% below the unigram entropy {h}"
+PY
+
+# Stopped after epoch 1, resumed: the same tensors as the uninterrupted run.
+"$DP_TRAIN" "${common[@]}" --save-dir "$work/part" --stop-after 1 > "$work/part1.log"
+"$DP_TRAIN" "${common[@]}" --save-dir "$work/part" --resume "$work/part" > "$work/part2.log"
+python3 "$here/same_tensors.py" "$work/full/epoch-0004.safetensors" "$work/part/epoch-0004.safetensors" ||
+  fail "the resumed run differs from the uninterrupted one"
+echo "resumed after epoch 1: epoch 4 bit for bit"
+
+# Generation: the same seed, the same text; the prompt, then vocabulary characters.
+gen=(--checkpoint "$work/full/best.safetensors" --prompt "The cat" --max-new-tokens 200 --seed 11)
+"$DP_GENERATE" "${gen[@]}" > "$work/gen1.txt"
+"$DP_GENERATE" "${gen[@]}" > "$work/gen2.txt"
+cmp -s "$work/gen1.txt" "$work/gen2.txt" || fail "dp-generate printed different text for one seed"
+python3 - "$work/corpus.txt" "$work/gen1.txt" <<'PY'
+import sys
+vocab = set(open(sys.argv[1]).read())
+out = open(sys.argv[2]).read()
+assert out.startswith("The cat"), out[:40]
+new = out[len("The cat"):-1]  # dp-generate ends each sample with a newline
+assert len(new) == 200 and set(new) <= vocab, f"characters outside the vocabulary: {set(new) - vocab}"
+print("dp-generate:", repr(out[:80]))
+PY
+
+# Bad input: one line, exit status 1.
+expect_error() {  # expect_error TEXT COMMAND...
+  local want=$1 rc=0
+  shift
+  "$@" > "$work/err.out" 2> "$work/err.txt" || rc=$?
+  [ "$rc" = 1 ] || fail "exit status $rc, not 1: $*"
+  [ "$(wc -l < "$work/err.txt")" = 1 ] || { cat "$work/err.txt"; fail "not one line: $*"; }
+  grep -qF "$want" "$work/err.txt" || { cat "$work/err.txt"; fail "no '$want' in the error of: $*"; }
+}
+expect_error "the character 'Q' is not in the model's vocabulary" \
+  "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt "Quiet"
+"$DP_TRAIN" --model mlp --data synthetic:64 --epochs 1 --devices cpu --progress off --save-dir "$work/mlp" > /dev/null
+expect_error "holds model mlp, not a GPT" "$DP_GENERATE" --checkpoint "$work/mlp/best.safetensors"
+expect_error "shorter than one window of 8001" \
+  "$DP_TRAIN" --model "gpt:gpt-char,n_layer=1,n_head=1,n_embd=8,block_size=8000" --data "text:$work/corpus.txt" \
+  --devices cpu --progress off
+expect_error "cannot open text $work/none.txt" \
+  "$DP_TRAIN" --model "$model" --data "text:$work/none.txt" --devices cpu --progress off
+: > "$work/empty.txt"
+expect_error "text $work/empty.txt is empty" \
+  "$DP_TRAIN" --model "$model" --data "text:$work/empty.txt" --devices cpu --progress off
+echo "e2e gpt_text: ok"
