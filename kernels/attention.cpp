@@ -1,5 +1,6 @@
 // Attention entry points: checks, then dispatch (CPU: float32; CUDA: float32,
-// bfloat16 or float16 tensors, lse float32 always).
+// bfloat16 or float16 tensors, lse float32 always), and the per-thread record
+// of the path each pass took (attention_last_path).
 #include "kernels/attention.h"
 
 #include <climits>
@@ -8,6 +9,15 @@
 #include "kernels/dispatch.h"
 
 namespace fanout::kernels {
+
+namespace {
+// The calling thread's last path per pass (attention_last_path).
+thread_local const char* last_path[2] = {nullptr, nullptr};
+}  // namespace
+
+const char* attention_last_path(AttentionPass pass) { return last_path[static_cast<int>(pass)]; }
+
+void detail::note_attention_path(AttentionPass pass, const char* path) { last_path[static_cast<int>(pass)] = path; }
 
 namespace {
 // q (B, H, T, D) with T, D >= 1, float32 (or, on CUDA, bfloat16 or float16);
@@ -50,6 +60,7 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   check_qkv(ctx, op, q, k, v, scale, lse);
   check_like_q(ctx, op, "y", y, q);
   if (q.numel() == 0) return;
+  if (!ctx.device().is_cuda()) detail::note_attention_path(AttentionPass::Forward, "cpu");
   FANOUT_DISPATCH(ctx, attention_forward, ctx, q, k, v, scale, y, lse);
 }
 
@@ -63,6 +74,7 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   check_like_q(ctx, op, "dk", dk, q);
   check_like_q(ctx, op, "dv", dv, q);
   if (q.numel() == 0) return;
+  if (!ctx.device().is_cuda()) detail::note_attention_path(AttentionPass::Backward, "cpu");
   FANOUT_DISPATCH(ctx, attention_backward, ctx, q, k, v, scale, y, lse, dy, dq, dk, dv);
 }
 

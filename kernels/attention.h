@@ -1,16 +1,23 @@
 // Causal scaled-dot-product attention (one head's softmax(scale * Q K^T) V
 // with key j visible to query i when j <= i), forward and backward. Forward
-// keeps each query row's log-sum-exp of its scaled scores (lse, float32);
-// backward recomputes the probabilities and returns dq, dk, dv.
+// keeps each query row's log-sum-exp of its scaled scores (lse, float32,
+// natural log); backward returns dq, dk, dv.
 // CPU: kernels/cpu/attention.cpp, the FlashAttention way (never a whole
 // T x T matrix); float32 tensors only.
-// CUDA: kernels/cuda/attention.cu, unfused: the (B*H, T, T) scores through
-// cuBLAS strided batched GEMMs and the CUDA softmax kernels, the T x T
-// matrices in the context's workspace (O(B*H*T^2) scratch). q, k, v, y, dy,
-// dq, dk, dv are all float32, or all bfloat16, or all float16; lse is float32
-// always. bfloat16 / float16 are NOT cuDNN's fused SDPA yet: they are widened
-// to float32, run through the float32 path and the results narrowed back
-// (round to nearest even) - correct, slower, more scratch.
+// CUDA: q, k, v, y, dy, dq, dk, dv are all float32, or all bfloat16, or all
+// float16; lse is float32 always.
+//  - float32: kernels/cuda/attention.cu, unfused: the (B*H, T, T) scores
+//    through cuBLAS strided batched GEMMs and the CUDA softmax kernels, the
+//    T x T matrices in the context's workspace (O(B*H*T^2) scratch).
+//  - bfloat16 / float16: cuDNN's fused flash attention
+//    (kernels/cuda/attention_cudnn.cu: the SDPA operation graph through the
+//    cuDNN 9 backend API; forward saves cuDNN's softmax statistics, which are
+//    this lse, and backward reads them with y), one plan per shape, built
+//    once and cached. Where cuDNN answers NOT_SUPPORTED for a shape (or
+//    FANOUT_ATTENTION_CUDNN=0) that shape falls back, logged once, to the
+//    widened path: operands widened to float32, the float32 path above, the
+//    results narrowed back (round to nearest even). Any other cuDNN error
+//    throws. attention_last_path() tells which path a call took.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
@@ -28,5 +35,22 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
 void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                         const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv);
 )
+
+// Which implementation the calling thread's last attention_forward or
+// attention_backward (pass) ran, for tests and logs:
+//   "cpu"           kernels/cpu/attention.cpp
+//   "cuda-float32"  the CUDA float32 path (cuBLAS and the softmax kernels)
+//   "cudnn-fused"   cuDNN's fused flash attention (bfloat16 / float16)
+//   "cuda-widened"  bfloat16 / float16 widened to the float32 path (cuDNN
+//                   refused the shape, an operand is not 16-byte aligned,
+//                   or FANOUT_ATTENTION_CUDNN=0)
+// nullptr before the thread's first call of that pass.
+enum class AttentionPass { Forward, Backward };
+const char* attention_last_path(AttentionPass pass);
+
+namespace detail {
+// Backends record the path they took (a string literal) here.
+void note_attention_path(AttentionPass pass, const char* path);
+}  // namespace detail
 
 }  // namespace fanout::kernels

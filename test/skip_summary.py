@@ -11,7 +11,8 @@ import sys
 # The /cpu instances of tests of CUDA-only behaviour (TF32 math, the CUDA
 # loss's NaN for a bad label), which skip on every machine.
 CUDA_ONLY = ("ConvOnBackend.Tf32WithinTf32Tolerance/cpu", "GemmOnBackend.Tf32WithinTf32Tolerance/cpu",
-             "SoftmaxXentOnBackend.LabelOutOfRangeGivesNanLossOnCuda/cpu")
+             "SoftmaxXentOnBackend.LabelOutOfRangeGivesNanLossOnCuda/cpu",
+             "AttentionOnBackend.FusedCudnnPathOnHopper/cpu")
 
 REASONS = (
     ("no GPU visible", re.compile(r"(^|[./])Cuda|/cuda\b")),

@@ -18,13 +18,16 @@
 // O(B*H*T^2) memory: this path is for moderate T, not a flash kernel.
 // Products are float32 (CUBLAS_COMPUTE_32F) unless ctx.math.allow_tf32.
 //
-// BF16 and F16 tensors (lse stays float32): NOT cuDNN's fused SDPA yet. The
-// operands are widened into float32 copies in the same workspace, the float32
-// path above runs on them, and y (forward) or dq, dk, dv (backward) are
-// narrowed back, rounded to nearest even. Correct, and more accurate than a
-// low-precision kernel, but slower and with 4 to 7 extra float32 tensors of
-// q's size in scratch. The fused cuDNN graph (SDPA forward/backward with
-// Stats) is the intended replacement.
+// BF16 and F16 tensors (lse stays float32) go to cuDNN's fused flash
+// attention first (kernels/cuda/attention_cudnn.cu). Where cuDNN refuses the
+// shape (a NOT_SUPPORTED status, remembered per shape and logged once), an
+// operand is misaligned, or FANOUT_ATTENTION_CUDNN=0, they take the widened
+// path: the operands are widened into float32 copies in the same workspace,
+// the float32 path above runs on them, and y (forward) or dq, dk, dv
+// (backward) are narrowed back, rounded to nearest even. Correct, and more
+// accurate than a low-precision kernel, but slower and with 4 to 7 extra
+// float32 tensors of q's size in scratch. Either way the path taken is
+// recorded for kernels::attention_last_path().
 #include "kernels/attention.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -172,6 +175,13 @@ void narrow(Context& ctx, float* src, Tensor& dst) {
 
 }  // namespace
 
+// kernels/cuda/attention_cudnn.cu: false when cuDNN refused (nothing written).
+bool cudnn_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                             Tensor& y, Tensor& lse);
+bool cudnn_attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                              const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk,
+                              Tensor& dv);
+
 void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale, Tensor& y,
                        Tensor& lse) {
   detail::DeviceScope scope(ctx);
@@ -181,8 +191,14 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
       float* s = c.take(m.bh * m.tt());
       if (s) forward_f32(ctx, m, q.f32(), k.f32(), v.f32(), scale, s, y.f32(), lse.f32());
     });
+    kernels::detail::note_attention_path(AttentionPass::Forward, "cuda-float32");
     return;
   }
+  if (cudnn_attention_forward(ctx, q, k, v, scale, y, lse)) {
+    kernels::detail::note_attention_path(AttentionPass::Forward, "cudnn-fused");
+    return;
+  }
+  kernels::detail::note_attention_path(AttentionPass::Forward, "cuda-widened");
   with_scratch(ctx, [&](Carver& c) {
     float *q32 = c.take(m.n()), *k32 = c.take(m.n()), *v32 = c.take(m.n()), *y32 = c.take(m.n());
     float* s = c.take(m.bh * m.tt());
@@ -196,7 +212,7 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
 }
 
 void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                        const Tensor& /*y*/, const Tensor& /*lse*/, const Tensor& dy, Tensor& dq, Tensor& dk,
+                        const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk,
                         Tensor& dv) {
   detail::DeviceScope scope(ctx);
   const Dims m = dims_of(q);
@@ -205,8 +221,16 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
       float *p = c.take(m.bh * m.tt()), *dp = c.take(m.bh * m.tt());
       if (p) backward_f32(ctx, m, q.f32(), k.f32(), v.f32(), scale, dy.f32(), p, dp, dq.f32(), dk.f32(), dv.f32());
     });
+    kernels::detail::note_attention_path(AttentionPass::Backward, "cuda-float32");
     return;
   }
+  // The fused backward reads y and lse (cuDNN's softmax statistics); the
+  // widened one below recomputes P from q and k and reads neither.
+  if (cudnn_attention_backward(ctx, q, k, v, scale, y, lse, dy, dq, dk, dv)) {
+    kernels::detail::note_attention_path(AttentionPass::Backward, "cudnn-fused");
+    return;
+  }
+  kernels::detail::note_attention_path(AttentionPass::Backward, "cuda-widened");
   with_scratch(ctx, [&](Carver& c) {
     float *q32 = c.take(m.n()), *k32 = c.take(m.n()), *v32 = c.take(m.n()), *dy32 = c.take(m.n());
     float *dq32 = c.take(m.n()), *dk32 = c.take(m.n()), *dv32 = c.take(m.n());

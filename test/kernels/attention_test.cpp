@@ -2,11 +2,14 @@
 // T x T softmax with the causal mask): forward y and lse, backward dq, dk, dv,
 // and backward against central differences of a scalar loss; on CUDA also
 // bfloat16 and float16 tensors against the reference on the rounded operands
-// (the CPU takes float32 only and must say so).
+// (the CPU takes float32 only and must say so), printing which CUDA path ran
+// (cuDNN's fused flash attention or the widened float32 one), and on Hopper
+// that cuDNN's fused path is taken for a shape it supports.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <tuple>
@@ -14,6 +17,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/backend_test_util.h"
+#include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 #include "runtime/core/memory.h"
@@ -213,7 +217,16 @@ TEST_P(AttentionOnBackend, LowPrecisionAgainstFloat64) {
           continue;  // float32 only on the CPU
         }
         kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
+        const char* fwd_path = kernels::attention_last_path(kernels::AttentionPass::Forward);
         kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
+        const char* bwd_path = kernels::attention_last_path(kernels::AttentionPass::Backward);
+        // Which path ran (cuDNN's fused flash attention or the widened float32
+        // one): printed, so a GPU run's log says which one these numbers checked.
+        std::printf("[ attention ] %s T=%lld D=%lld: forward %s, backward %s\n", dtype_name(dt),
+                    static_cast<long long>(T), static_cast<long long>(D), fwd_path ? fwd_path : "?",
+                    bwd_path ? bwd_path : "?");
+        SCOPED_TRACE(::testing::Message() << "forward " << (fwd_path ? fwd_path : "?") << ", backward "
+                                          << (bwd_path ? bwd_path : "?"));
         const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
         const Tensor y = from_low(down(yd)), lse = down(ld);
         const Tensor dq = from_low(down(dqd)), dk = from_low(down(dkd)), dv = from_low(down(dvd));
@@ -224,6 +237,66 @@ TEST_P(AttentionOnBackend, LowPrecisionAgainstFloat64) {
         EXPECT_TRUE(within_peak(dv, r.dv, 2e-2)) << "dv";
         for (const Tensor* t : {&y, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
       }
+}
+
+// On a Hopper GPU (compute capability 9.x) cuDNN's fused flash attention
+// takes a shape it supports (bfloat16, D = 64, T = 256, B * H = 8) in both
+// passes, and its results (lse included: cuDNN's softmax statistics) meet the
+// float64 reference on the rounded operands. Elsewhere, or on another GPU, the
+// test skips: which shapes cuDNN takes there is its own business, and the
+// widened fallback is checked by LowPrecisionAgainstFloat64.
+TEST_P(AttentionOnBackend, FusedCudnnPathOnHopper) {
+  if (!on_cuda()) GTEST_SKIP() << "CUDA only";
+  int major = 0;
+  for (const CudaDeviceInfo& info : cuda_device_info())
+    if (info.index == dev().index) major = info.major;
+  if (major != 9) GTEST_SKIP() << "compute capability " << major << ".x, not Hopper";
+  std::mt19937_64 rng(35);
+  const DType dt = DType::BF16;
+  const int64_t B = 2, H = 4, T = 256, D = 64;
+  const Shape s{B, H, T, D};
+  const float scale = 0.125f;
+  Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
+  Tensor g = ft::random_tensor(s, rng);
+  Tensor qd = up(to_low(q, dt)), kd = up(to_low(k, dt)), vd = up(to_low(v, dt)), gd = up(to_low(g, dt));
+  Tensor yd = up(nan_low(s, dt)), ld = poisoned(Shape{B, H, T});
+  Tensor dqd = up(nan_low(s, dt)), dkd = up(nan_low(s, dt)), dvd = up(nan_low(s, dt));
+  kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
+  const char* fwd_path = kernels::attention_last_path(kernels::AttentionPass::Forward);
+  kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
+  const char* bwd_path = kernels::attention_last_path(kernels::AttentionPass::Backward);
+  std::printf("[ attention ] bfloat16 B=%lld H=%lld T=%lld D=%lld on sm_9x: forward %s, backward %s\n",
+              static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(T),
+              static_cast<long long>(D), fwd_path ? fwd_path : "?", bwd_path ? bwd_path : "?");
+  RecordProperty("forward_path", fwd_path ? fwd_path : "?");
+  RecordProperty("backward_path", bwd_path ? bwd_path : "?");
+  ASSERT_NE(fwd_path, nullptr);
+  ASSERT_NE(bwd_path, nullptr);
+  EXPECT_STREQ(fwd_path, "cudnn-fused") << "see stderr for cuDNN's refusal";
+  EXPECT_STREQ(bwd_path, "cudnn-fused") << "see stderr for cuDNN's refusal";
+  const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
+  const Tensor y = from_low(down(yd)), lse = down(ld);
+  const Tensor dq = from_low(down(dqd)), dk = from_low(down(dkd)), dv = from_low(down(dvd));
+  EXPECT_TRUE(within_peak(y, r.y, 2e-2)) << "y";
+  EXPECT_TRUE(within_peak(lse, r.lse, 1e-4)) << "lse";
+  EXPECT_TRUE(within_peak(dq, r.dq, 2e-2)) << "dq";
+  EXPECT_TRUE(within_peak(dk, r.dk, 2e-2)) << "dk";
+  EXPECT_TRUE(within_peak(dv, r.dv, 2e-2)) << "dv";
+  for (const Tensor* t : {&y, &dq, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
+}
+
+// The path record: float32 on CPU says "cpu"; on CUDA "cuda-float32".
+TEST_P(AttentionOnBackend, RecordsThePathTaken) {
+  std::mt19937_64 rng(36);
+  const Shape s{1, 2, 8, 16};
+  Tensor q = up(ft::random_tensor(s, rng)), y = up(Tensor::zeros(s)), lse = up(Tensor::zeros(Shape{1, 2, 8}));
+  Tensor dq = up(Tensor::zeros(s)), dk = up(Tensor::zeros(s)), dv = up(Tensor::zeros(s));
+  kernels::attention_forward(ctx(), q, q, q, 0.25f, y, lse);
+  kernels::attention_backward(ctx(), q, q, q, 0.25f, y, lse, q, dq, dk, dv);
+  const char* want = on_cuda() ? "cuda-float32" : "cpu";
+  EXPECT_STREQ(kernels::attention_last_path(kernels::AttentionPass::Forward), want);
+  EXPECT_STREQ(kernels::attention_last_path(kernels::AttentionPass::Backward), want);
+  down(dv);
 }
 
 // A second call at the same sizes allocates nothing (the CUDA backend's
