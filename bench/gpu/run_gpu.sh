@@ -59,6 +59,10 @@
 #              bf16-mixed again with FANOUT_CUDA_CL_COPIES=wide -> goals_wide.jsonl
 #   goals3d    (named only) the same rows for heatmap3d (1x64x64x64, batch 16,
 #              as the heatmap step), without torch.compile -> goals3d.jsonl
+#   gpt        (named only) dp-bench GPT rows on cuda:0 and 0,0, float32 (TF32) and
+#              bf16-mixed, with tokens/s and MFU: gpt2 (batch 8, T 1024) and
+#              nanoGPT's shakespeare_char size (gpt-char, batch 64, T 256),
+#              beside bench/pytorch/gpt_step.py when it is there -> gpt.jsonl
 #   profile    (named only) Nsight Compute's time for every kernel of a short
 #              resnet18 run in TF32 and bf16-mixed (square and wide
 #              channels-last copies), grouped -> profile.log
@@ -100,7 +104,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose goals goals3d profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d profile)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals goals3d gpt profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt profile)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -657,6 +661,31 @@ step_goals() {
   return "$rc"
 }
 
+# The transformer issue's CUDA rows: dp-bench GPT step time, tokens/s and MFU
+# on cuda:0 and 0,0 in TF32 and bf16-mixed (AdamW, nanoGPT's settings), and
+# PyTorch's GPT (F.scaled_dot_product_attention) beside them when its script is there.
+step_gpt() {
+  local b="$build/apps/dp-bench" rc=0 spec p devs tt="$repo/bench/pytorch/gpt_step.py"
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/gpt.jsonl"
+  for spec in "gpt:gpt2 8 1024" "gpt:gpt-char,dropout=0 64 256"; do
+    set -- $spec
+    for p in 32 bf16-mixed; do
+      for devs in 0 0,0; do
+        echo "== dp-bench --model $1 --batch-size $2 --input $3 --devices $devs --precision $p --allow-tf32"
+        frun "$b" --model "$1" --batch-size "$2" --input "$3" --devices "$devs" --no-ddp --precision "$p" \
+          --allow-tf32 --optimizer adamw --betas 0.9,0.95 --warmup 3 --steps 10 --repeats 3 --json "$out/gpt.jsonl" || rc=1
+      done
+      if [ -n "$python" ] && [ -f "$tt" ]; then
+        echo "== PyTorch $1 batch $2 T $3 --precision $p"
+        tmo "$python" "$tt" --model "$1" --batch "$2" --block "$3" --device cuda --precision "$p" >>"$out/gpt.jsonl" || rc=1
+      fi
+    done
+  done
+  cat "$out/gpt.jsonl"
+  return "$rc"
+}
+
 # Where a resnet18 step's GPU time goes (batch 256, cuda:0, TF32 and
 # bf16-mixed, cuDNN's heuristics): Nsight Compute times every kernel of a
 # short dp-bench run (2 configurations x 3 steps), kernel_times.py groups them.
@@ -715,6 +744,7 @@ for s in "${steps[@]}"; do
     precision) run_step precision "$out/precision.log" step_precision ;;
     goals) run_step goals "$out/goals.log" step_goals ;;
     goals3d) run_step goals3d "$out/goals3d.log" step_goals3d ;;
+    gpt) run_step gpt "$out/gpt.log" step_gpt ;;
     profile) run_step profile "$out/profile.log" step_profile ;;
   esac
 done
