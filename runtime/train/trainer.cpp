@@ -35,6 +35,7 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::Dataset& train,
                  const data::Dataset& test, TrainerSamplers samplers)
     : cfg_(cfg), engine_(engine), opt_(opt), progress_(cfg.progress) {
+  if (train.input_dtype() == DType::I32) tokens_per_sample_ = train.sample_shape().numel();
   if (cfg.loss_scaling) scaler_ = std::make_unique<optim::GradScaler>(*cfg.loss_scaling);
   cfg_.schedule.base_lr = opt.initial_lr();
   FANOUT_CHECK(&opt.model() == &engine.model()) << "the optimizer does not step the engine's model";
@@ -212,6 +213,10 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"peak_host_bytes", m.peak_host_bytes},
           {"peak_device_bytes", m.peak_device_bytes},
           {"replica_bytes", m.replica_bytes}};
+  if (m.tokens_per_sample > 0) {
+    j["tokens_per_second"] = m.images_per_second * static_cast<double>(m.tokens_per_sample);
+    j["test_perplexity"] = std::exp(m.test_loss);
+  }
   if (m.grad_norms) {
     j["grad_norm_mean"] = m.grad_norm_mean;
     j["grad_norm_max"] = m.grad_norm_max;
@@ -434,6 +439,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   m.loss_format = criterion.loss_format();
   score(m.metrics, metrics, t, /*test=*/false);
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
+  m.tokens_per_sample = tokens_per_sample_;
   m.grad_norms = norms.steps > 0;
   m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : 0;
   m.grad_norm_max = norms.max;
@@ -510,8 +516,11 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
       if (x.scored) s += " " + format_value(x.spec.summary.c_str(), (test ? x.test : x.train) * x.spec.scale);
     return s;
   };
-  std::snprintf(tail, sizeof tail, "  %.1f s  %.0f img/s  data wait %.1f%%  lr %.4g  ", m.epoch_seconds,
-                m.images_per_second, 100 * m.data_wait_fraction, m.lr);
+  const bool tokens = m.tokens_per_sample > 0;
+  std::snprintf(tail, sizeof tail, "%s  %.1f s  %.0f %s  data wait %.1f%%  lr %.4g  ",
+                tokens ? format_value(" ppl %.2f", std::exp(m.test_loss)).c_str() : "", m.epoch_seconds,
+                m.images_per_second * (tokens ? static_cast<double>(m.tokens_per_sample) : 1.0),
+                tokens ? "tokens/s" : "img/s", 100 * m.data_wait_fraction, m.lr);
   char norms[96] = "";
   if (m.grad_norms)
     std::snprintf(norms, sizeof norms, "grad norm %.3g (max %.3g)  ", m.grad_norm_mean, m.grad_norm_max);

@@ -109,6 +109,10 @@ struct EpochMetrics {
   // metric that picks_best, else 1 / (1 + test loss) (in (0, 1]).
   double best_score() const;
   double epoch_seconds = 0, images_per_second = 0;
+  // Token data (int32 samples of T token ids): T, so that tokens per second
+  // are images_per_second * T, and the summary gives tokens/s and the test
+  // perplexity exp(test loss); 0 otherwise.
+  int64_t tokens_per_sample = 0;
   // The epoch's time without its first timing_warmup steps, scaled to all
   // of its steps (epoch_seconds when there is no warm-up).
   double steady_epoch_seconds = 0;
@@ -212,6 +216,7 @@ class Trainer {
   std::unique_ptr<optim::GradScaler> scaler_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
+  int64_t tokens_per_sample_ = 0;
   bool stopped_ = false;
   int stopped_epoch_ = 0;
   EpochPosition stopped_at_;
