@@ -116,6 +116,9 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
      "and 10% validation, as nanoGPT's shakespeare_char; cached in $FANOUT_CACHE_DIR or ~/.cache/fanout), "
      "text-bytes:FILE (the 256 byte values)")
     ("epochs", po::value(&o.epochs)->default_value(d.epochs), "epochs to train")
+    ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
+     "end the run after this many optimizer steps, inside an epoch if need be (nanoGPT's max_iters; alone, "
+     "--epochs is as many as that takes) (0: --epochs decides)")
     ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size),
      "global batch size (split over the processes, then the devices)")
     ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size), "batch size for evaluation")
@@ -320,6 +323,9 @@ Cli parse(int argc, char** argv) {
   }
   std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
   if (models::dense_output(o.model)) apply_heatmap_recipe(vm, o);
+  // --max-steps alone: as many epochs as it may take (each has at least one step).
+  if (o.max_steps > 0 && (!vm.count("epochs") || vm["epochs"].defaulted()))
+    o.epochs = static_cast<int>(std::min<int64_t>(o.max_steps, 1 << 30));
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   // Options that would otherwise be ignored without a word.

@@ -58,6 +58,7 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(save_every >= 1) << "--save-every must be at least 1, got " << save_every;
   FANOUT_USER_CHECK(keep_last >= 1) << "--keep-last must be at least 1, got " << keep_last;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
+  FANOUT_USER_CHECK(max_steps >= 0) << "--max-steps must be non-negative, got " << max_steps;
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
   FANOUT_USER_CHECK(resume.empty() || init_from.empty()) << "--resume and --init-from exclude each other";
@@ -120,6 +121,7 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"lr_schedule", lr_schedule},
           {"warmup_epochs", warmup_epochs},
           {"warmup_steps", warmup_steps},
+          {"max_steps", max_steps},
           {"lr_decay_steps", lr_decay_steps},
           {"min_lr", min_lr},
           {"label_smoothing", label_smoothing},
@@ -150,6 +152,7 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.accumulate = accumulate;
   tc.timing_warmup = timing_warmup;
   tc.save_every_steps = save_every_steps;
+  tc.max_steps = max_steps;
   tc.seed = seed;
   tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
   if (tc.schedule.kind == optim::LrSchedule::Kind::WarmupCosine)

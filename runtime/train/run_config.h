@@ -62,6 +62,7 @@ struct RunConfig {
   // Checkpoints and output.
   std::string save_dir, resume, init_from;
   int save_every = 1, keep_last = 2, stop_after = 0;
+  int64_t max_steps = 0;  // 0: --epochs decides
   int64_t save_every_steps = 0;
   bool non_strict = false;
   bool overwrite = false;  // a fresh run may replace another run's checkpoints in --save-dir

@@ -425,6 +425,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
         }
       }
     }
+    // --max-steps: the epoch ends at the run's last step (every rank counts the same steps).
+    if (last_in_group && steps_done()) break;
   }
   progress_.end();
   t.all_reduce(engine_);
@@ -578,6 +580,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
       << "epochs to run [" << first_epoch << ", " << last_epoch << ") are outside the run's " << cfg_.epochs;
   EpochMetrics m;
   stopped_ = false;
+  FANOUT_USER_CHECK(!steps_done()) << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
   for (int e = first_epoch; e < last_epoch; ++e) {
     m = train_epoch(e, e == first_epoch ? start : EpochPosition{});
     if (stopped_) return m;
@@ -587,6 +590,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);
     if (on_epoch_end) on_epoch_end(m);  // the checkpoint first: a metrics error must not lose it
     write_metrics(m);
+    if (steps_done()) return m;
     if (e + 1 < last_epoch && stop_agreed(true)) {
       stopped_ = true;
       stopped_epoch_ = e + 1;

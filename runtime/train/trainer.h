@@ -30,6 +30,10 @@ struct TrainerConfig {
   int accumulate = 1;        // batches per optimizer step (gradient accumulation)
   int timing_warmup = 0;     // steps at the start of each epoch left out of its steady time
   int64_t save_every_steps = 0;  // on_mid_epoch every this many optimizer steps (0: never)
+  // The run ends after this many optimizer steps (0: after `epochs`): the
+  // epoch in progress ends there (evaluated, summarized, on_epoch_end), and
+  // run() returns.
+  int64_t max_steps = 0;
   int workers = 0;           // loader threads (0: batches built on the training thread)
   int prefetch = 2;          // batches in flight per worker
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
@@ -203,6 +207,7 @@ class Trainer {
 
  private:
   bool stop_agreed(bool every_rank_checks);
+  bool steps_done() const { return cfg_.max_steps > 0 && opt_.steps() >= cfg_.max_steps; }
   void write_metrics(const EpochMetrics& m);
   struct GradNorms {
     double sum = 0, max = 0;

@@ -5,6 +5,8 @@
 #    below the text's unigram entropy (computed here from the characters).
 #  - Stopped after its first epoch and resumed, the run ends with the
 #    uninterrupted run's tensors bit for bit (parameters and AdamW state).
+#  - --max-steps 7 ends the run after its 7th optimizer step, inside the
+#    first epoch (the checkpoint records 7 steps).
 #  - dp-generate with a seed prints the same text twice, the prompt first and
 #    only characters of the text's vocabulary after it.
 #  - Bad input is one line and exit status 1: a prompt character outside the
@@ -51,6 +53,18 @@ PY
 python3 "$here/same_tensors.py" "$work/full/epoch-0004.safetensors" "$work/part/epoch-0004.safetensors" ||
   fail "the resumed run differs from the uninterrupted one"
 echo "resumed after epoch 1: epoch 4 bit for bit"
+
+# --max-steps: the run ends at that step, mid-epoch.
+"$DP_TRAIN" --model "$model" --data "text:$work/corpus.txt" --devices cpu --batch-size 32 --max-steps 7 --progress off \
+  --save-dir "$work/steps" > "$work/steps.log"
+python3 - "$work/steps/epoch-0001.safetensors" <<'PY'
+import sys
+from safetensors import safe_open
+with safe_open(sys.argv[1], "np") as f:
+    step = f.metadata()["step"]
+assert step == "7", f"--max-steps 7 ended at step {step}"
+print("--max-steps 7: the checkpoint records step", step)
+PY
 
 # Generation: the same seed, the same text; the prompt, then vocabulary characters.
 gen=(--checkpoint "$work/full/best.safetensors" --prompt "The cat" --max-new-tokens 200 --seed 11)
