@@ -17,7 +17,7 @@ CUDA_ONLY = ("ConvOnBackend.Tf32WithinTf32Tolerance/cpu", "GemmOnBackend.Tf32Wit
 REASONS = (
     ("no GPU visible", re.compile(r"(^|[./])Cuda|/cuda\b")),
     ("CUDA-only behaviour, CPU instance", re.compile("^(" + "|".join(re.escape(n) for n in CUDA_ONLY) + ")$")),
-    ("PyTorch not installed", re.compile(r"^models\.torch_python_interop$")),
+    ("PyTorch not installed", re.compile(r"^models\.(gpt_)?torch_python_interop$")),
 )
 
 

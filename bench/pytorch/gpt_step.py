@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""PyTorch CPU training throughput of a GPT (bench/pytorch/gpt.py, nanoGPT's
+model.py architecture), the reference for fanout's GPT step on the CPU.
+
+A step is nanoGPT's: forward with the loss (cross-entropy over every token),
+backward, clip_grad_norm_(1.0), AdamW (nanoGPT's two groups, weight decay
+0.1 on the matrices and embeddings), zero_grad(set_to_none=True). Eager
+mode, float32, dropout 0, random token ids and targets (this measures
+compute, not a data loader). Configurations:
+
+  char  nanoGPT's CPU run of shakespeare_char: n_layer 4, n_head 4,
+        n_embd 128, block 64, batch 12, vocab 65, no bias
+        (lr 1e-3, betas 0.9/0.99)
+  gpt2  GPT-2 small (12 layers, 12 heads, 768, vocab 50304, bias; 124,475,904
+        parameters at block 1024),
+        batch 1 of --gpt2-block tokens (default 256; 1024 is nanoGPT's)
+        (lr 6e-4, betas 0.9/0.95)
+
+Threads: torch.set_num_threads(--threads) (default: every core), the
+count fanout's run is given. Timing: --warmup steps, then --iters steps,
+wall clock. One JSON line per configuration on stdout:
+  {"framework": "pytorch", "model": "gpt:...", "batch": ..., "block": ...,
+   "threads": ..., "ms_per_step": ..., "tokens_per_second": ...}
+
+  python3 bench/pytorch/gpt_step.py [--configs char,gpt2] [--threads 2]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt  # noqa: E402  (bench/pytorch/gpt.py)
+
+
+def configs(args):
+    return {
+        "char": (gpt.GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
+                               bias=False), 12, 1e-3, (0.9, 0.99),
+                 "gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0,vocab_size=65"),
+        "gpt2": (gpt.GPTConfig(block_size=args.gpt2_block), 1, 6e-4, (0.9, 0.95),
+                 f"gpt:gpt2,block_size={args.gpt2_block}"),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--configs", default="char,gpt2")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10, help="timed steps (gpt2: a fifth of them, at least 2)")
+    p.add_argument("--gpt2-block", type=int, default=256)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    known = configs(args)
+    for name in args.configs.split(","):
+        if name not in known:
+            raise SystemExit(f"unknown configuration {name!r} (known: {', '.join(known)})")
+        config, batch, lr, betas, spec = known[name]
+        torch.manual_seed(1)
+        model = gpt.GPT(config)
+        model.train()
+        opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=lr, betas=betas)
+        params = list(model.parameters())
+        t = config.block_size
+        x = torch.randint(0, config.vocab_size, (batch, t))
+        y = torch.randint(0, config.vocab_size, (batch, t))
+
+        def step():
+            _, loss = model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.item()
+
+        for _ in range(args.warmup):
+            step()
+        iters = args.iters if name == "char" else max(2, args.iters // 5)
+        start = time.perf_counter()
+        for _ in range(iters):
+            step()
+        seconds = time.perf_counter() - start
+        print(json.dumps({
+            "framework": "pytorch", "torch": torch.__version__, "model": spec, "config": name,
+            "parameters": model.num_params(non_embedding=False), "batch": batch, "block": t, "threads": args.threads,
+            "steps": iters, "ms_per_step": round(1e3 * seconds / iters, 3),
+            "tokens_per_second": round(batch * t * iters / seconds, 1),
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
