@@ -668,7 +668,7 @@ step_gpt() {
   local b="$build/apps/dp-bench" rc=0 spec p devs tt="$repo/bench/pytorch/gpt_step.py"
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
   : >"$out/gpt.jsonl"
-  for spec in "gpt:gpt2 8 1024" "gpt:gpt-char,dropout=0 64 256"; do
+  for spec in "gpt:gpt2 8 1024 --configs=gpt2" "gpt:gpt-char,dropout=0 64 256 --configs=shakespeare"; do
     set -- $spec
     for p in 32 bf16-mixed; do
       for devs in 0 0,0; do
@@ -678,7 +678,8 @@ step_gpt() {
       done
       if [ -n "$python" ] && [ -f "$tt" ]; then
         echo "== PyTorch $1 batch $2 T $3 --precision $p"
-        tmo "$python" "$tt" --model "$1" --batch "$2" --block "$3" --device cuda --precision "$p" >>"$out/gpt.jsonl" || rc=1
+        tmo "$python" "$tt" "$4" --gpt2-batch "$2" --gpt2-block "$3" --device cuda --precision "$p" \
+          >>"$out/gpt.jsonl" || rc=1
       fi
     done
   done

@@ -13,8 +13,14 @@ compute, not a data loader). Configurations:
         (lr 1e-3, betas 0.9/0.99)
   gpt2  GPT-2 small (12 layers, 12 heads, 768, vocab 50304, bias; 124,475,904
         parameters at block 1024),
-        batch 1 of --gpt2-block tokens (default 256; 1024 is nanoGPT's)
+        --gpt2-batch (1) of --gpt2-block tokens (default 256; 1024 is nanoGPT's)
         (lr 6e-4, betas 0.9/0.95)
+  shakespeare  nanoGPT's GPU run of shakespeare_char (6, 6, 384, block 256,
+        batch 64, vocab 65, no bias; dropout 0 here)
+
+--device cuda runs on the GPU (TF32 on, as fanout's --allow-tf32 rows) and
+--precision bf16-mixed under torch.autocast(bfloat16), with
+F.scaled_dot_product_attention's fused kernels.
 
 Threads: torch.set_num_threads(--threads) (default: every core), the
 count fanout's run is given. Timing: --warmup steps, then --iters steps,
@@ -41,8 +47,10 @@ def configs(args):
         "char": (gpt.GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
                                bias=False), 12, 1e-3, (0.9, 0.99),
                  "gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0,vocab_size=65"),
-        "gpt2": (gpt.GPTConfig(block_size=args.gpt2_block), 1, 6e-4, (0.9, 0.95),
+        "gpt2": (gpt.GPTConfig(block_size=args.gpt2_block), args.gpt2_batch, 6e-4, (0.9, 0.95),
                  f"gpt:gpt2,block_size={args.gpt2_block}"),
+        "shakespeare": (gpt.GPTConfig(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.0,
+                                      bias=False), 64, 1e-3, (0.9, 0.99), "gpt:gpt-char,dropout=0"),
     }
 
 
@@ -53,24 +61,34 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="timed steps (gpt2: a fifth of them, at least 2)")
     p.add_argument("--gpt2-block", type=int, default=256)
+    p.add_argument("--gpt2-batch", type=int, default=1)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="32", choices=["32", "bf16-mixed"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
     known = configs(args)
     for name in args.configs.split(","):
         if name not in known:
             raise SystemExit(f"unknown configuration {name!r} (known: {', '.join(known)})")
         config, batch, lr, betas, spec = known[name]
         torch.manual_seed(1)
-        model = gpt.GPT(config)
+        model = gpt.GPT(config).to(dev)
         model.train()
         opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=lr, betas=betas)
         params = list(model.parameters())
         t = config.block_size
-        x = torch.randint(0, config.vocab_size, (batch, t))
-        y = torch.randint(0, config.vocab_size, (batch, t))
+        x = torch.randint(0, config.vocab_size, (batch, t)).to(dev)
+        y = torch.randint(0, config.vocab_size, (batch, t)).to(dev)
 
         def step():
-            _, loss = model(x, y)
+            with autocast:
+                _, loss = model(x, y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
@@ -79,14 +97,17 @@ def main():
 
         for _ in range(args.warmup):
             step()
-        iters = args.iters if name == "char" else max(2, args.iters // 5)
+        iters = args.iters if name != "gpt2" or args.device == "cuda" else max(2, args.iters // 5)
+        sync()
         start = time.perf_counter()
         for _ in range(iters):
             step()
+        sync()
         seconds = time.perf_counter() - start
         print(json.dumps({
             "framework": "pytorch", "torch": torch.__version__, "model": spec, "config": name,
             "parameters": model.num_params(non_embedding=False), "batch": batch, "block": t, "threads": args.threads,
+            "device": args.device, "precision": args.precision,
             "steps": iters, "ms_per_step": round(1e3 * seconds / iters, 3),
             "tokens_per_second": round(batch * t * iters / seconds, 1),
         }), flush=True)
