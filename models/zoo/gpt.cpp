@@ -169,8 +169,8 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   Parameter& w = wte_->weight();
   ensure(dx_, Shape{bt, e}, ctx.device());
   // The head's share of wte's gradient (+=); the embedding adds its own and reports the sum ready.
-  const AutocastWeights::Sinks low =
-      head_.backward_begin(ctx, dlogits.view(Shape{bt, config_.vocab_size}), w.value, w.grad, nullptr);
+  const Tensor dy = dlogits.view(Shape{bt, config_.vocab_size});  // named: the sinks may point at it
+  const AutocastWeights::Sinks low = head_.backward_begin(ctx, dy, w.value, w.grad, nullptr);
   Tensor* dx = &dx_;
   kernels::linear_backward(ctx, head_x_, *low.w, *low.dy, dx, *low.gw, nullptr);
   head_.backward_end(ctx, w.grad, nullptr, dx);
