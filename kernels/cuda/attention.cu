@@ -42,28 +42,10 @@ namespace fanout::kernels::cuda {
 
 namespace {
 
-constexpr int kMaxRowThreads = 256;
 constexpr size_t kAlign = 256;  // bytes; every carved piece starts aligned
-
-int row_threads(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kMaxRowThreads)); }
-
-// The block's max of v, in every thread (NaN ignored, as by fmaxf).
-__device__ __forceinline__ float block_max_all(float v) {
-  __shared__ float part[32];
-  __shared__ float out;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = detail::warp_max(v);
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = detail::warp_max(lane < warps ? part[lane] : -CUDART_INF_F);
-    if (lane == 0) out = v;
-  }
-  __syncthreads();
-  v = out;
-  __syncthreads();
-  return v;
-}
+using detail::block_max_all;
+using detail::kMaxRowThreads;
+using detail::row_threads;
 
 // A block per row r of s (rows, t), query i = r mod t: lse[r] = m + log(sum over
 // j <= i of exp(s[r, j] - m)), m the max of those entries (-inf when all are).

@@ -130,6 +130,32 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;  // every lane holds the max (NaN is ignored, as by fmaxf)
 }
 
+// Row kernels with one block a row: threads per block, a warp per 32
+// entries, up to kMaxRowThreads.
+inline constexpr int kMaxRowThreads = 256;
+inline int row_threads(int64_t n) {
+  return static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kMaxRowThreads));
+}
+
+// The block's max of v, in every thread (NaN ignored, as by fmaxf and the CPU's
+// comparisons). Every thread of the block must call it.
+__device__ __forceinline__ float block_max_all(float v) {
+  __shared__ float part[32];
+  __shared__ float out;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = warp_max(lane < warps ? part[lane] : -CUDART_INF_F);
+    if (lane == 0) out = v;
+  }
+  __syncthreads();
+  v = out;
+  __syncthreads();  // part and out may be reused by a later call
+  return v;
+}
+
 // Sums a and b over the block; thread 0 gets the results. blockDim.x must be a
 // multiple of 32 and at most 1024. Every thread of the block must call it.
 template <class T>

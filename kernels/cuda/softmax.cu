@@ -11,29 +11,9 @@ namespace fanout::kernels::cuda {
 
 namespace {
 
-constexpr int kMaxRowThreads = 256;
-
-// Threads per row block: a warp per 32 entries, up to kMaxRowThreads.
-int row_threads(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kMaxRowThreads)); }
-
-// The block's max of v, in every thread (NaN ignored, as by fmaxf and the CPU's
-// comparisons). Every thread of the block must call it.
-__device__ __forceinline__ float block_max_all(float v) {
-  __shared__ float part[32];
-  __shared__ float out;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = detail::warp_max(v);
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = detail::warp_max(lane < warps ? part[lane] : -CUDART_INF_F);
-    if (lane == 0) out = v;
-  }
-  __syncthreads();
-  v = out;
-  __syncthreads();  // part and out may be reused by a later call
-  return v;
-}
+using detail::block_max_all;
+using detail::kMaxRowThreads;
+using detail::row_threads;
 
 __global__ void __launch_bounds__(kMaxRowThreads)
     softmax_forward_kernel(const float* x, int64_t n, bool causal, float* y) {
