@@ -21,6 +21,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 #include "runtime/core/memory.h"
+#include "support/test_util.h"
 
 namespace fanout {
 namespace {
@@ -111,6 +112,49 @@ TEST_P(AttentionOnBackend, ForwardAndBackwardAgainstFloat64) {
       for (const Tensor* t : {&y, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
       if (T > 1) EXPECT_GT(ft::l2_norm(dq), 0.0);  // T == 1: one key, softmax constant, dq = 0
     }
+}
+
+// Worst |got - want| over max(1, max |want|): the measure `matches` bounds.
+double worst_error(const Tensor& got, const std::vector<double>& want) {
+  double peak = 1, worst = 0;
+  for (double v : want) peak = std::max(peak, std::abs(v));
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got.f32()[i]) - want[i]));
+  return worst / peak;
+}
+
+// Many heads and few, sizes that leave partial blocks (T not a multiple of 32
+// or 64, D not a multiple of 8 or 16) and long rows (T = 1024: the CPU's sums
+// over keys run over 16 blocks), against float64; prints the worst error of
+// each output.
+TEST_P(AttentionOnBackend, ManyHeadsOddSizesAndLongRowsAgainstFloat64) {
+  ctx().math.allow_tf32 = false;
+  std::mt19937_64 rng(35);
+  const int64_t shapes[][4] = {{4, 8, 100, 17}, {2, 16, 130, 80}, {2, 16, 512, 32}, {1, 3, 97, 80}, {1, 3, 256, 64},
+                                {1, 2, 1024, 64}};
+  for (const auto& sh : shapes) {
+    const int64_t B = sh[0], H = sh[1], T = sh[2], D = sh[3];
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " H=" << H << " T=" << T << " D=" << D);
+    const Shape s{B, H, T, D};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
+    Tensor g = ft::random_tensor(s, rng);
+    Tensor qd = up(q), kd = up(k), vd = up(v), gd = up(g);
+    Tensor yd = poisoned(s), ld = poisoned(Shape{B, H, T});
+    Tensor dqd = poisoned(s), dkd = poisoned(s), dvd = poisoned(s);
+    kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
+    kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
+    const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
+    const Tensor y = down(yd), lse = down(ld), dq = down(dqd), dk = down(dkd), dv = down(dvd);
+    std::printf("B=%lld H=%lld T=%lld D=%lld worst error: y %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(T),
+                static_cast<long long>(D), worst_error(y, r.y), worst_error(lse, r.lse), worst_error(dq, r.dq),
+                worst_error(dk, r.dk), worst_error(dv, r.dv));
+    EXPECT_TRUE(matches(y, r.y, 1e-5, 1e-5)) << "y";
+    EXPECT_TRUE(matches(lse, r.lse, 1e-5, 1e-5)) << "lse";
+    EXPECT_TRUE(matches(dq, r.dq, 1e-5, 1e-5)) << "dq";
+    EXPECT_TRUE(matches(dk, r.dk, 1e-5, 1e-5)) << "dk";
+    EXPECT_TRUE(matches(dv, r.dv, 1e-5, 1e-5)) << "dv";
+  }
 }
 
 // loss = sum(g * y): its central differences in q, k and v (double steps on
@@ -343,6 +387,31 @@ TEST_P(AttentionOnBackend, MixedDtypesThrow) {
   EXPECT_THROW(kernels::attention_forward(ctx(), q, k, v, 1.0f, y, lse_b), Error);
   Tensor dq = up(Tensor::zeros(s)), dk = up(Tensor::zeros(s)), dvb = up(Tensor::zeros(s, DType::BF16));
   EXPECT_THROW(kernels::attention_backward(ctx(), q, k, v, 1.0f, y, lse, y, dq, dk, dvb), Error);
+}
+
+// On the CPU a head's results do not depend on the other heads of the call:
+// a batch of 4 (32 heads) and each of its rows alone (8 heads) give the same
+// bits, so a DataParallel replica computes its share as one device would.
+TEST(Attention, CpuHeadsDoNotDependOnTheOtherHeadsOfTheCall) {
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(36);
+  const Shape s{4, 8, 77, 24};
+  const Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
+  const Tensor g = ft::random_tensor(s, rng);
+  auto run = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g) {
+    const Shape sh = q.shape();
+    Tensor y = Tensor::empty(sh), lse = Tensor::empty(Shape{sh[0], sh[1], sh[2]});
+    Tensor dq = Tensor::empty(sh), dk = Tensor::empty(sh), dv = Tensor::empty(sh);
+    kernels::attention_forward(ctx, q, k, v, 0.2f, y, lse);
+    kernels::attention_backward(ctx, q, k, v, 0.2f, y, lse, g, dq, dk, dv);
+    return std::vector<Tensor>{y, lse, dq, dk, dv};
+  };
+  const std::vector<Tensor> all = run(q, k, v, g);
+  for (int64_t b = 0; b < 4; ++b) {
+    const std::vector<Tensor> one = run(q.slice(b, b + 1), k.slice(b, b + 1), v.slice(b, b + 1), g.slice(b, b + 1));
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(ft::same_bits(one[i], all[i].slice(b, b + 1))) << "batch row " << b << ", output " << i;
+  }
 }
 
 TEST(Attention, BadArgumentsThrow) {

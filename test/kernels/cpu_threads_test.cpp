@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
 #include "kernels/cpu/plan_count.h"
@@ -104,6 +105,19 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
     kernels::upsample3d_nearest_backward(ctx, up, 2, dup);
     return std::vector<Tensor>{y, dx, avg, davg, up, dup};
   });
+  // Causal attention (forward splits heads into row blocks, backward takes whole heads): few and many
+  // heads, partial blocks (T = 100, 70) and an odd D.
+  for (const Shape& s : {Shape{1, 3, 100, 24}, Shape{4, 8, 70, 17}}) {
+    const Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), w = ft::random_tensor(s, rng);
+    const Tensor g = ft::random_tensor(s, rng);
+    expect_same_bits_on_any_thread_count("attention", [&](Context& ctx) {
+      Tensor y = Tensor::empty(s), lse = Tensor::empty(Shape{s[0], s[1], s[2]});
+      Tensor dq = Tensor::empty(s), dk = Tensor::empty(s), dv = Tensor::empty(s);
+      kernels::attention_forward(ctx, q, k, w, 0.3f, y, lse);
+      kernels::attention_backward(ctx, q, k, w, 0.3f, y, lse, g, dq, dk, dv);
+      return std::vector<Tensor>{y, lse, dq, dk, dv};
+    });
+  }
 }
 
 // A kernel's exception inside a threaded range reaches the caller.
