@@ -119,6 +119,12 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
     ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
      "end the run after this many optimizer steps, inside an epoch if need be (nanoGPT's max_iters; alone, "
      "--epochs is as many as that takes) (0: --epochs decides)")
+    ("eval-every", po::value(&o.eval_every)->default_value(d.eval_every),
+     "also evaluate after every N optimizer steps: train and validation loss, a line and a metrics entry, and "
+     "best.safetensors by it (nanoGPT's eval_interval) (0: at epoch ends only)")
+    ("eval-steps", po::value(&o.eval_steps)->default_value(d.eval_steps),
+     "--eval-every's validation loss on this many batches of --batch-size rows, the same rows each time, "
+     "spread over the validation set (nanoGPT's eval_iters) (0: the whole set)")
     ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size),
      "global batch size (split over the processes, then the devices)")
     ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size), "batch size for evaluation")
@@ -533,6 +539,7 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
     warn("--grad-reduce-dtype " + c.grad_reduce_dtype + " has no effect with one device (nothing is reduced)");
   if (!c.output_device.empty() && !c.gather_outputs)
     warn("--output-device has no effect without --gather-outputs (the loss runs on each replica)");
+  if (c.eval_steps > 0 && c.eval_every == 0) warn("--eval-steps has no effect without --eval-every");
   if (c.gather_outputs && p.devices.size() == 1)
     warn("--gather-outputs has no effect with one device per process");
 }
@@ -550,7 +557,7 @@ train::RunConfig restarted(train::RunConfig c) {
   if (train::newest_checkpoint(dir).empty()) {
     c.overwrite = true;
     // The failed start's epoch lines (--save-every above 1) are trained again.
-    if (!c.metrics.empty() && distributed::worker_env().rank == 0) train::drop_metrics_after(c.metrics, 0);
+    if (!c.metrics.empty() && distributed::worker_env().rank == 0) train::drop_metrics_after(c.metrics, 0, 0);
   } else {
     c.resume = dir;
     c.init_from.clear();
@@ -593,7 +600,7 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
     if (resumed.complete) return std::nullopt;
     ckpt = std::move(resumed.state);
     if (!c.metrics.empty() && p.primary()) {
-      const int dropped = train::drop_metrics_after(c.metrics, ckpt.epoch);
+      const int dropped = train::drop_metrics_after(c.metrics, ckpt.epoch, ckpt.step);
       if (dropped > 0)
         std::printf("removed %d line%s after epoch %d from %s (that epoch is trained again)\n", dropped,
                     dropped == 1 ? "" : "s", ckpt.epoch, c.metrics.c_str());
@@ -710,6 +717,16 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     if (stopping) saved.stop_path = path;
     std::printf("saved %s\n", path.c_str());
     std::fflush(stdout);
+  };
+  trainer.on_eval = [&](const train::EvalMetrics& e) {
+    ckpt.step = opt.steps();
+    ckpt.metrics = train::eval_json(e);
+    ckpt.score = e.best_score();
+    if (!saver) return;
+    if (const std::string path = saver->save_if_best(engine, ckpt); !path.empty()) {
+      std::printf("saved %s\n", path.c_str());
+      std::fflush(stdout);
+    }
   };
   trainer.on_epoch_end = [&](const train::EpochMetrics& m) {
     ckpt.epoch = m.epoch;

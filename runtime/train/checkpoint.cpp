@@ -434,12 +434,20 @@ std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, optim::Op
     written.push_back(p);
     rotate(p, st.epoch, 0);
   }
-  if (best) {
-    const std::string p = (fs::path(dir_) / "best.safetensors").string();
-    save_checkpoint(p, engine, nullptr, st);  // the model alone: the file people deploy
-    written.push_back(p);
-  }
+  if (best) written.push_back(save_best(engine, st));
   return written;
+}
+
+std::string CheckpointSaver::save_if_best(Engine& engine, CheckpointState& st) {
+  if (!(st.score > st.best_test_acc)) return "";
+  st.best_test_acc = st.score;
+  return save_best(engine, st);
+}
+
+std::string CheckpointSaver::save_best(Engine& engine, const CheckpointState& st) {
+  const std::string p = (fs::path(dir_) / "best.safetensors").string();
+  save_checkpoint(p, engine, nullptr, st);  // the model alone: the file people deploy
+  return p;
 }
 
 }  // namespace fanout::train

@@ -121,6 +121,10 @@ class CheckpointSaver {
   // (always saved).
   // Returns the paths written (empty when this epoch is not saved).
   std::vector<std::string> on_epoch_end(Engine& engine, optim::Optimizer& opt, CheckpointState& st, int last_epoch);
+  // best.safetensors (the model alone) when st.score beats st.best_test_acc,
+  // which it then becomes: after an evaluation inside an epoch. Returns the
+  // path written, or empty.
+  std::string save_if_best(Engine& engine, CheckpointState& st);
   // Mid-epoch (--save-every-steps, or a stop): epoch-NNNN-batch-BBBBBBB, and
   // the same rotation over every epoch and mid-epoch file.
   std::string save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st);
@@ -132,6 +136,7 @@ class CheckpointSaver {
 
  private:
   void rotate(const std::string& just_written, int64_t epoch, int64_t batch);
+  std::string save_best(Engine& engine, const CheckpointState& st);
   std::string dir_;
   int every_, keep_last_;
   std::unique_ptr<SaveDirLock> lock_;

@@ -69,10 +69,14 @@ void Progress::update(int64_t batches, int64_t images, double loss, const char* 
   std::fflush(out_);
 }
 
-void Progress::end() {
+void Progress::end() { clear(); }
+
+void Progress::clear() {
   if (mode_ == Mode::Bar && drawn_) {
     std::fprintf(out_, "\r\033[K");
     std::fflush(out_);
+    drawn_ = false;
+    last_draw_ = start_;  // the next update redraws at once
   }
 }
 

@@ -19,6 +19,9 @@ class Progress {
   void update(int64_t batches_done, int64_t images_done, double running_loss, const char* metric_format,
               double metric);
   void end();
+  // Takes a drawn bar off the terminal so that a line can be printed; the
+  // next update draws it again.
+  void clear();
 
  private:
   Mode mode_;

@@ -59,6 +59,8 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(keep_last >= 1) << "--keep-last must be at least 1, got " << keep_last;
   FANOUT_USER_CHECK(stop_after >= 0) << "--stop-after must be non-negative, got " << stop_after;
   FANOUT_USER_CHECK(max_steps >= 0) << "--max-steps must be non-negative, got " << max_steps;
+  FANOUT_USER_CHECK(eval_every >= 0) << "--eval-every must be non-negative, got " << eval_every;
+  FANOUT_USER_CHECK(eval_steps >= 0) << "--eval-steps must be non-negative, got " << eval_steps;
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
   FANOUT_USER_CHECK(resume.empty() || init_from.empty()) << "--resume and --init-from exclude each other";
@@ -153,6 +155,8 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.timing_warmup = timing_warmup;
   tc.save_every_steps = save_every_steps;
   tc.max_steps = max_steps;
+  tc.eval_every = eval_every;
+  tc.eval_batches = eval_steps;
   tc.seed = seed;
   tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
   if (tc.schedule.kind == optim::LrSchedule::Kind::WarmupCosine)

@@ -64,6 +64,7 @@ struct RunConfig {
   int save_every = 1, keep_last = 2, stop_after = 0;
   int64_t max_steps = 0;  // 0: --epochs decides
   int64_t save_every_steps = 0;
+  int64_t eval_every = 0, eval_steps = 0;  // validation inside epochs: every N steps, on K batches (0: all)
   bool non_strict = false;
   bool overwrite = false;  // a fresh run may replace another run's checkpoints in --save-dir
   bool allow_batch_change = false;  // a resume mid-epoch may change the batch size (the rest is re-batched)
@@ -74,8 +75,8 @@ struct RunConfig {
   bool allow_tf32 = false, cudnn_benchmark = false, deterministic = false, split_invariant = false;
   int cpu_threads = 0;  // CPU devices: threads per device's kernels (0: its share of the cores)
   std::string precision = "32";  // 32, bf16-mixed or 16-mixed (runtime/core/precision.h)
-  std::string grad_reduce_dtype = "fp32";
-  bool shard_optimizer = false;  // ZeRO-1 over DataParallel's replicas  // fp32 or bf16: the type gradient buckets are reduced in
+  std::string grad_reduce_dtype = "fp32";  // fp32 or bf16: the type gradient buckets are reduced in
+  bool shard_optimizer = false;            // ZeRO-1 over DataParallel's replicas
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;

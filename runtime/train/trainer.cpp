@@ -32,6 +32,23 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
   return s;
 }
 
+namespace {
+// eval_every's validation rows: `rows` indices spread evenly over [0, n) (floor(i n / rows)), this rank's
+// share r, r + R, ... of them, in order, the same every epoch.
+class EvenSubsetSampler : public data::Sampler {
+ public:
+  EvenSubsetSampler(int64_t n, int64_t rows, int world, int rank) {
+    for (int64_t i = rank; i < rows; i += world) order_.push_back(i * n / rows);  // i n < 2^63: n, rows are row counts
+  }
+  void set_epoch(int64_t) override {}
+  std::vector<int64_t> indices() const override { return order_; }
+  int64_t size() const override { return static_cast<int64_t>(order_.size()); }
+
+ private:
+  std::vector<int64_t> order_;
+};
+}  // namespace
+
 Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::Dataset& train,
                  const data::Dataset& test, TrainerSamplers samplers)
     : cfg_(cfg), engine_(engine), opt_(opt), progress_(cfg.progress) {
@@ -69,6 +86,13 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   eo.drop_last = false;
   eo.augment = {};
   test_loader_ = std::make_unique<data::DataLoader>(test, std::move(samplers.test), eo);
+  FANOUT_USER_CHECK(cfg.eval_every >= 0) << "--eval-every must be non-negative, got " << cfg.eval_every;
+  FANOUT_USER_CHECK(cfg.eval_batches >= 0) << "--eval-steps must be non-negative, got " << cfg.eval_batches;
+  if (cfg.eval_every > 0 && test.size() > 0) {
+    const int64_t rows = cfg.eval_batches > 0 ? std::min(test.size(), cfg.eval_batches * cfg.batch_size) : test.size();
+    probe_loader_ = std::make_unique<data::DataLoader>(
+        test, std::make_unique<EvenSubsetSampler>(test.size(), rows, world, engine.rank()), eo);
+  }
 }
 
 namespace {
@@ -189,11 +213,16 @@ double EpochMetrics::train_metric(const std::string& key) const {
   return 0;
 }
 
-double EpochMetrics::best_score() const {
-  for (const Metric& x : metrics)
+namespace {
+double best_of(const std::vector<EpochMetrics::Metric>& metrics, double loss) {
+  for (const EpochMetrics::Metric& x : metrics)
     if (x.scored && x.spec.picks_best) return x.test;
-  return 1.0 / (1.0 + test_loss);
+  return 1.0 / (1.0 + loss);
 }
+}  // namespace
+
+double EpochMetrics::best_score() const { return best_of(metrics, test_loss); }
+double EvalMetrics::best_score() const { return best_of(metrics, val_loss); }
 
 double EpochMetrics::test_metric(const std::string& key) const {
   for (const Metric& x : metrics)
@@ -233,14 +262,38 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
   return j;
 }
 
-int drop_metrics_after(const std::string& path, int last_epoch) {
+nlohmann::json eval_json(const EvalMetrics& m) {
+  nlohmann::json j = {{"eval", true},
+                      {"step", m.step},
+                      {"epoch", m.epoch},
+                      {"train_loss", m.train_loss},
+                      {"val_loss", m.val_loss},
+                      {"val_rows", m.val_rows},
+                      {"elapsed_seconds", m.elapsed_seconds},
+                      {"lr", m.lr}};
+  if (m.tokens_per_sample > 0) {
+    j["tokens_per_second"] = m.rows_per_second * static_cast<double>(m.tokens_per_sample);
+    j["val_perplexity"] = std::exp(m.val_loss);
+  } else {
+    j["images_per_second"] = m.rows_per_second;
+  }
+  for (const EpochMetrics::Metric& x : m.metrics)
+    if (x.scored) j["val_" + x.spec.key] = x.test;
+  return j;
+}
+
+int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step) {
   std::ifstream in(path);
   if (!in.is_open()) return 0;
   std::string kept, line;
   int dropped = 0;
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() && j["epoch"].get<int64_t>() > last_epoch) {
+    const bool eval = j.is_object() && j.contains("eval") && last_step >= 0;
+    const bool after = eval ? j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > last_step
+                            : j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() &&
+                                  j["epoch"].get<int64_t>() > last_epoch;
+    if (after) {
       ++dropped;
       continue;
     }
@@ -351,9 +404,21 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const int64_t opt_steps = steps_before + (nb + k - 1) / k;
   auto rows_of = [&](int64_t b) { return std::min(batch, total - b * batch); };
   Tensor x, y;
-  progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), nb, total);
-  const auto t0 = std::chrono::steady_clock::now();
   const int64_t b0 = rebatched ? 0 : std::min(start.batch, nb);
+  // --max-steps: the bar ends where the run does.
+  const int64_t shown = cfg_.max_steps > 0 ? std::min(nb, b0 + std::max<int64_t>(0, cfg_.max_steps - opt_.steps()) * k) : nb;
+  progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), shown,
+                  std::min(total, shown * batch));
+  const auto t0 = std::chrono::steady_clock::now();
+  const double eval_seconds_before = eval_seconds_;
+  // The rows since the previous evaluation count from the epoch's start, or from where a checkpoint had them.
+  since_eval_loss_ = ExactSum{};
+  since_eval_rows_ = 0;
+  if (engine_.rank() == 0 && start.totals.contains("since_eval")) {
+    const Totals since = Totals::from_json(start.totals["since_eval"], {});
+    since_eval_loss_ = since.r.loss;
+    since_eval_rows_ = since.r.count;
+  }
   FANOUT_USER_CHECK(b0 % k == 0 || b0 == nb) << "cannot continue epoch " << epoch + 1 << " at batch " << b0
                                              << ": not the end of an optimizer step (of " << k << " batches)";
   const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - b0 - 1);
@@ -394,6 +459,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     step_loss.merge(r.loss);
     if (last_in_group) optimizer_step(lr, epoch, b, norms, step_loss, group_rows);
     t.add(r);
+    since_eval_loss_.merge(r.loss);
+    since_eval_rows_ += r.count;
+    run_rows_ += r.count;
     running_loss += r.loss_sum;
     ++b;
     if (b - b0 == warm) {
@@ -406,6 +474,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                        t.ratio(metrics[0]) * metrics[0].scale);
     else
       progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
+    if (last_in_group && probe_loader_ && opt_.steps() % cfg_.eval_every == 0) evaluate_during(epoch, lr);
     if (last_in_group && b < nb) {
       const int64_t steps = opt_.steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
@@ -415,6 +484,13 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
         global.all_reduce(engine_);
         EpochPosition pos{b, global.to_json(criterion.sum_names())};
         if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
+        if (probe_loader_) {
+          Totals since;
+          since.r.loss = since_eval_loss_;
+          since.r.count = since_eval_rows_;
+          since.all_reduce(engine_);
+          pos.totals["since_eval"] = since.to_json({});
+        }
         if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
         if (stop) {
           progress_.end();
@@ -432,7 +508,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   t.all_reduce(engine_);
   const auto t1 = std::chrono::steady_clock::now();
   m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
-  const double steady = std::chrono::duration<double>(t1 - t_warm).count();
+  // Evaluations inside the epoch are not training time.
+  const double steady =
+      std::max(0.0, std::chrono::duration<double>(t1 - t_warm).count() - (eval_seconds_ - eval_seconds_before));
   const int64_t here = b - b0;  // batches this call trained
   m.steady_epoch_seconds = warm > 0 && here > warm
                                ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
@@ -454,9 +532,10 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   return m;
 }
 
-void Trainer::evaluate(EpochMetrics& m) {
-  engine_.prepare_eval();
-  data::DataLoader& it = *test_loader_;
+namespace {
+// Every row of `it` through engine.eval_step, summed over every process.
+Totals eval_pass(Engine& engine, data::DataLoader& it, int64_t train_batch) {
+  engine.prepare_eval();
   it.start_epoch(0);
   Tensor x, y;
   Totals t;
@@ -464,13 +543,62 @@ void Trainer::evaluate(EpochMetrics& m) {
   // reuses the buffers training sized, so it needs no memory (and makes no
   // allocation) beyond training's. Rows are independent in eval mode and
   // the sums exact, so the pieces change no result.
-  const int64_t piece = std::max<int64_t>(1, cfg_.batch_size / engine_.world_size());
+  const int64_t piece = std::max<int64_t>(1, train_batch / engine.world_size());
   while (it.next(x, y))
     for (int64_t b = 0; b < x.size(0); b += piece) {
       const int64_t e = std::min(x.size(0), b + piece);
-      t.add(engine_.eval_step(x.slice(b, e), y.slice(b, e)));
+      t.add(engine.eval_step(x.slice(b, e), y.slice(b, e)));
     }
-  t.all_reduce(engine_);
+  t.all_reduce(engine);
+  return t;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+double Trainer::seconds_in_run() const { return seconds_since(run_start_) - eval_seconds_; }
+
+void Trainer::evaluate_during(int epoch, float lr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double trained = seconds_in_run();
+  Totals since;
+  since.r.loss = since_eval_loss_;
+  since.r.count = since_eval_rows_;
+  since.all_reduce(engine_);
+  std::vector<int64_t> rows{run_rows_};
+  engine_.all_reduce_stats(rows, "rows trained");
+  const Totals v = eval_pass(engine_, *probe_loader_, cfg_.batch_size);
+  EvalMetrics e;
+  e.epoch = epoch + 1;
+  e.step = opt_.steps();
+  e.train_loss = since.mean_loss();
+  e.val_loss = v.mean_loss();
+  e.val_rows = v.r.count;
+  score(e.metrics, checked_metrics(engine_.criterion()), v, /*test=*/true);
+  e.loss_format = engine_.criterion().loss_format();
+  e.tokens_per_sample = tokens_per_sample_;
+  const double dt = trained - seconds_at_eval_;
+  e.rows_per_second = dt > 0 ? static_cast<double>(rows[0] - rows_at_eval_) / dt : 0;
+  e.elapsed_seconds = trained;
+  e.lr = lr;
+  seconds_at_eval_ = trained;
+  rows_at_eval_ = rows[0];
+  since_eval_loss_ = ExactSum{};
+  since_eval_rows_ = 0;
+  if (cfg_.summary_out) {
+    progress_.clear();
+    std::fprintf(cfg_.summary_out, "%s\n", eval_line(e, cfg_.max_steps).c_str());
+    std::fflush(cfg_.summary_out);
+  }
+  if (on_eval) on_eval(e);  // best.safetensors first: a metrics error must not lose it
+  write_metrics(eval_json(e));
+  eval_seconds_ += seconds_since(t0);
+}
+
+void Trainer::evaluate(EpochMetrics& m) {
+  const Totals t = eval_pass(engine_, *test_loader_, cfg_.batch_size);
   m.test_loss = t.mean_loss();
   score(m.metrics, checked_metrics(engine_.criterion()), t, /*test=*/true);
 }
@@ -534,6 +662,20 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
          norms + scaling + memory_summary(m);
 }
 
+std::string eval_line(const EvalMetrics& m, int64_t max_steps) {
+  std::string s = "step " + std::to_string(m.step) + (max_steps > 0 ? "/" + std::to_string(max_steps) : "") +
+                  "  train loss " + format_value(m.loss_format.c_str(), m.train_loss) + "  val loss " +
+                  format_value(m.loss_format.c_str(), m.val_loss);
+  const bool tokens = m.tokens_per_sample > 0;
+  if (tokens) s += format_value(" ppl %.2f", std::exp(m.val_loss));
+  for (const EpochMetrics::Metric& x : m.metrics)
+    if (x.scored) s += " " + format_value(x.spec.summary.c_str(), x.test * x.spec.scale);
+  char tail[128];
+  std::snprintf(tail, sizeof tail, "  %.0f %s  lr %.4g  %s", m.rows_per_second * (tokens ? m.tokens_per_sample : 1),
+                tokens ? "tokens/s" : "img/s", m.lr, format_duration(m.elapsed_seconds).c_str());
+  return s + tail;
+}
+
 std::string final_line(const EpochMetrics& m) {
   std::string s = "final test";
   bool any = false;
@@ -561,9 +703,8 @@ std::string memory_summary(const EpochMetrics& m) {
   return s;
 }
 
-void Trainer::write_metrics(const EpochMetrics& m) {
+void Trainer::write_metrics(const nlohmann::json& j) {
   if (cfg_.metrics_path.empty()) return;
-  const nlohmann::json j = metrics_json(m);
   std::ofstream f(cfg_.metrics_path, std::ios::app);
   FANOUT_USER_CHECK(f.good()) << "cannot open metrics file " << cfg_.metrics_path;
   f << j.dump() << "\n";
@@ -580,16 +721,21 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
       << "epochs to run [" << first_epoch << ", " << last_epoch << ") are outside the run's " << cfg_.epochs;
   EpochMetrics m;
   stopped_ = false;
+  run_start_ = std::chrono::steady_clock::now();
+  eval_seconds_ = seconds_at_eval_ = 0;
+  run_rows_ = rows_at_eval_ = 0;
   FANOUT_USER_CHECK(!steps_done()) << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
   for (int e = first_epoch; e < last_epoch; ++e) {
     m = train_epoch(e, e == first_epoch ? start : EpochPosition{});
     if (stopped_) return m;
+    const auto te = std::chrono::steady_clock::now();
     evaluate(m);
     measure_memory(m);
     if (cfg_.summary_out) std::fprintf(cfg_.summary_out, "%s\n", summary_line(m, cfg_.epochs).c_str());
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);
     if (on_epoch_end) on_epoch_end(m);  // the checkpoint first: a metrics error must not lose it
-    write_metrics(m);
+    write_metrics(metrics_json(m));
+    eval_seconds_ += seconds_since(te);
     if (steps_done()) return m;
     if (e + 1 < last_epoch && stop_agreed(true)) {
       stopped_ = true;

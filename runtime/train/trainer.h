@@ -4,6 +4,7 @@
 // and learning rates depend only on (seed, epoch), so run(first_epoch) after
 // restoring a checkpoint continues a run exactly.
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/exact_sum.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/optim/grad_scaler.h"
@@ -34,6 +36,13 @@ struct TrainerConfig {
   // epoch in progress ends there (evaluated, summarized, on_epoch_end), and
   // run() returns.
   int64_t max_steps = 0;
+  // Evaluation inside epochs (nanoGPT's eval_interval and eval_iters): after
+  // every eval_every optimizer steps (0: at epoch ends only) the validation
+  // loss on eval_batches batches of batch_size rows (0: the whole set), the
+  // same rows each time, spread evenly over the set; reported through
+  // on_eval, a summary line and the metrics file.
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
   int workers = 0;           // loader threads (0: batches built on the training thread)
   int prefetch = 2;          // batches in flight per worker
   bool pin_memory = false;   // page-locked batch buffers (for GPU engines)
@@ -147,10 +156,33 @@ struct EpochMetrics {
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
                       double clip_grad_norm = 0, float clip_grad_value = 0, optim::GradScaler* scaler = nullptr);
 
+// One evaluation inside an epoch (TrainerConfig::eval_every).
+struct EvalMetrics {
+  int epoch = 0;          // 1-based: the epoch in progress
+  int64_t step = 0;       // optimizer steps so far
+  double train_loss = 0;  // mean loss of the rows trained since the previous evaluation (every rank's)
+  double val_loss = 0;
+  int64_t val_rows = 0;
+  std::vector<EpochMetrics::Metric> metrics;  // the criterion's, scored on the validation rows (`test`)
+  std::string loss_format = "%.4g";
+  int64_t tokens_per_sample = 0;  // as EpochMetrics
+  // Training rows per second since the previous evaluation (in this
+  // process's run), and training seconds since the run (this process) began;
+  // evaluations and their checkpoints left out of both.
+  double rows_per_second = 0, elapsed_seconds = 0;
+  double lr = 0;
+  // What best.safetensors keeps, as EpochMetrics::best_score (a language model: the lowest loss).
+  double best_score() const;
+};
+
 // The metrics-file object for one epoch.
 nlohmann::json metrics_json(const EpochMetrics& m);
 // The epoch's summary line (losses, accuracy or localization error, speed, memory).
 std::string summary_line(const EpochMetrics& m, int epochs);
+// The metrics-file object of an evaluation: {"eval": true, "step", "epoch", "train_loss", "val_loss", ...}.
+nlohmann::json eval_json(const EvalMetrics& m);
+// "step 250/2000  train loss 2.113  val loss 2.087 ppl 8.06  15210 tokens/s  lr 0.000912" (max_steps 0: "step 250").
+std::string eval_line(const EvalMetrics& m, int64_t max_steps);
 // The run's last line: the criterion's metrics on the test set ("final test
 // accuracy 0.8919"), or its loss when it has none.
 std::string final_line(const EpochMetrics& m);
@@ -162,7 +194,9 @@ std::string memory_summary(const EpochMetrics& m);
 // about to be trained again), rewriting the file atomically. Lines that are
 // not metrics objects are kept. Returns how many lines were removed; a
 // missing file removes nothing.
-int drop_metrics_after(const std::string& path, int last_epoch);
+// Evaluation lines inside epochs go by step instead when last_step >= 0:
+// those after it are removed.
+int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step = -1);
 
 // With several processes (engine.world_size() > 1) cfg.batch_size is the
 // global batch, split evenly over the ranks; the epoch's statistics are
@@ -198,6 +232,9 @@ class Trainer {
   std::function<void(int, const EpochPosition&, bool)> on_mid_epoch;
   // After each optimizer step, on every rank (for a user's own logging).
   std::function<void(const StepInfo&)> on_step;
+  // After each evaluation inside an epoch (cfg.eval_every), on every rank,
+  // before a checkpoint of the same step is saved (best.safetensors hooks in here).
+  std::function<void(const EvalMetrics&)> on_eval;
   // After run(): whether it stopped early, and at which epoch (0-based) and position.
   bool stopped() const { return stopped_; }
   // The loss scaler (cfg.loss_scaling), or null: its state goes into checkpoints.
@@ -208,7 +245,10 @@ class Trainer {
  private:
   bool stop_agreed(bool every_rank_checks);
   bool steps_done() const { return cfg_.max_steps > 0 && opt_.steps() >= cfg_.max_steps; }
-  void write_metrics(const EpochMetrics& m);
+  void write_metrics(const nlohmann::json& j);
+  // cfg.eval_every's evaluation inside `epoch` (0-based) after the optimizer's step at `lr`.
+  void evaluate_during(int epoch, float lr);
+  double seconds_in_run() const;
   struct GradNorms {
     double sum = 0, max = 0;
     int64_t steps = 0;
@@ -221,6 +261,17 @@ class Trainer {
   std::unique_ptr<optim::GradScaler> scaler_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
+  std::unique_ptr<data::DataLoader> probe_loader_;  // eval_every's validation rows
+  // Time: the run's start (this process), the seconds spent evaluating since, and the training time at
+  // the previous evaluation inside an epoch.
+  std::chrono::steady_clock::time_point run_start_;
+  double eval_seconds_ = 0, seconds_at_eval_ = 0;
+  // The rows trained since the previous evaluation inside an epoch: this process's (a resumed one's
+  // rank 0 also carries what every rank had trained before the checkpoint), their loss exactly.
+  ExactSum since_eval_loss_;
+  int64_t since_eval_rows_ = 0;
+  // Rows this rank trained in this process's run, and every rank's at the previous evaluation.
+  int64_t run_rows_ = 0, rows_at_eval_ = 0;
   int64_t tokens_per_sample_ = 0;
   bool stopped_ = false;
   int stopped_epoch_ = 0;

@@ -3,8 +3,13 @@
 #  - dp-train --model gpt:gpt-char,... --data text:FILE over cpu:2 with
 #    nanoGPT's warmup-cosine schedule reaches a validation loss at least 25%
 #    below the text's unigram entropy (computed here from the characters).
-#  - Stopped after its first epoch and resumed, the run ends with the
-#    uninterrupted run's tensors bit for bit (parameters and AdamW state).
+#  - --eval-every 10 --eval-steps 2: a line and a metrics entry after every
+#    10th step (validation loss on 64 windows); best.safetensors is the
+#    evaluation (inside an epoch or at its end) with the lowest validation loss.
+#  - Stopped after its first epoch and resumed, and resumed from a checkpoint
+#    inside epoch 2 (--save-every-steps), the run ends with the uninterrupted
+#    run's tensors bit for bit (parameters and AdamW state) and the same
+#    evaluation lines, the training loss since the previous evaluation included.
 #  - --max-steps 7 ends the run after its 7th optimizer step, inside the
 #    first epoch (the checkpoint records 7 steps).
 #  - dp-generate with a seed prints the same text twice, the prompt first and
@@ -35,16 +40,35 @@ open(sys.argv[1], "w").write("".join(lines))
 PY
 model="gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=64,dropout=0"
 common=(--model "$model" --data "text:$work/corpus.txt" --devices cpu:2 --batch-size 32 --epochs 4 --optimizer adamw
-  --lr 3e-3 --lr-schedule warmup-cosine --warmup-steps 20 --lr-decay-steps 105 --progress off)
-"$DP_TRAIN" "${common[@]}" --save-dir "$work/full" --metrics "$work/full.jsonl" | tee "$work/full.log"
+  --lr 3e-3 --lr-schedule warmup-cosine --warmup-steps 20 --lr-decay-steps 105 --progress off --eval-every 10
+  --eval-steps 2)
+"$DP_TRAIN" "${common[@]}" --save-dir "$work/full" --metrics "$work/full.jsonl" --save-every-steps 20 --keep-last 100 |
+  tee "$work/full.log"
+grep -q "^step 10  train loss .* val loss .* ppl .* tokens/s" "$work/full.log" || fail "no evaluation line at step 10"
 python3 - "$work/corpus.txt" "$work/full.jsonl" <<'PY'
 import collections, json, math, sys
 text = open(sys.argv[1]).read()
 counts = collections.Counter(text)
 h = -sum(c / len(text) * math.log(c / len(text)) for c in counts.values())
-val = [json.loads(l)["test_loss"] for l in open(sys.argv[2])][-1]
+lines = [json.loads(l) for l in open(sys.argv[2])]
+val = [l["test_loss"] for l in lines if "eval" not in l][-1]
 print(f"unigram entropy {h:.4f} nats; validation loss {val:.4f} ({100 * (1 - val / h):.1f}% below)")
 assert val <= 0.75 * h, f"validation loss {val} is not 25% below the unigram entropy {h}"
+evals = [l for l in lines if l.get("eval")]
+steps = [e["step"] for e in evals]
+assert steps == list(range(10, 10 * len(steps) + 1, 10)) and len(steps) >= 9, steps
+assert all(e["val_rows"] == 64 and e["tokens_per_second"] > 0 for e in evals), evals[0]
+assert evals[-1]["val_loss"] < evals[0]["val_loss"], "validation loss did not fall"
+PY
+python3 - "$work/full.jsonl" "$work/full/best.safetensors" <<'PY'
+import json, sys
+from safetensors import safe_open
+lines = [json.loads(l) for l in open(sys.argv[1])]
+losses = [l["val_loss"] if l.get("eval") else l["test_loss"] for l in lines]
+with safe_open(sys.argv[2], "np") as f:
+    best = float(f.metadata()["best_test_acc"])
+assert abs(best - 1 / (1 + min(losses))) < 1e-12, (best, min(losses))
+print(f"best.safetensors: validation loss {min(losses):.4f}, the lowest of {len(losses)} evaluations")
 PY
 
 # Stopped after epoch 1, resumed: the same tensors as the uninterrupted run.
@@ -53,6 +77,22 @@ PY
 python3 "$here/same_tensors.py" "$work/full/epoch-0004.safetensors" "$work/part/epoch-0004.safetensors" ||
   fail "the resumed run differs from the uninterrupted one"
 echo "resumed after epoch 1: epoch 4 bit for bit"
+
+# Resumed from inside epoch 2 (the uninterrupted run's checkpoint at step 40): the same tensors and evaluations.
+mid=$(ls "$work/full"/epoch-0001-batch-*.safetensors | head -1)
+[ -n "$mid" ] || fail "no checkpoint inside epoch 2 in $work/full"
+mkdir -p "$work/mid" && cp "$mid" "$work/mid/" && cp "$work/full.jsonl" "$work/mid.jsonl"
+"$DP_TRAIN" "${common[@]}" --save-dir "$work/mid" --resume "$work/mid/$(basename "$mid")" --metrics "$work/mid.jsonl" \
+  > "$work/mid.log"
+python3 "$here/same_tensors.py" "$work/full/epoch-0004.safetensors" "$work/mid/epoch-0004.safetensors" ||
+  fail "the run resumed inside epoch 2 differs from the uninterrupted one"
+python3 - "$work/full.jsonl" "$work/mid.jsonl" <<'PY' || fail "the resumed run's metrics differ"
+import json, sys
+keys = ("eval", "step", "epoch", "train_loss", "val_loss", "test_loss", "lr", "train_acc", "val_acc", "test_acc")
+a, b = ([{k: v for k, v in json.loads(l).items() if k in keys} for l in open(p)] for p in sys.argv[1:])
+assert a == b, next((x, y) for x, y in zip(a, b) if x != y) if len(a) == len(b) else (len(a), len(b))
+PY
+echo "resumed inside epoch 2 ($(basename "$mid")): epoch 4 bit for bit, the same evaluation lines"
 
 # --max-steps: the run ends at that step, mid-epoch.
 "$DP_TRAIN" --model "$model" --data "text:$work/corpus.txt" --devices cpu --batch-size 32 --max-steps 7 --progress off \

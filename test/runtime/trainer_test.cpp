@@ -8,8 +8,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/single_device.h"
@@ -271,6 +275,112 @@ TEST(Trainer, OnStepReportsEveryOptimizerStep) {
     for (int i = 0; i < 3; ++i) sum += seen[3 * e + i].loss * seen[3 * e + i].rows;
     EXPECT_NEAR(sum / 120, epochs[e].train_loss, 1e-12 * epochs[e].train_loss);
   }
+}
+
+// --eval-every: an evaluation after every N optimizer steps, across epochs,
+// on the validation rows floor(i n / R) (R = eval_batches x batch_size), its
+// training loss the rows' mean since the previous evaluation (or the epoch's
+// start); training is unchanged by it. References: the val loss as a double
+// sum of one-row evaluations of those rows, the train loss from on_step.
+TEST(Trainer, EvalEveryEvaluatesEvenlySpacedRowsWithoutChangingTraining) {
+  const auto data = data::make_synthetic(640, 4);  // 128 test rows
+  const TrainedRun plain = train_two_epochs(data, 0);
+  for (const int64_t batches : {int64_t{2}, int64_t{0}}) {
+    SCOPED_TRACE("eval_batches " + std::to_string(batches));
+    TrainedRun r;
+    r.model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+    r.engine = std::make_unique<SingleDeviceEngine>(*r.model, Device::cpu(), *make_criterion({}), 3);
+    r.opt = optim::make_optimizer(r.engine->model(), r.engine->primary_context(), testing::test_sgd());
+    train::TrainerConfig tc;
+    tc.epochs = 2;
+    tc.batch_size = 16;  // 640 training rows: 40 steps an epoch
+    tc.seed = 3;
+    tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
+    tc.progress = train::Progress::Mode::Off;
+    tc.summary_out = nullptr;
+    tc.eval_every = 15;
+    tc.eval_batches = batches;
+    const std::string metrics_path = (std::filesystem::temp_directory_path() /
+                                      ("fanout_eval_metrics_" + std::to_string(::getpid()) + ".jsonl"))
+                                         .string();
+    std::filesystem::remove(metrics_path);
+    tc.metrics_path = metrics_path;
+    train::Trainer t(tc, *r.engine, *r.opt, data);
+    double since_sum = 0;
+    int64_t since_rows = 0;
+    int last_epoch = 0;
+    t.on_step = [&](const train::StepInfo& s) {
+      if (s.epoch != last_epoch) since_sum = 0, since_rows = 0, last_epoch = s.epoch;
+      since_sum += s.loss * static_cast<double>(s.rows);
+      since_rows += s.rows;
+    };
+    std::vector<train::EvalMetrics> evals;
+    const int64_t n = data.test.size(), rows = batches > 0 ? batches * 16 : n;
+    const Shape sample = data.test.sample_shape();
+    Shape one;  // (1, sample...)
+    one.ndim = sample.ndim + 1;
+    one.d[0] = 1;
+    for (int i = 0; i < sample.ndim; ++i) one.d[i + 1] = sample[i];
+    Tensor x = Tensor::empty(one), y = Tensor::empty(Shape{1}, DType::I32);
+    t.on_eval = [&](const train::EvalMetrics& e) {
+      evals.push_back(e);
+      double ref = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        data.test.get(i * n / rows, data::SampleDraw{}, x.raw(), y.raw());
+        ref += r.engine->eval_step(x, y).loss_sum;
+      }
+      EXPECT_EQ(e.val_rows, rows);
+      EXPECT_NEAR(e.val_loss, ref / static_cast<double>(rows), 1e-5 * std::abs(ref / rows)) << "step " << e.step;  // batches round differently from one row
+      EXPECT_NEAR(e.train_loss, since_sum / static_cast<double>(since_rows), 1e-6 * e.train_loss) << "step " << e.step;
+      EXPECT_GT(e.rows_per_second, 0);
+      EXPECT_GT(e.elapsed_seconds, 0);
+      EXPECT_EQ(e.lr, 0.05f);
+      since_sum = 0, since_rows = 0;
+    };
+    r.last = t.run();
+    ASSERT_EQ(evals.size(), 5u);  // steps 15, 30 | 45, 60, 75 of 80
+    for (size_t k = 0; k < evals.size(); ++k) {
+      EXPECT_EQ(evals[k].step, static_cast<int64_t>(15 * (k + 1)));
+      EXPECT_EQ(evals[k].epoch, k < 2 ? 1 : 2);
+    }
+    EXPECT_GT(evals.front().val_loss, evals.back().val_loss) << "the model learns";
+    expect_same_training(plain, r, "evaluation inside epochs");
+    EXPECT_EQ(r.last.test_loss, plain.last.test_loss);
+    // The metrics file: five evaluation lines and two epoch lines, in order.
+    std::ifstream in(metrics_path);
+    std::vector<nlohmann::json> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(lines.size(), 7u);
+    for (size_t k : {0, 1, 3, 4, 5}) {
+      EXPECT_TRUE(lines[k].value("eval", false));
+      EXPECT_DOUBLE_EQ(lines[k]["val_loss"].get<double>(), evals[k < 2 ? k : k - 1].val_loss);
+      EXPECT_EQ(lines[k]["val_rows"].get<int64_t>(), rows);
+    }
+    EXPECT_FALSE(lines[2].contains("eval"));
+    EXPECT_EQ(lines[2]["epoch"], 1);
+    EXPECT_EQ(lines[6]["epoch"], 2);
+    // A resume at step 30 of epoch 1 (steps 1-40) keeps the evaluations up to step 30 and no epoch line.
+    EXPECT_EQ(train::drop_metrics_after(metrics_path, 0, 30), 5);
+    std::ifstream kept(metrics_path);
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(kept, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+    EXPECT_EQ(steps, (std::vector<int64_t>{15, 30}));
+    std::filesystem::remove(metrics_path);
+  }
+}
+
+TEST(Trainer, EvalSettingsMustBeNonNegative) {
+  const auto data = data::make_synthetic(64, 4);
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+  train::TrainerConfig tc;
+  tc.batch_size = 16;
+  tc.eval_every = -1;
+  testing::expect_user_error([&] { train::Trainer(tc, engine, *opt, data); }, {"--eval-every must be non-negative, got -1"});
+  tc.eval_every = 5;
+  tc.eval_batches = -2;
+  testing::expect_user_error([&] { train::Trainer(tc, engine, *opt, data); }, {"--eval-steps must be non-negative, got -2"});
 }
 
 }  // namespace
