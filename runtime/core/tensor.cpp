@@ -135,6 +135,13 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   return v;
 }
 
+Tensor Tensor::seen_from(Device d) const {
+  FANOUT_CHECK(device_.same_memory(d)) << "a tensor on " << device_.str() << " seen from " << d.str();
+  Tensor v = *this;
+  v.device_ = d;
+  return v;
+}
+
 Tensor Tensor::flat(int64_t offset, const Shape& s) const {
   FANOUT_CHECK(offset >= 0 && offset + s.numel() <= numel())
       << "flat view [" << offset << ", +" << s.numel() << ") of " << numel() << " elements";

@@ -153,6 +153,20 @@ std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
   return m;
 }
 
+void Module::share_params(const Module& from) {
+  FANOUT_CHECK(arenas_ && from.arenas_) << "share_params() before materialize";
+  FANOUT_CHECK(from.arenas_->params.numel() == arenas_->params.numel() &&
+               from.arenas_->params.device().same_memory(arenas_->params.device()))
+      << "share_params(): another layout or memory";
+  auto a = std::make_shared<Arenas>(*arenas_);
+  a->params = from.arenas_->params.seen_from(arenas_->params.device());
+  bind(a);
+}
+
+bool Module::shares_params_with(const Module& from) const {
+  return arenas_ && from.arenas_ && arenas_->params.raw() == from.arenas_->params.raw();
+}
+
 Device Module::device() const {
   FANOUT_USER_CHECK(arenas_) << type_name() << "::device(): the module has no parameters in memory yet; call "
                                   "init(seed) first (it materializes them on the CPU)";

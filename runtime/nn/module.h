@@ -104,6 +104,12 @@ class Module {
   void to(Device d, Stream* s = nullptr);
   // A deep copy on `d`: same architecture, values and training flag.
   std::unique_ptr<Module> clone(Device d, Stream* s = nullptr) const;
+  // Binds this module's parameters to `from`'s parameter arena, in place (a
+  // module of the same architecture whose arena is in memory this one's
+  // device reads: a CPU replica reading the primary's parameters). Its
+  // gradients and buffers stay its own.
+  void share_params(const Module& from);
+  bool shares_params_with(const Module& from) const;
 
   bool materialized() const { return arenas_ != nullptr; }
   Device device() const;

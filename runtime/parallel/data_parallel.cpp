@@ -145,6 +145,9 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   output_ctx_->math = opts_.math;
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
+  // CPU replicas read the primary's parameters in place: no copy per pass, no second copy in memory.
+  params_shared_ = devices[0].is_cpu();
+  for (int i = 1; i < n && params_shared_; ++i) replicas_[i]->share_params(module);
   const int world = opts.group ? opts.group->size() : 1, rank = opts.group ? opts.group->rank() : 0;
   // A bucket cut by shards is one op per piece.
   comm_ = make_comm(opts.comm, devices, layout_.size() + world * n + 1);
@@ -223,7 +226,7 @@ void DataParallel::gather_shards() {
   Tensor& dst = module_.arenas().params;
   const int n = static_cast<int>(devices_.size());
   for (int r = 0; r < n; ++r) contexts_[r]->compute().synchronize();  // the shards' updates are done
-  for (int r = 1; r < n; ++r) {
+  for (int r = 1; r < n && !params_shared_; ++r) {  // shared: the shards were updated in place
     const auto [b, e] = shard_range(r);
     if (b < e) dst.flat(b, Shape{e - b}).copy_from(replica(r).arenas().params.flat(b, Shape{e - b}), &contexts_[0]->compute());
   }
@@ -303,8 +306,10 @@ void DataParallel::begin_pass(const Tensor& x) {
 Tensor DataParallel::replica_forward(int i, const Tensor& x) {
   Context& ctx = *contexts_[i];
   Module& m = replica(i);
-  // Replicate: parameters and buffers from the primary.
-  comm_->broadcast(i, m.arenas().params, ctx);
+  // Replicate: parameters (shared on CPU devices; bound again if the primary's arena was replaced) and
+  // buffers from the primary.
+  if (!params_shared_) comm_->broadcast(i, m.arenas().params, ctx);
+  else if (i > 0 && !m.shares_params_with(module_)) m.share_params(module_);
   comm_->broadcast(i, m.arenas().buffers, ctx);
   m.train(training_forward_);
   ctx.training = training_forward_;
@@ -511,7 +516,11 @@ StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y
 
 std::vector<int64_t> DataParallelEngine::replica_arena_bytes() {
   std::vector<int64_t> out;
-  for (size_t i = 0; i < dp_.devices().size(); ++i) out.push_back(arena_bytes(dp_.replica(static_cast<int>(i))));
+  for (size_t i = 0; i < dp_.devices().size(); ++i) {
+    Module& m = dp_.replica(static_cast<int>(i));
+    const bool shared = i > 0 && m.shares_params_with(dp_.replica(0));  // counted once, on the primary
+    out.push_back(arena_bytes(m) - (shared ? static_cast<int64_t>(m.arenas().params.nbytes()) : 0));
+  }
   return out;
 }
 

@@ -165,6 +165,7 @@ class DataParallel {
   uint64_t pass_ = 0;    // the next training pass
   Tensor scalar_;        // sum_over_processes' buffer
   bool sync_ = true;
+  bool params_shared_ = false;  // CPU devices: every replica's parameters are the primary's arena
   std::vector<int64_t> sizes_, starts_;
   Shape batch_shape_;  // of the last pass's input
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;

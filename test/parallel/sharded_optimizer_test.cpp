@@ -139,8 +139,9 @@ TEST_P(ShardedOptimizerTest, EachReplicaHoldsItsRangesStateAlone) {
 }
 
 // What the epoch summary reports per CPU replica (arenas + optimizer state):
-// sharded, the primary holds no more than the others; unsharded, it holds
-// the whole state on top.
+// the parameters once, on the primary (CPU replicas read its arena); sharded,
+// the primary holds no more than the others besides them; unsharded, it
+// holds the whole state on top.
 TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
   for (bool shard : {false, true}) {
     DpRun r = make_run("cpu:3", shard, options_for(GetParam()));
@@ -154,10 +155,17 @@ TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
     std::vector<int64_t> held(3);
     for (size_t i = 0; i < 3; ++i) held[i] = arenas[i] + (i < state.size() ? state[i] : 0);
     const int64_t others = std::min(held[1], held[2]);
+    const int64_t params = static_cast<int64_t>(r.model->arenas().params.nbytes());
+    for (int i = 1; i < 3; ++i) {
+      Module& m = r.engine->data_parallel().replica(i);
+      EXPECT_TRUE(m.shares_params_with(*r.model)) << "replica " << i;
+      const Arenas& a = m.arenas();
+      EXPECT_EQ(arenas[i], static_cast<int64_t>(a.grads.nbytes() + (a.buffers.defined() ? a.buffers.nbytes() : 0)));
+    }
     if (shard) {
-      EXPECT_LE(held[0] - others, static_cast<int64_t>(kArenaAlign * sizeof(float)) * 2);
+      EXPECT_LE(held[0] - params - others, static_cast<int64_t>(kArenaAlign * sizeof(float)) * 2);
     } else {
-      EXPECT_EQ(held[0] - others, total_state);
+      EXPECT_EQ(held[0] - params - others, total_state);
     }
   }
 }
