@@ -248,5 +248,33 @@ TEST(TextData, OpenDataNeedsALanguageModelAndAWindowThatFits) {
             "token data " + dir.path() + "/none has no meta.json giving vocab_size: give the model's vocab_size");
 }
 
+// bench/pytorch/window_order.py (the PyTorch side-by-side trainer's batches)
+// gives the epoch orders shuffled_indices gives: the same windows in the same
+// order, for one and two items, and for a seed above 2^63.
+TEST(WindowOrder, PythonPortEqualsShuffledIndices) {
+  if (std::system("python3 -c 'import argparse' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no python3 on PATH to run bench/pytorch/window_order.py";
+  testing::TempDir dir;
+  const std::string script = std::string(FANOUT_SOURCE_DIR) + "/bench/pytorch/window_order.py";
+  struct Case {
+    int64_t n;
+    uint64_t seed;
+    int64_t epoch;
+  };
+  for (const Case& c : {Case{1000, 7, 3}, Case{1, 7, 3}, Case{2, 7, 0}, Case{2, 7, 1}, Case{2, 7, 2},
+                        Case{300, 0xFEDCBA9876543210ull, 5}, Case{300, UINT64_MAX, 0}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " seed " + std::to_string(c.seed) + " epoch " +
+                 std::to_string(c.epoch));
+    const std::string out = dir.path() + "/order.txt";
+    const std::string cmd = "python3 " + script + " --n " + std::to_string(c.n) + " --seed " + std::to_string(c.seed) +
+                            " --epoch " + std::to_string(c.epoch) + " > " + out;
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::vector<int64_t> got;
+    std::ifstream f(out);
+    for (int64_t i; f >> i;) got.push_back(i);
+    EXPECT_EQ(got, data::shuffled_indices(c.n, c.seed, c.epoch));
+  }
+}
+
 }  // namespace
 }  // namespace fanout
