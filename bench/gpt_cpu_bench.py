@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""GPT training steps on CPU devices, fanout beside PyTorch in one run, in
+interleaved rounds so that drift in the machine's speed reaches both alike.
+
+Each round runs, one after the other:
+  fanout   dp-bench --devices cpu:N (one run: plain, DataParallel cpu:0,
+           cpu:0..N-1 with the loss on the replicas and gathered, DDP)
+  pytorch  bench/pytorch/gpt_step.py at --threads and at 1 thread
+The step is nanoGPT's (AdamW with its two groups, clip_grad_norm_(1.0),
+float32, dropout 0, random tokens). Prints a Markdown table of the medians
+over --rounds, each row against PyTorch's fastest thread count, and appends
+every run to --json.
+
+  python3 bench/gpt_cpu_bench.py --python /tmp/torchenv/bin/python [--configs char,gpt2]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name: (dp-bench model, batch, tokens per row, betas, lr, fanout steps, fanout warm-up, gpt_step.py iters)
+CONFIGS = {
+    "char": ("gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0,vocab_size=65", 12, 64, "0.9,0.99",
+             "1e-3", 20, 5, 20),
+    "gpt2": ("gpt:gpt2,block_size=256", 2, 256, "0.9,0.95", "6e-4", 3, 1, 15),
+}
+ROWS = [("plain", "fanout one device (`plain cpu:0`, every core its threads)"),
+        ("dp cpu:0", "fanout DataParallel `cpu:0`"),
+        ("loss on replicas", "fanout DataParallel `cpu:2`, loss on the replicas"),
+        ("gathered", "fanout DataParallel `cpu:2`, outputs gathered"),
+        ("ddp", "fanout DDP, 2 processes x cpu")]
+
+
+def fanout_run(args, name):
+    model, batch, _, betas, _, steps, warmup, _ = CONFIGS[name]  # step mode's AdamW rate is fixed (1e-3)
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
+        cmd = [os.path.join(args.build, "apps", "dp-bench"), "--model", model, "--batch-size", str(batch),
+               "--optimizer", "adamw", "--betas", betas, "--clip-grad-norm", "1",
+               "--no-decay-norm-bias", "--devices", f"cpu:{args.devices}", "--warmup", str(warmup), "--steps",
+               str(steps), "--repeats", "1", "--json", f.name]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        rows = [json.loads(line) for line in open(f.name)]
+    out = {}
+    for key, _ in ROWS:
+        hit = [r["ms_per_step"] for r in rows
+               if r["config"] == key or r["config"].endswith(key) or r["config"].startswith(key + " ")]
+        if hit:
+            out[key] = hit[0]
+    return out
+
+
+def pytorch_run(args, name, threads):
+    iters = CONFIGS[name][7]
+    cmd = [args.python, os.path.join(HERE, "pytorch", "gpt_step.py"), "--configs", name, "--threads", str(threads),
+           "--iters", str(iters), "--gpt2-batch", str(CONFIGS["gpt2"][1])]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["ms_per_step"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default="build")
+    p.add_argument("--python", default="python3", help="a Python with torch")
+    p.add_argument("--configs", default="char", help="comma list of: " + ", ".join(CONFIGS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--devices", type=int, default=2, help="fanout's cpu:N and PyTorch's threads")
+    p.add_argument("--json", default="", help="append every run here")
+    args = p.parse_args()
+    for name in [c for c in args.configs.split(",") if c]:
+        if name not in CONFIGS:
+            sys.exit(f"gpt_cpu_bench: unknown config '{name}' (expected one of {', '.join(CONFIGS)})")
+        runs = {key: [] for key, _ in ROWS}
+        torch_runs = {args.devices: [], 1: []}
+        for i in range(args.rounds):
+            for key, ms in fanout_run(args, name).items():
+                runs[key].append(ms)
+            for threads in torch_runs:
+                torch_runs[threads].append(pytorch_run(args, name, threads))
+            print(f"{name}: round {i + 1} of {args.rounds} done", file=sys.stderr, flush=True)
+        med = {k: statistics.median(v) for k, v in runs.items() if v}
+        tmed = {t: statistics.median(v) for t, v in torch_runs.items()}
+        best = min(tmed.values())
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({"config": name, "model": CONFIGS[name][0], "fanout_ms": runs,
+                                    "pytorch_ms_by_threads": torch_runs, "rounds": args.rounds}) + "\n")
+        tokens = CONFIGS[name][1] * CONFIGS[name][2]
+        print(f"\n{CONFIGS[name][0]}, batch {CONFIGS[name][1]} of {CONFIGS[name][2]} tokens, "
+              f"medians of {args.rounds} interleaved rounds\n")
+        print("| configuration | ms/step | tokens/s | vs PyTorch's fastest |")
+        print("| --- | --- | --- | --- |")
+        for key, label in ROWS:
+            if key in med:
+                print(f"| {label.replace('cpu:2', f'cpu:{args.devices}')} | {med[key]:.1f} | "
+                      f"{tokens / med[key] * 1e3:.0f} | {best / med[key]:.2f}x |")
+        for t, ms in tmed.items():
+            print(f"| PyTorch eager, {t} thread{'s' if t > 1 else ''} | {ms:.1f} | {tokens / ms * 1e3:.0f} | "
+                  f"{best / ms:.2f}x |")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
