@@ -55,7 +55,7 @@ Tensor ConvNd::backward(const Tensor& dy, Context& ctx) {
   }
   const AutocastWeights::Sinks low =
       autocast_.backward_begin(ctx, dy, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
-  kernels::conv_backward(ctx, spatial_, x_, *low.w, *low.dy, g_, dx, *low.gw, low.gb);
+  kernels::conv_backward(ctx, spatial_, x_, *low.w, low.dy, g_, dx, *low.gw, low.gb);
   autocast_.backward_end(ctx, w_->grad, b_ ? &b_->grad : nullptr, dx);
   notify_grads_ready(ctx);
   return input_grad() ? dx_ : Tensor();

@@ -62,7 +62,7 @@ Tensor ConvTranspose::forward(const Tensor& x, Context& ctx) {
 Tensor ConvTranspose::backward(const Tensor& dy_in, Context& ctx) {
   const AutocastWeights::Sinks low =
       autocast_.backward_begin(ctx, dy_in, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
-  const Tensor& dy = *low.dy;
+  const Tensor& dy = low.dy;
   // dW: the convolution's weight gradient with dy as its input and x as its output gradient.
   if (dims_ == 2) kernels::conv2d_backward(ctx, dy, *low.w, x_, {stride_, pad_}, nullptr, *low.gw, nullptr);
   else kernels::conv3d_backward(ctx, dy, *low.w, x_, {stride_, pad_}, nullptr, *low.gw, nullptr);

@@ -50,7 +50,7 @@ Tensor Linear::backward(const Tensor& dy, Context& ctx) {
   const Tensor dy2 = dy.dim() == 2 ? dy : dy.view(Shape{x_.size(0), out_});
   const AutocastWeights::Sinks low =
       autocast_.backward_begin(ctx, dy2, w_->value, w_->grad, b_ ? &b_->grad : nullptr);
-  kernels::linear_backward(ctx, x_, *low.w, *low.dy, dx, *low.gw, low.gb);
+  kernels::linear_backward(ctx, x_, *low.w, low.dy, dx, *low.gw, low.gb);
   autocast_.backward_end(ctx, w_->grad, b_ ? &b_->grad : nullptr, dx);
   notify_grads_ready(ctx);
   if (!input_grad()) return Tensor();

@@ -169,10 +169,10 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   Parameter& w = wte_->weight();
   ensure(dx_, Shape{bt, e}, ctx.device());
   // The head's share of wte's gradient (+=); the embedding adds its own and reports the sum ready.
-  const Tensor dy = dlogits.view(Shape{bt, config_.vocab_size});  // named: the sinks may point at it
+  const Tensor dy = dlogits.view(Shape{bt, config_.vocab_size});
   const AutocastWeights::Sinks low = head_.backward_begin(ctx, dy, w.value, w.grad, nullptr);
   Tensor* dx = &dx_;
-  kernels::linear_backward(ctx, head_x_, *low.w, *low.dy, dx, *low.gw, nullptr);
+  kernels::linear_backward(ctx, head_x_, *low.w, low.dy, dx, *low.gw, nullptr);
   head_.backward_end(ctx, w.grad, nullptr, dx);
   Tensor g = Module::backward_of(*ln_f_, "transformer.ln_f", dx_.view(x_.shape()), ctx);
   g = Module::backward_of(*h_, "transformer.h", g, ctx);

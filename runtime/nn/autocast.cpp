@@ -46,11 +46,11 @@ void AutocastWeights::round_output(Context& ctx, Tensor& y) {
 
 AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tensor& dy, const Tensor& w, Tensor& gw,
                                                       Tensor* gb) {
-  if (!autocast_on(ctx)) return {&dy, &w, &gw, gb};
+  if (!autocast_on(ctx)) return {dy, &w, &gw, gb};
   // db is a float32 sum of dy in every backend: dy is rounded first where there is one.
   const bool raw_dy = kernel_rounds_ && !gb;
   if (!raw_dy) autocast_copy(ctx, dy, dy_);
-  return {raw_dy ? &dy : &dy_, kernel_rounds_ ? &w : &w_, kernel_rounds_ ? &gw : &gw_.sink(ctx, gw),
+  return {raw_dy ? dy : dy_, kernel_rounds_ ? &w : &w_, kernel_rounds_ ? &gw : &gw_.sink(ctx, gw),
           gb ? &gb_.sink(ctx, *gb) : nullptr};
 }
 

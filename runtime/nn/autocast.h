@@ -70,7 +70,7 @@ class AutocastWeights {
   // y rounded to the low type, unless the kernel already did (no bias).
   void round_output(Context& ctx, Tensor& y);
   struct Sinks {
-    const Tensor* dy;  // the output gradient, in the low type (autocast's outputs are low-type tensors)
+    Tensor dy;         // the output gradient, in the low type (a handle: valid after the caller's dy is gone)
     const Tensor* w;   // the weight backward multiplies by
     Tensor* gw;        // where backward accumulates dW
     Tensor* gb;        // and db (null without a bias)
