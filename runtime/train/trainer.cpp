@@ -162,6 +162,15 @@ struct Totals {
   }
 };
 
+// The rows trained since the previous evaluation inside an epoch, summed over every process.
+Totals rows_since_eval(Engine& engine, const ExactSum& loss, int64_t rows) {
+  Totals t;
+  t.r.loss = loss;
+  t.r.count = rows;
+  t.all_reduce(engine);
+  return t;
+}
+
 // A printf format with exactly one floating-point conversion ("acc %.4f",
 // "(%.1f%% within 2)"), safe to give one double.
 bool valid_value_format(const std::string& f) {
@@ -485,11 +494,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
         EpochPosition pos{b, global.to_json(criterion.sum_names())};
         if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
         if (probe_loader_) {
-          Totals since;
-          since.r.loss = since_eval_loss_;
-          since.r.count = since_eval_rows_;
-          since.all_reduce(engine_);
-          pos.totals["since_eval"] = since.to_json({});
+          pos.totals["since_eval"] = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_).to_json({});
         }
         if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
         if (stop) {
@@ -563,10 +568,7 @@ double Trainer::seconds_in_run() const { return seconds_since(run_start_) - eval
 void Trainer::evaluate_during(int epoch, float lr) {
   const auto t0 = std::chrono::steady_clock::now();
   const double trained = seconds_in_run();
-  Totals since;
-  since.r.loss = since_eval_loss_;
-  since.r.count = since_eval_rows_;
-  since.all_reduce(engine_);
+  const Totals since = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_);
   std::vector<int64_t> rows{run_rows_};
   engine_.all_reduce_stats(rows, "rows trained");
   const Totals v = eval_pass(engine_, *probe_loader_, cfg_.batch_size);
