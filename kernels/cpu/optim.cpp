@@ -1,28 +1,34 @@
 // CPU optimizer kernels: one pass over each chunk of the table, torch's
 // update rules (kernels/optim.h), float32 arithmetic in the order of torch's
-// CPU kernels (lerp, mul then addcmul, sqrt, div, add, addcdiv).
+// CPU kernels (lerp, mul then addcmul, sqrt, div, add, addcdiv). Elements are
+// split over the context's threads; no result depends on their number.
 #include "kernels/optim.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
+
 namespace fanout::kernels::cpu {
 
 namespace {
+// f(begin, end) over each chunk (at most kUpdateChunk elements), the chunks cut over the threads.
 template <class F>
-void for_chunks(const Tensor& chunks, F&& f) {
+void for_chunks(const Context& ctx, const Tensor& chunks, F&& f) {
   const int64_t* c = chunks.data<int64_t>();
-  for (int64_t k = 0; k < chunks.size(0); ++k) f(c[2 * k], c[2 * k] + c[2 * k + 1]);
+  parallel_for(ctx, chunks.size(0), 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) f(c[2 * k], c[2 * k] + c[2 * k + 1]);
+  });
 }
 }  // namespace
 
-void sgd_step(Context&, Tensor& params, const Tensor& grads, Tensor& momentum_buf, const Tensor& chunks,
+void sgd_step(Context& ctx, Tensor& params, const Tensor& grads, Tensor& momentum_buf, const Tensor& chunks,
               const SgdStep& h) {
   float* p = params.f32();
   const float* g = grads.f32();
   float* buf = h.momentum != 0.0f ? momentum_buf.f32() : nullptr;
   const float lr = h.lr, wd = h.weight_decay, mu = h.momentum, damp = 1.0f - h.dampening;
-  for_chunks(chunks, [&](int64_t b, int64_t e) {
+  for_chunks(ctx, chunks, [&](int64_t b, int64_t e) {
     if (!buf) {
       for (int64_t i = b; i < e; ++i) p[i] -= lr * (g[i] + wd * p[i]);
       return;
@@ -62,7 +68,7 @@ void adam_range(float* __restrict p, const float* __restrict gr, float* __restri
 }
 }  // namespace
 
-void adam_step(Context&, Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+void adam_step(Context& ctx, Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                Tensor& max_exp_avg_sq, const Tensor& chunks, const AdamStep& h) {
   float* p = params.f32();
   const float* g = grads.f32();
@@ -70,7 +76,7 @@ void adam_step(Context&, Tensor& params, const Tensor& grads, Tensor& exp_avg, T
   float* v = exp_avg_sq.f32();
   float* vmax = h.amsgrad ? max_exp_avg_sq.f32() : nullptr;
   const bool low = h.one_minus_beta1 < 0.5f;
-  for_chunks(chunks, [&](int64_t b, int64_t e) {
+  for_chunks(ctx, chunks, [&](int64_t b, int64_t e) {
     if (h.amsgrad) {
       low ? adam_range<true, true>(p, g, m, v, vmax, b, e, h) : adam_range<true, false>(p, g, m, v, vmax, b, e, h);
     } else {
@@ -79,24 +85,47 @@ void adam_step(Context&, Tensor& params, const Tensor& grads, Tensor& exp_avg, T
   });
 }
 
-// Eight running sums (element i goes to sum i % 8), added at the end: a
-// fixed order, so the result does not depend on anything but the data, and
-// one the compiler can vectorize.
-double sum_squares(Context&, const Tensor& x) {
-  const float* a = x.f32();
-  const int64_t n = x.numel(), body = n / 8 * 8;
-  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t i = 0; i < body; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += static_cast<double>(a[i + k]) * a[i + k];
+namespace {
+// Sixteen running sums (element i goes to sum i % 16), added pairwise at the
+// end: a fixed order the compiler vectorizes.
+double sum_squares_range(const float* a, int64_t n) {
+  constexpr int kLanes = 16;
+  const int64_t body = n / kLanes * kLanes;
+  double s[kLanes] = {};
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) s[k] += static_cast<double>(a[i + k]) * a[i + k];
   for (int64_t i = body; i < n; ++i) s[i - body] += static_cast<double>(a[i]) * a[i];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) s[k] += s[k + w];
+  return s[0];
+}
+}  // namespace
+
+// The tensor is cut into at most kBlocks blocks whose size depends on numel
+// alone; the blocks' sums (computed by any thread) are added in block order,
+// so the result depends on the data only, never on the thread count.
+double sum_squares(Context& ctx, const Tensor& x) {
+  constexpr int64_t kBlocks = 64, kMinBlock = int64_t{1} << 16;
+  const float* a = x.f32();
+  const int64_t n = x.numel();
+  const int64_t block = std::max(kMinBlock, (n + kBlocks - 1) / kBlocks);
+  const int64_t blocks = (n + block - 1) / block;
+  double part[kBlocks] = {};
+  parallel_for(ctx, blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) part[k] = sum_squares_range(a + k * block, std::min(block, n - k * block));
+  });
+  double total = 0;
+  for (int64_t k = 0; k < blocks; ++k) total += part[k];
+  return total;
 }
 
-void clamp_abs(Context&, Tensor& x, float limit) {
+void clamp_abs(Context& ctx, Tensor& x, float limit) {
   float* a = x.f32();
-  for (int64_t i = 0; i < x.numel(); ++i)
-    if (a[i] > limit) a[i] = limit;
-    else if (a[i] < -limit) a[i] = -limit;
+  parallel_for(ctx, x.numel(), grain_for(1), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (a[i] > limit) a[i] = limit;
+      else if (a[i] < -limit) a[i] = -limit;
+  });
 }
 
 }  // namespace fanout::kernels::cpu

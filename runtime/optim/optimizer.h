@@ -6,7 +6,7 @@
 // Trainer, or a user's own) steps it on the model whose gradients the
 // engine has reduced.
 //
-//   auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), opts);
+//   auto opt = optim::make_optimizer(engine.model(), engine.step_context(), opts);
 //   engine.forward_backward(x, y, 1.0f / rows, true);
 //   optim::clip_grad_norm(*opt, 1.0);      // optional (runtime/optim/clip.h)
 //   opt->step();

@@ -143,6 +143,11 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   }
   output_ctx_ = std::make_unique<Context>(output_device_, opts.seed);
   output_ctx_->math = opts_.math;
+  if (devices[0].is_cpu() && n > 1) {
+    step_ctx_ = std::make_unique<Context>(devices[0], opts.seed);
+    step_ctx_->math = opts_.math;
+    step_ctx_->math.cpu_threads = opts_.math.cpu_threads * n;
+  }
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());
   // CPU replicas read the primary's parameters in place: no copy per pass, no second copy in memory.

@@ -101,6 +101,7 @@ class DataParallel {
   Device output_device() const { return output_device_; }
   Context& primary_context() { return *contexts_[0]; }
   Context& output_context() { return *output_ctx_; }
+  Context& step_context() { return step_ctx_ ? *step_ctx_ : primary_context(); }
   Context& replica_context(int i) { return *contexts_[i]; }
   Module& replica(int i) { return i == 0 ? module_ : *replicas_[i]; }
   int replicas_used() const { return active_; }
@@ -154,6 +155,7 @@ class DataParallel {
   std::vector<std::unique_ptr<Module>> replicas_;  // [0] unused: the module itself
   std::vector<std::unique_ptr<Context>> contexts_;
   std::unique_ptr<Context> output_ctx_;
+  std::unique_ptr<Context> step_ctx_;  // CPU replicas: the primary with every replica's threads
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<StatSync> stat_sync_;
   std::unique_ptr<WorkerPool> pool_;
@@ -195,6 +197,7 @@ class DataParallelEngine : public Engine {
   void set_pass(uint64_t index) override { dp_.set_pass(index); }
   Module& model() override { return dp_.module(); }
   Context& primary_context() override { return dp_.primary_context(); }
+  Context& step_context() override { return dp_.step_context(); }
   std::vector<Device> devices() const override { return dp_.devices(); }
   const Criterion& criterion() const override { return *criteria_[0]; }
   DataParallel& data_parallel() { return dp_; }

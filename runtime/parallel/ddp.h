@@ -41,6 +41,7 @@ class DistributedDataParallelEngine : public Engine {
   void set_pass(uint64_t index) override { inner_.set_pass(index); }
   Module& model() override { return inner_.model(); }
   Context& primary_context() override { return inner_.primary_context(); }
+  Context& step_context() override { return inner_.step_context(); }
   std::vector<Device> devices() const override { return inner_.devices(); }
   const Criterion& criterion() const override { return inner_.criterion(); }
   int rank() const override { return link_.group().rank(); }

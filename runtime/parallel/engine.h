@@ -72,10 +72,14 @@ class Engine {
   virtual const Criterion& criterion() const = 0;
   // The model whose parameters are the ones trained (on the primary device):
   // its gradient arena holds the reduced gradients after forward_backward
-  // with sync; an optimizer over it (with primary_context()) updates it, and
+  // with sync; an optimizer over it (with step_context()) updates it, and
   // the next forward carries the update to every replica.
   virtual Module& model() = 0;
   virtual Context& primary_context() = 0;
+  // The context for an optimizer over model(): the primary's, or where the
+  // replicas are CPU devices of this process, one on the primary that also
+  // has their threads (idle between passes).
+  virtual Context& step_context() { return primary_context(); }
   // This process's devices; the first is the primary.
   virtual std::vector<Device> devices() const = 0;
 

@@ -115,7 +115,7 @@ void ShardedOptimizer::clamp_grads(float limit) {
 std::unique_ptr<optim::Optimizer> make_engine_optimizer(Engine& engine, const optim::OptimizerOptions& o,
                                                         std::vector<optim::ParamGroup> groups) {
   if (!engine.shards().empty()) return std::make_unique<ShardedOptimizer>(engine, o, std::move(groups));
-  return optim::make_optimizer(engine.model(), engine.primary_context(), o, std::move(groups));
+  return optim::make_optimizer(engine.model(), engine.step_context(), o, std::move(groups));
 }
 
 }  // namespace fanout::train

@@ -18,6 +18,7 @@
 #include "kernels/conv.h"
 #include "kernels/cpu/plan_count.h"
 #include "kernels/elementwise.h"
+#include "kernels/optim.h"
 #include "kernels/pool.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
@@ -118,6 +119,26 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
       return std::vector<Tensor>{y, lse, dq, dk, dv};
     });
   }
+  // The optimizer's kernels over 5 M elements (sum_squares: 64 blocks), AdamW on every chunk of the table.
+  const int64_t n = 5'000'037;
+  const Tensor p0 = ft::random_tensor(Shape{n}, rng), g0 = ft::random_tensor(Shape{n}, rng, -2.0f, 2.0f);
+  expect_same_bits_on_any_thread_count("optimizer kernels", [&](Context& ctx) {
+    Tensor p = ft::clone(p0), g = ft::clone(g0), m = ft::clone(g0), v = Tensor::zeros(Shape{n});
+    const int64_t count = (n + kernels::kUpdateChunk - 1) / kernels::kUpdateChunk;
+    Tensor chunks = Tensor::empty(Shape{count, 2}, DType::I64);
+    for (int64_t k = 0; k < count; ++k) {
+      chunks.data<int64_t>()[2 * k] = k * kernels::kUpdateChunk;
+      chunks.data<int64_t>()[2 * k + 1] = std::min(kernels::kUpdateChunk, n - k * kernels::kUpdateChunk);
+    }
+    kernels::AdamStep h;
+    h.decay = 0.999f;
+    h.step_size = 1e-3f;
+    kernels::adam_step(ctx, p, g, m, v, v, chunks, h);
+    Tensor sum = Tensor::empty(Shape{1}, DType::F64);
+    sum.f64()[0] = kernels::sum_squares(ctx, g);
+    kernels::clamp_abs(ctx, g, 1.0f);
+    return std::vector<Tensor>{p, m, v, sum, g};
+  });
 }
 
 // A kernel's exception inside a threaded range reaches the caller.

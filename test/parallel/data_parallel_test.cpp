@@ -1,6 +1,7 @@
 // DataParallel on CPU devices: torch.chunk scattering, equivalence with
 // single-device training, BatchNorm semantics (per-replica and synchronized),
-// a steady state without allocation, and failures that do not hang.
+// a steady state without allocation, the optimizer's threads, and failures
+// that do not hang.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -283,6 +284,20 @@ TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
   EXPECT_EQ(alloc_stats().device_allocs, before.device_allocs);
   EXPECT_EQ(Module::constructed(), modules);
   EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans) << "oneDNN primitives made after warm-up";
+}
+
+// Between passes the CPU replicas' threads are idle: the optimizer's context
+// on the primary has them all (its kernels give the same bits on any count).
+TEST(DataParallel, OptimizerContextHasEveryCpuReplicasThreads) {
+  auto m = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
+  DataParallelOptions opts;
+  opts.math.cpu_threads = 1;
+  DataParallelEngine three(*m, parse_devices("cpu:3"), *make_criterion({}), opts);
+  EXPECT_EQ(three.primary_context().math.cpu_threads, 1);
+  EXPECT_EQ(three.step_context().math.cpu_threads, 3);
+  EXPECT_TRUE(three.step_context().device().same_memory(three.primary_context().device()));
+  DataParallelEngine one(*m, parse_devices("cpu:1"), *make_criterion({}), opts);
+  EXPECT_EQ(&one.step_context(), &one.primary_context());
 }
 
 TEST(DataParallel, ReplicaFailureIsRethrownWithoutHanging) {

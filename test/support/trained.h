@@ -45,7 +45,7 @@ class Trained : public E {
     set_optimizer(test_sgd());
   }
   void set_optimizer(const optim::OptimizerOptions& o) {
-    opt_ = optim::make_optimizer(E::model(), E::primary_context(), o);
+    opt_ = optim::make_optimizer(E::model(), E::step_context(), o);
   }
   optim::Optimizer& optimizer() { return *opt_; }
   StepResult train_step(const Tensor& x, const Tensor& y, float lr) { return train::train_step(*this, *opt_, x, y, lr); }
