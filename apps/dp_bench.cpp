@@ -298,7 +298,8 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
     ("data", po::value(&e.data)->default_value(e.data),
-     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (3x32x32 images); the data sets the sample shape")
+     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (3x32x32 images); the data sets the sample shape. "
+     "A --model gpt:... reads token data as dp-train does: tokens:DIR, text:FILE or text-bytes:FILE (tokens/s)")
     ("lr", po::value(&e.lr)->default_value(e.lr, "0.02"), "learning rate (constant; SGD momentum 0.9, weight decay 5e-4)")
     ("workers", po::value(&e.workers)->default_value(e.workers), "loader threads per process (PyTorch: worker processes)")
     ("plot", po::value(&e.plot), "draw epoch time per configuration into this PNG (Python with matplotlib)")
@@ -670,7 +671,6 @@ int run(int argc, char** argv) {
   if (!parse(argc, argv, o, e, vm)) return 0;
   const Precision precision = check_common(o);
   if (vm.count("epochs")) {
-    FANOUT_USER_CHECK(!models::is_gpt(o.model)) << "--epochs trains on image data; a GPT runs in step mode";
     return apps::run_epoch_bench(epoch_options(vm, o, e, precision));
   }
   if (models::is_gpt(o.model) && !given(vm, "input")) o.input.clear();  // block_size

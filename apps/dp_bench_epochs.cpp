@@ -26,9 +26,12 @@
 #include "apps/cli_main.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
+#include "models/zoo/zoo.h"
 #include "runtime/data/dataset.h"
+#include "runtime/data/open_data.h"
 #include "runtime/distributed/child_process.h"
 #include "runtime/io/npy.h"
+#include "runtime/train/run_config.h"
 
 namespace fs = std::filesystem;
 
@@ -172,15 +175,15 @@ RunResult parse_pytorch_result(const std::string& path) {
   return r;
 }
 
-// The dataset as .npy files plus meta.json, for train_epochs.py.
-void export_dataset(const data::TrainTest& d, const std::string& dir) {
+// An image set as .npy files plus meta.json, for train_epochs.py.
+void export_dataset(const data::ImageDataset& train, const data::ImageDataset& test, const std::string& dir) {
   fs::create_directories(dir);
-  io::save_npy(dir + "/train_images.npy", d.train.images.slice(0, d.train.size()));
-  io::save_npy(dir + "/train_labels.npy", d.train.labels);
-  io::save_npy(dir + "/test_images.npy", d.test.images.slice(0, d.test.size()));
-  io::save_npy(dir + "/test_labels.npy", d.test.labels);
+  io::save_npy(dir + "/train_images.npy", train.images.slice(0, train.size()));
+  io::save_npy(dir + "/train_labels.npy", train.labels);
+  io::save_npy(dir + "/test_images.npy", test.images.slice(0, test.size()));
+  io::save_npy(dir + "/test_labels.npy", test.labels);
   std::ofstream m(dir + "/meta.json");
-  m << nlohmann::json{{"mean", d.train.mean}, {"std", d.train.std}, {"classes", d.train.num_classes}}.dump() << "\n";
+  m << nlohmann::json{{"mean", train.mean}, {"std", train.std}, {"classes", train.num_classes}}.dump() << "\n";
   FANOUT_USER_CHECK(m.good()) << "cannot write " << dir << "/meta.json";
 }
 
@@ -212,9 +215,16 @@ struct Setup {
   bool gpu = false;
   int cores = 0;
   int64_t train_size = 0, test_size = 0;
+  int64_t tokens_per_sample = 0;  // a GPT's: its block_size (0 for images)
   std::string dp_train, plot_script, py_script;
+  std::string torch_data;  // train_epochs.py's --data: the exported images, or the token directory
   std::string torch_status = "not asked (--no-pytorch)", torch_version;
   int n() const { return static_cast<int>(devices.size()); }
+  // Throughput as the table shows it: images, or a GPT's tokens, per second.
+  const char* rate_unit() const { return tokens_per_sample > 0 ? "tok/s" : "img/s"; }
+  double rate(const RunResult& r) const {
+    return r.images_per_second * static_cast<double>(tokens_per_sample > 0 ? tokens_per_sample : 1);
+  }
 };
 
 void check_options(EpochBenchOptions& o) {
@@ -241,9 +251,16 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
   s.dp_train = self_dir() + "/dp-train";
   FANOUT_USER_CHECK(::access(s.dp_train.c_str(), X_OK) == 0)
       << "cannot find dp-train beside dp-bench (" << s.dp_train << ")";
-  const data::TrainTest data = data::open_dataset(o.data, o.seed);
-  s.train_size = data.train.size();
-  s.test_size = data.test.size();
+  train::RunConfig run;
+  run.model = o.model;
+  run.seed = o.seed;
+  const data::DataOptions opts = run.data_options();
+  const data::DataSplits data = data::open_data(o.data, opts);
+  FANOUT_USER_CHECK(!models::is_gpt(o.model) || data.token_data())
+      << "model " << o.model << " reads token ids but data " << o.data << " is images";
+  s.train_size = data.train->size();
+  s.test_size = data.test->size();
+  s.tokens_per_sample = data.token_data() ? opts.block_size : 0;
   FANOUT_USER_CHECK(o.batch_size % s.n() == 0 || s.n() == 1)
       << "--batch-size " << o.batch_size << " cannot be split evenly over " << s.n() << " devices";
   if (!o.plot.empty()) {
@@ -259,7 +276,13 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
     std::getline(f, s.torch_version);
     if (rc == 0) {
       s.torch_status = "ok";
-      export_dataset(data, tmp + "/data");
+      if (data.token_data()) {
+        s.torch_data = data.token_dir;
+      } else {
+        s.torch_data = tmp + "/data";
+        export_dataset(dynamic_cast<const data::ImageDataset&>(*data.train),
+                       dynamic_cast<const data::ImageDataset&>(*data.test), s.torch_data);
+      }
     } else {
       s.torch_status = "not installed";
       s.torch_version.clear();
@@ -314,12 +337,11 @@ void add_fanout_configs(const EpochBenchOptions& o, const Setup& s, std::vector<
 
 // PyTorch's rows (bench/pytorch/train_epochs.py): one device in NCHW and in
 // channels_last, DDP, and nn.DataParallel on GPUs.
-void add_pytorch_configs(const EpochBenchOptions& o, const Setup& s, const std::string& tmp,
-                         std::vector<Config>& configs) {
+void add_pytorch_configs(const EpochBenchOptions& o, const Setup& s, std::vector<Config>& configs) {
   auto add = [&](const std::string& mode, const std::string& label, int procs, int reps,
                  std::vector<std::string> extra) {
     Config c{"pytorch", mode, label, procs, reps};
-    c.argv = {o.python, s.py_script, "--data", tmp + "/data", "--model", o.model, "--epochs",
+    c.argv = {o.python, s.py_script, "--data", s.torch_data, "--model", o.model, "--epochs",
               std::to_string(o.epochs), "--batch", std::to_string(o.batch_size), "--lr", fmt("%g", o.lr),
               "--momentum", "0.9", "--weight-decay", "5e-4", "--seed", std::to_string(o.seed), "--workers",
               std::to_string(o.workers), "--warmup-steps", std::to_string(o.warmup), "--optimizer", o.optimizer,
@@ -343,9 +365,10 @@ void add_pytorch_configs(const EpochBenchOptions& o, const Setup& s, const std::
   add("one device", "PyTorch one device " + one, 1, 1,
       {"--mode", "one", "--devices", s.gpu ? one : "cpu", "--threads", threads});
   // PyTorch's convolutions run faster on NHWC activations (its oneDNN CPU
-  // path, tensor cores): its best one-device configuration is this row.
-  add("one device", "PyTorch one device " + one + " channels_last", 1, 1,
-      {"--mode", "one", "--devices", s.gpu ? one : "cpu", "--threads", threads, "--channels-last"});
+  // path, tensor cores): its best one-device configuration for images is this row.
+  if (s.tokens_per_sample == 0)
+    add("one device", "PyTorch one device " + one + " channels_last", 1, 1,
+        {"--mode", "one", "--devices", s.gpu ? one : "cpu", "--threads", threads, "--channels-last"});
   if (with_ddp(o, s)) {
     const bool nccl = s.gpu && distinct;
     add("DDP", "PyTorch DDP " + processes(n) + (nccl ? " (nccl)" : " (gloo)"), n, 1,
@@ -373,7 +396,7 @@ void print_header(const EpochBenchOptions& o, const Setup& s) {
 // Runs every configuration o.repeats times, interleaved (A B C ... A B C
 // ...), each a fresh process; SIGINT or SIGTERM stops between runs. Returns
 // the signal that stopped it, or 0.
-int run_interleaved(const EpochBenchOptions& o, std::vector<Config>& configs, const std::string& tmp) {
+int run_interleaved(const EpochBenchOptions& o, const Setup& s, std::vector<Config>& configs, const std::string& tmp) {
   int total = 0;
   for (auto& c : configs) total += c.status == "ok" ? o.repeats : 0;
   struct sigaction sa {}, old_int{}, old_term{};
@@ -407,7 +430,7 @@ int run_interleaved(const EpochBenchOptions& o, std::vector<Config>& configs, co
       c.runs.push_back(c.framework == "fanout" ? parse_fanout_metrics(stem + ".json")
                                                : parse_pytorch_result(stem + ".json"));
       const RunResult& x = c.runs.back();
-      std::printf("%.2f s/epoch, %.0f img/s, test acc %.4f\n", x.epoch_seconds, x.images_per_second, x.test_acc);
+      std::printf("%.2f s/epoch, %.0f %s, test acc %.4f\n", x.epoch_seconds, s.rate(x), s.rate_unit(), x.test_acc);
       std::fflush(stdout);
     }
   sigaction(SIGINT, &old_int, nullptr);
@@ -467,8 +490,9 @@ Table tabulate(const std::vector<Config>& configs) {
 std::string gib(int64_t b) { return fmt("%.2f", static_cast<double>(b) / 1073741824.0); }
 
 // The table, then the questions this benchmark answers.
-void print_table(const Table& t, bool gpu) {
-  std::printf("\n%-38s %9s %15s %9s %8s %6s %6s %8s  %s\n", "configuration", "epoch s", "spread", "img/s",
+void print_table(const Table& t, const Setup& s) {
+  const bool gpu = s.gpu;
+  std::printf("\n%-38s %9s %15s %9s %8s %6s %6s %8s  %s\n", "configuration", "epoch s", "spread", s.rate_unit(),
               "speed-up", "eff.", "wait", "test acc", gpu ? "peak GiB: host; per GPU" : "peak GiB (host)");
   for (auto& row : t.rows) {
     const Config& c = *row.c;
@@ -481,7 +505,7 @@ void print_table(const Table& t, bool gpu) {
       mem += (i == 0 ? "; " : " / ") + gib(row.med.peak_device[i]);
     std::printf("%-38s %9.2f %15s %9.0f %7.2fx %6.2f %5.1f%% %8.4f  %s%s\n", c.label.c_str(),
                 row.med.epoch_seconds, (fmt("%.2f", row.lo) + "-" + fmt("%.2f", row.hi)).c_str(),
-                row.med.images_per_second, row.speedup, row.efficiency, 100 * row.med.data_wait, row.med.test_acc,
+                s.rate(row.med), row.speedup, row.efficiency, 100 * row.med.data_wait, row.med.test_acc,
                 mem.c_str(), c.status == "ok" ? "" : ("  (" + c.status + ")").c_str());
   }
   const double f_dp = t.median_of("fanout", "DP"), f_ddp = t.median_of("fanout", "DDP"),
@@ -535,6 +559,7 @@ void write_json(const std::string& path, const EpochBenchOptions& o, const Setup
       j["epoch_seconds_min"] = row.lo;
       j["epoch_seconds_max"] = row.hi;
       j["images_per_second"] = row.med.images_per_second;
+      if (s.tokens_per_sample > 0) j["tokens_per_second"] = s.rate(row.med);
       j["speedup_vs_one_device"] = row.speedup;
       j["efficiency_per_device"] = row.efficiency;
       j["data_wait_fraction"] = row.med.data_wait;
@@ -558,11 +583,11 @@ int run_epoch_bench(const EpochBenchOptions& options) {
   const Setup s = prepare(o, tmp.path);
   std::vector<Config> configs;
   add_fanout_configs(o, s, configs);
-  if (!o.no_pytorch) add_pytorch_configs(o, s, tmp.path, configs);
+  if (!o.no_pytorch) add_pytorch_configs(o, s, configs);
   print_header(o, s);
-  const int interrupted = run_interleaved(o, configs, tmp.path);
+  const int interrupted = run_interleaved(o, s, configs, tmp.path);
   const Table table = tabulate(configs);
-  print_table(table, s.gpu);
+  print_table(table, s);
   const std::string json = !o.json.empty() || o.plot.empty() ? o.json : tmp.path + "/results.jsonl";
   if (!json.empty()) write_json(json, o, s, table);
   if (!o.plot.empty()) {

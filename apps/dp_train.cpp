@@ -758,16 +758,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
 // --data opened for --model: a GPT's windows are its block_size; the data
 // must suit the model (token ids for a GPT, images for the rest).
 data::DataSplits open_run_data(const train::RunConfig& c, const Process& p) {
-  data::DataOptions o;
-  o.seed = c.seed;
-  o.heatmap = data::HeatmapSpec{c.heatmap_radius, 0.0};
-  if (models::is_gpt(c.model)) {
-    bool from_data = false;
-    const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(c.model), 1, &from_data);
-    o.block_size = g.block_size;
-    o.vocab_size = from_data ? 0 : g.vocab_size;
-  }
-  data::DataSplits data = data::open_data(c.data, o);
+  data::DataSplits data = data::open_data(c.data, c.data_options());
   if (p.primary())
     for (const std::string& w : data.warnings) std::fprintf(stderr, "dp-train: warning: %s\n", w.c_str());
   FANOUT_USER_CHECK(models::is_gpt(c.model) == data.token_data())

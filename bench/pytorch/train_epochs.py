@@ -14,6 +14,14 @@ N x C x H x W), train_labels.npy and test_labels.npy (int32) and meta.json
 fanout's loader does, (x / 255 - mean) / std. SGD as torch.optim.SGD with a
 constant learning rate; cross-entropy averaged over the global batch.
 
+A GPT (--model gpt:PRESET,KEY=VALUE,...: bench/pytorch/gpt.py, nanoGPT's
+model) reads a token directory instead (train.bin and val.bin, flat uint16,
+and meta.json's vocab_size, as fanout writes them): the samples are the
+windows of block_size + 1 tokens overlapping by one, as fanout's (x the
+first block_size tokens, y the same shifted by one); the loss is the mean
+cross-entropy over the batch's tokens, the accuracy the share of tokens
+predicted.
+
 Timing: the first --warmup-steps steps of the first epoch are untimed; the
 epoch time is the time of the remaining steps scaled to the whole epoch
 (GPU work synchronized at both marks). Evaluation on the test set follows
@@ -67,6 +75,56 @@ class Normalized:
         return x, self.labels[idx]
 
 
+class TokenWindows:
+    """A split's windows as whole batches by index list: x and y (int64)."""
+
+    def __init__(self, path, block):
+        import torch
+
+        # nanoGPT's flat uint16, or an llm.c shard: 256 int32 (magic 20240520, version, count), then uint16.
+        with open(path, "rb") as f:
+            head = np.frombuffer(f.read(12), dtype=np.int32) if os.path.getsize(path) >= 1024 else []
+        skip, n_tokens = (512, int(head[2])) if len(head) and head[0] == 20240520 else (0, os.path.getsize(path) // 2)
+        raw = torch.from_file(path, shared=False, size=skip + n_tokens, dtype=torch.int16)[skip:]
+        tokens = raw.to(torch.int64) & 0xFFFF  # uint16 ids stored as int16: back to 0..65535
+        self.n = (n_tokens - 1) // block
+        if self.n < 1:
+            raise SystemExit(f"{path}: {n_tokens} tokens, shorter than one window of {block + 1}")
+        self.x = tokens[:self.n * block].view(self.n, block)
+        self.y = tokens[1:self.n * block + 1].view(self.n, block)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, idx):
+        import torch
+
+        idx = torch.as_tensor(idx)
+        return self.x[idx], self.y[idx]
+
+
+def gpt_logits_class():
+    """A GPT whose forward gives the logits only, so that nn.DataParallel
+    gathers them as it gathers a classifier's outputs."""
+    import torch.nn as nn
+
+    class GptLogits(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(x)[0]
+
+    return GptLogits
+
+
+def token_cross_entropy(logits, y):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
 def peak_host_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
@@ -95,13 +153,25 @@ def worker(rank, args, result_path):
         backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         dist.init_process_group(backend,
                                 init_method="file://" + args.store, rank=rank, world_size=world)
-    arrays, meta = load(args.data)
-    train = Normalized(arrays["train_images"], arrays["train_labels"], meta["mean"], meta["std"])
-    test = Normalized(arrays["test_images"], arrays["test_labels"], meta["mean"], meta["std"])
-    shape = tuple(arrays["train_images"].shape[1:])
-
     torch.manual_seed(args.seed)
-    model, _ = zoo.build(args.model, shape, int(meta["classes"]))
+    tokens = args.model.startswith("gpt:")
+    if tokens:
+        import gpt
+
+        GptLogits = gpt_logits_class()
+        meta_path = os.path.join(args.data, "meta.json")
+        vocab = json.load(open(meta_path)).get("vocab_size") if os.path.exists(meta_path) else None
+        config = gpt.parse_config(args.model, vocab_size=vocab)
+        train = TokenWindows(os.path.join(args.data, "train.bin"), config.block_size)
+        test = TokenWindows(os.path.join(args.data, "val.bin"), config.block_size)
+        model = GptLogits(gpt.GPT(config))
+        shape = (config.block_size,)
+    else:
+        arrays, meta = load(args.data)
+        train = Normalized(arrays["train_images"], arrays["train_labels"], meta["mean"], meta["std"])
+        test = Normalized(arrays["test_images"], arrays["test_labels"], meta["mean"], meta["std"])
+        shape = tuple(arrays["train_images"].shape[1:])
+        model, _ = zoo.build(args.model, shape, int(meta["classes"]))
     model = model.to(device)
     layout = None
     if args.channels_last and len(shape) == 3:  # (C, H, W) images: NHWC model and batches
@@ -117,7 +187,7 @@ def worker(rank, args, result_path):
     else:
         net = model
     opt = zoo.make_optimizer(model, args, momentum=args.momentum, weight_decay=args.weight_decay)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = token_cross_entropy if tokens else nn.CrossEntropyLoss()
     # --precision: torch.autocast in the low type (16-mixed adds a GradScaler), as dp-train's.
     train_step = zoo.MixedStep(device, args.precision, args.clip_grad_norm, args.clip_grad_value)
 
@@ -169,20 +239,26 @@ def worker(rank, args, result_path):
         wall = t1 - t0
         seconds = (t1 - t_warm) * steps / (steps - warm)
         # Evaluation (untimed): rank 0 on the whole test set.
+        # A GPT: per token (every window holds block_size of them), in batches of the training batch.
         acc = loss_sum = 0.0
         if rank == 0:
             model.eval()
             correct = 0
+            eval_batch = args.batch if tokens else args.eval_batch
             with torch.no_grad(), train_step.autocast():
-                for i in range(0, len(test), args.eval_batch):
-                    x, y = test[list(range(i, min(len(test), i + args.eval_batch)))]
+                for i in range(0, len(test), eval_batch):
+                    x, y = test[list(range(i, min(len(test), i + eval_batch)))]
                     out = model(x.to(device))
+                    if tokens:
+                        out, y = out.reshape(-1, out.size(-1)), y.reshape(-1)
                     loss_sum += float(nn.functional.cross_entropy(out, y.to(device), reduction="sum"))
-                    correct += int((out.argmax(1).cpu() == y).sum())
-            acc = correct / len(test)
-            loss_sum /= len(test)
+                    correct += int((out.argmax(-1).cpu() == y).sum())
+            samples = len(test) * (shape[0] if tokens else 1)
+            acc = correct / samples
+            loss_sum /= samples
         epochs.append({"epoch": epoch + 1, "epoch_seconds": seconds, "epoch_wall_seconds": wall,
-                       "images_per_second": rows / seconds, "data_wait_fraction": min(1.0, wait / (t1 - t_warm)),
+                       "images_per_second": rows / seconds,
+                       **({"tokens_per_second": rows * shape[0] / seconds} if tokens else {}), "data_wait_fraction": min(1.0, wait / (t1 - t_warm)),
                        "test_acc": acc, "test_loss": loss_sum})
         if world > 1:
             dist.barrier()
@@ -222,8 +298,8 @@ def main():
         return NOT_INSTALLED
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="store_true", help="print PyTorch's version and exit")
-    p.add_argument("--data", help="directory exported by dp-bench")
-    p.add_argument("--model", default="lenet", help="mlp, lenet, cnn or resnet18")
+    p.add_argument("--data", help="directory exported by dp-bench; a GPT's: a token directory")
+    p.add_argument("--model", default="lenet", help="mlp, lenet, cnn, resnet18 or gpt:PRESET,KEY=VALUE,...")
     p.add_argument("--mode", choices=["one", "ddp", "dp"], default="one")
     p.add_argument("--devices", default="cpu", help="cpu, or GPUs: cuda:0 or 0,1 (ddp: one per process)")
     p.add_argument("--nproc", type=int, default=1, help="ddp: processes")

@@ -6,6 +6,8 @@
 #include "runtime/core/error.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/transforms.h"
+#include "models/zoo/gpt.h"
+#include "models/zoo/zoo.h"
 #include "runtime/parallel/data_parallel.h"
 
 namespace fanout::train {
@@ -172,6 +174,19 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
   tc.drop_last = drop_last;
   if (parse_precision(precision) == Precision::F16Mixed) tc.loss_scaling = optim::GradScalerOptions{};
   return tc;
+}
+
+data::DataOptions RunConfig::data_options() const {
+  data::DataOptions o;
+  o.seed = seed;
+  o.heatmap = data::HeatmapSpec{heatmap_radius, 0.0};
+  if (models::is_gpt(model)) {
+    bool from_data = false;
+    const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(model), 1, &from_data);
+    o.block_size = g.block_size;
+    o.vocab_size = from_data ? 0 : g.vocab_size;
+  }
+  return o;
 }
 
 }  // namespace fanout::train

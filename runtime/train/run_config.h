@@ -9,6 +9,7 @@
 
 #include "runtime/core/context.h"
 #include "runtime/core/precision.h"
+#include "runtime/data/open_data.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/trainer.h"
 
@@ -87,6 +88,9 @@ struct RunConfig {
             cpu_threads};
   }
   optim::OptimizerOptions optimizer_options() const;
+  // How --data opens for --model (data::open_data): a GPT's windows are its
+  // block_size, its vocabulary the spec's unless it takes the data's.
+  data::DataOptions data_options() const;
   // The options that change what a run computes, as a checkpoint records them
   // (a resume warns about each that differs). `device_names` is the device
   // list this process resolved; `world_size` the number of processes.

@@ -5,6 +5,8 @@
 # - With --split-invariant, DP, DDP and hybrid reach one device's test loss
 #   and accuracy exactly; without it, within 1e-4 relative loss and one test
 #   sample of accuracy.
+# - A GPT on a text file: the same rows, throughput in tokens per second;
+#   with --split-invariant every engine at one device's test loss exactly.
 # - PyTorch's rows: run where PyTorch imports, "not installed" where not
 #   (a Python without it).
 # - --plot writes a PNG; bad input is one line and a non-zero exit.
@@ -14,10 +16,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 
-bench() {  # name args...  ($devices, default cpu:4; $repeats, default 2)
+bench() {  # name args...  ($devices, default cpu:4; $repeats, default 2; $data, default synthetic:512; $batch, 64)
   local name=$1
   shift
-  "$DP_BENCH" --epochs 1 --data synthetic:512 --batch-size 64 --repeats "${repeats:-2}" --warmup 2 --devices "${devices:-cpu:4}" \
+  "$DP_BENCH" --epochs 1 --data "${data:-synthetic:512}" --batch-size "${batch:-64}" --repeats "${repeats:-2}" --warmup 2 --devices "${devices:-cpu:4}" \
     --json "$work/$name.jsonl" "$@" > "$work/$name.out" 2>&1 ||
     { echo "dp-bench $name failed:"; cat "$work/$name.out"; exit 1; }
   cat "$work/$name.out"
@@ -67,6 +69,37 @@ for name, exact in (("si", True), ("plain", False)):
 PY
 grep -q "PyTorch DDP 4 processes (gloo) *not installed" si.out
 
+# A GPT on a text file: the same rows in tokens per second; with --split-invariant every engine
+# reaches one device's test loss and token accuracy exactly; PyTorch's one-device row has no
+# channels_last twin.
+export FANOUT_CACHE_DIR="$work/cache"
+python3 - "$work/corpus.txt" <<'PY'
+import random, sys
+rng = random.Random(3)
+words = ["the cat", "a dog", "my friend", "sees", "likes", "finds", "the moon", "a red apple", "the road"]
+text = "".join(" ".join(rng.choice(words) for _ in range(5)) + ".\n" for _ in range(500))
+# 18,220 characters: 90% make 1,024 training windows of 17, whole batches of 32 for every split.
+open(sys.argv[1], "w").write(text[:18220])
+PY
+data="text:$work/corpus.txt" batch=32 bench gpt --model gpt:gpt-char,n_layer=1,n_head=2,n_embd=32,block_size=16,dropout=0 \
+  --optimizer adamw --lr 0.003 --split-invariant --python /nonexistent/python3
+grep -q "^configuration .* tok/s " gpt.out
+python3 - "$work" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/gpt.jsonl")]
+fanout = {r["mode"]: r for r in rows if r["framework"] == "fanout"}
+assert set(fanout) == {"one device", "DP", "DDP", "hybrid"}, sorted(fanout)
+one = fanout["one device"]
+assert one["test_acc"] > 0.2, one  # tokens of a nine-phrase language: it learned something in one epoch
+for mode, r in fanout.items():
+    assert r["status"] == "ok", r
+    assert abs(r["tokens_per_second"] - 16 * r["images_per_second"]) <= 1e-9 * r["tokens_per_second"], r
+    assert r["test_loss"] == one["test_loss"] and r["test_acc"] == one["test_acc"], (mode, r, one)
+torch = [r for r in rows if r["framework"] == "pytorch"]
+assert [r["config"] for r in torch] == ["PyTorch one device cpu", "PyTorch DDP 4 processes (gloo)"], torch
+print("gpt: fanout rows agree; tokens per second")
+PY
+
 # PyTorch's rows, where this machine has it.
 if python3 -c "import torch" 2> /dev/null; then
   devices=cpu:2 repeats=1 bench torch --model mlp
@@ -79,6 +112,19 @@ for r in torch.values():
     assert r["status"] == "ok" and r["epoch_seconds"] > 0 and r["test_acc"] > 0.2 and r["torch"], r
 assert torch["DDP"]["processes"] == 2
 print("PyTorch rows ran:", {m: round(r["epoch_seconds"], 3) for m, r in torch.items()})
+PY
+  devices=cpu:2 repeats=1 data="text:$work/corpus.txt" batch=32 bench gpt-torch \
+    --model gpt:gpt-char,n_layer=1,n_head=2,n_embd=32,block_size=16,dropout=0 --optimizer adamw --lr 0.003
+  python3 - "$work" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/gpt-torch.jsonl")]
+torch = {r["mode"]: r for r in rows if r["framework"] == "pytorch"}
+one = [r for r in rows if r["framework"] == "fanout" and r["mode"] == "one device"][0]
+assert set(torch) == {"one device", "DDP"}, torch
+for r in torch.values():  # nanoGPT's model on the same windows learns as fanout's does
+    assert r["status"] == "ok" and r["tokens_per_second"] > 0 and r["test_acc"] > 0.2, r
+    assert abs(r["test_loss"] - one["test_loss"]) < 0.25 * one["test_loss"], (r, one)
+print("PyTorch GPT rows ran:", {m: round(r["epoch_seconds"], 3) for m, r in torch.items()})
 PY
 else
   echo "PyTorch not installed here: its rows were checked as 'not installed' only"
