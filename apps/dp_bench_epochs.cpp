@@ -24,9 +24,9 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/cli_main.h"
+#include "models/zoo/zoo.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
-#include "models/zoo/zoo.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/open_data.h"
 #include "runtime/distributed/child_process.h"

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt  # noqa: E402  (bench/pytorch/gpt.py)
 import window_order  # noqa: E402  (bench/pytorch/window_order.py)
+from token_windows import Windows  # noqa: E402  (bench/pytorch/token_windows.py)
 
 
 def f32(v):
@@ -72,28 +73,6 @@ def warmup_cosine(it, lr, min_lr, warmup, decay):
     ratio = (it - warmup) / (decay - warmup)
     # lr - min_lr is a float32 difference there (two floats), the rest double.
     return f32(min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * f32(lr - min_lr))
-
-
-def read_tokens(path):
-    data = torch.from_file(path, shared=False, size=os.path.getsize(path) // 2, dtype=torch.int16)
-    # uint16 ids stored as int16: back to 0..65535.
-    return data.to(torch.int64) & 0xFFFF
-
-
-class Windows:
-    """A split's windows of block + 1 tokens as x and y rows."""
-
-    def __init__(self, path, block):
-        tokens = read_tokens(path)
-        self.n = window_order.num_windows(tokens.numel(), block)
-        if self.n < 1:
-            raise SystemExit(f"{path}: {tokens.numel()} tokens, shorter than one window of {block + 1}")
-        self.x = tokens[:self.n * block].view(self.n, block)
-        self.y = tokens[1:self.n * block + 1].view(self.n, block)
-
-    def batch(self, indices):
-        i = torch.tensor(indices, dtype=torch.int64)
-        return self.x[i], self.y[i]
 
 
 def parse_args():

@@ -75,34 +75,6 @@ class Normalized:
         return x, self.labels[idx]
 
 
-class TokenWindows:
-    """A split's windows as whole batches by index list: x and y (int64)."""
-
-    def __init__(self, path, block):
-        import torch
-
-        # nanoGPT's flat uint16, or an llm.c shard: 256 int32 (magic 20240520, version, count), then uint16.
-        with open(path, "rb") as f:
-            head = np.frombuffer(f.read(12), dtype=np.int32) if os.path.getsize(path) >= 1024 else []
-        skip, n_tokens = (512, int(head[2])) if len(head) and head[0] == 20240520 else (0, os.path.getsize(path) // 2)
-        raw = torch.from_file(path, shared=False, size=skip + n_tokens, dtype=torch.int16)[skip:]
-        tokens = raw.to(torch.int64) & 0xFFFF  # uint16 ids stored as int16: back to 0..65535
-        self.n = (n_tokens - 1) // block
-        if self.n < 1:
-            raise SystemExit(f"{path}: {n_tokens} tokens, shorter than one window of {block + 1}")
-        self.x = tokens[:self.n * block].view(self.n, block)
-        self.y = tokens[1:self.n * block + 1].view(self.n, block)
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, idx):
-        import torch
-
-        idx = torch.as_tensor(idx)
-        return self.x[idx], self.y[idx]
-
-
 def gpt_logits_class():
     """A GPT whose forward gives the logits only, so that nn.DataParallel
     gathers them as it gathers a classifier's outputs."""
@@ -157,13 +129,14 @@ def worker(rank, args, result_path):
     tokens = args.model.startswith("gpt:")
     if tokens:
         import gpt
+        import token_windows
 
         GptLogits = gpt_logits_class()
         meta_path = os.path.join(args.data, "meta.json")
         vocab = json.load(open(meta_path)).get("vocab_size") if os.path.exists(meta_path) else None
         config = gpt.parse_config(args.model, vocab_size=vocab)
-        train = TokenWindows(os.path.join(args.data, "train.bin"), config.block_size)
-        test = TokenWindows(os.path.join(args.data, "val.bin"), config.block_size)
+        train = token_windows.Windows(os.path.join(args.data, "train.bin"), config.block_size)
+        test = token_windows.Windows(os.path.join(args.data, "val.bin"), config.block_size)
         model = GptLogits(gpt.GPT(config))
         shape = (config.block_size,)
     else:
