@@ -184,6 +184,11 @@ void describe_devices(po::options_description& desc, Cli& cli, const train::RunC
     ("rdzv", po::value(&o.rdzv),
      "ddp: where ranks meet: file:DIR or redis:HOST:PORT (default: a fresh directory on this machine)")
     ("run-id", po::value(&o.run_id), "ddp: the run's key prefix in the rendezvous (several machines: the same on each)")
+    ("rdzv-password-file", po::value(&o.rdzv_password_file),
+     "ddp: a file whose first line is the Redis rendezvous's password (or set FANOUT_RDZV_PASSWORD)")
+    ("iface", po::value(&o.iface),
+     "ddp: the network interface the ranks talk over, e.g. eth0 (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; "
+     "default: the one that reaches the Redis server)")
     ("ddp-backend", po::value(&o.ddp_backend)->default_value(d.ddp_backend),
      "ddp: auto (NCCL for GPUs of their own, else Gloo), gloo or nccl")
     ("timeout", po::value(&o.timeout)->default_value(d.timeout, num(d.timeout)),
@@ -335,7 +340,7 @@ Cli parse(int argc, char** argv) {
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   // Options that would otherwise be ignored without a word.
-  for (const char* ddp_only : {"nproc-per-node", "log-dir"})
+  for (const char* ddp_only : {"nproc-per-node", "log-dir", "iface", "rdzv-password-file"})
     FANOUT_USER_CHECK(!vm.count(ddp_only) || o.distributed()) << "--" << ddp_only << " applies to --strategy ddp";
   FANOUT_USER_CHECK(o.max_restarts >= 0) << "--max-restarts must be at least 0, got " << o.max_restarts;
   FANOUT_USER_CHECK(o.max_restarts == 0 || o.distributed())
@@ -778,6 +783,9 @@ int run(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   if (cli.help) return 0;
   if (cli.list_devices) return list_devices();
+  // Workers inherit both through the environment (a password never on a command line).
+  if (!cli.run.iface.empty()) distributed::use_interface(cli.run.iface);
+  if (!cli.run.rdzv_password_file.empty()) distributed::read_rdzv_password(cli.run.rdzv_password_file);
   if (cli.run.distributed() && !distributed::worker_env().present) return launch(cli.run, argc, argv);
   const train::RunConfig c = restarted(cli.run);
 

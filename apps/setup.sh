@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build pkg-config libdnnl-dev libboost-program-options-dev
-      nlohmann-json3-dev zlib1g-dev libgloo-dev libhiredis-dev redis-server libgtest-dev libbenchmark-dev dataset-fashion-mnist fortunes python3 python3-pip openmpi-bin)
+      nlohmann-json3-dev zlib1g-dev libgloo-dev libhiredis-dev redis-server libgtest-dev libbenchmark-dev dataset-fashion-mnist fortunes python3 python3-pip openmpi-bin
+      iproute2 iputils-ping nftables)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p")

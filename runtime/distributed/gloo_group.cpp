@@ -1,5 +1,4 @@
-// Process group over Gloo (TCP transport), its rendezvous stores, and the
-// parsing and probing of rendezvous specs.
+// Process group over Gloo (TCP transport).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -7,11 +6,7 @@
 #include <gloo/math.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
-#include <hiredis/hiredis.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,8 +14,6 @@
 #include <cstdio>
 #include <mutex>
 #include <map>
-#include <filesystem>
-#include <fstream>
 
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
@@ -28,109 +21,6 @@
 #include "runtime/distributed/store.h"
 
 namespace fanout::distributed {
-
-namespace fs = std::filesystem;
-
-std::string first_line(const std::string& s) {
-  std::string line = s.substr(0, s.find('\n'));
-  // Gloo puts "[path/file.cc:LINE] " before the cause.
-  const auto open = line.find('['), close = line.find("] ");
-  if (open != std::string::npos && close != std::string::npos && open < close &&
-      line.find(".cc:", open) < close)
-    line = line.substr(0, open) + line.substr(close + 2);
-  return line;
-}
-
-Rendezvous Rendezvous::parse(const std::string& spec) {
-  Rendezvous r;
-  if (spec.rfind("file:", 0) == 0) {
-    r.kind = Kind::File;
-    r.path = spec.substr(5);
-    FANOUT_USER_CHECK(!r.path.empty()) << "bad rendezvous '" << spec << "': file: needs a directory (file:DIR)";
-    return r;
-  }
-  if (spec.rfind("redis:", 0) == 0) {
-    r.kind = Kind::Redis;
-    const std::string rest = spec.substr(6);
-    const auto colon = rest.rfind(':');
-    FANOUT_USER_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < rest.size())
-        << "bad rendezvous '" << spec << "': expected redis:HOST:PORT";
-    r.host = rest.substr(0, colon);
-    const std::string port = rest.substr(colon + 1);
-    FANOUT_USER_CHECK(port.find_first_not_of("0123456789") == std::string::npos && port.size() <= 5 &&
-                      std::stoi(port) >= 1 && std::stoi(port) <= 65535)
-        << "bad rendezvous '" << spec << "': port '" << port << "' is not in 1..65535";
-    r.port = std::stoi(port);
-    return r;
-  }
-  FANOUT_FAIL() << "bad rendezvous '" << spec << "' (expected file:DIR or redis:HOST:PORT)";
-}
-
-std::string Rendezvous::str() const {
-  return kind == Kind::File ? "file:" + path : "redis:" + host + ":" + std::to_string(port);
-}
-
-void probe_rendezvous(const Rendezvous& r, double timeout_s) {
-  if (r.kind == Rendezvous::Kind::File) {
-    std::error_code ec;
-    fs::create_directories(r.path, ec);
-    FANOUT_USER_CHECK(!ec && fs::is_directory(r.path))
-        << "rendezvous directory " << r.path << " cannot be created: " << ec.message();
-    const std::string probe = r.path + "/.probe." + std::to_string(::getpid());
-    std::ofstream(probe) << "x";
-    const bool ok = fs::exists(probe);
-    fs::remove(probe, ec);
-    FANOUT_USER_CHECK(ok) << "rendezvous directory " << r.path << " is not writable";
-    return;
-  }
-  const double t = std::min(timeout_s, 10.0);
-  timeval tv{static_cast<time_t>(t), static_cast<suseconds_t>((t - static_cast<time_t>(t)) * 1e6)};
-  redisContext* c = redisConnectWithTimeout(r.host.c_str(), r.port, tv);
-  std::string err;
-  if (c == nullptr) {
-    err = "out of memory";
-  } else if (c->err) {
-    err = c->errstr;
-  } else {
-    redisSetTimeout(c, tv);
-    auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));
-    if (reply == nullptr) err = c->err ? c->errstr : "no reply to PING";
-    else if (reply->type == REDIS_REPLY_ERROR) err = reply->str;
-    if (reply) freeReplyObject(reply);
-  }
-  if (c) redisFree(c);
-  FANOUT_USER_CHECK(err.empty()) << "cannot reach the Redis rendezvous at " << r.host << ":" << r.port << ": "
-                                 << err;
-}
-
-std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
-                                                    double timeout_s) {
-  std::shared_ptr<gloo::rendezvous::Store> base;
-  try {
-    if (r.kind == Rendezvous::Kind::File)
-      base = std::make_shared<gloo::rendezvous::FileStore>(r.path);
-    else
-      base = std::make_shared<gloo::rendezvous::RedisStore>(r.host, r.port);
-  } catch (const std::exception& e) {
-    FANOUT_FAIL() << "cannot open the rendezvous " << r.str() << ": " << first_line(e.what());
-  }
-  // PrefixStore keeps a reference; the shared_ptr below keeps `base` alive with it.
-  // Waits without a timeout (connectFullMesh's, get's) get ours instead of Gloo's 30 s.
-  struct Owned : gloo::rendezvous::PrefixStore {
-    Owned(const std::string& p, std::shared_ptr<gloo::rendezvous::Store> b, std::chrono::milliseconds t)
-        : gloo::rendezvous::PrefixStore(p, *b), base(std::move(b)), timeout(t) {}
-    void wait(const std::vector<std::string>& keys) override { PrefixStore::wait(keys, timeout); }
-    using PrefixStore::wait;
-    std::vector<char> get(const std::string& key) override {
-      PrefixStore::wait({key}, timeout);
-      return PrefixStore::get(key);
-    }
-    std::shared_ptr<gloo::rendezvous::Store> base;
-    std::chrono::milliseconds timeout;
-  };
-  return std::make_shared<Owned>("fanout/" + run_id, base,
-                                 std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-}
 
 namespace {
 
@@ -176,31 +66,58 @@ class GlooGroup : public ProcessGroup {
         << "rank " << o.rank << " is outside a world of " << o.world_size;
     FANOUT_USER_CHECK(o.timeout_s > 0) << "the process group's timeout must be positive, got " << o.timeout_s;
     const Rendezvous r = Rendezvous::parse(o.rendezvous);
-    timeout_ = Ms(static_cast<int64_t>(o.timeout_s * 1000));
+    // A failed collective asks the peer machines whether they answer: its
+    // wait leaves time for that inside the timeout.
+    probe_s_ = std::min(0.5, o.timeout_s / 20);
+    timeout_ = Ms(static_cast<int64_t>((o.timeout_s - 2 * probe_s_) * 1000));
     gloo::transport::tcp::attr attr;
+    std::string me;  // the address peers reach this rank at
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      me = interface_address(ifname);
       attr.iface = ifname;
     } else if (r.kind == Rendezvous::Kind::File) {
-      attr.hostname = "127.0.0.1";
+      me = attr.hostname = "127.0.0.1";
+    } else if (me = route_address(r.host, r.port); !me.empty()) {
+      attr.hostname = me;
     } else {
       char host[256] = {};
       ::gethostname(host, sizeof host - 1);
-      attr.hostname = host;
+      attr.hostname = me = host;
     }
     const std::string where = "rendezvous over " + r.str() + " (rank " + std::to_string(rank_) + " of " +
                               std::to_string(size_) + ")";
     try {
       auto store = open_store(r, o.run_id, o.timeout_s);
+      store->set("host/" + std::to_string(rank_), std::vector<char>(me.begin(), me.end()));
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
       ctx->setTimeout(timeout_);
       ctx->connectFullMesh(*store, device_);
+      for (int i = 0; i < size_; ++i) {
+        const auto v = store->get("host/" + std::to_string(i));
+        hosts_.emplace_back(v.begin(), v.end());
+      }
+      // Every rank has read every key: rank 0 clears them, so the same --run-id can meet again.
+      gloo::BarrierOptions opts(ctx);
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+      if (rank_ == 0) {
+        std::vector<std::string> keys;
+        for (int i = 0; i < size_; ++i)
+          for (const char* k : {"", "rank_", "host/"}) keys.push_back(k + std::to_string(i));
+        forget_keys(r, o.run_id, keys);
+      }
       ctx_ = ctx;
     } catch (const fanout::Error&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string cause = first_line(e.what());
       FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; the timeout sets the wait): "
-                    << first_line(e.what());
+                    << cause
+                    << (cause.find("already set") != std::string::npos
+                            ? " (a run with --run-id " + o.run_id + " that ended in its rendezvous left its keys: "
+                              "give this run another --run-id)"
+                            : "");
     }
   }
 
@@ -300,12 +217,36 @@ class GlooGroup : public ProcessGroup {
       f(tag << 24 | (n & 0xffffff));
     } catch (const std::exception& e) {
       ctx_.reset();
+      const std::string cause = first_line(e.what());
       FANOUT_FAIL() << what << " failed on rank " << rank_ << " of " << size_ << " (its collective #" << n
-                    << " of tag " << tag << "; timeout " << timeout_s_ << " s): " << first_line(e.what());
+                    << " of tag " << tag << "; timeout " << timeout_s_ << " s): " << cause << lost_machines(cause);
     }
   }
 
+  // The other machines, by address, with their ranks: "; lost the machine at
+  // 10.0.0.2 (rank 1): no answer", or "" on one machine.
+  std::string lost_machines(const std::string& cause) const {
+    std::map<std::string, std::string> ranks;  // address -> "1, 3"
+    for (int i = 0; i < static_cast<int>(hosts_.size()); ++i)
+      if (hosts_[static_cast<size_t>(i)] != hosts_[static_cast<size_t>(rank_)])
+        ranks[hosts_[static_cast<size_t>(i)]] += (ranks[hosts_[static_cast<size_t>(i)]].empty() ? "" : ", ") + std::to_string(i);
+    if (ranks.empty()) return "";
+    auto machine = [&](const std::string& h) {
+      return "the machine at " + h + " (rank" + (ranks[h].find(',') == std::string::npos ? " " : "s ") + ranks[h] + ")";
+    };
+    for (const auto& [h, _] : ranks)  // Gloo names the peer that closed or reset the connection
+      if (cause.find("[" + h + "]") != std::string::npos) return "; lost " + machine(h) + ": its connection ended";
+    std::vector<std::string> hosts;
+    for (const auto& [h, _] : ranks) hosts.push_back(h);
+    std::string lost;
+    for (const auto& [h, result] : probe_hosts(hosts, probe_s_))
+      if (result != "answers") lost += (lost.empty() ? "; lost " : ", ") + machine(h) + ": " + result;
+    return lost.empty() ? "; every other machine answers (a rank there is stalled or out of step)" : lost;
+  }
+
   Ms timeout_;
+  double probe_s_ = 0;
+  std::vector<std::string> hosts_;  // each rank's address
   std::mutex seq_mu_;
   std::map<uint32_t, uint32_t> seq_;  // collectives so far, per tag
   SkippedCollective skip_;

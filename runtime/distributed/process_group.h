@@ -2,7 +2,8 @@
 // collectives DDP needs, every one bounded by a timeout. Backends: Gloo for
 // host memory (TCP transport) and NCCL for CUDA memory. Ranks meet through a
 // rendezvous store: `file:DIR` (Gloo's FileStore, one machine or a shared
-// file system) or `redis:HOST:PORT` (Gloo's RedisStore, several machines).
+// file system) or `redis:HOST:PORT` (Gloo's RedisStore, several machines;
+// with the password in FANOUT_RDZV_PASSWORD for a server that requires one).
 // Every key carries the run id, so what a dead run left in the store never
 // mixes into a new one.
 //
@@ -27,14 +28,24 @@ struct Rendezvous {
   std::string path;  // File: the directory
   std::string host;  // Redis
   int port = 0;      // Redis
+  std::string password;  // Redis: FANOUT_RDZV_PASSWORD when set; never printed
   // "file:DIR" or "redis:HOST:PORT"; anything else is a one-line error.
   static Rendezvous parse(const std::string& spec);
   std::string str() const;
 };
 
 // Checks that the rendezvous can be used before any worker starts: the
-// directory exists (or is created) and is writable; the Redis server answers.
+// directory exists (or is created) and is writable; the Redis server answers
+// and takes the password (a missing or wrong one is a one-line error).
 void probe_rendezvous(const Rendezvous& r, double timeout_s);
+
+// --iface: checks that the interface exists here with an IPv4 address and
+// names it in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (for this process and
+// the workers it starts).
+void use_interface(const std::string& ifname);
+// --rdzv-password-file: the file's first line becomes FANOUT_RDZV_PASSWORD;
+// a missing, unreadable or empty file is a one-line error.
+void read_rdzv_password(const std::string& path);
 
 // A fault a test injects (apps/test_hooks.h): rank `rank` skips the `n`-th
 // collective of tag `tag`, as a rank whose collectives fell out of step.
@@ -103,7 +114,9 @@ void check_agreement(ProcessGroup& g, const Agreement& fields,
 
 // Gloo over TCP, for tensors in host memory. The transport binds to the
 // interface GLOO_SOCKET_IFNAME names when set, else to 127.0.0.1 with a file
-// rendezvous (one machine) or to this host's name with Redis.
+// rendezvous (one machine) or, with Redis, to the address this machine
+// reaches the server from (its route there). A collective that fails names
+// the peer machines that no longer answer (by address, with their ranks).
 std::unique_ptr<ProcessGroup> make_gloo_group(const GroupOptions& opts);
 
 // NCCL over `device`, for tensors in its memory; the unique id travels

@@ -50,6 +50,8 @@ struct RunConfig {
   int nnodes = 1, node_rank = 0;
   std::string rdzv;               // empty: a fresh directory on this machine
   std::string run_id;
+  std::string iface;               // network interface the collectives use (GLOO_/NCCL_SOCKET_IFNAME)
+  std::string rdzv_password_file;  // the Redis rendezvous's password, first line (FANOUT_RDZV_PASSWORD)
   std::string ddp_backend = "auto";  // auto, gloo or nccl
   double timeout = 300;           // seconds: rendezvous and every collective
   std::string log_dir;

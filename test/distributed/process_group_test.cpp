@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 #include "runtime/distributed/process_group.h"
+#include "runtime/distributed/store.h"
 #include "support/dist_util.h"
 #include "support/test_util.h"
 
@@ -225,6 +227,53 @@ TEST(ProcessGroup, RendezvousSpecs) {
   testing::expect_user_error([] { Rendezvous::parse("redis:host:99999"); }, {"1..65535"});
   testing::expect_user_error([] { probe_rendezvous(Rendezvous::parse("redis:127.0.0.1:1"), 2); },
                              {"cannot reach the Redis rendezvous at 127.0.0.1:1"});
+}
+
+TEST(ProcessGroup, RedisPasswordComesFromTheEnvironmentAndIsNeverPrinted) {
+  ::setenv("FANOUT_RDZV_PASSWORD", "s3cret-pw", 1);
+  const Rendezvous r = Rendezvous::parse("redis:127.0.0.1:6390");
+  const Rendezvous f = Rendezvous::parse("file:/tmp/x");
+  ::unsetenv("FANOUT_RDZV_PASSWORD");
+  EXPECT_EQ(r.password, "s3cret-pw");
+  EXPECT_EQ(r.str().find("s3cret"), std::string::npos);
+  EXPECT_TRUE(f.password.empty());
+  EXPECT_TRUE(Rendezvous::parse("redis:127.0.0.1:6390").password.empty());
+
+  const testing::TempDir tmp;
+  const std::string dir = tmp.path(), path = dir + "/pw";
+  { std::ofstream(path) << "line-one\r\nline-two\n"; }
+  read_rdzv_password(path);
+  EXPECT_STREQ(std::getenv("FANOUT_RDZV_PASSWORD"), "line-one");
+  ::unsetenv("FANOUT_RDZV_PASSWORD");
+  { std::ofstream(path) << "\n"; }
+  testing::expect_user_error([&] { read_rdzv_password(path); }, {"--rdzv-password-file", "is empty"});
+  testing::expect_user_error([&] { read_rdzv_password(dir + "/none"); }, {"cannot read --rdzv-password-file"});
+  EXPECT_EQ(std::getenv("FANOUT_RDZV_PASSWORD"), nullptr);
+}
+
+TEST(ProcessGroup, InterfacesAndRoutes) {
+  EXPECT_EQ(interface_address("lo"), "127.0.0.1");
+  testing::expect_user_error([] { interface_address("nope0"); }, {"no network interface 'nope0'"});
+  EXPECT_EQ(route_address("127.0.0.1", 6379), "127.0.0.1");
+  EXPECT_EQ(route_address("no-such-host.invalid", 6379), "");
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+  use_interface("lo");
+  EXPECT_STREQ(std::getenv("GLOO_SOCKET_IFNAME"), "lo");
+  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "lo");
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+  ::unsetenv("NCCL_SOCKET_IFNAME");
+  testing::expect_user_error([] { use_interface("nope0"); }, {"no network interface 'nope0'"});
+  EXPECT_EQ(std::getenv("GLOO_SOCKET_IFNAME"), nullptr);
+}
+
+TEST(ProcessGroup, ProbedHostsAnswerEvenWhenTheyRefuse) {
+  // 127.0.0.1 refuses port 9 at once: the machine is there. The kernel takes no TCP to the
+  // broadcast address: the error is the result. (Silent machines: e2e.machines_faults.)
+  const auto got = probe_hosts({"127.0.0.1", "255.255.255.255", "not-an-address"}, 0.3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], std::make_pair(std::string("127.0.0.1"), std::string("answers")));
+  EXPECT_EQ(got[1], std::make_pair(std::string("255.255.255.255"), std::string("Network is unreachable")));
+  EXPECT_EQ(got[2].second, "answers");  // no claim about what cannot be probed
 }
 
 }  // namespace

@@ -40,8 +40,17 @@ set -e
 grep -q '^ddp: 2 processes (1 per machine)' "$work/node0.out"
 grep -q 'final test accuracy' "$work/node0.out"
 [ ! -e "$work/node1/epoch-0001.safetensors" ] || { echo "rank 1 saved a checkpoint"; exit 1; }
-# Keys of the run live under its id.
-redis-cli -p "$port" --scan --pattern "fanout/$run_id/*" | grep -q .
+# The run's keys were cleared after its rendezvous, so the same --run-id can meet again.
+left=$(redis-cli -p "$port" --scan --pattern "fanout/$run_id/*")
+[ -z "$left" ] || { echo "keys left in Redis: $left"; exit 1; }
+
+# A password given to a server that has none: one line, nothing trains.
+rc=0
+FANOUT_RDZV_PASSWORD=secret "$DP_TRAIN" "${common[@]}" --devices cpu --strategy ddp --nnodes 2 --node-rank 1 \
+  --rdzv "redis:127.0.0.1:$port" --run-id pw > "$work/pw.out" 2> "$work/pw.err" || rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$work/pw.err")" = 1 ] &&
+  grep -q "FANOUT_RDZV_PASSWORD is set but the server has no password" "$work/pw.err" ||
+  { cat "$work/pw.err"; echo "a password for a server without one: not one line naming it"; exit 1; }
 
 "$DP_TRAIN" "${common[@]}" --devices cpu --save-dir "$work/one" > /dev/null
 python3 - "$work" <<'PY'

@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 # SIGKILLed and the test fails. Safe under set -e.
 await() {
   local pid=$1 limit=${2:-300}
-  if ! timeout "$limit" tail --pid="$pid" -f /dev/null; then
+  if ! timeout "$limit" tail -s 0.1 --pid="$pid" -f /dev/null; then
     kill -9 "$pid" 2> /dev/null || true
     fail "process $pid still runs after $limit s"
   fi
