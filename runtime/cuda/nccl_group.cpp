@@ -65,6 +65,8 @@ class NcclGroup : public ProcessGroup {
     const ncclResult_t st = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     FANOUT_CHECK(st == ncclSuccess || st == ncclInProgress) << "ncclCommInitRankConfig: " << ncclGetErrorString(st);
     wait_comm("NCCL communicator initialization");
+    // Every rank has joined, so every rank has read the id: clear it for a later run with this id.
+    if (rank_ == 0) forget_keys(r, o.run_id, {key});
   }
 
   ~NcclGroup() override {
