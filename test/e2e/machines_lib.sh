@@ -2,8 +2,8 @@
 # on this host as network namespaces, each with loopback and one interface
 # eth0 (10.77.0.(I+1)/24) on a bridge that lives in a namespace of its own,
 # so nothing is added to the host's network stack. On any exit every process
-# inside them is killed, they are deleted, and the exit fails if a namespace
-# or process of this test is left. A kernel or user that cannot make
+# inside them is killed, they are deleted, and the exit fails if a namespace,
+# link or process of this test is left. A kernel or user that cannot make
 # namespaces skips the test (77), except under CI=true, where it fails.
 #
 #   machines_up N           m_ns[I] (namespace), m_addr[I] (address)
@@ -54,16 +54,20 @@ link_up() { ip netns exec "${m_ns[$1]}" ip link set eth0 up; }
 # The namespaces of this test (the machines and the switch).
 machines_list() { ip netns list 2> /dev/null | awk '{print $1}' | grep "^${m_prefix}" || true; }
 
+# Kills every process inside the machines, then deletes them; m_left names
+# the processes still there after 5 s.
+m_left=""
 machines_down() {
   local ns pid
   for ns in $(machines_list); do
     for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -9 "$pid" 2> /dev/null || true; done
   done
   for ns in $(machines_list); do
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
+    for _ in $(seq 1 50); do
       [ -z "$(ip netns pids "$ns" 2> /dev/null)" ] && break
       sleep 0.1
     done
+    for pid in $(ip netns pids "$ns" 2> /dev/null); do m_left+=" $pid ($(cat "/proc/$pid/comm" 2> /dev/null))"; done
     ip netns del "$ns" 2> /dev/null || true
   done
 }
@@ -76,6 +80,10 @@ machines_cleanup() {
   left=$(machines_list)
   if [ -n "$left" ]; then
     echo "FAIL: network namespaces left behind: $left"
+    rc=1
+  fi
+  if [ -n "$m_left" ]; then
+    echo "FAIL: processes left in the machines:$m_left"
     rc=1
   fi
   if ip -o link show 2> /dev/null | grep -q "${m_prefix}"; then
