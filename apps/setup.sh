@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build pkg-config libdnnl-dev libboost-program-options-dev
       nlohmann-json3-dev zlib1g-dev libgloo-dev libhiredis-dev redis-server libgtest-dev libbenchmark-dev dataset-fashion-mnist fortunes python3 python3-pip openmpi-bin
-      iproute2 iputils-ping nftables)
+      iproute2 iputils-ping nftables libturbojpeg0-dev libpng-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p")
@@ -23,8 +23,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # Python packages for the checkpoint interop test and dp-bench's plot.
 python3 -c "import safetensors, numpy, matplotlib" 2> /dev/null ||
-  python3 -m pip install -q safetensors numpy matplotlib 2> /dev/null ||
-  python3 -m pip install -q --break-system-packages safetensors numpy matplotlib
+  python3 -m pip install -q safetensors numpy matplotlib pillow 2> /dev/null ||
+  python3 -m pip install -q --break-system-packages safetensors numpy matplotlib pillow
 
 # oneDNN 3's headers (two PyPI wheels of about 200 KB, hashes pinned) for the
 # test that keeps the CPU backend building against oneDNN 3 as well as 2.6.

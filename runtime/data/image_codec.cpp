@@ -1,0 +1,217 @@
+// JPEG (TurboJPEG API) and PNG (libpng) decoding to RGB, as Pillow's convert("RGB").
+#include "runtime/data/image_codec.h"
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <csetjmp>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "runtime/core/error.h"
+
+namespace fanout::data {
+
+ImageFormat sniff_image(const uint8_t* data, size_t size) {
+  if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) return ImageFormat::Jpeg;
+  static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (size >= 8 && std::memcmp(data, png_magic, 8) == 0) return ImageFormat::Png;
+  return ImageFormat::Unknown;
+}
+
+namespace {
+
+// One decompressor per thread: loader workers decode side by side.
+tjhandle jpeg_handle() {
+  struct Handle {
+    tjhandle h = tjInitDecompress();
+    ~Handle() {
+      if (h) tjDestroy(h);
+    }
+  };
+  thread_local Handle handle;
+  FANOUT_CHECK(handle.h != nullptr) << "tjInitDecompress: " << tjGetErrorStr2(nullptr);
+  return handle.h;
+}
+
+// Pillow's CMYK to RGB: nk - c * nk / 255 (rounded as Pillow's MULDIV255), nk = 255 - k.
+inline uint8_t cmyk_channel(int c, int nk) {
+  const int t = c * nk + 128;
+  return static_cast<uint8_t>(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
+}
+
+struct JpegHeader {
+  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+};
+
+JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, const std::string& name) {
+  JpegHeader hd;
+  FANOUT_USER_CHECK(tjDecompressHeader3(h, data, static_cast<unsigned long>(size), &hd.width, &hd.height, &hd.subsamp,
+                                        &hd.colorspace) == 0)
+      << "cannot decode image " << name << ": " << tjGetErrorStr2(h);
+  return hd;
+}
+
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int min_side) {
+  tjhandle h = jpeg_handle();
+  const JpegHeader hd = jpeg_header(h, data, size, name);
+  // The smallest scale (1/8, 1/4, 1/2, 1) whose shorter side holds min_side.
+  int num = 1, denom = 1;
+  if (min_side > 0)
+    for (int d : {8, 4, 2}) {
+      const int w = (hd.width + d - 1) / d, ht = (hd.height + d - 1) / d;
+      if (std::min(w, ht) >= min_side) {
+        denom = d;
+        break;
+      }
+    }
+  Image im;
+  im.width = (hd.width * num + denom - 1) / denom;
+  im.height = (hd.height * num + denom - 1) / denom;
+  const bool cmyk = hd.colorspace == TJCS_CMYK || hd.colorspace == TJCS_YCCK;
+  const int channels = cmyk ? 4 : 3;
+  std::vector<uint8_t> buf(static_cast<size_t>(im.width) * im.height * channels);
+  const int rc = tjDecompress2(h, data, static_cast<unsigned long>(size), buf.data(), im.width, 0, im.height,
+                               cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_ACCURATEDCT);
+  if (rc != 0) {
+    // Warnings leave a whole image (Pillow takes such files too), except a
+    // file that ends early: Pillow refuses it ("image file is truncated").
+    const std::string msg = tjGetErrorStr2(h);
+    FANOUT_USER_CHECK(tjGetErrorCode(h) == TJERR_WARNING && msg.find("Premature end") == std::string::npos)
+        << "cannot decode image " << name << ": " << msg;
+  }
+  if (!cmyk) {
+    im.rgb = std::move(buf);
+    return im;
+  }
+  // Pillow assumes Adobe's convention (inverted CMYK) for every CMYK JPEG.
+  im.rgb.resize(static_cast<size_t>(im.width) * im.height * 3);
+  for (size_t i = 0, n = static_cast<size_t>(im.width) * im.height; i < n; ++i) {
+    const uint8_t* p = &buf[4 * i];
+    const int nk = p[3];  // 255 - (255 - stored k)
+    for (int c = 0; c < 3; ++c) im.rgb[3 * i + c] = cmyk_channel(255 - p[c], nk);
+  }
+  return im;
+}
+
+// libpng reads from memory through this.
+struct PngSource {
+  const uint8_t* data;
+  size_t size, pos;
+};
+
+struct PngError {
+  std::string msg;
+};
+
+Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
+  PngError err;
+  png_structp png = png_create_read_struct(
+      PNG_LIBPNG_VER_STRING, &err,
+      [](png_structp p, png_const_charp msg) {
+        static_cast<PngError*>(png_get_error_ptr(p))->msg = msg;
+        png_longjmp(p, 1);
+      },
+      [](png_structp, png_const_charp) {});
+  FANOUT_CHECK(png != nullptr) << "png_create_read_struct failed";
+  png_infop info = png_create_info_struct(png);
+  struct Guard {
+    png_structp* p;
+    png_infop* i;
+    ~Guard() { png_destroy_read_struct(p, i, nullptr); }
+  } guard{&png, &info};
+  FANOUT_CHECK(info != nullptr) << "png_create_info_struct failed";
+  PngSource src{data, size, 0};
+  Image im;
+  std::vector<png_bytep> rows;
+  std::vector<uint8_t> raw;
+  bool gray16 = false;
+  if (setjmp(png_jmpbuf(png))) {
+    FANOUT_FAIL() << "cannot decode image " << name << ": " << (err.msg.empty() ? "bad PNG data" : err.msg);
+  }
+  png_set_read_fn(png, &src, [](png_structp p, png_bytep out, png_size_t n) {
+    auto* s = static_cast<PngSource*>(png_get_io_ptr(p));
+    if (n > s->size - s->pos) png_error(p, "the file ends early (truncated)");
+    std::memcpy(out, s->data + s->pos, n);
+    s->pos += n;
+  });
+  // Pillow checks no CRCs of ancillary chunks either; critical ones stay checked.
+  png_set_crc_action(png, PNG_CRC_DEFAULT, PNG_CRC_WARN_DISCARD);
+  png_read_info(png, info);
+  const png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+  const int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);
+  im.width = static_cast<int>(w);
+  im.height = static_cast<int>(h);
+  gray16 = depth == 16 && type == PNG_COLOR_TYPE_GRAY;
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  if (depth == 16 && !gray16) png_set_strip_16(png);  // the high byte, as Pillow's ";16B" modes
+  if (gray16) png_set_swap(png);                      // host order: values compared with 255 below
+  png_set_strip_alpha(png);  // alpha (and a palette's tRNS) dropped, not composited
+  if ((type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) && !gray16) png_set_gray_to_rgb(png);
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  const size_t rowbytes = png_get_rowbytes(png, info);
+  raw.resize(rowbytes * h);
+  rows.resize(h);
+  for (png_uint_32 y = 0; y < h; ++y) rows[y] = raw.data() + y * rowbytes;
+  png_read_image(png, rows.data());
+  png_read_end(png, nullptr);
+  const size_t n = static_cast<size_t>(w) * h;
+  if (gray16) {
+    // Pillow opens 16-bit grayscale as "I;16"; its RGB saturates at 255.
+    im.rgb.resize(3 * n);
+    const auto* v = reinterpret_cast<const uint16_t*>(raw.data());
+    for (size_t i = 0; i < n; ++i) im.rgb[3 * i] = im.rgb[3 * i + 1] = im.rgb[3 * i + 2] = static_cast<uint8_t>(std::min<int>(v[i], 255));
+  } else {
+    FANOUT_CHECK(rowbytes == static_cast<size_t>(w) * 3) << name << ": PNG rows of " << rowbytes << " bytes for " << w
+                                                         << " RGB pixels";
+    im.rgb = std::move(raw);
+  }
+  return im;
+}
+
+}  // namespace
+
+Image decode_image(const uint8_t* data, size_t size, const std::string& name, int min_side) {
+  switch (sniff_image(data, size)) {
+    case ImageFormat::Jpeg:
+      return decode_jpeg(data, size, name, min_side);
+    case ImageFormat::Png:
+      return decode_png(data, size, name);
+    default:
+      FANOUT_FAIL() << "cannot decode image " << name << ": not a JPEG or PNG file (" << size << " bytes)";
+  }
+}
+
+ImageSize image_size(const uint8_t* data, size_t size, const std::string& name) {
+  switch (sniff_image(data, size)) {
+    case ImageFormat::Jpeg: {
+      const JpegHeader hd = jpeg_header(jpeg_handle(), data, size, name);
+      return {hd.width, hd.height};
+    }
+    case ImageFormat::Png: {
+      // IHDR is the first chunk: width and height big-endian at bytes 16 and 20.
+      FANOUT_USER_CHECK(size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0)
+          << "cannot decode image " << name << ": a PNG without its IHDR chunk";
+      auto be = [&](size_t o) {
+        return static_cast<int>(uint32_t(data[o]) << 24 | uint32_t(data[o + 1]) << 16 | uint32_t(data[o + 2]) << 8 | data[o + 3]);
+      };
+      return {be(16), be(20)};
+    }
+    default:
+      FANOUT_FAIL() << "cannot decode image " << name << ": not a JPEG or PNG file (" << size << " bytes)";
+  }
+}
+
+Image read_image(const std::string& path, int min_side) {
+  std::ifstream in(path, std::ios::binary);
+  FANOUT_USER_CHECK(in) << "cannot read image " << path << ": " << std::strerror(errno);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  FANOUT_USER_CHECK(!in.bad()) << "cannot read image " << path << ": " << std::strerror(errno);
+  return decode_image(bytes.data(), bytes.size(), path, min_side);
+}
+
+}  // namespace fanout::data

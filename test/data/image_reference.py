@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""fanout's image decoding (image_tool) against Pillow's Image.open(f).convert("RGB"),
+pixel for pixel, on files this script writes: JPEGs baseline and progressive,
+4:2:0, 4:2:2 and 4:4:4, grayscale and CMYK; JPEGs decoded at 1/2, 1/4 and 1/8
+against Pillow's draft mode (the same libjpeg scaling); PNGs of every colour type
+at 1 to 16 bits, palettes with and without transparency, alpha. Truncated and
+corrupt files and files of another kind are one line naming the file, where
+Pillow refuses them too."""
+import io
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+from PIL import Image
+
+TOOL = os.environ["IMAGE_TOOL"]
+rng = np.random.default_rng(51)
+
+
+def decode(path, min_side=0):
+    r = subprocess.run([TOOL, "decode", path, str(min_side)], capture_output=True, timeout=60)
+    if r.returncode != 0:
+        return None, r.stderr.decode()
+    head, _, rest = r.stdout.partition(b"\n")
+    w, h = map(int, head.split())
+    return np.frombuffer(rest, np.uint8).reshape(h, w, 3), ""
+
+
+def smooth(h, w, c):
+    """Gradients plus noise: content a JPEG keeps detail of, every value used."""
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255 // max(w - 1, 1) + k * 40 + y * 3) % 256 for k in range(c)], -1)
+    return np.clip(base + rng.integers(-30, 31, (h, w, c)), 0, 255).astype(np.uint8)
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def write_png(path, rows, width, height, depth, color_type, extra=b""):
+    """A PNG from already packed scanlines (filter 0), for modes Pillow does not write."""
+    raw = b"".join(b"\x00" + r for r in rows)
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + extra + png_chunk(b"IDAT", zlib.compress(raw)) +
+                png_chunk(b"IEND", b""))
+
+
+def pack_bits(values, depth):
+    out = bytearray()
+    per = 8 // depth
+    for i in range(0, len(values), per):
+        b = 0
+        for j, v in enumerate(values[i:i + per]):
+            b |= int(v) << (8 - depth * (j + 1))
+        out.append(b)
+    return bytes(out)
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="image-ref-") as work:
+        run(work)
+
+
+def run(work):
+    cases = []  # (name, path)
+
+    def save(name, im, **kw):
+        path = os.path.join(work, name)
+        im.save(path, **kw)
+        cases.append((name, path))
+
+    rgb = Image.fromarray(smooth(37, 53, 3), "RGB")  # odd sizes: partial MCUs
+    save("baseline-420.jpg", rgb, quality=90, subsampling=2)
+    save("baseline-422.jpg", rgb, quality=90, subsampling=1)
+    save("baseline-444.jpg", rgb, quality=90, subsampling=0)
+    save("progressive-420.jpg", rgb, quality=90, subsampling=2, progressive=True)
+    save("progressive-444.jpg", rgb, quality=75, subsampling=0, progressive=True)
+    save("gray.jpg", Image.fromarray(smooth(41, 29, 1)[..., 0], "L"), quality=90)
+    save("cmyk.jpg", Image.fromarray(smooth(33, 47, 4), "CMYK"), quality=90)
+    save("UPPER.JPEG", rgb, quality=60)
+
+    save("rgb.png", rgb)
+    save("rgba.png", Image.fromarray(smooth(19, 23, 4), "RGBA"))
+    save("gray.png", Image.fromarray(smooth(19, 23, 1)[..., 0], "L"))
+    save("gray-alpha.png", Image.fromarray(smooth(19, 23, 2), "LA"))
+    pal = Image.fromarray(smooth(21, 17, 3), "RGB").quantize(colors=37)
+    save("palette.png", pal)
+    pal_t = pal.copy()
+    pal_t.info["transparency"] = 5
+    save("palette-trns.png", pal_t, transparency=5)
+    save("palette-4bit.png", Image.fromarray(smooth(21, 17, 3), "RGB").quantize(colors=16), bits=4)
+    save("bilevel.png", Image.fromarray(smooth(13, 29, 1)[..., 0] > 127))
+    save("gray16.png", Image.fromarray(smooth(11, 13, 1)[..., 0].astype(np.uint16) * 3))
+    # Modes Pillow does not write: 16-bit colour and alpha, 2- and 4-bit gray, gray with tRNS.
+    for name, ctype, chans in (("rgb16.png", 2, 3), ("rgba16.png", 6, 4), ("gray-alpha16.png", 4, 2)):
+        v = rng.integers(0, 65536, (9, 14, chans), dtype=np.uint16)
+        write_png(os.path.join(work, name), [r.astype(">u2").tobytes() for r in v], 14, 9, 16, ctype)
+        cases.append((name, os.path.join(work, name)))
+    for depth in (1, 2, 4):
+        v = rng.integers(0, 1 << depth, (7, 19))
+        name = f"gray{depth}bit.png"
+        write_png(os.path.join(work, name), [pack_bits(r, depth) for r in v], 19, 7, depth, 0)
+        cases.append((name, os.path.join(work, name)))
+    v = rng.integers(0, 256, (6, 10, 3), dtype=np.uint8)
+    write_png(os.path.join(work, "rgb-trns.png"), [r.tobytes() for r in v], 10, 6, 8, 2,
+              extra=png_chunk(b"tRNS", struct.pack(">HHH", *[int(c) for c in v[0, 0]])))
+    cases.append(("rgb-trns.png", os.path.join(work, "rgb-trns.png")))
+
+    failures = 0
+    for name, path in cases:
+        want = np.asarray(Image.open(path).convert("RGB"))
+        got, err = decode(path)
+        if got is None or got.shape != want.shape or not np.array_equal(got, want):
+            failures += 1
+            detail = err.strip() if got is None else (
+                f"shape {got.shape} vs {want.shape}" if got.shape != want.shape else
+                f"{int((got != want).sum())} values differ, at most by {int(np.abs(got.astype(int) - want).max())}")
+            print(f"FAIL {name}: {detail}")
+        else:
+            print(f"ok   {name}: {want.shape[1]}x{want.shape[0]} equal to Pillow")
+        size = subprocess.run([TOOL, "size", path], capture_output=True, text=True).stdout.split()
+        if [int(s) for s in size] != list(Image.open(path).size):
+            failures += 1
+            print(f"FAIL {name}: header size {size} vs Pillow's {Image.open(path).size}")
+
+    # DCT-domain scaling: the same libjpeg scaling as Pillow's draft mode.
+    big = Image.fromarray(smooth(384, 512, 3), "RGB")
+    for sub in (0, 2):
+        path = os.path.join(work, f"big-{sub}.jpg")
+        big.save(path, quality=90, subsampling=sub)
+        for min_side, denom in ((300, 1), (150, 2), (90, 4), (40, 8), (1, 8)):
+            got, err = decode(path, min_side)
+            ref = Image.open(path)
+            ref.draft("RGB", (512 // denom, 384 // denom))
+            want = np.asarray(ref.convert("RGB"))
+            if got is None or got.shape != want.shape or not np.array_equal(got, want):
+                failures += 1
+                print(f"FAIL big-{sub}.jpg at min side {min_side}: {err or (got.shape, want.shape)}")
+            else:
+                print(f"ok   big-{sub}.jpg at min side {min_side}: 1/{denom} ({want.shape[1]}x{want.shape[0]}) "
+                      "equal to Pillow's draft")
+
+    # Bad files: one line naming the file, where Pillow refuses them as well.
+    data = open(os.path.join(work, "baseline-420.jpg"), "rb").read()
+    png = open(os.path.join(work, "rgb.png"), "rb").read()
+    bad = {
+        "truncated.jpg": data[: len(data) * 2 // 3],
+        "corrupt-header.jpg": data[:4] + bytes(rng.integers(0, 256, 60, dtype=np.uint8)) + data[64:],
+        "truncated.png": png[: len(png) // 2],
+        "bad-idat-crc.png": png[:41] + bytes([png[41] ^ 0xFF]) + png[42:],  # IDAT's first data byte
+        "text.jpg": b"this is not an image\n",
+        "empty.png": b"",
+    }
+    for name, blob in bad.items():
+        path = os.path.join(work, name)
+        open(path, "wb").write(blob)
+        try:
+            Image.open(path).convert("RGB")
+            pillow = "decodes it"
+        except Exception as e:  # noqa: BLE001 (any refusal)
+            pillow = f"refuses it ({type(e).__name__})"
+        got, err = decode(path)
+        lines = err.strip().splitlines()
+        if got is not None or len(lines) != 1 or path not in lines[0] or "cannot decode image" not in lines[0]:
+            failures += 1
+            print(f"FAIL {name}: expected one line naming the file, got {err!r} (Pillow {pillow})")
+        else:
+            print(f"ok   {name}: {lines[0]} (Pillow {pillow})")
+    if failures:
+        sys.exit(f"{failures} image case(s) differ from Pillow")
+    print("image decoding equals Pillow's")
+
+
+if __name__ == "__main__":
+    main()
