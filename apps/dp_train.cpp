@@ -114,7 +114,8 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
      "keypoint volumes: keypoints3d:DIR, synthetic3d[:N]; token data for gpt: tokens:DIR (nanoGPT's train.bin "
      "and val.bin or llm.c shards by those names, DIR/meta.json), text:FILE (a character vocabulary, 90% train "
      "and 10% validation, as nanoGPT's shakespeare_char; cached in $FANOUT_CACHE_DIR or ~/.cache/fanout), "
-     "text-bytes:FILE (the 256 byte values)")
+     "text-bytes:FILE (the 256 byte values); image files: imagefolder:DIR (DIR/train/<class>/*.jpg|png and "
+     "DIR/val/<class>/..., decoded by the loader workers)")
     ("epochs", po::value(&o.epochs)->default_value(d.epochs), "epochs to train")
     ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
      "end the run after this many optimizer steps, inside an epoch if need be (nanoGPT's max_iters; alone, "
@@ -220,7 +221,14 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
     ("pin-memory", po::value(&o.pin_memory)->default_value(d.pin_memory)->implicit_value("on"),
      "page-locked batch buffers: auto (on with GPUs), on, off")
     ("augment", po::value(&o.augment)->default_value(d.augment),
-     "training augmentation: none, or a comma list of crop[:PADDING] (random crop, default padding 4) and flip")
+     "training augmentation: none, or a comma list of crop[:PADDING] (random crop, default padding 4) and flip; "
+     "image files (imagefolder:DIR): random-resized-crop:S[:SMIN:SMAX] or [resize:R,]center-crop:S, and flip "
+     "(evaluation: resize and center crop, 256 and 224 for a 224 crop)")
+    ("skip-bad-samples", po::bool_switch(&o.skip_bad_samples),
+     "image files: a file that cannot be read or decoded is reported once and replaced by the next good one, "
+     "counted in the metrics (skipped_samples), instead of ending the run")
+    ("normalize", po::value(&o.normalize)->default_value(d.normalize),
+     "image files: imagenet, none (values in [0, 1]), M,S or M1,M2,M3,S1,S2,S3 (per-channel mean and std)")
     ("drop-last", po::bool_switch(&o.drop_last), "drop the last training batch when it is smaller")
     ("save-dir", po::value(&o.save_dir), "write epoch-NNNN.safetensors checkpoints (and best.safetensors) here")
     ("save-every", po::value(&o.save_every)->default_value(d.save_every), "checkpoint every N epochs (and after the last)")

@@ -17,6 +17,7 @@
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
+#include "runtime/data/open_data.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/transforms.h"
 
@@ -54,7 +55,7 @@ uint64_t fold(uint64_t h, const Tensor& x, const Tensor& y) {
 }
 
 int run(int argc, char** argv) {
-  std::string data, workers_list, augment;
+  std::string data, workers_list, augment, normalize;
   int64_t batch_size = 32;
   int epochs = 1, prefetch = 2;
   uint64_t seed = 0;
@@ -66,10 +67,14 @@ int run(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("data", po::value(&data)->default_value("fashion-mnist"),
-     "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N]")
+     "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N], "
+     "imagefolder:DIR (image files, decoded by the workers)")
     ("batch-size", po::value(&batch_size)->default_value(32), "batch size")
     ("workers-list", po::value(&workers_list)->default_value("0,1,2,4"), "worker counts to measure, one row each")
-    ("augment", po::value(&augment)->default_value("crop:4,flip"), "none, flip, crop[:P] or crop[:P],flip")
+    ("augment", po::value(&augment)->default_value("crop:4,flip"),
+     "none, flip, crop[:P] or crop[:P],flip; image files: random-resized-crop:S[:SMIN:SMAX] or "
+     "[resize:R,]center-crop:S, and flip")
+    ("normalize", po::value(&normalize)->default_value("imagenet"), "image files: imagenet, none, M,S or M1,M2,M3,S1,S2,S3")
     ("epochs", po::value(&epochs)->default_value(1), "epochs per worker count")
     ("prefetch", po::value(&prefetch)->default_value(2), "batches in flight per worker")
     ("pin-memory", po::bool_switch(&pin_memory), "page-locked batch buffers (when a CUDA device is visible)")
@@ -78,7 +83,8 @@ int run(int argc, char** argv) {
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
-    std::cout << desc << "\nExample:\n  loader-bench --workers-list 0,1,2 --augment crop:4,flip\n";
+    std::cout << desc << "\nExamples:\n  loader-bench --workers-list 0,1,2 --augment crop:4,flip\n"
+              << "  loader-bench --data imagefolder:/data/photos --augment random-resized-crop:224,flip --workers-list 1,2\n";
     return 0;
   }
   po::notify(vm);
@@ -93,8 +99,12 @@ int run(int argc, char** argv) {
   o.augment = data::parse_augment(augment);
   o.seed = seed;
 
-  const data::TrainTest tt = data::open_dataset(data, seed);
-  const data::ImageDataset& ds = tt.train;
+  data::DataOptions dopts;
+  dopts.seed = seed;
+  dopts.augment = o.augment;
+  dopts.normalize = normalize;
+  const data::DataSplits splits = data::open_data(data, dopts);
+  const data::Dataset& ds = *splits.train;
   std::printf("loader-bench: %s, %lld samples %s, batch %lld, augment %s, prefetch %d, %d epoch(s), %u hardware threads\n",
               ds.name.c_str(), static_cast<long long>(ds.size()), ds.sample_shape().str().c_str(),
               static_cast<long long>(batch_size), o.augment.str().c_str(), prefetch, epochs,

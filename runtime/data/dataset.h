@@ -58,6 +58,9 @@ class Dataset {
   // options (augmentation it cannot apply, inconsistent tensors); called
   // when a loader is built.
   virtual void check(const Augment& augment) const;
+  // Samples replaced so far because their file could not be read or
+  // decoded (image files with skip_bad_samples); -1: this dataset never skips.
+  virtual int64_t skipped_samples() const { return -1; }
 };
 
 // In-memory samples of any shape: inputs (N, ...) float32, passed as they

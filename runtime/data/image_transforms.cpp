@@ -20,43 +20,109 @@ int uniform_int(std::mt19937_64& rng, int n) {  // [0, n)
   return static_cast<int>((static_cast<unsigned __int128>(rng()) * static_cast<uint64_t>(n)) >> 64);
 }
 
-// Pillow's precompute_coeffs for the bilinear (triangle) filter: output
-// pixel i of `out` covers input [in0, in1) of `in`; its taps start at
-// first[i], count[i] of them, weights w[i * taps ...] normalized to 1.
+// Pillow's resampling (Resample.c, 8 bits a channel), step for step, so
+// results equal Pillow's: coefficients of the triangle filter widened by the
+// downscaling factor, normalized in double, then fixed point with 22
+// fractional bits; each pass accumulates in int32 from half a unit and
+// clips to 8 bits.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
 struct Taps {
-  int taps = 0;
-  std::vector<int> first, count;
-  std::vector<float> w;
+  int ksize = 0;
+  std::vector<int> lo, n;  // per output pixel: the first input pixel and how many
+  std::vector<int32_t> k;  // ksize per output pixel
 };
 
-Taps bilinear_taps(int in, double in0, double in1, int out) {
-  const double scale = (in1 - in0) / out;
-  const double filterscale = std::max(scale, 1.0);
+Taps bilinear_taps(int in_size, float in0, float in1, int out_size) {
+  double scale = static_cast<double>(in1 - in0) / out_size;
+  double filterscale = scale < 1.0 ? 1.0 : scale;
   const double support = 1.0 * filterscale;  // the triangle's support is 1
   Taps t;
-  t.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
-  t.first.resize(static_cast<size_t>(out));
-  t.count.resize(static_cast<size_t>(out));
-  t.w.assign(static_cast<size_t>(out) * t.taps, 0.f);
-  std::vector<double> k(static_cast<size_t>(t.taps));
-  for (int i = 0; i < out; ++i) {
-    const double center = in0 + (i + 0.5) * scale;
-    // Pillow truncates toward zero here (a C cast), then clamps.
-    const int lo = std::max(static_cast<int>(center - support + 0.5), 0);
-    const int hi = std::min(static_cast<int>(center + support + 0.5), in);
-    const int n = std::max(hi - lo, 0);
-    double sum = 0;
-    for (int x = 0; x < n; ++x) {
-      const double d = std::abs((x + lo - center + 0.5) / filterscale);
-      k[static_cast<size_t>(x)] = d < 1.0 ? 1.0 - d : 0.0;
-      sum += k[static_cast<size_t>(x)];
+  t.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+  t.lo.resize(static_cast<size_t>(out_size));
+  t.n.resize(static_cast<size_t>(out_size));
+  t.k.assign(static_cast<size_t>(out_size) * t.ksize, 0);
+  std::vector<double> k(static_cast<size_t>(t.ksize));
+  const double inv_filterscale = 1.0 / filterscale;
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = in0 + (xx + 0.5) * scale;
+    double ww = 0.0;
+    int xmin = static_cast<int>(center - support + 0.5);  // a C cast: toward zero
+    if (xmin < 0) xmin = 0;
+    int xmax = static_cast<int>(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    xmax -= xmin;
+    for (int x = 0; x < xmax; ++x) {
+      double a = (x + xmin - center + 0.5) * inv_filterscale;
+      if (a < 0.0) a = -a;
+      const double w = a < 1.0 ? 1.0 - a : 0.0;
+      k[static_cast<size_t>(x)] = w;
+      ww += w;
     }
-    t.first[static_cast<size_t>(i)] = lo;
-    t.count[static_cast<size_t>(i)] = n;
-    for (int x = 0; x < n; ++x)
-      t.w[static_cast<size_t>(i) * t.taps + x] = static_cast<float>(sum != 0 ? k[static_cast<size_t>(x)] / sum : 0.0);
+    if (ww != 0.0)
+      for (int x = 0; x < xmax; ++x) k[static_cast<size_t>(x)] /= ww;
+    t.lo[static_cast<size_t>(xx)] = xmin;
+    t.n[static_cast<size_t>(xx)] = xmax;
+    for (int x = 0; x < xmax; ++x) {
+      const double v = k[static_cast<size_t>(x)];
+      t.k[static_cast<size_t>(xx) * t.ksize + x] =
+          static_cast<int32_t>(v < 0 ? -0.5 + v * (1 << kPrecisionBits) : 0.5 + v * (1 << kPrecisionBits));
+    }
   }
   return t;
+}
+
+inline uint8_t clip8(int32_t v) {
+  const int32_t q = v >> kPrecisionBits;  // arithmetic shift, as Pillow's
+  return static_cast<uint8_t>(q < 0 ? 0 : q > 255 ? 255 : q);
+}
+
+// An RGB plane: rows of `width` pixels, `stride` bytes apart.
+struct Plane {
+  const uint8_t* data;
+  int width, height;
+  size_t stride;
+};
+
+// Pillow's horizontal pass over rows [first, first + rows) of `in` into out (rows x taps' outputs).
+void pass_horizontal(const Plane& in, int first, int rows, const Taps& t, uint8_t* out) {
+  const int out_w = static_cast<int>(t.lo.size());
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* line = in.data + static_cast<size_t>(first + y) * in.stride;
+    uint8_t* o = out + static_cast<size_t>(y) * out_w * 3;
+    for (int xx = 0; xx < out_w; ++xx) {
+      const int32_t* k = &t.k[static_cast<size_t>(xx) * t.ksize];
+      const uint8_t* p = line + static_cast<size_t>(t.lo[static_cast<size_t>(xx)]) * 3;
+      int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+      for (int x = 0, n = t.n[static_cast<size_t>(xx)]; x < n; ++x, p += 3) {
+        s0 += p[0] * k[x];
+        s1 += p[1] * k[x];
+        s2 += p[2] * k[x];
+      }
+      o[3 * xx] = clip8(s0);
+      o[3 * xx + 1] = clip8(s1);
+      o[3 * xx + 2] = clip8(s2);
+    }
+  }
+}
+
+// Pillow's vertical pass: output row yy from input rows lo[yy] - shift onward.
+void pass_vertical(const Plane& in, const Taps& t, int shift, uint8_t* out) {
+  const int out_h = static_cast<int>(t.lo.size());
+  const size_t row = static_cast<size_t>(in.width) * 3;
+  std::vector<int32_t> acc(row);
+  for (int yy = 0; yy < out_h; ++yy) {
+    std::fill(acc.begin(), acc.end(), 1 << (kPrecisionBits - 1));
+    const int32_t* k = &t.k[static_cast<size_t>(yy) * t.ksize];
+    const int lo = t.lo[static_cast<size_t>(yy)] - shift;
+    for (int y = 0, n = t.n[static_cast<size_t>(yy)]; y < n; ++y) {
+      const uint8_t* p = in.data + static_cast<size_t>(lo + y) * in.stride;
+      const int32_t ky = k[y];
+      for (size_t i = 0; i < row; ++i) acc[i] += p[i] * ky;
+    }
+    uint8_t* o = out + static_cast<size_t>(yy) * row;
+    for (size_t i = 0; i < row; ++i) o[i] = clip8(acc[i]);
+  }
 }
 
 }  // namespace
@@ -109,43 +175,40 @@ void resize_bilinear(const Image& src, const CropBox& box, int out_height, int o
                out_width > 0)
       << "resize of box (" << box.top << ", " << box.left << ", " << box.height << ", " << box.width << ") of a "
       << src.height << "x" << src.width << " image to " << out_height << "x" << out_width;
-  // Taps over the box alone: what lies outside it is not part of the cropped image.
-  const Taps tx = bilinear_taps(box.width, 0, box.width, out_width);
-  const Taps ty = bilinear_taps(box.height, 0, box.height, out_height);
-  // Horizontal pass over the box's rows into float, then vertical, rounding once.
-  thread_local std::vector<float> mid;
-  mid.resize(static_cast<size_t>(box.height) * out_width * 3);
-  for (int y = 0; y < box.height; ++y) {
-    const uint8_t* row = src.rgb.data() + (static_cast<size_t>(box.top + y) * src.width + box.left) * 3;
-    float* m = mid.data() + static_cast<size_t>(y) * out_width * 3;
-    for (int x = 0; x < out_width; ++x) {
-      const float* w = &tx.w[static_cast<size_t>(x) * tx.taps];
-      const uint8_t* p = row + static_cast<size_t>(tx.first[static_cast<size_t>(x)]) * 3;
-      float r = 0, g = 0, b = 0;
-      for (int k = 0, n = tx.count[static_cast<size_t>(x)]; k < n; ++k, p += 3) {
-        r += w[k] * p[0];
-        g += w[k] * p[1];
-        b += w[k] * p[2];
-      }
-      m[3 * x] = r;
-      m[3 * x + 1] = g;
-      m[3 * x + 2] = b;
-    }
+  // The box is the image Pillow resizes (torchvision crops first): nothing outside it is read.
+  const int w = box.width, h = box.height;
+  const Plane in{src.rgb.data() + (static_cast<size_t>(box.top) * src.width + box.left) * 3, w, h,
+                 static_cast<size_t>(src.width) * 3};
+  const bool need_h = out_width != w, need_v = out_height != h;
+  if (!need_h && !need_v) {
+    for (int y = 0; y < h; ++y) std::memcpy(dst + static_cast<size_t>(y) * w * 3, in.data + y * in.stride, static_cast<size_t>(w) * 3);
+    return;
   }
-  const size_t row_len = static_cast<size_t>(out_width) * 3;
-  thread_local std::vector<float> acc;
-  acc.resize(row_len);
-  for (int y = 0; y < out_height; ++y) {
-    std::fill(acc.begin(), acc.end(), 0.f);
-    const float* w = &ty.w[static_cast<size_t>(y) * ty.taps];
-    for (int k = 0, n = ty.count[static_cast<size_t>(y)]; k < n; ++k) {
-      const float* m = mid.data() + static_cast<size_t>(ty.first[static_cast<size_t>(y)] + k) * row_len;
-      const float wk = w[k];
-      for (size_t i = 0; i < row_len; ++i) acc[i] += wk * m[i];
+  // Pillow runs the vertical pass first when the height shrinks more than twice as much as the width.
+  const bool horizontal_first = !((h - out_height) > 0 && (h - out_height) > (w - out_width) * 2);
+  thread_local std::vector<uint8_t> temp;
+  if (horizontal_first) {
+    const Taps tv = bilinear_taps(h, 0.f, static_cast<float>(h), out_height);
+    int first = 0, last = h;
+    if (need_h) {
+      first = tv.lo.front();
+      last = tv.lo.back() + tv.n.back();
+      const Taps th = bilinear_taps(w, 0.f, static_cast<float>(w), out_width);
+      uint8_t* to = need_v ? (temp.resize(static_cast<size_t>(last - first) * out_width * 3), temp.data()) : dst;
+      pass_horizontal(in, first, last - first, th, to);
+      if (!need_v) return;
+      pass_vertical({temp.data(), out_width, last - first, static_cast<size_t>(out_width) * 3}, tv, first, dst);
+      return;
     }
-    uint8_t* out = dst + static_cast<size_t>(y) * row_len;
-    for (size_t i = 0; i < row_len; ++i) out[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(acc[i]), 0.f, 255.f));
+    pass_vertical(in, tv, 0, dst);
+    return;
   }
+  const Taps tv = bilinear_taps(h, 0.f, static_cast<float>(h), out_height);
+  uint8_t* to = need_h ? (temp.resize(static_cast<size_t>(out_height) * w * 3), temp.data()) : dst;
+  pass_vertical(in, tv, 0, to);
+  if (need_h)
+    pass_horizontal({temp.data(), w, out_height, static_cast<size_t>(w) * 3}, 0, out_height,
+                    bilinear_taps(w, 0.f, static_cast<float>(w), out_width), dst);
 }
 
 void crop_padded(const Image& src, const CropBox& box, uint8_t* dst) {

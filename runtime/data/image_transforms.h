@@ -2,8 +2,8 @@
 // its transforms do them on Pillow images: RandomResizedCrop's parameters,
 // Resize to a shorter side, CenterCrop (zero padding when the image is
 // smaller), and the antialiased bilinear resampling Pillow's resize uses
-// (a triangle filter widened by the downscaling factor, separable, one
-// rounding to 8 bits at the end where Pillow rounds after each pass).
+// (a triangle filter widened by the downscaling factor, separable, in
+// Pillow's fixed point and pass order, so the pixels equal Pillow's).
 #pragma once
 #include <cstdint>
 #include <random>
@@ -34,7 +34,8 @@ void shorter_side_size(int height, int width, int size, int& out_height, int& ou
 // image sits after that much zero padding, as torchvision pads it.
 CropBox center_crop_box(int height, int width, int size);
 
-// Pillow's BILINEAR resize of `box` of `src` to out_height x out_width,
+// Pillow's BILINEAR resize (Pillow 13's Resample.c) of `box` of `src`
+// cropped first, as torchvision's resized_crop, to out_height x out_width,
 // RGB, into dst (out_height * out_width * 3). The box must lie inside the image.
 void resize_bilinear(const Image& src, const CropBox& box, int out_height, int out_width, uint8_t* dst);
 

@@ -2,6 +2,7 @@
 #include "runtime/data/open_data.h"
 
 #include "runtime/core/error.h"
+#include "runtime/data/image_folder.h"
 
 namespace fanout::data {
 
@@ -9,6 +10,13 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   DataSplits s;
+  if (kind == "imagefolder") {
+    const ImageFolderSplits f = open_image_folder(arg, o.augment, o.normalize, o.skip_bad_samples);
+    s.classes = static_cast<int64_t>(f.train->classes().size());
+    s.train = f.train;
+    s.test = f.val;
+    return s;
+  }
   if (kind != "tokens" && kind != "text" && kind != "text-bytes") {
     auto tt = std::make_shared<TrainTest>(open_dataset(spec, o.seed, o.heatmap));
     s.train = std::shared_ptr<const Dataset>(tt, &tt->train);

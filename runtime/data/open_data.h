@@ -1,4 +1,5 @@
-// What dp-train's --data names, opened: image sets (open_dataset) and token
+// What dp-train's --data names, opened: image sets (open_dataset), image
+// files ("imagefolder:DIR", image_folder.h) and token
 // data for language models (tokens.h): "tokens:DIR" (nanoGPT's train.bin and
 // val.bin, or llm.c shards by those names, with DIR/meta.json), "text:FILE"
 // (a character vocabulary, as nanoGPT's shakespeare_char) and
@@ -10,6 +11,7 @@
 
 #include "runtime/data/dataset.h"
 #include "runtime/data/tokens.h"
+#include "runtime/data/transforms.h"
 
 namespace fanout::data {
 
@@ -19,6 +21,9 @@ struct DataOptions {
   int64_t block_size = 0;  // token data: the model's block_size (0: not a language model)
   int64_t vocab_size = 0;  // token data without meta.json: the model's vocabulary (0: unknown)
   std::string cache_dir;   // text: where its token files go (default_cache_dir() when empty)
+  Augment augment;         // image files: the training pipeline, which fixes the sample size
+  std::string normalize = "imagenet";  // image files: parse_normalize's spec
+  bool skip_bad_samples = false;       // image files: replace unreadable ones (ImageFileDataset)
 };
 
 struct DataSplits {

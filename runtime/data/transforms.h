@@ -13,13 +13,26 @@ namespace fanout::data {
 struct Augment {
   int crop_padding = -1;  // < 0: no random crop; >= 0: RandomCrop((H, W), padding), zero fill like torchvision
   bool hflip = false;     // RandomHorizontalFlip(p = 0.5)
-  bool any() const { return crop_padding >= 0 || hflip; }
-  std::string str() const;  // the spec parse_augment reads back: "none", "flip", "crop:4", "crop:4,flip"
+  // Image files (image_folder.h) only, torchvision's names:
+  int resized_crop = 0;   // > 0: RandomResizedCrop(resized_crop, scale=(scale_min, scale_max), ratio=(3/4, 4/3))
+  double scale_min = 0.08, scale_max = 1.0;
+  int resize = 0;         // > 0: Resize(resize), the shorter side
+  int center_crop = 0;    // > 0: CenterCrop(center_crop), after the resize
+  bool any() const { return crop_padding >= 0 || hflip || for_files(); }
+  bool for_files() const { return resized_crop > 0 || resize > 0 || center_crop > 0; }
+  std::string str() const;  // the spec parse_augment reads back: "none", "flip", "crop:4", "crop:4,flip", ...
 };
 
-// "none", "flip", "crop" (padding 4), "crop:P", and "crop[:P]" and "flip"
-// joined by a comma in either order. Anything else throws a one-line error.
+// Parts joined by commas, each at most once: "flip", "crop" (padding 4),
+// "crop:P"; for image files "random-resized-crop:S[:SMIN:SMAX]",
+// "resize:S", "center-crop:S". "none" alone. Anything else, and
+// random-resized-crop beside crop, resize or center-crop, is a one-line error.
 Augment parse_augment(const std::string& spec);
+
+// The random bits for stream s of sample `index` in `epoch`: every draw of
+// the pipeline depends on (seed, epoch, index) alone.
+enum class DrawStream : uint64_t { Flip = 1, CropRow = 2, CropCol = 3, ResizedCrop = 4 };
+uint64_t sample_bits(uint64_t seed, int64_t epoch, int64_t index, DrawStream s);
 
 // Writes sample `index` of ds as float32 CHW into out: crop (reading the image
 // as if padded with zeros), then flip, then (x / 255 - mean[c]) / std[c]

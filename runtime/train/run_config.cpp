@@ -132,6 +132,7 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"heatmap_radius", heatmap_radius},
           {"seed", seed},
           {"augment", data::parse_augment(augment).str()},
+          {"normalize", normalize},
           {"drop_last", drop_last},
           {"devices", device_names},
           {"strategy", strategy},
@@ -180,6 +181,9 @@ data::DataOptions RunConfig::data_options() const {
   data::DataOptions o;
   o.seed = seed;
   o.heatmap = data::HeatmapSpec{heatmap_radius, 0.0};
+  o.augment = data::parse_augment(augment);
+  o.normalize = normalize;
+  o.skip_bad_samples = skip_bad_samples;
   if (models::is_gpt(model)) {
     bool from_data = false;
     const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(model), 1, &from_data);

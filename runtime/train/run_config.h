@@ -61,6 +61,8 @@ struct RunConfig {
   int workers = 1, prefetch = 2;
   std::string pin_memory = "auto";
   std::string augment = "none";
+  std::string normalize = "imagenet";  // image files: imagenet, none, M,S or M1,M2,M3,S1,S2,S3
+  bool skip_bad_samples = false;       // image files: replace an unreadable one instead of ending the run
   bool drop_last = false;
   // Checkpoints and output.
   std::string save_dir, resume, init_from;

@@ -51,7 +51,7 @@ class EvenSubsetSampler : public data::Sampler {
 
 Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt, const data::Dataset& train,
                  const data::Dataset& test, TrainerSamplers samplers)
-    : cfg_(cfg), engine_(engine), opt_(opt), progress_(cfg.progress) {
+    : cfg_(cfg), engine_(engine), opt_(opt), progress_(cfg.progress), train_set_(&train), test_set_(&test) {
   if (train.input_dtype() == DType::I32) tokens_per_sample_ = train.sample_shape().numel();
   if (cfg.loss_scaling) scaler_ = std::make_unique<optim::GradScaler>(*cfg.loss_scaling);
   cfg_.schedule.base_lr = opt.initial_lr();
@@ -263,6 +263,7 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
     j["loss_scale"] = m.loss_scale;
     j["skipped_steps"] = m.skipped_steps;
   }
+  if (m.skipped_samples >= 0) j["skipped_samples"] = m.skipped_samples;
   for (const EpochMetrics::Metric& x : m.metrics)
     if (x.scored) {
       j["train_" + x.spec.key] = x.train;
@@ -619,7 +620,13 @@ void Trainer::measure_memory(EpochMetrics& m) {
     for (size_t i = 0; i < replicas && i < arenas.size(); ++i)
       v[1 + rank * replicas + i] = arenas[i] + (i < state.size() ? state[i] : 0);
   }
+  // The last slot: bad samples replaced by either split's dataset (-1 from both: not counted).
+  const int64_t skipped_train = train_set_->skipped_samples(), skipped_test = test_set_->skipped_samples();
+  const bool counted = skipped_train >= 0 || skipped_test >= 0;
+  v.push_back(std::max<int64_t>(skipped_train, 0) + std::max<int64_t>(skipped_test, 0));
   engine_.all_reduce_stats(v, "peak memory");
+  m.skipped_samples = counted ? v.back() : -1;
+  v.pop_back();
   m.peak_host_bytes = v[0];
   m.peak_device_bytes.assign(v.begin() + 1, v.begin() + 1 + static_cast<int64_t>(n * world));
   m.replica_bytes.assign(v.begin() + 1 + static_cast<int64_t>(n * world), v.end());
@@ -660,8 +667,12 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
   if (m.loss_scaling)
     std::snprintf(scaling, sizeof scaling, "loss scale %.6g (%lld step%s skipped)  ", m.loss_scale,
                   static_cast<long long>(m.skipped_steps), m.skipped_steps == 1 ? "" : "s");
+  char bad[64] = "";
+  if (m.skipped_samples > 0)
+    std::snprintf(bad, sizeof bad, "%lld bad sample%s skipped  ", static_cast<long long>(m.skipped_samples),
+                  m.skipped_samples == 1 ? "" : "s");
   return std::string(head) + scores("train", m.train_loss, false) + "  " + scores("test", m.test_loss, true) + tail +
-         norms + scaling + memory_summary(m);
+         norms + scaling + bad + memory_summary(m);
 }
 
 std::string eval_line(const EvalMetrics& m, int64_t max_steps) {

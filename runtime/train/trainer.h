@@ -145,6 +145,9 @@ struct EpochMetrics {
   // CPU devices: each replica's parameters, gradients, buffers and
   // optimizer state in bytes (every process's replicas, rank order).
   std::vector<int64_t> replica_bytes;
+  // Image files with skip_bad_samples: the samples replaced so far because
+  // their files were bad, summed over the processes; -1: not counted.
+  int64_t skipped_samples = -1;
 };
 
 // One optimizer step over a whole batch outside the Trainer (tests,
@@ -220,7 +223,7 @@ class Trainer {
   EpochMetrics run(int first_epoch = 0, int last_epoch = -1, const EpochPosition& start = {});
   EpochMetrics train_epoch(int epoch, const EpochPosition& start = {});  // 0-based epoch; fills train fields
   void evaluate(EpochMetrics& m);       // fills test fields; the model sees at most the training batch at a time
-  void measure_memory(EpochMetrics& m); // fills the peak memory fields (every rank calls it)
+  void measure_memory(EpochMetrics& m); // fills the peak memory fields and skipped_samples (every rank calls it)
   // Called after each epoch (checkpointing hooks in here).
   std::function<void(const EpochMetrics&)> on_epoch_end;
   // Polled at optimizer-step boundaries: true stops the run after the step in
@@ -261,6 +264,8 @@ class Trainer {
   std::unique_ptr<optim::GradScaler> scaler_;
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
+  const data::Dataset* train_set_;  // for skipped_samples
+  const data::Dataset* test_set_;
   std::unique_ptr<data::DataLoader> probe_loader_;  // eval_every's validation rows
   // Time: the run's start (this process), the seconds spent evaluating since, and the training time at
   // the previous evaluation inside an epoch.

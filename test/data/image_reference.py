@@ -145,6 +145,24 @@ def run(work):
                 print(f"ok   big-{sub}.jpg at min side {min_side}: 1/{denom} ({want.shape[1]}x{want.shape[0]}) "
                       "equal to Pillow's draft")
 
+    # Resizing: torchvision crops, then Pillow resizes with its bilinear filter: the same pixels.
+    src = os.path.join(work, "resize-src.png")
+    Image.fromarray(smooth(75, 100, 3), "RGB").save(src)
+    for top, left, h, w, oh, ow in ((0, 0, 75, 100, 32, 32), (0, 0, 75, 100, 150, 200), (10, 20, 40, 50, 224, 224),
+                                    (5, 7, 61, 83, 20, 27), (0, 0, 75, 100, 75, 100), (30, 40, 3, 2, 9, 9),
+                                    (0, 0, 75, 100, 10, 90), (0, 0, 75, 100, 75, 40), (0, 0, 75, 100, 30, 100)):
+        r = subprocess.run([TOOL, "resize", src, *map(str, (top, left, h, w, oh, ow))], capture_output=True, timeout=60)
+        head, _, rest = r.stdout.partition(b"\n")
+        got = np.frombuffer(rest, np.uint8).reshape(oh, ow, 3).astype(int)
+        want = np.asarray(Image.open(src).convert("RGB").crop((left, top, left + w, top + h))
+                          .resize((ow, oh), Image.BILINEAR)).astype(int)
+        if not np.array_equal(got, want):
+            failures += 1
+            print(f"FAIL resize ({top},{left},{h},{w}) to {oh}x{ow}: {int((got != want).sum())} values differ from "
+                  f"Pillow's, at most by {int(np.abs(got - want).max())}")
+        else:
+            print(f"ok   resize ({top},{left},{h},{w}) to {oh}x{ow}: equal to Pillow's")
+
     # Bad files: one line naming the file, where Pillow refuses them as well.
     data = open(os.path.join(work, "baseline-420.jpg"), "rb").read()
     png = open(os.path.join(work, "rgb.png"), "rb").read()

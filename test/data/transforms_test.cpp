@@ -88,6 +88,39 @@ TEST(ParseAugment, BadSpecs) {
     expect_user_error([&] { parse_augment(spec); }, {"bad augmentation '" + std::string(spec) + "'", "crop:P"});
   for (const char* spec : {"crop:", "crop:-1", "crop:x", "crop:4x", "crop:2000", "crop: 4", "crop:99999999999"})
     expect_user_error([&] { parse_augment(spec); }, {"bad augmentation '" + std::string(spec) + "'", "0..1024"});
+  // In-memory sets refuse the image-file transforms.
+  expect_user_error([] { random_image_dataset(4, kC, kH, kW, 1).check(parse_augment("random-resized-crop:8")); },
+                    {"random-resized-crop, resize and center-crop", "imagefolder:DIR"});
+}
+
+TEST(ParseAugment, ImageFileTransforms) {
+  const Augment a = parse_augment("random-resized-crop:224,flip");
+  EXPECT_EQ(a.resized_crop, 224);
+  EXPECT_EQ(a.scale_min, 0.08);
+  EXPECT_EQ(a.scale_max, 1.0);
+  EXPECT_TRUE(a.hflip && a.for_files() && a.any());
+  EXPECT_EQ(a.str(), "random-resized-crop:224,flip");
+  const Augment b = parse_augment("flip,random-resized-crop:64:0.25:0.75");
+  EXPECT_EQ(b.resized_crop, 64);
+  EXPECT_EQ(b.scale_min, 0.25);
+  EXPECT_EQ(b.scale_max, 0.75);
+  EXPECT_EQ(b.str(), "random-resized-crop:64:0.25:0.75,flip");
+  EXPECT_EQ(parse_augment(b.str()).str(), b.str());
+  const Augment c = parse_augment("center-crop:224,resize:256");
+  EXPECT_EQ(c.resize, 256);
+  EXPECT_EQ(c.center_crop, 224);
+  EXPECT_EQ(c.str(), "resize:256,center-crop:224");
+  EXPECT_FALSE(parse_augment("crop:4,flip").for_files());
+  for (const char* spec : {"random-resized-crop:0", "random-resized-crop:x", "resize:0", "center-crop:-3",
+                           "random-resized-crop:20000"})
+    expect_user_error([&] { parse_augment(spec); }, {"bad augmentation '" + std::string(spec) + "'", "whole number"});
+  expect_user_error([] { parse_augment("random-resized-crop:224:0.5"); }, {"random-resized-crop:S:SMIN:SMAX"});
+  expect_user_error([] { parse_augment("random-resized-crop:224:0.9:0.5"); }, {"SMIN is above its SMAX"});
+  expect_user_error([] { parse_augment("random-resized-crop:224:0:0.5"); }, {"(0, 1]"});
+  expect_user_error([] { parse_augment("random-resized-crop:224,resize:256"); }, {"goes with flip alone"});
+  expect_user_error([] { parse_augment("random-resized-crop:224,crop:4"); }, {"goes with flip alone"});
+  expect_user_error([] { parse_augment("resize:256,crop:4"); }, {"crop:P is for in-memory image sets"});
+  expect_user_error([] { parse_augment("resize:256,resize:128"); }, {"resize appears twice"});
 }
 
 TEST(LoadSample, NormalizedMatchesFormula) {

@@ -1,0 +1,241 @@
+// Image folders: the file list, and each sample read, decoded and transformed on a loader worker.
+#include "runtime/data/image_folder.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "runtime/core/error.h"
+#include "runtime/data/image_codec.h"
+#include "runtime/data/image_transforms.h"
+
+namespace fanout::data {
+
+namespace fs = std::filesystem;
+
+void parse_normalize(const std::string& spec, std::vector<float>& mean, std::vector<float>& std) {
+  if (spec == "imagenet") {
+    mean = {0.485f, 0.456f, 0.406f};
+    std = {0.229f, 0.224f, 0.225f};
+    return;
+  }
+  mean.clear();
+  std.clear();
+  if (spec == "none") return;
+  std::vector<float> v;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = spec.find(',', begin);
+    const std::string part = spec.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    float x = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), x);
+    FANOUT_USER_CHECK(!part.empty() && ec == std::errc() && end == part.data() + part.size() && std::isfinite(x))
+        << "bad --normalize '" << spec << "': expected imagenet, none, M,S or M1,M2,M3,S1,S2,S3";
+    v.push_back(x);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  FANOUT_USER_CHECK(v.size() == 2 || v.size() == 6)
+      << "bad --normalize '" << spec << "': " << v.size() << " numbers (expected M,S or M1,M2,M3,S1,S2,S3)";
+  const size_t k = v.size() / 2;
+  for (size_t c = 0; c < 3; ++c) {
+    mean.push_back(v[k == 1 ? 0 : c]);
+    std.push_back(v[k == 1 ? 1 : 3 + c]);
+    FANOUT_USER_CHECK(std.back() > 0) << "bad --normalize '" << spec << "': a std must be positive";
+  }
+}
+
+Augment eval_pipeline(const Augment& train) {
+  Augment e;
+  if (train.resized_crop > 0) {
+    e.resize = static_cast<int>(static_cast<int64_t>(train.resized_crop) * 256 / 224);
+    e.center_crop = train.resized_crop;
+  } else {
+    e.resize = train.resize;
+    e.center_crop = train.center_crop;
+  }
+  return e;
+}
+
+ImageFileDataset::ImageFileDataset(std::vector<File> files, std::vector<std::string> classes, Augment pipeline,
+                                   std::vector<float> mean, std::vector<float> std, std::string n, bool skip_bad)
+    : files_(std::move(files)), classes_(std::move(classes)), pipeline_(pipeline), mean_(std::move(mean)),
+      std_(std::move(std)), skip_bad_(skip_bad) {
+  name = std::move(n);
+  side_ = pipeline_.resized_crop > 0 ? pipeline_.resized_crop : pipeline_.center_crop;
+  FANOUT_USER_CHECK(side_ > 0) << "dataset '" << name
+                               << "': its images differ in size, so --augment must make them one: "
+                                  "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
+  FANOUT_CHECK(pipeline_.crop_padding < 0) << "crop:P on image files";
+  if (mean_.empty()) mean_.assign(3, 0.f), std_.assign(3, 1.f);
+}
+
+void ImageFileDataset::check(const Augment& augment) const {
+  FANOUT_USER_CHECK(!augment.any() || augment.str() == pipeline_.str())
+      << "dataset '" << name << "' was opened for --augment " << pipeline_.str() << ", not " << augment.str();
+}
+
+void ImageFileDataset::get(int64_t i, const SampleDraw& draw, void* x, void* y) const {
+  FANOUT_USER_CHECK(0 <= i && i < size()) << "sample index " << i << " is out of range for dataset '" << name
+                                          << "' with " << size() << " samples";
+  if (!skip_bad_) return load(i, draw, static_cast<float*>(x), static_cast<int32_t*>(y));
+  // The next good sample after a bad one (wrapping), drawn as itself: the same for every worker and rank.
+  for (int64_t k = 0; k < size(); ++k) {
+    const int64_t j = (i + k) % size();
+    try {
+      load(j, draw, static_cast<float*>(x), static_cast<int32_t*>(y));
+      if (k > 0) skipped_.fetch_add(1);
+      return;
+    } catch (const fanout::Error& e) {
+      std::lock_guard<std::mutex> g(reported_mu_);
+      if (reported_.insert(j).second)
+        std::fprintf(stderr, "warning: skipping a bad sample (--skip-bad-samples): %s\n", e.what());
+    }
+  }
+  FANOUT_FAIL() << "dataset '" << name << "': no sample can be read or decoded";
+}
+
+void ImageFileDataset::load(int64_t i, const SampleDraw& draw, float* x, int32_t* y) const {
+  const File& f = files_[static_cast<size_t>(i)];
+  thread_local std::vector<uint8_t> bytes;
+  {
+    std::FILE* fp = std::fopen(f.path.c_str(), "rb");
+    FANOUT_USER_CHECK(fp != nullptr) << "cannot read image " << f.path << ": " << std::strerror(errno);
+    bytes.clear();
+    uint8_t chunk[1 << 16];
+    size_t n = 0;
+    while ((n = std::fread(chunk, 1, sizeof chunk, fp)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
+    const bool bad = std::ferror(fp) != 0;
+    const int err = errno;
+    std::fclose(fp);
+    FANOUT_USER_CHECK(!bad) << "cannot read image " << f.path << ": " << std::strerror(err);
+  }
+  const Image img = decode_image(bytes.data(), bytes.size(), f.path);
+  const bool train = draw.augment != nullptr && draw.augment->any();
+  const int s = side_;
+  thread_local std::vector<uint8_t> out;
+  out.resize(static_cast<size_t>(s) * s * 3);
+  if (pipeline_.resized_crop > 0 && train) {
+    std::mt19937_64 rng(sample_bits(draw.seed, draw.epoch, i, DrawStream::ResizedCrop));
+    const CropBox box = random_resized_crop_box(img.height, img.width, pipeline_.scale_min, pipeline_.scale_max,
+                                                3.0 / 4.0, 4.0 / 3.0, rng);
+    resize_bilinear(img, box, s, s, out.data());
+  } else {
+    const Augment p = pipeline_.resized_crop > 0 ? eval_pipeline(pipeline_) : pipeline_;
+    if (p.resize > 0) {
+      Image resized;
+      shorter_side_size(img.height, img.width, p.resize, resized.height, resized.width);
+      resized.rgb.resize(static_cast<size_t>(resized.height) * resized.width * 3);
+      resize_bilinear(img, {0, 0, img.height, img.width}, resized.height, resized.width, resized.rgb.data());
+      crop_padded(resized, center_crop_box(resized.height, resized.width, s), out.data());
+    } else {
+      crop_padded(img, center_crop_box(img.height, img.width, s), out.data());
+    }
+  }
+  const bool flip = pipeline_.hflip && train && (sample_bits(draw.seed, draw.epoch, i, DrawStream::Flip) >> 63) != 0;
+  // HWC uint8 to CHW float: (v / 255 - mean) / std as one multiply-add, as ImageDataset::normalized.
+  float* o = x;
+  const size_t plane = static_cast<size_t>(s) * s;
+  for (int c = 0; c < 3; ++c) {
+    const float scale = 1.0f / (255.0f * std_[static_cast<size_t>(c)]);
+    const float shift = -mean_[static_cast<size_t>(c)] / std_[static_cast<size_t>(c)];
+    for (int r = 0; r < s; ++r) {
+      const uint8_t* row = out.data() + static_cast<size_t>(r) * s * 3 + c;
+      float* dst = o + c * plane + static_cast<size_t>(r) * s;
+      for (int col = 0; col < s; ++col)
+        dst[col] = static_cast<float>(row[3 * static_cast<size_t>(flip ? s - 1 - col : col)]) * scale + shift;
+    }
+  }
+  *y = f.label;
+}
+
+namespace {
+
+bool hidden(const fs::path& p) { return !p.filename().empty() && p.filename().string()[0] == '.'; }
+
+bool image_extension(const fs::path& p) {
+  std::string e = p.extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return e == ".jpg" || e == ".jpeg" || e == ".png";
+}
+
+// A class folder's images, in torchvision's order: folders by path, then names.
+std::vector<std::string> class_files(const fs::path& dir) {
+  std::vector<std::pair<std::string, std::string>> found;  // (folder, name)
+  std::error_code ec;
+  auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec);
+  FANOUT_USER_CHECK(!ec) << "cannot list " << dir.string() << ": " << ec.message();
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    FANOUT_USER_CHECK(!ec) << "cannot list " << dir.string() << ": " << ec.message();
+    FANOUT_USER_CHECK(it.depth() < 64) << "folders nested past 64 levels under " << dir.string()
+                                       << " (a symbolic link loop?)";
+    const fs::path& p = it->path();
+    if (hidden(p)) {
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    // Anything by an image's name but a folder, a broken link included: reading it names the problem.
+    if (image_extension(p) && !it->is_directory(ec)) found.emplace_back(p.parent_path().string(), p.filename().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> files;
+  for (auto& [folder, fname] : found) files.push_back(folder + "/" + fname);
+  return files;
+}
+
+std::vector<std::string> class_names(const fs::path& split) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(split, ec), end; !ec && it != end; it.increment(ec))
+    if (!hidden(it->path()) && it->is_directory(ec)) names.push_back(it->path().filename().string());
+  FANOUT_USER_CHECK(!ec) << "cannot list " << split.string() << ": " << ec.message();
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augment, const std::string& normalize,
+                                    bool skip_bad) {
+  FANOUT_USER_CHECK(!dir.empty()) << "bad dataset 'imagefolder:': give its directory (imagefolder:DIR)";
+  FANOUT_USER_CHECK(fs::is_directory(dir)) << "imagefolder:" << dir << ": no such directory";
+  FANOUT_USER_CHECK(augment.resized_crop > 0 || augment.center_crop > 0)
+      << "imagefolder:" << dir << ": its images differ in size, so --augment must make them one: "
+      << "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
+  std::vector<float> mean, std;
+  parse_normalize(normalize, mean, std);
+  const fs::path root(dir);
+  for (const char* split : {"train", "val"})
+    FANOUT_USER_CHECK(fs::is_directory(root / split))
+        << "imagefolder:" << dir << " has no " << split << " folder (expected " << dir << "/train/<class>/... and "
+        << dir << "/val/<class>/...)";
+  const std::vector<std::string> classes = class_names(root / "train");
+  FANOUT_USER_CHECK(!classes.empty()) << "imagefolder:" << dir << "/train has no class folders";
+  const std::vector<std::string> val_classes = class_names(root / "val");
+  FANOUT_USER_CHECK(val_classes == classes)
+      << "imagefolder:" << dir << ": val has " << val_classes.size() << " class folders and train " << classes.size()
+      << (val_classes.size() == classes.size() ? ", named differently" : "")
+      << " (the same classes in both, or the indices would differ)";
+  ImageFolderSplits s;
+  for (const char* split : {"train", "val"}) {
+    std::vector<ImageFileDataset::File> files;
+    for (size_t c = 0; c < classes.size(); ++c) {
+      const fs::path folder = root / split / classes[c];
+      const auto names = class_files(folder);
+      FANOUT_USER_CHECK(!names.empty()) << "class folder " << folder.string() << " has no .jpg, .jpeg or .png files";
+      for (const auto& n : names) files.push_back({n, static_cast<int32_t>(c)});
+    }
+    const bool train = std::strcmp(split, "train") == 0;
+    auto ds = std::make_shared<ImageFileDataset>(std::move(files), classes, train ? augment : eval_pipeline(augment),
+                                                 mean, std, "imagefolder:" + dir + "/" + split, skip_bad);
+    (train ? s.train : s.val) = std::move(ds);
+  }
+  return s;
+}
+
+}  // namespace fanout::data

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# e2e: image files from disk (imagefolder:DIR), a generated 10-class folder of
+# JPEGs and PNGs of random sizes (make_images.py):
+#   - cnn and resnet18 on cpu:2 with random-resized-crop and flip, well above
+#     chance (0.1);
+#   - the crops and flips depend on (seed, epoch, sample) alone: cpu with no
+#     loader workers and cpu:3 with 4 end bit for bit alike (--split-invariant);
+#   - resumed from inside an epoch with 2 workers: bit for bit the uninterrupted run;
+#   - bad input is one line and a non-zero exit (an empty folder, a class folder
+#     without images, no val, a corrupt JPEG and an unreadable file, each named);
+#     with --skip-bad-samples the run ends and the metrics count them.
+set -euo pipefail
+: "${DP_TRAIN:?path to dp-train}"
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+python3 "$here/make_images.py" "$work/imgs" --train 40 --val 10 --png 0.2 --seed 4
+base=(--augment random-resized-crop:32,flip --batch-size 48 --progress off --seed 3)
+common=(--data "imagefolder:$work/imgs" "${base[@]}")
+accuracy() { sed -n 's/^final test accuracy \([0-9.]*\)$/\1/p' "$1"; }
+above() { python3 -c "import sys; sys.exit(not float('$1') >= float('$2'))"; }
+
+"$DP_TRAIN" "${common[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2 > "$work/cnn.log" 2>&1 ||
+  { cat "$work/cnn.log"; fail "cnn did not train"; }
+acc=$(accuracy "$work/cnn.log")
+grep -q "data imagefolder:$work/imgs (400 train / 100 test, (3, 32, 32))" "$work/cnn.log" || fail "cnn: not 400/100 at 3x32x32"
+above "$acc" 0.6 || { cat "$work/cnn.log"; fail "cnn: test accuracy $acc below 0.6"; }
+echo "cnn on cpu:2: test accuracy $acc"
+
+"$DP_TRAIN" "${common[@]}" --model resnet18 --devices cpu:2 --epochs 4 --workers 2 > "$work/resnet.log" 2>&1 ||
+  { cat "$work/resnet.log"; fail "resnet18 did not train"; }
+acc=$(accuracy "$work/resnet.log")
+above "$acc" 0.5 || { cat "$work/resnet.log"; fail "resnet18: test accuracy $acc below 0.5"; }
+echo "resnet18 on cpu:2: test accuracy $acc"
+
+# The same crops whatever builds them: one device inline against three replicas and four workers.
+inv=("${common[@]}" --model mlp --split-invariant)  # no BatchNorm: split-invariant math
+"$DP_TRAIN" "${inv[@]}" --epochs 2 --devices cpu --workers 0 --save-dir "$work/one" > "$work/one.log" 2>&1 ||
+  { cat "$work/one.log"; fail "the one-device run failed"; }
+"$DP_TRAIN" "${inv[@]}" --epochs 2 --devices cpu:3 --workers 4 --save-dir "$work/three" > "$work/three.log" 2>&1 ||
+  { cat "$work/three.log"; fail "the cpu:3 run failed"; }
+python3 "$here/same_tensors.py" "$work/one/epoch-0002.safetensors" "$work/three/epoch-0002.safetensors" ||
+  fail "cpu with no workers and cpu:3 with 4 differ: the crops depend on who draws them"
+
+# Resumed from inside epoch 2 with 2 workers (the first run had none): the same tensors.
+"$DP_TRAIN" "${inv[@]}" --devices cpu:2 --workers 0 --epochs 3 --save-every-steps 4 --keep-last 20 \
+  --save-dir "$work/full" > "$work/full.log" 2>&1 || { cat "$work/full.log"; fail "the full run failed"; }
+mid=$(ls "$work/full"/epoch-0001-batch-*.safetensors | head -1)
+[ -n "$mid" ] || fail "no checkpoint inside epoch 2"
+mkdir -p "$work/mid" && cp "$mid" "$work/mid/"
+"$DP_TRAIN" "${inv[@]}" --devices cpu:2 --workers 2 --epochs 3 --save-dir "$work/mid" --resume "$work/mid/$(basename "$mid")" \
+  > "$work/mid.log" 2>&1 || { cat "$work/mid.log"; fail "the resumed run failed"; }
+grep -q "^resumed from .*batches of the next" "$work/mid.log" || fail "the second run did not resume inside epoch 2"
+python3 "$here/same_tensors.py" "$work/full/epoch-0003.safetensors" "$work/mid/epoch-0003.safetensors" ||
+  fail "resumed with 2 workers differs from the uninterrupted run"
+
+# Bad input: one line naming the problem, exit non-zero.
+bad() {  # bad WANT DIR [ARGS...]
+  local want=$1 dir=$2 rc=0
+  shift 2
+  "$DP_TRAIN" "${base[@]}" --data "imagefolder:$dir" --model cnn --devices cpu --epochs 1 --workers 2 "$@" \
+    > "$work/bad.out" 2> "$work/bad.err" || rc=$?
+  [ $rc != 0 ] || fail "imagefolder:$dir: no failure"
+  [ "$(wc -l < "$work/bad.err")" = 1 ] || { cat "$work/bad.err"; fail "imagefolder:$dir: not one line"; }
+  grep -qF -- "$want" "$work/bad.err" || { cat "$work/bad.err"; fail "imagefolder:$dir: no '$want'"; }
+  echo "refused: $(cat "$work/bad.err")"
+}
+mkdir -p "$work/empty"
+bad "has no train folder" "$work/empty"
+mkdir -p "$work/noclass/train" "$work/noclass/val"
+bad "/train has no class folders" "$work/noclass"
+cp -r "$work/imgs" "$work/noval" && rm -rf "$work/noval/val"
+bad "has no val folder" "$work/noval"
+cp -r "$work/imgs" "$work/hollow" && mkdir -p "$work/hollow/train/zz/.hidden" "$work/hollow/val/zz" &&
+  cp "$work/imgs/train/class0/00000.jpg" "$work/hollow/train/zz/.hidden/" && touch "$work/hollow/train/zz/notes.txt"
+bad "class folder $work/hollow/train/zz has no .jpg, .jpeg or .png files" "$work/hollow"
+"$DP_TRAIN" --data "imagefolder:$work/imgs" --augment flip --model cnn --epochs 1 --progress off > "$work/bad.out" \
+  2> "$work/bad.err" && fail "--augment flip on image files ran"
+grep -q "its images differ in size, so --augment must make them one" "$work/bad.err" || { cat "$work/bad.err"; fail "no size line"; }
+cp -r "$work/imgs" "$work/corrupt" && head -c 2000 /dev/urandom > "$work/corrupt/train/class3/00007.jpg"
+bad "cannot decode image $work/corrupt/train/class3/00007.jpg: not a JPEG or PNG file" "$work/corrupt"
+cp -r "$work/imgs" "$work/unreadable" && ln -s "$work/nowhere.jpg" "$work/unreadable/val/class2/gone.jpg"
+bad "cannot read image $work/unreadable/val/class2/gone.jpg: No such file or directory" "$work/unreadable"
+
+# --skip-bad-samples: reported once each, counted in the metrics, the run ends.
+cp -r "$work/corrupt" "$work/both" && ln -s "$work/nowhere.jpg" "$work/both/val/class2/gone.jpg"
+"$DP_TRAIN" "${base[@]}" --data "imagefolder:$work/both" --model cnn --devices cpu:2 --epochs 2 --workers 2 \
+  --skip-bad-samples --metrics "$work/skip.jsonl" > "$work/skip.out" 2> "$work/skip.err" ||
+  { cat "$work/skip.err"; fail "--skip-bad-samples did not finish"; }
+[ "$(grep -c 'skipping a bad sample' "$work/skip.err")" = 2 ] || { cat "$work/skip.err"; fail "not 2 reports"; }
+grep -q "skipping a bad sample.*$work/both/train/class3/00007.jpg" "$work/skip.err" || fail "the corrupt file is not named"
+python3 - "$work/skip.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+# Each epoch reads the bad training file once and the bad validation file once.
+assert [l["skipped_samples"] for l in lines] == [2, 4], [l.get("skipped_samples") for l in lines]
+print("skipped_samples per epoch:", [l["skipped_samples"] for l in lines])
+PY
+grep -q "bad samples skipped" "$work/skip.out" || fail "the summary does not count the skipped samples"
+echo "images e2e: ok"
