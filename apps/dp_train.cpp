@@ -115,7 +115,8 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
      "and val.bin or llm.c shards by those names, DIR/meta.json), text:FILE (a character vocabulary, 90% train "
      "and 10% validation, as nanoGPT's shakespeare_char; cached in $FANOUT_CACHE_DIR or ~/.cache/fanout), "
      "text-bytes:FILE (the 256 byte values); image files: imagefolder:DIR (DIR/train/<class>/*.jpg|png and "
-     "DIR/val/<class>/..., decoded by the loader workers)")
+     "DIR/val/<class>/..., decoded by the loader workers), wds:DIR (WebDataset tar shards DIR/train-*.tar and "
+     "DIR/val-*.tar: KEY.jpg or KEY.png beside KEY.cls)")
     ("epochs", po::value(&o.epochs)->default_value(d.epochs), "epochs to train")
     ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
      "end the run after this many optimizer steps, inside an epoch if need be (nanoGPT's max_iters; alone, "

@@ -68,7 +68,7 @@ int run(int argc, char** argv) {
     ("help,h", "print this help and exit")
     ("data", po::value(&data)->default_value("fashion-mnist"),
      "fashion-mnist (Debian package dataset-fashion-mnist), fashion-mnist:DIR, cifar10:DIR, synthetic[:N], "
-     "imagefolder:DIR (image files, decoded by the workers)")
+     "imagefolder:DIR (image files, decoded by the workers), wds:DIR (WebDataset tar shards)")
     ("batch-size", po::value(&batch_size)->default_value(32), "batch size")
     ("workers-list", po::value(&workers_list)->default_value("0,1,2,4"), "worker counts to measure, one row each")
     ("augment", po::value(&augment)->default_value("crop:4,flip"),

@@ -9,6 +9,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
+#include "runtime/data/sampler.h"
 
 #include <cstring>
 #include "runtime/data/keypoints.h"
@@ -132,6 +133,8 @@ void ImageDataset::check(const Augment& augment) const {
         << "dataset '" << name << "': augmentation is for (N, C, H, W) images";
   }
 }
+
+std::unique_ptr<Sampler> Dataset::training_sampler(int, int, uint64_t) const { return nullptr; }
 
 void Dataset::check(const Augment& augment) const {
   FANOUT_USER_CHECK(!augment.any()) << "dataset '" << name << "' cannot be augmented (crop and flip are for images)";

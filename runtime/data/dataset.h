@@ -19,6 +19,7 @@
 namespace fanout::data {
 
 struct Augment;
+class Sampler;
 
 // Targets: class indices, int32 of target_shape() (() one per sample, (T)
 // one per position of a sequence; for cross-entropy), or dense float32
@@ -61,6 +62,10 @@ class Dataset {
   // Samples replaced so far because their file could not be read or
   // decoded (image files with skip_bad_samples); -1: this dataset never skips.
   virtual int64_t skipped_samples() const { return -1; }
+  // A training order of the dataset's own (tar shards: ShardBufferSampler)
+  // for rank `rank` of `world`, or null for the trainer's default (random,
+  // or DistributedSampler).
+  virtual std::unique_ptr<Sampler> training_sampler(int world, int rank, uint64_t seed) const;
 };
 
 // In-memory samples of any shape: inputs (N, ...) float32, passed as they

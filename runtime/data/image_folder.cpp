@@ -10,9 +10,13 @@
 #include <filesystem>
 #include <random>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "runtime/core/error.h"
 #include "runtime/data/image_codec.h"
 #include "runtime/data/image_transforms.h"
+#include "runtime/data/sampler.h"
 
 namespace fanout::data {
 
@@ -75,6 +79,19 @@ ImageFileDataset::ImageFileDataset(std::vector<File> files, std::vector<std::str
   if (mean_.empty()) mean_.assign(3, 0.f), std_.assign(3, 1.f);
 }
 
+void ImageFileDataset::set_shards(std::vector<int64_t> sizes, int64_t buffer) {
+  int64_t n = 0;
+  for (int64_t s : sizes) n += s;
+  FANOUT_CHECK(n == size()) << "shards of " << n << " samples for " << size();
+  shard_sizes_ = std::move(sizes);
+  shuffle_buffer_ = buffer;
+}
+
+std::unique_ptr<Sampler> ImageFileDataset::training_sampler(int world, int rank, uint64_t seed) const {
+  if (shard_sizes_.empty()) return nullptr;
+  return std::make_unique<ShardBufferSampler>(shard_sizes_, world, rank, seed, shuffle_buffer_);
+}
+
 void ImageFileDataset::check(const Augment& augment) const {
   FANOUT_USER_CHECK(!augment.any() || augment.str() == pipeline_.str())
       << "dataset '" << name << "' was opened for --augment " << pipeline_.str() << ", not " << augment.str();
@@ -102,20 +119,31 @@ void ImageFileDataset::get(int64_t i, const SampleDraw& draw, void* x, void* y) 
 
 void ImageFileDataset::load(int64_t i, const SampleDraw& draw, float* x, int32_t* y) const {
   const File& f = files_[static_cast<size_t>(i)];
+  const std::string where = f.member.empty() ? f.path : f.path + ":" + f.member;
   thread_local std::vector<uint8_t> bytes;
   {
-    std::FILE* fp = std::fopen(f.path.c_str(), "rb");
-    FANOUT_USER_CHECK(fp != nullptr) << "cannot read image " << f.path << ": " << std::strerror(errno);
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    FANOUT_USER_CHECK(fd >= 0) << "cannot read image " << where << ": " << std::strerror(errno);
+    struct Close {
+      int fd;
+      ~Close() { ::close(fd); }
+    } close_fd{fd};
     bytes.clear();
+    int64_t at = f.offset, left = f.size;  // left < 0: to the end
     uint8_t chunk[1 << 16];
-    size_t n = 0;
-    while ((n = std::fread(chunk, 1, sizeof chunk, fp)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
-    const bool bad = std::ferror(fp) != 0;
-    const int err = errno;
-    std::fclose(fp);
-    FANOUT_USER_CHECK(!bad) << "cannot read image " << f.path << ": " << std::strerror(err);
+    while (left != 0) {
+      const size_t want = left < 0 ? sizeof chunk : static_cast<size_t>(std::min<int64_t>(left, sizeof chunk));
+      const ssize_t got = ::pread(fd, chunk, want, at);
+      FANOUT_USER_CHECK(got >= 0) << "cannot read image " << where << ": " << std::strerror(errno);
+      if (got == 0) break;
+      bytes.insert(bytes.end(), chunk, chunk + got);
+      at += got;
+      if (left > 0) left -= got;
+    }
+    FANOUT_USER_CHECK(left <= 0) << "cannot read image " << where << ": the file ends " << left
+                                 << " bytes early (truncated)";
   }
-  const Image img = decode_image(bytes.data(), bytes.size(), f.path);
+  const Image img = decode_image(bytes.data(), bytes.size(), where);
   const bool train = draw.augment != nullptr && draw.augment->any();
   const int s = side_;
   thread_local std::vector<uint8_t> out;
@@ -228,7 +256,12 @@ ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augme
       const fs::path folder = root / split / classes[c];
       const auto names = class_files(folder);
       FANOUT_USER_CHECK(!names.empty()) << "class folder " << folder.string() << " has no .jpg, .jpeg or .png files";
-      for (const auto& n : names) files.push_back({n, static_cast<int32_t>(c)});
+      for (const auto& n : names) {
+        ImageFileDataset::File f;
+        f.path = n;
+        f.label = static_cast<int32_t>(c);
+        files.push_back(std::move(f));
+      }
     }
     const bool train = std::strcmp(split, "train") == 0;
     auto ds = std::make_shared<ImageFileDataset>(std::move(files), classes, train ? augment : eval_pipeline(augment),

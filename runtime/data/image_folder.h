@@ -28,6 +28,9 @@ class ImageFileDataset : public Dataset {
   struct File {
     std::string path;
     int32_t label = 0;
+    // A member of a tar shard: its bytes at [offset, offset + size) of path, named path:member.
+    int64_t offset = 0, size = -1;  // size < 0: the whole file
+    std::string member;
   };
   // `pipeline` makes every sample (3, S, S): random-resized-crop:S, or
   // center-crop:S after an optional resize; flip and random-resized-crop
@@ -47,6 +50,10 @@ class ImageFileDataset : public Dataset {
   const std::vector<File>& files() const { return files_; }
   const Augment& pipeline() const { return pipeline_; }
   int64_t skipped_samples() const override { return skip_bad_ ? skipped_.load() : -1; }
+  // Samples grouped in shards read in order (tar shards, consecutive in the
+  // file list): training takes ShardBufferSampler's order with this buffer.
+  void set_shards(std::vector<int64_t> sizes, int64_t buffer);
+  std::unique_ptr<Sampler> training_sampler(int world, int rank, uint64_t seed) const override;
 
  private:
   // Sample i into x and its label into y; throws fanout::Error for a bad file.
@@ -57,6 +64,8 @@ class ImageFileDataset : public Dataset {
   int side_ = 0;
   std::vector<float> mean_, std_;
   bool skip_bad_ = false;
+  std::vector<int64_t> shard_sizes_;
+  int64_t shuffle_buffer_ = 0;
   mutable std::atomic<int64_t> skipped_{0};
   mutable std::mutex reported_mu_;
   mutable std::set<int64_t> reported_;

@@ -3,6 +3,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/image_folder.h"
+#include "runtime/data/wds.h"
 
 namespace fanout::data {
 
@@ -10,8 +11,9 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   DataSplits s;
-  if (kind == "imagefolder") {
-    const ImageFolderSplits f = open_image_folder(arg, o.augment, o.normalize, o.skip_bad_samples);
+  if (kind == "imagefolder" || kind == "wds") {
+    const ImageFolderSplits f = kind == "wds" ? open_wds(arg, o.augment, o.normalize, o.skip_bad_samples)
+                                              : open_image_folder(arg, o.augment, o.normalize, o.skip_bad_samples);
     s.classes = static_cast<int64_t>(f.train->classes().size());
     s.train = f.train;
     s.test = f.val;

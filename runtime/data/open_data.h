@@ -1,5 +1,5 @@
 // What dp-train's --data names, opened: image sets (open_dataset), image
-// files ("imagefolder:DIR", image_folder.h) and token
+// files ("imagefolder:DIR", image_folder.h; "wds:DIR", tar shards, wds.h) and token
 // data for language models (tokens.h): "tokens:DIR" (nanoGPT's train.bin and
 // val.bin, or llm.c shards by those names, with DIR/meta.json), "text:FILE"
 // (a character vocabulary, as nanoGPT's shakespeare_char) and

@@ -130,4 +130,53 @@ std::vector<float> gather_unpadded(const std::vector<std::vector<float>>& per_ra
   return out;
 }
 
+ShardBufferSampler::ShardBufferSampler(std::vector<int64_t> shard_sizes, int num_replicas, int rank, uint64_t seed,
+                                       int64_t buffer)
+    : sizes_(std::move(shard_sizes)), replicas_(num_replicas), rank_(rank), seed_(seed), buffer_(buffer) {
+  FANOUT_USER_CHECK(num_replicas >= 1 && rank >= 0 && rank < num_replicas)
+      << "rank " << rank << " is outside " << num_replicas << " replicas";
+  FANOUT_USER_CHECK(static_cast<int64_t>(sizes_.size()) >= num_replicas)
+      << sizes_.size() << " shards cannot be split over " << num_replicas << " ranks (give at least one shard a rank)";
+  FANOUT_USER_CHECK(buffer >= 1) << "the shuffle buffer must hold at least one sample, got " << buffer;
+  int64_t n = 0;
+  for (int64_t s : sizes_) {
+    first_.push_back(n);
+    n += s;
+  }
+  per_rank_ = (n + num_replicas - 1) / num_replicas;
+  set_epoch(0);
+}
+
+void ShardBufferSampler::set_epoch(int64_t epoch) {
+  const std::vector<int64_t> perm = shuffled_indices(static_cast<int64_t>(sizes_.size()), seed_, epoch);
+  std::vector<int64_t> seq;
+  for (size_t k = static_cast<size_t>(rank_); k < perm.size(); k += static_cast<size_t>(replicas_)) {
+    const size_t s = static_cast<size_t>(perm[k]);
+    for (int64_t i = 0; i < sizes_[s]; ++i) seq.push_back(first_[s] + i);
+  }
+  // The buffer's own stream: seeded by (seed, epoch, rank), apart from the shard permutation's.
+  std::mt19937_64 rng(splitmix64(splitmix64(splitmix64(seed_ ^ 0x5348524442554646ull) ^ static_cast<uint64_t>(epoch)) ^
+                                 static_cast<uint64_t>(rank_)));
+  auto below = [&](size_t n) {
+    return static_cast<size_t>((static_cast<unsigned __int128>(rng()) * n) >> 64);
+  };
+  std::vector<int64_t> buf, out;
+  buf.reserve(static_cast<size_t>(std::min<int64_t>(buffer_, static_cast<int64_t>(seq.size()))));
+  out.reserve(seq.size());
+  for (int64_t x : seq) {
+    if (static_cast<int64_t>(buf.size()) < buffer_) {
+      buf.push_back(x);
+      continue;
+    }
+    const size_t k = below(buf.size());
+    out.push_back(buf[k]);
+    buf[k] = x;
+  }
+  for (size_t i = buf.size(); i > 1; --i) std::swap(buf[i - 1], buf[below(i)]);
+  out.insert(out.end(), buf.begin(), buf.end());
+  FANOUT_USER_CHECK(!out.empty()) << "rank " << rank_ << "'s shards hold no samples in epoch " << epoch;
+  order_.clear();
+  for (int64_t k = 0; k < per_rank_; ++k) order_.push_back(out[static_cast<size_t>(k) % out.size()]);
+}
+
 }  // namespace fanout::data

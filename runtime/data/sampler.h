@@ -97,6 +97,31 @@ class ShardSampler : public Sampler {
   int replicas_, rank_;
 };
 
+// WebDataset's order over tar shards: each epoch the shards are permuted
+// (shuffled_indices over shards), rank r takes permuted shards r, r + R, ...,
+// reads their samples in order through a shuffle buffer of `buffer` samples
+// (each next sample takes the place of a random one of the buffer, which is
+// emitted; the rest at the end in random order), and yields ceil(n / R) of
+// them a epoch: repeating its sequence from the start when its shards hold
+// fewer, ending early when they hold more (WebDataset's with_epoch). Reads
+// stay within `buffer` samples of the shard's order. A function of (seed,
+// epoch, rank) alone.
+class ShardBufferSampler : public Sampler {
+ public:
+  // shards: each shard's sample count, its samples numbered consecutively from 0.
+  ShardBufferSampler(std::vector<int64_t> shard_sizes, int num_replicas, int rank, uint64_t seed, int64_t buffer);
+  void set_epoch(int64_t epoch) override;
+  std::vector<int64_t> indices() const override { return order_; }
+  int64_t size() const override { return per_rank_; }
+
+ private:
+  std::vector<int64_t> sizes_, first_;
+  int replicas_, rank_;
+  uint64_t seed_;
+  int64_t buffer_, per_rank_ = 0;
+  std::vector<int64_t> order_;
+};
+
 // Puts per-rank results (per_rank[r]: one value per index of rank r's
 // SequentialDistributedSampler, in its order; the padded tail may be left
 // out) back into dataset order, dropping the padding: returns n values.

@@ -67,6 +67,7 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   const int world = engine.world_size();
   FANOUT_USER_CHECK(cfg.batch_size % world == 0)
       << "the batch size " << cfg.batch_size << " cannot be split evenly over " << world << " processes";
+  if (!samplers.train) samplers.train = train.training_sampler(world, engine.rank(), cfg.seed);
   if (!samplers.train || !samplers.test) {
     TrainerSamplers d = default_samplers(cfg, engine, train.size(), test.size());
     if (!samplers.train) samplers.train = std::move(d.train);
@@ -652,7 +653,7 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
   auto scores = [&](const char* split, double loss, bool test) {
     std::string s = std::string(split) + " loss " + format_value(m.loss_format.c_str(), loss);
     for (const EpochMetrics::Metric& x : m.metrics)
-      if (x.scored) s += " " + format_value(x.spec.summary.c_str(), (test ? x.test : x.train) * x.spec.scale);
+      if (x.scored) s.append(" ").append(format_value(x.spec.summary.c_str(), (test ? x.test : x.train) * x.spec.scale));
     return s;
   };
   const bool tokens = m.tokens_per_sample > 0;
@@ -682,7 +683,7 @@ std::string eval_line(const EvalMetrics& m, int64_t max_steps) {
   const bool tokens = m.tokens_per_sample > 0;
   if (tokens) s += format_value(" ppl %.2f", std::exp(m.val_loss));
   for (const EpochMetrics::Metric& x : m.metrics)
-    if (x.scored) s += " " + format_value(x.spec.summary.c_str(), x.test * x.spec.scale);
+    if (x.scored) s.append(" ").append(format_value(x.spec.summary.c_str(), x.test * x.spec.scale));
   char tail[128];
   std::snprintf(tail, sizeof tail, "  %.0f %s  lr %.4g  %s", m.rows_per_second * (tokens ? m.tokens_per_sample : 1),
                 tokens ? "tokens/s" : "img/s", m.lr, format_duration(m.elapsed_seconds).c_str());
@@ -694,7 +695,7 @@ std::string final_line(const EpochMetrics& m) {
   bool any = false;
   for (const EpochMetrics::Metric& x : m.metrics)
     if (x.scored) {
-      s += " " + format_value(x.spec.final.c_str(), x.test * x.spec.scale);
+      s.append(" ").append(format_value(x.spec.final.c_str(), x.test * x.spec.scale));
       any = true;
     }
   return any ? s : s + " loss " + format_value(m.loss_format.c_str(), m.test_loss);

@@ -268,5 +268,59 @@ TEST(DistributedSampler, AnEpochResumedOnAnotherWorldSizeSeesEverySampleOnce) {
   }
 }
 
+TEST(ShardBufferSampler, RanksReadTheirShardsThroughABoundedBuffer) {
+  // 7 shards of uneven sizes over 3 ranks; samples of shard s are first[s] .. first[s] + size - 1.
+  const std::vector<int64_t> sizes = {40, 25, 33, 40, 12, 50, 30};
+  std::vector<int64_t> first;
+  int64_t n = 0;
+  for (int64_t v : sizes) first.push_back(n), n += v;
+  const int64_t buffer = 16;
+  for (int64_t epoch : {0, 1, 5}) {
+    std::set<int64_t> seen_shards;
+    for (int rank = 0; rank < 3; ++rank) {
+      ShardBufferSampler s(sizes, 3, rank, 9, buffer);
+      s.set_epoch(epoch);
+      const auto idx = s.indices();
+      ASSERT_EQ(static_cast<int64_t>(idx.size()), (n + 2) / 3);  // ceil(n / R) on every rank
+      EXPECT_EQ(s.size(), static_cast<int64_t>(idx.size()));
+      // The rank's shards: the permuted shards rank, rank + 3, ...
+      const auto perm = shuffled_indices(static_cast<int64_t>(sizes.size()), 9, epoch);
+      std::vector<int64_t> mine, read;
+      for (size_t k = static_cast<size_t>(rank); k < perm.size(); k += 3) mine.push_back(perm[k]);
+      for (int64_t sh : mine)
+        for (int64_t i = 0; i < sizes[static_cast<size_t>(sh)]; ++i) read.push_back(first[static_cast<size_t>(sh)] + i);
+      for (int64_t sh : mine) EXPECT_TRUE(seen_shards.insert(sh).second) << "shard " << sh << " on two ranks";
+      // Each emitted sample was read at most `buffer` places later than its position (before the wrap):
+      // reads stay near-sequential. And no sample twice before the sequence wraps.
+      std::map<int64_t, size_t> position;
+      for (size_t k = 0; k < read.size(); ++k) position[read[k]] = k;
+      const size_t unique = std::min(idx.size(), read.size());
+      std::set<int64_t> once(idx.begin(), idx.begin() + static_cast<int64_t>(unique));
+      EXPECT_EQ(once.size(), unique);
+      for (size_t k = 0; k < unique; ++k) {
+        ASSERT_TRUE(position.count(idx[k])) << idx[k] << " is not in rank " << rank << "'s shards";
+        EXPECT_LE(position[idx[k]], k + static_cast<size_t>(buffer));
+      }
+      // Fewer samples than ceil(n / R): the sequence repeats from its start.
+      for (size_t k = read.size(); k < idx.size(); ++k) EXPECT_EQ(idx[k], idx[k - read.size()]);
+      // A function of (seed, epoch, rank): the same again, another at another epoch.
+      ShardBufferSampler again(sizes, 3, rank, 9, buffer);
+      again.set_epoch(epoch);
+      EXPECT_EQ(again.indices(), idx);
+      again.set_epoch(epoch + 1);
+      EXPECT_NE(again.indices(), idx);
+    }
+    EXPECT_EQ(seen_shards.size(), sizes.size());
+  }
+  // One rank: every sample exactly once, shuffled.
+  ShardBufferSampler one(sizes, 1, 0, 2, buffer);
+  auto all = one.indices();
+  EXPECT_NE(all, iota(n));
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, iota(n));
+  expect_user_error([&] { ShardBufferSampler(std::vector<int64_t>{5, 5}, 3, 0, 1, 4); }, {"2 shards cannot be split over 3 ranks"});
+  expect_user_error([&] { ShardBufferSampler(sizes, 1, 0, 1, 0); }, {"shuffle buffer"});
+}
+
 }  // namespace
 }  // namespace fanout::data

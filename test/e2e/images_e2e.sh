@@ -9,6 +9,7 @@
 #   - bad input is one line and a non-zero exit (an empty folder, a class folder
 #     without images, no val, a corrupt JPEG and an unreadable file, each named);
 #     with --skip-bad-samples the run ends and the metrics count them;
+#   - the same from WebDataset tar shards (cnn, DDP over 2 processes, resume, bad shards);
 #   - peak host memory does not grow with the number of files (2,000 and 20,000).
 set -euo pipefail
 : "${DP_TRAIN:?path to dp-train}"
@@ -97,6 +98,69 @@ assert [l["skipped_samples"] for l in lines] == [2, 4], [l.get("skipped_samples"
 print("skipped_samples per epoch:", [l["skipped_samples"] for l in lines])
 PY
 grep -q "bad samples skipped" "$work/skip.out" || fail "the summary does not count the skipped samples"
+# The same set as WebDataset tar shards (4 training shards of mixed classes, 1 for validation).
+python3 - "$work/imgs" "$work/wds" <<'PY'
+import os, random, sys, tarfile
+src, dst = sys.argv[1:]
+os.makedirs(dst)
+for split, n in (("train", 4), ("val", 1)):
+    items = [(os.path.join(root, f), int(os.path.basename(root)[5:])) for root, _, fs in os.walk(os.path.join(src, split))
+             for f in sorted(fs)]
+    random.Random(7).shuffle(items)
+    for k in range(n):
+        with tarfile.open(os.path.join(dst, f"{split}-{k:06d}.tar"), "w") as t:
+            for i, (path, label) in enumerate(items[k::n]):
+                key = f"sample{k:02d}{i:05d}"
+                t.add(path, f"{key}{os.path.splitext(path)[1]}")
+                cls = os.path.join(dst, "cls.tmp")
+                open(cls, "w").write(f"{label}\n")
+                t.add(cls, f"{key}.cls")
+    os.remove(os.path.join(dst, "cls.tmp"))
+PY
+wds=(--data "wds:$work/wds" "${base[@]}")
+"$DP_TRAIN" "${wds[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2 > "$work/wds-cnn.log" 2>&1 ||
+  { cat "$work/wds-cnn.log"; fail "cnn did not train from tar shards"; }
+acc=$(accuracy "$work/wds-cnn.log")
+grep -q "data wds:$work/wds (400 train / 100 test, (3, 32, 32))" "$work/wds-cnn.log" || fail "wds: not 400/100 at 3x32x32"
+above "$acc" 0.6 || { cat "$work/wds-cnn.log"; fail "cnn from shards: test accuracy $acc below 0.6"; }
+echo "cnn on cpu:2 from tar shards: test accuracy $acc"
+# DDP over 2 processes: the shards split over the ranks.
+"$DP_TRAIN" "${wds[@]}" --model cnn --devices cpu:2 --strategy ddp --epochs 3 --workers 1 > "$work/wds-ddp.log" 2>&1 ||
+  { cat "$work/wds-ddp.log"; fail "DDP from tar shards failed"; }
+echo "ddp from tar shards: $(tail -1 "$work/wds-ddp.log")"
+# Resumed inside epoch 2 with 2 workers (the first run had none): the same tensors.
+"$DP_TRAIN" "${wds[@]}" --model mlp --split-invariant --devices cpu:2 --workers 0 --epochs 3 --save-every-steps 4 \
+  --keep-last 20 --save-dir "$work/wfull" > "$work/wfull.log" 2>&1 || { cat "$work/wfull.log"; fail "the shard run failed"; }
+mid=$(ls "$work/wfull"/epoch-0001-batch-*.safetensors | head -1)
+mkdir -p "$work/wmid" && cp "$mid" "$work/wmid/"
+"$DP_TRAIN" "${wds[@]}" --model mlp --split-invariant --devices cpu:2 --workers 2 --epochs 3 --save-dir "$work/wmid" \
+  --resume "$work/wmid/$(basename "$mid")" > "$work/wmid.log" 2>&1 || { cat "$work/wmid.log"; fail "the resume failed"; }
+python3 "$here/same_tensors.py" "$work/wfull/epoch-0003.safetensors" "$work/wmid/epoch-0003.safetensors" ||
+  fail "tar shards: resumed with 2 workers differs from the uninterrupted run"
+# Bad shards: one line naming the shard.
+wbad() {  # wbad WANT DIR
+  local rc=0
+  "$DP_TRAIN" "${base[@]}" --data "wds:$2" --model cnn --devices cpu --epochs 1 > "$work/bad.out" 2> "$work/bad.err" || rc=$?
+  [ $rc != 0 ] && [ "$(wc -l < "$work/bad.err")" = 1 ] && grep -qF -- "$1" "$work/bad.err" ||
+    { cat "$work/bad.err"; fail "wds:$2: not one line with '$1'"; }
+  echo "refused: $(cat "$work/bad.err")"
+}
+mkdir -p "$work/nowds"
+wbad "has no train-*.tar shards" "$work/nowds"
+cp -r "$work/wds" "$work/wtrunc" &&
+  truncate -s $(($(stat -c %s "$work/wtrunc/train-000001.tar") / 2 + 100)) "$work/wtrunc/train-000001.tar"
+wbad "shard $work/wtrunc/train-000001.tar ends inside member" "$work/wtrunc"
+cp -r "$work/wds" "$work/wnocls" && python3 - "$work/wnocls/val-000000.tar" <<'PY'
+import sys, tarfile, io
+path = sys.argv[1]
+t = tarfile.open(path); members = [(m, t.extractfile(m).read()) for m in t.getmembers()]; t.close()
+with tarfile.open(path, "w") as out:
+    for m, data in members:
+        if m.name != "sample0000003.cls":
+            out.addfile(m, io.BytesIO(data))
+PY
+wbad "shard $work/wnocls/val-000000.tar: sample 'sample0000003' has no .cls" "$work/wnocls"
+
 # Only the file list is in memory: peak host memory with 20,000 files within 10% of that with 2,000.
 for n in 200 2000; do
   python3 "$here/make_images.py" "$work/many$n" --size 24x24 --train "$n" --val 1 --seed 1
