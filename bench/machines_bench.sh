@@ -15,9 +15,7 @@ source "$here/../test/e2e/lib.sh"
 source "$here/../test/e2e/machines_lib.sh"
 machines_up 2
 export FANOUT_RDZV_PASSWORD="pw-$RANDOM$RANDOM"
-printf 'bind %s\nport 6379\nrequirepass %s\nsave ""\nappendonly no\ndir %s\n' "${m_addr[0]}" "$FANOUT_RDZV_PASSWORD" \
-  "$work" | on 0 redis-server - > "$work/redis.log" 2>&1 &
-wait_for 10 on 1 redis-cli -h "${m_addr[0]}" -a "$FANOUT_RDZV_PASSWORD" --no-auth-warning ping || fail "redis did not start"
+start_redis "$FANOUT_RDZV_PASSWORD"
 samples=4800 batch=48
 steps=$((samples / batch))
 counter() {  # machine 1's eth0: bytes received + sent

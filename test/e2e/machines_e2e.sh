@@ -21,10 +21,7 @@ command -v redis-server > /dev/null || { echo "redis-server is not installed (De
 machines_up 3  # 0 and 1 train; 2 is the stranger
 secret="pw-$RANDOM$RANDOM$RANDOM"
 printf '%s\n' "$secret" > "$work/password"
-# The configuration on standard input, as the README does: no password on a command line.
-printf 'bind %s\nport 6379\nrequirepass %s\nsave ""\nappendonly no\ndir %s\n' "${m_addr[0]}" "$secret" "$work" |
-  on 0 redis-server - > "$work/redis.log" 2>&1 &
-wait_for 10 on 1 redis-cli -h "${m_addr[0]}" -a "$secret" --no-auth-warning ping || fail "redis-server did not start"
+start_redis "$secret"
 [ "$(on 1 redis-cli -h "${m_addr[0]}" ping 2>&1)" != PONG ] || fail "Redis answers without the password"
 rdzv="redis:${m_addr[0]}:6379"
 

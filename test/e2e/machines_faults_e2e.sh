@@ -17,10 +17,7 @@ source "$here/machines_lib.sh"
 command -v redis-server > /dev/null || { echo "redis-server is not installed (Debian package redis-server): skipped"; exit 77; }
 machines_up 2
 export FANOUT_RDZV_PASSWORD="pw-$RANDOM$RANDOM"
-printf 'bind %s\nport 6379\nrequirepass %s\nsave ""\nappendonly no\ndir %s\n' "${m_addr[0]}" "$FANOUT_RDZV_PASSWORD" \
-  "$work" | on 0 redis-server - > "$work/redis.log" 2>&1 &
-wait_for 10 on 1 redis-cli -h "${m_addr[0]}" -a "$FANOUT_RDZV_PASSWORD" --no-auth-warning ping ||
-  fail "redis-server did not start"
+start_redis "$FANOUT_RDZV_PASSWORD"
 timeout_s=8
 run=(--model mlp --data synthetic:4800 --epochs 3 --batch-size 48 --lr-schedule constant --seed 7 --progress off
      --workers 0 --split-invariant)

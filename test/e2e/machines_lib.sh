@@ -43,6 +43,15 @@ machines_up() {
   done
 }
 
+# start_redis PASSWORD: redis-server on machine 0's address, port 6379, requiring
+# PASSWORD, its configuration on standard input (no password on a command
+# line, as the README does); waits until machine 1 reaches it.
+start_redis() {
+  printf 'bind %s\nport 6379\nrequirepass %s\nsave ""\nappendonly no\ndir %s\n' "${m_addr[0]}" "$1" "$work" |
+    on 0 redis-server - > "$work/redis.log" 2>&1 &
+  wait_for 10 on 1 redis-cli -h "${m_addr[0]}" -a "$1" --no-auth-warning ping || fail "redis-server did not start"
+}
+
 on() {
   local i=$1
   shift
