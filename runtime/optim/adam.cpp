@@ -10,7 +10,7 @@
 namespace fanout::optim {
 
 Adam::Adam(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
-    : Optimizer(model, ctx, o, std::move(groups)) {
+    : ArenaOptimizer(model, ctx, o, std::move(groups)) {
   FANOUT_CHECK(o.kind == OptimizerKind::Adam || o.kind == OptimizerKind::AdamW) << "Adam built for " << type();
   add_state("exp_avg");
   add_state("exp_avg_sq");

@@ -8,7 +8,7 @@
 
 namespace fanout::optim {
 
-class Adam final : public Optimizer {
+class Adam final : public ArenaOptimizer {
  public:
   // o.kind: Adam or AdamW.
   Adam(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups = {});

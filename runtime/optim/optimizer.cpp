@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -15,20 +16,49 @@
 
 namespace fanout::optim {
 
-OptimizerKind parse_optimizer(const std::string& s) {
-  if (s == "sgd") return OptimizerKind::SGD;
-  if (s == "adam") return OptimizerKind::Adam;
-  if (s == "adamw") return OptimizerKind::AdamW;
-  FANOUT_FAIL() << "unknown optimizer '" << s << "' (expected sgd, adam or adamw)";
+namespace {
+
+using Make = std::unique_ptr<Optimizer> (*)(Module&, Context&, const OptimizerOptions&, std::vector<ParamGroup>);
+template <class T>
+std::unique_ptr<Optimizer> make(Module& m, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> g) {
+  return std::make_unique<T>(m, ctx, o, std::move(g));
+}
+struct KindEntry {
+  OptimizerKind kind;
+  const char* flag;   // --optimizer
+  const char* torch;  // torch.optim's class
+  Make make;
+};
+constexpr KindEntry kKinds[] = {
+    {OptimizerKind::SGD, "sgd", "SGD", make<SGD>},
+    {OptimizerKind::Adam, "adam", "Adam", make<Adam>},
+    {OptimizerKind::AdamW, "adamw", "AdamW", make<Adam>},
+};
+
+const KindEntry& entry(OptimizerKind k) {
+  for (const KindEntry& e : kKinds)
+    if (e.kind == k) return e;
+  FANOUT_FAIL() << "optimizer kind " << static_cast<int>(k) << " is not in the optimizer table";
 }
 
-const char* optimizer_name(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::SGD: return "SGD";
-    case OptimizerKind::Adam: return "Adam";
-    case OptimizerKind::AdamW: return "AdamW";
+}  // namespace
+
+OptimizerKind parse_optimizer(const std::string& s) {
+  std::string known;
+  const size_t n = std::size(kKinds);
+  for (size_t i = 0; i < n; ++i) {
+    if (s == kKinds[i].flag) return kKinds[i].kind;
+    known.append(i == 0 ? "" : i + 1 < n ? ", " : " or ").append(kKinds[i].flag);
   }
-  return "?";
+  FANOUT_FAIL() << "unknown optimizer '" << s << "' (expected " << known << ")";
+}
+
+const char* optimizer_name(OptimizerKind k) { return entry(k).torch; }
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> out;
+  for (const KindEntry& e : kKinds) out.push_back(e.flag);
+  return out;
 }
 
 namespace {
@@ -59,8 +89,35 @@ Tensor chunk_table(const std::vector<std::pair<int64_t, int64_t>>& ranges_in) {
 
 }  // namespace
 
-Optimizer::Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
-    : model_(model), ctx_(ctx), o_(o), lr_(o.lr), groups_(std::move(groups)) {
+std::vector<ParamGroup> complete_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups) {
+  auto params = model.named_parameters();
+  std::set<std::string> names, taken;
+  for (auto& [n, p] : params) names.insert(n);
+  for (const ParamGroup& g : groups) {
+    FANOUT_USER_CHECK(std::isfinite(g.weight_decay) && g.weight_decay >= 0)
+        << "invalid weight decay " << g.weight_decay << " for parameter group '" << g.name << "'";
+    FANOUT_USER_CHECK(std::isfinite(g.lr_scale) && g.lr_scale >= 0)
+        << "invalid learning-rate scale " << g.lr_scale << " for parameter group '" << g.name << "'";
+    for (const std::string& n : g.params) {
+      FANOUT_USER_CHECK(names.count(n)) << "parameter group '" << g.name << "' names " << n
+                                        << ", which the model does not have";
+      FANOUT_USER_CHECK(taken.insert(n).second) << "parameter " << n << " is in two parameter groups";
+    }
+  }
+  ParamGroup rest{"default", {}, o.weight_decay, 1.0f};
+  for (auto& [n, p] : params)
+    if (!taken.count(n)) rest.params.push_back(n);
+  if (!rest.params.empty()) groups.insert(groups.begin(), std::move(rest));
+  return groups;
+}
+
+Optimizer::Optimizer(const OptimizerOptions& o, std::vector<ParamGroup> groups)
+    : o_(o), lr_(o.lr), groups_(std::move(groups)) {
+  set_lr(o.lr);
+}
+
+ArenaOptimizer::ArenaOptimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
+    : Optimizer(o, complete_groups(model, o, std::move(groups))), model_(model), ctx_(ctx) {
   FANOUT_CHECK(model.materialized()) << "the optimizer needs a materialized model (call init() or materialize())";
   const int64_t arena = model.arenas().params.numel();
   begin_ = o.range.begin;
@@ -71,23 +128,7 @@ Optimizer::Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std
       << "the model is on " << model.device().str() << " but the optimizer's context on " << ctx.device().str();
   auto params = model.named_parameters();
   std::map<std::string, Parameter*> by_name(params.begin(), params.end());
-  std::set<std::string> taken;
-  for (const ParamGroup& g : groups_) {
-    FANOUT_USER_CHECK(std::isfinite(g.weight_decay) && g.weight_decay >= 0)
-        << "invalid weight decay " << g.weight_decay << " for parameter group '" << g.name << "'";
-    FANOUT_USER_CHECK(std::isfinite(g.lr_scale) && g.lr_scale >= 0)
-        << "invalid learning-rate scale " << g.lr_scale << " for parameter group '" << g.name << "'";
-    for (const std::string& n : g.params) {
-      FANOUT_USER_CHECK(by_name.count(n)) << "parameter group '" << g.name << "' names " << n
-                                          << ", which the model does not have";
-      FANOUT_USER_CHECK(taken.insert(n).second) << "parameter " << n << " is in two parameter groups";
-    }
-  }
-  ParamGroup rest{"default", {}, o.weight_decay, 1.0f};
-  for (auto& [n, p] : params)
-    if (!taken.count(n)) rest.params.push_back(n);
-  if (!rest.params.empty()) groups_.insert(groups_.begin(), std::move(rest));
-  for (const ParamGroup& g : groups_) {
+  for (const ParamGroup& g : Optimizer::groups()) {
     std::vector<std::pair<int64_t, int64_t>> ranges;
     for (const std::string& n : g.params) {
       const Parameter* p = by_name.at(n);
@@ -98,7 +139,6 @@ Optimizer::Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std
     Tensor table = chunk_table(ranges);
     chunks_.push_back({ctx.device().is_cpu() ? table : table.to(ctx.device()), g.weight_decay, g.lr_scale});
   }
-  set_lr(o.lr);
 }
 
 void Optimizer::set_lr(float lr) {
@@ -106,32 +146,32 @@ void Optimizer::set_lr(float lr) {
   lr_ = lr;
 }
 
-void Optimizer::add_state(const std::string& name) {
+void ArenaOptimizer::add_state(const std::string& name) {
   state_.emplace_back(name, Tensor::zeros(Shape{end_ - begin_}, DType::F32, model_.device()));
 }
 
-std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
+std::vector<std::pair<std::string, Tensor*>> ArenaOptimizer::state() {
   std::vector<std::pair<std::string, Tensor*>> out;
-  if (steps_ == 0) return out;
+  if (steps() == 0) return out;
   for (auto& [n, t] : state_) out.emplace_back(n, &t);
   return out;
 }
 
-std::vector<int64_t> Optimizer::state_bytes() const {
+std::vector<int64_t> ArenaOptimizer::state_bytes() const {
   int64_t b = 0;
   for (const auto& [n, t] : state_) b += static_cast<int64_t>(t.nbytes());
   return {b};
 }
 
-std::vector<std::string> Optimizer::state_names() const {
+std::vector<std::string> ArenaOptimizer::state_names() const {
   std::vector<std::string> out;
   for (const auto& [n, t] : state_) out.push_back(n);
   return out;
 }
 
-Tensor Optimizer::params() { return model_.arenas().params.flat(begin_, Shape{end_ - begin_}); }
+Tensor ArenaOptimizer::params() { return model_.arenas().params.flat(begin_, Shape{end_ - begin_}); }
 
-Tensor& Optimizer::grads_for_step() {
+Tensor& ArenaOptimizer::grads_for_step() {
   Tensor& all = model_.arenas().grads;
   grads_ = all.flat(begin_, Shape{end_ - begin_});
   if (all.dtype() != DType::F64) return grads_;
@@ -146,18 +186,18 @@ Tensor& Optimizer::grads_for_step() {
   return grad32_;
 }
 
-double Optimizer::grad_sum_squares() { return kernels::sum_squares(ctx_, grads_for_step()); }
-void Optimizer::scale_grads(float a) { kernels::scale(ctx_, a, grads_for_step()); }
-void Optimizer::clamp_grads(float limit) { kernels::clamp_abs(ctx_, grads_for_step(), limit); }
+double ArenaOptimizer::grad_sum_squares() { return kernels::sum_squares(ctx_, grads_for_step()); }
+void ArenaOptimizer::scale_grads(float a) { kernels::scale(ctx_, a, grads_for_step()); }
+void ArenaOptimizer::clamp_grads(float limit) { kernels::clamp_abs(ctx_, grads_for_step(), limit); }
 
-void Optimizer::step() {
+void ArenaOptimizer::step() {
   const Tensor& g = grads_for_step();
   for (const Group& c : chunks_) update(g, c);
   rounded_ = false;
-  ++steps_;
+  set_steps(steps() + 1);
 }
 
-void Optimizer::zero_grad() {
+void ArenaOptimizer::zero_grad() {
   Tensor& all = model_.arenas().grads;
   if (begin_ == 0 && end_ == all.numel())
     all.zero(&ctx_.compute());
@@ -179,7 +219,7 @@ nlohmann::json Optimizer::hyper() const {
     j["amsgrad"] = o_.amsgrad;
   }
   nlohmann::json gs = nlohmann::json::array();
-  for (const ParamGroup& g : groups_)
+  for (const ParamGroup& g : groups())
     gs.push_back({{"name", g.name}, {"weight_decay", g.weight_decay}, {"lr_scale", g.lr_scale}, {"params", g.params.size()}});
   j["groups"] = gs;
   return j;
@@ -220,9 +260,7 @@ std::unique_ptr<Optimizer> make_optimizer(Module& model, Context& ctx, const Opt
     FANOUT_USER_CHECK(o.beta2 >= 0 && o.beta2 < 1) << "invalid beta2 " << o.beta2 << " (must be in [0, 1))";
     FANOUT_USER_CHECK(!o.nesterov) << "Nesterov momentum applies to SGD, not " << optimizer_name(o.kind);
   }
-  groups = resolve_groups(model, o, std::move(groups));
-  if (o.kind == OptimizerKind::SGD) return std::make_unique<SGD>(model, ctx, o, std::move(groups));
-  return std::make_unique<Adam>(model, ctx, o, std::move(groups));
+  return entry(o.kind).make(model, ctx, o, resolve_groups(model, o, std::move(groups)));
 }
 
 }  // namespace fanout::optim

@@ -58,10 +58,17 @@ struct OptimizerOptions {
   ArenaRange range;
 };
 
-// "sgd", "adam", "adamw" (one-line error otherwise) and back to torch's class name.
+// Every kind comes from one table: its flag name ("sgd", "adam", "adamw")
+// and torch's class name. parse_optimizer refuses a name not in it (one
+// line), make_optimizer a kind not in it.
 OptimizerKind parse_optimizer(const std::string& s);
 const char* optimizer_name(OptimizerKind k);
+// The flag names, in the table's order.
+std::vector<std::string> optimizer_names();
 
+// The interface the training loop steps: SGD, Adam and AdamW over one
+// model's arena (ArenaOptimizer), or ZeRO's optimizer of many shards
+// (runtime/train/sharded_optimizer.h).
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -77,13 +84,12 @@ class Optimizer {
   float initial_lr() const { return o_.lr; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
 
-  // One update of the model's parameters from its gradient arena (float64
-  // gradients are rounded to float once, here), on the context's stream.
-  virtual void step();
-  // Zeros the gradient arena (its range) and waits for the context's
-  // stream: when it returns the parameters are final, for any engine to
-  // broadcast.
-  virtual void zero_grad();
+  // One update of the parameters from their gradients (float64 gradients
+  // are rounded to float once, here), on the optimizer's stream.
+  virtual void step() = 0;
+  // Zeros the gradients and waits for the optimizer's stream: when it
+  // returns the parameters are final, for any engine to broadcast.
+  virtual void zero_grad() = 0;
   // Updates taken; state exists from the first one on.
   int64_t steps() const { return steps_; }
   virtual void set_steps(int64_t s) { steps_ = s; }
@@ -93,7 +99,7 @@ class Optimizer {
   // (like its range, for a range optimizer); empty before the first step
   // (torch creates state on the first step). After writing into them (a
   // checkpoint's load), call state_written().
-  virtual std::vector<std::pair<std::string, Tensor*>> state();
+  virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;
   virtual void state_written() {}
   // State sharded across processes: gather_state() brings every process's
   // shards to every process (a collective: all of them call it before a
@@ -102,22 +108,51 @@ class Optimizer {
   virtual void gather_state() {}
   virtual bool state_complete() const { return true; }
   // The names state() has once the optimizer has stepped.
-  virtual std::vector<std::string> state_names() const;
+  virtual std::vector<std::string> state_names() const = 0;
   // Bytes of state per device it lives on: one entry (this optimizer's
   // device), or one per shard for a sharded optimizer.
-  virtual std::vector<int64_t> state_bytes() const;
+  virtual std::vector<int64_t> state_bytes() const = 0;
 
   // What clipping and loss scaling do to the gradients the next step reads:
   // the sum of their squares (in double; non-finite exactly when an element
   // is), scaling by a, and clamping into [-limit, limit].
-  virtual double grad_sum_squares();
-  virtual void scale_grads(float a);
-  virtual void clamp_grads(float limit);
+  virtual double grad_sum_squares() = 0;
+  virtual void scale_grads(float a) = 0;
+  virtual void clamp_grads(float limit) = 0;
   // Type and hyper-parameters (without the learning rate) and groups, as a
   // checkpoint records them.
   nlohmann::json hyper() const;
+  // The model whose parameters end up updated (a sharded optimizer's: the
+  // primary's, into which every shard is gathered).
+  virtual Module& model() = 0;
 
-  Module& model() { return model_; }
+ protected:
+  // `groups`: every parameter in exactly one (complete_groups).
+  Optimizer(const OptimizerOptions& o, std::vector<ParamGroup> groups);
+  const OptimizerOptions& options() const { return o_; }
+
+ private:
+  OptimizerOptions o_;
+  float lr_;
+  std::vector<ParamGroup> groups_;
+  int64_t steps_ = 0;
+};
+
+// An optimizer over one model's flat arenas (or a range of them, a ZeRO
+// shard): a chunk table per group, state arenas laid out like the
+// parameters, and one fused kernel per group and step (the kind's update).
+class ArenaOptimizer : public Optimizer {
+ public:
+  void step() override;
+  void zero_grad() override;
+  std::vector<std::pair<std::string, Tensor*>> state() override;
+  std::vector<std::string> state_names() const override;
+  std::vector<int64_t> state_bytes() const override;
+  double grad_sum_squares() override;
+  void scale_grads(float a) override;
+  void clamp_grads(float limit) override;
+
+  Module& model() override { return model_; }
   Context& context() { return ctx_; }
   // The gradients the next step() reads: the model's arena (its range), or
   // the float32 copy of float64 ones once grads_for_step() has run.
@@ -126,8 +161,8 @@ class Optimizer {
  protected:
   // Every group of `model` (materialized; the optimizer works on its device
   // with ctx, which must outlive it). Parameters no group names form the
-  // group "default" with `default_decay`.
-  Optimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups);
+  // group "default" with o.weight_decay.
+  ArenaOptimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups);
   struct Group {
     Tensor chunks;  // kernels/optim.h's chunk table, on the device
     double weight_decay, lr_scale;
@@ -136,23 +171,24 @@ class Optimizer {
   // State arenas by name, allocated (zeroed) at construction.
   void add_state(const std::string& name);
   Tensor& state_arena(size_t i) { return state_[i].second; }
-  const OptimizerOptions& options() const { return o_; }
   // The parameters this optimizer updates: its range of the arena.
   Tensor params();
 
  private:
   Module& model_;
   Context& ctx_;
-  OptimizerOptions o_;
-  float lr_;
-  std::vector<ParamGroup> groups_;
   std::vector<Group> chunks_;
   std::vector<std::pair<std::string, Tensor>> state_;
   int64_t begin_ = 0, end_ = 0;
   Tensor grad32_, grads_;
   bool rounded_ = false;  // grad32_ holds this step's rounded float64 gradients
-  int64_t steps_ = 0;
 };
+
+// `groups` checked against `model` (a group naming an unknown parameter or
+// one already in another group, a negative weight decay or learning-rate
+// scale is a one-line error) and completed: parameters no group names form
+// the group "default" (first) with o.weight_decay.
+std::vector<ParamGroup> complete_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups);
 
 // The optimizer `o` names, with `groups` (empty: one "default" group, or
 // "default" and "no_decay" when o.no_decay_norm_bias). One-line errors for

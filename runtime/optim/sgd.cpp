@@ -6,7 +6,7 @@
 namespace fanout::optim {
 
 SGD::SGD(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
-    : Optimizer(model, ctx, o, std::move(groups)) {
+    : ArenaOptimizer(model, ctx, o, std::move(groups)) {
   if (o.momentum != 0) add_state("momentum_buffer");
 }
 

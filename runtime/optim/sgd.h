@@ -6,7 +6,7 @@
 
 namespace fanout::optim {
 
-class SGD final : public Optimizer {
+class SGD final : public ArenaOptimizer {
  public:
   SGD(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups = {});
 

@@ -156,24 +156,20 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   const int world = opts.group ? opts.group->size() : 1, rank = opts.group ? opts.group->rank() : 0;
   // A bucket cut by shards is one op per piece.
   comm_ = make_comm(opts.comm, devices, layout_.size() + world * n + 1);
-  if (opts.shard_optimizer) {
-    // One shard per replica of every process, balanced and aligned as
-    // parameters are (the last ends with the arena); this process's are
-    // shards [rank * n, rank * n + n).
-    const int64_t total = module.arenas().params.numel(), slots = int64_t{world} * n;
-    for (int64_t s = 0; s < slots; ++s) shard_bounds_.push_back(total * s / slots / kArenaAlign * kArenaAlign);
-    shard_bounds_.push_back(total);
-    first_shard_ = rank * n;
-  }
+  const ShardPlan plan = opts.shard_optimizer
+                             ? ShardPlan(ShardMode::Optimizer, module.arenas().params.numel(), n, world, rank)
+                             : ShardPlan();
   std::vector<Module*> ms;
   std::vector<Context*> cs;
   for (int i = 0; i < n; ++i) {
     ms.push_back(&replica(i));
     cs.push_back(contexts_[i].get());
   }
-  reducer_ = std::make_unique<Reducer>(std::move(ms), std::move(cs), *comm_, layout_,
-                                       ReducerOptions{opts.group, opts.grad_reduce_dtype, shard_bounds_});
-  if (!shard_bounds_.empty()) param_gather_names_ = range_names("all-gather of the updated parameters");
+  reducer_ = std::make_unique<Reducer>(ms, cs, *comm_, layout_, ReducerOptions{opts.group, opts.grad_reduce_dtype, plan});
+  if (!plan.empty())
+    sharding_ = std::make_unique<Sharding>(plan, ms, cs, reducer_->link(), [this](const std::function<void(int)>& fn) {
+      pool_->run(fn, static_cast<int>(devices_.size()));
+    });
   if (opts.sync_bn) {
     stat_sync_ = std::make_unique<StatSync>(*this);
     for (int i = 0; i < n; ++i) replica(i).set_batch_stat_sync(stat_sync_.get());
@@ -223,55 +219,6 @@ void DataParallel::run_replicas(const std::function<void(int)>& fn) {
   }
 }
 
-void DataParallel::run_on_every_replica(const std::function<void(int)>& fn) {
-  pool_->run(fn, static_cast<int>(devices_.size()));
-}
-
-void DataParallel::gather_shards() {
-  Tensor& dst = module_.arenas().params;
-  const int n = static_cast<int>(devices_.size());
-  for (int r = 0; r < n; ++r) contexts_[r]->compute().synchronize();  // the shards' updates are done
-  for (int r = 1; r < n && !params_shared_; ++r) {  // shared: the shards were updated in place
-    const auto [b, e] = shard_range(r);
-    if (b < e) dst.flat(b, Shape{e - b}).copy_from(replica(r).arenas().params.flat(b, Shape{e - b}), &contexts_[0]->compute());
-  }
-  contexts_[0]->compute().synchronize();
-  broadcast_ranges(dst, param_gather_names_);
-}
-
-std::pair<int64_t, int64_t> DataParallel::process_range(int p) const {
-  const size_t n = devices_.size();
-  return {shard_bounds_[p * n], shard_bounds_[(p + 1) * n]};
-}
-
-std::vector<std::string> DataParallel::range_names(const std::string& what) const {
-  std::vector<std::string> out;
-  if (ProcessLink* link = reducer_->link())
-    for (int p = 0; p < link->group().size(); ++p) out.push_back(what + " (the range of rank " + std::to_string(p) + ")");
-  return out;
-}
-
-void DataParallel::broadcast_ranges(Tensor& t, const std::vector<std::string>& names) {
-  ProcessLink* link = reducer_->link();
-  if (!link || shard_bounds_.empty()) return;
-  for (int p = 0; p < link->group().size(); ++p) {
-    const auto [b, e] = process_range(p);
-    Tensor range = t.flat(b, Shape{e - b});
-    if (b < e) link->broadcast(range, names[p], kTagMain, p);
-  }
-}
-
-void DataParallel::gather_ranges(Tensor& t, const std::string& what) { broadcast_ranges(t, range_names(what)); }
-
-double DataParallel::sum_over_processes(double v) {
-  ProcessLink* link = reducer_->link();
-  if (!link) return v;
-  ensure(scalar_, Shape{1}, DType::F64, Device::cpu());
-  scalar_.f64()[0] = v;
-  link->all_reduce(scalar_, "all-reduce of the gradient's squared norm", kTagMain);
-  return scalar_.f64()[0];
-}
-
 void DataParallel::begin_pass(const Tensor& x) {
   FANOUT_USER_CHECK(x.dim() >= 1 && x.size(0) >= 1) << "DataParallel forward needs a non-empty batch, got "
                                                      << x.shape().str();
@@ -318,19 +265,8 @@ Tensor DataParallel::replica_forward(int i, const Tensor& x) {
   comm_->broadcast(i, m.arenas().buffers, ctx);
   m.train(training_forward_);
   ctx.training = training_forward_;
-  if (training_forward_ && !shard_bounds_.empty()) {
-    // Sharded: the ranges whose sums this replica receives (its shard; the
-    // primary: other processes' shards too) accumulate until the optimizer
-    // zeroes them or the sum is sent on; the rest carries this pass's
-    // contribution to the other replicas.
-    Tensor& g = m.arenas().grads;
-    const int n = static_cast<int>(devices_.size());
-    for (size_t s = 0; s + 1 < shard_bounds_.size(); ++s) {
-      const int local = static_cast<int>(s) - first_shard_;
-      const int owner = local >= 0 && local < n ? local : 0;
-      const int64_t b = shard_bounds_[s], e = shard_bounds_[s + 1];
-      if (owner != i && b < e) g.flat(b, Shape{e - b}).zero(&ctx.compute());
-    }
+  if (training_forward_ && sharding_) {
+    sharding_->prepare_grads(i);
   } else if (i > 0 && training_forward_) {
     m.zero_grad(&ctx.compute());
   }
@@ -519,23 +455,9 @@ StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y
   return loss_step(x, y, true, grad_scale);
 }
 
-std::vector<int64_t> DataParallelEngine::replica_arena_bytes() {
-  std::vector<int64_t> out;
-  for (size_t i = 0; i < dp_.devices().size(); ++i) {
-    Module& m = dp_.replica(static_cast<int>(i));
-    const bool shared = i > 0 && m.shares_params_with(dp_.replica(0));  // counted once, on the primary
-    out.push_back(arena_bytes(m) - (shared ? static_cast<int64_t>(m.arenas().params.nbytes()) : 0));
-  }
-  return out;
-}
-
-std::vector<ArenaShard> DataParallelEngine::shards() {
-  std::vector<ArenaShard> out;
-  if (dp_.shard_bounds().empty()) return out;
-  for (int r = 0; r < static_cast<int>(dp_.devices().size()); ++r) {
-    const auto [b, e] = dp_.shard_range(r);
-    out.push_back({&dp_.replica(r), &dp_.replica_context(r), b, e});
-  }
+std::vector<Replica> DataParallelEngine::replicas() {
+  std::vector<Replica> out;
+  for (int i = 0; i < static_cast<int>(dp_.devices().size()); ++i) out.push_back({&dp_.replica(i), &dp_.replica_context(i)});
   return out;
 }
 

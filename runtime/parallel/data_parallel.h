@@ -114,27 +114,9 @@ class DataParallel {
   // processes too (with a group; DDP's no_sync() is false). Default true.
   void set_sync(bool on) { sync_ = on; }
   // The process group (options.group), or null.
-  ProcessLink* process_link() { return reducer_->link(); }
-  // With shard_optimizer: shard s is [bounds[s], bounds[s + 1]), one per
-  // replica of every process (process p's replica r owns p * replicas + r);
-  // empty otherwise.
-  const std::vector<int64_t>& shard_bounds() const { return shard_bounds_; }
-  // Local replica r's shard, and process p's range (its replicas' shards).
-  std::pair<int64_t, int64_t> shard_range(int r) const {
-    return {shard_bounds_[first_shard_ + r], shard_bounds_[first_shard_ + r + 1]};
-  }
-  std::pair<int64_t, int64_t> process_range(int p) const;
-  // Runs fn(r) on every replica's thread at once (not only the active ones).
-  void run_on_every_replica(const std::function<void(int)>& fn);
-  // Every replica's range of the parameters into the primary's arena, then
-  // (across processes) every process's range into every primary's.
-  void gather_shards();
-  // Sharded across processes: every process's range of t (laid out like
-  // the arena) from that process, on every process (a collective). No-op
-  // in one process.
-  void gather_ranges(Tensor& t, const std::string& what);
-  // The sum of v over the processes (a collective); v alone in one process.
-  double sum_over_processes(double v);
+  ProcessLink* process_link() const { return reducer_->link(); }
+  // With shard_optimizer: the shards of every replica (runtime/parallel/sharding.h); null otherwise.
+  Sharding* sharding() { return sharding_.get(); }
 
  private:
   class StatSync;
@@ -143,9 +125,6 @@ class DataParallel {
   void run_replicas(const std::function<void(int)>& fn);
   Tensor replica_forward(int i, const Tensor& x);
   void replica_backward(int i, const Tensor& dy);
-  // Process p's range of t broadcast from p, names[p] naming it in errors.
-  void broadcast_ranges(Tensor& t, const std::vector<std::string>& names);
-  std::vector<std::string> range_names(const std::string& what) const;
 
   Module& module_;
   std::vector<Device> devices_;
@@ -161,11 +140,8 @@ class DataParallel {
   std::unique_ptr<WorkerPool> pool_;
   BucketLayout layout_;
   std::unique_ptr<Reducer> reducer_;
-  std::vector<int64_t> shard_bounds_;
-  int first_shard_ = 0;  // this process's first shard
-  std::vector<std::string> param_gather_names_;  // built once: gather_shards runs every step
-  uint64_t pass_ = 0;    // the next training pass
-  Tensor scalar_;        // sum_over_processes' buffer
+  std::unique_ptr<Sharding> sharding_;
+  uint64_t pass_ = 0;  // the next training pass
   bool sync_ = true;
   bool params_shared_ = false;  // CPU devices: every replica's parameters are the primary's arena
   std::vector<int64_t> sizes_, starts_;
@@ -202,12 +178,9 @@ class DataParallelEngine : public Engine {
   const Criterion& criterion() const override { return *criteria_[0]; }
   DataParallel& data_parallel() { return dp_; }
   bool loss_on_replicas() const { return on_replicas_; }
-  std::vector<ArenaShard> shards() override;
-  void for_each_shard(const std::function<void(int)>& fn) override { dp_.run_on_every_replica(fn); }
-  void gather_shards() override { dp_.gather_shards(); }
-  void gather_ranges(Tensor& t, const std::string& what) override { dp_.gather_ranges(t, what); }
-  double sum_over_processes(double v) override { return dp_.sum_over_processes(v); }
-  std::vector<int64_t> replica_arena_bytes() override;
+  std::vector<Replica> replicas() override;
+  ProcessLink* process_link() const override { return dp_.process_link(); }
+  Sharding* sharding() override { return dp_.sharding(); }
   // Bytes the last step moved to the primary (the output device) from the
   // other replicas: with the loss on the replicas, their sums (what the
   // criterion reads back); gathering, their outputs and their rows' targets.

@@ -63,13 +63,4 @@ void DistributedDataParallelEngine::prepare_eval() {
   if (opts_.broadcast_buffers) broadcast_buffers();
 }
 
-void DistributedDataParallelEngine::all_reduce_stats(std::vector<int64_t>& v, const char* what) {
-  Tensor t = Tensor::empty(Shape{static_cast<int64_t>(v.size())}, DType::I64);
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
-  link_.all_reduce(t, std::string("all-reduce of ") + what, kTagMain);
-  std::copy(t.data<int64_t>(), t.data<int64_t>() + v.size(), v.begin());
-}
-
-void DistributedDataParallelEngine::barrier(const std::string& what) { link_.group().barrier(what, kTagMain); }
-
 }  // namespace fanout

@@ -44,21 +44,13 @@ class DistributedDataParallelEngine : public Engine {
   Context& step_context() override { return inner_.step_context(); }
   std::vector<Device> devices() const override { return inner_.devices(); }
   const Criterion& criterion() const override { return inner_.criterion(); }
-  int rank() const override { return link_.group().rank(); }
-  int world_size() const override { return link_.group().size(); }
-  std::string group_backend() const override { return link_.group().backend(); }
-  void all_reduce_stats(std::vector<int64_t>& v, const char* what) override;
-  void barrier(const std::string& what) override;
   void prepare_eval() override;
+  std::vector<Replica> replicas() override { return inner_.replicas(); }
+  ProcessLink* process_link() const override { return &link_; }
+  Sharding* sharding() override { return inner_.sharding(); }
 
   distributed::ProcessGroup& group() { return link_.group(); }
   DataParallel& data_parallel() { return inner_.data_parallel(); }
-  std::vector<int64_t> replica_arena_bytes() override { return inner_.replica_arena_bytes(); }
-  std::vector<ArenaShard> shards() override { return inner_.shards(); }
-  void for_each_shard(const std::function<void(int)>& fn) override { inner_.for_each_shard(fn); }
-  void gather_shards() override { inner_.gather_shards(); }
-  void gather_ranges(Tensor& t, const std::string& what) override { inner_.gather_ranges(t, what); }
-  double sum_over_processes(double v) override { return inner_.sum_over_processes(v); }
 
  private:
   void broadcast_buffers();

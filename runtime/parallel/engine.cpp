@@ -19,9 +19,16 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
   model.set_grad_dtype(DType::F64);
 }
 
-int64_t arena_bytes(Module& m) {
-  const Arenas& a = m.arenas();
-  return static_cast<int64_t>(a.params.nbytes() + a.grads.nbytes() + (a.buffers.defined() ? a.buffers.nbytes() : 0));
+std::vector<int64_t> replica_arena_bytes(Engine& engine) {
+  std::vector<int64_t> out;
+  const std::vector<Replica> rs = engine.replicas();
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Arenas& a = rs[i].model->arenas();
+    const bool shared = i > 0 && rs[i].model->shares_params_with(*rs[0].model);
+    out.push_back(static_cast<int64_t>((shared ? 0 : a.params.nbytes()) + a.grads.nbytes() +
+                                       (a.buffers.defined() ? a.buffers.nbytes() : 0)));
+  }
+  return out;
 }
 
 int cpu_threads_per_replica(int replicas, const MathOptions& math, int processes) {

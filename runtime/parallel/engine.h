@@ -12,6 +12,8 @@
 #include "runtime/core/tensor.h"
 #include "runtime/nn/criterion.h"
 #include "runtime/nn/module.h"
+#include "runtime/parallel/process_link.h"
+#include "runtime/parallel/sharding.h"
 
 namespace fanout {
 
@@ -29,21 +31,15 @@ int cpu_threads_per_replica(int replicas, const MathOptions& math, int processes
 // `math` with cpu_threads filled in as cpu_threads_per_replica says.
 MathOptions with_cpu_threads(MathOptions math, int replicas, int processes = 1);
 
-// ZeRO-1: one contiguous range [begin, end) of the parameter arena per
-// replica. After a backward pass the replica's range of its gradient arena
-// holds the reduced sum; an optimizer per range steps it there on the
-// replica's context (runtime/train/sharded_optimizer.h).
-struct ArenaShard {
-  Module* replica;
+// One replica of an engine in this process: its model and its context.
+struct Replica {
+  Module* model;
   Context* ctx;
-  int64_t begin, end;
 };
 
 // Context::pass_key of training pass `pass` of an engine seeded with `seed`.
 uint64_t pass_key(uint64_t seed, uint64_t pass);
 
-// Bytes of a model's parameter, gradient and buffer arenas.
-int64_t arena_bytes(Module& m);
 
 class Engine {
  public:
@@ -83,38 +79,41 @@ class Engine {
   // This process's devices; the first is the primary.
   virtual std::vector<Device> devices() const = 0;
 
-  // Distributed runs: this process's rank and the number of processes.
-  virtual int rank() const { return 0; }
-  virtual int world_size() const { return 1; }
-  // The backend of the group over the processes ("gloo", "nccl"); empty
-  // for one process.
-  virtual std::string group_backend() const { return {}; }
+  // This process's replicas in device order (the first is model() on the
+  // primary context).
+  virtual std::vector<Replica> replicas() { return {{&model(), &primary_context()}}; }
   // Bytes the last training step sent to the primary device (outputs or
   // losses, and targets): what DataParallel pays and DDP does not. -1 where
   // the engine does not count them (DDP).
   virtual int64_t bytes_to_primary() const { return -1; }
-  // Sums `v` over the processes, in place; `what` names the sum in errors
-  // and hang reports ("epoch statistics", "the stop check").
-  virtual void all_reduce_stats(std::vector<int64_t>& v, const char* what) {}
-  virtual void barrier(const std::string& what) {}
   // Before an evaluation: every process takes rank 0's buffers (BatchNorm
   // running statistics) when the engine broadcasts buffers.
   virtual void prepare_eval() {}
+  // The link among the processes of a distributed run (DDP, hybrid); null
+  // in one process.
+  virtual ProcessLink* process_link() const { return nullptr; }
+  // The shards of a sharded engine (ZeRO), for the sharded optimizer; null
+  // when nothing is sharded.
+  virtual Sharding* sharding() { return nullptr; }
 
-  // Sharded engines (shard_optimizer): this process's shards, empty
-  // otherwise; fn(i) run for every shard at once on its replica's thread;
-  // and, after the shards' steps, every shard's parameters into model().
-  virtual std::vector<ArenaShard> shards() { return {}; }
-  // Bytes of each replica's arenas (parameters, gradients, buffers) in this
-  // process, in device order.
-  virtual std::vector<int64_t> replica_arena_bytes() { return {arena_bytes(model())}; }
-  virtual void for_each_shard(const std::function<void(int)>& fn) {}
-  virtual void gather_shards() {}
-  // Sharded across processes (DDP, hybrid): every process's range of t
-  // (laid out like the arena) from its owner, on every process; and the sum
-  // of v over the processes. Collectives: every process calls them.
-  virtual void gather_ranges(Tensor& t, const std::string& what) {}
-  virtual double sum_over_processes(double v) { return v; }
+  // From the process link: this process's rank, the number of processes,
+  // the group's backend ("gloo", "nccl"; empty in one process), sums of
+  // counts over the processes in place (`what` names the sum in errors and
+  // hang reports: "epoch statistics", "the stop check") and barriers.
+  int rank() const { return process_link() ? process_link()->rank() : 0; }
+  int world_size() const { return process_link() ? process_link()->size() : 1; }
+  std::string group_backend() const { return process_link() ? process_link()->group().backend() : std::string(); }
+  void all_reduce_stats(std::vector<int64_t>& v, const std::string& what) {
+    if (ProcessLink* l = process_link()) l->all_reduce_counts(v, what);
+  }
+  void barrier(const std::string& what) {
+    if (ProcessLink* l = process_link()) l->barrier(what);
+  }
 };
+
+// Bytes of each replica's arenas (parameters, gradients, buffers) in this
+// process, in device order; parameters several replicas read in place (CPU
+// devices) count once, on the primary.
+std::vector<int64_t> replica_arena_bytes(Engine& engine);
 
 }  // namespace fanout

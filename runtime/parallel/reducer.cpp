@@ -79,71 +79,19 @@ void BucketReadiness::issue_ready(int rank) {
   while (next >= 0 && bucket_ready_[rank][next] == layout_.buckets()[next].params) issue_(rank, next--);
 }
 
-ProcessLink::ProcessLink(std::shared_ptr<distributed::ProcessGroup> group, Context& primary)
-    : group_(std::move(group)), ctx_(primary), host_(group_->host_memory()) {}
-
-void ProcessLink::staged(Tensor& t, Tensor& staging, const std::function<void(Tensor&)>& collective) {
-  if (direct(t)) {
-    // The group runs on its own stream: what the compute stream still writes into t comes first.
-    if (!host_) ctx_.compute().synchronize();
-    return collective(t);
-  }
-  ensure(staging, t.shape(), t.dtype(), host_ ? Device::cpu() : ctx_.device());
-  Tensor s = staging.flat(0, t.shape());
-  s.copy_from(t, &ctx_.compute());
-  ctx_.compute().synchronize();
-  collective(s);
-  t.copy_from(s, &ctx_.compute());
-  ctx_.compute().synchronize();
-}
-
-void ProcessLink::in_wire_type(Tensor& t, DType wire, const std::function<void(Tensor&)>& collective) {
-  if (wire != DType::BF16) return staged(t, staging_, collective);
-  FANOUT_CHECK(t.dtype() == DType::F32) << "a " << dtype_name(t.dtype()) << " sum cannot travel as bfloat16";
-  // Converted on t's device, so a GPU's bucket crosses to the host (Gloo) at the wire type's size.
-  ensure(low_, t.shape(), wire, t.device());
-  Tensor l = low_.flat(0, t.shape());
-  kernels::convert(ctx_, t, l);
-  staged(l, low_staging_, collective);
-  kernels::convert(ctx_, l, t);
-}
-
-void ProcessLink::all_reduce(Tensor& t, const std::string& what, uint32_t tag, DType wire) {
-  in_wire_type(t, wire, [&](Tensor& s) { group_->all_reduce(s, what, tag); });
-}
-
-void ProcessLink::broadcast(Tensor& t, const std::string& what, uint32_t tag, int root) {
-  staged(t, staging_, [&](Tensor& s) { group_->broadcast(s, root, what, tag); });
-}
-
-void ProcessLink::all_gather_host(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag) {
-  if (host_) return group_->all_gather(in, out, what, tag);
-  const Tensor din = in.to(ctx_.device());  // once, at start-up: allocating is fine
-  Tensor dout = Tensor::empty(out.shape(), out.dtype(), ctx_.device());
-  group_->all_gather(din, dout, what, tag);
-  out.copy_from(dout);
-}
-
-void ProcessLink::reduce(Tensor& t, int root, const std::string& what, uint32_t tag, DType wire) {
-  in_wire_type(t, wire, [&](Tensor& s) { group_->reduce(s, root, what, tag); });
-}
-
-std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds,
-                                                    int replicas, int rank) {
+std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const ShardPlan& plan) {
   std::vector<std::vector<ReducePiece>> out(layout.size());
   int op = 0;
   for (int b = 0; b < layout.size(); ++b) {
     const GradBucket& bk = layout.buckets()[b];
-    if (bounds.empty()) {
-      out[b].push_back({op++, 0, rank, bk.begin, bk.count});
+    if (plan.empty()) {
+      out[b].push_back({op++, 0, plan.rank(), bk.begin, bk.count});
       continue;
     }
-    for (size_t s = 0; s + 1 < bounds.size(); ++s) {
-      const int64_t lo = std::max(bk.begin, bounds[s]), hi = std::min(bk.begin + bk.count, bounds[s + 1]);
-      const int home = static_cast<int>(s) / replicas;
-      // Another process's shard: summed here onto the primary, which sends it on.
-      const int owner = home == rank ? static_cast<int>(s) % replicas : 0;
-      if (lo < hi) out[b].push_back({op++, owner, home, lo, hi - lo});
+    for (int s = 0; s < plan.shards(); ++s) {
+      const auto [sb, se] = plan.range(s);
+      const int64_t lo = std::max(bk.begin, sb), hi = std::min(bk.begin + bk.count, se);
+      if (lo < hi) out[b].push_back({op++, plan.receiver(s), plan.home(s), lo, hi - lo});
     }
   }
   return out;
@@ -156,7 +104,7 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
       comm_(comm),
       layout_(layout),
       opts_(o),
-      pieces_(reduce_pieces(layout, o.shard_bounds, static_cast<int>(replicas_.size()), o.group ? o.group->rank() : 0)),
+      pieces_(reduce_pieces(layout, o.shards)),
       ready_(layout, static_cast<int>(replicas_.size()), [this](int rank, int b) { local(rank, b); }),
       arrivals_(std::make_unique<std::atomic<int>[]>(layout.size())),
       host_memory_(contexts_[0]->device().is_cpu()),
@@ -166,7 +114,7 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
   FANOUT_USER_CHECK(o.reduce_dtype == DType::F32 || replicas_[0]->grad_dtype() == DType::F32)
       << "bf16 gradient reduction cannot keep split-invariant math's exact float64 gradient sums";
   if (o.group) {
-    const char* op = o.shard_bounds.empty() ? "all-reduce" : "reduce onto the owners";
+    const char* op = o.shards.empty() ? "all-reduce" : "reduce onto the owners";
     for (int b = 0; b < layout.size(); ++b)
       global_names_.push_back(op + std::string(" of gradient bucket ") + std::to_string(b) + " of " +
                               std::to_string(layout.size()));
@@ -200,7 +148,7 @@ void Reducer::begin(int active, bool training, bool sync) {
   training_ = training;
   sync_ = sync && link_ != nullptr;
   // Sharded with a replica sitting out: its pieces reach their owner in finish(), before they are sent on.
-  deferred_ = sync_ && !opts_.shard_bounds.empty() && active < static_cast<int>(replicas_.size());
+  deferred_ = sync_ && !opts_.shards.empty() && active < static_cast<int>(replicas_.size());
   ready_.begin();
   for (int b = 0; b < layout_.size(); ++b) arrivals_[b] = 0;
   if (thread_.joinable()) {
@@ -253,7 +201,7 @@ void Reducer::global(int b) {
   // In bfloat16 (--grad-reduce-dtype bf16) the bucket travels and is summed
   // as bfloat16: half the bytes, and the rounding before and after the sum
   // is the conversion's.
-  if (opts_.shard_bounds.empty()) {
+  if (opts_.shards.empty()) {
     Tensor g = bucket_of(0, b);
     link_->all_reduce(g, global_names_[b], kTagGrads, opts_.reduce_dtype);
     return;
@@ -329,7 +277,7 @@ void Reducer::finish() {
     ctx.comm().synchronize();
     // Sharded: sums on the other replicas (NCCL reduces onto their streams)
     // are read by the global stage and by the primary's copies.
-    if (!opts_.shard_bounds.empty())
+    if (!opts_.shards.empty())
       for (Context* c : contexts_) c->compute().synchronize();
     if (active_ > 1 && opts_.reduce_dtype != DType::F32)
       for (const auto& ps : pieces_)

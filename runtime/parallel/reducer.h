@@ -21,6 +21,8 @@
 #include "runtime/distributed/process_group.h"
 #include "runtime/nn/module.h"
 #include "runtime/parallel/comm.h"
+#include "runtime/parallel/process_link.h"
+#include "runtime/parallel/sharding.h"
 
 namespace fanout {
 
@@ -76,40 +78,6 @@ class BucketReadiness {
   std::vector<int> next_;                       // [rank] next bucket to issue (counts down)
 };
 
-// A process group as the primary replica uses it: collectives on tensors in
-// the primary's memory, staged through the memory the group's backend takes
-// (host for Gloo, the GPU for NCCL) when that differs.
-class ProcessLink {
- public:
-  ProcessLink(std::shared_ptr<distributed::ProcessGroup> group, Context& primary);
-  distributed::ProcessGroup& group() { return *group_; }
-  // Whether the group takes host tensors.
-  bool host() const { return host_; }
-  // Whether t goes to the group as it is (else through a staging buffer).
-  bool direct(const Tensor& t) const { return host_ ? t.device().is_cpu() : t.device() == ctx_.device(); }
-  // `wire` BF16: an F32 t travels and is summed as bfloat16 (rounded to it
-  // and back; the rounding is the conversion); otherwise t goes as it is.
-  void all_reduce(Tensor& t, const std::string& what, uint32_t tag, DType wire = DType::F32);
-  void broadcast(Tensor& t, const std::string& what, uint32_t tag, int root = 0);
-  // Rank root's t becomes the sum; the others' t is left undefined.
-  void reduce(Tensor& t, int root, const std::string& what, uint32_t tag, DType wire = DType::F32);
-  // out (size() * in.numel()) receives every rank's in; small host tensors (start-up checks).
-  void all_gather_host(const Tensor& in, Tensor& out, const std::string& what, uint32_t tag);
-
- private:
-  void staged(Tensor& t, Tensor& staging, const std::function<void(Tensor&)>& collective);
-  void in_wire_type(Tensor& t, DType wire, const std::function<void(Tensor&)>& collective);
-  std::shared_ptr<distributed::ProcessGroup> group_;
-  Context& ctx_;
-  bool host_;
-  Tensor staging_;
-  Tensor low_, low_staging_;  // gradient sums in a lower wire type (the global stage's alone)
-};
-
-// Gloo tags: the global stage's thread and the caller's thread each run
-// their collectives in program order, and the two may overlap.
-inline constexpr uint32_t kTagMain = 1, kTagGrads = 2;
-
 struct ReducerOptions {
   // Across processes (DDP, hybrid): the primary's buckets are all-reduced
   // over this group. Null: this process alone.
@@ -117,26 +85,22 @@ struct ReducerOptions {
   // BF16: each bucket is rounded to bfloat16 before it is reduced and the
   // sum after (PyTorch DDP's bf16_compress_hook: cast, reduce, cast back).
   DType reduce_dtype = DType::F32;
-  // A sharded optimizer (ZeRO-1): shard s is [bounds[s], bounds[s + 1]) of
-  // the arena, one per replica of every process (process p's replica r
-  // owns shard p * replicas + r). Each shard's sum goes to its owner
-  // instead of everywhere: locally a reduce onto the owning replica (the
-  // primary for shards of other processes), across processes a reduce onto
-  // the owning process. Empty: every sum to the primary (and all-reduced).
-  std::vector<int64_t> shard_bounds;
+  // Sharded (ZeRO): each shard's sum goes to its owner instead of
+  // everywhere: locally a reduce onto the owning replica (the primary for
+  // shards of other processes), across processes a reduce onto the owning
+  // process. Empty: every sum to the primary (and all-reduced).
+  ShardPlan shards;
 };
 
-// The reductions a layout and shard bounds make: each bucket cut at the
-// shard bounds, every piece summed onto its owner.
+// The reductions a layout and a shard plan make: each bucket cut at the
+// shard bounds, every piece summed onto its receiver in this process.
 struct ReducePiece {
   int op;     // the Comm operation id
   int owner;  // the local replica the piece's sum goes to
   int home;   // the process whose shard the piece is in (its owner's process)
   int64_t begin, count;
 };
-// `replicas` per process, this process's `rank`.
-std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const std::vector<int64_t>& bounds,
-                                                    int replicas = 1, int rank = 0);
+std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const ShardPlan& plan);
 
 // The path from "this bucket's gradients are final on replica r" to "this
 // bucket is reduced", for `replicas` (replica 0 the primary) sharing one

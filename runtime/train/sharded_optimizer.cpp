@@ -5,36 +5,42 @@
 
 namespace fanout::train {
 
-ShardedOptimizer::ShardedOptimizer(Engine& engine, const optim::OptimizerOptions& o,
-                                   std::vector<optim::ParamGroup> groups)
-    : Optimizer(engine.model(), engine.primary_context(), o, optim::resolve_groups(engine.model(), o, groups)),
-      engine_(engine),
-      ranges_(engine.shards()),
-      across_processes_(engine.world_size() > 1) {
-  FANOUT_CHECK(!ranges_.empty()) << "a sharded optimizer needs a sharded engine";
-  for (const ArenaShard& s : ranges_) {
+namespace {
+std::vector<std::unique_ptr<optim::Optimizer>> shard_optimizers(Sharding& sharding, const optim::OptimizerOptions& o,
+                                                                const std::vector<optim::ParamGroup>& groups) {
+  std::vector<std::unique_ptr<optim::Optimizer>> out;
+  for (const ArenaShard& s : sharding.shards()) {
     optim::OptimizerOptions so = o;
     so.range = {s.begin, s.end};
-    shards_.push_back(optim::make_optimizer(*s.replica, *s.ctx, so, groups));
+    out.push_back(optim::make_optimizer(*s.replica, *s.ctx, so, groups));
   }
+  return out;
 }
+}  // namespace
 
-void ShardedOptimizer::update(const Tensor&, const Group&) {
-  FANOUT_CHECK(false) << "a sharded optimizer steps through its shards";
-}
+ShardedOptimizer::ShardedOptimizer(Sharding& sharding, const optim::OptimizerOptions& o,
+                                   std::vector<optim::ParamGroup> groups)
+    : ShardedOptimizer(sharding, o, shard_optimizers(sharding, o, groups)) {}
+
+ShardedOptimizer::ShardedOptimizer(Sharding& sharding, const optim::OptimizerOptions& o, Shards shards)
+    : Optimizer(o, shards.at(0)->groups()),
+      sharding_(sharding),
+      shards_(std::move(shards)),
+      ranges_(sharding.shards()),
+      across_processes_(sharding.across_processes()) {}
 
 void ShardedOptimizer::step() {
   const float rate = lr();
-  engine_.for_each_shard([&](int i) {
+  sharding_.run([&](int i) {
     shards_[i]->set_lr(rate);
     shards_[i]->step();
   });
-  engine_.gather_shards();
+  sharding_.gather_params();
   Optimizer::set_steps(steps() + 1);
 }
 
 void ShardedOptimizer::zero_grad() {
-  engine_.for_each_shard([&](int i) { shards_[i]->zero_grad(); });
+  sharding_.run([&](int i) { shards_[i]->zero_grad(); });
 }
 
 void ShardedOptimizer::set_steps(int64_t s) {
@@ -78,7 +84,7 @@ std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
 void ShardedOptimizer::gather_state() {
   if (steps() == 0) return;
   assemble();
-  for (auto& [name, t] : full_) engine_.gather_ranges(t, "all-gather of optimizer state '" + name + "'");
+  for (auto& [name, t] : full_) sharding_.gather_ranges(t, "all-gather of optimizer state '" + name + "'");
   gathered_at_ = steps();
 }
 
@@ -97,24 +103,24 @@ double ShardedOptimizer::grad_sum_squares() {
   double sum = 0;
   for (size_t i = 0; i < shards_.size(); ++i)
     if (ranges_[i].end > ranges_[i].begin) sum += shards_[i]->grad_sum_squares();
-  return engine_.sum_over_processes(sum);
+  return sharding_.sum(sum, "the gradient's squared norm");
 }
 
 void ShardedOptimizer::scale_grads(float a) {
-  engine_.for_each_shard([&](int i) {
+  sharding_.run([&](int i) {
     if (ranges_[i].end > ranges_[i].begin) shards_[i]->scale_grads(a);
   });
 }
 
 void ShardedOptimizer::clamp_grads(float limit) {
-  engine_.for_each_shard([&](int i) {
+  sharding_.run([&](int i) {
     if (ranges_[i].end > ranges_[i].begin) shards_[i]->clamp_grads(limit);
   });
 }
 
 std::unique_ptr<optim::Optimizer> make_engine_optimizer(Engine& engine, const optim::OptimizerOptions& o,
                                                         std::vector<optim::ParamGroup> groups) {
-  if (!engine.shards().empty()) return std::make_unique<ShardedOptimizer>(engine, o, std::move(groups));
+  if (Sharding* s = engine.sharding()) return std::make_unique<ShardedOptimizer>(*s, o, std::move(groups));
   return optim::make_optimizer(engine.model(), engine.step_context(), o, std::move(groups));
 }
 

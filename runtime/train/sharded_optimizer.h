@@ -1,6 +1,6 @@
-// ZeRO-1 over a sharded engine's replicas: one optimizer per shard of the
+// ZeRO over a sharded engine's replicas: one optimizer per shard of the
 // parameter arena, on its replica's device, holding state for its shard
-// alone (runtime/parallel/engine.h, ArenaShard). step() runs every shard's
+// alone (runtime/parallel/sharding.h). step() runs every shard's
 // update at once on the replicas' threads and gathers the updated shards
 // into the primary's model (across processes too, under DDP), which the
 // next forward broadcasts. Clipping by norm sums the shards' squares over
@@ -22,7 +22,7 @@ namespace fanout::train {
 
 class ShardedOptimizer final : public optim::Optimizer {
  public:
-  ShardedOptimizer(Engine& engine, const optim::OptimizerOptions& o, std::vector<optim::ParamGroup> groups = {});
+  ShardedOptimizer(Sharding& sharding, const optim::OptimizerOptions& o, std::vector<optim::ParamGroup> groups = {});
   void step() override;
   void zero_grad() override;
   void set_steps(int64_t s) override;
@@ -35,14 +35,16 @@ class ShardedOptimizer final : public optim::Optimizer {
   double grad_sum_squares() override;
   void scale_grads(float a) override;
   void clamp_grads(float limit) override;
+  Module& model() override { return *ranges_.at(0).replica; }
 
   int num_shards() const { return static_cast<int>(shards_.size()); }
   optim::Optimizer& shard(int i) { return *shards_[i]; }
 
  private:
-  void update(const Tensor&, const Group&) override;
-  Engine& engine_;
-  std::vector<std::unique_ptr<optim::Optimizer>> shards_;
+  using Shards = std::vector<std::unique_ptr<optim::Optimizer>>;
+  ShardedOptimizer(Sharding& sharding, const optim::OptimizerOptions& o, Shards shards);
+  Sharding& sharding_;
+  Shards shards_;
   std::vector<ArenaShard> ranges_;
   void assemble();
   std::vector<std::pair<std::string, Tensor>> full_;  // assembled state (host), for checkpoints

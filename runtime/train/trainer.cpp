@@ -617,7 +617,7 @@ void Trainer::measure_memory(EpochMetrics& m) {
   v[0] = static_cast<int64_t>(peak_host_bytes());
   for (size_t i = 0; i < n; ++i) v[1 + rank * n + i] = static_cast<int64_t>(device_peak_bytes(devices[i]));
   if (replicas > 0) {
-    const std::vector<int64_t> arenas = engine_.replica_arena_bytes(), state = opt_.state_bytes();
+    const std::vector<int64_t> arenas = replica_arena_bytes(engine_), state = opt_.state_bytes();
     for (size_t i = 0; i < replicas && i < arenas.size(); ++i)
       v[1 + rank * replicas + i] = arenas[i] + (i < state.size() ? state[i] : 0);
   }

@@ -133,7 +133,7 @@ Tensor train_sharded_or_not(const std::vector<Device>& devices, bool shard, int 
   if (world > 1) spec.group = distributed::make_gloo_group({rank, world, rdzv, "cuda-sharded", 60});
   auto e = make_engine(*m, std::move(spec));
   auto opt = train::make_engine_optimizer(*e, testing::test_adamw(2e-3f));
-  EXPECT_EQ(e->shards().size(), shard ? devices.size() : 0u);
+  EXPECT_EQ(e->sharding() ? e->sharding()->shards().size() : 0u, shard ? devices.size() : 0u);
   auto data = random_batches(Shape{1, 28, 28}, 12, 7, 31);
   data.push_back(random_batches(Shape{1, 28, 28}, 2 * world, 1, 32)[0]);  // 2 rows per rank
   for (const auto& b : data) {

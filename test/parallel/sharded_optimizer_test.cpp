@@ -82,7 +82,7 @@ TEST_P(ShardedOptimizerTest, EqualsUnshardedOnTwoAndThreeReplicas) {
   for (const char* devices : {"cpu:2", "cpu:3"}) {
     SCOPED_TRACE(devices);
     DpRun plain = make_run(devices, false, o), sharded = make_run(devices, true, o);
-    ASSERT_EQ(sharded.engine->shards().size(), std::string(devices) == "cpu:2" ? 2u : 3u);
+    ASSERT_EQ(sharded.engine->sharding()->shards().size(), std::string(devices) == "cpu:2" ? 2u : 3u);
     EXPECT_TRUE(testing::same_bits(train(sharded, data), train(plain, data)));
     EXPECT_EQ(sharded.opt->steps(), 20);
   }
@@ -146,7 +146,7 @@ TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
   for (bool shard : {false, true}) {
     DpRun r = make_run("cpu:3", shard, options_for(GetParam()));
     train(r, testing::random_batches(kSample, 12, 1, 10));
-    const auto arenas = r.engine->replica_arena_bytes();
+    const auto arenas = replica_arena_bytes(*r.engine);
     const auto state = r.opt->state_bytes();
     ASSERT_EQ(arenas.size(), 3u);
     ASSERT_EQ(state.size(), shard ? 3u : 1u);
@@ -226,9 +226,11 @@ TEST(ShardedOptimizerOptions, ShardsOnlyWhenAsked) {
   DataParallelOptions o;
   o.shard_optimizer = true;
   auto m1 = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
-  EXPECT_EQ(DataParallelEngine(*m1, parse_devices("cpu:2"), *make_criterion({}), o).shards().size(), 2u);
+  DataParallelEngine sharded(*m1, parse_devices("cpu:2"), *make_criterion({}), o);
+  ASSERT_NE(sharded.sharding(), nullptr);
+  EXPECT_EQ(sharded.sharding()->shards().size(), 2u);
   auto m2 = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
-  EXPECT_TRUE(DataParallelEngine(*m2, parse_devices("cpu:2"), *make_criterion({})).shards().empty());
+  EXPECT_EQ(DataParallelEngine(*m2, parse_devices("cpu:2"), *make_criterion({})).sharding(), nullptr);
 }
 
 }  // namespace

@@ -232,6 +232,40 @@ TEST(ClipGradNorm, Float64GradientsAreRoundedOnce) {
   EXPECT_TRUE(testing::same_bits(a->arenas().params, b->arenas().params));
 }
 
+// Every kind the table names is built by its flag name, steps, and reports
+// torch's class name; a kind outside the table is one line, never a
+// silently different optimizer.
+TEST(Optimizer, EveryKindByName) {
+  const std::vector<std::string> names = optim::optimizer_names();
+  EXPECT_EQ(names, (std::vector<std::string>{"sgd", "adam", "adamw"}));
+  const std::map<std::string, std::string> torch = {{"sgd", "SGD"}, {"adam", "Adam"}, {"adamw", "AdamW"}};
+  for (const std::string& n : names) {
+    SCOPED_TRACE(n);
+    auto m = lenet();
+    Context ctx(Device::cpu());
+    optim::OptimizerOptions o;
+    o.kind = optim::parse_optimizer(n);
+    o.lr = 1e-2f;
+    o.momentum = n == "sgd" ? 0.9 : 0.0;
+    auto opt = optim::make_optimizer(*m, ctx, o);
+    EXPECT_EQ(std::string(opt->type()), torch.at(n));
+    EXPECT_EQ(opt->kind(), o.kind);
+    std::mt19937_64 rng(7);
+    m->arenas().grads.copy_from(testing::random_tensor(m->arenas().grads.shape(), rng));
+    const Tensor before = m->arenas().params.to(Device::cpu());
+    opt->step();
+    EXPECT_FALSE(testing::same_bits(before, m->arenas().params));  // it stepped
+    std::vector<std::string> want = n == "sgd" ? std::vector<std::string>{"momentum_buffer"}
+                                               : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+    EXPECT_EQ(opt->state_names(), want);
+  }
+  auto m = lenet();
+  Context ctx(Device::cpu());
+  optim::OptimizerOptions o;
+  o.kind = static_cast<OptimizerKind>(42);
+  testing::expect_user_error([&] { optim::make_optimizer(*m, ctx, o); }, {"optimizer kind 42", "not in the optimizer table"});
+}
+
 TEST(Optimizer, RefusesWhatTorchRefuses) {
   auto m = lenet();
   Context ctx(Device::cpu());
