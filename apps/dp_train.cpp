@@ -257,6 +257,9 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
     ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
      "ZeRO-1: every replica (of every process under DDP) holds the optimizer state of one range of the "
      "parameters, gets that range's reduced gradient, updates it on its own thread and passes it on")
+    ("shard-grads", po::bool_switch(&o.shard_grads),
+     "ZeRO-2 (implies --shard-optimizer; CPU devices): every replica also keeps only its range's reduced "
+     "gradient; the rest lives in pooled blocks until its bucket is reduced")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(d.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 before and after each reduction (DDP's "
      "bf16_compress_hook)")
@@ -505,7 +508,8 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
   spec.dp.seed = c.seed;
   spec.dp.math = c.math();
   spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(c.grad_reduce_dtype);
-  spec.dp.shard_optimizer = c.shard_optimizer;
+  spec.dp.shard_optimizer = c.shard_optimizer || c.shard_grads;
+  spec.dp.shard_grads = c.shard_grads;
   if (c.distributed()) {
     distributed::GroupOptions g;
     g.rank = p.rank;

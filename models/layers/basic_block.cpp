@@ -51,12 +51,12 @@ Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
   kernels::relu_backward(ctx, y_, dsum, dsum);
   // Shortcut first: its parameters come last in the arena, so their gradients
   // are ready earliest in backward order.
-  Tensor dshort = downsample_ ? downsample_->backward(dsum, ctx) : dsum;
-  Tensor g = bn2_->backward(dsum, ctx);
-  g = conv2_->backward(g, ctx);
-  g = relu1_->backward(g, ctx);
-  g = bn1_->backward(g, ctx);
-  g = conv1_->backward(g, ctx);
+  Tensor dshort = downsample_ ? Module::backward_of(*downsample_, "downsample", dsum, ctx) : dsum;
+  Tensor g = Module::backward_of(*bn2_, "bn2", dsum, ctx);
+  g = Module::backward_of(*conv2_, "conv2", g, ctx);
+  g = Module::backward_of(*relu1_, "relu", g, ctx);
+  g = Module::backward_of(*bn1_, "bn1", g, ctx);
+  g = Module::backward_of(*conv1_, "conv1", g, ctx);
   if (!input_grad()) return Tensor();
   kernels::add(ctx, g, dshort, g, ctx.math.autocast);  // conv1's input gradient: nothing reads it after this
   return g;

@@ -169,6 +169,7 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   Parameter& w = wte_->weight();
   ensure(dx_, Shape{bt, e}, ctx.device());
   // The head's share of wte's gradient (+=); the embedding adds its own and reports the sum ready.
+  ctx.grad_write(static_cast<size_t>(w.offset), static_cast<size_t>(w.shape.numel()));
   const Tensor dy = dlogits.view(Shape{bt, config_.vocab_size});
   const AutocastWeights::Sinks low = head_.backward_begin(ctx, dy, w.value, w.grad, nullptr);
   Tensor* dx = &dx_;

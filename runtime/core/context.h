@@ -86,6 +86,13 @@ class Context {
   void grad_ready(size_t begin, size_t count) {
     if (on_grad_ready) on_grad_ready(begin, count);
   }
+  // Called before a layer first writes (+=) the gradients of a parameter
+  // range this pass, so that an engine keeping gradients in flight only
+  // (ZeRO-2) can give the range memory first.
+  std::function<void(size_t begin, size_t count)> on_grad_write;
+  void grad_write(size_t begin, size_t count) {
+    if (on_grad_write) on_grad_write(begin, count);
+  }
 
  private:
   Device device_;

@@ -100,11 +100,20 @@ void Module::materialize(Device d) {
   bind(a);
 }
 
+Tensor Arenas::grad_range(int64_t begin, int64_t count) const {
+  FANOUT_CHECK(begin >= grads_begin && count >= 0 && begin + count <= grads_begin + grads.numel())
+      << "gradient elements [" << begin << ", " << begin + count << ") outside the gradient window ["
+      << grads_begin << ", " << grads_begin + grads.numel() << ")";
+  return grads.flat(begin - grads_begin, Shape{count});
+}
+
 void Module::bind(const std::shared_ptr<Arenas>& a) {
   arenas_ = a;
+  const int64_t gb = a->grads_begin, ge = gb + a->grads.numel();
   for (auto& p : params_) {
     p.value = a->params.flat(p.offset, p.shape);
-    p.grad = a->grads.flat(p.offset, p.shape);
+    const bool inside = p.offset >= gb && p.offset + p.shape.numel() <= ge;
+    p.grad = inside ? a->grads.flat(p.offset - gb, p.shape) : Tensor();
   }
   for (auto& b : buffers_)
     if (b.dtype == DType::F32) b.value = a->buffers.flat(b.offset, b.shape);
@@ -130,6 +139,7 @@ void Module::to(Device d, Stream* s) {
   auto a = std::make_shared<Arenas>();
   a->params = arenas_->params.to(d, s);
   a->grads = arenas_->grads.to(d, s);
+  a->grads_begin = arenas_->grads_begin;
   a->buffers = arenas_->buffers.to(d, s);
   bind(a);
 }
@@ -140,6 +150,8 @@ std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
   std::unique_ptr<Module> m = make_like();
   m->materialize(d);
   if (grad_dtype() != DType::F32) m->set_grad_dtype(grad_dtype());
+  if (arenas_->grads.numel() != arenas_->params.numel())
+    m->set_grad_window(arenas_->grads_begin, arenas_->grads_begin + arenas_->grads.numel());
   m->arenas_->params.copy_from(arenas_->params, s);
   m->arenas_->grads.copy_from(arenas_->grads, s);
   m->arenas_->buffers.copy_from(arenas_->buffers, s);
@@ -203,6 +215,16 @@ void Module::set_grad_dtype(DType t) {
   bind(a);
 }
 
+void Module::set_grad_window(int64_t begin, int64_t end) {
+  FANOUT_CHECK(arenas_) << "set_grad_window() before materialize";
+  FANOUT_CHECK(begin >= 0 && begin <= end && end <= arenas_->params.numel())
+      << "gradient window [" << begin << ", " << end << ") outside the arena of " << arenas_->params.numel();
+  auto a = std::make_shared<Arenas>(*arenas_);
+  a->grads = Tensor::zeros(Shape{end - begin}, arenas_->grads.dtype(), device());
+  a->grads_begin = begin;
+  bind(a);
+}
+
 void Module::notify_grads_ready(Context& ctx) const {
   notified_ = true;
   if (params_.empty()) return;
@@ -213,6 +235,11 @@ void Module::notify_grads_ready(Context& ctx) const {
 
 Tensor Module::backward_of(Module& m, const std::string& name, const Tensor& dy, Context& ctx) {
   m.notified_ = false;
+  if (!m.params_.empty()) {
+    const int64_t begin = m.params_.front().offset;
+    const int64_t end = m.params_.back().offset + m.params_.back().shape.numel();
+    ctx.grad_write(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+  }
   Tensor g = m.backward(dy, ctx);
   FANOUT_USER_CHECK(m.params_.empty() || m.notified_)
       << "layer '" << name << "' (" << m.type_name() << ") has parameters but its backward did not call "

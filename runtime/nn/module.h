@@ -44,8 +44,12 @@ struct Buffer {
 // The flat storage of a whole model on one device.
 struct Arenas {
   Tensor params;   // (P) float32
-  Tensor grads;    // (P) float32, or float64 (set_grad_dtype)
+  Tensor grads;    // (P) float32, or float64 (set_grad_dtype); a window of them with set_grad_window
   Tensor buffers;  // (B) float32
+  int64_t grads_begin = 0;  // the parameter element grads[0] belongs to
+  // Gradient elements [begin, begin + count) of the parameter arena, a view
+  // into the window (a checked error outside it).
+  Tensor grad_range(int64_t begin, int64_t count) const;
 };
 
 class Module {
@@ -124,6 +128,11 @@ class Module {
   // in; the optimizer rounds them to float once. CPU devices only.
   void set_grad_dtype(DType t);
   DType grad_dtype() const { return arenas().grads.dtype(); }
+  // ZeRO-2: the gradient arena becomes the window [begin, end) of the
+  // parameter arena (zeroed, in the same dtype). Parameters wholly inside
+  // keep their gradient views there; the others have none (an undefined
+  // tensor) until an engine binds one for a pass (Context::on_grad_write).
+  void set_grad_window(int64_t begin, int64_t end);
 
   std::vector<std::pair<std::string, Parameter*>> named_parameters();
   std::vector<std::pair<std::string, Buffer*>> named_buffers();

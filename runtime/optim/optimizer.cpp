@@ -124,6 +124,11 @@ ArenaOptimizer::ArenaOptimizer(Module& model, Context& ctx, const OptimizerOptio
   end_ = o.range.end < 0 ? arena : o.range.end;
   FANOUT_CHECK(begin_ >= 0 && begin_ <= end_ && end_ <= arena)
       << "optimizer range [" << begin_ << ", " << end_ << ") outside the arena of " << arena;
+  const Arenas& a = model.arenas();
+  FANOUT_USER_CHECK(begin_ >= a.grads_begin && end_ <= a.grads_begin + a.grads.numel())
+      << "this model keeps the gradients of parameter elements [" << a.grads_begin << ", "
+      << a.grads_begin + a.grads.numel() << ") alone (sharded gradients): step a sharded engine with "
+         "train::make_engine_optimizer";
   FANOUT_CHECK(model.device().same_memory(ctx.device()))
       << "the model is on " << model.device().str() << " but the optimizer's context on " << ctx.device().str();
   auto params = model.named_parameters();
@@ -172,8 +177,9 @@ std::vector<std::string> ArenaOptimizer::state_names() const {
 Tensor ArenaOptimizer::params() { return model_.arenas().params.flat(begin_, Shape{end_ - begin_}); }
 
 Tensor& ArenaOptimizer::grads_for_step() {
-  Tensor& all = model_.arenas().grads;
-  grads_ = all.flat(begin_, Shape{end_ - begin_});
+  const Arenas& a = model_.arenas();
+  const Tensor& all = a.grads;
+  grads_ = a.grad_range(begin_, end_ - begin_);
   if (all.dtype() != DType::F64) return grads_;
   if (!rounded_) {
     FANOUT_CHECK(all.device().is_cpu()) << "float64 gradients on " << all.device().str();
@@ -198,11 +204,7 @@ void ArenaOptimizer::step() {
 }
 
 void ArenaOptimizer::zero_grad() {
-  Tensor& all = model_.arenas().grads;
-  if (begin_ == 0 && end_ == all.numel())
-    all.zero(&ctx_.compute());
-  else
-    all.flat(begin_, Shape{end_ - begin_}).zero(&ctx_.compute());
+  model_.arenas().grad_range(begin_, end_ - begin_).zero(&ctx_.compute());
   rounded_ = false;
   ctx_.compute().synchronize();
 }

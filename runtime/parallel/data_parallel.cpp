@@ -156,9 +156,16 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   const int world = opts.group ? opts.group->size() : 1, rank = opts.group ? opts.group->rank() : 0;
   // A bucket cut by shards is one op per piece.
   comm_ = make_comm(opts.comm, devices, layout_.size() + world * n + 1);
-  const ShardPlan plan = opts.shard_optimizer
-                             ? ShardPlan(ShardMode::Optimizer, module.arenas().params.numel(), n, world, rank)
-                             : ShardPlan();
+  const ShardPlan plan =
+      opts.shard_optimizer || opts.shard_grads
+          ? ShardPlan(opts.shard_grads ? ShardMode::Grads : ShardMode::Optimizer, module.arenas().params.numel(), n,
+                      world, rank)
+          : ShardPlan();
+  if (plan.mode() == ShardMode::Grads)
+    for (int i = 0; i < n; ++i) {
+      const auto [b, e] = bucket_hull(layout_, plan.local(i));
+      replica(i).set_grad_window(b, e);
+    }
   std::vector<Module*> ms;
   std::vector<Context*> cs;
   for (int i = 0; i < n; ++i) {
@@ -174,8 +181,11 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     stat_sync_ = std::make_unique<StatSync>(*this);
     for (int i = 0; i < n; ++i) replica(i).set_batch_stat_sync(stat_sync_.get());
   }
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n; ++i) {
     contexts_[i]->on_grad_ready = [this, i](size_t b, size_t c) { reducer_->grad_ready(i, b, c); };
+    if (plan.mode() == ShardMode::Grads)
+      contexts_[i]->on_grad_write = [this, i](size_t b, size_t c) { reducer_->grad_write(i, b, c); };
+  }
   in_chunks_.resize(n);
   out_chunks_.resize(n);
   dy_chunks_.resize(n);
@@ -202,6 +212,7 @@ void DataParallel::run_replicas(const std::function<void(int)>& fn) {
             fn(i);
           } catch (const Error& e) {
             comm_->abort();
+            reducer_->abort();  // replicas waiting on this one's buckets
             if (active_ == 1) throw;
             // In the user's terms: which rows of which batch the replica held.
             throw Error(std::string(e.what()) + " (replica " + std::to_string(i) + " of " + std::to_string(active_) +
@@ -209,6 +220,7 @@ void DataParallel::run_replicas(const std::function<void(int)>& fn) {
                         std::to_string(starts_[i] + sizes_[i] - 1) + " of the batch " + batch_shape_.str() + ")");
           } catch (...) {
             comm_->abort();
+            reducer_->abort();
             throw;
           }
         },
@@ -457,7 +469,8 @@ StepResult DataParallelEngine::forward_backward(const Tensor& x, const Tensor& y
 
 std::vector<Replica> DataParallelEngine::replicas() {
   std::vector<Replica> out;
-  for (int i = 0; i < static_cast<int>(dp_.devices().size()); ++i) out.push_back({&dp_.replica(i), &dp_.replica_context(i)});
+  for (int i = 0; i < static_cast<int>(dp_.devices().size()); ++i)
+    out.push_back({&dp_.replica(i), &dp_.replica_context(i), dp_.grads_in_flight_bytes(i)});
   return out;
 }
 

@@ -52,6 +52,12 @@ struct DataParallelOptions {
   // process, each range's gradient summed onto its replica, for an
   // optimizer per range there (runtime/train/sharded_optimizer.h).
   bool shard_optimizer = false;
+  // ZeRO-2 (implies shard_optimizer; CPU devices so far): each replica's
+  // gradient arena holds only the buckets that meet its shard; the other
+  // buckets' gradients live in pooled blocks until they are reduced
+  // (runtime/parallel/reducer.h). Sums cross processes after every pass,
+  // also those DDP's no_sync would keep.
+  bool shard_grads = false;
 };
 
 // --grad-reduce-dtype: "fp32"/"float32" or "bf16"/"bfloat16"; anything else is a one-line error.
@@ -115,6 +121,8 @@ class DataParallel {
   void set_sync(bool on) { sync_ = on; }
   // The process group (options.group), or null.
   ProcessLink* process_link() const { return reducer_->link(); }
+  // Bytes replica i holds for gradients in flight (shard_grads), else 0.
+  int64_t grads_in_flight_bytes(int i) const { return reducer_->in_flight_bytes(i); }
   // With shard_optimizer: the shards of every replica (runtime/parallel/sharding.h); null otherwise.
   Sharding* sharding() { return sharding_.get(); }
 

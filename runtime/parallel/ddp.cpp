@@ -38,7 +38,8 @@ DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, cons
                            {"precision (autocast dtype)", static_cast<int64_t>(opts.dp.math.autocast)},
                            {"split-invariant math", opts.dp.math.split_invariant},
                            {"gradient reduce dtype", static_cast<int64_t>(opts.dp.grad_reduce_dtype)},
-                           {"sharded optimizer", opts.dp.shard_optimizer}};
+                           {"sharded optimizer", opts.dp.shard_optimizer},
+                           {"sharded gradients", opts.dp.shard_grads}};
   agree.insert(agree.end(), opts.agree.begin(), opts.agree.end());
   distributed::check_agreement(link_.group(), agree, [&](const Tensor& in, Tensor& out) {
     link_.all_gather_host(in, out, "all-gather of the run's description (start-up check)", kTagMain);

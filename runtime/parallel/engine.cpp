@@ -26,7 +26,8 @@ std::vector<int64_t> replica_arena_bytes(Engine& engine) {
     const Arenas& a = rs[i].model->arenas();
     const bool shared = i > 0 && rs[i].model->shares_params_with(*rs[0].model);
     out.push_back(static_cast<int64_t>((shared ? 0 : a.params.nbytes()) + a.grads.nbytes() +
-                                       (a.buffers.defined() ? a.buffers.nbytes() : 0)));
+                                       (a.buffers.defined() ? a.buffers.nbytes() : 0)) +
+                  rs[i].grads_in_flight_bytes);
   }
   return out;
 }

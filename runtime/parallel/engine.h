@@ -35,6 +35,7 @@ MathOptions with_cpu_threads(MathOptions math, int replicas, int processes = 1);
 struct Replica {
   Module* model;
   Context* ctx;
+  int64_t grads_in_flight_bytes = 0;  // gradient memory beside its arena (ZeRO-2's blocks)
 };
 
 // Context::pass_key of training pass `pass` of an engine seeded with `seed`.
@@ -111,9 +112,9 @@ class Engine {
   }
 };
 
-// Bytes of each replica's arenas (parameters, gradients, buffers) in this
-// process, in device order; parameters several replicas read in place (CPU
-// devices) count once, on the primary.
+// Bytes of each replica's arenas (parameters, gradients, buffers) and
+// gradients in flight in this process, in device order; parameters several
+// replicas read in place (CPU devices) count once, on the primary.
 std::vector<int64_t> replica_arena_bytes(Engine& engine);
 
 }  // namespace fanout

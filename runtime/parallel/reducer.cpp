@@ -79,6 +79,17 @@ void BucketReadiness::issue_ready(int rank) {
   while (next >= 0 && bucket_ready_[rank][next] == layout_.buckets()[next].params) issue_(rank, next--);
 }
 
+std::pair<int64_t, int64_t> bucket_hull(const BucketLayout& layout, std::pair<int64_t, int64_t> range) {
+  int64_t lo = -1, hi = -1;
+  for (const GradBucket& bk : layout.buckets())
+    if (bk.begin < range.second && bk.begin + bk.count > range.first) {
+      if (lo < 0) lo = bk.begin;
+      hi = bk.begin + bk.count;
+    }
+  if (lo < 0) return {range.first, range.first};  // an empty shard
+  return {lo, hi};
+}
+
 std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const ShardPlan& plan) {
   std::vector<std::vector<ReducePiece>> out(layout.size());
   int op = 0;
@@ -113,6 +124,29 @@ Reducer::Reducer(std::vector<Module*> replicas, std::vector<Context*> contexts, 
       << "gradients cannot be reduced in " << dtype_name(o.reduce_dtype);
   FANOUT_USER_CHECK(o.reduce_dtype == DType::F32 || replicas_[0]->grad_dtype() == DType::F32)
       << "bf16 gradient reduction cannot keep split-invariant math's exact float64 gradient sums";
+  if (o.shards.mode() == ShardMode::Grads) {
+    FANOUT_USER_CHECK(host_memory_) << "sharded gradients (--shard-grads) run on CPU devices so far; on "
+                                    << contexts_[0]->device().str() << " use --shard-optimizer";
+    in_flight_ = true;
+    done_.assign(layout.size(), 0);
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      Module& m = *replicas_[r];
+      const auto [wb, we] = bucket_hull(layout, o.shards.local(static_cast<int>(r)));
+      FANOUT_CHECK(m.arenas().grads_begin == wb && m.arenas().grads.numel() == we - wb)
+          << "replica " << r << "'s gradient arena is not the buckets its shard meets";
+      InFlight f;
+      f.pool = std::make_unique<SlotPool>(m.grad_dtype(), m.device());
+      for (auto& [n, prm] : m.named_parameters()) f.params.push_back(prm);
+      std::sort(f.params.begin(), f.params.end(), [](const Parameter* a, const Parameter* b) { return a->offset < b->offset; });
+      f.block.resize(layout.size());
+      for (const GradBucket& bk : layout.buckets()) {
+        const bool through = bk.begin < wb || bk.begin + bk.count > we;
+        f.through.push_back(through);
+        for (int i = bk.first_param; i < bk.first_param + bk.params && through; ++i) f.params[i]->grad = Tensor();
+      }
+      flight_.push_back(std::move(f));
+    }
+  }
   if (o.group) {
     const char* op = o.shards.empty() ? "all-reduce" : "reduce onto the owners";
     for (int b = 0; b < layout.size(); ++b)
@@ -146,16 +180,26 @@ Reducer::~Reducer() {
 void Reducer::begin(int active, bool training, bool sync) {
   active_ = active;
   training_ = training;
-  sync_ = sync && link_ != nullptr;
+  // ZeRO-2 reduces across processes after every pass: no process keeps
+  // another's sums (DDP's no_sync would need the whole gradient here).
+  sync_ = (sync || in_flight_) && link_ != nullptr;
   // Sharded with a replica sitting out: its pieces reach their owner in finish(), before they are sent on.
-  deferred_ = sync_ && !opts_.shards.empty() && active < static_cast<int>(replicas_.size());
+  deferred_ = sync_ && !in_flight_ && !opts_.shards.empty() && active < static_cast<int>(replicas_.size());
+  if (in_flight_) {
+    for (size_t r = 0; r < flight_.size(); ++r)  // blocks a failed pass left open
+      for (int b = 0; b < layout_.size(); ++b)
+        if (flight_[r].block[b].defined()) close_block(static_cast<int>(r), b);
+    std::lock_guard<std::mutex> g(done_mu_);
+    std::fill(done_.begin(), done_.end(), 0);
+    aborted_ = false;
+  }
   ready_.begin();
   for (int b = 0; b < layout_.size(); ++b) arrivals_[b] = 0;
   if (thread_.joinable()) {
     std::lock_guard<std::mutex> g(mu_);
     std::fill(reduced_locally_.begin(), reduced_locally_.end(), 0);
     error_ = nullptr;
-    next_ = training && sync_ && !deferred_ ? layout_.size() - 1 : -1;
+    next_ = training && sync_ && !deferred_ && !in_flight_ ? layout_.size() - 1 : -1;
   }
 }
 
@@ -177,7 +221,95 @@ void Reducer::round_piece(int rank, const ReducePiece& p) {
   round(rank, t);
 }
 
+void Reducer::grad_write(int rank, size_t begin, size_t count) {
+  if (!in_flight_ || !training_) return;
+  const auto [lo, hi] = layout_.params_in(begin, count);
+  for (int p = lo; p < hi; ++p) {
+    const int b = layout_.bucket_of(p);
+    if (flight_[rank].through[b] && !flight_[rank].block[b].defined()) open_block(rank, b);
+  }
+}
+
+void Reducer::open_block(int rank, int b) {
+  InFlight& f = flight_[rank];
+  const GradBucket& bk = layout_.buckets()[b];
+  f.block[b] = f.pool->take(bk.count);
+  f.block[b].zero(&contexts_[rank]->compute());
+  for (int i = bk.first_param; i < bk.first_param + bk.params; ++i) {
+    Parameter& p = *f.params[i];
+    p.grad = f.block[b].flat(p.offset - bk.begin, p.shape);
+  }
+}
+
+void Reducer::close_block(int rank, int b) {
+  InFlight& f = flight_[rank];
+  const GradBucket& bk = layout_.buckets()[b];
+  for (int i = bk.first_param; i < bk.first_param + bk.params; ++i) f.params[i]->grad = Tensor();
+  f.pool->give(f.block[b]);
+  f.block[b] = Tensor();
+}
+
+Tensor Reducer::piece_buffer(int rank, int b, const ReducePiece& p) {
+  if (!in_flight_ || !flight_[rank].through[b]) return replicas_[rank]->arenas().grad_range(p.begin, p.count);
+  return flight_[rank].block[b].flat(p.begin - layout_.buckets()[b].begin, Shape{p.count});
+}
+
+void Reducer::local_in_flight(int rank, int b) {
+  InFlight& f = flight_[rank];
+  Context& ctx = *contexts_[rank];
+  if (f.through[b] && !f.block[b].defined()) open_block(rank, b);  // no gradient this pass: zeros
+  for (const ReducePiece& p : pieces_[b]) {
+    Tensor g = piece_buffer(rank, b, p);
+    if (active_ > 1) round(rank, g);
+    comm_.reduce_add(p.op, rank, g, ctx, root(p));
+  }
+  if (arrivals_[b].fetch_add(1) + 1 == active_) {
+    // Every reduce_add of the bucket has returned: the sums are final, in
+    // their owners' windows, or for an owner that sat out in the primary's
+    // buffer (added into the owner's window here); other processes' stay in
+    // the primary's buffer for the global stage.
+    const int me = link_ ? link_->rank() : 0;
+    for (const ReducePiece& p : pieces_[b]) {
+      const int r = root(p);
+      Tensor sum = piece_buffer(r, b, p);
+      if (active_ > 1 && opts_.reduce_dtype != DType::F32) round(rank, sum);
+      if (p.home != me || r == p.owner) continue;
+      Tensor mine = replicas_[p.owner]->arenas().grad_range(p.begin, p.count);
+      if (sum.dtype() == DType::F64) {  // split-invariant gradients
+        for (int64_t i = 0; i < p.count; ++i) mine.f64()[i] += sum.f64()[i];
+      } else {
+        kernels::axpy(ctx, 1.0f, sum, mine);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> g(done_mu_);
+      done_[b] = 1;
+    }
+    done_cv_.notify_all();
+  } else {
+    std::unique_lock<std::mutex> lk(done_mu_);
+    done_cv_.wait(lk, [&] { return done_[b] || aborted_; });
+    FANOUT_CHECK(done_[b]) << "gradient bucket " << b << " abandoned: another replica failed";
+  }
+  if (rank == 0 && sync_) global_in_flight(b);
+  if (f.through[b]) close_block(rank, b);
+}
+
+void Reducer::global_in_flight(int b) {
+  const int me = link_->rank();
+  for (const ReducePiece& p : pieces_[b]) {
+    // This process's shards: the owner's window (its earlier passes' sums
+    // included: the others send this pass's alone); others': the primary's block.
+    Tensor g = p.home == me ? replicas_[p.owner]->arenas().grad_range(p.begin, p.count) : piece_buffer(0, b, p);
+    const bool convert = g.device() == contexts_[0]->device();
+    if (!convert) round(p.owner, g);
+    link_->reduce(g, p.home, global_names_[b], kTagGrads, convert ? opts_.reduce_dtype : DType::F32);
+    if (p.home == me && !convert) round(p.owner, g);
+  }
+}
+
 void Reducer::local(int rank, int b) {
+  if (in_flight_) return local_in_flight(rank, b);
   for (const ReducePiece& p : pieces_[b]) {
     Tensor g = replicas_[rank]->arenas().grads.flat(p.begin, Shape{p.count});
     if (active_ > 1) round(rank, g);
@@ -269,7 +401,7 @@ void Reducer::pass_on_sat_out() {
 }
 
 void Reducer::finish() {
-  if (!training_) return;
+  if (!training_ || in_flight_) return;  // in flight: every bucket was reduced as backward went
   if (!host_memory_) {
     // Stream-ordered local sums: complete before they are read.
     Context& ctx = *contexts_[0];
@@ -296,9 +428,16 @@ void Reducer::finish() {
 }
 
 void Reducer::abort() {
-  std::lock_guard<std::mutex> g(mu_);
-  next_ = -1;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    next_ = -1;
+  }
   cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> g(done_mu_);
+    aborted_ = true;
+  }
+  done_cv_.notify_all();
 }
 
 }  // namespace fanout

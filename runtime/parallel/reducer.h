@@ -23,6 +23,7 @@
 #include "runtime/parallel/comm.h"
 #include "runtime/parallel/process_link.h"
 #include "runtime/parallel/sharding.h"
+#include "runtime/parallel/slot_pool.h"
 
 namespace fanout {
 
@@ -101,6 +102,11 @@ struct ReducePiece {
   int64_t begin, count;
 };
 std::vector<std::vector<ReducePiece>> reduce_pieces(const BucketLayout& layout, const ShardPlan& plan);
+// The arena range of the buckets that meet `range` (a shard): a ZeRO-2
+// replica's gradient window, so that every bucket is either wholly in it
+// (the replica's gradients written in place) or wholly outside it (in a
+// pooled block while in flight). Empty (at range.first) for an empty shard.
+std::pair<int64_t, int64_t> bucket_hull(const BucketLayout& layout, std::pair<int64_t, int64_t> range);
 
 // The path from "this bucket's gradients are final on replica r" to "this
 // bucket is reduced", for `replicas` (replica 0 the primary) sharing one
@@ -136,6 +142,11 @@ class Reducer {
   void abort();
   // The process group, or null.
   ProcessLink* link() { return link_.get(); }
+  // ZeRO-2 (a plan of ShardMode::Grads; host memory): from replica
+  // `rank`'s Context::on_grad_write, before layers write the range.
+  void grad_write(int rank, size_t begin, size_t count);
+  // Bytes replica `rank` holds for gradients in flight (ZeRO-2), else 0.
+  int64_t in_flight_bytes(int rank) const { return in_flight_ ? flight_[rank].pool->bytes() : 0; }
 
  private:
   void local(int rank, int bucket);
@@ -173,6 +184,32 @@ class Reducer {
   int next_ = -1;                      // next bucket to all-reduce; -1: nothing (more) this pass
   bool stop_ = false, busy_ = false;
   std::exception_ptr error_;
+
+  // ZeRO-2: a replica's gradient arena is the window of the buckets that
+  // meet its shard (bucket_hull; Module::set_grad_window), reduced as under
+  // ZeRO-1. A bucket outside it gets a block from the replica's pool on the
+  // first write of the pass, its parameters' gradient views pointing there;
+  // when every active replica has reduced the bucket (they wait for one
+  // another), the primary sends other processes' sums on, and every block
+  // goes back to its pool.
+  struct InFlight {
+    std::vector<char> through;  // [bucket] not wholly inside the window: gradients in a block
+    std::vector<Tensor> block;  // [bucket] this pass's block, or undefined
+    std::unique_ptr<SlotPool> pool;
+    std::vector<Parameter*> params;  // in arena order
+  };
+  void open_block(int rank, int b);
+  void close_block(int rank, int b);
+  // Where replica `rank`'s part of piece p of bucket b lives this pass.
+  Tensor piece_buffer(int rank, int b, const ReducePiece& p);
+  void local_in_flight(int rank, int b);
+  void global_in_flight(int b);
+  bool in_flight_ = false;
+  std::vector<InFlight> flight_;  // [replica]
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+  std::vector<char> done_;  // [bucket] reduced by every active replica this pass
+  bool aborted_ = false;
 };
 
 }  // namespace fanout

@@ -38,6 +38,15 @@ std::vector<ArenaShard> Sharding::shards() const {
 
 void Sharding::prepare_grads(int r) {
   Tensor& g = replicas_[r]->arenas().grads;
+  if (plan_.mode() == ShardMode::Grads) {
+    // The window beyond the shard (the buckets it shares with other shards).
+    const Arenas& a = replicas_[r]->arenas();
+    const auto [sb, se] = plan_.local(r);
+    const int64_t wb = a.grads_begin, we = wb + g.numel();
+    if (sb > wb) g.flat(0, Shape{std::min(sb, we) - wb}).zero(&contexts_[r]->compute());
+    if (we > se && se >= wb) g.flat(se - wb, Shape{we - se}).zero(&contexts_[r]->compute());
+    return;
+  }
   for (int s = 0; s < plan_.shards(); ++s) {
     const auto [b, e] = plan_.range(s);
     if (plan_.receiver(s) != r && b < e) g.flat(b, Shape{e - b}).zero(&contexts_[r]->compute());

@@ -82,6 +82,7 @@ class Sharding {
   // Before replica r's training forward: the ranges of its gradient arena
   // whose sums it does not receive are zeroed (they carry only this pass's
   // contribution); its own accumulate until the optimizer zeroes them.
+  // Under ZeRO-2 the arena is a window: its part beyond the shard.
   void prepare_grads(int r);
   // After every shard's update: each replica's range of the parameters
   // into the primary's arena, then each process's range into every

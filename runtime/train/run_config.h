@@ -82,6 +82,7 @@ struct RunConfig {
   std::string precision = "32";  // 32, bf16-mixed or 16-mixed (runtime/core/precision.h)
   std::string grad_reduce_dtype = "fp32";  // fp32 or bf16: the type gradient buckets are reduced in
   bool shard_optimizer = false;            // ZeRO-1 over DataParallel's replicas
+  bool shard_grads = false;                // ZeRO-2: gradients sharded too (implies shard_optimizer)
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;

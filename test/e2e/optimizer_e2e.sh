@@ -100,6 +100,23 @@ python3 "$here/same_tensors.py" "$work/one/epoch-0002.safetensors" "$work/ddp-sh
   "$work/ddp-sharded-part/epoch-0002.safetensors"
 echo "--shard-optimizer DDP 2 processes == one device, and resumed as the hybrid 2x2, bit for bit"
 
+# --shard-grads (ZeRO-2): DataParallel over cpu:2 and the hybrid 2 processes x 2 replicas equal one
+# device bit for bit; no replica holds more than under --shard-optimizer (this mlp's first matrix is
+# most of it and a bucket alone, which every replica's gradient window keeps whole; resnet18's and
+# GPT's savings are measured in test_parallel and bench/RESULTS.md).
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:2 --shard-grads --save-dir "$work/grads" --metrics "$work/grads.jsonl" > /dev/null
+"$DP_TRAIN" "${ddp[@]}" --devices cpu:4 --nproc-per-node 2 --strategy ddp --shard-grads --save-dir "$work/ddp-grads" \
+  > /dev/null
+python3 "$here/same_tensors.py" "$work/one/epoch-0002.safetensors" "$work/grads/epoch-0002.safetensors" \
+  "$work/ddp-grads/epoch-0002.safetensors"
+python3 - "$work" <<'PY'
+import json, sys
+z1 = [json.loads(l) for l in open(f"{sys.argv[1]}/sharded.jsonl")][-1]["replica_bytes"]
+z2 = [json.loads(l) for l in open(f"{sys.argv[1]}/grads.jsonl")][-1]["replica_bytes"]
+assert len(z2) == 2 and all(b <= a for a, b in zip(z1, z2)), f"--shard-grads replicas hold {z2}, --shard-optimizer {z1}"
+print(f"--shard-grads cpu:2 and hybrid 2x2 == one device bit for bit; replica bytes {z2} (--shard-optimizer {z1})")
+PY
+
 common=(--model resnet18 --data synthetic:96 --batch-size 16 --epochs 2 --devices cpu --seed 4 --progress off
         --optimizer adamw --lr 2e-3 --weight-decay 0.05 --no-decay-norm-bias --clip-grad-norm 1.0 --lr-schedule cosine)
 "$DP_TRAIN" "${common[@]}" --save-dir "$work/whole" --save-every-steps 2 --keep-last 20 --metrics "$work/whole.jsonl"

@@ -354,10 +354,12 @@ TEST(GPTUnderDataParallel, SplitInvariantEqualsOneDeviceBitForBit) {
 }
 
 TEST(GPTUnderDataParallel, WarmStepAllocatesNothing) {
-  for (const char* devices : {"cpu", "cpu:2"}) {
+  for (const char* devices : {"cpu", "cpu:2", "cpu:2 sharded gradients"}) {
     SCOPED_TRACE(devices);
+    const bool grads = std::string(devices).find("sharded") != std::string::npos;
     auto m = models::gpt(small(true, 0.1f), 2);
-    EngineSpec spec = testing::engine_on(devices, /*split_invariant=*/false);
+    EngineSpec spec = testing::engine_on(grads ? "cpu:2" : devices, /*split_invariant=*/false);
+    spec.dp.shard_optimizer = spec.dp.shard_grads = grads;
     spec.loss.criterion = CriterionKind::TokenCrossEntropy;
     testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw());
     auto data = token_batches(6, 2, 3);
@@ -374,22 +376,57 @@ TEST(GPTUnderDataParallel, WarmStepAllocatesNothing) {
   }
 }
 
-// ZeRO-1 (--shard-optimizer) over a GPT equals the unsharded optimizer bit
-// for bit: the tied weight is one range of the arena, stepped once.
+// ZeRO-1 (--shard-optimizer) and ZeRO-2 (--shard-grads) over a GPT equal
+// the unsharded optimizer bit for bit: the tied weight is one range of the
+// arena, stepped once; under ZeRO-2 the head's share of its gradient and
+// the embedding's meet in one block (or window) before it is reduced.
 TEST(GPTUnderDataParallel, ShardedOptimizerEqualsUnsharded) {
   const auto data = token_batches(6, 5, 31);
-  auto run = [&](const std::string& devices, bool shard) {
-    auto m = models::gpt(small(), 12);
+  auto run = [&](const std::string& devices, bool shard, bool grads = false) {
+    auto m = models::gpt(small(true, 0.1f), 12);
     DataParallelOptions dpo;
-    dpo.shard_optimizer = shard;
+    dpo.shard_optimizer = shard || grads;
+    dpo.shard_grads = grads;
     dpo.bucket_bytes = 4096;  // several buckets, cut by the shard bounds
     DataParallelEngine e(*m, parse_devices(devices), *make_criterion({CriterionKind::TokenCrossEntropy}), dpo);
     auto opt = train::make_engine_optimizer(e, testing::test_adamw(1e-2f));
     for (const auto& b : data) train::train_step(e, *opt, b.x, b.y, 1e-2f);
     return m->arenas().params.to(Device::cpu());
   };
-  for (const char* devices : {"cpu:2", "cpu:3"})
-    EXPECT_TRUE(testing::same_bits(run(devices, true), run(devices, false))) << devices;
+  for (const char* devices : {"cpu:2", "cpu:3"}) {
+    const Tensor want = run(devices, false);
+    EXPECT_TRUE(testing::same_bits(run(devices, true), want)) << devices;
+    EXPECT_TRUE(testing::same_bits(run(devices, false, true), want)) << devices << ", sharded gradients";
+  }
+}
+
+// ZeRO-2 over a GPT with dropout in split-invariant math, accumulating two
+// micro-batches and clipping by norm: bit for bit ZeRO-1 (the same shards'
+// squares), and bit for bit unsharded without clipping.
+TEST(GPTUnderDataParallel, ShardedGradsAccumulateAndClipAsShardedOptimizer) {
+  auto data = token_batches(6, 4, 32);
+  data.push_back(token_batches(2, 1, 33)[0]);  // on cpu:3 the third replica sits out
+  auto run = [&](bool shard, bool grads, double max_norm) {
+    auto m = models::gpt(small(true, 0.1f), 12);
+    DataParallelOptions dpo;
+    dpo.shard_optimizer = shard || grads;
+    dpo.shard_grads = grads;
+    dpo.bucket_bytes = 4096;
+    dpo.math.split_invariant = true;
+    DataParallelEngine e(*m, parse_devices("cpu:3"), *make_criterion({CriterionKind::TokenCrossEntropy}), dpo);
+    auto opt = train::make_engine_optimizer(e, testing::test_adamw(1e-2f));
+    for (const auto& b : data) {
+      const int64_t rows = b.x.size(0), half = rows / 2;
+      e.forward_backward(b.x.slice(0, half), b.y.slice(0, half), 1.0f / rows, true);
+      e.forward_backward(b.x.slice(half, rows), b.y.slice(half, rows), 1.0f / rows, true);
+      if (max_norm > 0) optim::clip_grad_norm(*opt, max_norm);
+      opt->step();
+      opt->zero_grad();
+    }
+    return m->arenas().params.to(Device::cpu());
+  };
+  EXPECT_TRUE(testing::same_bits(run(false, true, 0.5), run(true, false, 0.5)));
+  EXPECT_TRUE(testing::same_bits(run(false, true, 0), run(false, false, 0)));
 }
 
 // nanoGPT's optimizer groups: decay for parameters of two or more

@@ -42,11 +42,12 @@ struct DpRun {
 };
 
 DpRun make_run(const std::string& devices, bool shard, const optim::OptimizerOptions& o, const std::string& model = "lenet",
-             bool split_invariant = false) {
+             bool split_invariant = false, bool grads = false) {
   DpRun r;
   r.model = models::make_model(model, kSample, 10, 5);
   DataParallelOptions dpo;
-  dpo.shard_optimizer = shard;
+  dpo.shard_optimizer = shard || grads;
+  dpo.shard_grads = grads;
   dpo.bucket_bytes = 64 * 1024;  // several buckets, cut by the shard bounds
   dpo.math.split_invariant = split_invariant;
   r.engine = std::make_unique<DataParallelEngine>(*r.model, parse_devices(devices), *make_criterion({}), dpo);
@@ -170,21 +171,27 @@ TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
   }
 }
 
+// Sharded optimizer and sharded gradients (whose blocks come from a pool
+// that stops growing), a smaller last batch among the steps.
 TEST_P(ShardedOptimizerTest, SteadyStateStepAllocatesNothing) {
-  DpRun r = make_run("cpu:3", true, options_for(GetParam()));
-  const auto data = testing::random_batches(kSample, 12, 3, 9);
-  auto steps = [&] {
-    for (const auto& b : data) {
-      r.engine->forward_backward_batch(b.x, b.y);
-      optim::clip_grad_norm(*r.opt, 0.5);
-      r.opt->step();
-      r.opt->zero_grad();
-    }
-  };
-  steps();
-  const auto before = alloc_stats();
-  steps();
-  EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+  for (bool grads : {false, true}) {
+    SCOPED_TRACE(grads ? "--shard-grads" : "--shard-optimizer");
+    DpRun r = make_run("cpu:3", true, options_for(GetParam()), "lenet", false, grads);
+    auto data = testing::random_batches(kSample, 12, 3, 9);
+    data.push_back(testing::random_batches(kSample, 4, 1, 10)[0]);
+    auto steps = [&] {
+      for (const auto& b : data) {
+        r.engine->forward_backward_batch(b.x, b.y);
+        optim::clip_grad_norm(*r.opt, 0.5);
+        r.opt->step();
+        r.opt->zero_grad();
+      }
+    };
+    steps();
+    const auto before = alloc_stats();
+    steps();
+    EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+  }
 }
 
 TEST(ShardedOptimizerCheckpoint, SavesTheUnshardedFileAndResumesOnAnyReplicaCount) {
@@ -219,6 +226,83 @@ TEST(ShardedOptimizerCheckpoint, SavesTheUnshardedFileAndResumesOnAnyReplicaCoun
     train::load_checkpoint(pa, *r.engine, *r.opt);
     EXPECT_EQ(r.opt->steps(), 5);
     EXPECT_TRUE(testing::same_bits(train(r, rest), want));
+  }
+}
+
+// ZeRO-2 (--shard-grads): each replica's gradient arena holds the buckets
+// that meet its shard; the other buckets' gradients live in pooled blocks
+// until they are reduced. The same sums in the same order onto the same
+// owners as ZeRO-1:
+//  - bit for bit ZeRO-1 on cpu:2 and cpu:3 with accumulation, clipping and
+//    a replica sitting out a small batch, in float32 (lenet) and in
+//    split-invariant math (mlp), and there bit for bit unsharded too;
+//  - resnet18 (BatchNorm: no split-invariant math) bit for bit unsharded,
+//    one micro-batch a step (both add the replicas' terms in rank order);
+//  - each replica's gradient window at most ceil(P / N) plus the two
+//    buckets it shares with its neighbours, its gradients in flight at most
+//    two buckets, and the pool stops growing after the first step.
+class ShardedGradsTest : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Optimizers, ShardedGradsTest, ::testing::Values("sgd", "adamw"));
+
+TEST_P(ShardedGradsTest, EqualsShardedOptimizerAndUnsharded) {
+  const auto o = options_for(GetParam());
+  auto data = testing::random_batches(kSample, 24, 6, 41);
+  data.push_back(testing::random_batches(kSample, 4, 1, 42)[0]);  // on cpu:3 the third replica sits out
+  for (const char* devices : {"cpu:2", "cpu:3"}) {
+    SCOPED_TRACE(devices);
+    for (const char* model : {"mlp", "lenet"}) {
+      SCOPED_TRACE(model);
+      const bool si = std::string(model) == "mlp";
+      for (const auto& [micro, norm] : std::vector<std::pair<int, double>>{{1, 0.0}, {3, 0.0}, {2, 0.2}}) {
+        SCOPED_TRACE("micro " + std::to_string(micro) + ", clip " + std::to_string(norm));
+        DpRun z1 = make_run(devices, true, o, model, si), z2 = make_run(devices, false, o, model, si, true);
+        const Tensor got = train(z2, data, micro, norm);
+        EXPECT_TRUE(testing::same_bits(got, train(z1, data, micro, norm)));
+        if (si && norm == 0) {
+          DpRun plain = make_run(devices, false, o, model, true);
+          EXPECT_TRUE(testing::same_bits(got, train(plain, data, micro)));
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardedGrads, Resnet18EqualsUnsharded) {
+  const auto o = testing::test_sgd();
+  const auto data = testing::random_batches(kSample, 6, 3, 43);
+  for (const char* devices : {"cpu:2", "cpu:3"}) {
+    DpRun plain = make_run(devices, false, o, "resnet18"), z2 = make_run(devices, false, o, "resnet18", false, true);
+    EXPECT_TRUE(testing::same_bits(train(z2, data), train(plain, data))) << devices;
+  }
+}
+
+TEST(ShardedGrads, EachReplicaHoldsItsShardsGradientsAndStateAlone) {
+  for (const char* model : {"lenet", "resnet18"}) {
+    for (int n : {2, 3}) {
+      SCOPED_TRACE(std::string(model) + " on cpu:" + std::to_string(n));
+      DpRun r = make_run("cpu:" + std::to_string(n), false, testing::test_adamw(2e-3f), model, false, true);
+      const auto data = testing::random_batches(kSample, 12, 4, 44);
+      train(r, {data[0]});
+      const std::vector<Replica> first = r.engine->replicas();
+      train(r, {data.begin() + 1, data.end()});
+      const int64_t total = r.model->arenas().params.numel(), share = (total + n - 1) / n + kArenaAlign;
+      int64_t bucket = 0;  // the largest (a parameter larger than bucket_bytes is a bucket alone)
+      for (const GradBucket& b : r.engine->data_parallel().buckets().buckets()) bucket = std::max(bucket, b.count);
+      auto& s = static_cast<train::ShardedOptimizer&>(*r.opt);
+      const std::vector<Replica> rs = r.engine->replicas();
+      for (int i = 0; i < n; ++i) {
+        SCOPED_TRACE("replica " + std::to_string(i));
+        // The window: the shard and the buckets it shares with its neighbours.
+        const int64_t window = rs[i].model->arenas().grads.numel(), pool = rs[i].grads_in_flight_bytes / 4;
+        EXPECT_LE(window, share + 2 * bucket);
+        EXPECT_LE(pool, 2 * bucket) << "gradients in flight";
+        EXPECT_EQ(rs[i].grads_in_flight_bytes, first[i].grads_in_flight_bytes) << "the pool grew after the first step";
+        EXPECT_LE(s.shard(i).state()[0].second->numel(), share);
+        std::printf("%s cpu:%d replica %d: gradient elements %lld + %lld in flight of %lld (largest bucket %lld)\n",
+                    model, n, i, static_cast<long long>(window), static_cast<long long>(pool),
+                    static_cast<long long>(total), static_cast<long long>(bucket));
+      }
+    }
   }
 }
 

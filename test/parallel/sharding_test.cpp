@@ -2,7 +2,9 @@
 // targets, the sharded optimizer's ranges, the range broadcasts).
 #include <gtest/gtest.h>
 
+#include "runtime/core/error.h"
 #include "runtime/parallel/sharding.h"
+#include "runtime/parallel/slot_pool.h"
 
 namespace fanout {
 namespace {
@@ -35,6 +37,41 @@ TEST(ShardPlan, BalancedAlignedAndCoveringTheArena) {
     }
   }
   EXPECT_TRUE(ShardPlan().empty());
+}
+
+// ZeRO-2's pool of gradient blocks: first fit, freed neighbours merged, a
+// chunk added only when nothing fits, and a repeated pattern of takes and
+// gives served from the chunks it already has.
+TEST(SlotPool, FirstFitMergesAndStopsGrowingOnARepeatedPattern) {
+  SlotPool pool(DType::F32, Device::cpu());
+  Tensor a = pool.take(100), b = pool.take(50);
+  EXPECT_EQ(pool.chunks(), 2);
+  EXPECT_EQ(pool.in_use(), 150);
+  pool.give(a);
+  Tensor c = pool.take(30), d = pool.take(70);  // both inside a's chunk
+  EXPECT_EQ(pool.chunks(), 2);
+  EXPECT_TRUE(c.same_storage(d));
+  EXPECT_EQ(static_cast<float*>(d.raw()) - static_cast<float*>(c.raw()), 30);
+  pool.give(c);
+  pool.give(d);                       // merged with c's block: 100 free again
+  EXPECT_THROW(pool.give(c), Error);  // given back twice
+  Tensor e = pool.take(100);          // fits only if merged
+  EXPECT_EQ(pool.chunks(), 2);
+  pool.give(e);
+  pool.give(b);
+  EXPECT_EQ(pool.in_use(), 0);
+  const int64_t bytes = pool.bytes();
+  for (int pass = 0; pass < 3; ++pass) {  // a pass's pattern: take 100, take 50, give 100, take 80, give all
+    Tensor x = pool.take(100), y = pool.take(50);
+    pool.give(x);
+    Tensor z = pool.take(80);
+    pool.give(y);
+    pool.give(z);
+  }
+  EXPECT_EQ(pool.bytes(), bytes);
+  SlotPool other(DType::F32, Device::cpu());
+  Tensor foreign = other.take(4);
+  EXPECT_THROW(pool.give(foreign), Error);
 }
 
 }  // namespace

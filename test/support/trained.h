@@ -11,6 +11,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/parallel/engine_factory.h"
+#include "runtime/train/sharded_optimizer.h"
 #include "runtime/train/trainer.h"
 #include "support/test_util.h"
 
@@ -60,7 +61,9 @@ struct EngineRun {
   std::unique_ptr<optim::Optimizer> opt;
   EngineRun() = default;
   explicit EngineRun(std::unique_ptr<Engine> e, const optim::OptimizerOptions& o = test_sgd())
-      : engine(std::move(e)), opt(optim::make_optimizer(engine->model(), engine->primary_context(), o)) {}
+      : engine(std::move(e)),
+        opt(engine->sharding() ? train::make_engine_optimizer(*engine, o)
+                               : optim::make_optimizer(engine->model(), engine->primary_context(), o)) {}
   StepResult train_step(const Tensor& x, const Tensor& y, float lr) {
     return train::train_step(*engine, *opt, x, y, lr);
   }
