@@ -26,6 +26,7 @@
 #include "runtime/data/sampler.h"
 #include "runtime/data/tokens.h"
 #include "support/dist_util.h"
+#include "support/test_util.h"
 
 namespace fanout {
 namespace {
@@ -33,14 +34,7 @@ namespace {
 using data::TokenFile;
 using data::TokenWindows;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 void write_bytes(const std::string& path, const void* p, size_t n) {
   std::ofstream f(path, std::ios::binary);

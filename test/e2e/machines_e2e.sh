@@ -32,15 +32,6 @@ common=(--model mlp --data synthetic:4800 --epochs 3 --batch-size 48 --lr-schedu
   { cat "$work/one.log"; fail "the one-device run failed"; }
 ref="$work/one/epoch-0003.safetensors"
 
-# start NAME MACHINE ARGS...: dp-train as node MACHINE of run NAME, in the background (pid in $started).
-start() {
-  local name=$1 m=$2
-  shift 2
-  on "$m" timeout 200 "$DP_TRAIN" "${common[@]}" --node-rank "$m" --run-id "$name" --save-dir "$work/$name.$m" "$@" \
-    > "$work/$name.$m.log" 2>&1 &
-  started=$!
-  pids+=("$started")
-}
 # finish NAME PID0 PID1: both nodes exit 0 and rank 0's checkpoint equals one device's.
 finish() {
   local name=$1

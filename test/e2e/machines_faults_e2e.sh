@@ -26,15 +26,7 @@ common=("${run[@]}" --timeout "$timeout_s" --strategy ddp --nnodes 2 --rdzv "red
   { cat "$work/one.log"; fail "the one-device run failed"; }
 ref="$work/one/epoch-0003.safetensors"
 
-# start NAME MACHINE ARGS...: dp-train as node MACHINE of run NAME in the background (pid in $started).
-start() {
-  local name=$1 m=$2
-  shift 2
-  on "$m" timeout 300 "$DP_TRAIN" "${common[@]}" --node-rank "$m" --run-id "$name" --save-dir "$work/$name.$m" "$@" \
-    > "$work/$name.$m.log" 2>&1 &
-  started=$!
-  pids+=("$started")
-}
+node_timeout=300  # start(): the faults wait out --timeout more than once
 both_ok() {  # both_ok NAME PID0 PID1: exit 0 on both machines and one device's bits
   local name=$1
   await "$2" 300

@@ -52,6 +52,17 @@ start_redis() {
   wait_for 10 on 1 redis-cli -h "${m_addr[0]}" -a "$1" --no-auth-warning ping || fail "redis-server did not start"
 }
 
+# start NAME MACHINE ARGS...: dp-train ("${common[@]}" ARGS) as node MACHINE of run NAME in the
+# background, killed after ${node_timeout:-200} s; its pid in $started and appended to pids.
+start() {
+  local name=$1 m=$2
+  shift 2
+  on "$m" timeout "${node_timeout:-200}" "$DP_TRAIN" "${common[@]}" --node-rank "$m" --run-id "$name" \
+    --save-dir "$work/$name.$m" "$@" > "$work/$name.$m.log" 2>&1 &
+  started=$!
+  pids+=("$started")
+}
+
 on() {
   local i=$1
   shift

@@ -91,14 +91,7 @@ Tensor find(Module& m, const std::string& name) {
   return {};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST(StateDict, NamesFollowTheModuleTree) {
   auto m = random_net(1);

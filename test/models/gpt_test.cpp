@@ -36,14 +36,7 @@ namespace {
 using models::GPT;
 using models::GPTConfig;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 GPTConfig small(bool bias = true, float dropout = 0.0f) {
   GPTConfig c;

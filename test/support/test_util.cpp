@@ -221,6 +221,15 @@ bool same_data(const data::ImageDataset& a, const data::ImageDataset& b) {
          same_optional(a.landmarks, b.landmarks) && a.mean == b.mean && a.std == b.std;
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
     f();

@@ -86,6 +86,8 @@ bool same_bits(const Tensor& a, const Tensor& b);
 // landmarks (whichever they hold), mean and std.
 bool same_data(const data::ImageDataset& a, const data::ImageDataset& b);
 
+// The message of the fanout::Error f throws, or "(no error)".
+std::string error_of(const std::function<void()>& f);
 // Runs f, expecting a fanout::Error whose message is one line and contains
 // every string in `parts`; returns the message (empty after a failure).
 std::string expect_user_error(const std::function<void()>& f, const std::vector<std::string>& parts);
