@@ -158,7 +158,7 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   comm_ = make_comm(opts.comm, devices, layout_.size() + world * n + 1);
   const ShardPlan plan =
       opts.shard_optimizer || opts.shard_grads
-          ? ShardPlan(opts.shard_grads ? ShardMode::Grads : ShardMode::Optimizer, module.arenas().params.numel(), n,
+          ? ShardPlan(opts.shard_grads ? ShardMode::Grads : ShardMode::State, module.arenas().params.numel(), n,
                       world, rank)
           : ShardPlan();
   if (plan.mode() == ShardMode::Grads)

@@ -25,7 +25,7 @@ namespace fanout {
 
 // What is sharded: the optimizer's state (ZeRO-1), and with it the reduced
 // gradients (ZeRO-2: a replica keeps only its shard's sum).
-enum class ShardMode { None, Optimizer, Grads };
+enum class ShardMode { None, State, Grads };
 
 class ShardPlan {
  public:

@@ -14,7 +14,7 @@ TEST(ShardPlan, BalancedAlignedAndCoveringTheArena) {
     for (const auto& [replicas, processes] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {3, 1}, {2, 2}, {3, 4}}) {
       for (int rank = 0; rank < processes; ++rank) {
         SCOPED_TRACE(std::to_string(elements) + " over " + std::to_string(replicas) + "x" + std::to_string(processes));
-        const ShardPlan p(ShardMode::Optimizer, elements, replicas, processes, rank);
+        const ShardPlan p(ShardMode::State, elements, replicas, processes, rank);
         const int n = replicas * processes;
         ASSERT_EQ(p.shards(), n);
         EXPECT_EQ(p.bounds().front(), 0);

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Per-replica memory and step time of a GPT with AdamW on DataParallel cpu:2
+# under each sharding: none, --shard-optimizer (ZeRO-1), --shard-grads
+# (ZeRO-2); then, with --python, PyTorch's DDP, ZeroRedundancyOptimizer and
+# FSDP SHARD_GRAD_OP over 2 Gloo processes (bench/pytorch/zero_memory.py).
+# Random tokens (nanoGPT's uint16 train.bin/val.bin); the step is nanoGPT's
+# (AdamW, betas 0.9/0.95, weight decay 0.1 off the one-dimensional
+# parameters, clipping at 1.0, dropout 0).
+#
+#   bench/zero_memory.sh [--build DIR] [--model gpt:gpt2,block_size=256] [--batch 2] [--steps 4] [--python PY]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$here/../build model=gpt:gpt2,block_size=256 batch=2 steps=4 python=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--model SPEC] [--batch N] [--steps N] [--python PY]" >&2; exit 2 ;;
+  esac
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 - "$work/tokens" <<'PY'
+import json, os, sys
+import numpy as np
+d = sys.argv[1]
+os.makedirs(d)
+rng = np.random.default_rng(0)
+rng.integers(0, 50257, 1 << 20, dtype=np.uint16).tofile(f"{d}/train.bin")
+rng.integers(0, 50257, 4096, dtype=np.uint16).tofile(f"{d}/val.bin")
+json.dump({"vocab_size": 50304}, open(f"{d}/meta.json", "w"))
+PY
+echo "| configuration | replica 0 bytes | replica 1 bytes | ms/step |"
+echo "| --- | --- | --- | --- |"
+for mode in none --shard-optimizer --shard-grads; do
+  flags=()
+  [ "$mode" != none ] && flags=("$mode")
+  "$build/apps/dp-train" --model "$model" --data "tokens:$work/tokens" --devices cpu:2 --batch-size "$batch" \
+    --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --no-decay-norm-bias --clip-grad-norm 1.0 \
+    --max-steps "$steps" --timing-warmup 1 --progress off --workers 0 --metrics "$work/$mode.jsonl" "${flags[@]}" \
+    > "$work/$mode.log"
+  python3 - "$work/$mode.jsonl" "$mode" "$steps" <<'PY'
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])][-1]
+b = m["replica_bytes"]
+ms = 1e3 * m["steady_epoch_seconds"] / int(sys.argv[3])  # the steps after the first, scaled to all
+print(f"| fanout cpu:2, {sys.argv[2]} | {b[0]:,} | {b[1]:,} | {ms:.0f} |")
+PY
+done
+if [ -n "$python" ]; then
+  "$python" "$here/pytorch/zero_memory.py" --model "$model" --batch "$batch" --steps "$steps"
+fi
