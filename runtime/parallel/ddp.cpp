@@ -27,8 +27,10 @@ DistributedDataParallelEngine::DistributedDataParallelEngine(Module& model, cons
   // sizes: one line naming the difference instead, on every rank.
   Arenas& a = inner_.model().arenas();
   const DataParallel& dp = inner_.data_parallel();
-  int64_t layout = 0;  // the bucket bounds, hashed
-  for (const GradBucket& b : dp.buckets().buckets()) layout = layout * 1000003 + b.begin * 31 + b.count;
+  uint64_t hash = 0;  // the bucket bounds, hashed (unsigned: wraps, as a hash may)
+  for (const GradBucket& b : dp.buckets().buckets())
+    hash = hash * 1000003u + static_cast<uint64_t>(b.begin) * 31u + static_cast<uint64_t>(b.count);
+  const auto layout = static_cast<int64_t>(hash >> 1);
   distributed::Agreement agree = {{"parameter elements", a.params.numel()},
                            {"buffer elements", a.buffers.numel()},
                            {"parameters", static_cast<int64_t>(inner_.model().named_parameters().size())},
