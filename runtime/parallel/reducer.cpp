@@ -275,11 +275,7 @@ void Reducer::local_in_flight(int rank, int b) {
       if (active_ > 1 && opts_.reduce_dtype != DType::F32) round(rank, sum);
       if (p.home != me || r == p.owner) continue;
       Tensor mine = replicas_[p.owner]->arenas().grad_range(p.begin, p.count);
-      if (sum.dtype() == DType::F64) {  // split-invariant gradients
-        for (int64_t i = 0; i < p.count; ++i) mine.f64()[i] += sum.f64()[i];
-      } else {
-        kernels::axpy(ctx, 1.0f, sum, mine);
-      }
+      add_into(ctx, sum, mine);
     }
     {
       std::lock_guard<std::mutex> g(done_mu_);
@@ -379,6 +375,18 @@ void Reducer::global_loop() {
   }
 }
 
+void Reducer::add_into(Context& ctx, const Tensor& sum, Tensor& mine) {
+  if (sum.dtype() == DType::F64) {  // split-invariant gradients (host memory)
+    for (int64_t i = 0; i < sum.numel(); ++i) mine.f64()[i] += sum.f64()[i];
+  } else if (sum.device() == mine.device()) {
+    kernels::axpy(ctx, 1.0f, sum, mine);
+  } else {  // another GPU: through a copy on the owner's device
+    ensure(sat_out_, sum.shape(), DType::F32, mine.device());
+    sat_out_.copy_from(sum, &ctx.compute());
+    kernels::axpy(ctx, 1.0f, sat_out_, mine);
+  }
+}
+
 void Reducer::pass_on_sat_out() {
   for (const auto& ps : pieces_)
     for (const ReducePiece& p : ps) {
@@ -386,16 +394,7 @@ void Reducer::pass_on_sat_out() {
       Tensor sum = replicas_[0]->arenas().grads.flat(p.begin, Shape{p.count});
       Tensor mine = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
       Context& ctx = *contexts_[p.owner];
-      if (sum.dtype() == DType::F64) {  // split-invariant gradients (host memory)
-        for (int64_t i = 0; i < p.count; ++i) mine.f64()[i] += sum.f64()[i];
-      } else if (sum.device() == mine.device()) {
-        kernels::axpy(ctx, 1.0f, sum, mine);
-      } else {  // another GPU: through a copy on the owner's device
-        ensure(sat_out_, Shape{p.count}, DType::F32, mine.device());
-        Tensor s = sat_out_.flat(0, Shape{p.count});
-        s.copy_from(sum, &ctx.compute());
-        kernels::axpy(ctx, 1.0f, s, mine);
-      }
+      add_into(ctx, sum, mine);
       if (!host_memory_) ctx.compute().synchronize();
     }
 }

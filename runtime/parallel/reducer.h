@@ -156,6 +156,8 @@ class Reducer {
   void global(int bucket);
   // Sharded: the sums of pieces whose owner sat out this pass (they went to the primary) into the owner's range.
   void pass_on_sat_out();
+  // mine += sum (float64 sums on the host; a sum on another GPU through a copy on mine's).
+  void add_into(Context& ctx, const Tensor& sum, Tensor& mine);
   void global_loop();
   Tensor bucket_of(int rank, int bucket);
   void round(int rank, Tensor& t);
