@@ -260,6 +260,10 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
     ("shard-grads", po::bool_switch(&o.shard_grads),
      "ZeRO-2 (implies --shard-optimizer; CPU devices): every replica also keeps only its range's reduced "
      "gradient; the rest lives in pooled blocks until its bucket is reduced")
+    ("checkpoint-activations", po::bool_switch(&o.checkpoint_activations),
+     "activation checkpointing: each block of the model (resnet18's BasicBlocks, heatmap3d's stages, GPT's "
+     "Blocks) keeps only its input and output and runs its forward again in backward; results bit for bit "
+     "those without it")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(d.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 before and after each reduction (DDP's "
      "bf16_compress_hook)")
@@ -828,7 +832,8 @@ int run(int argc, char** argv) {
     }
   }
   const data::DataSplits data = open_run_data(c, p);
-  auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed);
+  auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,
+                                  c.checkpoint_activations);
   auto engine = make_run_engine(c, *model, p, all, data);
   if (p.primary()) {
     std::printf("fanout dp-train: model %s (%lld parameters) on %s, data %s (%lld train / %lld test, %s)\n",

@@ -43,8 +43,8 @@ void CausalSelfAttention::fused_forward(Context& ctx, float scale) {
 // Row-major products, one per (b, h): q, k, v, yh (T, D), probs (T, T).
 void CausalSelfAttention::dropout_forward(Context& ctx, float scale) {
   const int64_t b = q_.size(0), h = q_.size(1), t = q_.size(2), d = q_.size(3), td = t * d, tt = t * t;
-  ensure(probs_, Shape{b, h, t, t}, ctx.device());
-  ensure(dropped_probs_, Shape{b, h, t, t}, ctx.device());
+  ensure(probs_, Shape{b, h, t, t}, ctx);
+  ensure(dropped_probs_, Shape{b, h, t, t}, ctx);
   kernels::gemm_strided_batched(ctx, false, true, t, t, d, scale, q_.f32(), d, td, k_.f32(), d, td, 0.0f,
                                 probs_.f32(), t, tt, b * h);
   kernels::softmax_forward(ctx, probs_, /*causal=*/true, probs_);
@@ -55,7 +55,7 @@ void CausalSelfAttention::dropout_forward(Context& ctx, float scale) {
 
 void CausalSelfAttention::dropout_backward(Context& ctx, float scale) {
   const int64_t b = q_.size(0), h = q_.size(1), t = q_.size(2), d = q_.size(3), td = t * d, tt = t * t;
-  ensure(dprobs_, Shape{b, h, t, t}, ctx.device());
+  ensure(dprobs_, Shape{b, h, t, t}, ctx);
   // dv = dropped^T dyh; d(dropped) = dyh v^T.
   kernels::gemm_strided_batched(ctx, true, false, t, d, t, 1.0f, dropped_probs_.f32(), t, tt, dyh_.f32(), d, td,
                                 0.0f, dv_.f32(), d, td, b * h);
@@ -76,11 +76,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
       << " (expected (B, T, " << n_embd_ << "))";
   x_shape_ = x.shape();
   const int64_t b = x.size(0), t = x.size(1), hd = n_embd_ / n_head_;
-  const Device dev = ctx.device();
   Tensor qkv = c_attn_->forward(x, ctx);  // (B, T, 3E)
   const Shape hs{b, n_head_, t, hd};
-  for (Tensor* h : {&q_, &k_, &v_, &yh_}) ensure(*h, hs, dev);
-  ensure(lse_, Shape{b, n_head_, t}, dev);
+  for (Tensor* h : {&q_, &k_, &v_, &yh_}) ensure(*h, hs, ctx);
+  ensure(lse_, Shape{b, n_head_, t}, ctx);
   kernels::heads_from_rows(ctx, qkv, 0, q_);
   kernels::heads_from_rows(ctx, qkv, n_embd_, k_);
   kernels::heads_from_rows(ctx, qkv, 2 * n_embd_, v_);
@@ -94,7 +93,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
     fused_forward(ctx, scale);
   }
   autocast_round(ctx, yh_);  // a matrix product's output: the low type under autocast
-  ensure(y_, Shape{b, t, n_embd_}, dev);
+  ensure(y_, Shape{b, t, n_embd_}, ctx);
   kernels::heads_to_rows(ctx, yh_, 0, y_);
   Tensor out = c_proj_->forward(y_, ctx);
   return resid_dropout_->forward(out, ctx);
@@ -103,8 +102,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
 Tensor CausalSelfAttention::backward(const Tensor& dy, Context& ctx) {
   Tensor d = Module::backward_of(*resid_dropout_, "resid_dropout", dy, ctx);
   Tensor dyr = Module::backward_of(*c_proj_, "c_proj", d, ctx);  // (B, T, E)
-  const Device dev = ctx.device();
-  for (Tensor* h : {&dyh_, &dq_, &dk_, &dv_}) ensure(*h, q_.shape(), dev);
+  for (Tensor* h : {&dyh_, &dq_, &dk_, &dv_}) ensure(*h, q_.shape(), ctx);
   kernels::heads_from_rows(ctx, dyr, 0, dyh_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(n_embd_ / n_head_));
   if (dropped_) dropout_backward(ctx, scale);
@@ -112,7 +110,7 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, Context& ctx) {
   for (Tensor* g : {&dq_, &dk_, &dv_}) autocast_round(ctx, *g);
   Shape qs = x_shape_;
   qs[-1] = 3 * n_embd_;
-  ensure(dqkv_, qs, dev);
+  ensure(dqkv_, qs, ctx);
   kernels::heads_to_rows(ctx, dq_, 0, dqkv_);
   kernels::heads_to_rows(ctx, dk_, n_embd_, dqkv_);
   kernels::heads_to_rows(ctx, dv_, 2 * n_embd_, dqkv_);

@@ -32,30 +32,35 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
       << type_name() << "(" << c_ << ") cannot take input of shape " << x.shape().str();
   x_ = x;
   const Device d = ctx.device();
-  ensure(y_, x.shape(), d);
+  ensure(y_, x.shape(), ctx);
   trained_forward_ = is_training();
   if (!trained_forward_) {
     kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // low under autocast
     return y_;
   }
-  ensure(stats_, Shape{3, c_}, DType::F64, d);
-  ensure(mean_, Shape{2, c_}, d);
-  ensure(invstd_, Shape{c_}, d);
-  kernels::bn_stats(ctx, x, stats_);
-  count_ = x.numel() / c_;
-  if (sync_) sync_->all_reduce(layer_id_, stats_, count_, ctx);
-  FANOUT_USER_CHECK(count_ > 1) << type_name() << " needs more than one value per channel in training (input "
-                                << x.shape().str() << ")";
-  kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
-  nbt_->value.data<int64_t>()[0] += 1;
+  ensure(mean_, Shape{2, c_}, ctx);
+  ensure(invstd_, Shape{c_}, ctx);
+  if (ctx.recomputing) {
+    // Activation checkpointing: the first forward's (all-reduced) sums; the
+    // running statistics were updated then.
+    kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, nullptr, nullptr);
+  } else {
+    ensure(stats_, Shape{3, c_}, DType::F64, d);  // kept for a recomputation, not a checkpoint slot
+    kernels::bn_stats(ctx, x, stats_);
+    count_ = x.numel() / c_;
+    if (sync_) sync_->all_reduce(layer_id_, stats_, count_, ctx);
+    FANOUT_USER_CHECK(count_ > 1) << type_name() << " needs more than one value per channel in training (input "
+                                  << x.shape().str() << ")";
+    kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
+    nbt_->value.data<int64_t>()[0] += 1;
+  }
   kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, low output
   return y_;
 }
 
 Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
   FANOUT_CHECK(trained_forward_) << type_name() << " backward after an eval-mode forward";
-  const Device d = ctx.device();
-  ensure(grad_stats_, Shape{2, c_}, d);
+  ensure(grad_stats_, Shape{2, c_}, ctx);
   kernels::bn_backward_reduce(ctx, x_, dy, mean_, invstd_, grad_stats_);
   // dgamma += sum(dy * xhat), dbeta += sum(dy): the local sums, before any sync.
   kernels::axpy(ctx, 1.0f, grad_stats_.flat(0, Shape{c_}), b_->grad);
@@ -67,7 +72,7 @@ Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
     sync_->all_reduce(layer_id_, grad_stats_, local, ctx);
     count = local;
   }
-  ensure(dx_, x_.shape(), d);
+  ensure(dx_, x_.shape(), ctx);
   kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);  // low under autocast
   return dx_;
 }

@@ -24,7 +24,7 @@ Tensor Dropout::forward(const Tensor& x, Context& ctx) {
   row_ = ctx.random_row;
   Tensor y = x;
   if (!inplace_) {
-    ensure(y_, x.shape(), ctx.device());
+    ensure(y_, x.shape(), ctx);
     y = y_;
   }
   kernels::dropout(ctx, x, p_, key_, row_, y);

@@ -22,7 +22,7 @@ Tensor Embedding::forward(const Tensor& ids, Context& ctx) {
   ids_ = ids;
   Shape ys = ids.shape();
   ys.d[static_cast<size_t>(ys.ndim++)] = dim_;
-  ensure(y_, ys, ctx.device());
+  ensure(y_, ys, ctx);
   kernels::embedding_forward(ctx, ids, w_->value, y_);
   return y_;
 }

@@ -25,16 +25,16 @@ Tensor GroupNorm::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() >= 2 && x.size(1) == c_)
       << "GroupNorm(" << groups_ << ", " << c_ << ") cannot take input of shape " << x.shape().str();
   x_ = x;
-  ensure(y_, x.shape(), ctx.device());
-  ensure(mean_, Shape{x.size(0), groups_}, ctx.device());
-  ensure(rstd_, Shape{x.size(0), groups_}, ctx.device());
+  ensure(y_, x.shape(), ctx);
+  ensure(mean_, Shape{x.size(0), groups_}, ctx);
+  ensure(rstd_, Shape{x.size(0), groups_}, ctx);
   kernels::group_norm_forward(ctx, x, scale_.gamma(ctx), scale_.beta(ctx), groups_, eps_, y_, mean_, rstd_);
   return y_;
 }
 
 Tensor GroupNorm::backward(const Tensor& dy, Context& ctx) {
   // dx over dy (backward may overwrite dy); the parameter gradients (+=) first.
-  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx.device()), dx_);
+  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx), dx_);
   const NormAffine::Grads g = scale_.grads(ctx);
   kernels::group_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, groups_, dx, g.dgamma, g.dbeta);
   notify_grads_ready(ctx);
@@ -63,9 +63,9 @@ Tensor InstanceNorm::forward(const Tensor& x, Context& ctx) {
       << type_name() << "(" << c_ << ") cannot take input of shape " << x.shape().str() << " (expected (N, " << c_
       << (dims_ == 2 ? ", H, W))" : ", D, H, W))");
   x_ = x;
-  ensure(y_, x.shape(), ctx.device());
-  ensure(mean_, Shape{x.size(0), c_}, ctx.device());
-  ensure(rstd_, Shape{x.size(0), c_}, ctx.device());
+  ensure(y_, x.shape(), ctx);
+  ensure(mean_, Shape{x.size(0), c_}, ctx);
+  ensure(rstd_, Shape{x.size(0), c_}, ctx);
   kernels::group_norm_forward(ctx, x, scale_.gamma(ctx), scale_.beta(ctx), static_cast<int>(c_), eps_, y_, mean_,
                               rstd_);
   return y_;
@@ -73,7 +73,7 @@ Tensor InstanceNorm::forward(const Tensor& x, Context& ctx) {
 
 Tensor InstanceNorm::backward(const Tensor& dy, Context& ctx) {
   if (!affine_ && !input_grad()) return Tensor();  // nothing to compute
-  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx.device()), dx_);
+  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx), dx_);
   const NormAffine::Grads g = scale_.grads(ctx);
   kernels::group_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, static_cast<int>(c_), dx, g.dgamma,
                                g.dbeta);

@@ -34,9 +34,9 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
                           << " (its last dims must be " << shape_.str() << ", after a batch dim)";
   x_ = x;
   const int64_t rows = x.numel() / shape_.numel();
-  ensure(y_, x.shape(), ctx.device());
-  ensure(mean_, Shape{rows}, ctx.device());
-  ensure(rstd_, Shape{rows}, ctx.device());
+  ensure(y_, x.shape(), ctx);
+  ensure(mean_, Shape{rows}, ctx);
+  ensure(rstd_, Shape{rows}, ctx);
   kernels::layer_norm_forward(ctx, x, scale_.gamma(ctx), scale_.beta(ctx), eps_, y_, mean_, rstd_);
   return y_;
 }
@@ -44,7 +44,7 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
 Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
   if (!affine_ && !input_grad()) return Tensor();  // nothing to compute
   // dx over dy (backward may overwrite dy); the parameter gradients (+=) first.
-  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx.device()), dx_);
+  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx), dx_);
   const NormAffine::Grads g = scale_.grads(ctx);
   kernels::layer_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, dx, g.dgamma, g.dbeta);
   if (affine_) notify_grads_ready(ctx);

@@ -37,8 +37,8 @@ NormAffine::Grads NormAffine::grads(Context& ctx) {
   // Sinks of the gradients the layer has no parameter for, zeroed (the kernel
   // adds into them), of the gradient arena's dtype.
   const DType gt = affine() ? w_->grad.dtype() : DType::F32;
-  ensure(dgamma_, shape_, gt, ctx.device());
-  ensure(dbeta_, shape_, gt, ctx.device());
+  ensure(dgamma_, shape_, gt, ctx);
+  ensure(dbeta_, shape_, gt, ctx);
   dbeta_.zero(&ctx.compute());
   if (affine()) return {w_->grad, dbeta_};
   dgamma_.zero(&ctx.compute());

@@ -67,9 +67,8 @@ void Block::set_dropout_salt(uint64_t salt) {
 Tensor Block::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() == 3 && x.size(2) == n_embd_)
       << "Block(n_embd " << n_embd_ << ") cannot take input of shape " << x.shape().str();
-  const Device d = ctx.device();
-  ensure(x1_, x.shape(), d);
-  ensure(x2_, x.shape(), d);
+  ensure(x1_, x.shape(), ctx);
+  ensure(x2_, x.shape(), ctx);
   kernels::add(ctx, x, attn_->forward(ln_1_->forward(x, ctx), ctx), x1_);
   kernels::add(ctx, x1_, mlp_->forward(ln_2_->forward(x1_, ctx), ctx), x2_);
   return x2_;
@@ -78,9 +77,8 @@ Tensor Block::forward(const Tensor& x, Context& ctx) {
 Tensor Block::backward(const Tensor& dy, Context& ctx) {
   // The residual carries dy past each branch; the branches may overwrite
   // the gradient they are given, so each gets its own copy.
-  const Device d = ctx.device();
-  ensure(g_, dy.shape(), d);
-  ensure(dx_, dy.shape(), d);
+  ensure(g_, dy.shape(), ctx);
+  ensure(dx_, dy.shape(), ctx);
   g_.copy_from(dy, &ctx.compute());
   Tensor branch = Module::backward_of(*mlp_, "mlp", g_, ctx);
   branch = Module::backward_of(*ln_2_, "ln_2", branch, ctx);

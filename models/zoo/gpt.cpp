@@ -11,6 +11,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
+#include "models/layers/checkpointed.h"
 #include "models/layers/dropout.h"
 #include "models/layers/init.h"
 #include "models/layers/sequential.h"
@@ -97,7 +98,7 @@ std::string to_string(const GPTConfig& c) {
   return os.str();
 }
 
-GPT::GPT(const GPTConfig& c) : config_(c) {
+GPT::GPT(const GPTConfig& c, bool checkpoint) : config_(c), checkpoint_(checkpoint) {
   FANOUT_USER_CHECK(c.n_layer >= 1 && c.n_head >= 1 && c.n_embd >= 1 && c.block_size >= 1 && c.vocab_size >= 1)
       << "gpt: every size must be positive (" << to_string(c) << ")";
   FANOUT_USER_CHECK(c.n_embd % c.n_head == 0)
@@ -110,8 +111,9 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   drop_ = &drop;
   auto& h = t.add("h", std::make_unique<Sequential>());
   for (int64_t i = 0; i < c.n_layer; ++i) {
-    auto& b = h.add(std::make_unique<Block>(c.n_embd, c.n_head, c.dropout, c.bias));
-    b.set_dropout_salt(static_cast<uint64_t>(2 + 3 * i));  // three masks a block
+    auto b = std::make_unique<Block>(c.n_embd, c.n_head, c.dropout, c.bias);
+    b->set_dropout_salt(static_cast<uint64_t>(2 + 3 * i));  // three masks a block
+    h.add(checkpointed_if(checkpoint, std::move(b)));
   }
   h_ = &h;
   ln_f_ = &t.add("ln_f", std::make_unique<LayerNorm>(Shape{c.n_embd}, 1e-5f, true, c.bias));
@@ -236,8 +238,8 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
   return out;
 }
 
-std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed) {
-  auto m = std::make_unique<GPT>(config);
+std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed, bool checkpoint) {
+  auto m = std::make_unique<GPT>(config, checkpoint);
   m->init(seed);
   return m;
 }

@@ -48,10 +48,11 @@ std::string to_string(const GPTConfig& c);  // "n_layer=12,n_head=12,..."
 
 class GPT : public Module {
  public:
-  explicit GPT(const GPTConfig& config);
+  // checkpoint: each Block is Checkpointed (models/layers/checkpointed.h).
+  explicit GPT(const GPTConfig& config, bool checkpoint = false);
   Tensor forward(const Tensor& ids, Context& ctx) override;
   Tensor backward(const Tensor& dlogits, Context& ctx) override;
-  std::unique_ptr<Module> make_like() const override { return std::make_unique<GPT>(config_); }
+  std::unique_ptr<Module> make_like() const override { return std::make_unique<GPT>(config_, checkpoint_); }
   std::string type_name() const override { return "GPT"; }
   void finish_init(std::mt19937_64& rng) override;
   std::vector<std::pair<std::string, std::string>> tied_names() const override {
@@ -63,6 +64,7 @@ class GPT : public Module {
 
  private:
   GPTConfig config_;
+  bool checkpoint_;
   Embedding* wte_;
   Embedding* wpe_;
   Module* drop_;
@@ -73,7 +75,7 @@ class GPT : public Module {
 };
 
 // A materialized GPT initialized from seed.
-std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed);
+std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed, bool checkpoint = false);
 
 // nanoGPT's sample.py: each new token from the logits of the last position
 // of the context (its last block_size tokens), divided by temperature, cut

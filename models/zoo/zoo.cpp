@@ -4,6 +4,7 @@
 #include "models/layers/activation.h"
 #include "models/layers/basic_block.h"
 #include "models/layers/batchnorm.h"
+#include "models/layers/checkpointed.h"
 #include "models/layers/conv.h"
 #include "models/layers/flatten.h"
 #include "models/layers/groupnorm.h"
@@ -80,7 +81,7 @@ std::unique_ptr<Module> cnn(const Shape& in, int classes) {
   return m;
 }
 
-std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_stem) {
+std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_stem, bool checkpoint) {
   check_image_input(imagenet_stem ? "resnet18:imagenet" : "resnet18", in, imagenet_stem ? 32 : 8);
   using I = Conv2d::Init;
   auto m = std::make_unique<Sequential>();
@@ -97,8 +98,8 @@ std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_ste
   for (int i = 0; i < 4; ++i) {
     auto layer = std::make_unique<Sequential>();
     const int64_t stride = i == 0 ? 1 : 2;
-    layer->add(std::make_unique<BasicBlock>(c, widths[i], stride));
-    layer->add(std::make_unique<BasicBlock>(widths[i], widths[i], 1));
+    layer->add(checkpointed_if(checkpoint, std::make_unique<BasicBlock>(c, widths[i], stride)));
+    layer->add(checkpointed_if(checkpoint, std::make_unique<BasicBlock>(widths[i], widths[i], 1)));
     m->add("layer" + std::to_string(i + 1), std::move(layer));
     c = widths[i];
   }
@@ -111,7 +112,7 @@ std::unique_ptr<Module> resnet18(const Shape& in, int classes, bool imagenet_ste
 // heatmap3d:group's groups of channels per GroupNorm (widths 8, 16, 32: 2 to 8 channels a group).
 constexpr int kHeatmapGroups = 4;
 
-std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width, bool group_norm) {
+std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width, bool group_norm, bool checkpoint) {
   FANOUT_USER_CHECK(in.ndim == 4 && in[0] >= 1 && in[1] >= 8 && in[2] >= 8 && in[3] >= 8 && in[1] % 4 == 0 &&
                     in[2] % 4 == 0 && in[3] % 4 == 0)
       << "model heatmap3d cannot take inputs of shape " << in.str()
@@ -121,23 +122,26 @@ std::unique_ptr<Module> heatmap3d(const Shape& in, int landmarks, int64_t width,
   FANOUT_USER_CHECK(!group_norm || width % kHeatmapGroups == 0)
       << "model heatmap3d:group needs a width that is a multiple of " << kHeatmapGroups << ", got " << width;
   auto m = std::make_unique<Sequential>();
-  auto block = [&](const std::string& k, int64_t from, int64_t to) {
-    m->add("conv" + k, std::make_unique<Conv3d>(from, to, 3, 1, 1, false));
+  // A stage: conv-norm-ReLU and the pooling or upsampling after it. With
+  // checkpointing each stage is one checkpointed block whose names add no level.
+  auto stage = [&](const std::string& k, int64_t from, int64_t to, std::unique_ptr<Module> resample,
+                   const std::string& resample_name) {
+    std::unique_ptr<Sequential> own = checkpoint ? std::make_unique<Sequential>() : nullptr;
+    Sequential& s = own ? *own : *m;
+    s.add("conv" + k, std::make_unique<Conv3d>(from, to, 3, 1, 1, false));
     if (group_norm)
-      m->add("gn" + k, std::make_unique<GroupNorm>(kHeatmapGroups, to));
+      s.add("gn" + k, std::make_unique<GroupNorm>(kHeatmapGroups, to));
     else
-      m->add("bn" + k, std::make_unique<BatchNorm3d>(to));
-    m->add("relu" + k, std::make_unique<ReLU>(/*inplace=*/true));
+      s.add("bn" + k, std::make_unique<BatchNorm3d>(to));
+    s.add("relu" + k, std::make_unique<ReLU>(/*inplace=*/true));
+    if (resample) s.add(resample_name, std::move(resample));
+    if (own) m->add("", std::make_unique<Checkpointed>(std::move(own)));
   };
-  block("1", in[0], width);
-  m->add("pool1", std::make_unique<MaxPool3d>(2));
-  block("2", width, 2 * width);
-  m->add("pool2", std::make_unique<MaxPool3d>(2));
-  block("3", 2 * width, 4 * width);
-  m->add("up1", std::make_unique<Upsample3d>(2));
-  block("4", 4 * width, 2 * width);
-  m->add("up2", std::make_unique<Upsample3d>(2));
-  block("5", 2 * width, width);
+  stage("1", in[0], width, std::make_unique<MaxPool3d>(2), "pool1");
+  stage("2", width, 2 * width, std::make_unique<MaxPool3d>(2), "pool2");
+  stage("3", 2 * width, 4 * width, std::make_unique<Upsample3d>(2), "up1");
+  stage("4", 4 * width, 2 * width, std::make_unique<Upsample3d>(2), "up2");
+  stage("5", 2 * width, width, nullptr, "");
   m->add("head", std::make_unique<Conv3d>(width, landmarks, 1));
   return m;
 }
@@ -147,16 +151,18 @@ namespace {
 struct ZooEntry {
   const char* name;
   bool dense;  // heatmaps (one per landmark) rather than class scores
-  std::unique_ptr<Module> (*build)(const Shape& input, int classes);
+  bool blocks;  // has blocks that activation checkpointing wraps
+  std::unique_ptr<Module> (*build)(const Shape& input, int classes, bool checkpoint);
 };
 constexpr ZooEntry kZoo[] = {
-    {"mlp", false, [](const Shape& in, int c) { return mlp(in, c); }},
-    {"lenet", false, [](const Shape& in, int c) { return lenet(in, c); }},
-    {"cnn", false, [](const Shape& in, int c) { return cnn(in, c); }},
-    {"resnet18", false, [](const Shape& in, int c) { return resnet18(in, c, false); }},
-    {"resnet18:imagenet", false, [](const Shape& in, int c) { return resnet18(in, c, true); }},
-    {"heatmap3d", true, [](const Shape& in, int c) { return heatmap3d(in, c); }},
-    {"heatmap3d:group", true, [](const Shape& in, int c) { return heatmap3d(in, c, 8, /*group_norm=*/true); }},
+    {"mlp", false, false, [](const Shape& in, int c, bool) { return mlp(in, c); }},
+    {"lenet", false, false, [](const Shape& in, int c, bool) { return lenet(in, c); }},
+    {"cnn", false, false, [](const Shape& in, int c, bool) { return cnn(in, c); }},
+    {"resnet18", false, true, [](const Shape& in, int c, bool k) { return resnet18(in, c, false, k); }},
+    {"resnet18:imagenet", false, true, [](const Shape& in, int c, bool k) { return resnet18(in, c, true, k); }},
+    {"heatmap3d", true, true, [](const Shape& in, int c, bool k) { return heatmap3d(in, c, 8, false, k); }},
+    {"heatmap3d:group", true, true,
+     [](const Shape& in, int c, bool k) { return heatmap3d(in, c, 8, /*group_norm=*/true, k); }},
 };
 
 const ZooEntry* find_entry(const std::string& name) {
@@ -187,7 +193,8 @@ bool dense_output(const std::string& name) {
   return e && e->dense;
 }
 
-std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed) {
+std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed,
+                                   bool checkpoint_activations) {
   if (is_gpt(name)) {
     const GPTConfig c = parse_gpt_config(gpt_spec(name), classes);
     FANOUT_USER_CHECK(input.ndim == 1 && input[0] >= 1)
@@ -196,11 +203,13 @@ std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, 
         << "gpt: a sequence of " << input[0] << " tokens is longer than block_size " << c.block_size;
     FANOUT_USER_CHECK(classes <= c.vocab_size)
         << "gpt: the data has " << classes << " token ids, more than vocab_size " << c.vocab_size;
-    return gpt(c, seed);
+    return gpt(c, seed, checkpoint_activations);
   }
   const ZooEntry& entry = zoo_entry(name);
+  FANOUT_USER_CHECK(entry.blocks || !checkpoint_activations)
+      << "model " << name << " has no blocks to checkpoint (resnet18, heatmap3d and gpt have)";
   FANOUT_USER_CHECK(entry.dense || classes >= 2) << "a classifier needs at least 2 classes, got " << classes;
-  std::unique_ptr<Module> m = entry.build(input, classes);
+  std::unique_ptr<Module> m = entry.build(input, classes, checkpoint_activations);
   // Layer ids let SyncBatchNorm match the same layer across replicas.
   int id = 0;
   for (auto& [n, mod] : m->named_modules())

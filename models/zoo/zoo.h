@@ -23,7 +23,9 @@ std::unique_ptr<Module> lenet(const Shape& input, int classes);
 std::unique_ptr<Module> cnn(const Shape& input, int classes);
 // torchvision resnet18 names and shapes. CIFAR stem: conv1 3x3 stride 1, no
 // max pool; ImageNet stem: conv1 7x7 stride 2 pad 3, maxpool 3/2/1.
-std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_stem = false);
+// With checkpoint: each BasicBlock is Checkpointed (same names).
+std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_stem = false,
+                                 bool checkpoint = false);
 
 // A small 3-D encoder-decoder: (C, D, H, W) -> (landmarks, D, H, W), one
 // heatmap per landmark. Two levels of conv(3^3)-BatchNorm3d-ReLU and max
@@ -32,13 +34,19 @@ std::unique_ptr<Module> resnet18(const Shape& input, int classes, bool imagenet_
 // D, H and W must be multiples of 4, at least 8. With group_norm
 // ("heatmap3d:group") GroupNorm(4, channels) in place of each BatchNorm3d:
 // statistics per sample, for small per-device batches of volumes.
-std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t width = 8, bool group_norm = false);
+// With checkpoint: each stage (conv, norm, ReLU and its pooling or
+// upsampling) is Checkpointed (same names).
+std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t width = 8, bool group_norm = false,
+                                  bool checkpoint = false);
 
 // "mlp", "lenet", "cnn", "resnet18", "resnet18:imagenet", "heatmap3d", "heatmap3d:group", and
 // "gpt:PRESET,KEY=VALUE,..." (models/zoo/gpt.h: samples are (T) token ids,
 // `classes` the data's vocabulary). Unknown names throw
 // a one-line error listing the known ones. The model is initialized from seed.
-std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed);
+// checkpoint_activations: the model's blocks are Checkpointed
+// (models/layers/checkpointed.h); a one-line error for a model without blocks.
+std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed,
+                                   bool checkpoint_activations = false);
 std::vector<std::string> model_names();
 // Whether the model's output is dense (heatmaps) rather than class scores
 // (false for a name the zoo does not know: make_model says so).

@@ -22,10 +22,11 @@ std::vector<CudaDeviceInfo> cuda_device_info() { return {}; }
 bool cuda_can_access_peer(int, int) { return false; }
 size_t device_peak_bytes(Device d) {
   if (d.is_cuda()) backend::no_cuda_device(d);
-  return 0;
+  return cpu_device_peak_bytes(d);
 }
 void reset_device_peak_bytes(Device d) {
   if (d.is_cuda()) backend::no_cuda_device(d);
+  reset_cpu_device_peak_bytes(d);
 }
 
 namespace backend {

@@ -3,6 +3,8 @@
 
 #include "runtime/core/error.h"
 
+#include <algorithm>
+
 namespace fanout {
 
 Context::Context(Device d, uint64_t seed) : device_(d), rng_(seed) {
@@ -14,6 +16,31 @@ Context::Context(Device d, uint64_t seed) : device_(d), rng_(seed) {
 Context::~Context() {
   if (cublas_) backend::cublas_destroy(device_.index, cublas_);
   if (cudnn_) backend::cudnn_destroy(device_.index, cudnn_);
+}
+
+void ActivationSlots::bind(Tensor& t, const Shape& s, DType dt, Device d) {
+  if (next_ == slots_.size()) slots_.emplace_back();
+  Tensor& slot = slots_[next_++];
+  const size_t need = static_cast<size_t>(s.numel()) * dtype_size(dt);
+  if (!slot.defined() || slot.device() != d || slot.nbytes() < need)
+    slot = Tensor::empty(Shape{static_cast<int64_t>(std::max<size_t>(need, 1))}, DType::U8, d);
+  t = slot.as(s, dt);
+}
+
+size_t ActivationSlots::bytes() const {
+  size_t n = grad_in_.defined() ? grad_in_.nbytes() : 0;
+  for (const Tensor& t : slots_) n += t.nbytes();
+  return n;
+}
+
+ActivationSlots& Context::checkpoint_slots() {
+  if (!checkpoint_slots_) checkpoint_slots_ = std::make_unique<ActivationSlots>();
+  return *checkpoint_slots_;
+}
+
+void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx) {
+  if (ctx.slots) ctx.slots->bind(t, s, dt, ctx.device());
+  else ensure(t, s, dt, ctx.device());
 }
 
 void* Context::workspace(size_t bytes) {

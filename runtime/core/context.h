@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <vector>
 
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
@@ -41,6 +42,26 @@ struct BackendState {
   virtual ~BackendState() = default;
 };
 
+// Activation checkpointing's buffers (models/layers/checkpointed.h): while
+// a checkpointed block runs, the k-th activation buffer its layers ask for
+// (ensure(t, s, ctx)) is the k-th of these, shared by every checkpointed
+// block of one replica. Each grows to the largest request it sees, so after
+// warm-up binding allocates nothing.
+class ActivationSlots {
+ public:
+  void restart() { next_ = 0; }
+  void bind(Tensor& t, const Shape& s, DType dt, Device d);
+  // The gradient a checkpointed block receives, copied out of the slots
+  // (the next block's input gradient lives in them).
+  Tensor& grad_in() { return grad_in_; }
+  size_t bytes() const;
+
+ private:
+  std::vector<Tensor> slots_;
+  size_t next_ = 0;
+  Tensor grad_in_;
+};
+
 class Context {
  public:
   explicit Context(Device d, uint64_t seed = 0);
@@ -64,6 +85,15 @@ class Context {
   // change what is drawn. Engines set both before each training forward.
   uint64_t pass_key = 0;
   int64_t random_row = 0;
+
+  // Set by a checkpointed block around its forward and its recomputation:
+  // layers' activation buffers come from these slots.
+  ActivationSlots* slots = nullptr;
+  // True while a checkpointed block recomputes its forward in backward:
+  // BatchNorm neither updates its running statistics nor all-reduces again.
+  bool recomputing = false;
+  // This context's activation slots (made on first use).
+  ActivationSlots& checkpoint_slots();
 
   std::mt19937_64& rng() { return rng_; }
   void seed(uint64_t s) { rng_.seed(s); }
@@ -102,7 +132,15 @@ class Context {
   void* cublas_ = nullptr;
   void* cudnn_ = nullptr;
   std::unique_ptr<BackendState> backend_state_;
+  std::unique_ptr<ActivationSlots> checkpoint_slots_;
 };
+
+// A layer's activation buffer: ensure(t, s, dt, ctx.device()), or inside a
+// checkpointed block the context's next shared slot. Layers keep state that
+// must outlive a recomputation (BatchNorm's batch statistics, constants
+// written once) with the device form instead.
+void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx);
+inline void ensure(Tensor& t, const Shape& s, Context& ctx) { ensure(t, s, DType::F32, ctx); }
 
 namespace backend {
 void* cublas_create(int device, void* stream);

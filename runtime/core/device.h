@@ -50,9 +50,10 @@ std::vector<CudaDeviceInfo> cuda_device_info();
 // Whether device a can read and write device b's memory directly.
 bool cuda_can_access_peer(int a, int b);
 
-// The most bytes fanout's tensors held at once on a GPU since the process
-// started or the last reset (its memory pool's high-water mark); 0 for CPU
-// devices. Host memory: peak_host_bytes().
+// The most bytes fanout's tensors held at once on a device since the process
+// started or the last reset: a GPU's memory pool's high-water mark, a CPU
+// device's allocator count (cpu_device_peak_bytes). The process's resident
+// memory: peak_host_bytes().
 size_t device_peak_bytes(Device device);
 void reset_device_peak_bytes(Device device);
 // This process's peak resident memory (the kernel's high-water mark).

@@ -11,11 +11,33 @@ namespace fanout {
 
 namespace {
 std::atomic<uint64_t> g_host_allocs{0}, g_device_allocs{0}, g_live{0};
+
+// Live and peak bytes per CPU device (index); pinned buffers count on cpu:0.
+constexpr int kCpuSlots = 512;
+std::atomic<uint64_t> g_cpu_live[kCpuSlots], g_cpu_peak[kCpuSlots];
+int cpu_slot(const Device& d) { return d.index < 0 ? 0 : d.index >= kCpuSlots ? kCpuSlots - 1 : d.index; }
+
+void count_in(const Device& d, size_t bytes) {
+  g_live += bytes;
+  if (!d.is_cpu()) return;
+  const int i = cpu_slot(d);
+  const uint64_t now = g_cpu_live[i] += bytes;
+  uint64_t peak = g_cpu_peak[i].load();
+  while (now > peak && !g_cpu_peak[i].compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+size_t cpu_device_peak_bytes(Device d) { return d.is_cpu() ? g_cpu_peak[cpu_slot(d)].load() : 0; }
+size_t cpu_device_live_bytes(Device d) { return d.is_cpu() ? g_cpu_live[cpu_slot(d)].load() : 0; }
+void reset_cpu_device_peak_bytes(Device d) {
+  if (d.is_cpu()) g_cpu_peak[cpu_slot(d)] = g_cpu_live[cpu_slot(d)].load();
 }
 
 Storage::~Storage() {
   if (!owned || ptr == nullptr) return;
   g_live -= bytes;
+  if (device.is_cpu()) g_cpu_live[cpu_slot(device)] -= bytes;
   if (pinned) backend::pinned_free(ptr);
   else if (device.is_cuda()) backend::cuda_free(device.index, ptr);
   else std::free(ptr);
@@ -45,7 +67,7 @@ std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
     FANOUT_USER_CHECK(s->ptr != nullptr) << "out of host memory: cannot allocate " << format_bytes(bytes);
     ++g_host_allocs;
   }
-  g_live += bytes;
+  count_in(d, bytes);
   return s;
 }
 
@@ -56,7 +78,7 @@ std::shared_ptr<Storage> allocate_pinned(size_t bytes) {
   s->pinned = true;
   s->ptr = backend::pinned_alloc(bytes == 0 ? 64 : bytes);
   ++g_host_allocs;
-  g_live += bytes;
+  count_in(s->device, bytes);
   return s;
 }
 

@@ -38,6 +38,13 @@ struct AllocStats {
   uint64_t live_bytes = 0;
 };
 AllocStats alloc_stats();
+// Bytes fanout's storages hold on one CPU device (cpu:N; pinned buffers
+// count on cpu:0) and the most they held at once since the last reset (which
+// restarts the mark from the bytes live now); 0 for CUDA devices
+// (device_peak_bytes reads their pools).
+size_t cpu_device_live_bytes(Device d);
+size_t cpu_device_peak_bytes(Device d);
+void reset_cpu_device_peak_bytes(Device d);
 
 namespace backend {
 // Implemented by the CUDA backend (runtime/cuda/) or by stubs without CUDA.

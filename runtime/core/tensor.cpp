@@ -151,6 +151,15 @@ Tensor Tensor::flat(int64_t offset, const Shape& s) const {
   return v;
 }
 
+Tensor Tensor::as(const Shape& s, DType t) const {
+  FANOUT_CHECK(static_cast<size_t>(s.numel()) * dtype_size(t) <= nbytes())
+      << "a view of " << s.str() << " " << dtype_name(t) << " in " << nbytes() << " bytes";
+  Tensor v = *this;
+  v.shape_ = s;
+  v.dtype_ = t;
+  return v;
+}
+
 Tensor Tensor::to(Device d, Stream* s) const {
   Tensor out = empty(shape_, dtype_, d);
   out.copy_from(*this, s);

@@ -63,6 +63,8 @@ class Tensor {
   Tensor view(const Shape& s) const;              // same numel
   Tensor slice(int64_t begin, int64_t end) const; // rows [begin, end) of dim 0
   Tensor flat(int64_t offset, const Shape& s) const;  // elements [offset, offset+numel(s))
+  // This tensor's first bytes viewed as (s, t); they must hold it.
+  Tensor as(const Shape& s, DType t) const;
   // The same memory, owned alike, as device d sees it (a device sharing it: CPU devices).
   Tensor seen_from(Device d) const;
   bool same_storage(const Tensor& o) const { return storage_ == o.storage_; }

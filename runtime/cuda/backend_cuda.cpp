@@ -57,7 +57,7 @@ std::vector<CudaDeviceInfo> cuda_device_info() {
 }
 
 size_t device_peak_bytes(Device d) {
-  if (d.is_cpu()) return 0;
+  if (d.is_cpu()) return cpu_device_peak_bytes(d);
   cudaMemPool_t pool;
   FANOUT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d.index));
   uint64_t high = 0;
@@ -66,7 +66,7 @@ size_t device_peak_bytes(Device d) {
 }
 
 void reset_device_peak_bytes(Device d) {
-  if (d.is_cpu()) return;
+  if (d.is_cpu()) return reset_cpu_device_peak_bytes(d);
   cudaMemPool_t pool;
   FANOUT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d.index));
   uint64_t zero = 0;  // the only value the attribute accepts: restarts the mark from the current use

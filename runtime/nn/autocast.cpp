@@ -12,7 +12,7 @@ void autocast_round(Context& ctx, Tensor& x) {
 
 Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy) {
   if (!autocast_on(ctx)) return x;
-  ensure(copy, x.shape(), ctx.device());
+  ensure(copy, x.shape(), ctx);
   copy.copy_from(x, &ctx.compute());
   kernels::round_to(ctx, copy, ctx.math.autocast);
   return copy;
@@ -20,7 +20,7 @@ Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy) {
 
 Tensor& LowGrad::sink(Context& ctx, Tensor& grad) {
   if (!autocast_on(ctx)) return grad;
-  ensure(g_, grad.shape(), ctx.device());
+  ensure(g_, grad.shape(), ctx);
   g_.zero(&ctx.compute());
   return g_;
 }

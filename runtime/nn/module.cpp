@@ -54,7 +54,8 @@ void Module::collect(const std::string& prefix, std::vector<std::pair<std::strin
     if (bs) bs->emplace_back(dot + b.name, &b);
     if (sd) sd->emplace_back(dot + b.name, b.value);
   }
-  for (auto& [n, c] : children_) c->collect(dot + n, ps, bs, sd, ms);
+  // A child registered without a name (a wrapper's block) adds no level.
+  for (auto& [n, c] : children_) c->collect(n.empty() ? prefix : dot + n, ps, bs, sd, ms);
 }
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {

@@ -149,6 +149,7 @@ class Module {
  protected:
   Parameter& register_parameter(const std::string& name, const Shape& s);
   Buffer& register_buffer(const std::string& name, const Shape& s, DType t = DType::F32);
+  // An empty name adds no level to the names below it (Checkpointed's block).
   template <class M>
   M& register_module(const std::string& name, std::unique_ptr<M> m) {
     M& ref = *m;

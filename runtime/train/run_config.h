@@ -83,6 +83,7 @@ struct RunConfig {
   std::string grad_reduce_dtype = "fp32";  // fp32 or bf16: the type gradient buckets are reduced in
   bool shard_optimizer = false;            // ZeRO-1 over DataParallel's replicas
   bool shard_grads = false;                // ZeRO-2: gradients sharded too (implies shard_optimizer)
+  bool checkpoint_activations = false;     // the model's blocks recompute their forward in backward
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;

@@ -6,6 +6,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
+#include "runtime/core/tensor.h"
 #include "runtime/parallel/engine_factory.h"
 
 namespace fanout {
@@ -41,7 +42,7 @@ TEST(SplitDevices, EvenSplitsRenumberCpusAndOddOnesAreOneLine) {
   EXPECT_THROW(split_devices(parse_devices("cpu:3"), 2, 0), Error);
 }
 
-TEST(PeakMemory, HostPeakCoversWhatWasTouchedAndCpuDevicesHaveNone) {
+TEST(PeakMemory, HostPeakCoversWhatWasTouched) {
   const size_t before = peak_host_bytes();
   EXPECT_GT(before, 0u);
   {
@@ -50,8 +51,24 @@ TEST(PeakMemory, HostPeakCoversWhatWasTouchedAndCpuDevicesHaveNone) {
     (void)sink;
   }
   EXPECT_GE(peak_host_bytes(), before + (64 << 20));
-  EXPECT_EQ(device_peak_bytes(Device::cpu()), 0u);
-  EXPECT_NO_THROW(reset_device_peak_bytes(Device::cpu()));
+}
+
+TEST(PeakMemory, CpuDevicesCountTheirOwnAllocations) {
+  const Device d = Device::cpu(7), other = Device::cpu(6);
+  reset_device_peak_bytes(d);
+  const size_t live = cpu_device_live_bytes(d), other_peak = device_peak_bytes(other);
+  EXPECT_EQ(device_peak_bytes(d), live);
+  {
+    Tensor a = Tensor::empty(Shape{1000}, DType::F32, d);
+    Tensor b = Tensor::empty(Shape{500}, DType::F64, d);
+    EXPECT_EQ(cpu_device_live_bytes(d), live + 8000);
+  }
+  Tensor c = Tensor::empty(Shape{100}, DType::F32, d);
+  EXPECT_EQ(cpu_device_live_bytes(d), live + 400);
+  EXPECT_EQ(device_peak_bytes(d), live + 8000);  // a and b at once
+  EXPECT_EQ(device_peak_bytes(other), other_peak);
+  reset_device_peak_bytes(d);
+  EXPECT_EQ(device_peak_bytes(d), live + 400);  // the mark restarts from what is live
 }
 
 }  // namespace
