@@ -19,15 +19,17 @@ void apply_split_invariant(Module& model, Device device, const MathOptions& math
   model.set_grad_dtype(DType::F64);
 }
 
-std::vector<int64_t> replica_arena_bytes(Engine& engine) {
-  std::vector<int64_t> out;
+std::vector<ReplicaArenas> replica_arenas(Engine& engine) {
+  std::vector<ReplicaArenas> out;
   const std::vector<Replica> rs = engine.replicas();
   for (size_t i = 0; i < rs.size(); ++i) {
     const Arenas& a = rs[i].model->arenas();
     const bool shared = i > 0 && rs[i].model->shares_params_with(*rs[0].model);
-    out.push_back(static_cast<int64_t>((shared ? 0 : a.params.nbytes()) + a.grads.nbytes() +
-                                       (a.buffers.defined() ? a.buffers.nbytes() : 0)) +
-                  rs[i].grads_in_flight_bytes);
+    ReplicaArenas r;
+    r.params = shared ? 0 : static_cast<int64_t>(a.params.nbytes());
+    r.grads = static_cast<int64_t>(a.grads.nbytes()) + rs[i].grads_in_flight_bytes;
+    r.buffers = a.buffers.defined() ? static_cast<int64_t>(a.buffers.nbytes()) : 0;
+    out.push_back(r);
   }
   return out;
 }

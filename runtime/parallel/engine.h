@@ -112,9 +112,14 @@ class Engine {
   }
 };
 
-// Bytes of each replica's arenas (parameters, gradients, buffers) and
-// gradients in flight in this process, in device order; parameters several
-// replicas read in place (CPU devices) count once, on the primary.
-std::vector<int64_t> replica_arena_bytes(Engine& engine);
+// Bytes of one replica's arenas.
+struct ReplicaArenas {
+  int64_t params = 0;   // 0 for a replica that reads the primary's in place (CPU devices)
+  int64_t grads = 0;    // the gradient arena (or ZeRO-2 window) and gradients in flight
+  int64_t buffers = 0;  // BatchNorm's running statistics
+  int64_t total() const { return params + grads + buffers; }
+};
+// Each replica's in this process, in device order.
+std::vector<ReplicaArenas> replica_arenas(Engine& engine);
 
 }  // namespace fanout

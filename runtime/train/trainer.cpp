@@ -12,6 +12,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/exact_sum.h"
+#include "runtime/core/memory.h"
 #include "runtime/io/file_io.h"
 #include "runtime/optim/clip.h"
 
@@ -252,6 +253,11 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
           {"peak_host_bytes", m.peak_host_bytes},
           {"peak_device_bytes", m.peak_device_bytes},
           {"replica_bytes", m.replica_bytes}};
+  nlohmann::json memory = nlohmann::json::array();
+  for (const ReplicaMemory& r : m.replica_memory)
+    memory.push_back({{"params", r.params}, {"grads", r.grads}, {"buffers", r.buffers},
+                      {"optimizer_state", r.optimizer_state}, {"activations", r.activations}});
+  j["replica_memory"] = memory;
   if (m.tokens_per_sample > 0) {
     j["tokens_per_second"] = m.images_per_second * static_cast<double>(m.tokens_per_sample);
     j["test_perplexity"] = std::exp(m.test_loss);
@@ -607,19 +613,52 @@ void Trainer::evaluate(EpochMetrics& m) {
   score(m.metrics, checked_metrics(engine_.criterion()), t, /*test=*/true);
 }
 
+namespace {
+// Each replica's model and optimizer bytes in this process (activations: 0).
+std::vector<ReplicaMemory> model_memory(Engine& engine, const optim::Optimizer& opt) {
+  const std::vector<ReplicaArenas> arenas = replica_arenas(engine);
+  const std::vector<int64_t> state = opt.state_bytes();
+  std::vector<ReplicaMemory> out(arenas.size());
+  for (size_t i = 0; i < arenas.size(); ++i)
+    out[i] = {arenas[i].params, arenas[i].grads, arenas[i].buffers, i < state.size() ? state[i] : 0, 0};
+  return out;
+}
+int64_t model_bytes(const ReplicaMemory& r) { return r.params + r.grads + r.buffers + r.optimizer_state; }
+constexpr size_t kMemoryKinds = 5;
+}  // namespace
+
+void Trainer::start_memory() {
+  const std::vector<Device> devices = engine_.devices();
+  const std::vector<ReplicaMemory> model = model_memory(engine_, opt_);
+  held_before_.assign(devices.size(), 0);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    reset_device_peak_bytes(devices[i]);
+    if (devices[i].is_cpu() && i < model.size())
+      held_before_[i] =
+          std::max<int64_t>(0, static_cast<int64_t>(cpu_device_live_bytes(devices[i])) - model_bytes(model[i]));
+  }
+}
+
 void Trainer::measure_memory(EpochMetrics& m) {
   const std::vector<Device> devices = engine_.devices();
   const int world = engine_.world_size(), rank = engine_.rank();
   const size_t n = devices[0].is_cuda() ? devices.size() : 0;
   const size_t replicas = devices[0].is_cpu() ? devices.size() : 0;
+  const size_t all = devices.size() * static_cast<size_t>(world);
   // Every rank has as many devices (the list is split evenly): one slot each, summed = gathered.
-  std::vector<int64_t> v(1 + (n + replicas) * static_cast<size_t>(world), 0);
+  std::vector<int64_t> v(1 + (n + replicas) * static_cast<size_t>(world) + kMemoryKinds * all, 0);
   v[0] = static_cast<int64_t>(peak_host_bytes());
   for (size_t i = 0; i < n; ++i) v[1 + rank * n + i] = static_cast<int64_t>(device_peak_bytes(devices[i]));
-  if (replicas > 0) {
-    const std::vector<int64_t> arenas = replica_arena_bytes(engine_), state = opt_.state_bytes();
-    for (size_t i = 0; i < replicas && i < arenas.size(); ++i)
-      v[1 + rank * replicas + i] = arenas[i] + (i < state.size() ? state[i] : 0);
+  const std::vector<ReplicaMemory> model = model_memory(engine_, opt_);
+  for (size_t i = 0; i < replicas && i < model.size(); ++i) v[1 + rank * replicas + i] = model_bytes(model[i]);
+  const size_t kinds = 1 + (n + replicas) * static_cast<size_t>(world);
+  for (size_t i = 0; i < devices.size() && i < model.size(); ++i) {
+    const int64_t peak = static_cast<int64_t>(device_peak_bytes(devices[i]));
+    const int64_t before = i < held_before_.size() ? held_before_[i] : 0;
+    const ReplicaMemory& r = model[i];
+    const int64_t row[kMemoryKinds] = {r.params, r.grads, r.buffers, r.optimizer_state,
+                                       std::max<int64_t>(0, peak - before - model_bytes(r))};
+    std::copy(row, row + kMemoryKinds, v.begin() + static_cast<int64_t>(kinds + kMemoryKinds * (rank * devices.size() + i)));
   }
   // The last slot: bad samples replaced by either split's dataset (-1 from both: not counted).
   const int64_t skipped_train = train_set_->skipped_samples(), skipped_test = test_set_->skipped_samples();
@@ -630,7 +669,10 @@ void Trainer::measure_memory(EpochMetrics& m) {
   v.pop_back();
   m.peak_host_bytes = v[0];
   m.peak_device_bytes.assign(v.begin() + 1, v.begin() + 1 + static_cast<int64_t>(n * world));
-  m.replica_bytes.assign(v.begin() + 1 + static_cast<int64_t>(n * world), v.end());
+  m.replica_bytes.assign(v.begin() + 1 + static_cast<int64_t>(n * world), v.begin() + static_cast<int64_t>(kinds));
+  m.replica_memory.clear();
+  for (size_t k = kinds; k + kMemoryKinds <= v.size(); k += kMemoryKinds)
+    m.replica_memory.push_back({v[k], v[k + 1], v[k + 2], v[k + 3], v[k + 4]});
 }
 
 namespace {
@@ -739,6 +781,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
   eval_seconds_ = seconds_at_eval_ = 0;
   run_rows_ = rows_at_eval_ = 0;
   FANOUT_USER_CHECK(!steps_done()) << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
+  start_memory();
   for (int e = first_epoch; e < last_epoch; ++e) {
     m = train_epoch(e, e == first_epoch ? start : EpochPosition{});
     if (stopped_) return m;

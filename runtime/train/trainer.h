@@ -101,6 +101,13 @@ inline constexpr int64_t kStopCheckSteps = 16;
 TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, int64_t train_size,
                                  int64_t test_size);
 
+// One replica's memory in bytes. activations: the device's peak since the
+// run started less the other kinds and less what the device held besides the
+// model then (datasets): layers' outputs and their gradients, scratch, batches.
+struct ReplicaMemory {
+  int64_t params = 0, grads = 0, buffers = 0, optimizer_state = 0, activations = 0;
+};
+
 struct EpochMetrics {
   int epoch = 0;  // 1-based
   double train_loss = 0, test_loss = 0;
@@ -145,6 +152,8 @@ struct EpochMetrics {
   // CPU devices: each replica's parameters, gradients, buffers and
   // optimizer state in bytes (every process's replicas, rank order).
   std::vector<int64_t> replica_bytes;
+  // Every replica's memory by kind (rank order, CPU devices and GPUs).
+  std::vector<ReplicaMemory> replica_memory;
   // Image files with skip_bad_samples: the samples replaced so far because
   // their files were bad, summed over the processes; -1: not counted.
   int64_t skipped_samples = -1;
@@ -224,6 +233,10 @@ class Trainer {
   EpochMetrics train_epoch(int epoch, const EpochPosition& start = {});  // 0-based epoch; fills train fields
   void evaluate(EpochMetrics& m);       // fills test fields; the model sees at most the training batch at a time
   void measure_memory(EpochMetrics& m); // fills the peak memory fields and skipped_samples (every rank calls it)
+  // At the run's start: restarts the devices' peaks and notes what they
+  // hold besides the model and optimizer (activations are measured above it).
+  void start_memory();
+  std::vector<int64_t> held_before_;  // per device of this process
   // Called after each epoch (checkpointing hooks in here).
   std::function<void(const EpochMetrics&)> on_epoch_end;
   // Polled at optimizer-step boundaries: true stops the run after the step in

@@ -5,6 +5,8 @@
 // far fewer activation bytes.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <ostream>
 #include <random>
@@ -18,6 +20,8 @@
 #include "models/layers/sequential.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/memory.h"
+#include "runtime/data/dataset.h"
+#include "runtime/train/trainer.h"
 #include "runtime/nn/criterion.h"
 #include "support/test_util.h"
 #include "support/trained.h"
@@ -227,6 +231,51 @@ TEST(Checkpointed, GptActivationBytesAtLeastHalved) {
   ::testing::Test::RecordProperty("activation_bytes_checkpointed", std::to_string(ckpt));
   EXPECT_GT(ckpt, 0u);
   EXPECT_LE(2 * ckpt, plain);
+}
+
+// The epoch metrics break each replica's memory down by kind; checkpointing
+// shows as fewer activation bytes on every replica.
+std::vector<train::ReplicaMemory> trained_memory(bool checkpoint) {
+  const std::string name = "gpt:n_layer=6,n_head=2,n_embd=32,block_size=16,vocab_size=11,dropout=0.1";
+  std::mt19937_64 rng(6);
+  data::TensorDataset train_set(random_ids(48, 16, 11, rng), random_ids(48, 16, 11, rng));
+  data::TensorDataset test_set(random_ids(16, 16, 11, rng), random_ids(16, 16, 11, rng));
+  auto m = models::make_model(name, Shape{16}, 11, 1, checkpoint);
+  EngineSpec spec = testing::engine_on("cpu:2", false);
+  spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+  testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw());
+  train::TrainerConfig tc;
+  tc.batch_size = 8;
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  train::Trainer t(tc, *e.engine, *e.opt, train_set, test_set);
+  const train::EpochMetrics last = t.run();
+  const int64_t params = static_cast<int64_t>(m->arenas().params.nbytes());
+  EXPECT_EQ(last.replica_memory.size(), 2u);
+  EXPECT_EQ(last.replica_bytes.size(), 2u);
+  for (size_t i = 0; i < last.replica_memory.size() && i < last.replica_bytes.size(); ++i) {
+    const train::ReplicaMemory& r = last.replica_memory[i];
+    EXPECT_EQ(r.params, i == 0 ? params : 0) << "CPU replicas read the primary's parameters";
+    EXPECT_EQ(r.grads, params);
+    EXPECT_EQ(r.optimizer_state, i == 0 ? 3 * params : 0) << "AdamW with amsgrad, unsharded: on the primary";
+    EXPECT_EQ(r.params + r.grads + r.buffers + r.optimizer_state, last.replica_bytes[i]);
+    EXPECT_GT(r.activations, 0);
+  }
+  const nlohmann::json j = train::metrics_json(last);
+  EXPECT_EQ(j["replica_memory"].size(), 2u);
+  EXPECT_EQ(j["replica_memory"][1]["activations"].get<int64_t>(), last.replica_memory.at(1).activations);
+  return last.replica_memory;
+}
+
+TEST(Checkpointed, EpochMetricsBreakMemoryDown) {
+  const auto plain = trained_memory(false), ckpt = trained_memory(true);
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(ckpt.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    std::printf("replica %zu activations: %lld bytes without checkpointing, %lld with\n", i,
+                static_cast<long long>(plain[i].activations), static_cast<long long>(ckpt[i].activations));
+    EXPECT_LE(2 * ckpt[i].activations, plain[i].activations) << "replica " << i;
+  }
 }
 
 TEST(Checkpointed, WarmStepAllocatesNothing) {

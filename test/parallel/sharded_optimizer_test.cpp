@@ -147,21 +147,22 @@ TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
   for (bool shard : {false, true}) {
     DpRun r = make_run("cpu:3", shard, options_for(GetParam()));
     train(r, testing::random_batches(kSample, 12, 1, 10));
-    const auto arenas = replica_arena_bytes(*r.engine);
+    const auto arenas = replica_arenas(*r.engine);
     const auto state = r.opt->state_bytes();
     ASSERT_EQ(arenas.size(), 3u);
     ASSERT_EQ(state.size(), shard ? 3u : 1u);
     int64_t total_state = 0;
     for (int64_t b : state) total_state += b;
     std::vector<int64_t> held(3);
-    for (size_t i = 0; i < 3; ++i) held[i] = arenas[i] + (i < state.size() ? state[i] : 0);
+    for (size_t i = 0; i < 3; ++i) held[i] = arenas[i].total() + (i < state.size() ? state[i] : 0);
     const int64_t others = std::min(held[1], held[2]);
     const int64_t params = static_cast<int64_t>(r.model->arenas().params.nbytes());
     for (int i = 1; i < 3; ++i) {
       Module& m = r.engine->data_parallel().replica(i);
       EXPECT_TRUE(m.shares_params_with(*r.model)) << "replica " << i;
       const Arenas& a = m.arenas();
-      EXPECT_EQ(arenas[i], static_cast<int64_t>(a.grads.nbytes() + (a.buffers.defined() ? a.buffers.nbytes() : 0)));
+      EXPECT_EQ(arenas[i].total(), static_cast<int64_t>(a.grads.nbytes() + (a.buffers.defined() ? a.buffers.nbytes() : 0)));
+      EXPECT_EQ(arenas[i].params, 0);
     }
     if (shard) {
       EXPECT_LE(held[0] - params - others, static_cast<int64_t>(kArenaAlign * sizeof(float)) * 2);
