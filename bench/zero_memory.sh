@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Per-replica memory and step time of a GPT with AdamW on DataParallel cpu:2
 # under each sharding: none, --shard-optimizer (ZeRO-1), --shard-grads
-# (ZeRO-2); then, with --python, PyTorch's DDP, ZeroRedundancyOptimizer and
-# FSDP SHARD_GRAD_OP over 2 Gloo processes (bench/pytorch/zero_memory.py).
+# (ZeRO-2), each without and with --checkpoint-activations; then, with
+# --python, PyTorch's DDP and ZeroRedundancyOptimizer (each without and
+# with activation checkpointing) and FSDP SHARD_GRAD_OP over 2 Gloo
+# processes (bench/pytorch/zero_memory.py). Memory in MiB per replica
+# (replica 0 / replica 1), from the epoch metrics' replica_memory.
 # Random tokens (nanoGPT's uint16 train.bin/val.bin); the step is nanoGPT's
 # (AdamW, betas 0.9/0.95, weight decay 0.1 off the one-dimensional
 # parameters, clipping at 1.0, dropout 0).
@@ -33,11 +36,12 @@ rng.integers(0, 50257, 1 << 20, dtype=np.uint16).tofile(f"{d}/train.bin")
 rng.integers(0, 50257, 4096, dtype=np.uint16).tofile(f"{d}/val.bin")
 json.dump({"vocab_size": 50304}, open(f"{d}/meta.json", "w"))
 PY
-echo "| configuration | replica 0 bytes | replica 1 bytes | ms/step |"
-echo "| --- | --- | --- | --- |"
-for mode in none --shard-optimizer --shard-grads; do
+echo "| configuration | params | grads | optimizer state | activations | total | ms/step |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for mode in none none+ckpt --shard-optimizer --shard-optimizer+ckpt --shard-grads --shard-grads+ckpt; do
   flags=()
-  [ "$mode" != none ] && flags=("$mode")
+  [ "${mode%+ckpt}" != none ] && flags=("${mode%+ckpt}")
+  [ "${mode%+ckpt}" != "$mode" ] && flags+=(--checkpoint-activations)
   "$build/apps/dp-train" --model "$model" --data "tokens:$work/tokens" --devices cpu:2 --batch-size "$batch" \
     --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight-decay 0.1 --no-decay-norm-bias --clip-grad-norm 1.0 \
     --max-steps "$steps" --timing-warmup 1 --progress off --workers 0 --metrics "$work/$mode.jsonl" "${flags[@]}" \
@@ -45,9 +49,13 @@ for mode in none --shard-optimizer --shard-grads; do
   python3 - "$work/$mode.jsonl" "$mode" "$steps" <<'PY'
 import json, sys
 m = [json.loads(l) for l in open(sys.argv[1])][-1]
-b = m["replica_bytes"]
+r = m["replica_memory"]
 ms = 1e3 * m["steady_epoch_seconds"] / int(sys.argv[3])  # the steps after the first, scaled to all
-print(f"| fanout cpu:2, {sys.argv[2]} | {b[0]:,} | {b[1]:,} | {ms:.0f} |")
+mib = lambda f: " / ".join(f"{f(x) / 2**20:.0f}" for x in r)
+total = lambda x: x["params"] + x["grads"] + x["buffers"] + x["optimizer_state"] + x["activations"]
+name = sys.argv[2].replace("+ckpt", " --checkpoint-activations")
+print(f"| fanout cpu:2, {name} | {mib(lambda x: x['params'])} | {mib(lambda x: x['grads'])} | "
+      f"{mib(lambda x: x['optimizer_state'])} | {mib(lambda x: x['activations'])} | {mib(total)} | {ms:.0f} |")
 PY
 done
 if [ -n "$python" ]; then

@@ -1,7 +1,9 @@
 """Per-process memory and step time of a GPT under PyTorch's sharding on CPU
 processes (Gloo), beside bench/zero_memory.sh's fanout rows: DDP with
-AdamW, DDP with ZeroRedundancyOptimizer (ZeRO-1), and FSDP SHARD_GRAD_OP
-(ZeRO-2) where the backend runs it.
+AdamW, DDP with ZeroRedundancyOptimizer (ZeRO-1), each also with every
+Block under activation checkpointing (torch.utils.checkpoint, non-reentrant,
+as apply_activation_checkpointing wraps it), and FSDP SHARD_GRAD_OP (ZeRO-2)
+where the backend runs it.
 
 Each of --nproc processes (one intra-op thread each) trains --steps steps
 of nanoGPT's step (AdamW, betas 0.9/0.95, its two groups, random tokens,
@@ -53,6 +55,11 @@ def worker(rank, args, mode, store, out):
     lines = []
     torch.manual_seed(0)
     model = gpt.GPT(config)
+    ckpt = mode.endswith("-ckpt")
+    mode = mode.removesuffix("-ckpt")
+    if ckpt:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, gpt.Block))
     try:
         if mode == "fsdp":
             net = FSDP(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=True)
@@ -90,7 +97,7 @@ def worker(rank, args, mode, store, out):
         else:
             pbytes = tensor_bytes(params)
         ms = 1e3 * sorted(times[1:])[len(times[1:]) // 2]
-        lines.append(f"{mode} rank {rank}: params {pbytes} grads {grads} state {state} "
+        lines.append(f"{mode}{'-ckpt' if ckpt else ''} rank {rank}: params {pbytes} grads {grads} state {state} "
                      f"peak_rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024} ms {ms:.0f}")
     except Exception as e:  # a backend without the collective the mode needs
         lines.append(f"{mode} rank {rank}: fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
@@ -105,7 +112,7 @@ def main():
     p.add_argument("--batch", type=int, default=2, help="global batch (rows)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--modes", default="ddp,zero,fsdp")
+    p.add_argument("--modes", default="ddp,ddp-ckpt,zero,zero-ckpt,fsdp")
     args = p.parse_args()
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory() as d:

@@ -3,7 +3,8 @@
 // kernels on both sides: within 1e-4 of each tensor's largest value); five
 // AdamW steps on DataParallel over 0,0 against one GPU; bf16-mixed logits
 // within bfloat16's rounding of float32's (cuDNN's fused attention, or its
-// fallback); and a warm step that allocates nothing on the GPU.
+// fallback); a warm step that allocates nothing on the GPU; and activation
+// checkpointing's step bit for bit the plain one's (dropout 0.1).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,14 +24,7 @@ namespace {
 using cudatest::gpu;
 
 models::GPTConfig config() {
-  models::GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 64;
-  c.block_size = 32;
-  c.vocab_size = 50;
-  c.dropout = 0.0f;
-  return c;
+  return {.block_size = 32, .vocab_size = 50, .n_layer = 2, .n_head = 4, .n_embd = 64, .dropout = 0.0f};
 }
 
 Tensor ids(int64_t b, int64_t t, uint64_t seed) {
@@ -56,8 +50,10 @@ struct Step {
   double loss;
 };
 
-Step one_step(Device d, DType autocast = DType::F32) {
-  auto m = models::gpt(config(), 3);
+Step one_step(Device d, DType autocast = DType::F32, bool checkpoint = false, float dropout = 0.0f) {
+  models::GPTConfig c = config();
+  c.dropout = dropout;
+  auto m = models::gpt(c, 3, checkpoint);
   EngineSpec spec;
   spec.devices = {d};
   spec.loss.criterion = CriterionKind::TokenCrossEntropy;
@@ -83,6 +79,14 @@ TEST(CudaGpt, StepMatchesTheCpu) {
   EXPECT_LT(rel(cuda.logits, cpu.logits), 1e-4) << "logits";
   EXPECT_NEAR(cuda.loss, cpu.loss, 1e-4 * std::abs(cpu.loss));
   EXPECT_LT(rel(cuda.grads, cpu.grads), 1e-4) << "gradients";
+}
+
+TEST(CudaGpt, CheckpointedStepIsThePlainStepBitForBit) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  const Step plain = one_step(gpu(), DType::F32, false, 0.1f), ckpt = one_step(gpu(), DType::F32, true, 0.1f);
+  EXPECT_TRUE(testing::same_bits(ckpt.grads, plain.grads));
+  EXPECT_EQ(ckpt.loss, plain.loss);
+  EXPECT_TRUE(testing::same_bits(ckpt.logits, plain.logits));
 }
 
 TEST(CudaGpt, Bf16MixedLogitsWithinItsRounding) {

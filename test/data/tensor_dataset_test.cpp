@@ -208,13 +208,7 @@ TEST(TensorDataset, TokenIdsBatchAsInt32AndTrainAGPT) {
   ASSERT_EQ(seen[0].size(), 10u);  // 192 windows in batches of 20
   EXPECT_EQ(seen[0], seen[1]);
   auto model = [] {
-    models::GPTConfig c;
-    c.n_layer = 1;
-    c.n_head = 2;
-    c.n_embd = 16;
-    c.block_size = 8;
-    c.vocab_size = 6;
-    return models::gpt(c, 3);
+    return models::gpt({.block_size = 8, .vocab_size = 6, .n_layer = 1, .n_head = 2, .n_embd = 16}, 3);
   };
   LossOptions loss;
   loss.criterion = CriterionKind::TokenCrossEntropy;

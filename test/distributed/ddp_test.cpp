@@ -279,13 +279,7 @@ TEST(DdpAgreement, ADifferentModelOrBatchSizeIsOneLineOnEveryRank) {
 // Ten AdamW steps (clipping at 1.0) of a small GPT with dropout 0.1 on
 // token batches of 8 rows; ranks take contiguous halves of each batch.
 TEST(Ddp, GptEqualsOneDeviceBitForBit) {
-  models::GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.block_size = 8;
-  c.vocab_size = 13;
-  c.dropout = 0.1f;
+  const models::GPTConfig c{.block_size = 8, .vocab_size = 13, .n_layer = 2, .n_head = 2, .n_embd = 16, .dropout = 0.1f};
   std::mt19937_64 rng(41);
   std::vector<testing::Batch> data;
   for (int s = 0; s < 10; ++s) {

@@ -8,6 +8,8 @@
 #    the epoch's gradient norms included.
 #  - mlp with AdamW (amsgrad), groups and both clippings: DDP over 2
 #    processes equals one device bit for bit (split-invariant).
+#  - the same resnet18 run with --checkpoint-activations ends with the same
+#    tensors, bit for bit, and reports fewer activation bytes.
 #  - best.safetensors holds the model alone; an epoch checkpoint the model
 #    and optimizer.<state>.<param> for every state and parameter.
 # Seeded, split-invariant math gives those bits to a run that ignored
@@ -122,6 +124,17 @@ common=(--model resnet18 --data synthetic:96 --batch-size 16 --epochs 2 --device
 "$DP_TRAIN" "${common[@]}" --save-dir "$work/whole" --save-every-steps 2 --keep-last 20 --metrics "$work/whole.jsonl"
 ls "$work/whole"
 [ -f "$work/whole/epoch-0001-batch-0000004.safetensors" ] || { echo "FAIL: no mid-epoch checkpoint"; exit 1; }
+# --checkpoint-activations: every BasicBlock recomputed in backward; the same tensors at the end, bit
+# for bit (parameters, running statistics, AdamW's state), and fewer activation bytes.
+"$DP_TRAIN" "${common[@]}" --checkpoint-activations --save-dir "$work/ckpt" --metrics "$work/ckpt.jsonl" > /dev/null
+python3 "$here/same_tensors.py" "$work/whole/epoch-0002.safetensors" "$work/ckpt/epoch-0002.safetensors"
+python3 - "$work" <<'PY'
+import json, sys
+act = lambda f: [json.loads(l) for l in open(f"{sys.argv[1]}/{f}.jsonl")][-1]["replica_memory"][0]["activations"]
+plain, ckpt = act("whole"), act("ckpt")
+assert 0 < ckpt < plain, f"activation bytes {ckpt} with --checkpoint-activations, {plain} without"
+print(f"--checkpoint-activations == without, bit for bit; activation bytes {ckpt:,} (without: {plain:,})")
+PY
 "$DP_TRAIN" "${common[@]}" --resume "$work/whole/epoch-0001-batch-0000004.safetensors" --save-dir "$work/resumed" \
   --metrics "$work/resumed.jsonl" | tee "$work/resumed.log"
 # 96 samples in batches of 16: 6 steps an epoch; the checkpoint is 4 batches into the second.

@@ -50,12 +50,7 @@ Shape sample_of(const std::string& m) {
 
 int classes_of(const std::string& m) { return is_gpt_model(m) ? 11 : m.rfind("heatmap3d", 0) == 0 ? 2 : 10; }
 
-Tensor random_ids(int64_t rows, int64_t t, int v, std::mt19937_64& rng) {
-  Tensor ids = Tensor::empty(Shape{rows, t}, DType::I32);
-  std::uniform_int_distribution<int> u(0, v - 1);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = u(rng);
-  return ids;
-}
+using testing::random_ids;
 
 std::vector<testing::Batch> batches_for(const std::string& m, int64_t rows, int steps, uint64_t seed) {
   if (!is_gpt_model(m)) {

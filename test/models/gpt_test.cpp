@@ -52,12 +52,7 @@ GPTConfig small(bool bias = true, float dropout = 0.0f) {
 
 Tensor ft_clone(const Tensor& t) { return testing::clone(t); }
 
-Tensor random_ids(int64_t b, int64_t t, int v, std::mt19937_64& rng, bool some_ignored = false) {
-  Tensor ids = Tensor::empty(Shape{b, t}, DType::I32);
-  std::uniform_int_distribution<int> u(0, v - 1);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = some_ignored && i % 5 == 3 ? -1 : u(rng);
-  return ids;
-}
+using testing::random_ids;
 
 // ---- a float64 GPT from the formulas (nanoGPT's model.py) ----
 using P = std::map<std::string, std::vector<double>>;

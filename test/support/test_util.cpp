@@ -21,6 +21,13 @@ Tensor random_tensor(const Shape& s, std::mt19937_64& rng, float lo, float hi) {
   return t;
 }
 
+Tensor random_ids(int64_t b, int64_t t, int v, std::mt19937_64& rng, bool some_ignored) {
+  Tensor ids = Tensor::empty(Shape{b, t}, DType::I32);
+  std::uniform_int_distribution<int> u(0, v - 1);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = some_ignored && i % 5 == 3 ? -1 : u(rng);
+  return ids;
+}
+
 Tensor random_heatmaps(const Shape& s, std::mt19937_64& rng) {
   Tensor t = random_tensor(s, rng, 0.0f, 0.05f);
   const int64_t planes = s[0] * s[1], voxels = t.numel() / planes;

@@ -20,6 +20,8 @@ Tensor random_labels(int64_t n, int classes, std::mt19937_64& rng);
 // Dense heatmap targets (N, K, spatial...): noise in [0, 0.05) and one peak of
 // 1 at a random voxel of every (row, landmark) plane.
 Tensor random_heatmaps(const Shape& s, std::mt19937_64& rng);
+// (b, t) int32 token ids uniform in [0, v); with some_ignored every fifth (i % 5 == 3) is -1.
+Tensor random_ids(int64_t b, int64_t t, int v, std::mt19937_64& rng, bool some_ignored = false);
 
 // `steps` seeded batches of `rows` samples of shape `sample` (C, H, W) with
 // labels in [0, 10).
