@@ -63,6 +63,10 @@
 #              bf16-mixed, with tokens/s and MFU: gpt2 (batch 8, T 1024) and
 #              nanoGPT's shakespeare_char size (gpt-char, batch 64, T 256),
 #              beside bench/pytorch/gpt_step.py when it is there -> gpt.jsonl
+#   memory     (named only) bench/zero_memory.sh on 0,0 in bf16-mixed: gpt2
+#              (T 1024, batch 16) unsharded and --shard-optimizer, each
+#              with and without --checkpoint-activations: replica_memory by
+#              kind and ms/step                   -> memory.log
 #   profile    (named only) Nsight Compute's time for every kernel of a short
 #              resnet18 run in TF32 and bf16-mixed (square and wide
 #              channels-last copies), grouped -> profile.log
@@ -104,7 +108,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose goals goals3d gpt profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt profile)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals goals3d gpt memory profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt memory profile)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -687,6 +691,14 @@ step_gpt() {
   return "$rc"
 }
 
+# Per-replica memory of gpt2 on one GPU repeated (0,0) in bf16-mixed, with
+# and without ZeRO-1 and activation checkpointing (--shard-grads is CPU-only).
+step_memory() {
+  [ -x "$build/apps/dp-train" ] || { echo "no dp-train in $build/apps (build step failed?)"; return 1; }
+  frun bash "$repo/bench/zero_memory.sh" --build "$build" --model gpt:gpt2 --batch 16 --steps 6 --devices 0,0 \
+    --modes none,none+ckpt,--shard-optimizer,--shard-optimizer+ckpt --extra "--precision bf16-mixed --allow-tf32"
+}
+
 # Where a resnet18 step's GPU time goes (batch 256, cuda:0, TF32 and
 # bf16-mixed, cuDNN's heuristics): Nsight Compute times every kernel of a
 # short dp-bench run (2 configurations x 3 steps), kernel_times.py groups them.
@@ -746,6 +758,7 @@ for s in "${steps[@]}"; do
     goals) run_step goals "$out/goals.log" step_goals ;;
     goals3d) run_step goals3d "$out/goals3d.log" step_goals3d ;;
     gpt) run_step gpt "$out/gpt.log" step_gpt ;;
+    memory) run_step memory "$out/memory.log" step_memory ;;
     profile) run_step profile "$out/profile.log" step_profile ;;
   esac
 done
