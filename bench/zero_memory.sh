@@ -12,8 +12,8 @@
 #
 # On a GPU (bench/gpu/run_gpu.sh's memory step): --devices 0,0, --modes
 # without --shard-grads and --extra "--precision bf16-mixed"; replicas on
-# one repeated GPU share its pool, so each one's activations there are the
-# pool's peak less that replica's model bytes.
+# one repeated GPU share its pool, and its activations are split evenly
+# between them.
 #
 #   bench/zero_memory.sh [--build DIR] [--model gpt:gpt2,block_size=256] [--batch 2] [--steps 4]
 #                        [--devices cpu:2] [--modes none,none+ckpt,...] [--extra "FLAGS"] [--python PY]

@@ -10,7 +10,8 @@
 // updating its running statistics or all-reducing again (SyncBatchNorm), and
 // the block sees the same input. The wrapper adds no name: the block's
 // parameters keep theirs (layer1.0.conv1.weight), as in a model without it.
-// A checkpointed block inside another runs as a plain one.
+// A checkpointed block inside another runs as a plain one. The block runs
+// only through its wrapper: its buffers point into the shared slots.
 #pragma once
 #include <memory>
 
@@ -26,7 +27,6 @@ class Checkpointed : public Module {
   std::unique_ptr<Module> make_like() const override;
   std::string type_name() const override { return "Checkpointed"; }
   void set_input_grad(bool on) override;
-  Module& block() { return *block_; }
 
  private:
   // The block's forward inside the shared slots, on a copy of x_ (a block

@@ -4,6 +4,7 @@
 #include "runtime/core/error.h"
 
 #include <atomic>
+#include <set>
 
 namespace fanout {
 
@@ -82,6 +83,10 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() {
 void Module::materialize(Device d) {
   auto ps = named_parameters();
   auto bs = named_buffers();
+  // Unnamed children add no level: two of them could give two tensors one name.
+  std::set<std::string> names;
+  for (auto& [n, p] : ps) FANOUT_USER_CHECK(names.insert(n).second) << "two parameters are named '" << n << "'";
+  for (auto& [n, b] : bs) FANOUT_USER_CHECK(names.insert(n).second) << "two tensors are named '" << n << "'";
   int64_t p_total = 0, b_total = 0;
   for (auto& [n, p] : ps) {
     p->offset = p_total;

@@ -110,7 +110,8 @@ class Optimizer {
   // The names state() has once the optimizer has stepped.
   virtual std::vector<std::string> state_names() const = 0;
   // Bytes of state per device it lives on: one entry (this optimizer's
-  // device), or one per shard for a sharded optimizer.
+  // device), or one per shard for a sharded optimizer (the first also
+  // counting the whole state assembled for checkpoints, once it exists).
   virtual std::vector<int64_t> state_bytes() const = 0;
 
   // What clipping and loss scaling do to the gradients the next step reads:

@@ -53,6 +53,9 @@ std::vector<std::string> ShardedOptimizer::state_names() const { return shards_[
 std::vector<int64_t> ShardedOptimizer::state_bytes() const {
   std::vector<int64_t> out;
   for (const auto& s : shards_) out.push_back(s->state_bytes()[0]);
+  // The assembled copy checkpoints read, kept on the primary's host once made.
+  for (const auto& [name, t] : full_)
+    if (!out.empty() && t.defined()) out[0] += static_cast<int64_t>(t.nbytes());
   return out;
 }
 

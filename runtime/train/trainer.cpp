@@ -624,19 +624,26 @@ std::vector<ReplicaMemory> model_memory(Engine& engine, const optim::Optimizer& 
   return out;
 }
 int64_t model_bytes(const ReplicaMemory& r) { return r.params + r.grads + r.buffers + r.optimizer_state; }
+// The model bytes of every replica on replica i's device (a GPU repeated in
+// the device list holds several), and how many replicas those are.
+std::pair<int64_t, int64_t> device_models(const std::vector<Device>& devices, const std::vector<ReplicaMemory>& model,
+                                          size_t i) {
+  int64_t bytes = 0, count = 0;
+  for (size_t j = 0; j < devices.size() && j < model.size(); ++j)
+    if (devices[j] == devices[i]) bytes += model_bytes(model[j]), ++count;
+  return {bytes, count};
+}
 constexpr size_t kMemoryKinds = 5;
 }  // namespace
 
 void Trainer::start_memory() {
   const std::vector<Device> devices = engine_.devices();
   const std::vector<ReplicaMemory> model = model_memory(engine_, opt_);
+  for (const Device& d : devices) reset_device_peak_bytes(d);  // the mark restarts from what is held now
   held_before_.assign(devices.size(), 0);
-  for (size_t i = 0; i < devices.size(); ++i) {
-    reset_device_peak_bytes(devices[i]);
-    if (devices[i].is_cpu() && i < model.size())
-      held_before_[i] =
-          std::max<int64_t>(0, static_cast<int64_t>(cpu_device_live_bytes(devices[i])) - model_bytes(model[i]));
-  }
+  for (size_t i = 0; i < devices.size() && i < model.size(); ++i)
+    held_before_[i] =
+        std::max<int64_t>(0, static_cast<int64_t>(device_peak_bytes(devices[i])) - device_models(devices, model, i).first);
 }
 
 void Trainer::measure_memory(EpochMetrics& m) {
@@ -653,11 +660,13 @@ void Trainer::measure_memory(EpochMetrics& m) {
   for (size_t i = 0; i < replicas && i < model.size(); ++i) v[1 + rank * replicas + i] = model_bytes(model[i]);
   const size_t kinds = 1 + (n + replicas) * static_cast<size_t>(world);
   for (size_t i = 0; i < devices.size() && i < model.size(); ++i) {
+    // Replicas sharing a device (a repeated GPU) share its activations evenly.
     const int64_t peak = static_cast<int64_t>(device_peak_bytes(devices[i]));
     const int64_t before = i < held_before_.size() ? held_before_[i] : 0;
+    const auto [models, sharing] = device_models(devices, model, i);
     const ReplicaMemory& r = model[i];
     const int64_t row[kMemoryKinds] = {r.params, r.grads, r.buffers, r.optimizer_state,
-                                       std::max<int64_t>(0, peak - before - model_bytes(r))};
+                                       std::max<int64_t>(0, peak - before - models) / sharing};
     std::copy(row, row + kMemoryKinds, v.begin() + static_cast<int64_t>(kinds + kMemoryKinds * (rank * devices.size() + i)));
   }
   // The last slot: bad samples replaced by either split's dataset (-1 from both: not counted).

@@ -103,7 +103,8 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 
 // One replica's memory in bytes. activations: the device's peak since the
 // run started less the other kinds and less what the device held besides the
-// model then (datasets): layers' outputs and their gradients, scratch, batches.
+// model then (datasets): layers' outputs and their gradients, scratch, batches
+// (replicas on one device, a GPU repeated in the list, share it evenly).
 struct ReplicaMemory {
   int64_t params = 0, grads = 0, buffers = 0, optimizer_state = 0, activations = 0;
 };

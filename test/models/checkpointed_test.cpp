@@ -143,6 +143,18 @@ TEST(Checkpointed, NamesAndInitialValuesAreTheModelsWithout) {
   }
 }
 
+TEST(Checkpointed, UnnamedWrappersCannotGiveTwoTensorsOneName) {
+  auto block = [] {
+    auto s = std::make_unique<models::Sequential>();
+    s->add("fc", std::make_unique<models::Linear>(4, 4));
+    return std::make_unique<Checkpointed>(std::move(s));
+  };
+  models::Sequential m;
+  m.add("", block());
+  m.add("", block());
+  EXPECT_EQ(testing::error_of([&] { m.init(1); }), "two parameters are named 'fc.weight'");
+}
+
 TEST(Checkpointed, ModelWithoutBlocksIsOneLine) {
   EXPECT_EQ(testing::error_of([] { models::make_model("lenet", Shape{1, 28, 28}, 10, 1, true); }),
             "model lenet has no blocks to checkpoint (resnet18, heatmap3d and gpt have)");

@@ -166,6 +166,10 @@ TEST_P(ShardedOptimizerTest, ReplicaBytesAreBalancedWhenSharded) {
     }
     if (shard) {
       EXPECT_LE(held[0] - params - others, static_cast<int64_t>(kArenaAlign * sizeof(float)) * 2);
+      // Once a checkpoint has assembled the whole state, the primary holds that copy too.
+      const auto names = r.opt->state_names();
+      r.opt->state();
+      EXPECT_EQ(r.opt->state_bytes()[0], state[0] + static_cast<int64_t>(names.size()) * params);
     } else {
       EXPECT_EQ(held[0] - params - others, total_state);
     }
