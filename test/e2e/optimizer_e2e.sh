@@ -81,12 +81,17 @@ import json, sys
 from safetensors.numpy import load_file
 rows = [json.loads(l) for l in open(f"{sys.argv[1]}/sharded.jsonl")]
 b = rows[-1]["replica_bytes"]
-# The parameters are counted once, on the primary (CPU replicas read its arena); the rest (gradients,
-# a half of AdamW's state each) about the same; arena entries and shards are aligned to 16 floats.
-params = {k: v for k, v in load_file(f"{sys.argv[1]}/sharded/epoch-0002.safetensors").items() if not k.startswith("optimizer")}
-p = sum(v.nbytes for v in params.values())
-assert len(b) == 2 and abs(b[0] - b[1] - p) <= 64 * len(params) + 256, f"sharded replicas hold {b}, parameters {p} bytes"
-print(f"--shard-optimizer cpu:2 == one device, and resumed on cpu:3, bit for bit; replica bytes {b}, parameters {p}")
+# The parameters are counted once, on the primary (CPU replicas read its arena), and so is the whole
+# optimizer state the first epoch's checkpoint assembled there; the rest (gradients, a half of AdamW's
+# state each) about the same; arena entries and shards are aligned to 16 floats.
+tensors = load_file(f"{sys.argv[1]}/sharded/epoch-0002.safetensors")
+params = {k: v for k, v in tensors.items() if not k.startswith("optimizer")}
+state = {k: v for k, v in tensors.items() if k.startswith("optimizer")}
+p, s = sum(v.nbytes for v in params.values()), sum(v.nbytes for v in state.values())
+assert len(b) == 2 and abs(b[0] - b[1] - p - s) <= 64 * (len(params) + len(state)) + 256, \
+    f"sharded replicas hold {b}, parameters {p} bytes, assembled state {s}"
+print(f"--shard-optimizer cpu:2 == one device, and resumed on cpu:3, bit for bit; replica bytes {b}, parameters {p}, "
+      f"assembled state {s}")
 PY
 
 # --shard-optimizer under DDP: 2 processes (a shard each) equal one device bit
