@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/attention_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace fanout::kernels::cuda {
@@ -156,13 +157,6 @@ void narrow(Context& ctx, float* src, Tensor& dst) {
 }
 
 }  // namespace
-
-// kernels/cuda/attention_cudnn.cu: false when cuDNN refused (nothing written).
-bool cudnn_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                             Tensor& y, Tensor& lse);
-bool cudnn_attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                              const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk,
-                              Tensor& dv);
 
 void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale, Tensor& y,
                        Tensor& lse) {

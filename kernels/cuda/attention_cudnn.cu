@@ -59,9 +59,11 @@
 #include "kernels/attention.h"
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -71,6 +73,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace fanout::kernels::cuda {
@@ -170,13 +173,11 @@ class Graph {
     set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (mode == CUDNN_POINTWISE_GEN_INDEX) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
     finalize(pw, "a pointwise descriptor");
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
-    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    add_op(op, "a pointwise operation");
+    add_op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+           {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw}, {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
+            {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b}, {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
+            {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}},
+           "a pointwise operation");
   }
   void pw1(cudnnPointwiseMode_t m, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     pointwise(m, CUDNN_DATA_FLOAT, x, nullptr, nullptr, y);
@@ -192,11 +193,10 @@ class Graph {
     set(r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &op_kind);
     set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f);
     finalize(r, "a reduction descriptor");
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
-    add_op(op, "a reduction operation");
+    add_op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+           {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x}, {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y},
+            {CUDNN_ATTR_OPERATION_REDUCTION_DESC, r}},
+           "a reduction operation");
   }
 
   // c = a b (batched over the first two dims), float32 accumulation.
@@ -205,20 +205,16 @@ class Graph {
     const cudnnDataType_t f = CUDNN_DATA_FLOAT;
     set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f);
     finalize(mm, "a matmul descriptor");
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-    add_op(op, "a matmul operation");
+    add_op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+           {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a}, {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+            {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c}, {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}},
+           "a matmul operation");
   }
 
   // y: x's memory under other dims and strides (a transpose view).
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
-    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    add_op(op, "a reshape operation");
+    add_op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+           {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}}, "a reshape operation");
   }
 
   // The finalized operation graph of every operation added.
@@ -236,7 +232,13 @@ class Graph {
     keep_.emplace_back(t);
     return keep_.back().get();
   }
-  void add_op(cudnnBackendDescriptor_t op, const char* what) {
+  // A finalized operation of `type` with these descriptor attributes (null ones left out).
+  void add_op(cudnnBackendDescriptorType_t type,
+              std::initializer_list<std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t>> attrs,
+              const char* what) {
+    cudnnBackendDescriptor_t op = make(type);
+    for (const auto& [name, desc] : attrs)
+      if (desc) set_desc(op, name, desc);
     finalize(op, what);
     ops_.push_back(op);
   }
@@ -275,20 +277,36 @@ cudnnBackendDescriptor_t causal_mask(Graph& g, const Shape4& s, cudnnBackendDesc
   return masked;
 }
 
+// scale * Q K^T (float32, virtual).
+cudnnBackendDescriptor_t scaled_scores(Graph& g, const Shape4& s, cudnnBackendDescriptor_t q,
+                                       cudnnBackendDescriptor_t kt, cudnnBackendDescriptor_t scale) {
+  auto qk = g.virt(CUDNN_DATA_FLOAT, s.scores(), s.scores_strides());
+  g.matmul(q, kt, qk);
+  auto scaled = g.virt(CUDNN_DATA_FLOAT, s.scores(), s.scores_strides());
+  g.pw2(CUDNN_POINTWISE_MUL, qk, scale, scaled);
+  return scaled;
+}
+
+// The tensors both passes bind: Q, K^T (K's memory), O, the softmax
+// statistics (lse, float32), and the scale and -inf scalars.
+struct PassTensors {
+  cudnnBackendDescriptor_t q, kt, o, stats, scale, neg_inf;
+};
+PassTensors pass_tensors(Graph& g, const Shape4& s) {
+  return {g.tensor(kQ, g.io(), s.qkv(), s.qkv_strides(), false),
+          g.tensor(kK, g.io(), s.kt(), s.kt_strides(), false),
+          g.tensor(kO, g.io(), s.qkv(), s.qkv_strides(), false),
+          g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), s.rows_strides(), false),
+          g.scalar(kScale),
+          g.scalar(kNegInf)};
+}
+
 cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Shape4& s) {
   const auto F = CUDNN_DATA_FLOAT;
-  auto q = g.tensor(kQ, g.io(), s.qkv(), s.qkv_strides(), false);
-  auto kt = g.tensor(kK, g.io(), s.kt(), s.kt_strides(), false);
+  const auto [q, kt, o, stats, scale, neg_inf] = pass_tensors(g, s);
   auto v = g.tensor(kV, g.io(), s.qkv(), s.qkv_strides(), false);
-  auto o = g.tensor(kO, g.io(), s.qkv(), s.qkv_strides(), false);
-  auto stats = g.tensor(kStats, F, s.rows(), s.rows_strides(), false);
-  auto scale = g.scalar(kScale);
-  auto neg_inf = g.scalar(kNegInf);
 
-  auto s1 = g.virt(F, s.scores(), s.scores_strides());
-  g.matmul(q, kt, s1);
-  auto s2 = g.virt(F, s.scores(), s.scores_strides());
-  g.pw2(CUDNN_POINTWISE_MUL, s1, scale, s2);
+  auto s2 = scaled_scores(g, s, q, kt, scale);
   auto s3 = causal_mask(g, s, s2, neg_inf);
   auto m = g.virt(F, s.rows(), s.rows_strides());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s3, m);
@@ -309,19 +327,14 @@ cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Shape4& 
 
 cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Shape4& s) {
   const auto F = CUDNN_DATA_FLOAT;
-  auto q = g.tensor(kQ, g.io(), s.qkv(), s.qkv_strides(), false);
-  auto kt = g.tensor(kK, g.io(), s.kt(), s.kt_strides(), false);
+  const auto [q, kt, o, stats, scale, neg_inf] = pass_tensors(g, s);
   auto vt = g.tensor(kV, g.io(), s.kt(), s.kt_strides(), false);
-  auto o = g.tensor(kO, g.io(), s.qkv(), s.qkv_strides(), false);
   auto d_o = g.tensor(kDO, g.io(), s.qkv(), s.qkv_strides(), false);
-  auto stats = g.tensor(kStats, F, s.rows(), s.rows_strides(), false);
   auto dq = g.tensor(kDQ, g.io(), s.qkv(), s.qkv_strides(), false);
   auto dk = g.tensor(kDK, g.io(), s.qkv(), s.qkv_strides(), false);
   auto dv = g.tensor(kDV, g.io(), s.qkv(), s.qkv_strides(), false);
   auto softmax_sum = g.tensor(kSoftmaxSum, F, s.rows(), s.rows_strides(), false);
   auto dq_accum = g.tensor(kDQAccum, F, s.qkv(), s.qkv_strides(), false);
-  auto scale = g.scalar(kScale);
-  auto neg_inf = g.scalar(kNegInf);
   auto one = g.scalar(kOne);
 
   // softmax_sum = rowsum(dO * O)
@@ -332,10 +345,7 @@ cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Shape4&
   g.pw2(CUDNN_POINTWISE_MUL, row_dot, one, softmax_sum);
 
   // P = exp(scale * Q K^T - lse), masked; dV = P^T dO
-  auto s1 = g.virt(F, s.scores(), s.scores_strides());
-  g.matmul(q, kt, s1);
-  auto s2 = g.virt(F, s.scores(), s.scores_strides());
-  g.pw2(CUDNN_POINTWISE_MUL, s1, scale, s2);
+  auto s2 = scaled_scores(g, s, q, kt, scale);
   auto s3 = g.virt(F, s.scores(), s.scores_strides());
   g.pw2(CUDNN_POINTWISE_SUB, s2, stats, s3);
   auto s4 = causal_mask(g, s, s3, neg_inf);
@@ -372,22 +382,12 @@ struct FusedPlan {
   std::vector<Desc> keep;  // the graph's descriptors, alive as long as the plan
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace = 0;  // bytes cuDNN asks for
-  bool refused = false;   // cuDNN said NOT_SUPPORTED: callers take the widened path
+  std::atomic<bool> refused{false};  // cuDNN said NOT_SUPPORTED: callers take the widened path
   std::mutex run;         // one execution of this plan at a time
 };
 
 using PlanKey = std::array<int64_t, 9>;
-
-struct PlanCache {
-  std::mutex mu;
-  std::map<PlanKey, std::unique_ptr<FusedPlan>> plans;
-};
-
-// Process-wide, never destroyed (see kernels/cuda/conv.cu's plan cache).
-PlanCache& plan_cache() {
-  static PlanCache* cache = new PlanCache;
-  return *cache;
-}
+using FusedPlans = detail::PlanCache<PlanKey, FusedPlan>;
 
 bool has_note(cudnnBackendDescriptor_t cfg, std::vector<Desc>& keep, cudnnBackendNumericalNote_t note) {
   keep.emplace_back(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
@@ -489,47 +489,42 @@ FusedPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Shape4& s, DTy
   // only ever runs with it (one context's, on one worker thread).
   const PlanKey key{ctx.device().index, static_cast<int64_t>(reinterpret_cast<uintptr_t>(h)),
                     static_cast<int64_t>(dir), s.b, s.h, s.t, s.d, static_cast<int64_t>(dt), det};
-  PlanCache& cache = plan_cache();
-  {
-    std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.plans.find(key);
-    if (it != cache.plans.end()) return it->second->refused ? nullptr : it->second.get();
-  }
   // Built unlocked: finalizing may compile kernels (seconds), which must not
   // hold up other devices' workers.
-  std::unique_ptr<FusedPlan> plan;
-  const auto refuse = [&](const std::string& why) {
-    std::fprintf(stderr,
-                 "fanout: attention %s %s (B=%lld, H=%lld, T=%lld, D=%lld)%s: cuDNN's fused flash attention refused "
-                 "(%s); running the widened float32 path for this shape\n",
-                 dir == Dir::Forward ? "forward" : "backward", dtype_label(dt), static_cast<long long>(s.b),
-                 static_cast<long long>(s.h), static_cast<long long>(s.t), static_cast<long long>(s.d),
-                 det ? " deterministic" : "", why.c_str());
-    plan = std::make_unique<FusedPlan>();
-    plan->refused = true;
-  };
-  int major = 0;
-  FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device().index));
-  if (major < 8) {
-    // cuDNN's fused flash attention kernels start at Ampere.
-    refuse("compute capability " + std::to_string(major) + ".x, below 8.0");
-  } else if (s.d % 8 != 0 || s.d > 128) {
-    // cudnn-frontend's SDPA support check: the head dimension a multiple of 8,
-    // at most 128 (backward; forward and Hopper allow more, kept symmetric).
-    refuse("D must be a multiple of 8 and at most 128");
-  } else {
-    try {
-      // Finalizing may load or compile kernels and allocate: calls another
-      // thread's graph capture (cuDNN's timed convolution search) forbids.
-      std::shared_lock<std::shared_mutex> capture_safe(::fanout::detail::capture_guard());
-      plan = build_plan(h, dir, s, dt == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, det);
-    } catch (const Refused& r) {
-      refuse(r.where + ": " + cudnnGetErrorString(r.status));
+  FusedPlan& cached = FusedPlans::instance().get(key, [&] {
+    std::unique_ptr<FusedPlan> plan;
+    const auto refuse = [&](const std::string& why) {
+      std::fprintf(stderr,
+                   "fanout: attention %s %s (B=%lld, H=%lld, T=%lld, D=%lld)%s: cuDNN's fused flash attention refused "
+                   "(%s); running the widened float32 path for this shape\n",
+                   dir == Dir::Forward ? "forward" : "backward", dtype_label(dt), static_cast<long long>(s.b),
+                   static_cast<long long>(s.h), static_cast<long long>(s.t), static_cast<long long>(s.d),
+                   det ? " deterministic" : "", why.c_str());
+      plan = std::make_unique<FusedPlan>();
+      plan->refused = true;
+    };
+    int major = 0;
+    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device().index));
+    if (major < 8) {
+      // cuDNN's fused flash attention kernels start at Ampere.
+      refuse("compute capability " + std::to_string(major) + ".x, below 8.0");
+    } else if (s.d % 8 != 0 || s.d > 128) {
+      // cudnn-frontend's SDPA support check: the head dimension a multiple of 8,
+      // at most 128 (backward; forward and Hopper allow more, kept symmetric).
+      refuse("D must be a multiple of 8 and at most 128");
+    } else {
+      try {
+        // Finalizing may load or compile kernels and allocate: calls another
+        // thread's graph capture (cuDNN's timed convolution search) forbids.
+        std::shared_lock<std::shared_mutex> capture_safe(::fanout::detail::capture_guard());
+        plan = build_plan(h, dir, s, dt == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, det);
+      } catch (const Refused& r) {
+        refuse(r.where + ": " + cudnnGetErrorString(r.status));
+      }
     }
-  }
-  std::lock_guard<std::mutex> lock(cache.mu);
-  auto [it, inserted] = cache.plans.emplace(key, std::move(plan));  // a racing twin keeps the first
-  return it->second->refused ? nullptr : it->second.get();
+    return plan;
+  });
+  return cached.refused ? nullptr : &cached;
 }
 
 void refuse_at_execution(FusedPlan& p, Dir dir, cudnnStatus_t st) {
@@ -537,7 +532,6 @@ void refuse_at_execution(FusedPlan& p, Dir dir, cudnnStatus_t st) {
                "fanout: attention %s: cuDNN's fused flash attention refused at execution (%s); running the widened "
                "float32 path for this shape from now on\n",
                dir == Dir::Forward ? "forward" : "backward", cudnnGetErrorString(st));
-  std::lock_guard<std::mutex> lock(plan_cache().mu);
   p.refused = true;
 }
 
@@ -572,13 +566,6 @@ bool execute(cudnnHandle_t h, FusedPlan& p, Dir dir, const std::vector<int64_t>&
 Shape4 shape_of(const Tensor& q) { return {q.size(0), q.size(1), q.size(2), q.size(3)}; }
 
 }  // namespace
-
-// Declared in kernels/cuda/attention.cu, which falls back when these return false.
-bool cudnn_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                             Tensor& y, Tensor& lse);
-bool cudnn_attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                              const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk,
-                              Tensor& dv);
 
 bool cudnn_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                              Tensor& y, Tensor& lse) {

@@ -11,6 +11,9 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
@@ -303,5 +306,35 @@ inline Planes planes_of(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1);
   return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
 }
+
+// A process-wide cache of plans (cuDNN descriptors) by key, never destroyed:
+// plans hold only host-side descriptors, and destroying them during static
+// teardown could run after cuDNN has unloaded. A missing plan is built
+// unlocked (a timed search may sync a stream, finalizing may compile
+// kernels: neither may hold up other devices' workers); a racing twin keeps
+// the first plan inserted.
+template <class Key, class Plan>
+class PlanCache {
+ public:
+  static PlanCache& instance() {
+    static PlanCache* cache = new PlanCache;
+    return *cache;
+  }
+  template <class Build>
+  Plan& get(const Key& key, const Build& build) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return *it->second;
+    }
+    std::unique_ptr<Plan> plan = build();
+    std::lock_guard<std::mutex> lock(mu_);
+    return *plans_.emplace(key, std::move(plan)).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
 
 }  // namespace fanout::kernels::cuda::detail

@@ -116,92 +116,56 @@ struct FindBuffers {
   void* out;
 };
 
+// One direction's cuDNN calls. Every call takes three descriptors in one
+// order, (A, B, C): forward (x, w, y), backward data (w, dy, dx), backward
+// filter (x, dy, dw); FindBuffers holds the same three in that order.
+template <class PerfT, auto MaxCount, auto Heuristics, auto Find, auto Workspace, auto A, auto B, auto C,
+          auto... Transforms>
+struct CudnnAlgos {
+  using Perf = PerfT;
+  using Algo = decltype(PerfT{}.algo);
+  // FFT and Winograd: kept out where float32 accuracy or low types are asked.
+  static bool transform_based(Algo a) { return ((a == Transforms) || ...); }
+  static int max_count(cudnnHandle_t h) {
+    int n = 0;
+    FANOUT_CUDNN_CHECK(MaxCount(h, &n));
+    return n;
+  }
+  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
+    FANOUT_CUDNN_CHECK(Heuristics(h, p.*A, p.*B, p.conv, p.*C, want, got, out));
+  }
+  // For backward filter, b.out is a scratch buffer: the real dw accumulates.
+  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
+                   size_t ws_bytes) {
+    FANOUT_CUDNN_CHECK(Find(h, p.*A, b.in0, p.*B, b.in1, p.conv, p.*C, b.out, want, got, out, ws, ws_bytes));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
+    return Workspace(h, p.*A, p.*B, p.conv, p.*C, a, bytes);
+  }
+};
+
 template <Dir D>
 struct Algos;
 
-template <>
-struct Algos<Dir::Forward> {
-  using Perf = cudnnConvolutionFwdAlgoPerf_t;
-  using Algo = cudnnConvolutionFwdAlgo_t;
-  static const char* name() { return "forward"; }
-  static bool transform_based(Algo a) {
-    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-  }
-  static int max_count(cudnnHandle_t h) {
-    int n = 0;
-    FANOUT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
-    return n;
-  }
-  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
-    FANOUT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, want, got, out));
-  }
-  // in0 = x, in1 = w, out = y
-  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
-                   size_t ws_bytes) {
-    FANOUT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, b.in0, p.w, b.in1, p.conv, p.y, b.out, want,
-                                                              got, out, ws, ws_bytes));
-  }
-  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, a, bytes);
-  }
-};
+template <> struct Algos<Dir::Forward> : CudnnAlgos<cudnnConvolutionFwdAlgoPerf_t,
+    cudnnGetConvolutionForwardAlgorithmMaxCount, cudnnGetConvolutionForwardAlgorithm_v7,
+    cudnnFindConvolutionForwardAlgorithmEx, cudnnGetConvolutionForwardWorkspaceSize, &ConvPlan::x, &ConvPlan::w,
+    &ConvPlan::y, CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+    CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED> {};
+template <> struct Algos<Dir::BackwardData> : CudnnAlgos<cudnnConvolutionBwdDataAlgoPerf_t,
+    cudnnGetConvolutionBackwardDataAlgorithmMaxCount, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+    cudnnFindConvolutionBackwardDataAlgorithmEx, cudnnGetConvolutionBackwardDataWorkspaceSize, &ConvPlan::w,
+    &ConvPlan::y, &ConvPlan::x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+    CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD, CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED> {};
+template <> struct Algos<Dir::BackwardFilter> : CudnnAlgos<cudnnConvolutionBwdFilterAlgoPerf_t,
+    cudnnGetConvolutionBackwardFilterAlgorithmMaxCount, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+    cudnnFindConvolutionBackwardFilterAlgorithmEx, cudnnGetConvolutionBackwardFilterWorkspaceSize, &ConvPlan::x,
+    &ConvPlan::y, &ConvPlan::w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED> {};
 
-template <>
-struct Algos<Dir::BackwardData> {
-  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
-  using Algo = cudnnConvolutionBwdDataAlgo_t;
-  static const char* name() { return "backward data"; }
-  static bool transform_based(Algo a) {
-    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
-           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
-  }
-  static int max_count(cudnnHandle_t h) {
-    int n = 0;
-    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
-    return n;
-  }
-  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
-    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, want, got, out));
-  }
-  // in0 = w, in1 = dy, out = dx
-  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
-                   size_t ws_bytes) {
-    FANOUT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w, b.in0, p.y, b.in1, p.conv, p.x, b.out,
-                                                                   want, got, out, ws, ws_bytes));
-  }
-  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, a, bytes);
-  }
-};
-
-template <>
-struct Algos<Dir::BackwardFilter> {
-  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
-  using Algo = cudnnConvolutionBwdFilterAlgo_t;
-  static const char* name() { return "backward filter"; }
-  static bool transform_based(Algo a) {
-    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
-           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
-  }
-  static int max_count(cudnnHandle_t h) {
-    int n = 0;
-    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
-    return n;
-  }
-  static void heuristics(cudnnHandle_t h, const ConvPlan& p, int want, int* got, Perf* out) {
-    FANOUT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, want, got, out));
-  }
-  // in0 = x, in1 = dy, out = dw (a scratch buffer: the real dw accumulates)
-  static void find(cudnnHandle_t h, const ConvPlan& p, const FindBuffers& b, int want, int* got, Perf* out, void* ws,
-                   size_t ws_bytes) {
-    FANOUT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, b.in0, p.y, b.in1, p.conv, p.w, b.out,
-                                                                     want, got, out, ws, ws_bytes));
-  }
-  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, a, bytes);
-  }
-};
+const char* dir_name(Dir d) {
+  return d == Dir::Forward ? "forward" : d == Dir::BackwardData ? "backward data" : "backward filter";
+}
 
 // ---- plan construction ----
 
@@ -354,31 +318,19 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     plan->ws = bytes;
     if (cudnn_log())
       std::fprintf(stderr, "fanout: %s %s %s %s: algorithm %d, %s math, workspace %zu bytes (%s)\n", s.name(),
-                   A::name(), dtype_name(s.dt), shape_str(s).c_str(), plan->algo,
+                   dir_name(D), dtype_name(s.dt), shape_str(s).c_str(), plan->algo,
                    math == CUDNN_FMA_MATH ? "FMA" : math == CUDNN_DEFAULT_MATH ? "default" : "tensor-op", bytes,
                    m.cudnn_benchmark ? "timed search" : "heuristics");
     return plan;
   }
   if (may_fail) return nullptr;
-  FANOUT_FAIL() << s.name() << " " << A::name() << ": cuDNN offers no usable algorithm for " << dtype_name(s.dt)
+  FANOUT_FAIL() << s.name() << " " << dir_name(D) << ": cuDNN offers no usable algorithm for " << dtype_name(s.dt)
                 << " " << shape_str(s)
                 << (m.deterministic ? " (deterministic only)" : "") << (m.allow_tf32 ? "" : " (TF32 off)") << " among "
                 << got << " candidates";
 }
 
 using PlanKey = std::array<int64_t, 19>;
-
-struct PlanCache {
-  std::mutex mu;
-  std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
-};
-
-// Process-wide and never destroyed: plans hold only host-side descriptors, and
-// destroying them during static teardown could run after cuDNN has unloaded.
-PlanCache& plan_cache() {
-  static PlanCache* cache = new PlanCache;
-  return *cache;
-}
 
 // make_bufs(channels_last) gives the buffers for the timed search in that
 // layout; it is called only when a plan is built, so a warm step allocates
@@ -389,29 +341,21 @@ const ConvPlan& get_plan(Context& ctx, cudnnHandle_t h, const ConvShape& s, cons
   const PlanKey key{ctx.device().index, static_cast<int64_t>(D), s.rank, s.n, s.c, s.in[0], s.in[1], s.in[2], s.oc,
                     s.k[0], s.k[1], s.k[2], s.stride, s.pad, m.allow_tf32, m.deterministic, m.cudnn_benchmark,
                     static_cast<int64_t>(s.dt), s.channels_last};
-  PlanCache& cache = plan_cache();
-  {
-    std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.plans.find(key);
-    if (it != cache.plans.end()) return *it->second;
-  }
-  // Built unlocked: the search may sync this device's stream, which must not
-  // wait on a lock another device's worker holds.
-  std::unique_ptr<ConvPlan> plan;
-  if (s.channels_last) {
-    plan = build_plan<D>(ctx, h, s, make_bufs(true), true);
-    if (!plan && cudnn_log())
-      std::fprintf(stderr, "fanout: %s %s %s %s: no usable algorithm, NCHW copies instead\n", s.name(),
-                   Algos<D>::name(), dtype_name(s.dt), shape_str(s).c_str());
-  }
-  if (!plan) {
-    ConvShape nchw = s;
-    nchw.channels_last = false;
-    plan = build_plan<D>(ctx, h, nchw, make_bufs(false), false);
-  }
-  std::lock_guard<std::mutex> lock(cache.mu);
-  auto [it, inserted] = cache.plans.emplace(key, std::move(plan));  // a racing twin keeps the first
-  return *it->second;
+  return detail::PlanCache<PlanKey, ConvPlan>::instance().get(key, [&] {
+    std::unique_ptr<ConvPlan> plan;
+    if (s.channels_last) {
+      plan = build_plan<D>(ctx, h, s, make_bufs(true), true);
+      if (!plan && cudnn_log())
+        std::fprintf(stderr, "fanout: %s %s %s %s: no usable algorithm, NCHW copies instead\n", s.name(),
+                     dir_name(D), dtype_name(s.dt), shape_str(s).c_str());
+    }
+    if (!plan) {
+      ConvShape nchw = s;
+      nchw.channels_last = false;
+      plan = build_plan<D>(ctx, h, nchw, make_bufs(false), false);
+    }
+    return plan;
+  });
 }
 
 // ---- low-type copies ----
