@@ -27,19 +27,15 @@ void check_shapes(const Context& ctx, const char* op, const Tensor& ids, const c
 }  // namespace
 
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& weight, Tensor& y) {
-  const char* op = "embedding_forward";
-  detail::check_tensor(ctx, op, "weight", weight);
-  check_shapes(ctx, op, ids, "y", y, weight);
-  if (ids.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, embedding_forward, ctx, ids, weight, y);
+  detail::check_tensor(ctx, "embedding_forward", "weight", weight);
+  check_shapes(ctx, "embedding_forward", ids, "y", y, weight);
+  if (ids.numel() > 0) FANOUT_DISPATCH(ctx, embedding_forward, ctx, ids, weight, y);
 }
 
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dy, Tensor& dweight) {
-  const char* op = "embedding_backward";
-  detail::check_grad(ctx, op, "dweight", dweight);
-  check_shapes(ctx, op, ids, "dy", dy, dweight);
-  if (ids.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, embedding_backward, ctx, ids, dy, dweight);
+  detail::check_grad(ctx, "embedding_backward", "dweight", dweight);
+  check_shapes(ctx, "embedding_backward", ids, "dy", dy, dweight);
+  if (ids.numel() > 0) FANOUT_DISPATCH(ctx, embedding_backward, ctx, ids, dy, dweight);
 }
 
 namespace detail {

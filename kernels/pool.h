@@ -16,9 +16,7 @@ namespace fanout::kernels {
 
 // The same window on every spatial axis.
 struct PoolGeometry {
-  int64_t kernel = 2;
-  int64_t stride = 2;
-  int64_t padding = 0;
+  int64_t kernel = 2, stride = 2, padding = 0;
 };
 
 // Floor mode, as PyTorch's default, over the `spatial` (2 or 3) trailing

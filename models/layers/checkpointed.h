@@ -22,11 +22,13 @@ namespace fanout::models {
 class Checkpointed : public Module {
  public:
   explicit Checkpointed(std::unique_ptr<Module> block);
+  std::string type_name() const override { return "Checkpointed"; }
+  std::unique_ptr<Module> make_like() const override;
+  void set_input_grad(bool on) override;
+  // Forward keeps x, runs the block in the slots and copies its output out;
+  // backward recomputes the block's forward, then runs its backward.
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
-  std::unique_ptr<Module> make_like() const override;
-  std::string type_name() const override { return "Checkpointed"; }
-  void set_input_grad(bool on) override;
 
  private:
   // The block's forward inside the shared slots, on a copy of x_ (a block

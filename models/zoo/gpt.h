@@ -24,11 +24,8 @@ namespace fanout::models {
 
 // nanoGPT's GPTConfig, by its field names; the defaults are the gpt2 preset.
 struct GPTConfig {
-  int64_t block_size = 1024;
-  int64_t vocab_size = 50304;
-  int64_t n_layer = 12;
-  int64_t n_head = 12;
-  int64_t n_embd = 768;
+  int64_t block_size = 1024, vocab_size = 50304;
+  int64_t n_layer = 12, n_head = 12, n_embd = 768;
   float dropout = 0.0f;
   bool bias = true;
   bool operator==(const GPTConfig&) const = default;

@@ -228,13 +228,17 @@ std::vector<std::string> class_names(const fs::path& split) {
 
 }  // namespace
 
+void check_image_set(const char* kind, const std::string& dir, const Augment& augment) {
+  FANOUT_USER_CHECK(!dir.empty()) << "bad dataset '" << kind << ":': give its directory (" << kind << ":DIR)";
+  FANOUT_USER_CHECK(fs::is_directory(dir)) << kind << ":" << dir << ": no such directory";
+  FANOUT_USER_CHECK(augment.resized_crop > 0 || augment.center_crop > 0)
+      << kind << ":" << dir << ": its images differ in size, so --augment must make them one: "
+      << "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
+}
+
 ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augment, const std::string& normalize,
                                     bool skip_bad) {
-  FANOUT_USER_CHECK(!dir.empty()) << "bad dataset 'imagefolder:': give its directory (imagefolder:DIR)";
-  FANOUT_USER_CHECK(fs::is_directory(dir)) << "imagefolder:" << dir << ": no such directory";
-  FANOUT_USER_CHECK(augment.resized_crop > 0 || augment.center_crop > 0)
-      << "imagefolder:" << dir << ": its images differ in size, so --augment must make them one: "
-      << "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
+  check_image_set("imagefolder", dir, augment);
   std::vector<float> mean, std;
   parse_normalize(normalize, mean, std);
   const fs::path root(dir);

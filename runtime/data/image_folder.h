@@ -23,6 +23,11 @@ namespace fanout::data {
 // channel). One-line errors for anything else or a std that is not positive.
 void parse_normalize(const std::string& spec, std::vector<float>& mean, std::vector<float>& std);
 
+// What opening a set of image files ("KIND:DIR") checks first, in one-line
+// errors: DIR is given and is a directory, and `augment` makes every image
+// one size (the images differ).
+void check_image_set(const char* kind, const std::string& dir, const Augment& augment);
+
 class ImageFileDataset : public Dataset {
  public:
   struct File {

@@ -193,11 +193,7 @@ std::vector<std::string> shards(const std::string& dir, const std::string& split
 
 ImageFolderSplits open_wds(const std::string& dir, const Augment& augment, const std::string& normalize,
                            bool skip_bad) {
-  FANOUT_USER_CHECK(!dir.empty()) << "bad dataset 'wds:': give its directory (wds:DIR)";
-  FANOUT_USER_CHECK(fs::is_directory(dir)) << "wds:" << dir << ": no such directory";
-  FANOUT_USER_CHECK(augment.resized_crop > 0 || augment.center_crop > 0)
-      << "wds:" << dir << ": its images differ in size, so --augment must make them one: "
-      << "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
+  check_image_set("wds", dir, augment);
   std::vector<float> mean, std;
   parse_normalize(normalize, mean, std);
   ImageFolderSplits s;

@@ -21,9 +21,7 @@ namespace fanout::train {
 // runs in batches of `batch_size` from sample `from_sample`, where batches
 // of `was` stopped.
 struct Rebatch {
-  int64_t from_sample = 0;
-  int64_t was = 0;
-  int64_t batch_size = 0;
+  int64_t from_sample = 0, was = 0, batch_size = 0;
 };
 
 // A recorded option whose value differs from the checkpoint's: the run will

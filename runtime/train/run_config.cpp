@@ -89,20 +89,11 @@ void RunConfig::validate() const {
 }
 
 optim::OptimizerOptions RunConfig::optimizer_options() const {
-  optim::OptimizerOptions o;
-  o.kind = optim::parse_optimizer(optimizer);
-  o.lr = lr;
-  o.weight_decay = weight_decay;
-  if (o.kind == optim::OptimizerKind::SGD) {
-    o.momentum = momentum;
-    o.nesterov = nesterov;
-  }
-  o.beta1 = beta1;
-  o.beta2 = beta2;
-  o.eps = eps;
-  o.amsgrad = amsgrad;
-  o.no_decay_norm_bias = no_decay_norm_bias;
-  return o;
+  const optim::OptimizerKind kind = optim::parse_optimizer(optimizer);
+  const bool sgd = kind == optim::OptimizerKind::SGD;
+  return {.kind = kind, .lr = lr, .weight_decay = weight_decay, .momentum = sgd ? momentum : 0,
+          .nesterov = sgd && nesterov, .beta1 = beta1, .beta2 = beta2, .eps = eps, .amsgrad = amsgrad,
+          .no_decay_norm_bias = no_decay_norm_bias, .range = {}};
 }
 
 nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int world_size) const {
@@ -150,30 +141,20 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
 }
 
 TrainerConfig RunConfig::trainer_config(bool pin) const {
-  TrainerConfig tc;
-  tc.epochs = epochs;
-  tc.batch_size = batch_size;
-  tc.eval_batch_size = eval_batch_size;
-  tc.accumulate = accumulate;
-  tc.timing_warmup = timing_warmup;
-  tc.save_every_steps = save_every_steps;
-  tc.max_steps = max_steps;
-  tc.eval_every = eval_every;
-  tc.eval_batches = eval_steps;
-  tc.seed = seed;
-  tc.schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);
+  TrainerConfig tc{.epochs = epochs, .batch_size = batch_size, .eval_batch_size = eval_batch_size, .seed = seed,
+                   .drop_last = drop_last, .accumulate = accumulate, .timing_warmup = timing_warmup,
+                   .save_every_steps = save_every_steps, .max_steps = max_steps, .eval_every = eval_every,
+                   .eval_batches = eval_steps, .workers = workers, .prefetch = prefetch,
+                   .pin_memory = pin_memory == "on" || (pin_memory == "auto" && pin),
+                   .augment = data::parse_augment(augment),
+                   .schedule = optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs),
+                   .clip_grad_norm = clip_grad_norm, .clip_grad_value = clip_grad_value,
+                   .loss_scaling = parse_precision(precision) == Precision::F16Mixed
+                                       ? std::optional<optim::GradScalerOptions>(optim::GradScalerOptions{})
+                                       : std::nullopt,
+                   .metrics_path = metrics, .progress = parse_progress(progress), .summary_out = stdout};
   if (tc.schedule.kind == optim::LrSchedule::Kind::WarmupCosine)
     optim::set_warmup_cosine(tc.schedule, warmup_steps, lr_decay_steps, min_lr < 0 ? lr / 10 : min_lr);
-  tc.clip_grad_norm = clip_grad_norm;
-  tc.clip_grad_value = clip_grad_value;
-  tc.metrics_path = metrics;
-  tc.progress = parse_progress(progress);
-  tc.workers = workers;
-  tc.prefetch = prefetch;
-  tc.pin_memory = pin_memory == "on" || (pin_memory == "auto" && pin);
-  tc.augment = data::parse_augment(augment);
-  tc.drop_last = drop_last;
-  if (parse_precision(precision) == Precision::F16Mixed) tc.loss_scaling = optim::GradScalerOptions{};
   return tc;
 }
 
