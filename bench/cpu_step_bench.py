@@ -14,13 +14,14 @@ after warm-up) and writes every run as a JSON line to --json.
 
   python3 bench/cpu_step_bench.py --build build --python /tmp/torchenv/bin/python
 """
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+import benchutil  # noqa: E402  (bench/benchutil.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,19 +50,15 @@ def pytorch_run(args, model, batch, shape, steps, channels_last):
     cmd = [args.python, os.path.join(HERE, "pytorch", "train_throughput.py"), "--device", "cpu", "--models", model,
            "--batch", str(batch), "--shape", shape, "--warmup", "2", "--iters", str(steps), "--lr", "0.01",
            "--threads", str(args.threads)] + (["--channels-last"] if channels_last else [])
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["step_ms"]
+    return benchutil.last_json(cmd)["step_ms"]
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default="build")
-    p.add_argument("--python", default="python3", help="a Python with torch")
+    p = benchutil.parser(__doc__)
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch's intra-op threads")
     p.add_argument("--before", default="", help="another build (older code) measured in the same pairs")
     p.add_argument("--models", default="", help="comma list of models to keep (default: every case)")
-    p.add_argument("--json", default="", help="append every run here")
     p.add_argument("--no-channels-last", action="store_true", help="leave PyTorch's channels_last row out")
     p.add_argument("fanout_args", nargs="*", help="after --: extra dp-bench arguments")
     args = p.parse_args()

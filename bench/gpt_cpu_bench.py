@@ -13,13 +13,14 @@ every run to --json.
 
   python3 bench/gpt_cpu_bench.py --python /tmp/torchenv/bin/python [--configs char,gpt2]
 """
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+import benchutil  # noqa: E402  (bench/benchutil.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,18 +59,14 @@ def pytorch_run(args, name, threads):
     iters = CONFIGS[name][7]
     cmd = [args.python, os.path.join(HERE, "pytorch", "gpt_step.py"), "--configs", name, "--threads", str(threads),
            "--iters", str(iters), "--gpt2-batch", str(CONFIGS["gpt2"][1])]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["ms_per_step"]
+    return benchutil.last_json(cmd)["ms_per_step"]
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default="build")
-    p.add_argument("--python", default="python3", help="a Python with torch")
+    p = benchutil.parser(__doc__)
     p.add_argument("--configs", default="char", help="comma list of: " + ", ".join(CONFIGS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--devices", type=int, default=2, help="fanout's cpu:N and PyTorch's threads")
-    p.add_argument("--json", default="", help="append every run here")
     args = p.parse_args()
     for name in [c for c in args.configs.split(",") if c]:
         if name not in CONFIGS:

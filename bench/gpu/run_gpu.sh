@@ -736,13 +736,6 @@ run_step() {  # run_step NAME LOGFILE FUNCTION
 
 for s in "${steps[@]}"; do
   case $s in
-    env) run_step env "$out/env.log" step_env ;;
-    configure) run_step configure "$out/configure.log" step_configure ;;
-    build) run_step build "$out/build.log" step_build ;;
-    ctest) run_step ctest "$out/ctest.log" step_ctest ;;
-    dp) run_step dp "$out/dp.log" step_dp ;;
-    memcheck) run_step memcheck "$out/memcheck.log" step_memcheck ;;
-    diagnose) run_step diagnose "$out/diagnose.log" step_diagnose ;;
     train)
       run_step train-lenet "$out/dp_train_lenet.log" step_train_lenet
       run_step train-cnn "$out/dp_train_cnn.log" step_train_cnn
@@ -751,15 +744,7 @@ for s in "${steps[@]}"; do
       run_step bench-pytorch "$out/pytorch.log" step_bench_pytorch
       run_step bench-fanout "$out/fanout_bench.log" step_bench_fanout
       ;;
-    epochs) run_step epochs "$out/epochs.log" step_epochs ;;
-    heatmap) run_step heatmap "$out/heatmap.log" step_heatmap ;;
-    optim) run_step optim "$out/optim.log" step_optim ;;
-    precision) run_step precision "$out/precision.log" step_precision ;;
-    goals) run_step goals "$out/goals.log" step_goals ;;
-    goals3d) run_step goals3d "$out/goals3d.log" step_goals3d ;;
-    gpt) run_step gpt "$out/gpt.log" step_gpt ;;
-    memory) run_step memory "$out/memory.log" step_memory ;;
-    profile) run_step profile "$out/profile.log" step_profile ;;
+    *) run_step "$s" "$out/$s.log" "step_$s" ;;  # every other step: one function, its own log
   esac
 done
 

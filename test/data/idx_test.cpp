@@ -57,23 +57,25 @@ TEST(ReadIdx, RawRoundTrip) {
   EXPECT_NEAR(ds.std[0], std, 1e-6);
 }
 
-TEST(ReadIdx, GzipRoundTrip) {
-  ScratchDir dir;
-  const Bytes px = pattern_pixels(kN, kH, kW);
-  write_gz(dir / "img.gz", idx_images(kN, kH, kW, px));
-  write_gz(dir / "lbl.gz", idx_labels(kLabels));
-  expect_matches(read_idx(dir / "img.gz", dir / "lbl.gz", "t"), px, kLabels);
-  // Mixed: gzip'd images with raw labels.
-  write_file(dir / "lbl", idx_labels(kLabels));
-  expect_matches(read_idx(dir / "img.gz", dir / "lbl", "t"), px, kLabels);
-}
-
+// gzip is told by content, not by name: each file of a pair compressed or
+// not, under a name that says so or says the opposite.
 TEST(ReadIdx, GzipDetectedByContentNotName) {
-  ScratchDir dir;
+  struct Case {
+    const char *images, *labels;
+    bool images_gz, labels_gz;
+  };
+  const Case cases[] = {{"img.gz", "lbl.gz", true, true},
+                        {"img.gz", "lbl", true, false},
+                        {"images-no-suffix", "labels-raw.gz", true, false},
+                        {"images-raw.gz", "labels-no-suffix", false, true}};
   const Bytes px = pattern_pixels(kN, kH, kW);
-  write_gz(dir / "images-no-suffix", idx_images(kN, kH, kW, px));
-  write_file(dir / "labels-raw.gz", idx_labels(kLabels));
-  expect_matches(read_idx(dir / "images-no-suffix", dir / "labels-raw.gz", "t"), px, kLabels);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.images) + " " + c.labels);
+    ScratchDir dir;
+    (c.images_gz ? write_gz : write_file)(dir / c.images, idx_images(kN, kH, kW, px));
+    (c.labels_gz ? write_gz : write_file)(dir / c.labels, idx_labels(kLabels));
+    expect_matches(read_idx(dir / c.images, dir / c.labels, "t"), px, kLabels);
+  }
 }
 
 TEST(ReadIdx, LargerGzipFileReadsAcrossChunks) {

@@ -112,26 +112,32 @@ Result fit(const data::Dataset& train, const data::Dataset& test, std::unique_pt
   return r;
 }
 
+// Each batch of one epoch of ds through a loader with `workers` threads
+// (RandomSampler seeded 5), handed to fn(x, y).
+template <class Fn>
+void for_each_batch(const data::Dataset& ds, int64_t batch_size, int workers, int epoch, Fn fn) {
+  data::LoaderOptions lo;
+  lo.batch_size = batch_size;
+  lo.workers = workers;
+  data::DataLoader loader(ds, std::make_unique<data::RandomSampler>(ds.size(), 5), lo);
+  loader.start_epoch(epoch);
+  Tensor x, y;
+  while (loader.next(x, y)) fn(x, y);
+}
+
 TEST(TensorDataset, LoaderGivesTheSameBatchesForAnyWorkerCount) {
   const data::TensorDataset ds = blobs(100, 1);
   EXPECT_EQ(ds.sample_shape(), Shape{2});
   EXPECT_EQ(ds.target_kind(), data::TargetKind::ClassIndex);
   std::vector<std::vector<float>> xs[2];
   std::vector<std::vector<int32_t>> ys[2];
-  for (int w : {0, 2}) {
-    data::LoaderOptions lo;
-    lo.batch_size = 16;
-    lo.workers = w;
-    data::DataLoader loader(ds, std::make_unique<data::RandomSampler>(ds.size(), 5), lo);
-    loader.start_epoch(3);
-    Tensor x, y;
-    while (loader.next(x, y)) {
+  for (int w : {0, 2})
+    for_each_batch(ds, 16, w, 3, [&](const Tensor& x, const Tensor& y) {
       ASSERT_EQ(x.dim(), 2);
       ASSERT_EQ(x.size(1), 2);
       xs[w > 0].emplace_back(x.f32(), x.f32() + x.numel());
       ys[w > 0].emplace_back(y.data<int32_t>(), y.data<int32_t>() + y.numel());
-    }
-  }
+    });
   ASSERT_EQ(xs[0].size(), 7u);  // 100 rows in batches of 16
   EXPECT_EQ(xs[0], xs[1]);
   EXPECT_EQ(ys[0], ys[1]);
@@ -189,22 +195,15 @@ TEST(TensorDataset, TokenIdsBatchAsInt32AndTrainAGPT) {
   EXPECT_EQ(train.input_dtype(), DType::I32);
   EXPECT_EQ(train.target_shape(), Shape{8});
   std::vector<std::vector<int32_t>> seen[2];
-  for (int w : {0, 2}) {
-    data::LoaderOptions lo;
-    lo.batch_size = 20;
-    lo.workers = w;
-    data::DataLoader loader(train, std::make_unique<data::RandomSampler>(train.size(), 5), lo);
-    loader.start_epoch(1);
-    Tensor x, y;
-    while (loader.next(x, y)) {
+  for (int w : {0, 2})
+    for_each_batch(train, 20, w, 1, [&](const Tensor& x, const Tensor& y) {
       ASSERT_EQ(x.dtype(), DType::I32);
       ASSERT_EQ(y.dtype(), DType::I32);
       ASSERT_EQ(x.size(1), 8);
       ASSERT_EQ(y.shape(), x.shape());
       seen[w > 0].emplace_back(x.data<int32_t>(), x.data<int32_t>() + x.numel());
       seen[w > 0].back().insert(seen[w > 0].back().end(), y.data<int32_t>(), y.data<int32_t>() + y.numel());
-    }
-  }
+    });
   ASSERT_EQ(seen[0].size(), 10u);  // 192 windows in batches of 20
   EXPECT_EQ(seen[0], seen[1]);
   auto model = [] {

@@ -20,19 +20,21 @@ base=(--augment random-resized-crop:32,flip --batch-size 48 --progress off --see
 common=(--data "imagefolder:$work/imgs" "${base[@]}")
 accuracy() { sed -n 's/^final test accuracy \([0-9.]*\)$/\1/p' "$1"; }
 above() { python3 -c "import sys; sys.exit(not float('$1') >= float('$2'))"; }
+# trains NAME WHAT MIN ARGS...: dp-train ARGS into $work/NAME.log succeeds
+# with a final test accuracy (left in $acc) of at least MIN.
+trains() {
+  local name=$1 what=$2 min=$3
+  shift 3
+  "$DP_TRAIN" "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$what did not train"; }
+  acc=$(accuracy "$work/$name.log")
+  above "$acc" "$min" || { cat "$work/$name.log"; fail "$what: test accuracy $acc below $min"; }
+  echo "$what: test accuracy $acc"
+}
 
-"$DP_TRAIN" "${common[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2 > "$work/cnn.log" 2>&1 ||
-  { cat "$work/cnn.log"; fail "cnn did not train"; }
-acc=$(accuracy "$work/cnn.log")
+trains cnn "cnn on cpu:2" 0.6 "${common[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2
 grep -q "data imagefolder:$work/imgs (400 train / 100 test, (3, 32, 32))" "$work/cnn.log" || fail "cnn: not 400/100 at 3x32x32"
-above "$acc" 0.6 || { cat "$work/cnn.log"; fail "cnn: test accuracy $acc below 0.6"; }
-echo "cnn on cpu:2: test accuracy $acc"
 
-"$DP_TRAIN" "${common[@]}" --model resnet18 --devices cpu:2 --epochs 4 --workers 2 > "$work/resnet.log" 2>&1 ||
-  { cat "$work/resnet.log"; fail "resnet18 did not train"; }
-acc=$(accuracy "$work/resnet.log")
-above "$acc" 0.5 || { cat "$work/resnet.log"; fail "resnet18: test accuracy $acc below 0.5"; }
-echo "resnet18 on cpu:2: test accuracy $acc"
+trains resnet "resnet18 on cpu:2" 0.5 "${common[@]}" --model resnet18 --devices cpu:2 --epochs 4 --workers 2
 
 # The same crops whatever builds them: one device inline against three replicas and four workers.
 inv=("${common[@]}" --model mlp --split-invariant)  # no BatchNorm: split-invariant math
@@ -118,12 +120,8 @@ for split, n in (("train", 4), ("val", 1)):
     os.remove(os.path.join(dst, "cls.tmp"))
 PY
 wds=(--data "wds:$work/wds" "${base[@]}")
-"$DP_TRAIN" "${wds[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2 > "$work/wds-cnn.log" 2>&1 ||
-  { cat "$work/wds-cnn.log"; fail "cnn did not train from tar shards"; }
-acc=$(accuracy "$work/wds-cnn.log")
+trains wds-cnn "cnn on cpu:2 from tar shards" 0.6 "${wds[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2
 grep -q "data wds:$work/wds (400 train / 100 test, (3, 32, 32))" "$work/wds-cnn.log" || fail "wds: not 400/100 at 3x32x32"
-above "$acc" 0.6 || { cat "$work/wds-cnn.log"; fail "cnn from shards: test accuracy $acc below 0.6"; }
-echo "cnn on cpu:2 from tar shards: test accuracy $acc"
 # DDP over 2 processes: the shards split over the ranks.
 "$DP_TRAIN" "${wds[@]}" --model cnn --devices cpu:2 --strategy ddp --epochs 3 --workers 1 > "$work/wds-ddp.log" 2>&1 ||
   { cat "$work/wds-ddp.log"; fail "DDP from tar shards failed"; }

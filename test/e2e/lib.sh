@@ -34,3 +34,17 @@ wait_for() {
   done
   return 1
 }
+
+# expect_stop LOG SIG EPOCH DIR: LOG says SIG stopped EPOCH (1-based) after a
+# batch and names the mid-epoch checkpoint of that batch in DIR, which
+# exists. Sets stop (the line), n (the batch) and saved (the file).
+expect_stop() {
+  local log=$1 sig=$2 epoch=$3 dir=$4
+  stop=$(grep -o "stopped by SIG$sig in epoch $epoch after batch [0-9]*: saved [^;]*" "$log") ||
+    { cat "$log"; fail "$log: no line saying SIG$sig stopped epoch $epoch and what it saved"; }
+  n=${stop#*after batch }
+  n=${n%%:*}
+  saved=${stop##*saved }
+  [ "$saved" = "$dir/epoch-$(printf %04d $((epoch - 1)))-batch-$(printf %07d "$n").safetensors" ] && [ -f "$saved" ] ||
+    { cat "$log"; ls "$dir"; fail "$log: the stop saved '$saved', not the checkpoint of batch $n"; }
+}

@@ -9,7 +9,9 @@
 #   machines_up N           m_ns[I] (namespace), m_addr[I] (address)
 #   on I CMD...             runs CMD on machine I
 #   link_down I / link_up I cuts or restores machine I's link
+# The rendezvous is a redis-server (start_redis): without one the test skips.
 command -v ip > /dev/null || { echo "ip (Debian package iproute2) is not installed: skipped"; exit 77; }
+command -v redis-server > /dev/null || { echo "redis-server is not installed (Debian package redis-server): skipped"; exit 77; }
 m_prefix="fo$$x${RANDOM}"
 m_ns=()
 m_addr=()

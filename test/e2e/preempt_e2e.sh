@@ -59,13 +59,7 @@ preempt() {  # preempt NAME SIGNAL ARGS...: uninterrupted, then SIGNAL mid-epoch
   [ "$rc" -eq "$status" ] || { cat "$name/cut.log"; fail "$name: exit status $rc after SIG$sig, expected $status"; }
   # The stop names the mid-epoch checkpoint it saved, of the batch it stopped after.
   local stop n saved
-  stop=$(grep -o "stopped by SIG$sig in epoch 2 after batch [0-9]*: saved [^;]*" "$name/cut.log") ||
-    { cat "$name/cut.log"; fail "$name: no line saying SIG$sig stopped epoch 2 and what it saved"; }
-  n=${stop#*after batch }
-  n=${n%%:*}
-  saved=${stop##*saved }
-  [ "$saved" = "$name/cut/epoch-0001-batch-$(printf %07d "$n").safetensors" ] && [ -f "$saved" ] ||
-    { cat "$name/cut.log"; ls "$name/cut"; fail "$name: the stop saved '$saved', not the checkpoint of batch $n"; }
+  expect_stop "$name/cut.log" "$sig" 2 "$name/cut"
   timeout 300 "$DP_TRAIN" "${a[@]}" --resume "$name/cut" --metrics "$name/cut.jsonl" > "$name/resume.log" 2>&1 ||
     { cat "$name/resume.log"; fail "$name: the resumed run failed"; }
   # 12288 samples in batches of 32: 384 steps an epoch.

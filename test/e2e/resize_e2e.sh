@@ -34,13 +34,7 @@ resized() {
   await "$pid" 300
   [ "$rc" -eq 143 ] || { cat "$name.log"; fail "$name: exit status $rc after SIGTERM, expected 143"; }
   local stop n saved
-  stop=$(grep -o "stopped by SIGTERM in epoch 1 after batch [0-9]*: saved [^;]*" "$name.log") ||
-    { cat "$name.log"; fail "$name: no stop line"; }
-  n=${stop#*after batch }
-  n=${n%%:*}
-  saved=${stop##*saved }
-  [ "$saved" = "$name/epoch-0000-batch-$(printf %07d "$n").safetensors" ] && [ -f "$saved" ] ||
-    { cat "$name.log"; fail "$name: the stop saved '$saved', not the checkpoint of batch $n"; }
+  expect_stop "$name.log" TERM 1 "$name"
   # shellcheck disable=SC2086
   timeout 300 "$DP_TRAIN" "${a[@]}" --progress lines $then --resume "$name" --metrics "$name.jsonl" \
     > "$name.resume.log" 2>&1 || { cat "$name.resume.log"; fail "$name: the resumed run failed"; }

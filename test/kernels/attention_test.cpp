@@ -84,119 +84,6 @@ Ref naive_attention(const float* q, const float* k, const float* v, const float*
   return r;
 }
 
-FANOUT_BACKEND_SUITE(AttentionOnBackend);
-
-TEST_P(AttentionOnBackend, ForwardAndBackwardAgainstFloat64) {
-  ctx().math.allow_tf32 = false;  // full float32 products on CUDA (TF32 would miss 1e-5)
-  std::mt19937_64 rng(31);
-  const int64_t B = 1, H = 3;
-  for (int64_t T : {1, 7, 64, 256})
-    for (int64_t D : {16, 64}) {
-      SCOPED_TRACE(::testing::Message() << "T=" << T << " D=" << D);
-      const Shape s{B, H, T, D};
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
-      Tensor g = ft::random_tensor(s, rng);
-      Tensor qd = up(q), kd = up(k), vd = up(v), gd = up(g);
-      Tensor yd = poisoned(s), ld = poisoned(Shape{B, H, T});
-      Tensor dqd = poisoned(s), dkd = poisoned(s), dvd = poisoned(s);
-      kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
-      kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
-      const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
-      const Tensor y = down(yd), lse = down(ld), dq = down(dqd), dk = down(dkd), dv = down(dvd);
-      EXPECT_TRUE(matches(y, r.y, 1e-5, 1e-5)) << "y";
-      EXPECT_TRUE(matches(lse, r.lse, 1e-5, 1e-5)) << "lse";
-      EXPECT_TRUE(matches(dq, r.dq, 1e-5, 1e-5)) << "dq";
-      EXPECT_TRUE(matches(dk, r.dk, 1e-5, 1e-5)) << "dk";
-      EXPECT_TRUE(matches(dv, r.dv, 1e-5, 1e-5)) << "dv";
-      for (const Tensor* t : {&y, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
-      if (T > 1) EXPECT_GT(ft::l2_norm(dq), 0.0);  // T == 1: one key, softmax constant, dq = 0
-    }
-}
-
-// Worst |got - want| over max(1, max |want|): the measure `matches` bounds.
-double worst_error(const Tensor& got, const std::vector<double>& want) {
-  double peak = 1, worst = 0;
-  for (double v : want) peak = std::max(peak, std::abs(v));
-  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got.f32()[i]) - want[i]));
-  return worst / peak;
-}
-
-// Many heads and few, sizes that leave partial blocks (T not a multiple of 32
-// or 64, D not a multiple of 8 or 16) and long rows (T = 1024: the CPU's sums
-// over keys run over 16 blocks), against float64; prints the worst error of
-// each output.
-TEST_P(AttentionOnBackend, ManyHeadsOddSizesAndLongRowsAgainstFloat64) {
-  ctx().math.allow_tf32 = false;
-  std::mt19937_64 rng(35);
-  const int64_t shapes[][4] = {{4, 8, 100, 17}, {2, 16, 130, 80}, {2, 16, 512, 32}, {1, 3, 97, 80}, {1, 3, 256, 64},
-                                {1, 2, 1024, 64}};
-  for (const auto& sh : shapes) {
-    const int64_t B = sh[0], H = sh[1], T = sh[2], D = sh[3];
-    SCOPED_TRACE(::testing::Message() << "B=" << B << " H=" << H << " T=" << T << " D=" << D);
-    const Shape s{B, H, T, D};
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
-    Tensor g = ft::random_tensor(s, rng);
-    Tensor qd = up(q), kd = up(k), vd = up(v), gd = up(g);
-    Tensor yd = poisoned(s), ld = poisoned(Shape{B, H, T});
-    Tensor dqd = poisoned(s), dkd = poisoned(s), dvd = poisoned(s);
-    kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
-    kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
-    const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
-    const Tensor y = down(yd), lse = down(ld), dq = down(dqd), dk = down(dkd), dv = down(dvd);
-    std::printf("B=%lld H=%lld T=%lld D=%lld worst error: y %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
-                static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(T),
-                static_cast<long long>(D), worst_error(y, r.y), worst_error(lse, r.lse), worst_error(dq, r.dq),
-                worst_error(dk, r.dk), worst_error(dv, r.dv));
-    EXPECT_TRUE(matches(y, r.y, 1e-5, 1e-5)) << "y";
-    EXPECT_TRUE(matches(lse, r.lse, 1e-5, 1e-5)) << "lse";
-    EXPECT_TRUE(matches(dq, r.dq, 1e-5, 1e-5)) << "dq";
-    EXPECT_TRUE(matches(dk, r.dk, 1e-5, 1e-5)) << "dk";
-    EXPECT_TRUE(matches(dv, r.dv, 1e-5, 1e-5)) << "dv";
-  }
-}
-
-// loss = sum(g * y): its central differences in q, k and v (double steps on
-// float inputs) against backward's dq, dk, dv at a small size.
-TEST_P(AttentionOnBackend, BackwardAgainstCentralDifferences) {
-  ctx().math.allow_tf32 = false;
-  std::mt19937_64 rng(32);
-  const Shape s{1, 2, 5, 3};
-  const float scale = 0.7f;
-  Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
-  Tensor g = ft::random_tensor(s, rng);
-  Tensor qd = up(q), kd = up(k), vd = up(v), gd = up(g);
-  Tensor yd = poisoned(s), ld = poisoned(Shape{1, 2, 5});
-  Tensor dqd = poisoned(s), dkd = poisoned(s), dvd = poisoned(s);
-  kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
-  kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
-  const Tensor dq = down(dqd), dk = down(dkd), dv = down(dvd);
-  auto loss = [&] {
-    Tensor qq = up(q), kk = up(k), vv = up(v);
-    Tensor yy = poisoned(s), ll = poisoned(Shape{1, 2, 5});
-    kernels::attention_forward(ctx(), qq, kk, vv, scale, yy, ll);
-    const Tensor yh = down(yy);
-    double l = 0;
-    for (int64_t i = 0; i < yh.numel(); ++i) l += double(g.f32()[i]) * yh.f32()[i];
-    return l;
-  };
-  const double h = 1e-2;
-  for (auto [x, dx, name] : {std::tuple{&q, &dq, "dq"}, std::tuple{&k, &dk, "dk"}, std::tuple{&v, &dv, "dv"}}) {
-    for (int64_t i = 0; i < x->numel(); ++i) {
-      const float x0 = x->f32()[i];
-      x->f32()[i] = static_cast<float>(x0 + h);
-      const double lp = loss();
-      x->f32()[i] = static_cast<float>(x0 - h);
-      const double lm = loss();
-      x->f32()[i] = x0;
-      const double num = (lp - lm) / (2 * h);
-      EXPECT_NEAR(dx->f32()[i], num, 2e-3 * std::max(1.0, std::abs(num))) << name << "[" << i << "]";
-    }
-    EXPECT_GT(ft::l2_norm(*dx), 0.0) << name;
-  }
-}
-
 // A host tensor of type t (BF16 or F16) holding x's values rounded to t; x
 // itself becomes those rounded values (the reference's operands).
 Tensor to_low(Tensor& x, DType t) {
@@ -222,6 +109,139 @@ Tensor nan_low(const Shape& s, DType t) {
   std::fill(l.data<uint16_t>(), l.data<uint16_t>() + l.numel(), uint16_t(t == DType::BF16 ? 0x7FC0 : 0x7E00));
   return l;
 }
+// Random q, k, v, dy (host, rounded to the operand type) and, after forward
+// and backward on the backend into poisoned outputs, those outputs widened
+// to float32 on the host, with the path each pass took.
+struct AttentionRun {
+  Tensor q, k, v, g;
+  Tensor y, lse, dq, dk, dv;
+  float scale = 0;
+  const char* fwd_path = nullptr;
+  const char* bwd_path = nullptr;
+  Ref ref() const {
+    const Shape& s = q.shape();
+    return naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), s[0] * s[1], s[2], s[3], scale);
+  }
+};
+
+// The backend's operands and outputs of one run (outputs poisoned).
+struct DeviceOperands {
+  Tensor q, k, v, g, y, lse, dq, dk, dv;
+};
+
+class AttentionOnBackend : public ft::BackendTest {
+ protected:
+  // Draws a's operands (type dt) and puts them on the backend.
+  DeviceOperands operands(AttentionRun& a, const Shape& s, float scale, std::mt19937_64& rng, DType dt) {
+    a.scale = scale;
+    a.q = ft::random_tensor(s, rng), a.k = ft::random_tensor(s, rng), a.v = ft::random_tensor(s, rng);
+    a.g = ft::random_tensor(s, rng);
+    const bool low = dt != DType::F32;
+    auto in = [&](Tensor& x) { return low ? up(to_low(x, dt)) : up(x); };
+    auto out = [&] { return low ? up(nan_low(s, dt)) : poisoned(s); };
+    return {in(a.q), in(a.k), in(a.v), in(a.g), out(), poisoned(Shape{s[0], s[1], s[2]}), out(), out(), out()};
+  }
+  AttentionRun run(const Shape& s, float scale, std::mt19937_64& rng, DType dt = DType::F32) {
+    AttentionRun a;
+    DeviceOperands d = operands(a, s, scale, rng, dt);
+    kernels::attention_forward(ctx(), d.q, d.k, d.v, scale, d.y, d.lse);
+    a.fwd_path = kernels::attention_last_path(kernels::AttentionPass::Forward);
+    kernels::attention_backward(ctx(), d.q, d.k, d.v, scale, d.y, d.lse, d.g, d.dq, d.dk, d.dv);
+    a.bwd_path = kernels::attention_last_path(kernels::AttentionPass::Backward);
+    auto host = [&](const Tensor& t) { return dt == DType::F32 ? down(t) : from_low(down(t)); };
+    a.y = host(d.y), a.lse = down(d.lse), a.dq = host(d.dq), a.dk = host(d.dk), a.dv = host(d.dv);
+    return a;
+  }
+  // Every output within 1e-5 of the float64 reference (`matches`).
+  void expect_matches_reference(const AttentionRun& a, const Ref& r) {
+    EXPECT_TRUE(matches(a.y, r.y, 1e-5, 1e-5)) << "y";
+    EXPECT_TRUE(matches(a.lse, r.lse, 1e-5, 1e-5)) << "lse";
+    EXPECT_TRUE(matches(a.dq, r.dq, 1e-5, 1e-5)) << "dq";
+    EXPECT_TRUE(matches(a.dk, r.dk, 1e-5, 1e-5)) << "dk";
+    EXPECT_TRUE(matches(a.dv, r.dv, 1e-5, 1e-5)) << "dv";
+  }
+};
+FANOUT_ON_EVERY_BACKEND(AttentionOnBackend);
+
+TEST_P(AttentionOnBackend, ForwardAndBackwardAgainstFloat64) {
+  ctx().math.allow_tf32 = false;  // full float32 products on CUDA (TF32 would miss 1e-5)
+  std::mt19937_64 rng(31);
+  const int64_t B = 1, H = 3;
+  for (int64_t T : {1, 7, 64, 256})
+    for (int64_t D : {16, 64}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " D=" << D);
+      const AttentionRun a = run(Shape{B, H, T, D}, 1.0f / std::sqrt(static_cast<float>(D)), rng);
+      expect_matches_reference(a, a.ref());
+      for (const Tensor* t : {&a.y, &a.dk, &a.dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
+      if (T > 1) EXPECT_GT(ft::l2_norm(a.dq), 0.0);  // T == 1: one key, softmax constant, dq = 0
+    }
+}
+
+// Worst |got - want| over max(1, max |want|): the measure `matches` bounds.
+double worst_error(const Tensor& got, const std::vector<double>& want) {
+  double peak = 1, worst = 0;
+  for (double v : want) peak = std::max(peak, std::abs(v));
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got.f32()[i]) - want[i]));
+  return worst / peak;
+}
+
+// Many heads and few, sizes that leave partial blocks (T not a multiple of 32
+// or 64, D not a multiple of 8 or 16) and long rows (T = 1024: the CPU's sums
+// over keys run over 16 blocks), against float64; prints the worst error of
+// each output.
+TEST_P(AttentionOnBackend, ManyHeadsOddSizesAndLongRowsAgainstFloat64) {
+  ctx().math.allow_tf32 = false;
+  std::mt19937_64 rng(35);
+  const int64_t shapes[][4] = {{4, 8, 100, 17}, {2, 16, 130, 80}, {2, 16, 512, 32}, {1, 3, 97, 80}, {1, 3, 256, 64},
+                                {1, 2, 1024, 64}};
+  for (const auto& sh : shapes) {
+    const int64_t B = sh[0], H = sh[1], T = sh[2], D = sh[3];
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " H=" << H << " T=" << T << " D=" << D);
+    const AttentionRun a = run(Shape{B, H, T, D}, 1.0f / std::sqrt(static_cast<float>(D)), rng);
+    const Ref r = a.ref();
+    std::printf("B=%lld H=%lld T=%lld D=%lld worst error: y %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(T),
+                static_cast<long long>(D), worst_error(a.y, r.y), worst_error(a.lse, r.lse), worst_error(a.dq, r.dq),
+                worst_error(a.dk, r.dk), worst_error(a.dv, r.dv));
+    expect_matches_reference(a, r);
+  }
+}
+
+// loss = sum(g * y): its central differences in q, k and v (double steps on
+// float inputs) against backward's dq, dk, dv at a small size.
+TEST_P(AttentionOnBackend, BackwardAgainstCentralDifferences) {
+  ctx().math.allow_tf32 = false;
+  std::mt19937_64 rng(32);
+  const Shape s{1, 2, 5, 3};
+  const float scale = 0.7f;
+  AttentionRun a = run(s, scale, rng);
+  Tensor &q = a.q, &k = a.k, &v = a.v, &g = a.g;
+  const Tensor &dq = a.dq, &dk = a.dk, &dv = a.dv;
+  auto loss = [&] {
+    Tensor qq = up(q), kk = up(k), vv = up(v);
+    Tensor yy = poisoned(s), ll = poisoned(Shape{1, 2, 5});
+    kernels::attention_forward(ctx(), qq, kk, vv, scale, yy, ll);
+    const Tensor yh = down(yy);
+    double l = 0;
+    for (int64_t i = 0; i < yh.numel(); ++i) l += double(g.f32()[i]) * yh.f32()[i];
+    return l;
+  };
+  const double h = 1e-2;
+  for (auto [x, dx, name] : {std::tuple{&q, &dq, "dq"}, std::tuple{&k, &dk, "dk"}, std::tuple{&v, &dv, "dv"}}) {
+    for (int64_t i = 0; i < x->numel(); ++i) {
+      const float x0 = x->f32()[i];
+      x->f32()[i] = static_cast<float>(x0 + h);
+      const double lp = loss();
+      x->f32()[i] = static_cast<float>(x0 - h);
+      const double lm = loss();
+      x->f32()[i] = x0;
+      const double num = (lp - lm) / (2 * h);
+      EXPECT_NEAR(dx->f32()[i], num, 2e-3 * std::max(1.0, std::abs(num))) << name << "[" << i << "]";
+    }
+    EXPECT_GT(ft::l2_norm(*dx), 0.0) << name;
+  }
+}
+
 // Every element within rtol * max(1e-3, max |want|) of want; NaN fails.
 ::testing::AssertionResult within_peak(const Tensor& got, const std::vector<double>& want, double rtol) {
   double peak = 1e-3;
@@ -233,6 +253,18 @@ Tensor nan_low(const Shape& s, DType t) {
                                            << " (tolerance " << rtol * peak << ")";
   }
   return ::testing::AssertionSuccess();
+}
+
+// A low-type run's outputs against the float64 reference: y, dq, dk, dv
+// within 2e-2 of their largest magnitude, lse (float32) within 1e-4.
+void expect_within_peak(const AttentionRun& a) {
+  const Ref r = a.ref();
+  EXPECT_TRUE(within_peak(a.y, r.y, 2e-2)) << "y";
+  EXPECT_TRUE(within_peak(a.lse, r.lse, 1e-4)) << "lse";
+  EXPECT_TRUE(within_peak(a.dq, r.dq, 2e-2)) << "dq";
+  EXPECT_TRUE(within_peak(a.dk, r.dk, 2e-2)) << "dk";
+  EXPECT_TRUE(within_peak(a.dv, r.dv, 2e-2)) << "dv";
+  for (const Tensor* t : {&a.y, &a.dk, &a.dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
 }
 
 // bfloat16 and float16 q, k, v, dy (CUDA): y, dq, dk, dv in that type within
@@ -247,39 +279,25 @@ TEST_P(AttentionOnBackend, LowPrecisionAgainstFloat64) {
         SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " T=" << T << " D=" << D);
         const Shape s{B, H, T, D};
         const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-        Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
-        Tensor g = ft::random_tensor(s, rng);
-        Tensor qd = up(to_low(q, dt)), kd = up(to_low(k, dt)), vd = up(to_low(v, dt)), gd = up(to_low(g, dt));
-        Tensor yd = up(nan_low(s, dt)), ld = poisoned(Shape{B, H, T});
-        Tensor dqd = up(nan_low(s, dt)), dkd = up(nan_low(s, dt)), dvd = up(nan_low(s, dt));
-        if (!on_cuda()) {
-          ft::expect_user_error([&] { kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld); },
+        if (!on_cuda()) {  // float32 only on the CPU
+          AttentionRun a;
+          DeviceOperands d = operands(a, s, scale, rng, dt);
+          ft::expect_user_error([&] { kernels::attention_forward(ctx(), d.q, d.k, d.v, scale, d.y, d.lse); },
                                 {"attention_forward", dtype_name(dt), "float32 only"});
           ft::expect_user_error(
-              [&] { kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd); },
+              [&] { kernels::attention_backward(ctx(), d.q, d.k, d.v, scale, d.y, d.lse, d.g, d.dq, d.dk, d.dv); },
               {"attention_backward", dtype_name(dt), "float32 only"});
-          continue;  // float32 only on the CPU
+          continue;
         }
-        kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
-        const char* fwd_path = kernels::attention_last_path(kernels::AttentionPass::Forward);
-        kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
-        const char* bwd_path = kernels::attention_last_path(kernels::AttentionPass::Backward);
+        const AttentionRun a = run(s, scale, rng, dt);
+        const char* fwd_path = a.fwd_path ? a.fwd_path : "?";
+        const char* bwd_path = a.bwd_path ? a.bwd_path : "?";
         // Which path ran (cuDNN's fused flash attention or the widened float32
         // one): printed, so a GPU run's log says which one these numbers checked.
         std::printf("[ attention ] %s T=%lld D=%lld: forward %s, backward %s\n", dtype_name(dt),
-                    static_cast<long long>(T), static_cast<long long>(D), fwd_path ? fwd_path : "?",
-                    bwd_path ? bwd_path : "?");
-        SCOPED_TRACE(::testing::Message() << "forward " << (fwd_path ? fwd_path : "?") << ", backward "
-                                          << (bwd_path ? bwd_path : "?"));
-        const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
-        const Tensor y = from_low(down(yd)), lse = down(ld);
-        const Tensor dq = from_low(down(dqd)), dk = from_low(down(dkd)), dv = from_low(down(dvd));
-        EXPECT_TRUE(within_peak(y, r.y, 2e-2)) << "y";
-        EXPECT_TRUE(within_peak(lse, r.lse, 1e-4)) << "lse";
-        EXPECT_TRUE(within_peak(dq, r.dq, 2e-2)) << "dq";
-        EXPECT_TRUE(within_peak(dk, r.dk, 2e-2)) << "dk";
-        EXPECT_TRUE(within_peak(dv, r.dv, 2e-2)) << "dv";
-        for (const Tensor* t : {&y, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
+                    static_cast<long long>(T), static_cast<long long>(D), fwd_path, bwd_path);
+        SCOPED_TRACE(::testing::Message() << "forward " << fwd_path << ", backward " << bwd_path);
+        expect_within_peak(a);
       }
 }
 
@@ -298,17 +316,8 @@ TEST_P(AttentionOnBackend, FusedCudnnPathOnHopper) {
   std::mt19937_64 rng(35);
   const DType dt = DType::BF16;
   const int64_t B = 2, H = 4, T = 256, D = 64;
-  const Shape s{B, H, T, D};
-  const float scale = 0.125f;
-  Tensor q = ft::random_tensor(s, rng), k = ft::random_tensor(s, rng), v = ft::random_tensor(s, rng);
-  Tensor g = ft::random_tensor(s, rng);
-  Tensor qd = up(to_low(q, dt)), kd = up(to_low(k, dt)), vd = up(to_low(v, dt)), gd = up(to_low(g, dt));
-  Tensor yd = up(nan_low(s, dt)), ld = poisoned(Shape{B, H, T});
-  Tensor dqd = up(nan_low(s, dt)), dkd = up(nan_low(s, dt)), dvd = up(nan_low(s, dt));
-  kernels::attention_forward(ctx(), qd, kd, vd, scale, yd, ld);
-  const char* fwd_path = kernels::attention_last_path(kernels::AttentionPass::Forward);
-  kernels::attention_backward(ctx(), qd, kd, vd, scale, yd, ld, gd, dqd, dkd, dvd);
-  const char* bwd_path = kernels::attention_last_path(kernels::AttentionPass::Backward);
+  const AttentionRun a = run(Shape{B, H, T, D}, 0.125f, rng, dt);
+  const char *fwd_path = a.fwd_path, *bwd_path = a.bwd_path;
   std::printf("[ attention ] bfloat16 B=%lld H=%lld T=%lld D=%lld on sm_9x: forward %s, backward %s\n",
               static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(T),
               static_cast<long long>(D), fwd_path ? fwd_path : "?", bwd_path ? bwd_path : "?");
@@ -318,15 +327,8 @@ TEST_P(AttentionOnBackend, FusedCudnnPathOnHopper) {
   ASSERT_NE(bwd_path, nullptr);
   EXPECT_STREQ(fwd_path, "cudnn-fused") << "see stderr for cuDNN's refusal";
   EXPECT_STREQ(bwd_path, "cudnn-fused") << "see stderr for cuDNN's refusal";
-  const Ref r = naive_attention(q.f32(), k.f32(), v.f32(), g.f32(), B * H, T, D, scale);
-  const Tensor y = from_low(down(yd)), lse = down(ld);
-  const Tensor dq = from_low(down(dqd)), dk = from_low(down(dkd)), dv = from_low(down(dvd));
-  EXPECT_TRUE(within_peak(y, r.y, 2e-2)) << "y";
-  EXPECT_TRUE(within_peak(lse, r.lse, 1e-4)) << "lse";
-  EXPECT_TRUE(within_peak(dq, r.dq, 2e-2)) << "dq";
-  EXPECT_TRUE(within_peak(dk, r.dk, 2e-2)) << "dk";
-  EXPECT_TRUE(within_peak(dv, r.dv, 2e-2)) << "dv";
-  for (const Tensor* t : {&y, &dq, &dk, &dv}) EXPECT_GT(ft::l2_norm(*t), 0.0);
+  expect_within_peak(a);
+  EXPECT_GT(ft::l2_norm(a.dq), 0.0);
 }
 
 // The path record: float32 on CPU says "cpu"; on CUDA "cuda-float32".

@@ -68,6 +68,7 @@ struct SgdCase {
 };
 
 TEST_P(OptimKernel, SgdMatchesTorchOverSteps) {
+  std::mt19937_64 rng(91);
   const SgdCase cases[] = {
       {"plain", {0.1f, 0.05f}, {0, 0}, 0, 0, false},
       {"weight_decay", {0.05f, 0.02f}, {0.01f, 0}, 0, 0, false},
@@ -77,7 +78,6 @@ TEST_P(OptimKernel, SgdMatchesTorchOverSteps) {
   };
   const Groups groups;
   const Tensor t0 = up(groups.table(0)), t1 = up(groups.table(1));
-  std::mt19937_64 rng(91);
   for (const SgdCase& c : cases) {
     SCOPED_TRACE(c.name);
     Tensor p = ft::random_tensor(Shape{kN}, rng);

@@ -48,15 +48,11 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    from safetensors.torch import load_file
-except ImportError as e:
-    print(f"gpt_conformance.py: skipped, needs torch and safetensors ({e})")
-    sys.exit(77)
+import conformance  # exits 77 without torch; bench/pytorch on the path
+import torch
+from conformance import rel
+from safetensors.torch import load_file
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "pytorch"))
 import gpt  # noqa: E402  (bench/pytorch/gpt.py)
 
 TOL = 1e-5
@@ -65,14 +61,6 @@ SMALL = "gpt:n_layer=2,n_head=2,n_embd=32,block_size=16,vocab_size=50"
 # (model spec, T, batch, seed, devices)
 CASES = [(SMALL, 16, 4, 7, "cpu"), (SMALL + ",bias=false", 16, 4, 7, "cpu"),
          (SMALL, 16, 6, 7, "cpu:3"), (SMALL + ",bias=false", 16, 6, 7, "cpu:3")]
-
-
-def rel(a, b, slack=None, scale=None):
-    scale = max(b.abs().max().item() if scale is None else scale, 1e-30)
-    diff = (a.double() - b.double()).abs()
-    if slack is not None:
-        diff = (diff - slack).clamp(min=0)
-    return diff.max().item() / scale
 
 
 def load(config, state, dtype):
@@ -128,9 +116,7 @@ def trajectory(config, init, x, y, dtype):
 
 def main():
     args = sys.argv[1:]
-    tool = args[0] if args else os.environ.get("TORCH_TOOL")
-    if not tool:
-        raise SystemExit("usage: gpt_conformance.py TORCH_TOOL")
+    tool = conformance.tool_from(args, "gpt_conformance.py TORCH_TOOL")
     torch.set_num_threads(1)
     failures, checks = [], 0
     eps32 = torch.finfo(torch.float32).eps
@@ -212,11 +198,7 @@ def main():
             print(f"{label:12s} {'(info) own 5-step trajectory vs torch float64, worst':56s} {ours:9.2e} "
                   f"(torch float32: {theirs:8.2e})")
     print("worst relative error per check: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
-    print(f"{checks - len(failures)} of {checks} checks within tolerance")
-    if failures:
-        print("misses: " + ", ".join(failures))
-        return 1
-    return 0
+    return conformance.verdict(checks, failures)
 
 
 if __name__ == "__main__":

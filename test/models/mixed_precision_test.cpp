@@ -143,23 +143,28 @@ std::vector<double> flat(const Mat& m) {
   return v;
 }
 
+// One step of m on (x, y) on a CPU device under autocast to engine_type:
+// each parameter's gradient, in order, against want's, rounded to
+// reference_type.
+Agreement step_grads_against(Module& m, const Tensor& x, const Tensor& y, DType engine_type,
+                             const std::vector<std::vector<double>>& want, DType reference_type) {
+  MathOptions math;
+  math.autocast = engine_type;
+  SingleDeviceEngine eng(m, Device::cpu(), *make_criterion({}), 1, math);
+  eng.forward_backward_batch(x, y);
+  auto ps = m.named_parameters();
+  Agreement a;
+  for (size_t i = 0; i < want.size(); ++i) compare(ps[i].second->grad, want[i], reference_type, a);
+  return a;
+}
+
 Agreement step_against_reference(DType engine_type, DType reference_type) {
   auto m = two_layer(24, 32, 6);
   std::mt19937_64 rng(7);
   Tensor x = testing::random_tensor(Shape{16, 24}, rng, -2.0f, 2.0f);
   Tensor y = testing::random_labels(16, 6, rng);
   const Grads want = reference(x, y, *m, reference_type);
-  MathOptions math;
-  math.autocast = engine_type;
-  SingleDeviceEngine eng(*m, Device::cpu(), *make_criterion({}), 1, math);
-  eng.forward_backward_batch(x, y);
-  auto ps = m->named_parameters();
-  Agreement a;
-  compare(ps[0].second->grad, flat(want.w1), reference_type, a);
-  compare(ps[1].second->grad, want.b1, reference_type, a);
-  compare(ps[2].second->grad, flat(want.w2), reference_type, a);
-  compare(ps[3].second->grad, want.b2, reference_type, a);
-  return a;
+  return step_grads_against(*m, x, y, engine_type, {flat(want.w1), want.b1, flat(want.w2), want.b2}, reference_type);
 }
 
 class MixedStep : public ::testing::TestWithParam<DType> {};
@@ -283,15 +288,7 @@ Agreement conv_step_against_reference(DType engine_type, DType reference_type) {
   std::mt19937_64 rng(11);
   Tensor x = testing::random_tensor(Shape{8, c, hw, hw}, rng, -2.0f, 2.0f);
   Tensor y = testing::random_labels(8, k, rng);
-  const auto want = conv_reference(x, y, *m, reference_type);
-  MathOptions math;
-  math.autocast = engine_type;
-  SingleDeviceEngine eng(*m, Device::cpu(), *make_criterion({}), 1, math);
-  eng.forward_backward_batch(x, y);
-  auto ps = m->named_parameters();
-  Agreement a;
-  for (size_t i = 0; i < want.size(); ++i) compare(ps[i].second->grad, want[i], reference_type, a);
-  return a;
+  return step_grads_against(*m, x, y, engine_type, conv_reference(x, y, *m, reference_type), reference_type);
 }
 
 // The same bounds for a convolutional net.

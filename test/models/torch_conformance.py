@@ -34,17 +34,13 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    import torch.nn as nn
-    from safetensors.torch import load_file
-except ImportError as e:
-    print(f"torch_conformance.py: skipped, needs torch and safetensors ({e})")
-    sys.exit(77)
+import conformance  # exits 77 without torch; bench/pytorch on the path
+import torch
+import torch.nn as nn
+from conformance import rel
+from safetensors.torch import load_file
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "pytorch"))
-sys.path.insert(0, os.path.join(HERE, "..", "cuda"))
+sys.path.insert(0, os.path.join(conformance.HERE, "..", "cuda"))
 import margins  # noqa: E402  (patches F.relu and the max pools to measure their decisions)
 import zoo  # noqa: E402
 
@@ -60,14 +56,6 @@ MIN_RATIO = 4.0
 # one step no seed of 7-31 kept them at 3x16x16 either.
 CASES = [("mlp", "1x28x28", 16, 7, True), ("lenet", "1x28x28", 16, 7, True), ("cnn", "1x28x28", 16, 7, True),
          ("resnet18", "3x16x16", 4, 8, False), ("heatmap3d", "1x16x16x16", 4, 9, True)]
-
-
-def rel(a, b, slack=None):
-    scale = max(b.abs().max().item(), 1e-30)
-    diff = (a.double() - b.double()).abs()
-    if slack is not None:
-        diff = (diff - slack).clamp(min=0)
-    return diff.max().item() / scale
 
 
 def pytorch_run(name, sample, init, x, y, dtype):
@@ -146,9 +134,7 @@ def main():
     count = 0
     if len(args) >= 2 and args[0] == "--scan":
         count, args = int(args[1]), args[2:]
-    tool = args[0] if args else os.environ.get("TORCH_TOOL")
-    if not tool:
-        raise SystemExit("usage: torch_conformance.py [--scan N] TORCH_TOOL")
+    tool = conformance.tool_from(args, "torch_conformance.py [--scan N] TORCH_TOOL")
     torch.set_num_threads(1)
     if count:
         scan(tool, count)
@@ -196,11 +182,7 @@ def main():
                 # roundings of the stored value.
                 slack = 2 * torch.finfo(torch.float32).eps * v.abs()
                 check(f"2 steps: {k}", got.double() - init[k].double(), v - init[k].double(), 1e-4, slack)
-    print(f"{checks - len(failures)} of {checks} checks within tolerance")
-    if failures:
-        print("misses: " + ", ".join(failures))
-        return 1
-    return 0
+    return conformance.verdict(checks, failures)
 
 
 if __name__ == "__main__":

@@ -321,11 +321,11 @@ TEST(DataParallel, RefusesBadConfigurations) {
 
 TEST(DataParallel, GradientsReachThePrimaryBeforeTheStep) {
   // After backward the primary's gradient arena holds the full-batch gradient.
+  std::mt19937_64 rng(10);
   const Shape sample{1, 6, 6};
   auto m = models::make_model("mlp", sample, 10, 2);
   auto ref = m->clone(Device::cpu());
   DataParallel dp(*m, parse_devices("cpu:4"));
-  std::mt19937_64 rng(10);
   Tensor x = random_tensor(Shape{10, 1, 6, 6}, rng);
   Tensor y = random_labels(10, 10, rng);
   Context ctx(Device::cpu());
