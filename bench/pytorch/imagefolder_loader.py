@@ -12,6 +12,27 @@ import torch
 from torchvision import datasets, transforms
 
 
+def train_transform(size):
+    """RandomResizedCrop(size), a flip, ToTensor, ImageNet's Normalize: loader-bench's augmentation."""
+    return transforms.Compose([
+        transforms.RandomResizedCrop(size),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ])
+
+
+def timed(loader, epochs=1):
+    """(images, seconds) of `epochs` passes over loader, each batch touched."""
+    images, total = 0, 0.0
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for x, y in loader:
+            total += float(x[0, 0, 0, 0])
+            images += x.shape[0]
+    return images, time.perf_counter() - t0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("dir")
@@ -21,26 +42,14 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(1)
-    tf = transforms.Compose([
-        transforms.RandomResizedCrop(a.size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    ])
-    ds = datasets.ImageFolder(f"{a.dir}/train", tf)
+    ds = datasets.ImageFolder(f"{a.dir}/train", train_transform(a.size))
     print(f"torchvision {__import__('torchvision').__version__}, torch {torch.__version__}: ImageFolder {a.dir}/train, "
           f"{len(ds)} images, RandomResizedCrop({a.size}) + flip + ToTensor + Normalize, batch {a.batch_size}")
     print(f"{'workers':>8} {'images/s':>12} {'seconds':>10}")
     for w in (int(v) for v in a.workers_list.split(",")):
         loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=w,
                                              persistent_workers=False)
-        images, total = 0, 0.0
-        t0 = time.perf_counter()
-        for _ in range(a.epochs):
-            for x, y in loader:
-                total += float(x[0, 0, 0, 0])  # touch the batch
-                images += x.shape[0]
-        s = time.perf_counter() - t0
+        images, s = timed(loader, a.epochs)
         print(f"{w:>8} {images / s:>12.0f} {s:>10.3f}")
 
 

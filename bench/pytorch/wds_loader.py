@@ -15,7 +15,6 @@ import glob
 import io
 import os
 import tarfile
-import time
 
 
 def make_shards(folder, dst, n):
@@ -52,15 +51,10 @@ def main():
         p.error("give DIR (or --make-shards FOLDER DIR)")
     import torch
     import webdataset as wds
-    from torchvision import transforms
+    from imagefolder_loader import timed, train_transform
 
     torch.set_num_threads(1)
-    tf = transforms.Compose([
-        transforms.RandomResizedCrop(a.size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    ])
+    tf = train_transform(a.size)
     urls = sorted(glob.glob(os.path.join(a.dir, "train-*.tar")))
     count = sum(1 for u in urls for m in tarfile.open(u).getnames() if m.endswith(".cls"))
     print(f"webdataset {wds.__version__}, torch {torch.__version__}: {len(urls)} shards, {count} samples, "
@@ -72,12 +66,7 @@ def main():
               .shuffle(1000).decode("pil").to_tuple("jpg;png", "cls").map_tuple(tf, int)
               .batched(a.batch_size, partial=True))
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=w)
-        images, total = 0, 0.0
-        t0 = time.perf_counter()
-        for x, y in loader:
-            total += float(x[0, 0, 0, 0])  # touch the batch
-            images += x.shape[0]
-        s = time.perf_counter() - t0
+        images, s = timed(loader)
         print(f"{w:>8} {images / s:>12.0f} {s:>10.3f}  ({images} images)")
 
 
