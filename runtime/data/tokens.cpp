@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <sstream>
@@ -151,10 +150,7 @@ void write_tokens(const std::string& path, const std::vector<uint16_t>& ids) {
 }
 
 std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  FANOUT_USER_CHECK(f.good()) << "cannot open text " << path << ": " << errno_text();
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  FANOUT_USER_CHECK(!f.bad()) << "cannot read text " << path << ": " << errno_text();
+  std::string text = io::read_file(path, "text");
   FANOUT_USER_CHECK(!text.empty()) << "text " << path << " is empty";
   return text;
 }
@@ -190,9 +186,9 @@ std::string Vocabulary::decode(const std::vector<int32_t>& ids) const {
 TokenMeta read_token_meta(const std::string& dir) {
   TokenMeta m;
   const std::string path = dir + "/meta.json";
-  std::ifstream f(path);
-  if (!f.good()) return m;
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return m;
+  nlohmann::json j = nlohmann::json::parse(io::read_file(path, "token meta file", 1 << 24), nullptr, false);
   FANOUT_USER_CHECK(!j.is_discarded() && j.is_object() && j.contains("vocab_size") &&
                     j["vocab_size"].is_number_integer() && j["vocab_size"].get<int64_t>() >= 1 &&
                     j["vocab_size"].get<int64_t>() <= static_cast<int64_t>(kMaxVocab))

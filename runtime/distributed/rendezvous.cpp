@@ -216,6 +216,8 @@ void use_interface(const std::string& ifname) {
 }
 
 void read_rdzv_password(const std::string& path) {
+  std::error_code ec;
+  FANOUT_USER_CHECK(!fs::is_directory(path, ec)) << "--rdzv-password-file " << path << " is a directory, not a file";
   std::ifstream in(path);
   FANOUT_USER_CHECK(in) << "cannot read --rdzv-password-file " << path << ": " << std::strerror(errno);
   std::string line;

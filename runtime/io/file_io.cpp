@@ -29,6 +29,28 @@ void write_all(int fd, const void* buf, size_t n, const std::string& tmp) {
 
 }  // namespace
 
+std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  FANOUT_USER_CHECK(fd.fd >= 0) << "cannot open " << what << " " << path << ": " << errno_text(errno);
+  struct stat st{};
+  FANOUT_USER_CHECK(::fstat(fd.fd, &st) == 0) << "cannot read " << what << " " << path << ": " << errno_text(errno);
+  FANOUT_USER_CHECK(!S_ISDIR(st.st_mode)) << what << " " << path << " is a directory, not a file";
+  FANOUT_USER_CHECK(S_ISREG(st.st_mode)) << what << " " << path << " is not a regular file";
+  FANOUT_USER_CHECK(static_cast<uint64_t>(st.st_size) <= max_bytes)
+      << what << " " << path << " is " << st.st_size << " bytes, more than the " << max_bytes << " it may hold";
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t r = ::read(fd.fd, out.data() + got, out.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    FANOUT_USER_CHECK(r >= 0) << "cannot read " << what << " " << path << ": " << errno_text(errno);
+    if (r == 0) break;  // shrank while read
+    got += static_cast<size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
 void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));

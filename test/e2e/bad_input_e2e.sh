@@ -145,6 +145,16 @@ expect_error f16-split-invariant "--precision 16-mixed cannot keep --split-invar
 FANOUT_CONV3D_WEIGHT_SLICES=sometimes expect_error conv3d-slices-switch "FANOUT_CONV3D_WEIGHT_SLICES must be auto, always or never" \
   --model heatmap3d --data synthetic3d:16 --batch-size 4
 
+# Files that are directories: one line saying so, not a stream error.
+gpt=gpt:gpt-char,n_layer=1,n_head=2,n_embd=16,block_size=8
+mkdir -p "$work/tokdir/meta.json" "$work/pwdir"
+printf 'abcdefghijklmnopqrstuvwxyz' > "$work/tokdir/train.bin"
+expect_error text-is-a-directory "text $work/tokdir is a directory" --model "$gpt" --data "text:$work/tokdir"
+expect_error meta-is-a-directory "token meta file $work/tokdir/meta.json is a directory" --model "$gpt" \
+  --data "tokens:$work/tokdir"
+expect_error password-file-is-a-directory "rdzv-password-file $work/pwdir is a directory" --strategy ddp --nnodes 2 \
+  --rdzv redis:127.0.0.1:1 --rdzv-password-file "$work/pwdir" --data synthetic:64
+
 # --list-devices answers on any machine: GPUs, or that there is none (not a CUDA runtime error).
 if out=$(timeout 60 "$DP_TRAIN" --list-devices 2>&1) && echo "$out" | grep -qE "^no CUDA device visible|^cuda:0"; then
   echo "ok   list-devices: $(echo "$out" | head -1)"
