@@ -174,7 +174,7 @@ const ZooEntry* find_entry(const std::string& name) {
 const ZooEntry& zoo_entry(const std::string& name) {
   if (const ZooEntry* e = find_entry(name)) return *e;
   std::string known;
-  for (const ZooEntry& e : kZoo) known += (known.empty() ? "" : ", ") + std::string(e.name);
+  for (const std::string& n : model_names()) known += (known.empty() ? "" : ", ") + n;
   FANOUT_FAIL() << "unknown model '" << name << "' (known: " << known << ")";
 }
 }  // namespace
