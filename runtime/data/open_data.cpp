@@ -33,7 +33,14 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
                                       << "' is token data for a language model: train it with --model gpt:...";
   const std::string dir =
       kind == "tokens" ? arg : prepare_text(arg, kind == "text-bytes", o.cache_dir.empty() ? default_cache_dir() : o.cache_dir);
-  TokenSplits t = open_token_dir(dir, o.block_size, o.vocab_size);
+  TokenSplits t;
+  try {
+    t = open_token_dir(dir, o.block_size, o.vocab_size);
+  } catch (const Error& e) {
+    if (kind == "tokens") throw;
+    // The cache's file names mean little to whoever gave the text: name it.
+    FANOUT_FAIL() << kind << ":" << arg << ", tokenized into " << dir << ": " << e.what();
+  }
   s.tokens = t.meta;
   s.tokens.vocab_size = t.train->vocab();
   s.classes = t.meta.vocab_size > 0 ? t.meta.vocab_size : t.train->vocab();

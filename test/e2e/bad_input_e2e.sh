@@ -152,6 +152,10 @@ printf 'abcdefghijklmnopqrstuvwxyz' > "$work/tokdir/train.bin"
 expect_error text-is-a-directory "text $work/tokdir is a directory" --model "$gpt" --data "text:$work/tokdir"
 expect_error meta-is-a-directory "token meta file $work/tokdir/meta.json is a directory" --model "$gpt" \
   --data "tokens:$work/tokdir"
+printf 'abc' > "$work/tiny.txt"
+FANOUT_CACHE_DIR="$work/cache" expect_error text-too-short \
+  "text:$work/tiny.txt, tokenized into .*: token file .* holds 2 tokens, shorter than one window of 9" \
+  --model "$gpt" --data "text:$work/tiny.txt"
 expect_error password-file-is-a-directory "rdzv-password-file $work/pwdir is a directory" --strategy ddp --nnodes 2 \
   --rdzv redis:127.0.0.1:1 --rdzv-password-file "$work/pwdir" --data synthetic:64
 
