@@ -22,7 +22,7 @@ using WriteFn = std::function<void(const void* data, size_t bytes)>;
 void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce);
 
 // The whole of the regular file `path` (named `what` in errors: "text",
-// "--rdzv-password-file"), in one-line errors (fanout::Error) when it does
+// "token meta file"), in one-line errors (fanout::Error) when it does
 // not exist, is a directory or another non-regular file, cannot be read, or
 // holds more than max_bytes.
 std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes = uint64_t(1) << 40);
