@@ -1,4 +1,4 @@
-// Public activation entry points: shape/dtype/device checks, then dispatch.
+// Public activation entry points: shape/dtype/layout/device checks, then dispatch.
 #include "kernels/activation.h"
 
 #include <cmath>
@@ -8,17 +8,17 @@
 namespace fanout::kernels {
 
 void relu_forward(Context& ctx, const Tensor& x, Tensor& y) {
-  detail::check_tensor(ctx, "relu_forward", "x", x);
-  detail::check_tensor(ctx, "relu_forward", "y", y);
+  detail::check_storage(ctx, "relu_forward", "x", x);
+  detail::check_like(ctx, "relu_forward", "y", y, "x", x);
   FANOUT_CHECK(x.shape() == y.shape()) << "relu_forward: x " << x.shape().str() << " and y " << y.shape().str()
                                        << " differ";
   FANOUT_DISPATCH(ctx, relu_forward, ctx, x, y);
 }
 
 void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {
-  detail::check_tensor(ctx, "relu_backward", "y", y);
-  detail::check_tensor(ctx, "relu_backward", "dy", dy);
-  detail::check_tensor(ctx, "relu_backward", "dx", dx);
+  detail::check_storage(ctx, "relu_backward", "y", y);
+  detail::check_like(ctx, "relu_backward", "dy", dy, "y", y);
+  detail::check_like(ctx, "relu_backward", "dx", dx, "y", y);
   FANOUT_CHECK(y.shape() == dy.shape() && y.shape() == dx.shape())
       << "relu_backward: y " << y.shape().str() << ", dy " << dy.shape().str() << " and dx " << dx.shape().str()
       << " differ";
@@ -38,8 +38,8 @@ const char* activation_name(Act kind) {
 
 void activation_forward(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
   const char* op = "activation_forward";
-  detail::check_tensor(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "y", y);
+  detail::check_storage(ctx, op, "x", x);
+  detail::check_like(ctx, op, "y", y, "x", x);
   FANOUT_CHECK(x.shape() == y.shape()) << op << ": x " << x.shape().str() << " and y " << y.shape().str() << " differ";
   FANOUT_CHECK(std::isfinite(a.negative_slope)) << op << ": negative slope " << a.negative_slope;
   FANOUT_DISPATCH(ctx, activation_forward, ctx, a, x, y);
@@ -47,9 +47,9 @@ void activation_forward(Context& ctx, const Activation& a, const Tensor& x, Tens
 
 void activation_backward(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
   const char* op = "activation_backward";
-  detail::check_tensor(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "dy", dy);
-  detail::check_tensor(ctx, op, "dx", dx);
+  detail::check_storage(ctx, op, "x", x);
+  detail::check_like(ctx, op, "dy", dy, "x", x);
+  detail::check_like(ctx, op, "dx", dx, "x", x);
   FANOUT_CHECK(x.shape() == dy.shape() && x.shape() == dx.shape())
       << op << ": x " << x.shape().str() << ", dy " << dy.shape().str() << " and dx " << dx.shape().str() << " differ";
   FANOUT_DISPATCH(ctx, activation_backward, ctx, a, x, dy, dx);

@@ -1,6 +1,8 @@
 // Elementwise activations: ReLU (in place when the layer asks), and the
 // smooth ones torch.nn names Tanh, Sigmoid, GELU (exact, erf), SiLU and
-// LeakyReLU, whose backward reads the forward's input.
+// LeakyReLU, whose backward reads the forward's input. Every op reads and
+// writes float32, bfloat16 or float16 tensors (all operands of one type and
+// memory format) and computes in float32, rounding as it writes.
 #pragma once
 #include <cstdint>
 

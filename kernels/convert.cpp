@@ -11,15 +11,15 @@ bool low(DType t) { return t == DType::BF16 || t == DType::F16; }
 
 void convert(Context& ctx, const Tensor& src, Tensor& dst) {
   const char* op = "convert";
-  FANOUT_CHECK(src.defined() && dst.defined()) << op << ": undefined tensor";
-  FANOUT_CHECK((src.dtype() == DType::F32 && low(dst.dtype())) || (low(src.dtype()) && dst.dtype() == DType::F32))
-      << op << ": converts float32 to and from bfloat16 and float16, not " << dtype_name(src.dtype()) << " to "
-      << dtype_name(dst.dtype());
-  FANOUT_CHECK(src.numel() == dst.numel())
-      << op << ": src " << src.shape().str() << " and dst " << dst.shape().str() << " differ in numel";
-  detail::check_tensor(ctx, op, "src", src, src.dtype());
-  detail::check_tensor(ctx, op, "dst", dst, dst.dtype());
-  if (src.numel() == 0) return;
+  detail::check_storage(ctx, op, "src", src);
+  detail::check_storage(ctx, op, "dst", dst);
+  const bool both_contiguous = !src.channels_last() && !dst.channels_last();
+  FANOUT_CHECK(both_contiguous ? src.numel() == dst.numel() : src.shape() == dst.shape())
+      << op << ": src " << src.shape().str() << " " << memory_format_name(src.format()) << " and dst "
+      << dst.shape().str() << " " << memory_format_name(dst.format()) << " hold different elements";
+  if (src.numel() == 0 || (src.raw() == dst.raw() && src.dtype() == dst.dtype() && src.format() == dst.format()))
+    return;
+  FANOUT_CHECK(src.raw() != dst.raw()) << op << ": dst is src in another type or format";
   FANOUT_DISPATCH(ctx, convert, ctx, src, dst);
 }
 

@@ -1,6 +1,7 @@
-// Precision conversions on every backend: float32 to and from bfloat16 and
-// float16 (round to nearest even, overflow to infinity, subnormals kept, NaN
-// stays NaN; see runtime/core/half.h), and rounding float32 values to a
+// Precision and memory-format conversions on every backend: float32 to and
+// from bfloat16 and float16 (round to nearest even, overflow to infinity,
+// subnormals kept, NaN stays NaN; see runtime/core/half.h), contiguous to
+// and from channels-last, and rounding float32 values to a
 // lower precision in place (storing in that type and reading back), which is
 // how CPU devices reproduce a GPU's low-precision tensors in float32.
 #pragma once
@@ -11,7 +12,10 @@
 namespace fanout::kernels {
 
 FANOUT_KERNEL_OPS(
-// dst = src in dst's type: F32 -> BF16 or F16, or BF16 or F16 -> F32. Same numel.
+// dst = src in dst's type and memory format: any of float32, bfloat16 and
+// float16 to any, rounded to nearest even when narrowing; contiguous to
+// channels-last or back moves dim 1 (same shape), contiguous to contiguous
+// needs only the same numel. dst may not overlap src unless it is src.
 void convert(Context& ctx, const Tensor& src, Tensor& dst);
 // x (F32) = float(t(x)) for t BF16 or F16.
 void round_to(Context& ctx, Tensor& x, DType t);

@@ -45,6 +45,32 @@ inline void check_tensor(const Context& ctx, const char* op, const char* name, c
   FANOUT_CHECK(t.device().same_memory(ctx.device()))
       << op << ": " << name << " " << t.shape().str() << " is on " << t.device().str() << " but the context is on "
       << ctx.device().str();
+  FANOUT_CHECK(!t.channels_last()) << op << ": " << name << " " << t.shape().str()
+                                   << " is channels-last; this op reads contiguous tensors";
+}
+
+// A tensor of an op that reads and writes any floating storage: defined,
+// float32, bfloat16 or float16 (computed in float32), in either memory
+// format, in the memory of the context's device.
+inline void check_storage(const Context& ctx, const char* op, const char* name, const Tensor& t) {
+  FANOUT_CHECK(t.defined()) << op << ": " << name << " is undefined";
+  const DType d = t.dtype();
+  FANOUT_CHECK(d == DType::F32 || d == DType::BF16 || d == DType::F16)
+      << op << ": " << name << " " << t.shape().str() << " must be float32, bfloat16 or float16, got "
+      << dtype_name(d);
+  FANOUT_CHECK(t.device().same_memory(ctx.device()))
+      << op << ": " << name << " " << t.shape().str() << " is on " << t.device().str() << " but the context is on "
+      << ctx.device().str();
+}
+
+// Tensors an elementwise op pairs element by element: the same shape and
+// format (contiguous ones of equal numel also pair, whatever their shapes).
+inline void check_same_layout(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                              const Tensor& b) {
+  const bool ok = a.format() == b.format() && (a.channels_last() ? a.shape() == b.shape() : a.numel() == b.numel());
+  FANOUT_CHECK(ok) << op << ": " << a_name << " " << a.shape().str() << " " << memory_format_name(a.format())
+                   << " and " << b_name << " " << b.shape().str() << " " << memory_format_name(b.format())
+                   << " do not pair element by element";
 }
 
 // A gradient being accumulated: float32, or float64 on CPU (exact sums, see
@@ -68,6 +94,16 @@ inline void check_norm_backward(const Context& ctx, const char* op, const Tensor
                dbeta.shape() == gamma.shape())
       << op << ": dy " << dy.shape().str() << ", dx " << dx.shape().str() << ", dgamma " << dgamma.shape().str()
       << ", dbeta " << dbeta.shape().str() << " for x " << x.shape().str();
+}
+
+// Another operand of an elementwise op on floating storage whose first
+// operand is `first`: check_storage, first's dtype, and check_same_layout.
+inline void check_like(const Context& ctx, const char* op, const char* name, const Tensor& t,
+                       const char* first_name, const Tensor& first) {
+  check_storage(ctx, op, name, t);
+  FANOUT_CHECK(t.dtype() == first.dtype()) << op << ": " << name << " is " << dtype_name(t.dtype()) << " but "
+                                           << first_name << " " << dtype_name(first.dtype());
+  check_same_layout(op, first_name, first, name, t);
 }
 
 }  // namespace detail

@@ -7,8 +7,8 @@ namespace fanout::kernels {
 
 void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first_row, Tensor& y) {
   const char* op = "dropout";
-  detail::check_tensor(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "y", y);
+  detail::check_storage(ctx, op, "x", x);
+  detail::check_like(ctx, op, "y", y, "x", x);
   FANOUT_CHECK(x.shape() == y.shape() && x.dim() >= 1) << op << ": x " << x.shape().str() << ", y " << y.shape().str();
   FANOUT_CHECK(p >= 0.0f && p <= 1.0f && first_row >= 0) << op << ": p " << p << ", first row " << first_row;
   if (x.numel() == 0) return;

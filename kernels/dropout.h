@@ -3,7 +3,9 @@
 // replicas (each with its first row's offset) draws the same mask as the
 // whole batch on one device, and backward redraws the forward's mask
 // instead of storing it. torch's semantics: zeroed with probability p, the
-// rest scaled by 1 / (1 - p).
+// rest scaled by 1 / (1 - p). x and y are float32, bfloat16 or float16 (one
+// type, one format); e is the element's logical index in its row, so a
+// channels-last tensor drops the same elements as a contiguous one.
 #pragma once
 #include <cstdint>
 

@@ -6,14 +6,14 @@
 namespace fanout::kernels {
 
 void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round) {
-  detail::check_tensor(ctx, "add", "a", a);
-  detail::check_tensor(ctx, "add", "b", b);
-  detail::check_tensor(ctx, "add", "out", out);
+  detail::check_storage(ctx, "add", "a", a);
+  detail::check_like(ctx, "add", "b", b, "a", a);
+  detail::check_like(ctx, "add", "out", out, "a", a);
   FANOUT_CHECK(a.numel() == b.numel() && a.numel() == out.numel())
       << "add: a " << a.shape().str() << ", b " << b.shape().str() << " and out " << out.shape().str()
       << " differ in numel";
-  FANOUT_CHECK(round == DType::F32 || round == DType::BF16 || round == DType::F16)
-      << "add: cannot round to " << dtype_name(round);
+  FANOUT_CHECK(round == DType::F32 || ((round == DType::BF16 || round == DType::F16) && a.dtype() == DType::F32))
+      << "add: cannot round " << dtype_name(a.dtype()) << " sums to " << dtype_name(round);
   FANOUT_DISPATCH(ctx, add, ctx, a, b, out, round);
 }
 

@@ -1,4 +1,6 @@
-// Elementwise arithmetic over float32 tensors of equal numel.
+// Elementwise arithmetic over tensors of equal numel (and format). add also
+// takes bfloat16 or float16 operands (all of one type): float32 sums,
+// rounded as they are stored.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"
@@ -7,8 +9,9 @@
 namespace fanout::kernels {
 
 FANOUT_KERNEL_OPS(
-// out = a + b (=), rounded to `round` when it is BF16 or F16 (autocast's
-// residual add; F32 keeps the float32 sum). out may alias a or b.
+// out = a + b (=); float32 operands are rounded to `round` when it is BF16
+// or F16 (the float32 storage of autocast's residual add; F32 keeps the
+// sum). out may alias a or b.
 void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round = DType::F32);
 // y += alpha * x.
 void axpy(Context& ctx, float alpha, const Tensor& x, Tensor& y);

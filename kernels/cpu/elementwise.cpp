@@ -4,16 +4,18 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/storage.h"
 
 namespace fanout::kernels::cpu {
 
 void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round) {
   // out may alias a or b.
-  const float *ap = a.f32(), *bp = b.f32();
-  float* op = out.f32();
-  parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
-    map2(ap + s, bp + s, op + s, e - s, [](float u, float v) { return u + v; });
-  });
+  storage_map2(ctx, a, b, out, [](float u, float v) { return u + v; },
+               [&](const float* ap, const float* bp, float* op) {
+                 parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+                   map2(ap + s, bp + s, op + s, e - s, [](float u, float v) { return u + v; });
+                 });
+               });
   if (round != DType::F32) round_to(ctx, out, round);  // a pass after: the vectorized sum stays as it is
 }
 

@@ -3,6 +3,7 @@
 
 #include "kernels/activation_math.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -20,13 +21,13 @@ struct ReluBackwardOp {
 // y = max(x, 0) (=); y may alias x.
 void relu_forward(Context& ctx, const Tensor& x, Tensor& y) {
   detail::DeviceScope scope(ctx);
-  detail::launch_map1(ctx, ReluOp{}, x.f32(), y.f32(), x.numel());
+  detail::launch_storage_map1(ctx, ReluOp{}, x, y);
 }
 
 // dx = dy where y > 0 else 0 (=); dx may alias dy.
 void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {
   detail::DeviceScope scope(ctx);
-  detail::launch_map2(ctx, ReluBackwardOp{}, y.f32(), dy.f32(), dx.f32(), y.numel());
+  detail::launch_storage_map2(ctx, ReluBackwardOp{}, y, dy, dx);
 }
 
 }  // namespace fanout::kernels::cuda
@@ -46,11 +47,11 @@ struct ActBackward {
 };
 template <Act K>
 void forward_as(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
-  detail::launch_map1(ctx, ActForward<K>{a.negative_slope}, x.f32(), y.f32(), x.numel());
+  detail::launch_storage_map1(ctx, ActForward<K>{a.negative_slope}, x, y);
 }
 template <Act K>
 void backward_as(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
-  detail::launch_map2(ctx, ActBackward<K>{a.negative_slope}, x.f32(), dy.f32(), dx.f32(), x.numel());
+  detail::launch_storage_map2(ctx, ActBackward<K>{a.negative_slope}, x, dy, dx);
 }
 }  // namespace
 

@@ -17,14 +17,8 @@ namespace fanout::kernels::cuda {
 
 namespace {
 
-template <class Low>
-__device__ __forceinline__ Low narrow(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+using detail::narrow;
+using detail::widen;
 
 template <class Low>
 __global__ void narrow_kernel(const float* s, Low* d, int64_t n) {
@@ -35,6 +29,11 @@ template <class Low>
 __global__ void widen_kernel(const Low* s, float* d, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     d[i] = widen(s[i]);
+}
+template <class In, class Out>
+__global__ void recast_kernel(const In* s, Out* d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    d[i] = narrow<Out>(widen(s[i]));
 }
 template <class Low>
 __global__ void round_kernel(float* x, int64_t n) {
@@ -57,7 +56,6 @@ __global__ void add_widened_kernel(const Low* s, float* d, int64_t n) {
 // loop past their launch limits.
 constexpr int kTile = 32, kTileRows = 8;
 
-__device__ __forceinline__ float widen(float v) { return v; }
 template <class Low>
 __device__ __forceinline__ void put(Low* d, float v, bool) { *d = narrow<Low>(v); }
 __device__ __forceinline__ void put(float* d, float v, bool accumulate) { *d = accumulate ? *d + v : v; }
@@ -267,10 +265,40 @@ void for_low(Context& ctx, DType t, int64_t n, Launch&& launch) {
 }  // namespace
 
 void convert(Context& ctx, const Tensor& src, Tensor& dst) {
-  if (src.dtype() == DType::F32) return detail::narrow_into(ctx, src.f32(), dst, src.numel());
-  for_low(ctx, src.dtype(), src.numel(), [&](auto low, int grid, cudaStream_t st) {
-    using Low = decltype(low);
-    widen_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src.data<Low>(), dst.f32(), src.numel());
+  const DType sd = src.dtype(), dd = dst.dtype();
+  if (src.format() == dst.format()) {  // the same order in memory
+    if (sd == dd) {
+      detail::DeviceScope scope(ctx);
+      FANOUT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice,
+                                        detail::stream_of(ctx)));
+      return;
+    }
+    if (sd == DType::F32) return detail::narrow_into(ctx, src.f32(), dst, src.numel());
+    if (dd == DType::F32) {
+      for_low(ctx, sd, src.numel(), [&](auto low, int grid, cudaStream_t st) {
+        using Low = decltype(low);
+        widen_kernel<Low><<<grid, detail::kThreads, 0, st>>>(src.data<Low>(), dst.f32(), src.numel());
+      });
+      return;
+    }
+  }
+  const detail::Planes p = detail::planes_of(src);  // logical (n, c, s)
+  const bool same = src.format() == dst.format(), to_last = dst.channels_last();
+  detail::with_storage(sd, [&](auto in_tag) {
+    detail::with_storage(dd, [&](auto out_tag) {
+      using In = decltype(in_tag);
+      using Out = decltype(out_tag);
+      if (same) {  // bfloat16 to float16 or back, in memory order
+        detail::DeviceScope scope(ctx);
+        recast_kernel<In, Out><<<detail::grid_for(ctx, src.numel()), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+            src.data<In>(), dst.data<Out>(), src.numel());
+        FANOUT_CUDA_CHECK_LAUNCH();
+      } else if (to_last) {  // (n, c, s) planes -> (n, s, c)
+        transpose(ctx, src.data<In>(), dst.data<Out>(), p.n, p.c, p.s, false);
+      } else {
+        transpose(ctx, src.data<In>(), dst.data<Out>(), p.n, p.s, p.c, false);
+      }
+    });
   });
 }
 

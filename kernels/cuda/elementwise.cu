@@ -26,7 +26,7 @@ struct ScaleOp {
 // out = a + b (=), rounded as it is written when `round` is a low type; out may alias a or b.
 void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round) {
   detail::DeviceScope scope(ctx);
-  detail::launch_map2(ctx, AddOp{detail::low_mode(round)}, a.f32(), b.f32(), out.f32(), out.numel());
+  detail::launch_storage_map2(ctx, AddOp{detail::low_mode(round)}, a, b, out);
 }
 
 // y += alpha * x.

@@ -2,7 +2,8 @@
 // BF16 or F16): cuDNN convolutions and cuBLAS GEMMs take their operands in
 // the low type, narrowing (rounding) float32 tensors as they read them;
 // results come back widened (exact) or added into float32 sums. Kernels
-// whose float32 output autocast rounds do it as they write (round_low).
+// whose float32 output autocast rounds do it as they write (round_low);
+// kernels on low-type storage widen and narrow element by element.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,6 +31,69 @@ __device__ __forceinline__ float round_low(float v, int mode) {
   if (mode == 1) return __bfloat162float(__float2bfloat16_rn(v));
   if (mode == 2) return __half2float(__float2half_rn(v));
   return v;
+}
+
+// Element storage of the kernels that read and write float32, bfloat16 or
+// float16 tensors with float32 arithmetic: loads widen, stores round to
+// nearest even.
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+template <class T>
+__device__ __forceinline__ T narrow(float v);
+template <>
+__device__ __forceinline__ float narrow<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+
+// f(T{}) with T the element type of dtype t: float, __nv_bfloat16 or __half.
+template <class F>
+void with_storage(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f(float{});
+    case DType::BF16: return f(__nv_bfloat16{});
+    case DType::F16: return f(__half{});
+    default: FANOUT_FAIL() << "no floating storage of type " << dtype_name(t);
+  }
+}
+
+template <class Op, class T>
+__global__ void storage_map1_kernel(Op op, const T* a, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = narrow<T>(op(widen(a[i])));
+}
+template <class Op, class T>
+__global__ void storage_map2_kernel(Op op, const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
+}
+
+// out = op(a) (or op(a, b)) over tensors of one storage type and layout, in
+// float32, rounded as it is stored; out may alias an input. Float32 takes the
+// vectorized map launchers. The caller has made the device current.
+template <class Op>
+void launch_storage_map1(Context& ctx, const Op& op, const Tensor& a, Tensor& out) {
+  if (a.dtype() == DType::F32) return launch_map1(ctx, op, a.f32(), out.f32(), out.numel());
+  if (out.numel() == 0) return;
+  with_storage(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    storage_map1_kernel<Op, T><<<grid_for(ctx, out.numel()), kThreads, 0, stream_of(ctx)>>>(
+        op, a.data<T>(), out.data<T>(), out.numel());
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+}
+template <class Op>
+void launch_storage_map2(Context& ctx, const Op& op, const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.dtype() == DType::F32) return launch_map2(ctx, op, a.f32(), b.f32(), out.f32(), out.numel());
+  if (out.numel() == 0) return;
+  with_storage(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    storage_map2_kernel<Op, T><<<grid_for(ctx, out.numel()), kThreads, 0, stream_of(ctx)>>>(
+        op, a.data<T>(), b.data<T>(), out.data<T>(), out.numel());
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 // Per context, per role (0, 1: inputs; 2: output; 3: output gradient): a

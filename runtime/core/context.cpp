@@ -18,13 +18,13 @@ Context::~Context() {
   if (cudnn_) backend::cudnn_destroy(device_.index, cudnn_);
 }
 
-void ActivationSlots::bind(Tensor& t, const Shape& s, DType dt, Device d) {
+void ActivationSlots::bind(Tensor& t, const Shape& s, DType dt, Device d, MemoryFormat f) {
   if (next_ == slots_.size()) slots_.emplace_back();
   Tensor& slot = slots_[next_++];
   const size_t need = static_cast<size_t>(s.numel()) * dtype_size(dt);
   if (!slot.defined() || slot.device() != d || slot.nbytes() < need)
     slot = Tensor::empty(Shape{static_cast<int64_t>(std::max<size_t>(need, 1))}, DType::U8, d);
-  t = slot.as(s, dt);
+  t = slot.as(s, dt, f);
 }
 
 size_t ActivationSlots::bytes() const {
@@ -38,9 +38,9 @@ ActivationSlots& Context::checkpoint_slots() {
   return *checkpoint_slots_;
 }
 
-void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx) {
-  if (ctx.slots) ctx.slots->bind(t, s, dt, ctx.device());
-  else ensure(t, s, dt, ctx.device());
+void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx, MemoryFormat f) {
+  if (ctx.slots) ctx.slots->bind(t, s, dt, ctx.device(), f);
+  else ensure(t, s, dt, ctx.device(), f);
 }
 
 void* Context::workspace(size_t bytes) {

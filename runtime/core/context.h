@@ -50,7 +50,7 @@ struct BackendState {
 class ActivationSlots {
  public:
   void restart() { next_ = 0; }
-  void bind(Tensor& t, const Shape& s, DType dt, Device d);
+  void bind(Tensor& t, const Shape& s, DType dt, Device d, MemoryFormat f);
   // The gradient a checkpointed block receives, copied out of the slots
   // (the next block's input gradient lives in them).
   Tensor& grad_in() { return grad_in_; }
@@ -135,12 +135,16 @@ class Context {
   std::unique_ptr<ActivationSlots> checkpoint_slots_;
 };
 
-// A layer's activation buffer: ensure(t, s, dt, ctx.device()), or inside a
-// checkpointed block the context's next shared slot. Layers keep state that
-// must outlive a recomputation (BatchNorm's batch statistics, constants
+// A layer's activation buffer: ensure(t, s, dt, ctx.device(), f), or inside
+// a checkpointed block the context's next shared slot. Layers keep state
+// that must outlive a recomputation (BatchNorm's batch statistics, constants
 // written once) with the device form instead.
-void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx);
+void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx, MemoryFormat f = MemoryFormat::Contiguous);
 inline void ensure(Tensor& t, const Shape& s, Context& ctx) { ensure(t, s, DType::F32, ctx); }
+// An activation buffer like `like`: its shape, dtype and format.
+inline void ensure_like(Tensor& t, const Tensor& like, Context& ctx) {
+  ensure(t, like.shape(), like.dtype(), ctx, like.format());
+}
 
 namespace backend {
 void* cublas_create(int device, void* stream);

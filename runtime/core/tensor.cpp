@@ -36,6 +36,15 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::ChannelsLast ? "channels-last" : "contiguous";
+}
+
+void check_format(const Shape& s, MemoryFormat f) {
+  FANOUT_CHECK(f == MemoryFormat::Contiguous || s.ndim == 4 || s.ndim == 5)
+      << "a channels-last tensor has 4 or 5 dims, not " << s.str();
+}
+
 Shape::Shape(std::initializer_list<int64_t> dims) {
   FANOUT_CHECK(dims.size() <= static_cast<size_t>(kMaxDims)) << "at most 5 dims, got " << dims.size();
   for (int64_t v : dims) {
@@ -65,11 +74,13 @@ std::string Shape::str() const {
   return os.str();
 }
 
-Tensor Tensor::empty(const Shape& s, DType t, Device d) {
+Tensor Tensor::empty(const Shape& s, DType t, Device d, MemoryFormat f) {
+  check_format(s, f);
   Tensor x;
   x.storage_ = allocate(d, static_cast<size_t>(s.numel()) * dtype_size(t));
   x.shape_ = s;
   x.dtype_ = t;
+  x.format_ = f;
   x.device_ = d;
   return x;
 }
@@ -83,8 +94,8 @@ Tensor Tensor::empty_pinned(const Shape& s, DType t) {
   return x;
 }
 
-Tensor Tensor::zeros(const Shape& s, DType t, Device d) {
-  Tensor x = empty(s, t, d);
+Tensor Tensor::zeros(const Shape& s, DType t, Device d, MemoryFormat f) {
+  Tensor x = empty(s, t, d, f);
   x.zero();
   return x;
 }
@@ -120,6 +131,8 @@ double* Tensor::f64() const {
 
 Tensor Tensor::view(const Shape& s) const {
   FANOUT_CHECK(s.numel() == numel()) << "view " << s.str() << " of tensor " << shape_.str();
+  FANOUT_CHECK(!channels_last() || s == shape_)
+      << "view " << s.str() << " of a channels-last tensor " << shape_.str() << " (convert it first)";
   Tensor v = *this;
   v.shape_ = s;
   return v;
@@ -145,31 +158,34 @@ Tensor Tensor::seen_from(Device d) const {
 Tensor Tensor::flat(int64_t offset, const Shape& s) const {
   FANOUT_CHECK(offset >= 0 && offset + s.numel() <= numel())
       << "flat view [" << offset << ", +" << s.numel() << ") of " << numel() << " elements";
+  FANOUT_CHECK(!channels_last()) << "flat view of a channels-last tensor " << shape_.str();
   Tensor v = *this;
   v.offset_ += static_cast<size_t>(offset) * dtype_size(dtype_);
   v.shape_ = s;
   return v;
 }
 
-Tensor Tensor::as(const Shape& s, DType t) const {
+Tensor Tensor::as(const Shape& s, DType t, MemoryFormat f) const {
+  check_format(s, f);
   FANOUT_CHECK(static_cast<size_t>(s.numel()) * dtype_size(t) <= nbytes())
       << "a view of " << s.str() << " " << dtype_name(t) << " in " << nbytes() << " bytes";
   Tensor v = *this;
   v.shape_ = s;
   v.dtype_ = t;
+  v.format_ = f;
   return v;
 }
 
 Tensor Tensor::to(Device d, Stream* s) const {
-  Tensor out = empty(shape_, dtype_, d);
+  Tensor out = empty(shape_, dtype_, d, format_);
   out.copy_from(*this, s);
   return out;
 }
 
 void Tensor::copy_from(const Tensor& src, Stream* s) {
-  FANOUT_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_)
-      << "copy " << src.shape_.str() << " " << dtype_name(src.dtype_) << " into " << shape_.str() << " "
-      << dtype_name(dtype_);
+  FANOUT_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_ && src.format_ == format_)
+      << "copy " << src.shape_.str() << " " << dtype_name(src.dtype_) << " " << memory_format_name(src.format_)
+      << " into " << shape_.str() << " " << dtype_name(dtype_) << " " << memory_format_name(format_);
   if (nbytes() == 0) return;
   if (device_.is_cpu() && src.device_.is_cpu()) {
     if (raw() != src.raw()) std::memmove(raw(), src.raw(), nbytes());
@@ -192,21 +208,23 @@ void Tensor::zero(Stream* s) {
     if (nbytes()) std::memset(raw(), 0, nbytes());
     return;
   }
-  FANOUT_CHECK(dtype_ == DType::F32 || dtype_ == DType::I32) << "zero on CUDA needs a 4-byte dtype";
+  FANOUT_CHECK(nbytes() % 4 == 0) << "zero on CUDA needs whole 4-byte words, not " << nbytes() << " bytes";
   backend::fill_f32_cuda(device_.index, static_cast<float*>(raw()), nbytes() / 4, 0.0f, s ? s->handle() : nullptr);
 }
 
-void ensure(Tensor& t, const Shape& s, DType dt, Device d) {
-  if (t.defined() && t.shape() == s && t.dtype() == dt && t.device() == d) return;
+void ensure(Tensor& t, const Shape& s, DType dt, Device d, MemoryFormat f) {
+  check_format(s, f);
+  if (t.defined() && t.shape() == s && t.dtype() == dt && t.device() == d && t.format() == f) return;
   // Reuse a large-enough buffer (e.g. for a smaller last batch) so alternating
   // batch sizes allocate nothing once the largest has been seen.
   const size_t need = static_cast<size_t>(s.numel()) * dtype_size(dt);
   if (t.defined() && t.dtype() == dt && t.device() == d && t.offset_ == 0 && t.storage_->owned &&
       t.storage_->bytes >= need) {
     t.shape_ = s;
+    t.format_ = f;
     return;
   }
-  t = Tensor::empty(s, dt, d);
+  t = Tensor::empty(s, dt, d, f);
 }
 
 }  // namespace fanout

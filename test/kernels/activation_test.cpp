@@ -8,6 +8,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/backend_test_util.h"
+#include "kernels/storage_test_util.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
@@ -64,6 +65,42 @@ TEST_P(Relu, BackwardMatchesCentralDifferences) {
   auto res = ft::grad_check_detail(loss, x, dx, 1e-3);
   EXPECT_LT(res.worst, 1e-2);
   EXPECT_GT(res.checked, 100);
+}
+
+TEST_P(Relu, LowStorageInEitherFormat) {
+  // ReLU only selects: the stored values come back exactly, in the input's type and format.
+  for (const ft::StorageCase& sc : ft::low_storage_cases()) {
+    SCOPED_TRACE(sc.name());
+    std::mt19937_64 rng(44);
+    const Shape s{2, 5, 3, 7};
+    const Tensor x = ft::random_stored(s, sc.dtype, sc.format, rng), dy = ft::random_stored(s, sc.dtype, sc.format, rng);
+    Tensor xd = up(x), dyd = up(dy), yd = up(ft::poisoned_stored(s, sc.dtype, sc.format)),
+           dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+    kernels::relu_forward(ctx(), xd, yd);
+    kernels::relu_backward(ctx(), yd, dyd, dxd);
+    const Tensor y = down(yd), dx = down(dxd);
+    ASSERT_EQ(y.format(), sc.format);
+    int64_t positive = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float xv = ft::stored(x, i);
+      positive += xv > 0;
+      ASSERT_EQ(ft::stored(y, i), std::max(0.0f, xv)) << i;
+      ASSERT_EQ(ft::stored(dx, i), xv > 0 ? ft::stored(dy, i) : 0.0f) << i;
+    }
+    EXPECT_GT(positive, 0);
+    kernels::relu_forward(ctx(), xd, xd);
+    EXPECT_TRUE(ft::same_bits(down(xd), y)) << "y in place";
+  }
+}
+
+TEST_P(Relu, MixedTypesAndFormatsThrow) {
+  Tensor x = up(Tensor::zeros(Shape{2, 3, 4, 5}, DType::BF16));
+  Tensor y16 = up(Tensor::zeros(Shape{2, 3, 4, 5}, DType::F16));
+  Tensor ycl = up(Tensor::zeros(Shape{2, 3, 4, 5}, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast));
+  EXPECT_THROW(kernels::relu_forward(ctx(), x, y16), Error);
+  EXPECT_THROW(kernels::relu_forward(ctx(), x, ycl), Error);
+  Tensor x64 = up(Tensor::zeros(Shape{2, 3, 4, 5}, DType::F64));
+  EXPECT_THROW(kernels::relu_forward(ctx(), x64, x64), Error);
 }
 
 TEST_P(Relu, ShapeMismatchThrows) {
@@ -145,6 +182,33 @@ TEST_P(SmoothActivation, MatchFormulasInFloat64) {
       EXPECT_TRUE(ft::same_bits(down(dyd), got_dx)) << "dx in place";
     }
   }
+}
+
+TEST_P(SmoothActivation, LowStorageMatchesFloat64OfTheStoredInputs) {
+  // float32 arithmetic on the widened inputs, one rounding to the type as it is stored.
+  for (const ft::StorageCase& sc : ft::low_storage_cases())
+    for (const kernels::Activation& a : smooth::kAll) {
+      SCOPED_TRACE(sc.name() + " " + kernels::activation_name(a.kind));
+      std::mt19937_64 rng(45);
+      const Shape s{3, 6, 5, 4};
+      const Tensor x = ft::random_stored(s, sc.dtype, sc.format, rng, -6.0f, 6.0f),
+                   dy = ft::random_stored(s, sc.dtype, sc.format, rng);
+      Tensor xd = up(x), dyd = up(dy), yd = up(ft::poisoned_stored(s, sc.dtype, sc.format)),
+             dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+      kernels::activation_forward(ctx(), a, xd, yd);
+      kernels::activation_backward(ctx(), a, xd, dyd, dxd);
+      const Tensor y = down(yd), dx = down(dxd);
+      const double u = ft::unit_roundoff(sc.dtype) * (1 + 1e-3);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const double xv = ft::stored(x, i);
+        const double want_y = smooth::f64(a.kind, xv, a.negative_slope);
+        const double want_dx = ft::stored(dy, i) * smooth::df64(a.kind, xv, a.negative_slope);
+        ASSERT_NEAR(ft::stored(y, i), want_y, u * std::abs(want_y) + 4e-6 * std::max(1.0, std::abs(want_y)))
+            << "x " << xv;
+        ASSERT_NEAR(ft::stored(dx, i), want_dx, u * std::abs(want_dx) + 4e-6 * std::max(1.0, std::abs(want_dx)))
+            << "x " << xv;
+      }
+    }
 }
 
 TEST_P(SmoothActivation, BackwardMatchesCentralDifferences) {

@@ -5,7 +5,8 @@
 // every bfloat16 and float16 pattern widened and narrowed back; midpoints,
 // their float32 neighbours and the values just inside each pair for every
 // pair of neighbours (subnormals, ties, overflow); NaN and the sign of zero.
-// The channels-last copies against the same decoding and an index map.
+// The channels-last copies and every type-and-format pair against the same
+// decoding and an index map.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "kernels/backend_test_util.h"
 #include "kernels/convert.h"
+#include "kernels/storage_test_util.h"
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 
@@ -180,12 +182,8 @@ const Shape kChannelShapes[] = {
     Shape{3, 130, 1, 1}, Shape{2, 192, 4, 4},  Shape{2, 600, 2, 2}, Shape{2, 515, 3},   Shape{2, 66, 40, 40},
     Shape{2, 3, 32, 32}, Shape{2, 16, 5, 7},   Shape{2, 2, 50},     Shape{2, 65, 6, 6}, Shape{65537, 2, 2}};
 
-// (b, c, position) of a channels-first element -> its channels-last index.
-int64_t last_index(const Shape& first, int64_t i) {
-  const int64_t c = first[1], sp = first.numel() / (first[0] * c);
-  const int64_t b = i / (c * sp), ci = (i / sp) % c, si = i % sp;
-  return (b * sp + si) * c + ci;
-}
+// A channels-first element's channels-last index.
+int64_t last_index(const Shape& first, int64_t i) { return ft::memory_index(first, MemoryFormat::ChannelsLast, i); }
 
 TEST_P(Convert, NarrowChannelsLastMovesDimOneLastAndRounds) {
   std::mt19937 rng(11);
@@ -229,12 +227,61 @@ TEST_P(Convert, WidenChannelsFirstMovesTheLastDimBackAndAdds) {
       }
 }
 
+// A logical element's value in a host tensor of any floating type and format.
+double logical_value(const Tensor& t, int64_t i) {
+  const int64_t at = t.channels_last() ? last_index(t.shape(), i) : i;
+  if (t.dtype() == DType::F32) return t.f32()[at];
+  const uint16_t h = t.data<uint16_t>()[at];
+  return decode(t.dtype() == DType::BF16 ? kFormats[0] : kFormats[1], h);
+}
+
+// The pattern (or float32) that stores v in type d: v's nearest.
+void store_logical(Tensor& t, int64_t i, float v) {
+  const int64_t at = t.channels_last() ? last_index(t.shape(), i) : i;
+  if (t.dtype() == DType::F32) t.f32()[at] = v;
+  else t.data<uint16_t>()[at] = nearest(t.dtype() == DType::BF16 ? kFormats[0] : kFormats[1], v);
+}
+
+TEST_P(Convert, EveryTypeAndFormatToEveryOther) {
+  // Values spread over the low types' exponents, with both signs.
+  const DType types[] = {DType::F32, DType::BF16, DType::F16};
+  const MemoryFormat formats[] = {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast};
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  for (const Shape& shape : {Shape{3, 5, 4, 6}, Shape{2, 7, 3, 4, 5}, Shape{2, 66, 40, 40}, Shape{2, 3, 1, 1}})
+    for (DType sd : types)
+      for (DType dd : types)
+        for (MemoryFormat sf : formats)
+          for (MemoryFormat df : formats) {
+            SCOPED_TRACE(shape.str() + " " + dtype_name(sd) + " " + memory_format_name(sf) + " -> " +
+                         dtype_name(dd) + " " + memory_format_name(df));
+            Tensor x = Tensor::empty(shape, sd, Device::cpu(), sf);
+            for (int64_t i = 0; i < x.numel(); ++i)
+              store_logical(x, i, u(rng) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4));
+            Tensor xd = up(x), yd = up(Tensor::empty(shape, dd, Device::cpu(), df));
+            kernels::convert(ctx(), xd, yd);
+            const Tensor y = down(yd);
+            ASSERT_EQ(y.format(), df);
+            Tensor want = Tensor::empty(shape, dd, Device::cpu(), df);
+            for (int64_t i = 0; i < x.numel(); ++i) store_logical(want, i, static_cast<float>(logical_value(x, i)));
+            for (int64_t i = 0; i < x.numel(); ++i)
+              ASSERT_EQ(logical_value(y, i), logical_value(want, i)) << "element " << i;
+          }
+}
+
 TEST_P(Convert, RefusesOtherTypesAndShapes) {
   Tensor a = up(Tensor::zeros(Shape{4})), b16 = up(Tensor::zeros(Shape{3}, DType::F16));
   Tensor i32 = up(Tensor::zeros(Shape{4}, DType::I32));
   EXPECT_THROW(kernels::convert(ctx(), a, b16), Error);  // numel
   EXPECT_THROW(kernels::convert(ctx(), a, i32), Error);  // not a low-precision type
   EXPECT_THROW(kernels::round_to(ctx(), a, DType::F64), Error);
+  // Between formats the logical shapes must match; into itself only as it is.
+  Tensor nchw = up(Tensor::zeros(Shape{2, 3, 4, 5})), nhwc = up(Tensor::zeros(Shape{2, 3, 5, 4}, DType::BF16,
+                                                                             Device::cpu(), MemoryFormat::ChannelsLast));
+  EXPECT_THROW(kernels::convert(ctx(), nchw, nhwc), Error);
+  EXPECT_NO_THROW(kernels::convert(ctx(), nchw, nchw));
+  Tensor bf = nchw.as(nchw.shape(), DType::BF16);
+  EXPECT_THROW(kernels::convert(ctx(), nchw, bf), Error);
   // Channels-last copies: the permuted shape, float32 on the channels-first side, three or more dims.
   Tensor first = up(Tensor::zeros(Shape{2, 3, 4})), last = up(Tensor::zeros(Shape{2, 4, 3}, DType::BF16));
   Tensor same = up(Tensor::zeros(Shape{2, 3, 4}, DType::BF16)), last32 = up(Tensor::zeros(Shape{2, 4, 3}));

@@ -2,13 +2,16 @@
 // x / (1 - p), the zeros where the hash says, in float64), the share dropped
 // within 6 standard deviations of p, p = 0 the identity and p = 1 zeros, a
 // batch split by rows (each part with its first row) draws what the whole
-// batch draws, another key another mask, and in place.
+// batch draws, another key another mask, and in place; low-type storage in
+// either format drops the elements float32 drops (the logical index) and
+// rounds the kept ones once.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "kernels/backend_test_util.h"
 #include "kernels/dropout.h"
+#include "kernels/storage_test_util.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
@@ -71,6 +74,29 @@ TEST_P(DropoutOnBackend, SplitRowsDrawTheWholeBatchsMask) {
   Tensor in_place = up(x);
   kernels::dropout(ctx(), in_place, 0.4f, 99, 0, in_place);
   EXPECT_TRUE(ft::same_bits(down(in_place), w));
+}
+
+TEST_P(DropoutOnBackend, LowStorageInEitherFormatDropsWhatFloat32Drops) {
+  const Shape s{4, 6, 5, 7};
+  for (const ft::StorageCase& sc : ft::low_storage_cases()) {
+    SCOPED_TRACE(sc.name());
+    std::mt19937_64 rng(94);
+    const Tensor x = ft::random_stored(s, sc.dtype, sc.format, rng, 0.5f, 2.0f);  // never zero
+    Tensor y = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+    kernels::dropout(ctx(), up(x), 0.3f, 4242, 5, y);
+    const Tensor got = down(y);
+    const int64_t sample = x.numel() / s[0];
+    const double scale = 1.0 / (1.0 - 0.3), u = ft::unit_roundoff(sc.dtype) * (1 + 1e-3);
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {  // i is the logical index
+      const bool keep = kernels::dropout_math::keep(4242, 5 + i / sample, i % sample, 0.3f);
+      const double want = keep ? ft::stored(x, i) * scale : 0.0;
+      ASSERT_NEAR(ft::stored(got, i), want, u * want + 1e-6 * want) << i;
+      dropped += !keep;
+    }
+    EXPECT_GT(dropped, 0);
+    EXPECT_LT(dropped, x.numel());
+  }
 }
 
 TEST_P(DropoutOnBackend, RefusesBadArguments) {

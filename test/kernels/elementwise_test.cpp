@@ -7,6 +7,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/backend_test_util.h"
+#include "kernels/storage_test_util.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/error.h"
@@ -88,6 +89,28 @@ TEST_P(Elementwise, AddRoundsToTheLowTypeItIsGiven) {
   }
   Tensor a = up(Tensor::zeros(Shape{4}));
   EXPECT_THROW(kernels::add(ctx(), a, a, a, DType::I32), Error);
+}
+
+// On low-type storage add sums in float32 and rounds once as it stores.
+TEST_P(Elementwise, AddOnLowStorageInEitherFormat) {
+  const Shape s{3, 5, 4, 6};
+  for (const ft::StorageCase& sc : ft::low_storage_cases()) {
+    SCOPED_TRACE(sc.name());
+    std::mt19937_64 rng(32);
+    const Tensor a = ft::random_stored(s, sc.dtype, sc.format, rng), b = ft::random_stored(s, sc.dtype, sc.format, rng);
+    Tensor ad = up(a), bd = up(b), out = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+    kernels::add(ctx(), ad, bd, out);
+    kernels::add(ctx(), ad, bd, ad);  // in place, as the residual add runs
+    const Tensor got = down(out);
+    const double u = ft::unit_roundoff(sc.dtype) * (1 + 1e-3);
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double want = double(ft::stored(a, i)) + ft::stored(b, i);
+      ASSERT_NEAR(ft::stored(got, i), want, u * std::abs(want) + 1e-7) << i;
+    }
+    EXPECT_TRUE(ft::same_bits(down(ad), got)) << "in place";
+    Tensor rounded = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+    if (sc.dtype != DType::F32) EXPECT_THROW(kernels::add(ctx(), ad, bd, rounded, DType::BF16), Error);
+  }
 }
 
 TEST_P(Elementwise, NumelMismatchThrows) {

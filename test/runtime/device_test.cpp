@@ -96,6 +96,35 @@ TEST(Tensor, EnsureReusesLargerStorage) {
   EXPECT_EQ(alloc_stats().host_allocs, before);
 }
 
+TEST(Tensor, ChannelsLastKeepsTheLogicalShape) {
+  const Shape s{2, 3, 4, 5};
+  Tensor t = Tensor::empty(s, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+  EXPECT_TRUE(t.channels_last());
+  EXPECT_EQ(t.shape(), s);
+  EXPECT_EQ(t.nbytes(), size_t{2 * 3 * 4 * 5 * 2});
+  EXPECT_NO_THROW(t.view(s));
+  EXPECT_THROW(t.view(Shape{2, 60}), Error);  // the memory order is not the logical one
+  EXPECT_THROW(t.flat(0, Shape{4}), Error);
+  const Tensor row = t.slice(1, 2);  // a batch row is one run of memory
+  EXPECT_TRUE(row.channels_last());
+  EXPECT_EQ(static_cast<const char*>(row.raw()) - static_cast<const char*>(t.raw()), 3 * 4 * 5 * 2);
+  EXPECT_TRUE(t.to(Device::cpu()).channels_last());
+  Tensor contiguous = Tensor::empty(s, DType::BF16);
+  EXPECT_THROW(contiguous.copy_from(t), Error);
+  EXPECT_THROW(Tensor::empty(Shape{2, 3, 4}, DType::F32, Device::cpu(), MemoryFormat::ChannelsLast), Error);
+  EXPECT_FALSE(t.as(Shape{120}, DType::BF16).channels_last());
+  // ensure keeps a buffer across formats: its bytes do not change.
+  Tensor e;
+  ensure(e, s, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+  const void* p = e.raw();
+  ensure(e, Shape{1, 3, 4, 5}, DType::BF16, Device::cpu());
+  EXPECT_EQ(e.raw(), p);
+  EXPECT_FALSE(e.channels_last());
+  ensure(e, s, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+  EXPECT_EQ(e.raw(), p);
+  EXPECT_TRUE(e.channels_last());
+}
+
 TEST(Tensor, CheckMessageCarriesExpressionAndLocation) {
   try {
     FANOUT_CHECK(1 + 1 == 3) << "arithmetic";
