@@ -1,12 +1,16 @@
-// Attention entry points: checks, then dispatch (CPU: float32; CUDA: float32,
-// bfloat16 or float16 tensors, lse float32 always), and the per-thread record
+// Attention entry points: checks, then dispatch (float32, bfloat16 or float16
+// tensors, lse float32 always; the CPU backend gets low types staged to
+// float32), and the per-thread record
 // of the path each pass took (attention_last_path).
 #include "kernels/attention.h"
 
 #include <climits>
 #include <cmath>
 
+#include <utility>
+
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
@@ -20,15 +24,14 @@ const char* attention_last_path(AttentionPass pass) { return last_path[static_ca
 void detail::note_attention_path(AttentionPass pass, const char* path) { last_path[static_cast<int>(pass)] = path; }
 
 namespace {
-// q (B, H, T, D) with T, D >= 1, float32 (or, on CUDA, bfloat16 or float16);
+// q (B, H, T, D) with T, D >= 1, float32, bfloat16 or float16;
 // k, v of q's shape and dtype; lse (B, H, T) float32.
 void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                const Tensor& lse) {
   FANOUT_CHECK(q.defined()) << op << ": q is undefined";
   const DType dt = q.dtype();
-  FANOUT_USER_CHECK(dt == DType::F32 || ((dt == DType::BF16 || dt == DType::F16) && ctx.device().is_cuda()))
-      << op << ": q is " << dtype_name(dt) << "; " << ctx.device().str() << " takes "
-      << (ctx.device().is_cuda() ? "float32, bfloat16 or float16" : "float32 only");
+  FANOUT_USER_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16)
+      << op << ": q is " << dtype_name(dt) << "; attention takes float32, bfloat16 or float16";
   detail::check_tensor(ctx, op, "q", q, dt);
   detail::check_tensor(ctx, op, "k", k, dt);
   detail::check_tensor(ctx, op, "v", v, dt);
@@ -60,8 +63,14 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   check_qkv(ctx, op, q, k, v, scale, lse);
   check_like_q(ctx, op, "y", y, q);
   if (q.numel() == 0) return;
-  if (!ctx.device().is_cuda()) detail::note_attention_path(AttentionPass::Forward, "cpu");
-  FANOUT_DISPATCH(ctx, attention_forward, ctx, q, k, v, scale, y, lse);
+  if (ctx.device().is_cuda()) FANOUT_DISPATCH(ctx, attention_forward, ctx, q, k, v, scale, y, lse);
+  // The CPU backend reads float32: low-type operands are staged (roles 0 to 3).
+  detail::note_attention_path(AttentionPass::Forward, "cpu");
+  const Tensor qs = detail::staged_in(ctx, op, "q", 0, q), ks = detail::staged_in(ctx, op, "k", 1, k),
+               vs = detail::staged_in(ctx, op, "v", 2, v);
+  Tensor ys = detail::staged_out(ctx, op, "y", 3, y);
+  FANOUT_CALL_BACKEND(ctx, attention_forward, ctx, qs, ks, vs, scale, ys, lse);
+  detail::unstage(ctx, ys, y);
 }
 
 void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
@@ -74,8 +83,16 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   check_like_q(ctx, op, "dk", dk, q);
   check_like_q(ctx, op, "dv", dv, q);
   if (q.numel() == 0) return;
-  if (!ctx.device().is_cuda()) detail::note_attention_path(AttentionPass::Backward, "cpu");
-  FANOUT_DISPATCH(ctx, attention_backward, ctx, q, k, v, scale, y, lse, dy, dq, dk, dv);
+  if (ctx.device().is_cuda()) FANOUT_DISPATCH(ctx, attention_backward, ctx, q, k, v, scale, y, lse, dy, dq, dk, dv);
+  detail::note_attention_path(AttentionPass::Backward, "cpu");
+  const Tensor qs = detail::staged_in(ctx, op, "q", 0, q), ks = detail::staged_in(ctx, op, "k", 1, k),
+               vs = detail::staged_in(ctx, op, "v", 2, v), ys = detail::staged_in(ctx, op, "y", 3, y),
+               dys = detail::staged_in(ctx, op, "dy", 4, dy);
+  Tensor dqs = detail::staged_out(ctx, op, "dq", 5, dq), dks = detail::staged_out(ctx, op, "dk", 6, dk),
+         dvs = detail::staged_out(ctx, op, "dv", 7, dv);
+  FANOUT_CALL_BACKEND(ctx, attention_backward, ctx, qs, ks, vs, scale, ys, lse, dys, dqs, dks, dvs);
+  for (auto [from, to] : {std::pair<const Tensor*, Tensor*>{&dqs, &dq}, {&dks, &dk}, {&dvs, &dv}})
+    detail::unstage(ctx, *from, *to);
 }
 
 }  // namespace fanout::kernels

@@ -3,7 +3,8 @@
 // keeps each query row's log-sum-exp of its scaled scores (lse, float32,
 // natural log); backward returns dq, dk, dv.
 // CPU: kernels/cpu/attention.cpp, the FlashAttention way (never a whole
-// T x T matrix); float32 tensors only.
+// T x T matrix), in float32: bfloat16 and float16 operands are staged
+// (kernels/staging.h) and the outputs rounded to their type once.
 // CUDA: q, k, v, y, dy, dq, dk, dv are all float32, or all bfloat16, or all
 // float16; lse is float32 always.
 //  - float32: kernels/cuda/attention.cu, unfused: the (B*H, T, T) scores

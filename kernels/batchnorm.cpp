@@ -1,7 +1,10 @@
-// Public batch-normalization entry points: shape/dtype/device checks, then dispatch.
+// Public batch-normalization entry points: shape/dtype/device checks, then
+// dispatch; x, y, dy and dx in any floating storage and format through
+// staging (roles 0 to 2).
 #include "kernels/batchnorm.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
@@ -49,9 +52,10 @@ int64_t check_backward_inputs(const Context& ctx, const char* op, const Tensor& 
 }  // namespace
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
-  const int64_t c = check_bn_input(ctx, "bn_stats", "x", x);
+  const Tensor xs = detail::staged_in(ctx, "bn_stats", "x", 0, x);
+  const int64_t c = check_bn_input(ctx, "bn_stats", "x", xs);
   check_batch_stats(ctx, "bn_stats", stats, c);
-  FANOUT_DISPATCH(ctx, bn_stats, ctx, x, stats);
+  FANOUT_DISPATCH(ctx, bn_stats, ctx, xs, stats);
 }
 
 void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
@@ -90,37 +94,48 @@ int64_t check_forward_io(const Context& ctx, const char* op, const Tensor& x, co
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const char* op = "bn_apply";
-  const int64_t c = check_forward_io(ctx, op, x, gamma, beta, y);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
+  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
+  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
   check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
-  FANOUT_DISPATCH(ctx, bn_apply, ctx, x, mean, invstd, gamma, beta, y);
+  FANOUT_CALL_BACKEND(ctx, bn_apply, ctx, xs, mean, invstd, gamma, beta, ys);
+  detail::unstage(ctx, ys, y);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const char* op = "bn_forward_eval";
-  const int64_t c = check_forward_io(ctx, op, x, gamma, beta, y);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
+  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
+  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
   check_channel_vec(ctx, op, "running_mean", running_mean, c);
   check_channel_vec(ctx, op, "running_var", running_var, c);
   FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
-  FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, x, running_mean, running_var, gamma, beta, eps, y);
+  FANOUT_CALL_BACKEND(ctx, bn_forward_eval, ctx, xs, running_mean, running_var, gamma, beta, eps, ys);
+  detail::unstage(ctx, ys, y);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats) {
-  check_backward_inputs(ctx, "bn_backward_reduce", x, dy, mean, invstd, grad_stats);
-  FANOUT_DISPATCH(ctx, bn_backward_reduce, ctx, x, dy, mean, invstd, grad_stats);
+  const char* op = "bn_backward_reduce";
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
+  FANOUT_DISPATCH(ctx, bn_backward_reduce, ctx, xs, dys, mean, invstd, grad_stats);
 }
 
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const char* op = "bn_backward_apply";
-  const int64_t c = check_backward_inputs(ctx, op, x, dy, mean, invstd, grad_stats);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
+  const int64_t c = check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
   check_channel_vec(ctx, op, "gamma", gamma, c);
   FANOUT_CHECK(count >= 1) << op << ": count " << count << " for x " << x.shape().str();
-  detail::check_tensor(ctx, op, "dx", dx);
-  check_same_shape(op, "x", x, "dx", dx);
-  FANOUT_DISPATCH(ctx, bn_backward_apply, ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
+  detail::check_tensor(ctx, op, "dx", dxs);
+  check_same_shape(op, "x", xs, "dx", dxs);
+  FANOUT_CALL_BACKEND(ctx, bn_backward_apply, ctx, xs, dys, mean, invstd, gamma, grad_stats, count, dxs);
+  detail::unstage(ctx, dxs, dx);
 }
 
 }  // namespace fanout::kernels

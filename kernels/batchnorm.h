@@ -15,6 +15,9 @@
 // Autocast (ctx.math.autocast BF16 or F16): statistics and arithmetic stay
 // float32, and bn_apply, bn_forward_eval and bn_backward_apply write y and dx
 // rounded to the low type (CUDA as it writes, the CPU in a pass after).
+// x, y, dy and dx may be float32, bfloat16 or float16 in either memory
+// format (staged, kernels/staging.h); statistics and parameters are float32
+// (float64 batch statistics).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

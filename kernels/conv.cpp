@@ -1,10 +1,13 @@
 // Convolution entry points for both ranks: output shape, shape/dtype/device
-// checks, then dispatch (CPU oneDNN, CUDA cuDNN).
+// checks, then dispatch (CPU oneDNN, CUDA cuDNN); x, y, dy and dx in any
+// floating storage and format through staging (roles 0 to 2).
 #include "kernels/conv.h"
 
+#include <initializer_list>
 #include <string>
 
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
@@ -61,11 +64,18 @@ Shape shape_of(const ConvSpec& s, const Shape& x, const Shape& w) {
   return y;
 }
 
+// An activation: float32 contiguous, or with `storage` any floating storage
+// in either format (what the CUDA backend reads natively).
+void check_activation(const Context& ctx, const char* op, const char* name, const Tensor& t, bool storage) {
+  if (storage) detail::check_storage(ctx, op, name, t);
+  else check_tensor(ctx, op, name, t);
+}
+
 void check_args(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
-                const Tensor* b, bool b_is_grad, const Tensor& y, const char* y_name) {
-  check_tensor(ctx, op, "x", x);
+                const Tensor* b, bool b_is_grad, const Tensor& y, const char* y_name, bool storage) {
+  check_activation(ctx, op, "x", x, storage);
   check_tensor(ctx, op, "w", w);
-  check_tensor(ctx, op, y_name, y);
+  check_activation(ctx, op, y_name, y, storage);
   const Shape ys = shape_of(s, x.shape(), w.shape());
   FANOUT_CHECK(y.shape() == ys) << op << ": " << y_name << " " << y.shape().str() << " but x " << x.shape().str()
                                 << ", w " << w.shape().str() << ", stride " << s.stride << ", padding " << s.padding
@@ -79,13 +89,14 @@ void check_args(const Context& ctx, const char* op, const ConvSpec& s, const Ten
 }
 
 void check_conv_forward(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
-                        const Tensor* b, const Tensor& y) {
-  check_args(ctx, op, s, x, w, b, false, y, "y");
+                        const Tensor* b, const Tensor& y, bool storage = false) {
+  check_args(ctx, op, s, x, w, b, false, y, "y", storage);
 }
 
 void check_conv_backward(const Context& ctx, const char* op, const ConvSpec& s, const Tensor& x, const Tensor& w,
-                         const Tensor& dy, const Tensor* dx, const Tensor& dw, const Tensor* db) {
-  check_args(ctx, op, s, x, w, db, true, dy, "dy");
+                         const Tensor& dy, const Tensor* dx, const Tensor& dw, const Tensor* db,
+                         bool storage = false) {
+  check_args(ctx, op, s, x, w, db, true, dy, "dy", storage);
   if (dw.defined()) {  // undefined: the weight gradient is not wanted (a transposed convolution's forward)
     check_grad(ctx, op, "dw", dw);
     FANOUT_CHECK(dw.shape() == w.shape()) << op << ": dw " << dw.shape().str() << " for w " << w.shape().str();
@@ -93,7 +104,7 @@ void check_conv_backward(const Context& ctx, const char* op, const ConvSpec& s, 
         << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
   }
   if (dx) {
-    check_tensor(ctx, op, "dx", *dx);
+    check_activation(ctx, op, "dx", *dx, storage);
     FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();
   }
 }
@@ -108,18 +119,51 @@ bool conv_rounds_in_low_type(const Context& ctx) {
   return ctx.math.autocast != DType::F32 && ctx.device().is_cuda();  // kernels/cuda/conv.cu's low-precision path
 }
 
+namespace {
+// CUDA reads and writes activations stored in the autocast type in either
+// layout itself (cuDNN in that type, kernels/cuda/conv.cu); each activation
+// must be that or float32 contiguous, and a bias is added (or its gradient
+// summed) on float32 only. Everything else is staged.
+bool native_storage(const Context& ctx, bool biased, std::initializer_list<const Tensor*> activations) {
+  if (!ctx.device().is_cuda() || ctx.math.autocast == DType::F32) return false;
+  bool low = false;
+  for (const Tensor* t : activations) {
+    if (!t || detail::plain_f32(*t)) continue;
+    if (t->dtype() != ctx.math.autocast) return false;
+    low = true;
+  }
+  return !(low && biased);
+}
+}  // namespace
+
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b, const ConvGeometry& g,
                   Tensor& y) {
   const ConvSpec s = spec_of(spatial, g);
-  check_conv_forward(ctx, spatial == 2 ? "conv2d_forward" : "conv3d_forward", s, x, w, b, y);
-  FANOUT_DISPATCH(ctx, conv_forward, ctx, spatial, x, w, b, g, y);
+  const char* op = spatial == 2 ? "conv2d_forward" : "conv3d_forward";
+  if (native_storage(ctx, b != nullptr, {&x, &y})) {
+    check_conv_forward(ctx, op, s, x, w, b, y, /*storage=*/true);
+    FANOUT_DISPATCH(ctx, conv_forward, ctx, spatial, x, w, b, g, y);
+  }
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
+  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
+  check_conv_forward(ctx, op, s, xs, w, b, ys);
+  FANOUT_CALL_BACKEND(ctx, conv_forward, ctx, spatial, xs, w, b, g, ys);
+  detail::unstage(ctx, ys, y);
 }
 
 void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor& dy,
                    const ConvGeometry& g, Tensor* dx, Tensor& dw, Tensor* db) {
   const ConvSpec s = spec_of(spatial, g);
-  check_conv_backward(ctx, spatial == 2 ? "conv2d_backward" : "conv3d_backward", s, x, w, dy, dx, dw, db);
-  FANOUT_DISPATCH(ctx, conv_backward, ctx, spatial, x, w, dy, g, dx, dw, db);
+  const char* op = spatial == 2 ? "conv2d_backward" : "conv3d_backward";
+  if (native_storage(ctx, db != nullptr, {&x, &dy, dx})) {
+    check_conv_backward(ctx, op, s, x, w, dy, dx, dw, db, /*storage=*/true);
+    FANOUT_DISPATCH(ctx, conv_backward, ctx, spatial, x, w, dy, g, dx, dw, db);
+  }
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  Tensor dxs = dx ? detail::staged_out(ctx, op, "dx", 2, *dx) : Tensor();
+  check_conv_backward(ctx, op, s, xs, w, dys, dx ? &dxs : nullptr, dw, db);
+  FANOUT_CALL_BACKEND(ctx, conv_backward, ctx, spatial, xs, w, dys, g, dx ? &dxs : nullptr, dw, db);
+  if (dx) detail::unstage(ctx, dxs, *dx);
 }
 
 }  // namespace fanout::kernels

@@ -4,7 +4,11 @@
 // CPU: oneDNN (kernels/cpu/conv.cpp). CUDA: cuDNN (kernels/cuda/conv.cu).
 // Under autocast (ctx.math.autocast BF16 or F16) CUDA runs cuDNN in that
 // type, rounding x, w, dy, y, dx and the dw term to it; the CPU computes in
-// float32 on what it is given (the layers pass it rounded copies).
+// float32 on what it is given (the layers pass it rounded copies). x, y, dy
+// and dx may be float32, bfloat16 or float16 in either memory format
+// (staged, kernels/staging.h; CUDA under autocast takes them in the autocast
+// type as they are, unless a bias is added or summed); w, b and the
+// gradients dw, db are float32.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -1,7 +1,8 @@
 // Per-channel bias of (N, C, ...) tensors, for layers whose convolution has
 // no bias of its own (the transposed convolutions): the add and its
 // gradient. CPU: kernels/cpu/conv_bias.cpp; CUDA: kernels/cuda/conv.cu
-// (the convolutions' own bias kernels).
+// (the convolutions' own bias kernels). y and dy may be float32, bfloat16 or
+// float16 in either memory format (staged, kernels/staging.h).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -1,7 +1,9 @@
-// Group normalization entry points: checks, then dispatch.
+// Group normalization entry points: checks, then dispatch; x, y, dy and dx
+// in any floating storage and format through staging (roles 0 to 2).
 #include "kernels/groupnorm.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
@@ -25,22 +27,28 @@ void check_shapes(Context& ctx, const char* op, const Tensor& x, const Tensor& g
 void group_norm_forward(Context& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
                         Tensor& y, Tensor& mean, Tensor& rstd) {
   const char* op = "group_norm_forward";
-  check_shapes(ctx, op, x, gamma, groups, mean, rstd);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
+  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
+  check_shapes(ctx, op, xs, gamma, groups, mean, rstd);
   detail::check_tensor(ctx, op, "beta", beta);
-  detail::check_tensor(ctx, op, "y", y);
+  detail::check_tensor(ctx, op, "y", ys);
   FANOUT_CHECK(beta.shape() == gamma.shape() && y.shape() == x.shape() && eps >= 0.0f)
       << op << ": beta " << beta.shape().str() << ", y " << y.shape().str() << " or eps " << eps;
   if (x.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, group_norm_forward, ctx, x, gamma, beta, groups, eps, y, mean, rstd);
+  FANOUT_CALL_BACKEND(ctx, group_norm_forward, ctx, xs, gamma, beta, groups, eps, ys, mean, rstd);
+  detail::unstage(ctx, ys, y);
 }
 
 void group_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                          const Tensor& rstd, int groups, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const char* op = "group_norm_backward";
-  check_shapes(ctx, op, x, gamma, groups, mean, rstd);
-  detail::check_norm_backward(ctx, op, x, dy, gamma, dx, dgamma, dbeta);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
+  check_shapes(ctx, op, xs, gamma, groups, mean, rstd);
+  detail::check_norm_backward(ctx, op, xs, dys, gamma, dxs, dgamma, dbeta);
   if (x.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, group_norm_backward, ctx, x, dy, gamma, mean, rstd, groups, dx, dgamma, dbeta);
+  FANOUT_CALL_BACKEND(ctx, group_norm_backward, ctx, xs, dys, gamma, mean, rstd, groups, dxs, dgamma, dbeta);
+  detail::unstage(ctx, dxs, dx);
 }
 
 }  // namespace fanout::kernels

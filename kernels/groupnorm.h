@@ -1,7 +1,9 @@
 // Group normalization (torch.nn.functional.group_norm): x (N, C, spatial...)
 // is normalized over each (sample, group of C / groups channels) with the
 // group's biased variance, then scaled and shifted per channel. Statistics
-// are computed in double (two passes), the rest in float32.
+// are computed in double (two passes), the rest in float32. x, y, dy and dx
+// may be float32, bfloat16 or float16 in either memory format (staged,
+// kernels/staging.h).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

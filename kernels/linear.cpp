@@ -1,7 +1,9 @@
-// Public fully connected entry points: shape/dtype/device checks, then dispatch.
+// Public fully connected entry points: shape/dtype/device checks, then
+// dispatch; x, y, dy and dx in any floating storage through staging.
 #include "kernels/linear.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
@@ -22,18 +24,24 @@ void check_linear(const Context& ctx, const char* op, const Tensor& x, const Ten
 }  // namespace
 
 void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  check_linear(ctx, "linear_forward", x, w, b);
-  detail::check_tensor(ctx, "linear_forward", "y", y);
+  const char* op = "linear_forward";
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
+  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
+  check_linear(ctx, op, xs, w, b);
+  detail::check_tensor(ctx, op, "y", ys);
   FANOUT_CHECK((y.shape() == Shape{x.size(0), w.size(0)}))
-      << "linear_forward: y " << y.shape().str() << " for x " << x.shape().str() << " and w " << w.shape().str();
-  FANOUT_DISPATCH(ctx, linear_forward, ctx, x, w, b, y);
+      << op << ": y " << y.shape().str() << " for x " << x.shape().str() << " and w " << w.shape().str();
+  FANOUT_CALL_BACKEND(ctx, linear_forward, ctx, xs, w, b, ys);
+  detail::unstage(ctx, ys, y);
 }
 
 void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                      Tensor* db) {
   const char* op = "linear_backward";
-  check_linear(ctx, op, x, w, db, true);
-  detail::check_tensor(ctx, op, "dy", dy);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  Tensor dxs = dx ? detail::staged_out(ctx, op, "dx", 2, *dx) : Tensor();
+  check_linear(ctx, op, xs, w, db, true);
+  detail::check_tensor(ctx, op, "dy", dys);
   FANOUT_CHECK((dy.shape() == Shape{x.size(0), w.size(0)}))
       << op << ": dy " << dy.shape().str() << " for x " << x.shape().str() << " and w " << w.shape().str();
   detail::check_grad(ctx, op, "dw", dw);
@@ -41,10 +49,11 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   FANOUT_CHECK(!db || db->dtype() == dw.dtype())
       << op << ": dw is " << dtype_name(dw.dtype()) << " but db is " << dtype_name(db->dtype());
   if (dx) {
-    detail::check_tensor(ctx, op, "dx", *dx);
+    detail::check_tensor(ctx, op, "dx", dxs);
     FANOUT_CHECK(dx->shape() == x.shape()) << op << ": dx " << dx->shape().str() << " for x " << x.shape().str();
   }
-  FANOUT_DISPATCH(ctx, linear_backward, ctx, x, w, dy, dx, dw, db);
+  FANOUT_CALL_BACKEND(ctx, linear_backward, ctx, xs, w, dys, dx ? &dxs : nullptr, dw, db);
+  if (dx) detail::unstage(ctx, dxs, *dx);
 }
 
 }  // namespace fanout::kernels

@@ -1,5 +1,6 @@
 // Fully connected layer: y = x W^T + b, through kernels/gemm.h (whose
-// autocast precondition holds for x, w and dy here).
+// autocast precondition holds for x, w and dy here). x, y, dy and dx may be
+// float32, bfloat16 or float16 (staged, kernels/staging.h).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -6,7 +6,8 @@
 // pooling (adaptive average pool to 1x1), and nearest 3-D upsampling by an
 // integer factor (torch.nn.Upsample(scale_factor=s, mode='nearest')).
 // Backends treat a 2-D pooling as a 3-D one with depth 1 and a window of 1
-// along it.
+// along it. x, y, dy and dx may be float32, bfloat16 or float16 in either
+// memory format (staged, kernels/staging.h); argmax is int32, contiguous.
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -25,7 +25,10 @@
 // cuDNN offers no usable channels-last algorithm (say, only nondeterministic
 // ones when determinism is asked for) falls back to NCHW copies; the plan
 // records which. FANOUT_CUDNN_LAYOUT=nchw makes every low-type copy NCHW, to
-// measure the difference.
+// measure the difference. Activations stored in the autocast type (low-type
+// storage, either layout) go to cuDNN as they are when the plan's layout is
+// theirs, and cuDNN writes y and dx straight into such tensors: no copies.
+// Biased convolutions get such activations staged by the entry point.
 #include "kernels/conv.h"
 #include "kernels/conv_bias.h"
 #include "kernels/convert.h"
@@ -389,6 +392,37 @@ void widen_back(Context& ctx, const Tensor& src, Tensor& dst, bool channels_last
   convert(ctx, src, dst);
 }
 
+MemoryFormat format_of(bool channels_last) {
+  return channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+}
+
+// An activation as the plan's low-type operand in layout cl: the tensor
+// itself when it is stored so (the autocast type in that layout: no copy),
+// else a copy into `role`'s low buffer, narrowed from float32 or moved from
+// the other layout.
+Tensor low_operand(Context& ctx, int role, const Tensor& t, bool cl) {
+  if (t.dtype() == ctx.math.autocast && t.channels_last() == cl) return t;
+  if (t.dtype() == DType::F32 && !t.channels_last()) return low_copy(ctx, role, t, cl);
+  Tensor l = detail::low_buffer(ctx, role, low_shape(t.shape(), cl)).as(t.shape(), ctx.math.autocast, format_of(cl));
+  convert(ctx, t, l);
+  return l;
+}
+
+// Where cuDNN writes an output bound for `out` in layout cl: out itself when
+// it is stored so, else `role`'s low buffer (store_output moves it to out).
+Tensor low_output(Context& ctx, int role, const Tensor& out, bool cl) {
+  if (out.dtype() == ctx.math.autocast && out.channels_last() == cl) return out;
+  return detail::low_buffer(ctx, role, low_shape(out.shape(), cl));
+}
+
+// out = the low-type result `low` (layout cl): widened into a float32 out, or
+// moved between layouts into a low-type one; nothing when cuDNN wrote out.
+void store_output(Context& ctx, const Tensor& low, Tensor& out, bool cl) {
+  if (low.raw() == out.raw()) return;
+  if (out.dtype() == DType::F32 && !out.channels_last()) return widen_back(ctx, low, out, cl, false);
+  convert(ctx, low.as(out.shape(), ctx.math.autocast, format_of(cl)), out);
+}
+
 // ---- bias kernels ----
 
 // y (N, OC, S) += b[oc]
@@ -428,9 +462,9 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   Tensor xl = x, wl = w, yl = y;
   const auto copies = [&](bool cl) {
     if (!low) return;
-    xl = low_copy(ctx, 0, x, cl);
+    xl = low_operand(ctx, 0, x, cl);
     wl = low_copy(ctx, 1, w, cl);
-    yl = detail::low_buffer(ctx, 2, low_shape(y.shape(), cl));
+    yl = low_output(ctx, 2, y, cl);
   };
   const ConvPlan& p = get_plan<Dir::Forward>(ctx, h, s, [&](bool cl) {
     copies(cl);
@@ -442,8 +476,8 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
   FANOUT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, xl.raw(), p.w, wl.raw(), p.conv,
                                              static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
                                              yl.raw()));
-  if (low) widen_back(ctx, yl, y, p.channels_last, false);
-  if (b) channel_bias_add(ctx, y, *b);
+  if (low) store_output(ctx, yl, y, p.channels_last);
+  if (b) channel_bias_add(ctx, y, *b);  // y float32 here: the entry point stages a biased low-type y
 }
 
 // dx (=) when non-null; dw (+=) when defined; db (+=) when non-null.
@@ -468,7 +502,7 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
   int dy_layout = -1;  // none yet; else whether channels-last
   const auto dy_copy = [&](bool cl) {
     if (!low || dy_layout == static_cast<int>(cl)) return;
-    dyl = low_copy(ctx, 3, dy, cl);
+    dyl = low_operand(ctx, 3, dy, cl);
     dy_layout = cl;
   };
   if (dx) {
@@ -477,7 +511,7 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
       if (!low) return;
       dy_copy(cl);
       wl = low_copy(ctx, 1, w, cl);
-      dxl = detail::low_buffer(ctx, 2, low_shape(dx->shape(), cl));
+      dxl = low_output(ctx, 2, *dx, cl);
     };
     const ConvPlan& p = get_plan<Dir::BackwardData>(ctx, h, s, [&](bool cl) {
       copies(cl);
@@ -488,14 +522,14 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
     FANOUT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, wl.raw(), p.y, dyl.raw(), p.conv,
                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), ws, p.ws,
                                                     &zero, p.x, dxl.raw()));
-    if (low) widen_back(ctx, dxl, *dx, p.channels_last, false);
+    if (low) store_output(ctx, dxl, *dx, p.channels_last);
   }
   if (dw.defined()) {
     Tensor xl = x, dwl = dw;
     const auto copies = [&](bool cl) {
       if (!low) return;
       dy_copy(cl);
-      xl = low_copy(ctx, 0, x, cl);
+      xl = low_operand(ctx, 0, x, cl);
       dwl = detail::low_buffer(ctx, 2, low_shape(w.shape(), cl));
     };
     // The timed search writes its output: give it a scratch dw (allocated
@@ -513,7 +547,7 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
                                                       low ? &zero : &one, p.w, dwl.raw()));
     if (low) widen_back(ctx, dwl, dw, p.channels_last, true);
   }
-  if (db) {
+  if (db) {  // dy float32 here: the entry point stages a low-type dy when db is asked for
     detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.out_plane(), BiasGradFin{db->f32()}, dy.f32());
   }
 }

@@ -9,7 +9,7 @@ Tensor ReLU::forward(const Tensor& x, Context& ctx) {
   if (inplace_) {
     y_ = x;  // shares x's storage
   } else {
-    ensure(y_, x.shape(), ctx);
+    ensure_like(y_, x, ctx);
   }
   kernels::relu_forward(ctx, x, y_);
   return y_;
@@ -20,7 +20,7 @@ Tensor ReLU::backward(const Tensor& dy, Context& ctx) {
   if (inplace_) {
     dx_ = dy;  // shares dy's storage
   } else {
-    ensure(dx_, dy.shape(), ctx);
+    ensure_like(dx_, y_, ctx);
   }
   kernels::relu_backward(ctx, y_, dy, dx_);
   return dx_;

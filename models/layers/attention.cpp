@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/convert.h"
 #include "kernels/dropout.h"
 #include "kernels/gemm.h"
 #include "kernels/heads.h"
@@ -76,15 +77,23 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
       << " (expected (B, T, " << n_embd_ << "))";
   x_shape_ = x.shape();
   const int64_t b = x.size(0), t = x.size(1), hd = n_embd_ / n_head_;
-  Tensor qkv = c_attn_->forward(x, ctx);  // (B, T, 3E)
+  Tensor qkv = c_attn_->forward(x, ctx);  // (B, T, 3E), a low type under autocast
+  dropped_ = ctx.training && p_ > 0.0f;
+  // The fused kernel reads the heads in the linear layer's storage; the
+  // dropout path's products run on float32 heads (holding the same values).
+  const DType ht = dropped_ ? DType::F32 : qkv.dtype();
+  if (qkv.dtype() != ht) {
+    ensure(qkv32_, qkv.shape(), ctx);
+    kernels::convert(ctx, qkv, qkv32_);
+    qkv = qkv32_;
+  }
   const Shape hs{b, n_head_, t, hd};
-  for (Tensor* h : {&q_, &k_, &v_, &yh_}) ensure(*h, hs, ctx);
+  for (Tensor* h : {&q_, &k_, &v_, &yh_}) ensure(*h, hs, ht, ctx);
   ensure(lse_, Shape{b, n_head_, t}, ctx);
   kernels::heads_from_rows(ctx, qkv, 0, q_);
   kernels::heads_from_rows(ctx, qkv, n_embd_, k_);
   kernels::heads_from_rows(ctx, qkv, 2 * n_embd_, v_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  dropped_ = ctx.training && p_ > 0.0f;
   if (dropped_) {
     key_ = splitmix64(ctx.pass_key ^ splitmix64(salt_));
     row_ = ctx.random_row;
@@ -93,7 +102,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
     fused_forward(ctx, scale);
   }
   autocast_round(ctx, yh_);  // a matrix product's output: the low type under autocast
-  ensure(y_, Shape{b, t, n_embd_}, ctx);
+  ensure(y_, Shape{b, t, n_embd_}, ht, ctx);
   kernels::heads_to_rows(ctx, yh_, 0, y_);
   Tensor out = c_proj_->forward(y_, ctx);
   return resid_dropout_->forward(out, ctx);
@@ -102,7 +111,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
 Tensor CausalSelfAttention::backward(const Tensor& dy, Context& ctx) {
   Tensor d = Module::backward_of(*resid_dropout_, "resid_dropout", dy, ctx);
   Tensor dyr = Module::backward_of(*c_proj_, "c_proj", d, ctx);  // (B, T, E)
-  for (Tensor* h : {&dyh_, &dq_, &dk_, &dv_}) ensure(*h, q_.shape(), ctx);
+  for (Tensor* h : {&dyh_, &dq_, &dk_, &dv_}) ensure(*h, q_.shape(), q_.dtype(), ctx);
   kernels::heads_from_rows(ctx, dyr, 0, dyh_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(n_embd_ / n_head_));
   if (dropped_) dropout_backward(ctx, scale);
@@ -110,7 +119,7 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, Context& ctx) {
   for (Tensor* g : {&dq_, &dk_, &dv_}) autocast_round(ctx, *g);
   Shape qs = x_shape_;
   qs[-1] = 3 * n_embd_;
-  ensure(dqkv_, qs, ctx);
+  ensure(dqkv_, qs, q_.dtype(), ctx);
   kernels::heads_to_rows(ctx, dq_, 0, dqkv_);
   kernels::heads_to_rows(ctx, dk_, n_embd_, dqkv_);
   kernels::heads_to_rows(ctx, dv_, 2 * n_embd_, dqkv_);

@@ -49,6 +49,7 @@ class CausalSelfAttention : public Module {
   int64_t row_ = 0;
   bool dropped_ = false;  // the last forward dropped attention probabilities
   Shape x_shape_;
+  Tensor qkv32_;                           // c_attn's low-type output as float32 (the dropout path)
   Tensor q_, k_, v_, yh_, lse_, y_;        // heads (B, H, T, D), lse (B, H, T), y (B, T, E)
   Tensor probs_, dropped_probs_, dprobs_;  // (B, H, T, T), with attention dropout only
   Tensor dyh_, dq_, dk_, dv_, dqkv_;

@@ -32,7 +32,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
       << type_name() << "(" << c_ << ") cannot take input of shape " << x.shape().str();
   x_ = x;
   const Device d = ctx.device();
-  ensure(y_, x.shape(), ctx);
+  ensure_like(y_, x, ctx);  // the input's storage
   trained_forward_ = is_training();
   if (!trained_forward_) {
     kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // low under autocast
@@ -72,7 +72,7 @@ Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
     sync_->all_reduce(layer_id_, grad_stats_, local, ctx);
     count = local;
   }
-  ensure(dx_, x_.shape(), ctx);
+  ensure_like(dx_, x_, ctx);
   kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);  // low under autocast
   return dx_;
 }

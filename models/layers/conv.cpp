@@ -41,7 +41,7 @@ Tensor ConvNd::forward(const Tensor& x, Context& ctx) {
   const AutocastWeights::Cast in =
       autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, kernels::conv_rounds_in_low_type(ctx));
   x_ = in.x;
-  ensure(y_, kernels::conv_output_shape(spatial_, x.shape(), w_->shape, g_), ctx);
+  ensure_autocast_output(y_, kernels::conv_output_shape(spatial_, x.shape(), w_->shape, g_), ctx);
   kernels::conv_forward(ctx, spatial_, in.x, in.w, b_ ? &in.b : nullptr, g_, y_);
   autocast_.round_output(ctx, y_);
   return y_;
@@ -50,7 +50,7 @@ Tensor ConvNd::forward(const Tensor& x, Context& ctx) {
 Tensor ConvNd::backward(const Tensor& dy, Context& ctx) {
   Tensor* dx = nullptr;
   if (input_grad()) {
-    ensure(dx_, x_.shape(), ctx);
+    ensure_like(dx_, x_, ctx);
     dx = &dx_;
   }
   const AutocastWeights::Sinks low =

@@ -50,7 +50,7 @@ Tensor ConvTranspose::forward(const Tensor& x, Context& ctx) {
   const AutocastWeights::Cast in =
       autocast_.forward(ctx, x, w_->value, b_ ? &b_->value : nullptr, kernels::conv_rounds_in_low_type(ctx));
   x_ = in.x;
-  ensure(y_, ys, ctx);
+  ensure_autocast_output(y_, ys, ctx);
   Tensor none;  // no weight gradient: only the convolution's input gradient
   if (dims_ == 2) kernels::conv2d_backward(ctx, y_, in.w, in.x, {stride_, pad_}, &y_, none, nullptr);
   else kernels::conv3d_backward(ctx, y_, in.w, in.x, {stride_, pad_}, &y_, none, nullptr);
@@ -69,7 +69,7 @@ Tensor ConvTranspose::backward(const Tensor& dy_in, Context& ctx) {
   if (b_) kernels::channel_bias_grad(ctx, dy, *low.gb);
   Tensor* dx = nullptr;
   if (input_grad()) {
-    ensure(dx_, x_.shape(), ctx);
+    ensure_like(dx_, x_, ctx);
     dx = &dx_;
     if (dims_ == 2) kernels::conv2d_forward(ctx, dy, *low.w, nullptr, {stride_, pad_}, dx_);
     else kernels::conv3d_forward(ctx, dy, *low.w, nullptr, {stride_, pad_}, dx_);

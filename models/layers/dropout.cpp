@@ -16,7 +16,7 @@ Dropout::Dropout(float p, bool inplace) : p_(p), inplace_(inplace) {
 }
 
 Tensor Dropout::forward(const Tensor& x, Context& ctx) {
-  FANOUT_USER_CHECK(x.dim() >= 1 && x.dtype() == DType::F32)
+  FANOUT_USER_CHECK(x.dim() >= 1 && (x.dtype() == DType::F32 || x.dtype() == DType::BF16 || x.dtype() == DType::F16))
       << "Dropout cannot take input of shape " << x.shape().str() << " " << dtype_name(x.dtype());
   applied_ = ctx.training && p_ > 0.0f;
   if (!applied_) return x;
@@ -24,7 +24,7 @@ Tensor Dropout::forward(const Tensor& x, Context& ctx) {
   row_ = ctx.random_row;
   Tensor y = x;
   if (!inplace_) {
-    ensure(y_, x.shape(), ctx);
+    ensure_like(y_, x, ctx);
     y = y_;
   }
   kernels::dropout(ctx, x, p_, key_, row_, y);

@@ -1,5 +1,7 @@
-// Flatten, torch.nn.Flatten(): (N, ...) -> (N, rest) as a view; backward
-// restores the input's shape.
+// Flatten, torch.nn.Flatten(): (N, ...) -> (N, rest) in the logical order,
+// as a view of a contiguous input; a channels-last one is copied into that
+// order first, as torch's flatten copies it. Backward restores the input's
+// shape and storage.
 #pragma once
 #include "runtime/nn/module.h"
 
@@ -13,7 +15,8 @@ class Flatten : public Module {
   std::string type_name() const override { return "Flatten"; }
 
  private:
-  Shape in_shape_;
+  TensorSpec in_;
+  Tensor y_, dx_;
 };
 
 }  // namespace fanout::models

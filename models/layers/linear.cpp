@@ -32,7 +32,7 @@ Tensor Linear::forward(const Tensor& x, Context& ctx) {
   const AutocastWeights::Cast in =
       autocast_.forward(ctx, x.dim() == 2 ? x : x.view(Shape{rows, in_}), w_->value, b_ ? &b_->value : nullptr);
   x_ = in.x;
-  ensure(y_, Shape{rows, out_}, ctx);
+  ensure_autocast_output(y_, Shape{rows, out_}, ctx);
   kernels::linear_forward(ctx, in.x, in.w, b_ ? &in.b : nullptr, y_);
   autocast_.round_output(ctx, y_);
   if (x.dim() == 2) return y_;
@@ -44,7 +44,7 @@ Tensor Linear::forward(const Tensor& x, Context& ctx) {
 Tensor Linear::backward(const Tensor& dy, Context& ctx) {
   Tensor* dx = nullptr;
   if (input_grad()) {
-    ensure(dx_, x_.shape(), ctx);
+    ensure_like(dx_, x_, ctx);
     dx = &dx_;
   }
   const Tensor dy2 = dy.dim() == 2 ? dy : dy.view(Shape{x_.size(0), out_});

@@ -24,9 +24,9 @@ Tensor PoolNd::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(fits) << type_name() << "(kernel " << g_.kernel << ", padding " << g_.padding
                           << ") cannot take input of shape " << x.shape().str()
                           << (spatial_ == 2 ? " (expected (N, C, H, W))" : " (expected (N, C, D, H, W))");
-  in_shape_ = x.shape();
+  in_ = TensorSpec(x);
   const Shape s = kernels::pool_output_shape(spatial_, x.shape(), g_);
-  ensure(y_, s, ctx);
+  ensure(y_, s, x.dtype(), ctx, x.format());  // the input's storage
   if (kind_ == Kind::Max) {
     ensure(argmax_, s, DType::I32, ctx);
     kernels::maxpool_forward(ctx, spatial_, x, g_, y_, argmax_);
@@ -39,7 +39,7 @@ Tensor PoolNd::forward(const Tensor& x, Context& ctx) {
 
 Tensor PoolNd::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
-  ensure(dx_, in_shape_, ctx);
+  in_.ensure(dx_, ctx);
   if (kind_ == Kind::Max) kernels::maxpool_backward(ctx, spatial_, dy, argmax_, dx_);
   else kernels::avgpool_backward(ctx, spatial_, dy, g_, dx_);
   autocast_round(ctx, dx_);  // overlapping windows add gradients
@@ -48,8 +48,8 @@ Tensor PoolNd::backward(const Tensor& dy, Context& ctx) {
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() == 4) << "AdaptiveAvgPool2d cannot take input of shape " << x.shape().str();
-  in_shape_ = x.shape();
-  ensure(y_, Shape{x.size(0), x.size(1), 1, 1}, ctx);
+  in_ = TensorSpec(x);
+  ensure(y_, Shape{x.size(0), x.size(1), 1, 1}, x.dtype(), ctx, x.format());
   kernels::global_avgpool_forward(ctx, x, y_);
   autocast_round(ctx, y_);
   return y_;
@@ -57,7 +57,7 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x, Context& ctx) {
 
 Tensor AdaptiveAvgPool2d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
-  ensure(dx_, in_shape_, ctx);
+  in_.ensure(dx_, ctx);
   kernels::global_avgpool_backward(ctx, dy, dx_);
   autocast_round(ctx, dx_);
   return dx_;

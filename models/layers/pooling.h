@@ -23,7 +23,7 @@ class PoolNd : public Module {
   kernels::PoolGeometry g_;
 
  private:
-  Shape in_shape_;
+  TensorSpec in_;
   Tensor y_, argmax_, dx_;
 };
 
@@ -51,7 +51,7 @@ class AdaptiveAvgPool2d : public Module {
   std::string type_name() const override { return "AdaptiveAvgPool2d"; }
 
  private:
-  Shape in_shape_;
+  TensorSpec in_;
   Tensor y_, dx_;
 };
 

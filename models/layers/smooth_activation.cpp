@@ -17,7 +17,7 @@ SmoothActivation::SmoothActivation(kernels::Act kind, float negative_slope) {
 
 Tensor SmoothActivation::forward(const Tensor& x, Context& ctx) {
   x_ = x;  // the input, for backward (nothing downstream writes it)
-  ensure(y_, x.shape(), ctx);
+  ensure_like(y_, x, ctx);
   kernels::activation_forward(ctx, a_, x, y_);
   autocast_round(ctx, y_);
   return y_;

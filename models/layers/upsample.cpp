@@ -13,15 +13,15 @@ Upsample3d::Upsample3d(int64_t scale) : scale_(scale) {
 Tensor Upsample3d::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() == 5) << "Upsample3d(scale " << scale_ << ") cannot take input of shape "
                                   << x.shape().str() << " (expected (N, C, D, H, W))";
-  in_shape_ = x.shape();
-  ensure(y_, kernels::upsample3d_output_shape(x.shape(), scale_), ctx);
+  in_ = TensorSpec(x);
+  ensure(y_, kernels::upsample3d_output_shape(x.shape(), scale_), x.dtype(), ctx, x.format());
   kernels::upsample3d_nearest_forward(ctx, x, scale_, y_);
   return y_;
 }
 
 Tensor Upsample3d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
-  ensure(dx_, in_shape_, ctx);
+  in_.ensure(dx_, ctx);
   kernels::upsample3d_nearest_backward(ctx, dy, scale_, dx_);
   autocast_round(ctx, dx_);  // each input voxel sums its copies' gradients
   return dx_;

@@ -17,7 +17,7 @@ class Upsample3d : public Module {
 
  private:
   int64_t scale_;
-  Shape in_shape_;
+  TensorSpec in_;
   Tensor y_, dx_;
 };
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "models/layers/checkpointed.h"
@@ -160,7 +161,7 @@ Tensor GPT::forward(const Tensor& ids, Context& ctx) {
   // lm_head: logits = x wte^T, a matrix product (the low type under autocast).
   const AutocastWeights::Cast in = head_.forward(ctx, x_.view(Shape{b * t, e}), wte_->weight().value, nullptr);
   head_x_ = in.x;
-  ensure(logits_, Shape{b * t, v}, d);
+  ensure_autocast_output(logits_, Shape{b * t, v}, ctx);
   kernels::linear_forward(ctx, in.x, in.w, nullptr, logits_);
   head_.round_output(ctx, logits_);
   return logits_.view(Shape{b, t, v});
@@ -205,11 +206,14 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
     Tensor x = Tensor::empty(Shape{1, t}, DType::I32);
     std::copy(all.end() - t, all.end(), x.data<int32_t>());
     const Tensor out_dev = model.forward(ctx.device().is_cpu() ? x : x.to(ctx.device()), ctx);
+    Tensor last = out_dev.slice(0, 1).view(Shape{t, c.vocab_size}).slice(t - 1, t);
+    if (last.dtype() != DType::F32) {  // low-type logits under autocast: widened (exact)
+      Tensor wide = Tensor::empty(last.shape(), DType::F32, last.device());
+      kernels::convert(ctx, last, wide);
+      last = wide;
+    }
     ctx.compute().synchronize();
-    const Tensor logits = out_dev.slice(0, 1)
-                              .view(Shape{t, c.vocab_size})
-                              .slice(t - 1, t)
-                              .to(Device::cpu());
+    const Tensor logits = last.to(Device::cpu());
     const float* z = logits.f32();
     // top-k: keep the logits at least as large as the k-th largest (ties kept, as torch.topk's threshold).
     double cut = -std::numeric_limits<double>::infinity();

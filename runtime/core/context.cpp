@@ -53,6 +53,23 @@ void* Context::workspace(size_t bytes) {
   return workspace_.raw();
 }
 
+void* Context::staging(int role, size_t bytes) {
+  FANOUT_CHECK(role >= 0 && role < kStagingRoles) << "staging role " << role;
+  Tensor& t = staging_[role];
+  if (!t.defined() || t.nbytes() < bytes) {
+    const size_t want = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    t = Tensor();  // the old buffer goes first: the peak stays at the new size
+    t = Tensor::empty(Shape{static_cast<int64_t>(want)}, DType::U8, device_);
+  }
+  return t.raw();
+}
+
+size_t Context::staging_size() const {
+  size_t n = 0;
+  for (const Tensor& t : staging_) n += t.defined() ? t.nbytes() : 0;
+  return n;
+}
+
 void* Context::cublas() {
   FANOUT_CHECK(device_.is_cuda()) << "cuBLAS handle requested on " << device_.str();
   if (!cublas_) cublas_ = backend::cublas_create(device_.index, compute_->handle());

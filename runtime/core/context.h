@@ -102,6 +102,13 @@ class Context {
   // Valid until the next call that grows it.
   void* workspace(size_t bytes);
   size_t workspace_size() const { return workspace_.defined() ? workspace_.nbytes() : 0; }
+  // Per role (0 to kStagingRoles - 1), scratch of at least `bytes` for the
+  // kernel entry points that stage operands in float32 (kernels/staging.h);
+  // grows, never shrinks, so a warm step allocates nothing. Valid until the
+  // next call for the same role that grows it.
+  static constexpr int kStagingRoles = 8;
+  void* staging(int role, size_t bytes);
+  size_t staging_size() const;
 
   // Library handles, created on first use (CUDA only; null on CPU).
   void* cublas();
@@ -129,6 +136,7 @@ class Context {
   std::unique_ptr<Stream> compute_, copy_, comm_;
   std::mt19937_64 rng_;
   Tensor workspace_;
+  Tensor staging_[kStagingRoles];
   void* cublas_ = nullptr;
   void* cudnn_ = nullptr;
   std::unique_ptr<BackendState> backend_state_;
@@ -141,10 +149,22 @@ class Context {
 // written once) with the device form instead.
 void ensure(Tensor& t, const Shape& s, DType dt, Context& ctx, MemoryFormat f = MemoryFormat::Contiguous);
 inline void ensure(Tensor& t, const Shape& s, Context& ctx) { ensure(t, s, DType::F32, ctx); }
+// A tensor's shape, dtype and format, kept to size another like it later
+// (an input gradient like the input).
+struct TensorSpec {
+  Shape shape;
+  DType dtype = DType::F32;
+  MemoryFormat format = MemoryFormat::Contiguous;
+  TensorSpec() = default;
+  explicit TensorSpec(const Tensor& t) : shape(t.shape()), dtype(t.dtype()), format(t.format()) {}
+  void ensure(Tensor& t, Context& ctx) const;
+};
+
 // An activation buffer like `like`: its shape, dtype and format.
 inline void ensure_like(Tensor& t, const Tensor& like, Context& ctx) {
   ensure(t, like.shape(), like.dtype(), ctx, like.format());
 }
+inline void TensorSpec::ensure(Tensor& t, Context& ctx) const { fanout::ensure(t, shape, dtype, ctx, format); }
 
 namespace backend {
 void* cublas_create(int device, void* stream);

@@ -7,11 +7,11 @@
 namespace fanout {
 
 void autocast_round(Context& ctx, Tensor& x) {
-  if (autocast_on(ctx)) kernels::round_to(ctx, x, ctx.math.autocast);
+  if (autocast_on(ctx) && x.dtype() == DType::F32) kernels::round_to(ctx, x, ctx.math.autocast);
 }
 
 Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy) {
-  if (!autocast_on(ctx)) return x;
+  if (!autocast_on(ctx) || x.dtype() != DType::F32) return x;
   ensure(copy, x.shape(), ctx);
   copy.copy_from(x, &ctx.compute());
   kernels::round_to(ctx, copy, ctx.math.autocast);
@@ -49,15 +49,20 @@ AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tenso
   if (!autocast_on(ctx)) return {dy, &w, &gw, gb};
   // db is a float32 sum of dy in every backend: dy is rounded first where there is one.
   const bool raw_dy = kernel_rounds_ && !gb;
-  if (!raw_dy) autocast_copy(ctx, dy, dy_);
-  return {raw_dy ? dy : dy_, kernel_rounds_ ? &w : &w_, kernel_rounds_ ? &gw : &gw_.sink(ctx, gw),
-          gb ? &gb_.sink(ctx, *gb) : nullptr};
+  return {raw_dy ? dy : autocast_copy(ctx, dy, dy_), kernel_rounds_ ? &w : &w_,
+          kernel_rounds_ ? &gw : &gw_.sink(ctx, gw), gb ? &gb_.sink(ctx, *gb) : nullptr};
 }
 
 void AutocastWeights::backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor* dx) {
   if (!kernel_rounds_) gw_.flush(ctx, gw);
   if (gb) gb_.flush(ctx, *gb);
   if (dx && !kernel_rounds_) autocast_round(ctx, *dx);
+}
+
+void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx) {
+  if (!autocast_on(ctx)) return ensure(y, s, ctx);
+  ensure(y, s, ctx.math.autocast, ctx, s.ndim == 4 || s.ndim == 5 ? MemoryFormat::ChannelsLast
+                                                                   : MemoryFormat::Contiguous);
 }
 
 }  // namespace fanout

@@ -20,11 +20,18 @@
 //   losses (softmax cross-entropy, MSE) and their reductions: float32 on the
 //     low-type outputs; the loss gradient is rounded to the low type
 //
-// On a CPU device every tensor stays float32 and "low" means rounded to the
-// low type (kernels::round_to) at exactly these points, so a CPU step is the
-// GPU's arithmetic up to float32 summation order (and, for a convolution
-// with a bias, the GPU's one rounding more); it is slower than float32, not
-// faster.
+// Storage: an activation that a convolution or a linear layer writes is a
+// low-type tensor (ensure_autocast_output), channels-last when it has 4 or 5
+// dims, as torch's autocast with channels_last stores it; every other layer
+// writes its input's type and format, except the float32 ones above
+// (GroupNorm, LayerNorm, the losses), and input gradients take their input's
+// storage. Kernels read any storage with float32 arithmetic (natively or
+// staged, kernels/staging.h), so CPU and CUDA store and round at the same
+// points: a CPU step is the GPU's arithmetic up to float32 summation order
+// (and, for a convolution with a bias, the GPU's one rounding more). A
+// float32 tensor that autocast calls low holds values rounded to the low
+// type (kernels::round_to): the autocast helpers below round float32
+// tensors and leave low-type ones, already in their type, as they are.
 #pragma once
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
@@ -33,15 +40,21 @@ namespace fanout {
 
 inline bool autocast_on(const Context& ctx) { return ctx.math.autocast != DType::F32; }
 
-// Rounds x in place to autocast's low type (nothing when off).
+// Rounds a float32 x in place to autocast's low type (nothing when off or
+// when x is stored in a low type).
 void autocast_round(Context& ctx, Tensor& x);
 
-// x cast to the low type: a rounded copy in `copy` (sized to x), or x itself when off.
+// x cast to the low type: a rounded copy in `copy` (sized to x), or x itself
+// when off or when x is stored in a low type.
 Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy);
 
 // A parameter's gradient computed in the low type: sink() is where the
 // layer's backward accumulates (+=) its contribution, flush() moves it into
 // the float32 gradient. Off, sink() is the gradient itself and flush() nothing.
+// Sizes y for an activation an autocast-list op writes: the low type (and
+// channels-last with 4 or 5 dims) under autocast, float32 contiguous when off.
+void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx);
+
 class LowGrad {
  public:
   Tensor& sink(Context& ctx, Tensor& grad);

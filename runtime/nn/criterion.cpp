@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/convert.h"
 #include "kernels/loss.h"
 #include "runtime/core/error.h"
 #include "runtime/nn/autocast.h"
@@ -43,6 +44,40 @@ void to_host(Context& ctx, const Tensor& t, Tensor& h) {
   h.copy_from(t, &ctx.compute());
 }
 
+// The loss side of a model output in any storage (a low-type, perhaps
+// channels-last, output under autocast): the losses read it as a float32
+// contiguous copy (exact) and compute its gradient in float32, which is
+// then stored like the output (rounded to its type, the gradient autocast
+// sends back). A float32 contiguous output is used as it is.
+class OutputStorage {
+ public:
+  const Tensor& read(Context& ctx, const Tensor& out) {
+    plain_ = out.dtype() == DType::F32 && !out.channels_last();
+    if (plain_) return out;
+    ensure(out32_, out.shape(), ctx.device());
+    kernels::convert(ctx, out, out32_);
+    return out32_;
+  }
+  // A float32 buffer of the output's shape for its gradient.
+  Tensor& grad_f32(Context& ctx, const Tensor& out) {
+    ensure(grad32_, out.shape(), ctx.device());
+    return grad32_;
+  }
+  // The gradient to send back for the float32 gradient g: g itself (rounded
+  // under autocast) for a plain output, else g stored like the output.
+  Tensor send(Context& ctx, const Tensor& out, Tensor g) {
+    autocast_round(ctx, g);
+    if (plain_) return g;
+    ensure(low_, out.shape(), out.dtype(), ctx.device(), out.format());
+    kernels::convert(ctx, g.view(out.shape()), low_);
+    return low_;
+  }
+
+ private:
+  bool plain_ = true;
+  Tensor out32_, grad32_, low_;
+};
+
 class CrossEntropy final : public Criterion {
  public:
   explicit CrossEntropy(float smoothing) : smoothing_(smoothing) {}
@@ -53,16 +88,17 @@ class CrossEntropy final : public Criterion {
         << "cross_entropy: the output " << out.shape().str() << " must be (N, classes) and the targets (N) int32 "
         << "class indices, not " << dtype_name(target.dtype()) << " " << target.shape().str();
     const Device d = ctx.device();
+    const Tensor& logits = storage_.read(ctx, out);
     ensure(probs_, out.shape(), d);
     ensure(loss_, Shape{1}, d);
     ensure(correct_, Shape{1}, DType::I32, d);
     ensure(rows_, Shape{out.size(0)}, d);
-    kernels::softmax_xent_forward(ctx, out, target, smoothing_, probs_, loss_, &rows_);
-    kernels::count_correct(ctx, out, target, correct_);
+    kernels::softmax_xent_forward(ctx, logits, target, smoothing_, probs_, loss_, &rows_);
+    kernels::count_correct(ctx, logits, target, correct_);
     if (train) {
-      ensure(grad_, out.shape(), d);
-      kernels::softmax_xent_backward(ctx, probs_, target, smoothing_, grad_scale, grad_);
-      autocast_round(ctx, grad_);  // the loss is float32; the gradient flows back in the low type
+      Tensor& g = storage_.grad_f32(ctx, out);
+      kernels::softmax_xent_backward(ctx, probs_, target, smoothing_, grad_scale, g);
+      grad_ = storage_.send(ctx, out, g);  // the loss is float32; the gradient flows back in the low type
     }
   }
   const Tensor& grad() const override { return grad_; }
@@ -83,6 +119,7 @@ class CrossEntropy final : public Criterion {
  private:
   const std::string name_ = criterion_name(CriterionKind::CrossEntropy);
   float smoothing_;
+  OutputStorage storage_;
   Tensor probs_, loss_, correct_, rows_, grad_, rows_h_, correct_h_;
 };
 
@@ -98,7 +135,7 @@ class TokenCrossEntropy final : public Criterion {
         << "(B, T) int32 token ids, not " << dtype_name(target.dtype()) << " " << target.shape().str();
     const Device d = ctx.device();
     const int64_t b = out.size(0), t = out.size(1), v = out.size(2);
-    const Tensor logits = out.view(Shape{b * t, v}), labels = target.view(Shape{b * t});
+    const Tensor logits = storage_.read(ctx, out).view(Shape{b * t, v}), labels = target.view(Shape{b * t});
     ensure(probs_, Shape{b * t, v}, d);
     ensure(loss_, Shape{1}, d);
     ensure(correct_, Shape{1}, DType::I32, d);
@@ -110,8 +147,7 @@ class TokenCrossEntropy final : public Criterion {
     if (train) {
       // In place over the probabilities (a vocabulary-wide copy less); row loss = sum / T.
       kernels::softmax_xent_backward(ctx, probs_, labels, smoothing_, grad_scale / static_cast<float>(t), probs_);
-      autocast_round(ctx, probs_);
-      grad_ = probs_.view(out.shape());
+      grad_ = storage_.send(ctx, out, probs_.view(out.shape()));
     }
   }
   const Tensor& grad() const override { return grad_; }
@@ -156,6 +192,7 @@ class TokenCrossEntropy final : public Criterion {
   const std::string name_ = criterion_name(CriterionKind::TokenCrossEntropy);
   float smoothing_;
   int64_t rows_ = 0;
+  OutputStorage storage_;
   Tensor probs_, loss_, correct_, tokens_, targets_, grad_, tokens_h_, correct_h_, targets_h_, row_h_;
 };
 
@@ -168,14 +205,11 @@ class MeanSquaredError final : public Criterion {
         << "mse: the targets (" << dtype_name(target.dtype()) << " " << target.shape().str()
         << ") must be float32 of the output's shape " << out.shape().str();
     const Device d = ctx.device();
+    const Tensor& o = storage_.read(ctx, out);
     ensure(rows_, Shape{out.size(0)}, d);
-    Tensor* g = nullptr;
-    if (train) {
-      ensure(grad_, out.shape(), d);
-      g = &grad_;
-    }
-    kernels::mse_forward(ctx, out, target, grad_scale, rows_, g);
-    if (g) autocast_round(ctx, *g);
+    Tensor* g = train ? &storage_.grad_f32(ctx, out) : nullptr;
+    kernels::mse_forward(ctx, o, target, grad_scale, rows_, g);
+    if (g) grad_ = storage_.send(ctx, out, *g);
     shape_ = out.shape();
     heatmaps_ = out.dim() >= 3;
     if (heatmaps_) {
@@ -184,7 +218,7 @@ class MeanSquaredError final : public Criterion {
       ensure(val_, Shape{2, planes}, d);
       Tensor oi = idx_.slice(0, 1).view(Shape{planes}), ti = idx_.slice(1, 2).view(Shape{planes});
       Tensor ov = val_.slice(0, 1).view(Shape{planes}), tv = val_.slice(1, 2).view(Shape{planes});
-      kernels::plane_argmax(ctx, out.view(Shape{planes, s}), oi, ov);
+      kernels::plane_argmax(ctx, o.view(Shape{planes, s}), oi, ov);
       kernels::plane_argmax(ctx, target.view(Shape{planes, s}), ti, tv);
     }
   }
@@ -240,6 +274,7 @@ class MeanSquaredError final : public Criterion {
   const std::string name_ = criterion_name(CriterionKind::Mse);
   Shape shape_;
   bool heatmaps_ = false;
+  OutputStorage storage_;
   Tensor rows_, grad_, idx_, val_, rows_h_, idx_h_, val_h_;
 };
 

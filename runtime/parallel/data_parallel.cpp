@@ -317,9 +317,9 @@ Tensor DataParallel::forward(const Tensor& x) {
   sample_in[0] = 1;
   const bool fused = sample_out_known_ && sample_in == sample_in_;
   if (fused) {
-    Shape gs = sample_out_;
+    Shape gs = sample_out_.shape;
     gs[0] = x.size(0);
-    ensure(gathered_, gs, DType::F32, output_device_);
+    ensure(gathered_, gs, sample_out_.dtype, output_device_, sample_out_.format);
   }
   auto gather = [&](int i) {
     Tensor dst = gathered_.slice(starts_[i], starts_[i] + sizes_[i]);
@@ -329,22 +329,23 @@ Tensor DataParallel::forward(const Tensor& x) {
   run_replicas([&](int i) {
     replica_forward(i, x);
     if (fused) {
-      FANOUT_CHECK(out_shapes_[i][0] == sizes_[i] && out_shapes_[i].numel() / sizes_[i] == sample_out_.numel())
+      FANOUT_CHECK(out_shapes_[i][0] == sizes_[i] && out_shapes_[i].numel() / sizes_[i] == sample_out_.shape.numel())
           << "replica " << i << " output " << out_shapes_[i].str() << " differs from the expected per-sample "
-          << sample_out_.str();
+          << sample_out_.shape.str();
       gather(i);
     }
   });
 
   if (!fused) {
     // First batch of this input shape: learn the output shape, gather in a second round.
+    // The outputs' storage: float32, or a low type (channels-last too) under autocast.
     Shape gs = out_shapes_[0];
     gs[0] = x.size(0);
-    ensure(gathered_, gs, DType::F32, output_device_);
+    ensure(gathered_, gs, out_chunks_[0].dtype(), output_device_, out_chunks_[0].format());
     pool_->run(gather, active_);
     sample_in_ = sample_in;
-    sample_out_ = out_shapes_[0];
-    sample_out_[0] = 1;
+    sample_out_ = TensorSpec(out_chunks_[0]);
+    sample_out_.shape[0] = 1;
     sample_out_known_ = true;
   }
   gathered_pass_ = true;
@@ -361,7 +362,7 @@ void DataParallel::backward(const Tensor& dy) {
     if (chunk.device().same_memory(devices_[i])) {
       dy_chunks_[i] = chunk;
     } else {
-      ensure(dy_chunks_[i], chunk.shape(), DType::F32, devices_[i]);
+      ensure(dy_chunks_[i], chunk.shape(), chunk.dtype(), devices_[i], chunk.format());
       dy_chunks_[i].copy_from(chunk, &contexts_[i]->compute());
     }
     replica_backward(i, dy_chunks_[i]);
@@ -372,7 +373,7 @@ void DataParallel::backward(const Tensor& dy) {
 int64_t DataParallel::gathered_bytes() const {
   int64_t bytes = 0;
   for (int i = 0; i < active_; ++i)
-    if (sends_to_output(i)) bytes += out_shapes_[i].numel() * static_cast<int64_t>(sizeof(float));
+    if (sends_to_output(i)) bytes += out_shapes_[i].numel() * static_cast<int64_t>(dtype_size(gathered_.dtype()));
   return bytes;
 }
 

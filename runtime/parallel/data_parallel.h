@@ -160,7 +160,8 @@ class DataParallel {
   // Output shape of one sample for the last input sample shape: once known,
   // forward allocates the gathered output up front and each replica copies
   // its chunk in at the end of its own forward (no second round).
-  Shape sample_in_, sample_out_;
+  Shape sample_in_;
+  TensorSpec sample_out_;  // one sample's output: its shape (dim 0 set to 1), dtype and format
   bool sample_out_known_ = false;
   int active_ = 0;
   bool warned_small_batch_ = false;

@@ -42,9 +42,11 @@ inline Tensor to_gpu(const Tensor& t) { return t.to(gpu()); }
 
 // Waits for the context's compute stream (kernels run there; plain copies run
 // on the legacy stream, which does not wait for it), then copies to the host.
+// Floating values come back as float32 in the logical order (a low-type or
+// channels-last output widened: testing::float32_values).
 inline Tensor to_host(Context& ctx, const Tensor& t) {
   ctx.compute().synchronize();
-  return t.to(Device::cpu());
+  return testing::float32_values(t.to(Device::cpu()));
 }
 
 // A host tensor full of NaN (float, double) or of -7 (int32), and the same on
@@ -63,7 +65,8 @@ inline Tensor poisoned_host(const Shape& s, DType dt = DType::F32) {
 inline Tensor poisoned_gpu(const Shape& s, DType dt = DType::F32) { return to_gpu(poisoned_host(s, dt)); }
 inline Tensor poisoned_cpu(const Shape& s, DType dt = DType::F32) { return poisoned_host(s, dt); }
 
-inline double max_abs(const Tensor& t) {
+inline double max_abs(const Tensor& t_any) {
+  const Tensor t = testing::float32_values(t_any);
   double m = 0;
   for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(double(t.f32()[i])));
   return m;
@@ -91,7 +94,8 @@ inline ::testing::AssertionResult close64(const Tensor& got, const Tensor& want,
 
 // ||got - want|| / ||want|| over elements [offset, offset + n) of two host
 // arenas (float32 or float64), or ||got - want|| where want is all zeros.
-inline double slice_rel(const Tensor& got, const Tensor& want, int64_t offset, int64_t n) {
+inline double slice_rel(const Tensor& got_any, const Tensor& want_any, int64_t offset, int64_t n) {
+  const Tensor got = testing::float32_values(got_any), want = testing::float32_values(want_any);
   auto value = [](const Tensor& t, int64_t i) { return t.dtype() == DType::F64 ? t.f64()[i] : double(t.f32()[i]); };
   double d = 0, w2 = 0;
   for (int64_t k = offset; k < offset + n; ++k) {
@@ -102,7 +106,8 @@ inline double slice_rel(const Tensor& got, const Tensor& want, int64_t offset, i
   return w2 > 0 ? std::sqrt(d / w2) : std::sqrt(d);
 }
 
-inline ::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
+inline ::testing::AssertionResult close(const Tensor& got_any, const Tensor& want_any, double rtol) {
+  const Tensor got = testing::float32_values(got_any), want = testing::float32_values(want_any);
   if (got.numel() != want.numel())
     return ::testing::AssertionFailure() << "numel " << got.numel() << " vs " << want.numel();
   const double nw = testing::l2_norm(want), ng = testing::l2_norm(got);

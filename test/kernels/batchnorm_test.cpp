@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend_test_util.h"
+#include "kernels/storage_test_util.h"
 #include "kernels/batchnorm.h"
 #include "runtime/core/half.h"
 #include "runtime/core/error.h"
@@ -247,6 +248,53 @@ TEST_P(BatchNormOnBackend, TrainingGradients) {
       EXPECT_LT(res.worst, 2e-2) << " d" << name;
       EXPECT_GE(res.checked, std::min<int>(100, static_cast<int>(t->numel()))) << " d" << name;
       EXPECT_GT(ft::l2_norm(*g), 0.0) << " d" << name;
+    }
+  }
+}
+
+// x, y, dy and dx in low-type storage, either format (statistics and
+// parameters float32): y and dx against the double formulas on the stored
+// values, within one rounding to the type.
+TEST_P(BatchNormOnBackend, LowStorageInEitherFormat) {
+  std::mt19937_64 rng(67);
+  const Shape s{4, 6, 5, 7};
+  for (const ft::StorageCase& sc : ft::low_storage_cases()) {
+    SCOPED_TRACE(sc.name());
+    BnRun f = make(s, rng);
+    const Tensor xs = ft::stored_copy(f.x, sc.dtype, sc.format);
+    const Tensor rs = ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format);
+    f.x = ft::float32_values(xs);  // the values the kernels read
+    f.xd = up(xs);
+    f.y = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+    forward(f);
+    Tensor gsd = poisoned(Shape{2, f.c}), dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format)), rd = up(rs);
+    kernels::bn_backward_reduce(ctx(), f.xd, rd, f.mean, f.invstd, gsd);
+    kernels::bn_backward_apply(ctx(), f.xd, rd, f.mean, f.invstd, f.gammad, gsd, f.count, dxd);
+    const Tensor y = down(f.y), dx = down(dxd), r = ft::float32_values(rs);
+    ASSERT_EQ(y.format(), sc.format);
+    ASSERT_EQ(dx.dtype(), sc.dtype);
+    std::vector<double> m, v;
+    naive_moments(f.x, m, v);
+    Ncs d(f.x);
+    const double cnt = static_cast<double>(f.count), u = ft::unit_roundoff(sc.dtype);
+    for (int64_t c = 0; c < d.c; ++c) {
+      const double is = 1.0 / std::sqrt(v[c] + f.eps), g = f.gamma.f32()[c];
+      double sdy = 0, sdyx = 0;
+      for (int64_t i = 0; i < d.n; ++i)
+        for (int64_t k = 0; k < d.s; ++k) {
+          const int64_t j = d.at(i, c, k);
+          sdy += r.f32()[j];
+          sdyx += r.f32()[j] * (f.x.f32()[j] - m[c]) * is;
+        }
+      for (int64_t i = 0; i < d.n; ++i)
+        for (int64_t k = 0; k < d.s; ++k) {
+          const int64_t j = d.at(i, c, k);
+          const double xhat = (f.x.f32()[j] - m[c]) * is;
+          const double want_y = xhat * g + f.beta.f32()[c];
+          const double want_dx = g * is / cnt * (cnt * r.f32()[j] - sdy - xhat * sdyx);
+          ASSERT_NEAR(ft::stored(y, j), want_y, u * std::abs(want_y) + 1e-4) << j;
+          ASSERT_NEAR(ft::stored(dx, j), want_dx, u * std::abs(want_dx) + 1e-4) << j;
+        }
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend_test_util.h"
+#include "kernels/storage_test_util.h"
 #include "kernels/conv.h"
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
@@ -314,6 +315,38 @@ TEST_P(ConvOnBackend, LowPrecisionAgainstRoundedOperands) {
       EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, 1e-4)) << "db (float32 on both)";
     }
   }
+}
+
+// Activations in low-type storage, either format: x and dy read as stored,
+// y and dx written in x's storage (rounded once), against the direct
+// convolution of the stored values; w, b and the gradients stay float32.
+TEST_P(ConvOnBackend, LowStorageInEitherFormat) {
+  std::mt19937_64 rng(78);
+  for (const ft::StorageCase& sc : ft::low_storage_cases())
+    for (const ConvCase& k : {conv2d(3, 8, 9, 7, 12, 3, 3, 2, 1), ConvCase{2, 4, 5, 6, 7, 6, 3, 3, 3, 1, 1}}) {
+      SCOPED_TRACE(::testing::Message() << k << " " << sc.name());
+      const int s = k.spatial();
+      const Tensor x = ft::stored_copy(ft::random_tensor(k.x(), rng), sc.dtype, sc.format);
+      const Tensor w = ft::random_tensor(k.weight(), rng), b = ft::random_tensor(Shape{k.oc}, rng);
+      const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), k.geometry());
+      const Tensor dy = ft::stored_copy(ft::random_tensor(ys, rng), sc.dtype, sc.format);
+      Tensor xd = up(x), wd = up(w), bd = up(b), dyd = up(dy), dwd = up(Tensor::zeros(w.shape())),
+             dbd = up(Tensor::zeros(Shape{k.oc}));
+      Tensor yd = up(ft::poisoned_stored(ys, sc.dtype, sc.format)),
+             dxd = up(ft::poisoned_stored(x.shape(), sc.dtype, sc.format));
+      kernels::conv_forward(ctx(), s, xd, wd, &bd, k.geometry(), yd);
+      kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), &dxd, dwd, &dbd);
+      const Tensor y = down(yd), dx = down(dxd);
+      ASSERT_EQ(y.dtype(), sc.dtype);
+      ASSERT_EQ(y.format(), sc.format);
+      const Tensor dy32 = ft::float32_values(dy);
+      const ConvRef r = naive_conv(k, ft::float32_values(x), w, &b, &dy32);
+      const double u = ft::unit_roundoff(sc.dtype);
+      EXPECT_TRUE(matches(ft::float32_values(y), r.y, u + 1e-4, 2 * u + 1e-4)) << "y";
+      EXPECT_TRUE(matches(ft::float32_values(dx), r.dx, u + 1e-4, 2 * u + 1e-4)) << "dx";
+      EXPECT_TRUE(matches(down(dwd), r.dw, 1e-4, 1e-3)) << "dw";
+      EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, 1e-3)) << "db";
+    }
 }
 
 TEST_P(ConvOnBackend, Tf32WithinTf32Tolerance) {

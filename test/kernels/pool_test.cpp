@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/backend_test_util.h"
+#include "kernels/storage_test_util.h"
 #include "kernels/pool.h"
 #include "runtime/core/error.h"
 
@@ -256,6 +257,52 @@ TEST_P(MaxPool, BackwardMatchesCentralDifferences) {
       auto res = ft::grad_check_detail(loss, x, dx, 1e-3);
       EXPECT_LT(res.worst, 1e-2);
       EXPECT_GT(res.checked, 150);
+    }
+}
+
+// Max and average pooling on low-type storage in either format, both ranks:
+// max pooling selects stored values exactly (and scatters dy exactly), the
+// averages round once to the type.
+TEST_P(AvgPool, MaxAndAverageOnLowStorage) {
+  std::mt19937_64 rng(74);
+  const PoolGeometry g{3, 2, 1};
+  for (const ft::StorageCase& sc : ft::low_storage_cases())
+    for (int s : kRanks) {
+      const Shape xs = shape_of(s, 2, 5, 5, 7, 6);
+      SCOPED_TRACE(sc.name() + " " + xs.str());
+      const Shape ys = kernels::pool_output_shape(s, xs, g);
+      const Tensor x = ft::stored_copy(ft::random_tensor(xs, rng), sc.dtype, sc.format);
+      const Tensor r = ft::stored_copy(ft::random_tensor(ys, rng), sc.dtype, sc.format);
+      Tensor xd = up(x), rd = up(r), arg = poisoned(ys, DType::I32);
+      Tensor my = up(ft::poisoned_stored(ys, sc.dtype, sc.format)), mdx = up(ft::poisoned_stored(xs, sc.dtype, sc.format));
+      Tensor ay = up(ft::poisoned_stored(ys, sc.dtype, sc.format)), adx = up(ft::poisoned_stored(xs, sc.dtype, sc.format));
+      kernels::maxpool_forward(ctx(), s, xd, g, my, arg);
+      kernels::maxpool_backward(ctx(), s, rd, arg, mdx);
+      kernels::avgpool_forward(ctx(), s, xd, g, ay);
+      kernels::avgpool_backward(ctx(), s, rd, g, adx);
+      const Tensor x32 = ft::float32_values(x), r32 = ft::float32_values(r);
+      std::vector<float> want_max;
+      std::vector<int32_t> want_arg;
+      const Ref ref(s, xs, g);
+      naive_maxpool(ref, x32, want_max, want_arg);
+      const double divisor = std::pow(static_cast<double>(g.kernel), s), u = ft::unit_roundoff(sc.dtype);
+      std::vector<double> ry(ref.vols * ref.out_volume(), 0.0), rdx(x.numel(), 0.0), mdx_want(x.numel(), 0.0);
+      ref.each_tap([&](int64_t o, int64_t i) {
+        ry[o] += x32.f32()[i] / divisor;
+        rdx[i] += r32.f32()[o] / divisor;
+      });
+      for (int64_t o = 0; o < static_cast<int64_t>(want_arg.size()); ++o)
+        mdx_want[o / ref.out_volume() * ref.in_volume() + want_arg[o]] += r32.f32()[o];
+      const Tensor got_my = down(my), got_mdx = down(mdx), got_ay = down(ay), got_adx = down(adx);
+      for (int64_t o = 0; o < got_my.numel(); ++o) {
+        ASSERT_EQ(ft::stored(got_my, o), want_max[o]) << o;
+        ASSERT_NEAR(ft::stored(got_ay, o), ry[o], u * std::abs(ry[o]) + 1e-6) << o;
+      }
+      // Overlapping windows add gradients: those sums round once too.
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        ASSERT_NEAR(ft::stored(got_mdx, i), mdx_want[i], u * std::abs(mdx_want[i]) + 1e-6) << i;
+        ASSERT_NEAR(ft::stored(got_adx, i), rdx[i], u * std::abs(rdx[i]) + 1e-6) << i;
+      }
     }
 }
 

@@ -59,6 +59,13 @@ inline Tensor poisoned_stored(const Shape& s, DType t, MemoryFormat f) {
   return x;
 }
 
+// A float32 host tensor's values stored in type t and format f (rounded).
+inline Tensor stored_copy(const Tensor& x, DType t, MemoryFormat f) {
+  Tensor y = Tensor::empty(x.shape(), t, Device::cpu(), f);
+  for (int64_t i = 0; i < x.numel(); ++i) store(y, i, x.f32()[i]);
+  return y;
+}
+
 // The logical values of a host tensor, widened.
 inline std::vector<double> stored_values(const Tensor& t) {
   std::vector<double> v(static_cast<size_t>(t.numel()));

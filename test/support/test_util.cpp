@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/convert.h"
+#include "runtime/core/context.h"
 #include "runtime/core/error.h"
 #include "runtime/data/dataset.h"
 
@@ -215,6 +217,15 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 
 Tensor clone(const Tensor& t) { return t.to(Device::cpu()); }
+
+Tensor float32_values(const Tensor& t) {
+  const bool low = t.dtype() == DType::BF16 || t.dtype() == DType::F16;
+  if (!low && !t.channels_last()) return t;
+  Context ctx(Device::cpu());
+  Tensor out = Tensor::empty(t.shape());
+  kernels::convert(ctx, t, out);
+  return out;
+}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;

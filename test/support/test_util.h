@@ -80,8 +80,12 @@ GradCheckResult grad_check_detail(const std::function<double()>& f, Tensor& x, c
 
 // sum_i a_i * b_i in double (a scalar loss L = <r, y> has dL/dy = r).
 double dot(const Tensor& a, const Tensor& b);
-// A float32 CPU copy of t.
+// A CPU copy of t (its dtype and format).
 Tensor clone(const Tensor& t);
+// A host tensor's values in the logical order as float32: t itself when it is
+// float32 (or not floating) and contiguous, else a widened copy (bfloat16,
+// float16, channels-last: a model's output under autocast).
+Tensor float32_values(const Tensor& t);
 // Same shape, dtype and bytes (CPU tensors).
 bool same_bits(const Tensor& a, const Tensor& b);
 // The same bytes in every part of two data sets: images, labels or

@@ -1,0 +1,51 @@
+// Staging for kernel entry points whose backends read and write float32
+// contiguous tensors: they take operands in any floating storage (float32,
+// bfloat16, float16) and either memory format by converting each operand
+// into the context's staging scratch (widening is exact) and each output
+// from it (rounded once to the output's type). A float32 contiguous tensor
+// goes through untouched. Backends that read a storage natively skip this.
+#pragma once
+#include "kernels/convert.h"
+#include "kernels/dispatch.h"
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fanout::kernels::detail {
+
+inline bool plain_f32(const Tensor& t) { return t.dtype() == DType::F32 && !t.channels_last(); }
+
+// t as a float32 contiguous tensor: t itself, or its values converted into
+// staging role `role`. op and name are for the error on a tensor that is
+// not floating storage.
+inline Tensor staged_in(Context& ctx, const char* op, const char* name, int role, const Tensor& t) {
+  if (plain_f32(t)) return t;
+  check_storage(ctx, op, name, t);
+  Tensor s = Tensor::wrap(ctx.staging(role, static_cast<size_t>(t.numel()) * sizeof(float)), t.shape(), DType::F32,
+                          ctx.device());
+  convert(ctx, t, s);
+  return s;
+}
+
+// Where a backend writes an output bound for `out`: out itself, or staging
+// role `role` shaped like it (unstage moves it into out). With `accumulate`
+// the staged output starts from out's values, for outputs the op adds to.
+inline Tensor staged_out(Context& ctx, const char* op, const char* name, int role, const Tensor& out,
+                         bool accumulate = false) {
+  if (plain_f32(out)) return out;
+  check_storage(ctx, op, name, out);
+  Tensor s = Tensor::wrap(ctx.staging(role, static_cast<size_t>(out.numel()) * sizeof(float)), out.shape(),
+                          DType::F32, ctx.device());
+  if (accumulate) convert(ctx, out, s);
+  return s;
+}
+
+// Moves a staged output into out (nothing when it is out).
+inline void unstage(Context& ctx, const Tensor& staged, Tensor& out) {
+  if (staged.raw() != out.raw()) convert(ctx, staged, out);
+}
+
+}  // namespace fanout::kernels::detail
+
+// FANOUT_DISPATCH without returning from the caller: the entry point goes on
+// (to unstage its outputs) after the backend.
+#define FANOUT_CALL_BACKEND(ctx, op, ...) [&] { FANOUT_DISPATCH(ctx, op, __VA_ARGS__); }()

@@ -1,0 +1,146 @@
+// Low-type storage under autocast (runtime/nn/autocast.h) on every zoo
+// model of images on CPU devices, bf16-mixed and 16-mixed: each top-level
+// layer's output is stored where autocast says (convolutions and linear
+// layers write the low type, channels-last with 4 or 5 dims; GroupNorm
+// float32; every other layer its input's storage), the loss gradient goes
+// back in the output's storage, DataParallel over cpu:2 gives one device's
+// gradients within the low type's rounding, and a warm step allocates
+// nothing. (The GPT's storage: test/models/gpt_test.cpp; each kernel's
+// values against float64: the LowStorage tests in test/kernels.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "cuda/target_batch.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/memory.h"
+#include "runtime/parallel/engine_factory.h"
+#include "support/test_util.h"
+#include "support/trained.h"
+
+namespace fanout {
+namespace {
+
+struct ZooCase {
+  const char* model;
+  Shape sample;
+};
+const ZooCase kZoo[] = {{"mlp", Shape{1, 12, 12}},        {"lenet", Shape{1, 28, 28}},
+                        {"cnn", Shape{3, 16, 16}},        {"resnet18", Shape{3, 16, 16}},
+                        {"heatmap3d", Shape{1, 8, 8, 8}}, {"heatmap3d:group", Shape{1, 8, 8, 8}}};
+
+class ZooLowStorage : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(Types, ZooLowStorage, ::testing::Values(DType::BF16, DType::F16),
+                         [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; });
+
+std::string storage(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + " " + memory_format_name(t.format());
+}
+
+TEST_P(ZooLowStorage, LayersStoreWhereAutocastSays) {
+  const DType t = GetParam();
+  for (const ZooCase& z : kZoo) {
+    SCOPED_TRACE(z.model);
+    std::mt19937_64 rng(5);
+    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 4, rng);
+    auto m = models::make_model(z.model, z.sample, b.classes, 3);
+    Context ctx(Device::cpu());
+    ctx.math.autocast = t;
+    Tensor x = b.x;
+    int low_layers = 0;
+    for (auto& [name, child] : m->named_modules()) {
+      if (name.empty() || name.find('.') != std::string::npos) continue;  // the top-level layers, in order
+      SCOPED_TRACE(name + " (" + child->type_name() + ")");
+      const Tensor in = x;
+      x = child->forward(in, ctx);
+      const std::string type = child->type_name();
+      if (type == "Conv2d" || type == "Conv3d" || type == "Linear") {
+        const bool spatial = x.dim() == 4 || x.dim() == 5;
+        EXPECT_EQ(storage(x), std::string(dtype_name(t)) + (spatial ? " channels-last" : " contiguous"));
+        ++low_layers;
+      } else if (type == "GroupNorm") {
+        EXPECT_EQ(storage(x), "float32 contiguous") << "autocast's float32 list";
+      } else if (type == "Flatten") {
+        EXPECT_EQ(x.dtype(), in.dtype());
+        EXPECT_FALSE(x.channels_last()) << "flattened in the logical order";
+      } else {
+        EXPECT_EQ(storage(x), storage(in)) << "the input's storage";
+      }
+    }
+    EXPECT_GT(low_layers, 0);
+    EXPECT_EQ(x.dtype(), t) << "the model's output";
+    // The loss reads the low-type output and sends its gradient back in the same storage.
+    auto c = make_criterion(b.loss);
+    c->forward(ctx, x, b.y, /*train=*/true, 1.0f);
+    EXPECT_EQ(storage(c->grad()), storage(x));
+    const StepResult r = c->read(ctx);
+    EXPECT_TRUE(std::isfinite(r.loss_sum));
+  }
+}
+
+// One step's gradients on `devices` from the same model seed and batch.
+Tensor step_grads(const ZooCase& z, DType t, const std::string& devices, const cudatest::TargetBatch& b) {
+  auto m = models::make_model(z.model, z.sample, b.classes, 3);
+  EngineSpec spec = testing::engine_on(devices, false);
+  spec.loss = b.loss;
+  spec.dp.math.autocast = t;
+  spec.dp.sync_bn = true;  // BatchNorm's statistics over the whole batch, as on one device
+  auto e = make_engine(*m, std::move(spec));
+  e->forward_backward_batch(b.x, b.y);
+  return m->arenas().grads.to(Device::cpu());
+}
+
+// Splitting the batch (BatchNorm synchronized) moves what is rounded at each
+// documented point (the outputs, dx and weight gradients of each replica) by
+// about u a rounding: cpu:2 stays within 8 u of one device by norm, and the
+// mixed gradients differ from float32's by more than u / 4 (the storage
+// rounds).
+TEST_P(ZooLowStorage, DataParallelGivesOneDevicesGradientsWithinTheRounding) {
+  const DType t = GetParam();
+  const double u = t == DType::BF16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -11);
+  for (const ZooCase& z : kZoo) {
+    SCOPED_TRACE(z.model);
+    std::mt19937_64 rng(6);
+    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 8, rng);
+    const Tensor one = step_grads(z, t, "cpu", b), two = step_grads(z, t, "cpu:2", b),
+                 f32 = step_grads(z, DType::F32, "cpu", b);
+    auto rel = [&](const Tensor& a) {
+      double d = 0, n = 0;
+      for (int64_t i = 0; i < one.numel(); ++i) {
+        d += std::pow(double(a.f32()[i]) - one.f32()[i], 2);
+        n += std::pow(double(one.f32()[i]), 2);
+      }
+      EXPECT_GT(n, 0.0);
+      return std::sqrt(d / n);
+    };
+    const double split = rel(two), precision = rel(f32);
+    std::printf("%-16s %s: cpu:2 against cpu %.3g u, float32 against it %.3g u\n", z.model, dtype_name(t),
+                split / u, precision / u);
+    EXPECT_LT(split, 8 * u);
+    EXPECT_GT(precision, u / 4);
+  }
+}
+
+TEST_P(ZooLowStorage, AWarmStepAllocatesNothing) {
+  const DType t = GetParam();
+  for (const ZooCase& z : kZoo) {
+    SCOPED_TRACE(z.model);
+    std::mt19937_64 rng(7);
+    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 6, rng);
+    auto m = models::make_model(z.model, z.sample, b.classes, 3);
+    EngineSpec spec = testing::engine_on("cpu:2", false);
+    spec.loss = b.loss;
+    spec.dp.math.autocast = t;
+    testing::EngineRun e(make_engine(*m, std::move(spec)));
+    for (int s = 0; s < 2; ++s) e.train_step(b.x, b.y, 0.01f);
+    const auto before = alloc_stats();
+    for (int s = 0; s < 2; ++s) e.train_step(b.x, b.y, 0.01f);
+    EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+  }
+}
+
+}  // namespace
+}  // namespace fanout
