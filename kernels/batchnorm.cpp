@@ -94,26 +94,24 @@ int64_t check_forward_io(const Context& ctx, const char* op, const Tensor& x, co
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const char* op = "bn_apply";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
-  check_stats(ctx, op, "mean", mean, c);
-  check_channel_vec(ctx, op, "invstd", invstd, c);
-  FANOUT_CALL_BACKEND(ctx, bn_apply, ctx, xs, mean, invstd, gamma, beta, ys);
-  detail::unstage(ctx, ys, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
+    check_stats(ctx, op, "mean", mean, c);
+    check_channel_vec(ctx, op, "invstd", invstd, c);
+    FANOUT_DISPATCH(ctx, bn_apply, ctx, xs, mean, invstd, gamma, beta, ys);
+  });
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const char* op = "bn_forward_eval";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
-  check_channel_vec(ctx, op, "running_mean", running_mean, c);
-  check_channel_vec(ctx, op, "running_var", running_var, c);
   FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
-  FANOUT_CALL_BACKEND(ctx, bn_forward_eval, ctx, xs, running_mean, running_var, gamma, beta, eps, ys);
-  detail::unstage(ctx, ys, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
+    check_channel_vec(ctx, op, "running_mean", running_mean, c);
+    check_channel_vec(ctx, op, "running_var", running_var, c);
+    FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, xs, running_mean, running_var, gamma, beta, eps, ys);
+  });
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,

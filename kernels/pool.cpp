@@ -119,87 +119,78 @@ void check_avg_backward(const Context& ctx, const char* op, int spatial, const T
 }
 }  // namespace
 
-// Every entry point stages its activations (kernels/staging.h): inputs in
-// roles 0 and 1, the output in role 2.
+// Every entry point stages its activations (kernels/staging.h).
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
   const char* op = "maxpool_forward";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  check_pool_forward(ctx, op, spatial, xs, g, ys, &argmax);
-  FANOUT_CALL_BACKEND(ctx, maxpool_forward, ctx, spatial, xs, g, ys, argmax);
-  detail::unstage(ctx, ys, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    check_pool_forward(ctx, op, spatial, xs, g, ys, &argmax);
+    FANOUT_DISPATCH(ctx, maxpool_forward, ctx, spatial, xs, g, ys, argmax);
+  });
 }
 
 void maxpool_backward(Context& ctx, int spatial, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   const char* op = "maxpool_backward";
-  const Tensor dys = detail::staged_in(ctx, op, "dy", 0, dy);
-  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
-  check_max_backward(ctx, op, spatial, dys, argmax, dxs);
-  FANOUT_CALL_BACKEND(ctx, maxpool_backward, ctx, spatial, dys, argmax, dxs);
-  detail::unstage(ctx, dxs, dx);
+  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+    check_max_backward(ctx, op, spatial, dys, argmax, dxs);
+    FANOUT_DISPATCH(ctx, maxpool_backward, ctx, spatial, dys, argmax, dxs);
+  });
 }
 
 void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
   const char* op = "avgpool_forward";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  check_pool_forward(ctx, op, spatial, xs, g, ys, nullptr);
-  FANOUT_CALL_BACKEND(ctx, avgpool_forward, ctx, spatial, xs, g, ys);
-  detail::unstage(ctx, ys, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    check_pool_forward(ctx, op, spatial, xs, g, ys, nullptr);
+    FANOUT_DISPATCH(ctx, avgpool_forward, ctx, spatial, xs, g, ys);
+  });
 }
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
   const char* op = "avgpool_backward";
-  const Tensor dys = detail::staged_in(ctx, op, "dy", 0, dy);
-  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
-  check_avg_backward(ctx, op, spatial, dys, g, dxs);
-  FANOUT_CALL_BACKEND(ctx, avgpool_backward, ctx, spatial, dys, g, dxs);
-  detail::unstage(ctx, dxs, dx);
+  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+    check_avg_backward(ctx, op, spatial, dys, g, dxs);
+    FANOUT_DISPATCH(ctx, avgpool_backward, ctx, spatial, dys, g, dxs);
+  });
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
   const char* op = "global_avgpool_forward";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  check_rank(ctx, op, "x", xs, 2);
-  detail::check_tensor(ctx, op, "y", ys);
-  check_global(op, xs, "y", ys);
-  FANOUT_CALL_BACKEND(ctx, global_avgpool_forward, ctx, xs, ys);
-  detail::unstage(ctx, ys, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    check_rank(ctx, op, "x", xs, 2);
+    detail::check_tensor(ctx, op, "y", ys);
+    check_global(op, xs, "y", ys);
+    FANOUT_DISPATCH(ctx, global_avgpool_forward, ctx, xs, ys);
+  });
 }
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   const char* op = "global_avgpool_backward";
-  const Tensor dys = detail::staged_in(ctx, op, "dy", 0, dy);
-  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
-  detail::check_tensor(ctx, op, "dy", dys);
-  check_rank(ctx, op, "dx", dxs, 2);
-  check_global(op, dxs, "dy", dys);
-  FANOUT_CALL_BACKEND(ctx, global_avgpool_backward, ctx, dys, dxs);
-  detail::unstage(ctx, dxs, dx);
+  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+    detail::check_tensor(ctx, op, "dy", dys);
+    check_rank(ctx, op, "dx", dxs, 2);
+    check_global(op, dxs, "dy", dys);
+    FANOUT_DISPATCH(ctx, global_avgpool_backward, ctx, dys, dxs);
+  });
 }
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
   const char* op = "upsample3d_nearest_forward";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  check_rank(ctx, op, "x", xs, 3);
-  detail::check_tensor(ctx, op, "y", ys);
-  check_upsampled(op, xs, scale, "y", ys);
-  FANOUT_CALL_BACKEND(ctx, upsample3d_nearest_forward, ctx, xs, scale, ys);
-  detail::unstage(ctx, ys, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    check_rank(ctx, op, "x", xs, 3);
+    detail::check_tensor(ctx, op, "y", ys);
+    check_upsampled(op, xs, scale, "y", ys);
+    FANOUT_DISPATCH(ctx, upsample3d_nearest_forward, ctx, xs, scale, ys);
+  });
 }
 
 void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
   const char* op = "upsample3d_nearest_backward";
-  const Tensor dys = detail::staged_in(ctx, op, "dy", 0, dy);
-  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
-  detail::check_tensor(ctx, op, "dy", dys);
-  check_rank(ctx, op, "dx", dxs, 3);
-  check_upsampled(op, dxs, scale, "dy", dys);
-  FANOUT_CALL_BACKEND(ctx, upsample3d_nearest_backward, ctx, dys, scale, dxs);
-  detail::unstage(ctx, dxs, dx);
+  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+    detail::check_tensor(ctx, op, "dy", dys);
+    check_rank(ctx, op, "dx", dxs, 3);
+    check_upsampled(op, dxs, scale, "dy", dys);
+    FANOUT_DISPATCH(ctx, upsample3d_nearest_backward, ctx, dys, scale, dxs);
+  });
 }
 
 }  // namespace fanout::kernels

@@ -44,6 +44,17 @@ inline void unstage(Context& ctx, const Tensor& staged, Tensor& out) {
   if (staged.raw() != out.raw()) convert(ctx, staged, out);
 }
 
+// An entry point with one input and one output: run(xs, ys) on them as
+// float32 contiguous tensors (x staged in role 0, y in role 2), then y stored.
+template <class Run>
+void with_staged(Context& ctx, const char* op, const char* x_name, const Tensor& x, const char* y_name, Tensor& y,
+                 Run&& run) {
+  const Tensor xs = staged_in(ctx, op, x_name, 0, x);
+  Tensor ys = staged_out(ctx, op, y_name, 2, y);
+  run(xs, ys);
+  unstage(ctx, ys, y);
+}
+
 }  // namespace fanout::kernels::detail
 
 // FANOUT_DISPATCH without returning from the caller: the entry point goes on

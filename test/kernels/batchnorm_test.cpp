@@ -106,6 +106,37 @@ const BnShape kMoreShapes[] = {{Shape{2, 3, 1, 1}, -1.0f, 1.0f},   {Shape{5, 7, 
                                {Shape{64, 3, 33, 31}, -1.0f, 1.0f},
                                {Shape{4, 3, 8, 8}, -1.0f, 1.0f}};
 
+// The double reference of a training pass for L = <r, y>: y, per channel
+// sum r and sum r xhat (dbeta, dgamma), and
+// dx = invstd / M * (M * g - sum g - xhat * sum g xhat), g = r * gamma.
+struct BnReference {
+  std::vector<double> y, dx, sdy, sdyx;
+  BnReference(const BnRun& f, const Tensor& r) : y(f.x.numel()), dx(f.x.numel()) {
+    std::vector<double> m, v;
+    naive_moments(f.x, m, v);
+    const Ncs d(f.x);
+    const double cnt = static_cast<double>(f.count);
+    sdy.assign(d.c, 0.0);
+    sdyx.assign(d.c, 0.0);
+    for (int64_t c = 0; c < d.c; ++c) {
+      const double is = 1.0 / std::sqrt(v[c] + f.eps), g = f.gamma.f32()[c];
+      auto xhat = [&](int64_t j) { return (f.x.f32()[j] - m[c]) * is; };
+      for (int64_t i = 0; i < d.n; ++i)
+        for (int64_t k = 0; k < d.s; ++k) {
+          const int64_t j = d.at(i, c, k);
+          sdy[c] += r.f32()[j];
+          sdyx[c] += r.f32()[j] * xhat(j);
+        }
+      for (int64_t i = 0; i < d.n; ++i)
+        for (int64_t k = 0; k < d.s; ++k) {
+          const int64_t j = d.at(i, c, k);
+          y[j] = xhat(j) * g + f.beta.f32()[c];
+          dx[j] = g * is / cnt * (cnt * r.f32()[j] - sdy[c] - xhat(j) * sdyx[c]);
+        }
+    }
+  }
+};
+
 TEST_P(BatchNormOnBackend, StatsFinalizeApplyAgainstNaive) {
   std::mt19937_64 rng(61);
   std::vector<BnShape> shapes(std::begin(kShapes), std::end(kShapes));
@@ -207,33 +238,14 @@ TEST_P(BatchNormOnBackend, TrainingGradients) {
       dgamma.f32()[c] = gs.f32()[f.c + c];
     }
 
-    // Double reference: dx = invstd / M * (M * g - sum g - xhat * sum g xhat), g = dy * gamma.
-    std::vector<double> m, v;
-    naive_moments(f.x, m, v);
-    Ncs d(f.x);
-    const double cnt = static_cast<double>(f.count);
-    for (int64_t c = 0; c < d.c; ++c) {
-      const double is = 1.0 / std::sqrt(v[c] + f.eps);
-      double sdy = 0, sdyx = 0;
-      for (int64_t i = 0; i < d.n; ++i)
-        for (int64_t k = 0; k < d.s; ++k) {
-          const int64_t j = d.at(i, c, k);
-          sdy += r.f32()[j];
-          sdyx += r.f32()[j] * (f.x.f32()[j] - m[c]) * is;
-        }
-      // Sums over up to 64*33*31 values: float accumulation error grows with the count.
-      const double sum_tol = 1e-4 * std::max(1.0, std::sqrt(cnt / 100.0));
-      EXPECT_NEAR(dbeta.f32()[c], sdy, sum_tol);
-      EXPECT_NEAR(dgamma.f32()[c], sdyx, sum_tol);
-      for (int64_t i = 0; i < d.n; ++i)
-        for (int64_t k = 0; k < d.s; ++k) {
-          const int64_t j = d.at(i, c, k);
-          const double xhat = (f.x.f32()[j] - m[c]) * is;
-          const double g = f.gamma.f32()[c];
-          const double ref = g * is / cnt * (cnt * r.f32()[j] - sdy - xhat * sdyx);
-          ASSERT_NEAR(dx.f32()[j], ref, 1e-4);
-        }
+    const BnReference ref(f, r);
+    // Sums over up to 64*33*31 values: float accumulation error grows with the count.
+    const double sum_tol = 1e-4 * std::max(1.0, std::sqrt(static_cast<double>(f.count) / 100.0));
+    for (int64_t c = 0; c < f.c; ++c) {
+      EXPECT_NEAR(dbeta.f32()[c], ref.sdy[c], sum_tol);
+      EXPECT_NEAR(dgamma.f32()[c], ref.sdyx[c], sum_tol);
     }
+    for (int64_t j = 0; j < dx.numel(); ++j) ASSERT_NEAR(dx.f32()[j], ref.dx[j], 1e-4);
     EXPECT_GT(ft::l2_norm(dx), 0.0);
 
     if (f.x.numel() > 1000) continue;  // central differences on the small shapes
@@ -273,28 +285,11 @@ TEST_P(BatchNormOnBackend, LowStorageInEitherFormat) {
     const Tensor y = down(f.y), dx = down(dxd), r = ft::float32_values(rs);
     ASSERT_EQ(y.format(), sc.format);
     ASSERT_EQ(dx.dtype(), sc.dtype);
-    std::vector<double> m, v;
-    naive_moments(f.x, m, v);
-    Ncs d(f.x);
-    const double cnt = static_cast<double>(f.count), u = ft::unit_roundoff(sc.dtype);
-    for (int64_t c = 0; c < d.c; ++c) {
-      const double is = 1.0 / std::sqrt(v[c] + f.eps), g = f.gamma.f32()[c];
-      double sdy = 0, sdyx = 0;
-      for (int64_t i = 0; i < d.n; ++i)
-        for (int64_t k = 0; k < d.s; ++k) {
-          const int64_t j = d.at(i, c, k);
-          sdy += r.f32()[j];
-          sdyx += r.f32()[j] * (f.x.f32()[j] - m[c]) * is;
-        }
-      for (int64_t i = 0; i < d.n; ++i)
-        for (int64_t k = 0; k < d.s; ++k) {
-          const int64_t j = d.at(i, c, k);
-          const double xhat = (f.x.f32()[j] - m[c]) * is;
-          const double want_y = xhat * g + f.beta.f32()[c];
-          const double want_dx = g * is / cnt * (cnt * r.f32()[j] - sdy - xhat * sdyx);
-          ASSERT_NEAR(ft::stored(y, j), want_y, u * std::abs(want_y) + 1e-4) << j;
-          ASSERT_NEAR(ft::stored(dx, j), want_dx, u * std::abs(want_dx) + 1e-4) << j;
-        }
+    const BnReference ref(f, r);
+    const double u = ft::unit_roundoff(sc.dtype);
+    for (int64_t j = 0; j < f.x.numel(); ++j) {
+      ASSERT_NEAR(ft::stored(y, j), ref.y[j], u * std::abs(ref.y[j]) + 1e-4) << j;
+      ASSERT_NEAR(ft::stored(dx, j), ref.dx[j], u * std::abs(ref.dx[j]) + 1e-4) << j;
     }
   }
 }

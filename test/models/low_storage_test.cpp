@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <memory>
 #include <string>
 
 #include "cuda/target_batch.h"
@@ -36,6 +37,27 @@ class ZooLowStorage : public ::testing::TestWithParam<DType> {};
 INSTANTIATE_TEST_SUITE_P(Types, ZooLowStorage, ::testing::Values(DType::BF16, DType::F16),
                          [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; });
 
+// A zoo model (seed 3) and a batch of `rows` for it.
+struct ZooRun {
+  cudatest::TargetBatch b;
+  std::unique_ptr<Module> m;
+};
+ZooRun zoo_run(const ZooCase& z, int64_t rows, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ZooRun r{cudatest::make_batch(z.model, z.sample, rows, rng), nullptr};
+  r.m = models::make_model(z.model, z.sample, r.b.classes, 3);
+  return r;
+}
+
+// An engine on `devices` for r's model and loss under autocast to t.
+std::unique_ptr<Engine> engine_for(ZooRun& r, DType t, const std::string& devices) {
+  EngineSpec spec = testing::engine_on(devices, false);
+  spec.loss = r.b.loss;
+  spec.dp.math.autocast = t;
+  spec.dp.sync_bn = true;  // BatchNorm's statistics over the whole batch, as on one device
+  return make_engine(*r.m, std::move(spec));
+}
+
 std::string storage(const Tensor& t) {
   return std::string(dtype_name(t.dtype())) + " " + memory_format_name(t.format());
 }
@@ -44,14 +66,13 @@ TEST_P(ZooLowStorage, LayersStoreWhereAutocastSays) {
   const DType t = GetParam();
   for (const ZooCase& z : kZoo) {
     SCOPED_TRACE(z.model);
-    std::mt19937_64 rng(5);
-    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 4, rng);
-    auto m = models::make_model(z.model, z.sample, b.classes, 3);
+    ZooRun run = zoo_run(z, 4, 5);
+    const cudatest::TargetBatch& b = run.b;
     Context ctx(Device::cpu());
     ctx.math.autocast = t;
     Tensor x = b.x;
     int low_layers = 0;
-    for (auto& [name, child] : m->named_modules()) {
+    for (auto& [name, child] : run.m->named_modules()) {
       if (name.empty() || name.find('.') != std::string::npos) continue;  // the top-level layers, in order
       SCOPED_TRACE(name + " (" + child->type_name() + ")");
       const Tensor in = x;
@@ -82,15 +103,10 @@ TEST_P(ZooLowStorage, LayersStoreWhereAutocastSays) {
 }
 
 // One step's gradients on `devices` from the same model seed and batch.
-Tensor step_grads(const ZooCase& z, DType t, const std::string& devices, const cudatest::TargetBatch& b) {
-  auto m = models::make_model(z.model, z.sample, b.classes, 3);
-  EngineSpec spec = testing::engine_on(devices, false);
-  spec.loss = b.loss;
-  spec.dp.math.autocast = t;
-  spec.dp.sync_bn = true;  // BatchNorm's statistics over the whole batch, as on one device
-  auto e = make_engine(*m, std::move(spec));
-  e->forward_backward_batch(b.x, b.y);
-  return m->arenas().grads.to(Device::cpu());
+Tensor step_grads(const ZooCase& z, DType t, const std::string& devices) {
+  ZooRun r = zoo_run(z, 8, 6);
+  engine_for(r, t, devices)->forward_backward_batch(r.b.x, r.b.y);
+  return r.m->arenas().grads.to(Device::cpu());
 }
 
 // Splitting the batch (BatchNorm synchronized) moves what is rounded at each
@@ -103,10 +119,7 @@ TEST_P(ZooLowStorage, DataParallelGivesOneDevicesGradientsWithinTheRounding) {
   const double u = t == DType::BF16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -11);
   for (const ZooCase& z : kZoo) {
     SCOPED_TRACE(z.model);
-    std::mt19937_64 rng(6);
-    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 8, rng);
-    const Tensor one = step_grads(z, t, "cpu", b), two = step_grads(z, t, "cpu:2", b),
-                 f32 = step_grads(z, DType::F32, "cpu", b);
+    const Tensor one = step_grads(z, t, "cpu"), two = step_grads(z, t, "cpu:2"), f32 = step_grads(z, DType::F32, "cpu");
     auto rel = [&](const Tensor& a) {
       double d = 0, n = 0;
       for (int64_t i = 0; i < one.numel(); ++i) {
@@ -128,16 +141,11 @@ TEST_P(ZooLowStorage, AWarmStepAllocatesNothing) {
   const DType t = GetParam();
   for (const ZooCase& z : kZoo) {
     SCOPED_TRACE(z.model);
-    std::mt19937_64 rng(7);
-    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 6, rng);
-    auto m = models::make_model(z.model, z.sample, b.classes, 3);
-    EngineSpec spec = testing::engine_on("cpu:2", false);
-    spec.loss = b.loss;
-    spec.dp.math.autocast = t;
-    testing::EngineRun e(make_engine(*m, std::move(spec)));
-    for (int s = 0; s < 2; ++s) e.train_step(b.x, b.y, 0.01f);
+    ZooRun r = zoo_run(z, 6, 7);
+    testing::EngineRun e(engine_for(r, t, "cpu:2"));
+    for (int s = 0; s < 2; ++s) e.train_step(r.b.x, r.b.y, 0.01f);
     const auto before = alloc_stats();
-    for (int s = 0; s < 2; ++s) e.train_step(b.x, b.y, 0.01f);
+    for (int s = 0; s < 2; ++s) e.train_step(r.b.x, r.b.y, 0.01f);
     EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
   }
 }
