@@ -1,7 +1,9 @@
-// Layer normalization entry points: checks, then dispatch.
+// Layer normalization entry points: checks, then dispatch; x, y, dy and dx
+// in any floating storage through staging (roles 0 to 2).
 #include "kernels/layernorm.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
@@ -24,22 +26,27 @@ void check_shapes(Context& ctx, const char* op, const Tensor& x, const Tensor& g
 void layer_norm_forward(Context& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                         Tensor& mean, Tensor& rstd) {
   const char* op = "layer_norm_forward";
-  check_shapes(ctx, op, x, gamma, mean, rstd);
-  detail::check_tensor(ctx, op, "beta", beta);
-  detail::check_tensor(ctx, op, "y", y);
   FANOUT_CHECK(beta.numel() == gamma.numel() && y.shape() == x.shape() && eps >= 0.0f)
       << op << ": beta " << beta.shape().str() << ", y " << y.shape().str() << " or eps " << eps;
-  if (x.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, layer_norm_forward, ctx, x, gamma, beta, eps, y, mean, rstd);
+  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+    check_shapes(ctx, op, xs, gamma, mean, rstd);
+    detail::check_tensor(ctx, op, "beta", beta);
+    detail::check_tensor(ctx, op, "y", ys);
+    if (x.numel() == 0) return;
+    FANOUT_DISPATCH(ctx, layer_norm_forward, ctx, xs, gamma, beta, eps, ys, mean, rstd);
+  });
 }
 
 void layer_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const char* op = "layer_norm_backward";
-  check_shapes(ctx, op, x, gamma, mean, rstd);
-  detail::check_norm_backward(ctx, op, x, dy, gamma, dx, dgamma, dbeta);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
+  check_shapes(ctx, op, xs, gamma, mean, rstd);
+  detail::check_norm_backward(ctx, op, xs, dys, gamma, dxs, dgamma, dbeta);
   if (x.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, layer_norm_backward, ctx, x, dy, gamma, mean, rstd, dx, dgamma, dbeta);
+  FANOUT_CALL_BACKEND(ctx, layer_norm_backward, ctx, xs, dys, gamma, mean, rstd, dxs, dgamma, dbeta);
+  detail::unstage(ctx, dxs, dx);
 }
 
 }  // namespace fanout::kernels

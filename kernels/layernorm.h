@@ -2,7 +2,8 @@
 // d), d = gamma.numel() (the normalized shape's elements, x's last dims),
 // each row normalized with its biased variance, then scaled and shifted
 // elementwise over d. Statistics in double (two passes), the rest in
-// float32, as kernels/groupnorm.h.
+// float32, as kernels/groupnorm.h. x, y, dy and dx may be float32, bfloat16
+// or float16 in either memory format (staged, kernels/staging.h).
 #pragma once
 #include "kernels/declare.h"
 #include "runtime/core/context.h"

@@ -2,6 +2,7 @@
 #include "models/layers/activation.h"
 
 #include "kernels/activation.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -15,8 +16,9 @@ Tensor ReLU::forward(const Tensor& x, Context& ctx) {
   return y_;
 }
 
-Tensor ReLU::backward(const Tensor& dy, Context& ctx) {
+Tensor ReLU::backward(const Tensor& dy_in, Context& ctx) {
   if (!input_grad()) return Tensor();
+  const Tensor dy = in_storage_of(ctx, dy_in, y_, dy_moved_);  // a gradient in another storage: into y's
   if (inplace_) {
     dx_ = dy;  // shares dy's storage
   } else {

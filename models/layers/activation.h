@@ -18,7 +18,7 @@ class ReLU : public Module {
 
  private:
   bool inplace_;
-  Tensor y_, dx_;
+  Tensor y_, dx_, dy_moved_;  // dy_moved_: an output gradient moved into y's storage
 };
 
 }  // namespace fanout::models

@@ -3,6 +3,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -47,7 +48,7 @@ Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
 }
 
 Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
-  Tensor dsum = dy;  // d(main + shortcut), masked in place
+  Tensor dsum = in_storage_of(ctx, dy, y_, dy_moved_);  // d(main + shortcut), masked in place
   kernels::relu_backward(ctx, y_, dsum, dsum);
   // Shortcut first: its parameters come last in the arena, so their gradients
   // are ready earliest in backward order.

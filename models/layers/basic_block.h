@@ -29,7 +29,8 @@ class BasicBlock : public Module {
   Conv2d* conv2_;
   BatchNorm2d* bn2_;
   Sequential* downsample_ = nullptr;
-  Tensor y_;  // bn2's output buffer, holding relu(main + shortcut)
+  Tensor y_;         // bn2's output buffer, holding relu(main + shortcut)
+  Tensor dy_moved_;  // an output gradient moved into y's storage
 };
 
 }  // namespace fanout::models

@@ -19,19 +19,6 @@ GroupNorm::GroupNorm(int num_groups, int64_t num_channels, float eps)
   scale_ = NormAffine(Shape{num_channels}, &w, &b);
 }
 
-namespace {
-// Where the backward writes dx: over dy (backward may overwrite dy) when x
-// and dy share their storage, else in `buf` like x (a low-type input's
-// gradient, rounded as it is stored); `buf` as float32 scratch when no
-// input gradient is wanted.
-Tensor norm_dx(bool wanted, const Tensor& x, const Tensor& dy, Tensor& buf, Context& ctx) {
-  if (wanted && x.dtype() == dy.dtype() && x.format() == dy.format()) return dy;
-  if (wanted) ensure_like(buf, x, ctx);
-  else ensure(buf, dy.shape(), ctx);
-  return buf;
-}
-}  // namespace
-
 void GroupNorm::reset_parameters(std::mt19937_64&) { scale_.reset(); }
 
 Tensor GroupNorm::forward(const Tensor& x, Context& ctx) {
@@ -47,7 +34,7 @@ Tensor GroupNorm::forward(const Tensor& x, Context& ctx) {
 
 Tensor GroupNorm::backward(const Tensor& dy, Context& ctx) {
   // The parameter gradients (+=) first.
-  Tensor dx = norm_dx(input_grad(), x_, dy, dx_, ctx);
+  Tensor dx = norm_input_grad(input_grad(), x_, dy, dx_, ctx);
   const NormAffine::Grads g = scale_.grads(ctx);
   kernels::group_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, groups_, dx, g.dgamma, g.dbeta);
   notify_grads_ready(ctx);
@@ -86,7 +73,7 @@ Tensor InstanceNorm::forward(const Tensor& x, Context& ctx) {
 
 Tensor InstanceNorm::backward(const Tensor& dy, Context& ctx) {
   if (!affine_ && !input_grad()) return Tensor();  // nothing to compute
-  Tensor dx = norm_dx(input_grad(), x_, dy, dx_, ctx);
+  Tensor dx = norm_input_grad(input_grad(), x_, dy, dx_, ctx);
   const NormAffine::Grads g = scale_.grads(ctx);
   kernels::group_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, static_cast<int>(c_), dx, g.dgamma,
                                g.dbeta);

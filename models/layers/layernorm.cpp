@@ -43,8 +43,8 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
 
 Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
   if (!affine_ && !input_grad()) return Tensor();  // nothing to compute
-  // dx over dy (backward may overwrite dy); the parameter gradients (+=) first.
-  Tensor dx = input_grad() ? dy : (ensure(dx_, dy.shape(), ctx), dx_);
+  // The parameter gradients (+=) first.
+  Tensor dx = norm_input_grad(input_grad(), x_, dy, dx_, ctx);
   const NormAffine::Grads g = scale_.grads(ctx);
   kernels::layer_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, dx, g.dgamma, g.dbeta);
   if (affine_) notify_grads_ready(ctx);

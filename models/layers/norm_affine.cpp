@@ -5,6 +5,13 @@
 
 namespace fanout::models {
 
+Tensor norm_input_grad(bool wanted, const Tensor& x, const Tensor& dy, Tensor& buf, Context& ctx) {
+  if (wanted && x.dtype() == dy.dtype() && x.format() == dy.format()) return dy;
+  if (wanted) ensure_like(buf, x, ctx);
+  else ensure(buf, dy.shape(), ctx);
+  return buf;
+}
+
 void NormAffine::reset() {
   if (!affine()) return;
   FANOUT_CHECK(w_->value.device().is_cpu()) << "initialization runs on the CPU";

@@ -7,6 +7,12 @@
 
 namespace fanout::models {
 
+// Where a float32 normalization's backward writes dx: over dy when x and dy
+// share their storage (backward may overwrite dy), else `buf` like x (a
+// low-type input's gradient, rounded as it is stored); `buf` as float32
+// scratch when no input gradient is wanted.
+Tensor norm_input_grad(bool wanted, const Tensor& x, const Tensor& dy, Tensor& buf, Context& ctx);
+
 class NormAffine {
  public:
   // w and b: the layer's registered weight and bias, both null, or a

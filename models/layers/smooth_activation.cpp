@@ -25,8 +25,8 @@ Tensor SmoothActivation::forward(const Tensor& x, Context& ctx) {
 
 Tensor SmoothActivation::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
-  dx_ = dy;  // dx over dy: backward may overwrite dy
-  kernels::activation_backward(ctx, a_, x_, dy, dx_);
+  dx_ = in_storage_of(ctx, dy, x_, dy_moved_);  // dx over dy (backward may overwrite dy), in x's storage
+  kernels::activation_backward(ctx, a_, x_, dx_, dx_);
   autocast_round(ctx, dx_);
   return dx_;
 }

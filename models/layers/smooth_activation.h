@@ -19,7 +19,7 @@ class SmoothActivation : public Module {
 
  private:
   kernels::Activation a_;
-  Tensor x_, y_, dx_;
+  Tensor x_, y_, dx_, dy_moved_;  // dy_moved_: an output gradient moved into x's storage
 };
 
 inline std::unique_ptr<Module> Tanh() { return std::make_unique<SmoothActivation>(kernels::Act::Tanh); }

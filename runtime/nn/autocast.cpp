@@ -59,6 +59,13 @@ void AutocastWeights::backward_end(Context& ctx, Tensor& gw, Tensor* gb, Tensor*
   if (dx && !kernel_rounds_) autocast_round(ctx, *dx);
 }
 
+Tensor in_storage_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& buf) {
+  if (t.dtype() == like.dtype() && t.format() == like.format()) return t;
+  ensure_like(buf, like, ctx);
+  kernels::convert(ctx, t, buf);
+  return buf;
+}
+
 void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx) {
   if (!autocast_on(ctx)) return ensure(y, s, ctx);
   ensure(y, s, ctx.math.autocast, ctx, s.ndim == 4 || s.ndim == 5 ? MemoryFormat::ChannelsLast

@@ -55,6 +55,10 @@ Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy);
 // channels-last with 4 or 5 dims) under autocast, float32 contiguous when off.
 void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx);
 
+// t in like's storage (dtype and format): t itself, or converted into buf.
+// For a gradient that an elementwise op pairs with a saved activation.
+Tensor in_storage_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& buf);
+
 class LowGrad {
  public:
   Tensor& sink(Context& ctx, Tensor& grad);

@@ -16,7 +16,11 @@
 #include <string>
 
 #include "cuda/target_batch.h"
+#include "kernels/convert.h"
+#include "models/layers/activation.h"
+#include "models/layers/layernorm.h"
 #include "models/zoo/zoo.h"
+#include "runtime/core/half.h"
 #include "runtime/core/memory.h"
 #include "runtime/parallel/engine_factory.h"
 #include "support/test_util.h"
@@ -147,6 +151,49 @@ TEST_P(ZooLowStorage, AWarmStepAllocatesNothing) {
     const auto before = alloc_stats();
     for (int s = 0; s < 2; ++s) e.train_step(r.b.x, r.b.y, 0.01f);
     EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+  }
+}
+
+// Layers outside the zoo's paths: a gradient that arrives in another
+// storage than the activation it pairs with (float32 into a bfloat16
+// channels-last ReLU) is moved into that storage; LayerNorm on a low-type
+// input writes float32 (autocast's float32 list) and its dx in the input's
+// storage.
+TEST(LowStorageLayers, GradientsInAnotherStorageAndLayerNormOnALowInput) {
+  Context ctx(Device::cpu());
+  ctx.math.autocast = DType::BF16;
+  std::mt19937_64 rng(9);
+  const Shape s{2, 3, 4, 5};
+  const Tensor x = testing::random_tensor(s, rng), dy = testing::random_tensor(s, rng);
+  Tensor xl = Tensor::empty(s, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+  kernels::convert(ctx, x, xl);
+  models::ReLU relu(/*inplace=*/false);
+  relu.set_input_grad(true);
+  const Tensor y = relu.forward(xl, ctx);
+  const Tensor dx = testing::float32_values(relu.backward(dy, ctx));
+  const Tensor xv = testing::float32_values(xl);
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    const float want = xv.f32()[i] > 0 ? half::float_from_bf16(half::bf16_from_float(dy.f32()[i])) : 0.0f;
+    ASSERT_EQ(dx.f32()[i], want) << i;
+  }
+  EXPECT_EQ(storage(y), "bfloat16 channels-last");
+
+  models::LayerNorm ln(Shape{5});
+  ln.init(1);
+  ln.set_input_grad(true);
+  Tensor xc = Tensor::empty(s, DType::BF16);  // contiguous: LayerNorm normalizes the last dim
+  kernels::convert(ctx, x, xc);
+  const Tensor ly = ln.forward(xc, ctx);
+  EXPECT_EQ(storage(ly), "float32 contiguous");
+  const Tensor ldx = ln.backward(dy, ctx);
+  EXPECT_EQ(storage(ldx), "bfloat16 contiguous");
+  // Each row of y has mean 0 and variance 1 (weight 1, bias 0) over the stored input's values.
+  for (int64_t r = 0; r < s.numel() / 5; ++r) {
+    double m = 0, v = 0;
+    for (int k = 0; k < 5; ++k) m += ly.f32()[r * 5 + k] / 5.0;
+    for (int k = 0; k < 5; ++k) v += std::pow(ly.f32()[r * 5 + k] - m, 2) / 5.0;
+    EXPECT_NEAR(m, 0.0, 1e-5) << r;
+    EXPECT_NEAR(v, 1.0, 1e-2) << r;  // v / (v + eps) with eps 1e-5
   }
 }
 
