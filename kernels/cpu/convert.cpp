@@ -5,6 +5,7 @@
 #include "kernels/convert.h"
 #include "runtime/core/half.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/storage.h"
@@ -47,33 +48,35 @@ __attribute__((target("avx,f16c"))) void round_f16_f16c(float* a, int64_t n) {
 }
 #endif
 
-// Float32 to or from a low type, element by element in memory order.
-void convert_flat(const Tensor& src, Tensor& dst) {
-  const int64_t n = src.numel();
-  if (src.dtype() == DType::F32) {
-    const float* s = src.f32();
-    uint16_t* d = dst.data<uint16_t>();
-    if (dst.dtype() == DType::BF16) {
-      for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(s[i]);
-      return;
-    }
-#ifdef FANOUT_F16C
-    if (have_f16c()) return to_f16_f16c(s, d, n);
-#endif
-    for (int64_t i = 0; i < n; ++i) d[i] = half::f16_from_float(s[i]);
-    return;
-  }
-  const uint16_t* s = src.data<uint16_t>();
-  float* d = dst.f32();
-  if (src.dtype() == DType::BF16) {
-    for (int64_t i = 0; i < n; ++i) d[i] = half::float_from_bf16(s[i]);
+}  // namespace
+
+void widen_span(DType t, const void* src, float* dst, int64_t n) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (t == DType::F32) return static_cast<void>(std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)));
+  if (t == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_bf16(s[i]);
     return;
   }
 #ifdef FANOUT_F16C
-  if (have_f16c()) return from_f16_f16c(s, d, n);
+  if (have_f16c()) return from_f16_f16c(s, dst, n);
 #endif
-  for (int64_t i = 0; i < n; ++i) d[i] = half::float_from_f16(s[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_f16(s[i]);
 }
+
+void narrow_span(DType t, const float* src, void* dst, int64_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (t == DType::F32) return static_cast<void>(std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float)));
+  if (t == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(src[i]);
+    return;
+  }
+#ifdef FANOUT_F16C
+  if (have_f16c()) return to_f16_f16c(src, d, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) d[i] = half::f16_from_float(src[i]);
+}
+
+namespace {
 
 // (n, c, s) of a logical (N, C, spatial...) shape: batch, channels, spatial elements.
 struct Ncs {
@@ -86,39 +89,56 @@ Ncs ncs_of(const Shape& x) {
 
 }  // namespace
 
+namespace {
+constexpr int64_t kTile = 32;
+
+// Each of n (rows, cols) planes of x written as the (cols, rows) plane of y,
+// converted on the way, through 32 x 32 float tiles: both sides walk runs of
+// consecutive addresses.
+void transpose_planes(const Context& ctx, const Tensor& src, Tensor& dst, int64_t n, int64_t rows, int64_t cols) {
+  const DType sd = src.dtype(), dd = dst.dtype();
+  const size_t in_size = dtype_size(sd), out_size = dtype_size(dd);
+  const char* x = static_cast<const char*>(src.raw());
+  char* y = static_cast<char*>(dst.raw());
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  parallel_for(ctx, n * row_tiles, grain_for(kTile * cols), [&](int64_t b, int64_t e) {
+    float in[kTile][kTile], out[kTile][kTile];
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t plane = job / row_tiles, r0 = job % row_tiles * kTile, rn = std::min(kTile, rows - r0);
+      const int64_t base = plane * rows * cols;
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        const int64_t cn = std::min(kTile, cols - c0);
+        for (int64_t i = 0; i < rn; ++i)
+          widen_span(sd, x + (base + (r0 + i) * cols + c0) * in_size, in[i], cn);
+        for (int64_t j = 0; j < cn; ++j)
+          for (int64_t i = 0; i < rn; ++i) out[j][i] = in[i][j];
+        for (int64_t j = 0; j < cn; ++j)
+          narrow_span(dd, out[j], y + (base + (c0 + j) * rows + r0) * out_size, rn);
+      }
+    }
+  });
+}
+}  // namespace
+
 void convert(Context& ctx, const Tensor& src, Tensor& dst) {
   const DType sd = src.dtype(), dd = dst.dtype();
-  if (src.format() == dst.format()) {  // the same order in memory
+  if (src.format() == dst.format()) {  // the same order in memory: through float32 runs
     if (sd == dd) return static_cast<void>(std::memcpy(dst.raw(), src.raw(), src.nbytes()));
-    if (sd == DType::F32 || dd == DType::F32) return convert_flat(src, dst);
-  }
-  // Between low types in one order, or between orders: element by element.
-  const auto [n, c, s] = ncs_of(src.shape());
-  const bool same = src.format() == dst.format(), to_last = dst.channels_last();
-  with_storage(sd, [&](auto in_tag) {
-    with_storage(dd, [&](auto out_tag) {
-      using In = decltype(in_tag);
-      using Out = decltype(out_tag);
-      const In* x = src.data<In>();
-      Out* y = dst.data<Out>();
-      if (same) {
-        parallel_for(ctx, src.numel(), grain_for(1), [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) y[i] = narrow<Out>(widen(x[i]));
-        });
-        return;
+    const char* x = static_cast<const char*>(src.raw());
+    char* y = static_cast<char*>(dst.raw());
+    parallel_for(ctx, src.numel(), grain_for(1), [&](int64_t b, int64_t e) {
+      float buf[256];
+      for (int64_t i = b; i < e; i += 256) {
+        const int64_t k = std::min<int64_t>(256, e - i);
+        widen_span(sd, x + i * dtype_size(sd), buf, k);
+        narrow_span(dd, buf, y + i * dtype_size(dd), k);
       }
-      parallel_for(ctx, n * s, grain_for(c), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {  // r = batch * s + position
-          const int64_t bi = r / s, si = r % s;
-          for (int64_t ci = 0; ci < c; ++ci) {
-            const int64_t first = (bi * c + ci) * s + si, last = r * c + ci;
-            if (to_last) y[last] = narrow<Out>(widen(x[first]));
-            else y[first] = narrow<Out>(widen(x[last]));
-          }
-        }
-      });
     });
-  });
+    return;
+  }
+  const auto [n, c, s] = ncs_of(src.shape());
+  if (dst.channels_last()) transpose_planes(ctx, src, dst, n, c, s);  // (c, s) planes -> (s, c)
+  else transpose_planes(ctx, src, dst, n, s, c);
 }
 
 void round_to(Context&, Tensor& x, DType t) {

@@ -3,6 +3,7 @@
 // stores round to nearest even (runtime/core/half.h), as a GPU kernel on
 // __nv_bfloat16 or __half storage does.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -45,19 +46,29 @@ decltype(auto) with_storage(DType t, F&& f) {
   }
 }
 
+// n values of type t (float32, bfloat16 or float16) to float32 and back
+// (rounded to nearest even); float16 through F16C where the CPU has it.
+// kernels/cpu/convert.cpp.
+void widen_span(DType t, const void* src, float* dst, int64_t n);
+void narrow_span(DType t, const float* src, void* dst, int64_t n);
+
 // out[i] = f(a[i]) over tensors of one storage type and layout, in float32,
-// rounded as it is stored; out may be a. Float32 takes `f32`, the loop the
-// caller vectorizes (kernels/cpu/loops.h).
+// rounded as it is stored, in runs of 256 through float32; out may be a.
+// Float32 takes `f32`, the loop the caller vectorizes (kernels/cpu/loops.h).
 template <class F, class F32Loop>
 void storage_map1(const Context& ctx, const Tensor& a, Tensor& out, F f, F32Loop f32) {
   if (a.dtype() == DType::F32) return f32(a.f32(), out.f32());
-  with_storage(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* ap = a.data<T>();
-    T* op = out.data<T>();
-    parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) op[i] = narrow<T>(f(widen(ap[i])));
-    });
+  const DType t = a.dtype();
+  const char* ap = static_cast<const char*>(a.raw());
+  char* op = static_cast<char*>(out.raw());
+  parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+    float buf[256];
+    for (int64_t i = s; i < e; i += 256) {
+      const int64_t k = std::min<int64_t>(256, e - i);
+      widen_span(t, ap + i * 2, buf, k);
+      for (int64_t j = 0; j < k; ++j) buf[j] = f(buf[j]);
+      narrow_span(t, buf, op + i * 2, k);
+    }
   });
 }
 
@@ -65,13 +76,18 @@ void storage_map1(const Context& ctx, const Tensor& a, Tensor& out, F f, F32Loop
 template <class F, class F32Loop>
 void storage_map2(const Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, F f, F32Loop f32) {
   if (a.dtype() == DType::F32) return f32(a.f32(), b.f32(), out.f32());
-  with_storage(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T *ap = a.data<T>(), *bp = b.data<T>();
-    T* op = out.data<T>();
-    parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) op[i] = narrow<T>(f(widen(ap[i]), widen(bp[i])));
-    });
+  const DType t = a.dtype();
+  const char *ap = static_cast<const char*>(a.raw()), *bp = static_cast<const char*>(b.raw());
+  char* op = static_cast<char*>(out.raw());
+  parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+    float u[256], v[256];
+    for (int64_t i = s; i < e; i += 256) {
+      const int64_t k = std::min<int64_t>(256, e - i);
+      widen_span(t, ap + i * 2, u, k);
+      widen_span(t, bp + i * 2, v, k);
+      for (int64_t j = 0; j < k; ++j) u[j] = f(u[j], v[j]);
+      narrow_span(t, u, op + i * 2, k);
+    }
   });
 }
 
