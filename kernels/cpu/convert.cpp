@@ -102,18 +102,26 @@ void transpose_planes(const Context& ctx, const Tensor& src, Tensor& dst, int64_
   char* y = static_cast<char*>(dst.raw());
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   parallel_for(ctx, n * row_tiles, grain_for(kTile * cols), [&](int64_t b, int64_t e) {
-    float in[kTile][kTile], out[kTile][kTile];
+    float in[kTile * kTile], out[kTile * kTile];  // in (rn, cn), out (cn, rn)
     for (int64_t job = b; job < e; ++job) {
       const int64_t plane = job / row_tiles, r0 = job % row_tiles * kTile, rn = std::min(kTile, rows - r0);
       const int64_t base = plane * rows * cols;
       for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
         const int64_t cn = std::min(kTile, cols - c0);
-        for (int64_t i = 0; i < rn; ++i)
-          widen_span(sd, x + (base + (r0 + i) * cols + c0) * in_size, in[i], cn);
+        // A tile as wide (tall) as its plane is one run of memory: one conversion.
+        if (cn == cols) {
+          widen_span(sd, x + (base + r0 * cols) * in_size, in, rn * cn);
+        } else {
+          for (int64_t i = 0; i < rn; ++i) widen_span(sd, x + (base + (r0 + i) * cols + c0) * in_size, in + i * cn, cn);
+        }
         for (int64_t j = 0; j < cn; ++j)
-          for (int64_t i = 0; i < rn; ++i) out[j][i] = in[i][j];
-        for (int64_t j = 0; j < cn; ++j)
-          narrow_span(dd, out[j], y + (base + (c0 + j) * rows + r0) * out_size, rn);
+          for (int64_t i = 0; i < rn; ++i) out[j * rn + i] = in[i * cn + j];
+        if (rn == rows) {
+          narrow_span(dd, out, y + (base + c0 * rows) * out_size, cn * rn);
+        } else {
+          for (int64_t j = 0; j < cn; ++j)
+            narrow_span(dd, out + j * rn, y + (base + (c0 + j) * rows + r0) * out_size, rn);
+        }
       }
     }
   });
