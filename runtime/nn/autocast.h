@@ -48,9 +48,6 @@ void autocast_round(Context& ctx, Tensor& x);
 // when off or when x is stored in a low type.
 Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy);
 
-// A parameter's gradient computed in the low type: sink() is where the
-// layer's backward accumulates (+=) its contribution, flush() moves it into
-// the float32 gradient. Off, sink() is the gradient itself and flush() nothing.
 // Sizes y for an activation an autocast-list op writes: the low type (and
 // channels-last with 4 or 5 dims) under autocast, float32 contiguous when off.
 void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx);
@@ -59,6 +56,9 @@ void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx);
 // For a gradient that an elementwise op pairs with a saved activation.
 Tensor in_storage_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& buf);
 
+// A parameter's gradient computed in the low type: sink() is where the
+// layer's backward accumulates (+=) its contribution, flush() moves it into
+// the float32 gradient. Off, sink() is the gradient itself and flush() nothing.
 class LowGrad {
  public:
   Tensor& sink(Context& ctx, Tensor& grad);
