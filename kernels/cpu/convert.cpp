@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/storage.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -48,15 +49,19 @@ __attribute__((target("avx,f16c"))) void round_f16_f16c(float* a, int64_t n) {
 }
 #endif
 
+FANOUT_AVX2_CLONE void bf16_to_float(const uint16_t* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = half::float_from_bf16(s[i]);
+}
+FANOUT_AVX2_CLONE void float_to_bf16(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(s[i]);
+}
+
 }  // namespace
 
 void widen_span(DType t, const void* src, float* dst, int64_t n) {
   const uint16_t* s = static_cast<const uint16_t*>(src);
   if (t == DType::F32) return static_cast<void>(std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)));
-  if (t == DType::BF16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_bf16(s[i]);
-    return;
-  }
+  if (t == DType::BF16) return bf16_to_float(s, dst, n);
 #ifdef FANOUT_F16C
   if (have_f16c()) return from_f16_f16c(s, dst, n);
 #endif
@@ -66,10 +71,7 @@ void widen_span(DType t, const void* src, float* dst, int64_t n) {
 void narrow_span(DType t, const float* src, void* dst, int64_t n) {
   uint16_t* d = static_cast<uint16_t*>(dst);
   if (t == DType::F32) return static_cast<void>(std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float)));
-  if (t == DType::BF16) {
-    for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(src[i]);
-    return;
-  }
+  if (t == DType::BF16) return float_to_bf16(src, d, n);
 #ifdef FANOUT_F16C
   if (have_f16c()) return to_f16_f16c(src, d, n);
 #endif
