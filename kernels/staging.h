@@ -20,8 +20,7 @@ inline bool plain_f32(const Tensor& t) { return t.dtype() == DType::F32 && !t.ch
 inline Tensor staged_in(Context& ctx, const char* op, const char* name, int role, const Tensor& t) {
   if (plain_f32(t)) return t;
   check_storage(ctx, op, name, t);
-  Tensor s = Tensor::wrap(ctx.staging(role, static_cast<size_t>(t.numel()) * sizeof(float)), t.shape(), DType::F32,
-                          ctx.device());
+  Tensor s = ctx.staging(role, static_cast<size_t>(t.numel()) * sizeof(float)).as(t.shape(), DType::F32);
   convert(ctx, t, s);
   return s;
 }
@@ -33,8 +32,7 @@ inline Tensor staged_out(Context& ctx, const char* op, const char* name, int rol
                          bool accumulate = false) {
   if (plain_f32(out)) return out;
   check_storage(ctx, op, name, out);
-  Tensor s = Tensor::wrap(ctx.staging(role, static_cast<size_t>(out.numel()) * sizeof(float)), out.shape(),
-                          DType::F32, ctx.device());
+  Tensor s = ctx.staging(role, static_cast<size_t>(out.numel()) * sizeof(float)).as(out.shape(), DType::F32);
   if (accumulate) convert(ctx, out, s);
   return s;
 }

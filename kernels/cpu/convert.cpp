@@ -1,5 +1,4 @@
-// CPU conversions: runtime/core/half.h element by element (kernels/cpu/
-// storage.h), and the x86 F16C instructions for float16 where the CPU has
+// CPU conversions: runtime/core/half.h element by element, and the x86 F16C instructions for float16 where the CPU has
 // them (the same rounding: nearest even, subnormals kept, overflow to
 // infinity, NaN quieted).
 #include "kernels/convert.h"
@@ -136,13 +135,10 @@ void convert(Context& ctx, const Tensor& src, Tensor& dst) {
     if (sd == dd) return static_cast<void>(std::memcpy(dst.raw(), src.raw(), src.nbytes()));
     const char* x = static_cast<const char*>(src.raw());
     char* y = static_cast<char*>(dst.raw());
-    parallel_for(ctx, src.numel(), grain_for(1), [&](int64_t b, int64_t e) {
-      float buf[256];
-      for (int64_t i = b; i < e; i += 256) {
-        const int64_t k = std::min<int64_t>(256, e - i);
-        widen_span(sd, x + i * dtype_size(sd), buf, k);
-        narrow_span(dd, buf, y + i * dtype_size(dd), k);
-      }
+    float_runs(ctx, src.numel(), [&](int64_t i, int64_t k) {
+      float buf[kRun];
+      widen_span(sd, x + i * dtype_size(sd), buf, k);
+      narrow_span(dd, buf, y + i * dtype_size(dd), k);
     });
     return;
   }

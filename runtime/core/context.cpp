@@ -53,7 +53,7 @@ void* Context::workspace(size_t bytes) {
   return workspace_.raw();
 }
 
-void* Context::staging(int role, size_t bytes) {
+const Tensor& Context::staging(int role, size_t bytes) {
   FANOUT_CHECK(role >= 0 && role < kStagingRoles) << "staging role " << role;
   Tensor& t = staging_[role];
   if (!t.defined() || t.nbytes() < bytes) {
@@ -61,7 +61,7 @@ void* Context::staging(int role, size_t bytes) {
     t = Tensor();  // the old buffer goes first: the peak stays at the new size
     t = Tensor::empty(Shape{static_cast<int64_t>(want)}, DType::U8, device_);
   }
-  return t.raw();
+  return t;
 }
 
 size_t Context::staging_size() const {

@@ -107,7 +107,7 @@ class Context {
   // grows, never shrinks, so a warm step allocates nothing. Valid until the
   // next call for the same role that grows it.
   static constexpr int kStagingRoles = 8;
-  void* staging(int role, size_t bytes);
+  const Tensor& staging(int role, size_t bytes);
   size_t staging_size() const;
 
   // Library handles, created on first use (CUDA only; null on CPU).
