@@ -224,7 +224,8 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
     ("augment", po::value(&o.augment)->default_value(d.augment),
      "training augmentation: none, or a comma list of crop[:PADDING] (random crop, default padding 4) and flip; "
      "image files (imagefolder:DIR): random-resized-crop:S[:SMIN:SMAX] or [resize:R,]center-crop:S, and flip "
-     "(evaluation: resize and center crop, 256 and 224 for a 224 crop)")
+     "(evaluation: resize and center crop, 256 and 224 for a 224 crop); jpeg-draft: JPEGs decode at 1/2 to 1/8 "
+     "where the resize leaves 3 pixels per output pixel (faster; not torchvision's pixels)")
     ("skip-bad-samples", po::bool_switch(&o.skip_bad_samples),
      "image files: a file that cannot be read or decoded is reported once and replaced by the next good one, "
      "counted in the metrics (skipped_samples), instead of ending the run")

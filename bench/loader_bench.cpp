@@ -73,7 +73,7 @@ int run(int argc, char** argv) {
     ("workers-list", po::value(&workers_list)->default_value("0,1,2,4"), "worker counts to measure, one row each")
     ("augment", po::value(&augment)->default_value("crop:4,flip"),
      "none, flip, crop[:P] or crop[:P],flip; image files: random-resized-crop:S[:SMIN:SMAX] or "
-     "[resize:R,]center-crop:S, and flip")
+     "[resize:R,]center-crop:S, and flip; jpeg-draft (JPEGs decoded smaller where the resize allows)")
     ("normalize", po::value(&normalize)->default_value("imagenet"), "image files: imagenet, none, M,S or M1,M2,M3,S1,S2,S3")
     ("epochs", po::value(&epochs)->default_value(1), "epochs per worker count")
     ("prefetch", po::value(&prefetch)->default_value(2), "batches in flight per worker")

@@ -105,7 +105,7 @@ void ImageDataset::get(int64_t i, const SampleDraw& draw, void* x, void* y) cons
 
 void ImageDataset::check(const Augment& augment) const {
   FANOUT_USER_CHECK(!augment.for_files())
-      << "dataset '" << name << "': random-resized-crop, resize and center-crop are for image files "
+      << "dataset '" << name << "': random-resized-crop, resize, center-crop and jpeg-draft are for image files "
       << "(imagefolder:DIR, wds:DIR); in-memory sets take crop:P and flip";
   FANOUT_USER_CHECK(images.defined() && (images.dim() == 4 || images.dim() == 5) &&
                     (images.dtype() == DType::U8 || images.dtype() == DType::F32))

@@ -54,22 +54,12 @@ JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, const std::
   return hd;
 }
 
-Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int min_side) {
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int scale) {
   tjhandle h = jpeg_handle();
   const JpegHeader hd = jpeg_header(h, data, size, name);
-  // The smallest scale (1/8, 1/4, 1/2, 1) whose shorter side holds min_side.
-  int num = 1, denom = 1;
-  if (min_side > 0)
-    for (int d : {8, 4, 2}) {
-      const int w = (hd.width + d - 1) / d, ht = (hd.height + d - 1) / d;
-      if (std::min(w, ht) >= min_side) {
-        denom = d;
-        break;
-      }
-    }
   Image im;
-  im.width = (hd.width * num + denom - 1) / denom;
-  im.height = (hd.height * num + denom - 1) / denom;
+  im.width = (hd.width + scale - 1) / scale;
+  im.height = (hd.height + scale - 1) / scale;
   const bool cmyk = hd.colorspace == TJCS_CMYK || hd.colorspace == TJCS_YCCK;
   const int channels = cmyk ? 4 : 3;
   std::vector<uint8_t> buf(static_cast<size_t>(im.width) * im.height * channels);
@@ -175,10 +165,11 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
 
 }  // namespace
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& name, int min_side) {
+Image decode_image(const uint8_t* data, size_t size, const std::string& name, int scale) {
+  FANOUT_CHECK(scale == 1 || scale == 2 || scale == 4 || scale == 8) << "JPEG scale 1/" << scale;
   switch (sniff_image(data, size)) {
     case ImageFormat::Jpeg:
-      return decode_jpeg(data, size, name, min_side);
+      return decode_jpeg(data, size, name, scale);
     case ImageFormat::Png:
       return decode_png(data, size, name);
     default:
@@ -206,12 +197,12 @@ ImageSize image_size(const uint8_t* data, size_t size, const std::string& name) 
   }
 }
 
-Image read_image(const std::string& path, int min_side) {
+Image read_image(const std::string& path, int scale) {
   std::ifstream in(path, std::ios::binary);
   FANOUT_USER_CHECK(in) << "cannot read image " << path << ": " << std::strerror(errno);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   FANOUT_USER_CHECK(!in.bad()) << "cannot read image " << path << ": " << std::strerror(errno);
-  return decode_image(bytes.data(), bytes.size(), path, min_side);
+  return decode_image(bytes.data(), bytes.size(), path, scale);
 }
 
 }  // namespace fanout::data

@@ -7,9 +7,9 @@
 // their high byte, except 16-bit grayscale PNGs, which Pillow opens as
 // 32-bit integers and saturates at 255 (so do we).
 //
-// JPEG's DCT-domain scaling (decode_image's min_side): libjpeg-turbo decodes
-// at 1/2, 1/4 or 1/8 of the size directly, much faster; the smallest scale
-// whose shorter side still holds min_side pixels is used.
+// JPEG's DCT-domain scaling (decode_image's scale): libjpeg-turbo decodes
+// at 1/2, 1/4 or 1/8 of the size directly (each side rounded up), much
+// faster, as Pillow's draft mode.
 //
 // Every failure (not an image, truncated, corrupt) is a fanout::Error with
 // one line naming `name`.
@@ -30,10 +30,9 @@ enum class ImageFormat { Unknown, Jpeg, Png };
 // From the file's first bytes (magic numbers), not its name.
 ImageFormat sniff_image(const uint8_t* data, size_t size);
 
-// min_side > 0 (JPEG only): decode at the smallest of 1/8, 1/4, 1/2 and 1
-// whose shorter side is at least min_side (the full size when none is).
-Image decode_image(const uint8_t* data, size_t size, const std::string& name, int min_side = 0);
-Image read_image(const std::string& path, int min_side = 0);
+// scale 2, 4 or 8 (JPEG only; PNGs decode whole): decode at 1/scale.
+Image decode_image(const uint8_t* data, size_t size, const std::string& name, int scale = 1);
+Image read_image(const std::string& path, int scale = 1);
 
 // A JPEG's or PNG's size without decoding its pixels.
 struct ImageSize {

@@ -63,6 +63,7 @@ Augment eval_pipeline(const Augment& train) {
     e.resize = train.resize;
     e.center_crop = train.center_crop;
   }
+  e.jpeg_draft = train.jpeg_draft;
   return e;
 }
 
@@ -143,27 +144,28 @@ void ImageFileDataset::load(int64_t i, const SampleDraw& draw, float* x, int32_t
     FANOUT_USER_CHECK(left <= 0) << "cannot read image " << where << ": the file ends " << left
                                  << " bytes early (truncated)";
   }
-  const Image img = decode_image(bytes.data(), bytes.size(), where);
   const bool train = draw.augment != nullptr && draw.augment->any();
   const int s = side_;
   thread_local std::vector<uint8_t> out;
   out.resize(static_cast<size_t>(s) * s * 3);
+  const ImageSize full = image_size(bytes.data(), bytes.size(), where);
   if (pipeline_.resized_crop > 0 && train) {
     std::mt19937_64 rng(sample_bits(draw.seed, draw.epoch, i, DrawStream::ResizedCrop));
-    const CropBox box = random_resized_crop_box(img.height, img.width, pipeline_.scale_min, pipeline_.scale_max,
+    const CropBox box = random_resized_crop_box(full.height, full.width, pipeline_.scale_min, pipeline_.scale_max,
                                                 3.0 / 4.0, 4.0 / 3.0, rng);
-    resize_bilinear(img, box, s, s, out.data());
+    decode_resized(bytes.data(), bytes.size(), where, full, box, s, s, pipeline_.jpeg_draft, out.data());
   } else {
     const Augment p = pipeline_.resized_crop > 0 ? eval_pipeline(pipeline_) : pipeline_;
+    thread_local Image img;
     if (p.resize > 0) {
-      Image resized;
-      shorter_side_size(img.height, img.width, p.resize, resized.height, resized.width);
-      resized.rgb.resize(static_cast<size_t>(resized.height) * resized.width * 3);
-      resize_bilinear(img, {0, 0, img.height, img.width}, resized.height, resized.width, resized.rgb.data());
-      crop_padded(resized, center_crop_box(resized.height, resized.width, s), out.data());
+      shorter_side_size(full.height, full.width, p.resize, img.height, img.width);
+      img.rgb.resize(static_cast<size_t>(img.height) * img.width * 3);
+      decode_resized(bytes.data(), bytes.size(), where, full, {0, 0, full.height, full.width}, img.height, img.width,
+                     p.jpeg_draft, img.rgb.data());
     } else {
-      crop_padded(img, center_crop_box(img.height, img.width, s), out.data());
+      img = decode_image(bytes.data(), bytes.size(), where);
     }
+    crop_padded(img, center_crop_box(img.height, img.width, s), out.data());
   }
   const bool flip = pipeline_.hflip && train && (sample_bits(draw.seed, draw.epoch, i, DrawStream::Flip) >> 63) != 0;
   // HWC uint8 to CHW float: (v / 255 - mean) / std as one multiply-add, as ImageDataset::normalized.

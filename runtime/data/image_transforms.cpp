@@ -171,31 +171,43 @@ CropBox center_crop_box(int height, int width, int size) {
 
 void resize_bilinear(const Image& src, const CropBox& box, int out_height, int out_width, uint8_t* dst) {
   FANOUT_CHECK(box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 &&
-               box.top + box.height <= src.height && box.left + box.width <= src.width && out_height > 0 &&
-               out_width > 0)
+               box.top + box.height <= src.height && box.left + box.width <= src.width)
       << "resize of box (" << box.top << ", " << box.left << ", " << box.height << ", " << box.width << ") of a "
+      << src.height << "x" << src.width << " image";
+  resize_region(src, {double(box.top), double(box.left), double(box.top + box.height), double(box.left + box.width)},
+                out_height, out_width, dst);
+}
+
+void resize_region(const Image& src, const Region& r, int out_height, int out_width, uint8_t* dst) {
+  FANOUT_CHECK(r.top >= 0 && r.left >= 0 && r.bottom > r.top && r.right > r.left && r.bottom <= src.height &&
+               r.right <= src.width && out_height > 0 && out_width > 0)
+      << "resize of region (" << r.top << ", " << r.left << ")-(" << r.bottom << ", " << r.right << ") of a "
       << src.height << "x" << src.width << " image to " << out_height << "x" << out_width;
-  // The box is the image Pillow resizes (torchvision crops first): nothing outside it is read.
-  const int w = box.width, h = box.height;
-  const Plane in{src.rgb.data() + (static_cast<size_t>(box.top) * src.width + box.left) * 3, w, h,
+  // The pixels the region touches are the image Pillow resizes (torchvision
+  // crops first): nothing outside them is read. An integer region is a crop
+  // box, and in0 = 0, in1 = its size.
+  const int y0 = static_cast<int>(std::floor(r.top)), x0 = static_cast<int>(std::floor(r.left));
+  const int h = static_cast<int>(std::ceil(r.bottom)) - y0, w = static_cast<int>(std::ceil(r.right)) - x0;
+  const float top = static_cast<float>(r.top - y0), bottom = static_cast<float>(r.bottom - y0);
+  const float left = static_cast<float>(r.left - x0), right = static_cast<float>(r.right - x0);
+  const Plane in{src.rgb.data() + (static_cast<size_t>(y0) * src.width + x0) * 3, w, h,
                  static_cast<size_t>(src.width) * 3};
-  const bool need_h = out_width != w, need_v = out_height != h;
+  const bool need_h = out_width != w || left != 0.f || right != static_cast<float>(w);
+  const bool need_v = out_height != h || top != 0.f || bottom != static_cast<float>(h);
   if (!need_h && !need_v) {
     for (int y = 0; y < h; ++y) std::memcpy(dst + static_cast<size_t>(y) * w * 3, in.data + y * in.stride, static_cast<size_t>(w) * 3);
     return;
   }
+  const Taps tv = bilinear_taps(h, top, bottom, out_height);
   // Pillow runs the vertical pass first when the height shrinks more than twice as much as the width.
   const bool horizontal_first = !((h - out_height) > 0 && (h - out_height) > (w - out_width) * 2);
   thread_local std::vector<uint8_t> temp;
   if (horizontal_first) {
-    const Taps tv = bilinear_taps(h, 0.f, static_cast<float>(h), out_height);
-    int first = 0, last = h;
     if (need_h) {
-      first = tv.lo.front();
-      last = tv.lo.back() + tv.n.back();
-      const Taps th = bilinear_taps(w, 0.f, static_cast<float>(w), out_width);
+      const int first = tv.lo.front(), last = tv.lo.back() + tv.n.back();
+      const Taps th = bilinear_taps(w, left, right, out_width);
       uint8_t* to = need_v ? (temp.resize(static_cast<size_t>(last - first) * out_width * 3), temp.data()) : dst;
-      pass_horizontal(in, first, last - first, th, to);
+      pass_horizontal(in, need_v ? first : 0, need_v ? last - first : h, th, to);
       if (!need_v) return;
       pass_vertical({temp.data(), out_width, last - first, static_cast<size_t>(out_width) * 3}, tv, first, dst);
       return;
@@ -203,12 +215,37 @@ void resize_bilinear(const Image& src, const CropBox& box, int out_height, int o
     pass_vertical(in, tv, 0, dst);
     return;
   }
-  const Taps tv = bilinear_taps(h, 0.f, static_cast<float>(h), out_height);
   uint8_t* to = need_h ? (temp.resize(static_cast<size_t>(out_height) * w * 3), temp.data()) : dst;
   pass_vertical(in, tv, 0, to);
   if (need_h)
     pass_horizontal({temp.data(), w, out_height, static_cast<size_t>(w) * 3}, 0, out_height,
-                    bilinear_taps(w, 0.f, static_cast<float>(w), out_width), dst);
+                    bilinear_taps(w, left, right, out_width), dst);
+}
+
+int jpeg_draft_scale(double region_height, double region_width, int out_height, int out_width) {
+  for (int d : {8, 4, 2})
+    if (region_height / d >= kDraftMargin * out_height && region_width / d >= kDraftMargin * out_width) return d;
+  return 1;
+}
+
+int decode_resized(const uint8_t* data, size_t size, const std::string& name, const ImageSize& full,
+                   const CropBox& box, int out_height, int out_width, bool draft, uint8_t* dst) {
+  const int d = draft && sniff_image(data, size) == ImageFormat::Jpeg
+                    ? jpeg_draft_scale(box.height, box.width, out_height, out_width)
+                    : 1;
+  const Image img = decode_image(data, size, name, d);
+  FANOUT_CHECK(img.width == (full.width + d - 1) / d && img.height == (full.height + d - 1) / d)
+      << name << " decoded at 1/" << d << " as " << img.width << "x" << img.height << ", not from "
+      << full.width << "x" << full.height;
+  if (d == 1) {
+    resize_bilinear(img, box, out_height, out_width, dst);
+  } else {
+    resize_region(img,
+                  {double(box.top) / d, double(box.left) / d, double(box.top + box.height) / d,
+                   double(box.left + box.width) / d},
+                  out_height, out_width, dst);
+  }
+  return d;
 }
 
 void crop_padded(const Image& src, const CropBox& box, uint8_t* dst) {

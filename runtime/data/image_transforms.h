@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <string>
 
 #include "runtime/data/image_codec.h"
 
@@ -38,6 +39,34 @@ CropBox center_crop_box(int height, int width, int size);
 // cropped first, as torchvision's resized_crop, to out_height x out_width,
 // RGB, into dst (out_height * out_width * 3). The box must lie inside the image.
 void resize_bilinear(const Image& src, const CropBox& box, int out_height, int out_width, uint8_t* dst);
+
+// The region [top, bottom) x [left, right) of src in fractional pixel
+// coordinates resized as resize_bilinear resizes a box (a box is the region
+// of its integer edges): the filter reads the pixels the region touches.
+// It takes a box of the full image onto an image decoded at 1/d of its size
+// (the box's edges divided by d).
+struct Region {
+  double top = 0, left = 0, bottom = 0, right = 0;
+};
+void resize_region(const Image& src, const Region& r, int out_height, int out_width, uint8_t* dst);
+
+// Augment::jpeg_draft: the JPEG scale 1/d (d = 8, 4, 2, or 1 for none) at
+// which a region of region_height x region_width full-size pixels keeps at
+// least kDraftMargin pixels per output pixel on both axes. With that margin,
+// DCT-domain downscaling then resizing stays within a level of full
+// decoding then resizing on average, on noise, gratings and edges alike
+// (test/data/image_transforms_test.cpp); single pixels at sharp edges differ
+// more (the two low-pass filters are not the same).
+constexpr int kDraftMargin = 3;
+int jpeg_draft_scale(double region_height, double region_width, int out_height, int out_width);
+
+// Decodes an image file's bytes (`full` its size, from image_size) and
+// resizes `box` of it to out_height x out_width into dst (RGB), as
+// resize_bilinear on the decoded image; with draft a JPEG decodes at the
+// jpeg_draft_scale of the box and the box is resized from that image.
+// Returns the scale's d (1: the full size).
+int decode_resized(const uint8_t* data, size_t size, const std::string& name, const ImageSize& full,
+                   const CropBox& box, int out_height, int out_width, bool draft, uint8_t* dst);
 
 // Copies `box` of src into dst (box.height x box.width x 3), zeros outside the image.
 void crop_padded(const Image& src, const CropBox& box, uint8_t* dst);

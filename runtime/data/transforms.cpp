@@ -15,7 +15,7 @@ constexpr int kDefaultCropPadding = 4;
 constexpr int kMaxCropPadding = 1024;  // past that it is a typo
 constexpr const char* kSpecForms =
     "none, or comma-joined: flip, crop, crop:P; for image files random-resized-crop:S[:SMIN:SMAX], resize:S, "
-    "center-crop:S";
+    "center-crop:S, jpeg-draft";
 constexpr int kMaxSide = 16384;  // output sides past that are a typo
 
 uint64_t draw(uint64_t seed, int64_t epoch, int64_t index, DrawStream s) { return sample_bits(seed, epoch, index, s); }
@@ -82,6 +82,7 @@ std::string Augment::str() const {
   if (center_crop > 0) add("center-crop:" + std::to_string(center_crop));
   if (crop_padding >= 0) add("crop:" + std::to_string(crop_padding));
   if (hflip) add("flip");
+  if (jpeg_draft) add("jpeg-draft");
   return s.empty() ? "none" : s;
 }
 
@@ -126,6 +127,9 @@ Augment parse_augment(const std::string& spec) {
     } else if (part.rfind("resize:", 0) == 0) {
       once(a.resize > 0, part);
       a.resize = parse_int(spec, arg(7), "resize's size", 1, kMaxSide);
+    } else if (part == "jpeg-draft") {
+      once(a.jpeg_draft, part);
+      a.jpeg_draft = true;
     } else if (part.rfind("center-crop:", 0) == 0) {
       once(a.center_crop > 0, part);
       a.center_crop = parse_int(spec, arg(12), "center-crop's size", 1, kMaxSide);
@@ -137,6 +141,9 @@ Augment parse_augment(const std::string& spec) {
   }
   FANOUT_USER_CHECK(a.resized_crop == 0 || (a.resize == 0 && a.center_crop == 0 && !crop))
       << "bad augmentation '" << spec << "': random-resized-crop makes the whole crop; it goes with flip alone";
+  FANOUT_USER_CHECK(!a.jpeg_draft || a.resized_crop > 0 || a.resize > 0)
+      << "bad augmentation '" << spec << "': jpeg-draft decodes JPEGs smaller before they are resized; it goes "
+      << "with random-resized-crop or resize";
   FANOUT_USER_CHECK(!crop || !a.for_files())
       << "bad augmentation '" << spec << "': crop:P is for in-memory image sets; image files take "
       << "random-resized-crop, resize and center-crop";

@@ -18,14 +18,18 @@ struct Augment {
   double scale_min = 0.08, scale_max = 1.0;
   int resize = 0;         // > 0: Resize(resize), the shorter side
   int center_crop = 0;    // > 0: CenterCrop(center_crop), after the resize
+  // JPEGs decoded at 1/2, 1/4 or 1/8 of their size (DCT-domain scaling, as
+  // Pillow's draft mode) where the region to resize keeps kDraftMargin
+  // pixels per output pixel (image_transforms.h): faster, not torchvision's pixels.
+  bool jpeg_draft = false;
   bool any() const { return crop_padding >= 0 || hflip || for_files(); }
-  bool for_files() const { return resized_crop > 0 || resize > 0 || center_crop > 0; }
+  bool for_files() const { return resized_crop > 0 || resize > 0 || center_crop > 0 || jpeg_draft; }
   std::string str() const;  // the spec parse_augment reads back: "none", "flip", "crop:4", "crop:4,flip", ...
 };
 
 // Parts joined by commas, each at most once: "flip", "crop" (padding 4),
 // "crop:P"; for image files "random-resized-crop:S[:SMIN:SMAX]",
-// "resize:S", "center-crop:S". "none" alone. Anything else, and
+// "resize:S", "center-crop:S", "jpeg-draft". "none" alone. Anything else, and
 // random-resized-crop beside crop, resize or center-crop, is a one-line error.
 Augment parse_augment(const std::string& spec);
 

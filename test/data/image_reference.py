@@ -2,12 +2,15 @@
 """fanout's image decoding (image_tool) against Pillow's Image.open(f).convert("RGB"),
 pixel for pixel, on files this script writes: JPEGs baseline and progressive,
 4:2:0, 4:2:2 and 4:4:4, grayscale and CMYK; JPEGs decoded at 1/2, 1/4 and 1/8
-against Pillow's draft mode (the same libjpeg scaling); PNGs of every colour type
+against Pillow's draft mode (the same libjpeg scaling), and the loader's
+jpeg-draft resize within two levels of torchvision's pixels; PNGs of every colour type
 at 1 to 16 bits, palettes with and without transparency, alpha. Truncated and
 corrupt files and files of another kind are one line naming the file, where
 Pillow refuses them too."""
 import io
+import math
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -21,8 +24,8 @@ TOOL = os.environ["IMAGE_TOOL"]
 rng = np.random.default_rng(51)
 
 
-def decode(path, min_side=0):
-    r = subprocess.run([TOOL, "decode", path, str(min_side)], capture_output=True, timeout=60)
+def decode(path, scale=1):
+    r = subprocess.run([TOOL, "decode", path, str(scale)], capture_output=True, timeout=60)
     if r.returncode != 0:
         return None, r.stderr.decode()
     head, _, rest = r.stdout.partition(b"\n")
@@ -35,6 +38,65 @@ def smooth(h, w, c):
     y, x = np.mgrid[0:h, 0:w]
     base = np.stack([(x * 255 // max(w - 1, 1) + k * 40 + y * 3) % 256 for k in range(c)], -1)
     return np.clip(base + rng.integers(-30, 31, (h, w, c)), 0, 255).astype(np.uint8)
+
+
+def crop_box(h, w, r):
+    """torchvision's RandomResizedCrop.get_params with the default scale and ratio."""
+    for _ in range(10):
+        area = h * w * r.uniform(0.08, 1.0)
+        ratio = math.exp(r.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw, ch = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return r.randint(0, h - ch), r.randint(0, w - cw), ch, cw
+    return 0, 0, h, w
+
+
+def check_jpeg_draft(work):
+    """jpeg-draft (the loader's DCT-domain downscaling) against torchvision's pixels (Pillow: full decode, crop,
+    resize) on JPEGs with the most high-frequency content: noise, fine gratings, one-pixel checks and hard edges.
+    The issue's bound: within two levels (the mean absolute difference over a resized crop); where no scale
+    applies the pixels are torchvision's exactly. Every scale must be exercised."""
+    h, w = 900, 1200
+    y, x = np.mgrid[0:h, 0:w]
+    images = {
+        "noise": rng.integers(0, 256, (h, w, 3)),
+        "grating": np.stack([127 + 120 * np.sin(2 * np.pi * (x / p + y / (1.7 * p))) for p in (3.1, 4.3, 7.7)], -1),
+        "checks": np.stack([(x // 2 + y // 2) % 2 * 255] * 3, -1) + rng.integers(-20, 21, (h, w, 3)),
+        "edges": smooth(h, w, 3),  # the modulo wraps: 255-level steps
+    }
+    r = random.Random(54)
+    failures, seen, worst = 0, set(), (0.0, 0.0, 0)
+    for name, a in images.items():
+        for sub in (0, 2):
+            path = os.path.join(work, f"draft-{name}-{sub}.jpg")
+            Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "RGB").save(path, quality=90, subsampling=sub)
+            full = Image.open(path).convert("RGB")
+            for k in range(24):
+                top, left, ch, cw = crop_box(h, w, r)
+                side = (16, 32, 64, 112, 224)[k % 5]
+                p = subprocess.run([TOOL, "draft", path, *map(str, (top, left, ch, cw, side, side))],
+                                   capture_output=True, timeout=60)
+                head, _, rest = p.stdout.partition(b"\n")
+                got = np.frombuffer(rest, np.uint8).reshape(side, side, 3).astype(int)
+                scale = int(p.stderr.split()[1])
+                want = np.asarray(full.crop((left, top, left + cw, top + ch)).resize((side, side), Image.BILINEAR))
+                diff = np.abs(got - want.astype(int))
+                seen.add(scale)
+                if scale == 1:
+                    bad = diff.max() != 0
+                else:
+                    bad = diff.mean() > 2.0
+                    worst = max(worst[0], diff.mean()), max(worst[1], np.percentile(diff, 99)), max(worst[2], diff.max())
+                if bad:
+                    failures += 1
+                    print(f"FAIL jpeg-draft {name} 4:{4 - sub * 2}... box ({top},{left},{ch},{cw}) to {side} at "
+                          f"1/{scale}: mean difference {diff.mean():.2f}, at most {diff.max()}")
+    if seen != {1, 2, 4, 8}:
+        failures += 1
+        print(f"FAIL jpeg-draft: scales {sorted(seen)} used, not every one of 1, 2, 4 and 8")
+    print(f"ok   jpeg-draft at 1/2, 1/4, 1/8: mean difference at most {worst[0]:.2f} levels (99th percentile "
+          f"{worst[1]:.0f}, largest {worst[2]}); torchvision's pixels where no scale applies")
+    return failures
 
 
 def png_chunk(kind, data):
@@ -133,16 +195,16 @@ def run(work):
     for sub in (0, 2):
         path = os.path.join(work, f"big-{sub}.jpg")
         big.save(path, quality=90, subsampling=sub)
-        for min_side, denom in ((300, 1), (150, 2), (90, 4), (40, 8), (1, 8)):
-            got, err = decode(path, min_side)
+        for denom in (1, 2, 4, 8):
+            got, err = decode(path, denom)
             ref = Image.open(path)
             ref.draft("RGB", (512 // denom, 384 // denom))
             want = np.asarray(ref.convert("RGB"))
             if got is None or got.shape != want.shape or not np.array_equal(got, want):
                 failures += 1
-                print(f"FAIL big-{sub}.jpg at min side {min_side}: {err or (got.shape, want.shape)}")
+                print(f"FAIL big-{sub}.jpg at 1/{denom}: {err or (got.shape, want.shape)}")
             else:
-                print(f"ok   big-{sub}.jpg at min side {min_side}: 1/{denom} ({want.shape[1]}x{want.shape[0]}) "
+                print(f"ok   big-{sub}.jpg at 1/{denom} ({want.shape[1]}x{want.shape[0]}) "
                       "equal to Pillow's draft")
 
     # Resizing: torchvision crops, then Pillow resizes with its bilinear filter: the same pixels.
@@ -162,6 +224,25 @@ def run(work):
                   f"Pillow's, at most by {int(np.abs(got - want).max())}")
         else:
             print(f"ok   resize ({top},{left},{h},{w}) to {oh}x{ow}: equal to Pillow's")
+
+    # Regions with fractional edges: Pillow's resize of the pixels they touch, with the region as its box.
+    for top, left, bottom, right, oh, ow in ((2.5, 3.25, 70.5, 96.75, 16, 24), (0, 0.5, 75, 99.5, 40, 60),
+                                             (10.125, 20.875, 30.5, 33.0, 31, 17), (0, 0, 75, 100, 20, 20)):
+        r = subprocess.run([TOOL, "region", src, *map(str, (top, left, bottom, right, oh, ow))], capture_output=True,
+                           timeout=60)
+        head, _, rest = r.stdout.partition(b"\n")
+        got = np.frombuffer(rest, np.uint8).reshape(oh, ow, 3).astype(int)
+        y0, x0 = math.floor(top), math.floor(left)
+        want = np.asarray(Image.open(src).convert("RGB").crop((x0, y0, math.ceil(right), math.ceil(bottom)))
+                          .resize((ow, oh), Image.BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0)))
+        if not np.array_equal(got, want.astype(int)):
+            failures += 1
+            print(f"FAIL region ({top},{left})-({bottom},{right}) to {oh}x{ow}: {int((got != want).sum())} values "
+                  f"differ from Pillow's, at most by {int(np.abs(got - want).max())}")
+        else:
+            print(f"ok   region ({top},{left})-({bottom},{right}) to {oh}x{ow}: equal to Pillow's")
+
+    failures += check_jpeg_draft(work)
 
     # Bad files: one line naming the file, where Pillow refuses them as well.
     data = open(os.path.join(work, "baseline-420.jpg"), "rb").read()

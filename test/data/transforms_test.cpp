@@ -90,7 +90,7 @@ TEST(ParseAugment, BadSpecs) {
     expect_user_error([&] { parse_augment(spec); }, {"bad augmentation '" + std::string(spec) + "'", "0..1024"});
   // In-memory sets refuse the image-file transforms.
   expect_user_error([] { random_image_dataset(4, kC, kH, kW, 1).check(parse_augment("random-resized-crop:8")); },
-                    {"random-resized-crop, resize and center-crop", "imagefolder:DIR"});
+                    {"random-resized-crop, resize, center-crop and jpeg-draft", "imagefolder:DIR"});
 }
 
 TEST(ParseAugment, ImageFileTransforms) {
@@ -121,6 +121,15 @@ TEST(ParseAugment, ImageFileTransforms) {
   expect_user_error([] { parse_augment("random-resized-crop:224,crop:4"); }, {"goes with flip alone"});
   expect_user_error([] { parse_augment("resize:256,crop:4"); }, {"crop:P is for in-memory image sets"});
   expect_user_error([] { parse_augment("resize:256,resize:128"); }, {"resize appears twice"});
+  // jpeg-draft changes how the resized images are decoded: it goes with a resize.
+  const Augment d = parse_augment("jpeg-draft,random-resized-crop:64,flip");
+  EXPECT_TRUE(d.jpeg_draft && d.for_files());
+  EXPECT_EQ(d.str(), "random-resized-crop:64,flip,jpeg-draft");
+  EXPECT_EQ(parse_augment("resize:32,center-crop:32,jpeg-draft").str(), "resize:32,center-crop:32,jpeg-draft");
+  EXPECT_FALSE(parse_augment("random-resized-crop:64").jpeg_draft);
+  for (const char* spec : {"jpeg-draft", "center-crop:32,jpeg-draft", "flip,jpeg-draft"})
+    expect_user_error([&] { parse_augment(spec); }, {"jpeg-draft decodes JPEGs smaller", "random-resized-crop or resize"});
+  expect_user_error([] { parse_augment("resize:64,jpeg-draft,jpeg-draft"); }, {"jpeg-draft appears twice"});
 }
 
 TEST(LoadSample, NormalizedMatchesFormula) {

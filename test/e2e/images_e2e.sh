@@ -2,7 +2,7 @@
 # e2e: image files from disk (imagefolder:DIR), a generated 10-class folder of
 # JPEGs and PNGs of random sizes (make_images.py):
 #   - cnn and resnet18 on cpu:2 with random-resized-crop and flip, well above
-#     chance (0.1);
+#     chance (0.1); cnn with jpeg-draft on larger images too;
 #   - the crops and flips depend on (seed, epoch, sample) alone: cpu with no
 #     loader workers and cpu:3 with 4 end bit for bit alike (--split-invariant);
 #   - resumed from inside an epoch with 2 workers: bit for bit the uninterrupted run;
@@ -33,6 +33,11 @@ trains() {
 
 trains cnn "cnn on cpu:2" 0.6 "${common[@]}" --model cnn --devices cpu:2 --epochs 6 --workers 2
 grep -q "data imagefolder:$work/imgs (400 train / 100 test, (3, 32, 32))" "$work/cnn.log" || fail "cnn: not 400/100 at 3x32x32"
+
+# jpeg-draft on larger photos: JPEGs decode at 1/2 or 1/4 where the crop keeps 3 pixels per output pixel.
+python3 "$here/make_images.py" "$work/big" --train 40 --val 10 --min-side 160 --max-side 320 --png 0.2 --seed 5
+trains draft "cnn with jpeg-draft" 0.5 --data "imagefolder:$work/big" --augment random-resized-crop:32,flip,jpeg-draft \
+  --batch-size 48 --progress off --seed 3 --model cnn --devices cpu:2 --epochs 6 --workers 2
 
 trains resnet "resnet18 on cpu:2" 0.5 "${common[@]}" --model resnet18 --devices cpu:2 --epochs 4 --workers 2
 
