@@ -6,7 +6,6 @@
 #include "kernels/dropout.h"
 #include "runtime/core/error.h"
 #include "runtime/core/splitmix.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -28,7 +27,6 @@ Tensor Dropout::forward(const Tensor& x, Context& ctx) {
     y = y_;
   }
   kernels::dropout(ctx, x, p_, key_, row_, y);
-  autocast_round(ctx, y);  // the input's type: x / (1 - p) rounds to it
   return y;
 }
 
@@ -37,7 +35,6 @@ Tensor Dropout::backward(const Tensor& dy, Context& ctx) {
   if (!applied_) return dy;
   Tensor dx = dy;  // backward may overwrite dy
   kernels::dropout(ctx, dy, p_, key_, row_, dx);
-  autocast_round(ctx, dx);
   return dx;
 }
 

@@ -5,7 +5,6 @@
 
 #include "kernels/groupnorm.h"
 #include "runtime/core/error.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -39,7 +38,6 @@ Tensor GroupNorm::backward(const Tensor& dy, Context& ctx) {
   kernels::group_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, groups_, dx, g.dgamma, g.dbeta);
   notify_grads_ready(ctx);
   if (!input_grad()) return Tensor();
-  autocast_round(ctx, dx);  // autocast: float32 output, low-type input gradient
   return dx;
 }
 
@@ -79,7 +77,6 @@ Tensor InstanceNorm::backward(const Tensor& dy, Context& ctx) {
                                g.dbeta);
   if (affine_) notify_grads_ready(ctx);
   if (!input_grad()) return Tensor();
-  autocast_round(ctx, dx);  // autocast: float32 output, low-type input gradient
   return dx;
 }
 

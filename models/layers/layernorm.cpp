@@ -5,7 +5,6 @@
 
 #include "kernels/layernorm.h"
 #include "runtime/core/error.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -49,7 +48,6 @@ Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
   kernels::layer_norm_backward(ctx, x_, dy, scale_.gamma(ctx), mean_, rstd_, dx, g.dgamma, g.dbeta);
   if (affine_) notify_grads_ready(ctx);
   if (!input_grad()) return Tensor();
-  autocast_round(ctx, dx);  // autocast: float32 output (torch's fp32 list), low-type input gradient
   return dx;
 }
 

@@ -2,7 +2,6 @@
 #include "models/layers/pooling.h"
 
 #include "runtime/core/error.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -33,7 +32,6 @@ Tensor PoolNd::forward(const Tensor& x, Context& ctx) {
     return y_;  // the input's values: already of its type
   }
   kernels::avgpool_forward(ctx, spatial_, x, g_, y_);
-  autocast_round(ctx, y_);  // the input's type
   return y_;
 }
 
@@ -42,7 +40,6 @@ Tensor PoolNd::backward(const Tensor& dy, Context& ctx) {
   in_.ensure(dx_, ctx);
   if (kind_ == Kind::Max) kernels::maxpool_backward(ctx, spatial_, dy, argmax_, dx_);
   else kernels::avgpool_backward(ctx, spatial_, dy, g_, dx_);
-  autocast_round(ctx, dx_);  // overlapping windows add gradients
   return dx_;
 }
 
@@ -51,7 +48,6 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x, Context& ctx) {
   in_ = TensorSpec(x);
   ensure(y_, Shape{x.size(0), x.size(1), 1, 1}, x.dtype(), ctx, x.format());
   kernels::global_avgpool_forward(ctx, x, y_);
-  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -59,7 +55,6 @@ Tensor AdaptiveAvgPool2d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   in_.ensure(dx_, ctx);
   kernels::global_avgpool_backward(ctx, dy, dx_);
-  autocast_round(ctx, dx_);
   return dx_;
 }
 

@@ -19,7 +19,6 @@ Tensor SmoothActivation::forward(const Tensor& x, Context& ctx) {
   x_ = x;  // the input, for backward (nothing downstream writes it)
   ensure_like(y_, x, ctx);
   kernels::activation_forward(ctx, a_, x, y_);
-  autocast_round(ctx, y_);
   return y_;
 }
 
@@ -27,7 +26,6 @@ Tensor SmoothActivation::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   dx_ = in_storage_of(ctx, dy, x_, dy_moved_);  // dx over dy (backward may overwrite dy), in x's storage
   kernels::activation_backward(ctx, a_, x_, dx_, dx_);
-  autocast_round(ctx, dx_);
   return dx_;
 }
 

@@ -2,7 +2,6 @@
 #include "models/layers/upsample.h"
 
 #include "runtime/core/error.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -23,7 +22,6 @@ Tensor Upsample3d::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   in_.ensure(dx_, ctx);
   kernels::upsample3d_nearest_backward(ctx, dy, scale_, dx_);
-  autocast_round(ctx, dx_);  // each input voxel sums its copies' gradients
   return dx_;
 }
 

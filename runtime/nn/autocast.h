@@ -9,14 +9,16 @@
 //     arena, as autocast's cast back does). On CUDA cuDNN and cuBLAS run in
 //     the low type with float32 accumulation; a convolution's bias is added
 //     to its low-type output in float32 and rounded again.
-//   BatchNorm: float32 statistics and parameters, output and dx low;
-//     dgamma and dbeta float32 (cuDNN's mixed BatchNorm)
-//   GroupNorm: float32 throughout, output float32 (autocast's float32 list);
-//     dx low (its input is a low-type activation)
+//   BatchNorm: float32 statistics and parameters, output and dx in the
+//     input's type; dgamma and dbeta float32 (cuDNN's mixed BatchNorm)
+//   GroupNorm, LayerNorm: float32 throughout, output float32 (autocast's
+//     float32 list); dx in the input's type (low after a convolution or a
+//     linear layer, float32 on GPT's float32 residual stream)
 //   ReLU, max pooling, flatten: in the input's type (they only select values)
-//   GELU/SiLU/Tanh/Sigmoid/LeakyReLU, average pooling, upsampling, the
-//     residual add: computed in float32 from low-type inputs, output and dx
-//     rounded to the low type
+//   GELU/SiLU/Tanh/Sigmoid/LeakyReLU, average pooling, upsampling, dropout,
+//     the residual add: computed in float32, output and dx stored in the
+//     input's type (rounded when it is the low type; a float32 input stays
+//     float32, as torch runs these ops in their input's type)
 //   losses (softmax cross-entropy, MSE) and their reductions: float32 on the
 //     low-type outputs; the loss gradient is rounded to the low type
 //

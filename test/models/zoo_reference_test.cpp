@@ -1,0 +1,773 @@
+// Each zoo model of images, one bf16-mixed (and 16-mixed) step on a CPU
+// device in the low-type storage, against a float64 reference written here
+// from torch's definitions of the layers: each layer reads the operands our
+// step stored (low-type activations, gradients in their storage), computes
+// in float64 and rounds where runtime/nn/autocast.h says (convolution and
+// linear outputs, dx, dW and db; BatchNorm's output and dx; the pooled,
+// upsampled and added activations and gradients when their input is a low
+// type; the loss gradient; GroupNorm's output stays float32). The
+// architectures are restated from torchvision's and the zoo's definitions;
+// only the parameters' values are read from the model, by name.
+//
+// Fed the same operands, a layer's results differ from the reference only
+// where a float32 sum and the float64 one round to neighbouring values: all
+// but 0.2% of the values are equal and none is farther than one rounding.
+// A whole step compared end to end would not show that: a flip moves what
+// follows it, and in resnet18 the reference's own gradients move by 100 u
+// and more when its convolutions sum in float32 instead of float64 (u the
+// low type's unit roundoff). resnet18's BasicBlocks chain five roundings
+// that the reference takes from its own values, so they are held by norm
+// (within 3 u; measured 0.9 u bfloat16, 0.7 u float16).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/target_batch.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/half.h"
+#include "runtime/parallel/single_device.h"
+#include "support/test_util.h"
+
+namespace fanout {
+namespace {
+
+// A value of the reference: logical shape (N, C, D, H, W) (D = 1 for
+// images; C = features and D = H = W = 1 once flattened), and whether its
+// storage is the low type (what is stored there is rounded to it).
+struct V {
+  int64_t n = 0, c = 0, d = 1, h = 1, w = 1;
+  std::vector<double> v;
+  bool low = false;
+  int64_t spatial() const { return d * h * w; }
+  double& at(int64_t i, int64_t ch, int64_t z, int64_t y, int64_t x) { return v[(((i * c + ch) * d + z) * h + y) * w + x]; }
+  double at(int64_t i, int64_t ch, int64_t z, int64_t y, int64_t x) const {
+    return v[(((i * c + ch) * d + z) * h + y) * w + x];
+  }
+  V like(int64_t cc, int64_t dd, int64_t hh, int64_t ww, bool lo) const {
+    V o;
+    o.n = n, o.c = cc, o.d = dd, o.h = hh, o.w = ww, o.low = lo;
+    o.v.assign(static_cast<size_t>(n * cc * dd * hh * ww), 0.0);
+    return o;
+  }
+};
+
+using Params = std::map<std::string, std::vector<double>>;
+
+struct Reference {
+  DType t;
+  Params p;      // the parameters' float32 values
+  Params grads;  // what backward computes, by parameter name
+  std::set<std::string> low_grads;  // those computed in the low type
+
+  double r(double x) const {
+    const float f = static_cast<float>(x);
+    return t == DType::BF16 ? half::float_from_bf16(half::bf16_from_float(f)) : half::float_from_f16(half::f16_from_float(f));
+  }
+  void store(V& x) const {
+    if (x.low)
+      for (double& e : x.v) e = r(e);
+  }
+  std::vector<double> low_copy(const std::string& name) const {
+    std::vector<double> v = p.at(name);
+    for (double& e : v) e = r(e);
+    return v;
+  }
+  void add_grad(const std::string& name, std::vector<double> g, bool low = false) {
+    grads[name] = std::move(g);
+    if (low) low_grads.insert(name);
+  }
+};
+
+// One layer: forward keeps what backward needs.
+class Op {
+ public:
+  virtual ~Op() = default;
+  virtual V forward(Reference& R, const V& x) = 0;
+  virtual V backward(Reference& R, const V& dy) = 0;
+  virtual std::string type() const = 0;  // the zoo layer's type_name()
+};
+using Ops = std::vector<std::unique_ptr<Op>>;
+
+V run_forward(Ops& ops, Reference& R, V x) {
+  for (auto& op : ops) x = op->forward(R, x);
+  return x;
+}
+V run_backward(Ops& ops, Reference& R, V dy) {
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) dy = (*it)->backward(R, dy);
+  return dy;
+}
+
+// Conv2d / Conv3d (cubic kernel k, stride, padding; images: depth 1) and,
+// with k = 1 on flattened values, nothing else: Linear is its own op.
+class Conv : public Op {
+ public:
+  std::string type() const override { return spatial_ == 3 ? "Conv3d" : "Conv2d"; }
+  Conv(std::string name, int spatial, int64_t k, int64_t stride, int64_t pad, bool bias)
+      : name_(std::move(name)), spatial_(spatial), kd_(spatial == 3 ? k : 1), k_(k), s_(stride), pd_(spatial == 3 ? pad : 0), p_(pad),
+        sd_(spatial == 3 ? stride : 1), bias_(bias) {}
+  V forward(Reference& R, const V& in) override {
+    x_ = in;
+    for (double& e : x_.v) e = R.r(e);  // the input cast to the low type
+    w_ = R.low_copy(name_ + ".weight");
+    o_ = static_cast<int64_t>(w_.size()) / (in.c * kd_ * k_ * k_);
+    const int64_t od = (in.d + 2 * pd_ - kd_) / sd_ + 1, oh = (in.h + 2 * p_ - k_) / s_ + 1,
+                  ow = (in.w + 2 * p_ - k_) / s_ + 1;
+    V y = in.like(o_, od, oh, ow, true);
+    const std::vector<double> b = bias_ ? R.low_copy(name_ + ".bias") : std::vector<double>(o_, 0.0);
+    for (int64_t i = 0; i < y.n; ++i)
+      for (int64_t o = 0; o < o_; ++o)
+        for (int64_t z = 0; z < od; ++z)
+          for (int64_t yy = 0; yy < oh; ++yy)
+            for (int64_t xx = 0; xx < ow; ++xx) {
+              double s = 0;
+              taps(z, yy, xx, [&](int64_t c, int64_t widx, int64_t iz, int64_t iy, int64_t ix) {
+                s += x_.at(i, c, iz, iy, ix) * w_[o * x_.c * kd_ * k_ * k_ + widx];
+              });
+              y.at(i, o, z, yy, xx) = s + b[o];
+            }
+    R.store(y);
+    return y;
+  }
+  V backward(Reference& R, const V& dy) override {
+    V dx = x_.like(x_.c, x_.d, x_.h, x_.w, x_.low);
+    std::vector<double> dw(w_.size(), 0.0), db(o_, 0.0);
+    for (int64_t i = 0; i < dy.n; ++i)
+      for (int64_t o = 0; o < o_; ++o)
+        for (int64_t z = 0; z < dy.d; ++z)
+          for (int64_t yy = 0; yy < dy.h; ++yy)
+            for (int64_t xx = 0; xx < dy.w; ++xx) {
+              const double g = dy.at(i, o, z, yy, xx);
+              db[o] += g;
+              taps(z, yy, xx, [&](int64_t c, int64_t widx, int64_t iz, int64_t iy, int64_t ix) {
+                const int64_t wi = o * x_.c * kd_ * k_ * k_ + widx;
+                dx.at(i, c, iz, iy, ix) += g * w_[wi];
+                dw[wi] += g * x_.at(i, c, iz, iy, ix);
+              });
+            }
+    for (double& e : dw) e = R.r(e);  // dW computed in the low type
+    R.add_grad(name_ + ".weight", dw, true);
+    if (bias_) {
+      for (double& e : db) e = R.r(e);
+      R.add_grad(name_ + ".bias", db, true);
+    }
+    for (double& e : dx.v) e = R.r(e);  // dx computed in the low type, then stored in the input's storage
+    R.store(dx);
+    return dx;
+  }
+
+ private:
+  // fn(c, weight index within the output channel's filter, iz, iy, ix) over
+  // the input taps inside the volume of output position (z, y, x).
+  template <class F>
+  void taps(int64_t z, int64_t y, int64_t x, F&& fn) const {
+    for (int64_t c = 0; c < x_.c; ++c)
+      for (int64_t a = 0; a < kd_; ++a)
+        for (int64_t b = 0; b < k_; ++b)
+          for (int64_t e = 0; e < k_; ++e) {
+            const int64_t iz = z * sd_ - pd_ + a, iy = y * s_ - p_ + b, ix = x * s_ - p_ + e;
+            if (iz < 0 || iz >= x_.d || iy < 0 || iy >= x_.h || ix < 0 || ix >= x_.w) continue;
+            fn(c, ((c * kd_ + a) * k_ + b) * k_ + e, iz, iy, ix);
+          }
+  }
+  std::string name_;
+  int spatial_;
+  int64_t kd_, k_, s_, pd_, p_, sd_;
+  bool bias_;
+  int64_t o_ = 0;
+  V x_;
+  std::vector<double> w_;
+};
+
+class Linear : public Op {
+ public:
+  std::string type() const override { return "Linear"; }
+  explicit Linear(std::string name) : name_(std::move(name)) {}
+  V forward(Reference& R, const V& in) override {
+    x_ = in;
+    for (double& e : x_.v) e = R.r(e);
+    w_ = R.low_copy(name_ + ".weight");
+    const std::vector<double> b = R.low_copy(name_ + ".bias");
+    o_ = static_cast<int64_t>(b.size());
+    const int64_t f = in.c;
+    V y = in.like(o_, 1, 1, 1, true);
+    for (int64_t i = 0; i < in.n; ++i)
+      for (int64_t o = 0; o < o_; ++o) {
+        double s = b[o];
+        for (int64_t k = 0; k < f; ++k) s += x_.v[i * f + k] * w_[o * f + k];
+        y.v[i * o_ + o] = s;
+      }
+    R.store(y);
+    return y;
+  }
+  V backward(Reference& R, const V& dy) override {
+    const int64_t f = x_.c;
+    V dx = x_.like(f, 1, 1, 1, x_.low);
+    std::vector<double> dw(w_.size(), 0.0), db(o_, 0.0);
+    for (int64_t i = 0; i < dy.n; ++i)
+      for (int64_t o = 0; o < o_; ++o) {
+        const double g = dy.v[i * o_ + o];
+        db[o] += g;
+        for (int64_t k = 0; k < f; ++k) {
+          dx.v[i * f + k] += g * w_[o * f + k];
+          dw[o * f + k] += g * x_.v[i * f + k];
+        }
+      }
+    for (double& e : dw) e = R.r(e);
+    for (double& e : db) e = R.r(e);
+    R.add_grad(name_ + ".weight", dw, true);
+    R.add_grad(name_ + ".bias", db, true);
+    for (double& e : dx.v) e = R.r(e);
+    R.store(dx);
+    return dx;
+  }
+
+ private:
+  std::string name_;
+  int64_t o_ = 0;
+  V x_;
+  std::vector<double> w_;
+};
+
+// BatchNorm (training: the batch's biased variance, eps 1e-5) and GroupNorm
+// (groups of C / G channels per sample): one normalization over index sets.
+// BatchNorm stores its output in the input's storage, GroupNorm in float32.
+class Norm : public Op {
+ public:
+  std::string type() const override { return groups_ > 0 ? "GroupNorm" : spatial_ == 3 ? "BatchNorm3d" : "BatchNorm2d"; }
+  Norm(std::string name, int spatial, int groups) : name_(std::move(name)), spatial_(spatial), groups_(groups) {}
+  V forward(Reference& R, const V& in) override {
+    x_ = in;
+    gamma_ = R.p.at(name_ + ".weight");
+    const std::vector<double>& beta = R.p.at(name_ + ".bias");
+    V y = in.like(in.c, in.d, in.h, in.w, groups_ == 0 ? in.low : false);
+    xhat_.assign(in.v.size(), 0.0);
+    inv_std_.clear();
+    for_each_set([&](const std::vector<int64_t>& idx) {
+      double m = 0, var = 0;
+      for (int64_t i : idx) m += in.v[i];
+      m /= static_cast<double>(idx.size());
+      for (int64_t i : idx) var += (in.v[i] - m) * (in.v[i] - m);
+      var /= static_cast<double>(idx.size());
+      const double is = 1.0 / std::sqrt(var + 1e-5);
+      inv_std_.push_back(is);
+      for (int64_t i : idx) xhat_[i] = (in.v[i] - m) * is;
+    });
+    for (size_t i = 0; i < in.v.size(); ++i) {
+      const int64_t c = channel(static_cast<int64_t>(i));
+      y.v[i] = gamma_[c] * xhat_[i] + beta[c];
+    }
+    R.store(y);
+    return y;
+  }
+  V backward(Reference& R, const V& dy) override {
+    V dx = x_.like(x_.c, x_.d, x_.h, x_.w, x_.low);
+    std::vector<double> dg(gamma_.size(), 0.0), dbeta(gamma_.size(), 0.0);
+    for (size_t i = 0; i < dy.v.size(); ++i) {
+      const int64_t c = channel(static_cast<int64_t>(i));
+      dg[c] += dy.v[i] * xhat_[i];
+      dbeta[c] += dy.v[i];
+    }
+    size_t set = 0;
+    for_each_set([&](const std::vector<int64_t>& idx) {
+      const double m = static_cast<double>(idx.size()), is = inv_std_[set++];
+      double sum = 0, dot = 0;
+      for (int64_t i : idx) {
+        const double g = dy.v[i] * gamma_[channel(i)];
+        sum += g;
+        dot += g * xhat_[i];
+      }
+      for (int64_t i : idx) dx.v[i] = is / m * (m * dy.v[i] * gamma_[channel(i)] - sum - xhat_[i] * dot);
+    });
+    R.add_grad(name_ + ".weight", dg);  // float32 gradients: not rounded
+    R.add_grad(name_ + ".bias", dbeta);
+    R.store(dx);
+    return dx;
+  }
+
+ private:
+  int64_t channel(int64_t i) const { return i / x_.spatial() % x_.c; }
+  template <class F>
+  void for_each_set(F&& fn) const {
+    const int64_t s = x_.spatial();
+    if (groups_ == 0) {  // BatchNorm: a channel over the batch
+      for (int64_t c = 0; c < x_.c; ++c) {
+        std::vector<int64_t> idx;
+        for (int64_t i = 0; i < x_.n; ++i)
+          for (int64_t k = 0; k < s; ++k) idx.push_back((i * x_.c + c) * s + k);
+        fn(idx);
+      }
+      return;
+    }
+    const int64_t per = x_.c / groups_;
+    for (int64_t i = 0; i < x_.n; ++i)
+      for (int64_t g = 0; g < groups_; ++g) {
+        std::vector<int64_t> idx;
+        for (int64_t c = g * per; c < (g + 1) * per; ++c)
+          for (int64_t k = 0; k < s; ++k) idx.push_back((i * x_.c + c) * s + k);
+        fn(idx);
+      }
+  }
+  std::string name_;
+  int spatial_;
+  int groups_;  // 0: BatchNorm
+  V x_;
+  std::vector<double> gamma_, xhat_, inv_std_;
+};
+
+class Relu : public Op {
+ public:
+  std::string type() const override { return "ReLU"; }
+  V forward(Reference&, const V& in) override {
+    y_ = in;
+    for (double& e : y_.v) e = std::max(e, 0.0);
+    return y_;
+  }
+  V backward(Reference& R, const V& dy) override {
+    V dx = dy;
+    dx.low = y_.low;
+    for (size_t i = 0; i < dx.v.size(); ++i) dx.v[i] = y_.v[i] > 0 ? dy.v[i] : 0.0;
+    R.store(dx);  // in the activation's storage
+    return dx;
+  }
+
+ private:
+  V y_;
+};
+
+// MaxPool (window k, stride k, no padding; depth too for volumes): the first
+// maximum of each window in its row-major order takes the gradient.
+class MaxPool : public Op {
+ public:
+  std::string type() const override { return kd_ == 1 ? "MaxPool2d" : "MaxPool3d"; }
+  MaxPool(int spatial, int64_t k) : kd_(spatial == 3 ? k : 1), k_(k) {}
+  V forward(Reference&, const V& in) override {
+    x_ = in;
+    V y = in.like(in.c, in.d / kd_, in.h / k_, in.w / k_, in.low);
+    arg_.assign(y.v.size(), 0);
+    for (int64_t i = 0; i < y.n; ++i)
+      for (int64_t c = 0; c < y.c; ++c)
+        for (int64_t z = 0; z < y.d; ++z)
+          for (int64_t yy = 0; yy < y.h; ++yy)
+            for (int64_t xx = 0; xx < y.w; ++xx) {
+              double best = -std::numeric_limits<double>::infinity();
+              int64_t at = 0;
+              for (int64_t a = 0; a < kd_; ++a)
+                for (int64_t b = 0; b < k_; ++b)
+                  for (int64_t e = 0; e < k_; ++e) {
+                    const int64_t j = (((i * in.c + c) * in.d + z * kd_ + a) * in.h + yy * k_ + b) * in.w + xx * k_ + e;
+                    if (in.v[j] > best) best = in.v[j], at = j;
+                  }
+              const int64_t o = (((i * y.c + c) * y.d + z) * y.h + yy) * y.w + xx;
+              y.v[o] = best;
+              arg_[o] = at;
+            }
+    return y;
+  }
+  V backward(Reference&, const V& dy) override {
+    V dx = x_.like(x_.c, x_.d, x_.h, x_.w, x_.low);
+    for (size_t o = 0; o < dy.v.size(); ++o) dx.v[arg_[o]] += dy.v[o];
+    return dx;
+  }
+
+ private:
+  int64_t kd_, k_;
+  V x_;
+  std::vector<int64_t> arg_;
+};
+
+// Upsample (nearest, integer scale s over D, H, W): dx sums each s^3 block.
+class Upsample : public Op {
+ public:
+  std::string type() const override { return "Upsample3d"; }
+  explicit Upsample(int64_t s) : s_(s) {}
+  V forward(Reference& R, const V& in) override {
+    x_ = in;
+    V y = in.like(in.c, in.d * s_, in.h * s_, in.w * s_, in.low);
+    for (int64_t i = 0; i < y.n; ++i)
+      for (int64_t c = 0; c < y.c; ++c)
+        for (int64_t z = 0; z < y.d; ++z)
+          for (int64_t yy = 0; yy < y.h; ++yy)
+            for (int64_t xx = 0; xx < y.w; ++xx) y.at(i, c, z, yy, xx) = in.at(i, c, z / s_, yy / s_, xx / s_);
+    R.store(y);
+    return y;
+  }
+  V backward(Reference& R, const V& dy) override {
+    V dx = x_.like(x_.c, x_.d, x_.h, x_.w, x_.low);
+    for (int64_t i = 0; i < dy.n; ++i)
+      for (int64_t c = 0; c < dy.c; ++c)
+        for (int64_t z = 0; z < dy.d; ++z)
+          for (int64_t yy = 0; yy < dy.h; ++yy)
+            for (int64_t xx = 0; xx < dy.w; ++xx) dx.at(i, c, z / s_, yy / s_, xx / s_) += dy.at(i, c, z, yy, xx);
+    R.store(dx);
+    return dx;
+  }
+
+ private:
+  int64_t s_;
+  V x_;
+};
+
+// AdaptiveAvgPool2d(1): (N, C, H, W) to (N, C, 1, 1); Flatten: to (N, F).
+class GlobalAverage : public Op {
+ public:
+  std::string type() const override { return "AdaptiveAvgPool2d"; }
+  V forward(Reference& R, const V& in) override {
+    x_ = in;
+    V y = in.like(in.c, 1, 1, 1, in.low);
+    const int64_t s = in.spatial();
+    for (int64_t i = 0; i < in.n * in.c; ++i) {
+      double sum = 0;
+      for (int64_t k = 0; k < s; ++k) sum += in.v[i * s + k];
+      y.v[i] = sum / static_cast<double>(s);
+    }
+    R.store(y);
+    return y;
+  }
+  V backward(Reference& R, const V& dy) override {
+    V dx = x_.like(x_.c, x_.d, x_.h, x_.w, x_.low);
+    const int64_t s = x_.spatial();
+    for (int64_t i = 0; i < dx.n * dx.c; ++i)
+      for (int64_t k = 0; k < s; ++k) dx.v[i * s + k] = dy.v[i] / static_cast<double>(s);
+    R.store(dx);
+    return dx;
+  }
+
+ private:
+  V x_;
+};
+class Flatten : public Op {
+ public:
+  std::string type() const override { return "Flatten"; }
+  V forward(Reference&, const V& in) override {
+    x_ = in;
+    V y = in;
+    y.c = in.c * in.spatial();
+    y.d = y.h = y.w = 1;
+    return y;
+  }
+  V backward(Reference&, const V& dy) override {
+    V dx = dy;
+    dx.c = x_.c, dx.d = x_.d, dx.h = x_.h, dx.w = x_.w;
+    return dx;
+  }
+
+ private:
+  V x_;
+};
+
+// torchvision's BasicBlock: conv3x3(stride)-bn-relu-conv3x3-bn, plus the
+// input or its downsample (conv1x1(stride)-bn), the sum rounded to the low
+// type, then ReLU; dx is the two branches' dx added and rounded.
+class Block : public Op {
+ public:
+  std::string type() const override { return "BasicBlock"; }
+  Block(const std::string& n, int64_t stride, bool downsample) {
+    main_.push_back(std::make_unique<Conv>(n + ".conv1", 2, 3, stride, 1, false));
+    main_.push_back(std::make_unique<Norm>(n + ".bn1", 2, 0));
+    main_.push_back(std::make_unique<Relu>());
+    main_.push_back(std::make_unique<Conv>(n + ".conv2", 2, 3, 1, 1, false));
+    main_.push_back(std::make_unique<Norm>(n + ".bn2", 2, 0));
+    if (downsample) {
+      short_.push_back(std::make_unique<Conv>(n + ".downsample.0", 2, 1, stride, 0, false));
+      short_.push_back(std::make_unique<Norm>(n + ".downsample.1", 2, 0));
+    }
+  }
+  V forward(Reference& R, const V& in) override {
+    V a = run_forward(main_, R, in);
+    const V b = run_forward(short_, R, in);
+    for (size_t i = 0; i < a.v.size(); ++i) a.v[i] += b.v[i];
+    R.store(a);
+    return relu_.forward(R, a);
+  }
+  V backward(Reference& R, const V& dy) override {
+    const V d = relu_.backward(R, dy);
+    V dx = run_backward(main_, R, d);
+    const V ds = run_backward(short_, R, d);
+    for (size_t i = 0; i < dx.v.size(); ++i) dx.v[i] += ds.v[i];
+    R.store(dx);
+    return dx;
+  }
+
+ private:
+  Ops main_, short_;
+  Relu relu_;
+};
+
+// The zoo's architectures as torch would write them.
+Ops architecture(const std::string& model) {
+  Ops ops;
+  auto add = [&](Op* op) { ops.emplace_back(op); };
+  if (model == "mlp") {
+    add(new Flatten);
+    add(new Linear("fc1"));
+    add(new Relu);
+    add(new Linear("fc2"));
+    add(new Relu);
+    add(new Linear("fc3"));
+  } else if (model == "lenet") {  // 28x28 inputs: padding 2 in conv1
+    add(new Conv("conv1", 2, 5, 1, 2, true));
+    add(new Relu);
+    add(new MaxPool(2, 2));
+    add(new Conv("conv2", 2, 5, 1, 0, true));
+    add(new Relu);
+    add(new MaxPool(2, 2));
+    add(new Flatten);
+    for (const char* fc : {"fc1", "fc2"}) {
+      add(new Linear(fc));
+      add(new Relu);
+    }
+    add(new Linear("fc3"));
+  } else if (model == "cnn") {
+    for (const char* k : {"1", "2", "3"}) {
+      add(new Conv(std::string("conv") + k, 2, 3, 1, 1, false));
+      add(new Norm(std::string("bn") + k, 2, 0));
+      add(new Relu);
+      add(new MaxPool(2, 2));
+    }
+    add(new Flatten);
+    add(new Linear("fc1"));
+    add(new Relu);
+    add(new Linear("fc2"));
+  } else if (model == "resnet18") {  // the CIFAR stem: conv 3x3, no max pooling
+    add(new Conv("conv1", 2, 3, 1, 1, false));
+    add(new Norm("bn1", 2, 0));
+    add(new Relu);
+    for (int l = 1; l <= 4; ++l) {
+      const std::string n = "layer" + std::to_string(l);
+      add(new Block(n + ".0", l == 1 ? 1 : 2, l > 1));
+      add(new Block(n + ".1", 1, false));
+    }
+    add(new GlobalAverage);
+    add(new Flatten);
+    add(new Linear("fc"));
+  } else {  // heatmap3d, heatmap3d:group
+    const bool group = model == "heatmap3d:group";
+    for (int k = 1; k <= 5; ++k) {
+      const std::string s = std::to_string(k);
+      add(new Conv("conv" + s, 3, 3, 1, 1, false));
+      add(new Norm((group ? "gn" : "bn") + s, 3, group ? 4 : 0));
+      add(new Relu);
+      if (k <= 2) add(new MaxPool(3, 2));
+      if (k == 3 || k == 4) add(new Upsample(2));
+    }
+    add(new Conv("head", 3, 1, 1, 0, true));
+  }
+  return ops;
+}
+
+V value_of(const Tensor& t) {
+  V x;
+  x.n = t.size(0);
+  x.c = t.size(1);
+  if (t.dim() >= 4) x.h = t.size(t.dim() - 2), x.w = t.size(t.dim() - 1);
+  if (t.dim() == 5) x.d = t.size(2);
+  x.v.assign(t.f32(), t.f32() + t.numel());
+  return x;
+}
+
+// The loss gradient in the output's storage: softmax cross-entropy's mean
+// over rows, or MSE's mean over elements.
+V loss_grad(const Reference& R, const V& out, const cudatest::TargetBatch& b, double scale) {
+  V g = out;
+  if (b.loss.criterion == CriterionKind::Mse) {
+    for (size_t i = 0; i < g.v.size(); ++i)
+      g.v[i] = 2.0 * (out.v[i] - b.y.f32()[i]) / static_cast<double>(g.v.size());
+  } else {
+    const int64_t k = out.c;
+    for (int64_t i = 0; i < out.n; ++i) {
+      double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t j = 0; j < k; ++j) mx = std::max(mx, out.v[i * k + j]);
+      for (int64_t j = 0; j < k; ++j) sum += std::exp(out.v[i * k + j] - mx);
+      for (int64_t j = 0; j < k; ++j)
+        g.v[i * k + j] = (std::exp(out.v[i * k + j] - mx) / sum - (j == b.y.data<int32_t>()[i] ? 1.0 : 0.0)) /
+                         static_cast<double>(out.n);
+    }
+  }
+  for (double& e : g.v) e = R.r(e * scale);
+  return g;
+}
+
+struct ZooCase {
+  const char* model;
+  Shape sample;
+};
+const ZooCase kZoo[] = {{"mlp", Shape{1, 12, 12}},        {"lenet", Shape{1, 28, 28}},
+                        {"cnn", Shape{3, 16, 16}},        {"resnet18", Shape{3, 16, 16}},
+                        {"heatmap3d", Shape{1, 8, 8, 8}}, {"heatmap3d:group", Shape{1, 8, 8, 8}}};
+
+class ZooReference : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(Types, ZooReference, ::testing::Values(DType::BF16, DType::F16),
+                         [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; });
+
+// A tensor's values (any storage) and whether they are stored in a low type.
+V value_of_stored(const Tensor& t) {
+  V x = value_of(testing::float32_values(t));
+  x.low = t.dtype() != DType::F32;
+  return x;
+}
+
+// How our tensors compare with the reference's. Low-type values: how many
+// are equal, and the largest difference in units of what one rounding may
+// move a value: a spacing of the low type at the reference value, or, for a
+// sum that cancels to a small result, float32's summation error at the
+// size of its terms (2^-14 of the tensor's root mean square: sums of up to
+// 1,000 terms). Every tensor: the relative difference by norm.
+struct Agreement {
+  int64_t equal = 0, total = 0;
+  double worst_spacings = 0, worst_rel = 0;
+  std::string at_spacings, at_rel;
+  void add(const std::string& what, const Tensor& got_t, const V& want, DType t) {
+    const Tensor got = testing::float32_values(got_t);
+    ASSERT_EQ(got.numel(), static_cast<int64_t>(want.v.size())) << what;
+    double d = 0, n = 0;
+    for (size_t i = 0; i < want.v.size(); ++i) {
+      d += std::pow(got.f32()[i] - want.v[i], 2);
+      n += want.v[i] * want.v[i];
+    }
+    const double rel = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    if (rel > worst_rel) worst_rel = rel, at_rel = what;
+    if (!want.low) return;
+    const double summed = std::ldexp(std::sqrt(n / static_cast<double>(want.v.size())), -14);
+    const int bits = t == DType::BF16 ? 8 : 11;
+    const double tiny = t == DType::BF16 ? std::ldexp(1.0, -133) : std::ldexp(1.0, -24);  // the least subnormal
+    for (size_t i = 0; i < want.v.size(); ++i) {
+      ++total;
+      const double g = got.f32()[i], w = want.v[i];
+      if (g == w) {
+        ++equal;
+        continue;
+      }
+      const double spacing = std::max(std::ldexp(1.0, std::ilogb(std::max(std::abs(w), tiny)) - bits + 1), tiny);
+      const double sp = std::abs(g - w) / std::max(spacing, summed);
+      if (sp > worst_spacings) worst_spacings = sp, at_spacings = what;
+    }
+  }
+  void print(const char* model, DType t, const char* what) const {
+    std::printf("%-16s %-8s %-20s %7lld of %7lld low-type values equal, worst %.2f roundings (%s); by norm %.2g (%s)\n",
+                model, dtype_name(t), what, static_cast<long long>(equal), static_cast<long long>(total),
+                worst_spacings, at_spacings.c_str(), worst_rel, at_rel.c_str());
+  }
+};
+
+// The layers of the step as the reference sees them: the top-level layers,
+// each Sequential opened into its children (resnet18's BasicBlocks).
+std::vector<std::pair<std::string, Module*>> units_of(Module& m) {
+  std::vector<std::pair<std::string, Module*>> units;
+  std::string open;  // the Sequential whose children are being taken
+  for (auto& [name, child] : m.named_modules()) {
+    const size_t dot = name.find('.');
+    if (name.empty()) continue;
+    if (dot == std::string::npos) {  // a top-level layer
+      open = child->type_name() == "Sequential" ? name : "";
+      if (open.empty()) units.emplace_back(name, child);
+    } else if (!open.empty() && name.compare(0, dot, open) == 0 && name.find('.', dot + 1) == std::string::npos) {
+      units.emplace_back(name, child);
+    }
+  }
+  return units;
+}
+
+// One step of each zoo model on a CPU device under autocast, layer by layer:
+// each layer's output, the loss gradient, each layer's dx and each
+// parameter's gradient against the reference fed the same stored operands.
+// Layers with one rounding between their operands and each result, and
+// resnet18's BasicBlocks, whose five roundings in a row the reference takes
+// from its own values (a flip moves what follows it).
+struct StepAgreement {
+  Agreement layers, blocks;
+};
+
+// One step of zoo model z on a CPU device under autocast to `engine`, layer
+// by layer: each layer's output, the loss gradient, each layer's dx and each
+// parameter's gradient against the reference (rounding to t) fed the same
+// stored operands.
+StepAgreement step_against_reference(const ZooCase& z, DType engine, DType t) {
+  // float16's step scales the loss (as GradScaler would) so that gradients stay in its range.
+  const double scale = t == DType::F16 ? 1024.0 : 1.0;
+  StepAgreement out;
+  Agreement &layers = out.layers, &blocks = out.blocks;
+  {
+    std::mt19937_64 rng(21);
+    const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 4, rng);
+    auto m = models::make_model(z.model, z.sample, b.classes, 3);
+    m->train(true);
+    m->zero_grad();
+    Reference R{t, {}, {}};
+    for (auto& [name, p] : m->named_parameters()) R.p[name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+    Ops ops = architecture(z.model);
+    const auto units = units_of(*m);
+    EXPECT_EQ(units.size(), ops.size());
+    if (units.size() != ops.size()) return out;
+    Context ctx(Device::cpu());
+    ctx.math.autocast = engine;
+    auto tally = [&](const std::string& name) -> Agreement& {
+      return name.rfind("layer", 0) == 0 ? blocks : layers;
+    };
+    Tensor x = b.x;
+    for (size_t k = 0; k < units.size(); ++k) {
+      auto& [name, unit] = units[k];
+      EXPECT_EQ(unit->type_name(), ops[k]->type()) << name;
+      unit->set_input_grad(true);
+      const V in = value_of_stored(x);
+      x = unit->forward(x, ctx);
+      tally(name).add(name + " output", x, ops[k]->forward(R, in), t);
+    }
+    auto loss = make_criterion(b.loss);
+    loss->forward(ctx, x, b.y, /*train=*/true, static_cast<float>(scale / static_cast<double>(b.x.size(0))));
+    Tensor dy = loss->grad();
+    V want = loss_grad(R, value_of_stored(x), b, scale);
+    layers.add("the loss gradient", dy, want, t);
+    for (size_t k = units.size(); k-- > 0;) {
+      auto& [name, unit] = units[k];
+      const V dyv = value_of_stored(dy);
+      dy = Module::backward_of(*unit, name, dy, ctx);
+      tally(name).add(name + " dx", dy, ops[k]->backward(R, dyv), t);
+    }
+    for (auto& [name, p] : m->named_parameters()) {
+      EXPECT_TRUE(R.grads.count(name)) << "the reference has no gradient for " << name;
+      if (!R.grads.count(name)) continue;
+      V g;
+      g.n = p->value.numel();
+      g.c = 1;
+      g.v = R.grads.at(name);
+      // Weight layers' gradients are computed in the low type; the normalizations' in float32.
+      g.low = R.low_grads.count(name) > 0;
+      tally(name).add(name + " gradient", p->grad.view(Shape{g.n, 1}), g, t);
+    }
+    EXPECT_EQ(R.grads.size(), m->named_parameters().size());
+  }
+  return out;
+}
+
+TEST_P(ZooReference, EachLayerOfAStepMatchesTheRoundedFloat64Reference) {
+  const DType t = GetParam();
+  const double u = t == DType::BF16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -11);
+  for (const ZooCase& z : kZoo) {
+    SCOPED_TRACE(z.model);
+    const StepAgreement a = step_against_reference(z, t, t);
+    const Agreement &layers = a.layers, &blocks = a.blocks;
+    layers.print(z.model, t, "layers");
+    if (blocks.total > 0) blocks.print(z.model, t, "BasicBlocks");
+    // One rounding: all but a few values equal, none farther than one
+    // rounding; by norm within u.
+    EXPECT_GE(layers.equal, layers.total - layers.total / 500);
+    EXPECT_LE(layers.worst_spacings, 1.0) << layers.at_spacings;
+    EXPECT_LT(layers.worst_rel, u) << layers.at_rel;
+    // Chains of roundings: by norm.
+    EXPECT_LT(blocks.worst_rel, 3 * u) << blocks.at_rel;
+  }
+  // The comparison can fail: a float32 step matches the rounded reference in few values.
+  const StepAgreement f32 = step_against_reference(kZoo[2], DType::F32, t);
+  EXPECT_LT(f32.layers.equal, f32.layers.total / 2);
+}
+
+}  // namespace
+}  // namespace fanout
