@@ -38,4 +38,18 @@ inline TargetBatch make_batch(const std::string& model, const Shape& sample, int
   return b;
 }
 
+// The zoo's image models at the sizes the CPU mixed-precision tests take.
+struct ZooCase {
+  const char* model;
+  Shape sample;
+};
+inline const ZooCase kImageZoo[] = {{"mlp", Shape{1, 12, 12}},        {"lenet", Shape{1, 28, 28}},
+                                    {"cnn", Shape{3, 16, 16}},        {"resnet18", Shape{3, 16, 16}},
+                                    {"heatmap3d", Shape{1, 8, 8, 8}}, {"heatmap3d:group", Shape{1, 8, 8, 8}}};
+
 }  // namespace fanout::cudatest
+
+// A suite parameterized by the low type, instantiated for bfloat16 and float16 (names BF16, F16).
+#define FANOUT_LOW_TYPE_SUITE(Suite)                                                       \
+  INSTANTIATE_TEST_SUITE_P(Types, Suite, ::testing::Values(DType::BF16, DType::F16),      \
+                           [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; })

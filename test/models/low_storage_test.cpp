@@ -29,17 +29,11 @@
 namespace fanout {
 namespace {
 
-struct ZooCase {
-  const char* model;
-  Shape sample;
-};
-const ZooCase kZoo[] = {{"mlp", Shape{1, 12, 12}},        {"lenet", Shape{1, 28, 28}},
-                        {"cnn", Shape{3, 16, 16}},        {"resnet18", Shape{3, 16, 16}},
-                        {"heatmap3d", Shape{1, 8, 8, 8}}, {"heatmap3d:group", Shape{1, 8, 8, 8}}};
+using cudatest::ZooCase;
+const auto& kZoo = cudatest::kImageZoo;
 
 class ZooLowStorage : public ::testing::TestWithParam<DType> {};
-INSTANTIATE_TEST_SUITE_P(Types, ZooLowStorage, ::testing::Values(DType::BF16, DType::F16),
-                         [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; });
+FANOUT_LOW_TYPE_SUITE(ZooLowStorage);
 
 // A zoo model (seed 3) and a batch of `rows` for it.
 struct ZooRun {

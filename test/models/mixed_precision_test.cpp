@@ -15,6 +15,7 @@
 #include "models/layers/flatten.h"
 #include "models/layers/linear.h"
 #include "models/layers/sequential.h"
+#include "cuda/target_batch.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/half.h"
 #include "runtime/core/memory.h"
@@ -168,8 +169,7 @@ Agreement step_against_reference(DType engine_type, DType reference_type) {
 }
 
 class MixedStep : public ::testing::TestWithParam<DType> {};
-INSTANTIATE_TEST_SUITE_P(Types, MixedStep, ::testing::Values(DType::BF16, DType::F16),
-                         [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; });
+FANOUT_LOW_TYPE_SUITE(MixedStep);
 
 // The reference sums in float64, the kernels in float32: a sum within a few
 // float32 ulps of a rounding boundary of the low type may round the other

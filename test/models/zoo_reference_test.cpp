@@ -595,17 +595,11 @@ V loss_grad(const Reference& R, const V& out, const cudatest::TargetBatch& b, do
   return g;
 }
 
-struct ZooCase {
-  const char* model;
-  Shape sample;
-};
-const ZooCase kZoo[] = {{"mlp", Shape{1, 12, 12}},        {"lenet", Shape{1, 28, 28}},
-                        {"cnn", Shape{3, 16, 16}},        {"resnet18", Shape{3, 16, 16}},
-                        {"heatmap3d", Shape{1, 8, 8, 8}}, {"heatmap3d:group", Shape{1, 8, 8, 8}}};
+using cudatest::ZooCase;
+const auto& kZoo = cudatest::kImageZoo;
 
 class ZooReference : public ::testing::TestWithParam<DType> {};
-INSTANTIATE_TEST_SUITE_P(Types, ZooReference, ::testing::Values(DType::BF16, DType::F16),
-                         [](const auto& info) { return info.param == DType::BF16 ? "BF16" : "F16"; });
+FANOUT_LOW_TYPE_SUITE(ZooReference);
 
 // A tensor's values (any storage) and whether they are stored in a low type.
 V value_of_stored(const Tensor& t) {
