@@ -1,17 +1,31 @@
 // Public batch-normalization entry points: shape/dtype/device checks, then
-// dispatch; x, y, dy and dx in any floating storage and format through
-// staging (roles 0 to 2).
+// dispatch; x, y, dy and dx in any floating storage and format. CUDA reads
+// and writes them natively when they share one storage (dtype and format);
+// otherwise, and on the CPU, they go through staging (roles 0 to 2).
 #include "kernels/batchnorm.h"
 
 #include "kernels/dispatch.h"
 #include "kernels/staging.h"
 
+#include <initializer_list>
+
 namespace fanout::kernels {
 
 namespace {
-// x (N, C, ...) with at least 2 dims; returns C.
+// Whether the backend takes these operands as they are: CUDA, when each is
+// stored as the first is.
+bool native(const Context& ctx, std::initializer_list<const Tensor*> ts) {
+  if (!ctx.device().is_cuda()) return false;
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts)
+    if (t->dtype() != first.dtype() || t->format() != first.format()) return false;
+  return true;
+}
+// x (N, C, ...) with at least 2 dims; returns C. Float32 contiguous, or any
+// floating storage where the backend takes it natively.
 int64_t check_bn_input(const Context& ctx, const char* op, const char* name, const Tensor& x) {
-  detail::check_tensor(ctx, op, name, x);
+  if (ctx.device().is_cuda()) detail::check_storage(ctx, op, name, x);
+  else detail::check_tensor(ctx, op, name, x);
   FANOUT_CHECK(x.dim() >= 2) << op << ": " << name << " " << x.shape().str() << " must be (N, C, ...)";
   return x.size(1);
 }
@@ -42,7 +56,7 @@ void check_same_shape(const char* op, const char* a_name, const Tensor& a, const
 int64_t check_backward_inputs(const Context& ctx, const char* op, const Tensor& x, const Tensor& dy,
                               const Tensor& mean, const Tensor& invstd, const Tensor& grad_stats) {
   const int64_t c = check_bn_input(ctx, op, "x", x);
-  detail::check_tensor(ctx, op, "dy", dy);
+  check_bn_input(ctx, op, "dy", dy);
   check_same_shape(op, "x", x, "dy", dy);
   check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
@@ -52,7 +66,7 @@ int64_t check_backward_inputs(const Context& ctx, const char* op, const Tensor& 
 }  // namespace
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
-  const Tensor xs = detail::staged_in(ctx, "bn_stats", "x", 0, x);
+  const Tensor xs = native(ctx, {&x}) ? x : detail::staged_in(ctx, "bn_stats", "x", 0, x);
   const int64_t c = check_bn_input(ctx, "bn_stats", "x", xs);
   check_batch_stats(ctx, "bn_stats", stats, c);
   FANOUT_DISPATCH(ctx, bn_stats, ctx, xs, stats);
@@ -85,7 +99,7 @@ int64_t check_forward_io(const Context& ctx, const char* op, const Tensor& x, co
   const int64_t c = check_bn_input(ctx, op, "x", x);
   check_channel_vec(ctx, op, "gamma", gamma, c);
   check_channel_vec(ctx, op, "beta", beta, c);
-  detail::check_tensor(ctx, op, "y", y);
+  check_bn_input(ctx, op, "y", y);
   check_same_shape(op, "x", x, "y", y);
   return c;
 }
@@ -94,30 +108,36 @@ int64_t check_forward_io(const Context& ctx, const char* op, const Tensor& x, co
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const char* op = "bn_apply";
-  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  auto run = [&](const Tensor& xs, Tensor& ys) {
     const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
     check_stats(ctx, op, "mean", mean, c);
     check_channel_vec(ctx, op, "invstd", invstd, c);
     FANOUT_DISPATCH(ctx, bn_apply, ctx, xs, mean, invstd, gamma, beta, ys);
-  });
+  };
+  if (native(ctx, {&x, &y})) return run(x, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, run);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const char* op = "bn_forward_eval";
   FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
-  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  auto run = [&](const Tensor& xs, Tensor& ys) {
     const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
     check_channel_vec(ctx, op, "running_mean", running_mean, c);
     check_channel_vec(ctx, op, "running_var", running_var, c);
     FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, xs, running_mean, running_var, gamma, beta, eps, ys);
-  });
+  };
+  if (native(ctx, {&x, &y})) return run(x, y);
+  detail::with_staged(ctx, op, "x", x, "y", y, run);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats) {
   const char* op = "bn_backward_reduce";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
+  const bool as_is = native(ctx, {&x, &dy});
+  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
   check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
   FANOUT_DISPATCH(ctx, bn_backward_reduce, ctx, xs, dys, mean, invstd, grad_stats);
 }
@@ -125,12 +145,14 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const char* op = "bn_backward_apply";
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
-  Tensor dxs = detail::staged_out(ctx, op, "dx", 2, dx);
+  const bool as_is = native(ctx, {&x, &dy, &dx});
+  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
+  Tensor dxs = as_is ? dx : detail::staged_out(ctx, op, "dx", 2, dx);
   const int64_t c = check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
   check_channel_vec(ctx, op, "gamma", gamma, c);
   FANOUT_CHECK(count >= 1) << op << ": count " << count << " for x " << x.shape().str();
-  detail::check_tensor(ctx, op, "dx", dxs);
+  check_bn_input(ctx, op, "dx", dxs);
   check_same_shape(op, "x", xs, "dx", dxs);
   FANOUT_CALL_BACKEND(ctx, bn_backward_apply, ctx, xs, dys, mean, invstd, gamma, grad_stats, count, dxs);
   detail::unstage(ctx, dxs, dx);

@@ -1,9 +1,11 @@
 // CUDA batch normalization, split as kernels/batchnorm.h (statistics,
 // finalize, apply; backward reduce, backward apply); CPU counterparts in
-// kernels/cpu/batchnorm.cpp. Tensors are viewed as (N, C, S). Reductions
-// accumulate in double (per-thread partials, block tree, then a fixed-order
-// sum of per-block partials: deterministic); elementwise passes use
-// per-channel constants computed exactly as the CPU path computes them.
+// kernels/cpu/batchnorm.cpp. Tensors are viewed as (N, C, S), stored NC(S)
+// or channels-last N(S)C, in float32, bfloat16 or float16 (read and written
+// natively: no staging copies). Reductions accumulate in double (per-thread
+// partials, block tree, then a fixed-order sum of per-block partials:
+// deterministic); elementwise passes use per-channel constants computed
+// exactly as the CPU path computes them.
 #include "kernels/batchnorm.h"
 
 #include "kernels/cuda/common.cuh"
@@ -15,29 +17,43 @@ namespace {
 
 using detail::Planes;
 using detail::planes_of;
+using detail::widen;
+
+// An (N, C, S) tensor's layout, NC(S) or channels-last N(S)C: the channel
+// of element i.
+template <class I>
+struct Layout {
+  I c, s;
+  bool last;
+  __device__ I channel(I i) const { return last ? i % c : (i / s) % c; }
+};
 
 // ---- reductions ----
 
 // a += x - k, b += (x - k)^2 with the pivot k = x[0, ch, 0] (the channel's
 // first value, near its mean; x - k is exact in double)
-template <class I>
-struct StatsOp {
-  const float* x;
-  int64_t s;
-  __device__ void operator()(I i, I ch, double& a, double& b) const {
-    const double v = static_cast<double>(x[i]) - static_cast<double>(x[static_cast<int64_t>(ch) * s]);
-    a += v;
-    b += v * v;
-  }
+template <class T>
+struct Stats {
+  template <class I>
+  struct Op {
+    const T* x;
+    int64_t pivot_stride;  // between the channels' first elements: S, or 1 channels-last
+    __device__ void operator()(I i, I ch, double& a, double& b) const {
+      const double v = static_cast<double>(widen(x[i])) - static_cast<double>(widen(x[ch * pivot_stride]));
+      a += v;
+      b += v * v;
+    }
+  };
 };
 // stats (3, C) float64 = (sum x, sum (x - mean)^2, (sum x)^2 / count), written (=)
+template <class T>
 struct StatsFin {
   double* stats;
-  const float* x;
-  int64_t c, s;
+  const T* x;
+  int64_t c, pivot_stride;
   double count;
   __device__ void operator()(int64_t ch, double a, double b) const {
-    const double sum = a + count * static_cast<double>(x[ch * s]);
+    const double sum = a + count * static_cast<double>(widen(x[ch * pivot_stride]));
     stats[ch] = sum;
     stats[c + ch] = fmax(0.0, b - a * a / count);
     stats[2 * c + ch] = sum * sum / count;
@@ -45,17 +61,21 @@ struct StatsFin {
 };
 
 // a += dy, b += dy * (x - mean)
-template <class I>
-struct GradStatsOp {
-  const float* x;
-  const float* dy;
-  const float* mean;  // (2, C): hi, lo
-  int64_t c;
-  __device__ void operator()(I i, I ch, double& a, double& b) const {
-    const double g = dy[i];
-    a += g;
-    b += g * (static_cast<double>(x[i]) - (static_cast<double>(mean[ch]) + static_cast<double>(mean[c + ch])));
-  }
+template <class T>
+struct GradStats {
+  template <class I>
+  struct Op {
+    const T* x;
+    const T* dy;
+    const float* mean;  // (2, C): hi, lo
+    int64_t c;
+    __device__ void operator()(I i, I ch, double& a, double& b) const {
+      const double g = widen(dy[i]);
+      a += g;
+      b += g * (static_cast<double>(widen(x[i])) -
+                (static_cast<double>(mean[ch]) + static_cast<double>(mean[c + ch])));
+    }
+  };
 };
 // grad_stats (2, C) = (sum dy, sum dy * xhat), written (=)
 struct GradStatsFin {
@@ -67,6 +87,63 @@ struct GradStatsFin {
     grad_stats[c + ch] = static_cast<float>(b * static_cast<double>(invstd[ch]));
   }
 };
+
+// Channels-last partial sums: block p takes rows [p * per, (p + 1) * per) of
+// the (rows, C) matrix, threads spread over a tile of channels and over rows
+// (coalesced: a warp reads consecutive channels of a row); the rows' lanes
+// are added in a fixed order in shared memory. partials (2, C, P) as
+// detail::channel_reduce's first pass writes them.
+template <class I, class Op>
+__global__ void channels_last_partials_kernel(Op op, I rows, I c, I per, double* __restrict__ partials) {
+  __shared__ double sa[detail::kThreads], sb[detail::kThreads];
+  const I p = static_cast<I>(blockIdx.x), np = static_cast<I>(gridDim.x);
+  const I r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (I c0 = 0; c0 < c; c0 += detail::kThreads) {
+    const I tile = c - c0 < detail::kThreads ? c - c0 : static_cast<I>(detail::kThreads);
+    const I lanes = static_cast<I>(detail::kThreads) / tile;
+    const I t = static_cast<I>(threadIdx.x), k = t % tile, lane = t / tile;
+    double a = 0.0, b = 0.0;
+    if (lane < lanes)
+      for (I r = r0 + lane; r < r1; r += lanes) op(r * c + c0 + k, c0 + k, a, b);
+    sa[t] = a;
+    sb[t] = b;
+    __syncthreads();
+    if (t < tile) {
+      double ta = 0.0, tb = 0.0;
+      for (I l = 0; l < lanes; ++l) {
+        ta += sa[l * tile + t];
+        tb += sb[l * tile + t];
+      }
+      partials[static_cast<int64_t>(c0 + t) * np + p] = ta;
+      partials[(static_cast<int64_t>(c) + c0 + t) * np + p] = tb;
+    }
+    __syncthreads();
+  }
+}
+
+// Per-channel double sums of an (N, C, S) tensor in either layout, handed to
+// fin as detail::channel_reduce does (the same fixed-order second pass):
+// deterministic for a shape and device.
+template <template <class> class OpFor, class Fin, class... Args>
+void reduce_channels(Context& ctx, const Planes& p, bool last, const Fin& fin, Args... args) {
+  if (!last) return detail::channel_reduce<OpFor>(ctx, p.n, p.c, p.s, fin, args...);
+  const int64_t rows = p.n * p.s;
+  const int64_t want = int64_t{detail::sm_count(ctx.device().index)} * 4;
+  const int np = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, detail::ceil_div(rows, 64), 1024})));
+  const int64_t per = detail::ceil_div(rows, np);
+  auto* partials = static_cast<double*>(ctx.workspace(sizeof(double) * 2 * static_cast<size_t>(p.c) * np));
+  cudaStream_t st = detail::stream_of(ctx);
+  detail::dispatch_index(rows * p.c, [&](auto tag) {
+    using I = decltype(tag);
+    channels_last_partials_kernel<I><<<np, detail::kThreads, 0, st>>>(
+        OpFor<I>{args...}, static_cast<I>(rows),
+        static_cast<I>(p.c), static_cast<I>(per), partials);
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+  detail::channel_finish_kernel<<<static_cast<int>(detail::ceil_div(p.c, detail::kThreads)), detail::kThreads, 0,
+                                  st>>>(fin, partials, p.c, np);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
 
 // ---- finalize: one thread per channel, double arithmetic as the CPU path ----
 
@@ -86,53 +163,76 @@ __global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, dou
   }
 }
 
-// ---- elementwise passes over (N, C, S) ----
+// ---- elementwise passes over (N, C, S) in either layout ----
 
-// y = (x - mean) * (invstd * gamma) + beta; y may alias x. Each kernel here
-// rounds what it writes as autocast asks (low: detail::low_mode).
-template <class I>
-__global__ void apply_kernel(const float* x, const float* __restrict__ mean, const float* __restrict__ invstd,
-                             const float* __restrict__ gamma, const float* __restrict__ beta, float* y, I c, I s,
+// What a pass stores: a low-type element rounds as it is stored; a float32
+// one is rounded as autocast asks (low: detail::low_mode).
+template <class T>
+__device__ __forceinline__ T store(float v, int low) {
+  return detail::narrow<T>(detail::round_low(v, low));
+}
+
+// y = (x - mean) * (invstd * gamma) + beta; y may alias x.
+template <class T, class I>
+__global__ void apply_kernel(const T* x, const float* __restrict__ mean, const float* __restrict__ invstd,
+                             const float* __restrict__ gamma, const float* __restrict__ beta, T* y, Layout<I> l,
                              I total, int low) {
   for (I i : detail::grid_stride(total)) {
-    const I ch = (i / s) % c;
+    const I ch = l.channel(i);
     const float k = invstd[ch] * gamma[ch];
-    y[i] = detail::round_low(((x[i] - mean[ch]) - mean[c + ch]) * k + beta[ch], low);  // mean (2, C): hi, lo
+    y[i] = store<T>(((widen(x[i]) - mean[ch]) - mean[l.c + ch]) * k + beta[ch], low);  // mean (2, C): hi, lo
   }
 }
 
 // Eval: k = gamma / sqrt(running_var + eps) computed in double as the CPU path.
-template <class I>
-__global__ void eval_kernel(const float* x, const float* __restrict__ rmean, const float* __restrict__ rvar,
-                            const float* __restrict__ gamma, const float* __restrict__ beta, double eps, float* y,
-                            I c, I s, I total, int low) {
+template <class T, class I>
+__global__ void eval_kernel(const T* x, const float* __restrict__ rmean, const float* __restrict__ rvar,
+                            const float* __restrict__ gamma, const float* __restrict__ beta, double eps, T* y,
+                            Layout<I> l, I total, int low) {
   for (I i : detail::grid_stride(total)) {
-    const I ch = (i / s) % c;
+    const I ch = l.channel(i);
     const float k = static_cast<float>(static_cast<double>(gamma[ch]) / sqrt(static_cast<double>(rvar[ch]) + eps));
-    y[i] = detail::round_low((x[i] - rmean[ch]) * k + beta[ch], low);
+    y[i] = store<T>((widen(x[i]) - rmean[ch]) * k + beta[ch], low);
   }
 }
 
 // dx = k * (dy - a) - (x - mean) * q, with k = gamma * invstd,
 // a = sum_dy / count, q = k * invstd * sum_dy_xhat / count (per channel, from
 // double as the CPU path). dx may alias dy.
-template <class I>
-__global__ void backward_apply_kernel(const float* x, const float* dy, const float* __restrict__ mean,
+template <class T, class I>
+__global__ void backward_apply_kernel(const T* x, const T* dy, const float* __restrict__ mean,
                                       const float* __restrict__ invstd, const float* __restrict__ gamma,
-                                      const float* __restrict__ grad_stats, double inv_count, float* dx, I c, I s,
+                                      const float* __restrict__ grad_stats, double inv_count, T* dx, Layout<I> l,
                                       I total, int low) {
   for (I i : detail::grid_stride(total)) {
-    const I ch = (i / s) % c;
+    const I ch = l.channel(i);
     const double k = static_cast<double>(gamma[ch]) * static_cast<double>(invstd[ch]);
     const float kf = static_cast<float>(k);
     const float a = static_cast<float>(static_cast<double>(grad_stats[ch]) * inv_count);
-    const float q =
-        static_cast<float>(k * static_cast<double>(invstd[ch]) * static_cast<double>(grad_stats[c + ch]) * inv_count);
-    dx[i] = detail::round_low(kf * (dy[i] - a) - ((x[i] - mean[ch]) - mean[c + ch]) * q, low);
+    const float q = static_cast<float>(k * static_cast<double>(invstd[ch]) *
+                                       static_cast<double>(grad_stats[l.c + ch]) * inv_count);
+    dx[i] = store<T>(kf * (widen(dy[i]) - a) - ((widen(x[i]) - mean[ch]) - mean[l.c + ch]) * q, low);
   }
 }
 
+// launch(T{}, I{}, Layout<I>, blocks, stream) over x's elements, T its storage.
+template <class Launch>
+void per_element(Context& ctx, const Tensor& x, Launch&& launch) {
+  const Planes p = planes_of(x);
+  const int64_t total = x.numel();
+  detail::with_storage(x.dtype(), [&](auto t) {
+    detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
+      using I = decltype(tag);
+      launch(t, tag, Layout<I>{static_cast<I>(p.c), static_cast<I>(p.s), x.channels_last()}, static_cast<I>(total),
+             blocks, st);
+    });
+  });
+}
+
 }  // namespace
+
+// The entry points take x, y, dy and dx in any floating storage and either
+// format, all alike (kernels/batchnorm.cpp checks), natively.
 
 // x (N, C, ...) -> stats (3, C) float64 (=), as kernels/batchnorm.h.
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
@@ -144,8 +244,13 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
     return;
   }
   const double count = static_cast<double>(p.n * p.s);
-  detail::channel_reduce<StatsOp>(ctx, p.n, p.c, p.s, StatsFin{stats.f64(), x.f32(), p.c, p.s, count}, x.f32(),
-                                  p.s);
+  const bool last = x.channels_last();
+  detail::with_storage(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const int64_t pivot_stride = last ? 1 : p.s;
+    reduce_channels<Stats<T>::template Op>(ctx, p, last, StatsFin<T>{stats.f64(), x.data<T>(), p.c, pivot_stride, count},
+                                           x.data<T>(), pivot_stride);
+  });
 }
 
 void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, float momentum, Tensor& mean,
@@ -167,27 +272,22 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
 // y = (x - mean) * invstd * gamma + beta (=).
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
-  const Planes p = planes_of(x);
-  const int64_t total = x.numel();
-  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
-    using I = decltype(tag);
-    apply_kernel<I><<<blocks, detail::kThreads, 0, st>>>(x.f32(), mean.f32(), invstd.f32(), gamma.f32(),
-                                                         beta.f32(), y.f32(), static_cast<I>(p.c),
-                                                         static_cast<I>(p.s), static_cast<I>(total),
-                                                         detail::low_mode(ctx));
+  per_element(ctx, x, [&](auto t, auto, auto l, auto total, int blocks, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(total);
+    apply_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(x.data<T>(), mean.f32(), invstd.f32(), gamma.f32(),
+                                                            beta.f32(), y.data<T>(), l, total, detail::low_mode(ctx));
   });
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
-  const Planes p = planes_of(x);
-  const int64_t total = x.numel();
-  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
-    using I = decltype(tag);
-    eval_kernel<I><<<blocks, detail::kThreads, 0, st>>>(x.f32(), running_mean.f32(), running_var.f32(), gamma.f32(),
-                                                        beta.f32(), static_cast<double>(eps), y.f32(),
-                                                        static_cast<I>(p.c), static_cast<I>(p.s),
-                                                        static_cast<I>(total), detail::low_mode(ctx));
+  per_element(ctx, x, [&](auto t, auto, auto l, auto total, int blocks, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(total);
+    eval_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(x.data<T>(), running_mean.f32(), running_var.f32(),
+                                                           gamma.f32(), beta.f32(), static_cast<double>(eps),
+                                                           y.data<T>(), l, total, detail::low_mode(ctx));
   });
 }
 
@@ -197,21 +297,24 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   const Planes p = planes_of(x);
   if (p.c == 0) return;
   detail::DeviceScope scope(ctx);
-  detail::channel_reduce<GradStatsOp>(ctx, p.n, p.c, p.s, GradStatsFin{grad_stats.f32(), invstd.f32(), p.c}, x.f32(),
-                                      dy.f32(), mean.f32(), p.c);
+  detail::with_storage(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    reduce_channels<GradStats<T>::template Op>(ctx, p, x.channels_last(),
+                                               GradStatsFin{grad_stats.f32(), invstd.f32(), p.c}, x.data<T>(),
+                                               dy.data<T>(), mean.f32(), p.c);
+  });
 }
 
 // dx (=) = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
-  const Planes p = planes_of(x);
-  const int64_t total = x.numel();
   const double inv_count = 1.0 / static_cast<double>(count);
-  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
-    using I = decltype(tag);
-    backward_apply_kernel<I><<<blocks, detail::kThreads, 0, st>>>(
-        x.f32(), dy.f32(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count, dx.f32(),
-        static_cast<I>(p.c), static_cast<I>(p.s), static_cast<I>(total), detail::low_mode(ctx));
+  per_element(ctx, x, [&](auto t, auto, auto l, auto total, int blocks, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(total);
+    backward_apply_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(
+        x.data<T>(), dy.data<T>(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count,
+        dx.data<T>(), l, total, detail::low_mode(ctx));
   });
 }
 

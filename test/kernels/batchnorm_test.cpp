@@ -266,12 +266,13 @@ TEST_P(BatchNormOnBackend, TrainingGradients) {
 
 // x, y, dy and dx in low-type storage, either format (statistics and
 // parameters float32): y and dx against the double formulas on the stored
-// values, within one rounding to the type.
+// values, within one rounding to the type. 300 channels: more than a block
+// of threads (CUDA's channels-last reduction takes them in tiles).
 TEST_P(BatchNormOnBackend, LowStorageInEitherFormat) {
   std::mt19937_64 rng(67);
-  const Shape s{4, 6, 5, 7};
+  for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{2, 300, 3, 3}})
   for (const ft::StorageCase& sc : ft::low_storage_cases()) {
-    SCOPED_TRACE(sc.name());
+    SCOPED_TRACE(sc.name() + " " + s.str());
     BnRun f = make(s, rng);
     const Tensor xs = ft::stored_copy(f.x, sc.dtype, sc.format);
     const Tensor rs = ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format);
