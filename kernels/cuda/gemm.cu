@@ -24,41 +24,74 @@ __global__ void scale_matrix_kernel(float* c, int64_t m, int64_t n, int64_t ldc,
     v = beta == 0.0f ? 0.0f : v * beta;
   }
 }
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: FANOUT_FAIL() << "cuBLAS takes no " << dtype_name(t) << " operands";
+  }
+}
 }  // namespace
 
-void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace detail {
+
+void gemm_ex(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const void* a, DType a_type, int64_t lda, const void* b, DType b_type, int64_t ldb, float beta, void* c,
+             DType c_type, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  detail::DeviceScope scope(ctx);
+  const bool low = low_precision(ctx);
+  const DType ab = low ? ctx.math.autocast : DType::F32;
+  FANOUT_CHECK((a_type == DType::F32 || a_type == ab) && (b_type == DType::F32 || b_type == ab) &&
+               (c_type == DType::F32 || c_type == ab))
+      << "gemm: operands " << dtype_name(a_type) << ", " << dtype_name(b_type) << " and " << dtype_name(c_type)
+      << " under autocast to " << dtype_name(ctx.math.autocast);
+  DeviceScope scope(ctx);
   if (k == 0 || alpha == 0.0f) {
     if (beta == 1.0f) return;
-    scale_matrix_kernel<<<detail::grid_for(ctx, m * n), detail::kThreads, 0, detail::stream_of(ctx)>>>(c, m, n, ldc,
-                                                                                                     beta);
+    if (beta == 0.0f) {  // zeros, even over NaN (the BLAS convention): all-zero bits in every type
+      const size_t size = dtype_size(c_type);
+      FANOUT_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * size, 0, static_cast<size_t>(n) * size,
+                                          static_cast<size_t>(m), stream_of(ctx)));
+      return;
+    }
+    FANOUT_CHECK(c_type == DType::F32) << "gemm: an empty product scaling a " << dtype_name(c_type) << " C";
+    scale_matrix_kernel<<<grid_for(ctx, m * n), kThreads, 0, stream_of(ctx)>>>(static_cast<float*>(c), m, n, ldc,
+                                                                              beta);
     FANOUT_CUDA_CHECK_LAUNCH();
     return;
   }
-  auto handle = static_cast<cublasHandle_t>(ctx.cublas());  // bound to ctx.compute() at creation
-  const bool low = detail::low_precision(ctx);
-  const cublasComputeType_t compute =
-      ctx.math.allow_tf32 && !low ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const void *ap = a, *bp = b;
-  cudaDataType_t ab_type = CUDA_R_32F;
-  if (low) {
-    // The rows op(A) and op(B) span in memory, narrowed into low-type buffers with the same strides.
-    const int64_t a_span = ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
-    const int64_t b_span = ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
-    Tensor al = detail::low_buffer(ctx, 0, Shape{a_span}), bl = detail::low_buffer(ctx, 1, Shape{b_span});
-    detail::narrow_into(ctx, a, al, a_span);
-    detail::narrow_into(ctx, b, bl, b_span);
-    ap = al.raw();
-    bp = bl.raw();
-    ab_type = ctx.math.autocast == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  auto handle = static_cast<cublasHandle_t>(ctx.cublas());
+  const cublasComputeType_t compute = ctx.math.allow_tf32 && !low ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // Float32 operands under autocast: the rows op(A) and op(B) span, narrowed
+  // into low-type buffers with the same strides; low-type ones as they are.
+  if (low && a_type == DType::F32) {
+    const int64_t span = ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
+    Tensor l = low_buffer(ctx, 0, Shape{span});
+    narrow_into(ctx, static_cast<const float*>(a), l, span);
+    a = l.raw();
   }
+  if (low && b_type == DType::F32) {
+    const int64_t span = ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+    Tensor l = low_buffer(ctx, 1, Shape{span});
+    narrow_into(ctx, static_cast<const float*>(b), l, span);
+    b = l.raw();
+  }
+  const cudaDataType_t abt = cuda_type(ab);
   // Sizes and strides were checked to fit in int by the public entry point.
   FANOUT_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, bp, ab_type,
-                                   static_cast<int>(ldb), ap, ab_type, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, abt,
+                                   static_cast<int>(ldb), a, abt, static_cast<int>(lda), &beta, c, cuda_type(c_type),
                                    static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace detail
+
+void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  detail::gemm_ex(ctx, trans_a, trans_b, m, n, k, alpha, a, DType::F32, lda, b, DType::F32, ldb, beta, c, DType::F32,
+                  ldc);
 }
 
 // Float32 operands always (no autocast narrowing); TF32 only when

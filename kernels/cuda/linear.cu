@@ -1,29 +1,31 @@
 // CUDA fully connected layer: cuBLAS GEMMs plus two small kernels (bias
 // broadcast, bias gradient); CPU counterpart in kernels/cpu/linear.cpp.
+// x, y, dy and dx are float32 or, under autocast, of its low type, read and
+// written as they are (detail::gemm_ex).
 #include "kernels/linear.h"
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/gemm.h"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
 namespace {
-// y (rows, cols) = b broadcast over rows, written (=).
-template <class I>
-__global__ void broadcast_rows_kernel(const float* __restrict__ b, float* __restrict__ y, I rows, I cols) {
+// y (rows, cols) = b broadcast over rows, written (=) in y's storage.
+template <class T, class I>
+__global__ void broadcast_rows_kernel(const float* __restrict__ b, T* __restrict__ y, I rows, I cols) {
   const I total = rows * cols;
   for (I i : detail::grid_stride(total))
-    y[i] = b[i % cols];
+    y[i] = detail::narrow<T>(b[i % cols]);
 }
 
 // db (cols) += column sums of dy (rows, cols). One thread per column, rows in
 // order: deterministic, and coalesced (neighbouring threads read neighbouring
 // columns of a row).
-__global__ void column_sum_add_kernel(const float* __restrict__ dy, float* __restrict__ db, int64_t rows,
-                                      int64_t cols) {
+template <class T>
+__global__ void column_sum_add_kernel(const T* __restrict__ dy, float* __restrict__ db, int64_t rows, int64_t cols) {
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < cols; j += int64_t{gridDim.x} * blockDim.x) {
     float s = 0.0f;
-    for (int64_t i = 0; i < rows; ++i) s += dy[i * cols + j];
+    for (int64_t i = 0; i < rows; ++i) s += detail::widen(dy[i * cols + j]);
     db[j] += s;
   }
 }
@@ -34,16 +36,20 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   if (n == 0 || out == 0) return;
   detail::DeviceScope scope(ctx);
-  float* yp = y.f32();
   if (b) {
-    // y = b broadcast over rows, then y += x W^T (as the CPU path).
-    detail::launch_per_element(ctx, n * out, n * out, [&](auto tag, int blocks, cudaStream_t st) {
-      using I = decltype(tag);
-      broadcast_rows_kernel<I><<<blocks, detail::kThreads, 0, st>>>(b->f32(), yp, static_cast<I>(n),
-                                                                    static_cast<I>(out));
+    // y = b broadcast over rows, then y += x W^T (as the CPU path; a low-type
+    // y is rounded once, after the sum).
+    detail::with_storage(y.dtype(), [&](auto t) {
+      using T = decltype(t);
+      detail::launch_per_element(ctx, n * out, n * out, [&](auto tag, int blocks, cudaStream_t st) {
+        using I = decltype(tag);
+        broadcast_rows_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(b->f32(), y.data<T>(), static_cast<I>(n),
+                                                                         static_cast<I>(out));
+      });
     });
   }
-  gemm(ctx, false, true, n, out, in, 1.0f, x.f32(), in, w.f32(), in, b ? 1.0f : 0.0f, yp, out);
+  detail::gemm_ex(ctx, false, true, n, out, in, 1.0f, x.raw(), x.dtype(), in, w.f32(), DType::F32, in,
+                  b ? 1.0f : 0.0f, y.raw(), y.dtype(), out);
 }
 
 // dy (N, out). dx (N, in) = dy W (=) when non-null; dw += dy^T x; db += column sums of dy.
@@ -51,13 +57,18 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
                      Tensor* db) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   detail::DeviceScope scope(ctx);
-  const float* dyp = dy.f32();
-  if (dx) gemm(ctx, false, false, n, in, out, 1.0f, dyp, out, w.f32(), in, 0.0f, dx->f32(), in);
-  gemm(ctx, true, false, out, in, n, 1.0f, dyp, out, x.f32(), in, 1.0f, dw.f32(), in);
+  if (dx)
+    detail::gemm_ex(ctx, false, false, n, in, out, 1.0f, dy.raw(), dy.dtype(), out, w.f32(), DType::F32, in, 0.0f,
+                    dx->raw(), dx->dtype(), in);
+  detail::gemm_ex(ctx, true, false, out, in, n, 1.0f, dy.raw(), dy.dtype(), out, x.raw(), x.dtype(), in, 1.0f,
+                  dw.f32(), DType::F32, in);
   if (db && out > 0 && n > 0) {
-    column_sum_add_kernel<<<detail::grid_for(ctx, out), detail::kThreads, 0, detail::stream_of(ctx)>>>(dyp, db->f32(),
-                                                                                                     n, out);
-    FANOUT_CUDA_CHECK_LAUNCH();
+    detail::with_storage(dy.dtype(), [&](auto t) {
+      using T = decltype(t);
+      column_sum_add_kernel<T><<<detail::grid_for(ctx, out), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+          dy.data<T>(), db->f32(), n, out);
+      FANOUT_CUDA_CHECK_LAUNCH();
+    });
   }
 }
 

@@ -111,6 +111,16 @@ inline Tensor low_buffer(Context& ctx, int role, const Shape& s) {
   return t;
 }
 
+// Row-major C = alpha op(A) op(B) + beta C through cuBLAS (kernels/cuda/
+// gemm.cu), each operand float32 or, under autocast, its low type: float32
+// A and B are narrowed as autocast asks, low-type ones read as they are; C
+// of the low type is rounded once as cuBLAS writes it; float32
+// accumulation. An empty product (k or alpha 0) scales C: by 0 in any
+// type, by other factors a float32 C.
+void gemm_ex(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+             DType a_type, int64_t lda, const void* b, DType b_type, int64_t ldb, float beta, void* c, DType c_type,
+             int64_t ldc);
+
 // dst (low type, n elements) = src narrowed; kernels/cuda/convert.cu.
 void narrow_into(Context& ctx, const float* src, Tensor& dst, int64_t n);
 // dst (float32) += widen(src), over src's elements.

@@ -9,6 +9,7 @@
 
 #include "kernels/backend_test_util.h"
 #include "kernels/linear.h"
+#include "kernels/storage_test_util.h"
 #include "runtime/core/error.h"
 
 namespace fanout {
@@ -81,6 +82,40 @@ TEST_P(LinearOnBackend, ForwardBackwardAgainstNaive) {
       EXPECT_TRUE(ft::same_bits(db, db0)) << "db untouched without a bias";
     }
     EXPECT_GT(ft::l2_norm(y), 0.0);
+  }
+}
+
+// Under autocast, activations stored in the low type (x, y, dy, dx), the
+// weight and bias float32 holding low-type values (as the layer rounds
+// them): y and dx within one rounding of the double formulas on the stored
+// values, dw and db (float32 sums) within float32's error.
+TEST_P(LinearOnBackend, LowTypeActivations) {
+  std::mt19937_64 rng(35);
+  const int64_t n = 9, in = 40, out = 12;
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor xs = ft::random_stored(Shape{n, in}, t, MemoryFormat::Contiguous, rng);
+    const Tensor dys = ft::random_stored(Shape{n, out}, t, MemoryFormat::Contiguous, rng);
+    const Tensor w = ft::float32_values(ft::random_stored(Shape{out, in}, t, MemoryFormat::Contiguous, rng));
+    const Tensor b = ft::float32_values(ft::random_stored(Shape{out}, t, MemoryFormat::Contiguous, rng));
+    const LinearRef ref = naive_linear(ft::float32_values(xs), w, &b, ft::float32_values(dys));
+    ctx().math.autocast = t;
+    Tensor y = up(ft::poisoned_stored(Shape{n, out}, t, MemoryFormat::Contiguous));
+    Tensor dx = up(ft::poisoned_stored(Shape{n, in}, t, MemoryFormat::Contiguous));
+    Tensor dw = up(Tensor::zeros(Shape{out, in})), db = up(Tensor::zeros(Shape{out}));
+    const Tensor xd = up(xs), wd = up(w), bd = up(b);
+    kernels::linear_forward(ctx(), xd, wd, &bd, y);
+    kernels::linear_backward(ctx(), xd, wd, up(dys), &dx, dw, &db);
+    ctx().math.autocast = DType::F32;
+    const Tensor yh = down(y), dxh = down(dx), dwh = down(dw), dbh = down(db);
+    ASSERT_EQ(yh.dtype(), t);
+    ASSERT_EQ(dxh.dtype(), t);
+    const double u = ft::unit_roundoff(t);
+    for (int64_t i = 0; i < n * out; ++i) ASSERT_NEAR(ft::stored(yh, i), ref.y[i], u * std::abs(ref.y[i]) + 1e-5) << i;
+    for (int64_t i = 0; i < n * in; ++i)
+      ASSERT_NEAR(ft::stored(dxh, i), ref.dx[i], u * std::abs(ref.dx[i]) + 1e-5) << i;
+    expect_close(dwh, ref.dw, 1e-5, "dw");
+    expect_close(dbh, ref.db, 1e-5, "db");
   }
 }
 

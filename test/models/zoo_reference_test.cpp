@@ -13,11 +13,11 @@
 // where a float32 sum and the float64 one round to neighbouring values: all
 // but 0.2% of the values are equal and none is farther than one rounding.
 // A whole step compared end to end would not show that: a flip moves what
-// follows it, and in resnet18 the reference's own gradients move by 100 u
-// and more when its convolutions sum in float32 instead of float64 (u the
+// follows it, and in resnet18 the reference's own gradients move by 75 u
+// when its convolutions sum in float32 instead of float64 (u the
 // low type's unit roundoff). resnet18's BasicBlocks chain five roundings
 // that the reference takes from its own values, so they are held by norm
-// (within 3 u; measured 0.9 u bfloat16, 0.7 u float16).
+// (within 2 u; measured 0.44 u bfloat16, 0.72 u float16).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -223,7 +223,7 @@ StepAgreement step_against_reference(const ZooCase& z, DType engine, DType t) {
 
 TEST_P(ZooReference, EachLayerOfAStepMatchesTheRoundedFloat64Reference) {
   const DType t = GetParam();
-  const double u = t == DType::BF16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -11);
+  const double u = t == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);  // the unit roundoff
   for (const ZooCase& z : kZoo) {
     SCOPED_TRACE(z.model);
     const StepAgreement a = step_against_reference(z, t, t);
@@ -235,8 +235,8 @@ TEST_P(ZooReference, EachLayerOfAStepMatchesTheRoundedFloat64Reference) {
     EXPECT_GE(layers.equal, layers.total - layers.total / 500);
     EXPECT_LE(layers.worst_spacings, 1.0) << layers.at_spacings;
     EXPECT_LT(layers.worst_rel, u) << layers.at_rel;
-    // Chains of roundings: by norm.
-    EXPECT_LT(blocks.worst_rel, 3 * u) << blocks.at_rel;
+    // Chains of roundings: by norm (measured 0.44 u bfloat16, 0.72 u float16).
+    EXPECT_LT(blocks.worst_rel, 2 * u) << blocks.at_rel;
   }
   // The comparison can fail: a float32 step matches the rounded reference in few values.
   const StepAgreement f32 = step_against_reference(kZoo[2], DType::F32, t);
