@@ -7,25 +7,13 @@
 #include "kernels/dispatch.h"
 #include "kernels/staging.h"
 
-#include <initializer_list>
-
 namespace fanout::kernels {
 
 namespace {
-// Whether the backend takes these operands as they are: CUDA, when each is
-// stored as the first is.
-bool native(const Context& ctx, std::initializer_list<const Tensor*> ts) {
-  if (!ctx.device().is_cuda()) return false;
-  const Tensor& first = **ts.begin();
-  for (const Tensor* t : ts)
-    if (t->dtype() != first.dtype() || t->format() != first.format()) return false;
-  return true;
-}
 // x (N, C, ...) with at least 2 dims; returns C. Float32 contiguous, or any
 // floating storage where the backend takes it natively.
 int64_t check_bn_input(const Context& ctx, const char* op, const char* name, const Tensor& x) {
-  if (ctx.device().is_cuda()) detail::check_storage(ctx, op, name, x);
-  else detail::check_tensor(ctx, op, name, x);
+  detail::check_activation(ctx, op, name, x);
   FANOUT_CHECK(x.dim() >= 2) << op << ": " << name << " " << x.shape().str() << " must be (N, C, ...)";
   return x.size(1);
 }
@@ -66,7 +54,7 @@ int64_t check_backward_inputs(const Context& ctx, const char* op, const Tensor& 
 }  // namespace
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
-  const Tensor xs = native(ctx, {&x}) ? x : detail::staged_in(ctx, "bn_stats", "x", 0, x);
+  const Tensor xs = detail::cuda_alike(ctx, {&x}) ? x : detail::staged_in(ctx, "bn_stats", "x", 0, x);
   const int64_t c = check_bn_input(ctx, "bn_stats", "x", xs);
   check_batch_stats(ctx, "bn_stats", stats, c);
   FANOUT_DISPATCH(ctx, bn_stats, ctx, xs, stats);
@@ -114,8 +102,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
     check_channel_vec(ctx, op, "invstd", invstd, c);
     FANOUT_DISPATCH(ctx, bn_apply, ctx, xs, mean, invstd, gamma, beta, ys);
   };
-  if (native(ctx, {&x, &y})) return run(x, y);
-  detail::with_staged(ctx, op, "x", x, "y", y, run);
+  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, run);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -128,14 +115,13 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
     check_channel_vec(ctx, op, "running_var", running_var, c);
     FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, xs, running_mean, running_var, gamma, beta, eps, ys);
   };
-  if (native(ctx, {&x, &y})) return run(x, y);
-  detail::with_staged(ctx, op, "x", x, "y", y, run);
+  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, run);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats) {
   const char* op = "bn_backward_reduce";
-  const bool as_is = native(ctx, {&x, &dy});
+  const bool as_is = detail::cuda_alike(ctx, {&x, &dy});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
   check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
@@ -145,7 +131,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const char* op = "bn_backward_apply";
-  const bool as_is = native(ctx, {&x, &dy, &dx});
+  const bool as_is = detail::cuda_alike(ctx, {&x, &dy, &dx});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
   Tensor dxs = as_is ? dx : detail::staged_out(ctx, op, "dx", 2, dx);

@@ -20,11 +20,7 @@ bool native(const Context& ctx, std::initializer_list<const Tensor*> ts) {
     if (t->channels_last() || (t->dtype() != DType::F32 && t->dtype() != ctx.math.autocast)) return false;
   return true;
 }
-// An activation: float32 contiguous, or where the backend takes it natively any floating storage.
-void check_activation(const Context& ctx, const char* op, const char* name, const Tensor& t) {
-  if (ctx.device().is_cuda()) detail::check_storage(ctx, op, name, t);
-  else detail::check_tensor(ctx, op, name, t);
-}
+using detail::check_activation;
 // x (N, in), w (out, in), b (out) or null.
 void check_linear(const Context& ctx, const char* op, const Tensor& x, const Tensor& w, const Tensor* b,
                   bool b_is_grad = false) {

@@ -1,6 +1,7 @@
 // Public pooling and upsampling entry points for both ranks (kernels/pool.h):
 // output shapes, shape/dtype/device checks, then dispatch; activations in any
-// floating storage and format through staging.
+// floating storage and format: CUDA takes them as they are when they are
+// stored alike, the CPU (and CUDA otherwise) through staging.
 #include "kernels/pool.h"
 
 #include <algorithm>
@@ -56,11 +57,12 @@ Shape upsample3d_output_shape(const Shape& x, int64_t scale) {
 }
 
 namespace {
-// t on the context with dtype dt and `spatial` spatial axes.
+// t on the context (an activation, or an int32 argmax) with `spatial` spatial axes.
 void check_rank(const Context& ctx, const char* op, const char* name, const Tensor& t, int spatial,
-                DType dt = DType::F32) {
+                bool argmax = false) {
   FANOUT_CHECK(spatial == 2 || spatial == 3) << op << ": pooling over " << spatial << " spatial axes";
-  detail::check_tensor(ctx, op, name, t, dt);
+  if (argmax) detail::check_tensor(ctx, op, name, t, DType::I32);
+  else detail::check_activation(ctx, op, name, t);
   FANOUT_CHECK(t.dim() == spatial + 2) << op << ": " << name << " " << t.shape().str() << " must be "
                                        << layout(spatial);
 }
@@ -93,7 +95,7 @@ void check_pool_forward(const Context& ctx, const char* op, int spatial, const T
                         const Tensor& y, const Tensor* argmax) {
   check_rank(ctx, op, "x", x, spatial);
   check_volume_indexable(op, x);
-  detail::check_tensor(ctx, op, "y", y);
+  detail::check_activation(ctx, op, "y", y);
   check_pooled(op, spatial, x, g, "y", y);
   if (!argmax) return;
   detail::check_tensor(ctx, op, "argmax", *argmax, DType::I32);
@@ -103,7 +105,7 @@ void check_pool_forward(const Context& ctx, const char* op, int spatial, const T
 void check_max_backward(const Context& ctx, const char* op, int spatial, const Tensor& dy, const Tensor& argmax,
                         const Tensor& dx) {
   check_rank(ctx, op, "dy", dy, spatial);
-  check_rank(ctx, op, "argmax", argmax, spatial, DType::I32);
+  check_rank(ctx, op, "argmax", argmax, spatial, /*argmax=*/true);
   check_rank(ctx, op, "dx", dx, spatial);
   check_volume_indexable(op, dx);
   FANOUT_CHECK(argmax.shape() == dy.shape() && dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1))
@@ -113,17 +115,17 @@ void check_max_backward(const Context& ctx, const char* op, int spatial, const T
 // Average pooling's backward: dy of dx's pooled shape.
 void check_avg_backward(const Context& ctx, const char* op, int spatial, const Tensor& dy, const PoolGeometry& g,
                         const Tensor& dx) {
-  detail::check_tensor(ctx, op, "dy", dy);
+  detail::check_activation(ctx, op, "dy", dy);
   check_rank(ctx, op, "dx", dx, spatial);
   check_pooled(op, spatial, dx, g, "dy", dy);
 }
 }  // namespace
 
-// Every entry point stages its activations (kernels/staging.h).
+// Every entry point takes its activations as they are on CUDA when they are stored alike, else staged.
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
   const char* op = "maxpool_forward";
-  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
     check_pool_forward(ctx, op, spatial, xs, g, ys, &argmax);
     FANOUT_DISPATCH(ctx, maxpool_forward, ctx, spatial, xs, g, ys, argmax);
   });
@@ -131,7 +133,7 @@ void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeome
 
 void maxpool_backward(Context& ctx, int spatial, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   const char* op = "maxpool_backward";
-  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+  detail::with_staged_unless_alike(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
     check_max_backward(ctx, op, spatial, dys, argmax, dxs);
     FANOUT_DISPATCH(ctx, maxpool_backward, ctx, spatial, dys, argmax, dxs);
   });
@@ -139,7 +141,7 @@ void maxpool_backward(Context& ctx, int spatial, const Tensor& dy, const Tensor&
 
 void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
   const char* op = "avgpool_forward";
-  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
     check_pool_forward(ctx, op, spatial, xs, g, ys, nullptr);
     FANOUT_DISPATCH(ctx, avgpool_forward, ctx, spatial, xs, g, ys);
   });
@@ -147,7 +149,7 @@ void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeome
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
   const char* op = "avgpool_backward";
-  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+  detail::with_staged_unless_alike(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
     check_avg_backward(ctx, op, spatial, dys, g, dxs);
     FANOUT_DISPATCH(ctx, avgpool_backward, ctx, spatial, dys, g, dxs);
   });
@@ -155,9 +157,9 @@ void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeo
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
   const char* op = "global_avgpool_forward";
-  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
     check_rank(ctx, op, "x", xs, 2);
-    detail::check_tensor(ctx, op, "y", ys);
+    detail::check_activation(ctx, op, "y", ys);
     check_global(op, xs, "y", ys);
     FANOUT_DISPATCH(ctx, global_avgpool_forward, ctx, xs, ys);
   });
@@ -165,8 +167,8 @@ void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   const char* op = "global_avgpool_backward";
-  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
-    detail::check_tensor(ctx, op, "dy", dys);
+  detail::with_staged_unless_alike(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+    detail::check_activation(ctx, op, "dy", dys);
     check_rank(ctx, op, "dx", dxs, 2);
     check_global(op, dxs, "dy", dys);
     FANOUT_DISPATCH(ctx, global_avgpool_backward, ctx, dys, dxs);
@@ -175,9 +177,9 @@ void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
   const char* op = "upsample3d_nearest_forward";
-  detail::with_staged(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
     check_rank(ctx, op, "x", xs, 3);
-    detail::check_tensor(ctx, op, "y", ys);
+    detail::check_activation(ctx, op, "y", ys);
     check_upsampled(op, xs, scale, "y", ys);
     FANOUT_DISPATCH(ctx, upsample3d_nearest_forward, ctx, xs, scale, ys);
   });
@@ -185,8 +187,8 @@ void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Te
 
 void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
   const char* op = "upsample3d_nearest_backward";
-  detail::with_staged(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
-    detail::check_tensor(ctx, op, "dy", dys);
+  detail::with_staged_unless_alike(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+    detail::check_activation(ctx, op, "dy", dys);
     check_rank(ctx, op, "dx", dxs, 3);
     check_upsampled(op, dxs, scale, "dy", dys);
     FANOUT_DISPATCH(ctx, upsample3d_nearest_backward, ctx, dys, scale, dxs);

@@ -5,6 +5,8 @@
 // from it (rounded once to the output's type). A float32 contiguous tensor
 // goes through untouched. Backends that read a storage natively skip this.
 #pragma once
+#include <initializer_list>
+
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "runtime/core/context.h"
@@ -42,6 +44,24 @@ inline void unstage(Context& ctx, const Tensor& staged, Tensor& out) {
   if (staged.raw() != out.raw()) convert(ctx, staged, out);
 }
 
+// Whether the backend takes these operands as they are: CUDA kernels that
+// read and write every floating storage natively do, when each operand is
+// stored as the first is (dtype and format).
+inline bool cuda_alike(const Context& ctx, std::initializer_list<const Tensor*> ts) {
+  if (!ctx.device().is_cuda()) return false;
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts)
+    if (t->dtype() != first.dtype() || t->format() != first.format()) return false;
+  return true;
+}
+
+// An activation's check: float32 contiguous for the backends that stage
+// (the CPU), any floating storage on CUDA.
+inline void check_activation(const Context& ctx, const char* op, const char* name, const Tensor& t) {
+  if (ctx.device().is_cuda()) check_storage(ctx, op, name, t);
+  else check_tensor(ctx, op, name, t);
+}
+
 // An entry point with one input and one output: run(xs, ys) on them as
 // float32 contiguous tensors (x staged in role 0, y in role 2), then y stored.
 template <class Run>
@@ -51,6 +71,14 @@ void with_staged(Context& ctx, const char* op, const char* x_name, const Tensor&
   Tensor ys = staged_out(ctx, op, y_name, 2, y);
   run(xs, ys);
   unstage(ctx, ys, y);
+}
+
+// with_staged, or run(x, y) on them as they are when cuda_alike.
+template <class Run>
+void with_staged_unless_alike(Context& ctx, const char* op, const char* x_name, const Tensor& x, const char* y_name,
+                              Tensor& y, Run&& run) {
+  if (cuda_alike(ctx, {&x, &y})) return run(x, y);
+  with_staged(ctx, op, x_name, x, y_name, y, run);
 }
 
 }  // namespace fanout::kernels::detail

@@ -1,11 +1,13 @@
-// CUDA pooling and upsampling over (N, C, H, W) or (N, C, D, H, W); CPU
-// counterparts in kernels/cpu/pool.cpp. A 2-D pooling runs as a 3-D one with
+// CUDA pooling and upsampling over (N, C, H, W) or (N, C, D, H, W), stored
+// NC... or channels-last, in float32, bfloat16 or float16 (read and written
+// natively, arithmetic in float32); CPU counterparts in kernels/cpu/pool.cpp. A 2-D pooling runs as a 3-D one with
 // depth 1 and a window of 1 along it. Windows are clipped to the volume
 // exactly as on the CPU: padding is never selected by max pooling and counts
 // as zeros for average pooling (divisor kernel^rank).
 #include "kernels/pool.h"
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -65,118 +67,147 @@ __device__ __forceinline__ Coords<I> coords_of(I i, I d, I h, I w) {
   return r;
 }
 
-// Output i's (sample, channel) volume and its window clipped to the volume:
-// [d0, d1) x [h0, h1) x [w0, w1), as the CPU path's each_window.
+// Where the elements of a (N, C, volume) tensor lie: NC(volume) or
+// channels-last N(volume)C. vol = n * C + c names a (sample, channel) volume;
+// at(vol, k, V) is element k of it, V the volume's size; volume_of(i, V)
+// the (vol, k) of the element stored at i (threads over i walk memory in
+// order, so neighbouring threads take neighbouring channels channels-last).
+template <class I>
+struct Layout {
+  I c;
+  bool last;
+  __device__ I at(I vol, I k, I v) const { return last ? ((vol / c) * v + k) * c + vol % c : vol * v + k; }
+  __device__ void volume_of(I i, I v, I& vol, I& k) const {
+    if (!last) {
+      vol = i / v;
+      k = i - vol * v;
+      return;
+    }
+    const I ch = i % c, t = i / c;
+    k = t % v;
+    vol = (t / v) * c + ch;
+  }
+};
+
+// Output (vol, k)'s window clipped to the volume: [d0, d1) x [h0, h1) x
+// [w0, w1), as the CPU path's each_window.
 template <class I>
 struct Box {
-  I vol, d0, d1, h0, h1, w0, w1;
+  I d0, d1, h0, h1, w0, w1;
 };
 template <class I>
-__device__ __forceinline__ Box<I> window_of(I i, const PoolDims<I>& d) {
-  const Coords<I> o = coords_of(i, d.out[0], d.out[1], d.out[2]);
+__device__ __forceinline__ Box<I> window_of(I k, const PoolDims<I>& d) {
+  const Coords<I> o = coords_of(k, d.out[0], d.out[1], d.out[2]);
   Box<I> b;
-  b.vol = o.vol;
   window(d, 0, o.a, b.d0, b.d1);
   window(d, 1, o.b, b.h0, b.h1);
   window(d, 2, o.c, b.w0, b.w1);
   return b;
 }
 
+using detail::narrow;
+using detail::widen;
+
 // One thread per output. First maximum wins; NaN propagates (as the CPU path:
 // a NaN replaces the running best, so the last NaN of the window is kept).
-template <class I>
-__global__ void maxpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
-                                       int32_t* __restrict__ argmax, I total, PoolDims<I> d) {
-  const I h = d.len[1], w = d.len[2];
+// argmax is indexed logically (vol * out volume + k) in either layout.
+template <class T, class I>
+__global__ void maxpool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ argmax,
+                                       I total, PoolDims<I> d, Layout<I> l) {
+  const I h = d.len[1], w = d.len[2], iv = d.in_volume(), ov = d.out_volume();
   for (I i : detail::grid_stride(total)) {
-    const Box<I> bx = window_of(i, d);
-    const float* xs = x + bx.vol * d.in_volume();
+    I vol, k;
+    l.volume_of(i, ov, vol, k);
+    const Box<I> bx = window_of(k, d);
     float best = -CUDART_INF_F;
     I best_i = (bx.d0 * h + bx.h0) * w + bx.w0;
     for (I a = bx.d0; a < bx.d1; ++a)
       for (I b = bx.h0; b < bx.h1; ++b) {
         const I row = (a * h + b) * w;
         for (I c = bx.w0; c < bx.w1; ++c) {
-          const float v = xs[row + c];
+          const float v = widen(x[l.at(vol, row + c, iv)]);
           if (v > best || isnan(v)) {
             best = v;
             best_i = row + c;
           }
         }
       }
-    y[i] = best;
-    argmax[i] = static_cast<int32_t>(best_i);
+    y[i] = narrow<T>(best);  // a value of x: exact
+    argmax[vol * ov + k] = static_cast<int32_t>(best_i);
   }
 }
 
-// dx (zeroed before) += dy scattered through argmax; one thread per dy
-// element, atomics where windows overlap. Out-of-volume indices (corrupt
-// argmax; the CPU path throws) are skipped: a kernel cannot throw.
-template <class I>
-__global__ void maxpool_backward_atomic_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                               float* __restrict__ dx, I total, I out, I in) {
+// acc (float32, zeroed before, laid out as dx) += dy scattered through
+// argmax; one thread per dy element, atomics where windows overlap.
+// Out-of-volume indices (corrupt argmax; the CPU path throws) are skipped: a
+// kernel cannot throw.
+template <class T, class I>
+__global__ void maxpool_backward_atomic_kernel(const T* __restrict__ dy, const int32_t* __restrict__ argmax,
+                                               float* __restrict__ acc, I total, I out, I in, Layout<I> l) {
   for (I i : detail::grid_stride(total)) {
-    const I vol = i / out;
-    const int32_t k = argmax[i];
-    if (k >= 0 && static_cast<I>(k) < in) atomicAdd(dx + vol * in + k, dy[i]);
+    I vol, k;
+    l.volume_of(i, out, vol, k);
+    const int32_t m = argmax[vol * out + k];
+    if (m >= 0 && static_cast<I>(m) < in) atomicAdd(acc + l.at(vol, static_cast<I>(m), in), widen(dy[i]));
   }
 }
 
 // Deterministic variant (ctx.math.deterministic): one thread per volume adds
 // its outputs in order, as the CPU path does.
-template <class I>
-__global__ void maxpool_backward_serial_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                               float* __restrict__ dx, I vols, I out, I in) {
+template <class T, class I>
+__global__ void maxpool_backward_serial_kernel(const T* __restrict__ dy, const int32_t* __restrict__ argmax,
+                                               float* __restrict__ acc, I vols, I out, I in, Layout<I> l) {
   for (I v : detail::grid_stride(vols)) {
-    const float* g = dy + v * out;
     const int32_t* a = argmax + v * out;
-    float* dv = dx + v * in;
-    for (I i = 0; i < out; ++i) {
-      const int32_t k = a[i];
-      if (k >= 0 && static_cast<I>(k) < in) dv[k] += g[i];
+    for (I k = 0; k < out; ++k) {
+      const int32_t m = a[k];
+      if (m >= 0 && static_cast<I>(m) < in) acc[l.at(v, static_cast<I>(m), in)] += widen(dy[l.at(v, k, out)]);
     }
   }
 }
 
 // One thread per output: the window's sum over the volume / kernel^rank, in
 // (depth, row, column) order with explicit roundings, as the CPU path.
-template <class I>
-__global__ void avgpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, PoolDims<I> d,
-                                       float inv) {
-  const I h = d.len[1], w = d.len[2];
+template <class T, class I>
+__global__ void avgpool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, I total, PoolDims<I> d,
+                                       float inv, Layout<I> l) {
+  const I h = d.len[1], w = d.len[2], iv = d.in_volume(), ov = d.out_volume();
   for (I i : detail::grid_stride(total)) {
-    const Box<I> bx = window_of(i, d);
-    const float* xs = x + bx.vol * d.in_volume();
+    I vol, k;
+    l.volume_of(i, ov, vol, k);
+    const Box<I> bx = window_of(k, d);
     float s = 0.0f;
     for (I a = bx.d0; a < bx.d1; ++a)
       for (I b = bx.h0; b < bx.h1; ++b)
-        for (I c = bx.w0; c < bx.w1; ++c) s = __fadd_rn(s, xs[(a * h + b) * w + c]);
-    y[i] = __fmul_rn(s, inv);
+        for (I c = bx.w0; c < bx.w1; ++c) s = __fadd_rn(s, widen(x[l.at(vol, (a * h + b) * w + c, iv)]));
+    y[i] = narrow<T>(__fmul_rn(s, inv));
   }
 }
 
 // One thread per input element: dy / kernel^rank of the windows holding it
 // (=), in (depth, row, column) order of the outputs, as the CPU path. No atomics.
-template <class I>
-__global__ void avgpool_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, PoolDims<I> d,
-                                        float inv) {
-  const I oh = d.out[1], ow = d.out[2];
+template <class T, class I>
+__global__ void avgpool_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, I total, PoolDims<I> d,
+                                        float inv, Layout<I> l) {
+  const I oh = d.out[1], ow = d.out[2], iv = d.in_volume(), ov = d.out_volume();
   for (I i : detail::grid_stride(total)) {
-    const Coords<I> at = coords_of(i, d.len[0], d.len[1], d.len[2]);
+    I vol, k;
+    l.volume_of(i, iv, vol, k);
+    const Coords<I> at = coords_of(k, d.len[0], d.len[1], d.len[2]);
     I i0, i1, j0, j1, k0, k1;
     covering(d, 0, at.a, i0, i1);
     covering(d, 1, at.b, j0, j1);
     covering(d, 2, at.c, k0, k1);
-    const float* g = dy + at.vol * d.out_volume();
     float s = 0.0f;
     for (I oi = i0; oi < i1; ++oi)
       for (I oj = j0; oj < j1; ++oj)
-        for (I ok = k0; ok < k1; ++ok) s = __fadd_rn(s, __fmul_rn(g[(oi * oh + oj) * ow + ok], inv));
-    dx[i] = s;
+        for (I ok = k0; ok < k1; ++ok)
+          s = __fadd_rn(s, __fmul_rn(widen(dy[l.at(vol, (oi * oh + oj) * ow + ok, ov)]), inv));
+    dx[i] = narrow<T>(s);
   }
 }
 
-// One warp per plane: y[p] = mean of the plane.
+// One warp per plane of a contiguous float32 x: y[p] = mean of the plane.
 __global__ void global_avg_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes,
                                           int64_t hw, float inv) {
   const int lane = threadIdx.x & 31;
@@ -190,53 +221,86 @@ __global__ void global_avg_forward_kernel(const float* __restrict__ x, float* __
   }
 }
 
+// Other storage: one thread per plane, its elements in order (channels-last:
+// neighbouring threads read neighbouring channels).
+template <class T, class I>
+__global__ void global_avg_forward_plane_kernel(const T* __restrict__ x, T* __restrict__ y, I planes, I hw,
+                                                float inv, Layout<I> l) {
+  for (I p : detail::grid_stride(planes)) {
+    float s = 0.0f;
+    for (I k = 0; k < hw; ++k) s += widen(x[l.at(p, k, hw)]);
+    y[p] = narrow<T>(s * inv);  // y (N, C, 1, 1): the same order in either layout
+  }
+}
+
 // dx[i] = dy[plane(i)] / hw (=).
-template <class I>
-__global__ void global_avg_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, I hw,
-                                           float inv) {
-  for (I i : detail::grid_stride(total))
-    dx[i] = dy[i / hw] * inv;
+template <class T, class I>
+__global__ void global_avg_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, I total, I hw, float inv,
+                                           Layout<I> l) {
+  for (I i : detail::grid_stride(total)) {
+    I vol, k;
+    l.volume_of(i, hw, vol, k);
+    dx[i] = narrow<T>(widen(dy[vol]) * inv);
+  }
 }
 
 // One thread per output: y[v, i, j, k] = x[v, i/s, j/s, k/s].
-template <class I>
-__global__ void upsample3d_forward_kernel(const float* __restrict__ x, float* __restrict__ y, I total, I d, I h, I w,
-                                          I s) {
+template <class T, class I>
+__global__ void upsample3d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, I total, I d, I h, I w, I s,
+                                          Layout<I> l) {
   const I ow = w * s, oh = h * s, od = d * s;
   for (I i : detail::grid_stride(total)) {
-    const Coords<I> o = coords_of(i, od, oh, ow);
-    y[i] = x[((o.vol * d + o.a / s) * h + o.b / s) * w + o.c / s];
+    I vol, k;
+    l.volume_of(i, od * oh * ow, vol, k);
+    const Coords<I> o = coords_of(k, od, oh, ow);
+    y[i] = x[l.at(vol, (o.a / s * h + o.b / s) * w + o.c / s, d * h * w)];
   }
 }
 
 // One thread per input element: the sum of its s^3 copies' gradients (=), in
 // the order (depth, row, column), as the CPU path. Deterministic, no atomics.
-template <class I>
-__global__ void upsample3d_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, I total, I d, I h,
-                                           I w, I s) {
-  const I ow = w * s, oh = h * s;
+template <class T, class I>
+__global__ void upsample3d_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, I total, I d, I h, I w, I s,
+                                           Layout<I> l) {
+  const I ow = w * s, oh = h * s, ov = d * s * oh * ow;
   for (I i : detail::grid_stride(total)) {
-    const Coords<I> at = coords_of(i, d, h, w);
-    const float* g = dy + at.vol * d * s * oh * ow;
+    I vol, k;
+    l.volume_of(i, d * h * w, vol, k);
+    const Coords<I> at = coords_of(k, d, h, w);
     float sum = 0.0f;
     for (I a = 0; a < s; ++a)
-      for (I b = 0; b < s; ++b) {
-        const float* row = g + ((at.a * s + a) * oh + at.b * s + b) * ow + at.c * s;
-        for (I c = 0; c < s; ++c) sum += row[c];
-      }
-    dx[i] = sum;
+      for (I b = 0; b < s; ++b)
+        for (I c = 0; c < s; ++c)
+          sum += widen(dy[l.at(vol, ((at.a * s + a) * oh + at.b * s + b) * ow + at.c * s + c, ov)]);
+    dx[i] = narrow<T>(sum);
   }
+}
+
+// launch(T{}, I{}, layout, blocks, stream) over `total` threads' worth of
+// elements of tensors stored as t: its element type and layout.
+template <class Launch>
+void launch_stored(Context& ctx, const Tensor& t, int64_t total, int64_t extent, Launch&& launch) {
+  detail::with_storage(t.dtype(), [&](auto tag_t) {
+    detail::launch_per_element(ctx, total, extent, [&](auto tag_i, int blocks, cudaStream_t st) {
+      using I = decltype(tag_i);
+      launch(tag_t, tag_i, Layout<I>{static_cast<I>(t.size(1)), t.channels_last()}, blocks, st);
+    });
+  });
 }
 
 }  // namespace
 
+// Every entry point takes its activations in any floating storage and either
+// format, all alike (kernels/pool.cpp checks).
+
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
   const PoolAxes axes = pool_axes(spatial, x.shape(), y.shape(), g);
-  detail::launch_per_element(ctx, y.numel(), x.numel(), [&](auto tag, int grid, cudaStream_t st) {
-    using I = decltype(tag);
-    maxpool_forward_kernel<I><<<grid, detail::kThreads, 0, st>>>(x.f32(), y.f32(), argmax.data<int32_t>(),
-                                                                 static_cast<I>(y.numel()), pool_dims<I>(axes));
+  launch_stored(ctx, x, y.numel(), x.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    maxpool_forward_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(
+        x.data<T>(), y.data<T>(), argmax.data<int32_t>(), static_cast<I>(y.numel()), pool_dims<I>(axes), l);
   });
 }
 
@@ -244,45 +308,57 @@ void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax,
   if (dx.numel() == 0) return;
   detail::DeviceScope scope(ctx);
   cudaStream_t st = detail::stream_of(ctx);
-  FANOUT_CUDA_CHECK(cudaMemsetAsync(dx.raw(), 0, dx.nbytes(), st));
+  // Gradients add in float32 (into dx, or into scratch laid out as dx and
+  // rounded into it once after: overlapping windows round once, as the CPU).
+  const bool wide = dx.dtype() == DType::F32;
+  float* acc = wide ? dx.f32() : static_cast<float*>(ctx.workspace(static_cast<size_t>(dx.numel()) * sizeof(float)));
+  FANOUT_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(dx.numel()) * sizeof(float), st));
   const int64_t total = dy.numel();
-  if (total == 0) return;
-  const int64_t vols = dy.size(0) * dy.size(1), out = total / vols, in = dx.numel() / vols;
-  detail::dispatch_index(std::max(dx.numel(), total), [&](auto tag) {
-    using I = decltype(tag);
-    if (ctx.math.deterministic) {
-      maxpool_backward_serial_kernel<I><<<detail::grid_for(ctx, vols, 128), 128, 0, st>>>(
-          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(vols), static_cast<I>(out), static_cast<I>(in));
-    } else {
-      maxpool_backward_atomic_kernel<I><<<detail::grid_for(ctx, total), detail::kThreads, 0, st>>>(
-          dy.f32(), argmax.data<int32_t>(), dx.f32(), static_cast<I>(total), static_cast<I>(out), static_cast<I>(in));
-    }
-    FANOUT_CUDA_CHECK_LAUNCH();
-  });
+  if (total > 0) {
+    const int64_t vols = dy.size(0) * dy.size(1), out = total / vols, in = dx.numel() / vols;
+    detail::with_storage(dy.dtype(), [&](auto tag_t) {
+      using T = decltype(tag_t);
+      detail::dispatch_index(std::max(dx.numel(), total), [&](auto tag) {
+        using I = decltype(tag);
+        const Layout<I> l{static_cast<I>(dx.size(1)), dx.channels_last()};
+        if (ctx.math.deterministic) {
+          maxpool_backward_serial_kernel<T, I><<<detail::grid_for(ctx, vols, 128), 128, 0, st>>>(
+              dy.data<T>(), argmax.data<int32_t>(), acc, static_cast<I>(vols), static_cast<I>(out),
+              static_cast<I>(in), l);
+        } else {
+          maxpool_backward_atomic_kernel<T, I><<<detail::grid_for(ctx, total), detail::kThreads, 0, st>>>(
+              dy.data<T>(), argmax.data<int32_t>(), acc, static_cast<I>(total), static_cast<I>(out),
+              static_cast<I>(in), l);
+        }
+        FANOUT_CUDA_CHECK_LAUNCH();
+      });
+    });
+  }
+  if (!wide) detail::narrow_into(ctx, acc, dx, dx.numel());
 }
-
-namespace {
-// Average pooling's passes, one thread per element of dst: kernel_of(I{})
-// takes (src, dst, total, dims, 1 / kernel^rank).
-template <class KernelOf>
-void launch_avg(Context& ctx, const PoolAxes& axes, const Tensor& src, Tensor& dst, KernelOf kernel_of) {
-  detail::launch_per_element(ctx, dst.numel(), src.numel(), [&](auto tag, int blocks, cudaStream_t st) {
-    using I = decltype(tag);
-    kernel_of(tag)<<<blocks, detail::kThreads, 0, st>>>(src.f32(), dst.f32(), static_cast<I>(dst.numel()),
-                                                        pool_dims<I>(axes),
-                                                        1.0f / static_cast<float>(axes.window_elements()));
-  });
-}
-}  // namespace
 
 void avgpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y) {
-  launch_avg(ctx, pool_axes(spatial, x.shape(), y.shape(), g), x, y,
-             [](auto tag) { return &avgpool_forward_kernel<decltype(tag)>; });
+  const PoolAxes axes = pool_axes(spatial, x.shape(), y.shape(), g);
+  const float inv = 1.0f / static_cast<float>(axes.window_elements());
+  launch_stored(ctx, x, y.numel(), x.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    avgpool_forward_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(x.data<T>(), y.data<T>(),
+                                                                    static_cast<I>(y.numel()), pool_dims<I>(axes),
+                                                                    inv, l);
+  });
 }
 
 void avgpool_backward(Context& ctx, int spatial, const Tensor& dy, const PoolGeometry& g, Tensor& dx) {
-  launch_avg(ctx, pool_axes(spatial, dx.shape(), dy.shape(), g), dy, dx,
-             [](auto tag) { return &avgpool_backward_kernel<decltype(tag)>; });
+  const PoolAxes axes = pool_axes(spatial, dx.shape(), dy.shape(), g);
+  const float inv = 1.0f / static_cast<float>(axes.window_elements());
+  launch_stored(ctx, dx, dx.numel(), dy.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    avgpool_backward_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(dy.data<T>(), dx.data<T>(),
+                                                                     static_cast<I>(dx.numel()), pool_dims<I>(axes),
+                                                                     inv, l);
+  });
 }
 
 void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
@@ -290,42 +366,51 @@ void global_avgpool_forward(Context& ctx, const Tensor& x, Tensor& y) {
   if (planes == 0) return;
   detail::DeviceScope scope(ctx);
   const float inv = 1.0f / static_cast<float>(hw);
-  global_avg_forward_kernel<<<detail::grid_for(ctx, planes * 32), detail::kThreads, 0, detail::stream_of(ctx)>>>(
-      x.f32(), y.f32(), planes, hw, inv);
-  FANOUT_CUDA_CHECK_LAUNCH();
+  if (x.dtype() == DType::F32 && !x.channels_last()) {
+    global_avg_forward_kernel<<<detail::grid_for(ctx, planes * 32), detail::kThreads, 0, detail::stream_of(ctx)>>>(
+        x.f32(), y.f32(), planes, hw, inv);
+    FANOUT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  launch_stored(ctx, x, planes, x.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    global_avg_forward_plane_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(
+        x.data<T>(), y.data<T>(), static_cast<I>(planes), static_cast<I>(hw), inv, l);
+  });
 }
 
 void global_avgpool_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   const int64_t hw = dx.size(2) * dx.size(3);
-  detail::launch_per_element(ctx, dx.numel(), dx.numel(), [&](auto tag, int grid, cudaStream_t st) {
-    using I = decltype(tag);
-    global_avg_backward_kernel<I><<<grid, detail::kThreads, 0, st>>>(
-        dy.f32(), dx.f32(), static_cast<I>(dx.numel()), static_cast<I>(hw), 1.0f / static_cast<float>(hw));
+  launch_stored(ctx, dx, dx.numel(), dx.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    global_avg_backward_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(
+        dy.data<T>(), dx.data<T>(), static_cast<I>(dx.numel()), static_cast<I>(hw), 1.0f / static_cast<float>(hw),
+        l);
   });
 }
-
-namespace {
-// Nearest upsampling's passes, one thread per element of dst: kernel_of(I{})
-// takes (src, dst, total, D, H, W of the small volume vol, scale).
-template <class KernelOf>
-void launch_upsample(Context& ctx, int64_t scale, const Tensor& src, Tensor& dst, const Shape& vol,
-                     KernelOf kernel_of) {
-  detail::launch_per_element(ctx, dst.numel(), src.numel(), [&](auto tag, int blocks, cudaStream_t st) {
-    using I = decltype(tag);
-    kernel_of(tag)<<<blocks, detail::kThreads, 0, st>>>(src.f32(), dst.f32(), static_cast<I>(dst.numel()),
-                                                        static_cast<I>(vol[2]), static_cast<I>(vol[3]),
-                                                        static_cast<I>(vol[4]), static_cast<I>(scale));
-  });
-}
-}  // namespace
 
 void upsample3d_nearest_forward(Context& ctx, const Tensor& x, int64_t scale, Tensor& y) {
-  launch_upsample(ctx, scale, x, y, x.shape(), [](auto tag) { return &upsample3d_forward_kernel<decltype(tag)>; });
+  const Shape& v = x.shape();
+  launch_stored(ctx, x, y.numel(), y.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    upsample3d_forward_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(
+        x.data<T>(), y.data<T>(), static_cast<I>(y.numel()), static_cast<I>(v[2]), static_cast<I>(v[3]),
+        static_cast<I>(v[4]), static_cast<I>(scale), l);
+  });
 }
 
 void upsample3d_nearest_backward(Context& ctx, const Tensor& dy, int64_t scale, Tensor& dx) {
-  launch_upsample(ctx, scale, dy, dx, dx.shape(),
-                  [](auto tag) { return &upsample3d_backward_kernel<decltype(tag)>; });
+  const Shape& v = dx.shape();
+  launch_stored(ctx, dx, dx.numel(), dy.numel(), [&](auto t, auto i, auto l, int grid, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(i);
+    upsample3d_backward_kernel<T, I><<<grid, detail::kThreads, 0, st>>>(
+        dy.data<T>(), dx.data<T>(), static_cast<I>(dx.numel()), static_cast<I>(v[2]), static_cast<I>(v[3]),
+        static_cast<I>(v[4]), static_cast<I>(scale), l);
+  });
 }
 
 }  // namespace fanout::kernels::cuda

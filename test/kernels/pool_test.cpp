@@ -427,6 +427,46 @@ TEST_P(Upsample3d, ForwardBackwardAgainstNaive) {
     }
 }
 
+// Global average pooling and upsampling on low-type storage, either format
+// (2-D and 3-D volumes): values against float64 of the stored ones, within
+// one rounding to the type.
+TEST_P(Upsample3d, GlobalAverageAndUpsamplingOnLowStorage) {
+  std::mt19937_64 rng(405);
+  for (const ft::StorageCase& sc : ft::low_storage_cases()) {
+    SCOPED_TRACE(sc.name());
+    const double u = ft::unit_roundoff(sc.dtype);
+    const Shape gs{3, 5, 4, 6}, gy{3, 5, 1, 1};
+    const Tensor gx = ft::stored_copy(ft::random_tensor(gs, rng), sc.dtype, sc.format);
+    const Tensor gr = ft::stored_copy(ft::random_tensor(gy, rng), sc.dtype, sc.format);
+    Tensor yd = up(ft::poisoned_stored(gy, sc.dtype, sc.format)), dxd = up(ft::poisoned_stored(gs, sc.dtype, sc.format));
+    kernels::global_avgpool_forward(ctx(), up(gx), yd);
+    kernels::global_avgpool_backward(ctx(), up(gr), dxd);
+    const Tensor y = down(yd), dx = down(dxd);
+    for (int64_t p = 0; p < 15; ++p) {
+      double m = 0;
+      for (int64_t k = 0; k < 24; ++k) m += ft::stored(gx, p * 24 + k) / 24.0;
+      ASSERT_NEAR(ft::stored(y, p), m, u * std::abs(m) + 1e-6) << p;
+      for (int64_t k = 0; k < 24; ++k) {
+        const double want = ft::stored(gr, p) / 24.0;
+        ASSERT_NEAR(ft::stored(dx, p * 24 + k), want, u * std::abs(want) + 1e-7) << p << " " << k;
+      }
+    }
+    const Shape us{2, 3, 2, 3, 4};
+    const Shape uy = kernels::upsample3d_output_shape(us, 2);
+    const Tensor ux = ft::stored_copy(ft::random_tensor(us, rng), sc.dtype, sc.format);
+    const Tensor ur = ft::stored_copy(ft::random_tensor(uy, rng), sc.dtype, sc.format);
+    Tensor uyd = up(ft::poisoned_stored(uy, sc.dtype, sc.format)), udxd = up(ft::poisoned_stored(us, sc.dtype, sc.format));
+    kernels::upsample3d_nearest_forward(ctx(), up(ux), 2, uyd);
+    kernels::upsample3d_nearest_backward(ctx(), up(ur), 2, udxd);
+    std::vector<double> ry, rdx;
+    naive_upsample3d(ft::float32_values(ux), ft::float32_values(ur), 2, ry, rdx);
+    const Tensor uyh = down(uyd), udxh = down(udxd);
+    for (int64_t i = 0; i < uyh.numel(); ++i) ASSERT_EQ(ft::stored(uyh, i), ry[i]) << i;  // a copy: exact
+    for (int64_t i = 0; i < udxh.numel(); ++i)
+      ASSERT_NEAR(ft::stored(udxh, i), rdx[i], u * std::abs(rdx[i]) + 1e-6) << i;
+  }
+}
+
 TEST_P(Upsample3d, BackwardMatchesCentralDifferences) {
   std::mt19937_64 rng(405);
   for (int64_t scale : {2, 3}) {
