@@ -5,7 +5,8 @@
 // TF32 tensor cores only when ctx.math.allow_tf32 (CUBLAS_COMPUTE_32F_FAST_TF32);
 // otherwise CUBLAS_COMPUTE_32F, full float32 products. Under autocast A and B
 // go to cuBLAS in the low type (tensor cores; exact, as the linear layers
-// pass low-type values) and C stays float32, computed in float32.
+// pass low-type values), accumulated in float32; C is float32 or the low
+// type, rounded once (the handle disallows reduced-precision reductions).
 #include "kernels/gemm.h"
 
 #include "kernels/cuda/common.cuh"

@@ -37,8 +37,9 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   if (n == 0 || out == 0) return;
   detail::DeviceScope scope(ctx);
   if (b) {
-    // y = b broadcast over rows, then y += x W^T (as the CPU path; a low-type
-    // y is rounded once, after the sum).
+    // y = b broadcast over rows, then y += x W^T (as the CPU path). Under
+    // autocast b holds low-type values (the layer casts it), so a low-type y
+    // holds b exactly and is rounded once, after the sum.
     detail::with_storage(y.dtype(), [&](auto t) {
       using T = decltype(t);
       detail::launch_per_element(ctx, n * out, n * out, [&](auto tag, int blocks, cudaStream_t st) {

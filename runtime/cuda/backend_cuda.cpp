@@ -280,6 +280,9 @@ void* cublas_create(int device, void* stream) {
   cublasHandle_t h;
   FANOUT_CUBLAS_CHECK(cublasCreate(&h));
   FANOUT_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
+  // A low-type C is rounded once: no split-K partial sums in its type.
+  FANOUT_CUBLAS_CHECK(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   return h;
 }
 void cublas_destroy(int device, void* h) noexcept { cublasDestroy(static_cast<cublasHandle_t>(h)); }
