@@ -121,18 +121,14 @@ bool conv_rounds_in_low_type(const Context& ctx) {
 
 namespace {
 // CUDA reads and writes activations stored in the autocast type in either
-// layout itself (cuDNN in that type, kernels/cuda/conv.cu); each activation
-// must be that or float32 contiguous, and a bias is added (or its gradient
-// summed) on float32 only. Everything else is staged.
-bool native_storage(const Context& ctx, bool biased, std::initializer_list<const Tensor*> activations) {
+// layout itself (cuDNN in that type, the bias kernels on any storage:
+// kernels/cuda/conv.cu); each activation must be that or float32
+// contiguous. Everything else is staged.
+bool native_storage(const Context& ctx, std::initializer_list<const Tensor*> activations) {
   if (!ctx.device().is_cuda() || ctx.math.autocast == DType::F32) return false;
-  bool low = false;
-  for (const Tensor* t : activations) {
-    if (!t || detail::plain_f32(*t)) continue;
-    if (t->dtype() != ctx.math.autocast) return false;
-    low = true;
-  }
-  return !(low && biased);
+  for (const Tensor* t : activations)
+    if (t && !detail::plain_f32(*t) && t->dtype() != ctx.math.autocast) return false;
+  return true;
 }
 }  // namespace
 
@@ -140,7 +136,7 @@ void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, c
                   Tensor& y) {
   const ConvSpec s = spec_of(spatial, g);
   const char* op = spatial == 2 ? "conv2d_forward" : "conv3d_forward";
-  if (native_storage(ctx, b != nullptr, {&x, &y})) {
+  if (native_storage(ctx, {&x, &y})) {
     check_conv_forward(ctx, op, s, x, w, b, y, /*storage=*/true);
     FANOUT_DISPATCH(ctx, conv_forward, ctx, spatial, x, w, b, g, y);
   }
@@ -155,7 +151,7 @@ void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, 
                    const ConvGeometry& g, Tensor* dx, Tensor& dw, Tensor* db) {
   const ConvSpec s = spec_of(spatial, g);
   const char* op = spatial == 2 ? "conv2d_backward" : "conv3d_backward";
-  if (native_storage(ctx, db != nullptr, {&x, &dy, dx})) {
+  if (native_storage(ctx, {&x, &dy, dx})) {
     check_conv_backward(ctx, op, s, x, w, dy, dx, dw, db, /*storage=*/true);
     FANOUT_DISPATCH(ctx, conv_backward, ctx, spatial, x, w, dy, g, dx, dw, db);
   }

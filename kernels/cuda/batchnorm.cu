@@ -88,63 +88,6 @@ struct GradStatsFin {
   }
 };
 
-// Channels-last partial sums: block p takes rows [p * per, (p + 1) * per) of
-// the (rows, C) matrix, threads spread over a tile of channels and over rows
-// (coalesced: a warp reads consecutive channels of a row); the rows' lanes
-// are added in a fixed order in shared memory. partials (2, C, P) as
-// detail::channel_reduce's first pass writes them.
-template <class I, class Op>
-__global__ void channels_last_partials_kernel(Op op, I rows, I c, I per, double* __restrict__ partials) {
-  __shared__ double sa[detail::kThreads], sb[detail::kThreads];
-  const I p = static_cast<I>(blockIdx.x), np = static_cast<I>(gridDim.x);
-  const I r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
-  for (I c0 = 0; c0 < c; c0 += detail::kThreads) {
-    const I tile = c - c0 < detail::kThreads ? c - c0 : static_cast<I>(detail::kThreads);
-    const I lanes = static_cast<I>(detail::kThreads) / tile;
-    const I t = static_cast<I>(threadIdx.x), k = t % tile, lane = t / tile;
-    double a = 0.0, b = 0.0;
-    if (lane < lanes)
-      for (I r = r0 + lane; r < r1; r += lanes) op(r * c + c0 + k, c0 + k, a, b);
-    sa[t] = a;
-    sb[t] = b;
-    __syncthreads();
-    if (t < tile) {
-      double ta = 0.0, tb = 0.0;
-      for (I l = 0; l < lanes; ++l) {
-        ta += sa[l * tile + t];
-        tb += sb[l * tile + t];
-      }
-      partials[static_cast<int64_t>(c0 + t) * np + p] = ta;
-      partials[(static_cast<int64_t>(c) + c0 + t) * np + p] = tb;
-    }
-    __syncthreads();
-  }
-}
-
-// Per-channel double sums of an (N, C, S) tensor in either layout, handed to
-// fin as detail::channel_reduce does (the same fixed-order second pass):
-// deterministic for a shape and device.
-template <template <class> class OpFor, class Fin, class... Args>
-void reduce_channels(Context& ctx, const Planes& p, bool last, const Fin& fin, Args... args) {
-  if (!last) return detail::channel_reduce<OpFor>(ctx, p.n, p.c, p.s, fin, args...);
-  const int64_t rows = p.n * p.s;
-  const int64_t want = int64_t{detail::sm_count(ctx.device().index)} * 4;
-  const int np = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, detail::ceil_div(rows, 64), 1024})));
-  const int64_t per = detail::ceil_div(rows, np);
-  auto* partials = static_cast<double*>(ctx.workspace(sizeof(double) * 2 * static_cast<size_t>(p.c) * np));
-  cudaStream_t st = detail::stream_of(ctx);
-  detail::dispatch_index(rows * p.c, [&](auto tag) {
-    using I = decltype(tag);
-    channels_last_partials_kernel<I><<<np, detail::kThreads, 0, st>>>(
-        OpFor<I>{args...}, static_cast<I>(rows),
-        static_cast<I>(p.c), static_cast<I>(per), partials);
-    FANOUT_CUDA_CHECK_LAUNCH();
-  });
-  detail::channel_finish_kernel<<<static_cast<int>(detail::ceil_div(p.c, detail::kThreads)), detail::kThreads, 0,
-                                  st>>>(fin, partials, p.c, np);
-  FANOUT_CUDA_CHECK_LAUNCH();
-}
-
 // ---- finalize: one thread per channel, double arithmetic as the CPU path ----
 
 __global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, double count, double inv_count,
@@ -248,7 +191,7 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
   detail::with_storage(x.dtype(), [&](auto t) {
     using T = decltype(t);
     const int64_t pivot_stride = last ? 1 : p.s;
-    reduce_channels<Stats<T>::template Op>(ctx, p, last, StatsFin<T>{stats.f64(), x.data<T>(), p.c, pivot_stride, count},
+    detail::channel_reduce_stored<Stats<T>::template Op>(ctx, p.n, p.c, p.s, last, StatsFin<T>{stats.f64(), x.data<T>(), p.c, pivot_stride, count},
                                            x.data<T>(), pivot_stride);
   });
 }
@@ -299,7 +242,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   detail::DeviceScope scope(ctx);
   detail::with_storage(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    reduce_channels<GradStats<T>::template Op>(ctx, p, x.channels_last(),
+    detail::channel_reduce_stored<GradStats<T>::template Op>(ctx, p.n, p.c, p.s, x.channels_last(),
                                                GradStatsFin{grad_stats.f32(), invstd.f32(), p.c}, x.data<T>(),
                                                dy.data<T>(), mean.f32(), p.c);
   });

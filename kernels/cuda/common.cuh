@@ -298,6 +298,62 @@ void channel_reduce(Context& ctx, int64_t n, int64_t c, int64_t s, const Fin& fi
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 
+// Channels-last partial sums: block p takes rows [p * per, (p + 1) * per) of
+// the (rows, C) matrix, threads spread over a tile of channels and over rows
+// (coalesced: a warp reads consecutive channels of a row); the rows' lanes
+// are added in a fixed order in shared memory. partials (2, C, P) as
+// channel_reduce's first pass writes them.
+template <class I, class Op>
+__global__ void channels_last_partials_kernel(Op op, I rows, I c, I per, double* __restrict__ partials) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const I p = static_cast<I>(blockIdx.x), np = static_cast<I>(gridDim.x);
+  const I r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (I c0 = 0; c0 < c; c0 += kThreads) {
+    const I tile = c - c0 < kThreads ? c - c0 : static_cast<I>(kThreads);
+    const I lanes = static_cast<I>(kThreads) / tile;
+    const I t = static_cast<I>(threadIdx.x), k = t % tile, lane = t / tile;
+    double a = 0.0, b = 0.0;
+    if (lane < lanes)
+      for (I r = r0 + lane; r < r1; r += lanes) op(r * c + c0 + k, c0 + k, a, b);
+    sa[t] = a;
+    sb[t] = b;
+    __syncthreads();
+    if (t < tile) {
+      double ta = 0.0, tb = 0.0;
+      for (I l = 0; l < lanes; ++l) {
+        ta += sa[l * tile + t];
+        tb += sb[l * tile + t];
+      }
+      partials[static_cast<int64_t>(c0 + t) * np + p] = ta;
+      partials[(static_cast<int64_t>(c) + c0 + t) * np + p] = tb;
+    }
+    __syncthreads();
+  }
+}
+
+// channel_reduce over an (N, C, S) tensor stored NC(S) or, with `last`,
+// channels-last N(S)C (op then gets element i of that order): the same
+// fixed-order second pass, deterministic for a shape and device.
+template <template <class> class OpFor, class Fin, class... Args>
+void channel_reduce_stored(Context& ctx, int64_t n, int64_t c, int64_t s, bool last, const Fin& fin, Args... args) {
+  if (!last) return channel_reduce<OpFor>(ctx, n, c, s, fin, args...);
+  if (c == 0) return;
+  const int64_t rows = n * s;
+  const int64_t want = int64_t{sm_count(ctx.device().index)} * 4;
+  const int np = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, ceil_div(rows, 64), 1024})));
+  const int64_t per = ceil_div(rows, np);
+  auto* partials = static_cast<double*>(ctx.workspace(sizeof(double) * 2 * static_cast<size_t>(c) * np));
+  cudaStream_t st = stream_of(ctx);
+  dispatch_index(rows * c, [&](auto tag) {
+    using I = decltype(tag);
+    channels_last_partials_kernel<I><<<np, kThreads, 0, st>>>(OpFor<I>{args...}, static_cast<I>(rows),
+                                                              static_cast<I>(c), static_cast<I>(per), partials);
+    FANOUT_CUDA_CHECK_LAUNCH();
+  });
+  channel_finish_kernel<<<static_cast<int>(ceil_div(c, kThreads)), kThreads, 0, st>>>(fin, partials, c, np);
+  FANOUT_CUDA_CHECK_LAUNCH();
+}
+
 // (N, C, S) view of an (N, C, ...) tensor: S is the product of the trailing dims.
 struct Planes {
   int64_t n, c, s;

@@ -28,7 +28,8 @@
 // measure the difference. Activations stored in the autocast type (low-type
 // storage, either layout) go to cuDNN as they are when the plan's layout is
 // theirs, and cuDNN writes y and dx straight into such tensors: no copies.
-// Biased convolutions get such activations staged by the entry point.
+// A bias is added to y as stored (a low-type y rounds again: the GPU's one
+// rounding more than the CPU's) and its gradient summed from dy as stored.
 #include "kernels/conv.h"
 #include "kernels/conv_bias.h"
 #include "kernels/convert.h"
@@ -423,20 +424,25 @@ void store_output(Context& ctx, const Tensor& low, Tensor& out, bool cl) {
   convert(ctx, low.as(out.shape(), ctx.math.autocast, format_of(cl)), out);
 }
 
-// ---- bias kernels ----
+// ---- bias kernels, on every storage (float32, bfloat16, float16; NC... or channels-last) ----
 
-// y (N, OC, S) += b[oc]
-template <class I>
-__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ b, I oc, I s, I total) {
-  for (I i : detail::grid_stride(total))
-    y[i] += b[(i / s) % oc];
+// y (N, OC, S) += b[oc], rounded to y's type as it is stored
+template <class T, class I>
+__global__ void add_bias_kernel(T* __restrict__ y, const float* __restrict__ b, I oc, I s, I total, bool last) {
+  for (I i : detail::grid_stride(total)) {
+    const I ch = last ? i % oc : (i / s) % oc;
+    y[i] = detail::narrow<T>(detail::widen(y[i]) + b[ch]);
+  }
 }
 
 // a += dy (the second accumulator is unused)
-template <class I>
-struct BiasGradOp {
-  const float* dy;
-  __device__ void operator()(I i, I, double& a, double&) const { a += static_cast<double>(dy[i]); }
+template <class T>
+struct BiasGrad {
+  template <class I>
+  struct Op {
+    const T* dy;
+    __device__ void operator()(I i, I, double& a, double&) const { a += static_cast<double>(detail::widen(dy[i])); }
+  };
 };
 // db[c] += sum
 struct BiasGradFin {
@@ -477,7 +483,7 @@ void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, con
                                              static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.ws, &zero, p.y,
                                              yl.raw()));
   if (low) store_output(ctx, yl, y, p.channels_last);
-  if (b) channel_bias_add(ctx, y, *b);  // y float32 here: the entry point stages a biased low-type y
+  if (b) channel_bias_add(ctx, y, *b);  // on y as stored: a low-type y rounds again (the GPU's one rounding more)
 }
 
 // dx (=) when non-null; dw (+=) when defined; db (+=) when non-null.
@@ -547,9 +553,7 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
                                                       low ? &zero : &one, p.w, dwl.raw()));
     if (low) widen_back(ctx, dwl, dw, p.channels_last, true);
   }
-  if (db) {  // dy float32 here: the entry point stages a low-type dy when db is asked for
-    detail::channel_reduce<BiasGradOp>(ctx, s.n, s.oc, s.out_plane(), BiasGradFin{db->f32()}, dy.f32());
-  }
+  if (db) channel_bias_grad(ctx, dy, *db);
 }
 
 }  // namespace
@@ -566,17 +570,25 @@ void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, 
 
 void channel_bias_add(Context& ctx, Tensor& y, const Tensor& b) {
   const int64_t total = y.numel(), c = y.size(1), sp = total == 0 ? 0 : total / (y.size(0) * c);
-  detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
-    using I = decltype(tag);
-    add_bias_kernel<I><<<blocks, detail::kThreads, 0, st>>>(y.f32(), b.f32(), static_cast<I>(c),
-                                                            static_cast<I>(sp), static_cast<I>(total));
+  detail::with_storage(y.dtype(), [&](auto t) {
+    using T = decltype(t);
+    detail::launch_per_element(ctx, total, total, [&](auto tag, int blocks, cudaStream_t st) {
+      using I = decltype(tag);
+      add_bias_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(y.data<T>(), b.f32(), static_cast<I>(c),
+                                                                 static_cast<I>(sp), static_cast<I>(total),
+                                                                 y.channels_last());
+    });
   });
 }
 
 void channel_bias_grad(Context& ctx, const Tensor& dy, Tensor& db) {
   const int64_t n = dy.size(0), c = dy.size(1), sp = dy.numel() / (n * c);
   detail::DeviceScope scope(ctx);
-  detail::channel_reduce<BiasGradOp>(ctx, n, c, sp, BiasGradFin{db.f32()}, dy.f32());
+  detail::with_storage(dy.dtype(), [&](auto t) {
+    using T = decltype(t);
+    detail::channel_reduce_stored<BiasGrad<T>::template Op>(ctx, n, c, sp, dy.channels_last(),
+                                                            BiasGradFin{db.f32()}, dy.data<T>());
+  });
 }
 
 }  // namespace fanout::kernels::cuda
