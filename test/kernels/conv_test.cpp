@@ -19,6 +19,7 @@
 #include "kernels/backend_test_util.h"
 #include "kernels/storage_test_util.h"
 #include "kernels/conv.h"
+#include "kernels/conv_bias.h"
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 
@@ -346,6 +347,39 @@ TEST_P(ConvOnBackend, LowStorageInEitherFormat) {
       EXPECT_TRUE(matches(ft::float32_values(dx), r.dx, u + 1e-4, 2 * u + 1e-4)) << "dx";
       EXPECT_TRUE(matches(down(dwd), r.dw, 1e-4, 1e-3)) << "dw";
       EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, 1e-3)) << "db";
+    }
+}
+
+// The per-channel bias on every storage (float32 and the low types, either
+// format; 2-D and 3-D): y + b[c] rounded once to y's type, and db += the sums
+// of dy over samples and positions (float64 sums of the stored values).
+TEST_P(ConvOnBackend, ChannelBiasOnEveryStorage) {
+  std::mt19937_64 rng(79);
+  std::vector<ft::StorageCase> cases = ft::low_storage_cases();
+  cases.push_back({DType::F32, MemoryFormat::Contiguous});
+  for (const ft::StorageCase& sc : cases)
+    for (const Shape& s : {Shape{3, 5, 4, 7}, Shape{2, 300, 2, 3, 2}}) {
+      SCOPED_TRACE(sc.name() + " " + s.str());
+      const int64_t c = s[1], per = s.numel() / (s[0] * c);
+      const Tensor y = ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format);
+      const Tensor dy = ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format);
+      const Tensor b = ft::random_tensor(Shape{c}, rng), db0 = ft::random_tensor(Shape{c}, rng);
+      Tensor yd = up(y), dbd = up(db0);
+      kernels::channel_bias_add(ctx(), yd, up(b));
+      kernels::channel_bias_grad(ctx(), up(dy), dbd);
+      const Tensor got = down(yd), db = down(dbd);
+      ASSERT_EQ(got.dtype(), sc.dtype);
+      ASSERT_EQ(got.format(), sc.format);
+      const double u = ft::unit_roundoff(sc.dtype);
+      std::vector<double> sums(static_cast<size_t>(c), 0.0);
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        const int64_t ch = i / per % c;
+        const double want = ft::stored(y, i) + double(b.f32()[ch]);
+        ASSERT_NEAR(ft::stored(got, i), want, u * std::abs(want) + 1e-7) << i;
+        sums[static_cast<size_t>(ch)] += ft::stored(dy, i);
+      }
+      for (int64_t ch = 0; ch < c; ++ch)
+        ASSERT_NEAR(db.f32()[ch], db0.f32()[ch] + sums[static_cast<size_t>(ch)], 1e-5) << ch;
     }
 }
 
