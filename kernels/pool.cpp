@@ -46,6 +46,7 @@ PoolAxes pool_axes(int spatial, const Shape& x, const Shape& y, const PoolGeomet
     a.len[i] = real ? x[axis] : 1;
     a.out[i] = real ? y[axis] : 1;
     a.g[i] = real ? g : PoolGeometry{1, 1, 0};
+    if (a.out[i] == 1) a.g[i].stride = 1;  // one window: its stride is never used (and fits any index type)
   }
   return a;
 }

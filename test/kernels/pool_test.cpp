@@ -216,6 +216,38 @@ TEST_P(MaxPool, TiesPickFirstAndPaddingIsNeverSelected) {
   }
 }
 
+// A stride longer than the padded input leaves one window per axis, as in
+// torch, whatever the stride's size (2^33 here: past any 32-bit index).
+TEST_P(MaxPool, AStrideLongerThanTheInputIsOneWindow) {
+  std::mt19937_64 rng(77);
+  const PoolGeometry g{2, int64_t{1} << 33, 0};
+  const Tensor x = ft::random_tensor(Shape{2, 3, 5, 4}, rng);
+  const Shape ys = kernels::pool_output_shape(2, x.shape(), g);
+  ASSERT_EQ(ys, (Shape{2, 3, 1, 1}));
+  const Tensor r = ft::random_tensor(ys, rng);
+  Tensor my = poisoned(ys), ay = poisoned(ys), arg = poisoned(ys, DType::I32), mdx = poisoned(x.shape()),
+         adx = poisoned(x.shape());
+  const Tensor xd = up(x), rd = up(r);
+  kernels::maxpool_forward(ctx(), 2, xd, g, my, arg);
+  kernels::maxpool_backward(ctx(), 2, rd, arg, mdx);
+  kernels::avgpool_forward(ctx(), 2, xd, g, ay);
+  kernels::avgpool_backward(ctx(), 2, rd, g, adx);
+  const Tensor gm = down(my), ga = down(ay), gmdx = down(mdx), gadx = down(adx);
+  for (int64_t v = 0; v < 6; ++v) {
+    const float* p = x.f32() + v * 20;
+    int64_t best = 0;  // the first maximum of the window rows 0-1, columns 0-1
+    for (int64_t k : {1, 4, 5})
+      if (p[k] > p[best]) best = k;
+    EXPECT_EQ(gm.f32()[v], p[best]) << v;
+    EXPECT_NEAR(ga.f32()[v], (double(p[0]) + p[1] + p[4] + p[5]) / 4.0, 1e-6) << v;
+    for (int64_t k = 0; k < 20; ++k) {
+      const bool in = k == 0 || k == 1 || k == 4 || k == 5;
+      EXPECT_EQ(gmdx.f32()[v * 20 + k], k == best ? r.f32()[v] : 0.0f) << v << " " << k;
+      EXPECT_NEAR(gadx.f32()[v * 20 + k], in ? r.f32()[v] / 4.0 : 0.0, 1e-7) << v << " " << k;
+    }
+  }
+}
+
 TEST_P(MaxPool, NanPropagates) {
   // As PyTorch's kernels: a NaN in a window is the maximum (and its argmax), on every code path.
   std::mt19937_64 rng(75);
