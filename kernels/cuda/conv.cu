@@ -435,21 +435,6 @@ __global__ void add_bias_kernel(T* __restrict__ y, const float* __restrict__ b, 
   }
 }
 
-// a += dy (the second accumulator is unused)
-template <class T>
-struct BiasGrad {
-  template <class I>
-  struct Op {
-    const T* dy;
-    __device__ void operator()(I i, I, double& a, double&) const { a += static_cast<double>(detail::widen(dy[i])); }
-  };
-};
-// db[c] += sum
-struct BiasGradFin {
-  float* db;
-  __device__ void operator()(int64_t c, double a, double) const { db[c] += static_cast<float>(a); }
-};
-
 // y (N, OC, out...) = conv(x, w) (+ b), written (=).
 void forward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t stride,
              int64_t pad, Tensor& y) {
@@ -586,8 +571,7 @@ void channel_bias_grad(Context& ctx, const Tensor& dy, Tensor& db) {
   detail::DeviceScope scope(ctx);
   detail::with_storage(dy.dtype(), [&](auto t) {
     using T = decltype(t);
-    detail::channel_reduce_stored<BiasGrad<T>::template Op>(ctx, n, c, sp, dy.channels_last(),
-                                                            BiasGradFin{db.f32()}, dy.data<T>());
+    detail::channel_sum_add(ctx, dy.data<T>(), n, c, sp, dy.channels_last(), db.f32());
   });
 }
 

@@ -1,8 +1,9 @@
 // CUDA layer normalization, the CPU kernel's arithmetic (kernels/cpu/layernorm.cpp):
 // a block per row for the statistics, the output and dx (sums in double,
-// reduced in a fixed tree, so results do not depend on timing); a thread
-// per element of d for dgamma and dbeta (rows summed in order), before dx
-// (dx may alias dy).
+// reduced in a fixed tree, so results do not depend on timing); dgamma and
+// dbeta in double through the two fixed-order passes of
+// detail::channel_reduce_stored (blocks of rows, then their partial sums in
+// order), before dx (dx may alias dy).
 #include "kernels/cuda/common.cuh"
 #include "kernels/layernorm.h"
 
@@ -28,19 +29,30 @@ __global__ void __launch_bounds__(kLnThreads)
     y[r * d + k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xr[k], muf), rf), gamma[k]), beta[k]);
 }
 
-__global__ void ln_param_grad_kernel(const float* x, const float* dy, const float* mean, const float* rstd,
-                                     int64_t rows, int64_t d, float* dgamma, float* dbeta) {
-  const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (k >= d) return;
-  double sg = 0, sb = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double xh = (x[r * d + k] - static_cast<double>(mean[r])) * rstd[r];
-    sg += dy[r * d + k] * xh;
-    sb += dy[r * d + k];
+// dgamma += sum over rows of dy * xhat, dbeta += sum of dy: element i of the
+// (rows, d) matrix is in row i / d and column k.
+template <class I>
+struct ParamGrad {
+  const float* x;
+  const float* dy;
+  const float* mean;
+  const float* rstd;
+  int64_t d;
+  __device__ void operator()(I i, I k, double& sg, double& sb) const {
+    const I r = i / static_cast<I>(d);
+    const double xh = (x[i] - static_cast<double>(mean[r])) * rstd[r];
+    sg += dy[i] * xh;
+    sb += dy[i];
   }
-  dgamma[k] += static_cast<float>(sg);
-  dbeta[k] += static_cast<float>(sb);
-}
+};
+struct ParamGradFin {
+  float* dgamma;
+  float* dbeta;
+  __device__ void operator()(int64_t k, double sg, double sb) const {
+    dgamma[k] += static_cast<float>(sg);
+    dbeta[k] += static_cast<float>(sb);
+  }
+};
 
 __global__ void __launch_bounds__(kLnThreads)
     ln_dx_kernel(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd, int64_t d,
@@ -67,9 +79,8 @@ void layer_norm_backward(Context& ctx, const Tensor& x, const Tensor& dy, const 
   const int64_t d = gamma.numel(), rows = x.numel() / d;
   FANOUT_CHECK(rows <= INT32_MAX) << "layer_norm_backward: " << rows << " rows";
   cudaStream_t st = detail::stream_of(ctx);
-  ln_param_grad_kernel<<<static_cast<unsigned>((d + kLnThreads - 1) / kLnThreads), kLnThreads, 0, st>>>(
-      x.f32(), dy.f32(), mean.f32(), rstd.f32(), rows, d, dgamma.f32(), dbeta.f32());
-  FANOUT_CUDA_CHECK_LAUNCH();
+  detail::channel_reduce_stored<ParamGrad>(ctx, rows, d, 1, true, ParamGradFin{dgamma.f32(), dbeta.f32()}, x.f32(),
+                                           dy.f32(), mean.f32(), rstd.f32(), d);
   ln_dx_kernel<<<static_cast<unsigned>(rows), kLnThreads, 0, st>>>(x.f32(), dy.f32(), gamma.f32(), mean.f32(),
                                                                     rstd.f32(), d, dx.f32());
   FANOUT_CUDA_CHECK_LAUNCH();

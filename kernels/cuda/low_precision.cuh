@@ -96,6 +96,27 @@ void launch_storage_map2(Context& ctx, const Op& op, const Tensor& a, const Tens
   });
 }
 
+// out (c) += the sums over N and S of x (N, C, S), stored NC(S) or, with
+// `last`, channels-last, in double through channel_reduce_stored's two
+// fixed-order passes (a bias gradient; a (rows, c) matrix's column sums are
+// n = rows, s = 1, last).
+template <class T>
+struct ChannelSum {
+  template <class I>
+  struct Op {
+    const T* x;
+    __device__ void operator()(I i, I, double& a, double&) const { a += static_cast<double>(widen(x[i])); }
+  };
+};
+struct AddChannelSum {
+  float* out;
+  __device__ void operator()(int64_t c, double a, double) const { out[c] += static_cast<float>(a); }
+};
+template <class T>
+void channel_sum_add(Context& ctx, const T* x, int64_t n, int64_t c, int64_t s, bool last, float* out) {
+  channel_reduce_stored<ChannelSum<T>::template Op>(ctx, n, c, s, last, AddChannelSum{out}, x);
+}
+
 // Per context, per role (0, 1: inputs; 2: output; 3: output gradient): a
 // low-type buffer of at least the shape, grown and never shrunk, so a warm
 // step allocates nothing. Valid until the same role is asked for again.
