@@ -67,6 +67,7 @@ struct Options {
   std::string precision = "32";
   std::string grad_reduce_dtype = "fp32";
   bool shard_optimizer = false;
+  std::string cuda_graphs = "auto";
   // 16-mixed's loss scaler for one configuration (null otherwise).
   std::unique_ptr<optim::GradScaler> make_scaler() const {
     if (parse_precision(precision) != Precision::F16Mixed) return nullptr;
@@ -170,6 +171,7 @@ struct Result {
   int64_t bytes_to_primary = -1;  // per step; -1: not measured (DDP)
   int64_t state_bytes = -1;       // optimizer state on the device holding the most (DDP: on rank 0's); -1: not measured
   int64_t summed_bytes = -1;      // DDP: bytes rank 0 put into summing collectives per step; -1: not DDP
+  std::string graphs;             // CUDA graphs: "N captured, M replayed" or "off: why"
 };
 
 // One configuration under test: its model and engine (whose contexts hold
@@ -185,6 +187,14 @@ struct Config {
   int64_t state_bytes = -1;   // DDP: what rank 0's workers measured
   int64_t summed_bytes = -1;  // DDP: per step, rank 0's
 };
+
+std::string graphs_summary(const Engine& e) {
+  const GraphStats g = e.graph_stats();
+  if (!g.on && g.captures == 0) return "off: " + g.off_reason;
+  std::string s = std::to_string(g.captures) + " captured, " + std::to_string(g.replays) + " replayed";
+  if (!g.on) s += "; then off: " + g.off_reason;
+  return s;
+}
 
 // The optimizer state bytes of the device that holds the most (a sharded
 // optimizer's largest shard; else all of it, on the primary).
@@ -293,7 +303,10 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
      "dp-train's --shard-optimizer (ZeRO-1) in the DataParallel rows over several devices and the DDP row")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(o.grad_reduce_dtype),
      "fp32, or bf16: gradient buckets rounded to bfloat16 around each reduction, as dp-train's (PyTorch's DDP "
-     "rows: bf16_compress_hook)");
+     "rows: bf16_compress_hook)")
+    ("cuda-graphs", po::value(&o.cuda_graphs)->default_value(o.cuda_graphs),
+     "auto: the plain engine on a GPU replays its training steps from a CUDA graph (and a second plain row "
+     "runs without); off: plain launches only");
   po::options_description epochs("Epoch mode (each run a fresh process: dp-train, or bench/pytorch/train_epochs.py)");
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
@@ -443,15 +456,21 @@ std::vector<Config> local_configs(const Options& o, const Shape& in, const std::
                                   const LossOptions& loss, const MathOptions& math) {
   const Device primary = devices[0];
   std::vector<Config> configs;
-  {
+  // On a GPU with --cuda-graphs auto, the plain engine twice: with CUDA
+  // graphs and with plain launches.
+  const CudaGraphs graphs = parse_cuda_graphs(o.cuda_graphs);
+  std::vector<CudaGraphs> plain_runs = {graphs};
+  if (primary.is_cuda() && graphs == CudaGraphs::Auto) plain_runs.push_back(CudaGraphs::Off);
+  for (CudaGraphs g : plain_runs) {
     Config c;
-    c.name = "plain " + primary.str();
+    c.name = "plain " + primary.str() + (plain_runs.size() > 1 && g == CudaGraphs::Off ? " no graphs" : "");
     c.model = models::make_model(o.model, in, model_classes(o.model), o.seed);
     EngineSpec spec;
     spec.devices = {primary};
     spec.loss = loss;
     spec.dp.seed = o.seed;
     spec.dp.math = math;
+    spec.cuda_graphs = g;
     c.engine = make_engine(*c.model, std::move(spec));
     configs.push_back(std::move(c));
   }
@@ -586,7 +605,8 @@ std::vector<Result> medians(const Options& o, std::vector<Config>& configs) {
     std::sort(c.runs.begin(), c.runs.end());
     const double sec = c.runs[c.runs.size() / 2];
     results.push_back({c.name, 1e3 * sec, o.batch_size / sec, 0, -1, c.bytes_to_primary,
-                       c.opt ? max_state_bytes(*c.opt) : c.state_bytes, c.summed_bytes});
+                       c.opt ? max_state_bytes(*c.opt) : c.state_bytes, c.summed_bytes,
+                       c.engine ? graphs_summary(*c.engine) : "off: DDP workers run plain launches"});
   }
   return results;
 }
@@ -609,6 +629,8 @@ void print_results(const std::vector<Result>& results, const StepWork& w) {
     if (r.mfu >= 0) std::printf(" %7.1f%%", 100 * r.mfu);
     std::printf("\n");
   }
+  for (auto& r : results)
+    if (r.config.rfind("plain cuda", 0) == 0) std::printf("CUDA graphs, %s: %s\n", r.config.c_str(), r.graphs.c_str());
 }
 
 void write_json(const Options& o, const Shape& in, Precision precision, const std::vector<Result>& results) {
@@ -627,7 +649,8 @@ void write_json(const Options& o, const Shape& in, Precision precision, const st
                         {"grad_reduce_dtype", o.grad_reduce_dtype}, {"shard_optimizer", o.shard_optimizer},
                         {"optimizer_state_bytes_max_device", r.state_bytes},
                         {"summed_bytes_per_step", r.summed_bytes},
-                        {"tokens_per_second", r.tokens_per_second}, {"mfu", r.mfu}}
+                        {"tokens_per_second", r.tokens_per_second}, {"mfu", r.mfu},
+                        {"cuda_graphs", r.graphs}}
              .dump()
       << "\n";
   f.flush();

@@ -516,7 +516,7 @@ FusedPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Shape4& s, DTy
       try {
         // Finalizing may load or compile kernels and allocate: calls another
         // thread's graph capture (cuDNN's timed convolution search) forbids.
-        std::shared_lock<std::shared_mutex> capture_safe(::fanout::detail::capture_guard());
+        ::fanout::detail::CaptureShared capture_safe;
         plan = build_plan(h, dir, s, dt == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, det);
       } catch (const Refused& r) {
         refuse(r.where + ": " + cudnnGetErrorString(r.status));

@@ -305,7 +305,7 @@ std::unique_ptr<ConvPlan> build_plan(Context& ctx, cudnnHandle_t h, const ConvSh
     got = 0;
     // cuDNN may capture a CUDA graph while it times the candidates: no other
     // thread may make a call that capture forbids meanwhile.
-    std::unique_lock<std::shared_mutex> exclusive(::fanout::detail::capture_guard());
+    ::fanout::detail::CaptureExclusive exclusive;
     A::find(h, *plan, bufs, max_algos, &got, perf.data(), ws, search_ws);
   }
   // Results come best first; take the first acceptable one whose workspace,

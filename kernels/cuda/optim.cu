@@ -111,7 +111,7 @@ double sum_squares(Context& ctx, const Tensor& x) {
   double* out = reinterpret_cast<double*>(ws);
   FANOUT_CUDA_CHECK(cub::DeviceReduce::TransformReduce(ws + 256, temp, x.f32(), out, n, Plus{}, Square{}, 0.0, st));
   double host = 0.0;
-  std::shared_lock<std::shared_mutex> capture_safe(::fanout::detail::capture_guard());  // a pageable copy
+  ::fanout::detail::CaptureShared capture_safe;  // a pageable copy
   FANOUT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, st));
   FANOUT_CUDA_CHECK(cudaStreamSynchronize(st));
   return host;

@@ -96,6 +96,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (dropped_) {
     key_ = splitmix64(ctx.pass_key ^ splitmix64(salt_));
+    ++ctx.random_draws;
     row_ = ctx.random_row;
     dropout_forward(ctx, scale);
   } else {

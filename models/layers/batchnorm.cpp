@@ -52,7 +52,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
     FANOUT_USER_CHECK(count_ > 1) << type_name() << " needs more than one value per channel in training (input "
                                   << x.shape().str() << ")";
     kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
-    nbt_->value.data<int64_t>()[0] += 1;
+    ctx.host_effect([nbt = nbt_] { nbt->value.data<int64_t>()[0] += 1; });
   }
   kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, low output
   return y_;

@@ -20,6 +20,7 @@ Tensor Dropout::forward(const Tensor& x, Context& ctx) {
   applied_ = ctx.training && p_ > 0.0f;
   if (!applied_) return x;
   key_ = salt_ == 0 ? ctx.pass_key : splitmix64(ctx.pass_key ^ splitmix64(salt_));
+  ++ctx.random_draws;
   row_ = ctx.random_row;
   Tensor y = x;
   if (!inplace_) {

@@ -5,6 +5,7 @@
 
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
+#include "runtime/core/graph.h"
 #include "runtime/core/memory.h"
 #include "runtime/core/stream.h"
 
@@ -60,6 +61,10 @@ void event_destroy(int, void*) noexcept {}
 void event_record(int, void*, void*) { no_cuda("CUDA event"); }
 void event_wait(int, void*, void*) { no_cuda("CUDA event"); }
 void event_sync(int, void*) { no_cuda("CUDA event"); }
+void graph_capture_begin(int, void*) { no_cuda("CUDA graph"); }
+void* graph_capture_end(int, void*, std::string*) { no_cuda("CUDA graph"); }
+void graph_launch(int, void*, void*) { no_cuda("CUDA graph"); }
+void graph_destroy(int, void*) noexcept {}
 void* cublas_create(int, void*) { no_cuda("cuBLAS"); }
 void cublas_destroy(int, void*) noexcept {}
 void* cudnn_create(int, void*) { no_cuda("cuDNN"); }

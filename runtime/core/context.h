@@ -85,6 +85,19 @@ class Context {
   // change what is drawn. Engines set both before each training forward.
   uint64_t pass_key = 0;
   int64_t random_row = 0;
+  // Counts the keys layers drew from pass_key: a step captured into a CUDA
+  // graph would replay its first key, so an engine captures no step that draws.
+  uint64_t random_draws = 0;
+
+  // What a layer changes on the host in a training step (BatchNorm's
+  // num_batches_tracked): done at once, or, while the step is captured into
+  // a CUDA graph (runtime/parallel/step_graph.h), kept and done after each
+  // launch of the graph instead.
+  void host_effect(const std::function<void()>& fn) {
+    if (captured_effects) captured_effects->push_back(fn);
+    else fn();
+  }
+  std::vector<std::function<void()>>* captured_effects = nullptr;
 
   // Set by a checkpointed block around its forward and its recomputation:
   // layers' activation buffers come from these slots.

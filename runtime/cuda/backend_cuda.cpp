@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <vector>
 
 #include "runtime/core/context.h"
+#include "runtime/core/graph.h"
 #include "runtime/core/memory.h"
 #include "runtime/core/stream.h"
 #include "runtime/cuda/cuda_check.h"
@@ -86,6 +88,10 @@ std::shared_mutex& capture_guard() {
   static std::shared_mutex m;
   return m;
 }
+bool& capture_guard_owner() {
+  thread_local bool owner = false;
+  return owner;
+}
 }  // namespace detail
 
 namespace backend {
@@ -146,7 +152,7 @@ bool plain_alloc() {
 
 void* cuda_alloc(int device, size_t bytes) {
   configure_pools();
-  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+  detail::CaptureShared capture_safe;
   DeviceGuard g(device);
   void* p = nullptr;
   // Allocations on the legacy stream are ordered before any later work, so a
@@ -164,7 +170,7 @@ void* cuda_alloc(int device, size_t bytes) {
   return p;
 }
 void cuda_free(int device, void* p) noexcept {
-  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+  detail::CaptureShared capture_safe;
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
@@ -207,13 +213,13 @@ void cuda_free(int device, void* p) noexcept {
   cudaSetDevice(prev);
 }
 void* pinned_alloc(size_t bytes) {
-  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+  detail::CaptureShared capture_safe;
   void* p = nullptr;
   FANOUT_CUDA_CHECK(cudaMallocHost(&p, bytes));
   return p;
 }
 void pinned_free(void* p) noexcept {
-  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+  detail::CaptureShared capture_safe;
   cudaFreeHost(p);
 }
 
@@ -223,7 +229,7 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes, 
     return;
   }
   auto s = static_cast<cudaStream_t>(stream);
-  std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+  detail::CaptureShared capture_safe;
   if (dd.is_cuda() && sd.is_cuda() && dd.index != sd.index) {
     FANOUT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd.index, src, sd.index, bytes, s));
   } else {
@@ -274,6 +280,54 @@ void event_wait(int device, void* e, void* s) {
   FANOUT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
 }
 void event_sync(int device, void* e) { FANOUT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+
+// A step capture holds capture_guard exclusively from begin to end, on the
+// capturing thread (a thread-local lock: begin and end come from one thread).
+namespace {
+thread_local std::unique_ptr<detail::CaptureExclusive> t_capture_hold;
+}
+void graph_capture_begin(int device, void* stream) {
+  FANOUT_CHECK(!t_capture_hold) << "this thread is capturing a graph already";
+  t_capture_hold = std::make_unique<detail::CaptureExclusive>();
+  DeviceGuard g(device);
+  const cudaError_t e =
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    t_capture_hold.reset();
+    FANOUT_CUDA_CHECK(e);
+  }
+}
+void* graph_capture_end(int device, void* stream, std::string* why) {
+  DeviceGuard g(device);
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+  t_capture_hold.reset();
+  cudaGraphExec_t exec = nullptr;
+  if (e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph) cudaGraphDestroy(graph);
+  if (e != cudaSuccess || !exec) {
+    // Capture errors are not sticky; clear the last one so that it is not
+    // reported against an unrelated call.
+    cudaGetLastError();
+    if (why)
+      *why = e != cudaSuccess ? std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"
+                              : std::string("the capture gave no graph");
+    return nullptr;
+  }
+  return exec;
+}
+void graph_launch(int device, void* exec, void* stream) {
+  DeviceGuard g(device);
+  FANOUT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)));
+}
+void graph_destroy(int device, void* exec) noexcept {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+  cudaSetDevice(prev);
+}
 
 void* cublas_create(int device, void* stream) {
   DeviceGuard g(device);

@@ -107,7 +107,7 @@ class P2pComm : public Comm {
     ranks_.wait();
     FANOUT_CUDA_CHECK(cudaSetDevice(devices_[rank].index));
     {
-      std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());  // pageable copies
+      detail::CaptureShared capture_safe;  // pageable copies
       FANOUT_CUDA_CHECK(cudaMemcpyAsync(host_.data() + rank * bytes, buf.raw(), bytes, cudaMemcpyDeviceToHost,
                                         stream_of(ctx)));
       FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
@@ -118,7 +118,7 @@ class P2pComm : public Comm {
     if (buf.dtype() == DType::F64) add_host<double>(sum, bytes);
     else add_host<float>(sum, bytes);
     ranks_.wait();
-    std::shared_lock<std::shared_mutex> capture_safe(detail::capture_guard());
+    detail::CaptureShared capture_safe;
     FANOUT_CUDA_CHECK(cudaMemcpyAsync(buf.raw(), sum.data(), bytes, cudaMemcpyHostToDevice, stream_of(ctx)));
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
   }

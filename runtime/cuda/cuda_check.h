@@ -9,14 +9,44 @@
 
 #include "runtime/core/error.h"
 
+#include <mutex>
 #include <shared_mutex>
 
 namespace fanout::detail {
 const char* cublas_status_name(cublasStatus_t s);
-// Held exclusively while cuDNN's timed algorithm search may capture a CUDA
-// graph; shared around the calls that capture forbids in other threads
-// (allocation, frees, device-wide and legacy-stream work).
+// Held exclusively while a CUDA graph is captured (cuDNN's timed algorithm
+// search, a step capture: runtime/core/graph.h); shared around the calls
+// that capture forbids in other threads (allocation, frees, device-wide and
+// legacy-stream work). The thread holding it exclusively takes no shared
+// hold (its own calls inside the capture fail the capture, as they should,
+// instead of deadlocking).
 std::shared_mutex& capture_guard();
+bool& capture_guard_owner();  // this thread holds capture_guard exclusively
+class CaptureShared {
+ public:
+  CaptureShared() {
+    if (!capture_guard_owner()) lock_ = std::shared_lock<std::shared_mutex>(capture_guard());
+  }
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
+class CaptureExclusive {
+ public:
+  CaptureExclusive() {
+    if (capture_guard_owner()) return;
+    lock_ = std::unique_lock<std::shared_mutex>(capture_guard());
+    capture_guard_owner() = true;
+  }
+  ~CaptureExclusive() {
+    if (lock_.owns_lock()) capture_guard_owner() = false;
+  }
+  CaptureExclusive(const CaptureExclusive&) = delete;
+  CaptureExclusive& operator=(const CaptureExclusive&) = delete;
+
+ private:
+  std::unique_lock<std::shared_mutex> lock_;
+};
 }
 
 #define FANOUT_CUDA_CHECK(expr)                                                                 \

@@ -47,4 +47,10 @@ MathOptions with_cpu_threads(MathOptions math, int replicas, int processes) {
 
 uint64_t pass_key(uint64_t seed, uint64_t pass) { return splitmix64(splitmix64(seed) ^ pass); }
 
+GraphStats Engine::graph_stats() const {
+  GraphStats s;
+  s.off_reason = "CUDA graphs capture one-device steps only; DataParallel and DDP steps run plain launches";
+  return s;
+}
+
 }  // namespace fanout

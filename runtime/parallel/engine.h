@@ -13,6 +13,7 @@
 #include "runtime/nn/criterion.h"
 #include "runtime/nn/module.h"
 #include "runtime/parallel/process_link.h"
+#include "runtime/parallel/step_graph.h"
 #include "runtime/parallel/sharding.h"
 
 namespace fanout {
@@ -96,6 +97,9 @@ class Engine {
   // The shards of a sharded engine (ZeRO), for the sharded optimizer; null
   // when nothing is sharded.
   virtual Sharding* sharding() { return nullptr; }
+  // CUDA graphs of training steps (runtime/parallel/step_graph.h): whether
+  // they are on, how many steps were captured and replayed, and why not.
+  virtual GraphStats graph_stats() const;
 
   // From the process link: this process's rank, the number of processes,
   // the group's backend ("gloo", "nccl"; empty in one process), sums of

@@ -28,7 +28,7 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
   if (plain) {
     const Device d = spec.devices[0];
     return std::make_unique<SingleDeviceEngine>(model, d, *criterion, dp.seed,
-                                                with_cpu_threads(dp.math, 1, spec.local_processes));
+                                                with_cpu_threads(dp.math, 1, spec.local_processes), spec.cuda_graphs);
   }
   return std::make_unique<DataParallelEngine>(model, spec.devices, *criterion, dp);
 }

@@ -1,0 +1,87 @@
+// CUDA graphs for training steps (--cuda-graphs auto|off). After a plain
+// warm-up step, a training step whose launches depend on nothing that
+// changes (the same shapes and dtypes, the same gradient scale, the same
+// parameter and gradient arenas, no buffer allocated since) is captured into
+// a CUDA graph once and replayed: one launch instead of hundreds. What a
+// step changes on the host (Context::host_effect) is done again after each
+// replay. A step that differs (the last smaller batch, an evaluation in
+// between) runs plain and drops the graph, since a plain pass may move
+// buffers; the next equal steps capture again. Graphs stay off on CPU
+// devices, for models that draw random numbers in training (Dropout: a
+// replay would repeat the captured keys), and after a capture fails (a call
+// that capture forbids, such as a host synchronization inside the step):
+// the step then runs plain, and stats() says why.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/context.h"
+#include "runtime/core/graph.h"
+
+namespace fanout {
+
+enum class CudaGraphs { Auto, Off };
+// "auto" or "off"; anything else is a one-line error.
+CudaGraphs parse_cuda_graphs(const std::string& s);
+const char* cuda_graphs_name(CudaGraphs g);
+
+struct GraphStats {
+  bool on = false;          // steps may be captured and replayed
+  int64_t captures = 0;     // graphs captured
+  int64_t replays = 0;      // steps replayed from a graph (the capturing step not counted)
+  int64_t plain = 0;        // training steps run with plain launches
+  std::string off_reason;   // why graphs are off; empty while on
+};
+
+// The decisions alone, over the keys of training steps (runtime-free, so
+// that they are tested without a GPU).
+class StepGraphPolicy {
+ public:
+  enum class Action { Plain, Capture, Replay };
+  // on: --cuda-graphs auto on CUDA devices; otherwise off with `why`.
+  StepGraphPolicy(bool on, std::string why);
+  // A training step with `key`: Replay when a graph was captured at this
+  // key; Capture when the last step was a plain training step at this key;
+  // Plain otherwise. *drop is set when a graph of another key must go first.
+  Action train_step(const std::string& key, bool* drop);
+  // A pass that is not a training step (evaluation): the graph and the
+  // warm-up are dropped (true when there was a graph).
+  bool other_pass();
+  // After Capture: ok keeps the graph; a failure turns graphs off for good.
+  void captured(bool ok, const std::string& why);
+  // Turns graphs off for good (the model draws random numbers).
+  void turn_off(const std::string& why);
+  bool has_graph() const { return !graph_key_.empty(); }
+  const GraphStats& stats() const { return stats_; }
+
+ private:
+  GraphStats stats_;
+  std::string graph_key_, warm_key_;
+};
+
+// The policy over one context's compute stream: runs a training step's
+// launches plainly, captures them, or replays them.
+class StepGraphs {
+ public:
+  StepGraphs(CudaGraphs mode, Device device);
+  // `work` queues one training step's launches on ctx's compute stream
+  // (inputs already in buffers that stay put); `key` names everything
+  // besides the arenas and allocations that those launches depend on.
+  void train_step(Context& ctx, const std::string& key, const std::function<void()>& work);
+  void other_pass();
+  const GraphStats& stats() const { return policy_.stats(); }
+
+ private:
+  void fall_back(const std::string& why);
+  StepGraphPolicy policy_;
+  StreamGraph graph_;
+  std::vector<std::function<void()>> effects_;
+  uint64_t allocs_ = 0;  // device allocations seen after the last graph step
+};
+
+// The launches of a training step depend on these: a key for StepGraphs.
+std::string step_graph_key(const Tensor& x, const Tensor& y, float grad_scale, const std::vector<const void*>& arenas);
+
+}  // namespace fanout

@@ -1,0 +1,238 @@
+// CUDA graphs of training steps (runtime/parallel/step_graph.h): the
+// policy's decisions over step keys, --cuda-graphs parsing, the host effects
+// a captured step defers (BatchNorm's num_batches_tracked), the random draws
+// that keep a model from being captured, and what the engines report on CPU
+// devices. Replays themselves run on a GPU: test/cuda/graph_test.cpp.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/layers/batchnorm.h"
+#include "models/layers/dropout.h"
+#include "models/zoo/zoo.h"
+#include "runtime/core/error.h"
+#include "runtime/core/graph.h"
+#include "runtime/parallel/engine_factory.h"
+#include "runtime/parallel/single_device.h"
+#include "runtime/parallel/step_graph.h"
+#include "support/test_util.h"
+
+namespace fanout {
+namespace {
+
+using Action = StepGraphPolicy::Action;
+
+TEST(StepGraphPolicy, WarmsUpCapturesThenReplaysOneKey) {
+  StepGraphPolicy p(true, "");
+  bool drop = true;
+  EXPECT_EQ(p.train_step("A", &drop), Action::Plain);  // the warm-up step
+  EXPECT_FALSE(drop);
+  EXPECT_FALSE(p.has_graph());
+  EXPECT_EQ(p.train_step("A", &drop), Action::Capture);
+  p.captured(true, "");
+  EXPECT_TRUE(p.has_graph());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(p.train_step("A", &drop), Action::Replay);
+  EXPECT_FALSE(drop);
+  const GraphStats& s = p.stats();
+  EXPECT_TRUE(s.on);
+  EXPECT_EQ(s.captures, 1);
+  EXPECT_EQ(s.replays, 3);
+  EXPECT_EQ(s.plain, 1);
+  EXPECT_TRUE(s.off_reason.empty());
+}
+
+TEST(StepGraphPolicy, AnotherKeyRunsPlainDropsTheGraphAndWarmsUpAgain) {
+  StepGraphPolicy p(true, "");
+  bool drop = false;
+  p.train_step("full", &drop);
+  ASSERT_EQ(p.train_step("full", &drop), Action::Capture);
+  p.captured(true, "");
+  // The last smaller batch of an epoch: plain, and the graph goes (its buffers may move).
+  EXPECT_EQ(p.train_step("last", &drop), Action::Plain);
+  EXPECT_TRUE(drop);
+  EXPECT_FALSE(p.has_graph());
+  // The next epoch's full batches warm up and capture again.
+  EXPECT_EQ(p.train_step("full", &drop), Action::Plain);
+  EXPECT_FALSE(drop);
+  EXPECT_EQ(p.train_step("full", &drop), Action::Capture);
+  p.captured(true, "");
+  EXPECT_EQ(p.train_step("full", &drop), Action::Replay);
+  EXPECT_EQ(p.stats().captures, 2);
+  EXPECT_EQ(p.stats().replays, 1);
+  EXPECT_EQ(p.stats().plain, 3);
+}
+
+TEST(StepGraphPolicy, KeysThatAlternateNeverCapture) {
+  StepGraphPolicy p(true, "");
+  bool drop = false;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(p.train_step(i % 2 ? "A" : "B", &drop), Action::Plain);
+  EXPECT_EQ(p.stats().captures, 0);
+  EXPECT_EQ(p.stats().plain, 6);
+}
+
+TEST(StepGraphPolicy, AnEvaluationDropsTheGraphAndTheWarmUp) {
+  StepGraphPolicy p(true, "");
+  bool drop = false;
+  p.train_step("A", &drop);
+  EXPECT_FALSE(p.other_pass());  // nothing captured yet, but the warm-up is gone
+  EXPECT_EQ(p.train_step("A", &drop), Action::Plain);
+  EXPECT_EQ(p.train_step("A", &drop), Action::Capture);
+  p.captured(true, "");
+  EXPECT_TRUE(p.other_pass());
+  EXPECT_FALSE(p.has_graph());
+  EXPECT_EQ(p.train_step("A", &drop), Action::Plain);
+  EXPECT_FALSE(drop);  // other_pass dropped it already
+}
+
+TEST(StepGraphPolicy, AFailedCaptureTurnsGraphsOffForGood) {
+  StepGraphPolicy p(true, "");
+  bool drop = false;
+  p.train_step("A", &drop);
+  ASSERT_EQ(p.train_step("A", &drop), Action::Capture);
+  p.captured(false, "cudaErrorStreamCaptureUnsupported");
+  EXPECT_FALSE(p.has_graph());
+  EXPECT_FALSE(p.stats().on);
+  EXPECT_EQ(p.stats().off_reason, "cudaErrorStreamCaptureUnsupported");
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(p.train_step("A", &drop), Action::Plain);
+  EXPECT_EQ(p.stats().captures, 0);
+  EXPECT_EQ(p.stats().plain, 6);  // the warm-up, the failed capture's plain rerun, four more
+}
+
+TEST(StepGraphPolicy, OffFromTheStartOrTurnedOff) {
+  StepGraphPolicy off(false, "--cuda-graphs off");
+  bool drop = false;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(off.train_step("A", &drop), Action::Plain);
+  EXPECT_FALSE(off.stats().on);
+  EXPECT_EQ(off.stats().off_reason, "--cuda-graphs off");
+  StepGraphPolicy p(true, "");
+  p.train_step("A", &drop);
+  p.turn_off("dropout");
+  EXPECT_EQ(p.train_step("A", &drop), Action::Plain);
+  EXPECT_EQ(p.stats().off_reason, "dropout");
+}
+
+TEST(CudaGraphsOption, ParsesAutoAndOffOnly) {
+  EXPECT_EQ(parse_cuda_graphs("auto"), CudaGraphs::Auto);
+  EXPECT_EQ(parse_cuda_graphs("off"), CudaGraphs::Off);
+  EXPECT_STREQ(cuda_graphs_name(CudaGraphs::Auto), "auto");
+  for (const char* bad : {"on", "", "Auto", "true"}) {
+    try {
+      parse_cuda_graphs(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--cuda-graphs takes auto or off"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(StepGraphKey, NamesShapesTypesTheScaleAndTheArenas) {
+  Tensor x = Tensor::zeros(Shape{4, 3}), y = Tensor::zeros(Shape{4}, DType::I32);
+  int a = 0, b = 0;
+  const std::string k = step_graph_key(x, y, 0.25f, {&a});
+  EXPECT_EQ(k, step_graph_key(x, y, 0.25f, {&a}));
+  EXPECT_NE(k, step_graph_key(Tensor::zeros(Shape{3, 3}), y, 0.25f, {&a}));
+  EXPECT_NE(k, step_graph_key(x, Tensor::zeros(Shape{4}), 0.25f, {&a}));
+  EXPECT_NE(k, step_graph_key(x, y, 0.5f, {&a}));  // 16-mixed's loss scale changed
+  EXPECT_NE(k, step_graph_key(x, y, 0.25f, {&b}));  // an arena replaced
+}
+
+TEST(StreamGraph, CpuStreamsHaveNoGraphs) {
+  Stream s(Device::cpu());
+  StreamGraph g;
+  EXPECT_THROW(g.begin(s), Error);
+  EXPECT_FALSE(g.capturing());
+  EXPECT_FALSE(g.ready());
+}
+
+TEST(HostEffects, RunAtOnceOrAfterTheCapturedStep) {
+  Context ctx(Device::cpu());
+  int n = 0;
+  ctx.host_effect([&] { ++n; });
+  EXPECT_EQ(n, 1);
+  std::vector<std::function<void()>> kept;
+  ctx.captured_effects = &kept;
+  ctx.host_effect([&] { n += 10; });
+  EXPECT_EQ(n, 1);
+  ASSERT_EQ(kept.size(), 1u);
+  kept[0]();
+  EXPECT_EQ(n, 11);
+}
+
+// BatchNorm counts its training batches on the host: inside a capture the
+// count moves only when the kept effect runs (once per launch of the graph).
+TEST(HostEffects, BatchNormCountsBatchesThroughThem) {
+  Context ctx(Device::cpu());
+  models::BatchNorm2d bn(3);
+  bn.materialize(Device::cpu());
+  bn.init(5);
+  std::mt19937_64 rng(5);
+  bn.train(true);
+  const Tensor x = testing::random_tensor(Shape{4, 3, 2, 2}, rng);
+  bn.forward(x, ctx);
+  EXPECT_EQ(bn.num_batches_tracked(), 1);
+  std::vector<std::function<void()>> kept;
+  ctx.captured_effects = &kept;
+  bn.forward(x, ctx);
+  ctx.captured_effects = nullptr;
+  EXPECT_EQ(bn.num_batches_tracked(), 1);
+  ASSERT_EQ(kept.size(), 1u);
+  for (int replay = 0; replay < 3; ++replay)
+    for (auto& fn : kept) fn();
+  EXPECT_EQ(bn.num_batches_tracked(), 4);
+  bn.train(false);
+  bn.forward(x, ctx);  // evaluation counts nothing
+  EXPECT_EQ(bn.num_batches_tracked(), 4);
+}
+
+TEST(RandomDraws, DropoutCountsTheKeysItDraws) {
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(6);
+  const Tensor x = testing::random_tensor(Shape{4, 8}, rng);
+  models::Dropout off(0.0f), on(0.3f);
+  off.materialize(Device::cpu());
+  on.materialize(Device::cpu());
+  ctx.training = true;
+  off.train(true);
+  on.train(true);
+  off.forward(x, ctx);
+  EXPECT_EQ(ctx.random_draws, 0u);
+  on.forward(x, ctx);
+  EXPECT_EQ(ctx.random_draws, 1u);
+  on.train(false);
+  ctx.training = false;
+  on.forward(x, ctx);
+  EXPECT_EQ(ctx.random_draws, 1u);
+}
+
+// On CPU devices the plain engine trains as before and says graphs are off
+// and why; DataParallel says it captures nothing.
+TEST(EngineGraphStats, CpuEnginesRunPlainLaunchesAndSayWhy) {
+  std::mt19937_64 rng(7);
+  auto model = models::make_model("mlp", Shape{1, 4, 4}, 5, 3);
+  EngineSpec spec;
+  spec.devices = {Device::cpu()};
+  auto engine = make_engine(*model, std::move(spec));
+  const Tensor x = testing::random_tensor(Shape{6, 1, 4, 4}, rng);
+  const Tensor y = testing::random_labels(6, 5, rng);
+  for (int i = 0; i < 3; ++i) engine->forward_backward_batch(x, y);
+  const GraphStats g = engine->graph_stats();
+  EXPECT_FALSE(g.on);
+  EXPECT_EQ(g.captures, 0);
+  EXPECT_EQ(g.replays, 0);
+  EXPECT_EQ(g.plain, 3);
+  EXPECT_EQ(g.off_reason, "CPU devices have no CUDA graphs");
+
+  auto dp_model = models::make_model("mlp", Shape{1, 4, 4}, 5, 3);
+  EngineSpec dp;
+  dp.devices = parse_devices("cpu:2");
+  auto dp_engine = make_engine(*dp_model, std::move(dp));
+  dp_engine->forward_backward_batch(x, y);
+  EXPECT_FALSE(dp_engine->graph_stats().on);
+  EXPECT_NE(dp_engine->graph_stats().off_reason.find("one-device steps only"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fanout
