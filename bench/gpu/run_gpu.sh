@@ -63,6 +63,9 @@
 #              bf16-mixed, with tokens/s and MFU: gpt2 (batch 8, T 1024) and
 #              nanoGPT's shakespeare_char size (gpt-char, batch 64, T 256),
 #              beside bench/pytorch/gpt_step.py when it is there -> gpt.jsonl
+#   graphs     (named only) dp-bench lenet (batch 512) and cnn (batch 256) on
+#              cuda:0 in TF32 and bf16-mixed: the plain engine with CUDA
+#              graphs and without ("plain cuda:0 no graphs")  -> graphs.jsonl
 #   memory     (named only) bench/zero_memory.sh on 0,0 in bf16-mixed: gpt2
 #              (T 1024, batch 16) unsharded and --shard-optimizer, each
 #              with and without --checkpoint-activations: replica_memory by
@@ -108,7 +111,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose goals goals3d gpt memory profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt memory profile)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals goals3d gpt graphs memory profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt graphs memory profile)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -688,6 +691,24 @@ step_gpt() {
     done
   done
   cat "$out/gpt.jsonl"
+  return "$rc"
+}
+
+# CUDA graphs: the small CNNs' steps on one GPU, replayed from a graph and
+# with plain launches (dp-bench's two plain rows), in TF32 and bf16-mixed.
+step_graphs() {
+  local b="$build/apps/dp-bench" rc=0 spec p
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  : >"$out/graphs.jsonl"
+  for spec in "lenet 1x28x28 512" "cnn 1x28x28 256"; do
+    set -- $spec
+    for p in 32 bf16-mixed; do
+      echo "== dp-bench --model $1 --input $2 --batch-size $3 --devices 0 --precision $p --allow-tf32"
+      frun "$b" --model "$1" --input "$2" --batch-size "$3" --devices 0 --no-ddp --precision "$p" --allow-tf32 \
+        --warmup 5 --steps 50 --repeats 3 --json "$out/graphs.jsonl" || rc=1
+    done
+  done
+  cat "$out/graphs.jsonl"
   return "$rc"
 }
 
