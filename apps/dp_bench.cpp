@@ -354,6 +354,7 @@ Precision check_common(const Options& o) {
   o.optimizer_options();  // an unknown --optimizer is an error before any run
   const Precision precision = parse_precision(o.precision);
   const DType reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
+  parse_cuda_graphs(o.cuda_graphs);  // a one-line error before any work
   FANOUT_USER_CHECK(reduce_dtype == DType::F32 || !o.split_invariant)
       << "--grad-reduce-dtype " << o.grad_reduce_dtype << " cannot keep --split-invariant's exact gradient sums";
   FANOUT_USER_CHECK(precision == Precision::F32 || !o.split_invariant)
