@@ -340,7 +340,11 @@ void channel_reduce_stored(Context& ctx, int64_t n, int64_t c, int64_t s, bool l
   if (c == 0) return;
   const int64_t rows = n * s;
   const int64_t want = int64_t{sm_count(ctx.device().index)} * 4;
-  const int np = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, ceil_div(rows, 64), 1024})));
+  // At most 64 MiB of partials (2 doubles per channel and block): a wide
+  // layer (a vocabulary-sized bias) gets fewer blocks, not a huge workspace.
+  const int64_t budget = std::max<int64_t>(1, (int64_t{64} << 20) / (16 * c));
+  const int np =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, ceil_div(rows, 64), int64_t{1024}, budget})));
   const int64_t per = ceil_div(rows, np);
   auto* partials = static_cast<double*>(ctx.workspace(sizeof(double) * 2 * static_cast<size_t>(c) * np));
   cudaStream_t st = stream_of(ctx);

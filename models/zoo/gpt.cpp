@@ -17,6 +17,7 @@
 #include "models/layers/init.h"
 #include "models/layers/sequential.h"
 #include "runtime/core/error.h"
+#include "runtime/core/memory.h"
 
 namespace fanout::models {
 
@@ -150,6 +151,7 @@ Tensor GPT::forward(const Tensor& ids, Context& ctx) {
     ensure(pos_, ids.shape(), DType::I32, d);
     pos_.copy_from(pos_host_, &ctx.compute());
     if (!d.is_cpu()) ctx.compute().synchronize();  // the host buffer is rewritten on the next change
+    note_device_state_rewrite();
   }
   Tensor tok = wte_->forward(ids, ctx);
   Tensor pos = wpe_->forward(pos_, ctx);

@@ -10,7 +10,8 @@
 namespace fanout {
 
 namespace {
-std::atomic<uint64_t> g_host_allocs{0}, g_device_allocs{0}, g_live{0};
+std::atomic<uint64_t> g_host_allocs{0}, g_device_allocs{0}, g_live{0}, g_rewrites{0};
+thread_local uint64_t t_device_allocs = 0;
 
 // Live and peak bytes per CPU device (index); pinned buffers count on cpu:0.
 constexpr int kCpuSlots = 512;
@@ -62,6 +63,7 @@ std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
   if (d.is_cuda()) {
     s->ptr = backend::cuda_alloc(d.index, rounded == 0 ? 64 : rounded);
     ++g_device_allocs;
+    ++t_device_allocs;
   } else {
     s->ptr = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
     FANOUT_USER_CHECK(s->ptr != nullptr) << "out of host memory: cannot allocate " << format_bytes(bytes);
@@ -83,5 +85,8 @@ std::shared_ptr<Storage> allocate_pinned(size_t bytes) {
 }
 
 AllocStats alloc_stats() { return {g_host_allocs.load(), g_device_allocs.load(), g_live.load()}; }
+uint64_t thread_device_allocs() { return t_device_allocs; }
+void note_device_state_rewrite() { ++g_rewrites; }
+uint64_t device_state_rewrites() { return g_rewrites.load(); }
 
 }  // namespace fanout

@@ -38,6 +38,14 @@ struct AllocStats {
   uint64_t live_bytes = 0;
 };
 AllocStats alloc_stats();
+// CUDA-device allocations made by the calling thread (what a CUDA graph
+// captured on this thread may point at: runtime/parallel/step_graph.h).
+uint64_t thread_device_allocs();
+// A layer that rewrites device state it keeps across steps from the host
+// (GPT's position ids, on a shape change) says so: a captured step reading
+// the old contents must not be replayed.
+void note_device_state_rewrite();
+uint64_t device_state_rewrites();
 // Bytes fanout's storages hold on one CPU device (cpu:N; pinned buffers
 // count on cpu:0) and the most they held at once since the last reset (which
 // restarts the mark from the bytes live now); 0 for CUDA devices

@@ -150,6 +150,24 @@ bool plain_alloc() {
 }
 }  // namespace
 
+// A step capture holds capture_guard exclusively from begin to end, on the
+// capturing thread (a thread-local hold: begin and end come from one thread).
+// Frees that thread asks for meanwhile wait until the capture ends: a free
+// orders itself after every stream's work, the capturing one's included,
+// which would pull the free into the capture.
+namespace {
+thread_local std::unique_ptr<detail::CaptureExclusive> t_capture_hold;
+thread_local std::vector<std::pair<int, void*>> t_deferred_frees;  // (device or -1 for pinned, pointer)
+void release_deferred_frees() noexcept {
+  std::vector<std::pair<int, void*>> frees;
+  frees.swap(t_deferred_frees);
+  for (auto [device, p] : frees) {
+    if (device < 0) pinned_free(p);
+    else cuda_free(device, p);
+  }
+}
+}  // namespace
+
 void* cuda_alloc(int device, size_t bytes) {
   configure_pools();
   detail::CaptureShared capture_safe;
@@ -170,6 +188,10 @@ void* cuda_alloc(int device, size_t bytes) {
   return p;
 }
 void cuda_free(int device, void* p) noexcept {
+  if (t_capture_hold) {
+    t_deferred_frees.emplace_back(device, p);
+    return;
+  }
   detail::CaptureShared capture_safe;
   int prev = -1;
   cudaGetDevice(&prev);
@@ -219,6 +241,10 @@ void* pinned_alloc(size_t bytes) {
   return p;
 }
 void pinned_free(void* p) noexcept {
+  if (t_capture_hold) {
+    t_deferred_frees.emplace_back(-1, p);
+    return;
+  }
   detail::CaptureShared capture_safe;
   cudaFreeHost(p);
 }
@@ -281,15 +307,10 @@ void event_wait(int device, void* e, void* s) {
 }
 void event_sync(int device, void* e) { FANOUT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
 
-// A step capture holds capture_guard exclusively from begin to end, on the
-// capturing thread (a thread-local lock: begin and end come from one thread).
-namespace {
-thread_local std::unique_ptr<detail::CaptureExclusive> t_capture_hold;
-}
 void graph_capture_begin(int device, void* stream) {
   FANOUT_CHECK(!t_capture_hold) << "this thread is capturing a graph already";
-  t_capture_hold = std::make_unique<detail::CaptureExclusive>();
   DeviceGuard g(device);
+  t_capture_hold = std::make_unique<detail::CaptureExclusive>();
   const cudaError_t e =
       cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
@@ -299,12 +320,19 @@ void graph_capture_begin(int device, void* stream) {
   }
 }
 void* graph_capture_end(int device, void* stream, std::string* why) {
-  DeviceGuard g(device);
+  // First out of capture mode and the lock released, whatever follows.
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
   t_capture_hold.reset();
+  release_deferred_frees();
   cudaGraphExec_t exec = nullptr;
-  if (e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (e == cudaSuccess && graph) {
+    cudaSetDevice(device);
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaSetDevice(prev);
+  }
   if (graph) cudaGraphDestroy(graph);
   if (e != cudaSuccess || !exec) {
     // Capture errors are not sticky; clear the last one so that it is not

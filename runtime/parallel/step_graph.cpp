@@ -83,11 +83,17 @@ void StepGraphs::other_pass() {
   if (policy_.other_pass()) graph_.reset();
 }
 
+namespace {
+// What may have moved or rewritten a buffer a graph points at, since a mark.
+uint64_t moves() { return thread_device_allocs() + device_state_rewrites(); }
+}  // namespace
+
 void StepGraphs::train_step(Context& ctx, const std::string& key, const std::function<void()>& work) {
-  // Any allocation since the last graph step may have moved a buffer the
-  // graph points at (a pass outside the engine, a layer grown): warm up again.
-  const uint64_t allocs = alloc_stats().device_allocs;
-  if (policy_.has_graph() && allocs != allocs_) other_pass();
+  // An allocation on this thread since the last graph step may have moved a
+  // buffer the graph points at (a pass outside the engine, a layer grown),
+  // and kept state may have been rewritten: warm up again.
+  const uint64_t before = moves();
+  if (policy_.has_graph() && before != allocs_) other_pass();
   bool drop = false;
   const StepGraphPolicy::Action a = policy_.train_step(key, &drop);
   if (drop) graph_.reset();
@@ -103,43 +109,48 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
       policy_.turn_off("the model draws random numbers in training (Dropout), which a replayed graph would repeat");
       fall_back(policy_.stats().off_reason);
     }
-    allocs_ = alloc_stats().device_allocs;
+    allocs_ = moves();
     return;
   }
-  // Capture: nothing queued inside runs until the graph is launched.
+  // Capture: nothing queued inside runs until the graph is launched. Every
+  // failure leaves the stream out of capture, the effects unset, the policy
+  // off, and the step run plainly.
   effects_.clear();
   const uint64_t draws = ctx.random_draws;
   std::string why;
   bool ok = false;
-  ctx.captured_effects = &effects_;
-  graph_.begin(ctx.compute());
   try {
+    graph_.begin(ctx.compute());
+    ctx.captured_effects = &effects_;
     work();
     ctx.captured_effects = nullptr;
     ok = graph_.end(&why);
   } catch (const std::exception& e) {
-    ctx.captured_effects = nullptr;
-    graph_.abandon();
     why = e.what();
+  } catch (...) {
+    why = "an unknown exception";
   }
+  ctx.captured_effects = nullptr;
+  graph_.abandon();  // no-op unless the capture is still open
   if (ok && ctx.random_draws != draws) {
     ok = false;
     why = "the model draws random numbers in training (Dropout), which a replayed graph would repeat";
-  } else if (ok && alloc_stats().device_allocs != allocs) {
+  } else if (ok && moves() != before) {
     ok = false;
-    why = "the step allocated device memory while it was captured";
+    why = "the step allocated device memory (or rewrote kept state) while it was captured";
   }
   policy_.captured(ok, why);
   if (ok) {
     graph_.launch(ctx.compute());
     for (auto& fn : effects_) fn();
-    allocs_ = alloc_stats().device_allocs;
+    allocs_ = moves();
     return;
   }
   graph_.reset();
   effects_.clear();
   fall_back("capturing a training step failed: " + why);
   work();  // the step itself, plainly
+  allocs_ = moves();
 }
 
 std::string step_graph_key(const Tensor& x, const Tensor& y, float grad_scale, const std::vector<const void*>& arenas) {

@@ -78,7 +78,9 @@ class StepGraphs {
   StepGraphPolicy policy_;
   StreamGraph graph_;
   std::vector<std::function<void()>> effects_;
-  uint64_t allocs_ = 0;  // device allocations seen after the last graph step
+  // After the last graph step: this thread's device allocations and the
+  // process's rewrites of kept device state (runtime/core/memory.h).
+  uint64_t allocs_ = 0;
 };
 
 // The launches of a training step depend on these: a key for StepGraphs.
