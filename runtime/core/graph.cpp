@@ -5,6 +5,17 @@
 
 namespace fanout {
 
+namespace {
+thread_local bool t_checked = false;
+}
+
+bool capture_checked() { return t_checked; }
+void forbid_in_capture(const char* what) {
+  if (t_checked) FANOUT_FAIL() << what << " inside a captured training step (CUDA graphs forbid it)";
+}
+CaptureCheck::CaptureCheck() : prev_(t_checked) { t_checked = true; }
+CaptureCheck::~CaptureCheck() { t_checked = prev_; }
+
 StreamGraph::~StreamGraph() {
   abandon();
   reset();
@@ -17,12 +28,15 @@ void StreamGraph::begin(Stream& s) {
   backend::graph_capture_begin(s.device().index, s.handle());
   stream_ = &s;
   device_ = s.device().index;
+  checked_prev_ = t_checked;
+  t_checked = true;
 }
 
 bool StreamGraph::end(std::string* why) {
   FANOUT_CHECK(stream_) << "no graph capture is open";
   Stream* s = stream_;
   stream_ = nullptr;
+  t_checked = checked_prev_;
   exec_ = backend::graph_capture_end(device_, s->handle(), why);
   return exec_ != nullptr;
 }
@@ -31,6 +45,7 @@ void StreamGraph::abandon() noexcept {
   if (!stream_) return;
   Stream* s = stream_;
   stream_ = nullptr;
+  t_checked = checked_prev_;
   std::string ignored;
   try {
     exec_ = backend::graph_capture_end(device_, s->handle(), &ignored);

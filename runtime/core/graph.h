@@ -11,6 +11,23 @@
 
 namespace fanout {
 
+// While this thread captures a step (StreamGraph::begin to end), or inside
+// a CaptureCheck scope on any device (tests run a step so on CPU devices),
+// what a capture forbids throws at once and says what it was: a host
+// synchronization (Stream or Event), an allocation.
+bool capture_checked();
+void forbid_in_capture(const char* what);
+class CaptureCheck {
+ public:
+  CaptureCheck();
+  ~CaptureCheck();
+  CaptureCheck(const CaptureCheck&) = delete;
+  CaptureCheck& operator=(const CaptureCheck&) = delete;
+
+ private:
+  bool prev_;
+};
+
 class StreamGraph {
  public:
   StreamGraph() = default;
@@ -35,6 +52,7 @@ class StreamGraph {
 
  private:
   Stream* stream_ = nullptr;  // while capturing
+  bool checked_prev_ = false;
   void* exec_ = nullptr;      // cudaGraphExec_t
   int device_ = -1;
 };

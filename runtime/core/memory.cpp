@@ -1,6 +1,8 @@
 // Allocation entry points and counters.
 #include "runtime/core/memory.h"
 
+#include "runtime/core/graph.h"
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +58,7 @@ std::string format_bytes(uint64_t bytes) {
 }
 
 std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
+  forbid_in_capture("an allocation");
   auto s = std::make_shared<Storage>();
   s->bytes = bytes;
   s->device = d;
@@ -74,6 +77,7 @@ std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
 }
 
 std::shared_ptr<Storage> allocate_pinned(size_t bytes) {
+  forbid_in_capture("a pinned allocation");
   auto s = std::make_shared<Storage>();
   s->bytes = bytes;
   s->device = Device::cpu();

@@ -1,6 +1,8 @@
 // Stream and event wrappers; CUDA work is delegated to the backend.
 #include "runtime/core/stream.h"
 
+#include "runtime/core/graph.h"
+
 namespace fanout {
 
 Stream::Stream(Device d) : device_(d) {
@@ -10,6 +12,7 @@ Stream::~Stream() {
   if (handle_) backend::stream_destroy(device_.index, handle_);
 }
 void Stream::synchronize() const {
+  forbid_in_capture("a stream synchronization");
   if (handle_) backend::stream_sync(device_.index, handle_);
 }
 
@@ -26,6 +29,7 @@ void Event::wait(const Stream& s) const {
   if (handle_) backend::event_wait(s.device().index, handle_, s.handle());
 }
 void Event::synchronize() const {
+  forbid_in_capture("an event synchronization");
   if (handle_) backend::event_sync(device_.index, handle_);
 }
 

@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda/target_batch.h"
 #include "models/layers/batchnorm.h"
 #include "models/layers/dropout.h"
+#include "models/zoo/gpt.h"
 #include "models/zoo/zoo.h"
+#include "runtime/core/memory.h"
 #include "runtime/core/error.h"
 #include "runtime/core/graph.h"
 #include "runtime/parallel/engine_factory.h"
@@ -232,6 +235,93 @@ TEST(EngineGraphStats, CpuEnginesRunPlainLaunchesAndSayWhy) {
   dp_engine->forward_backward_batch(x, y);
   EXPECT_FALSE(dp_engine->graph_stats().on);
   EXPECT_NE(dp_engine->graph_stats().off_reason.find("one-device steps only"), std::string::npos);
+}
+
+TEST(CaptureCheck, HostSynchronizationsAndAllocationsThrowInside) {
+  Stream s(Device::cpu());
+  Event e(Device::cpu());
+  s.synchronize();  // outside: fine
+  {
+    CaptureCheck check;
+    EXPECT_TRUE(capture_checked());
+    try {
+      s.synchronize();
+      ADD_FAILURE() << "a synchronization passed";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("a stream synchronization inside a captured training step"),
+                std::string::npos)
+          << err.what();
+    }
+    EXPECT_THROW(e.synchronize(), Error);
+    EXPECT_THROW(Tensor::empty(Shape{4}), Error);
+    EXPECT_THROW(Tensor::empty_pinned(Shape{4}, DType::F32), Error);
+  }
+  EXPECT_FALSE(capture_checked());
+  EXPECT_EQ(Tensor::empty(Shape{4}).numel(), 4);
+}
+
+// The step the plain engine captures (model forward, loss, backward; the
+// inputs staged before it) of every zoo model and a GPT, warm, run under
+// CaptureCheck on the CPU: no layer synchronizes or allocates inside it, so
+// on a GPU the capture cannot break for those reasons. The checked step's
+// loss and gradients are the plain step's, bit for bit.
+void check_capturable(Module& model, const Tensor& x, const Tensor& y, const Criterion& proto, DType autocast) {
+  Context ctx(Device::cpu(), 3);
+  ctx.math.autocast = autocast;
+  ctx.math.cpu_threads = 1;
+  auto crit = proto.clone();
+  model.train(true);
+  ctx.training = true;
+  auto step = [&] {
+    Tensor out = model.forward(x, ctx);
+    crit->forward(ctx, out, y, true, 0.125f);
+    Module::backward_of(model, "model", crit->grad(), ctx);
+  };
+  {
+    CaptureCheck cold;  // a cold step sizes its buffers: the check sees that
+    EXPECT_THROW(step(), Error);
+  }
+  for (int warm = 0; warm < 2; ++warm) step();
+  model.zero_grad();
+  step();
+  const Tensor plain_grads = model.arenas().grads.to(Device::cpu());
+  const double plain_loss = crit->read(ctx).loss_sum;
+  model.zero_grad();
+  const uint64_t allocs = alloc_stats().host_allocs;
+  {
+    CaptureCheck check;
+    step();
+  }
+  EXPECT_EQ(alloc_stats().host_allocs, allocs);
+  EXPECT_EQ(crit->read(ctx).loss_sum, plain_loss);
+  EXPECT_TRUE(testing::same_bits(model.arenas().grads, plain_grads));
+}
+
+TEST(CaptureCheck, EveryZooModelAndAGptStepIsCapturable) {
+  for (DType autocast : {DType::F32, DType::BF16}) {
+    for (const auto& z : cudatest::kImageZoo) {
+      SCOPED_TRACE(std::string(z.model) + " " + dtype_name(autocast));
+      std::mt19937_64 rng(9);
+      const cudatest::TargetBatch b = cudatest::make_batch(z.model, z.sample, 4, rng);
+      auto m = models::make_model(z.model, z.sample, b.classes, 2);
+      check_capturable(*m, b.x, b.y, *make_criterion(b.loss), autocast);
+    }
+    for (bool ckpt : {false, true}) {
+      SCOPED_TRACE(std::string("gpt") + (ckpt ? " checkpointed " : " ") + dtype_name(autocast));
+      const models::GPTConfig c{.block_size = 16, .vocab_size = 40, .n_layer = 2, .n_head = 2, .n_embd = 16,
+                                .dropout = 0.0f};
+      auto m = models::gpt(c, 3, ckpt);
+      std::mt19937_64 rng(10);
+      Tensor x = Tensor::empty(Shape{2, 16}, DType::I32), y = Tensor::empty(Shape{2, 16}, DType::I32);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 40);
+        y.data<int32_t>()[i] = static_cast<int32_t>(rng() % 40);
+      }
+      LossOptions loss;
+      loss.criterion = CriterionKind::TokenCrossEntropy;
+      check_capturable(*m, x, y, *make_criterion(loss), autocast);
+    }
+  }
 }
 
 }  // namespace
