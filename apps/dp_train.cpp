@@ -269,8 +269,9 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
      "fp32, or bf16: gradient buckets rounded to bfloat16 before and after each reduction (DDP's "
      "bf16_compress_hook)")
     ("cuda-graphs", po::value(&o.cuda_graphs)->default_value(d.cuda_graphs),
-     "auto: on one GPU, training steps of a model without dropout are captured into a CUDA graph and replayed "
-     "(the same results, fewer launches); off: plain launches")
+     "auto: on GPUs, training steps of a model without dropout are captured into CUDA graphs and replayed "
+     "(the same results, fewer launches); off: plain launches; check: on any device, run the steps that would "
+     "be captured under the capture check (an error names what would break a capture)")
     ("allow-tf32", po::bool_switch(&o.allow_tf32), "TF32 tensor cores for matrix products and convolutions on CUDA")
     ("cudnn-benchmark", po::bool_switch(&o.cudnn_benchmark), "search for the fastest cuDNN algorithms")
     ("deterministic", po::bool_switch(&o.deterministic), "only deterministic cuDNN algorithms")

@@ -186,6 +186,10 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     if (plan.mode() == ShardMode::Grads)
       contexts_[i]->on_grad_write = [this, i](size_t b, size_t c) { reducer_->grad_write(i, b, c); };
   }
+  for (int i = 0; i < n; ++i)
+    graphs_.push_back(std::make_unique<StepGraphs>(
+        opts.cuda_graphs, devices[i],
+        opts.sync_bn ? "SyncBatchNorm all-reduces its statistics inside the forward" : std::string()));
   in_chunks_.resize(n);
   out_chunks_.resize(n);
   dy_chunks_.resize(n);
@@ -267,7 +271,7 @@ void DataParallel::begin_pass(const Tensor& x) {
   out_shapes_.resize(n);
 }
 
-Tensor DataParallel::replica_forward(int i, const Tensor& x) {
+void DataParallel::prepare_replica(int i, const Tensor& x, bool stable) {
   Context& ctx = *contexts_[i];
   Module& m = replica(i);
   // Replicate: parameters (shared on CPU devices; bound again if the primary's arena was replaced) and
@@ -283,20 +287,29 @@ Tensor DataParallel::replica_forward(int i, const Tensor& x) {
     m.zero_grad(&ctx.compute());
   }
   Tensor chunk = x.slice(starts_[i], starts_[i] + sizes_[i]);
-  if (chunk.device().same_memory(devices_[i])) {
+  if (!stable && chunk.device().same_memory(devices_[i])) {
     in_chunks_[i] = chunk;
   } else {
+    if (in_chunks_[i].defined() && in_chunks_[i].raw() == chunk.raw()) in_chunks_[i] = Tensor();  // was a view
     ensure(in_chunks_[i], chunk.shape(), chunk.dtype(), devices_[i]);
     in_chunks_[i].copy_from(chunk, &ctx.compute());
   }
-  out_chunks_[i] = m.forward(in_chunks_[i], ctx);
+}
+
+Tensor DataParallel::replica_forward(int i, const Tensor& x) {
+  prepare_replica(i, x, false);
+  out_chunks_[i] = replica(i).forward(in_chunks_[i], *contexts_[i]);
   out_shapes_[i] = out_chunks_[i].shape();
   return out_chunks_[i];
 }
 
 void DataParallel::replica_backward(int i, const Tensor& dy) {
+  Module::backward_of(replica(i), "model", dy, *contexts_[i]);
+  finish_backward(i);
+}
+
+void DataParallel::finish_backward(int i) {
   Context& ctx = *contexts_[i];
-  Module::backward_of(replica(i), "model", dy, ctx);
   if (opts_.require_all_grads) {
     const auto missing = reducer_->unready(i);
     if (!missing.empty()) {
@@ -308,6 +321,16 @@ void DataParallel::replica_backward(int i, const Tensor& dy) {
   }
   reducer_->flush(i);
   comm_->finish(i, ctx);
+}
+
+GraphStats DataParallel::graph_stats() const {
+  GraphStats s = graphs_[0]->stats();
+  for (auto& g : graphs_)
+    if (!g->stats().on && s.on) {
+      s.on = false;
+      s.off_reason = g->stats().off_reason;
+    }
+  return s;
 }
 
 Tensor DataParallel::forward(const Tensor& x) {
@@ -377,8 +400,38 @@ int64_t DataParallel::gathered_bytes() const {
   return bytes;
 }
 
-void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done) {
+void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done,
+                                          const ReplicaStage& stage, const std::string& step_key) {
   begin_pass(x);
+  if (training_forward_ && stage && !step_key.empty() && graph_stats().on) {
+    // Each replica's forward, loss and backward through its StepGraphs:
+    // plain, captured or replayed; the buckets' reductions follow the
+    // backward's gradient notices, outside any graph.
+    run_replicas([&](int i) {
+      Context& ctx = *contexts_[i];
+      Module& m = replica(i);
+      prepare_replica(i, x, true);
+      const int64_t begin = starts_[i], end = starts_[i] + sizes_[i];
+      stage(i, begin, end, ctx);
+      const auto& a = m.arenas();
+      const std::string key = step_key + '|' + in_chunks_[i].shape().str() + '|' + std::to_string(active_) + '|' +
+                              pointers_key({a.params.raw(), a.grads.raw(), a.buffers.raw(), in_chunks_[i].raw()});
+      graphs_[i]->train_step(ctx, key, [&] {
+        out_chunks_[i] = m.forward(in_chunks_[i], ctx);
+        const Tensor* dy = loss(i, begin, end, out_chunks_[i], ctx);
+        FANOUT_CHECK(dy && dy->shape() == out_chunks_[i].shape())
+            << "replica " << i << ": the loss gave no output gradient of shape " << out_chunks_[i].shape().str();
+        Module::backward_of(m, "model", *dy, ctx);
+      });
+      out_shapes_[i] = out_chunks_[i].shape();
+      finish_backward(i);
+      if (done) done(i, ctx);
+    });
+    reducer_->finish();
+    return;
+  }
+  if (!training_forward_)
+    for (auto& g : graphs_) g->other_pass();
   run_replicas([&](int i) {
     Tensor out = replica_forward(i, x);
     const Tensor* dy = loss(i, starts_[i], starts_[i] + sizes_[i], out, *contexts_[i]);
@@ -424,15 +477,31 @@ StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool 
       << "the targets " << y.shape().str() << " do not match the batch " << x.shape().str();
   if (!on_replicas_) return gathered_step(x, y, train, grad_scale);
   dp_.module().train(train);
-  dp_.forward_backward_local(x, [&](int i, int64_t begin, int64_t end, const Tensor& out, Context& ctx) {
-    Criterion& c = *criteria_[i];
-    const Tensor rows = y.slice(begin, end);
-    const Tensor& t = on_device(rows, ctx.device(), targets_[i], ctx);
-    c.forward(ctx, out, t, train, grad_scale);
-    return train ? &c.grad() : nullptr;
-  }, [&](int i, Context& ctx) {
+  auto done = [&](int i, Context& ctx) {
     results_[i] = criteria_[i]->read(ctx);  // after backward: waits for this replica's stream only
-  });
+  };
+  if (train && dp_.graph_stats().on) {
+    // The targets staged into each replica's own buffer, so that a captured
+    // step reads them where a replay will find the next batch's.
+    auto stage = [&](int i, int64_t begin, int64_t end, Context& ctx) {
+      const Tensor rows = y.slice(begin, end);
+      ensure(targets_[i], rows.shape(), rows.dtype(), ctx.device());
+      targets_[i].copy_from(rows, &ctx.compute());
+    };
+    auto loss = [&](int i, int64_t, int64_t, const Tensor& out, Context& ctx) {
+      criteria_[i]->forward(ctx, out, targets_[i], true, grad_scale);
+      return &criteria_[i]->grad();
+    };
+    dp_.forward_backward_local(x, loss, done, stage, step_graph_key(x, y, grad_scale, {}));
+  } else {
+    dp_.forward_backward_local(x, [&](int i, int64_t begin, int64_t end, const Tensor& out, Context& ctx) {
+      Criterion& c = *criteria_[i];
+      const Tensor rows = y.slice(begin, end);
+      const Tensor& t = on_device(rows, ctx.device(), targets_[i], ctx);
+      c.forward(ctx, out, t, train, grad_scale);
+      return train ? &c.grad() : nullptr;
+    }, done);
+  }
   StepResult r;
   bytes_to_primary_ = 0;
   for (int i = 0; i < dp_.replicas_used(); ++i) {
@@ -476,5 +545,14 @@ std::vector<Replica> DataParallelEngine::replicas() {
 }
 
 StepResult DataParallelEngine::eval_step(const Tensor& x, const Tensor& y) { return loss_step(x, y, false, 0.0f); }
+
+GraphStats DataParallelEngine::graph_stats() const {
+  if (!on_replicas_) {
+    GraphStats s;
+    s.off_reason = "gathered outputs (torch's way) run plain launches; graphs capture the loss on the replicas";
+    return s;
+  }
+  return dp_.graph_stats();
+}
 
 }  // namespace fanout

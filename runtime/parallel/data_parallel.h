@@ -25,6 +25,7 @@
 #include "runtime/parallel/comm.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/parallel/reducer.h"
+#include "runtime/parallel/step_graph.h"
 #include "runtime/parallel/worker_pool.h"
 
 namespace fanout {
@@ -58,6 +59,9 @@ struct DataParallelOptions {
   // (runtime/parallel/reducer.h). Sums cross processes after every pass,
   // also those DDP's no_sync would keep.
   bool shard_grads = false;
+  // CUDA graphs of each replica's step with the loss on the replicas
+  // (runtime/parallel/step_graph.h); make_engine sets it from EngineSpec.
+  CudaGraphs cuda_graphs = CudaGraphs::Auto;
 };
 
 // --grad-reduce-dtype: "fp32"/"float32" or "bf16"/"bfloat16"; anything else is a one-line error.
@@ -87,7 +91,17 @@ class DataParallel {
   using ReplicaLoss =
       std::function<const Tensor*(int replica, int64_t begin, int64_t end, const Tensor& out, Context& ctx)>;
   using ReplicaDone = std::function<void(int replica, Context& ctx)>;
-  void forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done = {});
+  // With `stage` and a `step_key` (what else the launches depend on: the
+  // targets' shape, the gradient scale), a training pass may capture each
+  // replica's forward, loss and backward into a CUDA graph and replay it:
+  // stage(replica, begin, end, ctx) then copies what the loss reads (the
+  // targets) into buffers that stay put, before the captured part, and the
+  // loss reads nothing else from the host.
+  using ReplicaStage = std::function<void(int replica, int64_t begin, int64_t end, Context& ctx)>;
+  void forward_backward_local(const Tensor& x, const ReplicaLoss& loss, const ReplicaDone& done = {},
+                              const ReplicaStage& stage = {}, const std::string& step_key = {});
+  // Replica 0's graph counts; on only while every replica's graphs are.
+  GraphStats graph_stats() const;
 
   // Whether active replica i sends its output to the output device: every
   // replica but the first one on that device. Counted by replica, not by
@@ -132,7 +146,12 @@ class DataParallel {
   // Runs fn on every active replica; a failure aborts the pass and is rethrown.
   void run_replicas(const std::function<void(int)>& fn);
   Tensor replica_forward(int i, const Tensor& x);
+  // Parameters and buffers from the primary, gradients made ready, and the
+  // replica's chunk of x (copied into its own buffer when `stable` or when x
+  // is not on its device).
+  void prepare_replica(int i, const Tensor& x, bool stable);
   void replica_backward(int i, const Tensor& dy);
+  void finish_backward(int i);  // after the backward: checks, the last buckets, the communicator
 
   Module& module_;
   std::vector<Device> devices_;
@@ -149,6 +168,7 @@ class DataParallel {
   BucketLayout layout_;
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Sharding> sharding_;
+  std::vector<std::unique_ptr<StepGraphs>> graphs_;  // [replica]
   uint64_t pass_ = 0;  // the next training pass
   bool sync_ = true;
   bool params_shared_ = false;  // CPU devices: every replica's parameters are the primary's arena
@@ -190,6 +210,7 @@ class DataParallelEngine : public Engine {
   std::vector<Replica> replicas() override;
   ProcessLink* process_link() const override { return dp_.process_link(); }
   Sharding* sharding() override { return dp_.sharding(); }
+  GraphStats graph_stats() const override;
   // Bytes the last step moved to the primary (the output device) from the
   // other replicas: with the loss on the replicas, their sums (what the
   // criterion reads back); gathering, their outputs and their rows' targets.

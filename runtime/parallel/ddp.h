@@ -48,6 +48,7 @@ class DistributedDataParallelEngine : public Engine {
   std::vector<Replica> replicas() override { return inner_.replicas(); }
   ProcessLink* process_link() const override { return &link_; }
   Sharding* sharding() override { return inner_.sharding(); }
+  GraphStats graph_stats() const override { return inner_.graph_stats(); }
 
   distributed::ProcessGroup& group() { return link_.group(); }
   DataParallel& data_parallel() { return inner_.data_parallel(); }

@@ -49,7 +49,7 @@ uint64_t pass_key(uint64_t seed, uint64_t pass) { return splitmix64(splitmix64(s
 
 GraphStats Engine::graph_stats() const {
   GraphStats s;
-  s.off_reason = "CUDA graphs capture one-device steps only; DataParallel and DDP steps run plain launches";
+  s.off_reason = "this engine does not capture CUDA graphs";
   return s;
 }
 

@@ -13,6 +13,7 @@ std::unique_ptr<Engine> make_engine(Module& model, EngineSpec spec) {
   FANOUT_USER_CHECK(!spec.devices.empty()) << "no device to train on";
   std::shared_ptr<const Criterion> criterion = spec.criterion;
   if (!criterion) criterion = make_criterion(spec.loss);
+  spec.dp.cuda_graphs = spec.cuda_graphs;
   if (spec.group) {
     DdpOptions o;
     o.dp = spec.dp;

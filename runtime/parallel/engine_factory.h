@@ -20,7 +20,9 @@ struct EngineSpec {
   std::shared_ptr<const Criterion> criterion;  // any criterion (cloned per replica)
   DataParallelOptions dp;       // output device, SyncBatchNorm, comm, seed, math
   bool force_data_parallel = false;  // DataParallel even on one device
-  CudaGraphs cuda_graphs = CudaGraphs::Auto;  // the plain engine's training steps (runtime/parallel/step_graph.h)
+  // CUDA graphs of training steps, for every engine (runtime/parallel/step_graph.h);
+  // make_engine copies it into dp.cuda_graphs.
+  CudaGraphs cuda_graphs = CudaGraphs::Auto;
   // DDP: the group over every process (null: this process trains alone).
   std::unique_ptr<distributed::ProcessGroup> group;
   bool broadcast_buffers = true;

@@ -13,10 +13,13 @@ namespace fanout {
 CudaGraphs parse_cuda_graphs(const std::string& s) {
   if (s == "auto") return CudaGraphs::Auto;
   if (s == "off") return CudaGraphs::Off;
-  throw Error("--cuda-graphs takes auto or off, not '" + s + "'");
+  if (s == "check") return CudaGraphs::Check;
+  throw Error("--cuda-graphs takes auto, off or check, not '" + s + "'");
 }
 
-const char* cuda_graphs_name(CudaGraphs g) { return g == CudaGraphs::Auto ? "auto" : "off"; }
+const char* cuda_graphs_name(CudaGraphs g) {
+  return g == CudaGraphs::Auto ? "auto" : g == CudaGraphs::Off ? "off" : "check";
+}
 
 StepGraphPolicy::StepGraphPolicy(bool on, std::string why) {
   stats_.on = on;
@@ -71,9 +74,12 @@ void StepGraphPolicy::turn_off(const std::string& why) {
   warm_key_.clear();
 }
 
-StepGraphs::StepGraphs(CudaGraphs mode, Device device)
-    : policy_(mode == CudaGraphs::Auto && device.is_cuda(),
-              mode == CudaGraphs::Off ? "--cuda-graphs off" : "CPU devices have no CUDA graphs") {}
+StepGraphs::StepGraphs(CudaGraphs mode, Device device, const std::string& unsupported)
+    : policy_(unsupported.empty() && (mode == CudaGraphs::Check || (mode == CudaGraphs::Auto && device.is_cuda())),
+              mode == CudaGraphs::Off  ? "--cuda-graphs off"
+              : !unsupported.empty()   ? unsupported
+                                       : "CPU devices have no CUDA graphs"),
+      emulate_(mode == CudaGraphs::Check) {}
 
 void StepGraphs::fall_back(const std::string& why) {
   std::fprintf(stderr, "fanout: CUDA graphs off: %s; training steps run with plain launches\n", why.c_str());
@@ -86,27 +92,62 @@ void StepGraphs::other_pass() {
 namespace {
 // What may have moved or rewritten a buffer a graph points at, since a mark.
 uint64_t moves() { return thread_device_allocs() + device_state_rewrites(); }
+const char* const kDraws =
+    "the model draws random numbers in training (Dropout), which a replayed graph would repeat";
 }  // namespace
 
+void StepGraphs::launch(Context& ctx) {
+  if (emulate_) {
+    // The step again under the capture check, its host effects and
+    // gradient notices dropped: the captured ones stand in for them.
+    std::vector<std::function<void()>> discard;
+    std::vector<std::pair<size_t, size_t>> unused;
+    run_captured(ctx, discard, unused);
+  } else {
+    graph_.launch(ctx.compute());
+  }
+  for (auto& fn : effects_) fn();
+  for (auto [b, c] : notices_) ctx.grad_ready(b, c);
+}
+
+void StepGraphs::run_captured(Context& ctx, std::vector<std::function<void()>>& effects,
+                              std::vector<std::pair<size_t, size_t>>& notices) {
+  CaptureCheck check;
+  auto hook = std::move(ctx.on_grad_ready);
+  ctx.on_grad_ready = [&notices](size_t b, size_t c) { notices.emplace_back(b, c); };
+  ctx.captured_effects = &effects;
+  try {
+    work_(ctx);
+  } catch (...) {
+    ctx.captured_effects = nullptr;
+    ctx.on_grad_ready = std::move(hook);
+    throw;
+  }
+  ctx.captured_effects = nullptr;
+  ctx.on_grad_ready = std::move(hook);
+}
+
 void StepGraphs::train_step(Context& ctx, const std::string& key, const std::function<void()>& work) {
+  work_ = [&work](Context&) { work(); };
   // An allocation on this thread since the last graph step may have moved a
   // buffer the graph points at (a pass outside the engine, a layer grown),
   // and kept state may have been rewritten: warm up again.
   const uint64_t before = moves();
   if (policy_.has_graph() && before != allocs_) other_pass();
+  if (policy_.stats().on && ctx.on_grad_write)
+    policy_.turn_off("gradients in flight (ZeRO-2) take memory as backward writes them");
   bool drop = false;
   const StepGraphPolicy::Action a = policy_.train_step(key, &drop);
   if (drop) graph_.reset();
   if (a == StepGraphPolicy::Action::Replay) {
-    graph_.launch(ctx.compute());
-    for (auto& fn : effects_) fn();
+    launch(ctx);
     return;
   }
   if (a == StepGraphPolicy::Action::Plain) {
     const uint64_t draws = ctx.random_draws;
     work();
     if (ctx.random_draws != draws && policy_.stats().on) {
-      policy_.turn_off("the model draws random numbers in training (Dropout), which a replayed graph would repeat");
+      policy_.turn_off(kDraws);
       fall_back(policy_.stats().off_reason);
     }
     allocs_ = moves();
@@ -116,40 +157,59 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
   // failure leaves the stream out of capture, the effects unset, the policy
   // off, and the step run plainly.
   effects_.clear();
+  notices_.clear();
   const uint64_t draws = ctx.random_draws;
   std::string why;
   bool ok = false;
-  try {
-    graph_.begin(ctx.compute());
-    ctx.captured_effects = &effects_;
-    work();
-    ctx.captured_effects = nullptr;
-    ok = graph_.end(&why);
-  } catch (const std::exception& e) {
-    why = e.what();
-  } catch (...) {
-    why = "an unknown exception";
-  }
-  ctx.captured_effects = nullptr;
-  graph_.abandon();  // no-op unless the capture is still open
-  if (ok && ctx.random_draws != draws) {
-    ok = false;
-    why = "the model draws random numbers in training (Dropout), which a replayed graph would repeat";
-  } else if (ok && moves() != before) {
-    ok = false;
-    why = "the step allocated device memory (or rewrote kept state) while it was captured";
+  if (emulate_) {
+    // Check mode runs the step for real under the check: a failure is the
+    // user's answer, not something to run again.
+    try {
+      run_captured(ctx, effects_, notices_);
+    } catch (const std::exception& e) {
+      const std::string msg = std::string("--cuda-graphs check: this training step cannot be captured: ") + e.what();
+      policy_.captured(false, msg);
+      effects_.clear();
+      notices_.clear();
+      throw Error(msg);
+    }
+    ok = ctx.random_draws == draws;
+    if (!ok) why = kDraws;
+  } else {
+    try {
+      graph_.begin(ctx.compute());
+      run_captured(ctx, effects_, notices_);
+      ok = graph_.end(&why);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+      why = "an unknown exception";
+    }
+    graph_.abandon();  // no-op unless the capture is still open
+    if (ok && ctx.random_draws != draws) {
+      ok = false;
+      why = kDraws;
+    } else if (ok && moves() != before) {
+      ok = false;
+      why = "the step allocated device memory (or rewrote kept state) while it was captured";
+    }
   }
   policy_.captured(ok, why);
   if (ok) {
-    graph_.launch(ctx.compute());
-    for (auto& fn : effects_) fn();
+    if (emulate_) {  // the step has run; only what a launch adds on the host
+      for (auto& fn : effects_) fn();
+      for (auto [b, c] : notices_) ctx.grad_ready(b, c);
+    } else {
+      launch(ctx);
+    }
     allocs_ = moves();
     return;
   }
   graph_.reset();
   effects_.clear();
-  fall_back("capturing a training step failed: " + why);
-  work();  // the step itself, plainly
+  notices_.clear();
+  fall_back(emulate_ ? why : "capturing a training step failed: " + why);
+  if (!emulate_) work();  // the step itself, plainly (check mode ran it)
   allocs_ = moves();
 }
 
@@ -158,8 +218,13 @@ std::string step_graph_key(const Tensor& x, const Tensor& y, float grad_scale, c
   k << x.shape().str() << dtype_name(x.dtype()) << '|' << y.shape().str() << dtype_name(y.dtype()) << '|';
   uint32_t bits = 0;
   std::memcpy(&bits, &grad_scale, sizeof bits);
-  k << std::hex << bits;
-  for (const void* p : arenas) k << '|' << p;
+  k << std::hex << bits << pointers_key(arenas);
+  return k.str();
+}
+
+std::string pointers_key(const std::vector<const void*>& pointers) {
+  std::ostringstream k;
+  for (const void* p : pointers) k << '|' << p;
   return k.str();
 }
 

@@ -22,8 +22,12 @@
 
 namespace fanout {
 
-enum class CudaGraphs { Auto, Off };
-// "auto" or "off"; anything else is a one-line error.
+// Check: no graph is made; each step that would be captured or replayed
+// runs plainly under the capture check (runtime/core/graph.h) with the
+// graph's bookkeeping (host effects and gradient notices after the step),
+// on any device: what would break a capture is an error naming the call.
+enum class CudaGraphs { Auto, Off, Check };
+// "auto", "off" or "check"; anything else is a one-line error.
 CudaGraphs parse_cuda_graphs(const std::string& s);
 const char* cuda_graphs_name(CudaGraphs g);
 
@@ -65,19 +69,31 @@ class StepGraphPolicy {
 // launches plainly, captures them, or replays them.
 class StepGraphs {
  public:
-  StepGraphs(CudaGraphs mode, Device device);
+  // `unsupported`: graphs stay off for this reason (what the caller's step
+  // does that a capture cannot hold).
+  StepGraphs(CudaGraphs mode, Device device, const std::string& unsupported = {});
   // `work` queues one training step's launches on ctx's compute stream
   // (inputs already in buffers that stay put); `key` names everything
   // besides the arenas and allocations that those launches depend on.
+  // The gradient notices work gives (Context::on_grad_ready) are kept while
+  // it is captured and given after each launch, in their order, when the
+  // whole backward has been queued.
   void train_step(Context& ctx, const std::string& key, const std::function<void()>& work);
   void other_pass();
   const GraphStats& stats() const { return policy_.stats(); }
 
  private:
   void fall_back(const std::string& why);
+  // work under the capture check, its effects and notices kept.
+  void run_captured(Context& ctx, std::vector<std::function<void()>>& effects,
+                    std::vector<std::pair<size_t, size_t>>& notices);
+  void launch(Context& ctx);  // the graph (check mode: the step again), then effects and notices
   StepGraphPolicy policy_;
+  bool emulate_ = false;
   StreamGraph graph_;
+  std::function<void(Context&)> work_;
   std::vector<std::function<void()>> effects_;
+  std::vector<std::pair<size_t, size_t>> notices_;
   // After the last graph step: this thread's device allocations and the
   // process's rewrites of kept device state (runtime/core/memory.h).
   uint64_t allocs_ = 0;
@@ -85,5 +101,7 @@ class StepGraphs {
 
 // The launches of a training step depend on these: a key for StepGraphs.
 std::string step_graph_key(const Tensor& x, const Tensor& y, float grad_scale, const std::vector<const void*>& arenas);
+// The addresses alone, as step_graph_key writes them.
+std::string pointers_key(const std::vector<const void*>& pointers);
 
 }  // namespace fanout

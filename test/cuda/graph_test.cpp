@@ -4,7 +4,9 @@
 // CNNs with BatchNorm (its running statistics and num_batches_tracked, a
 // host effect) and a GPT, in float32 and bf16-mixed; a smaller last batch
 // runs plain and the next equal steps capture again; a model with dropout
-// is not captured and says why; a warm replayed step allocates nothing.
+// is not captured and says why; a warm replayed step allocates nothing;
+// DataParallel over 0,0 replays each replica's step (its buckets reduced
+// after the replay) with the bits of plain launches.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "models/zoo/gpt.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/memory.h"
+#include "runtime/parallel/engine_factory.h"
 #include "runtime/parallel/single_device.h"
 #include "support/trained.h"
 
@@ -157,6 +160,39 @@ TEST(CudaGraphs, ReplayedGptStepsAreThePlainOnes) {
 TEST(CudaGraphs, AModelWithDropoutRunsPlainLaunches) {
   FANOUT_SKIP_WITHOUT_GPU();
   check_gpt(0.1f, DType::F32);
+}
+
+// DataParallel over one GPU twice: each replica captures and replays its
+// own step; the reductions follow each replay. Bit for bit the plain run.
+void check_data_parallel(const std::string& model, const Shape& sample, DType autocast) {
+  SCOPED_TRACE(model + " on 0,0");
+  std::mt19937_64 rng(12);
+  const cudatest::TargetBatch b = cudatest::make_batch(model, sample, 16, rng);
+  auto make = [&](CudaGraphs g, std::unique_ptr<Module>& m) {
+    m = models::make_model(model, sample, b.classes, 4);
+    EngineSpec spec;
+    spec.devices = parse_devices("0,0");
+    spec.loss = b.loss;
+    spec.dp.math.deterministic = true;
+    spec.dp.math.autocast = autocast;
+    spec.cuda_graphs = g;
+    return testing::EngineRun(make_engine(*m, std::move(spec)));
+  };
+  std::unique_ptr<Module> mg, mp;
+  testing::EngineRun g = make(CudaGraphs::Auto, mg), p = make(CudaGraphs::Off, mp);
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(g.train_step(b.x, b.y, 0.02f).loss_sum, p.train_step(b.x, b.y, 0.02f).loss_sum) << "step " << i;
+  const GraphStats s = g->graph_stats();
+  EXPECT_TRUE(s.on) << s.off_reason;
+  EXPECT_EQ(s.captures, 1);
+  EXPECT_EQ(s.replays, 4);
+  expect_same_state(*g.engine, *p.engine, "DataParallel after six steps");
+}
+
+TEST(CudaGraphs, ReplayedDataParallelStepsAreThePlainOnes) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  check_data_parallel("cnn", Shape{1, 28, 28}, DType::F32);
+  check_data_parallel("resnet18", Shape{3, 16, 16}, DType::BF16);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "runtime/parallel/single_device.h"
 #include "runtime/parallel/step_graph.h"
 #include "support/test_util.h"
+#include "support/trained.h"
 
 namespace fanout {
 namespace {
@@ -117,16 +118,17 @@ TEST(StepGraphPolicy, OffFromTheStartOrTurnedOff) {
   EXPECT_EQ(p.stats().off_reason, "dropout");
 }
 
-TEST(CudaGraphsOption, ParsesAutoAndOffOnly) {
+TEST(CudaGraphsOption, ParsesAutoOffAndCheck) {
   EXPECT_EQ(parse_cuda_graphs("auto"), CudaGraphs::Auto);
   EXPECT_EQ(parse_cuda_graphs("off"), CudaGraphs::Off);
+  EXPECT_EQ(parse_cuda_graphs("check"), CudaGraphs::Check);
   EXPECT_STREQ(cuda_graphs_name(CudaGraphs::Auto), "auto");
   for (const char* bad : {"on", "", "Auto", "true"}) {
     try {
       parse_cuda_graphs(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--cuda-graphs takes auto or off"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--cuda-graphs takes auto, off or check"), std::string::npos) << e.what();
     }
   }
 }
@@ -210,8 +212,8 @@ TEST(RandomDraws, DropoutCountsTheKeysItDraws) {
   EXPECT_EQ(ctx.random_draws, 1u);
 }
 
-// On CPU devices the plain engine trains as before and says graphs are off
-// and why; DataParallel says it captures nothing.
+// On CPU devices the plain engine and DataParallel train as before and say
+// graphs are off and why.
 TEST(EngineGraphStats, CpuEnginesRunPlainLaunchesAndSayWhy) {
   std::mt19937_64 rng(7);
   auto model = models::make_model("mlp", Shape{1, 4, 4}, 5, 3);
@@ -234,7 +236,93 @@ TEST(EngineGraphStats, CpuEnginesRunPlainLaunchesAndSayWhy) {
   auto dp_engine = make_engine(*dp_model, std::move(dp));
   dp_engine->forward_backward_batch(x, y);
   EXPECT_FALSE(dp_engine->graph_stats().on);
-  EXPECT_NE(dp_engine->graph_stats().off_reason.find("one-device steps only"), std::string::npos);
+  EXPECT_EQ(dp_engine->graph_stats().off_reason, "CPU devices have no CUDA graphs");
+}
+
+// --cuda-graphs check on CPU devices: the plain engine and DataParallel run
+// the steps a GPU would capture and replay under the capture check, with a
+// graph's bookkeeping (BatchNorm's count after the step, DataParallel's
+// gradient notices after the whole backward), and train bit for bit as
+// with graphs off, through a smaller batch and an evaluation.
+void check_mode_matches_off(const std::string& devices, const std::string& model, const Shape& sample) {
+  SCOPED_TRACE(model + " on " + devices);
+  std::mt19937_64 rng(21);
+  const cudatest::TargetBatch b = cudatest::make_batch(model, sample, 8, rng);
+  auto run = [&](CudaGraphs g) {
+    EngineSpec spec;
+    spec.devices = parse_devices(devices);
+    spec.loss = b.loss;
+    spec.cuda_graphs = g;
+    auto m = models::make_model(model, sample, b.classes, 5);
+    auto* raw = m.release();
+    return std::make_pair(std::unique_ptr<Module>(raw), testing::EngineRun(make_engine(*raw, std::move(spec))));
+  };
+  auto [mc, check] = run(CudaGraphs::Check);
+  auto [mo, off] = run(CudaGraphs::Off);
+  const Tensor xs = b.x.slice(0, 7), ys = b.y.slice(0, 7);
+  auto steps = [&](const Tensor& x, const Tensor& y, int n) {
+    for (int i = 0; i < n; ++i) EXPECT_EQ(check.train_step(x, y, 0.02f).loss_sum, off.train_step(x, y, 0.02f).loss_sum);
+  };
+  steps(b.x, b.y, 5);
+  GraphStats s = check->graph_stats();
+  EXPECT_TRUE(s.on) << s.off_reason;
+  EXPECT_EQ(s.captures, 1);
+  EXPECT_EQ(s.replays, 3);
+  steps(xs, ys, 1);
+  steps(b.x, b.y, 3);
+  EXPECT_EQ(check->eval_step(b.x, b.y).loss_sum, off->eval_step(b.x, b.y).loss_sum);
+  steps(b.x, b.y, 3);
+  s = check->graph_stats();
+  EXPECT_EQ(s.captures, 3);
+  EXPECT_EQ(s.replays, 5);
+  EXPECT_FALSE(off->graph_stats().on);
+  EXPECT_TRUE(testing::same_bits(mc->arenas().params, mo->arenas().params));
+  EXPECT_TRUE(testing::same_bits(mc->arenas().buffers, mo->arenas().buffers));
+  auto bc = mc->named_buffers(), bo = mo->named_buffers();
+  for (size_t i = 0; i < bc.size(); ++i)
+    if (bc[i].second->dtype == DType::I64)
+      EXPECT_EQ(bc[i].second->value.data<int64_t>()[0], bo[i].second->value.data<int64_t>()[0]) << bc[i].first;
+}
+
+TEST(CudaGraphsCheck, EnginesTrainAsWithGraphsOff) {
+  check_mode_matches_off("cpu", "cnn", Shape{3, 16, 16});
+  check_mode_matches_off("cpu:2", "cnn", Shape{3, 16, 16});
+  check_mode_matches_off("cpu:2", "resnet18", Shape{3, 16, 16});
+  check_mode_matches_off("cpu:2", "heatmap3d", Shape{1, 8, 8, 8});
+}
+
+// A model with dropout is never captured, in check mode too, and says why.
+TEST(CudaGraphsCheck, DropoutKeepsStepsPlain) {
+  const models::GPTConfig c{.block_size = 8, .vocab_size = 20, .n_layer = 1, .n_head = 2, .n_embd = 8,
+                            .dropout = 0.2f};
+  auto m = models::gpt(c, 3);
+  EngineSpec spec;
+  spec.devices = parse_devices("cpu:2");
+  spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+  spec.cuda_graphs = CudaGraphs::Check;
+  testing::EngineRun e(make_engine(*m, std::move(spec)));
+  Tensor x = Tensor::zeros(Shape{4, 8}, DType::I32), y = Tensor::zeros(Shape{4, 8}, DType::I32);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.data<int32_t>()[i] = static_cast<int32_t>((7 * i) % 20);
+    y.data<int32_t>()[i] = static_cast<int32_t>((3 * i + 1) % 20);
+  }
+  for (int i = 0; i < 3; ++i) e.train_step(x, y, 0.02f);
+  const GraphStats s = e->graph_stats();
+  EXPECT_FALSE(s.on);
+  EXPECT_EQ(s.captures, 0);
+  EXPECT_NE(s.off_reason.find("Dropout"), std::string::npos) << s.off_reason;
+}
+
+// SyncBatchNorm all-reduces inside the forward: DataParallel keeps such steps plain.
+TEST(CudaGraphsCheck, SyncBatchNormKeepsStepsPlain) {
+  auto m = models::make_model("cnn", Shape{3, 16, 16}, 10, 5);
+  EngineSpec spec;
+  spec.devices = parse_devices("cpu:2");
+  spec.dp.sync_bn = true;
+  spec.cuda_graphs = CudaGraphs::Check;
+  auto e = make_engine(*m, std::move(spec));
+  EXPECT_FALSE(e->graph_stats().on);
+  EXPECT_NE(e->graph_stats().off_reason.find("SyncBatchNorm"), std::string::npos);
 }
 
 TEST(CaptureCheck, HostSynchronizationsAndAllocationsThrowInside) {
