@@ -221,6 +221,7 @@ int ddp_worker(const Options& o, const Tensor& x, const Tensor& y, const LossOpt
   spec.dp.math = math;
   spec.dp.grad_reduce_dtype = parse_grad_reduce_dtype(o.grad_reduce_dtype);
   spec.dp.shard_optimizer = o.shard_optimizer;
+  spec.cuda_graphs = parse_cuda_graphs(o.cuda_graphs);
   spec.local_processes = env.local_world_size;
   spec.group = make_process_group({env.rank, env.world_size, env.rendezvous, env.run_id, 300}, "auto", spec.devices,
                                   gpus_shared_by_processes(parse_devices(o.devices), env.local_world_size));
@@ -501,6 +502,7 @@ std::vector<Config> local_configs(const Options& o, const Shape& in, const std::
     dpo.shard_optimizer = o.shard_optimizer && run.devices.size() > 1;
     if (dpo.shard_optimizer) c.name += ", sharded";
     dpo.loss_on_replicas = run.on_replicas;
+    spec.cuda_graphs = graphs;
     c.engine = make_engine(*c.model, std::move(spec));
     configs.push_back(std::move(c));
   }

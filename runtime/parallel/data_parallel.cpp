@@ -186,11 +186,14 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     if (plan.mode() == ShardMode::Grads)
       contexts_[i]->on_grad_write = [this, i](size_t b, size_t c) { reducer_->grad_write(i, b, c); };
   }
+  const std::string unsupported =
+      opts.sync_bn       ? "SyncBatchNorm all-reduces its statistics inside the forward"
+      : opts.shard_grads ? "gradients in flight (ZeRO-2) take memory as backward writes them"
+                         : "";
   for (int i = 0; i < n; ++i)
-    graphs_.push_back(std::make_unique<StepGraphs>(
-        opts.cuda_graphs, devices[i],
-        opts.sync_bn ? "SyncBatchNorm all-reduces its statistics inside the forward" : std::string()));
+    graphs_.push_back(std::make_unique<StepGraphs>(opts.cuda_graphs, devices[i], unsupported));
   in_chunks_.resize(n);
+  graph_in_.resize(n);
   out_chunks_.resize(n);
   dy_chunks_.resize(n);
   pool_ = std::make_unique<WorkerPool>(devices, [devs = devices](int i) { bind_thread_to(devs[i]); });
@@ -287,10 +290,16 @@ void DataParallel::prepare_replica(int i, const Tensor& x, bool stable) {
     m.zero_grad(&ctx.compute());
   }
   Tensor chunk = x.slice(starts_[i], starts_[i] + sizes_[i]);
-  if (!stable && chunk.device().same_memory(devices_[i])) {
+  if (stable) {
+    // A buffer of the replica's own (in_chunks_ may be a view of a caller's tensor).
+    ensure(graph_in_[i], chunk.shape(), chunk.dtype(), devices_[i], chunk.format());
+    graph_in_[i].copy_from(chunk, &ctx.compute());
+    in_chunks_[i] = graph_in_[i];
+  } else if (chunk.device().same_memory(devices_[i])) {
     in_chunks_[i] = chunk;
   } else {
-    if (in_chunks_[i].defined() && in_chunks_[i].raw() == chunk.raw()) in_chunks_[i] = Tensor();  // was a view
+    if (in_chunks_[i].defined() && graph_in_[i].defined() && in_chunks_[i].raw() == graph_in_[i].raw())
+      in_chunks_[i] = Tensor();  // the graph's buffer stays the graph's
     ensure(in_chunks_[i], chunk.shape(), chunk.dtype(), devices_[i]);
     in_chunks_[i].copy_from(chunk, &ctx.compute());
   }

@@ -175,6 +175,7 @@ class DataParallel {
   std::vector<int64_t> sizes_, starts_;
   Shape batch_shape_;  // of the last pass's input
   std::vector<Tensor> in_chunks_, out_chunks_, dy_chunks_;
+  std::vector<Tensor> graph_in_;  // [replica] the chunk a graph step reads, always the replica's own buffer
   Tensor gathered_;
   std::vector<Shape> out_shapes_;  // [rank] output chunk shapes of the last forward
   // Output shape of one sample for the last input sample shape: once known,

@@ -76,9 +76,9 @@ void StepGraphPolicy::turn_off(const std::string& why) {
 
 StepGraphs::StepGraphs(CudaGraphs mode, Device device, const std::string& unsupported)
     : policy_(unsupported.empty() && (mode == CudaGraphs::Check || (mode == CudaGraphs::Auto && device.is_cuda())),
-              mode == CudaGraphs::Off  ? "--cuda-graphs off"
-              : !unsupported.empty()   ? unsupported
-                                       : "CPU devices have no CUDA graphs"),
+              mode == CudaGraphs::Off                           ? "--cuda-graphs off"
+              : mode == CudaGraphs::Auto && !device.is_cuda()  ? "CPU devices have no CUDA graphs"
+                                                                 : unsupported),
       emulate_(mode == CudaGraphs::Check) {}
 
 void StepGraphs::fall_back(const std::string& why) {
@@ -138,7 +138,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
     policy_.turn_off("gradients in flight (ZeRO-2) take memory as backward writes them");
   bool drop = false;
   const StepGraphPolicy::Action a = policy_.train_step(key, &drop);
-  if (drop) graph_.reset();
+  if (drop || !policy_.stats().on) graph_.reset();
   if (a == StepGraphPolicy::Action::Replay) {
     launch(ctx);
     return;
@@ -173,8 +173,12 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
       notices_.clear();
       throw Error(msg);
     }
-    ok = ctx.random_draws == draws;
-    if (!ok) why = kDraws;
+    ok = ctx.random_draws == draws && moves() == before;
+    if (!ok) why = ctx.random_draws != draws ? kDraws : "the step rewrote kept device state while it was captured";
+    if (!ok) {  // the step has run: what a launch would add happens once
+      for (auto& fn : effects_) fn();
+      for (auto [b, c] : notices_) ctx.grad_ready(b, c);
+    }
   } else {
     try {
       graph_.begin(ctx.compute());

@@ -84,7 +84,7 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(prec == Precision::F32 || !split_invariant)
       << "--precision " << precision << " cannot keep --split-invariant's exactness (its roundings depend on how "
       << "the batch is split); use one or the other";
-  parse_cuda_graphs(cuda_graphs);  // a one-line error for anything but auto and off
+  parse_cuda_graphs(cuda_graphs);  // a one-line error for anything but auto, off and check
   FANOUT_USER_CHECK(parse_grad_reduce_dtype(grad_reduce_dtype) == DType::F32 || !split_invariant)
       << "--grad-reduce-dtype " << grad_reduce_dtype << " cannot keep --split-invariant's exact gradient sums";
 }

@@ -84,7 +84,7 @@ struct RunConfig {
   bool shard_optimizer = false;            // ZeRO-1 over DataParallel's replicas
   bool shard_grads = false;                // ZeRO-2: gradients sharded too (implies shard_optimizer)
   bool checkpoint_activations = false;     // the model's blocks recompute their forward in backward
-  std::string cuda_graphs = "auto";        // auto or off (runtime/parallel/step_graph.h)
+  std::string cuda_graphs = "auto";        // auto, off or check (runtime/parallel/step_graph.h)
 
   // Checks value ranges and combinations, with one-line errors.
   void validate() const;

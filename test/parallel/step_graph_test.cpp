@@ -270,8 +270,14 @@ void check_mode_matches_off(const std::string& devices, const std::string& model
   EXPECT_EQ(s.replays, 3);
   steps(xs, ys, 1);
   steps(b.x, b.y, 3);
-  EXPECT_EQ(check->eval_step(b.x, b.y).loss_sum, off->eval_step(b.x, b.y).loss_sum);
+  // An evaluation on a batch of its own, which training must leave alone
+  // (a replica's chunk may be a view of it).
+  const cudatest::TargetBatch e = cudatest::make_batch(model, sample, 8, rng);
+  const Tensor e_before = e.x.to(Device::cpu());
+  EXPECT_EQ(check->eval_step(e.x, e.y).loss_sum, off->eval_step(e.x, e.y).loss_sum);
   steps(b.x, b.y, 3);
+  EXPECT_TRUE(testing::same_bits(e.x, e_before)) << "training wrote into the evaluation batch";
+  EXPECT_EQ(check->eval_step(e.x, e.y).loss_sum, off->eval_step(e.x, e.y).loss_sum);
   s = check->graph_stats();
   EXPECT_EQ(s.captures, 3);
   EXPECT_EQ(s.replays, 5);
