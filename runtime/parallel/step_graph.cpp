@@ -94,6 +94,12 @@ namespace {
 uint64_t moves() { return thread_device_allocs() + device_state_rewrites(); }
 const char* const kDraws =
     "the model draws random numbers in training (Dropout), which a replayed graph would repeat";
+// What a launch of the step adds on the host: its effects, then its gradient notices in order.
+void after_launch(Context& ctx, const std::vector<std::function<void()>>& effects,
+                  const std::vector<std::pair<size_t, size_t>>& notices) {
+  for (auto& fn : effects) fn();
+  for (auto [b, c] : notices) ctx.grad_ready(b, c);
+}
 }  // namespace
 
 void StepGraphs::launch(Context& ctx) {
@@ -106,8 +112,7 @@ void StepGraphs::launch(Context& ctx) {
   } else {
     graph_.launch(ctx.compute());
   }
-  for (auto& fn : effects_) fn();
-  for (auto [b, c] : notices_) ctx.grad_ready(b, c);
+  after_launch(ctx, effects_, notices_);
 }
 
 void StepGraphs::run_captured(Context& ctx, std::vector<std::function<void()>>& effects,
@@ -175,10 +180,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
     }
     ok = ctx.random_draws == draws && moves() == before;
     if (!ok) why = ctx.random_draws != draws ? kDraws : "the step rewrote kept device state while it was captured";
-    if (!ok) {  // the step has run: what a launch would add happens once
-      for (auto& fn : effects_) fn();
-      for (auto [b, c] : notices_) ctx.grad_ready(b, c);
-    }
+    if (!ok) after_launch(ctx, effects_, notices_);  // the step has run: what a launch adds happens once
   } else {
     try {
       graph_.begin(ctx.compute());
@@ -200,12 +202,8 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
   }
   policy_.captured(ok, why);
   if (ok) {
-    if (emulate_) {  // the step has run; only what a launch adds on the host
-      for (auto& fn : effects_) fn();
-      for (auto [b, c] : notices_) ctx.grad_ready(b, c);
-    } else {
-      launch(ctx);
-    }
+    if (emulate_) after_launch(ctx, effects_, notices_);  // the step has run; only what a launch adds
+    else launch(ctx);
     allocs_ = moves();
     return;
   }
