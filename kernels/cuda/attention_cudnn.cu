@@ -75,178 +75,20 @@
 
 #include "kernels/cuda/attention_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cudnn_graph.cuh"
 
 namespace fanout::kernels::cuda {
 
 namespace {
 
-constexpr int64_t kAlignBytes = 16;                    // every real tensor's declared alignment
-constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;  // an engine wanting more is skipped
-constexpr size_t kCarve = 256;                         // our scratch pieces start aligned
+using namespace cudnn_graph;
 
-// A cuDNN status of the NOT_SUPPORTED family (3000..3999).
-bool not_supported(cudnnStatus_t st) { return CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED; }
-
-// Thrown while building when cuDNN says NOT_SUPPORTED; caught by get_plan.
-struct Refused {
-  cudnnStatus_t status;
-  std::string where;
-};
-
-// Finalizes d: NOT_SUPPORTED becomes Refused, any other error throws.
-void finalize(cudnnBackendDescriptor_t d, const char* what) {
-  const cudnnStatus_t st = cudnnBackendFinalize(d);
-  if (st == CUDNN_STATUS_SUCCESS) return;
-  if (not_supported(st)) throw Refused{st, std::string("finalizing ") + what};
-  FANOUT_CUDNN_CHECK(st);  // throws with the expression, file, line and cuDNN's message
-}
-
-// An owned backend descriptor; destruction never throws.
-class Desc {
- public:
-  explicit Desc(cudnnBackendDescriptorType_t t) { FANOUT_CUDNN_CHECK(cudnnBackendCreateDescriptor(t, &d_)); }
-  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
-  Desc& operator=(Desc&&) = delete;
-  Desc(const Desc&) = delete;
-  ~Desc() {
-    if (d_) cudnnBackendDestroyDescriptor(d_);
-  }
-  cudnnBackendDescriptor_t get() const { return d_; }
-
- private:
-  cudnnBackendDescriptor_t d_ = nullptr;
-};
-
-void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n,
-         const void* v) {
-  FANOUT_CUDNN_CHECK(cudnnBackendSetAttribute(d, a, t, n, v));
-}
-void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendDescriptor_t v) {
-  set(d, a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
-}
-
-using Dims = std::array<int64_t, 4>;
+constexpr size_t kCarve = 256;  // our scratch pieces start aligned
 
 // Unique ids of the tensors the caller binds at execution.
 enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum,
   kFirstVirtual = 100
-};
-
-// Builds one operation graph; every descriptor it makes lives in `keep`.
-class Graph {
- public:
-  Graph(std::vector<Desc>& keep, cudnnDataType_t io) : keep_(keep), io_(io) {}
-
-  cudnnDataType_t io() const { return io_; }
-
-  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const Dims& dims, const Dims& strides,
-                                  bool is_virtual, bool by_value = false) {
-    cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const int64_t align = kAlignBytes;
-    const bool v = is_virtual, bv = by_value;
-    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
-    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
-    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
-    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
-    if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv);
-    finalize(t, "a tensor descriptor");
-    return t;
-  }
-  // A virtual intermediate.
-  cudnnBackendDescriptor_t virt(cudnnDataType_t dt, const Dims& dims, const Dims& strides) {
-    return tensor(next_virtual_++, dt, dims, strides, true);
-  }
-  // A by-value float32 scalar (its value is bound at execution).
-  cudnnBackendDescriptor_t scalar(int64_t uid) {
-    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
-  }
-
-  // y = mode(x[, b][, t]) computed in `prec`; axis for GEN_INDEX.
-  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
-                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
-                 int64_t axis = -1) {
-    cudnnBackendDescriptor_t pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-    if (mode == CUDNN_POINTWISE_GEN_INDEX) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
-    finalize(pw, "a pointwise descriptor");
-    add_op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
-           {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw}, {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
-            {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b}, {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
-            {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}},
-           "a pointwise operation");
-  }
-  void pw1(cudnnPointwiseMode_t m, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    pointwise(m, CUDNN_DATA_FLOAT, x, nullptr, nullptr, y);
-  }
-  void pw2(cudnnPointwiseMode_t m, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-           cudnnBackendDescriptor_t y) {
-    pointwise(m, CUDNN_DATA_FLOAT, x, b, nullptr, y);
-  }
-
-  void reduction(cudnnReduceTensorOp_t op_kind, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    cudnnBackendDescriptor_t r = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    const cudnnDataType_t f = CUDNN_DATA_FLOAT;
-    set(r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &op_kind);
-    set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f);
-    finalize(r, "a reduction descriptor");
-    add_op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
-           {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x}, {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y},
-            {CUDNN_ATTR_OPERATION_REDUCTION_DESC, r}},
-           "a reduction operation");
-  }
-
-  // c = a b (batched over the first two dims), float32 accumulation.
-  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
-    cudnnBackendDescriptor_t mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    const cudnnDataType_t f = CUDNN_DATA_FLOAT;
-    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f);
-    finalize(mm, "a matmul descriptor");
-    add_op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
-           {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a}, {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
-            {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c}, {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}},
-           "a matmul operation");
-  }
-
-  // y: x's memory under other dims and strides (a transpose view).
-  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    add_op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
-           {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}}, "a reshape operation");
-  }
-
-  // The finalized operation graph of every operation added.
-  cudnnBackendDescriptor_t finish(cudnnHandle_t h) {
-    cudnnBackendDescriptor_t g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    set(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),
-        ops_.data());
-    finalize(g, "the operation graph");
-    return g;
-  }
-
- private:
-  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t t) {
-    keep_.emplace_back(t);
-    return keep_.back().get();
-  }
-  // A finalized operation of `type` with these descriptor attributes (null ones left out).
-  void add_op(cudnnBackendDescriptorType_t type,
-              std::initializer_list<std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t>> attrs,
-              const char* what) {
-    cudnnBackendDescriptor_t op = make(type);
-    for (const auto& [name, desc] : attrs)
-      if (desc) set_desc(op, name, desc);
-    finalize(op, what);
-    ops_.push_back(op);
-  }
-
-  std::vector<Desc>& keep_;
-  cudnnDataType_t io_;
-  std::vector<cudnnBackendDescriptor_t> ops_;
-  int64_t next_virtual_ = kFirstVirtual;
 };
 
 struct Shape4 {
@@ -389,86 +231,19 @@ struct FusedPlan {
 using PlanKey = std::array<int64_t, 9>;
 using FusedPlans = detail::PlanCache<PlanKey, FusedPlan>;
 
-bool has_note(cudnnBackendDescriptor_t cfg, std::vector<Desc>& keep, cudnnBackendNumericalNote_t note) {
-  keep.emplace_back(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t engine = keep.back().get();
-  int64_t n = 0;
-  FANOUT_CUDNN_CHECK(
-      cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine));
-  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
-  FANOUT_CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                              static_cast<int64_t>(notes.size()), &n, notes.data()));
-  for (int64_t i = 0; i < n; ++i)
-    if (notes[static_cast<size_t>(i)] == note) return true;
-  return false;
-}
-
 // The graph for (dir, s, io) and the first heuristic engine that finalizes;
 // throws Refused when cuDNN supports none.
 std::unique_ptr<FusedPlan> build_plan(cudnnHandle_t h, Dir dir, const Shape4& s, cudnnDataType_t io,
                                       bool deterministic) {
   auto fp = std::make_unique<FusedPlan>();
-  Graph g(fp->keep, io);
+  Graph g(fp->keep, io, kFirstVirtual);
   cudnnBackendDescriptor_t graph = dir == Dir::Forward ? forward_graph(g, h, s) : backward_graph(g, h, s);
 
-  fp->keep.emplace_back(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  cudnnBackendDescriptor_t heur = fp->keep.back().get();
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-  set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  finalize(heur, "the engine heuristics");
-  int64_t count = 0;
-  FANOUT_CUDNN_CHECK(
-      cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-  if (count <= 0) throw Refused{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no engine for the graph"};
-  std::vector<cudnnBackendDescriptor_t> cfgs;
-  for (int64_t i = 0; i < count; ++i) {
-    fp->keep.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    cfgs.push_back(fp->keep.back().get());
-  }
-  int64_t got = 0;
-  FANOUT_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                              count, &got, cfgs.data()));
-  // Engines in the heuristics' order: skip one that cannot take the graph
-  // (NOT_SUPPORTED) or fails to finalize otherwise (the next computes the
-  // same graph); when none finalizes, an error other than NOT_SUPPORTED is
-  // thrown, else the graph is refused.
-  Refused last{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no engine finalizes"};
-  cudnnStatus_t error = CUDNN_STATUS_SUCCESS;  // the first failure not NOT_SUPPORTED
-  for (int64_t i = 0; i < got; ++i) {
-    cudnnBackendDescriptor_t cfg = cfgs[static_cast<size_t>(i)];
-    if (deterministic && has_note(cfg, fp->keep, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) {
-      last = Refused{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no deterministic engine"};
-      continue;
-    }
-    Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    set_desc(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
-    const cudnnStatus_t st = cudnnBackendFinalize(plan.get());
-    if (st != CUDNN_STATUS_SUCCESS) {
-      if (not_supported(st))
-        last = Refused{st, "finalizing an execution plan (every heuristic engine)"};
-      else if (error == CUDNN_STATUS_SUCCESS)
-        error = st;
-      continue;
-    }
-    int64_t ws = 0, n = 0;
-    FANOUT_CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                CUDNN_TYPE_INT64, 1, &n, &ws));
-    if (ws < 0 || static_cast<size_t>(ws) > kMaxWorkspaceBytes) {
-      last = Refused{CUDNN_STATUS_NOT_SUPPORTED, "every engine wants more than 1 GiB of workspace"};
-      continue;
-    }
-    fp->workspace = ws;
-    fp->keep.push_back(std::move(plan));
-    fp->plan = fp->keep.back().get();
-    return fp;
-  }
-  if (error != CUDNN_STATUS_SUCCESS)
-    FANOUT_FAIL() << "attention " << (dir == Dir::Forward ? "forward" : "backward")
-                  << ": no cuDNN engine of the fused attention graph finalizes; the first error: "
-                  << cudnnGetErrorString(error);
-  throw last;
+  const Plan p = first_plan(h, graph, fp->keep, deterministic,
+                            std::string("attention ") + (dir == Dir::Forward ? "forward" : "backward"));
+  fp->plan = p.plan;
+  fp->workspace = p.workspace;
+  return fp;
 }
 
 const char* dtype_label(DType t) { return t == DType::BF16 ? "bfloat16" : "float16"; }
@@ -535,32 +310,16 @@ void refuse_at_execution(FusedPlan& p, Dir dir, cudnnStatus_t st) {
   p.refused = true;
 }
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlignBytes == 0; }
-
 size_t round_up(size_t n) { return (n + kCarve - 1) / kCarve * kCarve; }
 
-// Runs plan p with the given (uid, pointer) bindings and workspace; false
-// (and p refused) when cuDNN says NOT_SUPPORTED.
+// Runs plan p with the (uid, pointer) bindings and workspace; false (and p
+// refused) when cuDNN says NOT_SUPPORTED.
 bool execute(cudnnHandle_t h, FusedPlan& p, Dir dir, const std::vector<int64_t>& uids,
              const std::vector<void*>& ptrs, void* ws) {
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
-      uids.data());
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()),
-      ptrs.data());
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-  FANOUT_CUDNN_CHECK(cudnnBackendFinalize(pack.get()));
-  cudnnStatus_t st;
-  {
-    std::lock_guard<std::mutex> lock(p.run);
-    st = cudnnBackendExecute(h, p.plan, pack.get());
-  }
-  if (not_supported(st)) {
-    refuse_at_execution(p, dir, st);
-    return false;
-  }
-  FANOUT_CUDNN_CHECK(st);
-  return true;
+  const cudnnStatus_t st = cudnn_graph::execute(h, p.plan, p.run, uids, ptrs, ws);
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  refuse_at_execution(p, dir, st);
+  return false;
 }
 
 Shape4 shape_of(const Tensor& q) { return {q.size(0), q.size(1), q.size(2), q.size(3)}; }
