@@ -4,6 +4,8 @@
 // otherwise, and on the CPU, they go through staging (roles 0 to 2).
 #include "kernels/batchnorm.h"
 
+#include <utility>
+
 #include "kernels/dispatch.h"
 #include "kernels/staging.h"
 
@@ -105,6 +107,60 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
   detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, run);
 }
 
+void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                       const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
+  const char* op = "bn_apply_add_relu";
+  FANOUT_CHECK(round == DType::F32 || round == DType::BF16 || round == DType::F16)
+      << op << ": cannot round to " << dtype_name(round);
+  if (y.dtype() == DType::BF16 || y.dtype() == DType::F16) round = y.dtype();  // stored low: rounds as it is stored
+  const bool as_is = z ? detail::cuda_alike(ctx, {&x, z, &y}) : detail::cuda_alike(ctx, {&x, &y});
+  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  Tensor zs;
+  if (z) zs = as_is ? *z : detail::staged_in(ctx, op, "z", 1, *z);
+  Tensor ys = as_is ? y : detail::staged_out(ctx, op, "y", 2, y);
+  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
+  check_stats(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  if (z) {
+    check_bn_input(ctx, op, "z", zs);
+    check_same_shape(op, "x", xs, "z", zs);
+  }
+  FANOUT_CALL_BACKEND(ctx, bn_apply_add_relu, ctx, xs, mean, invstd, gamma, beta, z ? &zs : nullptr, ys, round);
+  detail::unstage(ctx, ys, y);
+}
+
+void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+                       float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
+  const char* op = "bn_train_add_relu";
+  FANOUT_CHECK(round == DType::F32 || round == DType::BF16 || round == DType::F16)
+      << op << ": cannot round to " << dtype_name(round);
+  FANOUT_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f)
+      << op << ": eps " << eps << " must be >= 0 and momentum " << momentum << " in [0, 1]";
+  if (y.dtype() == DType::BF16 || y.dtype() == DType::F16) round = y.dtype();
+  const bool as_is = z ? detail::cuda_alike(ctx, {&x, z, &y}) : detail::cuda_alike(ctx, {&x, &y});
+  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  Tensor zs;
+  if (z) zs = as_is ? *z : detail::staged_in(ctx, op, "z", 1, *z);
+  Tensor ys = as_is ? y : detail::staged_out(ctx, op, "y", 2, y);
+  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
+  if (z) {
+    check_bn_input(ctx, op, "z", zs);
+    check_same_shape(op, "x", xs, "z", zs);
+  }
+  check_batch_stats(ctx, op, stats, c);
+  check_stats(ctx, op, "mean", mean, c);
+  check_channel_vec(ctx, op, "invstd", invstd, c);
+  check_channel_vec(ctx, op, "running_mean", running_mean, c);
+  check_channel_vec(ctx, op, "running_var", running_var, c);
+  const int64_t count = c == 0 ? 0 : xs.numel() / c;
+  FANOUT_USER_CHECK(count > 1) << "batch norm: expected more than 1 value per channel when training (input "
+                               << x.shape().str() << ")";
+  FANOUT_CALL_BACKEND(ctx, bn_train_add_relu, ctx, xs, z ? &zs : nullptr, gamma, beta, eps, momentum, stats, mean,
+                      invstd, running_mean, running_var, ys, round);
+  detail::unstage(ctx, ys, y);
+}
+
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const char* op = "bn_forward_eval";
@@ -126,6 +182,46 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
   check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
   FANOUT_DISPATCH(ctx, bn_backward_reduce, ctx, xs, dys, mean, invstd, grad_stats);
+}
+
+void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                             const Tensor& invstd, Tensor& grad_stats, Tensor& g) {
+  const char* op = "bn_backward_reduce_relu";
+  const bool as_is = detail::cuda_alike(ctx, {&x, &y, &dy, &g});
+  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  const Tensor ys = as_is ? y : detail::staged_in(ctx, op, "y", 1, y);
+  const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 3, dy);
+  Tensor gs = as_is ? g : detail::staged_out(ctx, op, "g", 2, g);
+  check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
+  check_bn_input(ctx, op, "y", ys);
+  check_same_shape(op, "x", xs, "y", ys);
+  check_bn_input(ctx, op, "g", gs);
+  check_same_shape(op, "x", xs, "g", gs);
+  FANOUT_CALL_BACKEND(ctx, bn_backward_reduce_relu, ctx, xs, ys, dys, mean, invstd, grad_stats, gs);
+  detail::unstage(ctx, gs, g);
+}
+
+void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                      const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
+                      Tensor& dx) {
+  const char* op = "bn_backward_relu";
+  const bool as_is = detail::cuda_alike(ctx, {&x, &y, &dy, &g, &dx});
+  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  const Tensor ys = as_is ? y : detail::staged_in(ctx, op, "y", 1, y);
+  const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 3, dy);
+  Tensor gs = as_is ? g : detail::staged_out(ctx, op, "g", 2, g);
+  Tensor dxs = as_is ? dx : detail::staged_out(ctx, op, "dx", 4, dx);
+  const int64_t c = check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
+  check_channel_vec(ctx, op, "gamma", gamma, c);
+  FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"y", &ys}, {"g", &gs}, {"dx", &dxs}}) {
+    check_bn_input(ctx, op, name, *t);
+    check_same_shape(op, "x", xs, name, *t);
+  }
+  FANOUT_CHECK(dx.raw() != dy.raw() && dx.raw() != g.raw()) << op << ": dx must not share dy's or g's memory";
+  FANOUT_CALL_BACKEND(ctx, bn_backward_relu, ctx, xs, ys, dys, mean, invstd, gamma, eps, grad_stats, gs, dxs);
+  detail::unstage(ctx, gs, g);
+  detail::unstage(ctx, dxs, dx);
 }
 
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,

@@ -45,6 +45,28 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y);
 
+// Training forward of batch norm, then optionally a residual z added, then a
+// ReLU, in one pass: y = max(bn_apply(x) + z, 0) written (=), z may be null;
+// y may alias x or z. The value is rounded to `round` (F32 or a low type; y's
+// own type when y is stored low) after the normalization and after the add,
+// where the unfused layers store it: with round = ctx.math.autocast, the bits
+// of bn_apply, add(..., round) and relu_forward in turn.
+void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                       const Tensor& beta, const Tensor* z, Tensor& y, DType round = DType::F32);
+
+// Batch norm's whole training forward with the residual add and ReLU, on
+// one device's batch (no synchronized statistics): bn_stats into `stats`
+// (3, C) float64, bn_finalize updating the running statistics, then
+// bn_apply_add_relu (see there). CUDA runs it as one cuDNN graph
+// (kernels/cuda/batchnorm_cudnn.cu) for 4-D bfloat16 or float16
+// channels-last tensors when cuDNN has an engine for the shape: float32
+// statistics, `stats` not written, the sum not rounded before the ReLU
+// (results within the low type's roundings of the split kernels'), mean
+// row 1 zero; otherwise, and on the CPU, the three steps.
+void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+                       float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round = DType::F32);
+
 // Eval mode: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y);
@@ -53,6 +75,21 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
 // where xhat = (x - mean) * invstd; mean (2, C) as bn_finalize writes it.
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats);
+
+// The backward of a ReLU after batch norm (bn_apply_add_relu): g = dy where
+// y > 0, else 0, is written (=) (g may alias dy: the masked gradient, which
+// is also z's), and grad_stats (2, C) as bn_backward_reduce(x, g) writes it.
+// The bits of relu_backward then bn_backward_reduce; one pass.
+void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                             const Tensor& invstd, Tensor& grad_stats, Tensor& g);
+
+// The backward of bn_train_add_relu (no synchronized statistics):
+// bn_backward_reduce_relu (g, which may alias dy, and grad_stats), then
+// bn_backward_apply of g over this batch into dx. CUDA runs it as one cuDNN
+// graph where bn_train_add_relu can (eps is for it), else the two steps.
+void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                      const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
+                      Tensor& dx);
 
 // dx (=) from the (possibly all-reduced) grad_stats over `count` elements:
 // dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "runtime/core/half.h"
 
 namespace fanout::kernels::cpu {
 
@@ -180,6 +181,60 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
   round_output(ctx, y);
 }
 
+namespace {
+// v rounded to t (F32: v itself), nearest even, as round_to rounds.
+template <DType T>
+inline float round_as(float v) {
+  if constexpr (T == DType::BF16) return half::float_from_bf16(half::bf16_from_float(v));
+  else if constexpr (T == DType::F16) return half::float_from_f16(half::f16_from_float(v));
+  else return v;
+}
+// After bn_apply's pass over a plane: y = max(r(r(y) + z), 0), z optional.
+template <DType T>
+void add_relu_plane(float* y, const float* z, int64_t len) {
+  if (z) {
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = round_as<T>(round_as<T>(y[i]) + z[i]);
+      y[i] = v < 0.0f ? 0.0f : v;  // NaN propagates, as relu_forward
+    }
+  } else {
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = round_as<T>(y[i]);
+      y[i] = v < 0.0f ? 0.0f : v;
+    }
+  }
+}
+}  // namespace
+
+void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                       const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
+  const Planes p = planes_of(x);
+  const float *xp = x.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
+  const float* zp = z ? z->f32() : nullptr;
+  float* yp = y.f32();
+  auto post = round == DType::BF16 ? add_relu_plane<DType::BF16>
+              : round == DType::F16 ? add_relu_plane<DType::F16>
+                                    : add_relu_plane<DType::F32>;
+  parallel_for(ctx, p.n * p.c, grain_for(p.s), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {  // plane q = (n, c); z is read before y overwrites it
+      const int64_t c = q % p.c, off = q * p.s;
+      if (zp == yp) {
+        // y aliases z: the residual goes through a plane's worth of stack at a time.
+        float tmp[256];
+        for (int64_t i0 = 0; i0 < p.s; i0 += 256) {
+          const int64_t len = std::min<int64_t>(256, p.s - i0);
+          std::copy(zp + off + i0, zp + off + i0 + len, tmp);
+          affine2(xp + off + i0, len, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off + i0);
+          post(yp + off + i0, tmp, len);
+        }
+        continue;
+      }
+      affine2(xp + off, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
+      post(yp + off, zp ? zp + off : nullptr, p.s);
+    }
+  });
+}
+
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const Planes p = planes_of(x);
@@ -214,6 +269,27 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   });
 }
 
+void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                             const Tensor& invstd, Tensor& grad_stats, Tensor& g) {
+  const Planes p = planes_of(x);
+  const float *xp = x.f32(), *yp = y.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32();
+  float* gp = g.f32();  // may alias dy
+  float* gs = grad_stats.f32();  // (2, C)
+  parallel_for(ctx, p.c, grain_for(p.n * p.s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t n = 0; n < p.n; ++n) {  // the channel's planes masked, then reduced as bn_backward_reduce
+        const int64_t off = (n * p.c + c) * p.s;
+        map2(yp + off, dp + off, gp + off, p.s, [](float yv, float d) { return yv > 0.0f ? d : 0.0f; });
+      }
+      double s, t;
+      channel_sum_dy_dyxmu(xp + c * p.s, gp + c * p.s, p.n, p.c * p.s, p.s,
+                           static_cast<double>(mp[c]) + mp[p.c + c], s, t);
+      gs[c] = static_cast<float>(s);
+      gs[p.c + c] = static_cast<float>(t * ip[c]);
+    }
+  });
+}
+
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const Planes p = planes_of(x);
@@ -239,6 +315,20 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
     }
   });
   round_output(ctx, dx);
+}
+
+void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+                       float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
+  bn_stats(ctx, x, stats);
+  bn_finalize(ctx, stats, x.numel() / x.size(1), eps, momentum, mean, invstd, &running_mean, &running_var);
+  bn_apply_add_relu(ctx, x, mean, invstd, gamma, beta, z, y, round);
+}
+
+void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                      const Tensor& invstd, const Tensor& gamma, float, Tensor& grad_stats, Tensor& g, Tensor& dx) {
+  bn_backward_reduce_relu(ctx, x, y, dy, mean, invstd, grad_stats, g);
+  bn_backward_apply(ctx, x, g, mean, invstd, gamma, grad_stats, x.numel() / x.size(1), dx);
 }
 
 }  // namespace fanout::kernels::cpu

@@ -8,6 +8,7 @@
 // exactly as the CPU path computes them.
 #include "kernels/batchnorm.h"
 
+#include "kernels/cuda/batchnorm_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/low_precision.cuh"
 
@@ -88,6 +89,28 @@ struct GradStatsFin {
   }
 };
 
+// a += g, b += g * (x - mean) with g = dy where y > 0 else 0, stored into g
+// (which may alias dy: each element is read, then written, by one thread).
+template <class T>
+struct ReluGradStats {
+  template <class I>
+  struct Op {
+    const T* x;
+    const T* y;
+    const T* dy;
+    T* g;
+    const float* mean;  // (2, C): hi, lo
+    int64_t c;
+    __device__ void operator()(I i, I ch, double& a, double& b) const {
+      const float gv = widen(y[i]) > 0.0f ? widen(dy[i]) : 0.0f;
+      g[i] = detail::narrow<T>(gv);  // exact: gv is dy's value or zero
+      a += gv;
+      b += static_cast<double>(gv) * (static_cast<double>(widen(x[i])) -
+                                      (static_cast<double>(mean[ch]) + static_cast<double>(mean[c + ch])));
+    }
+  };
+};
+
 // ---- finalize: one thread per channel, double arithmetic as the CPU path ----
 
 __global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, double count, double inv_count,
@@ -124,6 +147,21 @@ __global__ void apply_kernel(const T* x, const float* __restrict__ mean, const f
     const I ch = l.channel(i);
     const float k = invstd[ch] * gamma[ch];
     y[i] = store<T>(((widen(x[i]) - mean[ch]) - mean[l.c + ch]) * k + beta[ch], low);  // mean (2, C): hi, lo
+  }
+}
+
+// y = max(r(r(bn(x)) + z), 0) with r the rounding of apply_kernel's store
+// (z null: no add); y may alias x or z.
+template <class T, class I>
+__global__ void apply_add_relu_kernel(const T* x, const float* __restrict__ mean, const float* __restrict__ invstd,
+                                      const float* __restrict__ gamma, const float* __restrict__ beta, const T* z,
+                                      T* y, Layout<I> l, I total, int low) {
+  for (I i : detail::grid_stride(total)) {
+    const I ch = l.channel(i);
+    const float k = invstd[ch] * gamma[ch];
+    float v = widen(store<T>(((widen(x[i]) - mean[ch]) - mean[l.c + ch]) * k + beta[ch], low));
+    if (z) v = widen(store<T>(v + widen(z[i]), low));
+    y[i] = detail::narrow<T>(v < 0.0f ? 0.0f : v);  // NaN propagates, as relu_forward
   }
 }
 
@@ -223,6 +261,17 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
   });
 }
 
+void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                       const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
+  per_element(ctx, x, [&](auto t, auto, auto l, auto total, int blocks, cudaStream_t st) {
+    using T = decltype(t);
+    using I = decltype(total);
+    apply_add_relu_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(
+        x.data<T>(), mean.f32(), invstd.f32(), gamma.f32(), beta.f32(), z ? z->data<T>() : nullptr, y.data<T>(), l,
+        total, detail::low_mode(round));
+  });
+}
+
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   per_element(ctx, x, [&](auto t, auto, auto l, auto total, int blocks, cudaStream_t st) {
@@ -248,6 +297,20 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   });
 }
 
+// g (=) = dy where y > 0 else 0; grad_stats (2, C) of g as bn_backward_reduce.
+void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                             const Tensor& invstd, Tensor& grad_stats, Tensor& g) {
+  const Planes p = planes_of(x);
+  if (p.c == 0) return;
+  detail::DeviceScope scope(ctx);
+  detail::with_storage(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    detail::channel_reduce_stored<ReluGradStats<T>::template Op>(
+        ctx, p.n, p.c, p.s, x.channels_last(), GradStatsFin{grad_stats.f32(), invstd.f32(), p.c}, x.data<T>(),
+        y.data<T>(), dy.data<T>(), g.data<T>(), mean.f32(), p.c);
+  });
+}
+
 // dx (=) = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
@@ -259,6 +322,25 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
         x.data<T>(), dy.data<T>(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count,
         dx.data<T>(), l, total, detail::low_mode(ctx));
   });
+}
+
+// cuDNN's fused graph where it takes the tensors (kernels/cuda/batchnorm_cudnn.cu), else the split kernels.
+void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+                       float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
+  if (cudnn_bn_train_add_relu(ctx, x, z, gamma, beta, eps, momentum, mean, invstd, running_mean, running_var, y))
+    return;
+  bn_stats(ctx, x, stats);
+  bn_finalize(ctx, stats, x.numel() / x.size(1), eps, momentum, mean, invstd, &running_mean, &running_var);
+  bn_apply_add_relu(ctx, x, mean, invstd, gamma, beta, z, y, round);
+}
+
+void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
+                      const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
+                      Tensor& dx) {
+  if (cudnn_bn_backward_relu(ctx, x, y, dy, mean, invstd, gamma, eps, grad_stats, g, dx)) return;
+  bn_backward_reduce_relu(ctx, x, y, dy, mean, invstd, grad_stats, g);
+  bn_backward_apply(ctx, x, g, mean, invstd, gamma, grad_stats, x.numel() / x.size(1), dx);
 }
 
 }  // namespace fanout::kernels::cuda

@@ -1,7 +1,6 @@
 // ResNet basic block.
 #include "models/layers/basic_block.h"
 
-#include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "runtime/nn/autocast.h"
 
@@ -11,7 +10,7 @@ BasicBlock::BasicBlock(int64_t in, int64_t out, int64_t stride) : in_(in), out_(
   using I = Conv2d::Init;
   conv1_ = &register_module("conv1", std::make_unique<Conv2d>(in, out, 3, stride, 1, false, I::KaimingNormalFanOut));
   bn1_ = &register_module("bn1", std::make_unique<BatchNorm2d>(out));
-  relu1_ = &register_module("relu", std::make_unique<ReLU>(/*inplace=*/true));
+  register_module("relu", std::make_unique<ReLU>(/*inplace=*/true));  // run by bn1 (forward_add_relu)
   conv2_ = &register_module("conv2", std::make_unique<Conv2d>(out, out, 3, 1, 1, false, I::KaimingNormalFanOut));
   bn2_ = &register_module("bn2", std::make_unique<BatchNorm2d>(out));
   if (stride != 1 || in != out) {
@@ -36,27 +35,21 @@ void BasicBlock::set_input_grad(bool on) {
 
 Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
   Tensor h = conv1_->forward(x, ctx);
-  h = bn1_->forward(h, ctx);
-  h = relu1_->forward(h, ctx);
+  h = bn1_->forward_add_relu(h, nullptr, ctx);  // bn1 and the in-place ReLU in one pass
   h = conv2_->forward(h, ctx);
-  h = bn2_->forward(h, ctx);
   Tensor shortcut = downsample_ ? downsample_->forward(x, ctx) : x;
-  y_ = h;  // bn2's output: nothing reads it after the add (bn2's backward needs its input)
-  kernels::add(ctx, y_, shortcut, y_, ctx.math.autocast);  // autocast: the residual add's output is low
-  kernels::relu_forward(ctx, y_, y_);
-  return y_;
+  // bn2, the residual add (low under autocast) and the ReLU in one pass, into bn2's output.
+  return bn2_->forward_add_relu(h, &shortcut, ctx);
 }
 
 Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
-  Tensor dsum = in_storage_of(ctx, dy, y_, dy_moved_);  // d(main + shortcut), masked in place
-  kernels::relu_backward(ctx, y_, dsum, dsum);
+  Tensor dsum = bn2_->relu_grad(dy, ctx);  // d(main + shortcut), with bn2's gradient sums
   // Shortcut first: its parameters come last in the arena, so their gradients
   // are ready earliest in backward order.
   Tensor dshort = downsample_ ? Module::backward_of(*downsample_, "downsample", dsum, ctx) : dsum;
   Tensor g = Module::backward_of(*bn2_, "bn2", dsum, ctx);
   g = Module::backward_of(*conv2_, "conv2", g, ctx);
-  g = Module::backward_of(*relu1_, "relu", g, ctx);
-  g = Module::backward_of(*bn1_, "bn1", g, ctx);
+  g = Module::backward_of(*bn1_, "bn1", g, ctx);  // with the ReLU's mask
   g = Module::backward_of(*conv1_, "conv1", g, ctx);
   if (!input_grad()) return Tensor();
   kernels::add(ctx, g, dshort, g, ctx.math.autocast);  // conv1's input gradient: nothing reads it after this

@@ -1,9 +1,12 @@
 // ResNet basic block (torchvision.models.resnet.BasicBlock):
 //   out = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)),
 // shortcut = downsample (1x1 conv stride s + BatchNorm) when the shape changes.
-// As torchvision's, both ReLUs work in place: the sum and the ReLU overwrite
-// bn2's output, backward masks dy in place and adds the shortcut's gradient
-// into conv1's input gradient, so the block keeps no buffer of its own.
+// As torchvision's, both ReLUs work in place; each batch norm runs with the
+// ReLU after it (and bn2 with the residual add) as one pass
+// (BatchNormNd::forward_add_relu), backward masks dy in place and adds the
+// shortcut's gradient into conv1's input gradient, so the block keeps no
+// buffer of its own. The ReLU module "relu" holds no state; it stays for
+// torchvision's module names.
 #pragma once
 #include "models/layers/activation.h"
 #include "models/layers/batchnorm.h"
@@ -25,12 +28,9 @@ class BasicBlock : public Module {
   int64_t in_, out_, stride_;
   Conv2d* conv1_;
   BatchNorm2d* bn1_;
-  ReLU* relu1_;
   Conv2d* conv2_;
   BatchNorm2d* bn2_;
   Sequential* downsample_ = nullptr;
-  Tensor y_;         // bn2's output buffer, holding relu(main + shortcut)
-  Tensor dy_moved_;  // an output gradient moved into y's storage
 };
 
 }  // namespace fanout::models

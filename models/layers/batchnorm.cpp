@@ -2,7 +2,9 @@
 #include "models/layers/batchnorm.h"
 
 #include "kernels/batchnorm.h"
+#include "kernels/activation.h"
 #include "kernels/elementwise.h"
+#include "runtime/nn/autocast.h"
 #include "runtime/core/error.h"
 
 namespace fanout::models {
@@ -27,45 +29,115 @@ void BatchNormNd::reset_parameters(std::mt19937_64&) {
 
 int64_t BatchNormNd::num_batches_tracked() const { return nbt_->value.data<int64_t>()[0]; }
 
-Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
+bool BatchNormNd::begin_forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(accepts_rank(x.dim()) && x.size(1) == c_)
       << type_name() << "(" << c_ << ") cannot take input of shape " << x.shape().str();
   x_ = x;
-  const Device d = ctx.device();
   ensure_like(y_, x, ctx);  // the input's storage
   trained_forward_ = is_training();
-  if (!trained_forward_) {
-    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // low under autocast
-    return y_;
+  grad_reduced_ = dx_ready_ = false;
+  if (trained_forward_) {
+    ensure(mean_, Shape{2, c_}, ctx);
+    ensure(invstd_, Shape{c_}, ctx);
   }
-  ensure(mean_, Shape{2, c_}, ctx);
-  ensure(invstd_, Shape{c_}, ctx);
+  return trained_forward_;
+}
+
+void BatchNormNd::batch_statistics(const Tensor& x, Context& ctx) {
   if (ctx.recomputing) {
     // Activation checkpointing: the first forward's (all-reduced) sums; the
     // running statistics were updated then.
     kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, nullptr, nullptr);
-  } else {
-    ensure(stats_, Shape{3, c_}, DType::F64, d);  // kept for a recomputation, not a checkpoint slot
-    kernels::bn_stats(ctx, x, stats_);
-    count_ = x.numel() / c_;
-    if (sync_) sync_->all_reduce(layer_id_, stats_, count_, ctx);
-    FANOUT_USER_CHECK(count_ > 1) << type_name() << " needs more than one value per channel in training (input "
-                                  << x.shape().str() << ")";
-    kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
-    ctx.host_effect([nbt = nbt_] { nbt->value.data<int64_t>()[0] += 1; });
+    return;
   }
+  ensure(stats_, Shape{3, c_}, DType::F64, ctx.device());  // kept for a recomputation, not a checkpoint slot
+  kernels::bn_stats(ctx, x, stats_);
+  count_ = x.numel() / c_;
+  if (sync_) sync_->all_reduce(layer_id_, stats_, count_, ctx);
+  check_count(x);
+  kernels::bn_finalize(ctx, stats_, count_, eps_, momentum_, mean_, invstd_, &rm_->value, &rv_->value);
+  ctx.host_effect([nbt = nbt_] { nbt->value.data<int64_t>()[0] += 1; });
+}
+
+void BatchNormNd::check_count(const Tensor& x) const {
+  FANOUT_USER_CHECK(count_ > 1) << type_name() << " needs more than one value per channel in training (input "
+                                << x.shape().str() << ")";
+}
+
+Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
+  relu_ = false;
+  if (!begin_forward(x, ctx)) {
+    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // low under autocast
+    return y_;
+  }
+  batch_statistics(x, ctx);
   kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, low output
   return y_;
 }
 
-Tensor BatchNormNd::backward(const Tensor& dy, Context& ctx) {
-  FANOUT_CHECK(trained_forward_) << type_name() << " backward after an eval-mode forward";
+Tensor BatchNormNd::forward_add_relu(const Tensor& x, const Tensor* z, Context& ctx) {
+  relu_ = true;
+  if (!begin_forward(x, ctx)) {
+    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);
+    if (z) kernels::add(ctx, y_, *z, y_, ctx.math.autocast);
+    kernels::relu_forward(ctx, y_, y_);
+    return y_;
+  }
+  if (fuses_whole_pass(ctx)) {
+    // One call (one cuDNN graph on a GPU where it has one).
+    count_ = x.numel() / c_;
+    check_count(x);
+    ensure(stats_, Shape{3, c_}, DType::F64, ctx.device());
+    kernels::bn_train_add_relu(ctx, x, z, w_->value, b_->value, eps_, momentum_, stats_, mean_, invstd_, rm_->value,
+                               rv_->value, y_, ctx.math.autocast);
+    ctx.host_effect([nbt = nbt_] { nbt->value.data<int64_t>()[0] += 1; });
+    return y_;
+  }
+  batch_statistics(x, ctx);
+  kernels::bn_apply_add_relu(ctx, x, mean_, invstd_, w_->value, b_->value, z, y_, ctx.math.autocast);
+  return y_;
+}
+
+bool BatchNormNd::fuses_whole_pass(const Context& ctx) const {
+  // SyncBatchNorm all-reduces between the steps; a checkpointed block's
+  // recomputation needs the float64 sums the split path keeps.
+  return !sync_ && !ctx.slots && !ctx.recomputing;
+}
+
+Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
+  FANOUT_CHECK(trained_forward_ && relu_) << type_name() << " relu_grad after a forward that was not a training "
+                                          << "forward_add_relu";
   ensure(grad_stats_, Shape{2, c_}, ctx);
-  kernels::bn_backward_reduce(ctx, x_, dy, mean_, invstd_, grad_stats_);
+  Tensor g = in_storage_of(ctx, dy, y_, dy_moved_);  // masked in place, as an in-place ReLU's backward
+  if (fuses_whole_pass(ctx)) {
+    ensure_like(dx_, x_, ctx);
+    kernels::bn_backward_relu(ctx, x_, y_, g, mean_, invstd_, w_->value, eps_, grad_stats_, g, dx_);
+    dx_ready_ = true;
+  } else {
+    kernels::bn_backward_reduce_relu(ctx, x_, y_, g, mean_, invstd_, grad_stats_, g);
+  }
+  grad_reduced_ = true;
+  return g;
+}
+
+Tensor BatchNormNd::backward(const Tensor& dy_in, Context& ctx) {
+  FANOUT_CHECK(trained_forward_) << type_name() << " backward after an eval-mode forward";
+  Tensor dy = dy_in;
+  if (!relu_) {
+    ensure(grad_stats_, Shape{2, c_}, ctx);
+    kernels::bn_backward_reduce(ctx, x_, dy, mean_, invstd_, grad_stats_);
+  } else if (!grad_reduced_) {
+    dy = relu_grad(dy_in, ctx);  // ensures grad_stats_ once: inside checkpoint slots each ensure takes a slot
+  }
+  grad_reduced_ = false;
   // dgamma += sum(dy * xhat), dbeta += sum(dy): the local sums, before any sync.
   kernels::axpy(ctx, 1.0f, grad_stats_.flat(0, Shape{c_}), b_->grad);
   kernels::axpy(ctx, 1.0f, grad_stats_.flat(c_, Shape{c_}), w_->grad);
   notify_grads_ready(ctx);
+  if (dx_ready_) {  // bn_backward_relu wrote it
+    dx_ready_ = false;
+    return dx_;
+  }
   int64_t count = count_;
   if (sync_) {
     int64_t local = x_.numel() / c_;

@@ -14,6 +14,18 @@ namespace fanout::models {
 class BatchNormNd : public Module {
  public:
   Tensor forward(const Tensor& x, Context& ctx) override;
+  // relu(bn(x) + z), z optional (null: relu(bn(x))), in one pass of the
+  // kernels (kernels::bn_apply_add_relu): the bits of this layer's forward,
+  // an add rounded as autocast asks and an in-place ReLU. Sequential uses it
+  // for a BatchNorm followed by a ReLU, BasicBlock for bn2, the shortcut's
+  // add and the ReLU. The parameters and their names stay this layer's.
+  Tensor forward_add_relu(const Tensor& x, const Tensor* z, Context& ctx);
+  // After forward_add_relu: the gradient of the sum under the ReLU (dy
+  // masked where the output is 0, z's gradient), written over dy as an
+  // in-place ReLU writes it, with this layer's gradient sums taken in the
+  // same pass. backward(g) then goes on from them; backward without it
+  // calls it first.
+  Tensor relu_grad(const Tensor& dy, Context& ctx);
   Tensor backward(const Tensor& dy, Context& ctx) override;
   void reset_parameters(std::mt19937_64& rng) override;  // weight 1, bias 0, mean 0, var 1
   void set_batch_stat_sync(BatchStatSync* s) override { sync_ = s; }
@@ -47,9 +59,23 @@ class BatchNormNd : public Module {
   Buffer *rm_, *rv_, *nbt_;
   BatchStatSync* sync_ = nullptr;
   int layer_id_ = 0;
+  // Checks x, keeps it and sizes y (and the statistics in training);
+  // whether this forward uses batch statistics.
+  bool begin_forward(const Tensor& x, Context& ctx);
+  // The split kernels' batch statistics into mean_ and invstd_ (all-reduced
+  // with SyncBatchNorm; the first forward's under a recomputation).
+  void batch_statistics(const Tensor& x, Context& ctx);
+  void check_count(const Tensor& x) const;
+  // Whether a training pass with the ReLU runs as one kernel call each way
+  // (kernels::bn_train_add_relu, kernels::bn_backward_relu).
+  bool fuses_whole_pass(const Context& ctx) const;
+
   bool trained_forward_ = false;  // whether the last forward used batch statistics
+  bool relu_ = false;             // whether the last forward was forward_add_relu
+  bool grad_reduced_ = false;     // relu_grad has taken grad_stats_ for the next backward
+  bool dx_ready_ = false;         // relu_grad has written dx_ too
   int64_t count_ = 0;
-  Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_;
+  Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_, dy_moved_;
 };
 
 // Input (N, C, H, W) or (N, C).

@@ -1,5 +1,7 @@
 // Sequential container: children run in the order they were added; names are
-// the child names given (torch's Sequential uses "0", "1", ...). ModuleDict
+// the child names given (torch's Sequential uses "0", "1", ...). A BatchNorm
+// followed by an in-place ReLU runs as one (BatchNormNd::forward_add_relu): the same
+// values, one pass fewer; the ReLU module's own forward is not called. ModuleDict
 // (torch.nn.ModuleDict): named children and no forward of its own; the
 // module that owns it calls them (GPT's "transformer").
 #pragma once
@@ -25,6 +27,9 @@ class Sequential : public Module {
   void set_input_grad(bool on) override;
   size_t size() const { return children().size(); }
   Module& at(size_t i) { return *children()[i].second; }
+
+ private:
+  std::vector<bool> relu_done_;  // per child: a ReLU run by the batch norm before it in the last forward
 };
 
 class ModuleDict : public Module {

@@ -13,7 +13,9 @@
 
 #include "kernels/backend_test_util.h"
 #include "kernels/storage_test_util.h"
+#include "kernels/activation.h"
 #include "kernels/batchnorm.h"
+#include "kernels/elementwise.h"
 #include "runtime/core/half.h"
 #include "runtime/core/error.h"
 
@@ -342,6 +344,239 @@ TEST_P(BatchNormOnBackend, AutocastRoundsWhatTheKernelsWrite) {
       EXPECT_GT(rounded, full[k].numel() / 2) << "output " << k << ": the float32 values must need rounding";
     }
   }
+}
+
+// The fused training pass y = max(bn(x) + z, 0) and its backward against
+// the double reference: y from the double normalization plus z; g = r where
+// the kernel's y > 0 (else 0), and the gradient sums and dx of bn for that g.
+// With and without z, on odd shapes and means far from zero.
+TEST_P(BatchNormOnBackend, FusedAddReluAgainstDouble) {
+  std::mt19937_64 rng(68);
+  std::vector<BnShape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.insert(shapes.end(), std::begin(kMoreShapes), std::end(kMoreShapes));
+  for (const BnShape& bs : shapes)
+    for (bool with_z : {true, false}) {
+      SCOPED_TRACE(bs.s.str() + (with_z ? " with z" : " without z"));
+      BnRun f = make(bs.s, rng, bs.lo, bs.hi);
+      const Tensor z = ft::random_tensor(bs.s, rng), r = ft::random_tensor(bs.s, rng);
+      const Tensor zd = up(z);
+      kernels::bn_stats(ctx(), f.xd, f.stats);
+      kernels::bn_finalize(ctx(), f.stats, f.count, f.eps, 0.1f, f.mean, f.invstd, nullptr, nullptr);
+      kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, with_z ? &zd : nullptr, f.y);
+      Tensor gsd = poisoned(Shape{2, f.c}), gd = poisoned(bs.s), dxd = poisoned(bs.s);
+      kernels::bn_backward_reduce_relu(ctx(), f.xd, f.y, up(r), f.mean, f.invstd, gsd, gd);
+      kernels::bn_backward_apply(ctx(), f.xd, gd, f.mean, f.invstd, f.gammad, gsd, f.count, dxd);
+      const Tensor y = down(f.y), g = down(gd), gs = down(gsd), dx = down(dxd);
+
+      Tensor masked = Tensor::empty(bs.s);
+      int64_t zeros = 0;
+      for (int64_t j = 0; j < y.numel(); ++j) {
+        masked.f32()[j] = y.f32()[j] > 0.0f ? r.f32()[j] : 0.0f;
+        zeros += y.f32()[j] == 0.0f;
+      }
+      const BnReference ref(f, masked);
+      for (int64_t j = 0; j < y.numel(); ++j) {
+        const double want = std::max(0.0, ref.y[j] + (with_z ? z.f32()[j] : 0.0));
+        ASSERT_NEAR(y.f32()[j], want, 1e-5 * (1.0 + std::abs(want))) << j;
+        ASSERT_EQ(g.f32()[j], masked.f32()[j]) << j;
+        ASSERT_NEAR(dx.f32()[j], ref.dx[j], 1e-4) << j;
+      }
+      const double sum_tol = 1e-4 * std::max(1.0, std::sqrt(static_cast<double>(f.count) / 100.0));
+      for (int64_t c = 0; c < f.c; ++c) {
+        EXPECT_NEAR(gs.f32()[c], ref.sdy[c], sum_tol);
+        EXPECT_NEAR(gs.f32()[f.c + c], ref.sdyx[c], sum_tol);
+      }
+      if (y.numel() >= 16) {  // the ReLU cuts some values and keeps others
+        EXPECT_GT(zeros, 0);
+        EXPECT_LT(zeros, y.numel());
+      }
+    }
+}
+
+// The fused pair has the bits of the unfused kernels in turn (bn_apply, add
+// rounded as autocast asks, relu_forward; relu_backward, bn_backward_reduce)
+// in every storage and format and under autocast to bfloat16 and float16,
+// also with y over z and g over dy (in place).
+TEST_P(BatchNormOnBackend, FusedAddReluHasTheUnfusedBits) {
+  std::mt19937_64 rng(69);
+  std::vector<ft::StorageCase> cases = ft::low_storage_cases();
+  cases.push_back({DType::F32, MemoryFormat::Contiguous});
+  for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{2, 300, 3, 3}, Shape{9, 5}})
+    for (const ft::StorageCase& sc : cases)
+      for (DType autocast : {DType::F32, DType::BF16, DType::F16}) {
+        if (sc.dtype != DType::F32 && autocast != DType::F32 && autocast != sc.dtype) continue;
+        SCOPED_TRACE(sc.name() + " " + s.str() + " autocast " + dtype_name(autocast));
+        const MemoryFormat fmt = s.ndim == 4 ? sc.format : MemoryFormat::Contiguous;
+        BnRun f = make(s, rng);
+        f.xd = up(ft::stored_copy(f.x, sc.dtype, fmt));
+        const Tensor zd = up(ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, fmt));
+        const Tensor rd = up(ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, fmt));
+        ctx().math.autocast = autocast;
+        kernels::bn_stats(ctx(), f.xd, f.stats);
+        kernels::bn_finalize(ctx(), f.stats, f.count, f.eps, 0.1f, f.mean, f.invstd, nullptr, nullptr);
+        auto fresh = [&] { return up(ft::poisoned_stored(s, sc.dtype, fmt)); };
+        for (bool with_z : {true, false}) {
+          SCOPED_TRACE(with_z ? "with z" : "without z");
+          Tensor want = fresh();
+          kernels::bn_apply(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, want);
+          if (with_z) kernels::add(ctx(), want, zd, want, autocast);
+          kernels::relu_forward(ctx(), want, want);
+          Tensor y = fresh();
+          kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, with_z ? &zd : nullptr, y,
+                                     autocast);
+          const Tensor want_host = down(want);
+          ASSERT_TRUE(ft::same_bits(down(y), want_host));
+          if (with_z) {  // in place over z
+            Tensor zy = up(down(zd));
+            kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, &zy, zy, autocast);
+            ASSERT_TRUE(ft::same_bits(down(zy), want_host));
+          }
+
+          Tensor gw = fresh(), gsw = poisoned(Shape{2, f.c});
+          kernels::relu_backward(ctx(), want, rd, gw);
+          kernels::bn_backward_reduce(ctx(), f.xd, gw, f.mean, f.invstd, gsw);
+          Tensor g = fresh(), gs = poisoned(Shape{2, f.c});
+          kernels::bn_backward_reduce_relu(ctx(), f.xd, want, rd, f.mean, f.invstd, gs, g);
+          ASSERT_TRUE(ft::same_bits(down(g), down(gw)));
+          ASSERT_TRUE(ft::same_bits(down(gs), down(gsw)));
+          Tensor dyg = up(down(rd));  // g over dy
+          kernels::bn_backward_reduce_relu(ctx(), f.xd, want, dyg, f.mean, f.invstd, gs, dyg);
+          ASSERT_TRUE(ft::same_bits(down(dyg), down(gw)));
+          ASSERT_TRUE(ft::same_bits(down(gs), down(gsw)));
+        }
+        ctx().math.autocast = DType::F32;
+      }
+}
+
+// The whole training pass in one call each way (bn_train_add_relu,
+// bn_backward_relu) against float64, in float32 and in low-type storage of
+// either format (on a GPU the low channels-last cases are cuDNN's fused
+// graphs): y within the type's roundings of max(bn(x) + z, 0) over the
+// stored values, the batch mean, invstd and the running statistics
+// (momentum, unbiased variance) as PyTorch updates them, g exactly dy where
+// y > 0, the gradient sums and dx for that g. 16 and 24 channels: cuDNN's
+// engines want multiples of 8.
+TEST_P(BatchNormOnBackend, WholeTrainingPassAgainstDouble) {
+  std::mt19937_64 rng(71);
+  std::vector<ft::StorageCase> cases = ft::low_storage_cases();
+  cases.push_back({DType::F32, MemoryFormat::Contiguous});
+  for (const Shape& s : {Shape{4, 16, 5, 6}, Shape{2, 24, 8, 8}})
+    for (const ft::StorageCase& sc : cases)
+      for (bool with_z : {true, false}) {
+        SCOPED_TRACE(sc.name() + " " + s.str() + (with_z ? " with z" : " without z"));
+        BnRun f = make(s, rng);
+        const Tensor xs = ft::stored_copy(f.x, sc.dtype, sc.format);
+        const Tensor zs = ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format);
+        const Tensor rs = ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format);
+        f.x = ft::float32_values(xs);
+        f.xd = up(xs);
+        const Tensor zd = up(zs);
+        f.y = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+        const float momentum = 0.1f;
+        kernels::bn_train_add_relu(ctx(), f.xd, with_z ? &zd : nullptr, f.gammad, f.betad, f.eps, momentum, f.stats,
+                                   f.mean, f.invstd, f.rmd, f.rvd, f.y);
+        Tensor gd = up(ft::poisoned_stored(s, sc.dtype, sc.format)), dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+        Tensor gsd = poisoned(Shape{2, f.c});
+        kernels::bn_backward_relu(ctx(), f.xd, f.y, up(rs), f.mean, f.invstd, f.gammad, f.eps, gsd, gd, dxd);
+        const Tensor y = ft::float32_values(down(f.y)), g = ft::float32_values(down(gd));
+        const Tensor dx = ft::float32_values(down(dxd)), r = ft::float32_values(rs), z = ft::float32_values(zs);
+        const Tensor mean = down(f.mean), invstd = down(f.invstd), rm = down(f.rmd), rv = down(f.rvd);
+        const Tensor gs = down(gsd);
+
+        Tensor masked = Tensor::empty(s);
+        for (int64_t j = 0; j < y.numel(); ++j) masked.f32()[j] = y.f32()[j] > 0.0f ? r.f32()[j] : 0.0f;
+        const BnReference ref(f, masked);
+        std::vector<double> m, v;
+        naive_moments(f.x, m, v);
+        const double u = ft::unit_roundoff(sc.dtype), n = static_cast<double>(f.count);
+        for (int64_t c = 0; c < f.c; ++c) {
+          EXPECT_NEAR(static_cast<double>(mean.f32()[c]) + mean.f32()[f.c + c], m[c], 1e-5);
+          EXPECT_NEAR(invstd.f32()[c], 1.0 / std::sqrt(v[c] + f.eps), 1e-4 / std::sqrt(v[c] + f.eps));
+          EXPECT_NEAR(rm.f32()[c], 0.9 * f.running_mean.f32()[c] + 0.1 * m[c], 1e-5);
+          EXPECT_NEAR(rv.f32()[c], 0.9 * f.running_var.f32()[c] + 0.1 * v[c] * n / (n - 1), 1e-4);
+          EXPECT_NEAR(gs.f32()[c], ref.sdy[c], 1e-4 * std::sqrt(n));
+          EXPECT_NEAR(gs.f32()[f.c + c], ref.sdyx[c], 1e-4 * std::sqrt(n));
+        }
+        int64_t zeros = 0;
+        for (int64_t j = 0; j < y.numel(); ++j) {
+          const double zv = with_z ? z.f32()[j] : 0.0;
+          const double want = std::max(0.0, ref.y[j] + zv);
+          // Two roundings where the split kernels store (the normalized value, the sum).
+          ASSERT_NEAR(y.f32()[j], want, 2 * u * (std::abs(ref.y[j]) + std::abs(zv)) + 1e-4) << j;
+          ASSERT_EQ(g.f32()[j], masked.f32()[j]) << j;
+          ASSERT_NEAR(dx.f32()[j], ref.dx[j], u * std::abs(ref.dx[j]) + 1e-3) << j;
+          zeros += y.f32()[j] == 0.0f;
+        }
+        EXPECT_GT(zeros, 0);
+        EXPECT_LT(zeros, y.numel());
+      }
+}
+
+// Where no fused graph runs (float32 storage on every backend; every
+// storage on the CPU) the whole-pass calls are the split kernels bit for
+// bit: statistics, running statistics, y, g, the sums and dx.
+TEST_P(BatchNormOnBackend, WholeTrainingPassIsTheSplitKernels) {
+  std::mt19937_64 rng(72);
+  std::vector<ft::StorageCase> cases{{DType::F32, MemoryFormat::Contiguous}, {DType::F32, MemoryFormat::ChannelsLast}};
+  if (!on_cuda()) cases = ft::low_storage_cases();
+  for (const ft::StorageCase& sc : cases)
+    for (DType autocast : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(sc.name() + " autocast " + dtype_name(autocast));
+      const Shape s{3, 8, 5, 4};
+      BnRun f = make(s, rng);
+      f.xd = up(ft::stored_copy(f.x, sc.dtype, sc.format));
+      const Tensor zd = up(ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format));
+      const Tensor rd = up(ft::stored_copy(ft::random_tensor(s, rng), sc.dtype, sc.format));
+      auto fresh = [&] { return up(ft::poisoned_stored(s, sc.dtype, sc.format)); };
+      ctx().math.autocast = autocast;
+      // Split.
+      Tensor rm1 = up(f.running_mean), rv1 = up(f.running_var), y1 = fresh(), g1 = fresh(), dx1 = fresh();
+      Tensor st1 = poisoned(Shape{3, f.c}, DType::F64), m1 = poisoned(Shape{2, f.c}), i1 = poisoned(Shape{f.c});
+      Tensor gs1 = poisoned(Shape{2, f.c});
+      kernels::bn_stats(ctx(), f.xd, st1);
+      kernels::bn_finalize(ctx(), st1, f.count, f.eps, 0.1f, m1, i1, &rm1, &rv1);
+      kernels::bn_apply_add_relu(ctx(), f.xd, m1, i1, f.gammad, f.betad, &zd, y1, autocast);
+      kernels::bn_backward_reduce_relu(ctx(), f.xd, y1, rd, m1, i1, gs1, g1);
+      kernels::bn_backward_apply(ctx(), f.xd, g1, m1, i1, f.gammad, gs1, f.count, dx1);
+      // Whole.
+      Tensor rm2 = up(f.running_mean), rv2 = up(f.running_var), y2 = fresh(), g2 = fresh(), dx2 = fresh();
+      Tensor st2 = poisoned(Shape{3, f.c}, DType::F64), m2 = poisoned(Shape{2, f.c}), i2 = poisoned(Shape{f.c});
+      Tensor gs2 = poisoned(Shape{2, f.c});
+      kernels::bn_train_add_relu(ctx(), f.xd, &zd, f.gammad, f.betad, f.eps, 0.1f, st2, m2, i2, rm2, rv2, y2, autocast);
+      kernels::bn_backward_relu(ctx(), f.xd, y2, rd, m2, i2, f.gammad, f.eps, gs2, g2, dx2);
+      ctx().math.autocast = DType::F32;
+      const std::vector<std::pair<Tensor, Tensor>> pairs{{st1, st2}, {m1, m2}, {i1, i2}, {rm1, rm2}, {rv1, rv2},
+                                                         {y1, y2},   {g1, g2}, {gs1, gs2}, {dx1, dx2}};
+      for (size_t k = 0; k < pairs.size(); ++k)
+        EXPECT_TRUE(ft::same_bits(down(pairs[k].first), down(pairs[k].second))) << "result " << k;
+    }
+}
+
+TEST_P(BatchNormOnBackend, FusedAddReluErrorsThrow) {
+  std::mt19937_64 rng(70);
+  BnRun f = make(Shape{3, 5, 7, 9}, rng);
+  forward(f);
+  Tensor z_bad = up(ft::random_tensor(Shape{3, 5, 9, 7}, rng));
+  try {
+    kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, &z_bad, f.y);
+    FAIL() << "bn_apply_add_relu took a z of another shape";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("bn_apply_add_relu"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("z"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, nullptr, f.y, DType::I64),
+               Error);
+  Tensor gs = poisoned(Shape{2, 5}), g_bad = up(ft::random_tensor(Shape{3, 5, 9, 7}, rng));
+  EXPECT_THROW(kernels::bn_backward_reduce_relu(ctx(), f.xd, f.y, f.xd, f.mean, f.invstd, gs, g_bad), Error);
+  EXPECT_THROW(kernels::bn_backward_reduce_relu(ctx(), f.xd, z_bad, f.xd, f.mean, f.invstd, gs, f.y), Error);
+  // One value per channel cannot train; dx over dy is refused.
+  Tensor x1 = up(ft::random_tensor(Shape{1, 5, 1, 1}, rng)), y1 = up(ft::random_tensor(Shape{1, 5, 1, 1}, rng));
+  EXPECT_THROW(kernels::bn_train_add_relu(ctx(), x1, nullptr, f.gammad, f.betad, f.eps, 0.1f, f.stats, f.mean,
+                                          f.invstd, f.rmd, f.rvd, y1),
+               Error);
+  Tensor dy = up(ft::random_tensor(f.x.shape(), rng)), g = poisoned(f.x.shape());
+  EXPECT_THROW(kernels::bn_backward_relu(ctx(), f.xd, f.y, dy, f.mean, f.invstd, f.gammad, f.eps, gs, g, dy), Error);
 }
 
 TEST_P(BatchNormOnBackend, StatsAreDeterministic) {

@@ -10,8 +10,15 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
+#include <tuple>
 
+#include "kernels/activation.h"
 #include "kernels/backend_test_util.h"
+#include "kernels/convert.h"
+#include "kernels/elementwise.h"
+#include "kernels/storage_test_util.h"
+#include "models/layers/basic_block.h"
 #include "models/layers/conv_transpose.h"
 #include "models/layers/dropout.h"
 #include "models/layers/groupnorm.h"
@@ -71,6 +78,114 @@ TEST_P(NewLayersOnBackend, ForwardBackwardMatchCpu) {
     EXPECT_GT(ft::l2_norm(want_dx), 0.0);
     if (cpu->named_parameters().empty()) continue;
     EXPECT_LT(ft::max_rel_diff(down(dv->arenas().grads), cpu->arenas().grads.to(Device::cpu())), 1e-5);
+  }
+}
+
+// A batch norm runs with the ReLU after it (Sequential, an in-place ReLU)
+// and with the residual add (BasicBlock) as one pass: the outputs, input
+// gradients, parameter gradients and running statistics are bit for bit
+// those of the same layers run one by one (a non-in-place ReLU, which
+// Sequential does not fuse; BasicBlock's children called in turn), in
+// float32 and under bfloat16 autocast (low-type channels-last activations;
+// on a GPU there, cuDNN's fused graphs: within bfloat16's roundings).
+TEST_P(NewLayersOnBackend, BatchNormWithReluAndAddHasTheUnfusedBits) {
+  using models::BasicBlock;
+  using models::BatchNorm2d;
+  using models::Conv2d;
+  using models::ReLU;
+  using models::Sequential;
+  std::mt19937_64 rng(602);
+  for (DType autocast : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(autocast));
+    ctx().math.autocast = autocast;
+    const Shape in{3, 4, 6, 5};
+    const Tensor x = ft::random_tensor(in, rng);
+    auto prepare = [&](Module& m) {
+      m.init(11);
+      m.set_input_grad(true);
+      m.to(dev());
+      m.zero_grad();
+    };
+    // The run's results on the host: output, input gradient, gradients, buffers.
+    auto results = [&](const Tensor& y, const Tensor& dx, Module& m) {
+      std::vector<Tensor> r{down(y), down(dx), down(m.arenas().grads)};
+      for (auto& [n, b] : m.named_buffers()) r.push_back(down(b->value));
+      return r;
+    };
+    // On a GPU under autocast the fused passes are cuDNN's graphs (float32
+    // statistics, one rounding fewer): within bfloat16's roundings there.
+    const bool exact = !on_cuda() || autocast == DType::F32;
+    auto expect_same = [exact](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (exact || a[i].dtype() == DType::I64)
+          EXPECT_TRUE(ft::same_bits(a[i], b[i])) << "result " << i;
+        else
+          EXPECT_LT(ft::max_rel_diff(ft::float32_values(a[i]), ft::float32_values(b[i])), 3e-2) << "result " << i;
+      }
+      EXPECT_GT(ft::l2_norm(ft::float32_values(a[1])), 0.0);
+    };
+
+    auto seq = [](bool inplace) {
+      auto s = std::make_unique<Sequential>();
+      s->add(std::make_unique<Conv2d>(4, 6, 3, 1, 1, false));
+      s->add(std::make_unique<BatchNorm2d>(6));
+      s->add(std::make_unique<ReLU>(inplace));
+      return s;
+    };
+    auto fused = seq(true), plain = seq(false);
+    prepare(*fused);
+    prepare(*plain);
+    Tensor dy;
+    std::vector<Tensor> want, got;
+    for (int step = 0; step < 2; ++step) {  // twice: the running statistics move on
+      const Tensor yp = plain->forward(up(x), ctx());
+      if (!dy.defined()) dy = ft::random_tensor(yp.shape(), rng);
+      want = results(yp, plain->backward(up(dy), ctx()), *plain);
+      const Tensor yf = fused->forward(up(x), ctx());
+      got = results(yf, fused->backward(up(dy), ctx()), *fused);
+    }
+    {
+      SCOPED_TRACE("Sequential");
+      expect_same(got, want);
+    }
+
+    for (auto [cin, cout, stride] : {std::tuple{4, 8, 2}, std::tuple{4, 4, 1}}) {
+      SCOPED_TRACE("BasicBlock " + std::to_string(cin) + " to " + std::to_string(cout));
+      BasicBlock block(cin, cout, stride), parts(cin, cout, stride);
+      prepare(block);
+      prepare(parts);
+      std::map<std::string, Module*> p;
+      for (auto& [n, m] : parts.named_modules()) p[n] = m;
+      Context& c = ctx();
+      // Inside a model the block's input is an activation in autocast's storage.
+      const Tensor xb = autocast == DType::F32 ? x : ft::stored_copy(x, autocast, MemoryFormat::ChannelsLast);
+      // The block's layers one by one, as it ran them before the fusion.
+      Tensor h = p["bn1"]->forward(p["conv1"]->forward(up(xb), c), c);
+      h = p["bn2"]->forward(p["conv2"]->forward(p["relu"]->forward(h, c), c), c);
+      const Tensor shortcut = p.count("downsample") ? p["downsample"]->forward(up(xb), c) : up(xb);
+      Tensor y = h;
+      kernels::add(c, y, shortcut, y, c.math.autocast);
+      kernels::relu_forward(c, y, y);
+      const Tensor dyb = ft::random_tensor(y.shape(), rng);
+      Tensor dsum = up(dyb);
+      if (dsum.dtype() != y.dtype() || dsum.format() != y.format()) {
+        Tensor moved = Tensor::empty(y.shape(), y.dtype(), y.device(), y.format());
+        kernels::convert(c, dsum, moved);
+        dsum = moved;
+      }
+      kernels::relu_backward(c, y, dsum, dsum);
+      const Tensor dshort = p.count("downsample") ? p["downsample"]->backward(dsum, c) : dsum;
+      Tensor g = p["bn2"]->backward(dsum, c);
+      g = p["bn1"]->backward(p["relu"]->backward(p["conv2"]->backward(g, c), c), c);
+      g = p["conv1"]->backward(g, c);
+      kernels::add(c, g, dshort, g, c.math.autocast);
+      want = results(y, g, parts);
+      const Tensor yb = block.forward(up(xb), c);
+      got = results(yb, block.backward(up(dyb), c), block);
+      expect_same(got, want);
+    }
+    ctx().math.autocast = DType::F32;
   }
 }
 
