@@ -1,7 +1,8 @@
 // norm-bench: the layers between cnn's convolutions (BatchNorm, ReLU, 2x2 max
 // pooling; forward and backward) on one thread, at the shapes one replica of
 // `dp-train --model cnn --devices cpu:2` sees (batch 16): fanout's CPU loops,
-// which work on NCHW, against oneDNN's primitives (BatchNorm with ReLU fused,
+// which work on NCHW, split (BatchNorm, then ReLU) and fused (BatchNorm and
+// ReLU as one pass each way, as Sequential runs them), against oneDNN's primitives (BatchNorm with ReLU fused,
 // pooling with its workspace) on NCHW and on its blocked layout (16 channels
 // per block with AVX-512, 8 below it).
 // Best of 5 runs of 30 calls each. bench/RESULTS.md has the numbers.
@@ -49,12 +50,12 @@ int main() {
   const int64_t shapes[3][4] = {{16, 32, 28, 28}, {16, 64, 14, 14}, {16, 128, 7, 7}};
   const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
   const bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
-  std::printf("shape            fanout ms   oneDNN nchw ms   oneDNN %s ms\n", avx512 ? "nChw16c" : " nChw8c");
-  double tot_f = 0, tot_p = 0, tot_b = 0;
+  std::printf("shape            fanout ms   fused ms   oneDNN nchw ms   oneDNN %s ms\n", avx512 ? "nChw16c" : " nChw8c");
+  double tot_f = 0, tot_u = 0, tot_p = 0, tot_b = 0;
   for (auto& sh : shapes) {
     Shape s{sh[0], sh[1], sh[2], sh[3]};
     const int64_t C = sh[1], cnt = sh[0] * sh[2] * sh[3];
-    Tensor x = rnd(s, g), y = Tensor::empty(s), dx = Tensor::empty(s);
+    Tensor x = rnd(s, g), y = Tensor::empty(s), dx = Tensor::empty(s), dx2 = Tensor::empty(s);
     Tensor gamma = rnd(Shape{C}, g), beta = rnd(Shape{C}, g);
     Tensor stats = Tensor::empty(Shape{3, C}, DType::F64), mean = Tensor::empty(Shape{2, C}), invstd = Tensor::empty(Shape{C});
     Tensor gs = Tensor::empty(Shape{2, C});
@@ -72,6 +73,15 @@ int main() {
       kernels::relu_backward(ctx, y, dx, dx);
       kernels::bn_backward_reduce(ctx, x, dx, mean, invstd, gs);
       kernels::bn_backward_apply(ctx, x, dx, mean, invstd, gamma, gs, cnt, dx);
+    });
+    // fanout fused: the same with BatchNorm and ReLU as one pass each way (what
+    // Sequential runs for a BatchNorm followed by an in-place ReLU).
+    Tensor rm = Tensor::zeros(Shape{C}), rv = Tensor::zeros(Shape{C});
+    double fu = best_ms([&] {
+      kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y);
+      kernels::maxpool_forward(ctx, 2, y, geo, py, pa);
+      kernels::maxpool_backward(ctx, 2, pdy, pa, dx);
+      kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, 1e-5f, gs, dx, dx2);
     });
     double res[2];
     for (int blocked = 0; blocked < 2; ++blocked) {
@@ -130,8 +140,9 @@ int main() {
         st.wait();
       });
     }
-    std::printf("%ldx%ldx%ldx%ld  %9.3f   %14.3f   %17.3f\n", (long)sh[0], (long)sh[1], (long)sh[2], (long)sh[3], f, res[0], res[1]);
-    tot_f += f; tot_p += res[0]; tot_b += res[1];
+    std::printf("%ldx%ldx%ldx%ld  %9.3f   %9.3f   %14.3f   %17.3f\n", (long)sh[0], (long)sh[1], (long)sh[2],
+                (long)sh[3], f, fu, res[0], res[1]);
+    tot_f += f; tot_u += fu; tot_p += res[0]; tot_b += res[1];
   }
-  std::printf("sum            %9.3f   %14.3f   %17.3f\n", tot_f, tot_p, tot_b);
+  std::printf("sum            %9.3f   %9.3f   %14.3f   %17.3f\n", tot_f, tot_u, tot_p, tot_b);
 }

@@ -19,10 +19,12 @@ GROUPS = [  # first match wins; matched against the kernel's name in lower case
     ("channels-last copies (narrow/widen)", r"narrow_last_kernel|widen_first_kernel|transpose_kernel"),
     ("convert (narrow/widen/round)", r"narrow_kernel|widen_kernel|add_widened|round_kernel"),
     ("cuDNN layout transposes (NCHW<->NHWC)", r"nchwtonhwc|nhwctonchw"),
+    # cuDNN's batch-norm graphs (their names say bn or norm; before the broad cuDNN pattern below)
+    ("BatchNorm", r"bn_fw|bn_bw|bnfwd|bnbwd|batch_?norm|nhwc_?bn|norm_?(fwd|bwd|fprop|bprop)|dbn|sgbn"),
     ("cuDNN convolution", r"conv|cudnn|xmma|wgrad|dgrad|fprop|winograd|implicit|cutlass|sm90_|sm80_"),
     ("cuBLAS GEMM", r"gemm|cublas|gemv"),
-    ("BatchNorm", r"channel_partials|channel_finish|finalize_kernel|[^_]apply_kernel<|^void kernels::<unnamed>::"
-                  r"(backward_)?apply_kernel|eval_kernel|batch_?norm"),
+    ("BatchNorm", r"channel_partials|partials_kernel<.*stats<|channel_finish|finalize_kernel|[^_]apply_kernel<|"
+                  r"^void kernels::<unnamed>::(backward_)?apply_kernel|apply_add_relu_kernel|eval_kernel|batch_?norm"),
     ("optimizer", r"sgd_kernel|adam_kernel|scale_matrix|clamp_kernel"),
     ("pooling", r"pool"),
     ("loss", r"xent|count_correct|argmax"),
