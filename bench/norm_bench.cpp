@@ -81,8 +81,21 @@ int main() {
       kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y);
       kernels::maxpool_forward(ctx, 2, y, geo, py, pa);
       kernels::maxpool_backward(ctx, 2, pdy, pa, dx);
-      kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, 1e-5f, gs, dx, dx2);
+      kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, gs, dx, dx2);
     });
+    // BatchNorm and ReLU alone, each way, split and fused.
+    double ff = best_ms([&] { kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y); });
+    double fs = best_ms([&] { kernels::bn_stats(ctx, x, stats);
+      kernels::bn_finalize(ctx, stats, cnt, 1e-5f, 0.1f, mean, invstd, nullptr, nullptr);
+      kernels::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
+      kernels::relu_forward(ctx, y, y); });
+    Tensor dyy = rnd(s, g);
+    double bf = best_ms([&] { dx.copy_from(dyy); kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, gs, dx, dx2); });
+    double bs = best_ms([&] { dx.copy_from(dyy); kernels::relu_backward(ctx, y, dx, dx);
+      kernels::bn_backward_reduce(ctx, x, dx, mean, invstd, gs);
+      kernels::bn_backward_apply(ctx, x, dx, mean, invstd, gamma, gs, cnt, dx2); });
+    std::printf("  BatchNorm+ReLU alone: forward split %.3f fused %.3f ms, backward split %.3f fused %.3f ms\n", fs, ff,
+                bs, bf);
     double res[2];
     for (int blocked = 0; blocked < 2; ++blocked) {
       dnnl::memory::dims d = {sh[0], sh[1], sh[2], sh[3]}, pd = {sh[0], sh[1], sh[2] / 2, sh[3] / 2};

@@ -202,8 +202,7 @@ void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, con
 }
 
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
-                      Tensor& dx) {
+                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
   const char* op = "bn_backward_relu";
   const bool as_is = detail::cuda_alike(ctx, {&x, &y, &dy, &g, &dx});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
@@ -213,13 +212,12 @@ void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tens
   Tensor dxs = as_is ? dx : detail::staged_out(ctx, op, "dx", 4, dx);
   const int64_t c = check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
   check_channel_vec(ctx, op, "gamma", gamma, c);
-  FANOUT_CHECK(eps >= 0.0f) << op << ": eps " << eps << " must be >= 0";
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"y", &ys}, {"g", &gs}, {"dx", &dxs}}) {
     check_bn_input(ctx, op, name, *t);
     check_same_shape(op, "x", xs, name, *t);
   }
   FANOUT_CHECK(dx.raw() != dy.raw() && dx.raw() != g.raw()) << op << ": dx must not share dy's or g's memory";
-  FANOUT_CALL_BACKEND(ctx, bn_backward_relu, ctx, xs, ys, dys, mean, invstd, gamma, eps, grad_stats, gs, dxs);
+  FANOUT_CALL_BACKEND(ctx, bn_backward_relu, ctx, xs, ys, dys, mean, invstd, gamma, grad_stats, gs, dxs);
   detail::unstage(ctx, gs, g);
   detail::unstage(ctx, dxs, dx);
 }

@@ -86,10 +86,9 @@ void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, con
 // The backward of bn_train_add_relu (no synchronized statistics):
 // bn_backward_reduce_relu (g, which may alias dy, and grad_stats), then
 // bn_backward_apply of g over this batch into dx. CUDA runs it as one cuDNN
-// graph where bn_train_add_relu can (eps is for it), else the two steps.
+// graph where bn_train_add_relu can, else the two steps.
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
-                      Tensor& dx);
+                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx);
 
 // dx (=) from the (possibly all-reduced) grad_stats over `count` elements:
 // dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).

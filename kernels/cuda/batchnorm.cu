@@ -336,9 +336,8 @@ void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Ten
 }
 
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
-                      Tensor& dx) {
-  if (cudnn_bn_backward_relu(ctx, x, y, dy, mean, invstd, gamma, eps, grad_stats, g, dx)) return;
+                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
+  if (cudnn_bn_backward_relu(ctx, x, y, dy, mean, invstd, gamma, grad_stats, g, dx)) return;
   bn_backward_reduce_relu(ctx, x, y, dy, mean, invstd, grad_stats, g);
   bn_backward_apply(ctx, x, g, mean, invstd, gamma, grad_stats, x.numel() / x.size(1), dx);
 }

@@ -128,7 +128,6 @@ cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Nchw& s
   auto gamma = channel_tensor(g, kGamma, s), mean = channel_tensor(g, kMean, s);
   auto invstd = channel_tensor(g, kInvStd, s);
   auto dgamma = channel_tensor(g, kDGamma, s), dbeta = channel_tensor(g, kDBeta, s);
-  auto eps = g.scalar(kEps);
   g.pointwise(CUDNN_POINTWISE_RELU_BWD, CUDNN_DATA_FLOAT, y, dy, nullptr, gm);
   g.add_op(CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR,
            {{CUDNN_ATTR_OPERATION_NORM_BWD_XDESC, x},
@@ -136,7 +135,6 @@ cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Nchw& s
             {CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC, invstd},
             {CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC, gm},
             {CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC, gamma},
-            {CUDNN_ATTR_OPERATION_NORM_BWD_EPSILON_DESC, eps},
             {CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, dgamma},
             {CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC, dbeta},
             {CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, dx}},
@@ -165,23 +163,32 @@ BnPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Nchw& s, DType dt
                     static_cast<int64_t>(dir), s.n, s.c, s.h, s.w, static_cast<int64_t>(dt), with_z, det, 0};
   BnPlan& cached = BnPlans::instance().get(key, [&] {
     auto plan = std::make_unique<BnPlan>();
+    const auto refuse = [&](const std::string& why) {
+      std::fprintf(stderr,
+                   "fanout: batch norm %s %s (N=%lld, C=%lld, H=%lld, W=%lld)%s%s: cuDNN's fused normalization graph "
+                   "refused (%s); running fanout's kernels for this shape\n",
+                   dir_name(dir), dtype_name(dt), static_cast<long long>(s.n), static_cast<long long>(s.c),
+                   static_cast<long long>(s.h), static_cast<long long>(s.w), with_z ? " with the residual add" : "",
+                   det ? " deterministic" : "", why.c_str());
+      plan = std::make_unique<BnPlan>();
+      plan->refused = true;
+    };
     try {
       // Finalizing may load or compile kernels: not while another thread captures.
       ::fanout::detail::CaptureShared capture_safe;
       Graph g(plan->keep, dt == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, kFirstVirtual);
       cudnnBackendDescriptor_t graph = dir == Dir::Forward ? forward_graph(g, h, s, with_z) : backward_graph(g, h, s);
-      const Plan p = first_plan(h, graph, plan->keep, det, std::string("batch norm ") + dir_name(dir));
+      const Plan p =
+          first_plan(h, graph, plan->keep, det, std::string("batch norm ") + dir_name(dir), /*fallback=*/true);
       plan->plan = p.plan;
       plan->workspace = p.workspace;
     } catch (const Refused& r) {
-      std::fprintf(stderr,
-                   "fanout: batch norm %s %s (N=%lld, C=%lld, H=%lld, W=%lld)%s%s: cuDNN's fused normalization graph "
-                   "refused (%s: %s); running fanout's kernels for this shape\n",
-                   dir_name(dir), dtype_name(dt), static_cast<long long>(s.n), static_cast<long long>(s.c),
-                   static_cast<long long>(s.h), static_cast<long long>(s.w), with_z ? " with the residual add" : "",
-                   det ? " deterministic" : "", r.where.c_str(), cudnnGetErrorString(r.status));
-      plan = std::make_unique<BnPlan>();
-      plan->refused = true;
+      refuse(std::string(r.where) + ": " + cudnnGetErrorString(r.status));
+    } catch (const Error& e) {
+      // Any other failure to build these graphs refuses them too: fanout's
+      // kernels compute the same pass (unlike attention, where a bad
+      // argument is a bug to surface).
+      refuse(e.what());
     }
     return plan;
   });
@@ -191,12 +198,18 @@ BnPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Nchw& s, DType dt
 bool run(Context& ctx, BnPlan& p, Dir dir, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs) {
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
   void* ws = p.workspace > 0 ? ctx.workspace(static_cast<size_t>(p.workspace)) : nullptr;
-  const cudnnStatus_t st = execute(h, p.plan, p.run, uids, ptrs, ws);
-  if (st == CUDNN_STATUS_SUCCESS) return true;
+  std::string why;
+  try {
+    const cudnnStatus_t st = execute(h, p.plan, p.run, uids, ptrs, ws);
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    why = cudnnGetErrorString(st);
+  } catch (const Error& e) {  // cuDNN's host-side checks of the bindings: refused as well
+    why = e.what();
+  }
   std::fprintf(stderr,
                "fanout: batch norm %s: cuDNN's fused normalization graph refused at execution (%s); running "
                "fanout's kernels for this shape from now on\n",
-               dir_name(dir), cudnnGetErrorString(st));
+               dir_name(dir), why.c_str());
   p.refused = true;
   return false;
 }
@@ -209,6 +222,7 @@ bool applicable(const Context& ctx, std::initializer_list<const Tensor*> acts, s
   const Tensor& first = **acts.begin();
   if (first.dim() != 4 || !first.channels_last()) return false;
   if (first.dtype() != DType::BF16 && first.dtype() != DType::F16) return false;
+  if (first.size(1) % 8 != 0) return false;  // cuDNN's fused batch norm engines take channels by 8
   for (const Tensor* t : acts)
     if (t->dtype() != first.dtype() || t->format() != first.format() || t->shape() != first.shape()) return false;
   for (const void* p : ptrs)
@@ -258,8 +272,7 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
 }
 
 bool cudnn_bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                            const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
-                            Tensor& dx) {
+                            const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
   const int64_t c = x.dim() == 4 ? x.size(1) : 0;
   float* dbeta = grad_stats.f32();
   float* dgamma = dbeta + c;  // grad_stats (2, C): row 0 sum dy, row 1 sum dy * xhat
@@ -267,14 +280,17 @@ bool cudnn_bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, cons
                   {x.raw(), y.raw(), dy.raw(), g.raw(), dx.raw(), mean.raw(), invstd.raw(), gamma.raw(), dbeta,
                    dgamma}))
     return false;
+  // Outputs over x or y: a later pass of the graph could read what it wrote (g over dy is safe: the
+  // graph reads dy only to mask it, and masking twice is masking once).
+  for (const void* out : {g.raw(), dx.raw()})
+    if (out == x.raw() || out == y.raw()) return false;
   detail::DeviceScope scope(ctx);
   const Nchw s = nchw_of(x);
   BnPlan* p = get_plan(ctx, static_cast<cudnnHandle_t>(ctx.cudnn()), Dir::Backward, s, x.dtype(), false);
   if (!p) return false;
-  float eps_v = eps;
-  const std::vector<int64_t> uids{kX, kY, kDY, kG, kDX, kGamma, kMean, kInvStd, kDGamma, kDBeta, kEps};
+  const std::vector<int64_t> uids{kX, kY, kDY, kG, kDX, kGamma, kMean, kInvStd, kDGamma, kDBeta};
   const std::vector<void*> ptrs{x.raw(), y.raw(), dy.raw(), g.raw(), dx.raw(), gamma.raw(), mean.raw(),
-                                invstd.raw(), dgamma, dbeta, &eps_v};
+                                invstd.raw(), dgamma, dbeta};
   return run(ctx, *p, Dir::Backward, uids, ptrs);
 }
 

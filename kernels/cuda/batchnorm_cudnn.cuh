@@ -18,7 +18,6 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
 // Its backward: g = dy where y > 0 (g may alias dy), grad_stats (2, C) =
 // (sum g, sum g * xhat), dx.
 bool cudnn_bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                            const Tensor& invstd, const Tensor& gamma, float eps, Tensor& grad_stats, Tensor& g,
-                            Tensor& dx);
+                            const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx);
 
 }  // namespace fanout::kernels::cuda

@@ -11,6 +11,7 @@
 // runs its own kernels); any other cuDNN error throws Error through
 // FANOUT_CUDNN_CHECK: a bad argument is a bug, never a silent fallback.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -224,32 +225,49 @@ struct Plan {
   int64_t workspace = 0;
 };
 
-// The first engine of cuDNN's heuristics (mode A) for `graph` that
-// finalizes, with `deterministic` the first without the NONDETERMINISTIC
-// note. An engine that cannot take the graph (NOT_SUPPORTED) or fails to
-// finalize otherwise is skipped (the next computes the same graph); when
-// none finalizes, an error other than NOT_SUPPORTED throws Error naming
-// `what`, else Refused.
-inline Plan first_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, std::vector<Desc>& keep, bool deterministic,
-                       const std::string& what) {
+// The engine configurations cuDNN's heuristics in `mode` offer for `graph`
+// (kept in `keep`); none when that mode has none.
+inline std::vector<cudnnBackendDescriptor_t> heuristic_configs(cudnnBackendDescriptor_t graph,
+                                                               std::vector<Desc>& keep, cudnnBackendHeurMode_t mode) {
   keep.emplace_back(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   cudnnBackendDescriptor_t heur = keep.back().get();
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
   set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
   set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
   finalize(heur, "the engine heuristics");
   int64_t count = 0;
   FANOUT_CUDNN_CHECK(
       cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-  if (count <= 0) throw Refused{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no engine for the graph"};
   std::vector<cudnnBackendDescriptor_t> cfgs;
   for (int64_t i = 0; i < count; ++i) {
     keep.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
     cfgs.push_back(keep.back().get());
   }
   int64_t got = 0;
-  FANOUT_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                              count, &got, cfgs.data()));
+  if (count > 0)
+    FANOUT_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                count, &got, cfgs.data()));
+  cfgs.resize(static_cast<size_t>(std::max<int64_t>(0, got)));
+  return cfgs;
+}
+
+// The first engine for `graph` that finalizes, of cuDNN's heuristics in
+// mode A and then, with `fallback`, in mode FALLBACK; with `deterministic`
+// the first without the NONDETERMINISTIC note. An engine that cannot take
+// the graph (NOT_SUPPORTED) or fails to finalize otherwise is skipped (the
+// next computes the same graph); when none finalizes, an error other than
+// NOT_SUPPORTED throws Error naming `what`, else Refused.
+inline Plan first_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, std::vector<Desc>& keep, bool deterministic,
+                       const std::string& what, bool fallback = false) {
+  std::vector<cudnnBackendDescriptor_t> cfgs = heuristic_configs(graph, keep, CUDNN_HEUR_MODE_A);
+  if (fallback) {
+    try {
+      const std::vector<cudnnBackendDescriptor_t> more = heuristic_configs(graph, keep, CUDNN_HEUR_MODE_FALLBACK);
+      cfgs.insert(cfgs.end(), more.begin(), more.end());
+    } catch (const Refused&) {  // no fallback heuristics for this graph: mode A's engines only
+    }
+  }
+  if (cfgs.empty()) throw Refused{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no engine for the graph"};
+  const int64_t got = static_cast<int64_t>(cfgs.size());
   Refused last{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no engine finalizes"};
   cudnnStatus_t error = CUDNN_STATUS_SUCCESS;  // the first failure not NOT_SUPPORTED
   for (int64_t i = 0; i < got; ++i) {

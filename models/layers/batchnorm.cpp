@@ -111,7 +111,7 @@ Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
   Tensor g = in_storage_of(ctx, dy, y_, dy_moved_);  // masked in place, as an in-place ReLU's backward
   if (fuses_whole_pass(ctx)) {
     ensure_like(dx_, x_, ctx);
-    kernels::bn_backward_relu(ctx, x_, y_, g, mean_, invstd_, w_->value, eps_, grad_stats_, g, dx_);
+    kernels::bn_backward_relu(ctx, x_, y_, g, mean_, invstd_, w_->value, grad_stats_, g, dx_);
     dx_ready_ = true;
   } else {
     kernels::bn_backward_reduce_relu(ctx, x_, y_, g, mean_, invstd_, grad_stats_, g);

@@ -477,7 +477,7 @@ TEST_P(BatchNormOnBackend, WholeTrainingPassAgainstDouble) {
                                    f.mean, f.invstd, f.rmd, f.rvd, f.y);
         Tensor gd = up(ft::poisoned_stored(s, sc.dtype, sc.format)), dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format));
         Tensor gsd = poisoned(Shape{2, f.c});
-        kernels::bn_backward_relu(ctx(), f.xd, f.y, up(rs), f.mean, f.invstd, f.gammad, f.eps, gsd, gd, dxd);
+        kernels::bn_backward_relu(ctx(), f.xd, f.y, up(rs), f.mean, f.invstd, f.gammad, gsd, gd, dxd);
         const Tensor y = ft::float32_values(down(f.y)), g = ft::float32_values(down(gd));
         const Tensor dx = ft::float32_values(down(dxd)), r = ft::float32_values(rs), z = ft::float32_values(zs);
         const Tensor mean = down(f.mean), invstd = down(f.invstd), rm = down(f.rmd), rv = down(f.rvd);
@@ -543,7 +543,7 @@ TEST_P(BatchNormOnBackend, WholeTrainingPassIsTheSplitKernels) {
       Tensor st2 = poisoned(Shape{3, f.c}, DType::F64), m2 = poisoned(Shape{2, f.c}), i2 = poisoned(Shape{f.c});
       Tensor gs2 = poisoned(Shape{2, f.c});
       kernels::bn_train_add_relu(ctx(), f.xd, &zd, f.gammad, f.betad, f.eps, 0.1f, st2, m2, i2, rm2, rv2, y2, autocast);
-      kernels::bn_backward_relu(ctx(), f.xd, y2, rd, m2, i2, f.gammad, f.eps, gs2, g2, dx2);
+      kernels::bn_backward_relu(ctx(), f.xd, y2, rd, m2, i2, f.gammad, gs2, g2, dx2);
       ctx().math.autocast = DType::F32;
       const std::vector<std::pair<Tensor, Tensor>> pairs{{st1, st2}, {m1, m2}, {i1, i2}, {rm1, rm2}, {rv1, rv2},
                                                          {y1, y2},   {g1, g2}, {gs1, gs2}, {dx1, dx2}};
@@ -576,7 +576,7 @@ TEST_P(BatchNormOnBackend, FusedAddReluErrorsThrow) {
                                           f.invstd, f.rmd, f.rvd, y1),
                Error);
   Tensor dy = up(ft::random_tensor(f.x.shape(), rng)), g = poisoned(f.x.shape());
-  EXPECT_THROW(kernels::bn_backward_relu(ctx(), f.xd, f.y, dy, f.mean, f.invstd, f.gammad, f.eps, gs, g, dy), Error);
+  EXPECT_THROW(kernels::bn_backward_relu(ctx(), f.xd, f.y, dy, f.mean, f.invstd, f.gammad, gs, g, dy), Error);
 }
 
 TEST_P(BatchNormOnBackend, StatsAreDeterministic) {
