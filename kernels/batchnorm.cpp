@@ -107,58 +107,64 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
   detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, run);
 }
 
+namespace {
+// The operands of the forward passes with the add and ReLU: x, z and y
+// staged unless CUDA takes them as they are (roles 0 to 2), checked; the
+// rounding asked for (y's own type when y is stored low).
+struct AddReluIo {
+  Tensor xs, zs, ys;
+  int64_t c;
+  DType round;
+  const Tensor* z() const { return zs.defined() ? &zs : nullptr; }
+};
+AddReluIo add_relu_io(Context& ctx, const char* op, const Tensor& x, const Tensor* z, const Tensor& gamma,
+                      const Tensor& beta, Tensor& y, DType round) {
+  FANOUT_CHECK(round == DType::F32 || round == DType::BF16 || round == DType::F16)
+      << op << ": cannot round to " << dtype_name(round);
+  AddReluIo io;
+  io.round = y.dtype() == DType::BF16 || y.dtype() == DType::F16 ? y.dtype() : round;  // stored low: as stored
+  const bool as_is = z ? detail::cuda_alike(ctx, {&x, z, &y}) : detail::cuda_alike(ctx, {&x, &y});
+  io.xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
+  if (z) io.zs = as_is ? *z : detail::staged_in(ctx, op, "z", 1, *z);
+  io.ys = as_is ? y : detail::staged_out(ctx, op, "y", 2, y);
+  io.c = check_forward_io(ctx, op, io.xs, gamma, beta, io.ys);
+  if (z) {
+    check_bn_input(ctx, op, "z", io.zs);
+    check_same_shape(op, "x", io.xs, "z", io.zs);
+  }
+  return io;
+}
+}  // namespace
+
 void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
   const char* op = "bn_apply_add_relu";
-  FANOUT_CHECK(round == DType::F32 || round == DType::BF16 || round == DType::F16)
-      << op << ": cannot round to " << dtype_name(round);
-  if (y.dtype() == DType::BF16 || y.dtype() == DType::F16) round = y.dtype();  // stored low: rounds as it is stored
-  const bool as_is = z ? detail::cuda_alike(ctx, {&x, z, &y}) : detail::cuda_alike(ctx, {&x, &y});
-  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
-  Tensor zs;
-  if (z) zs = as_is ? *z : detail::staged_in(ctx, op, "z", 1, *z);
-  Tensor ys = as_is ? y : detail::staged_out(ctx, op, "y", 2, y);
-  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
-  check_stats(ctx, op, "mean", mean, c);
-  check_channel_vec(ctx, op, "invstd", invstd, c);
-  if (z) {
-    check_bn_input(ctx, op, "z", zs);
-    check_same_shape(op, "x", xs, "z", zs);
-  }
-  FANOUT_CALL_BACKEND(ctx, bn_apply_add_relu, ctx, xs, mean, invstd, gamma, beta, z ? &zs : nullptr, ys, round);
-  detail::unstage(ctx, ys, y);
+  AddReluIo io = add_relu_io(ctx, op, x, z, gamma, beta, y, round);
+  check_stats(ctx, op, "mean", mean, io.c);
+  check_channel_vec(ctx, op, "invstd", invstd, io.c);
+  FANOUT_CALL_BACKEND(ctx, bn_apply_add_relu, ctx, io.xs, mean, invstd, gamma, beta, io.z(), io.ys, io.round);
+  detail::unstage(ctx, io.ys, y);
 }
 
 void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
                        Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
   const char* op = "bn_train_add_relu";
-  FANOUT_CHECK(round == DType::F32 || round == DType::BF16 || round == DType::F16)
-      << op << ": cannot round to " << dtype_name(round);
   FANOUT_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f)
       << op << ": eps " << eps << " must be >= 0 and momentum " << momentum << " in [0, 1]";
-  if (y.dtype() == DType::BF16 || y.dtype() == DType::F16) round = y.dtype();
-  const bool as_is = z ? detail::cuda_alike(ctx, {&x, z, &y}) : detail::cuda_alike(ctx, {&x, &y});
-  const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
-  Tensor zs;
-  if (z) zs = as_is ? *z : detail::staged_in(ctx, op, "z", 1, *z);
-  Tensor ys = as_is ? y : detail::staged_out(ctx, op, "y", 2, y);
-  const int64_t c = check_forward_io(ctx, op, xs, gamma, beta, ys);
-  if (z) {
-    check_bn_input(ctx, op, "z", zs);
-    check_same_shape(op, "x", xs, "z", zs);
-  }
+  AddReluIo io = add_relu_io(ctx, op, x, z, gamma, beta, y, round);
+  const int64_t c = io.c;
   check_batch_stats(ctx, op, stats, c);
   check_stats(ctx, op, "mean", mean, c);
   check_channel_vec(ctx, op, "invstd", invstd, c);
   check_channel_vec(ctx, op, "running_mean", running_mean, c);
   check_channel_vec(ctx, op, "running_var", running_var, c);
-  const int64_t count = c == 0 ? 0 : xs.numel() / c;
+  const int64_t count = c == 0 ? 0 : io.xs.numel() / c;
   FANOUT_USER_CHECK(count > 1) << "batch norm: expected more than 1 value per channel when training (input "
                                << x.shape().str() << ")";
-  FANOUT_CALL_BACKEND(ctx, bn_train_add_relu, ctx, xs, z ? &zs : nullptr, gamma, beta, eps, momentum, stats, mean,
-                      invstd, running_mean, running_var, ys, round);
-  detail::unstage(ctx, ys, y);
+  FANOUT_CALL_BACKEND(ctx, bn_train_add_relu, ctx, io.xs, io.z(), gamma, beta, eps, momentum, stats, mean, invstd,
+                      running_mean, running_var, io.ys, io.round);
+  detail::unstage(ctx, io.ys, y);
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
