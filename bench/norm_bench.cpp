@@ -78,19 +78,19 @@ int main() {
     // Sequential runs for a BatchNorm followed by an in-place ReLU).
     Tensor rm = Tensor::zeros(Shape{C}), rv = Tensor::zeros(Shape{C});
     double fu = best_ms([&] {
-      kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y);
+      kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y, nullptr);
       kernels::maxpool_forward(ctx, 2, y, geo, py, pa);
       kernels::maxpool_backward(ctx, 2, pdy, pa, dx);
-      kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, gs, dx, dx2);
+      kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, nullptr, gs, dx, dx2);
     });
     // BatchNorm and ReLU alone, each way, split and fused.
-    double ff = best_ms([&] { kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y); });
+    double ff = best_ms([&] { kernels::bn_train_add_relu(ctx, x, nullptr, gamma, beta, 1e-5f, 0.1f, stats, mean, invstd, rm, rv, y, nullptr); });
     double fs = best_ms([&] { kernels::bn_stats(ctx, x, stats);
       kernels::bn_finalize(ctx, stats, cnt, 1e-5f, 0.1f, mean, invstd, nullptr, nullptr);
       kernels::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
       kernels::relu_forward(ctx, y, y); });
     Tensor dyy = rnd(s, g);
-    double bf = best_ms([&] { dx.copy_from(dyy); kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, gs, dx, dx2); });
+    double bf = best_ms([&] { dx.copy_from(dyy); kernels::bn_backward_relu(ctx, x, y, dx, mean, invstd, gamma, nullptr, gs, dx, dx2); });
     double bs = best_ms([&] { dx.copy_from(dyy); kernels::relu_backward(ctx, y, dx, dx);
       kernels::bn_backward_reduce(ctx, x, dx, mean, invstd, gs);
       kernels::bn_backward_apply(ctx, x, dx, mean, invstd, gamma, gs, cnt, dx2); });

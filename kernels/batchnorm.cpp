@@ -146,9 +146,20 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
   detail::unstage(ctx, io.ys, y);
 }
 
-void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+namespace {
+// An optional bit mask of x's elements: U8, ceil(numel / 8) bytes at least, on the context's device.
+void check_relu_mask(const Context& ctx, const char* op, const Tensor* mask, const Tensor& x) {
+  if (!mask) return;
+  detail::check_tensor(ctx, op, "relu_mask", *mask, DType::U8);
+  FANOUT_CHECK(mask->numel() >= (x.numel() + 7) / 8)
+      << op << ": relu_mask of " << mask->numel() << " bytes cannot hold a bit for each of x's " << x.numel()
+      << " elements";
+}
+}  // namespace
+
+bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
-                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* relu_mask, DType round) {
   const char* op = "bn_train_add_relu";
   FANOUT_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f)
       << op << ": eps " << eps << " must be >= 0 and momentum " << momentum << " in [0, 1]";
@@ -162,9 +173,12 @@ void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Ten
   const int64_t count = c == 0 ? 0 : io.xs.numel() / c;
   FANOUT_USER_CHECK(count > 1) << "batch norm: expected more than 1 value per channel when training (input "
                                << x.shape().str() << ")";
-  FANOUT_CALL_BACKEND(ctx, bn_train_add_relu, ctx, io.xs, io.z(), gamma, beta, eps, momentum, stats, mean, invstd,
-                      running_mean, running_var, io.ys, io.round);
+  check_relu_mask(ctx, op, relu_mask, x);
+  const bool mask_written = FANOUT_CALL_BACKEND(ctx, bn_train_add_relu, ctx, io.xs, io.z(), gamma, beta, eps, momentum,
+                                                stats, mean, invstd, running_mean, running_var, io.ys, relu_mask,
+                                                io.round);
   detail::unstage(ctx, io.ys, y);
+  return mask_written;
 }
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -208,7 +222,8 @@ void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, con
 }
 
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
+                      const Tensor& invstd, const Tensor& gamma, const Tensor* relu_mask, Tensor& grad_stats,
+                      Tensor& g, Tensor& dx) {
   const char* op = "bn_backward_relu";
   const bool as_is = detail::cuda_alike(ctx, {&x, &y, &dy, &g, &dx});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
@@ -223,7 +238,8 @@ void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tens
     check_same_shape(op, "x", xs, name, *t);
   }
   FANOUT_CHECK(dx.raw() != dy.raw() && dx.raw() != g.raw()) << op << ": dx must not share dy's or g's memory";
-  FANOUT_CALL_BACKEND(ctx, bn_backward_relu, ctx, xs, ys, dys, mean, invstd, gamma, grad_stats, gs, dxs);
+  check_relu_mask(ctx, op, relu_mask, x);
+  FANOUT_CALL_BACKEND(ctx, bn_backward_relu, ctx, xs, ys, dys, mean, invstd, gamma, relu_mask, grad_stats, gs, dxs);
   detail::unstage(ctx, gs, g);
   detail::unstage(ctx, dxs, dx);
 }

@@ -62,10 +62,13 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
 // channels-last tensors when cuDNN has an engine for the shape: float32
 // statistics, `stats` not written, the sum not rounded before the ReLU
 // (results within the low type's roundings of the split kernels'), mean
-// row 1 zero; otherwise, and on the CPU, the three steps.
-void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+// row 1 zero; otherwise, and on the CPU, the three steps. `relu_mask`
+// (optional U8 scratch of at least ceil(numel / 8) bytes): where the graph
+// may keep the ReLU's bit mask for bn_backward_relu; returns whether it did.
+bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
-                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round = DType::F32);
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* relu_mask,
+                       DType round = DType::F32);
 
 // Eval mode: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -86,9 +89,11 @@ void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, con
 // The backward of bn_train_add_relu (no synchronized statistics):
 // bn_backward_reduce_relu (g, which may alias dy, and grad_stats), then
 // bn_backward_apply of g over this batch into dx. CUDA runs it as one cuDNN
-// graph where bn_train_add_relu can, else the two steps.
+// graph where bn_train_add_relu can, else the two steps. relu_mask: the
+// forward's, when bn_train_add_relu said it wrote it; else null.
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx);
+                      const Tensor& invstd, const Tensor& gamma, const Tensor* relu_mask, Tensor& grad_stats,
+                      Tensor& g, Tensor& dx);
 
 // dx (=) from the (possibly all-reduced) grad_stats over `count` elements:
 // dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).

@@ -327,16 +327,19 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   round_output(ctx, dx);
 }
 
-void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+// The three steps; no bit mask (backward reads y).
+bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
-                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor*, DType round) {
   bn_stats(ctx, x, stats);
   bn_finalize(ctx, stats, x.numel() / x.size(1), eps, momentum, mean, invstd, &running_mean, &running_var);
   bn_apply_add_relu(ctx, x, mean, invstd, gamma, beta, z, y, round);
+  return false;
 }
 
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
+                      const Tensor& invstd, const Tensor& gamma, const Tensor*, Tensor& grad_stats, Tensor& g,
+                      Tensor& dx) {
   bn_backward_reduce_relu(ctx, x, y, dy, mean, invstd, grad_stats, g);
   bn_backward_apply(ctx, x, g, mean, invstd, gamma, grad_stats, x.numel() / x.size(1), dx);
 }

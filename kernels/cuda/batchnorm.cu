@@ -325,19 +325,23 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
 }
 
 // cuDNN's fused graph where it takes the tensors (kernels/cuda/batchnorm_cudnn.cu), else the split kernels.
-void bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
+bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
-                       Tensor& running_mean, Tensor& running_var, Tensor& y, DType round) {
-  if (cudnn_bn_train_add_relu(ctx, x, z, gamma, beta, eps, momentum, mean, invstd, running_mean, running_var, y))
-    return;
+                       Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* relu_mask, DType round) {
+  bool mask_written = false;
+  if (cudnn_bn_train_add_relu(ctx, x, z, gamma, beta, eps, momentum, mean, invstd, running_mean, running_var, y,
+                              relu_mask, mask_written))
+    return mask_written;
   bn_stats(ctx, x, stats);
   bn_finalize(ctx, stats, x.numel() / x.size(1), eps, momentum, mean, invstd, &running_mean, &running_var);
   bn_apply_add_relu(ctx, x, mean, invstd, gamma, beta, z, y, round);
+  return false;
 }
 
 void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                      const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
-  if (cudnn_bn_backward_relu(ctx, x, y, dy, mean, invstd, gamma, grad_stats, g, dx)) return;
+                      const Tensor& invstd, const Tensor& gamma, const Tensor* relu_mask, Tensor& grad_stats,
+                      Tensor& g, Tensor& dx) {
+  if (cudnn_bn_backward_relu(ctx, x, y, dy, mean, invstd, gamma, relu_mask, grad_stats, g, dx)) return;
   bn_backward_reduce_relu(ctx, x, y, dy, mean, invstd, grad_stats, g);
   bn_backward_apply(ctx, x, g, mean, invstd, gamma, grad_stats, x.numel() / x.size(1), dx);
 }

@@ -11,24 +11,31 @@
 //       out; saved mean and inverse standard deviation)    virtual, float32
 //   s = b + z                     POINTWISE ADD (without z: s = b)
 //   y = relu(s)                   POINTWISE RELU_FWD, stored in the I/O type
+//   mask = y > 0                  POINTWISE CMP_GT, BOOLEAN (a bit per element),
+//                                 where the caller gives room and cuDNN builds it
 // Backward:
-//   g  = dy where y > 0           POINTWISE RELU_BWD on y -> g (real: the fork,
-//                                 the residual's gradient; may be dy's memory)
+//   g  = dy * mask                POINTWISE MUL with the forward's mask, or
+//   g  = dy where y > 0           POINTWISE RELU_BWD on y, without one -> g (real:
+//                                 the fork, the residual's gradient; may be dy's memory)
 //   dx, dgamma, dbeta = NORM_BACKWARD(x, saved mean, inverse std, g, gamma)
+// Each direction tries the graph with the mask first (the frontend's "BN relu
+// with mask" and "DBN add relu" shapes), then the one without.
 // The statistics are cuDNN's float32 ones (not the float64 sums of the
 // split kernels) and the sum is not rounded before the ReLU, so results
 // differ from the split kernels' by roundings; running_var takes the
 // unbiased variance, as PyTorch's.
 //
 // Plans: per (device, handle, direction, N, C, H, W, dtype, with z,
-// deterministic) the first heuristic engine that finalizes, built once
-// outside the cache lock and kept for the life of the process, as
-// kernels/cuda/attention_cudnn.cu keeps its. A NOT_SUPPORTED answer
-// (building or executing) refuses the key: logged once to stderr, and the
-// caller's kernels run for that shape from then on. Not applicable (false,
-// nothing logged): float32 storage, a contiguous or non-4-D tensor, mixed
-// storages, operands not 16-byte aligned, a GPU below compute capability
-// 8.0. FANOUT_BN_CUDNN=0 turns this path off.
+// deterministic, with the mask) the first heuristic engine that finalizes
+// (mode A, then FALLBACK), built once outside the cache lock and kept for the life of the process, as
+// kernels/cuda/attention_cudnn.cu keeps its. Any failure to build or run
+// a graph (NOT_SUPPORTED or another error: fanout's kernels compute the
+// same pass) refuses the key: logged once to stderr, and the next graph or
+// the caller's kernels run for that shape from then on. Not applicable
+// (false, nothing logged): float32 storage, a contiguous or non-4-D tensor,
+// channels not a multiple of 8, mixed storages, operands not 16-byte
+// aligned, a GPU below compute capability 8.0. FANOUT_BN_CUDNN=0 turns
+// this path off.
 #include "kernels/cuda/batchnorm_cudnn.cuh"
 
 #include <atomic>
@@ -50,7 +57,7 @@ using namespace cudnn_graph;
 
 enum Uid : int64_t {
   kX = 1, kZ, kY, kGamma, kBeta, kEps, kMomentum, kRunMeanIn, kRunVarIn, kRunMeanOut, kRunVarOut, kMean, kInvStd,
-  kDY, kG, kDX, kDGamma, kDBeta,
+  kDY, kG, kDX, kDGamma, kDBeta, kMask, kZero,
   kFirstVirtual = 100
 };
 
@@ -68,6 +75,7 @@ struct BnPlan {
   std::vector<Desc> keep;
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace = 0;
+  Tensor zeros;  // the forward's comparison operand for the ReLU's mask (zeros shaped as x)
   std::atomic<bool> refused{false};
   std::mutex run;
 };
@@ -80,7 +88,7 @@ cudnnBackendDescriptor_t channel_tensor(Graph& g, int64_t uid, const Nchw& s) {
   return g.tensor(uid, CUDNN_DATA_FLOAT, s.channel(), s.channel_strides(), false);
 }
 
-cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Nchw& s, bool with_z) {
+cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Nchw& s, bool with_z, bool with_mask) {
   const auto F = CUDNN_DATA_FLOAT;
   auto x = g.tensor(kX, g.io(), s.dims(), s.nhwc_strides(), false);
   auto y = g.tensor(kY, g.io(), s.dims(), s.nhwc_strides(), false);
@@ -116,19 +124,29 @@ cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Nchw& s,
     g.pw2(CUDNN_POINTWISE_ADD, b, z, pre);
   }
   g.pw1(CUDNN_POINTWISE_RELU_FWD, pre, y);
+  if (with_mask) {  // the ReLU's bit mask, y > 0, as the frontend's "BN relu with mask" writes it
+    auto zero = g.tensor(kZero, g.io(), s.dims(), s.nhwc_strides(), false);
+    auto mask = g.tensor(kMask, CUDNN_DATA_BOOLEAN, s.dims(), s.nhwc_strides(), false);
+    g.pointwise(CUDNN_POINTWISE_CMP_GT, F, y, zero, nullptr, mask);
+  }
   return g.finish(h);
 }
 
-cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Nchw& s) {
+cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Nchw& s, bool with_mask) {
   auto x = g.tensor(kX, g.io(), s.dims(), s.nhwc_strides(), false);
-  auto y = g.tensor(kY, g.io(), s.dims(), s.nhwc_strides(), false);
   auto dy = g.tensor(kDY, g.io(), s.dims(), s.nhwc_strides(), false);
   auto gm = g.tensor(kG, g.io(), s.dims(), s.nhwc_strides(), false);
   auto dx = g.tensor(kDX, g.io(), s.dims(), s.nhwc_strides(), false);
   auto gamma = channel_tensor(g, kGamma, s), mean = channel_tensor(g, kMean, s);
   auto invstd = channel_tensor(g, kInvStd, s);
   auto dgamma = channel_tensor(g, kDGamma, s), dbeta = channel_tensor(g, kDBeta, s);
-  g.pointwise(CUDNN_POINTWISE_RELU_BWD, CUDNN_DATA_FLOAT, y, dy, nullptr, gm);
+  if (with_mask) {  // dy times the forward's bit mask (the frontend's "DBN add relu")
+    auto mask = g.tensor(kMask, CUDNN_DATA_BOOLEAN, s.dims(), s.nhwc_strides(), false);
+    g.pw2(CUDNN_POINTWISE_MUL, dy, mask, gm);
+  } else {  // ReLU backward on the stored output
+    auto y = g.tensor(kY, g.io(), s.dims(), s.nhwc_strides(), false);
+    g.pointwise(CUDNN_POINTWISE_RELU_BWD, CUDNN_DATA_FLOAT, y, dy, nullptr, gm);
+  }
   g.add_op(CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR,
            {{CUDNN_ATTR_OPERATION_NORM_BWD_XDESC, x},
             {CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC, mean},
@@ -157,19 +175,20 @@ bool enabled() {
 const char* dir_name(Dir d) { return d == Dir::Forward ? "forward" : "backward"; }
 
 // The cached plan for the key, built on first use; nullptr when refused.
-BnPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Nchw& s, DType dt, bool with_z) {
+BnPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Nchw& s, DType dt, bool with_z, bool with_mask) {
   const bool det = ctx.math.deterministic;
   const PlanKey key{ctx.device().index, static_cast<int64_t>(reinterpret_cast<uintptr_t>(h)),
-                    static_cast<int64_t>(dir), s.n, s.c, s.h, s.w, static_cast<int64_t>(dt), with_z, det, 0};
+                    static_cast<int64_t>(dir), s.n, s.c, s.h, s.w, static_cast<int64_t>(dt), with_z, det, with_mask};
   BnPlan& cached = BnPlans::instance().get(key, [&] {
     auto plan = std::make_unique<BnPlan>();
     const auto refuse = [&](const std::string& why) {
       std::fprintf(stderr,
-                   "fanout: batch norm %s %s (N=%lld, C=%lld, H=%lld, W=%lld)%s%s: cuDNN's fused normalization graph "
-                   "refused (%s); running fanout's kernels for this shape\n",
+                   "fanout: batch norm %s %s (N=%lld, C=%lld, H=%lld, W=%lld)%s%s%s: cuDNN's fused normalization "
+                   "graph refused (%s); %s for this shape\n",
                    dir_name(dir), dtype_name(dt), static_cast<long long>(s.n), static_cast<long long>(s.c),
                    static_cast<long long>(s.h), static_cast<long long>(s.w), with_z ? " with the residual add" : "",
-                   det ? " deterministic" : "", why.c_str());
+                   with_mask ? " with the ReLU's bit mask" : "", det ? " deterministic" : "", why.c_str(),
+                   with_mask ? "trying the graph without the mask" : "running fanout's kernels");
       plan = std::make_unique<BnPlan>();
       plan->refused = true;
     };
@@ -177,11 +196,13 @@ BnPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Nchw& s, DType dt
       // Finalizing may load or compile kernels: not while another thread captures.
       ::fanout::detail::CaptureShared capture_safe;
       Graph g(plan->keep, dt == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, kFirstVirtual);
-      cudnnBackendDescriptor_t graph = dir == Dir::Forward ? forward_graph(g, h, s, with_z) : backward_graph(g, h, s);
+      cudnnBackendDescriptor_t graph =
+          dir == Dir::Forward ? forward_graph(g, h, s, with_z, with_mask) : backward_graph(g, h, s, with_mask);
       const Plan p =
           first_plan(h, graph, plan->keep, det, std::string("batch norm ") + dir_name(dir), /*fallback=*/true);
       plan->plan = p.plan;
       plan->workspace = p.workspace;
+      if (dir == Dir::Forward && with_mask) plan->zeros = Tensor::zeros(Shape{s.n * s.c * s.h * s.w}, dt, ctx.device());
     } catch (const Refused& r) {
       refuse(std::string(r.where) + ": " + cudnnGetErrorString(r.status));
     } catch (const Error& e) {
@@ -237,11 +258,19 @@ bool applicable(const Context& ctx, std::initializer_list<const Tensor*> acts, s
 
 Nchw nchw_of(const Tensor& x) { return {x.size(0), x.size(1), x.size(2), x.size(3)}; }
 
+// Bytes of a bit mask of n elements (cuDNN's BOOLEAN tensors: 8 to a byte).
+int64_t mask_bytes(int64_t n) { return (n + 7) / 8; }
+
+bool usable_mask(const Tensor* mask, int64_t n) {
+  return mask && mask->dtype() == DType::U8 && mask->numel() >= mask_bytes(n) && aligned(mask->raw());
+}
+
 }  // namespace
 
 bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma,
                              const Tensor& beta, float eps, float momentum, Tensor& mean, Tensor& invstd,
-                             Tensor& running_mean, Tensor& running_var, Tensor& y) {
+                             Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* mask, bool& mask_written) {
+  mask_written = false;
   const bool ok = z ? applicable(ctx, {&x, z, &y},
                                  {x.raw(), z->raw(), y.raw(), gamma.raw(), beta.raw(), mean.raw(), invstd.raw(),
                                   running_mean.raw(), running_var.raw()})
@@ -252,7 +281,12 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
   if (!ok || y.raw() == x.raw() || (z && y.raw() == z->raw())) return false;
   detail::DeviceScope scope(ctx);
   const Nchw s = nchw_of(x);
-  BnPlan* p = get_plan(ctx, static_cast<cudnnHandle_t>(ctx.cudnn()), Dir::Forward, s, x.dtype(), z != nullptr);
+  auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
+  // With the ReLU's bit mask for the backward when cuDNN builds that graph, else without.
+  const bool try_mask = usable_mask(mask, x.numel());
+  BnPlan* p = try_mask ? get_plan(ctx, h, Dir::Forward, s, x.dtype(), z != nullptr, true) : nullptr;
+  const bool with_mask = p != nullptr;
+  if (!p) p = get_plan(ctx, h, Dir::Forward, s, x.dtype(), z != nullptr, false);
   if (!p) return false;
   float eps_v = eps, momentum_v = momentum;
   std::vector<int64_t> uids{kX, kY, kGamma, kBeta, kEps, kMomentum, kRunMeanIn, kRunVarIn, kRunMeanOut, kRunVarOut,
@@ -264,15 +298,21 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
     uids.push_back(kZ);
     ptrs.push_back(z->raw());
   }
+  if (with_mask) {
+    uids.insert(uids.end(), {kZero, kMask});
+    ptrs.insert(ptrs.end(), {p->zeros.raw(), mask->raw()});
+  }
   if (!run(ctx, *p, Dir::Forward, uids, ptrs)) return false;
   // mean (2, C): cuDNN's mean is one float; the low part is zero.
   FANOUT_CUDA_CHECK(cudaMemsetAsync(static_cast<float*>(mean.raw()) + s.c, 0, sizeof(float) * static_cast<size_t>(s.c),
                                     detail::stream_of(ctx)));
+  mask_written = with_mask;
   return true;
 }
 
 bool cudnn_bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
-                            const Tensor& invstd, const Tensor& gamma, Tensor& grad_stats, Tensor& g, Tensor& dx) {
+                            const Tensor& invstd, const Tensor& gamma, const Tensor* mask, Tensor& grad_stats,
+                            Tensor& g, Tensor& dx) {
   const int64_t c = x.dim() == 4 ? x.size(1) : 0;
   float* dbeta = grad_stats.f32();
   float* dgamma = dbeta + c;  // grad_stats (2, C): row 0 sum dy, row 1 sum dy * xhat
@@ -286,11 +326,23 @@ bool cudnn_bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, cons
     if (out == x.raw() || out == y.raw()) return false;
   detail::DeviceScope scope(ctx);
   const Nchw s = nchw_of(x);
-  BnPlan* p = get_plan(ctx, static_cast<cudnnHandle_t>(ctx.cudnn()), Dir::Backward, s, x.dtype(), false);
+  auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
+  std::vector<int64_t> uids{kX, kDY, kG, kDX, kGamma, kMean, kInvStd, kDGamma, kDBeta};
+  std::vector<void*> ptrs{x.raw(), dy.raw(), g.raw(), dx.raw(), gamma.raw(), mean.raw(), invstd.raw(), dgamma, dbeta};
+  // The forward's bit mask where it wrote one and cuDNN builds that graph, else ReLU backward on y.
+  if (usable_mask(mask, x.numel())) {
+    if (BnPlan* p = get_plan(ctx, h, Dir::Backward, s, x.dtype(), false, true)) {
+      uids.push_back(kMask);
+      ptrs.push_back(mask->raw());
+      if (run(ctx, *p, Dir::Backward, uids, ptrs)) return true;
+      uids.pop_back();
+      ptrs.pop_back();
+    }
+  }
+  BnPlan* p = get_plan(ctx, h, Dir::Backward, s, x.dtype(), false, false);
   if (!p) return false;
-  const std::vector<int64_t> uids{kX, kY, kDY, kG, kDX, kGamma, kMean, kInvStd, kDGamma, kDBeta};
-  const std::vector<void*> ptrs{x.raw(), y.raw(), dy.raw(), g.raw(), dx.raw(), gamma.raw(), mean.raw(),
-                                invstd.raw(), dgamma, dbeta};
+  uids.push_back(kY);
+  ptrs.push_back(y.raw());
   return run(ctx, *p, Dir::Backward, uids, ptrs);
 }
 

@@ -35,7 +35,7 @@ bool BatchNormNd::begin_forward(const Tensor& x, Context& ctx) {
   x_ = x;
   ensure_like(y_, x, ctx);  // the input's storage
   trained_forward_ = is_training();
-  grad_reduced_ = dx_ready_ = false;
+  grad_reduced_ = dx_ready_ = mask_written_ = false;
   if (trained_forward_) {
     ensure(mean_, Shape{2, c_}, ctx);
     ensure(invstd_, Shape{c_}, ctx);
@@ -88,8 +88,13 @@ Tensor BatchNormNd::forward_add_relu(const Tensor& x, const Tensor* z, Context& 
     count_ = x.numel() / c_;
     check_count(x);
     ensure(stats_, Shape{3, c_}, DType::F64, ctx.device());
-    kernels::bn_train_add_relu(ctx, x, z, w_->value, b_->value, eps_, momentum_, stats_, mean_, invstd_, rm_->value,
-                               rv_->value, y_, ctx.math.autocast);
+    Tensor* mask = nullptr;  // a bit per element where cuDNN's graphs keep the ReLU's mask (GPUs only)
+    if (ctx.device().is_cuda()) {
+      ensure(relu_mask_, Shape{(x.numel() + 7) / 8}, DType::U8, ctx);
+      mask = &relu_mask_;
+    }
+    mask_written_ = kernels::bn_train_add_relu(ctx, x, z, w_->value, b_->value, eps_, momentum_, stats_, mean_,
+                                               invstd_, rm_->value, rv_->value, y_, mask, ctx.math.autocast);
     ctx.host_effect([nbt = nbt_] { nbt->value.data<int64_t>()[0] += 1; });
     return y_;
   }
@@ -111,7 +116,8 @@ Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
   Tensor g = in_storage_of(ctx, dy, y_, dy_moved_);  // masked in place, as an in-place ReLU's backward
   if (fuses_whole_pass(ctx)) {
     ensure_like(dx_, x_, ctx);
-    kernels::bn_backward_relu(ctx, x_, y_, g, mean_, invstd_, w_->value, grad_stats_, g, dx_);
+    kernels::bn_backward_relu(ctx, x_, y_, g, mean_, invstd_, w_->value, mask_written_ ? &relu_mask_ : nullptr,
+                              grad_stats_, g, dx_);
     dx_ready_ = true;
   } else {
     kernels::bn_backward_reduce_relu(ctx, x_, y_, g, mean_, invstd_, grad_stats_, g);

@@ -74,8 +74,9 @@ class BatchNormNd : public Module {
   bool relu_ = false;             // whether the last forward was forward_add_relu
   bool grad_reduced_ = false;     // relu_grad has taken grad_stats_ for the next backward
   bool dx_ready_ = false;         // relu_grad has written dx_ too
+  bool mask_written_ = false;     // the forward kept the ReLU's bit mask in relu_mask_
   int64_t count_ = 0;
-  Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_, dy_moved_;
+  Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_, dy_moved_, relu_mask_;
 };
 
 // Input (N, C, H, W) or (N, C).

@@ -473,11 +473,14 @@ TEST_P(BatchNormOnBackend, WholeTrainingPassAgainstDouble) {
         const Tensor zd = up(zs);
         f.y = up(ft::poisoned_stored(s, sc.dtype, sc.format));
         const float momentum = 0.1f;
-        kernels::bn_train_add_relu(ctx(), f.xd, with_z ? &zd : nullptr, f.gammad, f.betad, f.eps, momentum, f.stats,
-                                   f.mean, f.invstd, f.rmd, f.rvd, f.y);
+        Tensor maskd = up(Tensor::zeros(Shape{(s.numel() + 7) / 8}, DType::U8));
+        const bool mask_written =
+            kernels::bn_train_add_relu(ctx(), f.xd, with_z ? &zd : nullptr, f.gammad, f.betad, f.eps, momentum,
+                                       f.stats, f.mean, f.invstd, f.rmd, f.rvd, f.y, &maskd);
         Tensor gd = up(ft::poisoned_stored(s, sc.dtype, sc.format)), dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format));
         Tensor gsd = poisoned(Shape{2, f.c});
-        kernels::bn_backward_relu(ctx(), f.xd, f.y, up(rs), f.mean, f.invstd, f.gammad, gsd, gd, dxd);
+        kernels::bn_backward_relu(ctx(), f.xd, f.y, up(rs), f.mean, f.invstd, f.gammad, mask_written ? &maskd : nullptr,
+                                  gsd, gd, dxd);
         const Tensor y = ft::float32_values(down(f.y)), g = ft::float32_values(down(gd));
         const Tensor dx = ft::float32_values(down(dxd)), r = ft::float32_values(rs), z = ft::float32_values(zs);
         const Tensor mean = down(f.mean), invstd = down(f.invstd), rm = down(f.rmd), rv = down(f.rvd);
@@ -509,6 +512,15 @@ TEST_P(BatchNormOnBackend, WholeTrainingPassAgainstDouble) {
         }
         EXPECT_GT(zeros, 0);
         EXPECT_LT(zeros, y.numel());
+        if (mask_written) {  // cuDNN's BOOLEAN layout: a bit per element in memory order, the lowest bit first
+          const Tensor mask = down(maskd), ys = down(f.y);
+          int64_t wrong = 0;
+          for (int64_t j = 0; j < y.numel(); ++j) {
+            const int64_t m = ft::memory_index(s, ys.format(), j);
+            wrong += ((mask.data<uint8_t>()[m / 8] >> (m % 8)) & 1) != (y.f32()[j] > 0.0f ? 1 : 0);
+          }
+          EXPECT_EQ(wrong, 0) << "of " << y.numel() << " mask bits";
+        }
       }
 }
 
@@ -542,8 +554,11 @@ TEST_P(BatchNormOnBackend, WholeTrainingPassIsTheSplitKernels) {
       Tensor rm2 = up(f.running_mean), rv2 = up(f.running_var), y2 = fresh(), g2 = fresh(), dx2 = fresh();
       Tensor st2 = poisoned(Shape{3, f.c}, DType::F64), m2 = poisoned(Shape{2, f.c}), i2 = poisoned(Shape{f.c});
       Tensor gs2 = poisoned(Shape{2, f.c});
-      kernels::bn_train_add_relu(ctx(), f.xd, &zd, f.gammad, f.betad, f.eps, 0.1f, st2, m2, i2, rm2, rv2, y2, autocast);
-      kernels::bn_backward_relu(ctx(), f.xd, y2, rd, m2, i2, f.gammad, gs2, g2, dx2);
+      Tensor mask = up(Tensor::zeros(Shape{(s.numel() + 7) / 8}, DType::U8));
+      const bool mask_written =
+          kernels::bn_train_add_relu(ctx(), f.xd, &zd, f.gammad, f.betad, f.eps, 0.1f, st2, m2, i2, rm2, rv2, y2, &mask, autocast);
+      EXPECT_FALSE(mask_written);  // the split kernels keep no mask
+      kernels::bn_backward_relu(ctx(), f.xd, y2, rd, m2, i2, f.gammad, nullptr, gs2, g2, dx2);
       ctx().math.autocast = DType::F32;
       const std::vector<std::pair<Tensor, Tensor>> pairs{{st1, st2}, {m1, m2}, {i1, i2}, {rm1, rm2}, {rv1, rv2},
                                                          {y1, y2},   {g1, g2}, {gs1, gs2}, {dx1, dx2}};
@@ -573,10 +588,14 @@ TEST_P(BatchNormOnBackend, FusedAddReluErrorsThrow) {
   // One value per channel cannot train; dx over dy is refused.
   Tensor x1 = up(ft::random_tensor(Shape{1, 5, 1, 1}, rng)), y1 = up(ft::random_tensor(Shape{1, 5, 1, 1}, rng));
   EXPECT_THROW(kernels::bn_train_add_relu(ctx(), x1, nullptr, f.gammad, f.betad, f.eps, 0.1f, f.stats, f.mean,
-                                          f.invstd, f.rmd, f.rvd, y1),
+                                          f.invstd, f.rmd, f.rvd, y1, nullptr),
+               Error);
+  Tensor short_mask = up(Tensor::zeros(Shape{(f.x.numel() + 7) / 8 - 1}, DType::U8));  // a bit short
+  EXPECT_THROW(kernels::bn_train_add_relu(ctx(), f.xd, nullptr, f.gammad, f.betad, f.eps, 0.1f, f.stats, f.mean,
+                                          f.invstd, f.rmd, f.rvd, f.y, &short_mask),
                Error);
   Tensor dy = up(ft::random_tensor(f.x.shape(), rng)), g = poisoned(f.x.shape());
-  EXPECT_THROW(kernels::bn_backward_relu(ctx(), f.xd, f.y, dy, f.mean, f.invstd, f.gammad, gs, g, dy), Error);
+  EXPECT_THROW(kernels::bn_backward_relu(ctx(), f.xd, f.y, dy, f.mean, f.invstd, f.gammad, nullptr, gs, g, dy), Error);
 }
 
 TEST_P(BatchNormOnBackend, StatsAreDeterministic) {
