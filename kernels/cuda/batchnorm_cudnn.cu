@@ -11,15 +11,17 @@
 //       out; saved mean and inverse standard deviation)    virtual, float32
 //   s = b + z                     POINTWISE ADD (without z: s = b)
 //   y = relu(s)                   POINTWISE RELU_FWD, stored in the I/O type
-//   mask = y > 0                  POINTWISE CMP_GT, BOOLEAN (a bit per element),
-//                                 where the caller gives room and cuDNN builds it
+//   mask = y > 0                  POINTWISE CMP_GT with a by-value 0, BOOLEAN (a bit
+//                                 per element), where the caller gives room and cuDNN
+//                                 builds it
 // Backward:
 //   g  = dy * mask                POINTWISE MUL with the forward's mask, or
 //   g  = dy where y > 0           POINTWISE RELU_BWD on y, without one -> g (real:
 //                                 the fork, the residual's gradient; may be dy's memory)
 //   dx, dgamma, dbeta = NORM_BACKWARD(x, saved mean, inverse std, g, gamma)
 // Each direction tries the graph with the mask first (the frontend's "BN relu
-// with mask" and "DBN add relu" shapes), then the one without.
+// with mask" and "DBN add relu" shapes; with the residual add, the forward's
+// is no sample's), then the one without.
 // The statistics are cuDNN's float32 ones (not the float64 sums of the
 // split kernels) and the sum is not rounded before the ReLU, so results
 // differ from the split kernels' by roundings; running_var takes the
@@ -75,7 +77,6 @@ struct BnPlan {
   std::vector<Desc> keep;
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace = 0;
-  Tensor zeros;  // the forward's comparison operand for the ReLU's mask (zeros shaped as x)
   std::atomic<bool> refused{false};
   std::mutex run;
 };
@@ -125,7 +126,7 @@ cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Nchw& s,
   }
   g.pw1(CUDNN_POINTWISE_RELU_FWD, pre, y);
   if (with_mask) {  // the ReLU's bit mask, y > 0, as the frontend's "BN relu with mask" writes it
-    auto zero = g.tensor(kZero, g.io(), s.dims(), s.nhwc_strides(), false);
+    auto zero = g.scalar(kZero);  // a by-value 0, as the frontend's "layernorm bitmask relu" compares
     auto mask = g.tensor(kMask, CUDNN_DATA_BOOLEAN, s.dims(), s.nhwc_strides(), false);
     g.pointwise(CUDNN_POINTWISE_CMP_GT, F, y, zero, nullptr, mask);
   }
@@ -202,7 +203,6 @@ BnPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Nchw& s, DType dt
           first_plan(h, graph, plan->keep, det, std::string("batch norm ") + dir_name(dir), /*fallback=*/true);
       plan->plan = p.plan;
       plan->workspace = p.workspace;
-      if (dir == Dir::Forward && with_mask) plan->zeros = Tensor::zeros(Shape{s.n * s.c * s.h * s.w}, dt, ctx.device());
     } catch (const Refused& r) {
       refuse(std::string(r.where) + ": " + cudnnGetErrorString(r.status));
     } catch (const Error& e) {
@@ -282,13 +282,7 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
   detail::DeviceScope scope(ctx);
   const Nchw s = nchw_of(x);
   auto h = static_cast<cudnnHandle_t>(ctx.cudnn());
-  // With the ReLU's bit mask for the backward when cuDNN builds that graph, else without.
-  const bool try_mask = usable_mask(mask, x.numel());
-  BnPlan* p = try_mask ? get_plan(ctx, h, Dir::Forward, s, x.dtype(), z != nullptr, true) : nullptr;
-  const bool with_mask = p != nullptr;
-  if (!p) p = get_plan(ctx, h, Dir::Forward, s, x.dtype(), z != nullptr, false);
-  if (!p) return false;
-  float eps_v = eps, momentum_v = momentum;
+  float eps_v = eps, momentum_v = momentum, zero_v = 0.0f;
   std::vector<int64_t> uids{kX, kY, kGamma, kBeta, kEps, kMomentum, kRunMeanIn, kRunVarIn, kRunMeanOut, kRunVarOut,
                             kMean, kInvStd};
   // The running statistics are updated in place (read, then written, per channel).
@@ -298,15 +292,24 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
     uids.push_back(kZ);
     ptrs.push_back(z->raw());
   }
-  if (with_mask) {
-    uids.insert(uids.end(), {kZero, kMask});
-    ptrs.insert(ptrs.end(), {p->zeros.raw(), mask->raw()});
+  // With the ReLU's bit mask for the backward when cuDNN builds and runs that graph, else without.
+  bool ran = false;
+  if (usable_mask(mask, x.numel())) {
+    if (BnPlan* p = get_plan(ctx, h, Dir::Forward, s, x.dtype(), z != nullptr, true)) {
+      uids.insert(uids.end(), {kZero, kMask});
+      ptrs.insert(ptrs.end(), {&zero_v, mask->raw()});
+      ran = mask_written = run(ctx, *p, Dir::Forward, uids, ptrs);
+      uids.resize(uids.size() - 2);
+      ptrs.resize(ptrs.size() - 2);
+    }
   }
-  if (!run(ctx, *p, Dir::Forward, uids, ptrs)) return false;
+  if (!ran) {
+    BnPlan* p = get_plan(ctx, h, Dir::Forward, s, x.dtype(), z != nullptr, false);
+    if (!p || !run(ctx, *p, Dir::Forward, uids, ptrs)) return false;
+  }
   // mean (2, C): cuDNN's mean is one float; the low part is zero.
   FANOUT_CUDA_CHECK(cudaMemsetAsync(static_cast<float*>(mean.raw()) + s.c, 0, sizeof(float) * static_cast<size_t>(s.c),
                                     detail::stream_of(ctx)));
-  mask_written = with_mask;
   return true;
 }
 

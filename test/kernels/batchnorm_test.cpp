@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -520,6 +521,22 @@ TEST_P(BatchNormOnBackend, WholeTrainingPassAgainstDouble) {
             wrong += ((mask.data<uint8_t>()[m / 8] >> (m % 8)) & 1) != (y.f32()[j] > 0.0f ? 1 : 0);
           }
           EXPECT_EQ(wrong, 0) << "of " << y.numel() << " mask bits";
+          // With every bit flipped, a backward that reads the mask keeps dy where y is 0; one whose mask graph
+          // cuDNN refused reads y (the same g as above). Either way, every element follows the one rule.
+          Tensor flipped = mask;
+          for (int64_t b = 0; b < flipped.numel(); ++b) flipped.data<uint8_t>()[b] = ~flipped.data<uint8_t>()[b];
+          const Tensor flippedd = up(flipped);
+          Tensor g2d = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+          kernels::bn_backward_relu(ctx(), f.xd, f.y, up(rs), f.mean, f.invstd, f.gammad, &flippedd, gsd, g2d,
+                                    dxd);
+          const Tensor g2 = ft::float32_values(down(g2d));
+          int64_t by_mask = 0, by_y = 0;
+          for (int64_t j = 0; j < y.numel(); ++j) {
+            by_mask += g2.f32()[j] == (y.f32()[j] > 0.0f ? 0.0f : r.f32()[j]);
+            by_y += g2.f32()[j] == masked.f32()[j];
+          }
+          EXPECT_TRUE(by_mask == y.numel() || by_y == y.numel()) << by_mask << " and " << by_y << " of " << y.numel();
+          std::printf("cuDNN batch norm backward read the forward's bit mask: %s\n", by_mask == y.numel() ? "yes" : "no");
         }
       }
 }
@@ -591,9 +608,13 @@ TEST_P(BatchNormOnBackend, FusedAddReluErrorsThrow) {
                                           f.invstd, f.rmd, f.rvd, y1, nullptr),
                Error);
   Tensor short_mask = up(Tensor::zeros(Shape{(f.x.numel() + 7) / 8 - 1}, DType::U8));  // a bit short
-  EXPECT_THROW(kernels::bn_train_add_relu(ctx(), f.xd, nullptr, f.gammad, f.betad, f.eps, 0.1f, f.stats, f.mean,
-                                          f.invstd, f.rmd, f.rvd, f.y, &short_mask),
-               Error);
+  try {
+    kernels::bn_train_add_relu(ctx(), f.xd, nullptr, f.gammad, f.betad, f.eps, 0.1f, f.stats, f.mean, f.invstd, f.rmd,
+                               f.rvd, f.y, &short_mask);
+    FAIL() << "bn_train_add_relu took a mask with too few bits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("relu_mask"), std::string::npos) << e.what();
+  }
   Tensor dy = up(ft::random_tensor(f.x.shape(), rng)), g = poisoned(f.x.shape());
   EXPECT_THROW(kernels::bn_backward_relu(ctx(), f.xd, f.y, dy, f.mean, f.invstd, f.gammad, nullptr, gs, g, dy), Error);
 }
