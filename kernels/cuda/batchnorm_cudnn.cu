@@ -40,6 +40,7 @@
 // this path off.
 #include "kernels/cuda/batchnorm_cudnn.cuh"
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -248,11 +249,15 @@ bool applicable(const Context& ctx, std::initializer_list<const Tensor*> acts, s
     if (t->dtype() != first.dtype() || t->format() != first.format() || t->shape() != first.shape()) return false;
   for (const void* p : ptrs)
     if (!aligned(p)) return false;
-  static const int major = [&] {
-    int m = 0;
-    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, ctx.device().index));
-    return m;
-  }();
+  // Each device's compute capability, asked once (a warm-up step asks first, before any capture).
+  static std::array<std::atomic<int>, 64> majors{};
+  const int dev = ctx.device().index;
+  if (dev < 0 || dev >= static_cast<int>(majors.size())) return false;
+  int major = majors[static_cast<size_t>(dev)].load(std::memory_order_relaxed);
+  if (major == 0) {
+    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    majors[static_cast<size_t>(dev)].store(major, std::memory_order_relaxed);
+  }
   return major >= 8;
 }
 

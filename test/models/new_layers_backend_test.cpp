@@ -24,6 +24,7 @@
 #include "models/layers/groupnorm.h"
 #include "models/layers/layernorm.h"
 #include "models/layers/pooling.h"
+#include "runtime/core/error.h"
 #include "support/test_util.h"
 
 namespace fanout {
@@ -187,6 +188,32 @@ TEST_P(NewLayersOnBackend, BatchNormWithReluAndAddHasTheUnfusedBits) {
     }
     ctx().math.autocast = DType::F32;
   }
+}
+
+// relu_grad belongs to a training forward_add_relu: after a plain forward,
+// or an evaluation, it is a one-line error naming itself.
+TEST_P(NewLayersOnBackend, BatchNormReluGradNeedsTheFusedForward) {
+  std::mt19937_64 rng(603);
+  models::BatchNorm2d bn(4);
+  bn.init(3);
+  bn.set_input_grad(true);
+  bn.to(dev());
+  const Tensor x = up(ft::random_tensor(Shape{2, 4, 3, 3}, rng)), dy = up(ft::random_tensor(Shape{2, 4, 3, 3}, rng));
+  bn.forward(x, ctx());
+  try {
+    bn.relu_grad(dy, ctx());
+    FAIL() << "relu_grad ran after a plain forward";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("relu_grad"), std::string::npos) << e.what();
+  }
+  bn.eval();
+  bn.forward_add_relu(x, nullptr, ctx());
+  EXPECT_THROW(bn.relu_grad(dy, ctx()), Error);
+  bn.train();
+  const Tensor y = down(bn.forward_add_relu(x, nullptr, ctx()));
+  const Tensor g = down(bn.relu_grad(up(down(dy)), ctx()));
+  const Tensor dyh = down(dy);
+  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(g.f32()[i], y.f32()[i] > 0.0f ? dyh.f32()[i] : 0.0f) << i;
 }
 
 }  // namespace
