@@ -157,6 +157,11 @@ void check_relu_mask(const Context& ctx, const char* op, const Tensor* mask, con
 }
 }  // namespace
 
+int64_t bn_relu_mask_bytes(const Context& ctx, const Tensor& x) {
+  detail::check_storage(ctx, "bn_relu_mask_bytes", "x", x);  // any floating storage: a size query
+  FANOUT_DISPATCH(ctx, bn_relu_mask_bytes, ctx, x);
+}
+
 bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
                        Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* relu_mask, DType round) {

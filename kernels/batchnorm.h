@@ -63,12 +63,16 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
 // statistics, `stats` not written, the sum not rounded before the ReLU
 // (results within the low type's roundings of the split kernels'), mean
 // row 1 zero; otherwise, and on the CPU, the three steps. `relu_mask`
-// (optional U8 scratch of at least ceil(numel / 8) bytes): where the graph
+// (optional U8 scratch of bn_relu_mask_bytes(ctx, x) bytes): where the graph
 // may keep the ReLU's bit mask for bn_backward_relu; returns whether it did.
 bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,
                        Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* relu_mask,
                        DType round = DType::F32);
+
+// The bytes of relu_mask scratch bn_train_add_relu can use for x on this
+// device: ceil(numel / 8) where cuDNN's graphs may take x, else 0 (no mask).
+int64_t bn_relu_mask_bytes(const Context& ctx, const Tensor& x);
 
 // Eval mode: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,

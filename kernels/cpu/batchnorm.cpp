@@ -207,19 +207,15 @@ FANOUT_AVX2_CLONE void affine_add_relu(const float* x, const float* z, int64_t l
   }
 }
 
-// After bn_apply's pass over a plane: y = max(r(r(y) + z), 0), z optional.
+// The same, rounded to T after the normalization and after the add, as the
+// unfused layers store (elementwise: z[i] is read before y[i] is written).
 template <DType T>
-void add_relu_plane(float* y, const float* z, int64_t len) {
-  if (z) {
-    for (int64_t i = 0; i < len; ++i) {
-      const float v = round_as<T>(round_as<T>(y[i]) + z[i]);
-      y[i] = v < 0.0f ? 0.0f : v;  // NaN propagates, as relu_forward
-    }
-  } else {
-    for (int64_t i = 0; i < len; ++i) {
-      const float v = round_as<T>(y[i]);
-      y[i] = v < 0.0f ? 0.0f : v;
-    }
+void affine_add_relu_rounded(const float* x, const float* z, int64_t len, float hi, float lo, float k, float b,
+                             float* y) {
+  for (int64_t i = 0; i < len; ++i) {
+    float v = round_as<T>(((x[i] - hi) - lo) * k + b);
+    if (z) v = round_as<T>(v + z[i]);
+    y[i] = v < 0.0f ? 0.0f : v;  // NaN propagates, as relu_forward
   }
 }
 }  // namespace
@@ -230,29 +226,13 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
   const float *xp = x.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
   const float* zp = z ? z->f32() : nullptr;
   float* yp = y.f32();
-  auto post = round == DType::BF16 ? add_relu_plane<DType::BF16>
-              : round == DType::F16 ? add_relu_plane<DType::F16>
-                                    : add_relu_plane<DType::F32>;
+  auto pass = round == DType::BF16 ? affine_add_relu_rounded<DType::BF16>
+              : round == DType::F16 ? affine_add_relu_rounded<DType::F16>
+                                    : affine_add_relu;  // nothing to round between: the vector loop
   parallel_for(ctx, p.n * p.c, grain_for(p.s), [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {  // plane q = (n, c); z is read before y overwrites it
+    for (int64_t q = q0; q < q1; ++q) {  // plane q = (n, c)
       const int64_t c = q % p.c, off = q * p.s;
-      if (round == DType::F32) {  // nothing to round between: one pass
-        affine_add_relu(xp + off, zp ? zp + off : nullptr, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
-        continue;
-      }
-      if (zp == yp) {
-        // y aliases z: the residual goes through a plane's worth of stack at a time.
-        float tmp[256];
-        for (int64_t i0 = 0; i0 < p.s; i0 += 256) {
-          const int64_t len = std::min<int64_t>(256, p.s - i0);
-          std::copy(zp + off + i0, zp + off + i0 + len, tmp);
-          affine2(xp + off + i0, len, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off + i0);
-          post(yp + off + i0, tmp, len);
-        }
-        continue;
-      }
-      affine2(xp + off, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
-      post(yp + off, zp ? zp + off : nullptr, p.s);
+      pass(xp + off, zp ? zp + off : nullptr, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
     }
   });
 }
@@ -326,6 +306,8 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   });
   round_output(ctx, dx);
 }
+
+int64_t bn_relu_mask_bytes(const Context&, const Tensor&) { return 0; }  // the split kernels keep no mask
 
 // The three steps; no bit mask (backward reads y).
 bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,

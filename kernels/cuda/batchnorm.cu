@@ -324,6 +324,8 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   });
 }
 
+int64_t bn_relu_mask_bytes(const Context&, const Tensor& x) { return cudnn_bn_mask_bytes(x); }
+
 // cuDNN's fused graph where it takes the tensors (kernels/cuda/batchnorm_cudnn.cu), else the split kernels.
 bool bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma, const Tensor& beta,
                        float eps, float momentum, Tensor& stats, Tensor& mean, Tensor& invstd,

@@ -239,12 +239,15 @@ bool run(Context& ctx, BnPlan& p, Dir dir, const std::vector<int64_t>& uids, con
 // Whether the tensors can go to cuDNN's graphs: 4-D, channels-last, all
 // stored alike in bfloat16 or float16, 16-byte aligned, on a GPU of compute
 // capability 8.0 or later.
+// The shape and storage these graphs take (and whether they are on).
+bool taken(const Tensor& x) {
+  return enabled() && x.dim() == 4 && x.channels_last() && (x.dtype() == DType::BF16 || x.dtype() == DType::F16) &&
+         x.size(1) % 8 == 0;  // cuDNN's fused batch norm engines take channels by 8
+}
+
 bool applicable(const Context& ctx, std::initializer_list<const Tensor*> acts, std::initializer_list<const void*> ptrs) {
-  if (!enabled()) return false;
   const Tensor& first = **acts.begin();
-  if (first.dim() != 4 || !first.channels_last()) return false;
-  if (first.dtype() != DType::BF16 && first.dtype() != DType::F16) return false;
-  if (first.size(1) % 8 != 0) return false;  // cuDNN's fused batch norm engines take channels by 8
+  if (!taken(first)) return false;
   for (const Tensor* t : acts)
     if (t->dtype() != first.dtype() || t->format() != first.format() || t->shape() != first.shape()) return false;
   for (const void* p : ptrs)
@@ -271,6 +274,8 @@ bool usable_mask(const Tensor* mask, int64_t n) {
 }
 
 }  // namespace
+
+int64_t cudnn_bn_mask_bytes(const Tensor& x) { return taken(x) ? mask_bytes(x.numel()) : 0; }
 
 bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, const Tensor& gamma,
                              const Tensor& beta, float eps, float momentum, Tensor& mean, Tensor& invstd,

@@ -17,6 +17,10 @@ bool cudnn_bn_train_add_relu(Context& ctx, const Tensor& x, const Tensor* z, con
                              const Tensor& beta, float eps, float momentum, Tensor& mean, Tensor& invstd,
                              Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor* mask, bool& mask_written);
 
+// Bytes of bit mask the forward can write for x: ceil(numel / 8) when x's
+// shape and storage are ones these graphs take (and they are on), else 0.
+int64_t cudnn_bn_mask_bytes(const Tensor& x);
+
 // Its backward: g = dy where y > 0 (g may alias dy), grad_stats (2, C) =
 // (sum g, sum g * xhat), dx. `mask`: the forward's bit mask where it wrote
 // one (else null: the ReLU's backward reads y).

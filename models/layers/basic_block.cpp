@@ -2,7 +2,6 @@
 #include "models/layers/basic_block.h"
 
 #include "kernels/elementwise.h"
-#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 

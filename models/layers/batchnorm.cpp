@@ -88,12 +88,9 @@ Tensor BatchNormNd::forward_add_relu(const Tensor& x, const Tensor* z, Context& 
     count_ = x.numel() / c_;
     check_count(x);
     ensure(stats_, Shape{3, c_}, DType::F64, ctx.device());
-    // A bit per element where cuDNN's graphs may keep the ReLU's mask: GPUs, bf16/fp16 channels-last
-    // activations, channels by 8 (what kernels/cuda/batchnorm_cudnn.cu takes).
-    Tensor* mask = nullptr;
-    if (ctx.device().is_cuda() && x.dim() == 4 && x.channels_last() &&
-        (x.dtype() == DType::BF16 || x.dtype() == DType::F16) && c_ % 8 == 0) {
-      ensure(relu_mask_, Shape{(x.numel() + 7) / 8}, DType::U8, ctx);
+    Tensor* mask = nullptr;  // where the device's fused pass may keep the ReLU's bit mask
+    if (const int64_t bytes = kernels::bn_relu_mask_bytes(ctx, x)) {
+      ensure(relu_mask_, Shape{bytes}, DType::U8, ctx);
       mask = &relu_mask_;
     }
     mask_written_ = kernels::bn_train_add_relu(ctx, x, z, w_->value, b_->value, eps_, momentum_, stats_, mean_,
