@@ -2,60 +2,56 @@
 #include "kernels/loss.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/staging.h"
 
 namespace fanout::kernels {
 
-namespace {
-// logits (N, K) float32 with N, K >= 1; labels (N) int32.
-void check_logits_labels(const Context& ctx, const char* op, const char* name, const Tensor& logits,
-                         const Tensor& labels) {
-  detail::check_tensor(ctx, op, name, logits);
+void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss,
+                  const XentOutputs& out) {
+  const char* op = "softmax_xent";
+  detail::check_storage(ctx, op, "logits", logits);
   detail::check_tensor(ctx, op, "labels", labels, DType::I32);
   FANOUT_CHECK(logits.dim() == 2 && logits.size(0) >= 1 && logits.size(1) >= 1 &&
                labels.shape() == Shape{logits.size(0)})
-      << op << ": " << name << " " << logits.shape().str() << " and labels " << labels.shape().str()
+      << op << ": logits " << logits.shape().str() << " and labels " << labels.shape().str()
       << " must be (N, K) and (N) with N, K >= 1";
-}
-void check_smoothing(const char* op, float s) {
-  FANOUT_CHECK(s >= 0.0f && s <= 1.0f) << op << ": label smoothing " << s << " must be in [0, 1]";
-}
-}  // namespace
-
-void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss, Tensor* row_loss) {
-  const char* op = "softmax_xent_forward";
-  check_logits_labels(ctx, op, "logits", logits, labels);
-  check_smoothing(op, smoothing);
-  detail::check_tensor(ctx, op, "probs", probs);
-  FANOUT_CHECK(probs.shape() == logits.shape()) << op << ": probs " << probs.shape().str() << " for logits "
-                                                << logits.shape().str();
+  FANOUT_CHECK(smoothing >= 0.0f && smoothing <= 1.0f) << op << ": label smoothing " << smoothing
+                                                       << " must be in [0, 1]";
   detail::check_tensor(ctx, op, "loss", loss);
   FANOUT_CHECK(loss.numel() == 1) << op << ": loss " << loss.shape().str() << " must hold one value";
-  if (row_loss) {
-    detail::check_tensor(ctx, op, "row_loss", *row_loss);
-    FANOUT_CHECK(row_loss->shape() == Shape{logits.size(0)})
-        << op << ": row_loss " << row_loss->shape().str() << " for " << logits.size(0) << " rows";
+  if (out.row_loss) {
+    detail::check_tensor(ctx, op, "row_loss", *out.row_loss);
+    FANOUT_CHECK(out.row_loss->shape() == Shape{logits.size(0)})
+        << op << ": row_loss " << out.row_loss->shape().str() << " for " << logits.size(0) << " rows";
   }
-  FANOUT_DISPATCH(ctx, softmax_xent_forward, ctx, logits, labels, smoothing, probs, loss, row_loss);
-}
-
-void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
-                           Tensor& dlogits) {
-  const char* op = "softmax_xent_backward";
-  check_logits_labels(ctx, op, "probs", probs, labels);
-  check_smoothing(op, smoothing);
-  detail::check_tensor(ctx, op, "dlogits", dlogits);
-  FANOUT_CHECK(dlogits.shape() == probs.shape()) << op << ": dlogits " << dlogits.shape().str() << " for probs "
-                                                 << probs.shape().str();
-  FANOUT_DISPATCH(ctx, softmax_xent_backward, ctx, probs, labels, smoothing, scale, dlogits);
-}
-
-void count_correct(Context& ctx, const Tensor& logits, const Tensor& labels, Tensor& correct) {
-  const char* op = "count_correct";
-  check_logits_labels(ctx, op, "logits", logits, labels);
-  detail::check_tensor(ctx, op, "correct", correct, DType::I32);
-  FANOUT_CHECK(correct.numel() == 1) << op << ": correct " << correct.shape().str() << " must hold one value";
-  FANOUT_DISPATCH(ctx, count_correct, ctx, logits, labels, correct);
+  if (out.correct) {
+    detail::check_tensor(ctx, op, "correct", *out.correct, DType::I32);
+    FANOUT_CHECK(out.correct->numel() == 1) << op << ": correct " << out.correct->shape().str()
+                                            << " must hold one value";
+  }
+  FANOUT_CHECK(out.round == DType::F32 || out.round == DType::BF16 || out.round == DType::F16)
+      << op << ": dlogits cannot be rounded to " << dtype_name(out.round);
+  if (out.dlogits) {
+    detail::check_storage(ctx, op, "dlogits", *out.dlogits);
+    FANOUT_CHECK(out.dlogits->shape() == logits.shape() && !out.dlogits->channels_last() && !logits.channels_last())
+        << op << ": dlogits " << out.dlogits->shape().str() << " for logits " << logits.shape().str();
+    FANOUT_CHECK(out.dlogits->raw() != logits.raw() || out.dlogits->dtype() == logits.dtype())
+        << op << ": dlogits over logits must keep their type, " << dtype_name(logits.dtype());
+  }
+  // CUDA reads and writes the storage natively (dlogits in logits' type);
+  // otherwise the backend takes float32 copies (widening is exact).
+  if (ctx.device().is_cuda() && (!out.dlogits || out.dlogits->dtype() == logits.dtype()))
+    FANOUT_DISPATCH(ctx, softmax_xent, ctx, logits, labels, smoothing, loss, out);
+  const Tensor zs = detail::staged_in(ctx, op, "logits", 0, logits);
+  XentOutputs staged = out;
+  Tensor ds;
+  if (out.dlogits) {
+    const bool over_logits = out.dlogits->raw() == logits.raw();
+    ds = over_logits ? zs : detail::staged_out(ctx, op, "dlogits", 2, *out.dlogits);
+    staged.dlogits = &ds;
+  }
+  FANOUT_CALL_BACKEND(ctx, softmax_xent, ctx, zs, labels, smoothing, loss, staged);
+  if (out.dlogits) detail::unstage(ctx, ds, *out.dlogits);
 }
 
 void mse_forward(Context& ctx, const Tensor& out, const Tensor& target, float scale, Tensor& row_loss, Tensor* grad) {

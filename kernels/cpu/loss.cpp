@@ -1,11 +1,13 @@
 // CPU softmax cross-entropy (max-subtracted, loss accumulated in double) with
-// PyTorch's label smoothing, and accuracy counting.
+// PyTorch's label smoothing, accuracy counting and the gradient; mean squared
+// error and plane argmax.
 #include "kernels/loss.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace fanout::kernels::cpu {
 
@@ -20,79 +22,75 @@ inline int64_t checked_label(const Context& ctx, const int32_t* labels, int64_t 
 }
 }  // namespace
 
-void softmax_xent_forward(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& probs,
-                          Tensor& loss, Tensor* row_loss) {
+namespace {
+// v rounded to t (F32: v itself), nearest even, as round_to rounds.
+inline float rounded(float v, DType t) {
+  if (t == DType::BF16) return half::float_from_bf16(half::bf16_from_float(v));
+  if (t == DType::F16) return half::float_from_f16(half::f16_from_float(v));
+  return v;
+}
+}  // namespace
+
+void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss,
+                  const XentOutputs& out) {
   const int64_t n = logits.size(0), k = logits.size(1);
-  const float* zp = logits.f32();     // (N, K)
+  const float* zp = logits.f32();  // (N, K)
   const int32_t* yp = labels.data<int32_t>();
-  float* pp = probs.f32();            // (N, K)
+  float* rl = out.row_loss ? out.row_loss->f32() : nullptr;  // (N)
+  float* dp = out.dlogits ? out.dlogits->f32() : nullptr;    // (N, K), may be zp
   const double s = smoothing;
-  float* rl = row_loss ? row_loss->f32() : nullptr;  // (N)
+  const float off = smoothing / static_cast<float>(k);  // target s/K off the label
+  const float on = 1.0f - smoothing;                   // plus (1 - s) on the label
+  const float scale = out.scale;
   double total = 0.0;
   int64_t counted = 0;
+  int32_t hits = 0;
+  for (int64_t i = 0; i < n; ++i) checked_label(ctx, yp, i, k, "softmax_xent");  // before dlogits overwrite logits
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t y = checked_label(ctx, yp, i, k, "softmax_xent_forward");
+    const int64_t y = yp[i];
     const bool ignored = y == kIgnoreLabel;
     const float* z = zp + i * k;
-    float* p = pp + i * k;
+    // The max for the softmax, and torch.argmax's (the first NaN, else the first maximum).
     float m = z[0];
-    for (int64_t j = 1; j < k; ++j) m = z[j] > m ? z[j] : m;
-    // p = exp(z - m) / sum; log p_j = (z_j - m) - log(sum).
+    int64_t best = 0;
+    for (int64_t j = 1; j < k; ++j) {
+      m = z[j] > m ? z[j] : m;
+      if (!std::isnan(z[best]) && (z[j] > z[best] || std::isnan(z[j]))) best = j;
+    }
+    hits += best == y ? 1 : 0;
+    const double zy = ignored ? 0.0 : static_cast<double>(z[y]);  // read before d overwrites z
+    // p = exp(z - m) / sum; log p_j = (z_j - m) - log(sum). exp(z - m) waits in d.
+    float* d = dp ? dp + i * k : nullptr;
     double sum = 0.0, sum_shifted = 0.0;
     for (int64_t j = 0; j < k; ++j) {
-      const float e = std::exp(z[j] - m);
-      p[j] = e;
+      const float zj = z[j];
+      const float e = std::exp(zj - m);
+      if (d) d[j] = e;
       sum += e;
-      sum_shifted += static_cast<double>(z[j]) - m;
+      sum_shifted += static_cast<double>(zj) - m;
     }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < k; ++j) p[j] *= inv;
     const double lse = std::log(sum);
-    const double nll = ignored ? 0.0 : lse - (static_cast<double>(z[y]) - m);  // -log p_y
-    const double mean_nll = lse - sum_shifted / static_cast<double>(k);        // mean_k(-log p_k)
-    const double li = ignored ? 0.0 : (1.0 - s) * nll + s * mean_nll;
+    const double nll = lse - (zy - m);                                   // -log p_y
+    const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
+    const double li = ignored ? 0.0 : s > 0.0 ? (1.0 - s) * nll + s * mean_nll : nll;  // a -inf logit: mean_nll inf
     if (rl) rl[i] = static_cast<float>(li);
     total += li;
     counted += ignored ? 0 : 1;
-  }
-  loss.f32()[0] = static_cast<float>(total / static_cast<double>(counted));  // NaN when every row is ignored
-}
-
-void softmax_xent_backward(Context& ctx, const Tensor& probs, const Tensor& labels, float smoothing, float scale,
-                           Tensor& dlogits) {
-  const int64_t n = probs.size(0), k = probs.size(1);
-  const float* pp = probs.f32();
-  const int32_t* yp = labels.data<int32_t>();
-  float* dp = dlogits.f32();  // may alias probs
-  const float off = smoothing / static_cast<float>(k);  // target s/K off the label
-  const float on = (1.0f - smoothing);                 // plus (1 - s) on the label
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t y = checked_label(ctx, yp, i, k, "softmax_xent_backward");
-    const float* p = pp + i * k;
-    float* d = dp + i * k;
-    if (y == kIgnoreLabel) {
+    if (!d) continue;
+    if (ignored) {
       std::fill(d, d + k, 0.0f);
       continue;
     }
-    for (int64_t j = 0; j < k; ++j) d[j] = scale * (p[j] - off);
-    d[y] -= scale * on;
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < k; ++j) {
+      const float p = d[j] * inv;
+      float g = scale * (p - off);
+      if (j == y) g -= scale * on;
+      d[j] = rounded(g, out.round);
+    }
   }
-}
-
-void count_correct(Context&, const Tensor& logits, const Tensor& labels, Tensor& correct) {
-  const int64_t n = logits.size(0), k = logits.size(1);
-  const float* zp = logits.f32();
-  const int32_t* yp = labels.data<int32_t>();
-  int32_t hits = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* z = zp + i * k;
-    // torch.argmax: first maximum wins; NaN counts as the maximum.
-    int64_t best = 0;
-    for (int64_t j = 1; j < k; ++j)
-      if (!std::isnan(z[best]) && (z[j] > z[best] || std::isnan(z[j]))) best = j;
-    hits += best == yp[i] ? 1 : 0;
-  }
-  correct.data<int32_t>()[0] = hits;
+  loss.f32()[0] = static_cast<float>(total / static_cast<double>(counted));  // NaN when every row is ignored
+  if (out.correct) out.correct->data<int32_t>()[0] = hits;
 }
 
 void mse_forward(Context&, const Tensor& out, const Tensor& target, float scale, Tensor& row_loss, Tensor* grad) {

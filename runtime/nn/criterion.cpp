@@ -44,9 +44,9 @@ void to_host(Context& ctx, const Tensor& t, Tensor& h) {
   h.copy_from(t, &ctx.compute());
 }
 
-// The loss side of a model output in any storage (a low-type, perhaps
-// channels-last, output under autocast): the losses read it as a float32
-// contiguous copy (exact) and compute its gradient in float32, which is
+// MSE's side of a model output in any storage (a low-type, perhaps
+// channels-last, output under autocast): the loss reads it as a float32
+// contiguous copy (exact) and computes its gradient in float32, which is
 // then stored like the output (rounded to its type, the gradient autocast
 // sends back). A float32 contiguous output is used as it is.
 class OutputStorage {
@@ -78,6 +78,17 @@ class OutputStorage {
   Tensor out32_, grad32_, low_;
 };
 
+// In training, the cross-entropy's gradient goes into grad, stored like the
+// output (its type) and rounded to autocast's type: the gradient autocast
+// sends back. d is grad as the kernel's (rows, classes).
+void xent_grad(Context& ctx, const Tensor& out, float scale, Tensor& grad, Tensor& d, kernels::XentOutputs& o) {
+  ensure(grad, out.shape(), out.dtype(), ctx.device());
+  d = grad.view(Shape{out.numel() / out.size(-1), out.size(-1)});
+  o.dlogits = &d;
+  o.scale = scale;
+  o.round = ctx.math.autocast;
+}
+
 class CrossEntropy final : public Criterion {
  public:
   explicit CrossEntropy(float smoothing) : smoothing_(smoothing) {}
@@ -88,18 +99,13 @@ class CrossEntropy final : public Criterion {
         << "cross_entropy: the output " << out.shape().str() << " must be (N, classes) and the targets (N) int32 "
         << "class indices, not " << dtype_name(target.dtype()) << " " << target.shape().str();
     const Device d = ctx.device();
-    const Tensor& logits = storage_.read(ctx, out);
-    ensure(probs_, out.shape(), d);
     ensure(loss_, Shape{1}, d);
     ensure(correct_, Shape{1}, DType::I32, d);
     ensure(rows_, Shape{out.size(0)}, d);
-    kernels::softmax_xent_forward(ctx, logits, target, smoothing_, probs_, loss_, &rows_);
-    kernels::count_correct(ctx, logits, target, correct_);
-    if (train) {
-      Tensor& g = storage_.grad_f32(ctx, out);
-      kernels::softmax_xent_backward(ctx, probs_, target, smoothing_, grad_scale, g);
-      grad_ = storage_.send(ctx, out, g);  // the loss is float32; the gradient flows back in the low type
-    }
+    kernels::XentOutputs o{&rows_, &correct_};
+    Tensor dlogits;
+    if (train) xent_grad(ctx, out, grad_scale, grad_, dlogits, o);
+    kernels::softmax_xent(ctx, out, target, smoothing_, loss_, o);
   }
   const Tensor& grad() const override { return grad_; }
   StepResult read(Context& ctx) override {
@@ -119,8 +125,7 @@ class CrossEntropy final : public Criterion {
  private:
   const std::string name_ = criterion_name(CriterionKind::CrossEntropy);
   float smoothing_;
-  OutputStorage storage_;
-  Tensor probs_, loss_, correct_, rows_, grad_, rows_h_, correct_h_;
+  Tensor loss_, correct_, rows_, grad_, rows_h_, correct_h_;
 };
 
 class TokenCrossEntropy final : public Criterion {
@@ -135,20 +140,17 @@ class TokenCrossEntropy final : public Criterion {
         << "(B, T) int32 token ids, not " << dtype_name(target.dtype()) << " " << target.shape().str();
     const Device d = ctx.device();
     const int64_t b = out.size(0), t = out.size(1), v = out.size(2);
-    const Tensor logits = storage_.read(ctx, out).view(Shape{b * t, v}), labels = target.view(Shape{b * t});
-    ensure(probs_, Shape{b * t, v}, d);
+    const Tensor logits = out.view(Shape{b * t, v}), labels = target.view(Shape{b * t});
     ensure(loss_, Shape{1}, d);
     ensure(correct_, Shape{1}, DType::I32, d);
     ensure(tokens_, Shape{b * t}, d);
-    kernels::softmax_xent_forward(ctx, logits, labels, smoothing_, probs_, loss_, &tokens_);
-    kernels::count_correct(ctx, logits, labels, correct_);
+    kernels::XentOutputs o{&tokens_, &correct_};
+    Tensor dlogits;
+    // A row's loss is its tokens' sum / T: each token's gradient is scaled by 1 / T too.
+    if (train) xent_grad(ctx, out, grad_scale / static_cast<float>(t), grad_, dlogits, o);
+    kernels::softmax_xent(ctx, logits, labels, smoothing_, loss_, o);
     targets_ = target;
     rows_ = b;
-    if (train) {
-      // In place over the probabilities (a vocabulary-wide copy less); row loss = sum / T.
-      kernels::softmax_xent_backward(ctx, probs_, labels, smoothing_, grad_scale / static_cast<float>(t), probs_);
-      grad_ = storage_.send(ctx, out, probs_.view(out.shape()));
-    }
   }
   const Tensor& grad() const override { return grad_; }
   StepResult read(Context& ctx) override {
@@ -192,8 +194,7 @@ class TokenCrossEntropy final : public Criterion {
   const std::string name_ = criterion_name(CriterionKind::TokenCrossEntropy);
   float smoothing_;
   int64_t rows_ = 0;
-  OutputStorage storage_;
-  Tensor probs_, loss_, correct_, tokens_, targets_, grad_, tokens_h_, correct_h_, targets_h_, row_h_;
+  Tensor loss_, correct_, tokens_, targets_, grad_, tokens_h_, correct_h_, targets_h_, row_h_;
 };
 
 class MeanSquaredError final : public Criterion {
