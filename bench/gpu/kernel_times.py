@@ -21,6 +21,11 @@ GROUPS = [  # first match wins; matched against the kernel's name in lower case
     ("cuDNN layout transposes (NCHW<->NHWC)", r"nchwtonhwc|nhwctonchw"),
     # cuDNN's batch-norm graphs (their names say bn or norm; before the broad cuDNN pattern below)
     ("BatchNorm", r"bn_fw|bn_bw|bnfwd|bnbwd|batch_?norm|nhwc_?bn|norm_?(fwd|bwd|fprop|bprop)|dbn|sgbn"),
+    # the GPT's kernels (before the broad cuDNN pattern: cuDNN's fused attention says sdpa or fmha)
+    ("attention (cuDNN SDPA, fanout's softmax)", r"sdpa|fmha|flash|softmax_(forward|backward)_kernel|lse_rows|"
+                                                  r"heads_kernel"),
+    ("LayerNorm", r"ln_forward|ln_dx|layer_?norm"),
+    ("embedding (gather, sorted sums)", r"embedding_|pairs_kernel|radix|onesweep"),
     ("cuDNN convolution", r"conv|cudnn|xmma|wgrad|dgrad|fprop|winograd|implicit|cutlass|sm90_|sm80_"),
     ("cuBLAS GEMM", r"gemm|cublas|gemv"),
     ("BatchNorm", r"channel_partials|partials_kernel<.*stats<|channel_finish|finalize_kernel|[^_]apply_kernel<|"

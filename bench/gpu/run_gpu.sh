@@ -73,6 +73,10 @@
 #   profile    (named only) Nsight Compute's time for every kernel of a short
 #              resnet18 run in TF32 and bf16-mixed (square and wide
 #              channels-last copies), grouped -> profile.log
+#   gptprofile (named only) the same for the GPT in bf16-mixed: gpt-char
+#              (batch 64, T 256) and gpt2 (batch 8, T 1024) on cuda:0; GPU
+#              busy time a step against the gpt step's ms a step tells
+#              whether the step waits on the host    -> gptprofile.log
 #
 # Environment (all optional):
 #   FANOUT_DEPS_PREFIX   Debian packages unpacked by bench/gpu/fetch_deps.sh
@@ -111,7 +115,7 @@ shift
 all_steps=(env configure build ctest dp memcheck train bench epochs heatmap optim precision)
 if [ $# -gt 0 ]; then steps=("$@"); else steps=("${all_steps[@]}"); fi
 for s in "${steps[@]}"; do
-  case " ${all_steps[*]} diagnose goals goals3d gpt graphs memory profile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt graphs memory profile)" >&2; exit 2 ;; esac
+  case " ${all_steps[*]} diagnose goals goals3d gpt graphs memory profile gptprofile " in *" $s "*) ;; *) echo "run_gpu.sh: unknown step '$s' (steps: ${all_steps[*]} diagnose goals goals3d gpt graphs memory profile gptprofile)" >&2; exit 2 ;; esac
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -722,7 +726,8 @@ step_memory() {
 
 # Where a resnet18 step's GPU time goes (batch 256, cuda:0, TF32 and
 # bf16-mixed, cuDNN's heuristics): Nsight Compute times every kernel of a
-# short dp-bench run (2 configurations x 3 steps), kernel_times.py groups them.
+# short dp-bench run (2 configurations x 3 steps: with --cuda-graphs off,
+# plain and DataParallel over the one device), kernel_times.py groups them.
 step_profile() {
   local b="$build/apps/dp-bench" rc=0 p ncu
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
@@ -734,8 +739,30 @@ step_profile() {
       FANOUT_CUDA_CL_COPIES="$([ "$p" = bf16-mixed-wide ] && echo wide || echo square)" \
       "$ncu" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
       --log-file "$out/ncu_$p.csv" "$b" --model resnet18 --input 3x32x32 --batch-size 256 --devices 0 --no-ddp \
-      --precision "${p%-wide}" --allow-tf32 --warmup 1 --steps 2 --repeats 1 >/dev/null || rc=1
+      --precision "${p%-wide}" --allow-tf32 --cuda-graphs off --warmup 1 --steps 2 --repeats 1 >/dev/null || rc=1
     "${python:-python3}" "$repo/bench/gpu/kernel_times.py" "$out/ncu_$p.csv" --steps 6 || rc=1
+  done
+  return "$rc"
+}
+
+# Where a GPT step's GPU time goes (bf16-mixed, cuda:0): ncu as in the
+# profile step (2 configurations x 3 steps). Kernels run one at a time under ncu, so the total is GPU busy
+# time: far below the gpt step's ms a step, the step waits on the host.
+step_gptprofile() {
+  local b="$build/apps/dp-bench" rc=0 spec ncu
+  [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu "${cuda_home:-/usr/local/cuda}"/bin/ncu 2>/dev/null | head -n 1)
+  [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
+  for spec in "gpt-char gpt:gpt-char,dropout=0 64 256" "gpt2 gpt:gpt2 8 1024"; do
+    set -- $spec
+    echo "== ncu: dp-bench $2 batch $3 T $4 --devices 0 --precision bf16-mixed --allow-tf32"
+    timeout --kill-after=10 "${FANOUT_PROFILE_TIMEOUT:-150}" env LD_LIBRARY_PATH="$fanout_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$ncu" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
+      --log-file "$out/ncu_$1.csv" "$b" --model "$2" --batch-size "$3" --input "$4" --devices 0 --no-ddp \
+      --precision bf16-mixed --allow-tf32 --cuda-graphs off --optimizer adamw --betas 0.9,0.95 --warmup 1 --steps 2 \
+      --repeats 1 \
+      >/dev/null || rc=1
+    "${python:-python3}" "$repo/bench/gpu/kernel_times.py" "$out/ncu_$1.csv" --steps 6 || rc=1
   done
   return "$rc"
 }
