@@ -17,6 +17,9 @@ compute, not a data loader). Configurations:
         (lr 6e-4, betas 0.9/0.95)
   shakespeare  nanoGPT's GPU run of shakespeare_char (6, 6, 384, block 256,
         batch 64, vocab 65, no bias; dropout 0 here)
+  head  one layer of width 64 under GPT-2's vocabulary (50257), batch 8 of
+        256: a step spent mostly in the tied head and the loss over
+        2048 x 50257 logits
 
 --device cuda runs on the GPU (TF32 on, as fanout's --allow-tf32 rows) and
 --precision bf16-mixed under torch.autocast(bfloat16), with
@@ -51,6 +54,9 @@ def configs(args):
                  f"gpt:gpt2,block_size={args.gpt2_block}"),
         "shakespeare": (gpt.GPTConfig(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.0,
                                       bias=False), 64, 1e-3, (0.9, 0.99), "gpt:gpt-char,dropout=0"),
+        "head": (gpt.GPTConfig(block_size=256, vocab_size=50257, n_layer=1, n_head=1, n_embd=64, dropout=0.0,
+                               bias=False), 8, 1e-3, (0.9, 0.95),
+                 "gpt:gpt-char,n_layer=1,n_head=1,n_embd=64,block_size=256,dropout=0,vocab_size=50257"),
     }
 
 

@@ -9,6 +9,8 @@
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 
+#include "kernels/cpu/parallel.h"
+
 namespace fanout::kernels::cpu {
 
 namespace {
@@ -42,52 +44,62 @@ void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, floa
   const float off = smoothing / static_cast<float>(k);  // target s/K off the label
   const float on = 1.0f - smoothing;                   // plus (1 - s) on the label
   const float scale = out.scale;
+  for (int64_t i = 0; i < n; ++i) checked_label(ctx, yp, i, k, "softmax_xent");  // before dlogits overwrite logits
+  // Rows in parallel, each as one thread computes it; each row's double loss
+  // and hit wait in the workspace and are added in row order (any thread count).
+  auto* li_of = static_cast<double*>(ctx.workspace(static_cast<size_t>(n) * (sizeof(double) + 1)));
+  auto* hit_of = reinterpret_cast<uint8_t*>(li_of + n);
+  parallel_for(ctx, n, grain_for(k), [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t y = yp[i];
+      const bool ignored = y == kIgnoreLabel;
+      const float* z = zp + i * k;
+      // The max for the softmax, and torch.argmax's (the first NaN, else the first maximum).
+      float m = z[0];
+      int64_t best = 0;
+      for (int64_t j = 1; j < k; ++j) {
+        m = z[j] > m ? z[j] : m;
+        if (!std::isnan(z[best]) && (z[j] > z[best] || std::isnan(z[j]))) best = j;
+      }
+      hit_of[i] = best == y ? 1 : 0;
+      const double zy = ignored ? 0.0 : static_cast<double>(z[y]);  // read before d overwrites z
+      // p = exp(z - m) / sum; log p_j = (z_j - m) - log(sum). exp(z - m) waits in d.
+      float* d = dp ? dp + i * k : nullptr;
+      double sum = 0.0, sum_shifted = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const float zj = z[j];
+        const float e = std::exp(zj - m);
+        if (d) d[j] = e;
+        sum += e;
+        sum_shifted += static_cast<double>(zj) - m;
+      }
+      const double lse = std::log(sum);
+      const double nll = lse - (zy - m);                                   // -log p_y
+      const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
+      const double li = ignored ? 0.0 : s > 0.0 ? (1.0 - s) * nll + s * mean_nll : nll;  // a -inf logit: mean_nll inf
+      li_of[i] = li;
+      if (rl) rl[i] = static_cast<float>(li);
+      if (!d) continue;
+      if (ignored) {
+        std::fill(d, d + k, 0.0f);
+        continue;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < k; ++j) {
+        const float p = d[j] * inv;
+        float g = scale * (p - off);
+        if (j == y) g -= scale * on;
+        d[j] = rounded(g, out.round);
+      }
+    }
+  });
   double total = 0.0;
   int64_t counted = 0;
   int32_t hits = 0;
-  for (int64_t i = 0; i < n; ++i) checked_label(ctx, yp, i, k, "softmax_xent");  // before dlogits overwrite logits
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t y = yp[i];
-    const bool ignored = y == kIgnoreLabel;
-    const float* z = zp + i * k;
-    // The max for the softmax, and torch.argmax's (the first NaN, else the first maximum).
-    float m = z[0];
-    int64_t best = 0;
-    for (int64_t j = 1; j < k; ++j) {
-      m = z[j] > m ? z[j] : m;
-      if (!std::isnan(z[best]) && (z[j] > z[best] || std::isnan(z[j]))) best = j;
-    }
-    hits += best == y ? 1 : 0;
-    const double zy = ignored ? 0.0 : static_cast<double>(z[y]);  // read before d overwrites z
-    // p = exp(z - m) / sum; log p_j = (z_j - m) - log(sum). exp(z - m) waits in d.
-    float* d = dp ? dp + i * k : nullptr;
-    double sum = 0.0, sum_shifted = 0.0;
-    for (int64_t j = 0; j < k; ++j) {
-      const float zj = z[j];
-      const float e = std::exp(zj - m);
-      if (d) d[j] = e;
-      sum += e;
-      sum_shifted += static_cast<double>(zj) - m;
-    }
-    const double lse = std::log(sum);
-    const double nll = lse - (zy - m);                                   // -log p_y
-    const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
-    const double li = ignored ? 0.0 : s > 0.0 ? (1.0 - s) * nll + s * mean_nll : nll;  // a -inf logit: mean_nll inf
-    if (rl) rl[i] = static_cast<float>(li);
-    total += li;
-    counted += ignored ? 0 : 1;
-    if (!d) continue;
-    if (ignored) {
-      std::fill(d, d + k, 0.0f);
-      continue;
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < k; ++j) {
-      const float p = d[j] * inv;
-      float g = scale * (p - off);
-      if (j == y) g -= scale * on;
-      d[j] = rounded(g, out.round);
-    }
+    total += li_of[i];
+    counted += yp[i] == kIgnoreLabel ? 0 : 1;
+    hits += hit_of[i];
   }
   loss.f32()[0] = static_cast<float>(total / static_cast<double>(counted));  // NaN when every row is ignored
   if (out.correct) out.correct->data<int32_t>()[0] = hits;

@@ -18,6 +18,7 @@
 #include "kernels/conv.h"
 #include "kernels/cpu/plan_count.h"
 #include "kernels/elementwise.h"
+#include "kernels/loss.h"
 #include "kernels/optim.h"
 #include "kernels/pool.h"
 #include "models/zoo/zoo.h"
@@ -119,6 +120,14 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
       return std::vector<Tensor>{y, lse, dq, dk, dv};
     });
   }
+  // Softmax cross-entropy: rows split between threads, the losses added in row order.
+  const Tensor logits = ft::random_tensor(Shape{300, 700}, rng, -5.0f, 5.0f), labels = ft::random_labels(300, 700, rng);
+  expect_same_bits_on_any_thread_count("cross-entropy", [&](Context& ctx) {
+    Tensor loss = Tensor::empty(Shape{1}), rows = Tensor::empty(Shape{300}), correct = Tensor::empty(Shape{1}, DType::I32);
+    Tensor d = Tensor::empty(logits.shape());
+    kernels::softmax_xent(ctx, logits, labels, 0.1f, loss, kernels::XentOutputs{&rows, &correct, &d, 1.0f / 300});
+    return std::vector<Tensor>{loss, rows, correct, d};
+  });
   // The optimizer's kernels over 5 M elements (sum_squares: 64 blocks), AdamW on every chunk of the table.
   const int64_t n = 5'000'037;
   const Tensor p0 = ft::random_tensor(Shape{n}, rng), g0 = ft::random_tensor(Shape{n}, rng, -2.0f, 2.0f);
