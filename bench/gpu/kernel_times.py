@@ -26,8 +26,9 @@ GROUPS = [  # first match wins; matched against the kernel's name in lower case
                                                   r"heads_kernel"),
     ("LayerNorm", r"ln_forward|ln_dx|layer_?norm"),
     ("embedding (gather, sorted sums)", r"embedding_|pairs_kernel|radix|onesweep"),
-    ("cuDNN convolution", r"conv|cudnn|xmma|wgrad|dgrad|fprop|winograd|implicit|cutlass|sm90_|sm80_"),
-    ("cuBLAS GEMM", r"gemm|cublas|gemv"),
+    ("cuDNN convolution", r"conv|cudnn|fprop|dgrad|wgrad|winograd|implicit"),
+    # cuBLAS's kernels (sm90_xmma_gemm_..., cutlass ...gemm...); a plain GEMM kernel cuDNN picks lands here too
+    ("GEMM kernels (cuBLAS)", r"gemm|cublas|gemv|xmma|cutlass|sm90_|sm80_"),
     ("BatchNorm", r"channel_partials|partials_kernel<.*stats<|channel_finish|finalize_kernel|[^_]apply_kernel<|"
                   r"^void kernels::<unnamed>::(backward_)?apply_kernel|apply_add_relu_kernel|eval_kernel|batch_?norm"),
     ("optimizer", r"sgd_kernel|adam_kernel|scale_matrix|clamp_kernel"),
