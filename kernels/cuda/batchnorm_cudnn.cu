@@ -236,15 +236,15 @@ bool run(Context& ctx, BnPlan& p, Dir dir, const std::vector<int64_t>& uids, con
   return false;
 }
 
-// Whether the tensors can go to cuDNN's graphs: 4-D, channels-last, all
-// stored alike in bfloat16 or float16, 16-byte aligned, on a GPU of compute
-// capability 8.0 or later.
 // The shape and storage these graphs take (and whether they are on).
 bool taken(const Tensor& x) {
   return enabled() && x.dim() == 4 && x.channels_last() && (x.dtype() == DType::BF16 || x.dtype() == DType::F16) &&
          x.size(1) % 8 == 0;  // cuDNN's fused batch norm engines take channels by 8
 }
 
+// Whether the tensors can go to cuDNN's graphs: 4-D, channels-last, all
+// stored alike in bfloat16 or float16, 16-byte aligned, on a GPU of compute
+// capability 8.0 or later.
 bool applicable(const Context& ctx, std::initializer_list<const Tensor*> acts, std::initializer_list<const void*> ptrs) {
   const Tensor& first = **acts.begin();
   if (!taken(first)) return false;

@@ -243,11 +243,6 @@ __global__ void plane_argmax_kernel(const float* __restrict__ x, int64_t s, int3
   }
 }
 
-int row_blocks(int64_t n) {
-  const int64_t b = detail::ceil_div(n, kWarpsPerBlock);
-  FANOUT_CHECK(b <= INT32_MAX) << "softmax cross-entropy: " << n << " rows";
-  return static_cast<int>(b);
-}
 
 }  // namespace
 
@@ -269,12 +264,13 @@ void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, floa
     T* d = out.dlogits ? static_cast<T*>(out.dlogits->raw()) : nullptr;
     float* rf = out.row_loss ? out.row_loss->f32() : nullptr;
     const int mode = detail::low_mode(out.round);
+    const unsigned blocks = static_cast<unsigned>(wide ? n : detail::ceil_div(n, kWarpsPerBlock));
     if (wide)
-      xent_kernel<T, false><<<static_cast<unsigned>(n), detail::kMaxRowThreads, 0, st>>>(
+      xent_kernel<T, false><<<blocks, detail::kMaxRowThreads, 0, st>>>(
           z, labels.data<int32_t>(), n, k, static_cast<double>(smoothing), off, on, out.scale, mode, row_loss, rf,
           correct, d);
     else
-      xent_kernel<T, true><<<row_blocks(n), kWarpsPerBlock * 32, 0, st>>>(
+      xent_kernel<T, true><<<blocks, kWarpsPerBlock * 32, 0, st>>>(
           z, labels.data<int32_t>(), n, k, static_cast<double>(smoothing), off, on, out.scale, mode, row_loss, rf,
           correct, d);
     FANOUT_CUDA_CHECK_LAUNCH();
