@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <string>
 
+#include "kernels/cpu/gemm_low.h"
 #include "kernels/cpu/onednn.h"
+#include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
 
@@ -24,8 +28,9 @@ struct GemmPlan : dn::Plan {
 
 // (rows, cols) read from row-major storage with leading dimension ld,
 // transposed when `trans`.
-memory::desc matrix(int64_t rows, int64_t cols, int64_t ld, bool trans) {
-  return memory::desc({rows, cols}, memory::data_type::f32, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
+memory::desc matrix(int64_t rows, int64_t cols, int64_t ld, bool trans,
+                    memory::data_type t = memory::data_type::f32) {
+  return memory::desc({rows, cols}, t, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
 }
 
 
@@ -121,6 +126,99 @@ void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int64_t m, i
                      batched(batch, k, n, ldb, stride_b, trans_b), batched(batch, m, n, ldc, stride_c, false));
   });
   run(ctx, s, p, a, b, c);
+}
+
+namespace {
+
+memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::F32: return memory::data_type::f32;
+    case DType::BF16: return memory::data_type::bf16;
+    case DType::F16: return memory::data_type::f16;
+    default: FANOUT_FAIL() << "no oneDNN matmul over " << dtype_name(t);
+  }
+}
+
+struct LowGemmPlan : dn::Plan {
+  dnnl::matmul prim;
+  memory a, b, bias, c, scratch;
+  size_t bytes = 0;
+};
+
+// A (m, k) x B (k, n) -> C (m, n) in these types, with a float32 bias row
+// when asked and C's old values added when accumulating.
+dnnl::matmul::primitive_desc low_pd(const dnnl::engine& e, const memory::desc& ad, const memory::desc& bd,
+                                    bool bias, bool accumulate, const memory::desc& cd) {
+  dnnl::primitive_attr attr = dn::user_scratchpad();
+  if (accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  const memory::desc biasd =
+      bias ? memory::desc({1, cd.dims()[1]}, memory::data_type::f32, memory::dims{cd.dims()[1], 1}) : memory::desc();
+  return dn::make_pd<dnnl::matmul>(e, attr, ad, bd, biasd, cd);
+}
+
+}  // namespace
+
+bool low_gemm_native(DType t) {
+  if (t != DType::BF16 && t != DType::F16) return false;
+  static std::once_flag once[2];
+  static bool native[2] = {false, false};
+  const int i = t == DType::BF16 ? 0 : 1;
+  std::call_once(once[i], [&] {
+    try {
+      const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+      const memory::data_type dt = dnnl_type(t);
+      const auto pd = low_pd(e, matrix(64, 64, 64, false, dt), matrix(64, 64, 64, true, dt), true, true,
+                             matrix(64, 64, 64, false, dt));
+      // "ref:any" and the like: oneDNN's reference loops, far slower than
+      // the float32 path through staging.
+      native[i] = std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+    } catch (const dnnl::error&) {
+      native[i] = false;  // no implementation for the type on this CPU
+    }
+  });
+  return native[i];
+}
+
+void gemm_low(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType ab, const void* a,
+              int64_t lda, const void* b, int64_t ldb, const float* bias, bool accumulate, void* c, DType c_type,
+              int64_t ldc) {
+  FANOUT_CHECK((ab == DType::BF16 || ab == DType::F16) && (c_type == DType::F32 || c_type == ab))
+      << "gemm_low: " << dtype_name(ab) << " operands into " << dtype_name(c_type);
+  if (m == 0 || n == 0) return;
+  FANOUT_CHECK(k > 0) << "gemm_low: an empty product";
+  dn::State& s = dn::state(ctx);
+  dn::Key key;
+  key << dn::kGemmLow << trans_a << trans_b << m << n << k << lda << ldb << ldc << static_cast<int64_t>(ab)
+      << static_cast<int64_t>(c_type) << (bias != nullptr) << accumulate << onednn_threads(ctx);
+  LowGemmPlan& p = s.plan<LowGemmPlan>(key, [&] {
+    auto q = std::make_unique<LowGemmPlan>();
+    const auto pd = low_pd(s.engine, matrix(m, k, lda, trans_a, dnnl_type(ab)), matrix(k, n, ldb, trans_b, dnnl_type(ab)),
+                           bias != nullptr, accumulate, matrix(m, n, ldc, false, dnnl_type(c_type)));
+    q->a = dn::unbound(pd.src_desc(), s.engine);
+    q->b = dn::unbound(pd.weights_desc(), s.engine);
+    if (bias) q->bias = dn::unbound(pd.bias_desc(), s.engine);
+    q->c = dn::unbound(pd.dst_desc(), s.engine);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->bytes = pd.scratchpad_desc().get_size();
+    q->prim = dnnl::matmul(pd);
+    return q;
+  });
+  dn::bind(p.a, a);
+  dn::bind(p.b, b);
+  dn::bind(p.c, c);
+  dn::bind(p.scratch, p.bytes ? ctx.workspace(p.bytes) : nullptr);
+  if (bias) {
+    dn::bind(p.bias, bias);
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_BIAS, &p.bias},
+                            {DNNL_ARG_DST, &p.c}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  } else {
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.a}, {DNNL_ARG_WEIGHTS, &p.b}, {DNNL_ARG_DST, &p.c},
+                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  }
 }
 
 }  // namespace fanout::kernels::cpu

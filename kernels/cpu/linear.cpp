@@ -1,14 +1,20 @@
 // CPU fully connected layer: GEMMs (oneDNN's matmul), or, with
 // math.split_invariant, loops whose per-row summation order does not depend
 // on the number of rows (a GEMM library's does) and exact float64 weight
-// gradients.
+// gradients. Under autocast, where oneDNN multiplies the low type natively
+// (kernels/cpu/gemm_low.h), the products run in it as cuBLAS runs them:
+// operands rounded as they are read, float32 accumulation, results rounded
+// once (kernels::linear_rounds_in_low_type).
 #include "kernels/linear.h"
 
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "kernels/cpu/gemm_low.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/storage.h"
 
 // The loops marked FANOUT_AVX2_CLONE keep explicit partial sums (loops.h).
 namespace fanout::kernels::cpu {
@@ -103,9 +109,92 @@ FANOUT_AVX2_CLONE void weight_grad_f64(const float* dy, const float* x, double* 
       for (int64_t k = 0; k < out; ++k) db[k] += dy[i * out + k];
 }
 
+// Staging roles of the low-type products (the entry point stages in 0 to 2).
+enum LowRole { kLowX = 3, kLowW, kLowDy, kLowTerm };
+
+// t's values in the low type lt: t itself when stored in it, else rounded
+// into staging role `role`.
+const void* low_operand(Context& ctx, const Tensor& t, DType lt, int role) {
+  if (t.dtype() == lt) return t.raw();
+  Tensor s = ctx.staging(role, static_cast<size_t>(t.numel()) * dtype_size(lt)).as(t.shape(), lt);
+  convert(ctx, t, s);
+  return s.raw();
+}
+
+// acc (float32 or float64) += widen(term), term of type lt.
+void add_widened(const Context& ctx, const Tensor& term, DType lt, Tensor& acc) {
+  const char* tp = static_cast<const char*>(term.raw());
+  const size_t es = dtype_size(lt);
+  float_runs(ctx, acc.numel(), [&](int64_t i, int64_t k) {
+    float buf[kRun];
+    widen_span(lt, tp + i * es, buf, k);
+    if (acc.dtype() == DType::F64) {
+      double* a = acc.f64() + i;
+      for (int64_t j = 0; j < k; ++j) a[j] += buf[j];
+    } else {
+      float* a = acc.f32() + i;
+      for (int64_t j = 0; j < k; ++j) a[j] += buf[j];
+    }
+  });
+}
+
+// db (float32 or float64) += the column sums of dy (n, out) in dy's storage,
+// each column summed in row order in float32 (as the float32 path).
+void column_sums(const Tensor& dy, Tensor& db) {
+  const int64_t n = dy.size(0), out = dy.size(1);
+  const DType t = dy.dtype();
+  const char* dp = static_cast<const char*>(dy.raw());
+  const size_t es = dtype_size(t);
+  for (int64_t c0 = 0; c0 < out; c0 += kRun) {
+    const int64_t k = std::min<int64_t>(kRun, out - c0);
+    float sum[kRun] = {}, buf[kRun];
+    for (int64_t i = 0; i < n; ++i) {
+      widen_span(t, dp + (i * out + c0) * es, buf, k);
+      for (int64_t j = 0; j < k; ++j) sum[j] += buf[j];
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      if (db.dtype() == DType::F64) db.f64()[c0 + j] += sum[j];
+      else db.f32()[c0 + j] += sum[j];
+    }
+  }
+}
+
+void low_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  const DType lt = ctx.math.autocast;
+  const void* xl = low_operand(ctx, x, lt, kLowX);
+  const void* wl = low_operand(ctx, w, lt, kLowW);
+  gemm_low(ctx, false, true, n, out, in, lt, xl, in, wl, in, b ? b->f32() : nullptr, false, y.raw(), y.dtype(), out);
+  if (y.dtype() == DType::F32) round_to(ctx, y, lt);
+}
+
+void low_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
+                  Tensor* db) {
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  const DType lt = ctx.math.autocast;
+  const void* dyl = low_operand(ctx, dy, lt, kLowDy);
+  if (dx) {  // dx (N, in) = dy W, rounded
+    gemm_low(ctx, false, false, n, in, out, lt, dyl, out, low_operand(ctx, w, lt, kLowW), in, nullptr, false,
+             dx->raw(), dx->dtype(), in);
+    if (dx->dtype() == DType::F32) round_to(ctx, *dx, lt);
+  }
+  if (n == 0) return;  // no rows: nothing to add
+  // dw (out, in) += dy^T x, the term rounded to the low type first.
+  Tensor term = ctx.staging(kLowTerm, static_cast<size_t>(out * in) * dtype_size(lt)).as(w.shape(), lt);
+  gemm_low(ctx, true, false, out, in, n, lt, dyl, out, low_operand(ctx, x, lt, kLowX), in, nullptr, false, term.raw(),
+           lt, in);
+  add_widened(ctx, term, lt, dw);
+  if (db) column_sums(dy, *db);
+}
+
 }  // namespace
 
+bool linear_rounds_in_low_type(const Context& ctx) {
+  return ctx.math.autocast != DType::F32 && !ctx.math.split_invariant && low_gemm_native(ctx.math.autocast);
+}
+
 void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  if (linear_rounds_in_low_type(ctx)) return low_forward(ctx, x, w, b, y);
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   const float* bp = b ? b->f32() : nullptr;
   float* yp = y.f32();  // (N, out)
@@ -118,6 +207,7 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 
 void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                      Tensor* db) {
+  if (linear_rounds_in_low_type(ctx)) return low_backward(ctx, x, w, dy, dx, dw, db);
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   const float* dyp = dy.f32();  // (N, out)
   // dx (N, in) = dy W, written (=).

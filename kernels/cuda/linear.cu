@@ -1,7 +1,11 @@
 // CUDA fully connected layer: cuBLAS GEMMs, the bias broadcast and the bias
 // gradient (detail::channel_sum_add); CPU counterpart in kernels/cpu/linear.cpp.
 // x, y, dy and dx are float32 or, under autocast, of its low type, read and
-// written as they are (detail::gemm_ex).
+// written as they are (detail::gemm_ex). Under autocast the kernels round in
+// the low type (kernels::linear_rounds_in_low_type): gemm_ex narrows float32
+// operands, a float32 y or dx is rounded after its product, and dW's term
+// goes through a low-type buffer before it is added.
+#include "kernels/convert.h"
 #include "kernels/linear.h"
 
 #include "kernels/cuda/common.cuh"
@@ -19,6 +23,8 @@ __global__ void broadcast_rows_kernel(const float* __restrict__ b, T* __restrict
 }
 
 }  // namespace
+
+bool linear_rounds_in_low_type(const Context& ctx) { return ctx.math.autocast != DType::F32; }
 
 // x (N, in), w (out, in), b (out) or null; y (N, out) written (=).
 void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
@@ -40,6 +46,7 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   }
   detail::gemm_ex(ctx, false, true, n, out, in, 1.0f, x.raw(), x.dtype(), in, w.f32(), DType::F32, in,
                   b ? 1.0f : 0.0f, y.raw(), y.dtype(), out);
+  if (detail::low_precision(ctx) && y.dtype() == DType::F32) round_to(ctx, y, ctx.math.autocast);
 }
 
 // dy (N, out). dx (N, in) = dy W (=) when non-null; dw += dy^T x; db += column sums of dy.
@@ -47,11 +54,22 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
                      Tensor* db) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   detail::DeviceScope scope(ctx);
-  if (dx)
+  const bool low = detail::low_precision(ctx);
+  if (dx) {
     detail::gemm_ex(ctx, false, false, n, in, out, 1.0f, dy.raw(), dy.dtype(), out, w.f32(), DType::F32, in, 0.0f,
                     dx->raw(), dx->dtype(), in);
-  detail::gemm_ex(ctx, true, false, out, in, n, 1.0f, dy.raw(), dy.dtype(), out, x.raw(), x.dtype(), in, 1.0f,
-                  dw.f32(), DType::F32, in);
+    if (low && dx->dtype() == DType::F32) round_to(ctx, *dx, ctx.math.autocast);
+  }
+  if (low && n > 0) {
+    // dW's term rounded to the low type (beta 0), then added to dw.
+    Tensor term = detail::low_buffer(ctx, 2, dw.shape());
+    detail::gemm_ex(ctx, true, false, out, in, n, 1.0f, dy.raw(), dy.dtype(), out, x.raw(), x.dtype(), in, 0.0f,
+                    term.raw(), term.dtype(), in);
+    detail::add_widened(ctx, term, dw.f32());
+  } else if (!low) {
+    detail::gemm_ex(ctx, true, false, out, in, n, 1.0f, dy.raw(), dy.dtype(), out, x.raw(), x.dtype(), in, 1.0f,
+                    dw.f32(), DType::F32, in);
+  }
   if (db && out > 0 && n > 0) {
     // Rows in parallel blocks, in double (a thread per column over every row
     // in order left the GPU nearly idle: 8192 rows of GPT-2 took milliseconds).

@@ -74,8 +74,9 @@ class LowGrad {
 // (convolutions, linear): forward casts the input, weight and bias (and
 // keeps them for backward); backward computes the weight and bias
 // gradients into low-type sinks and rounds dx. With `kernel_rounds` (the
-// kernels round as they read and write: kernels::conv_rounds_in_low_type)
-// x, w and dy go to them as they are, dW is added straight into the float32
+// kernels round as they read and write: kernels::conv_rounds_in_low_type,
+// kernels::linear_rounds_in_low_type) x, w and dy go to them as they are,
+// dW is added straight into the float32
 // gradient and only what the kernels leave unrounded is rounded here: the
 // bias, y after it, db, and dy where db is summed from it. Each skipped pass
 // would repeat a rounding (rounding is idempotent), so the result is the same.

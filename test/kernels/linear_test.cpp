@@ -3,6 +3,8 @@
 // += semantics; split-invariant and float64-gradient math (CPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -85,10 +87,19 @@ TEST_P(LinearOnBackend, ForwardBackwardAgainstNaive) {
   }
 }
 
+// Whether v is a value of type t (rounding it changes nothing).
+bool representable(float v, DType t) {
+  const float r = t == DType::BF16 ? half::float_from_bf16(half::bf16_from_float(v))
+                                   : half::float_from_f16(half::f16_from_float(v));
+  return r == v || (std::isnan(r) && std::isnan(v));
+}
+
 // Under autocast, activations stored in the low type (x, y, dy, dx), the
 // weight and bias float32 holding low-type values (as the layer rounds
 // them): y and dx within one rounding of the double formulas on the stored
-// values, dw and db (float32 sums) within float32's error.
+// values. dw and db are float32 sums within float32's error, except where
+// the kernels round in the low type (kernels::linear_rounds_in_low_type):
+// there dW's term is rounded to it, one rounding from the double sum.
 TEST_P(LinearOnBackend, LowTypeActivations) {
   std::mt19937_64 rng(35);
   const int64_t n = 9, in = 40, out = 12;
@@ -100,6 +111,7 @@ TEST_P(LinearOnBackend, LowTypeActivations) {
     const Tensor b = ft::float32_values(ft::random_stored(Shape{out}, t, MemoryFormat::Contiguous, rng));
     const LinearRef ref = naive_linear(ft::float32_values(xs), w, &b, ft::float32_values(dys));
     ctx().math.autocast = t;
+    const bool rounds = kernels::linear_rounds_in_low_type(ctx());
     Tensor y = up(ft::poisoned_stored(Shape{n, out}, t, MemoryFormat::Contiguous));
     Tensor dx = up(ft::poisoned_stored(Shape{n, in}, t, MemoryFormat::Contiguous));
     Tensor dw = up(Tensor::zeros(Shape{out, in})), db = up(Tensor::zeros(Shape{out}));
@@ -114,9 +126,71 @@ TEST_P(LinearOnBackend, LowTypeActivations) {
     for (int64_t i = 0; i < n * out; ++i) ASSERT_NEAR(ft::stored(yh, i), ref.y[i], u * std::abs(ref.y[i]) + 1e-5) << i;
     for (int64_t i = 0; i < n * in; ++i)
       ASSERT_NEAR(ft::stored(dxh, i), ref.dx[i], u * std::abs(ref.dx[i]) + 1e-5) << i;
-    expect_close(dwh, ref.dw, 1e-5, "dw");
+    if (rounds) {
+      for (int64_t i = 0; i < out * in; ++i) {
+        ASSERT_TRUE(representable(dwh.f32()[i], t)) << "dw's term rounded, at " << i << ": " << dwh.f32()[i];
+        ASSERT_NEAR(dwh.f32()[i], ref.dw[i], u * std::abs(ref.dw[i]) + 1e-5) << "dw at " << i;
+      }
+    } else {
+      expect_close(dwh, ref.dw, 1e-5, "dw");
+    }
     expect_close(dbh, ref.db, 1e-5, "db");
   }
+}
+
+// Where the kernels round in the low type, they take float32 operands of
+// any values and round them as they read them: every output is what the
+// rounded operands give (one rounding of the double formulas on them), y
+// and dx stored float32 hold low-type values, and dW's term is rounded
+// before it is added to dw's float32 values.
+TEST_P(LinearOnBackend, RoundsFloat32OperandsInTheLowType) {
+  std::mt19937_64 rng(36);
+  const int64_t n = 11, in = 70, out = 17;
+  int checked = 0;
+  for (DType t : {DType::BF16, DType::F16}) {
+    ctx().math.autocast = t;
+    const bool rounds = kernels::linear_rounds_in_low_type(ctx());
+    ctx().math.autocast = DType::F32;
+    if (!rounds) continue;  // this backend's float32 kernels need rounded operands (LowTypeActivations)
+    SCOPED_TRACE(dtype_name(t));
+    ++checked;
+    const Tensor x = ft::random_tensor(Shape{n, in}, rng), w = ft::random_tensor(Shape{out, in}, rng);
+    const Tensor b = ft::float32_values(ft::random_stored(Shape{out}, t, MemoryFormat::Contiguous, rng));
+    const Tensor dy = ft::random_tensor(Shape{n, out}, rng), dw0 = ft::random_tensor(Shape{out, in}, rng);
+    const auto rounded = [&](const Tensor& v) {
+      return ft::float32_values(ft::stored_copy(v, t, MemoryFormat::Contiguous));
+    };
+    const LinearRef ref = naive_linear(rounded(x), rounded(w), &b, rounded(dy));
+    ctx().math.autocast = t;
+    Tensor y = poisoned(Shape{n, out}), dx = poisoned(Shape{n, in}), dw = up(dw0);
+    const Tensor xd = up(x), wd = up(w), bd = up(b);
+    kernels::linear_forward(ctx(), xd, wd, &bd, y);
+    kernels::linear_backward(ctx(), xd, wd, up(dy), &dx, dw, nullptr);
+    ctx().math.autocast = DType::F32;
+    const Tensor yh = down(y), dxh = down(dx), dwh = down(dw);
+    const double u = ft::unit_roundoff(t);
+    for (int64_t i = 0; i < n * out; ++i) {
+      ASSERT_TRUE(representable(yh.f32()[i], t)) << "y at " << i;
+      ASSERT_NEAR(yh.f32()[i], ref.y[i], u * std::abs(ref.y[i]) + 1e-5) << "y at " << i;
+    }
+    for (int64_t i = 0; i < n * in; ++i) {
+      ASSERT_TRUE(representable(dxh.f32()[i], t)) << "dx at " << i;
+      ASSERT_NEAR(dxh.f32()[i], ref.dx[i], u * std::abs(ref.dx[i]) + 1e-5) << "dx at " << i;
+    }
+    for (int64_t i = 0; i < out * in; ++i) {
+      // dw = dw0 + term, the term one rounding from the double sum: the
+      // difference is that term's value, up to float32's rounding of the add.
+      const double term = static_cast<double>(dwh.f32()[i]) - dw0.f32()[i];
+      ASSERT_NEAR(term, ref.dw[i], u * std::abs(ref.dw[i]) + 1e-5 + 1e-7 * std::abs(dw0.f32()[i])) << "dw at " << i;
+    }
+    // Unrounded operands would have given other values: the rounding is real.
+    const LinearRef raw = naive_linear(x, w, &b, dy);
+    double worst = 0;
+    for (int64_t i = 0; i < n * out; ++i) worst = std::max(worst, std::abs(raw.y[i] - ref.y[i]));
+    EXPECT_GT(worst, 1e-4);
+  }
+  if (ctx().device().is_cuda()) EXPECT_EQ(checked, 2) << "CUDA rounds in both low types";
+  if (checked == 0) GTEST_SKIP() << "this CPU's oneDNN multiplies neither low type natively";
 }
 
 TEST_P(LinearOnBackend, GradientsByCentralDifferences) {
