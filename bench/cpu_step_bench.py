@@ -8,7 +8,8 @@ machine's speed reaches both alike.
   pytorch  bench/pytorch/train_throughput.py --device cpu with as many
            intra-op threads, NCHW and (its own row) channels_last
 
-SGD, momentum 0.9, weight decay 5e-4, random inputs (no loader). Prints a
+SGD, momentum 0.9, weight decay 5e-4, random inputs (no loader);
+--precision bf16-mixed runs both sides under autocast. Prints a
 Markdown table (medians of --pairs runs, each the mean of --steps steps
 after warm-up) and writes every run as a JSON line to --json.
 
@@ -40,7 +41,7 @@ def fanout_run(args, model, batch, shape, steps, build=None):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
         cmd = [os.path.join(build or args.build, "apps", "dp-bench"), "--model", model, "--batch-size", str(batch),
                "--input", shape, "--devices", "cpu", "--no-ddp", "--warmup", "2", "--steps", str(steps),
-               "--repeats", "1", "--json", f.name] + args.fanout_args
+               "--repeats", "1", "--precision", args.precision, "--json", f.name] + args.fanout_args
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         rows = [json.loads(line) for line in open(f.name)]
     return next(r["ms_per_step"] for r in rows if r["config"].startswith("plain"))
@@ -49,7 +50,7 @@ def fanout_run(args, model, batch, shape, steps, build=None):
 def pytorch_run(args, model, batch, shape, steps, channels_last):
     cmd = [args.python, os.path.join(HERE, "pytorch", "train_throughput.py"), "--device", "cpu", "--models", model,
            "--batch", str(batch), "--shape", shape, "--warmup", "2", "--iters", str(steps), "--lr", "0.01",
-           "--threads", str(args.threads)] + (["--channels-last"] if channels_last else [])
+           "--threads", str(args.threads), "--precision", args.precision] + (["--channels-last"] if channels_last else [])
     return benchutil.last_json(cmd)["step_ms"]
 
 
@@ -60,6 +61,7 @@ def main():
     p.add_argument("--before", default="", help="another build (older code) measured in the same pairs")
     p.add_argument("--models", default="", help="comma list of models to keep (default: every case)")
     p.add_argument("--no-channels-last", action="store_true", help="leave PyTorch's channels_last row out")
+    p.add_argument("--precision", default="32", choices=["32", "bf16-mixed"])
     p.add_argument("fanout_args", nargs="*", help="after --: extra dp-bench arguments")
     args = p.parse_args()
     keep = set(m for m in args.models.split(",") if m)
@@ -82,7 +84,8 @@ def main():
         best = min(v for k, v in med.items() if k in ("nchw", "cl") and v is not None)
         if args.json:
             with open(args.json, "a") as f:
-                f.write(json.dumps({"model": model, "batch": batch, "shape": shape, "runs_ms": runs,
+                f.write(json.dumps({"model": model, "batch": batch, "shape": shape, "precision": args.precision,
+                                    "runs_ms": runs,
                                     "median_ms": med, "pytorch_threads": args.threads}) + "\n")
         cl = f"{med['cl']:.2f}" if med["cl"] is not None else "-"
         b = f"{med['before']:.2f} | " if args.before else ""

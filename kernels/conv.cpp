@@ -116,16 +116,17 @@ Shape conv_output_shape(int spatial, const Shape& x, const Shape& w, const ConvG
 }
 
 bool conv_rounds_in_low_type(const Context& ctx) {
-  return ctx.math.autocast != DType::F32 && ctx.device().is_cuda();  // kernels/cuda/conv.cu's low-precision path
+  if (ctx.math.autocast == DType::F32) return false;
+  FANOUT_DISPATCH(ctx, conv_rounds_in_low_type, ctx);
 }
 
 namespace {
-// CUDA reads and writes activations stored in the autocast type in either
-// layout itself (cuDNN in that type, the bias kernels on any storage:
-// kernels/cuda/conv.cu); each activation must be that or float32
-// contiguous. Everything else is staged.
+// Backends that round in the low type read and write activations stored in
+// the autocast type in either layout themselves (cuDNN and oneDNN in that
+// type; CUDA's bias kernels on any storage: kernels/cuda/conv.cu); each
+// activation must be that or float32 contiguous. Everything else is staged.
 bool native_storage(const Context& ctx, std::initializer_list<const Tensor*> activations) {
-  if (!ctx.device().is_cuda() || ctx.math.autocast == DType::F32) return false;
+  if (!conv_rounds_in_low_type(ctx)) return false;
   for (const Tensor* t : activations)
     if (t && !detail::plain_f32(*t) && t->dtype() != ctx.math.autocast) return false;
   return true;

@@ -28,15 +28,17 @@ using Conv3dGeometry = ConvGeometry;
 // `spatial` (2 or 3) spatial axes; throws on impossible shapes.
 Shape conv_output_shape(int spatial, const Shape& x, const Shape& w, const ConvGeometry& g);
 
+FANOUT_KERNEL_OPS(
 // Whether, under the context's autocast, conv_forward and conv_backward round
 // in the low type themselves: x, w and dy rounded as they are read for the
-// products (db is still summed from dy as given), y before its bias, dx and
-// the dw term returned rounded. CUDA: yes (cuDNN runs in the low type); CPU:
-// no (float32 on the values it is given). The layers then skip the copies
-// and passes that would repeat those roundings (runtime/nn/autocast.h).
+// products (db is still summed from dy as given), y (CUDA: before its bias,
+// which is added and rounded again; CPU: after it), dx and the dw term
+// returned rounded. CUDA: yes (cuDNN runs in the low type); CPU: under bf16
+// autocast where oneDNN multiplies bfloat16 natively (AVX-512 BF16, AMX)
+// outside split-invariant math, otherwise no (float32 on the values it is
+// given). The layers then skip the copies and passes that would repeat those
+// roundings (runtime/nn/autocast.h).
 bool conv_rounds_in_low_type(const Context& ctx);
-
-FANOUT_KERNEL_OPS(
 // y (N, OC, out...) is written (=); b (OC) or null.
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b,
                   const ConvGeometry& g, Tensor& y);

@@ -8,12 +8,21 @@
 // one image at a time on plans made for one image: an image's output, input
 // gradient and weight-gradient contribution then do not depend on the batch
 // it came in, and float64 gradients sum each image's float contribution.
+//
+// Under bf16 autocast, where oneDNN multiplies bfloat16 natively, the
+// convolutions run in it as cuDNN's do (kernels::conv_rounds_in_low_type):
+// operands of any storage rounded into bfloat16 channels-last as they are
+// read (no copy for activations already stored so), float32 accumulation,
+// y (after its bias), dx and dW's term rounded once; dW's term is added to
+// the float32 dw as its reorder widens it. One call a pass: the terms'
+// float32 sums are far inside the rounding that follows them.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "kernels/conv.h"
 #include "kernels/conv_bias.h"
+#include "kernels/cpu/gemm_low.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 #include "runtime/core/error.h"
@@ -96,13 +105,13 @@ Operand operand(dn::State& s, const memory::desc& plain, const memory::desc& wan
 
 // Binds an input to the tensor's data and converts it; binds an output
 // (converted by finish()).
-void bind_input(dn::State& s, Operand& o, const float* data, char* ws) {
+void bind_input(dn::State& s, Operand& o, const void* data, char* ws) {
   dn::bind(o.user, data);
   if (!o.converts) return;
   dn::bind(o.inner, ws + o.at);
   dn::execute(s, o.reorder, {{DNNL_ARG_FROM, &o.user}, {DNNL_ARG_TO, &o.inner}});
 }
-void bind_output(Operand& o, float* data, char* ws) {
+void bind_output(Operand& o, void* data, char* ws) {
   dn::bind(o.user, data);
   if (o.converts) dn::bind(o.inner, ws + o.at);
 }
@@ -536,15 +545,190 @@ void backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, 
   if (dw.defined() || db) backward_weights(ctx, x, dy, c, dw, db, exact);
 }
 
+
+// ---- Low-type convolutions ----
+
+memory::data_type dnnl_type(DType t) {
+  return t == DType::BF16 ? memory::data_type::bf16 : t == DType::F16 ? memory::data_type::f16 : memory::data_type::f32;
+}
+
+// Channels-last (NHWC, NDHWC) or plain, by rank.
+memory::format_tag layout_tag(size_t rank, bool channels_last) {
+  using tag = memory::format_tag;
+  if (rank == 5) return channels_last ? tag::acdeb : tag::abcde;
+  return channels_last ? tag::acdb : tag::abcd;
+}
+
+// A user tensor as it is stored, with dims d.
+memory::desc stored_desc(const memory::dims& d, const Tensor& t) {
+  return memory::desc(d, dnnl_type(t.dtype()), layout_tag(d.size(), t.channels_last()));
+}
+
+// Activations inside the low passes: channels-last in the low type (what
+// the layers store; oneDNN's bfloat16 kernels run on it as fast as on its
+// blocked layouts, bench/RESULTS.md).
+memory::desc low_activations(const memory::dims& d, DType lt) {
+  return memory::desc(d, dnnl_type(lt), layout_tag(d.size(), true));
+}
+memory::desc low_any(const memory::dims& d, DType lt) { return memory::desc(d, dnnl_type(lt), memory::format_tag::any); }
+
+// What a low plan's key adds: the autocast type and each user tensor's storage.
+int64_t storage_code(const Tensor& t) { return static_cast<int64_t>(t.dtype()) * 2 + t.channels_last(); }
+
+dnnl::convolution_forward::primitive_desc low_forward_pd(dn::State& s, const Conv& c, DType lt, bool bias) {
+  const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+  return dn::make_pd<dnnl::convolution_forward>(s.engine, dn::user_scratchpad(), dnnl::prop_kind::forward_training,
+                                                dnnl::algorithm::convolution_direct, low_activations(c.x, lt),
+                                                low_any(c.w, lt), b, low_activations(c.y, lt), c.strides(), c.pads(),
+                                                c.pads());
+}
+
+// y (=) for x, w and the bias, rounded once after the bias.
+void low_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t stride, int64_t pad,
+                 Tensor& y) {
+  const Conv c = conv_of(x, w, y, stride, pad, false);
+  if (c.batch() == 0) return;
+  const DType lt = ctx.math.autocast;
+  dn::State& s = dn::state(ctx);
+  dn::Key key = key_of(c, dn::kConvLowForward, b != nullptr, onednn_threads(ctx));
+  key << static_cast<int64_t>(lt) << storage_code(x) << storage_code(y);
+  ForwardPlan& p = s.plan<ForwardPlan>(key, [&] {
+    auto q = std::make_unique<ForwardPlan>();
+    const auto pd = low_forward_pd(s, c, lt, b != nullptr);
+    dn::WorkspaceLayout ws;
+    q->x = operand(s, stored_desc(c.x, x), pd.src_desc(), true, ws);
+    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
+    q->y = operand(s, stored_desc(c.y, y), pd.dst_desc(), false, ws);
+    if (b) q->b = dn::unbound(pd.bias_desc(), s.engine);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+    q->bytes = ws.bytes;
+    q->prim = dnnl::convolution_forward(pd);
+    return q;
+  });
+  char* ws = static_cast<char*>(ctx.workspace(p.bytes));
+  dn::bind(p.scratch, ws + p.scratch_at);
+  bind_input(s, p.w, w.f32(), ws);
+  bind_input(s, p.x, x.raw(), ws);
+  bind_output(p.y, y.raw(), ws);
+  if (b) {
+    dn::bind(p.b, b->f32());
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_BIAS, &p.b},
+                            {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  } else {
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_DST, &p.y.inner},
+                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  }
+  finish(s, p.y);
+}
+
+// dx (=), rounded.
+void low_backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& c, Tensor& dx) {
+  const DType lt = ctx.math.autocast;
+  dn::State& s = dn::state(ctx);
+  dn::Key key = key_of(c, dn::kConvLowBackwardData, 0, onednn_threads(ctx));
+  key << static_cast<int64_t>(lt) << storage_code(dy) << storage_code(dx);
+  DataPlan& p = s.plan<DataPlan>(key, [&] {
+    auto q = std::make_unique<DataPlan>();
+    const auto pd = dn::make_backward_pd<dnnl::convolution_backward_data>(
+        s.engine, dn::user_scratchpad(), low_forward_pd(s, c, lt, false), dnnl::algorithm::convolution_direct,
+        low_activations(c.x, lt), low_any(c.w, lt), low_activations(c.y, lt), c.strides(), c.pads(), c.pads());
+    dn::WorkspaceLayout ws;
+    q->dy = operand(s, stored_desc(c.y, dy), pd.diff_dst_desc(), true, ws);
+    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
+    q->dx = operand(s, stored_desc(c.x, dx), pd.diff_src_desc(), false, ws);
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+    q->bytes = ws.bytes;
+    q->prim = dnnl::convolution_backward_data(pd);
+    return q;
+  });
+  char* ws = static_cast<char*>(ctx.workspace(p.bytes));
+  dn::bind(p.scratch, ws + p.scratch_at);
+  bind_input(s, p.w, w.f32(), ws);
+  bind_input(s, p.dy, dy.raw(), ws);
+  bind_output(p.dx, dx.raw(), ws);
+  dn::execute(s, p.prim, {{DNNL_ARG_DIFF_DST, &p.dy.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
+                          {DNNL_ARG_DIFF_SRC, &p.dx.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  finish(s, p.dx);
+}
+
+// dw (+=) the term rounded to the low type, when defined; db (+=) the float32
+// sums of dy, when non-null.
+void low_backward_weights(Context& ctx, const Tensor& x, const Tensor& dy, const Conv& c, Tensor& dw, Tensor* db) {
+  const DType lt = ctx.math.autocast;
+  const bool want_dw = dw.defined(), bias = db != nullptr;
+  FANOUT_CHECK((!want_dw || dw.dtype() == DType::F32) && (!bias || db->dtype() == DType::F32))
+      << "conv_backward: float64 gradients need split-invariant math, not autocast to " << dtype_name(lt);
+  dn::State& s = dn::state(ctx);
+  dn::Key key = key_of(c, dn::kConvLowBackwardWeights, want_dw | bias << 1, onednn_threads(ctx));
+  key << static_cast<int64_t>(lt) << storage_code(x) << storage_code(dy);
+  WeightsPlan& p = s.plan<WeightsPlan>(key, [&] {
+    auto q = std::make_unique<WeightsPlan>();
+    const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
+    const auto pd = dn::make_backward_pd<dnnl::convolution_backward_weights>(
+        s.engine, dn::user_scratchpad(), low_forward_pd(s, c, lt, bias), dnnl::algorithm::convolution_direct,
+        low_activations(c.x, lt), low_any(c.w, lt), b, low_activations(c.y, lt), c.strides(), c.pads(), c.pads());
+    dn::WorkspaceLayout ws;
+    q->x = operand(s, stored_desc(c.x, x), pd.src_desc(), true, ws);
+    q->dy = operand(s, stored_desc(c.y, dy), pd.diff_dst_desc(), true, ws);
+    // Always through the reorder, which widens the low-type term and adds it (user += inner).
+    q->dw = operand(s, dn::plain(c.w), pd.diff_weights_desc(), false, ws, /*accumulate=*/true);
+    if (bias) {
+      q->db = dn::unbound(pd.diff_bias_desc(), s.engine);
+      q->db_at = ws.add(pd.diff_bias_desc().get_size());
+    }
+    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+    q->part_at = ws.add(dn::plain(c.w).get_size());  // the weights' target when dw is not wanted
+    q->bytes = ws.bytes;
+    q->prim = dnnl::convolution_backward_weights(pd);
+    return q;
+  });
+  char* ws = static_cast<char*>(ctx.workspace(p.bytes));
+  dn::bind(p.scratch, ws + p.scratch_at);
+  bind_input(s, p.x, x.raw(), ws);
+  bind_input(s, p.dy, dy.raw(), ws);
+  bind_output(p.dw, want_dw ? dw.raw() : ws + p.part_at, ws);
+  if (bias) {
+    dn::bind(p.db, ws + p.db_at);
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
+                            {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_DIFF_BIAS, &p.db},
+                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+    const float* part = reinterpret_cast<const float*>(ws + p.db_at);
+    for (int64_t o = 0; o < c.w[0]; ++o) db->f32()[o] += part[o];
+  } else {
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
+                            {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  }
+  if (want_dw) finish(s, p.dw);
+}
+
+void low_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, int64_t stride, int64_t pad,
+                  Tensor* dx, Tensor& dw, Tensor* db) {
+  const Conv c = conv_of(x, w, dy, stride, pad, false);
+  if (c.batch() == 0) return;
+  if (dx) low_backward_data(ctx, w, dy, c, *dx);
+  if (dw.defined() || db) low_backward_weights(ctx, x, dy, c, dw, db);
+}
+
 }  // namespace
+
+bool conv_rounds_in_low_type(const Context& ctx) {
+  // bfloat16 only: oneDNN's float16 convolutions need CPUs (AVX-512 FP16)
+  // whose support this code has not been run on.
+  return ctx.math.autocast == DType::BF16 && !ctx.math.split_invariant && low_gemm_native(DType::BF16);
+}
 
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b,
                   const ConvGeometry& g, Tensor& y) {
+  if (conv_rounds_in_low_type(ctx)) return low_forward(ctx, x, w, b, g.stride, g.padding, y);
   forward(ctx, x, w, b, g.stride, g.padding, y);
 }
 
 void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor& dy,
                    const ConvGeometry& g, Tensor* dx, Tensor& dw, Tensor* db) {
+  if (conv_rounds_in_low_type(ctx)) return low_backward(ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
   backward(ctx, x, w, dy, g.stride, g.padding, dx, dw, db);
 }
 

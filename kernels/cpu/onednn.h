@@ -26,7 +26,10 @@ namespace fanout::kernels::cpu::onednn {
 using cpu::threads;
 
 // The ops with plans: a key's first number.
-enum PlanKind : int64_t { kConvForward = 1, kConvBackwardData, kConvBackwardWeights, kGemm, kGemmStridedBatched, kGemmLow };
+enum PlanKind : int64_t {
+  kConvForward = 1, kConvBackwardData, kConvBackwardWeights, kGemm, kGemmStridedBatched, kGemmLow,
+  kConvLowForward, kConvLowBackwardData, kConvLowBackwardWeights
+};
 
 // What identifies a cached plan: its kind, then every number its primitives
 // were made for (shapes, geometry, which outputs, threads).

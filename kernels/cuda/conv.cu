@@ -543,6 +543,8 @@ void backward(const char* op, Context& ctx, const Tensor& x, const Tensor& w, co
 
 }  // namespace
 
+bool conv_rounds_in_low_type(const Context& ctx) { return ctx.math.autocast != DType::F32; }
+
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b,
                   const ConvGeometry& g, Tensor& y) {
   forward(spatial == 2 ? "conv2d_forward" : "conv3d_forward", ctx, x, w, b, g.stride, g.padding, y);

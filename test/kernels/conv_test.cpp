@@ -275,14 +275,16 @@ TEST_P(ConvOnBackend, MathOptionsAgainstDirectConvolution) {
   check({2, 16, 6, 9, 8, 24, 3, 3, 3, 1, 1}, true, {}, 1e-3, rng);
 }
 
-// Under autocast the layers hand the kernels low-type values; CUDA then runs
-// cuDNN in that type and rounds y, dx and the dw term to it, the CPU keeps
-// float32. Against the direct convolution of the rounded operands: on CUDA
-// each element within 4 u (u = 2^-9 bfloat16, 2^-11 float16: one bfloat16 ulp
-// at worst, two float16 ones) of max(|reference|, its rms), on the CPU 1e-4. Rounding the
-// exact result costs half an ulp; cuDNN's bf16 kernels on an H100 missed by
-// up to 0.99 ulp (21 of 9,600 outputs past 2 u): their float32 accumulation
-// is not exact either.
+// Under autocast the layers hand the kernels low-type values; where the
+// kernels round in the low type (kernels::conv_rounds_in_low_type: CUDA's
+// cuDNN, a CPU's oneDNN in bfloat16 where it multiplies it natively) they
+// round y, dx and the dw term to it, otherwise the CPU keeps float32.
+// Against the direct convolution of the rounded operands: rounding kernels
+// each element within 4 u (u = 2^-9 bfloat16, 2^-11 float16: one bfloat16
+// ulp at worst, two float16 ones) of max(|reference|, its rms), float32
+// ones 1e-4. Rounding the exact result costs half an ulp; cuDNN's bf16
+// kernels on an H100 missed by up to 0.99 ulp (21 of 9,600 outputs past
+// 2 u): their float32 accumulation is not exact either.
 TEST_P(ConvOnBackend, LowPrecisionAgainstRoundedOperands) {
   std::mt19937_64 rng(77);
   for (DType t : {DType::BF16, DType::F16}) {
@@ -296,6 +298,16 @@ TEST_P(ConvOnBackend, LowPrecisionAgainstRoundedOperands) {
     MathOptions m;
     m.autocast = t;
     ctx().math = m;
+    const bool rounds = kernels::conv_rounds_in_low_type(ctx());
+    EXPECT_TRUE(rounds || !on_cuda());
+    // Each element within 4 u of max(|reference|, rms) where the kernels
+    // round (cudatest::close, on any backend), else as matches() says.
+    auto near = [&](const Tensor& got, const std::vector<double>& want, double cpu_tol) {
+      if (!rounds || on_cuda()) return matches(got, want, cpu_tol, 4 * u);
+      Tensor w = Tensor::empty(got.shape());
+      for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = static_cast<float>(want[static_cast<size_t>(i)]);
+      return cudatest::close(got, w, 4 * u);
+    };
     for (const ConvCase& k : {conv2d(4, 16, 10, 10, 24, 3, 3, 1, 1), conv2d(3, 8, 9, 7, 12, 3, 3, 2, 1),
                               ConvCase{2, 8, 5, 6, 7, 12, 3, 3, 3, 1, 1}}) {
       SCOPED_TRACE(::testing::Message() << k << " " << dtype_name(t));
@@ -310,12 +322,70 @@ TEST_P(ConvOnBackend, LowPrecisionAgainstRoundedOperands) {
       kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), &dxd, dwd, &dbd);
       ConvRef r = naive_conv(k, x, w, &b, &dy);
       for (int64_t i = 0; i < w.numel(); ++i) r.dw[i] += dw0.f32()[i];
-      EXPECT_TRUE(matches(down(yd), r.y, 1e-4, 4 * u)) << "y";
-      EXPECT_TRUE(matches(down(dxd), r.dx, 1e-4, 4 * u)) << "dx";
-      EXPECT_TRUE(matches(down(dwd), r.dw, 1e-4, 4 * u)) << "dw (+=)";
+      EXPECT_TRUE(near(down(yd), r.y, 1e-4)) << "y";
+      EXPECT_TRUE(near(down(dxd), r.dx, 1e-4)) << "dx";
+      EXPECT_TRUE(near(down(dwd), r.dw, 1e-4)) << "dw (+=)";
       EXPECT_TRUE(matches(down(dbd), r.db, 1e-4, 1e-4)) << "db (float32 on both)";
     }
   }
+}
+
+// Where the kernels round in the low type they take float32 operands of any
+// values and round them as they read them: y and dx, stored float32, hold
+// low-type values, each within 4 u of the direct convolution of the rounded
+// operands (as above), and dw's float32 values move by a term that is one.
+TEST_P(ConvOnBackend, RoundsFloat32OperandsInTheLowType) {
+  std::mt19937_64 rng(79);
+  int checked = 0;
+  for (DType t : {DType::BF16, DType::F16}) {
+    MathOptions m;
+    m.autocast = t;
+    ctx().math = m;
+    if (!kernels::conv_rounds_in_low_type(ctx())) continue;  // float32 kernels: LowPrecisionAgainstRoundedOperands
+    ++checked;
+    const double u = std::ldexp(1.0, t == DType::BF16 ? -9 : -11);
+    const auto rounded = [&](const Tensor& v) {
+      return ft::float32_values(ft::stored_copy(v, t, MemoryFormat::Contiguous));
+    };
+    const auto representable = [&](const Tensor& v) {
+      const Tensor r = rounded(v);
+      for (int64_t i = 0; i < v.numel(); ++i)
+        if (r.f32()[i] != v.f32()[i]) return false;
+      return true;
+    };
+    for (const ConvCase& k : {conv2d(3, 8, 9, 7, 12, 3, 3, 2, 1), ConvCase{2, 4, 5, 6, 7, 6, 3, 3, 3, 1, 1}}) {
+      SCOPED_TRACE(::testing::Message() << k << " " << dtype_name(t));
+      const int s = k.spatial();
+      const Tensor x = ft::random_tensor(k.x(), rng), w = ft::random_tensor(k.weight(), rng);
+      const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), k.geometry());
+      const Tensor dy = ft::random_tensor(ys, rng), dw0 = ft::random_tensor(w.shape(), rng);
+      Tensor yd = poisoned(ys), dxd = poisoned(x.shape()), dwd = up(dw0);
+      const Tensor xd = up(x), wd = up(w), dyd = up(dy);
+      kernels::conv_forward(ctx(), s, xd, wd, nullptr, k.geometry(), yd);
+      kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), &dxd, dwd, nullptr);
+      const Tensor xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+      const ConvRef r = naive_conv(k, xr, wr, nullptr, &dyr);
+      const Tensor y = down(yd), dx = down(dxd), dw = down(dwd);
+      EXPECT_TRUE(representable(y)) << "y rounded";
+      EXPECT_TRUE(representable(dx)) << "dx rounded";
+      const auto as_tensor = [](const std::vector<double>& v, const Shape& sh) {
+        Tensor o = Tensor::empty(sh);
+        for (int64_t i = 0; i < o.numel(); ++i) o.f32()[i] = static_cast<float>(v[static_cast<size_t>(i)]);
+        return o;
+      };
+      EXPECT_TRUE(cudatest::close(y, as_tensor(r.y, ys), 4 * u)) << "y";
+      EXPECT_TRUE(cudatest::close(dx, as_tensor(r.dx, x.shape()), 4 * u)) << "dx";
+      Tensor term = Tensor::empty(w.shape());
+      for (int64_t i = 0; i < w.numel(); ++i) term.f32()[i] = dw.f32()[i] - dw0.f32()[i];
+      EXPECT_TRUE(cudatest::close(term, as_tensor(r.dw, w.shape()), 4 * u + 1e-6)) << "dw's term";
+      // The unrounded operands give other outputs: the rounding is real.
+      const ConvRef raw = naive_conv(k, x, w, nullptr, &dy);
+      EXPECT_FALSE(cudatest::close(as_tensor(raw.y, ys), as_tensor(r.y, ys), 1e-5)) << "x, w not rounded?";
+    }
+  }
+  ctx().math = MathOptions{};
+  if (on_cuda()) EXPECT_EQ(checked, 2) << "CUDA rounds in both low types";
+  if (checked == 0) GTEST_SKIP() << "this CPU's convolutions compute in float32 under autocast";
 }
 
 // Activations in low-type storage, either format: x and dy read as stored,
