@@ -4,7 +4,8 @@
 // channel (and one for the last values of each plane), vectorized;
 // elementwise passes use per-channel constants, no division.
 // Threads take whole channels (reductions) or planes (elementwise passes),
-// so the results do not depend on their number.
+// so the results do not depend on their number. Channels-last tensors (any
+// floating storage) go to the row kernels of kernels/cpu/batchnorm_rows.h.
 #include "kernels/batchnorm.h"
 #include "kernels/activation.h"
 #include "kernels/convert.h"
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/batchnorm_rows.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 #include "runtime/core/half.h"
@@ -115,6 +117,7 @@ inline void affine2(const float* x, int64_t len, float hi, float lo, float k, fl
 }  // namespace
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
+  if (x.channels_last()) return rows::bn_stats(ctx, x, stats);
   const Planes p = planes_of(x);
   const float* xp = x.f32();
   double* sp = stats.f64();  // (3, C)
@@ -170,6 +173,7 @@ void round_output(Context& ctx, Tensor& t) {
 
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
+  if (x.channels_last()) return rows::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
   float* yp = y.f32();
@@ -222,6 +226,7 @@ void affine_add_relu_rounded(const float* x, const float* z, int64_t len, float 
 
 void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
+  if (x.channels_last()) return rows::bn_apply_add_relu(ctx, x, mean, invstd, gamma, beta, z, y, round);
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
   const float* zp = z ? z->f32() : nullptr;
@@ -239,6 +244,7 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
+  if (x.channels_last()) return rows::bn_forward_eval(ctx, x, running_mean, running_var, gamma, beta, eps, y);
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(),
               *bp = beta.f32();
@@ -257,6 +263,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean,
                         const Tensor& invstd, Tensor& grad_stats) {
+  if (x.channels_last()) return rows::bn_backward_reduce(ctx, x, dy, mean, invstd, grad_stats);
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32();
   float* gs = grad_stats.f32();  // (2, C)
@@ -282,6 +289,7 @@ void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, con
 
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
+  if (x.channels_last()) return rows::bn_backward_apply(ctx, x, dy, mean, invstd, gamma, grad_stats, count, dx);
   const Planes p = planes_of(x);
   const float *xp = x.f32(), *dp = dy.f32(), *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(),
               *gs = grad_stats.f32();

@@ -21,6 +21,7 @@
 #include "kernels/loss.h"
 #include "kernels/optim.h"
 #include "kernels/pool.h"
+#include "kernels/storage_test_util.h"
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/parallel/single_device.h"
@@ -67,6 +68,24 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
     kernels::bn_backward_reduce(ctx, x, dy, mean, invstd, gs);
     kernels::bn_backward_apply(ctx, x, dy, mean, invstd, gamma, gs, x.numel() / 20, dx);
     return std::vector<Tensor>{stats, y, gs, dx};
+  });
+  // The row kernels (channels-last storage), bfloat16 under autocast, and the fused forward.
+  const Tensor xl = ft::stored_copy(x, DType::BF16, MemoryFormat::ChannelsLast);
+  const Tensor dyl = ft::stored_copy(dy, DType::BF16, MemoryFormat::ChannelsLast);
+  expect_same_bits_on_any_thread_count("batch norm, channels-last bfloat16", [&](Context& ctx) {
+    ctx.math.autocast = DType::BF16;
+    Tensor stats = Tensor::empty(Shape{3, 20}, DType::F64), mean = Tensor::empty(Shape{2, 20});
+    Tensor invstd = Tensor::empty(Shape{20}), gs = Tensor::empty(Shape{2, 20});
+    Tensor y = Tensor::empty(x.shape(), DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+    Tensor yr = Tensor::empty(x.shape(), DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+    Tensor dx = Tensor::empty(x.shape(), DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+    kernels::bn_stats(ctx, xl, stats);
+    kernels::bn_finalize(ctx, stats, x.numel() / 20, 1e-5f, 0.1f, mean, invstd, nullptr, nullptr);
+    kernels::bn_apply(ctx, xl, mean, invstd, gamma, beta, y);
+    kernels::bn_apply_add_relu(ctx, xl, mean, invstd, gamma, beta, &dyl, yr, DType::BF16);
+    kernels::bn_backward_reduce(ctx, xl, dyl, mean, invstd, gs);
+    kernels::bn_backward_apply(ctx, xl, dyl, mean, invstd, gamma, gs, x.numel() / 20, dx);
+    return std::vector<Tensor>{stats, y, yr, gs, dx};
   });
   expect_same_bits_on_any_thread_count("2-D pooling", [&](Context& ctx) {
     const kernels::PoolGeometry g2{2, 2, 0}, g3{3, 2, 1};
