@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/storage.h"
@@ -26,26 +28,47 @@ Rows rows_of(const Tensor& x) {
   return {c == 0 ? 0 : x.numel() / c, c};
 }
 
-// Channels [c0, c0 + k) of row r of t (R, C), widened into buf.
+// Channels [c0, c0 + k) of row r of t (R, C), widened into buf (bfloat16
+// and float32 inline: a row's channels are few for a call each).
 inline void load(const Tensor& t, int64_t r, int64_t c, int64_t c0, int64_t k, float* buf) {
-  const size_t es = dtype_size(t.dtype());
-  widen_span(t.dtype(), static_cast<const char*>(t.raw()) + static_cast<size_t>(r * c + c0) * es, buf, k);
+  const int64_t at = r * c + c0;
+  if (t.dtype() == DType::BF16) {
+    const uint16_t* p = t.data<uint16_t>() + at;
+    for (int64_t j = 0; j < k; ++j) buf[j] = half::float_from_bf16(p[j]);
+  } else if (t.dtype() == DType::F32) {
+    std::memcpy(buf, t.f32() + at, static_cast<size_t>(k) * sizeof(float));
+  } else {
+    widen_span(t.dtype(), t.data<uint16_t>() + at, buf, k);
+  }
 }
 // buf into channels [c0, c0 + k) of row r of t, rounded to t's type.
 inline void store(Tensor& t, int64_t r, int64_t c, int64_t c0, int64_t k, const float* buf) {
-  const size_t es = dtype_size(t.dtype());
-  narrow_span(t.dtype(), buf, static_cast<char*>(t.raw()) + static_cast<size_t>(r * c + c0) * es, k);
+  const int64_t at = r * c + c0;
+  if (t.dtype() == DType::BF16) {
+    uint16_t* p = t.data<uint16_t>() + at;
+    for (int64_t j = 0; j < k; ++j) p[j] = half::bf16_from_float(buf[j]);
+  } else if (t.dtype() == DType::F32) {
+    std::memcpy(t.f32() + at, buf, static_cast<size_t>(k) * sizeof(float));
+  } else {
+    narrow_span(t.dtype(), buf, t.data<uint16_t>() + at, k);
+  }
 }
 
-// v rounded to t (F32: v itself), nearest even.
-inline float round_as(DType t, float v) {
-  if (t == DType::BF16) return half::float_from_bf16(half::bf16_from_float(v));
-  if (t == DType::F16) return half::float_from_f16(half::f16_from_float(v));
-  return v;
+// v rounded to T (F32: v itself), nearest even.
+template <DType T>
+inline float round_as(float v) {
+  if constexpr (T == DType::BF16) return half::float_from_bf16(half::bf16_from_float(v));
+  else if constexpr (T == DType::F16) return half::float_from_f16(half::f16_from_float(v));
+  else return v;
 }
-inline void round_all(DType t, float* v, int64_t k) {
-  if (t == DType::F32) return;
-  for (int64_t j = 0; j < k; ++j) v[j] = round_as(t, v[j]);
+
+// f(tag) with tag's type std::integral_constant<DType, t> for t F32, BF16 or
+// F16: the passes' loops with their rounding fixed at compile time.
+template <class F>
+void with_round(DType t, F&& f) {
+  if (t == DType::BF16) f(std::integral_constant<DType, DType::BF16>{});
+  else if (t == DType::F16) f(std::integral_constant<DType, DType::F16>{});
+  else f(std::integral_constant<DType, DType::F32>{});
 }
 
 // f(c0, k) over the channels in blocks of at most kRun, one range of them per
@@ -102,18 +125,23 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
               const Tensor& beta, Tensor& y) {
   const Rows p = rows_of(x);
   const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
-  const DType round = ctx.math.autocast;
-  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-    float buf[kRun];
-    for (int64_t r = r0; r < r1; ++r) {
-      load(x, r, p.c, c0, k, buf);
+  with_round(ctx.math.autocast, [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+      float hi[kRun], lo[kRun], sc[kRun], b[kRun], buf[kRun];
       for (int64_t j = 0; j < k; ++j) {
         const int64_t c = c0 + j;
-        buf[j] = ((buf[j] - mp[c]) - mp[p.c + c]) * (ip[c] * gp[c]) + bp[c];
+        hi[j] = mp[c];
+        lo[j] = mp[p.c + c];
+        sc[j] = ip[c] * gp[c];
+        b[j] = bp[c];
       }
-      round_all(round, buf, k);
-      store(y, r, p.c, c0, k, buf);
-    }
+      for (int64_t r = r0; r < r1; ++r) {
+        load(x, r, p.c, c0, k, buf);
+        for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>(((buf[j] - hi[j]) - lo[j]) * sc[j] + b[j]);
+        store(y, r, p.c, c0, k, buf);
+      }
+    });
   });
 }
 
@@ -121,24 +149,36 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
                        const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
   const Rows p = rows_of(x);
   const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
-  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-    float buf[kRun], zb[kRun];
-    for (int64_t r = r0; r < r1; ++r) {
-      load(x, r, p.c, c0, k, buf);
-      if (z) load(*z, r, p.c, c0, k, zb);  // before y's row is written: y may alias z
+  with_round(round, [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+      float hi[kRun], lo[kRun], sc[kRun], b[kRun], buf[kRun], zb[kRun];
       for (int64_t j = 0; j < k; ++j) {
         const int64_t c = c0 + j;
-        float v = ((buf[j] - mp[c]) - mp[p.c + c]) * (ip[c] * gp[c]) + bp[c];
-        if (round != DType::F32) {  // rounded where the unfused layers store
-          v = round_as(round, v);
-          if (z) v = round_as(round, v + zb[j]);
-        } else if (z) {
-          v = v + zb[j];
-        }
-        buf[j] = v < 0.0f ? 0.0f : v;  // NaN propagates, as relu_forward
+        hi[j] = mp[c];
+        lo[j] = mp[p.c + c];
+        sc[j] = ip[c] * gp[c];
+        b[j] = bp[c];
       }
-      store(y, r, p.c, c0, k, buf);
-    }
+      for (int64_t r = r0; r < r1; ++r) {
+        load(x, r, p.c, c0, k, buf);
+        // Rounded where the unfused layers store (F32: nothing between); NaN
+        // propagates through the ReLU, as relu_forward.
+        if (z) {
+          load(*z, r, p.c, c0, k, zb);  // before y's row is written: y may alias z
+          for (int64_t j = 0; j < k; ++j) {
+            const float v = round_as<T>(round_as<T>(((buf[j] - hi[j]) - lo[j]) * sc[j] + b[j]) + zb[j]);
+            buf[j] = v < 0.0f ? 0.0f : v;
+          }
+        } else {
+          for (int64_t j = 0; j < k; ++j) {
+            const float v = round_as<T>(((buf[j] - hi[j]) - lo[j]) * sc[j] + b[j]);
+            buf[j] = v < 0.0f ? 0.0f : v;
+          }
+        }
+        store(y, r, p.c, c0, k, buf);
+      }
+    });
   });
 }
 
@@ -146,17 +186,22 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const Rows p = rows_of(x);
   const float *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(), *bp = beta.f32();
-  const DType round = ctx.math.autocast;
-  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-    float scale[kRun], buf[kRun];
-    for (int64_t j = 0; j < k; ++j)
-      scale[j] = static_cast<float>(gp[c0 + j] / std::sqrt(static_cast<double>(vp[c0 + j]) + static_cast<double>(eps)));
-    for (int64_t r = r0; r < r1; ++r) {
-      load(x, r, p.c, c0, k, buf);
-      for (int64_t j = 0; j < k; ++j) buf[j] = (buf[j] - mp[c0 + j]) * scale[j] + bp[c0 + j];
-      round_all(round, buf, k);
-      store(y, r, p.c, c0, k, buf);
-    }
+  with_round(ctx.math.autocast, [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+      float m[kRun], sc[kRun], b[kRun], buf[kRun];
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t c = c0 + j;
+        m[j] = mp[c];
+        sc[j] = static_cast<float>(gp[c] / std::sqrt(static_cast<double>(vp[c]) + static_cast<double>(eps)));
+        b[j] = bp[c];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        load(x, r, p.c, c0, k, buf);
+        for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>((buf[j] - m[j]) * sc[j] + b[j]);
+        store(y, r, p.c, c0, k, buf);
+      }
+    });
   });
 }
 
@@ -190,26 +235,29 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   const Rows p = rows_of(x);
   const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *gs = grad_stats.f32();
   const double inv_count = 1.0 / static_cast<double>(count);
-  const DType round = ctx.math.autocast;
-  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-    // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
-    // q = k * invstd * sum_dy_xhat / count: the plane kernel's constants.
-    float kf[kRun], a[kRun], q[kRun], xb[kRun], gb[kRun];
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t c = c0 + j;
-      const double kd = static_cast<double>(gp[c]) * ip[c];
-      kf[j] = static_cast<float>(kd);
-      a[j] = static_cast<float>(gs[c] * inv_count);
-      q[j] = static_cast<float>(kd * ip[c] * gs[p.c + c] * inv_count);
-    }
-    for (int64_t r = r0; r < r1; ++r) {
-      load(x, r, p.c, c0, k, xb);
-      load(dy, r, p.c, c0, k, gb);  // dx may alias dy: read before written
-      for (int64_t j = 0; j < k; ++j)
-        gb[j] = kf[j] * (gb[j] - a[j]) - ((xb[j] - mp[c0 + j]) - mp[p.c + c0 + j]) * q[j];
-      round_all(round, gb, k);
-      store(dx, r, p.c, c0, k, gb);
-    }
+  with_round(ctx.math.autocast, [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+      // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
+      // q = k * invstd * sum_dy_xhat / count: the plane kernel's constants.
+      float kf[kRun], a[kRun], q[kRun], hi[kRun], lo[kRun], xb[kRun], gb[kRun];
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t c = c0 + j;
+        const double kd = static_cast<double>(gp[c]) * ip[c];
+        kf[j] = static_cast<float>(kd);
+        a[j] = static_cast<float>(gs[c] * inv_count);
+        q[j] = static_cast<float>(kd * ip[c] * gs[p.c + c] * inv_count);
+        hi[j] = mp[c];
+        lo[j] = mp[p.c + c];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        load(x, r, p.c, c0, k, xb);
+        load(dy, r, p.c, c0, k, gb);  // dx may alias dy: read before written
+        for (int64_t j = 0; j < k; ++j)
+          gb[j] = round_as<T>(kf[j] * (gb[j] - a[j]) - ((xb[j] - hi[j]) - lo[j]) * q[j]);
+        store(dx, r, p.c, c0, k, gb);
+      }
+    });
   });
 }
 
