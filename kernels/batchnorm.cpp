@@ -5,7 +5,6 @@
 // otherwise they go through staging (roles 0 to 4).
 #include "kernels/batchnorm.h"
 
-#include <initializer_list>
 #include <utility>
 
 #include "kernels/dispatch.h"
@@ -14,27 +13,11 @@
 namespace fanout::kernels {
 
 namespace {
-// Whether the backend takes these operands as they are: when each is stored
-// as the first (dtype and format), CUDA in any storage, the CPU in a
-// channels-last one (a float32 contiguous set goes as it is anyway).
-bool native(const Context& ctx, std::initializer_list<const Tensor*> ts) {
-  if (ctx.device().is_cpu() && !(*ts.begin())->channels_last()) return false;
-  for (const Tensor* t : ts)
-    if (t->dtype() != (*ts.begin())->dtype() || t->format() != (*ts.begin())->format()) return false;
-  return ctx.device().is_cpu() || detail::cuda_alike(ctx, ts);
-}
-// with_staged, or run(x, y) on them as they are when native.
-template <class Run>
-void with_staged_unless_native(Context& ctx, const char* op, const Tensor& x, Tensor& y, Run&& run) {
-  if (native(ctx, {&x, &y})) return run(x, y);
-  detail::with_staged(ctx, op, "x", x, "y", y, run);
-}
 // x (N, C, ...) with at least 2 dims; returns C. Float32 contiguous, or any
 // floating storage where the backend takes it natively (channels-last on
 // the CPU).
 int64_t check_bn_input(const Context& ctx, const char* op, const char* name, const Tensor& x) {
-  if (x.channels_last()) detail::check_storage(ctx, op, name, x);
-  else detail::check_activation(ctx, op, name, x);
+  detail::check_activation_or_rows(ctx, op, name, x);
   FANOUT_CHECK(x.dim() >= 2) << op << ": " << name << " " << x.shape().str() << " must be (N, C, ...)";
   return x.size(1);
 }
@@ -75,7 +58,7 @@ int64_t check_backward_inputs(const Context& ctx, const char* op, const Tensor& 
 }  // namespace
 
 void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
-  const Tensor xs = native(ctx, {&x}) ? x : detail::staged_in(ctx, "bn_stats", "x", 0, x);
+  const Tensor xs = detail::rows_alike(ctx, {&x}) ? x : detail::staged_in(ctx, "bn_stats", "x", 0, x);
   const int64_t c = check_bn_input(ctx, "bn_stats", "x", xs);
   check_batch_stats(ctx, "bn_stats", stats, c);
   FANOUT_DISPATCH(ctx, bn_stats, ctx, xs, stats);
@@ -123,7 +106,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
     check_channel_vec(ctx, op, "invstd", invstd, c);
     FANOUT_DISPATCH(ctx, bn_apply, ctx, xs, mean, invstd, gamma, beta, ys);
   };
-  with_staged_unless_native(ctx, op, x, y, run);
+  detail::with_staged_unless_rows_alike(ctx, op, "x", x, "y", y, run);
 }
 
 namespace {
@@ -142,7 +125,7 @@ AddReluIo add_relu_io(Context& ctx, const char* op, const Tensor& x, const Tenso
       << op << ": cannot round to " << dtype_name(round);
   AddReluIo io;
   io.round = y.dtype() == DType::BF16 || y.dtype() == DType::F16 ? y.dtype() : round;  // stored low: as stored
-  const bool as_is = z ? native(ctx, {&x, z, &y}) : native(ctx, {&x, &y});
+  const bool as_is = z ? detail::rows_alike(ctx, {&x, z, &y}) : detail::rows_alike(ctx, {&x, &y});
   io.xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   if (z) io.zs = as_is ? *z : detail::staged_in(ctx, op, "z", 1, *z);
   io.ys = as_is ? y : detail::staged_out(ctx, op, "y", 2, y);
@@ -215,13 +198,13 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
     check_channel_vec(ctx, op, "running_var", running_var, c);
     FANOUT_DISPATCH(ctx, bn_forward_eval, ctx, xs, running_mean, running_var, gamma, beta, eps, ys);
   };
-  with_staged_unless_native(ctx, op, x, y, run);
+  detail::with_staged_unless_rows_alike(ctx, op, "x", x, "y", y, run);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                         Tensor& grad_stats) {
   const char* op = "bn_backward_reduce";
-  const bool as_is = native(ctx, {&x, &dy});
+  const bool as_is = detail::rows_alike(ctx, {&x, &dy});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
   check_backward_inputs(ctx, op, xs, dys, mean, invstd, grad_stats);
@@ -231,7 +214,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
 void bn_backward_reduce_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& mean,
                              const Tensor& invstd, Tensor& grad_stats, Tensor& g) {
   const char* op = "bn_backward_reduce_relu";
-  const bool as_is = native(ctx, {&x, &y, &dy, &g});
+  const bool as_is = detail::rows_alike(ctx, {&x, &y, &dy, &g});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   const Tensor ys = as_is ? y : detail::staged_in(ctx, op, "y", 1, y);
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 3, dy);
@@ -249,7 +232,7 @@ void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tens
                       const Tensor& invstd, const Tensor& gamma, const Tensor* relu_mask, Tensor& grad_stats,
                       Tensor& g, Tensor& dx) {
   const char* op = "bn_backward_relu";
-  const bool as_is = native(ctx, {&x, &y, &dy, &g, &dx});
+  const bool as_is = detail::rows_alike(ctx, {&x, &y, &dy, &g, &dx});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   const Tensor ys = as_is ? y : detail::staged_in(ctx, op, "y", 1, y);
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 3, dy);
@@ -271,7 +254,7 @@ void bn_backward_relu(Context& ctx, const Tensor& x, const Tensor& y, const Tens
 void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                        const Tensor& gamma, const Tensor& grad_stats, int64_t count, Tensor& dx) {
   const char* op = "bn_backward_apply";
-  const bool as_is = native(ctx, {&x, &dy, &dx});
+  const bool as_is = detail::rows_alike(ctx, {&x, &dy, &dx});
   const Tensor xs = as_is ? x : detail::staged_in(ctx, op, "x", 0, x);
   const Tensor dys = as_is ? dy : detail::staged_in(ctx, op, "dy", 1, dy);
   Tensor dxs = as_is ? dx : detail::staged_out(ctx, op, "dx", 2, dx);

@@ -1,7 +1,8 @@
 // Public pooling and upsampling entry points for both ranks (kernels/pool.h):
 // output shapes, shape/dtype/device checks, then dispatch; activations in any
 // floating storage and format: CUDA takes them as they are when they are
-// stored alike, the CPU (and CUDA otherwise) through staging.
+// stored alike, the CPU's max pooling when they are stored alike
+// channels-last; otherwise through staging.
 #include "kernels/pool.h"
 
 #include <algorithm>
@@ -63,7 +64,7 @@ void check_rank(const Context& ctx, const char* op, const char* name, const Tens
                 bool argmax = false) {
   FANOUT_CHECK(spatial == 2 || spatial == 3) << op << ": pooling over " << spatial << " spatial axes";
   if (argmax) detail::check_tensor(ctx, op, name, t, DType::I32);
-  else detail::check_activation(ctx, op, name, t);
+  else detail::check_activation_or_rows(ctx, op, name, t);
   FANOUT_CHECK(t.dim() == spatial + 2) << op << ": " << name << " " << t.shape().str() << " must be "
                                        << layout(spatial);
 }
@@ -96,7 +97,7 @@ void check_pool_forward(const Context& ctx, const char* op, int spatial, const T
                         const Tensor& y, const Tensor* argmax) {
   check_rank(ctx, op, "x", x, spatial);
   check_volume_indexable(op, x);
-  detail::check_activation(ctx, op, "y", y);
+  detail::check_activation_or_rows(ctx, op, "y", y);
   check_pooled(op, spatial, x, g, "y", y);
   if (!argmax) return;
   detail::check_tensor(ctx, op, "argmax", *argmax, DType::I32);
@@ -122,11 +123,13 @@ void check_avg_backward(const Context& ctx, const char* op, int spatial, const T
 }
 }  // namespace
 
-// Every entry point takes its activations as they are on CUDA when they are stored alike, else staged.
+// Every entry point takes its activations as they are on CUDA when they are
+// stored alike, max pooling also on the CPU when they are stored alike
+// channels-last (its row kernels); else staged.
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
   const char* op = "maxpool_forward";
-  detail::with_staged_unless_alike(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
+  detail::with_staged_unless_rows_alike(ctx, op, "x", x, "y", y, [&](const Tensor& xs, Tensor& ys) {
     check_pool_forward(ctx, op, spatial, xs, g, ys, &argmax);
     FANOUT_DISPATCH(ctx, maxpool_forward, ctx, spatial, xs, g, ys, argmax);
   });
@@ -134,7 +137,7 @@ void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeome
 
 void maxpool_backward(Context& ctx, int spatial, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   const char* op = "maxpool_backward";
-  detail::with_staged_unless_alike(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
+  detail::with_staged_unless_rows_alike(ctx, op, "dy", dy, "dx", dx, [&](const Tensor& dys, Tensor& dxs) {
     check_max_backward(ctx, op, spatial, dys, argmax, dxs);
     FANOUT_DISPATCH(ctx, maxpool_backward, ctx, spatial, dys, argmax, dxs);
   });

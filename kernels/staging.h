@@ -55,11 +55,32 @@ inline bool cuda_alike(const Context& ctx, std::initializer_list<const Tensor*> 
   return true;
 }
 
+// Whether the backend takes these operands as they are in the ops whose CPU
+// kernels also read channels-last rows (batch norm, max pooling): each
+// stored as the first (dtype and format), on CUDA in any storage, on the
+// CPU in a channels-last one (a float32 contiguous set goes to its plane
+// kernels as it is anyway).
+inline bool rows_alike(const Context& ctx, std::initializer_list<const Tensor*> ts) {
+  if (ctx.device().is_cuda()) return cuda_alike(ctx, ts);
+  const Tensor& first = **ts.begin();
+  if (!ctx.device().is_cpu() || !first.channels_last()) return false;
+  for (const Tensor* t : ts)
+    if (t->dtype() != first.dtype() || t->format() != first.format()) return false;
+  return true;
+}
+
 // An activation's check: float32 contiguous for the backends that stage
 // (the CPU), any floating storage on CUDA.
 inline void check_activation(const Context& ctx, const char* op, const char* name, const Tensor& t) {
   if (ctx.device().is_cuda()) check_storage(ctx, op, name, t);
   else check_tensor(ctx, op, name, t);
+}
+
+// check_activation, and any floating storage for a channels-last tensor on
+// the CPU (what rows_alike lets through to its row kernels).
+inline void check_activation_or_rows(const Context& ctx, const char* op, const char* name, const Tensor& t) {
+  if (t.channels_last()) check_storage(ctx, op, name, t);
+  else check_activation(ctx, op, name, t);
 }
 
 // An entry point with one input and one output: run(xs, ys) on them as
@@ -78,6 +99,14 @@ template <class Run>
 void with_staged_unless_alike(Context& ctx, const char* op, const char* x_name, const Tensor& x, const char* y_name,
                               Tensor& y, Run&& run) {
   if (cuda_alike(ctx, {&x, &y})) return run(x, y);
+  with_staged(ctx, op, x_name, x, y_name, y, run);
+}
+
+// The same with rows_alike.
+template <class Run>
+void with_staged_unless_rows_alike(Context& ctx, const char* op, const char* x_name, const Tensor& x,
+                                   const char* y_name, Tensor& y, Run&& run) {
+  if (rows_alike(ctx, {&x, &y})) return run(x, y);
   with_staged(ctx, op, x_name, x, y_name, y, run);
 }
 

@@ -1,5 +1,6 @@
 // CPU pooling and upsampling, one contiguous (n, c) plane or volume at a
-// time (threads take whole volumes). A 2-D pooling runs as a 3-D one with
+// time (threads take whole volumes); max pooling of channels-last storage
+// (any floating type) on rows of channels, as stored (threads take images). A 2-D pooling runs as a 3-D one with
 // depth 1 and a window of 1 along it. Windows are clipped to the volume, so
 // padding is never selected by max pooling (it acts as -inf) and counts as
 // zeros for average pooling (count_include_pad).
@@ -11,6 +12,7 @@
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/storage.h"
 #include "runtime/core/error.h"
 
 namespace fanout::kernels::cpu {
@@ -127,8 +129,86 @@ void maxpool_2x2(const float* xp, int64_t vols, const PoolAxes& ax, float* yp, i
 }
 }  // namespace
 
+namespace {
+
+// Channels-last max pooling: x (N, D*H*W, C) rows, y (N, out, C), argmax
+// (N, C, out) as the plane kernel writes it. Each output position takes its
+// window's rows in (depth, row, column) order, channels in blocks of kRun
+// through float32 buffers: the plane kernel's selection per channel.
+void rows_maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
+                          Tensor& argmax) {
+  const PoolAxes ax = pool_axes(spatial, x.shape(), y.shape(), g);
+  const int64_t n = x.size(0), ch = x.size(1), h = ax.len[1], w = ax.len[2], in = ax.in_volume(),
+                out = ax.out_volume();
+  const DType t = x.dtype();
+  const size_t es = dtype_size(t);
+  const char* xp = static_cast<const char*>(x.raw());
+  char* yp = static_cast<char*>(y.raw());
+  int32_t* ap = argmax.data<int32_t>();
+  parallel_for(ctx, n, grain_for(in * ch), [&](int64_t n0, int64_t n1) {
+    float best[kRun], v[kRun];
+    int32_t best_i[kRun];
+    each_window(ax, n0, n1, [&](int64_t img, int64_t o, const Box& b) {
+      for (int64_t c0 = 0; c0 < ch; c0 += kRun) {
+        const int64_t k = std::min<int64_t>(kRun, ch - c0);
+        const int32_t first = static_cast<int32_t>((b.d0 * h + b.h0) * w + b.w0);
+        for (int64_t j = 0; j < k; ++j) {
+          best[j] = -std::numeric_limits<float>::infinity();
+          best_i[j] = first;
+        }
+        each_row(b, h, w, [&](int64_t row) {
+          for (int64_t col = b.w0; col < b.w1; ++col) {
+            const int64_t at = row + col;  // the position in the image
+            widen_span(t, xp + ((img * in + at) * ch + c0) * es, v, k);
+            for (int64_t j = 0; j < k; ++j) take_max(v[j], static_cast<int32_t>(at), best[j], best_i[j]);
+          }
+        });
+        narrow_span(t, best, yp + ((img * out + o) * ch + c0) * es, k);  // exact: stored values
+        for (int64_t j = 0; j < k; ++j) ap[(img * ch + c0 + j) * out + o] = best_i[j];
+      }
+    });
+  });
+}
+
+// dx (=) from dy through argmax, each image's values added in float32 in
+// the order of its outputs (the plane kernel's), rounded once into dx.
+void rows_maxpool_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  const int64_t n = dx.size(0), ch = dx.size(1);
+  if (n * ch == 0) return;
+  const int64_t in = dx.numel() / (n * ch), out = dy.numel() / (n * ch);
+  const DType t = dx.dtype();
+  const size_t es = dtype_size(t);
+  const char* gp = static_cast<const char*>(dy.raw());
+  char* dp = static_cast<char*>(dx.raw());
+  const int32_t* ap = argmax.data<int32_t>();
+  // Low-type dx: float32 sums in the workspace (an image each), rounded once.
+  float* sums = t == DType::F32 ? nullptr : static_cast<float*>(ctx.workspace(sizeof(float) * dx.numel()));
+  parallel_for(ctx, n, grain_for(in * ch), [&](int64_t n0, int64_t n1) {
+    float g[kRun];
+    for (int64_t img = n0; img < n1; ++img) {
+      float* d = (sums ? sums : reinterpret_cast<float*>(dp)) + img * in * ch;
+      std::fill(d, d + in * ch, 0.0f);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t c0 = 0; c0 < ch; c0 += kRun) {
+          const int64_t k = std::min<int64_t>(kRun, ch - c0);
+          widen_span(dy.dtype(), gp + ((img * out + o) * ch + c0) * es, g, k);
+          for (int64_t j = 0; j < k; ++j) {
+            const int64_t a = ap[(img * ch + c0 + j) * out + o];
+            FANOUT_CHECK(a >= 0 && a < in) << "maxpool_backward: argmax " << a << " outside a volume of dx "
+                                           << dx.shape().str();
+            d[a * ch + c0 + j] += g[j];
+          }
+        }
+      if (sums) narrow_span(t, d, dp + img * in * ch * es, in * ch);
+    }
+  });
+}
+
+}  // namespace
+
 void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                      Tensor& argmax) {
+  if (x.channels_last()) return rows_maxpool_forward(ctx, spatial, x, g, y, argmax);
   const PoolAxes ax = pool_axes(spatial, x.shape(), y.shape(), g);
   const int64_t h = ax.len[1], w = ax.len[2], in = ax.in_volume(), out = ax.out_volume();
   // Windows of 2 at stride 2 without padding: none is clipped.
@@ -158,6 +238,7 @@ void maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeome
 }
 
 void maxpool_backward(Context& ctx, int, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  if (dx.channels_last()) return rows_maxpool_backward(ctx, dy, argmax, dx);
   const int64_t vols = dx.size(0) * dx.size(1);
   if (vols == 0) return;
   const int64_t in = dx.numel() / vols, out = dy.numel() / vols;

@@ -181,6 +181,62 @@ TEST_P(MaxPool, ForwardBackwardAgainstNaive) {
   }
 }
 
+// Channels-last storage (the CPU's row kernels; CUDA's native ones): every
+// geometry, ties (first maximum wins), NaN and thread counts as above, the
+// selected values and argmax exactly the naive ones, dx the scatter of dy
+// (overlapping windows' sums rounded once to the type).
+TEST_P(MaxPool, ChannelsLastAgainstNaive) {
+  std::mt19937_64 rng(75);
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (int s : kRanks)
+      for (const PoolGeometry& g : kGeoms)
+        for (int threads : {0, 3}) {
+          const Shape xs = s == 2 ? Shape{4, 19, 7, 9} : Shape{3, 6, 5, 7, 6};
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << xs.str() << " " << str(g) << " threads "
+                                            << threads);
+          ctx().math.cpu_threads = threads;
+          struct Restore {
+            Context& c;
+            ~Restore() { c.math.cpu_threads = 0; }
+          } restore{ctx()};
+          Tensor x32 = tied_tensor(xs, rng);
+          x32.f32()[5] = std::nanf("");  // NaN propagates and is selected
+          const Tensor x = ft::stored_copy(x32, t, MemoryFormat::ChannelsLast);
+          const Shape ys = kernels::pool_output_shape(s, xs, g);
+          const Tensor r = ft::stored_copy(ft::random_tensor(ys, rng), t, MemoryFormat::ChannelsLast);
+          Tensor yd = up(ft::poisoned_stored(ys, t, MemoryFormat::ChannelsLast)), argd = poisoned(ys, DType::I32);
+          Tensor dxd = up(ft::poisoned_stored(xs, t, MemoryFormat::ChannelsLast));
+          kernels::maxpool_forward(ctx(), s, up(x), g, yd, argd);
+          kernels::maxpool_backward(ctx(), s, up(r), argd, dxd);
+          const Tensor y = down(yd), arg = down(argd), dx = down(dxd);
+          const Ref ref(s, xs, g);
+          std::vector<float> ry;
+          std::vector<int32_t> ra;
+          const Tensor xv = ft::float32_values(x);
+          naive_maxpool(ref, xv, ry, ra);
+          ref.each_tap([&](int64_t o, int64_t i) {  // a window holding the NaN selects it (the only one)
+            if (std::isnan(xv.f32()[i])) {
+              ry[o] = xv.f32()[i];
+              ra[o] = static_cast<int32_t>(i % ref.in_volume());
+            }
+          });
+          int nans = 0;
+          for (int64_t o = 0; o < y.numel(); ++o) {
+            const float got = ft::stored(y, o);
+            nans += std::isnan(got);
+            ASSERT_TRUE(got == ry[o] || (std::isnan(got) && std::isnan(ry[o]))) << o << ": " << got << " vs " << ry[o];
+            ASSERT_EQ(arg.data<int32_t>()[o], ra[o]) << o;
+          }
+          EXPECT_GT(nans, 0);
+          const Tensor r32 = ft::float32_values(r);
+          std::vector<double> rdx(x.numel(), 0.0);
+          for (int64_t o = 0; o < r.numel(); ++o) rdx[(o / ref.out_volume()) * ref.in_volume() + ra[o]] += r32.f32()[o];
+          const double u = ft::unit_roundoff(t);
+          for (int64_t i = 0; i < x.numel(); ++i)
+            ASSERT_NEAR(ft::stored(dx, i), rdx[i], u * std::abs(rdx[i]) + 1e-6) << i;
+        }
+}
+
 TEST_P(MaxPool, TiesPickFirstAndPaddingIsNeverSelected) {
   for (int s : kRanks) {
     SCOPED_TRACE(s);
@@ -565,6 +621,10 @@ TEST(Pool, ArgmaxOutsideTheVolumeIsRefused) {
     Tensor x = Tensor::zeros(xs), y = Tensor::zeros(ys), arg = Tensor::zeros(ys, DType::I32);
     arg.data<int32_t>()[0] = static_cast<int32_t>(xs.numel() / (xs[0] * xs[1]));
     EXPECT_THROW(kernels::maxpool_backward(ctx, s, y, arg, x), Error) << s;
+    // The row kernels (channels-last storage) check it too.
+    Tensor xl = Tensor::zeros(xs, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+    const Tensor yl = Tensor::zeros(ys, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+    EXPECT_THROW(kernels::maxpool_backward(ctx, s, yl, arg, xl), Error) << s;
   }
 }
 
