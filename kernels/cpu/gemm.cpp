@@ -146,17 +146,16 @@ struct LowGemmPlan : dn::Plan {
 };
 
 // A (m, k) x B (k, n) -> C (m, n) in these types, with a float32 bias row
-// when asked and C's old values added when accumulating.
+// (n values) when asked and C's old values added when accumulating.
 dnnl::matmul::primitive_desc low_pd(const dnnl::engine& e, const memory::desc& ad, const memory::desc& bd,
-                                    bool bias, bool accumulate, const memory::desc& cd) {
+                                    bool bias, bool accumulate, const memory::desc& cd, int64_t n) {
   dnnl::primitive_attr attr = dn::user_scratchpad();
   if (accumulate) {
     dnnl::post_ops po;
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  const memory::desc biasd =
-      bias ? memory::desc({1, cd.dims()[1]}, memory::data_type::f32, memory::dims{cd.dims()[1], 1}) : memory::desc();
+  const memory::desc biasd = bias ? memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1}) : memory::desc();
   return dn::make_pd<dnnl::matmul>(e, attr, ad, bd, biasd, cd);
 }
 
@@ -172,7 +171,7 @@ bool low_gemm_native(DType t) {
       const dnnl::engine e(dnnl::engine::kind::cpu, 0);
       const memory::data_type dt = dnnl_type(t);
       const auto pd = low_pd(e, matrix(64, 64, 64, false, dt), matrix(64, 64, 64, true, dt), true, true,
-                             matrix(64, 64, 64, false, dt));
+                             matrix(64, 64, 64, false, dt), 64);
       // "ref:any" and the like: oneDNN's reference loops, far slower than
       // the float32 path through staging.
       native[i] = std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
@@ -197,7 +196,7 @@ void gemm_low(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, in
   LowGemmPlan& p = s.plan<LowGemmPlan>(key, [&] {
     auto q = std::make_unique<LowGemmPlan>();
     const auto pd = low_pd(s.engine, matrix(m, k, lda, trans_a, dnnl_type(ab)), matrix(k, n, ldb, trans_b, dnnl_type(ab)),
-                           bias != nullptr, accumulate, matrix(m, n, ldc, false, dnnl_type(c_type)));
+                           bias != nullptr, accumulate, matrix(m, n, ldc, false, dnnl_type(c_type)), n);
     q->a = dn::unbound(pd.src_desc(), s.engine);
     q->b = dn::unbound(pd.weights_desc(), s.engine);
     if (bias) q->bias = dn::unbound(pd.bias_desc(), s.engine);
