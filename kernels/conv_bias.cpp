@@ -1,5 +1,6 @@
 // Per-channel bias entry points: checks, then dispatch; y and dy in any
-// floating storage and format: CUDA as they are, the CPU through staging.
+// floating storage and format: CUDA as they are, the CPU through staging
+// (its gradient reads channels-last storage as stored).
 #include "kernels/conv_bias.h"
 
 #include "kernels/dispatch.h"
@@ -21,8 +22,8 @@ void channel_bias_add(Context& ctx, Tensor& y, const Tensor& b) {
 
 void channel_bias_grad(Context& ctx, const Tensor& dy, Tensor& db) {
   const char* op = "channel_bias_grad";
-  const Tensor dys = detail::cuda_alike(ctx, {&dy}) ? dy : detail::staged_in(ctx, op, "dy", 0, dy);
-  detail::check_activation(ctx, op, "dy", dys);
+  const Tensor dys = detail::rows_alike(ctx, {&dy}) ? dy : detail::staged_in(ctx, op, "dy", 0, dy);
+  detail::check_activation_or_rows(ctx, op, "dy", dys);
   detail::check_grad(ctx, op, "db", db);
   FANOUT_CHECK(dy.dim() >= 2 && db.shape() == Shape{dy.size(1)})
       << op << ": db " << db.shape().str() << " for dy " << dy.shape().str();

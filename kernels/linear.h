@@ -7,8 +7,9 @@
 //     split-invariant math): the kernels take x, w and dy as they are and
 //     round them to the low type as they read them, multiply in it with
 //     float32 accumulation, and return y (after its bias), dx and dW's term
-//     rounded, dW's term then added to the float32 dw; b is added and db
-//     summed from dy as given (the layer rounds b, and dy under a bias);
+//     rounded, dW's term then added to the float32 dw; b must hold values
+//     of the low type (the layer rounds it) and db is summed from dy as
+//     given (the layer rounds dy under a bias);
 //   false: x, w and dy must hold low-type values (the layer rounds them), the
 //     products and dW's sum are float32, and the layer rounds y, dx and dW.
 #pragma once

@@ -653,34 +653,32 @@ void low_backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Co
   finish(s, p.dx);
 }
 
-// dw (+=) the term rounded to the low type, when defined; db (+=) the float32
-// sums of dy, when non-null.
+// db (+=) summed from dy as given (kernels::channel_bias_grad, as CUDA sums
+// it), when non-null; dw (+=) the term rounded to the low type, when
+// defined: widened and added by its reorder, or, into float64 dw, added in
+// double.
 void low_backward_weights(Context& ctx, const Tensor& x, const Tensor& dy, const Conv& c, Tensor& dw, Tensor* db) {
+  if (db) kernels::channel_bias_grad(ctx, dy, *db);
+  if (!dw.defined()) return;
   const DType lt = ctx.math.autocast;
-  const bool want_dw = dw.defined(), bias = db != nullptr;
-  FANOUT_CHECK((!want_dw || dw.dtype() == DType::F32) && (!bias || db->dtype() == DType::F32))
-      << "conv_backward: float64 gradients need split-invariant math, not autocast to " << dtype_name(lt);
+  const bool exact = dw.dtype() == DType::F64;
   dn::State& s = dn::state(ctx);
-  dn::Key key = key_of(c, dn::kConvLowBackwardWeights, want_dw | bias << 1, onednn_threads(ctx));
+  dn::Key key = key_of(c, dn::kConvLowBackwardWeights, exact, onednn_threads(ctx));
   key << static_cast<int64_t>(lt) << storage_code(x) << storage_code(dy);
   WeightsPlan& p = s.plan<WeightsPlan>(key, [&] {
     auto q = std::make_unique<WeightsPlan>();
-    const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();
     const auto pd = dn::make_backward_pd<dnnl::convolution_backward_weights>(
-        s.engine, dn::user_scratchpad(), low_forward_pd(s, c, lt, bias), dnnl::algorithm::convolution_direct,
-        low_activations(c.x, lt), low_any(c.w, lt), b, low_activations(c.y, lt), c.strides(), c.pads(), c.pads());
+        s.engine, dn::user_scratchpad(), low_forward_pd(s, c, lt, false), dnnl::algorithm::convolution_direct,
+        low_activations(c.x, lt), low_any(c.w, lt), memory::desc(), low_activations(c.y, lt), c.strides(), c.pads(),
+        c.pads());
     dn::WorkspaceLayout ws;
     q->x = operand(s, stored_desc(c.x, x), pd.src_desc(), true, ws);
     q->dy = operand(s, stored_desc(c.y, dy), pd.diff_dst_desc(), true, ws);
-    // Always through the reorder, which widens the low-type term and adds it (user += inner).
-    q->dw = operand(s, dn::plain(c.w), pd.diff_weights_desc(), false, ws, /*accumulate=*/true);
-    if (bias) {
-      q->db = dn::unbound(pd.diff_bias_desc(), s.engine);
-      q->db_at = ws.add(pd.diff_bias_desc().get_size());
-    }
+    // The low-type term through its reorder: added to float32 dw (user += inner), or widened into plain floats.
+    q->dw = operand(s, dn::plain(c.w), pd.diff_weights_desc(), false, ws, /*accumulate=*/!exact);
+    q->part_at = ws.add(dn::plain(c.w).get_size());
     q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
     q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
-    q->part_at = ws.add(dn::plain(c.w).get_size());  // the weights' target when dw is not wanted
     q->bytes = ws.bytes;
     q->prim = dnnl::convolution_backward_weights(pd);
     return q;
@@ -689,19 +687,13 @@ void low_backward_weights(Context& ctx, const Tensor& x, const Tensor& dy, const
   dn::bind(p.scratch, ws + p.scratch_at);
   bind_input(s, p.x, x.raw(), ws);
   bind_input(s, p.dy, dy.raw(), ws);
-  bind_output(p.dw, want_dw ? dw.raw() : ws + p.part_at, ws);
-  if (bias) {
-    dn::bind(p.db, ws + p.db_at);
-    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
-                            {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_DIFF_BIAS, &p.db},
-                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-    const float* part = reinterpret_cast<const float*>(ws + p.db_at);
-    for (int64_t o = 0; o < c.w[0]; ++o) db->f32()[o] += part[o];
-  } else {
-    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
-                            {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-  }
-  if (want_dw) finish(s, p.dw);
+  float* part = reinterpret_cast<float*>(ws + p.part_at);
+  bind_output(p.dw, exact ? static_cast<void*>(part) : dw.raw(), ws);
+  dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_DIFF_DST, &p.dy.inner},
+                          {DNNL_ARG_DIFF_WEIGHTS, &p.dw.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  finish(s, p.dw);
+  if (exact)
+    for (int64_t j = 0; j < dw.numel(); ++j) dw.f64()[j] += part[j];
 }
 
 void low_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, int64_t stride, int64_t pad,
@@ -714,10 +706,42 @@ void low_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& 
 
 }  // namespace
 
+namespace {
+// Whether oneDNN runs bfloat16 convolutions, channels-last, with kernels
+// generated for this CPU in all three passes (asked once, of a 3x3 one).
+bool low_conv_native() {
+  static const bool native = [] {
+    try {
+      dn::State s;
+      Conv c;
+      c.x = {2, 16, 8, 8};
+      c.w = {16, 16, 3, 3};
+      c.y = {2, 16, 8, 8};
+      c.stride = c.pad = 1;
+      c.images = 2;
+      const DType lt = DType::BF16;
+      const auto fwd = low_forward_pd(s, c, lt, false);
+      const auto data = dn::make_backward_pd<dnnl::convolution_backward_data>(
+          s.engine, dn::user_scratchpad(), fwd, dnnl::algorithm::convolution_direct, low_activations(c.x, lt),
+          low_any(c.w, lt), low_activations(c.y, lt), c.strides(), c.pads(), c.pads());
+      const auto weights = dn::make_backward_pd<dnnl::convolution_backward_weights>(
+          s.engine, dn::user_scratchpad(), fwd, dnnl::algorithm::convolution_direct, low_activations(c.x, lt),
+          low_any(c.w, lt), memory::desc(), low_activations(c.y, lt), c.strides(), c.pads(), c.pads());
+      return generated(fwd.impl_info_str()) && generated(data.impl_info_str()) &&
+             generated(weights.impl_info_str());
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
+}  // namespace
+
 bool conv_rounds_in_low_type(const Context& ctx) {
   // bfloat16 only: oneDNN's float16 convolutions need CPUs (AVX-512 FP16)
   // whose support this code has not been run on.
-  return ctx.math.autocast == DType::BF16 && !ctx.math.split_invariant && low_gemm_native(DType::BF16);
+  return ctx.math.autocast == DType::BF16 && !ctx.math.split_invariant && low_gemm_native(DType::BF16) &&
+         low_conv_native();
 }
 
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b,

@@ -170,11 +170,19 @@ bool low_gemm_native(DType t) {
     try {
       const dnnl::engine e(dnnl::engine::kind::cpu, 0);
       const memory::data_type dt = dnnl_type(t);
-      const auto pd = low_pd(e, matrix(64, 64, 64, false, dt), matrix(64, 64, 64, true, dt), true, true,
-                             matrix(64, 64, 64, false, dt), 64);
-      // "ref:any" and the like: oneDNN's reference loops, far slower than
-      // the float32 path through staging.
-      native[i] = std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+      const auto m = [&](bool trans) { return matrix(64, 64, 64, trans, dt); };
+      // The linear layers' three products: y = x W^T + b, dx = dy W, dW = dy^T x.
+      const dnnl::matmul::primitive_desc pds[] = {low_pd(e, m(false), m(true), true, false, m(false), 64),
+                                                  low_pd(e, m(false), m(false), false, false, m(false), 64),
+                                                  low_pd(e, m(true), m(false), false, false, m(false), 64)};
+      // Kernels generated for the instruction set: not oneDNN's reference
+      // loops nor its gemm-based fallbacks (emulated on CPUs without the
+      // type's dot products), both slower than the float32 path.
+      native[i] = true;
+      for (const auto& pd : pds) {
+        const std::string impl = pd.impl_info_str();
+        native[i] = native[i] && impl.rfind("ref", 0) != 0 && impl.rfind("gemm", 0) != 0;
+      }
     } catch (const dnnl::error&) {
       native[i] = false;  // no implementation for the type on this CPU
     }

@@ -12,9 +12,10 @@
 
 namespace fanout::kernels::cpu {
 
-// Whether oneDNN's matmul multiplies t (BF16 or F16) with an optimized kernel
-// on this CPU (bfloat16 dot products of AVX-512 BF16 or AMX, say) rather
-// than its reference loops or not at all. Asked of oneDNN once per type.
+// Whether oneDNN's matmul multiplies t (BF16 or F16) with kernels generated
+// for this CPU's instructions (bfloat16 dot products of AVX-512 BF16 or
+// AMX, say) in each of the linear layers' three products, rather than its
+// reference or gemm-based fallbacks or not at all. Asked once per type.
 bool low_gemm_native(DType t);
 
 // C (m, n) = op(A) op(B) [+ bias] [+ C when accumulate], row-major with row

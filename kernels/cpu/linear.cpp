@@ -138,8 +138,8 @@ void add_widened(const Context& ctx, const Tensor& term, DType lt, Tensor& acc) 
   });
 }
 
-// db (float32 or float64) += the column sums of dy (n, out) in dy's storage,
-// each column summed in row order in float32 (as the float32 path).
+// db (float32 or float64) += the columns of dy (n, out) in dy's storage,
+// row after row into db itself (the float32 path's order and bits).
 void column_sums(const Tensor& dy, Tensor& db) {
   const int64_t n = dy.size(0), out = dy.size(1);
   const DType t = dy.dtype();
@@ -147,14 +147,15 @@ void column_sums(const Tensor& dy, Tensor& db) {
   const size_t es = dtype_size(t);
   for (int64_t c0 = 0; c0 < out; c0 += kRun) {
     const int64_t k = std::min<int64_t>(kRun, out - c0);
-    float sum[kRun] = {}, buf[kRun];
+    float buf[kRun];
     for (int64_t i = 0; i < n; ++i) {
       widen_span(t, dp + (i * out + c0) * es, buf, k);
-      for (int64_t j = 0; j < k; ++j) sum[j] += buf[j];
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      if (db.dtype() == DType::F64) db.f64()[c0 + j] += sum[j];
-      else db.f32()[c0 + j] += sum[j];
+      if (db.dtype() == DType::F64) {
+        for (int64_t j = 0; j < k; ++j) db.f64()[c0 + j] += buf[j];
+      } else {
+        float* d = db.f32() + c0;
+        for (int64_t j = 0; j < k; ++j) d[j] += buf[j];
+      }
     }
   }
 }

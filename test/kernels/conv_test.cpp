@@ -378,9 +378,27 @@ TEST_P(ConvOnBackend, RoundsFloat32OperandsInTheLowType) {
       Tensor term = Tensor::empty(w.shape());
       for (int64_t i = 0; i < w.numel(); ++i) term.f32()[i] = dw.f32()[i] - dw0.f32()[i];
       EXPECT_TRUE(cudatest::close(term, as_tensor(r.dw, w.shape()), 4 * u + 1e-6)) << "dw's term";
-      // The unrounded operands give other outputs: the rounding is real.
+      // Into a zeroed dw the term itself: low-type values.
+      Tensor dwz = up(Tensor::zeros(w.shape()));
+      kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), nullptr, dwz, nullptr);
+      EXPECT_TRUE(representable(down(dwz))) << "dw's term rounded";
+      // db is summed from dy as given (kernels/conv.h), unrounded here.
+      Tensor dbd = up(Tensor::zeros(Shape{k.oc})), none;
+      kernels::conv_backward(ctx(), s, xd, wd, dyd, k.geometry(), nullptr, none, &dbd);
       const ConvRef raw = naive_conv(k, x, w, nullptr, &dy);
-      EXPECT_FALSE(cudatest::close(as_tensor(raw.y, ys), as_tensor(r.y, ys), 1e-5)) << "x, w not rounded?";
+      EXPECT_TRUE(matches(down(dbd), raw.db, 1e-5, 1e-5)) << "db from dy as given";
+    }
+    // The operands themselves are rounded before the product: with x = w =
+    // 1 + 5 * 2^-9 (1 + 2^-7 in bfloat16) a 1x1 convolution gives
+    // round((1 + 2^-7)^2) = 1 + 2^-6, where the exact product would round
+    // to 1 + 3 * 2^-7.
+    if (t == DType::BF16) {
+      const ConvCase one = conv2d(1, 1, 1, 1, 1, 1, 1, 1, 0);
+      Tensor v = Tensor::empty(one.x());
+      v.f32()[0] = 1.0f + 5.0f / 512.0f;
+      Tensor y1 = poisoned(Shape{1, 1, 1, 1});
+      kernels::conv_forward(ctx(), 2, up(v), up(v.view(one.weight())), nullptr, one.geometry(), y1);
+      EXPECT_EQ(down(y1).f32()[0], 1.0f + 1.0f / 64.0f) << "x and w rounded before the product";
     }
   }
   ctx().math = MathOptions{};

@@ -183,11 +183,27 @@ TEST_P(LinearOnBackend, RoundsFloat32OperandsInTheLowType) {
       const double term = static_cast<double>(dwh.f32()[i]) - dw0.f32()[i];
       ASSERT_NEAR(term, ref.dw[i], u * std::abs(ref.dw[i]) + 1e-5 + 1e-7 * std::abs(dw0.f32()[i])) << "dw at " << i;
     }
-    // Unrounded operands would have given other values: the rounding is real.
-    const LinearRef raw = naive_linear(x, w, &b, dy);
-    double worst = 0;
-    for (int64_t i = 0; i < n * out; ++i) worst = std::max(worst, std::abs(raw.y[i] - ref.y[i]));
-    EXPECT_GT(worst, 1e-4);
+    // The operands themselves are rounded before the product: with x = w =
+    // 1 + 5 * 2^-9 (1 + 2^-7 in bfloat16) y is round((1 + 2^-7)^2) = 1 + 2^-6,
+    // where the exact product would round to 1 + 3 * 2^-7.
+    if (t == DType::BF16) {
+      const float v = 1.0f + 5.0f / 512.0f;
+      Tensor one = Tensor::empty(Shape{1, 1});
+      one.f32()[0] = v;
+      Tensor y1 = poisoned(Shape{1, 1});
+      ctx().math.autocast = t;
+      kernels::linear_forward(ctx(), up(one), up(one), nullptr, y1);
+      ctx().math.autocast = DType::F32;
+      EXPECT_EQ(down(y1).f32()[0], 1.0f + 1.0f / 64.0f) << "x and w rounded before the product";
+    }
+    // No rows: nothing written, dw unchanged.
+    ctx().math.autocast = t;
+    Tensor y0 = poisoned(Shape{0, out}), dx0 = poisoned(Shape{0, in}), dwz = up(dw0);
+    kernels::linear_forward(ctx(), up(Tensor::empty(Shape{0, in})), wd, &bd, y0);
+    kernels::linear_backward(ctx(), up(Tensor::empty(Shape{0, in})), wd, up(Tensor::empty(Shape{0, out})), &dx0, dwz,
+                             nullptr);
+    ctx().math.autocast = DType::F32;
+    EXPECT_TRUE(ft::same_bits(down(dwz), dw0)) << "dw with no rows";
   }
   if (ctx().device().is_cuda()) EXPECT_EQ(checked, 2) << "CUDA rounds in both low types";
   if (checked == 0) GTEST_SKIP() << "this CPU's oneDNN multiplies neither low type natively";
