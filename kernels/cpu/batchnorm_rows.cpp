@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/parallel.h"
@@ -28,30 +27,13 @@ Rows rows_of(const Tensor& x) {
   return {c == 0 ? 0 : x.numel() / c, c};
 }
 
-// Channels [c0, c0 + k) of row r of t (R, C), widened into buf (bfloat16
-// and float32 inline: a row's channels are few for a call each).
+// Channels [c0, c0 + k) of row r of t (R, C), widened into buf.
 inline void load(const Tensor& t, int64_t r, int64_t c, int64_t c0, int64_t k, float* buf) {
-  const int64_t at = r * c + c0;
-  if (t.dtype() == DType::BF16) {
-    const uint16_t* p = t.data<uint16_t>() + at;
-    for (int64_t j = 0; j < k; ++j) buf[j] = half::float_from_bf16(p[j]);
-  } else if (t.dtype() == DType::F32) {
-    std::memcpy(buf, t.f32() + at, static_cast<size_t>(k) * sizeof(float));
-  } else {
-    widen_span(t.dtype(), t.data<uint16_t>() + at, buf, k);
-  }
+  widen_short(t.dtype(), static_cast<const char*>(t.raw()) + (r * c + c0) * dtype_size(t.dtype()), buf, k);
 }
 // buf into channels [c0, c0 + k) of row r of t, rounded to t's type.
 inline void store(Tensor& t, int64_t r, int64_t c, int64_t c0, int64_t k, const float* buf) {
-  const int64_t at = r * c + c0;
-  if (t.dtype() == DType::BF16) {
-    uint16_t* p = t.data<uint16_t>() + at;
-    for (int64_t j = 0; j < k; ++j) p[j] = half::bf16_from_float(buf[j]);
-  } else if (t.dtype() == DType::F32) {
-    std::memcpy(t.f32() + at, buf, static_cast<size_t>(k) * sizeof(float));
-  } else {
-    narrow_span(t.dtype(), buf, t.data<uint16_t>() + at, k);
-  }
+  narrow_short(t.dtype(), buf, static_cast<char*>(t.raw()) + (r * c + c0) * dtype_size(t.dtype()), k);
 }
 
 // v rounded to T (F32: v itself), nearest even.

@@ -4,35 +4,41 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/storage.h"
 
 namespace fanout::kernels::cpu {
 
 namespace {
 // The same sums over a channels-last dy (N, spatial, C): each sample's sum
-// per channel in double over its positions in order, then as below.
-void rows_bias_grad(const Tensor& dy, Tensor& db) {
+// per channel in double over its positions in order (samples in parallel,
+// into the workspace), then added in sample order as below.
+void rows_bias_grad(Context& ctx, const Tensor& dy, Tensor& db) {
   const int64_t n = dy.size(0), c = dy.size(1), s = dy.numel() / (n * c);
   const bool exact = db.dtype() == DType::F64;
   const size_t es = dtype_size(dy.dtype());
   const char* dp = static_cast<const char*>(dy.raw());
-  for (int64_t c0 = 0; c0 < c; c0 += kRun) {
-    const int64_t k = std::min<int64_t>(kRun, c - c0);
-    double sum[kRun] = {}, part[kRun];
+  double* parts = static_cast<double*>(ctx.workspace(sizeof(double) * static_cast<size_t>(n * c)));
+  parallel_for(ctx, n, grain_for(s * c), [&](int64_t i0, int64_t i1) {
     float buf[kRun];
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t c0 = 0; c0 < c; c0 += kRun) {
+        const int64_t k = std::min<int64_t>(kRun, c - c0);
+        double* part = parts + i * c + c0;
+        std::fill(part, part + k, 0.0);
+        for (int64_t p = 0; p < s; ++p) {
+          widen_short(dy.dtype(), dp + ((i * s + p) * c + c0) * es, buf, k);
+          for (int64_t j = 0; j < k; ++j) part[j] += buf[j];
+        }
+      }
+  });
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double sum = 0;
     for (int64_t i = 0; i < n; ++i) {
-      std::fill(part, part + k, 0.0);
-      for (int64_t p = 0; p < s; ++p) {
-        widen_span(dy.dtype(), dp + ((i * s + p) * c + c0) * es, buf, k);
-        for (int64_t j = 0; j < k; ++j) part[j] += buf[j];
-      }
-      for (int64_t j = 0; j < k; ++j) {
-        if (exact) db.f64()[c0 + j] += static_cast<float>(part[j]);
-        sum[j] += part[j];
-      }
+      if (exact) db.f64()[ch] += static_cast<float>(parts[i * c + ch]);
+      sum += parts[i * c + ch];
     }
-    if (!exact)
-      for (int64_t j = 0; j < k; ++j) db.f32()[c0 + j] += static_cast<float>(sum[j]);
+    if (!exact) db.f32()[ch] += static_cast<float>(sum);
   }
 }
 }  // namespace
@@ -48,8 +54,8 @@ void channel_bias_add(Context&, Tensor& y, const Tensor& b) {
     }
 }
 
-void channel_bias_grad(Context&, const Tensor& dy, Tensor& db) {
-  if (dy.channels_last()) return rows_bias_grad(dy, db);
+void channel_bias_grad(Context& ctx, const Tensor& dy, Tensor& db) {
+  if (dy.channels_last()) return rows_bias_grad(ctx, dy, db);
   const int64_t n = dy.size(0), c = dy.size(1), s = dy.numel() / (n * c);
   const bool exact = db.dtype() == DType::F64;
   for (int64_t ch = 0; ch < c; ++ch) {

@@ -159,11 +159,11 @@ void rows_maxpool_forward(Context& ctx, int spatial, const Tensor& x, const Pool
         each_row(b, h, w, [&](int64_t row) {
           for (int64_t col = b.w0; col < b.w1; ++col) {
             const int64_t at = row + col;  // the position in the image
-            widen_span(t, xp + ((img * in + at) * ch + c0) * es, v, k);
+            widen_short(t, xp + ((img * in + at) * ch + c0) * es, v, k);
             for (int64_t j = 0; j < k; ++j) take_max(v[j], static_cast<int32_t>(at), best[j], best_i[j]);
           }
         });
-        narrow_span(t, best, yp + ((img * out + o) * ch + c0) * es, k);  // exact: stored values
+        narrow_short(t, best, yp + ((img * out + o) * ch + c0) * es, k);  // exact: stored values
         for (int64_t j = 0; j < k; ++j) ap[(img * ch + c0 + j) * out + o] = best_i[j];
       }
     });
@@ -191,7 +191,7 @@ void rows_maxpool_backward(Context& ctx, const Tensor& dy, const Tensor& argmax,
       for (int64_t o = 0; o < out; ++o)
         for (int64_t c0 = 0; c0 < ch; c0 += kRun) {
           const int64_t k = std::min<int64_t>(kRun, ch - c0);
-          widen_span(dy.dtype(), gp + ((img * out + o) * ch + c0) * es, g, k);
+          widen_short(dy.dtype(), gp + ((img * out + o) * ch + c0) * es, g, k);
           for (int64_t j = 0; j < k; ++j) {
             const int64_t a = ap[(img * ch + c0 + j) * out + o];
             FANOUT_CHECK(a >= 0 && a < in) << "maxpool_backward: argmax " << a << " outside a volume of dx "

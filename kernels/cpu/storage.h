@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/core/half.h"
 #include "runtime/core/tensor.h"
 
 #include "kernels/cpu/parallel.h"
@@ -28,6 +29,31 @@ void float_runs(const Context& ctx, int64_t n, Run run) {
 // kernels/cpu/convert.cpp.
 void widen_span(DType t, const void* src, float* dst, int64_t n);
 void narrow_span(DType t, const float* src, void* dst, int64_t n);
+
+// widen_span and narrow_span for short runs (a row's few channels): bfloat16
+// and float32 inline, without a call per run.
+inline void widen_short(DType t, const void* src, float* dst, int64_t n) {
+  if (t == DType::BF16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_bf16(s[i]);
+  } else if (t == DType::F32) {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = s[i];
+  } else {
+    widen_span(t, src, dst, n);
+  }
+}
+inline void narrow_short(DType t, const float* src, void* dst, int64_t n) {
+  if (t == DType::BF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(src[i]);
+  } else if (t == DType::F32) {
+    float* d = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = src[i];
+  } else {
+    narrow_span(t, src, dst, n);
+  }
+}
 
 // out[i] = f(a[i]) over tensors of one storage type and layout, in float32,
 // rounded as it is stored, in runs of kRun through float32; out may be a.
