@@ -53,6 +53,23 @@ void with_round(DType t, F&& f) {
   else f(std::integral_constant<DType, DType::F32>{});
 }
 
+// A block of channels' normalization constants: y = ((x - hi) - lo) * sc + b
+// with sc = invstd * gamma, the mean as bn_finalize writes it (hi, lo).
+struct Affine {
+  float hi[kRun], lo[kRun], sc[kRun], b[kRun];
+  Affine(const Tensor& mean, const Tensor& invstd, const Tensor& gamma, const Tensor& beta, int64_t c, int64_t c0,
+         int64_t k) {
+    const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
+    for (int64_t j = 0; j < k; ++j) {
+      hi[j] = mp[c0 + j];
+      lo[j] = mp[c + c0 + j];
+      sc[j] = ip[c0 + j] * gp[c0 + j];
+      b[j] = bp[c0 + j];
+    }
+  }
+  float operator()(int64_t j, float v) const { return ((v - hi[j]) - lo[j]) * sc[j] + b[j]; }
+};
+
 // f(c0, k) over the channels in blocks of at most kRun, one range of them per
 // thread (reductions: each block walks every row).
 template <class F>
@@ -106,21 +123,14 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const Rows p = rows_of(x);
-  const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
   with_round(ctx.math.autocast, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-      float hi[kRun], lo[kRun], sc[kRun], b[kRun], buf[kRun];
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t c = c0 + j;
-        hi[j] = mp[c];
-        lo[j] = mp[p.c + c];
-        sc[j] = ip[c] * gp[c];
-        b[j] = bp[c];
-      }
+      const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
+      float buf[kRun];
       for (int64_t r = r0; r < r1; ++r) {
         load(x, r, p.c, c0, k, buf);
-        for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>(((buf[j] - hi[j]) - lo[j]) * sc[j] + b[j]);
+        for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>(f(j, buf[j]));
         store(y, r, p.c, c0, k, buf);
       }
     });
@@ -130,18 +140,11 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
 void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
   const Rows p = rows_of(x);
-  const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *bp = beta.f32();
   with_round(round, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-      float hi[kRun], lo[kRun], sc[kRun], b[kRun], buf[kRun], zb[kRun];
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t c = c0 + j;
-        hi[j] = mp[c];
-        lo[j] = mp[p.c + c];
-        sc[j] = ip[c] * gp[c];
-        b[j] = bp[c];
-      }
+      const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
+      float buf[kRun], zb[kRun];
       for (int64_t r = r0; r < r1; ++r) {
         load(x, r, p.c, c0, k, buf);
         // Rounded where the unfused layers store (F32: nothing between); NaN
@@ -149,12 +152,12 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
         if (z) {
           load(*z, r, p.c, c0, k, zb);  // before y's row is written: y may alias z
           for (int64_t j = 0; j < k; ++j) {
-            const float v = round_as<T>(round_as<T>(((buf[j] - hi[j]) - lo[j]) * sc[j] + b[j]) + zb[j]);
+            const float v = round_as<T>(round_as<T>(f(j, buf[j])) + zb[j]);
             buf[j] = v < 0.0f ? 0.0f : v;
           }
         } else {
           for (int64_t j = 0; j < k; ++j) {
-            const float v = round_as<T>(((buf[j] - hi[j]) - lo[j]) * sc[j] + b[j]);
+            const float v = round_as<T>(f(j, buf[j]));
             buf[j] = v < 0.0f ? 0.0f : v;
           }
         }

@@ -167,6 +167,57 @@ struct WeightsPlan : dn::Plan {
 
 enum : int64_t { kForward = dn::kConvForward, kData = dn::kConvBackwardData, kWeights = dn::kConvBackwardWeights };
 
+// A forward plan of pd over user tensors stored as x_user and y_user (the
+// weights plain float32).
+std::unique_ptr<ForwardPlan> forward_plan(dn::State& s, const dnnl::convolution_forward::primitive_desc& pd,
+                                          const memory::desc& x_user, const memory::desc& w_user,
+                                          const memory::desc& y_user, bool bias) {
+  auto q = std::make_unique<ForwardPlan>();
+  dn::WorkspaceLayout ws;
+  q->x = operand(s, x_user, pd.src_desc(), true, ws);
+  q->w = operand(s, w_user, pd.weights_desc(), true, ws);
+  q->y = operand(s, y_user, pd.dst_desc(), false, ws);
+  if (bias) q->b = dn::unbound(pd.bias_desc(), s.engine);
+  q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+  q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+  q->bytes = ws.bytes;
+  q->prim = dnnl::convolution_forward(pd);
+  return q;
+}
+
+// One call of p on its bound operands (the bias when the plan has one), y finished.
+void run_forward(dn::State& s, ForwardPlan& p) {
+  if (p.b)
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_BIAS, &p.b},
+                            {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  else
+    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_DST, &p.y.inner},
+                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  finish(s, p.y);
+}
+
+// The input-gradient plan of pd over user tensors stored as dy_user and dx_user.
+std::unique_ptr<DataPlan> data_plan(dn::State& s, const dnnl::convolution_backward_data::primitive_desc& pd,
+                                    const memory::desc& dy_user, const memory::desc& w_user,
+                                    const memory::desc& dx_user) {
+  auto q = std::make_unique<DataPlan>();
+  dn::WorkspaceLayout ws;
+  q->dy = operand(s, dy_user, pd.diff_dst_desc(), true, ws);
+  q->w = operand(s, w_user, pd.weights_desc(), true, ws);
+  q->dx = operand(s, dx_user, pd.diff_src_desc(), false, ws);
+  q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
+  q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
+  q->bytes = ws.bytes;
+  q->prim = dnnl::convolution_backward_data(pd);
+  return q;
+}
+
+void run_data(dn::State& s, DataPlan& p) {
+  dn::execute(s, p.prim, {{DNNL_ARG_DIFF_DST, &p.dy.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
+                          {DNNL_ARG_DIFF_SRC, &p.dx.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
+  finish(s, p.dx);
+}
+
 // y (=) for x, w, bias.
 void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t stride, int64_t pad,
              Tensor& y) {
@@ -174,18 +225,8 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
   if (c.batch() == 0) return;
   dn::State& s = dn::state(ctx);
   ForwardPlan& p = s.plan<ForwardPlan>(key_of(c, kForward, b != nullptr, onednn_threads(ctx)), [&] {
-    auto q = std::make_unique<ForwardPlan>();
-    const auto pd = forward_pd(s, c, b != nullptr);
-    dn::WorkspaceLayout ws;
-    q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
-    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
-    q->y = operand(s, dn::plain(c.per_call(c.y)), pd.dst_desc(), false, ws);
-    if (b) q->b = dn::unbound(pd.bias_desc(), s.engine);
-    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
-    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
-    q->bytes = ws.bytes;
-    q->prim = dnnl::convolution_forward(pd);
-    return q;
+    return forward_plan(s, forward_pd(s, c, b != nullptr), dn::plain(c.per_call(c.x)), dn::plain(c.w),
+                        dn::plain(c.per_call(c.y)), b != nullptr);
   });
   char* ws = static_cast<char*>(ctx.workspace(p.bytes));
   dn::bind(p.scratch, ws + p.scratch_at);
@@ -195,13 +236,7 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
   for (int64_t k = 0; k * c.images < c.batch(); ++k) {
     bind_input(s, p.x, x.f32() + k * xs, ws);
     bind_output(p.y, y.f32() + k * ys, ws);
-    if (b)
-      dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_BIAS, &p.b},
-                              {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-    else
-      dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
-                              {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-    finish(s, p.y);
+    run_forward(s, p);
   }
 }
 
@@ -209,19 +244,10 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
 void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& c, Tensor& dx) {
   dn::State& s = dn::state(ctx);
   DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, onednn_threads(ctx)), [&] {
-    auto q = std::make_unique<DataPlan>();
     const auto pd = dn::make_backward_pd<dnnl::convolution_backward_data>(
         s.engine, dn::user_scratchpad(), forward_pd(s, c, false), dnnl::algorithm::convolution_direct,
         activations(c, c.per_call(c.x)), any(c.w), activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
-    dn::WorkspaceLayout ws;
-    q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
-    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
-    q->dx = operand(s, dn::plain(c.per_call(c.x)), pd.diff_src_desc(), false, ws);
-    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
-    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
-    q->bytes = ws.bytes;
-    q->prim = dnnl::convolution_backward_data(pd);
-    return q;
+    return data_plan(s, pd, dn::plain(c.per_call(c.y)), dn::plain(c.w), dn::plain(c.per_call(c.x)));
   });
   char* ws = static_cast<char*>(ctx.workspace(p.bytes));
   dn::bind(p.scratch, ws + p.scratch_at);
@@ -230,9 +256,7 @@ void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& 
   for (int64_t k = 0; k * c.images < c.batch(); ++k) {
     bind_input(s, p.dy, dy.f32() + k * ys, ws);
     bind_output(p.dx, dx.f32() + k * xs, ws);
-    dn::execute(s, p.prim, {{DNNL_ARG_DIFF_DST, &p.dy.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
-                            {DNNL_ARG_DIFF_SRC, &p.dx.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-    finish(s, p.dx);
+    run_data(s, p);
   }
 }
 
@@ -593,33 +617,16 @@ void low_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b
   dn::Key key = key_of(c, dn::kConvLowForward, b != nullptr, onednn_threads(ctx));
   key << static_cast<int64_t>(lt) << storage_code(x) << storage_code(y);
   ForwardPlan& p = s.plan<ForwardPlan>(key, [&] {
-    auto q = std::make_unique<ForwardPlan>();
-    const auto pd = low_forward_pd(s, c, lt, b != nullptr);
-    dn::WorkspaceLayout ws;
-    q->x = operand(s, stored_desc(c.x, x), pd.src_desc(), true, ws);
-    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
-    q->y = operand(s, stored_desc(c.y, y), pd.dst_desc(), false, ws);
-    if (b) q->b = dn::unbound(pd.bias_desc(), s.engine);
-    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
-    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
-    q->bytes = ws.bytes;
-    q->prim = dnnl::convolution_forward(pd);
-    return q;
+    return forward_plan(s, low_forward_pd(s, c, lt, b != nullptr), stored_desc(c.x, x), dn::plain(c.w),
+                        stored_desc(c.y, y), b != nullptr);
   });
   char* ws = static_cast<char*>(ctx.workspace(p.bytes));
   dn::bind(p.scratch, ws + p.scratch_at);
   bind_input(s, p.w, w.f32(), ws);
   bind_input(s, p.x, x.raw(), ws);
   bind_output(p.y, y.raw(), ws);
-  if (b) {
-    dn::bind(p.b, b->f32());
-    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_BIAS, &p.b},
-                            {DNNL_ARG_DST, &p.y.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-  } else {
-    dn::execute(s, p.prim, {{DNNL_ARG_SRC, &p.x.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner}, {DNNL_ARG_DST, &p.y.inner},
-                            {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-  }
-  finish(s, p.y);
+  if (b) dn::bind(p.b, b->f32());
+  run_forward(s, p);
 }
 
 // dx (=), rounded.
@@ -629,28 +636,17 @@ void low_backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Co
   dn::Key key = key_of(c, dn::kConvLowBackwardData, 0, onednn_threads(ctx));
   key << static_cast<int64_t>(lt) << storage_code(dy) << storage_code(dx);
   DataPlan& p = s.plan<DataPlan>(key, [&] {
-    auto q = std::make_unique<DataPlan>();
     const auto pd = dn::make_backward_pd<dnnl::convolution_backward_data>(
         s.engine, dn::user_scratchpad(), low_forward_pd(s, c, lt, false), dnnl::algorithm::convolution_direct,
         low_activations(c.x, lt), low_any(c.w, lt), low_activations(c.y, lt), c.strides(), c.pads(), c.pads());
-    dn::WorkspaceLayout ws;
-    q->dy = operand(s, stored_desc(c.y, dy), pd.diff_dst_desc(), true, ws);
-    q->w = operand(s, dn::plain(c.w), pd.weights_desc(), true, ws);
-    q->dx = operand(s, stored_desc(c.x, dx), pd.diff_src_desc(), false, ws);
-    q->scratch = dn::unbound(pd.scratchpad_desc(), s.engine);
-    q->scratch_at = ws.add(pd.scratchpad_desc().get_size());
-    q->bytes = ws.bytes;
-    q->prim = dnnl::convolution_backward_data(pd);
-    return q;
+    return data_plan(s, pd, stored_desc(c.y, dy), dn::plain(c.w), stored_desc(c.x, dx));
   });
   char* ws = static_cast<char*>(ctx.workspace(p.bytes));
   dn::bind(p.scratch, ws + p.scratch_at);
   bind_input(s, p.w, w.f32(), ws);
   bind_input(s, p.dy, dy.raw(), ws);
   bind_output(p.dx, dx.raw(), ws);
-  dn::execute(s, p.prim, {{DNNL_ARG_DIFF_DST, &p.dy.inner}, {DNNL_ARG_WEIGHTS, &p.w.inner},
-                          {DNNL_ARG_DIFF_SRC, &p.dx.inner}, {DNNL_ARG_SCRATCHPAD, &p.scratch}});
-  finish(s, p.dx);
+  run_data(s, p);
 }
 
 // db (+=) summed from dy as given (kernels::channel_bias_grad, as CUDA sums
