@@ -38,9 +38,9 @@ void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, floa
     FANOUT_CHECK(out.dlogits->raw() != logits.raw() || out.dlogits->dtype() == logits.dtype())
         << op << ": dlogits over logits must keep their type, " << dtype_name(logits.dtype());
   }
-  // CUDA reads and writes the storage natively (dlogits in logits' type);
-  // otherwise the backend takes float32 copies (widening is exact).
-  if (ctx.device().is_cuda() && (!out.dlogits || out.dlogits->dtype() == logits.dtype()))
+  // The backends read and write the storage natively (dlogits in logits'
+  // type); otherwise they take float32 copies (widening is exact).
+  if (!out.dlogits || out.dlogits->dtype() == logits.dtype())
     FANOUT_DISPATCH(ctx, softmax_xent, ctx, logits, labels, smoothing, loss, out);
   const Tensor zs = detail::staged_in(ctx, op, "logits", 0, logits);
   XentOutputs staged = out;

@@ -148,6 +148,15 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
     kernels::softmax_xent(ctx, logits, labels, 0.1f, loss, kernels::XentOutputs{&rows, &correct, &d, 1.0f / 300});
     return std::vector<Tensor>{loss, rows, correct, d};
   });
+  // The same on bfloat16 logits (a row buffer per block of rows).
+  const Tensor logits_bf16 = ft::stored_copy(logits, DType::BF16, MemoryFormat::Contiguous);
+  expect_same_bits_on_any_thread_count("cross-entropy, bfloat16", [&](Context& ctx) {
+    Tensor loss = Tensor::empty(Shape{1}), rows = Tensor::empty(Shape{300}), correct = Tensor::empty(Shape{1}, DType::I32);
+    Tensor d = Tensor::empty(logits.shape(), DType::BF16);
+    kernels::softmax_xent(ctx, logits_bf16, labels, 0.1f, loss,
+                          kernels::XentOutputs{&rows, &correct, &d, 1.0f / 300, DType::BF16});
+    return std::vector<Tensor>{loss, rows, correct, d};
+  });
   // The optimizer's kernels over 5 M elements (sum_squares: 64 blocks), AdamW on every chunk of the table.
   const int64_t n = 5'000'037;
   const Tensor p0 = ft::random_tensor(Shape{n}, rng), g0 = ft::random_tensor(Shape{n}, rng, -2.0f, 2.0f);

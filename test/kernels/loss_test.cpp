@@ -194,6 +194,14 @@ TEST_P(SoftmaxXentOnBackend, LowTypeLogitsAndGradient) {
         ASSERT_NEAR(got, ref.grad[i], u * std::abs(ref.grad[i]) + 1e-6 * scale) << i;
       }
       EXPECT_NEAR(down(lossd).f32()[0], ref.loss, 1e-5 * std::max(1.0, ref.loss));
+      // Over the logits themselves, and without a gradient: the same bits.
+      Tensor zi = up(zl), li = poisoned(Shape{1});
+      kernels::softmax_xent(ctx(), zi, yd, 0.1f, li, kernels::XentOutputs{nullptr, nullptr, &zi, scale, t});
+      EXPECT_TRUE(ft::same_bits(down(zi), d)) << "gradient over the logits";
+      EXPECT_TRUE(ft::same_bits(down(li), down(lf)));
+      Tensor ln = poisoned(Shape{1});
+      kernels::softmax_xent(ctx(), zd, yd, 0.1f, ln, kernels::XentOutputs{});
+      EXPECT_TRUE(ft::same_bits(down(ln), down(lf))) << "no gradient";
     }
 }
 
