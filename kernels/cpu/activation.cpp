@@ -28,20 +28,13 @@ FANOUT_AVX2_CLONE void relu_grad_rows(const float* y, const float* dy, float* dx
 
 void relu_forward(Context& ctx, const Tensor& x, Tensor& y) {
   // y may alias x. NaN propagates (NaN < 0 is false), as torch.relu.
-  storage_map1(ctx, x, y, [](float v) { return v < 0.0f ? 0.0f : v; },
-               [&](const float* xp, float* yp) {
-                 parallel_for(ctx, x.numel(), grain_for(1),
-                              [&](int64_t b, int64_t e) { relu_rows(xp + b, yp + b, e - b); });
-               });
+  storage_map1(ctx, x, y, 1, [](const float* xp, float* yp, int64_t n) { relu_rows(xp, yp, n); });
 }
 
 void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {
   // dx may alias dy (or y).
-  storage_map2(ctx, y, dy, dx, [](float yv, float g) { return yv > 0.0f ? g : 0.0f; },
-               [&](const float* yp, const float* gp, float* dp) {
-                 parallel_for(ctx, y.numel(), grain_for(1),
-                              [&](int64_t b, int64_t e) { relu_grad_rows(yp + b, gp + b, dp + b, e - b); });
-               });
+  storage_map2(ctx, y, dy, dx, 1,
+               [](const float* yp, const float* gp, float* dp, int64_t n) { relu_grad_rows(yp, gp, dp, n); });
 }
 
 }  // namespace fanout::kernels::cpu
@@ -100,26 +93,19 @@ FANOUT_AVX2_CLONE void gelu_grad_rows(const float* x, const float* dy, float* dx
 template <Act K>
 void forward_as(Context& ctx, const Activation& a, const Tensor& x, Tensor& y) {
   const float slope = a.negative_slope;
-  storage_map1(ctx, x, y, [slope](float v) { return act::forward<K>(v, slope); },
-               [&](const float* xp, float* yp) {
-                 parallel_for(ctx, x.numel(), grain_for(8), [&](int64_t b, int64_t e) {
-                   if constexpr (K == Act::Gelu) gelu_rows(xp + b, yp + b, e - b);
-                   else map1(xp + b, yp + b, e - b, [slope](float v) { return act::forward<K>(v, slope); });
-                 });
-               });
+  storage_map1(ctx, x, y, 8, [slope](const float* xp, float* yp, int64_t n) {
+    if constexpr (K == Act::Gelu) gelu_rows(xp, yp, n);
+    else map1(xp, yp, n, [slope](float v) { return act::forward<K>(v, slope); });
+  });
 }
 
 template <Act K>
 void backward_as(Context& ctx, const Activation& a, const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float slope = a.negative_slope;
-  storage_map2(ctx, x, dy, dx, [slope](float v, float g) { return act::backward<K>(v, g, slope); },
-               [&](const float* xp, const float* gp, float* dp) {
-                 parallel_for(ctx, x.numel(), grain_for(8), [&](int64_t b, int64_t e) {
-                   if constexpr (K == Act::Gelu) gelu_grad_rows(xp + b, gp + b, dp + b, e - b);
-                   else map2(xp + b, gp + b, dp + b, e - b,
-                             [slope](float v, float g) { return act::backward<K>(v, g, slope); });
-                 });
-               });
+  storage_map2(ctx, x, dy, dx, 8, [slope](const float* xp, const float* gp, float* dp, int64_t n) {
+    if constexpr (K == Act::Gelu) gelu_grad_rows(xp, gp, dp, n);
+    else map2(xp, gp, dp, n, [slope](float v, float g) { return act::backward<K>(v, g, slope); });
+  });
 }
 
 }  // namespace

@@ -8,14 +8,16 @@
 
 namespace fanout::kernels::cpu {
 
+namespace {
+FANOUT_AVX2_CLONE void add_rows(const float* a, const float* b, float* out, int64_t n) {
+  map2(a, b, out, n, [](float u, float v) { return u + v; });
+}
+}  // namespace
+
 void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, DType round) {
   // out may alias a or b.
-  storage_map2(ctx, a, b, out, [](float u, float v) { return u + v; },
-               [&](const float* ap, const float* bp, float* op) {
-                 parallel_for(ctx, out.numel(), grain_for(1), [&](int64_t s, int64_t e) {
-                   map2(ap + s, bp + s, op + s, e - s, [](float u, float v) { return u + v; });
-                 });
-               });
+  storage_map2(ctx, a, b, out, 1,
+               [](const float* ap, const float* bp, float* op, int64_t n) { add_rows(ap, bp, op, n); });
   if (round != DType::F32) round_to(ctx, out, round);  // a pass after: the vectorized sum stays as it is
 }
 

@@ -55,27 +55,39 @@ inline void narrow_short(DType t, const float* src, void* dst, int64_t n) {
   }
 }
 
-// out[i] = f(a[i]) over tensors of one storage type and layout, in float32,
-// rounded as it is stored, in runs of kRun through float32; out may be a.
-// Float32 takes `f32`, the loop the caller vectorizes (kernels/cpu/loops.h).
-template <class F, class F32Loop>
-void storage_map1(const Context& ctx, const Tensor& a, Tensor& out, F f, F32Loop f32) {
-  if (a.dtype() == DType::F32) return f32(a.f32(), out.f32());
+// out = f(a) elementwise over tensors of one storage type and layout; out
+// may be a. rows(a, out, n) computes n float32 values (the caller's
+// vectorized loop, kernels/cpu/loops.h): float32 tensors' own spans, low
+// types widened into kRun-element buffers and rounded as stored, so a low
+// type's result is the float32 result rounded. cost: parallel_for's cost
+// per element.
+template <class Rows>
+void storage_map1(const Context& ctx, const Tensor& a, Tensor& out, int64_t cost, Rows rows) {
+  if (a.dtype() == DType::F32) {
+    const float* ap = a.f32();
+    float* op = out.f32();
+    return parallel_for(ctx, out.numel(), grain_for(cost), [&](int64_t s, int64_t e) { rows(ap + s, op + s, e - s); });
+  }
   const DType t = a.dtype();
   const char* ap = static_cast<const char*>(a.raw());
   char* op = static_cast<char*>(out.raw());
   float_runs(ctx, out.numel(), [&](int64_t i, int64_t k) {
     float buf[kRun];
     widen_span(t, ap + i * 2, buf, k);
-    for (int64_t j = 0; j < k; ++j) buf[j] = f(buf[j]);
+    rows(buf, buf, k);
     narrow_span(t, buf, op + i * 2, k);
   });
 }
 
-// out[i] = f(a[i], b[i]) likewise; out may be a or b.
-template <class F, class F32Loop>
-void storage_map2(const Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, F f, F32Loop f32) {
-  if (a.dtype() == DType::F32) return f32(a.f32(), b.f32(), out.f32());
+// out = f(a, b) likewise, rows(a, b, out, n); out may be a or b.
+template <class Rows>
+void storage_map2(const Context& ctx, const Tensor& a, const Tensor& b, Tensor& out, int64_t cost, Rows rows) {
+  if (a.dtype() == DType::F32) {
+    const float *ap = a.f32(), *bp = b.f32();
+    float* op = out.f32();
+    return parallel_for(ctx, out.numel(), grain_for(cost),
+                        [&](int64_t s, int64_t e) { rows(ap + s, bp + s, op + s, e - s); });
+  }
   const DType t = a.dtype();
   const char *ap = static_cast<const char*>(a.raw()), *bp = static_cast<const char*>(b.raw());
   char* op = static_cast<char*>(out.raw());
@@ -83,7 +95,7 @@ void storage_map2(const Context& ctx, const Tensor& a, const Tensor& b, Tensor& 
     float u[kRun], v[kRun];
     widen_span(t, ap + i * 2, u, k);
     widen_span(t, bp + i * 2, v, k);
-    for (int64_t j = 0; j < k; ++j) u[j] = f(u[j], v[j]);
+    rows(u, v, u, k);
     narrow_span(t, u, op + i * 2, k);
   });
 }

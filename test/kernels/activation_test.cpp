@@ -198,6 +198,17 @@ TEST_P(SmoothActivation, LowStorageMatchesFloat64OfTheStoredInputs) {
       kernels::activation_forward(ctx(), a, xd, yd);
       kernels::activation_backward(ctx(), a, xd, dyd, dxd);
       const Tensor y = down(yd), dx = down(dxd);
+      // The float32 kernel on the widened inputs, rounded once as stored: the same bits.
+      Tensor x32 = Tensor::empty(s), dy32 = Tensor::empty(s);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        x32.f32()[i] = ft::stored(x, i);
+        dy32.f32()[i] = ft::stored(dy, i);
+      }
+      Tensor x32d = up(x32), dy32d = up(dy32), y32d = poisoned(s), dx32d = poisoned(s);
+      kernels::activation_forward(ctx(), a, x32d, y32d);
+      kernels::activation_backward(ctx(), a, x32d, dy32d, dx32d);
+      EXPECT_TRUE(ft::same_bits(ft::stored_copy(down(y32d), sc.dtype, sc.format), y)) << "y";
+      EXPECT_TRUE(ft::same_bits(ft::stored_copy(down(dx32d), sc.dtype, sc.format), dx)) << "dx";
       const double u = ft::unit_roundoff(sc.dtype) * (1 + 1e-3);
       for (int64_t i = 0; i < x.numel(); ++i) {
         const double xv = ft::stored(x, i);
