@@ -135,6 +135,12 @@ void convert(Context& ctx, const Tensor& src, Tensor& dst) {
     if (sd == dd) return static_cast<void>(std::memcpy(dst.raw(), src.raw(), src.nbytes()));
     const char* x = static_cast<const char*>(src.raw());
     char* y = static_cast<char*>(dst.raw());
+    // One side float32: each thread's span converted straight, no float32 buffer between.
+    if (sd == DType::F32 || dd == DType::F32)
+      return parallel_for(ctx, src.numel(), grain_for(1), [&](int64_t s, int64_t e) {
+        if (sd == DType::F32) narrow_span(dd, src.f32() + s, y + s * dtype_size(dd), e - s);
+        else widen_span(sd, x + s * dtype_size(sd), dst.f32() + s, e - s);
+      });
     float_runs(ctx, src.numel(), [&](int64_t i, int64_t k) {
       float buf[kRun];
       widen_span(sd, x + i * dtype_size(sd), buf, k);
