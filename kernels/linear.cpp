@@ -32,7 +32,9 @@ void check_activation(const Context& ctx, const char* op, const char* name, cons
 void check_linear(const Context& ctx, const char* op, const Tensor& x, const Tensor& w, const Tensor* b, bool as_is,
                   bool b_is_grad = false) {
   check_activation(ctx, op, "x", x, as_is);
-  detail::check_tensor(ctx, op, "w", w);
+  // w float32, or already in the low type where the kernels round in it (the layer's one cast a step).
+  detail::check_tensor(ctx, op, "w", w,
+                       w.dtype() != DType::F32 && linear_rounds_in_low_type(ctx) ? ctx.math.autocast : DType::F32);
   FANOUT_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1))
       << op << ": x " << x.shape().str() << " and w " << w.shape().str() << " do not make (N, in) x (out, in)";
   if (b) {

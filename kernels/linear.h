@@ -1,6 +1,7 @@
 // Fully connected layer: y = x W^T + b. x, y, dy and dx may be float32,
 // bfloat16 or float16 (staged, kernels/staging.h, where a backend does not
-// read them); w, b, dw and db are float32.
+// read them); b, dw and db are float32, w float32 or, where the kernels
+// round in the low type, stored in it.
 //
 // Under autocast, linear_rounds_in_low_type(ctx) says who rounds:
 //   true (CUDA; a CPU whose oneDNN multiplies the low type natively, outside

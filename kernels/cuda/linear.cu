@@ -1,7 +1,7 @@
 // CUDA fully connected layer: cuBLAS GEMMs, the bias broadcast and the bias
 // gradient (detail::channel_sum_add); CPU counterpart in kernels/cpu/linear.cpp.
-// x, y, dy and dx are float32 or, under autocast, of its low type, read and
-// written as they are (detail::gemm_ex). Under autocast the kernels round in
+// x, y, dy, dx and w are float32 or, under autocast, of its low type, read
+// and written as they are (detail::gemm_ex). Under autocast the kernels round in
 // the low type (kernels::linear_rounds_in_low_type): gemm_ex narrows float32
 // operands, a float32 y or dx is rounded after its product, and dW's term
 // goes through a low-type buffer before it is added.
@@ -44,7 +44,7 @@ void linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
       });
     });
   }
-  detail::gemm_ex(ctx, false, true, n, out, in, 1.0f, x.raw(), x.dtype(), in, w.f32(), DType::F32, in,
+  detail::gemm_ex(ctx, false, true, n, out, in, 1.0f, x.raw(), x.dtype(), in, w.raw(), w.dtype(), in,
                   b ? 1.0f : 0.0f, y.raw(), y.dtype(), out);
   if (detail::low_precision(ctx) && y.dtype() == DType::F32) round_to(ctx, y, ctx.math.autocast);
 }
@@ -56,7 +56,7 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   detail::DeviceScope scope(ctx);
   const bool low = detail::low_precision(ctx);
   if (dx) {
-    detail::gemm_ex(ctx, false, false, n, in, out, 1.0f, dy.raw(), dy.dtype(), out, w.f32(), DType::F32, in, 0.0f,
+    detail::gemm_ex(ctx, false, false, n, in, out, 1.0f, dy.raw(), dy.dtype(), out, w.raw(), w.dtype(), in, 0.0f,
                     dx->raw(), dx->dtype(), in);
     if (low && dx->dtype() == DType::F32) round_to(ctx, *dx, ctx.math.autocast);
   }

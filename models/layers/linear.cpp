@@ -30,7 +30,8 @@ Tensor Linear::forward(const Tensor& x, Context& ctx) {
   in_shape_ = x.shape();
   const int64_t rows = x.numel() / in_;
   const AutocastWeights::Cast in = autocast_.forward(ctx, x.dim() == 2 ? x : x.view(Shape{rows, in_}), w_->value,
-                                                     b_ ? &b_->value : nullptr, kernels::linear_rounds_in_low_type(ctx));
+                                                     b_ ? &b_->value : nullptr, kernels::linear_rounds_in_low_type(ctx),
+                                                     true);
   x_ = in.x;
   ensure_autocast_output(y_, Shape{rows, out_}, ctx);
   kernels::linear_forward(ctx, in.x, in.w, b_ ? &in.b : nullptr, y_);

@@ -162,7 +162,7 @@ Tensor GPT::forward(const Tensor& ids, Context& ctx) {
   x_ = ln_f_->forward(x, ctx);
   // lm_head: logits = x wte^T, a matrix product (the low type under autocast).
   const AutocastWeights::Cast in = head_.forward(ctx, x_.view(Shape{b * t, e}), wte_->weight().value, nullptr,
-                                                 kernels::linear_rounds_in_low_type(ctx));
+                                                 kernels::linear_rounds_in_low_type(ctx), true);
   head_x_ = in.x;
   ensure_autocast_output(logits_, Shape{b * t, v}, ctx);
   kernels::linear_forward(ctx, in.x, in.w, nullptr, logits_);

@@ -32,10 +32,16 @@ void LowGrad::flush(Context& ctx, Tensor& grad) {
 }
 
 AutocastWeights::Cast AutocastWeights::forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b,
-                                               bool kernel_rounds) {
+                                               bool kernel_rounds, bool low_weight) {
   kernel_rounds_ = kernel_rounds && autocast_on(ctx);
   has_bias_ = b != nullptr;
-  Cast c{kernel_rounds_ ? x : autocast_copy(ctx, x, x_), kernel_rounds_ ? w : autocast_copy(ctx, w, w_), Tensor()};
+  weight_cast_ = kernel_rounds_ && low_weight && w.dtype() == DType::F32;
+  if (weight_cast_) {  // w_ holds the low-type copy both passes multiply by
+    ensure(w_, w.shape(), ctx.math.autocast, ctx);
+    kernels::convert(ctx, w, w_);
+  }
+  Cast c{kernel_rounds_ ? x : autocast_copy(ctx, x, x_),
+         weight_cast_ ? w_ : kernel_rounds_ ? w : autocast_copy(ctx, w, w_), Tensor()};
   if (b) c.b = autocast_copy(ctx, *b, b_);
   return c;
 }
@@ -49,7 +55,7 @@ AutocastWeights::Sinks AutocastWeights::backward_begin(Context& ctx, const Tenso
   if (!autocast_on(ctx)) return {dy, &w, &gw, gb};
   // db is a float32 sum of dy in every backend: dy is rounded first where there is one.
   const bool raw_dy = kernel_rounds_ && !gb;
-  return {raw_dy ? dy : autocast_copy(ctx, dy, dy_), kernel_rounds_ ? &w : &w_,
+  return {raw_dy ? dy : autocast_copy(ctx, dy, dy_), kernel_rounds_ && !weight_cast_ ? &w : &w_,
           kernel_rounds_ ? &gw : &gw_.sink(ctx, gw), gb ? &gb_.sink(ctx, *gb) : nullptr};
 }
 

@@ -80,13 +80,18 @@ class LowGrad {
 // gradient and only what the kernels leave unrounded is rounded here: the
 // bias, y after it, db, and dy where db is summed from it. Each skipped pass
 // would repeat a rounding (rounding is idempotent), so the result is the same.
+// With `low_weight` too (kernels that also take a weight stored in the low
+// type: the linear ones) the float32 weight is narrowed once, in forward,
+// and forward and backward multiply by that copy: one cast a step where
+// each product narrowed it again (torch's autocast keeps such casts too).
 class AutocastWeights {
  public:
   struct Cast {
     Tensor x, w, b;  // b undefined without a bias
   };
   // Off: x, w and b themselves.
-  Cast forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, bool kernel_rounds = false);
+  Cast forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, bool kernel_rounds = false,
+               bool low_weight = false);
   // y rounded to the low type, unless the kernel already did (no bias).
   void round_output(Context& ctx, Tensor& y);
   struct Sinks {
@@ -102,7 +107,7 @@ class AutocastWeights {
  private:
   Tensor x_, w_, b_, dy_;
   LowGrad gw_, gb_;
-  bool kernel_rounds_ = false, has_bias_ = false;
+  bool kernel_rounds_ = false, has_bias_ = false, weight_cast_ = false;
 };
 
 }  // namespace fanout

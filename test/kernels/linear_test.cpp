@@ -183,6 +183,21 @@ TEST_P(LinearOnBackend, RoundsFloat32OperandsInTheLowType) {
       const double term = static_cast<double>(dwh.f32()[i]) - dw0.f32()[i];
       ASSERT_NEAR(term, ref.dw[i], u * std::abs(ref.dw[i]) + 1e-5 + 1e-7 * std::abs(dw0.f32()[i])) << "dw at " << i;
     }
+    // w stored in the low type (the layer's one cast a step): the same bits as the float32 w.
+    {
+      Tensor yl = poisoned(Shape{n, out}), dxl = poisoned(Shape{n, in}), dwl = up(dw0);
+      const Tensor wl = up(ft::stored_copy(w, t, MemoryFormat::Contiguous));
+      ctx().math.autocast = t;
+      kernels::linear_forward(ctx(), xd, wl, &bd, yl);
+      kernels::linear_backward(ctx(), xd, wl, up(dy), &dxl, dwl, nullptr);
+      ctx().math.autocast = DType::F32;
+      EXPECT_TRUE(ft::same_bits(down(yl), yh)) << "y";
+      EXPECT_TRUE(ft::same_bits(down(dxl), dxh)) << "dx";
+      EXPECT_TRUE(ft::same_bits(down(dwl), dwh)) << "dw";
+      // Outside autocast a low-type w is refused.
+      Tensor yf = poisoned(Shape{n, out});
+      EXPECT_THROW(kernels::linear_forward(ctx(), xd, wl, &bd, yf), Error);
+    }
     // The operands themselves are rounded before the product: with x = w =
     // 1 + 5 * 2^-9 (1 + 2^-7 in bfloat16) y is round((1 + 2^-7)^2) = 1 + 2^-6,
     // where the exact product would round to 1 + 3 * 2^-7.
