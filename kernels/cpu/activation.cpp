@@ -1,8 +1,7 @@
 // CPU activations: elementwise loops (ReLU branch-free, so g++ -O3
 // vectorizes it, also for AVX2). GELU's erf and exp are branch-free
-// polynomials that vectorize the same way (as ATen's vectorized GELU:
-// Abramowitz and Stegun 7.1.26 for erf, |error| < 1.5e-7; Cephes' expf);
-// the other smooth ones call libm per element.
+// polynomials that vectorize the same way (kernels/cpu/poly_math.h); the
+// other smooth ones call libm per element.
 #include "kernels/activation.h"
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "kernels/activation_math.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/poly_math.h"
 #include "kernels/cpu/storage.h"
 
 namespace fanout::kernels::cpu {
@@ -42,35 +42,6 @@ void relu_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) 
 namespace fanout::kernels::cpu {
 
 namespace {
-
-// exp(x), x clamped to [-87, 88]: x = n ln2 + r, exp(r) by Cephes' expf
-// polynomial, 2^n put into the exponent bits. Branch-free.
-__attribute__((always_inline)) inline float exp_poly(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
-
-// erf(x) = sign(x) (1 - t (a1 + t (a2 + ...)) exp(-x^2)), t = 1 / (1 + p |x|).
-__attribute__((always_inline)) inline float erf_poly(float x) {
-  const float ax = std::fabs(x);
-  const float t = 1.0f / (1.0f + 0.3275911f * ax);
-  float q = 1.061405429f;
-  q = q * t - 1.453152027f;
-  q = q * t + 1.421413741f;
-  q = q * t - 0.284496736f;
-  q = q * t + 0.254829592f;
-  const float e = 1.0f - q * t * exp_poly(-ax * ax);
-  return std::copysign(e, x);
-}
 
 // y may alias x, dx dy.
 FANOUT_AVX2_CLONE void gelu_rows(const float* x, float* y, int64_t n) {

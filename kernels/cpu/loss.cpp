@@ -10,7 +10,9 @@
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/poly_math.h"
 #include "kernels/cpu/storage.h"
 
 namespace fanout::kernels::cpu {
@@ -32,6 +34,74 @@ inline float rounded(float v, DType t) {
   if (t == DType::BF16) return half::float_from_bf16(half::bf16_from_float(v));
   if (t == DType::F16) return half::float_from_f16(half::f16_from_float(v));
   return v;
+}
+
+// The row loops below vectorize (this file builds with -fno-trapping-math,
+// CMakeLists.txt); double sums go in kLanes lanes, an order that depends on
+// k only.
+constexpr int kLanes = 8;
+
+// The row's max and whether it holds a NaN (then every output is NaN
+// whatever the max). Max is exact, so any order finds it.
+FANOUT_AVX2_CLONE float row_max(const float* z, int64_t k, bool* any_nan) {
+  float m = z[0], nan = 0.0f;
+#pragma omp simd reduction(max : m) reduction(+ : nan)
+  for (int64_t j = 0; j < k; ++j) {
+    const float v = z[j];
+    m = v > m ? v : m;
+    nan += v - v;  // 0, or NaN for a NaN (and for an infinity: rechecked by the caller)
+  }
+  *any_nan = nan != 0.0f;  // NaN != 0
+  return m;
+}
+
+// acc[j % kLanes] += p[j] - m in double, j over [0, n).
+FANOUT_AVX2_CLONE void add_lanes(const float* p, int64_t n, float m, double* acc) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(p[j + l]) - m;
+  for (; j < n; ++j) acc[j % kLanes] += static_cast<double>(p[j]) - m;
+}
+
+// e[j] = exp(z[j] - m); e may be z.
+FANOUT_AVX2_CLONE void exp_shifted(const float* z, int64_t n, float m, float* e) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) e[j] = exp_poly(z[j] - m);
+}
+
+// e_j = exp(z_j - m) into d (when non-null; it may be z); the sums of e_j
+// and of z_j - m in double. In chunks: z's chunk summed before d overwrites it.
+void exp_sums(const float* z, int64_t k, float m, float* d, double* sum, double* shifted) {
+  constexpr int64_t kChunk = 512;  // a multiple of kLanes: the lanes continue across chunks
+  double se[kLanes] = {}, ss[kLanes] = {};
+  float buf[kChunk];
+  for (int64_t j = 0; j < k; j += kChunk) {
+    const int64_t n = std::min(kChunk, k - j);
+    add_lanes(z + j, n, m, ss);
+    float* e = d ? d + j : buf;
+    exp_shifted(z + j, n, m, e);
+    add_lanes(e, n, 0.0f, se);
+  }
+  double a = 0.0, b = 0.0;
+  for (int l = 0; l < kLanes; ++l) {
+    a += se[l];
+    b += ss[l];
+  }
+  *sum = a;
+  *shifted = b;
+}
+
+// d_j = rounded(scale (d_j inv - off)): every entry's gradient but the label's.
+FANOUT_AVX2_CLONE void grad_row(float* d, int64_t k, float inv, float scale, float off, DType round) {
+  if (round == DType::BF16) {
+#pragma omp simd
+    for (int64_t j = 0; j < k; ++j) d[j] = half::float_from_bf16(half::bf16_from_float(scale * (d[j] * inv - off)));
+  } else if (round == DType::F16) {
+    for (int64_t j = 0; j < k; ++j) d[j] = rounded(scale * (d[j] * inv - off), round);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < k; ++j) d[j] = scale * (d[j] * inv - off);
+  }
 }
 }  // namespace
 
@@ -60,23 +130,19 @@ void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, floa
     const int64_t y = yp[i];
     const bool ignored = y == kIgnoreLabel;
     // The max for the softmax, and torch.argmax's (the first NaN, else the first maximum).
-    float m = z[0];
-    int64_t best = 0;
-    for (int64_t j = 1; j < k; ++j) {
-      m = z[j] > m ? z[j] : m;
-      if (!std::isnan(z[best]) && (z[j] > z[best] || std::isnan(z[j]))) best = j;
-    }
+    bool any_nan = false;
+    const float m = row_max(z, k, &any_nan);
+    int64_t best = k;
+    if (any_nan)
+      for (int64_t j = 0; j < k && best == k; ++j)
+        if (std::isnan(z[j])) best = j;
+    if (best == k)  // no NaN: the first maximum (m is one of the row's values)
+      for (best = 0; best + 1 < k && z[best] != m;) ++best;
     hit_of[i] = best == y ? 1 : 0;
     const double zy = ignored ? 0.0 : static_cast<double>(z[y]);  // read before d overwrites z
     // p = exp(z - m) / sum; log p_j = (z_j - m) - log(sum). exp(z - m) waits in d.
     double sum = 0.0, sum_shifted = 0.0;
-    for (int64_t j = 0; j < k; ++j) {
-      const float zj = z[j];
-      const float e = std::exp(zj - m);
-      if (d) d[j] = e;
-      sum += e;
-      sum_shifted += static_cast<double>(zj) - m;
-    }
+    exp_sums(z, k, m, d, &sum, &sum_shifted);
     const double lse = std::log(sum);
     const double nll = lse - (zy - m);                                   // -log p_y
     const double mean_nll = lse - sum_shifted / static_cast<double>(k);  // mean_k(-log p_k)
@@ -89,12 +155,9 @@ void softmax_xent(Context& ctx, const Tensor& logits, const Tensor& labels, floa
       return;
     }
     const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < k; ++j) {
-      const float p = d[j] * inv;
-      float g = scale * (p - off);
-      if (j == y) g -= scale * on;
-      d[j] = rounded(g, out.round);
-    }
+    const float ey = d[y];
+    grad_row(d, k, inv, scale, off, out.round);
+    d[y] = rounded(scale * (ey * inv - off) - scale * on, out.round);
   };
   if (t == DType::F32) {
     const float* zp = logits.f32();                          // (N, K)

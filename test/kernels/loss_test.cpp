@@ -323,6 +323,14 @@ TEST_P(CountCorrect, TiesAndNanAgainstNaive) {
     // Few distinct values: many ties (first maximum wins); some NaN rows.
     for (int64_t i = 0; i < logits.numel(); ++i) logits.f32()[i] = std::round(logits.f32()[i] * 1.5f);
     for (int64_t r = 0; r < n; r += 17) logits.f32()[r * k + (r % k)] = std::numeric_limits<float>::quiet_NaN();
+    // Infinities (no NaN in most of these rows): +inf is the maximum, -inf never is unless all are.
+    const float inf = std::numeric_limits<float>::infinity();
+    for (int64_t r = 5; r < n; r += 19) {
+      logits.f32()[r * k + (r * 3) % k] = -inf;
+      if (r % 2) logits.f32()[r * k + (r * 7) % k] = inf;
+    }
+    if (n > 2)
+      for (int64_t j = 0; j < k; ++j) logits.f32()[2 * k + j] = -inf;  // a row of -inf: the first wins
     Tensor labels = ft::random_labels(n, k, rng);
     for (int64_t r = 0; r < n; r += 3) labels.data<int32_t>()[r] = static_cast<int32_t>(naive_argmax(logits, r));
     Tensor zd = up(logits), yd = up(labels), loss = poisoned(Shape{1}), cd = poisoned(Shape{1}, DType::I32);
