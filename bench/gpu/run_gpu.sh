@@ -674,7 +674,8 @@ step_goals() {
 
 # The transformer issue's CUDA rows: dp-bench GPT step time, tokens/s and MFU
 # on cuda:0 and 0,0 in TF32 and bf16-mixed (AdamW, nanoGPT's settings), and
-# PyTorch's GPT (F.scaled_dot_product_attention) beside them when its script is there.
+# PyTorch's GPT (F.scaled_dot_product_attention) beside them when its script is there;
+# both clip the gradient norm at 1 and decay only the matrices, as nanoGPT.
 step_gpt() {
   local b="$build/apps/dp-bench" rc=0 spec p devs tt="$repo/bench/pytorch/gpt_step.py"
   [ -x "$b" ] || { echo "no dp-bench in $build/apps (build step failed?)"; return 1; }
@@ -685,7 +686,8 @@ step_gpt() {
       for devs in 0 0,0; do
         echo "== dp-bench --model $1 --batch-size $2 --input $3 --devices $devs --precision $p --allow-tf32"
         frun "$b" --model "$1" --batch-size "$2" --input "$3" --devices "$devs" --no-ddp --precision "$p" \
-          --allow-tf32 --optimizer adamw --betas 0.9,0.95 --warmup 3 --steps 10 --repeats 3 --json "$out/gpt.jsonl" || rc=1
+          --allow-tf32 --optimizer adamw --betas 0.9,0.95 --clip-grad-norm 1 --no-decay-norm-bias --warmup 3 --steps 10 \
+          --repeats 3 --json "$out/gpt.jsonl" || rc=1
       done
       if [ -n "$python" ] && [ -f "$tt" ]; then
         echo "== PyTorch $1 batch $2 T $3 --precision $p"
@@ -759,8 +761,8 @@ step_gptprofile() {
     timeout --kill-after=10 "${FANOUT_PROFILE_TIMEOUT:-150}" env LD_LIBRARY_PATH="$fanout_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
       "$ncu" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
       --log-file "$out/ncu_$1.csv" "$b" --model "$2" --batch-size "$3" --input "$4" --devices 0 --no-ddp \
-      --precision bf16-mixed --allow-tf32 --cuda-graphs off --optimizer adamw --betas 0.9,0.95 --warmup 1 --steps 2 \
-      --repeats 1 \
+      --precision bf16-mixed --allow-tf32 --cuda-graphs off --optimizer adamw --betas 0.9,0.95 --clip-grad-norm 1 \
+      --no-decay-norm-bias --warmup 1 --steps 2 --repeats 1 \
       >/dev/null || rc=1
     "${python:-python3}" "$repo/bench/gpu/kernel_times.py" "$out/ncu_$1.csv" --steps 6 || rc=1
   done
