@@ -9,6 +9,8 @@
 // type, rounded once (the handle disallows reduced-precision reductions).
 #include "kernels/gemm.h"
 
+#include <climits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/low_precision.cuh"
 
@@ -80,7 +82,9 @@ void gemm_ex(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int
     b = l.raw();
   }
   const cudaDataType_t abt = cuda_type(ab);
-  // Sizes and strides were checked to fit in int by the public entry point.
+  // cuBLAS takes int sizes and strides (kernels::gemm checks them first; the linear layers reach here directly).
+  FANOUT_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX)
+      << "gemm: " << m << " x " << n << " x " << k << " does not fit cuBLAS's int sizes";
   FANOUT_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, abt,
                                    static_cast<int>(ldb), a, abt, static_cast<int>(lda), &beta, c, cuda_type(c_type),
