@@ -54,9 +54,10 @@ FANOUT_AVX2_CLONE void gelu_rows(const float* x, float* y, int64_t n) {
 FANOUT_AVX2_CLONE void gelu_grad_rows(const float* x, const float* dy, float* dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float cdf = 0.5f * (1.0f + erf_poly(v * 0.70710678118654752f));
-    const float pdf = 0.39894228040143268f * exp_poly(-0.5f * v * v);
+    const float v = x[i], u = v * 0.70710678118654752f;
+    const float e = exp_poly(-u * u);  // exp(-v^2 / 2): erf's and the density's
+    const float cdf = 0.5f * (1.0f + erf_poly_given(u, e));
+    const float pdf = 0.39894228040143268f * e;
     dx[i] = dy[i] * (cdf + v * pdf);
   }
 }

@@ -31,8 +31,9 @@ __attribute__((always_inline)) inline float exp_poly(float x) {
 }
 
 // erf(x) = sign(x) (1 - t (a1 + t (a2 + ...)) exp(-x^2)), t = 1 / (1 + p |x|):
-// Abramowitz and Stegun 7.1.26, |error| < 1.5e-7 (as ATen's vectorized GELU).
-__attribute__((always_inline)) inline float erf_poly(float x) {
+// Abramowitz and Stegun 7.1.26, |error| < 1.5e-7 (as ATen's vectorized GELU),
+// given e = exp_poly(-x * x) (GELU's backward shares it with the density).
+__attribute__((always_inline)) inline float erf_poly_given(float x, float e) {
   const float ax = std::fabs(x);
   const float t = 1.0f / (1.0f + 0.3275911f * ax);
   float q = 1.061405429f;
@@ -40,8 +41,8 @@ __attribute__((always_inline)) inline float erf_poly(float x) {
   q = q * t + 1.421413741f;
   q = q * t - 0.284496736f;
   q = q * t + 0.254829592f;
-  const float e = 1.0f - q * t * exp_poly(-ax * ax);
-  return std::copysign(e, x);
+  return std::copysign(1.0f - q * t * e, x);
 }
+__attribute__((always_inline)) inline float erf_poly(float x) { return erf_poly_given(x, exp_poly(-x * x)); }
 
 }  // namespace fanout::kernels::cpu
