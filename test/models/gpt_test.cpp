@@ -343,26 +343,29 @@ TEST(GPTUnderDataParallel, SplitInvariantEqualsOneDeviceBitForBit) {
 }
 
 TEST(GPTUnderDataParallel, WarmStepAllocatesNothing) {
-  for (const char* devices : {"cpu", "cpu:2", "cpu:2 sharded gradients"}) {
-    SCOPED_TRACE(devices);
-    const bool grads = std::string(devices).find("sharded") != std::string::npos;
-    auto m = models::gpt(small(true, 0.1f), 2);
-    EngineSpec spec = testing::engine_on(grads ? "cpu:2" : devices, /*split_invariant=*/false);
-    spec.dp.shard_optimizer = spec.dp.shard_grads = grads;
-    spec.loss.criterion = CriterionKind::TokenCrossEntropy;
-    testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw());
-    auto data = token_batches(6, 2, 3);
-    data.push_back(token_batches(4, 1, 4)[0]);  // a smaller last batch
-    for (auto& b : data) e.train_step(b.x, b.y, 1e-3f);
-    const auto before = alloc_stats();
-    const auto modules = Module::constructed();
-    const uint64_t plans = kernels::cpu::onednn_plans_made();
-    for (int rep = 0; rep < 2; ++rep)
+  // Under autocast too: the weight casts a step, the low-type activations and the staging they need.
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (const char* devices : {"cpu", "cpu:2", "cpu:2 sharded gradients"}) {
+      SCOPED_TRACE(std::string(devices) + " " + dtype_name(t));
+      const bool grads = std::string(devices).find("sharded") != std::string::npos;
+      auto m = models::gpt(small(true, 0.1f), 2);
+      EngineSpec spec = testing::engine_on(grads ? "cpu:2" : devices, /*split_invariant=*/false);
+      spec.dp.math.autocast = t;
+      spec.dp.shard_optimizer = spec.dp.shard_grads = grads;
+      spec.loss.criterion = CriterionKind::TokenCrossEntropy;
+      testing::EngineRun e(make_engine(*m, std::move(spec)), testing::test_adamw());
+      auto data = token_batches(6, 2, 3);
+      data.push_back(token_batches(4, 1, 4)[0]);  // a smaller last batch
       for (auto& b : data) e.train_step(b.x, b.y, 1e-3f);
-    EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
-    EXPECT_EQ(Module::constructed(), modules);
-    EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans);
-  }
+      const auto before = alloc_stats();
+      const auto modules = Module::constructed();
+      const uint64_t plans = kernels::cpu::onednn_plans_made();
+      for (int rep = 0; rep < 2; ++rep)
+        for (auto& b : data) e.train_step(b.x, b.y, 1e-3f);
+      EXPECT_EQ(alloc_stats().host_allocs, before.host_allocs);
+      EXPECT_EQ(Module::constructed(), modules);
+      EXPECT_EQ(kernels::cpu::onednn_plans_made(), plans);
+    }
 }
 
 // ZeRO-1 (--shard-optimizer) and ZeRO-2 (--shard-grads) over a GPT equal
