@@ -24,7 +24,9 @@ GROUPS = [  # first match wins; matched against the kernel's name in lower case
     # the GPT's kernels (before the broad cuDNN pattern: cuDNN's fused attention says sdpa or fmha)
     ("attention (cuDNN SDPA, fanout's softmax)", r"sdpa|fmha|flash|softmax_(forward|backward)_kernel|lse_rows|"
                                                   r"heads_kernel"),
-    ("LayerNorm", r"ln_forward|ln_dx|layer_?norm"),
+    ("LayerNorm", r"ln_forward|ln_dx|layer_?norm|paramgrad"),  # ParamGrad(Fin): its weight and bias gradients
+    # the row-block sums of bias gradients (linear and convolution layers): detail::channel_sum_add
+    ("bias gradients (channel sums)", r"channelsum"),
     ("embedding (gather, sorted sums)", r"embedding_|pairs_kernel|radix|onesweep"),
     ("cuDNN convolution", r"conv|cudnn|fprop|dgrad|wgrad|winograd|implicit"),
     # cuBLAS's kernels (sm90_xmma_gemm_..., cutlass ...gemm...); a plain GEMM kernel cuDNN picks lands here too
