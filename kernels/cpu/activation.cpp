@@ -4,9 +4,6 @@
 // other smooth ones call libm per element.
 #include "kernels/activation.h"
 
-#include <algorithm>
-#include <bit>
-#include <cmath>
 #include <cstdint>
 
 #include "kernels/activation_math.h"
