@@ -131,6 +131,12 @@ bool native_storage(const Context& ctx, std::initializer_list<const Tensor*> act
     if (t && !detail::plain_f32(*t) && t->dtype() != ctx.math.autocast) return false;
   return true;
 }
+
+// The CPU's float32 kernels read and write activations in either format
+// (oneDNN reorders them into its layout as it reads them anyway), so their
+// staged copies keep the stored format: widening a channels-last low-type
+// activation then moves nothing. CUDA's stage into contiguous tensors.
+bool cpu_keeps_format(const Context& ctx) { return ctx.device().is_cpu(); }
 }  // namespace
 
 void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, const Tensor* b, const ConvGeometry& g,
@@ -141,9 +147,10 @@ void conv_forward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, c
     check_conv_forward(ctx, op, s, x, w, b, y, /*storage=*/true);
     FANOUT_DISPATCH(ctx, conv_forward, ctx, spatial, x, w, b, g, y);
   }
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x);
-  Tensor ys = detail::staged_out(ctx, op, "y", 2, y);
-  check_conv_forward(ctx, op, s, xs, w, b, ys);
+  const bool keep = cpu_keeps_format(ctx);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x, keep);
+  Tensor ys = detail::staged_out(ctx, op, "y", 2, y, false, keep);
+  check_conv_forward(ctx, op, s, xs, w, b, ys, keep);
   FANOUT_CALL_BACKEND(ctx, conv_forward, ctx, spatial, xs, w, b, g, ys);
   detail::unstage(ctx, ys, y);
 }
@@ -156,9 +163,10 @@ void conv_backward(Context& ctx, int spatial, const Tensor& x, const Tensor& w, 
     check_conv_backward(ctx, op, s, x, w, dy, dx, dw, db, /*storage=*/true);
     FANOUT_DISPATCH(ctx, conv_backward, ctx, spatial, x, w, dy, g, dx, dw, db);
   }
-  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x), dys = detail::staged_in(ctx, op, "dy", 1, dy);
-  Tensor dxs = dx ? detail::staged_out(ctx, op, "dx", 2, *dx) : Tensor();
-  check_conv_backward(ctx, op, s, xs, w, dys, dx ? &dxs : nullptr, dw, db);
+  const bool keep = cpu_keeps_format(ctx);
+  const Tensor xs = detail::staged_in(ctx, op, "x", 0, x, keep), dys = detail::staged_in(ctx, op, "dy", 1, dy, keep);
+  Tensor dxs = dx ? detail::staged_out(ctx, op, "dx", 2, *dx, false, keep) : Tensor();
+  check_conv_backward(ctx, op, s, xs, w, dys, dx ? &dxs : nullptr, dw, db, keep);
   FANOUT_CALL_BACKEND(ctx, conv_backward, ctx, spatial, xs, w, dys, g, dx ? &dxs : nullptr, dw, db);
   if (dx) detail::unstage(ctx, dxs, *dx);
 }

@@ -1,9 +1,10 @@
 // Staging for kernel entry points whose backends read and write float32
-// contiguous tensors: they take operands in any floating storage (float32,
-// bfloat16, float16) and either memory format by converting each operand
-// into the context's staging scratch (widening is exact) and each output
-// from it (rounded once to the output's type). A float32 contiguous tensor
-// goes through untouched. Backends that read a storage natively skip this.
+// contiguous tensors (or float32 in either format: keep_format): they take
+// operands in any floating storage (float32, bfloat16, float16) and either
+// memory format by converting each operand into the context's staging
+// scratch (widening is exact) and each output from it (rounded once to the
+// output's type). A float32 tensor the backend reads goes through
+// untouched. Backends that read a storage natively skip this.
 #pragma once
 #include <initializer_list>
 
@@ -16,25 +17,38 @@ namespace fanout::kernels::detail {
 
 inline bool plain_f32(const Tensor& t) { return t.dtype() == DType::F32 && !t.channels_last(); }
 
-// t as a float32 contiguous tensor: t itself, or its values converted into
-// staging role `role`. op and name are for the error on a tensor that is
-// not floating storage.
-inline Tensor staged_in(Context& ctx, const char* op, const char* name, int role, const Tensor& t) {
-  if (plain_f32(t)) return t;
+// The float32 tensor an operand is staged as: contiguous, or with
+// `keep_format` in the operand's own format (for backends whose float32
+// kernels read either: widening then moves nothing).
+inline bool staged_as_is(const Tensor& t, bool keep_format) {
+  return t.dtype() == DType::F32 && (keep_format || !t.channels_last());
+}
+inline Tensor staging_for(Context& ctx, int role, const Tensor& t, bool keep_format) {
+  return ctx.staging(role, static_cast<size_t>(t.numel()) * sizeof(float))
+      .as(t.shape(), DType::F32, keep_format ? t.format() : MemoryFormat::Contiguous);
+}
+
+// t as a float32 contiguous tensor (with `keep_format`, a float32 one in
+// t's format): t itself, or its values converted into staging role `role`.
+// op and name are for the error on a tensor that is not floating storage.
+inline Tensor staged_in(Context& ctx, const char* op, const char* name, int role, const Tensor& t,
+                        bool keep_format = false) {
+  if (staged_as_is(t, keep_format)) return t;
   check_storage(ctx, op, name, t);
-  Tensor s = ctx.staging(role, static_cast<size_t>(t.numel()) * sizeof(float)).as(t.shape(), DType::F32);
+  Tensor s = staging_for(ctx, role, t, keep_format);
   convert(ctx, t, s);
   return s;
 }
 
 // Where a backend writes an output bound for `out`: out itself, or staging
-// role `role` shaped like it (unstage moves it into out). With `accumulate`
-// the staged output starts from out's values, for outputs the op adds to.
+// role `role` shaped like it (unstage moves it into out); `keep_format` as
+// for staged_in. With `accumulate` the staged output starts from out's
+// values, for outputs the op adds to.
 inline Tensor staged_out(Context& ctx, const char* op, const char* name, int role, const Tensor& out,
-                         bool accumulate = false) {
-  if (plain_f32(out)) return out;
+                         bool accumulate = false, bool keep_format = false) {
+  if (staged_as_is(out, keep_format)) return out;
   check_storage(ctx, op, name, out);
-  Tensor s = ctx.staging(role, static_cast<size_t>(out.numel()) * sizeof(float)).as(out.shape(), DType::F32);
+  Tensor s = staging_for(ctx, role, out, keep_format);
   if (accumulate) convert(ctx, out, s);
   return s;
 }

@@ -1,8 +1,10 @@
 // CPU convolutions, 2-D and 3-D, forward and both backward passes, through
-// oneDNN. Tensors stay NCHW / NCDHW at the op boundary: a plan reorders each
-// operand into the layout oneDNN's kernel for the shape prefers (blocked
-// channels, usually) in the context's workspace and the result back, once
-// per call. Plans are made once per shape and kept by the context.
+// oneDNN. float32 activations come NCHW / NCDHW or channels-last (the
+// widened copies of low-type activations under autocast keep their format):
+// a plan reorders each operand into the layout oneDNN's kernel for the
+// shape prefers (blocked channels, usually) in the context's workspace and
+// the result back, once per call, or binds it as it is where the layouts
+// agree. Plans are made once per shape and storage and kept by the context.
 //
 // Split-invariant math, and float64 weight gradients, run the same kernels
 // one image at a time on plans made for one image: an image's output, input
@@ -119,6 +121,25 @@ void finish(dn::State& s, Operand& o) {
   if (o.converts) dn::execute(s, o.reorder, {{DNNL_ARG_FROM, &o.inner}, {DNNL_ARG_TO, &o.user}});
 }
 
+memory::data_type dnnl_type(DType t) {
+  return t == DType::BF16 ? memory::data_type::bf16 : t == DType::F16 ? memory::data_type::f16 : memory::data_type::f32;
+}
+
+// Channels-last (NHWC, NDHWC) or plain, by rank.
+memory::format_tag layout_tag(size_t rank, bool channels_last) {
+  using tag = memory::format_tag;
+  if (rank == 5) return channels_last ? tag::acdeb : tag::abcde;
+  return channels_last ? tag::acdb : tag::abcd;
+}
+
+// A user tensor as it is stored, with dims d (one call's images).
+memory::desc stored_desc(const memory::dims& d, const Tensor& t) {
+  return memory::desc(d, dnnl_type(t.dtype()), layout_tag(d.size(), t.channels_last()));
+}
+
+// What a plan's key adds for a user tensor: its storage (type and format).
+int64_t storage_code(const Tensor& t) { return static_cast<int64_t>(t.dtype()) * 2 + t.channels_last(); }
+
 memory::desc any(const memory::dims& d) {
   return memory::desc(d, memory::data_type::f32, memory::format_tag::any);
 }
@@ -224,9 +245,11 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
   const Conv c = conv_of(x, w, y, stride, pad, ctx.math.split_invariant);
   if (c.batch() == 0) return;
   dn::State& s = dn::state(ctx);
-  ForwardPlan& p = s.plan<ForwardPlan>(key_of(c, kForward, b != nullptr, onednn_threads(ctx)), [&] {
-    return forward_plan(s, forward_pd(s, c, b != nullptr), dn::plain(c.per_call(c.x)), dn::plain(c.w),
-                        dn::plain(c.per_call(c.y)), b != nullptr);
+  dn::Key key = key_of(c, kForward, b != nullptr, onednn_threads(ctx));
+  key << storage_code(x) << storage_code(y);
+  ForwardPlan& p = s.plan<ForwardPlan>(key, [&] {
+    return forward_plan(s, forward_pd(s, c, b != nullptr), stored_desc(c.per_call(c.x), x), dn::plain(c.w),
+                        stored_desc(c.per_call(c.y), y), b != nullptr);
   });
   char* ws = static_cast<char*>(ctx.workspace(p.bytes));
   dn::bind(p.scratch, ws + p.scratch_at);
@@ -243,11 +266,13 @@ void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b, in
 // dx (=).
 void backward_data(Context& ctx, const Tensor& w, const Tensor& dy, const Conv& c, Tensor& dx) {
   dn::State& s = dn::state(ctx);
-  DataPlan& p = s.plan<DataPlan>(key_of(c, kData, 0, onednn_threads(ctx)), [&] {
+  dn::Key key = key_of(c, kData, 0, onednn_threads(ctx));
+  key << storage_code(dy) << storage_code(dx);
+  DataPlan& p = s.plan<DataPlan>(key, [&] {
     const auto pd = dn::make_backward_pd<dnnl::convolution_backward_data>(
         s.engine, dn::user_scratchpad(), forward_pd(s, c, false), dnnl::algorithm::convolution_direct,
         activations(c, c.per_call(c.x)), any(c.w), activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
-    return data_plan(s, pd, dn::plain(c.per_call(c.y)), dn::plain(c.w), dn::plain(c.per_call(c.x)));
+    return data_plan(s, pd, stored_desc(c.per_call(c.y), dy), dn::plain(c.w), stored_desc(c.per_call(c.x), dx));
   });
   char* ws = static_cast<char*>(ctx.workspace(p.bytes));
   dn::bind(p.scratch, ws + p.scratch_at);
@@ -276,18 +301,22 @@ dnnl::convolution_backward_weights::primitive_desc weights_pd(dn::State& s, cons
       activations(c, c.per_call(c.x)), any(c.w), b, activations(c, c.per_call(c.y)), c.strides(), c.pads(), c.pads());
 }
 
-// The weights-gradient plan for calls of c.images images. `direct`: one
-// call whose float32 result is added to dw by its reorder; otherwise each
-// call's result lands in plain floats (dw_part, db_part) for the caller to add.
-WeightsPlan& weights_plan(Context& ctx, const Conv& c, bool want_dw, bool bias, bool direct) {
+// The weights-gradient plan for calls of c.images images of x and dy (as
+// stored). `direct`: one call whose float32 result is added to dw by its
+// reorder; otherwise each call's result lands in plain floats (dw_part,
+// db_part) for the caller to add.
+WeightsPlan& weights_plan(Context& ctx, const Conv& c, const Tensor& x, const Tensor& dy, bool want_dw, bool bias,
+                          bool direct) {
   dn::State& s = dn::state(ctx);
   const int64_t flags = want_dw | bias << 1 | direct << 2;
-  return s.plan<WeightsPlan>(key_of(c, kWeights, flags, onednn_threads(ctx)), [&] {
+  dn::Key key = key_of(c, kWeights, flags, onednn_threads(ctx));
+  key << storage_code(x) << storage_code(dy);
+  return s.plan<WeightsPlan>(key, [&] {
     auto q = std::make_unique<WeightsPlan>();
     const auto pd = weights_pd(s, c, bias);
     dn::WorkspaceLayout ws;
-    q->x = operand(s, dn::plain(c.per_call(c.x)), pd.src_desc(), true, ws);
-    q->dy = operand(s, dn::plain(c.per_call(c.y)), pd.diff_dst_desc(), true, ws);
+    q->x = operand(s, stored_desc(c.per_call(c.x), x), pd.src_desc(), true, ws);
+    q->dy = operand(s, stored_desc(c.per_call(c.y), dy), pd.diff_dst_desc(), true, ws);
     q->dw = operand(s, dn::plain(c.w), pd.diff_weights_desc(), false, ws, direct);
     q->part_at = ws.add(dn::plain(c.w).get_size());
     if (bias) {
@@ -447,15 +476,17 @@ void each_run(const Conv& c, int64_t kd, F&& f) {
   for (int64_t d = lo; d < hi; d += slices_per_call(c)) f(d, std::min(slices_per_call(c), hi - d));
 }
 
-ImagePlan& image_plan(Context& ctx, const Conv& c) {
+ImagePlan& image_plan(Context& ctx, const Conv& c, const Tensor& x, const Tensor& dy) {
   dn::State& s = dn::state(ctx);
   const Conv k = per_image(c, 1);
-  return s.plan<ImagePlan>(key_of(k, kWeights, 32, onednn_threads(ctx)), [&] {
+  dn::Key key = key_of(k, kWeights, 32, onednn_threads(ctx));
+  key << storage_code(x) << storage_code(dy);
+  return s.plan<ImagePlan>(key, [&] {
     auto q = std::make_unique<ImagePlan>();
     dn::WorkspaceLayout ws;
     const auto last = [](const memory::dims& d) { return memory::desc(d, memory::data_type::f32, memory::format_tag::acdeb); };
-    q->x = operand(s, dn::plain(k.per_call(k.x)), last(k.per_call(k.x)), true, ws);
-    q->dy = operand(s, dn::plain(k.per_call(k.y)), last(k.per_call(k.y)), true, ws);
+    q->x = operand(s, stored_desc(k.per_call(k.x), x), last(k.per_call(k.x)), true, ws);
+    q->dy = operand(s, stored_desc(k.per_call(k.y), dy), last(k.per_call(k.y)), true, ws);
     q->bytes = ws.bytes;
     return q;
   });
@@ -467,7 +498,7 @@ void sliced_weights(Context& ctx, const Tensor& x, const Tensor& dy, const Conv&
   dn::State& s = dn::state(ctx);
   const int64_t n = c.batch(), oc = c.w[0], ic = c.w[1], kds = c.w[2], taps = c.w[3] * c.w[4];
   const int64_t wn = oc * ic * kds * taps, xs = x.numel() / n, ys = dy.numel() / n, plane_y = c.y[3] * c.y[4];
-  ImagePlan& ip = image_plan(ctx, c);
+  ImagePlan& ip = image_plan(ctx, c, x, dy);
   size_t plan_bytes = 0;  // the largest slice plan's
   for (int64_t kd = 0; kd < kds; ++kd)
     each_run(c, kd, [&](int64_t, int64_t k) { plan_bytes = std::max(plan_bytes, slice_plan(ctx, c, k).bytes); });
@@ -521,7 +552,7 @@ void backward_weights(Context& ctx, const Tensor& x, const Tensor& dy, Conv c, T
   const int64_t calls = (n + c.images - 1) / c.images, last = n - (calls - 1) * c.images;
   if (calls == 1 && want_dw && !exact) {  // one call: dw += through the reorder
     dn::State& s = dn::state(ctx);
-    WeightsPlan& p = weights_plan(ctx, c, true, bias, true);
+    WeightsPlan& p = weights_plan(ctx, c, x, dy, true, bias, true);
     char* ws = static_cast<char*>(ctx.workspace(p.bytes));
     run_weights(s, p, c, x, dy, 0, dw.f32(), ws);
     const float* db_part = reinterpret_cast<const float*>(ws + p.db_at);
@@ -532,8 +563,8 @@ void backward_weights(Context& ctx, const Tensor& x, const Tensor& dy, Conv c, T
   Conv tail = c;
   tail.images = last;
   dn::State& s = dn::state(ctx);
-  WeightsPlan& p = weights_plan(ctx, c, want_dw, bias, false);
-  WeightsPlan& q = last == c.images ? p : weights_plan(ctx, tail, want_dw, bias, false);
+  WeightsPlan& p = weights_plan(ctx, c, x, dy, want_dw, bias, false);
+  WeightsPlan& q = last == c.images ? p : weights_plan(ctx, tail, x, dy, want_dw, bias, false);
   // The double sums follow the plans' own buffers in the workspace; exact
   // mode adds into float64 dw and db themselves.
   const size_t plan_bytes = std::max(p.bytes, q.bytes);
@@ -572,21 +603,6 @@ void backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, 
 
 // ---- Low-type convolutions ----
 
-memory::data_type dnnl_type(DType t) {
-  return t == DType::BF16 ? memory::data_type::bf16 : t == DType::F16 ? memory::data_type::f16 : memory::data_type::f32;
-}
-
-// Channels-last (NHWC, NDHWC) or plain, by rank.
-memory::format_tag layout_tag(size_t rank, bool channels_last) {
-  using tag = memory::format_tag;
-  if (rank == 5) return channels_last ? tag::acdeb : tag::abcde;
-  return channels_last ? tag::acdb : tag::abcd;
-}
-
-// A user tensor as it is stored, with dims d.
-memory::desc stored_desc(const memory::dims& d, const Tensor& t) {
-  return memory::desc(d, dnnl_type(t.dtype()), layout_tag(d.size(), t.channels_last()));
-}
 
 // Activations inside the low passes: channels-last in the low type (what
 // the layers store; oneDNN's bfloat16 kernels run on it as fast as on its
@@ -596,8 +612,6 @@ memory::desc low_activations(const memory::dims& d, DType lt) {
 }
 memory::desc low_any(const memory::dims& d, DType lt) { return memory::desc(d, dnnl_type(lt), memory::format_tag::any); }
 
-// What a low plan's key adds: the autocast type and each user tensor's storage.
-int64_t storage_code(const Tensor& t) { return static_cast<int64_t>(t.dtype()) * 2 + t.channels_last(); }
 
 dnnl::convolution_forward::primitive_desc low_forward_pd(dn::State& s, const Conv& c, DType lt, bool bias) {
   const memory::desc b = bias ? dn::plain({c.w[0]}) : memory::desc();

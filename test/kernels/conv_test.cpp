@@ -438,6 +438,78 @@ TEST_P(ConvOnBackend, LowStorageInEitherFormat) {
     }
 }
 
+// float32 activations channels-last (what the CPU's staging of low-type
+// channels-last activations now hands its float32 kernels): the same bits
+// as the contiguous tensors of the same values, in every pass and on the
+// paths the CPU takes by shape and options: channels-last and blocked
+// layouts inside oneDNN (6 -> 16 and 16 -> 16 channels), weight gradients
+// cut into several calls (more than 4,096 terms), image-by-image
+// split-invariant math, float64 gradients, and 3-D weight gradients over
+// depth slices. Mixed formats too: a contiguous x with a channels-last y.
+TEST_P(ConvOnBackend, Float32ChannelsLastGivesTheContiguousBits) {
+  std::mt19937_64 rng(80);
+  MathOptions split;
+  split.split_invariant = true;
+  struct Case {
+    ConvCase k;
+    MathOptions math;
+    DType grad;
+    const char* slices;
+  };
+  const Case cases[] = {
+      {conv2d(4, 6, 12, 12, 16, 5, 5, 1, 0), {}, DType::F32, "auto"},
+      {conv2d(3, 16, 9, 10, 16, 3, 3, 1, 1), {}, DType::F32, "auto"},
+      {conv2d(2, 16, 48, 48, 16, 3, 3, 1, 1), {}, DType::F32, "auto"},  // 4,608 terms: two calls
+      {conv2d(3, 5, 7, 9, 4, 3, 3, 2, 1), split, DType::F32, "auto"},
+      {conv2d(3, 5, 7, 9, 4, 3, 3, 1, 1), {}, DType::F64, "auto"},
+      {{2, 3, 5, 6, 7, 4, 3, 3, 3, 1, 1}, {}, DType::F32, "always"},
+      {{2, 3, 5, 6, 7, 4, 3, 3, 3, 2, 1}, {}, DType::F32, "never"},
+      {{2, 3, 5, 6, 7, 4, 3, 3, 3, 1, 1}, {}, DType::F64, "always"},
+  };
+  for (const Case& c : cases) {
+    if (on_cuda() && (c.grad == DType::F64 || c.math.split_invariant)) continue;  // CPU options
+    SCOPED_TRACE(::testing::Message() << c.k << " split-invariant " << c.math.split_invariant << " gradients "
+                                      << dtype_name(c.grad) << " slices " << c.slices);
+    ASSERT_EQ(setenv("FANOUT_CONV3D_WEIGHT_SLICES", c.slices, 1), 0);
+    ctx().math = c.math;
+    const int s = c.k.spatial();
+    const Tensor x = ft::random_tensor(c.k.x(), rng), w = ft::random_tensor(c.k.weight(), rng);
+    const Tensor b = ft::random_tensor(Shape{c.k.oc}, rng);
+    const Shape ys = kernels::conv_output_shape(s, x.shape(), w.shape(), c.k.geometry());
+    const Tensor dy = ft::random_tensor(ys, rng);
+    // (x format, y format): both contiguous (the reference), both channels-last, and mixed.
+    const std::pair<MemoryFormat, MemoryFormat> formats[] = {
+        {MemoryFormat::Contiguous, MemoryFormat::Contiguous},
+        {MemoryFormat::ChannelsLast, MemoryFormat::ChannelsLast},
+        {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}};
+    std::vector<Tensor> got[4];  // y, dx, dw, db for each pair of formats
+    for (const auto& [xf, yf] : formats) {
+      const Tensor xd = up(ft::stored_copy(x, DType::F32, xf)), wd = up(w), bd = up(b),
+                   dyd = up(ft::stored_copy(dy, DType::F32, yf));
+      Tensor yd = up(ft::poisoned_stored(ys, DType::F32, yf)), dxd = up(ft::poisoned_stored(x.shape(), DType::F32, xf));
+      Tensor dwd = up(Tensor::zeros(w.shape(), c.grad)), dbd = up(Tensor::zeros(Shape{c.k.oc}, c.grad));
+      kernels::conv_forward(ctx(), s, xd, wd, &bd, c.k.geometry(), yd);
+      kernels::conv_backward(ctx(), s, xd, wd, dyd, c.k.geometry(), &dxd, dwd, &dbd);
+      const Tensor y = down(yd), dx = down(dxd);
+      ASSERT_EQ(y.format(), yf);
+      ASSERT_EQ(dx.format(), xf);
+      got[0].push_back(ft::float32_values(y));
+      got[1].push_back(ft::float32_values(dx));
+      got[2].push_back(down(dwd));
+      got[3].push_back(down(dbd));
+    }
+    const char* names[] = {"y", "dx", "dw", "db"};
+    for (int o = 0; o < 4; ++o)
+      for (size_t f = 1; f < got[o].size(); ++f)
+        EXPECT_TRUE(ft::same_bits(got[o][f], got[o][0])) << names[o] << ", formats " << f;
+    // And the reference's values (the contiguous path's own check is ForwardBackwardAgainstDirectConvolution).
+    const ConvRef r = naive_conv(c.k, x, w, &b, &dy);
+    EXPECT_TRUE(matches(got[0][1], r.y, 1e-4, 1e-4)) << "y";
+    EXPECT_TRUE(matches(got[1][1], r.dx, 1e-4, 1e-4)) << "dx";
+  }
+  unsetenv("FANOUT_CONV3D_WEIGHT_SLICES");
+}
+
 // The per-channel bias on every storage (float32 and the low types, either
 // format; 2-D and 3-D): y + b[c] rounded once to y's type, and db += the sums
 // of dy over samples and positions (float64 sums of the stored values).
