@@ -131,76 +131,96 @@ void maxpool_2x2(const float* xp, int64_t vols, const PoolAxes& ax, float* yp, i
 
 namespace {
 
+// f(img, buf) for every image of n, threads taking contiguous runs of
+// images (at least `grain` each), each thread with its own `per` floats of
+// the workspace in buf (null when per is 0).
+template <class F>
+void each_image(Context& ctx, int64_t n, int64_t grain, int64_t per, F&& f) {
+  const int64_t slots = std::clamp<int64_t>(n / std::max<int64_t>(1, grain), 1, threads(ctx));
+  float* ws = per ? static_cast<float*>(ctx.workspace(sizeof(float) * static_cast<size_t>(slots * per))) : nullptr;
+  parallel_for(ctx, slots, 1, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s)
+      for (int64_t img = n * s / slots; img < n * (s + 1) / slots; ++img) f(img, ws ? ws + s * per : nullptr);
+  });
+}
+
 // Channels-last max pooling: x (N, D*H*W, C) rows, y (N, out, C), argmax
-// (N, C, out) as the plane kernel writes it. Each output position takes its
-// window's rows in (depth, row, column) order, channels in blocks of kRun
-// through float32 buffers: the plane kernel's selection per channel.
+// (N, C, out) as the plane kernel writes it. Threads take images; a
+// low-type image is widened once into float32 rows (in the thread's part of
+// the workspace) and its outputs narrowed once (exact: they are stored values).
+// Each output position takes its window's rows in (depth, row, column)
+// order, every channel of a row at once: the plane kernel's selection per
+// channel, in a loop over contiguous channels that vectorizes. Its argmax
+// row is transposed into (C, out) when the image is done.
 void rows_maxpool_forward(Context& ctx, int spatial, const Tensor& x, const PoolGeometry& g, Tensor& y,
                           Tensor& argmax) {
   const PoolAxes ax = pool_axes(spatial, x.shape(), y.shape(), g);
   const int64_t n = x.size(0), ch = x.size(1), h = ax.len[1], w = ax.len[2], in = ax.in_volume(),
                 out = ax.out_volume();
   const DType t = x.dtype();
+  const bool f32 = t == DType::F32;
   const size_t es = dtype_size(t);
   const char* xp = static_cast<const char*>(x.raw());
   char* yp = static_cast<char*>(y.raw());
   int32_t* ap = argmax.data<int32_t>();
-  parallel_for(ctx, n, grain_for(in * ch), [&](int64_t n0, int64_t n1) {
-    float best[kRun], v[kRun];
-    int32_t best_i[kRun];
-    each_window(ax, n0, n1, [&](int64_t img, int64_t o, const Box& b) {
-      for (int64_t c0 = 0; c0 < ch; c0 += kRun) {
-        const int64_t k = std::min<int64_t>(kRun, ch - c0);
-        const int32_t first = static_cast<int32_t>((b.d0 * h + b.h0) * w + b.w0);
-        for (int64_t j = 0; j < k; ++j) {
-          best[j] = -std::numeric_limits<float>::infinity();
-          best_i[j] = first;
-        }
-        each_row(b, h, w, [&](int64_t row) {
-          for (int64_t col = b.w0; col < b.w1; ++col) {
-            const int64_t at = row + col;  // the position in the image
-            widen_short(t, xp + ((img * in + at) * ch + c0) * es, v, k);
-            for (int64_t j = 0; j < k; ++j) take_max(v[j], static_cast<int32_t>(at), best[j], best_i[j]);
-          }
-        });
-        narrow_short(t, best, yp + ((img * out + o) * ch + c0) * es, k);  // exact: stored values
-        for (int64_t j = 0; j < k; ++j) ap[(img * ch + c0 + j) * out + o] = best_i[j];
+  // A thread's buffer: an image's argmax rows (out, C), and for low types its widened x and y.
+  const int64_t per = out * ch + (f32 ? 0 : in * ch + out * ch);
+  each_image(ctx, n, grain_for(in * ch), per, [&](int64_t img, float* own) {
+    int32_t* arows = reinterpret_cast<int32_t*>(own);
+    const float* xi = f32 ? x.f32() + img * in * ch : own + out * ch;
+    float* yi = f32 ? y.f32() + img * out * ch : own + out * ch + in * ch;
+    if (!f32) widen_span(t, xp + img * in * ch * es, own + out * ch, in * ch);
+    each_window(ax, img, img + 1, [&](int64_t, int64_t o, const Box& b) {
+      float* best = yi + o * ch;
+      int32_t* best_i = arows + o * ch;
+      const int32_t first = static_cast<int32_t>((b.d0 * h + b.h0) * w + b.w0);
+      for (int64_t c = 0; c < ch; ++c) {
+        best[c] = -std::numeric_limits<float>::infinity();
+        best_i[c] = first;
       }
+      each_row(b, h, w, [&](int64_t row) {
+        for (int64_t col = b.w0; col < b.w1; ++col) {
+          const int32_t at = static_cast<int32_t>(row + col);  // the position in the image
+          const float* v = xi + at * ch;
+          for (int64_t c = 0; c < ch; ++c) take_max(v[c], at, best[c], best_i[c]);
+        }
+      });
     });
+    int32_t* ai = ap + img * ch * out;
+    for (int64_t c = 0; c < ch; ++c)
+      for (int64_t o = 0; o < out; ++o) ai[c * out + o] = arows[o * ch + c];
+    if (!f32) narrow_span(t, yi, yp + img * out * ch * es, out * ch);
   });
 }
 
 // dx (=) from dy through argmax, each image's values added in float32 in
-// the order of its outputs (the plane kernel's), rounded once into dx.
+// the order of its outputs (the plane kernel's), rounded once into dx. A
+// low-type image's dy is widened once and its sums kept in the workspace.
 void rows_maxpool_backward(Context& ctx, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   const int64_t n = dx.size(0), ch = dx.size(1);
   if (n * ch == 0) return;
   const int64_t in = dx.numel() / (n * ch), out = dy.numel() / (n * ch);
-  const DType t = dx.dtype();
-  const size_t es = dtype_size(t);
+  const DType t = dx.dtype(), gt = dy.dtype();
   const char* gp = static_cast<const char*>(dy.raw());
   char* dp = static_cast<char*>(dx.raw());
   const int32_t* ap = argmax.data<int32_t>();
-  // Low-type dx: float32 sums in the workspace (an image each), rounded once.
-  float* sums = t == DType::F32 ? nullptr : static_cast<float*>(ctx.workspace(sizeof(float) * dx.numel()));
-  parallel_for(ctx, n, grain_for(in * ch), [&](int64_t n0, int64_t n1) {
-    float g[kRun];
-    for (int64_t img = n0; img < n1; ++img) {
-      float* d = (sums ? sums : reinterpret_cast<float*>(dp)) + img * in * ch;
-      std::fill(d, d + in * ch, 0.0f);
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t c0 = 0; c0 < ch; c0 += kRun) {
-          const int64_t k = std::min<int64_t>(kRun, ch - c0);
-          widen_short(dy.dtype(), gp + ((img * out + o) * ch + c0) * es, g, k);
-          for (int64_t j = 0; j < k; ++j) {
-            const int64_t a = ap[(img * ch + c0 + j) * out + o];
-            FANOUT_CHECK(a >= 0 && a < in) << "maxpool_backward: argmax " << a << " outside a volume of dx "
-                                           << dx.shape().str();
-            d[a * ch + c0 + j] += g[j];
-          }
-        }
-      if (sums) narrow_span(t, d, dp + img * in * ch * es, in * ch);
+  // A thread's buffer: an image's float32 sums for a low-type dx, its widened dy for a low-type dy.
+  const int64_t sums = t == DType::F32 ? 0 : in * ch, per = sums + (gt == DType::F32 ? 0 : out * ch);
+  each_image(ctx, n, grain_for(in * ch), per, [&](int64_t img, float* own) {
+    float* d = sums ? own : dx.f32() + img * in * ch;
+    const float* g = gt == DType::F32 ? dy.f32() + img * out * ch : own + sums;
+    if (gt != DType::F32) widen_span(gt, gp + img * out * ch * dtype_size(gt), own + sums, out * ch);
+    std::fill(d, d + in * ch, 0.0f);
+    // Channel by channel, outputs in order: each element of d takes its terms in the order of the outputs.
+    for (int64_t c = 0; c < ch; ++c) {
+      const int32_t* a = ap + (img * ch + c) * out;
+      for (int64_t o = 0; o < out; ++o) {
+        FANOUT_CHECK(a[o] >= 0 && a[o] < in) << "maxpool_backward: argmax " << a[o] << " outside a volume of dx "
+                                             << dx.shape().str();
+        d[a[o] * ch + c] += g[o * ch + c];
+      }
     }
+    if (sums) narrow_span(t, d, dp + img * in * ch * dtype_size(t), in * ch);
   });
 }
 
