@@ -4,13 +4,16 @@
 // channel's float64 sums taken row after row (vectorized across channels),
 // so the results do not depend on the thread count. Elementwise passes:
 // threads take row ranges. Values move through float32 buffers of at most
-// kRun channels (widened exactly, narrowed to nearest even).
+// kRun channels (widened exactly, narrowed to nearest even). The loops over
+// a block's rows are also built for AVX2 (FANOUT_AVX2_CLONE, loops.h): the
+// same operations in the same order, so the same bits.
 #include "kernels/cpu/batchnorm_rows.h"
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/storage.h"
 #include "runtime/core/half.h"
@@ -27,18 +30,29 @@ Rows rows_of(const Tensor& x) {
   return {c == 0 ? 0 : x.numel() / c, c};
 }
 
-// Channels [c0, c0 + k) of row r of t (R, C), widened into buf.
-inline void load(const Tensor& t, int64_t r, int64_t c, int64_t c0, int64_t k, float* buf) {
-  widen_short(t.dtype(), static_cast<const char*>(t.raw()) + (r * c + c0) * dtype_size(t.dtype()), buf, k);
-}
-// buf into channels [c0, c0 + k) of row r of t, rounded to t's type.
-inline void store(Tensor& t, int64_t r, int64_t c, int64_t c0, int64_t k, const float* buf) {
-  narrow_short(t.dtype(), buf, static_cast<char*>(t.raw()) + (r * c + c0) * dtype_size(t.dtype()), k);
-}
+#define FANOUT_INLINE [[gnu::always_inline]] inline
+
+// A tensor's (R, C) rows as the loops read and write them.
+struct View {
+  char* p;
+  DType t;
+  int64_t row_bytes, es;
+  View(const Tensor& x, int64_t c)
+      : p(static_cast<char*>(const_cast<void*>(x.raw()))), t(x.dtype()),
+        row_bytes(c * static_cast<int64_t>(dtype_size(x.dtype()))), es(static_cast<int64_t>(dtype_size(x.dtype()))) {}
+  // Channels [c0, c0 + k) of row r, widened into buf.
+  FANOUT_INLINE void load(int64_t r, int64_t c0, int64_t k, float* buf) const {
+    widen_short(t, p + r * row_bytes + c0 * es, buf, k);
+  }
+  // buf into channels [c0, c0 + k) of row r, rounded to the type.
+  FANOUT_INLINE void store(int64_t r, int64_t c0, int64_t k, const float* buf) const {
+    narrow_short(t, buf, p + r * row_bytes + c0 * es, k);
+  }
+};
 
 // v rounded to T (F32: v itself), nearest even.
 template <DType T>
-inline float round_as(float v) {
+FANOUT_INLINE float round_as(float v) {
   if constexpr (T == DType::BF16) return half::float_from_bf16(half::bf16_from_float(v));
   else if constexpr (T == DType::F16) return half::float_from_f16(half::f16_from_float(v));
   else return v;
@@ -47,7 +61,7 @@ inline float round_as(float v) {
 // f(tag) with tag's type std::integral_constant<DType, t> for t F32, BF16 or
 // F16: the passes' loops with their rounding fixed at compile time.
 template <class F>
-void with_round(DType t, F&& f) {
+FANOUT_INLINE void with_round(DType t, F&& f) {
   if (t == DType::BF16) f(std::integral_constant<DType, DType::BF16>{});
   else if (t == DType::F16) f(std::integral_constant<DType, DType::F16>{});
   else f(std::integral_constant<DType, DType::F32>{});
@@ -67,8 +81,98 @@ struct Affine {
       b[j] = bp[c0 + j];
     }
   }
-  float operator()(int64_t j, float v) const { return ((v - hi[j]) - lo[j]) * sc[j] + b[j]; }
+  FANOUT_INLINE float operator()(int64_t j, float v) const { return ((v - hi[j]) - lo[j]) * sc[j] + b[j]; }
 };
+
+// Sums over rows [0, r) of a block of channels about their pivots (each
+// channel's first value): s += v - pivot, q += (v - pivot)^2.
+FANOUT_AVX2_CLONE void stats_rows(const View& x, int64_t r, int64_t c0, int64_t k, const double* pivot, double* s,
+                                  double* q) {
+  float buf[kRun];
+  for (int64_t i = 0; i < r; ++i) {
+    x.load(i, c0, k, buf);
+    for (int64_t j = 0; j < k; ++j) {
+      const double v = buf[j] - pivot[j];  // exact
+      s[j] += v;
+      q[j] += v * v;
+    }
+  }
+}
+
+// What an affine pass does after f: nothing, ReLU, or adds z then ReLU.
+enum class Then { kNothing, kRelu, kAddRelu };
+
+// y = f(x) on rows [r0, r1) of a block, rounded to `round` where the unfused
+// layers store (F32: nothing between); NaN propagates through the ReLU, as
+// relu_forward. z (kAddRelu) is read before y's row is written: y may alias z.
+template <DType T>
+FANOUT_INLINE void affine_rows_as(const View& x, const View* z, const View& y, const Affine& f, int64_t c0, int64_t k,
+                                  int64_t r0, int64_t r1, Then then) {
+  float buf[kRun], zb[kRun];
+  for (int64_t r = r0; r < r1; ++r) {
+    x.load(r, c0, k, buf);
+    if (then == Then::kAddRelu) {
+      z->load(r, c0, k, zb);
+      for (int64_t j = 0; j < k; ++j) {
+        const float v = round_as<T>(round_as<T>(f(j, buf[j])) + zb[j]);
+        buf[j] = v < 0.0f ? 0.0f : v;
+      }
+    } else if (then == Then::kRelu) {
+      for (int64_t j = 0; j < k; ++j) {
+        const float v = round_as<T>(f(j, buf[j]));
+        buf[j] = v < 0.0f ? 0.0f : v;
+      }
+    } else {
+      for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>(f(j, buf[j]));
+    }
+    y.store(r, c0, k, buf);
+  }
+}
+FANOUT_AVX2_CLONE void affine_rows(const View& x, const View* z, const View& y, const Affine& f, int64_t c0,
+                                   int64_t k, int64_t r0, int64_t r1, DType round, Then then) {
+  if (round == DType::BF16) affine_rows_as<DType::BF16>(x, z, y, f, c0, k, r0, r1, then);
+  else if (round == DType::F16) affine_rows_as<DType::F16>(x, z, y, f, c0, k, r0, r1, then);
+  else affine_rows_as<DType::F32>(x, z, y, f, c0, k, r0, r1, then);
+}
+
+// Over rows [0, r) of a block: s += dy, t += dy * (x - m).
+FANOUT_AVX2_CLONE void grad_sums_rows(const View& x, const View& dy, int64_t r, int64_t c0, int64_t k,
+                                      const double* m, double* s, double* t) {
+  float xb[kRun], gb[kRun];
+  for (int64_t i = 0; i < r; ++i) {
+    x.load(i, c0, k, xb);
+    dy.load(i, c0, k, gb);
+    for (int64_t j = 0; j < k; ++j) {
+      const double g = gb[j];
+      s[j] += g;
+      t[j] += g * (static_cast<double>(xb[j]) - m[j]);
+    }
+  }
+}
+
+// dx = kf * (dy - a) - ((x - hi) - lo) * q on rows [r0, r1) of a block,
+// rounded to `round`; dy is read before dx's row is written (dx may alias dy).
+struct DxConstants {
+  float kf[kRun], a[kRun], q[kRun], hi[kRun], lo[kRun];
+};
+template <DType T>
+FANOUT_INLINE void dx_rows_as(const View& x, const View& dy, const View& dx, const DxConstants& d, int64_t c0,
+                              int64_t k, int64_t r0, int64_t r1) {
+  float xb[kRun], gb[kRun];
+  for (int64_t r = r0; r < r1; ++r) {
+    x.load(r, c0, k, xb);
+    dy.load(r, c0, k, gb);
+    for (int64_t j = 0; j < k; ++j)
+      gb[j] = round_as<T>(d.kf[j] * (gb[j] - d.a[j]) - ((xb[j] - d.hi[j]) - d.lo[j]) * d.q[j]);
+    dx.store(r, c0, k, gb);
+  }
+}
+FANOUT_AVX2_CLONE void dx_rows(const View& x, const View& dy, const View& dx, const DxConstants& d, int64_t c0,
+                               int64_t k, int64_t r0, int64_t r1, DType round) {
+  if (round == DType::BF16) dx_rows_as<DType::BF16>(x, dy, dx, d, c0, k, r0, r1);
+  else if (round == DType::F16) dx_rows_as<DType::F16>(x, dy, dx, d, c0, k, r0, r1);
+  else dx_rows_as<DType::F32>(x, dy, dx, d, c0, k, r0, r1);
+}
 
 // f(c0, k) over the channels in blocks of at most kRun, one range of them per
 // thread (reductions: each block walks every row).
@@ -98,19 +202,13 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
     return;
   }
   const double count = static_cast<double>(p.r);
+  const View xv(x, p.c);
   channel_blocks(ctx, p, [&](int64_t c0, int64_t k) {
     float buf[kRun];
     double pivot[kRun], s[kRun] = {}, q[kRun] = {};
-    load(x, 0, p.c, c0, k, buf);  // pivots: each channel's first value, near its mean
+    xv.load(0, c0, k, buf);  // pivots: each channel's first value, near its mean
     for (int64_t j = 0; j < k; ++j) pivot[j] = buf[j];
-    for (int64_t r = 0; r < p.r; ++r) {
-      load(x, r, p.c, c0, k, buf);
-      for (int64_t j = 0; j < k; ++j) {
-        const double v = buf[j] - pivot[j];  // exact
-        s[j] += v;
-        q[j] += v * v;
-      }
-    }
+    stats_rows(xv, p.r, c0, k, pivot, s, q);
     for (int64_t j = 0; j < k; ++j) {
       const double sum = s[j] + count * pivot[j];
       sp[c0 + j] = sum;
@@ -123,47 +221,21 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   const Rows p = rows_of(x);
-  with_round(ctx.math.autocast, [&](auto tag) {
-    constexpr DType T = decltype(tag)::value;
-    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-      const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
-      float buf[kRun];
-      for (int64_t r = r0; r < r1; ++r) {
-        load(x, r, p.c, c0, k, buf);
-        for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>(f(j, buf[j]));
-        store(y, r, p.c, c0, k, buf);
-      }
-    });
+  const View xv(x, p.c), yv(y, p.c);
+  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+    const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
+    affine_rows(xv, nullptr, yv, f, c0, k, r0, r1, ctx.math.autocast, Then::kNothing);
   });
 }
 
 void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, const Tensor* z, Tensor& y, DType round) {
   const Rows p = rows_of(x);
-  with_round(round, [&](auto tag) {
-    constexpr DType T = decltype(tag)::value;
-    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-      const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
-      float buf[kRun], zb[kRun];
-      for (int64_t r = r0; r < r1; ++r) {
-        load(x, r, p.c, c0, k, buf);
-        // Rounded where the unfused layers store (F32: nothing between); NaN
-        // propagates through the ReLU, as relu_forward.
-        if (z) {
-          load(*z, r, p.c, c0, k, zb);  // before y's row is written: y may alias z
-          for (int64_t j = 0; j < k; ++j) {
-            const float v = round_as<T>(round_as<T>(f(j, buf[j])) + zb[j]);
-            buf[j] = v < 0.0f ? 0.0f : v;
-          }
-        } else {
-          for (int64_t j = 0; j < k; ++j) {
-            const float v = round_as<T>(f(j, buf[j]));
-            buf[j] = v < 0.0f ? 0.0f : v;
-          }
-        }
-        store(y, r, p.c, c0, k, buf);
-      }
-    });
+  const View xv(x, p.c), yv(y, p.c);
+  const View zv = z ? View(*z, p.c) : xv;
+  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+    const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
+    affine_rows(xv, &zv, yv, f, c0, k, r0, r1, round, z ? Then::kAddRelu : Then::kRelu);
   });
 }
 
@@ -171,6 +243,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const Rows p = rows_of(x);
   const float *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(), *bp = beta.f32();
+  const View xv(x, p.c), yv(y, p.c);
   with_round(ctx.math.autocast, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
@@ -182,9 +255,9 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
         b[j] = bp[c];
       }
       for (int64_t r = r0; r < r1; ++r) {
-        load(x, r, p.c, c0, k, buf);
+        xv.load(r, c0, k, buf);
         for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>((buf[j] - m[j]) * sc[j] + b[j]);
-        store(y, r, p.c, c0, k, buf);
+        yv.store(r, c0, k, buf);
       }
     });
   });
@@ -195,19 +268,11 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   const Rows p = rows_of(x);
   const float *mp = mean.f32(), *ip = invstd.f32();
   float* gs = grad_stats.f32();  // (2, C)
+  const View xv(x, p.c), gv(dy, p.c);
   channel_blocks(ctx, p, [&](int64_t c0, int64_t k) {
-    float xb[kRun], gb[kRun];
     double m[kRun], s[kRun] = {}, t[kRun] = {};
     for (int64_t j = 0; j < k; ++j) m[j] = static_cast<double>(mp[c0 + j]) + mp[p.c + c0 + j];
-    for (int64_t r = 0; r < p.r; ++r) {
-      load(x, r, p.c, c0, k, xb);
-      load(dy, r, p.c, c0, k, gb);
-      for (int64_t j = 0; j < k; ++j) {
-        const double g = gb[j];
-        s[j] += g;
-        t[j] += g * (static_cast<double>(xb[j]) - m[j]);
-      }
-    }
+    grad_sums_rows(xv, gv, p.r, c0, k, m, s, t);
     for (int64_t j = 0; j < k; ++j) {
       gs[c0 + j] = static_cast<float>(s[j]);
       gs[p.c + c0 + j] = static_cast<float>(t[j] * ip[c0 + j]);  // sum dy * xhat
@@ -220,29 +285,21 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
   const Rows p = rows_of(x);
   const float *mp = mean.f32(), *ip = invstd.f32(), *gp = gamma.f32(), *gs = grad_stats.f32();
   const double inv_count = 1.0 / static_cast<double>(count);
-  with_round(ctx.math.autocast, [&](auto tag) {
-    constexpr DType T = decltype(tag)::value;
-    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-      // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
-      // q = k * invstd * sum_dy_xhat / count: the plane kernel's constants.
-      float kf[kRun], a[kRun], q[kRun], hi[kRun], lo[kRun], xb[kRun], gb[kRun];
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t c = c0 + j;
-        const double kd = static_cast<double>(gp[c]) * ip[c];
-        kf[j] = static_cast<float>(kd);
-        a[j] = static_cast<float>(gs[c] * inv_count);
-        q[j] = static_cast<float>(kd * ip[c] * gs[p.c + c] * inv_count);
-        hi[j] = mp[c];
-        lo[j] = mp[p.c + c];
-      }
-      for (int64_t r = r0; r < r1; ++r) {
-        load(x, r, p.c, c0, k, xb);
-        load(dy, r, p.c, c0, k, gb);  // dx may alias dy: read before written
-        for (int64_t j = 0; j < k; ++j)
-          gb[j] = round_as<T>(kf[j] * (gb[j] - a[j]) - ((xb[j] - hi[j]) - lo[j]) * q[j]);
-        store(dx, r, p.c, c0, k, gb);
-      }
-    });
+  const View xv(x, p.c), gv(dy, p.c), dv(dx, p.c);
+  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+    // dx = k * (dy - a) - (x - mean) * q, k = gamma * invstd, a = sum_dy / count,
+    // q = k * invstd * sum_dy_xhat / count: the plane kernel's constants.
+    DxConstants d;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t c = c0 + j;
+      const double kd = static_cast<double>(gp[c]) * ip[c];
+      d.kf[j] = static_cast<float>(kd);
+      d.a[j] = static_cast<float>(gs[c] * inv_count);
+      d.q[j] = static_cast<float>(kd * ip[c] * gs[p.c + c] * inv_count);
+      d.hi[j] = mp[c];
+      d.lo[j] = mp[p.c + c];
+    }
+    dx_rows(xv, gv, dv, d, c0, k, r0, r1, ctx.math.autocast);
   });
 }
 

@@ -31,8 +31,8 @@ void widen_span(DType t, const void* src, float* dst, int64_t n);
 void narrow_span(DType t, const float* src, void* dst, int64_t n);
 
 // widen_span and narrow_span for short runs (a row's few channels): bfloat16
-// and float32 inline, without a call per run.
-inline void widen_short(DType t, const void* src, float* dst, int64_t n) {
+// and float32 inline (into AVX2 clones too), without a call per run.
+[[gnu::always_inline]] inline void widen_short(DType t, const void* src, float* dst, int64_t n) {
   if (t == DType::BF16) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_bf16(s[i]);
@@ -43,7 +43,7 @@ inline void widen_short(DType t, const void* src, float* dst, int64_t n) {
     widen_span(t, src, dst, n);
   }
 }
-inline void narrow_short(DType t, const float* src, void* dst, int64_t n) {
+[[gnu::always_inline]] inline void narrow_short(DType t, const float* src, void* dst, int64_t n) {
   if (t == DType::BF16) {
     uint16_t* d = static_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(src[i]);
