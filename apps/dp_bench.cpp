@@ -299,7 +299,8 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
      "clamp the reduced gradient's elements into [-V, V] before each step (0: off)")
     ("precision", po::value(&o.precision)->default_value(o.precision),
      "32, bf16-mixed or 16-mixed (loss scaling), as dp-train's; PyTorch's rows run under torch.autocast "
-     "(+ GradScaler) alike. On CPU devices the mixed modes are emulated: slower, not faster")
+     "(+ GradScaler) alike. On CPU devices bf16-mixed multiplies in bfloat16 where the CPU has bfloat16 "
+     "instructions (AVX-512 BF16, AMX); elsewhere, and 16-mixed everywhere, the products run in float32")
     ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
      "dp-train's --shard-optimizer (ZeRO-1) in the DataParallel rows over several devices and the DDP row")
     ("grad-reduce-dtype", po::value(&o.grad_reduce_dtype)->default_value(o.grad_reduce_dtype),

@@ -254,7 +254,8 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
      "steps at the start of each epoch left out of its img/s and steady_epoch_seconds (benchmarks)")
     ("precision", po::value(&o.precision)->default_value(d.precision),
      "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); float32 master weights and "
-     "optimizer state in every mode. CPU devices round to the low type at the same points (slower, not faster)")
+     "optimizer state in every mode. CPU devices store and round as GPUs do; their products run in bfloat16 "
+     "where the CPU has bfloat16 instructions (AVX-512 BF16, AMX), in float32 elsewhere and for 16-mixed")
     ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
      "ZeRO-1: every replica (of every process under DDP) holds the optimizer state of one range of the "
      "parameters, gets that range's reduced gradient, updates it on its own thread and passes it on")
@@ -560,9 +561,6 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
     warn("--deterministic has no effect on CPU devices: their runs repeat bit for bit at the same devices and "
          "threads");
   if (all[0].is_cuda() && c.cpu_threads > 0) warn("--cpu-threads has no effect on CUDA devices");
-  if (all[0].is_cuda() && parse_precision(c.precision) != Precision::F32)
-    warn("--precision " + c.precision + " on CUDA devices rounds to the low type around float32 kernels in this "
-         "version: a GPU's mixed-precision numbers, not yet its speed");
   if (parse_grad_reduce_dtype(c.grad_reduce_dtype) != DType::F32 && p.devices.size() == 1 && p.world == 1)
     warn("--grad-reduce-dtype " + c.grad_reduce_dtype + " has no effect with one device (nothing is reduced)");
   if (!c.output_device.empty() && !c.gather_outputs)
