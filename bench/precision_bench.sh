@@ -3,8 +3,9 @@
 # in one run: dp-bench step mode (one device and DataParallel over DEVICES)
 # and bench/pytorch/train_throughput.py (one process on every core, CPU
 # autocast) for lenet and resnet18 in 32, bf16-mixed and 16-mixed, SGD.
-# On CPU both emulate the low type around float32 kernels: the rows show
-# the cost, not a speed-up (GPUs are where the modes pay; see bench/gpu).
+# Where the CPU has bfloat16 instructions both multiply bf16-mixed in
+# bfloat16; elsewhere, and for 16-mixed, the rows show what the modes cost
+# around float32 kernels (GPUs are where the modes pay; see bench/gpu).
 #   bash bench/precision_bench.sh BUILD_DIR PYTHON OUT_DIR [DEVICES]
 set -euo pipefail
 build=$1 python=$2 out=$3 devices=${4:-cpu:2}
