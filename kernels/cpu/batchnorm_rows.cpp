@@ -205,7 +205,7 @@ void bn_stats(Context& ctx, const Tensor& x, Tensor& stats) {
   const View xv(x, p.c);
   channel_blocks(ctx, p, [&](int64_t c0, int64_t k) {
     float buf[kRun];
-    double pivot[kRun], s[kRun] = {}, q[kRun] = {};
+    double pivot[kRun] = {}, s[kRun] = {}, q[kRun] = {};
     xv.load(0, c0, k, buf);  // pivots: each channel's first value, near its mean
     for (int64_t j = 0; j < k; ++j) pivot[j] = buf[j];
     stats_rows(xv, p.r, c0, k, pivot, s, q);
@@ -270,7 +270,7 @@ void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const T
   float* gs = grad_stats.f32();  // (2, C)
   const View xv(x, p.c), gv(dy, p.c);
   channel_blocks(ctx, p, [&](int64_t c0, int64_t k) {
-    double m[kRun], s[kRun] = {}, t[kRun] = {};
+    double m[kRun] = {}, s[kRun] = {}, t[kRun] = {};
     for (int64_t j = 0; j < k; ++j) m[j] = static_cast<double>(mp[c0 + j]) + mp[p.c + c0 + j];
     grad_sums_rows(xv, gv, p.r, c0, k, m, s, t);
     for (int64_t j = 0; j < k; ++j) {
