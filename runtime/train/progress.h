@@ -12,7 +12,9 @@ class Progress {
  public:
   enum class Mode { Auto, Bar, Lines, Off };
   Progress(Mode mode, FILE* out = stderr);
-  void begin(const std::string& label, int64_t total_batches, int64_t total_images);
+  // The rate counts samples ("img/s"), or tokens when each sample holds
+  // `tokens_per_sample` of them ("tokens/s").
+  void begin(const std::string& label, int64_t total_batches, int64_t total_images, int64_t tokens_per_sample = 0);
   // The running metric is shown by `metric_format`, a printf format with
   // one floating conversion (the criterion's first metric: "acc %.4f" for
   // classifiers, "loc err %.2f" for heatmaps); none when null.
@@ -27,7 +29,7 @@ class Progress {
   Mode mode_;
   FILE* out_;
   std::string label_;
-  int64_t total_batches_ = 0, total_images_ = 0;
+  int64_t total_batches_ = 0, total_images_ = 0, tokens_per_sample_ = 0;
   int64_t next_line_ = 0;
   std::chrono::steady_clock::time_point start_, last_draw_;
   bool drawn_ = false;

@@ -425,7 +425,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   // --max-steps: the bar ends where the run does.
   const int64_t shown = cfg_.max_steps > 0 ? std::min(nb, b0 + std::max<int64_t>(0, cfg_.max_steps - opt_.steps()) * k) : nb;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), shown,
-                  std::min(total, shown * batch));
+                  std::min(total, shown * batch), tokens_per_sample_);
   const auto t0 = std::chrono::steady_clock::now();
   const double eval_seconds_before = eval_seconds_;
   // The rows since the previous evaluation count from the epoch's start, or from where a checkpoint had them.
