@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
@@ -58,15 +57,6 @@ FANOUT_INLINE float round_as(float v) {
   else return v;
 }
 
-// f(tag) with tag's type std::integral_constant<DType, t> for t F32, BF16 or
-// F16: the passes' loops with their rounding fixed at compile time.
-template <class F>
-FANOUT_INLINE void with_round(DType t, F&& f) {
-  if (t == DType::BF16) f(std::integral_constant<DType, DType::BF16>{});
-  else if (t == DType::F16) f(std::integral_constant<DType, DType::F16>{});
-  else f(std::integral_constant<DType, DType::F32>{});
-}
-
 // A block of channels' normalization constants: y = ((x - hi) - lo) * sc + b
 // with sc = invstd * gamma, the mean as bn_finalize writes it (hi, lo).
 struct Affine {
@@ -79,6 +69,18 @@ struct Affine {
       lo[j] = mp[c + c0 + j];
       sc[j] = ip[c0 + j] * gp[c0 + j];
       b[j] = bp[c0 + j];
+    }
+  }
+  // Evaluation's constants: the running statistics, lo = 0 (exact: (v - m) - 0 is v - m).
+  Affine(const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma, const Tensor& beta, float eps,
+         int64_t c0, int64_t k) {
+    const float *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(), *bp = beta.f32();
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t c = c0 + j;
+      hi[j] = mp[c];
+      lo[j] = 0.0f;
+      sc[j] = static_cast<float>(gp[c] / std::sqrt(static_cast<double>(vp[c]) + static_cast<double>(eps)));
+      b[j] = bp[c];
     }
   }
   FANOUT_INLINE float operator()(int64_t j, float v) const { return ((v - hi[j]) - lo[j]) * sc[j] + b[j]; }
@@ -242,24 +244,10 @@ void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const 
 void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
   const Rows p = rows_of(x);
-  const float *mp = running_mean.f32(), *vp = running_var.f32(), *gp = gamma.f32(), *bp = beta.f32();
   const View xv(x, p.c), yv(y, p.c);
-  with_round(ctx.math.autocast, [&](auto tag) {
-    constexpr DType T = decltype(tag)::value;
-    row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
-      float m[kRun], sc[kRun], b[kRun], buf[kRun];
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t c = c0 + j;
-        m[j] = mp[c];
-        sc[j] = static_cast<float>(gp[c] / std::sqrt(static_cast<double>(vp[c]) + static_cast<double>(eps)));
-        b[j] = bp[c];
-      }
-      for (int64_t r = r0; r < r1; ++r) {
-        xv.load(r, c0, k, buf);
-        for (int64_t j = 0; j < k; ++j) buf[j] = round_as<T>((buf[j] - m[j]) * sc[j] + b[j]);
-        yv.store(r, c0, k, buf);
-      }
-    });
+  row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
+    const Affine f(running_mean, running_var, gamma, beta, eps, c0, k);
+    affine_rows(xv, nullptr, yv, f, c0, k, r0, r1, ctx.math.autocast, Then::kNothing);
   });
 }
 

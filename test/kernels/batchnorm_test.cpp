@@ -286,14 +286,22 @@ TEST_P(BatchNormOnBackend, LowStorageInEitherFormat) {
     Tensor gsd = poisoned(Shape{2, f.c}), dxd = up(ft::poisoned_stored(s, sc.dtype, sc.format)), rd = up(rs);
     kernels::bn_backward_reduce(ctx(), f.xd, rd, f.mean, f.invstd, gsd);
     kernels::bn_backward_apply(ctx(), f.xd, rd, f.mean, f.invstd, f.gammad, gsd, f.count, dxd);
-    const Tensor y = down(f.y), dx = down(dxd), r = ft::float32_values(rs);
+    Tensor yed = up(ft::poisoned_stored(s, sc.dtype, sc.format));
+    kernels::bn_forward_eval(ctx(), f.xd, f.rmd, f.rvd, f.gammad, f.betad, f.eps, yed);
+    const Tensor y = down(f.y), dx = down(dxd), ye = down(yed), r = ft::float32_values(rs);
     ASSERT_EQ(y.format(), sc.format);
+    ASSERT_EQ(ye.format(), sc.format);
     ASSERT_EQ(dx.dtype(), sc.dtype);
     const BnReference ref(f, r);
     const double u = ft::unit_roundoff(sc.dtype);
+    Ncs d(f.x);
     for (int64_t j = 0; j < f.x.numel(); ++j) {
       ASSERT_NEAR(ft::stored(y, j), ref.y[j], u * std::abs(ref.y[j]) + 1e-4) << j;
       ASSERT_NEAR(ft::stored(dx, j), ref.dx[j], u * std::abs(ref.dx[j]) + 1e-4) << j;
+      const int64_t c = (j / d.s) % d.c;  // j indexes the logical (N, C, spatial) order
+      const double rm = f.running_mean.f32()[c], rv = f.running_var.f32()[c];
+      const double eval = (f.x.f32()[j] - rm) / std::sqrt(rv + f.eps) * f.gamma.f32()[c] + f.beta.f32()[c];
+      ASSERT_NEAR(ft::stored(ye, j), eval, u * std::abs(eval) + 1e-4) << j;
     }
   }
 }
