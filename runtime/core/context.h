@@ -118,8 +118,11 @@ class Context {
   // Per role (0 to kStagingRoles - 1), scratch of at least `bytes` for the
   // kernel entry points that stage operands in float32 (kernels/staging.h);
   // grows, never shrinks, so a warm step allocates nothing. Valid until the
-  // next call for the same role that grows it.
-  static constexpr int kStagingRoles = 8;
+  // next call for the same role that grows it. The last role is autocast's
+  // weight-gradient sink (runtime/nn/autocast.h), live across a layer's
+  // backward kernels.
+  static constexpr int kStagingRoles = 9;
+  static constexpr int kGradSinkRole = kStagingRoles - 1;
   const Tensor& staging(int role, size_t bytes);
   size_t staging_size() const;
 

@@ -20,7 +20,8 @@ Tensor autocast_copy(Context& ctx, const Tensor& x, Tensor& copy) {
 
 Tensor& LowGrad::sink(Context& ctx, Tensor& grad) {
   if (!autocast_on(ctx)) return grad;
-  ensure(g_, grad.shape(), ctx);
+  if (role_ >= 0) g_ = ctx.staging(role_, static_cast<size_t>(grad.numel()) * sizeof(float)).as(grad.shape(), DType::F32);
+  else ensure(g_, grad.shape(), ctx);
   g_.zero(&ctx.compute());
   return g_;
 }
@@ -29,6 +30,7 @@ void LowGrad::flush(Context& ctx, Tensor& grad) {
   if (!autocast_on(ctx)) return;
   kernels::round_to(ctx, g_, ctx.math.autocast);
   kernels::axpy(ctx, 1.0f, g_, grad);
+  if (role_ >= 0) g_ = Tensor();  // no hold on staging that a larger sink may replace
 }
 
 AutocastWeights::Cast AutocastWeights::forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor* b,

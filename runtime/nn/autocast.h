@@ -61,13 +61,18 @@ Tensor in_storage_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& 
 // A parameter's gradient computed in the low type: sink() is where the
 // layer's backward accumulates (+=) its contribution, flush() moves it into
 // the float32 gradient. Off, sink() is the gradient itself and flush() nothing.
+// With a staging role the sink lives in the context's staging for that role
+// from sink() to flush(), shared by every layer (a weight-sized buffer per
+// layer otherwise); no other sink of that role may be open meanwhile.
 class LowGrad {
  public:
+  explicit LowGrad(int staging_role = -1) : role_(staging_role) {}
   Tensor& sink(Context& ctx, Tensor& grad);
   void flush(Context& ctx, Tensor& grad);
 
  private:
   Tensor g_;
+  int role_;
 };
 
 // The autocast side of a layer with a weight and an optional bias
@@ -106,7 +111,7 @@ class AutocastWeights {
 
  private:
   Tensor x_, w_, b_, dy_;
-  LowGrad gw_, gb_;
+  LowGrad gw_{Context::kGradSinkRole}, gb_;  // a layer's bias gradient is small: its own buffer
   bool kernel_rounds_ = false, has_bias_ = false, weight_cast_ = false;
 };
 
