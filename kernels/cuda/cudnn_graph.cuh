@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -111,6 +112,17 @@ class Graph {
     set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (mode == CUDNN_POINTWISE_GEN_INDEX) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    if (mode == CUDNN_POINTWISE_RELU_FWD || mode == CUDNN_POINTWISE_RELU_BWD) {
+      // A plain ReLU stated in full, as the frontend's builder does: NaN
+      // propagated (an attribute cuDNN 9 deprecates: set where still taken),
+      // clipped to [0, FLT_MAX] (float math), slope 0 below.
+      const cudnnNanPropagation_t nan = CUDNN_PROPAGATE_NAN;
+      (void)cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_NAN_PROPAGATION, CUDNN_TYPE_NAN_PROPOGATION, 1, &nan);
+      const double lower = 0.0, upper = std::numeric_limits<float>::max(), slope = 0.0;
+      set(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower);
+      set(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper);
+      set(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &slope);
+    }
     finalize(pw, "a pointwise descriptor");
     if (mode == CUDNN_POINTWISE_RELU_BWD) {
       add_op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
@@ -264,6 +276,7 @@ inline Plan first_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, std::vec
       const std::vector<cudnnBackendDescriptor_t> more = heuristic_configs(graph, keep, CUDNN_HEUR_MODE_FALLBACK);
       cfgs.insert(cfgs.end(), more.begin(), more.end());
     } catch (const Refused&) {  // no fallback heuristics for this graph: mode A's engines only
+    } catch (const Error&) {    // nor when the fallback query itself fails: mode A's engines may still run
     }
   }
   if (cfgs.empty()) throw Refused{CUDNN_STATUS_NOT_SUPPORTED, "heuristics: no engine for the graph"};

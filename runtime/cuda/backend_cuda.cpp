@@ -13,6 +13,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/core/context.h"
@@ -357,17 +358,53 @@ void graph_destroy(int device, void* exec) noexcept {
   cudaSetDevice(prev);
 }
 
+namespace {
+// Each cuBLAS handle's own workspace (freed with the handle).
+std::mutex g_cublas_ws_mu;
+std::unordered_map<cublasHandle_t, void*> g_cublas_ws;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+}  // namespace
+
 void* cublas_create(int device, void* stream) {
   DeviceGuard g(device);
   cublasHandle_t h;
   FANOUT_CUBLAS_CHECK(cublasCreate(&h));
-  FANOUT_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
-  // A low-type C is rounded once: no split-K partial sums in its type.
-  FANOUT_CUBLAS_CHECK(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  void* ws = nullptr;
+  try {
+    FANOUT_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
+    // A workspace of the handle's own, set after the stream (setting a stream
+    // resets it): cuBLAS then allocates nothing inside a captured step.
+    FANOUT_CUDA_CHECK(cudaMalloc(&ws, kCublasWorkspaceBytes));
+    FANOUT_CUBLAS_CHECK(cublasSetWorkspace(h, ws, kCublasWorkspaceBytes));
+    // A low-type C is rounded once: no split-K partial sums in its type.
+    FANOUT_CUBLAS_CHECK(cublasSetMathMode(h, static_cast<cublasMath_t>(
+                                                 CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  } catch (...) {
+    cublasDestroy(h);
+    if (ws) cudaFree(ws);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(g_cublas_ws_mu);
+  g_cublas_ws[h] = ws;
   return h;
 }
-void cublas_destroy(int device, void* h) noexcept { cublasDestroy(static_cast<cublasHandle_t>(h)); }
+void cublas_destroy(int device, void* h) noexcept {
+  const auto handle = static_cast<cublasHandle_t>(h);
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  cublasDestroy(handle);
+  void* ws = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_cublas_ws_mu);
+    if (auto it = g_cublas_ws.find(handle); it != g_cublas_ws.end()) {
+      ws = it->second;
+      g_cublas_ws.erase(it);
+    }
+  }
+  if (ws) cudaFree(ws);
+  cudaSetDevice(prev);
+}
 void* cudnn_create(int device, void* stream) {
   DeviceGuard g(device);
   cudnnHandle_t h;
