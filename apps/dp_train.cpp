@@ -77,6 +77,7 @@ struct Cli {
   train::RunConfig run;
   std::string betas, seed;
   bool help = false, list_devices = false;
+  bool epochs_from_steps = false;  // --max-steps without --epochs: the epochs it takes, once the data is known
 };
 
 // heatmap3d's defaults: SGD needs a large rate for the mean squared error of
@@ -356,9 +357,10 @@ Cli parse(int argc, char** argv) {
   }
   std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
   if (models::dense_output(o.model)) apply_heatmap_recipe(vm, o);
-  // --max-steps alone: as many epochs as it may take (each has at least one step).
-  if (o.max_steps > 0 && (!vm.count("epochs") || vm["epochs"].defaulted()))
-    o.epochs = static_cast<int>(std::min<int64_t>(o.max_steps, 1 << 30));
+  // --max-steps alone: at most this many epochs (each has at least one step);
+  // run() sets the number it takes once the data is open.
+  cli.epochs_from_steps = o.max_steps > 0 && (!vm.count("epochs") || vm["epochs"].defaulted());
+  if (cli.epochs_from_steps) o.epochs = static_cast<int>(std::min<int64_t>(o.max_steps, 1 << 30));
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   // Options that would otherwise be ignored without a word.
@@ -813,7 +815,7 @@ int run(int argc, char** argv) {
   if (!cli.run.iface.empty()) distributed::use_interface(cli.run.iface);
   if (!cli.run.rdzv_password_file.empty()) distributed::read_rdzv_password(cli.run.rdzv_password_file);
   if (cli.run.distributed() && !distributed::worker_env().present) return launch(cli.run, argc, argv);
-  const train::RunConfig c = restarted(cli.run);
+  train::RunConfig c = restarted(cli.run);
 
   install_stop_handlers();
   const Process p = this_process(c);
@@ -841,6 +843,11 @@ int run(int argc, char** argv) {
     }
   }
   const data::DataSplits data = open_run_data(c, p);
+  if (cli.epochs_from_steps) {  // the epochs --max-steps takes: the cosine schedule spans them, the log counts them
+    const int64_t per_epoch = train::optimizer_steps_per_epoch(c.trainer_config(false), p.world, p.rank, *data.train);
+    if (per_epoch > 0) c.epochs = static_cast<int>(std::min<int64_t>((c.max_steps + per_epoch - 1) / per_epoch, 1 << 30));
+    c.validate();
+  }
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,
                                   c.checkpoint_activations);
   auto engine = make_run_engine(c, *model, p, all, data);

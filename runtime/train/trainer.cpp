@@ -18,19 +18,31 @@
 
 namespace fanout::train {
 
+namespace {
+std::unique_ptr<data::Sampler> default_train_sampler(const TrainerConfig& cfg, int world, int rank, int64_t n) {
+  if (world == 1) return std::make_unique<data::RandomSampler>(n, cfg.seed);
+  return std::make_unique<data::DistributedSampler>(n, world, rank, /*shuffle=*/true, cfg.seed, cfg.drop_last);
+}
+}  // namespace
+
 TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, int64_t train_size,
                                  int64_t test_size) {
   TrainerSamplers s;
   const int world = engine.world_size(), rank = engine.rank();
-  if (world == 1) {
-    s.train = std::make_unique<data::RandomSampler>(train_size, cfg.seed);
-    s.test = std::make_unique<data::SequentialSampler>(test_size);
-  } else {
-    s.train = std::make_unique<data::DistributedSampler>(train_size, world, rank, /*shuffle=*/true, cfg.seed,
-                                                         cfg.drop_last);
-    s.test = std::make_unique<data::ShardSampler>(test_size, world, rank);
-  }
+  s.train = default_train_sampler(cfg, world, rank, train_size);
+  if (world == 1) s.test = std::make_unique<data::SequentialSampler>(test_size);
+  else s.test = std::make_unique<data::ShardSampler>(test_size, world, rank);
   return s;
+}
+
+int64_t optimizer_steps_per_epoch(const TrainerConfig& cfg, int world, int rank, const data::Dataset& train) {
+  FANOUT_USER_CHECK(world >= 1 && cfg.batch_size >= world && cfg.accumulate >= 1)
+      << "batch size " << cfg.batch_size << " over " << world << " processes, " << cfg.accumulate << " per step";
+  std::unique_ptr<data::Sampler> s = train.training_sampler(world, rank, cfg.seed);
+  if (!s) s = default_train_sampler(cfg, world, rank, train.size());
+  const int64_t n = s->size(), b = cfg.batch_size / world;
+  const int64_t batches = cfg.drop_last ? n / b : (n + b - 1) / b;
+  return (batches + cfg.accumulate - 1) / cfg.accumulate;
 }
 
 namespace {

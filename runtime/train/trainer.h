@@ -100,6 +100,10 @@ inline constexpr int64_t kStopCheckSteps = 16;
 // test set split without padding, so per-rank sums add up to the whole set.
 TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine, int64_t train_size,
                                  int64_t test_size);
+// Optimizer steps in one full epoch of `train` for this rank: its sampler's
+// size over the rank's batch (cfg.batch_size / world; drop_last as set), in
+// groups of cfg.accumulate. What --max-steps alone turns into epochs.
+int64_t optimizer_steps_per_epoch(const TrainerConfig& cfg, int world, int rank, const data::Dataset& train);
 
 // One replica's memory in bytes. activations: the device's peak since the
 // run started less the other kinds and less what the device held besides the

@@ -97,13 +97,17 @@ echo "resumed inside epoch 2 ($(basename "$mid")): epoch 4 bit for bit, the same
 # --max-steps: the run ends at that step, mid-epoch.
 "$DP_TRAIN" --model "$model" --data "text:$work/corpus.txt" --devices cpu --batch-size 32 --max-steps 7 --progress off \
   --save-dir "$work/steps" > "$work/steps.log"
-python3 - "$work/steps/epoch-0001.safetensors" <<'PY'
-import sys
+python3 - "$work/steps/epoch-0001.safetensors" "$work/steps.log" <<'PY'
+import json, re, sys
 from safetensors import safe_open
 with safe_open(sys.argv[1], "np") as f:
     step = f.metadata()["step"]
+    epochs = json.loads(f.metadata()["config"])["epochs"]
 assert step == "7", f"--max-steps 7 ended at step {step}"
-print("--max-steps 7: the checkpoint records step", step)
+# Alone, --max-steps sets the epochs it takes: the run ends in the last one (the schedule spans them).
+done = [(int(a), int(b)) for a, b in re.findall(r"^epoch (\d+)/(\d+)  train loss", open(sys.argv[2]).read(), re.M)]
+assert done and done[-1][0] == done[-1][1] == epochs, (done, epochs)
+print("--max-steps 7: the checkpoint records step", step, "of", epochs, "epoch(s), the log", done[-1])
 PY
 
 # Generation: the same seed, the same text; the prompt, then vocabulary characters.
