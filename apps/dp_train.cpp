@@ -356,6 +356,9 @@ Cli parse(int argc, char** argv) {
         << "--seed must be an integer in 0..18446744073709551615, got '" << cli.seed << "'";
   }
   std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
+  // --min-lr's default (lr / 10) is kept as -1: a negative value given is an error, not that default.
+  FANOUT_USER_CHECK(vm["min-lr"].defaulted() || o.min_lr >= 0)
+      << "--min-lr must be in [0, --lr], got " << o.min_lr;
   if (models::dense_output(o.model)) apply_heatmap_recipe(vm, o);
   // --max-steps alone: at most this many epochs (each has at least one step);
   // run() sets the number it takes once the data is open.
@@ -570,6 +573,26 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
   if (c.eval_steps > 0 && c.eval_every == 0) warn("--eval-steps has no effect without --eval-every");
   if (c.gather_outputs && p.devices.size() == 1)
     warn("--gather-outputs has no effect with one device per process");
+  const train::RunConfig d;  // the defaults: an option set to another value was given
+  if (c.lr_schedule != "warmup-cosine")
+    for (auto [given, flag] : {std::pair{c.min_lr != d.min_lr, "--min-lr"},
+                               std::pair{c.warmup_steps != d.warmup_steps, "--warmup-steps"},
+                               std::pair{c.lr_decay_steps != d.lr_decay_steps, "--lr-decay-steps"}})
+      if (given) warn(std::string(flag) + " has no effect without --lr-schedule warmup-cosine");
+  if (c.optimizer != "sgd" && c.momentum != d.momentum)
+    warn("--momentum has no effect on " + c.optimizer + " (SGD's; Adam's is --betas)");
+  if (c.optimizer == "sgd" && (c.beta1 != d.beta1 || c.beta2 != d.beta2))
+    warn("--betas has no effect on sgd (Adam's and AdamW's; SGD's is --momentum)");
+  if (save_dir_of(c).empty())
+    for (auto [given, flag] : {std::pair{c.save_every != d.save_every, "--save-every"},
+                               std::pair{c.keep_last != d.keep_last, "--keep-last"}})
+      if (given) warn(std::string(flag) + " has no effect without --save-dir");
+  if (!c.distributed())
+    for (auto [given, flag] : {std::pair{c.timeout != d.timeout, "--timeout"},
+                               std::pair{!c.run_id.empty(), "--run-id"},
+                               std::pair{c.no_broadcast_buffers, "--no-broadcast-buffers"},
+                               std::pair{c.ddp_backend != d.ddp_backend, "--ddp-backend"}})
+      if (given) warn(std::string(flag) + " has no effect without --strategy ddp");
 }
 
 // --- restore -------------------------------------------------------------

@@ -90,6 +90,13 @@ expect_warning output-device-unused "--output-device has no effect without --gat
   --devices cpu:2
 expect_warning gather-one-device "--gather-outputs has no effect with one device per process" --gather-outputs \
   --devices cpu
+expect_warning min-lr-cosine "--min-lr has no effect without --lr-schedule warmup-cosine" --min-lr 0.001 --devices cpu
+expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer adamw --momentum 0.5 --devices cpu
+expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
+expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
+expect_warning timeout-dp "--timeout has no effect without --strategy ddp" --timeout 5 --devices cpu
+expect_error negative-min-lr "--min-lr must be in \[0, --lr\], got -7" --lr-schedule warmup-cosine --warmup-steps 1 \
+  --lr-decay-steps 3 --min-lr -7 --data synthetic:64
 # An AdamW checkpoint resumed with SGD.
 timeout 120 "$DP_TRAIN" --progress off --epochs 1 --model mlp --data synthetic:64 --optimizer adamw --lr 1e-3 \
   --save-dir "$work/adamw" > /dev/null 2>&1 || { echo "FAIL adamw checkpoint: the run failed"; fails=$((fails + 1)); }
