@@ -1,5 +1,5 @@
 // The exit-status convention of fanout's command-line tools: 0 success,
-// 1 bad input (fanout::Error), 2 bad usage (a Boost.Program_options error),
+// 1 bad input (fanout::Error, or host memory exhausted), 2 bad usage (a Boost.Program_options error),
 // 3 internal error; each failure is one line on stderr. SIGPIPE is ignored:
 // a closed stdout (`dp-train ... | head`) loses the output, not the run.
 #pragma once
@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <boost/program_options/errors.hpp>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <new>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -27,6 +30,17 @@ inline std::pair<double, double> parse_betas(const std::string& s) {
   FANOUT_USER_CHECK(!in.fail() && comma == ',' && (in >> std::ws).eof())
       << "--betas takes BETA1,BETA2 (e.g. 0.9,0.999), got '" << s << "'";
   return {b1, b2};
+}
+
+// --seed: an unsigned 64-bit integer written in decimal (a negative one
+// would otherwise wrap).
+inline uint64_t parse_seed(const std::string& s) {
+  uint64_t v = 0;
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(s.data(), end, v);
+  FANOUT_USER_CHECK(!s.empty() && ec == std::errc() && ptr == end)
+      << "--seed must be an integer in 0..18446744073709551615, got '" << s << "'";
+  return v;
 }
 
 // This program's executable (to start workers of itself, or find its siblings).
@@ -62,6 +76,10 @@ int cli_main(const char* name, Run&& run) {
     return 2;
   } catch (const fanout::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: error: out of host memory (a model, batch or data set too large for this machine?)\n",
+                 name);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: internal error: %s\n", name, e.what());

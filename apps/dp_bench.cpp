@@ -55,6 +55,7 @@ struct Options {
   int64_t batch_size = 256;
   int warmup = 5, steps = 20, repeats = 3;
   uint64_t seed = 0;
+  std::string seed_text = "0";  // --seed as given (parsed into seed)
   bool split_invariant = false, allow_tf32 = false, cudnn_benchmark = false;
   int cpu_threads = 0;  // CPU devices: threads per device's kernels (0: its share of the cores)
   // The optimizer every configuration steps (dp-train's flags; momentum 0.9
@@ -278,7 +279,7 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
     ("warmup", po::value(&o.warmup)->default_value(5), "untimed steps per configuration")
     ("steps", po::value(&o.steps)->default_value(20), "timed steps per run")
     ("repeats", po::value(&o.repeats)->default_value(3), "timed runs per configuration (the median is reported)")
-    ("seed", po::value(&o.seed)->default_value(0), "seed for weights and inputs")
+    ("seed", po::value(&o.seed_text)->default_value("0"), "seed for weights and inputs (0..2^64-1)")
     ("split-invariant", po::bool_switch(&o.split_invariant),
      "every configuration with split-invariant math (CPU devices; see dp-train --help)")
     ("cpu-threads", po::value(&o.cpu_threads)->default_value(0),
@@ -348,6 +349,7 @@ bool parse(int argc, char** argv, Options& o, apps::EpochBenchOptions& e, po::va
     return false;
   }
   po::notify(vm);
+  o.seed = apps::parse_seed(o.seed_text);
   return true;
 }
 

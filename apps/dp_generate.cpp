@@ -31,6 +31,8 @@ struct Options {
   std::string checkpoint, prompt = "\n", device = "cpu";
   models::SampleOptions sample;
   int num_samples = 1;
+  std::string seed;
+  bool prompt_given = false;
 };
 
 bool parse(int argc, char** argv, Options& o) {
@@ -46,7 +48,7 @@ bool parse(int argc, char** argv, Options& o) {
     ("temperature", po::value(&o.sample.temperature)->default_value(o.sample.temperature, "0.8"),
      "divides the logits: below 1 sharper, above 1 more random")
     ("top-k", po::value(&o.sample.top_k)->default_value(o.sample.top_k), "draw among the K likeliest tokens (0: all)")
-    ("seed", po::value(&o.sample.seed)->default_value(o.sample.seed), "the same seed prints the same text")
+    ("seed", po::value(&o.seed)->default_value(std::to_string(o.sample.seed)), "the same seed prints the same text")
     ("num-samples", po::value(&o.num_samples)->default_value(o.num_samples), "samples, each from seed + its index")
     ("device", po::value(&o.device)->default_value(o.device), "cpu, or a CUDA index (0)");
   // clang-format on
@@ -57,6 +59,8 @@ bool parse(int argc, char** argv, Options& o) {
     return false;
   }
   po::notify(vm);
+  o.prompt_given = !vm["prompt"].defaulted();
+  o.sample.seed = apps::parse_seed(o.seed);
   FANOUT_USER_CHECK(o.num_samples >= 1) << "--num-samples must be positive, got " << o.num_samples;
   return true;
 }
@@ -82,8 +86,13 @@ Trained read_trained(const std::string& path) {
   t.vocab.bytes = tok["kind"] == "bytes";
   if (t.vocab.bytes)
     for (int b = 0; b < 256; ++b) t.vocab.itos.emplace_back(1, static_cast<char>(b));
-  else
-    t.vocab.itos = tok.at("itos").get<std::vector<std::string>>();
+  else {
+    const auto itos = tok.find("itos");
+    bool strings = itos != tok.end() && itos->is_array() && !itos->empty();
+    for (size_t i = 0; strings && i < itos->size(); ++i) strings = (*itos)[i].is_string();
+    FANOUT_USER_CHECK(strings) << path << ": the vocabulary in its metadata (tokens.itos) is not a list of strings";
+    t.vocab.itos = itos->get<std::vector<std::string>>();
+  }
   return t;
 }
 
@@ -98,7 +107,12 @@ int run(int argc, char** argv) {
   FANOUT_USER_CHECK(devices.size() == 1) << "--device takes one device, got '" << o.device << "'";
   Context ctx(devices[0]);
   if (!devices[0].is_cpu()) model->to(devices[0], &ctx.compute());
-  const std::vector<int32_t> prompt = t.vocab.encode(o.prompt);
+  std::vector<int32_t> prompt;
+  try {
+    prompt = t.vocab.encode(o.prompt);
+  } catch (const Error& e) {  // name the option, and the default when it was not given
+    throw Error(std::string(o.prompt_given ? "--prompt: " : "--prompt (not given: \"\\n\"): ") + e.what());
+  }
   for (int s = 0; s < o.num_samples; ++s) {
     models::SampleOptions so = o.sample;
     so.seed = o.sample.seed + static_cast<uint64_t>(s);

@@ -349,12 +349,7 @@ Cli parse(int argc, char** argv) {
   }
   if (vm.count("config")) read_config_file(vm["config"].as<std::string>(), desc, vm);
   po::notify(vm);
-  {
-    const char* end = cli.seed.data() + cli.seed.size();
-    const auto [ptr, ec] = std::from_chars(cli.seed.data(), end, o.seed);
-    FANOUT_USER_CHECK(!cli.seed.empty() && ec == std::errc() && ptr == end)
-        << "--seed must be an integer in 0..18446744073709551615, got '" << cli.seed << "'";
-  }
+  o.seed = apps::parse_seed(cli.seed);
   std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
   // --min-lr's default (lr / 10) is kept as -1: a negative value given is an error, not that default.
   FANOUT_USER_CHECK(vm["min-lr"].defaulted() || o.min_lr >= 0)

@@ -225,11 +225,17 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
       std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
       cut = sorted[static_cast<size_t>(o.top_k - 1)];
     }
+    // Shifted by the largest logit before dividing: (z - peak) / T <= 0 for
+    // any T > 0, so a tiny temperature draws the likeliest token instead of
+    // inf - inf.
     double peak = -std::numeric_limits<double>::infinity(), sum = 0;
-    for (int64_t k = 0; k < c.vocab_size; ++k)
-      if (z[k] >= cut) peak = std::max(peak, z[k] / o.temperature);
     for (int64_t k = 0; k < c.vocab_size; ++k) {
-      p[static_cast<size_t>(k)] = z[k] >= cut ? std::exp(z[k] / o.temperature - peak) : 0.0;
+      FANOUT_USER_CHECK(std::isfinite(z[k]))
+          << "the model's logits are not finite (" << z[k] << " for token " << k << "): are its weights?";
+      if (z[k] >= cut) peak = std::max(peak, static_cast<double>(z[k]));
+    }
+    for (int64_t k = 0; k < c.vocab_size; ++k) {
+      p[static_cast<size_t>(k)] = z[k] >= cut ? std::exp((z[k] - peak) / o.temperature) : 0.0;
       sum += p[static_cast<size_t>(k)];
     }
     double u = uniform(rng) * sum;

@@ -111,8 +111,8 @@ void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
 namespace {
 
 // The UTF-8 characters of `text`, each as its bytes; one-line error at the
-// first invalid sequence.
-std::vector<std::string> utf8_chars(const std::string& text, const std::string& path) {
+// first invalid sequence, naming `what` ("text FILE", "the prompt"), then `hint`.
+std::vector<std::string> utf8_chars(const std::string& text, const std::string& what, const char* hint) {
   std::vector<std::string> out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
@@ -120,8 +120,7 @@ std::vector<std::string> utf8_chars(const std::string& text, const std::string& 
     const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
     bool ok = n > 0 && i + n <= text.size();
     for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    FANOUT_USER_CHECK(ok) << "text " << path << " is not UTF-8 at byte " << i
-                          << " (text-bytes:FILE reads any bytes)";
+    FANOUT_USER_CHECK(ok) << what << " is not UTF-8 at byte " << i << hint;
     out.emplace_back(text, i, n);
     i += n;
   }
@@ -165,7 +164,7 @@ std::vector<int32_t> Vocabulary::encode(const std::string& text) const {
   }
   std::map<std::string, int32_t> stoi;
   for (size_t i = 0; i < itos.size(); ++i) stoi.emplace(itos[i], static_cast<int32_t>(i));
-  for (const std::string& ch : utf8_chars(text, "(the prompt)")) {
+  for (const std::string& ch : utf8_chars(text, "the prompt", "")) {
     const auto it = stoi.find(ch);
     FANOUT_USER_CHECK(it != stoi.end()) << "the character " << io::detail::quoted(ch, false)
                                         << " is not in the model's vocabulary of " << itos.size() << " characters";
@@ -246,7 +245,7 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
     ids.reserve(text.size());
     for (unsigned char c : text) ids.push_back(c);
   } else {
-    const std::vector<std::string> chars = utf8_chars(text, path);
+    const std::vector<std::string> chars = utf8_chars(text, "text " + path, " (text-bytes:FILE reads any bytes)");
     std::map<uint32_t, std::string> distinct;  // sorted by code point, as Python sorts str
     for (const std::string& ch : chars) distinct.emplace(code_point(ch), ch);
     FANOUT_USER_CHECK(distinct.size() <= kMaxVocab)

@@ -132,10 +132,29 @@ expect_error() {  # expect_error TEXT COMMAND...
   "$@" > "$work/err.out" 2> "$work/err.txt" || rc=$?
   [ "$rc" = 1 ] || fail "exit status $rc, not 1: $*"
   [ "$(wc -l < "$work/err.txt")" = 1 ] || { cat "$work/err.txt"; fail "not one line: $*"; }
-  grep -qF "$want" "$work/err.txt" || { cat "$work/err.txt"; fail "no '$want' in the error of: $*"; }
+  grep -qF -- "$want" "$work/err.txt" || { cat "$work/err.txt"; fail "no '$want' in the error of: $*"; }
 }
-expect_error "the character 'Q' is not in the model's vocabulary" \
+expect_error "--prompt: the character 'Q' is not in the model's vocabulary" \
   "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt "Quiet"
+expect_error "--prompt: the prompt is not UTF-8 at byte 1" \
+  "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt $'T\xff'
+expect_error "--seed must be an integer in 0..18446744073709551615, got '-1'" \
+  "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --seed -1
+# A vocabulary of numbers in the checkpoint's metadata: one line, not a JSON library's exception.
+python3 - "$work/full/best.safetensors" "$work/badvocab.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+cfg = json.loads(head["__metadata__"]["config"])
+cfg["tokens"]["itos"] = list(range(len(cfg["tokens"]["itos"])))
+head["__metadata__"]["config"] = json.dumps(cfg)
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+expect_error "the vocabulary in its metadata (tokens.itos) is not a list of strings" \
+  "$DP_GENERATE" --checkpoint "$work/badvocab.safetensors"
 "$DP_TRAIN" --model mlp --data synthetic:64 --epochs 1 --devices cpu --progress off --save-dir "$work/mlp" > /dev/null
 expect_error "holds model mlp, not a GPT" "$DP_GENERATE" --checkpoint "$work/mlp/best.safetensors"
 expect_error "shorter than one window of 8001" \

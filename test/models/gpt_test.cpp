@@ -536,6 +536,17 @@ TEST(GPTGenerate, TopOneIsGreedyAndASeedRepeats) {
   o.temperature = 0;
   EXPECT_EQ(error_of([&] { models::generate(*m, ctx, prompt, o); }), "temperature must be positive, got 0");
   EXPECT_EQ(error_of([&] { models::generate(*m, ctx, {}, greedy); }), "generation needs a prompt of at least one token");
+  // A temperature whose reciprocal overflows still draws: the likeliest token, every time.
+  models::SampleOptions cold = greedy;
+  cold.top_k = 0;
+  cold.temperature = 1e-320;
+  cold.seed = 6;
+  EXPECT_EQ(models::generate(*m, ctx, prompt, cold), got);
+  // Non-finite logits (a checkpoint of NaN weights) are an error, not a draw.
+  Tensor& w = m->arenas().params;
+  std::fill(w.f32(), w.f32() + w.numel(), std::nanf(""));
+  EXPECT_NE(error_of([&] { models::generate(*m, ctx, prompt, greedy); }).find("the model's logits are not finite"),
+            std::string::npos);
 }
 
 }  // namespace
