@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <csetjmp>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -42,6 +43,22 @@ inline uint8_t cmyk_channel(int c, int nk) {
   return static_cast<uint8_t>(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
 }
 
+// Pillow's decompression-bomb bound: an error above twice Image.MAX_IMAGE_PIXELS,
+// checked from the header before any pixel buffer is allocated.
+constexpr int64_t kMaxImagePixels = 2 * int64_t{89478485};
+void check_pixels(int64_t w, int64_t h, const std::string& name) {
+  FANOUT_USER_CHECK(w * h <= kMaxImagePixels)
+      << "cannot decode image " << name << ": " << w << "x" << h << " pixels, more than the limit of "
+      << kMaxImagePixels << " (Pillow's decompression-bomb bound)";
+}
+
+// TurboJPEG's message without the function name it starts with ("tjDecompress2(): ").
+std::string tj_reason(tjhandle h) {
+  std::string msg = tjGetErrorStr2(h);
+  if (const size_t at = msg.find("(): "); at != std::string::npos && msg.rfind("tj", 0) == 0) msg.erase(0, at + 4);
+  return "not a readable JPEG (" + msg + ")";
+}
+
 struct JpegHeader {
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
 };
@@ -50,7 +67,8 @@ JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, const std::
   JpegHeader hd;
   FANOUT_USER_CHECK(tjDecompressHeader3(h, data, static_cast<unsigned long>(size), &hd.width, &hd.height, &hd.subsamp,
                                         &hd.colorspace) == 0)
-      << "cannot decode image " << name << ": " << tjGetErrorStr2(h);
+      << "cannot decode image " << name << ": " << tj_reason(h);
+  check_pixels(hd.width, hd.height, name);
   return hd;
 }
 
@@ -70,7 +88,7 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int
     // file that ends early: Pillow refuses it ("image file is truncated").
     const std::string msg = tjGetErrorStr2(h);
     FANOUT_USER_CHECK(tjGetErrorCode(h) == TJERR_WARNING && msg.find("Premature end") == std::string::npos)
-        << "cannot decode image " << name << ": " << msg;
+        << "cannot decode image " << name << ": " << tj_reason(h);
   }
   if (!cmyk) {
     im.rgb = std::move(buf);
@@ -132,6 +150,7 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
   png_read_info(png, info);
   const png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
   const int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);
+  check_pixels(w, h, name);
   im.width = static_cast<int>(w);
   im.height = static_cast<int>(h);
   gray16 = depth == 16 && type == PNG_COLOR_TYPE_GRAY;

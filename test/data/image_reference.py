@@ -247,7 +247,14 @@ def run(work):
     # Bad files: one line naming the file, where Pillow refuses them as well.
     data = open(os.path.join(work, "baseline-420.jpg"), "rb").read()
     png = open(os.path.join(work, "rgb.png"), "rb").read()
+    # Headers that claim more pixels than Pillow's decompression-bomb bound (refused before any allocation).
+    ihdr = b"IHDR" + struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)
+    huge_png = png[:8] + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr)) + png[33:]
+    sof = data.index(b"\xff\xc0")  # baseline SOF0: length (2), precision (1), height (2), width (2)
+    huge_jpg = data[: sof + 5] + struct.pack(">HH", 65000, 65000) + data[sof + 9 :]
     bad = {
+        "huge.png": huge_png,
+        "huge.jpg": huge_jpg,
         "truncated.jpg": data[: len(data) * 2 // 3],
         "corrupt-header.jpg": data[:4] + bytes(rng.integers(0, 256, 60, dtype=np.uint8)) + data[64:],
         "truncated.png": png[: len(png) // 2],
