@@ -89,7 +89,7 @@ std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat)
     item = trim(item);
     FANOUT_USER_CHECK(!item.empty()) << "empty entry in device list '" << spec << "'";
     FANOUT_USER_CHECK(item.rfind("cpu", 0) != 0)
-        << "device list '" << spec << "' mixes CPU and CUDA devices (use cpu:N alone)";
+        << "device list '" << spec << "': CPU devices are given as cpu or cpu:N alone (N workers), not in a list";
     std::string num = item.rfind("cuda:", 0) == 0 ? item.substr(5) : item;
     int idx = 0;
     FANOUT_USER_CHECK(parse_int(num, idx))

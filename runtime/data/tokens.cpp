@@ -270,6 +270,9 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
 TokenSplits open_token_dir(const std::string& dir, int64_t block_size, int64_t vocab) {
   TokenSplits s;
   s.dir = dir;
+  std::error_code ec;
+  FANOUT_USER_CHECK(std::filesystem::is_directory(dir, ec))
+      << "token data " << dir << (std::filesystem::exists(dir, ec) ? " is not a directory" : " does not exist");
   s.meta = read_token_meta(dir);
   FANOUT_USER_CHECK(vocab > 0 || s.meta.vocab_size > 0)
       << "token data " << dir << " has no meta.json giving vocab_size: give the model's vocab_size";

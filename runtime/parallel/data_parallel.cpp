@@ -90,6 +90,8 @@ class DataParallel::StatSync : public BatchStatSync {
 namespace {
 std::unique_ptr<Comm> make_comm(const std::string& kind, const std::vector<Device>& devices, int max_ops) {
   const bool cpu = devices[0].is_cpu();
+  FANOUT_USER_CHECK(kind == "auto" || kind == "cpu" || kind == "p2p" || kind == "nccl")
+      << "unknown communicator '" << kind << "' (expected auto, cpu, p2p or nccl)";
   if (cpu) {
     FANOUT_USER_CHECK(kind == "auto" || kind == "cpu")
         << "the " << kind << " communicator needs CUDA devices; CPU devices use the cpu communicator";

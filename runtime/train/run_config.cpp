@@ -46,15 +46,15 @@ void RunConfig::validate() const {
   const optim::OptimizerKind kind = optim::parse_optimizer(optimizer);
   FANOUT_USER_CHECK(momentum >= 0) << "--momentum must be non-negative, got " << momentum;
   FANOUT_USER_CHECK(weight_decay >= 0) << "--weight-decay must be non-negative, got " << weight_decay;
-  FANOUT_USER_CHECK(std::isfinite(eps) && eps >= 0) << "--eps must be non-negative, got " << eps;
+  FANOUT_USER_CHECK(std::isfinite(eps) && eps >= 0) << "--eps must be finite and non-negative, got " << eps;
   FANOUT_USER_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)
       << "--betas must each be in [0, 1), got " << beta1 << "," << beta2;
   FANOUT_USER_CHECK(!amsgrad || kind != optim::OptimizerKind::SGD) << "--amsgrad applies to --optimizer adam or adamw";
   FANOUT_USER_CHECK(!nesterov || kind == optim::OptimizerKind::SGD) << "--nesterov applies to --optimizer sgd";
   FANOUT_USER_CHECK(std::isfinite(clip_grad_norm) && clip_grad_norm >= 0)
-      << "--clip-grad-norm must be non-negative, got " << clip_grad_norm;
+      << "--clip-grad-norm must be finite and non-negative, got " << clip_grad_norm;
   FANOUT_USER_CHECK(std::isfinite(clip_grad_value) && clip_grad_value >= 0)
-      << "--clip-grad-value must be non-negative, got " << clip_grad_value;
+      << "--clip-grad-value must be finite and non-negative, got " << clip_grad_value;
   FANOUT_USER_CHECK(timing_warmup >= 0) << "--timing-warmup must be non-negative, got " << timing_warmup;
   FANOUT_USER_CHECK(save_every_steps >= 0) << "--save-every-steps must be non-negative, got " << save_every_steps;
   FANOUT_USER_CHECK(save_every >= 1) << "--save-every must be at least 1, got " << save_every;

@@ -239,7 +239,11 @@ TEST(TextData, OpenDataNeedsALanguageModelAndAWindowThatFits) {
             std::string::npos);
   EXPECT_EQ(error_of([&] { data::open_data("text:", o); }), "bad dataset 'text:': text needs a file (text:FILE)");
   EXPECT_EQ(error_of([&] { data::open_data("tokens:" + dir.path() + "/none", o); }),
-            "token data " + dir.path() + "/none has no meta.json giving vocab_size: give the model's vocab_size");
+            "token data " + dir.path() + "/none does not exist");
+  EXPECT_EQ(error_of([&] { data::open_data("tokens:" + path, o); }), "token data " + path + " is not a directory");
+  std::filesystem::create_directory(dir.path() + "/bare");
+  EXPECT_EQ(error_of([&] { data::open_data("tokens:" + dir.path() + "/bare", o); }),
+            "token data " + dir.path() + "/bare has no meta.json giving vocab_size: give the model's vocab_size");
 }
 
 // bench/pytorch/window_order.py (the PyTorch side-by-side trainer's batches)

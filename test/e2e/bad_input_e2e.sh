@@ -57,12 +57,12 @@ expect_error bad-devices "device" --devices gpu7 --data synthetic:64
 expect_error bad-schedule "lr schedule" --lr-schedule wobble --data synthetic:64
 # Optimizer options, refused as torch.optim refuses them.
 expect_error unknown-optimizer "unknown optimizer 'lamb' \(expected sgd, adam or adamw\)" --optimizer lamb --data synthetic:64
-expect_error negative-eps "eps must be non-negative" --optimizer adamw --eps -1e-8 --data synthetic:64
+expect_error negative-eps "eps must be finite and non-negative" --optimizer adamw --eps -1e-8 --data synthetic:64
 expect_error beta-one "betas must each be in \[0, 1\)" --optimizer adamw --betas 1,0.999 --data synthetic:64
 expect_error beta-negative "betas must each be in \[0, 1\)" --optimizer adam --betas 0.9,-0.1 --data synthetic:64
 expect_error betas-garbage "betas takes BETA1,BETA2" --optimizer adamw --betas 0.9 --data synthetic:64
-expect_error negative-clip "clip-grad-norm must be non-negative" --clip-grad-norm -1 --data synthetic:64
-expect_error negative-clip-value "clip-grad-value must be non-negative" --clip-grad-value -0.5 --data synthetic:64
+expect_error negative-clip "clip-grad-norm must be finite and non-negative" --clip-grad-norm -1 --data synthetic:64
+expect_error negative-clip-value "clip-grad-value must be finite and non-negative" --clip-grad-value -0.5 --data synthetic:64
 expect_error amsgrad-sgd "amsgrad applies to --optimizer adam or adamw" --amsgrad --data synthetic:64
 expect_error nesterov-adamw "nesterov applies to --optimizer sgd" --optimizer adamw --nesterov --data synthetic:64
 expect_error negative-weight-decay "weight-decay must be non-negative" --weight-decay -1e-4 --data synthetic:64
@@ -95,6 +95,9 @@ expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer ada
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
 expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
 expect_warning timeout-dp "--timeout has no effect without --strategy ddp" --timeout 5 --devices cpu
+expect_error unknown-comm "unknown communicator 'wobble' \(expected auto, cpu, p2p or nccl\)" --dp-comm wobble \
+  --devices cpu:2 --data synthetic:64
+expect_error cpu-list "CPU devices are given as cpu or cpu:N alone" --devices cpu,cpu --data synthetic:64
 expect_error negative-min-lr "--min-lr must be in \[0, --lr\], got -7" --lr-schedule warmup-cosine --warmup-steps 1 \
   --lr-decay-steps 3 --min-lr -7 --data synthetic:64
 # An AdamW checkpoint resumed with SGD.
