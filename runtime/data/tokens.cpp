@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -233,10 +234,19 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
   std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
   const std::string dir = cache_dir + "/text-" + (bytes ? "bytes-" : "char-") + key;
   namespace fs = std::filesystem;
-  if (fs::exists(dir + "/meta.json") && fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin")) return dir;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
+  // A cache entry whose token files are not the sizes this text splits into
+  // (truncated, or written over) is made again.
+  {
+    size_t n = text.size();
+    if (!bytes) n = static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+      return (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // one lead byte per character (the text was UTF-8)
+    }));
+    const size_t cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
+    std::error_code ec1, ec2;
+    if (fs::exists(dir + "/meta.json") && fs::file_size(dir + "/train.bin", ec1) == 2 * cut && !ec1 &&
+        fs::file_size(dir + "/val.bin", ec2) == 2 * (n - cut) && !ec2)
+      return dir;
+  }
   TokenMeta meta;
   std::vector<uint16_t> ids;
   if (bytes) {
@@ -259,6 +269,10 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
     for (const std::string& ch : chars) ids.push_back(stoi.at(ch));
   }
   meta.vocab_size = meta.vocab.size();
+  std::error_code ec;
+  fs::remove(dir + "/meta.json", ec);  // a stale entry is not complete until meta.json is written again
+  fs::create_directories(dir, ec);  // after tokenizing: a text that fails leaves no empty entry
+  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
   // nanoGPT: train = data[:int(n * 0.9)], val = the rest.
   const size_t n = ids.size(), cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
   write_tokens(dir + "/train.bin", std::vector<uint16_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(cut)));

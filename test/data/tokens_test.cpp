@@ -200,14 +200,23 @@ TEST(TextData, CacheIsReusedUntilTheTextChangesAndBytesTakeAnyText) {
   const auto stamp = std::filesystem::last_write_time(first + "/train.bin");
   EXPECT_EQ(data::prepare_text(path, false, cache), first) << "unchanged text: the same cache entry";
   EXPECT_EQ(std::filesystem::last_write_time(first + "/train.bin"), stamp) << "and not rewritten";
+  const std::string whole = read_file(first + "/train.bin");
+  std::filesystem::resize_file(first + "/train.bin", 4);  // a damaged entry: made again, whole
+  EXPECT_EQ(data::prepare_text(path, false, cache), first);
+  EXPECT_EQ(read_file(first + "/train.bin"), whole);
   write_bytes(path, "abcabcabe\n", 10);
   const std::string second = data::prepare_text(path, false, cache);
   EXPECT_NE(second, first) << "a changed text is prepared again";
   EXPECT_EQ(data::read_token_meta(second).vocab.itos, (std::vector<std::string>{"\n", "a", "b", "c", "e"}));
   // Not UTF-8: text refuses it naming the byte, text-bytes takes it.
   write_bytes(path, "ok\xff\xfe", 4);
+  const auto entries = [&] {
+    return std::distance(std::filesystem::directory_iterator(cache), std::filesystem::directory_iterator());
+  };
+  const auto before = entries();
   EXPECT_EQ(error_of([&] { data::prepare_text(path, false, cache); }),
             "text " + path + " is not UTF-8 at byte 2 (text-bytes:FILE reads any bytes)");
+  EXPECT_EQ(entries(), before) << "a text that fails leaves no cache entry";
   const std::string bytes = data::prepare_text(path, true, cache);
   const data::TokenMeta m = data::read_token_meta(bytes);
   EXPECT_TRUE(m.vocab.bytes);
