@@ -673,10 +673,7 @@ train::TrainerConfig process_trainer_config(const train::RunConfig& c, const Pro
   } else if (tc.progress == train::Progress::Mode::Auto && std::getenv("FANOUT_STDERR_TTY")) {
     tc.progress = train::Progress::Mode::Bar;  // the launcher's terminal, behind its pipe
   }
-  if (!tc.metrics_path.empty()) {
-    std::ofstream probe(tc.metrics_path, std::ios::app);
-    FANOUT_USER_CHECK(probe.good()) << "cannot open metrics file " << tc.metrics_path;
-  }
+  if (!tc.metrics_path.empty()) apps::check_output_file("--metrics", tc.metrics_path);
   return tc;
 }
 

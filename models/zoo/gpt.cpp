@@ -56,6 +56,8 @@ GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab, bool* vo
         << "gpt: '" << item << "' is not KEY=VALUE (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, "
         << "dropout, bias)";
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    for (const auto& [k, v] : kv)
+      FANOUT_USER_CHECK(k != key) << "gpt: " << key << " is given twice (" << k << "=" << v << ", " << item << ")";
     if (key == "preset") preset_name = value;
     else kv.emplace_back(key, value);
   }

@@ -175,6 +175,8 @@ TEST(GPTConfigTest, PresetsKeysAndErrors) {
   EXPECT_NE(error_of([] { models::parse_gpt_config("n_layer=0"); }).find("not a positive integer"),
             std::string::npos);
   EXPECT_NE(error_of([] { models::parse_gpt_config("dropout=1.5"); }).find("not a probability"), std::string::npos);
+  EXPECT_EQ(error_of([] { models::parse_gpt_config("gpt-char,n_layer=2,vocab_size=65,n_layer=1"); }),
+            "gpt: n_layer is given twice (n_layer=2, n_layer=1)");
 }
 
 TEST(GPTModel, NanoGPTNamesAndShapes) {
