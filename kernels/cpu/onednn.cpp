@@ -86,6 +86,7 @@ void execute(State& s, const dnnl::primitive& p, std::initializer_list<std::pair
     a[n++] = {arg, m->get()};
   }
   const dnnl_status_t st = dnnl_primitive_execute(p.get(), s.stream.get(), n, a);
+  FANOUT_USER_CHECK(st != dnnl_out_of_memory) << "out of host memory in a oneDNN kernel (a model or batch too large?)";
   FANOUT_CHECK(st == dnnl_success) << "oneDNN: primitive execution failed (status " << static_cast<int>(st) << ")";
   FANOUT_CHECK(dnnl_stream_wait(s.stream.get()) == dnnl_success) << "oneDNN: stream wait failed";
 }

@@ -66,6 +66,8 @@ std::vector<TarMember> list_tar(const std::string& path) {
   std::string long_name;  // from a GNU 'L' or a pax header, for the next member
   uint8_t h[512];
   for (int64_t at = 0;;) {
+    FANOUT_USER_CHECK(at >= file_size || at + 512 <= file_size)
+        << "shard " << path << " ends inside a member's header at byte " << at << " (truncated)";
     if (!read_at(f.fd, h, 512, at, path)) break;  // no end blocks: tolerated, as Python's tarfile does
     if (std::all_of(h, h + 512, [](uint8_t b) { return b == 0; })) break;
     int64_t sum = 0;

@@ -153,6 +153,13 @@ wbad "has no train-*.tar shards" "$work/nowds"
 cp -r "$work/wds" "$work/wtrunc" &&
   truncate -s $(($(stat -c %s "$work/wtrunc/train-000001.tar") / 2 + 100)) "$work/wtrunc/train-000001.tar"
 wbad "shard $work/wtrunc/train-000001.tar ends inside member" "$work/wtrunc"
+cp -r "$work/wds" "$work/whead" && python3 - "$work/whead/train-000001.tar" <<'PY'
+import os, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    second = t.getmembers()[1].offset  # the second member's header
+os.truncate(sys.argv[1], second + 100)
+PY
+wbad "shard $work/whead/train-000001.tar ends inside a member's header" "$work/whead"
 cp -r "$work/wds" "$work/wnocls" && python3 - "$work/wnocls/val-000000.tar" <<'PY'
 import sys, tarfile, io
 path = sys.argv[1]
