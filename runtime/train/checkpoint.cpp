@@ -263,6 +263,13 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
   std::vector<std::pair<std::string, Tensor>> weights;
   for (auto& [name, t] : f.tensors)
     if (name.rfind(kOptimizerPrefix, 0) != 0) weights.emplace_back(name, t);
+  // A diverged run's weights are no start: say so here, not as a diverged loss later.
+  for (const auto& [name, t] : weights) {
+    bool finite = true;
+    if (t.dtype() == DType::F32) finite = std::all_of(t.f32(), t.f32() + t.numel(), [](float v) { return std::isfinite(v); });
+    else if (t.dtype() == DType::F64) finite = std::all_of(t.f64(), t.f64() + t.numel(), [](double v) { return std::isfinite(v); });
+    FANOUT_USER_CHECK(finite) << path << ": " << name << " holds non-finite values (NaN or infinity)";
+  }
   try {
     return io::load_state_dict(model, weights, strict);
   } catch (const Error& e) {

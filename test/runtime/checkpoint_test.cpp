@@ -436,6 +436,23 @@ TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
   EXPECT_EQ(r.mismatched.size(), 2u);
   EXPECT_TRUE(r.missing.empty());
   EXPECT_TRUE(same_bits(other->state_dict()[0].second, src.model->state_dict()[0].second));  // conv1.weight
+
+  // Weights with a NaN (a diverged run's): refused by name, nothing loaded.
+  io::TensorFile f = io::load_safetensors(dir / "c.safetensors");
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (auto& [name, t] : f.tensors) {
+    Tensor c = Tensor::empty(t.shape(), t.dtype());
+    c.copy_from(t);
+    if (name == "fc1.bias") c.f32()[3] = std::nanf("");
+    weights.emplace_back(name, c);
+  }
+  io::save_safetensors(dir / "nan.safetensors", weights, f.metadata);
+  auto fresh = models::make_model("lenet", data.train.sample_shape(), 10, 11);
+  Tensor before = Tensor::empty(fresh->arenas().params.shape());
+  before.copy_from(fresh->arenas().params);
+  testing::expect_user_error([&] { train::load_weights(dir / "nan.safetensors", *fresh, true); },
+                             {"nan.safetensors", "fc1.bias holds non-finite values"});
+  EXPECT_TRUE(same_bits(fresh->arenas().params, before));
 }
 
 TEST(Checkpoint, SaverKeepsNewestAndBest) {
