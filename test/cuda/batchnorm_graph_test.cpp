@@ -25,8 +25,21 @@ using cudatest::gpu;
 using cudatest::to_gpu;
 namespace ft = testing;
 
+// One way's outputs on cuda:0, poisoned (the running statistics their start).
 struct Outputs {
-  Tensor y, mean, invstd, rm, rv, gs, g, dx;
+  Tensor stats, y, mean, invstd, rm, rv, gs, g, dx;
+  Outputs(const Shape& s, DType t, const Tensor& rm0, const Tensor& rv0, const Tensor& dy) {
+    const int64_t c = s[1];
+    stats = to_gpu(cudatest::poisoned_host(Shape{3, c}, DType::F64));
+    mean = cudatest::poisoned_gpu(Shape{2, c});
+    invstd = cudatest::poisoned_gpu(Shape{c});
+    rm = to_gpu(rm0);
+    rv = to_gpu(rv0);
+    y = to_gpu(testing::poisoned_stored(s, t, MemoryFormat::ChannelsLast));
+    g = to_gpu(dy);  // the backward's g over dy
+    gs = cudatest::poisoned_gpu(Shape{2, c});
+    dx = to_gpu(testing::poisoned_stored(s, t, MemoryFormat::ChannelsLast));
+  }
 };
 
 TEST(CudaBatchNormGraphs, RunOnTheShapesTheyAreBuiltFor) {
@@ -52,45 +65,27 @@ TEST(CudaBatchNormGraphs, RunOnTheShapesTheyAreBuiltFor) {
         ASSERT_EQ(kernels::bn_relu_mask_bytes(ctx, x), (s.numel() + 7) / 8);
 
         // The fused pair, as models/layers/batchnorm.cpp calls it.
-        Outputs f;
-        Tensor stats = to_gpu(cudatest::poisoned_host(Shape{3, c}, DType::F64));
-        f.mean = cudatest::poisoned_gpu(Shape{2, c});
-        f.invstd = cudatest::poisoned_gpu(Shape{c});
-        f.rm = to_gpu(rm0);
-        f.rv = to_gpu(rv0);
-        f.y = to_gpu(ft::poisoned_stored(s, t, cl));
+        Outputs f(s, t, rm0, rv0, dy_host);
         Tensor mask = Tensor::empty(Shape{(s.numel() + 7) / 8}, DType::U8, gpu());
         ::testing::internal::CaptureStderr();
         const bool mask_written = kernels::bn_train_add_relu(ctx, x, with_z ? &z : nullptr, gamma, beta, eps, momentum,
-                                                             stats, f.mean, f.invstd, f.rm, f.rv, f.y, &mask, t);
-        f.g = to_gpu(dy_host);  // g over dy
-        f.gs = cudatest::poisoned_gpu(Shape{2, c});
-        f.dx = to_gpu(ft::poisoned_stored(s, t, cl));
+                                                             f.stats, f.mean, f.invstd, f.rm, f.rv, f.y, &mask, t);
         kernels::bn_backward_relu(ctx, x, f.y, f.g, f.mean, f.invstd, gamma, mask_written ? &mask : nullptr, f.gs,
                                   f.g, f.dx);
         ctx.compute().synchronize();
         const std::string log = ::testing::internal::GetCapturedStderr();
         EXPECT_EQ(log.find("refused"), std::string::npos) << log;
         EXPECT_TRUE(mask_written) << "the forward graph kept no ReLU mask";
-        const Tensor stats_after = stats.to(Device::cpu());
+        const Tensor stats_after = f.stats.to(Device::cpu());
         EXPECT_TRUE(std::isnan(stats_after.f64()[0])) << "the split kernels ran: they wrote the float64 statistics";
 
         // The split kernels on the same inputs.
-        Outputs r;
-        Tensor stats2 = to_gpu(cudatest::poisoned_host(Shape{3, c}, DType::F64));
-        r.mean = cudatest::poisoned_gpu(Shape{2, c});
-        r.invstd = cudatest::poisoned_gpu(Shape{c});
-        r.rm = to_gpu(rm0);
-        r.rv = to_gpu(rv0);
-        r.y = to_gpu(ft::poisoned_stored(s, t, cl));
-        kernels::bn_stats(ctx, x, stats2);
-        kernels::bn_finalize(ctx, stats2, s.numel() / c, eps, momentum, r.mean, r.invstd, &r.rm, &r.rv);
+        Outputs r(s, t, rm0, rv0, dy_host);
+        kernels::bn_stats(ctx, x, r.stats);
+        kernels::bn_finalize(ctx, r.stats, s.numel() / c, eps, momentum, r.mean, r.invstd, &r.rm, &r.rv);
         kernels::bn_apply_add_relu(ctx, x, r.mean, r.invstd, gamma, beta, with_z ? &z : nullptr, r.y, t);
         // The backward from the graph's own y and statistics: the same ReLU
         // mask (a y rounded the other way at 0 would move a whole dy).
-        r.g = to_gpu(dy_host);
-        r.gs = cudatest::poisoned_gpu(Shape{2, c});
-        r.dx = to_gpu(ft::poisoned_stored(s, t, cl));
         kernels::bn_backward_reduce_relu(ctx, x, f.y, r.g, f.mean, f.invstd, r.gs, r.g);
         kernels::bn_backward_apply(ctx, x, r.g, f.mean, f.invstd, gamma, r.gs, s.numel() / c, r.dx);
         ctx.compute().synchronize();
