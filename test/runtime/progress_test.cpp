@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -56,14 +57,21 @@ TEST(Progress, LinesGiveTheRateInSamples) { check_rate(0, "img/s"); }
 
 TEST(Progress, LinesGiveTheRateInTokensForTokenSamples) { check_rate(256, "tokens/s"); }
 
-TEST(Progress, OneLineEachTenthOfTheEpoch) {
+// The lines of an epoch of `batches` batches of 4 samples, updated after each.
+std::vector<std::string> epoch_lines(Progress::Mode mode, const std::string& label, int64_t batches) {
   FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  Progress p(Progress::Mode::Lines, f);
-  p.begin("epoch 3/3", 25, 100);
-  for (int64_t b = 1; b <= 25; ++b) p.update(b, 4 * b, 1.0, nullptr, 0);
-  const std::vector<std::string> lines = lines_of(f);
+  EXPECT_NE(f, nullptr);
+  if (!f) return {};
+  Progress p(mode, f);
+  p.begin(label, batches, 4 * batches);
+  for (int64_t b = 1; b <= std::max<int64_t>(batches, 1); ++b) p.update(b, 4 * b, 1.0, nullptr, 0);
+  std::vector<std::string> lines = lines_of(f);
   std::fclose(f);
+  return lines;
+}
+
+TEST(Progress, OneLineEachTenthOfTheEpoch) {
+  const std::vector<std::string> lines = epoch_lines(Progress::Mode::Lines, "epoch 3/3", 25);
   // Tenths reached at batches 3 (12%), 5, 8, 10, 13, 15, 18, 20, 23, 25.
   ASSERT_EQ(lines.size(), 10u);
   EXPECT_EQ(lines.front().rfind("epoch 3/3  12% 3/25 batches", 0), 0u) << lines.front();
@@ -72,16 +80,8 @@ TEST(Progress, OneLineEachTenthOfTheEpoch) {
 }
 
 TEST(Progress, OffAndEmptyEpochsPrintNothing) {
-  FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  Progress off(Progress::Mode::Off, f);
-  off.begin("epoch 1/1", 4, 16);
-  for (int64_t b = 1; b <= 4; ++b) off.update(b, 4 * b, 1.0, nullptr, 0);
-  Progress empty(Progress::Mode::Lines, f);
-  empty.begin("epoch 1/1", 0, 0);
-  empty.update(0, 0, 0.0, nullptr, 0);
-  EXPECT_TRUE(lines_of(f).empty());
-  std::fclose(f);
+  EXPECT_TRUE(epoch_lines(Progress::Mode::Off, "epoch 1/1", 4).empty());
+  EXPECT_TRUE(epoch_lines(Progress::Mode::Lines, "epoch 1/1", 0).empty());
 }
 
 TEST(Progress, DurationsAsMinutesOrHours) {
