@@ -32,6 +32,7 @@
 #include "runtime/core/error.h"
 #include "runtime/data/open_data.h"
 #include "runtime/distributed/launcher.h"
+#include "runtime/io/safetensors.h"
 #include "runtime/parallel/engine_factory.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/resume.h"
@@ -590,6 +591,29 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
       if (given) warn(std::string(flag) + " has no effect without --strategy ddp");
 }
 
+// The epochs --max-steps alone takes (the cosine schedule spans them, the log
+// counts them): from the start, or, resuming, from where the checkpoint
+// stopped (a run that ended on --max-steps marked its partial epoch done; a
+// mid-epoch checkpoint's epoch is counted whole).
+int epochs_for_max_steps(const train::RunConfig& c, const Process& p, const data::Dataset& train) {
+  const int64_t per_epoch = train::optimizer_steps_per_epoch(c.trainer_config(false), p.world, p.rank, train);
+  if (per_epoch <= 0) return c.epochs;
+  int64_t epochs = (c.max_steps + per_epoch - 1) / per_epoch;
+  if (!c.resume.empty()) {
+    const std::string path = train::resolve_resume_path(c.resume);
+    const io::TensorFile f = io::load_safetensors(path);
+    const auto meta = [&](const char* key) {
+      int64_t v = 0;
+      const auto it = f.metadata.find(key);
+      if (it != f.metadata.end()) std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+      return std::max<int64_t>(v, 0);  // a malformed checkpoint is reported when it is loaded
+    };
+    const int64_t left = std::max<int64_t>(0, c.max_steps - meta("step"));
+    epochs = std::max(epochs, meta("epoch") + (meta("batch") > 0 ? 1 : 0) + (left + per_epoch - 1) / per_epoch);
+  }
+  return static_cast<int>(std::clamp<int64_t>(epochs, 1, 1 << 30));
+}
+
 // --- restore -------------------------------------------------------------
 
 // A restarted worker (the launcher's restart n > 0) continues from the save
@@ -858,9 +882,8 @@ int run(int argc, char** argv) {
     }
   }
   const data::DataSplits data = open_run_data(c, p);
-  if (cli.epochs_from_steps) {  // the epochs --max-steps takes: the cosine schedule spans them, the log counts them
-    const int64_t per_epoch = train::optimizer_steps_per_epoch(c.trainer_config(false), p.world, p.rank, *data.train);
-    if (per_epoch > 0) c.epochs = static_cast<int>(std::min<int64_t>((c.max_steps + per_epoch - 1) / per_epoch, 1 << 30));
+  if (cli.epochs_from_steps) {
+    c.epochs = epochs_for_max_steps(c, p, *data.train);
     c.validate();
   }
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,

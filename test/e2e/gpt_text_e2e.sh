@@ -109,6 +109,18 @@ done = [(int(a), int(b)) for a, b in re.findall(r"^epoch (\d+)/(\d+)  train loss
 assert done and done[-1][0] == done[-1][1] == epochs, (done, epochs)
 print("--max-steps 7: the checkpoint records step", step, "of", epochs, "epoch(s), the log", done[-1])
 PY
+# Further: resumed with a larger --max-steps, the run goes on past the epoch that ended on step 7.
+"$DP_TRAIN" --model "$model" --data "text:$work/corpus.txt" --devices cpu --batch-size 32 --max-steps 9 --progress off \
+  --resume "$work/steps" > "$work/steps9.log" 2>&1 || { cat "$work/steps9.log"; fail "the resume to step 9 failed"; }
+python3 - "$work/steps" <<'PY'
+import glob, sys
+from safetensors import safe_open
+newest = sorted(glob.glob(sys.argv[1] + "/epoch-*.safetensors"))[-1]
+with safe_open(newest, "np") as f:
+    step = f.metadata()["step"]
+assert step == "9", f"resumed with --max-steps 9, {newest} records step {step}"
+print("--max-steps 9 after 7: the newest checkpoint records step", step)
+PY
 
 # Generation: the same seed, the same text; the prompt, then vocabulary characters.
 gen=(--checkpoint "$work/full/best.safetensors" --prompt "The cat" --max-new-tokens 200 --seed 11)
