@@ -77,6 +77,9 @@ int cli_main(const char* name, Run&& run) {
   } catch (const fanout::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", name, e.what());
     return 1;
+  } catch (const std::bad_array_new_length& e) {  // a size gone wrong, not memory exhausted
+    std::fprintf(stderr, "%s: internal error: %s\n", name, e.what());
+    return 3;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "%s: error: out of host memory (a model, batch or data set too large for this machine?)\n",
                  name);

@@ -269,9 +269,11 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
     for (const std::string& ch : chars) ids.push_back(stoi.at(ch));
   }
   meta.vocab_size = meta.vocab.size();
+  // After tokenizing: a text that fails leaves no empty entry. Every file is
+  // written whole (renamed into place), meta.json last, so processes that
+  // prepare the same text at once (DDP ranks) write the same bytes.
   std::error_code ec;
-  fs::remove(dir + "/meta.json", ec);  // a stale entry is not complete until meta.json is written again
-  fs::create_directories(dir, ec);  // after tokenizing: a text that fails leaves no empty entry
+  fs::create_directories(dir, ec);
   FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
   // nanoGPT: train = data[:int(n * 0.9)], val = the rest.
   const size_t n = ids.size(), cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
