@@ -18,9 +18,11 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -299,14 +301,25 @@ void read_config_file(const std::string& path, const po::options_description& de
   const auto size = fs::file_size(path, ec);
   FANOUT_USER_CHECK(!ec && size <= kMaxConfigBytes)
       << "config file " << path << " is " << size << " bytes; a config file holds at most " << kMaxConfigBytes;
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   FANOUT_USER_CHECK(f.good()) << "cannot open config file " << path << ": " << std::strerror(errno);
-  const po::parsed_options from_file = po::parse_config_file(f, desc);
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
+  // Not text (a binary given by mistake): say where, without echoing its bytes.
+  int64_t line = 1;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    FANOUT_USER_CHECK(c >= 0x20 || c == '\t' || c == '\n' || c == '\r')
+        << "config file " << path << " is not text: line " << line << " holds the control byte 0x" << std::hex
+        << static_cast<int>(c);
+    line += c == '\n';
+  }
+  std::istringstream in(text);
+  const po::parsed_options from_file = po::parse_config_file(in, desc);
   for (const auto& opt : from_file.options)
     FANOUT_USER_CHECK(opt.string_key != "config")
         << "config file " << path << " names another config file (config = ...): put its options in one file";
   po::store(from_file, vm);
-  FANOUT_USER_CHECK(!f.bad()) << "cannot read config file " << path << ": " << std::strerror(errno);
 }
 
 // heatmap3d's recipe for the options left at their (classification) defaults.
@@ -664,7 +677,8 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
     try {
       resumed = train::resume_run(c, engine, opt, config);
     } catch (const train::NotATrainingCheckpoint& e) {
-      throw Error(std::string(e.what()) + "; --init-from loads weights alone");
+      throw Error(e.path() + " is not a fanout training checkpoint (a model's weights alone, or not fanout's): " +
+                  "--init-from " + e.path() + " starts a run from its weights");
     }
     if (p.primary()) print_resumed(c, resumed);
     if (resumed.complete) return std::nullopt;
@@ -884,7 +898,19 @@ int run(int argc, char** argv) {
   const data::DataSplits data = open_run_data(c, p);
   if (cli.epochs_from_steps) {
     c.epochs = epochs_for_max_steps(c, p, *data.train);
+    FANOUT_USER_CHECK(c.warmup_epochs <= c.epochs)
+        << "--warmup-epochs " << c.warmup_epochs << " is longer than the " << c.epochs << " epoch"
+        << (c.epochs == 1 ? "" : "s") << " --max-steps " << c.max_steps
+        << " takes: warm up for fewer epochs, or give --epochs";
     c.validate();
+  }
+  if (c.timing_warmup > 0 && p.primary()) {
+    train::TrainerConfig batches = c.trainer_config(false);
+    batches.accumulate = 1;
+    const int64_t n = train::optimizer_steps_per_epoch(batches, p.world, p.rank, *data.train);
+    if (c.timing_warmup >= n)
+      std::fprintf(stderr, "dp-train: warning: --timing-warmup %d is not below an epoch's %lld batches: each epoch's "
+                   "time counts its last batch only\n", c.timing_warmup, static_cast<long long>(n));
   }
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,
                                   c.checkpoint_activations);

@@ -44,12 +44,15 @@ std::string gpt_spec(const std::string& model) { return model.size() > 4 ? model
 GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab, bool* vocab_from_data) {
   std::vector<std::pair<std::string, std::string>> kv;
   std::string preset_name = "gpt2";
+  FANOUT_USER_CHECK(spec.empty() || (spec.front() != ',' && spec.back() != ',' && spec.find(",,") == std::string::npos))
+      << "gpt: '" << spec << "' has an empty item (a comma too many)";
   std::stringstream ss(spec);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty()) continue;
+  bool first = true;
+  for (std::string item; std::getline(ss, item, ','); first = false) {
     const size_t eq = item.find('=');
-    if (eq == std::string::npos && kv.empty() && preset_name == "gpt2") {
+    if (eq == std::string::npos && first) {
       preset_name = item;  // a bare first item names the preset: "gpt-char,n_layer=4"
+      kv.emplace_back("preset", item);
       continue;
     }
     FANOUT_USER_CHECK(eq != std::string::npos && eq > 0)
@@ -59,11 +62,12 @@ GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab, bool* vo
     for (const auto& [k, v] : kv)
       FANOUT_USER_CHECK(k != key) << "gpt: " << key << " is given twice (" << k << "=" << v << ", " << item << ")";
     if (key == "preset") preset_name = value;
-    else kv.emplace_back(key, value);
+    kv.emplace_back(key, value);
   }
   GPTConfig c = preset(preset_name);
   bool vocab_given = false;
   for (const auto& [key, v] : kv) {
+    if (key == "preset") continue;
     if (key == "n_layer") c.n_layer = parse_int(key, v);
     else if (key == "n_head") c.n_head = parse_int(key, v);
     else if (key == "n_embd") c.n_embd = parse_int(key, v);

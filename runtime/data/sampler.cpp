@@ -70,9 +70,13 @@ DistributedSampler::DistributedSampler(int64_t n, int num_replicas, int rank, bo
     : n_(n), replicas_(num_replicas), rank_(rank), shuffle_(shuffle), seed_(seed) {
   check_size("DistributedSampler", n);
   check_ranks("DistributedSampler", num_replicas, rank);
-  // torch: drop_last and n % R ? ceil((n - R) / R) : ceil(n / R); the first is n / R (floor), also for n < R.
-  num_samples_ = drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
+  num_samples_ = samples_per_replica(n, num_replicas, drop_last);
   set_epoch(0);
+}
+
+int64_t DistributedSampler::samples_per_replica(int64_t n, int num_replicas, bool drop_last) {
+  // torch: drop_last and n % R ? ceil((n - R) / R) : ceil(n / R); the first is n / R (floor), also for n < R.
+  return drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
 }
 
 void DistributedSampler::set_epoch(int64_t epoch) {

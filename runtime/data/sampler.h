@@ -56,6 +56,8 @@ class DistributedSampler : public Sampler {
   std::vector<int64_t> indices() const override { return order_; }
   int64_t size() const override { return num_samples_; }
   int64_t total_size() const { return num_samples_ * replicas_; }  // over all ranks
+  // size() of any rank's sampler over n samples, without building one.
+  static int64_t samples_per_replica(int64_t n, int num_replicas, bool drop_last);
 
  private:
   int64_t n_;

@@ -54,7 +54,7 @@ std::string LoadReport::summary() const {
 
 namespace {
 LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict,
-                         bool write) {
+                         bool write, const std::function<void(const std::string&, const Tensor&)>& accept = {}) {
   FANOUT_CHECK(m.materialized()) << "load_state_dict before materialize";
   std::vector<std::pair<std::string, Tensor>> model = m.state_dict();
   std::map<std::string, size_t> index;  // model name -> position
@@ -98,6 +98,7 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
       continue;
     }
     plan.emplace_back(pos->second, std::move(from));
+    if (accept) accept(file_name, src);
   }
   for (size_t i = 0; i < model.size(); ++i)
     if (!found[i]) r.missing.push_back(model[i].first);
@@ -109,8 +110,9 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
 }
 }  // namespace
 
-LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict) {
-  return load_or_check(m, tensors, strict, true);
+LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict,
+                           const std::function<void(const std::string&, const Tensor&)>& accept) {
+  return load_or_check(m, tensors, strict, true, accept);
 }
 
 void check_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors) {

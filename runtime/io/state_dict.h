@@ -6,6 +6,7 @@
 //   io::save_safetensors(path, m.state_dict());                       // any device
 //   io::load_state_dict(m, io::load_safetensors(path).tensors, true); // into m's device
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,8 +32,10 @@ struct LoadReport {
 // I32 or I64 when the value fits.
 // strict: any missing, unexpected or mismatched name throws fanout::Error
 // listing them, before anything is modified. Non-strict: loads what matches
-// and reports the rest.
-LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict);
+// and reports the rest. `accept`, when given, sees each tensor that would be
+// copied (its name in the file) before anything is, and may throw to refuse.
+LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict,
+                           const std::function<void(const std::string&, const Tensor&)>& accept = {});
 
 // load_state_dict's strict checks without loading: throws what it would.
 void check_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors);

@@ -139,7 +139,7 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   io::TensorFile f = io::load_safetensors(path);
   auto fmt = f.metadata.find("format");
   if (fmt == f.metadata.end() || fmt->second != kCheckpointFormat)
-    throw NotATrainingCheckpoint(path + " is not a fanout training checkpoint (no format '" + kCheckpointFormat +
+    throw NotATrainingCheckpoint(path, path + " is not a fanout training checkpoint (no format '" + kCheckpointFormat +
                                  "' in its metadata); load its weights alone instead (load_weights)");
   CheckpointState st;
   const int64_t epoch = meta_int(f, "epoch", path);
@@ -263,15 +263,16 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
   std::vector<std::pair<std::string, Tensor>> weights;
   for (auto& [name, t] : f.tensors)
     if (name.rfind(kOptimizerPrefix, 0) != 0) weights.emplace_back(name, t);
-  // A diverged run's weights are no start: say so here, not as a diverged loss later.
-  for (const auto& [name, t] : weights) {
-    bool finite = true;
-    if (t.dtype() == DType::F32) finite = std::all_of(t.f32(), t.f32() + t.numel(), [](float v) { return std::isfinite(v); });
-    else if (t.dtype() == DType::F64) finite = std::all_of(t.f64(), t.f64() + t.numel(), [](double v) { return std::isfinite(v); });
-    FANOUT_USER_CHECK(finite) << path << ": " << name << " holds non-finite values (NaN or infinity)";
-  }
+  // A diverged run's weights are no start: say so here, not as a diverged loss later (tensors the
+  // model does not take are not looked at).
+  const auto finite = [&](const std::string& name, const Tensor& t) {
+    bool ok = true;
+    if (t.dtype() == DType::F32) ok = std::all_of(t.f32(), t.f32() + t.numel(), [](float v) { return std::isfinite(v); });
+    else if (t.dtype() == DType::F64) ok = std::all_of(t.f64(), t.f64() + t.numel(), [](double v) { return std::isfinite(v); });
+    FANOUT_USER_CHECK(ok) << name << " holds non-finite values (NaN or infinity)";
+  };
   try {
-    return io::load_state_dict(model, weights, strict);
+    return io::load_state_dict(model, weights, strict, finite);
   } catch (const Error& e) {
     FANOUT_FAIL() << path << ": " << e.what();
   }

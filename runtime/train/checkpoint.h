@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,7 +64,11 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
 // alone, or not ours): callers catch it by type to suggest loading weights.
 class NotATrainingCheckpoint : public Error {
  public:
-  using Error::Error;
+  NotATrainingCheckpoint(std::string path, const std::string& what) : Error(what), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 // Restores model, optimizer and RNG state into `engine` and `opt` (any

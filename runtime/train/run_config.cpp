@@ -85,6 +85,7 @@ void RunConfig::validate() const {
       << "--precision " << precision << " cannot keep --split-invariant's exactness (its roundings depend on how "
       << "the batch is split); use one or the other";
   parse_cuda_graphs(cuda_graphs);  // a one-line error for anything but auto, off and check
+  optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs);  // before any data or model is opened
   FANOUT_USER_CHECK(parse_grad_reduce_dtype(grad_reduce_dtype) == DType::F32 || !split_invariant)
       << "--grad-reduce-dtype " << grad_reduce_dtype << " cannot keep --split-invariant's exact gradient sums";
 }

@@ -38,9 +38,12 @@ TrainerSamplers default_samplers(const TrainerConfig& cfg, const Engine& engine,
 int64_t optimizer_steps_per_epoch(const TrainerConfig& cfg, int world, int rank, const data::Dataset& train) {
   FANOUT_USER_CHECK(world >= 1 && cfg.batch_size >= world && cfg.accumulate >= 1)
       << "batch size " << cfg.batch_size << " over " << world << " processes, " << cfg.accumulate << " per step";
-  std::unique_ptr<data::Sampler> s = train.training_sampler(world, rank, cfg.seed);
-  if (!s) s = default_train_sampler(cfg, world, rank, train.size());
-  const int64_t n = s->size(), b = cfg.batch_size / world;
+  // The default samplers' sizes without their shuffles (O(n) for token data).
+  const std::unique_ptr<data::Sampler> s = train.training_sampler(world, rank, cfg.seed);
+  const int64_t n = s ? s->size()
+                  : world == 1 ? train.size()
+                               : data::DistributedSampler::samples_per_replica(train.size(), world, cfg.drop_last);
+  const int64_t b = cfg.batch_size / world;
   const int64_t batches = cfg.drop_last ? n / b : (n + b - 1) / b;
   return (batches + cfg.accumulate - 1) / cfg.accumulate;
 }

@@ -106,6 +106,7 @@ std::vector<int64_t> global_order(int64_t n, int r, bool shuffle, uint64_t seed,
     const auto mine = s.indices();
     EXPECT_EQ(static_cast<int64_t>(mine.size()), s.size());
     EXPECT_EQ(s.size(), torch_num_samples(n, r, drop_last)) << "n " << n << " R " << r << " drop_last " << drop_last;
+    EXPECT_EQ(DistributedSampler::samples_per_replica(n, r, drop_last), torch_num_samples(n, r, drop_last));
     EXPECT_EQ(s.total_size(), s.size() * r);
     all.resize(static_cast<size_t>(s.total_size()), -1);
     for (size_t k = 0; k < mine.size(); ++k) all[rank + k * r] = mine[k];

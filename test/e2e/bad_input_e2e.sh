@@ -17,10 +17,11 @@ cp "$work/corrupt/train-labels-idx1-ubyte" "$work/corrupt/t10k-labels-idx1-ubyte
 mkdir -p "$work/unreadable/train-images-idx3-ubyte" "$work/unreadable/train-labels-idx1-ubyte" \
          "$work/unreadable/t10k-images-idx3-ubyte" "$work/unreadable/t10k-labels-idx1-ubyte"
 
-expect_error() {  # expect_error NAME PATTERN ARGS...
-  local name=$1 pattern=$2
+expect_error() {  # expect_error NAME PATTERN ARGS... (--epochs 1 unless NO_EPOCHS=1)
+  local name=$1 pattern=$2 epochs=(--epochs 1)
   shift 2
-  timeout 120 "$DP_TRAIN" --progress off --epochs 1 "$@" > "$work/out" 2> "$work/err"
+  [ -n "${NO_EPOCHS:-}" ] && epochs=()
+  timeout 120 "$DP_TRAIN" --progress off "${epochs[@]}" "$@" > "$work/out" 2> "$work/err"
   local rc=$?
   local lines
   lines=$(wc -l < "$work/err")
@@ -90,6 +91,8 @@ expect_warning output-device-unused "--output-device has no effect without --gat
   --devices cpu:2
 expect_warning gather-one-device "--gather-outputs has no effect with one device per process" --gather-outputs \
   --devices cpu
+expect_warning timing-warmup-epoch "--timing-warmup 2 is not below an epoch's 2 batches" --timing-warmup 2 \
+  --batch-size 32 --devices cpu
 expect_warning min-lr-cosine "--min-lr has no effect without --lr-schedule warmup-cosine" --min-lr 0.001 --devices cpu
 expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer adamw --momentum 0.5 --devices cpu
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
@@ -132,6 +135,20 @@ expect_error config-device "config file /dev/zero is not a regular file" --confi
 expect_error config-missing "config file .* does not exist" --config "$work/none.cfg" --data synthetic:64
 head -c 2000000 /dev/zero | tr '\0' '#' > "$work/huge.cfg"
 expect_error config-huge "at most 1048576" --config "$work/huge.cfg" --data synthetic:64
+printf 'epochs = 1\nlr = 0.1\x01\x02\n' > "$work/binary.cfg"
+expect_error config-binary "config file .*binary.cfg is not text: line 2 holds the control byte 0x1$" \
+  --config "$work/binary.cfg" --data synthetic:64
+# Checked before any data is opened (the data here does not exist).
+expect_error schedule-before-data "unknown lr schedule 'wobble'" --lr-schedule wobble --data "fashion-mnist:$work/nowhere"
+# --max-steps alone takes the epochs it needs (here 2 of 32 batches): a longer warm-up is named with it.
+NO_EPOCHS=1 expect_error warmup-past-max-steps \
+  "--warmup-epochs 3 is longer than the 2 epochs --max-steps 3 takes: warm up for fewer epochs, or give --epochs" \
+  --max-steps 3 --warmup-epochs 3 --batch-size 32 --model mlp --data synthetic:64
+# A model's weights alone (no training state) cannot be resumed.
+printf '\x02\x00\x00\x00\x00\x00\x00\x00{}' > "$work/weights.safetensors"
+expect_error resume-weights-alone \
+  "weights.safetensors is not a fanout training checkpoint .*: --init-from .*weights.safetensors starts a run from its weights$" \
+  --resume "$work/weights.safetensors" --model mlp --data synthetic:64
 # Loader bounds and the warm-up bound.
 expect_error prefetch-bound "prefetch must be in 1..64" --workers 256 --prefetch 100000 --data synthetic:64
 expect_error workers-bound "workers must be at most 256" --workers 100000 --data synthetic:64

@@ -177,6 +177,11 @@ TEST(GPTConfigTest, PresetsKeysAndErrors) {
   EXPECT_NE(error_of([] { models::parse_gpt_config("dropout=1.5"); }).find("not a probability"), std::string::npos);
   EXPECT_EQ(error_of([] { models::parse_gpt_config("gpt-char,n_layer=2,vocab_size=65,n_layer=1"); }),
             "gpt: n_layer is given twice (n_layer=2, n_layer=1)");
+  EXPECT_EQ(error_of([] { models::parse_gpt_config("gpt-char,vocab_size=65,preset=gpt2"); }),
+            "gpt: preset is given twice (preset=gpt-char, preset=gpt2)");
+  for (const char* spec : {"gpt-char,,vocab_size=65", ",gpt-char", "n_layer=2,"})
+    EXPECT_EQ(error_of([&] { models::parse_gpt_config(spec); }),
+              "gpt: '" + std::string(spec) + "' has an empty item (a comma too many)");
 }
 
 TEST(GPTModel, NanoGPTNamesAndShapes) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -440,10 +441,13 @@ TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
   // Weights with a NaN (a diverged run's): refused by name, nothing loaded.
   io::TensorFile f = io::load_safetensors(dir / "c.safetensors");
   std::vector<std::pair<std::string, Tensor>> weights;
+  Tensor fc1_bias;
   for (auto& [name, t] : f.tensors) {
     Tensor c = Tensor::empty(t.shape(), t.dtype());
     c.copy_from(t);
+    if (name == "fc1.bias") fc1_bias = t;
     if (name == "fc1.bias") c.f32()[3] = std::nanf("");
+    if (name == "fc3.bias") c.f32()[1] = -std::numeric_limits<float>::infinity();
     weights.emplace_back(name, c);
   }
   io::save_safetensors(dir / "nan.safetensors", weights, f.metadata);
@@ -453,6 +457,13 @@ TEST(Checkpoint, InitFromLoadsWeightsStrictOrNot) {
   testing::expect_user_error([&] { train::load_weights(dir / "nan.safetensors", *fresh, true); },
                              {"nan.safetensors", "fc1.bias holds non-finite values"});
   EXPECT_TRUE(same_bits(fresh->arenas().params, before));
+  // Non-strict, a tensor the model does not take is not looked at: fc3 (the infinity) is skipped, fc1 is not.
+  testing::expect_user_error([&] { train::load_weights(dir / "nan.safetensors", *other, false); },
+                             {"fc1.bias holds non-finite values"});
+  for (auto& [name, t] : weights)
+    if (name == "fc1.bias") t.copy_from(fc1_bias);
+  io::save_safetensors(dir / "inf.safetensors", weights, f.metadata);
+  EXPECT_EQ(train::load_weights(dir / "inf.safetensors", *other, false).mismatched.size(), 2u);
 }
 
 TEST(Checkpoint, SaverKeepsNewestAndBest) {

@@ -256,6 +256,14 @@ TEST(Trainer, OnStepReportsEveryOptimizerStep) {
   t.on_epoch_end = [&](const train::EpochMetrics& m) { epochs.push_back(m); };
   t.run();
   ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(train::optimizer_steps_per_epoch(tc, 1, 0, data.train), 3);
+  // Rank shares as torch's DistributedSampler pads or drops them: 120 rows on 7 ranks, 2 a batch.
+  train::TrainerConfig ranks = tc;
+  ranks.batch_size = 14;
+  ranks.accumulate = 1;
+  EXPECT_EQ(train::optimizer_steps_per_epoch(ranks, 7, 3, data.train), 9);  // ceil(120 / 7) = 18 rows
+  ranks.drop_last = true;
+  EXPECT_EQ(train::optimizer_steps_per_epoch(ranks, 7, 3, data.train), 8);  // floor: 17 rows, the last batch 1 row
   const int64_t batches[] = {3, 6, 8}, rows[] = {48, 48, 24};
   for (size_t i = 0; i < seen.size(); ++i) {
     const train::StepInfo& s = seen[i];
