@@ -82,7 +82,8 @@ TokenFile::~TokenFile() {
   if (map_) ::munmap(map_, bytes_);
 }
 
-TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_size, int64_t vocab, std::string n)
+TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_size, int64_t vocab, std::string n,
+                           int64_t scan_bytes)
     : file_(std::move(file)), block_(block_size), vocab_(vocab) {
   name = std::move(n);
   FANOUT_CHECK(block_size >= 1 && vocab >= 1) << "TokenWindows: block " << block_size << ", vocabulary " << vocab;
@@ -90,6 +91,21 @@ TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_
       << "token file " << file_->path() << " holds " << file_->size() << " tokens, shorter than one window of "
       << block_size + 1 << " (block_size " << block_size << " + 1)";
   windows_ = (file_->size() - 1) / block_size;
+  // The tokens the windows read, checked once (a bad id found mid-run would end it there).
+  const int64_t used = windows_ * block_ + 1;
+  if (vocab_ < 65536 && used * 2 <= scan_bytes) {
+    const uint16_t* t = file_->data();
+    uint16_t top = 0;
+    for (int64_t k = 0; k < used; ++k) top = std::max(top, t[k]);
+    if (top >= vocab_) check_tokens(0, used);
+  }
+}
+
+void TokenWindows::check_tokens(int64_t from, int64_t count) const {
+  const uint16_t* t = file_->data();
+  for (int64_t k = from; k < from + count; ++k)
+    FANOUT_USER_CHECK(t[k] < vocab_) << "token file " << file_->path() << ": token " << t[k] << " at position " << k
+                                     << " is outside the vocabulary [0, " << vocab_ << ")";
 }
 
 void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
@@ -98,13 +114,14 @@ void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
   const uint16_t* t = file_->data() + i * block_;
   auto* xp = static_cast<int32_t*>(x);
   auto* yp = static_cast<int32_t*>(y);
+  int32_t top = 0;
   for (int64_t k = 0; k <= block_; ++k) {
     const int32_t id = t[k];
-    FANOUT_USER_CHECK(id < vocab_) << "token file " << file_->path() << ": token " << id << " at position "
-                                   << i * block_ + k << " is outside the vocabulary [0, " << vocab_ << ")";
+    top = std::max(top, id);
     if (k < block_) xp[k] = id;
     if (k > 0) yp[k - 1] = id;
   }
+  if (top >= vocab_) check_tokens(i * block_, block_ + 1);
 }
 
 // ---- text ----

@@ -51,8 +51,12 @@ class TokenFile {
 // is a one-line error naming the file and the token's position.
 class TokenWindows : public Dataset {
  public:
-  // One-line error when the file is shorter than one window.
-  TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_size, int64_t vocab, std::string name);
+  // One-line error when the file is shorter than one window, or when a token
+  // the windows read is outside [0, vocab): found here for files of up to
+  // `scan_bytes`, as its window is read for larger ones.
+  static constexpr int64_t kScanBytes = int64_t{1} << 30;
+  TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_size, int64_t vocab, std::string name,
+               int64_t scan_bytes = kScanBytes);
   int64_t size() const override { return windows_; }
   Shape sample_shape() const override { return Shape{block_}; }
   TargetKind target_kind() const override { return TargetKind::ClassIndex; }
@@ -62,6 +66,8 @@ class TokenWindows : public Dataset {
   int64_t vocab() const { return vocab_; }
 
  private:
+  void check_tokens(int64_t from, int64_t count) const;  // error at the first id >= vocab_
+
   std::shared_ptr<const TokenFile> file_;
   int64_t block_, vocab_, windows_;
 };

@@ -139,16 +139,28 @@ TEST(TokenFiles, MalformedFilesAreOneLineErrorsNamingThem) {
             "token file " + d + "/short.bin: llm.c header truncated (4 of 1024 bytes)");
   // A wrong magic is read as flat tokens (no header), which then fail the vocabulary.
   write_llmc(d + "/magic.bin", t, 20240521);
-  TokenWindows wm(TokenFile::open(d + "/magic.bin"), 8, 20, "m");
-  std::vector<int32_t> x(8), y(8);
-  EXPECT_NE(error_of([&] { wm.get(0, {}, x.data(), y.data()); }).find("is outside the vocabulary [0, 20)"),
+  EXPECT_NE(error_of([&] { TokenWindows(TokenFile::open(d + "/magic.bin"), 8, 20, "m"); })
+                .find("is outside the vocabulary [0, 20)"),
             std::string::npos);
+  // An id outside the vocabulary: found when the data opens, or, past the scan's size, as its window is read.
   auto bad = t;
   bad[37] = 20;
   write_bytes(d + "/bad.bin", bad.data(), bad.size() * 2);
-  TokenWindows wb(TokenFile::open(d + "/bad.bin"), 8, 20, "b");
-  EXPECT_EQ(error_of([&] { wb.get(4, {}, x.data(), y.data()); }),
-            "token file " + d + "/bad.bin: token 20 at position 37 is outside the vocabulary [0, 20)");
+  const std::string at37 = "token file " + d + "/bad.bin: token 20 at position 37 is outside the vocabulary [0, 20)";
+  EXPECT_EQ(error_of([&] { TokenWindows(TokenFile::open(d + "/bad.bin"), 8, 20, "b"); }), at37);
+  TokenWindows wb(TokenFile::open(d + "/bad.bin"), 8, 20, "b", /*scan_bytes=*/0);
+  std::vector<int32_t> x(8), y(8);
+  wb.get(3, {}, x.data(), y.data());  // positions 24..32
+  wb.get(5, {}, x.data(), y.data());  // 40..48
+  EXPECT_EQ(error_of([&] { wb.get(4, {}, x.data(), y.data()); }), at37);
+  // Past the last window (12 windows of 8 read positions 0..96): never read, no error.
+  bad[37] = 1;
+  bad[98] = 20;
+  write_bytes(d + "/tail.bin", bad.data(), bad.size() * 2);
+  TokenWindows wt(TokenFile::open(d + "/tail.bin"), 8, 20, "t");
+  EXPECT_EQ(wt.size(), 12);
+  wt.get(11, {}, x.data(), y.data());
+  EXPECT_EQ(y[7], bad[96]);
   EXPECT_EQ(error_of([&] { TokenWindows(TokenFile::open(d + "/bad.bin"), 100, 20, "s"); }),
             "token file " + d + "/bad.bin holds 100 tokens, shorter than one window of 101 (block_size 100 + 1)");
 }
