@@ -116,8 +116,14 @@ int run(int argc, char** argv) {
   for (int s = 0; s < o.num_samples; ++s) {
     models::SampleOptions so = o.sample;
     so.seed = o.sample.seed + static_cast<uint64_t>(s);
-    const std::string text = o.prompt + t.vocab.decode(models::generate(*model, ctx, prompt, so));
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    // Each token as it is drawn (a byte vocabulary's partial UTF-8 sequence is completed by the next ones).
+    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    std::fflush(stdout);
+    models::generate(*model, ctx, prompt, so, [&](int32_t id) {
+      const std::string piece = t.vocab.decode({id});
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
     std::printf("\n%s", s + 1 < o.num_samples ? "---------------\n" : "");
   }
   return 0;

@@ -195,7 +195,8 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   return Tensor();  // token ids take no gradient
 }
 
-std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o) {
+std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o,
+                              const std::function<void(int32_t)>& on_token) {
   FANOUT_USER_CHECK(!ids.empty()) << "generation needs a prompt of at least one token";
   FANOUT_USER_CHECK(std::isfinite(o.temperature) && o.temperature > 0)
       << "temperature must be positive, got " << o.temperature;
@@ -253,6 +254,7 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
     }
     all.push_back(next);
     out.push_back(next);
+    if (on_token) on_token(next);
   }
   return out;
 }

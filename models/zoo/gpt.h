@@ -11,6 +11,7 @@
 // LayerNorm weights 1.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,8 +87,10 @@ struct SampleOptions {
   int64_t top_k = 200;
   uint64_t seed = 1337;
 };
-// `ids`: the prompt (at least one token); returns the new tokens. The
-// model is put in evaluation mode. One-line errors for bad options.
-std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o);
+// `ids`: the prompt (at least one token); returns the new tokens, each also
+// passed to `on_token` as it is drawn. The model is put in evaluation mode.
+// One-line errors for bad options.
+std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o,
+                              const std::function<void(int32_t)>& on_token = {});
 
 }  // namespace fanout::models

@@ -535,8 +535,12 @@ TEST(GPTGenerate, TopOneIsGreedyAndASeedRepeats) {
   o.max_new_tokens = 50;
   o.temperature = 1.5;
   o.seed = 4;
-  const auto a = models::generate(*m, ctx, prompt, o), b = models::generate(*m, ctx, prompt, o);
+  std::vector<int32_t> streamed;
+  const auto a = models::generate(*m, ctx, prompt, o), b = models::generate(*m, ctx, prompt, o, [&](int32_t id) {
+    streamed.push_back(id);
+  });
   EXPECT_EQ(a, b);
+  EXPECT_EQ(streamed, a) << "each token passed on as it is drawn";
   for (int32_t tok : a) EXPECT_TRUE(tok >= 0 && tok < 11);
   o.seed = 5;
   EXPECT_NE(models::generate(*m, ctx, prompt, o), a) << "another seed, other draws";
