@@ -25,10 +25,15 @@ namespace fanout::kernels {
 namespace dropout_math {
 // Whether element `e` of the sample at row `row` survives: a uniform 24-bit
 // draw in [0, 1) against p.
-FANOUT_DROPOUT_HD bool keep(uint64_t key, int64_t row, int64_t e, float p) {
-  const uint64_t h = splitmix64(splitmix64(key ^ splitmix64(static_cast<uint64_t>(row))) ^ static_cast<uint64_t>(e));
+// keep() in two parts: row_key once a row, keep_in_row for each element.
+FANOUT_DROPOUT_HD uint64_t row_key(uint64_t key, int64_t row) {
+  return splitmix64(key ^ splitmix64(static_cast<uint64_t>(row)));
+}
+FANOUT_DROPOUT_HD bool keep_in_row(uint64_t row_key, int64_t e, float p) {
+  const uint64_t h = splitmix64(row_key ^ static_cast<uint64_t>(e));
   return static_cast<float>(h >> 40) * (1.0f / 16777216.0f) >= p;
 }
+FANOUT_DROPOUT_HD bool keep(uint64_t key, int64_t row, int64_t e, float p) { return keep_in_row(row_key(key, row), e, p); }
 // 1 / (1 - p), or 0 when everything is dropped.
 FANOUT_DROPOUT_HD float scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
 }  // namespace dropout_math

@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
+#include "kernels/dropout.h"
 #include "kernels/cpu/plan_count.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
@@ -112,6 +113,13 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
     kernels::add(ctx, x, dy, s);
     kernels::axpy(ctx, 0.5f, x, s);
     return std::vector<Tensor>{r, dr, g, dg, s};
+  });
+  expect_same_bits_on_any_thread_count("dropout, float32 and channels-last bfloat16", [&](Context& ctx) {
+    Tensor d = Tensor::empty(x.shape());
+    Tensor dl = Tensor::empty(x.shape(), DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
+    kernels::dropout(ctx, x, 0.3f, 77, 2, d);
+    kernels::dropout(ctx, xl, 0.3f, 77, 2, dl);
+    return std::vector<Tensor>{d, dl};
   });
   const Tensor v = ft::random_tensor(Shape{2, 6, 8, 10, 12}, rng);
   expect_same_bits_on_any_thread_count("3-D pooling and upsampling", [&](Context& ctx) {
