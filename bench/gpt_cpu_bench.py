@@ -7,7 +7,8 @@ Each round runs, one after the other:
            cpu:0..N-1 with the loss on the replicas and gathered, DDP)
   pytorch  bench/pytorch/gpt_step.py at --threads and at 1 thread
 The step is nanoGPT's (AdamW with its two groups, clip_grad_norm_(1.0),
-float32, dropout 0, random tokens). Prints a Markdown table of the medians
+float32, random tokens; dropout 0, but 0.2 in char-dropout, nanoGPT's
+shakespeare_char rate). Prints a Markdown table of the medians
 over --rounds, each row against PyTorch's fastest thread count, and appends
 every run to --json. --before runs another build (older code) in the same
 rounds, its rows beside; --precision bf16-mixed runs both sides under
@@ -31,6 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = {
     "char": ("gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0,vocab_size=65", 12, 64, "0.9,0.99",
              "1e-3", 20, 5, 20),
+    "char-dropout": ("gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0.2,vocab_size=65", 12, 64,
+                     "0.9,0.99", "1e-3", 20, 5, 20),
     "gpt2": ("gpt:gpt2,block_size=256", 2, 256, "0.9,0.95", "6e-4", 3, 1, 15),
     "head": ("gpt:gpt-char,n_layer=1,n_head=1,n_embd=64,block_size=256,dropout=0,vocab_size=50257", 8, 256,
              "0.9,0.95", "1e-3", 5, 1, 10),

@@ -5,11 +5,12 @@ model.py architecture), the reference for fanout's GPT step on the CPU.
 A step is nanoGPT's: forward with the loss (cross-entropy over every token),
 backward, clip_grad_norm_(1.0), AdamW (nanoGPT's two groups, weight decay
 0.1 on the matrices and embeddings), zero_grad(set_to_none=True). Eager
-mode, float32, dropout 0, random token ids and targets (this measures
-compute, not a data loader). Configurations:
+mode, float32, dropout 0 (but in char-dropout), random token ids and
+targets (this measures compute, not a data loader). Configurations:
 
   char  nanoGPT's CPU run of shakespeare_char: n_layer 4, n_head 4,
         n_embd 128, block 64, batch 12, vocab 65, no bias
+  char-dropout  char with dropout 0.2 (shakespeare_char's rate)
         (lr 1e-3, betas 0.9/0.99)
   gpt2  GPT-2 small (12 layers, 12 heads, 768, vocab 50304, bias; 124,475,904
         parameters at block 1024),
@@ -50,6 +51,9 @@ def configs(args):
         "char": (gpt.GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
                                bias=False), 12, 1e-3, (0.9, 0.99),
                  "gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0,vocab_size=65"),
+        "char-dropout": (gpt.GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.2,
+                                       bias=False), 12, 1e-3, (0.9, 0.99),
+                         "gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0.2,vocab_size=65"),
         "gpt2": (gpt.GPTConfig(block_size=args.gpt2_block), args.gpt2_batch, 6e-4, (0.9, 0.95),
                  f"gpt:gpt2,block_size={args.gpt2_block}"),
         "shakespeare": (gpt.GPTConfig(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.0,
