@@ -99,6 +99,7 @@ Trained read_trained(const std::string& path) {
 int run(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) return 0;
+  models::check_sample_options(o.sample);  // before anything is printed
   const Trained t = read_trained(o.checkpoint);
   const models::GPTConfig c = models::parse_gpt_config(models::gpt_spec(t.model), t.vocab.size());
   auto model = models::gpt(c, 0);

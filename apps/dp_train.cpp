@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -309,9 +311,9 @@ void read_config_file(const std::string& path, const po::options_description& de
   int64_t line = 1;
   for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
-    FANOUT_USER_CHECK(c >= 0x20 || c == '\t' || c == '\n' || c == '\r')
+    FANOUT_USER_CHECK((c >= 0x20 && c != 0x7f) || c == '\t' || c == '\n' || c == '\r')
         << "config file " << path << " is not text: line " << line << " holds the control byte 0x" << std::hex
-        << static_cast<int>(c);
+        << std::setw(2) << std::setfill('0') << static_cast<int>(c);
     line += c == '\n';
   }
   std::istringstream in(text);
@@ -372,7 +374,11 @@ Cli parse(int argc, char** argv) {
   // --max-steps alone: at most this many epochs (each has at least one step);
   // run() sets the number it takes once the data is open.
   cli.epochs_from_steps = o.max_steps > 0 && (!vm.count("epochs") || vm["epochs"].defaulted());
-  if (cli.epochs_from_steps) o.epochs = static_cast<int>(std::min<int64_t>(o.max_steps, 1 << 30));
+  // Until the data gives the real count: enough that --warmup-epochs is judged against it then.
+  if (cli.epochs_from_steps)
+    o.epochs = static_cast<int>(std::min<double>(
+        std::max<double>(static_cast<double>(o.max_steps), std::isfinite(o.warmup_epochs) ? std::ceil(o.warmup_epochs) : 0),
+        1 << 30));
   FANOUT_USER_CHECK(!vm.count("nproc-per-node") || o.nproc_per_node >= 1)
       << "--nproc-per-node must be at least 1, got " << o.nproc_per_node;
   // Options that would otherwise be ignored without a word.
@@ -607,7 +613,7 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
 // The epochs --max-steps alone takes (the cosine schedule spans them, the log
 // counts them): from the start, or, resuming, from where the checkpoint
 // stopped (a run that ended on --max-steps marked its partial epoch done; a
-// mid-epoch checkpoint's epoch is counted whole).
+// mid-epoch checkpoint's steps in its epoch count toward that epoch).
 int epochs_for_max_steps(const train::RunConfig& c, const Process& p, const data::Dataset& train) {
   const int64_t per_epoch = train::optimizer_steps_per_epoch(c.trainer_config(false), p.world, p.rank, train);
   if (per_epoch <= 0) return c.epochs;
@@ -622,7 +628,8 @@ int epochs_for_max_steps(const train::RunConfig& c, const Process& p, const data
       return std::max<int64_t>(v, 0);  // a malformed checkpoint is reported when it is loaded
     };
     const int64_t left = std::max<int64_t>(0, c.max_steps - meta("step"));
-    epochs = std::max(epochs, meta("epoch") + (meta("batch") > 0 ? 1 : 0) + (left + per_epoch - 1) / per_epoch);
+    const int64_t in_epoch = (meta("batch") + c.accumulate - 1) / c.accumulate;  // steps done in the open epoch
+    epochs = std::max(epochs, meta("epoch") + (left + in_epoch + per_epoch - 1) / per_epoch);
   }
   return static_cast<int>(std::clamp<int64_t>(epochs, 1, 1 << 30));
 }

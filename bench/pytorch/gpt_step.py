@@ -10,8 +10,8 @@ targets (this measures compute, not a data loader). Configurations:
 
   char  nanoGPT's CPU run of shakespeare_char: n_layer 4, n_head 4,
         n_embd 128, block 64, batch 12, vocab 65, no bias
-  char-dropout  char with dropout 0.2 (shakespeare_char's rate)
         (lr 1e-3, betas 0.9/0.99)
+  char-dropout  char with dropout 0.2 (shakespeare_char's rate)
   gpt2  GPT-2 small (12 layers, 12 heads, 768, vocab 50304, bias; 124,475,904
         parameters at block 1024),
         --gpt2-batch (1) of --gpt2-block tokens (default 256; 1024 is nanoGPT's)

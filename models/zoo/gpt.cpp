@@ -8,6 +8,7 @@
 #include <random>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -44,13 +45,13 @@ std::string gpt_spec(const std::string& model) { return model.size() > 4 ? model
 GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab, bool* vocab_from_data) {
   std::vector<std::pair<std::string, std::string>> kv;
   std::string preset_name = "gpt2";
-  FANOUT_USER_CHECK(spec.empty() || (spec.front() != ',' && spec.back() != ',' && spec.find(",,") == std::string::npos))
-      << "gpt: '" << spec << "' has an empty item (a comma too many)";
   std::stringstream ss(spec);
   bool first = true;
-  for (std::string item; std::getline(ss, item, ','); first = false) {
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;  // "a,,b" and a trailing comma: checkpoints keep the string as it was given
     const size_t eq = item.find('=');
-    if (eq == std::string::npos && first) {
+    const bool bare = std::exchange(first, false) && eq == std::string::npos;
+    if (bare) {
       preset_name = item;  // a bare first item names the preset: "gpt-char,n_layer=4"
       kv.emplace_back("preset", item);
       continue;
@@ -195,13 +196,17 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   return Tensor();  // token ids take no gradient
 }
 
-std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o,
-                              const std::function<void(int32_t)>& on_token) {
-  FANOUT_USER_CHECK(!ids.empty()) << "generation needs a prompt of at least one token";
+void check_sample_options(const SampleOptions& o) {
   FANOUT_USER_CHECK(std::isfinite(o.temperature) && o.temperature > 0)
       << "temperature must be positive, got " << o.temperature;
   FANOUT_USER_CHECK(o.top_k >= 0) << "top-k must be non-negative (0: every token), got " << o.top_k;
   FANOUT_USER_CHECK(o.max_new_tokens >= 0) << "max new tokens must be non-negative, got " << o.max_new_tokens;
+}
+
+std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o,
+                              const std::function<void(int32_t)>& on_token) {
+  FANOUT_USER_CHECK(!ids.empty()) << "generation needs a prompt of at least one token";
+  check_sample_options(o);
   const GPTConfig& c = model.config();
   for (int32_t id : ids)
     FANOUT_USER_CHECK(id >= 0 && id < c.vocab_size) << "prompt token " << id << " is outside [0, " << c.vocab_size << ")";

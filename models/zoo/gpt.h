@@ -87,6 +87,8 @@ struct SampleOptions {
   int64_t top_k = 200;
   uint64_t seed = 1337;
 };
+// One-line errors for options generate() cannot take.
+void check_sample_options(const SampleOptions& o);
 // `ids`: the prompt (at least one token); returns the new tokens, each also
 // passed to `on_token` as it is drawn. The model is put in evaluation mode.
 // One-line errors for bad options.

@@ -136,11 +136,14 @@ expect_error config-missing "config file .* does not exist" --config "$work/none
 head -c 2000000 /dev/zero | tr '\0' '#' > "$work/huge.cfg"
 expect_error config-huge "at most 1048576" --config "$work/huge.cfg" --data synthetic:64
 printf 'epochs = 1\nlr = 0.1\x01\x02\n' > "$work/binary.cfg"
-expect_error config-binary "config file .*binary.cfg is not text: line 2 holds the control byte 0x1$" \
+expect_error config-binary "config file .*binary.cfg is not text: line 2 holds the control byte 0x01$" \
   --config "$work/binary.cfg" --data synthetic:64
 # Checked before any data is opened (the data here does not exist).
 expect_error schedule-before-data "unknown lr schedule 'wobble'" --lr-schedule wobble --data "fashion-mnist:$work/nowhere"
 # --max-steps alone takes the epochs it needs (here 2 of 32 batches): a longer warm-up is named with it.
+NO_EPOCHS=1 expect_error warmup-past-max-steps-at-once \
+  "--warmup-epochs 4 is longer than the 2 epochs --max-steps 3 takes" \
+  --max-steps 3 --warmup-epochs 4 --batch-size 32 --model mlp --data synthetic:64
 NO_EPOCHS=1 expect_error warmup-past-max-steps \
   "--warmup-epochs 3 is longer than the 2 epochs --max-steps 3 takes: warm up for fewer epochs, or give --epochs" \
   --max-steps 3 --warmup-epochs 3 --batch-size 32 --model mlp --data synthetic:64

@@ -122,6 +122,15 @@ assert step == "9", f"resumed with --max-steps 9, {newest} records step {step}"
 print("--max-steps 9 after 7: the newest checkpoint records step", step)
 PY
 
+# --max-steps alone, resumed inside epoch 2 (step 40 of 27-step epochs): step 45 ends in epoch 2 of 2.
+mkdir -p "$work/mid45" && cp "$mid" "$work/mid45/"
+"$DP_TRAIN" --model "$model" --data "text:$work/corpus.txt" --devices cpu:2 --batch-size 32 --optimizer adamw --lr 3e-3 \
+  --lr-schedule warmup-cosine --warmup-steps 20 --lr-decay-steps 105 --progress off --eval-every 10 --eval-steps 2 \
+  --max-steps 45 --resume "$work/mid45/$(basename "$mid")" > "$work/mid45.log" 2>&1 ||
+  { cat "$work/mid45.log"; fail "the resume to step 45 failed"; }
+grep -qE "^epoch 2/2  train loss" "$work/mid45.log" || { cat "$work/mid45.log"; fail "--max-steps 45 from step 40 did not end in epoch 2/2"; }
+echo "--max-steps 45 from inside epoch 2: ends in epoch 2 of 2"
+
 # Generation: the same seed, the same text; the prompt, then vocabulary characters.
 gen=(--checkpoint "$work/full/best.safetensors" --prompt "The cat" --max-new-tokens 200 --seed 11)
 "$DP_GENERATE" "${gen[@]}" > "$work/gen1.txt"
@@ -152,6 +161,10 @@ expect_error "--prompt: the prompt is not UTF-8 at byte 1" \
   "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt $'T\xff'
 expect_error "--seed must be an integer in 0..18446744073709551615, got '-1'" \
   "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --seed -1
+# Tokens print as they are drawn; options are checked before the prompt is printed.
+expect_error "temperature must be positive, got 0" \
+  "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt "The" --temperature 0
+[ ! -s "$work/err.out" ] || fail "dp-generate printed before refusing --temperature 0: $(cat "$work/err.out")"
 # A vocabulary of numbers in the checkpoint's metadata: one line, not a JSON library's exception.
 python3 - "$work/full/best.safetensors" "$work/badvocab.safetensors" <<'PY'
 import json, struct, sys

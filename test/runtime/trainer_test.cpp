@@ -263,7 +263,7 @@ TEST(Trainer, OnStepReportsEveryOptimizerStep) {
   ranks.accumulate = 1;
   EXPECT_EQ(train::optimizer_steps_per_epoch(ranks, 7, 3, data.train), 9);  // ceil(120 / 7) = 18 rows
   ranks.drop_last = true;
-  EXPECT_EQ(train::optimizer_steps_per_epoch(ranks, 7, 3, data.train), 8);  // floor: 17 rows, the last batch 1 row
+  EXPECT_EQ(train::optimizer_steps_per_epoch(ranks, 7, 3, data.train), 8);  // floor: 17 rows, 8 full batches (the odd row dropped)
   const int64_t batches[] = {3, 6, 8}, rows[] = {48, 48, 24};
   for (size_t i = 0; i < seen.size(); ++i) {
     const train::StepInfo& s = seen[i];
