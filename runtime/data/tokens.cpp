@@ -128,31 +128,33 @@ void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
 
 namespace {
 
-// The UTF-8 characters of `text`, each as its bytes; one-line error at the
-// first invalid sequence, naming `what` ("text FILE", "the prompt"), then `hint`.
-std::vector<std::string> utf8_chars(const std::string& text, const std::string& what, const char* hint) {
-  std::vector<std::string> out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = n > 0 && i + n <= text.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    FANOUT_USER_CHECK(ok) << what << " is not UTF-8 at byte " << i << hint;
-    out.emplace_back(text, i, n);
-    i += n;
-  }
-  return out;
+// The UTF-8 sequence at text[i]: its length and code point, or 0 where it is
+// not UTF-8 as Python's strict decoder reads it (a bad or missing
+// continuation byte, an overlong form, a surrogate, past U+10FFFF).
+size_t utf8_next(const std::string& text, size_t i, uint32_t& cp) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(text[i + k])); };
+  const uint32_t c = b(0);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(k) >> 6) != 0x2) return 0;
+  static constexpr uint32_t kLeadBits[] = {0, 0x7f, 0x1f, 0x0f, 0x07}, kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+  cp = c & kLeadBits[n];
+  for (size_t k = 1; k < n; ++k) cp = cp << 6 | (b(k) & 0x3f);
+  const bool ok = cp >= kSmallest[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+  return ok ? n : 0;
 }
 
-// A character's code point (for Python's sort order of str).
-uint32_t code_point(const std::string& ch) {
-  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(ch[k])); };
-  switch (ch.size()) {
-    case 1: return b(0);
-    case 2: return (b(0) & 0x1f) << 6 | (b(1) & 0x3f);
-    case 3: return (b(0) & 0x0f) << 12 | (b(1) & 0x3f) << 6 | (b(2) & 0x3f);
-    default: return (b(0) & 0x07) << 18 | (b(1) & 0x3f) << 12 | (b(2) & 0x3f) << 6 | (b(3) & 0x3f);
+// Calls each(i, n, code point) for the characters of `text`; one-line error at
+// the first invalid sequence, naming `what` ("text FILE", "the prompt"), then `hint`.
+template <typename Each>
+void for_utf8_chars(const std::string& text, const std::string& what, const char* hint, Each&& each) {
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp = 0;
+    const size_t n = utf8_next(text, i, cp);
+    FANOUT_USER_CHECK(n > 0) << what << " is not UTF-8 at byte " << i << hint;
+    each(i, n, cp);
+    i += n;
   }
 }
 
@@ -162,8 +164,8 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-void write_tokens(const std::string& path, const std::vector<uint16_t>& ids) {
-  io::write_file_atomic(path, [&](const io::WriteFn& w) { w(ids.data(), ids.size() * sizeof(uint16_t)); });
+void write_tokens(const std::string& path, const uint16_t* ids, size_t n) {
+  io::write_file_atomic(path, [&](const io::WriteFn& w) { w(ids, n * sizeof(uint16_t)); });
 }
 
 std::string read_all(const std::string& path) {
@@ -182,12 +184,13 @@ std::vector<int32_t> Vocabulary::encode(const std::string& text) const {
   }
   std::map<std::string, int32_t> stoi;
   for (size_t i = 0; i < itos.size(); ++i) stoi.emplace(itos[i], static_cast<int32_t>(i));
-  for (const std::string& ch : utf8_chars(text, "the prompt", "")) {
+  for_utf8_chars(text, "the prompt", "", [&](size_t i, size_t n, uint32_t) {
+    const std::string ch = text.substr(i, n);
     const auto it = stoi.find(ch);
     FANOUT_USER_CHECK(it != stoi.end()) << "the character " << io::detail::quoted(ch, false)
                                         << " is not in the model's vocabulary of " << itos.size() << " characters";
     out.push_back(it->second);
-  }
+  });
   return out;
 }
 
@@ -272,18 +275,27 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
     ids.reserve(text.size());
     for (unsigned char c : text) ids.push_back(c);
   } else {
-    const std::vector<std::string> chars = utf8_chars(text, "text " + path, " (text-bytes:FILE reads any bytes)");
-    std::map<uint32_t, std::string> distinct;  // sorted by code point, as Python sorts str
-    for (const std::string& ch : chars) distinct.emplace(code_point(ch), ch);
-    FANOUT_USER_CHECK(distinct.size() <= kMaxVocab)
-        << "text " << path << " has " << distinct.size() << " distinct characters, more than uint16 tokens hold";
-    std::map<std::string, uint16_t> stoi;
-    for (auto& [cp, ch] : distinct) {
-      stoi.emplace(ch, static_cast<uint16_t>(meta.vocab.itos.size()));
-      meta.vocab.itos.push_back(ch);
+    // Two passes over the text by code point (a table of every code point, not a string per character:
+    // memory stays the text and its ids): the characters seen, sorted as Python sorts str, then the ids.
+    constexpr uint32_t kCodePoints = 0x110000;
+    std::vector<int32_t> id(kCodePoints, -1);
+    std::vector<size_t> first(kCodePoints, 0);  // where each character is first seen: its bytes for itos
+    size_t count = 0, distinct = 0;
+    const std::string what = "text " + path;
+    for_utf8_chars(text, what, " (text-bytes:FILE reads any bytes)", [&](size_t i, size_t, uint32_t cp) {
+      if (id[cp] < 0) id[cp] = 0, first[cp] = i, ++distinct;
+      ++count;
+    });
+    FANOUT_USER_CHECK(distinct <= kMaxVocab)
+        << "text " << path << " has " << distinct << " distinct characters, more than uint16 tokens hold";
+    for (uint32_t cp = 0; cp < kCodePoints; ++cp) {
+      if (id[cp] < 0) continue;
+      id[cp] = static_cast<int32_t>(meta.vocab.itos.size());
+      uint32_t unused = 0;
+      meta.vocab.itos.push_back(text.substr(first[cp], utf8_next(text, first[cp], unused)));
     }
-    ids.reserve(chars.size());
-    for (const std::string& ch : chars) ids.push_back(stoi.at(ch));
+    ids.reserve(count);
+    for_utf8_chars(text, what, "", [&](size_t, size_t, uint32_t cp) { ids.push_back(static_cast<uint16_t>(id[cp])); });
   }
   meta.vocab_size = meta.vocab.size();
   // After tokenizing: a text that fails leaves no empty entry. Every file is
@@ -294,8 +306,8 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
   FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
   // nanoGPT: train = data[:int(n * 0.9)], val = the rest.
   const size_t n = ids.size(), cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
-  write_tokens(dir + "/train.bin", std::vector<uint16_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(cut)));
-  write_tokens(dir + "/val.bin", std::vector<uint16_t>(ids.begin() + static_cast<std::ptrdiff_t>(cut), ids.end()));
+  write_tokens(dir + "/train.bin", ids.data(), cut);
+  write_tokens(dir + "/val.bin", ids.data() + cut, n - cut);
   write_token_meta(dir, meta);  // last: its presence marks a complete cache entry
   return dir;
 }

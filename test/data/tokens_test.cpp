@@ -239,6 +239,45 @@ TEST(TextData, CacheIsReusedUntilTheTextChangesAndBytesTakeAnyText) {
   EXPECT_EQ(error_of([&] { data::prepare_text(path, false, cache); }), "text " + path + " is empty");
 }
 
+// text:FILE reads UTF-8 as Python's strict decoder does (nanoGPT's prepare.py opens the text with it): an
+// overlong form, a surrogate, a code point past U+10FFFF, a missing or bad continuation byte are refused at
+// their first byte, by both (python3 checks its side when it is installed).
+TEST(TextData, RefusesWhatPythonsDecoderRefuses) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/t.txt", cache = dir.path() + "/cache";
+  const std::pair<std::string, size_t> bad[] = {
+      {"ab\xC1\x81", 2},          // 'A' in two bytes (overlong)
+      {"a\xE0\x80\xAF", 1},      // '/' in three (overlong)
+      {"\xF0\x82\x82\xAC", 0},  // U+20AC in four (overlong)
+      {"x\xED\xA0\x80y", 1},     // U+D800, a surrogate
+      {"\xF4\x90\x80\x80", 0},  // U+110000
+      {"ok\xE2\x82", 2},          // cut short
+      {"ok\xE2\x28\xA1", 2},     // a bad continuation byte
+      {"\x80", 0},                 // a continuation byte first
+  };
+  const bool python = std::system("python3 -c 'pass' > /dev/null 2>&1") == 0;
+  for (size_t c = 0; c < std::size(bad); ++c) {
+    const auto& [text, at] = bad[c];
+    write_bytes(path, text.data(), text.size());
+    EXPECT_EQ(error_of([&] { data::prepare_text(path, false, cache); }),
+              "text " + path + " is not UTF-8 at byte " + std::to_string(at) + " (text-bytes:FILE reads any bytes)");
+    if (python)
+      EXPECT_EQ(std::system(("python3 -c \"import sys\ntry:\n open(sys.argv[1], encoding='utf-8').read()\n"
+                             "except UnicodeDecodeError as e:\n sys.exit(0 if e.start == " + std::to_string(at) +
+                             " else 2)\nsys.exit(1)\" " + path).c_str()),
+                0)
+          << "python3 reads case " << c << " otherwise";
+  }
+  // The largest of each length are taken: U+007F, U+07FF, U+FFFF, U+10FFFF (and U+E000 past the surrogates).
+  const std::string edges = "\x7F\xDF\xBF\xEF\xBF\xBF\xF4\x8F\xBF\xBF\xEE\x80\x80";
+  write_bytes(path, edges.data(), edges.size());
+  const data::TokenMeta m = data::read_token_meta(data::prepare_text(path, false, cache));
+  EXPECT_EQ(m.vocab.itos, (std::vector<std::string>{"\x7F", "\xDF\xBF", "\xEE\x80\x80", "\xEF\xBF\xBF",
+                                                    "\xF4\x8F\xBF\xBF"}));
+  EXPECT_EQ(m.vocab.decode(m.vocab.encode(edges)), edges);
+  EXPECT_EQ(error_of([&] { m.vocab.encode("\x7F\xC1\x81"); }), "the prompt is not UTF-8 at byte 1");
+}
+
 TEST(TextData, OpenDataNeedsALanguageModelAndAWindowThatFits) {
   testing::TempDir dir;
   const std::string path = dir.path() + "/t.txt";
