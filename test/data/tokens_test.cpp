@@ -254,6 +254,10 @@ TEST(TextData, RefusesWhatPythonsDecoderRefuses) {
       {"ok\xE2\x82", 2},          // cut short
       {"ok\xE2\x28\xA1", 2},     // a bad continuation byte
       {"\x80", 0},                 // a continuation byte first
+      {"\xC1\xBF", 0},             // U+007F in two bytes: one below the smallest of each length,
+      {"\xE0\x9F\xBF", 0},         // U+07FF in three,
+      {"\xF0\x8F\xBF\xBF", 0},     // U+FFFF in four,
+      {"\xED\xBF\xBF", 0},         // U+DFFF, the last surrogate
   };
   const bool python = std::system("python3 -c 'pass' > /dev/null 2>&1") == 0;
   for (size_t c = 0; c < std::size(bad); ++c) {
@@ -268,11 +272,14 @@ TEST(TextData, RefusesWhatPythonsDecoderRefuses) {
                 0)
           << "python3 reads case " << c << " otherwise";
   }
-  // The largest of each length are taken: U+007F, U+07FF, U+FFFF, U+10FFFF (and U+E000 past the surrogates).
-  const std::string edges = "\x7F\xDF\xBF\xEF\xBF\xBF\xF4\x8F\xBF\xBF\xEE\x80\x80";
+  // The smallest and largest of each length are taken: U+0080, U+0800, U+10000 and U+007F, U+07FF, U+FFFF,
+  // U+10FFFF; U+D7FF and U+E000 beside the surrogates.
+  const std::string edges = "\x7F\xDF\xBF\xEF\xBF\xBF\xF4\x8F\xBF\xBF\xEE\x80\x80\xC2\x80\xE0\xA0\x80"
+                            "\xF0\x90\x80\x80\xED\x9F\xBF";
   write_bytes(path, edges.data(), edges.size());
   const data::TokenMeta m = data::read_token_meta(data::prepare_text(path, false, cache));
-  EXPECT_EQ(m.vocab.itos, (std::vector<std::string>{"\x7F", "\xDF\xBF", "\xEE\x80\x80", "\xEF\xBF\xBF",
+  EXPECT_EQ(m.vocab.itos, (std::vector<std::string>{"\x7F", "\xC2\x80", "\xDF\xBF", "\xE0\xA0\x80", "\xED\x9F\xBF",
+                                                    "\xEE\x80\x80", "\xEF\xBF\xBF", "\xF0\x90\x80\x80",
                                                     "\xF4\x8F\xBF\xBF"}));
   EXPECT_EQ(m.vocab.decode(m.vocab.encode(edges)), edges);
   EXPECT_EQ(error_of([&] { m.vocab.encode("\x7F\xC1\x81"); }), "the prompt is not UTF-8 at byte 1");
