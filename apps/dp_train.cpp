@@ -634,6 +634,27 @@ int epochs_for_max_steps(const train::RunConfig& c, const Process& p, const data
   return static_cast<int>(std::clamp<int64_t>(epochs, 1, 1 << 30));
 }
 
+// What needs the training data: the epochs --max-steps alone takes, and
+// whether --timing-warmup leaves an epoch anything to time.
+void settle_with_data(train::RunConfig& c, const Process& p, bool epochs_from_steps, const data::Dataset& train) {
+  if (epochs_from_steps) {
+    c.epochs = epochs_for_max_steps(c, p, train);
+    FANOUT_USER_CHECK(c.warmup_epochs <= c.epochs)
+        << "--warmup-epochs " << c.warmup_epochs << " is longer than the " << c.epochs << " epoch"
+        << (c.epochs == 1 ? "" : "s") << " --max-steps " << c.max_steps
+        << " takes: warm up for fewer epochs, or give --epochs";
+    c.validate();
+  }
+  if (c.timing_warmup > 0 && p.primary()) {
+    train::TrainerConfig batches = c.trainer_config(false);
+    batches.accumulate = 1;
+    const int64_t n = train::optimizer_steps_per_epoch(batches, p.world, p.rank, train);
+    if (c.timing_warmup >= n)
+      std::fprintf(stderr, "dp-train: warning: --timing-warmup %d is not below an epoch's %lld batches: each epoch's "
+                   "time counts its last batch only\n", c.timing_warmup, static_cast<long long>(n));
+  }
+}
+
 // --- restore -------------------------------------------------------------
 
 // A restarted worker (the launcher's restart n > 0) continues from the save
@@ -903,22 +924,7 @@ int run(int argc, char** argv) {
     }
   }
   const data::DataSplits data = open_run_data(c, p);
-  if (cli.epochs_from_steps) {
-    c.epochs = epochs_for_max_steps(c, p, *data.train);
-    FANOUT_USER_CHECK(c.warmup_epochs <= c.epochs)
-        << "--warmup-epochs " << c.warmup_epochs << " is longer than the " << c.epochs << " epoch"
-        << (c.epochs == 1 ? "" : "s") << " --max-steps " << c.max_steps
-        << " takes: warm up for fewer epochs, or give --epochs";
-    c.validate();
-  }
-  if (c.timing_warmup > 0 && p.primary()) {
-    train::TrainerConfig batches = c.trainer_config(false);
-    batches.accumulate = 1;
-    const int64_t n = train::optimizer_steps_per_epoch(batches, p.world, p.rank, *data.train);
-    if (c.timing_warmup >= n)
-      std::fprintf(stderr, "dp-train: warning: --timing-warmup %d is not below an epoch's %lld batches: each epoch's "
-                   "time counts its last batch only\n", c.timing_warmup, static_cast<long long>(n));
-  }
+  settle_with_data(c, p, cli.epochs_from_steps, *data.train);
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,
                                   c.checkpoint_activations);
   auto engine = make_run_engine(c, *model, p, all, data);
