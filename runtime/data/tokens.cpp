@@ -78,6 +78,14 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
   return f;
 }
 
+uint16_t TokenFile::max_of_first(int64_t n) const {
+  ::madvise(map_, bytes_, MADV_SEQUENTIAL);
+  uint16_t top = 0;
+  for (int64_t k = 0; k < n; ++k) top = std::max(top, tokens_[k]);
+  ::madvise(map_, bytes_, MADV_RANDOM);
+  return top;
+}
+
 TokenFile::~TokenFile() {
   if (map_) ::munmap(map_, bytes_);
 }
@@ -93,12 +101,7 @@ TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> file, int64_t block_
   windows_ = (file_->size() - 1) / block_size;
   // The tokens the windows read, checked once (a bad id found mid-run would end it there).
   const int64_t used = windows_ * block_ + 1;
-  if (vocab_ < 65536 && used * 2 <= scan_bytes) {
-    const uint16_t* t = file_->data();
-    uint16_t top = 0;
-    for (int64_t k = 0; k < used; ++k) top = std::max(top, t[k]);
-    if (top >= vocab_) check_tokens(0, used);
-  }
+  if (vocab_ < 65536 && used * 2 <= scan_bytes && file_->max_of_first(used) >= vocab_) check_tokens(0, used);
 }
 
 void TokenWindows::check_tokens(int64_t from, int64_t count) const {

@@ -35,6 +35,9 @@ class TokenFile {
   int64_t size() const { return count_; }  // tokens
   uint32_t at(int64_t i) const { return tokens_[i]; }
   const uint16_t* data() const { return tokens_; }
+  // The largest of the first n tokens, read in order (with read-ahead; the
+  // mapping is advised random-access again afterwards, as windows are read).
+  uint16_t max_of_first(int64_t n) const;
 
  private:
   TokenFile() = default;
