@@ -32,7 +32,7 @@ struct Options {
   models::SampleOptions sample;
   int num_samples = 1;
   std::string seed;
-  bool prompt_given = false;
+  bool prompt_given = false, no_kv_cache = false;
 };
 
 bool parse(int argc, char** argv, Options& o) {
@@ -50,6 +50,9 @@ bool parse(int argc, char** argv, Options& o) {
     ("top-k", po::value(&o.sample.top_k)->default_value(o.sample.top_k), "draw among the K likeliest tokens (0: all)")
     ("seed", po::value(&o.seed)->default_value(std::to_string(o.sample.seed)), "the same seed prints the same text")
     ("num-samples", po::value(&o.num_samples)->default_value(o.num_samples), "samples, each from seed + its index")
+    ("no-kv-cache", po::bool_switch(&o.no_kv_cache),
+     "run the whole context for every token, as nanoGPT's sample.py does (slower; a draw may differ only where "
+     "logits that differ in their last bits decide it)")
     ("device", po::value(&o.device)->default_value(o.device), "cpu, or a CUDA index (0)");
   // clang-format on
   po::variables_map vm;
@@ -61,6 +64,7 @@ bool parse(int argc, char** argv, Options& o) {
   po::notify(vm);
   o.prompt_given = !vm["prompt"].defaulted();
   o.sample.seed = apps::parse_seed(o.seed);
+  o.sample.kv_cache = !o.no_kv_cache;
   FANOUT_USER_CHECK(o.num_samples >= 1) << "--num-samples must be positive, got " << o.num_samples;
   return true;
 }

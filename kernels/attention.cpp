@@ -95,4 +95,31 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
     detail::unstage(ctx, *from, *to);
 }
 
+void attention_decode(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n, float scale,
+                      Tensor& y) {
+  const char* op = "attention_decode";
+  FANOUT_CHECK(q.defined()) << op << ": q is undefined";
+  const DType dt = q.dtype();
+  FANOUT_USER_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16)
+      << op << ": q is " << dtype_name(dt) << "; attention takes float32, bfloat16 or float16";
+  detail::check_tensor(ctx, op, "q", q, dt);
+  detail::check_tensor(ctx, op, "k", k, dt);
+  detail::check_tensor(ctx, op, "v", v, dt);
+  check_like_q(ctx, op, "y", y, q);
+  FANOUT_CHECK(q.dim() == 4 && q.size(2) >= 1 && q.size(3) >= 1 && q.size(3) <= INT_MAX)
+      << op << ": q " << q.shape().str() << " must be (B, H, Tq, D) with Tq, D >= 1";
+  FANOUT_CHECK(k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+               k.size(3) == q.size(3))
+      << op << ": k " << k.shape().str() << " and v " << v.shape().str() << " must be (B, H, Tk, D) for q "
+      << q.shape().str();
+  FANOUT_CHECK(q.size(2) <= n && n <= k.size(2))
+      << op << ": " << n << " cached positions for " << q.size(2) << " queries and a cache of " << k.size(2);
+  FANOUT_CHECK(std::isfinite(scale)) << op << ": scale " << scale << " is not finite";
+  FANOUT_CHECK(!ctx.device().is_cuda() || q.size(0) * q.size(1) * q.size(2) <= INT32_MAX)
+      << op << ": q " << q.shape().str() << " has too many rows";
+  if (q.numel() == 0) return;
+  // Both backends read the storage as it is (the cache's unused rows are never touched).
+  FANOUT_DISPATCH(ctx, attention_decode, ctx, q, k, v, n, scale, y);
+}
+
 }  // namespace fanout::kernels

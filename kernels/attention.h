@@ -35,6 +35,15 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
 // dq, dk, dv (=), each of q's shape.
 void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                         const Tensor& y, const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv);
+// Attention over a key-value cache (generation, no backward): q (B, H, Tq, D)
+// holds the queries at positions [n - Tq, n) of a sequence whose keys and
+// values at positions [0, n) are rows [0, n) of k and v (B, H, Tk, D),
+// 1 <= Tq <= n <= Tk; y (B, H, Tq, D) (=) softmax(scale * q k^T) v with
+// query i seeing keys j <= n - Tq + i. One block of threads (CUDA) or one
+// work item (CPU) per query row; scores, their sum and y's sums in float64
+// on the CPU, y's sums in float64 on CUDA.
+void attention_decode(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n, float scale,
+                      Tensor& y);
 )
 
 // Which implementation the calling thread's last attention_forward or

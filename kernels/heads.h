@@ -13,9 +13,10 @@
 namespace fanout::kernels {
 
 FANOUT_KERNEL_OPS(
-// heads (B, H, T, D) (=): heads[b, h, t, d] = rows[b, t, offset + h * D + d];
-// rows (B, T, C) with offset + H * D <= C.
-void heads_from_rows(Context& ctx, const Tensor& rows, int64_t offset, Tensor& heads);
+// heads[b, h, t0 + t, d] (=) rows[b, t, offset + h * D + d] for rows (B, T, C)
+// and heads (B, H, Th, D), offset + H * D <= C and t0 + T <= Th; heads'
+// other positions untouched (t0 > 0 appends to a key-value cache).
+void heads_from_rows(Context& ctx, const Tensor& rows, int64_t offset, Tensor& heads, int64_t t0 = 0);
 // rows[b, t, offset + h * D + d] (=) heads[b, h, t, d]; rows' other columns untouched.
 void heads_to_rows(Context& ctx, const Tensor& heads, int64_t offset, Tensor& rows);
 )

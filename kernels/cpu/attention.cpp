@@ -18,6 +18,9 @@
 //    dk += dS^T Q, and dq += dS K into the head's double accumulator: five
 //    block products per block pair, no pass recomputing P for dq. Per block
 //    float, across blocks double, as forward.
+//  - decode (attention_decode, generation over a key-value cache): a work
+//    item per query row, reading the storage as it is (rows widened as read),
+//    scores, their sum and y's sums in double.
 // Every output element is computed by a fixed sequence of operations that
 // depends on its head's shape only (fixed blocks; a thread takes whole work
 // items): results do not depend on the thread count, nor on how many heads
@@ -34,6 +37,7 @@
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/storage.h"
 
 namespace fanout::kernels::cpu {
 
@@ -294,6 +298,33 @@ FANOUT_AVX2_CLONE void dkv_rows(const float* qh, const float* kh, const float* v
   }
 }
 
+// One query row of attention_decode on storage of type t (rows widened as
+// read): y = softmax(scale q K[0, n)^T) V[0, n), scores, their sum and y's
+// sums in double. Scratch: s (n doubles), acc (D doubles), qf and kf (D floats).
+FANOUT_AVX2_CLONE void decode_row(DType t, const char* q, const char* K, const char* V, int64_t n, int64_t D,
+                                  float scale, char* y, double* s, double* acc, float* qf, float* kf) {
+  const size_t row = static_cast<size_t>(D) * dtype_size(t);
+  widen_short(t, q, qf, D);
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    widen_short(t, K + j * row, kf, D);
+    double dot = 0.0;
+    for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qf[d]) * kf[d];
+    s[j] = static_cast<double>(scale) * dot;
+    m = std::max(m, s[j]);
+  }
+  double sum = 0.0;
+  std::fill(acc, acc + D, 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    const double p = std::exp(s[j] - m);
+    sum += p;
+    widen_short(t, V + j * row, kf, D);
+    for (int64_t d = 0; d < D; ++d) acc[d] += p * kf[d];
+  }
+  for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(acc[d] / sum);
+  narrow_short(t, qf, y, D);
+}
+
 // Per-thread scratch grown to `n` elements; no allocation once warm.
 template <class V>
 auto* scratch(V& buf, size_t n) {
@@ -361,6 +392,27 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
         dkv_rows(qp + o, kp + o, vp + o, gp + o, Qt, Gt, ld, lp + bh * T, delta + bh * T, T, D, scale, j0,
                  std::min(T, j0 + kRows), dkp + o, dvp + o, dq_acc, fbuf, dbuf);
       for (int64_t x = 0; x < T * D; ++x) dqp[o + x] = static_cast<float>(scale * dq_acc[x]);
+    }
+  });
+}
+
+void attention_decode(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n, float scale,
+                      Tensor& y) {
+  const int64_t heads = q.size(0) * q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
+  const DType t = q.dtype();
+  const size_t row = static_cast<size_t>(D) * dtype_size(t);
+  const char *qp = static_cast<const char*>(q.raw()), *kp = static_cast<const char*>(k.raw()),
+             *vp = static_cast<const char*>(v.raw());
+  char* yp = static_cast<char*>(y.raw());
+  parallel_for(ctx, heads * Tq, grain_for(2 * n * D), [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<double> db;
+    thread_local std::vector<float> fb;
+    double* s = scratch(db, static_cast<size_t>(n + D));
+    float* f = scratch(fb, static_cast<size_t>(2 * D));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bh = r / Tq, i = r % Tq;
+      decode_row(t, qp + r * row, kp + bh * Tk * row, vp + bh * Tk * row, n - Tq + i + 1, D, scale, yp + r * row, s,
+                 s + n, f, f + D);
     }
   });
 }

@@ -18,6 +18,10 @@
 // O(B*H*T^2) memory: this path is for moderate T, not a flash kernel.
 // Products are float32 (CUBLAS_COMPUTE_32F) unless ctx.math.allow_tf32.
 //
+// Decode (attention_decode, generation over a key-value cache): one block
+// per query row (decode_rows_kernel) on any of the three storages, scores in
+// the context's workspace.
+//
 // BF16 and F16 tensors (lse stays float32) go to cuDNN's fused flash
 // attention first (kernels/cuda/attention_cudnn.cu). Where cuDNN refuses the
 // shape (a NOT_SUPPORTED status, remembered per shape and logged once), an
@@ -33,11 +37,13 @@
 #include "kernels/gemm.h"
 #include "kernels/softmax.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/attention_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace fanout::kernels::cuda {
 
@@ -142,6 +148,40 @@ void backward_f32(Context& ctx, const Dims& m, const float* q, const float* k, c
                        m.td(), m.bh);
 }
 
+// attention_decode, a block per query row r = (bh, i) of q (rows, D): its
+// scores over the n - Tq + i + 1 keys it sees into s (a row of tk floats),
+// their max, p = exp(score - max) in place and its sum (double), then y's
+// D sums over the keys (double), one thread per d.
+template <class E>
+__global__ void __launch_bounds__(kMaxRowThreads) decode_rows_kernel(const E* q, const E* k, const E* v, int64_t tq,
+                                                                     int64_t tk, int64_t d, int64_t n, float scale,
+                                                                     float* s, E* y) {
+  const int64_t r = blockIdx.x, bh = r / tq, i = r % tq, visible = n - tq + i + 1;
+  const E* qr = q + r * d;
+  const E* kh = k + bh * tk * d;
+  const E* vh = v + bh * tk * d;
+  float* sr = s + r * tk;
+  float m = -CUDART_INF_F;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
+    float dot = 0.0f;
+    for (int64_t c = 0; c < d; ++c) dot += detail::widen(qr[c]) * detail::widen(kh[j * d + c]);
+    sr[j] = scale * dot;
+    m = fmaxf(m, sr[j]);
+  }
+  m = block_max_all(m);  // also orders the score writes before the reads below
+  double sum = 0.0, unused = 0.0;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
+    sr[j] = expf(__fsub_rn(sr[j], m));
+    sum += sr[j];
+  }
+  detail::block_sum2_all(sum, unused);  // its barriers order the p writes before the reads below
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    double acc = 0.0;
+    for (int64_t j = 0; j < visible; ++j) acc += static_cast<double>(sr[j]) * detail::widen(vh[j * d + c]);
+    y[r * d + c] = detail::narrow<E>(static_cast<float>(acc / sum));
+  }
+}
+
 // A float32 view of scratch memory of t's shape.
 Tensor f32_like(Context& ctx, float* p, const Tensor& t) { return Tensor::wrap(p, t.shape(), DType::F32, ctx.device()); }
 
@@ -220,6 +260,20 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
     narrow(ctx, dq32, dq);
     narrow(ctx, dk32, dk);
     narrow(ctx, dv32, dv);
+  });
+}
+
+void attention_decode(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n, float scale,
+                      Tensor& y) {
+  detail::DeviceScope scope(ctx);
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2), tq = q.size(2), d = q.size(3), tk = k.size(2);
+  float* s = static_cast<float*>(ctx.workspace(static_cast<size_t>(rows * tk) * sizeof(float)));
+  detail::with_storage(q.dtype(), [&](auto tag) {
+    using E = decltype(tag);
+    decode_rows_kernel<E><<<static_cast<unsigned>(rows), row_threads(std::max(n, d)), 0, detail::stream_of(ctx)>>>(
+        static_cast<const E*>(q.raw()), static_cast<const E*>(k.raw()), static_cast<const E*>(v.raw()), tq, tk, d, n,
+        scale, s, static_cast<E*>(y.raw()));
+    FANOUT_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -71,10 +71,56 @@ void CausalSelfAttention::dropout_backward(Context& ctx, float scale) {
                                 dk_.f32(), d, td, b * h);
 }
 
+void CausalSelfAttention::start_cache(int64_t batch, int64_t max_len) {
+  FANOUT_USER_CHECK(batch >= 1 && max_len >= 1)
+      << "a key-value cache needs a positive batch and length, got " << batch << " and " << max_len;
+  cache_batch_ = batch;
+  cache_len_ = max_len;
+  cached_ = 0;
+}
+
+void CausalSelfAttention::stop_cache() {
+  k_cache_ = v_cache_ = Tensor();
+  cache_batch_ = cache_len_ = cached_ = 0;
+}
+
+Tensor CausalSelfAttention::cached_forward(const Tensor& x, Context& ctx) {
+  const int64_t b = x.size(0), t = x.size(1), hd = n_embd_ / n_head_;
+  FANOUT_CHECK(!ctx.training) << "CausalSelfAttention: the key-value cache is for evaluation";
+  FANOUT_CHECK(cache_len_ > 0) << "CausalSelfAttention: use_cache without start_cache";
+  FANOUT_USER_CHECK(b == cache_batch_ && cached_ + t <= cache_len_)
+      << "CausalSelfAttention: " << b << " x " << t << " tokens do not fit the key-value cache (batch "
+      << cache_batch_ << ", " << cached_ << " of " << cache_len_ << " positions taken)";
+  Tensor qkv = c_attn_->forward(x, ctx);  // (B, T, 3E), a low type under autocast
+  const DType ht = qkv.dtype();
+  // The cache outlives the call: device buffers (not a checkpointed block's shared slots).
+  const Shape cs{b, n_head_, cache_len_, hd};
+  const bool fits = k_cache_.defined() && k_cache_.shape() == cs && k_cache_.dtype() == ht &&
+                    k_cache_.device() == ctx.device();
+  if (!fits) {
+    FANOUT_CHECK(cached_ == 0) << "CausalSelfAttention: the cache's type or device changed mid-sequence";
+    k_cache_ = Tensor::empty(cs, ht, ctx.device());  // rows past cached_ are never read
+    v_cache_ = Tensor::empty(cs, ht, ctx.device());
+  }
+  const Shape hs{b, n_head_, t, hd};
+  ensure(q_, hs, ht, ctx);
+  ensure(yh_, hs, ht, ctx);
+  kernels::heads_from_rows(ctx, qkv, 0, q_);
+  kernels::heads_from_rows(ctx, qkv, n_embd_, k_cache_, cached_);
+  kernels::heads_from_rows(ctx, qkv, 2 * n_embd_, v_cache_, cached_);
+  cached_ += t;
+  kernels::attention_decode(ctx, q_, k_cache_, v_cache_, cached_, 1.0f / std::sqrt(static_cast<float>(hd)), yh_);
+  autocast_round(ctx, yh_);
+  ensure(y_, Shape{b, t, n_embd_}, ht, ctx);
+  kernels::heads_to_rows(ctx, yh_, 0, y_);
+  return resid_dropout_->forward(c_proj_->forward(y_, ctx), ctx);
+}
+
 Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
   FANOUT_USER_CHECK(x.dim() == 3 && x.size(2) == n_embd_)
       << "CausalSelfAttention(n_embd " << n_embd_ << ") cannot take input of shape " << x.shape().str()
       << " (expected (B, T, " << n_embd_ << "))";
+  if (use_cache_) return cached_forward(x, ctx);
   x_shape_ = x.shape();
   const int64_t b = x.size(0), t = x.size(1), hd = n_embd_ / n_head_;
   Tensor qkv = c_attn_->forward(x, ctx);  // (B, T, 3E), a low type under autocast

@@ -9,6 +9,13 @@
 // probabilities are materialized ((B, H, T, T): batched products and the
 // causal softmax, kernels/gemm.h and kernels/softmax.h) so that the dropped
 // ones can be, as torch's scaled_dot_product_attention(dropout_p) does.
+//
+// Generation keeps a key-value cache (evaluation only): after
+// start_cache(B, L), a forward with use_cache(true) takes the (B, T) tokens
+// that follow those it has seen since (positions [cached(), cached() + T),
+// at most L in all), appends their keys and values to the cache and attends
+// over all of them (kernels::attention_decode). The plain forward, with
+// use_cache(false), neither reads nor changes the cache.
 #pragma once
 #include "models/layers/dropout.h"
 #include "models/layers/linear.h"
@@ -31,6 +38,11 @@ class CausalSelfAttention : public Module {
   void set_input_grad(bool on) override;
   // Salts of the two dropout masks (Dropout::set_salt): salt and salt + 1.
   void set_dropout_salt(uint64_t salt);
+  // The cache (B, H, L, D) of each of k and v, in the heads' storage type, starts empty.
+  void start_cache(int64_t batch, int64_t max_len);
+  void stop_cache();  // frees it
+  void use_cache(bool on) { use_cache_ = on; }
+  int64_t cached() const { return cached_; }
   Linear& c_attn() { return *c_attn_; }
   Linear& c_proj() { return *c_proj_; }
 
@@ -38,6 +50,7 @@ class CausalSelfAttention : public Module {
   void fused_forward(Context& ctx, float scale);
   void dropout_forward(Context& ctx, float scale);
   void dropout_backward(Context& ctx, float scale);
+  Tensor cached_forward(const Tensor& x, Context& ctx);
 
   int64_t n_embd_, n_head_;
   float p_;
@@ -53,6 +66,9 @@ class CausalSelfAttention : public Module {
   Tensor q_, k_, v_, yh_, lse_, y_;        // heads (B, H, T, D), lse (B, H, T), y (B, T, E)
   Tensor probs_, dropped_probs_, dprobs_;  // (B, H, T, T), with attention dropout only
   Tensor dyh_, dq_, dk_, dv_, dqkv_;
+  Tensor k_cache_, v_cache_;  // (B, H, L, D)
+  int64_t cache_batch_ = 0, cache_len_ = 0, cached_ = 0;
+  bool use_cache_ = false;
 };
 
 }  // namespace fanout::models

@@ -196,6 +196,66 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
   return Tensor();  // token ids take no gradient
 }
 
+void GPT::start_sequence(int64_t batch) {
+  FANOUT_USER_CHECK(batch >= 1) << "gpt: a sequence batch must be positive, got " << batch;
+  attns_.clear();
+  for (auto& [name, m] : named_modules())
+    if (auto* a = dynamic_cast<CausalSelfAttention*>(m)) attns_.push_back(a);
+  for (CausalSelfAttention* a : attns_) a->start_cache(batch, config_.block_size);
+  seq_batch_ = batch;
+  decoded_ = 0;
+}
+
+void GPT::end_sequence() {
+  for (CausalSelfAttention* a : attns_) a->stop_cache();
+  attns_.clear();
+  seq_batch_ = decoded_ = 0;
+}
+
+Tensor GPT::decode(const Tensor& ids, Context& ctx) {
+  FANOUT_USER_CHECK(ids.dtype() == DType::I32 && ids.dim() == 2 && ids.size(1) >= 1)
+      << "gpt: decode takes (B, T) int32 token ids, got " << dtype_name(ids.dtype()) << " " << ids.shape().str();
+  FANOUT_CHECK(seq_batch_ > 0) << "gpt: decode before start_sequence";
+  FANOUT_CHECK(!ctx.training) << "gpt: decode is for evaluation";
+  const int64_t b = ids.size(0), t = ids.size(1), e = config_.n_embd, v = config_.vocab_size;
+  FANOUT_USER_CHECK(b == seq_batch_) << "gpt: decode of a batch of " << b << " in a sequence of " << seq_batch_;
+  FANOUT_USER_CHECK(decoded_ + t <= config_.block_size)
+      << "gpt: " << decoded_ << " decoded tokens and " << t << " more are longer than block_size "
+      << config_.block_size;
+  const Device d = ctx.device();
+  ensure(dec_pos_host_, ids.shape(), DType::I32, Device::cpu());
+  for (int64_t i = 0; i < b * t; ++i) dec_pos_host_.data<int32_t>()[i] = static_cast<int32_t>(decoded_ + i % t);
+  ensure(dec_pos_, ids.shape(), DType::I32, d);
+  dec_pos_.copy_from(dec_pos_host_, &ctx.compute());
+  if (!d.is_cpu()) ctx.compute().synchronize();  // the host buffer is rewritten by the next call
+  Tensor tok = wte_->forward(ids, ctx);
+  Tensor pos = wpe_->forward(dec_pos_, ctx);
+  ensure(dec_emb_, Shape{b, t, e}, ctx);
+  kernels::add(ctx, tok, pos, dec_emb_);
+  Tensor x = drop_->forward(dec_emb_, ctx);
+  for (CausalSelfAttention* a : attns_) a->use_cache(true);
+  try {
+    x = h_->forward(x, ctx);
+  } catch (...) {
+    for (CausalSelfAttention* a : attns_) a->use_cache(false);
+    throw;
+  }
+  for (CausalSelfAttention* a : attns_) a->use_cache(false);
+  decoded_ += t;
+  // Each row's last position, then ln_f and the head on those rows alone.
+  ensure(dec_last_, Shape{b, 1, e}, x.dtype(), d);
+  const Tensor rows = x.view(Shape{b * t, e});
+  for (int64_t i = 0; i < b; ++i)
+    dec_last_.view(Shape{b, e}).slice(i, i + 1).copy_from(rows.slice(i * t + t - 1, i * t + t), &ctx.compute());
+  const Tensor last = ln_f_->forward(dec_last_, ctx);
+  const AutocastWeights::Cast in = head_.forward(ctx, last.view(Shape{b, e}), wte_->weight().value, nullptr,
+                                                 kernels::linear_rounds_in_low_type(ctx), true);
+  ensure_autocast_output(dec_logits_, Shape{b, v}, ctx);
+  kernels::linear_forward(ctx, in.x, in.w, nullptr, dec_logits_);
+  head_.round_output(ctx, dec_logits_);
+  return dec_logits_;
+}
+
 void check_sample_options(const SampleOptions& o) {
   FANOUT_USER_CHECK(std::isfinite(o.temperature) && o.temperature > 0)
       << "temperature must be positive, got " << o.temperature;
@@ -216,12 +276,22 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<int32_t> all = ids, out;
   std::vector<double> p(static_cast<size_t>(c.vocab_size));
+  model.start_sequence(1);
+  struct EndSequence {
+    GPT& m;
+    ~EndSequence() { m.end_sequence(); }
+  } end_sequence{model};
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    const int64_t t = std::min<int64_t>(static_cast<int64_t>(all.size()), c.block_size);
-    Tensor x = Tensor::empty(Shape{1, t}, DType::I32);
-    std::copy(all.end() - t, all.end(), x.data<int32_t>());
-    const Tensor out_dev = model.forward(ctx.device().is_cpu() ? x : x.to(ctx.device()), ctx);
-    Tensor last = out_dev.slice(0, 1).view(Shape{t, c.vocab_size}).slice(t - 1, t);
+    // The tokens the cache lacks, or (past block_size, or without the cache) the last block_size anew.
+    const int64_t size = static_cast<int64_t>(all.size());
+    int64_t from = model.decoded();
+    if (!o.kv_cache || size > c.block_size) {
+      model.start_sequence(1);
+      from = size - std::min(size, c.block_size);
+    }
+    Tensor x = Tensor::empty(Shape{1, size - from}, DType::I32);
+    std::copy(all.begin() + from, all.end(), x.data<int32_t>());
+    Tensor last = model.decode(ctx.device().is_cpu() ? x : x.to(ctx.device()), ctx);
     if (last.dtype() != DType::F32) {  // low-type logits under autocast: widened (exact)
       Tensor wide = Tensor::empty(last.shape(), DType::F32, last.device());
       kernels::convert(ctx, last, wide);

@@ -60,6 +60,19 @@ class GPT : public Module {
   // Parameters without the position embedding (nanoGPT's get_num_params()).
   int64_t num_non_embedding_parameters();
 
+  // Incremental evaluation for generation, with a key-value cache in every
+  // attention layer (models/layers/attention.h): start_sequence(B) empties
+  // the caches (block_size positions each); decode(ids) runs (B, T) token ids
+  // that follow those decoded since (positions [decoded(), decoded() + T),
+  // at most block_size in all) and returns each row's logits at its last
+  // position, (B, vocab_size), as forward's last position (float32, or the
+  // autocast type). Evaluation only; forward() neither reads nor changes the
+  // caches. end_sequence() frees them.
+  void start_sequence(int64_t batch);
+  Tensor decode(const Tensor& ids, Context& ctx);
+  void end_sequence();
+  int64_t decoded() const { return decoded_; }
+
  private:
   GPTConfig config_;
   bool checkpoint_;
@@ -70,6 +83,9 @@ class GPT : public Module {
   LayerNorm* ln_f_;
   Tensor pos_, pos_host_, emb_, x_, head_x_, logits_, dx_;
   AutocastWeights head_;
+  std::vector<CausalSelfAttention*> attns_;  // decode's layers (after start_sequence)
+  int64_t seq_batch_ = 0, decoded_ = 0;
+  Tensor dec_pos_, dec_pos_host_, dec_emb_, dec_last_, dec_logits_;
 };
 
 // A materialized GPT initialized from seed.
@@ -78,14 +94,18 @@ std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed, bool checkpoint
 // nanoGPT's sample.py: each new token from the logits of the last position
 // of the context (its last block_size tokens), divided by temperature, cut
 // to the top_k largest (0: all), softmax (in double), and drawn with the
-// seeded generator: the same seed gives the same tokens. The whole context
-// runs again for each token (no key-value cache: at these sizes a forward
-// pass is milliseconds, and the model's layers keep one code path).
+// seeded generator: the same seed gives the same tokens. With kv_cache
+// (the default) each new token runs alone against the cached keys and
+// values of the tokens before it (GPT::decode) while the context fits
+// block_size; past it the context window slides and its positions change,
+// so it runs whole each time, as it always does without kv_cache
+// (nanoGPT's way). Either way only the last position's logits are computed.
 struct SampleOptions {
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 200;
   uint64_t seed = 1337;
+  bool kv_cache = true;
 };
 // One-line errors for options generate() cannot take.
 void check_sample_options(const SampleOptions& o);

@@ -4,9 +4,12 @@
 // AdamW steps on DataParallel over 0,0 against one GPU; bf16-mixed logits
 // within bfloat16's rounding of float32's (cuDNN's fused attention, or its
 // fallback); a warm step that allocates nothing on the GPU; and activation
-// checkpointing's step bit for bit the plain one's (dropout 0.1).
+// checkpointing's step bit for bit the plain one's (dropout 0.1); decoding
+// with the key-value cache against the full forward, and generation with
+// and without it drawing the same tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -88,6 +91,52 @@ TEST(CudaGpt, CheckpointedStepIsThePlainStepBitForBit) {
   EXPECT_TRUE(testing::same_bits(ckpt.grads, plain.grads));
   EXPECT_EQ(ckpt.loss, plain.loss);
   EXPECT_TRUE(testing::same_bits(ckpt.logits, plain.logits));
+}
+
+TEST(CudaGpt, DecodeWithTheCacheMatchesTheFullForward) {
+  FANOUT_SKIP_WITHOUT_GPU();
+  const int64_t b = 2, t = 32, v = 50;
+  const Tensor x = ids(b, t, 7);
+  for (DType autocast : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(autocast));
+    auto m = models::gpt(config(), 3);
+    Context ctx(gpu());
+    ctx.math.autocast = autocast;
+    ctx.math.allow_tf32 = false;
+    ctx.training = false;
+    m->to(gpu(), &ctx.compute());
+    m->eval();
+    const Tensor full = testing::float32_values(m->forward(x.to(gpu()), ctx).to(Device::cpu(), &ctx.compute()));
+    m->start_sequence(b);
+    int64_t n = 0;
+    for (int64_t piece : {5, 1, 1, 9, 16}) {
+      Tensor xp = Tensor::empty(Shape{b, piece}, DType::I32);
+      for (int64_t r = 0; r < b; ++r)
+        std::copy(x.data<int32_t>() + r * t + n, x.data<int32_t>() + r * t + n + piece, xp.data<int32_t>() + r * piece);
+      Tensor got = m->decode(xp.to(gpu()), ctx).to(Device::cpu(), &ctx.compute());
+      ctx.compute().synchronize();
+      got = testing::float32_values(got);
+      n += piece;
+      for (int64_t r = 0; r < b; ++r) {
+        Tensor want = Tensor::empty(Shape{v}), row = Tensor::empty(Shape{v});
+        std::copy(full.f32() + (r * t + n - 1) * v, full.f32() + (r * t + n) * v, want.f32());
+        std::copy(got.f32() + r * v, got.f32() + (r + 1) * v, row.f32());
+        EXPECT_LT(rel(row, want), autocast == DType::F32 ? 1e-4 : 0.03) << "row " << r << " after " << n;
+      }
+    }
+    m->end_sequence();
+  }
+  auto m = models::gpt(config(), 4);
+  Context ctx(gpu());
+  ctx.math.allow_tf32 = false;
+  m->to(gpu(), &ctx.compute());
+  models::SampleOptions o;
+  o.max_new_tokens = 40;  // past block_size 32
+  o.temperature = 1.0;
+  o.seed = 3;
+  const auto cached = models::generate(*m, ctx, {1, 2, 3}, o);
+  o.kv_cache = false;
+  EXPECT_EQ(cached, models::generate(*m, ctx, {1, 2, 3}, o));
 }
 
 TEST(CudaGpt, Bf16MixedLogitsWithinItsRounding) {

@@ -136,6 +136,9 @@ gen=(--checkpoint "$work/full/best.safetensors" --prompt "The cat" --max-new-tok
 "$DP_GENERATE" "${gen[@]}" > "$work/gen1.txt"
 "$DP_GENERATE" "${gen[@]}" > "$work/gen2.txt"
 cmp -s "$work/gen1.txt" "$work/gen2.txt" || fail "dp-generate printed different text for one seed"
+# Without the key-value cache (the whole context for every token): the same draws.
+"$DP_GENERATE" "${gen[@]}" --no-kv-cache > "$work/gen_whole.txt"
+cmp -s "$work/gen1.txt" "$work/gen_whole.txt" || fail "dp-generate --no-kv-cache printed other text"
 python3 - "$work/corpus.txt" "$work/gen1.txt" <<'PY'
 import sys
 vocab = set(open(sys.argv[1]).read())

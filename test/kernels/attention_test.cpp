@@ -4,7 +4,8 @@
 // bfloat16 and float16 tensors against the reference on the rounded operands
 // (the CPU through float32 staging), printing which path ran
 // (cuDNN's fused flash attention or the widened float32 one), and on Hopper
-// that cuDNN's fused path is taken for a shape it supports.
+// that cuDNN's fused path is taken for a shape it supports. Decoding over a
+// key-value cache (attention_decode) against float64 too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -390,6 +391,78 @@ TEST_P(AttentionOnBackend, MixedDtypesThrow) {
 // On the CPU a head's results do not depend on the other heads of the call:
 // a batch of 4 (32 heads) and each of its rows alone (8 heads) give the same
 // bits, so a DataParallel replica computes its share as one device would.
+// attention_decode: Tq queries at positions [n - Tq, n) over the first n
+// rows of a (B, H, Tk, D) key-value cache, against float64 on the rounded
+// operands, in float32, bfloat16 and float16 storage. The cache's rows past
+// n hold NaN, so reading one would show. At n = Tq = Tk it is the full causal
+// attention: attention_forward's y within the same bound.
+TEST_P(AttentionOnBackend, DecodeOverACacheAgainstFloat64) {
+  ctx().math.allow_tf32 = false;
+  std::mt19937_64 rng(37);
+  const int64_t B = 2, H = 3, Tk = 40, D = 24;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  struct Case {
+    int64_t n, tq;
+  };
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (const Case cs : {Case{1, 1}, Case{17, 1}, Case{17, 5}, Case{33, 33}, Case{40, 1}, Case{40, 40}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << cs.n << " Tq=" << cs.tq);
+      Tensor q = ft::random_tensor(Shape{B, H, cs.tq, D}, rng), k = ft::random_tensor(Shape{B, H, Tk, D}, rng),
+             v = ft::random_tensor(Shape{B, H, Tk, D}, rng);
+      for (Tensor* c : {&k, &v})
+        for (int64_t bh = 0; bh < B * H; ++bh)
+          std::fill(c->f32() + (bh * Tk + cs.n) * D, c->f32() + (bh + 1) * Tk * D,
+                    std::numeric_limits<float>::quiet_NaN());
+      const bool low = dt != DType::F32;
+      auto in = [&](Tensor& x) { return low ? up(to_low(x, dt)) : up(x); };  // x becomes the rounded values
+      Tensor qd = in(q), kd = in(k), vd = in(v);
+      Tensor yd = low ? up(nan_low(q.shape(), dt)) : poisoned(q.shape());
+      kernels::attention_decode(ctx(), qd, kd, vd, cs.n, scale, yd);
+      const Tensor y = low ? from_low(down(yd)) : down(yd);
+      std::vector<double> want(static_cast<size_t>(q.numel()));
+      for (int64_t bh = 0; bh < B * H; ++bh)
+        for (int64_t i = 0; i < cs.tq; ++i) {
+          const float* qi = q.f32() + (bh * cs.tq + i) * D;
+          const int64_t seen = cs.n - cs.tq + i + 1;
+          std::vector<double> sc(static_cast<size_t>(seen));
+          double m = -std::numeric_limits<double>::infinity(), sum = 0;
+          for (int64_t j = 0; j < seen; ++j) {
+            double dot = 0;
+            for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * k.f32()[(bh * Tk + j) * D + c];
+            sc[j] = double(scale) * dot;
+            m = std::max(m, sc[j]);
+          }
+          for (double& x : sc) sum += (x = std::exp(x - m));
+          for (int64_t c = 0; c < D; ++c) {
+            double acc = 0;
+            for (int64_t j = 0; j < seen; ++j) acc += sc[j] * v.f32()[(bh * Tk + j) * D + c];
+            want[static_cast<size_t>((bh * cs.tq + i) * D + c)] = acc / sum;
+          }
+        }
+      // float32: the sums' rounding; a low type: y's own rounding (half an ulp of 2^-8 or 2^-11) on top.
+      const double t = dt == DType::BF16 ? 1.0 / 256 : dt == DType::F16 ? 1.0 / 2048 : 1e-5;
+      EXPECT_TRUE(matches(y, want, t, std::max(t, 2e-5)));
+      if (cs.n == Tk && cs.tq == Tk && dt == DType::F32) {  // the full causal attention, as attention_forward
+        Tensor yf = poisoned(q.shape()), lse = poisoned(Shape{B, H, Tk});
+        kernels::attention_forward(ctx(), qd, kd, vd, scale, yf, lse);
+        EXPECT_TRUE(matches(down(yf), want, 1e-5, 2e-5));
+      }
+    }
+}
+
+TEST_P(AttentionOnBackend, DecodeRefusesWhatDoesNotFit) {
+  const Shape qs{1, 2, 3, 8}, cs{1, 2, 10, 8};
+  Tensor q = up(Tensor::zeros(qs)), k = up(Tensor::zeros(cs)), v = up(Tensor::zeros(cs)), y = up(Tensor::zeros(qs));
+  EXPECT_THROW(kernels::attention_decode(ctx(), q, k, v, 2, 1.0f, y), Error);   // 3 queries, 2 positions
+  EXPECT_THROW(kernels::attention_decode(ctx(), q, k, v, 11, 1.0f, y), Error);  // past the cache
+  Tensor other_d = up(Tensor::zeros(Shape{1, 2, 10, 4}));
+  EXPECT_THROW(kernels::attention_decode(ctx(), q, other_d, other_d, 5, 1.0f, y), Error);
+  Tensor low = up(Tensor::zeros(cs, DType::BF16));
+  EXPECT_THROW(kernels::attention_decode(ctx(), q, low, low, 5, 1.0f, y), Error);  // dtypes differ
+  Tensor y_wrong = up(Tensor::zeros(Shape{1, 2, 4, 8}));
+  EXPECT_THROW(kernels::attention_decode(ctx(), q, k, v, 5, 1.0f, y_wrong), Error);
+}
+
 TEST(Attention, CpuHeadsDoNotDependOnTheOtherHeadsOfTheCall) {
   Context ctx(Device::cpu());
   std::mt19937_64 rng(36);

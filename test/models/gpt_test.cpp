@@ -5,13 +5,15 @@
 // us); the tied weight as one parameter under two names; dropout masks that
 // differ per layer; DataParallel cpu:2 and cpu:3 bit for bit with one device
 // (split-invariant math, AdamW and dropout); a warm step that allocates
-// nothing; and one-line errors for bad ids, long sequences and bad configs.
+// nothing; one-line errors for bad ids, long sequences and bad configs; and
+// generation: decoding with the key-value cache against the full forward.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -513,6 +515,87 @@ TEST(GPTMixedPrecision, Bf16MixedRoundsWhereAutocastDoesAndTrains) {
 // Sampling: top_k 1 is greedy decoding (each token the argmax of the last
 // position's logits, computed here from forward); a seed repeats its draws;
 // every token lies in the vocabulary; bad options are one line.
+// max |a - b| over max |b|; infinite where an element is not finite.
+double rel_diff(const float* a, const float* b, int64_t n) {
+  double d = 0, peak = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = std::abs(double(a[i]) - b[i]);
+    d = std::isfinite(e) ? std::max(d, e) : std::numeric_limits<double>::infinity();
+    peak = std::max(peak, std::abs(double(b[i])));
+  }
+  EXPECT_GT(peak, 0.0);
+  return d / peak;
+}
+
+// GPT::decode with the key-value cache: fed in pieces, each call's logits are
+// the full forward's at the piece's last position (float32 within 1e-5 of
+// the largest logit; bf16-mixed within bfloat16's rounding), with and
+// without checkpointed blocks; a plain forward in between neither reads nor
+// disturbs the cache; past block_size, a wrong batch and training are refused.
+TEST(GPTDecode, CachedLogitsAreTheFullForwardsLastPositions) {
+  std::mt19937_64 rng(12);
+  const int64_t b = 2, t = 8, v = 11;
+  const Tensor ids = random_ids(b, t, v, rng);
+  for (DType autocast : {DType::F32, DType::BF16})
+    for (bool checkpoint : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(autocast)) + (checkpoint ? ", checkpointed" : ""));
+      auto m = models::gpt(small(), 7, checkpoint);
+      Context ctx(Device::cpu());
+      ctx.math.autocast = autocast;
+      ctx.training = false;
+      m->eval();
+      const Tensor full = testing::float32_values(m->forward(ids, ctx));  // (B, T, V)
+      m->start_sequence(b);
+      int64_t n = 0;
+      for (int64_t piece : {3, 1, 2, 1, 1}) {
+        Tensor x = Tensor::empty(Shape{b, piece}, DType::I32);
+        for (int64_t r = 0; r < b; ++r)
+          std::copy(ids.data<int32_t>() + r * t + n, ids.data<int32_t>() + r * t + n + piece,
+                    x.data<int32_t>() + r * piece);
+        const Tensor got = testing::float32_values(m->decode(x, ctx));
+        n += piece;
+        ASSERT_EQ(got.shape(), Shape({b, v}));
+        ASSERT_EQ(m->decoded(), n);
+        for (int64_t r = 0; r < b; ++r)
+          EXPECT_LT(rel_diff(got.f32() + r * v, full.f32() + (r * t + n - 1) * v, v),
+                    autocast == DType::F32 ? 1e-5 : 0.03)
+              << "row " << r << " after " << n << " tokens";
+        if (n == 4)  // a plain forward between pieces: the same logits, and the cache continues below
+          EXPECT_TRUE(testing::same_bits(testing::float32_values(m->forward(ids, ctx)), full));
+      }
+      EXPECT_EQ(error_of([&] { m->decode(Tensor::zeros(Shape{b, 1}, DType::I32), ctx); }),
+                "gpt: 8 decoded tokens and 1 more are longer than block_size 8");
+      m->start_sequence(b);
+      EXPECT_EQ(m->decoded(), 0);
+      EXPECT_EQ(error_of([&] { m->decode(Tensor::zeros(Shape{1, 2}, DType::I32), ctx); }),
+                "gpt: decode of a batch of 1 in a sequence of 2");
+      ctx.training = true;
+      EXPECT_NE(error_of([&] { m->decode(Tensor::zeros(Shape{b, 1}, DType::I32), ctx); }).find("for evaluation"),
+                std::string::npos);
+      m->end_sequence();
+    }
+}
+
+// Generation with the key-value cache draws the tokens that running the whole
+// context for each token draws (nanoGPT's way, kv_cache off), through and
+// past block_size, where the window slides and the cache is rebuilt.
+TEST(GPTGenerate, KeyValueCacheDrawsTheTokensOfTheWholeContext) {
+  auto m = models::gpt(small(), 23);
+  Context ctx(Device::cpu());
+  models::SampleOptions o;
+  o.max_new_tokens = 20;  // 3 + 20 > block_size 8
+  o.temperature = 1.0;
+  o.top_k = 0;
+  for (uint64_t seed : {1, 2, 3}) {
+    o.seed = seed;
+    o.kv_cache = true;
+    const std::vector<int32_t> cached = models::generate(*m, ctx, {3, 1, 4}, o);
+    o.kv_cache = false;
+    EXPECT_EQ(cached, models::generate(*m, ctx, {3, 1, 4}, o)) << "seed " << seed;
+  }
+  EXPECT_EQ(m->decoded(), 0) << "generate ends its sequence";
+}
+
 TEST(GPTGenerate, TopOneIsGreedyAndASeedRepeats) {
   auto m = models::gpt(small(), 21);
   Context ctx(Device::cpu());
