@@ -1,6 +1,8 @@
 // Head layout entry points: checks, then dispatch.
 #include "kernels/heads.h"
 
+#include <algorithm>
+
 #include "kernels/dispatch.h"
 
 namespace fanout::kernels {
@@ -22,9 +24,12 @@ void check_layout(const Context& ctx, const char* op, const Tensor& rows, int64_
 }  // namespace
 
 void heads_from_rows(Context& ctx, const Tensor& rows, int64_t offset, Tensor& heads, int64_t t0) {
-  check_layout(ctx, "heads_from_rows", rows, offset, heads, t0);
+  check_layout(ctx, "heads_from_rows", rows, offset, heads, std::max<int64_t>(t0, 0));
+  FANOUT_CHECK(t0 >= 0 || rows.size(1) == heads.size(2))
+      << "heads_from_rows: rows " << rows.shape().str() << " and heads " << heads.shape().str()
+      << " differ in T (give the first position to fill a longer heads tensor)";
   if (rows.numel() == 0 || heads.numel() == 0) return;
-  FANOUT_DISPATCH(ctx, heads_from_rows, ctx, rows, offset, heads, t0);
+  FANOUT_DISPATCH(ctx, heads_from_rows, ctx, rows, offset, heads, std::max<int64_t>(t0, 0));
 }
 
 void heads_to_rows(Context& ctx, const Tensor& heads, int64_t offset, Tensor& rows) {

@@ -149,7 +149,7 @@ void backward_f32(Context& ctx, const Dims& m, const float* q, const float* k, c
 }
 
 // attention_decode, a block per query row r = (bh, i) of q (rows, D): its
-// scores over the n - Tq + i + 1 keys it sees into s (a row of tk floats),
+// scores over the n - Tq + i + 1 keys it sees into s (a row of n floats),
 // their max, p = exp(score - max) in place and its sum (double), then y's
 // D sums over the keys (double), one thread per d.
 template <class E>
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) decode_rows_kernel(const E* q,
   const E* qr = q + r * d;
   const E* kh = k + bh * tk * d;
   const E* vh = v + bh * tk * d;
-  float* sr = s + r * tk;
+  float* sr = s + r * n;
   float m = -CUDART_INF_F;
   for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
     float dot = 0.0f;
@@ -267,7 +267,7 @@ void attention_decode(Context& ctx, const Tensor& q, const Tensor& k, const Tens
                       Tensor& y) {
   detail::DeviceScope scope(ctx);
   const int64_t rows = q.size(0) * q.size(1) * q.size(2), tq = q.size(2), d = q.size(3), tk = k.size(2);
-  float* s = static_cast<float*>(ctx.workspace(static_cast<size_t>(rows * tk) * sizeof(float)));
+  float* s = static_cast<float*>(ctx.workspace(static_cast<size_t>(rows * n) * sizeof(float)));
   detail::with_storage(q.dtype(), [&](auto tag) {
     using E = decltype(tag);
     decode_rows_kernel<E><<<static_cast<unsigned>(rows), row_threads(std::max(n, d)), 0, detail::stream_of(ctx)>>>(

@@ -108,8 +108,18 @@ Tensor CausalSelfAttention::cached_forward(const Tensor& x, Context& ctx) {
   kernels::heads_from_rows(ctx, qkv, 0, q_);
   kernels::heads_from_rows(ctx, qkv, n_embd_, k_cache_, cached_);
   kernels::heads_from_rows(ctx, qkv, 2 * n_embd_, v_cache_, cached_);
-  cached_ += t;
-  kernels::attention_decode(ctx, q_, k_cache_, v_cache_, cached_, 1.0f / std::sqrt(static_cast<float>(hd)), yh_);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (cached_ == 0) {  // the first tokens (a prompt): causal attention among themselves, the fused kernel
+    ensure(k_, hs, ht, ctx);
+    ensure(v_, hs, ht, ctx);
+    ensure(lse_, Shape{b, n_head_, t}, ctx);
+    kernels::heads_from_rows(ctx, qkv, n_embd_, k_);
+    kernels::heads_from_rows(ctx, qkv, 2 * n_embd_, v_);
+    kernels::attention_forward(ctx, q_, k_, v_, scale, yh_, lse_);
+  } else {
+    kernels::attention_decode(ctx, q_, k_cache_, v_cache_, cached_ + t, scale, yh_);
+  }
+  cached_ += t;  // after the attention: a call that throws leaves the count as it was
   autocast_round(ctx, yh_);
   ensure(y_, Shape{b, t, n_embd_}, ht, ctx);
   kernels::heads_to_rows(ctx, yh_, 0, y_);

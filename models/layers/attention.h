@@ -14,7 +14,8 @@
 // start_cache(B, L), a forward with use_cache(true) takes the (B, T) tokens
 // that follow those it has seen since (positions [cached(), cached() + T),
 // at most L in all), appends their keys and values to the cache and attends
-// over all of them (kernels::attention_decode). The plain forward, with
+// over all of them (kernels::attention_decode; the first tokens, among
+// themselves, through kernels::attention_forward). The plain forward, with
 // use_cache(false), neither reads nor changes the cache.
 #pragma once
 #include "models/layers/dropout.h"

@@ -198,9 +198,9 @@ Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
 
 void GPT::start_sequence(int64_t batch) {
   FANOUT_USER_CHECK(batch >= 1) << "gpt: a sequence batch must be positive, got " << batch;
-  attns_.clear();
-  for (auto& [name, m] : named_modules())
-    if (auto* a = dynamic_cast<CausalSelfAttention*>(m)) attns_.push_back(a);
+  if (attns_.empty())
+    for (auto& [name, m] : named_modules())
+      if (auto* a = dynamic_cast<CausalSelfAttention*>(m)) attns_.push_back(a);
   for (CausalSelfAttention* a : attns_) a->start_cache(batch, config_.block_size);
   seq_batch_ = batch;
   decoded_ = 0;
@@ -208,14 +208,13 @@ void GPT::start_sequence(int64_t batch) {
 
 void GPT::end_sequence() {
   for (CausalSelfAttention* a : attns_) a->stop_cache();
-  attns_.clear();
   seq_batch_ = decoded_ = 0;
 }
 
 Tensor GPT::decode(const Tensor& ids, Context& ctx) {
   FANOUT_USER_CHECK(ids.dtype() == DType::I32 && ids.dim() == 2 && ids.size(1) >= 1)
       << "gpt: decode takes (B, T) int32 token ids, got " << dtype_name(ids.dtype()) << " " << ids.shape().str();
-  FANOUT_CHECK(seq_batch_ > 0) << "gpt: decode before start_sequence";
+  FANOUT_USER_CHECK(seq_batch_ > 0) << "gpt: decode needs start_sequence first (again after a decode that failed)";
   FANOUT_CHECK(!ctx.training) << "gpt: decode is for evaluation";
   const int64_t b = ids.size(0), t = ids.size(1), e = config_.n_embd, v = config_.vocab_size;
   FANOUT_USER_CHECK(b == seq_batch_) << "gpt: decode of a batch of " << b << " in a sequence of " << seq_batch_;
@@ -230,24 +229,29 @@ Tensor GPT::decode(const Tensor& ids, Context& ctx) {
   if (!d.is_cpu()) ctx.compute().synchronize();  // the host buffer is rewritten by the next call
   Tensor tok = wte_->forward(ids, ctx);
   Tensor pos = wpe_->forward(dec_pos_, ctx);
-  ensure(dec_emb_, Shape{b, t, e}, ctx);
+  ensure(dec_emb_, Shape{b, t, e}, d);
   kernels::add(ctx, tok, pos, dec_emb_);
   Tensor x = drop_->forward(dec_emb_, ctx);
   for (CausalSelfAttention* a : attns_) a->use_cache(true);
   try {
     x = h_->forward(x, ctx);
-  } catch (...) {
+  } catch (...) {  // some layers may have cached the tokens: the sequence is over
     for (CausalSelfAttention* a : attns_) a->use_cache(false);
+    seq_batch_ = 0;
     throw;
   }
   for (CausalSelfAttention* a : attns_) a->use_cache(false);
   decoded_ += t;
   // Each row's last position, then ln_f and the head on those rows alone.
-  ensure(dec_last_, Shape{b, 1, e}, x.dtype(), d);
-  const Tensor rows = x.view(Shape{b * t, e});
-  for (int64_t i = 0; i < b; ++i)
-    dec_last_.view(Shape{b, e}).slice(i, i + 1).copy_from(rows.slice(i * t + t - 1, i * t + t), &ctx.compute());
-  const Tensor last = ln_f_->forward(dec_last_, ctx);
+  Tensor last_rows = x;
+  if (t > 1) {
+    ensure(dec_last_, Shape{b, 1, e}, x.dtype(), d);
+    const Tensor rows = x.view(Shape{b * t, e});
+    for (int64_t i = 0; i < b; ++i)
+      dec_last_.view(Shape{b, e}).slice(i, i + 1).copy_from(rows.slice(i * t + t - 1, i * t + t), &ctx.compute());
+    last_rows = dec_last_;
+  }
+  const Tensor last = ln_f_->forward(last_rows, ctx);
   const AutocastWeights::Cast in = head_.forward(ctx, last.view(Shape{b, e}), wte_->weight().value, nullptr,
                                                  kernels::linear_rounds_in_low_type(ctx), true);
   ensure_autocast_output(dec_logits_, Shape{b, v}, ctx);
@@ -276,22 +280,30 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<int32_t> all = ids, out;
   std::vector<double> p(static_cast<size_t>(c.vocab_size));
-  model.start_sequence(1);
+  if (o.kv_cache) model.start_sequence(1);
   struct EndSequence {
     GPT& m;
     ~EndSequence() { m.end_sequence(); }
   } end_sequence{model};
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    // The tokens the cache lacks, or (past block_size, or without the cache) the last block_size anew.
+    // The tokens the cache lacks, or (past block_size) the last block_size anew; without the cache, the
+    // plain forward of the last block_size tokens and its last position.
     const int64_t size = static_cast<int64_t>(all.size());
     int64_t from = model.decoded();
     if (!o.kv_cache || size > c.block_size) {
-      model.start_sequence(1);
+      if (o.kv_cache) model.start_sequence(1);
       from = size - std::min(size, c.block_size);
     }
     Tensor x = Tensor::empty(Shape{1, size - from}, DType::I32);
     std::copy(all.begin() + from, all.end(), x.data<int32_t>());
-    Tensor last = model.decode(ctx.device().is_cpu() ? x : x.to(ctx.device()), ctx);
+    if (!ctx.device().is_cpu()) x = x.to(ctx.device());
+    Tensor last;
+    if (o.kv_cache) {
+      last = model.decode(x, ctx);
+    } else {
+      const int64_t t = size - from;
+      last = model.forward(x, ctx).view(Shape{t, c.vocab_size}).slice(t - 1, t);
+    }
     if (last.dtype() != DType::F32) {  // low-type logits under autocast: widened (exact)
       Tensor wide = Tensor::empty(last.shape(), DType::F32, last.device());
       kernels::convert(ctx, last, wide);

@@ -67,7 +67,8 @@ class GPT : public Module {
   // at most block_size in all) and returns each row's logits at its last
   // position, (B, vocab_size), as forward's last position (float32, or the
   // autocast type). Evaluation only; forward() neither reads nor changes the
-  // caches. end_sequence() frees them.
+  // caches. end_sequence() frees them. A decode that throws ends the
+  // sequence (some layers may have cached its tokens): start another.
   void start_sequence(int64_t batch);
   Tensor decode(const Tensor& ids, Context& ctx);
   void end_sequence();
@@ -83,7 +84,7 @@ class GPT : public Module {
   LayerNorm* ln_f_;
   Tensor pos_, pos_host_, emb_, x_, head_x_, logits_, dx_;
   AutocastWeights head_;
-  std::vector<CausalSelfAttention*> attns_;  // decode's layers (after start_sequence)
+  std::vector<CausalSelfAttention*> attns_;  // decode's layers (found by the first start_sequence)
   int64_t seq_batch_ = 0, decoded_ = 0;
   Tensor dec_pos_, dec_pos_host_, dec_emb_, dec_last_, dec_logits_;
 };
@@ -98,8 +99,8 @@ std::unique_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed, bool checkpoint
 // (the default) each new token runs alone against the cached keys and
 // values of the tokens before it (GPT::decode) while the context fits
 // block_size; past it the context window slides and its positions change,
-// so it runs whole each time, as it always does without kv_cache
-// (nanoGPT's way). Either way only the last position's logits are computed.
+// so it runs whole each time (the last position's logits alone). Without
+// kv_cache every token runs forward() on the whole context, nanoGPT's way.
 struct SampleOptions {
   int64_t max_new_tokens = 200;
   double temperature = 0.8;

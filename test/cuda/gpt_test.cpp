@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -37,11 +38,12 @@ Tensor ids(int64_t b, int64_t t, uint64_t seed) {
   return x;
 }
 
-// max |a - b| / max |b|.
+// max |a - b| / max |b|; infinite where an element is not finite.
 double rel(const Tensor& a, const Tensor& b) {
   double d = 0, s = 0;
   for (int64_t i = 0; i < b.numel(); ++i) {
-    d = std::max(d, std::abs(double(a.f32()[i]) - b.f32()[i]));
+    const double e = std::abs(double(a.f32()[i]) - b.f32()[i]);
+    d = std::isfinite(e) ? std::max(d, e) : std::numeric_limits<double>::infinity();
     s = std::max(s, std::abs(double(b.f32()[i])));
   }
   EXPECT_GT(s, 0.0);

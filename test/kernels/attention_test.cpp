@@ -399,14 +399,18 @@ TEST_P(AttentionOnBackend, MixedDtypesThrow) {
 TEST_P(AttentionOnBackend, DecodeOverACacheAgainstFloat64) {
   ctx().math.allow_tf32 = false;
   std::mt19937_64 rng(37);
-  const int64_t B = 2, H = 3, Tk = 40, D = 24;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   struct Case {
-    int64_t n, tq;
+    int64_t b, h, tk, d, n, tq;
   };
+  // Short rows; keys and features past a CUDA block's threads (loops of several passes).
+  const Case cases[] = {{2, 3, 40, 24, 1, 1},  {2, 3, 40, 24, 17, 1}, {2, 3, 40, 24, 17, 5}, {2, 3, 40, 24, 33, 33},
+                        {2, 3, 40, 24, 40, 1}, {2, 3, 40, 24, 40, 40}, {1, 2, 300, 16, 290, 3}, {1, 1, 8, 300, 7, 2}};
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
-    for (const Case cs : {Case{1, 1}, Case{17, 1}, Case{17, 5}, Case{33, 33}, Case{40, 1}, Case{40, 40}}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << cs.n << " Tq=" << cs.tq);
+    for (const Case cs : cases) {
+      const int64_t B = cs.b, H = cs.h, Tk = cs.tk, D = cs.d;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " Tk=" << Tk << " D=" << D << " n=" << cs.n
+                                        << " Tq=" << cs.tq);
       Tensor q = ft::random_tensor(Shape{B, H, cs.tq, D}, rng), k = ft::random_tensor(Shape{B, H, Tk, D}, rng),
              v = ft::random_tensor(Shape{B, H, Tk, D}, rng);
       for (Tensor* c : {&k, &v})

@@ -117,11 +117,12 @@ TEST_P(HeadsOnBackend, RefusesShapesThatDoNotFit) {
   Tensor rows = up(Tensor::zeros(Shape{2, 3, 8})), heads = up(Tensor::zeros(Shape{2, 2, 3, 4}));
   EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 1, heads), Error);  // 1 + 8 > 8 columns
   EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, heads, 1), Error);  // positions 1 + 3 > 3
-  EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, heads, -1), Error);
   Tensor short_t = up(Tensor::zeros(Shape{2, 2, 2, 4}));
   EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, short_t), Error);
   Tensor long_t = up(Tensor::zeros(Shape{2, 2, 4, 4}));
+  EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, long_t), Error);  // no position given: T must agree
   kernels::heads_from_rows(ctx(), rows, 0, long_t, 1);  // fits: positions [1, 4)
+  kernels::heads_from_rows(ctx(), rows, 0, long_t, 0);  // and [0, 3)
   EXPECT_THROW(kernels::heads_to_rows(ctx(), long_t, 0, rows), Error);  // rows hold T = 3 positions, not 4
   Tensor bf = up(Tensor::zeros(Shape{2, 2, 3, 4}, DType::BF16));
   EXPECT_THROW(kernels::heads_to_rows(ctx(), bf, 0, rows), Error);  // dtypes differ

@@ -531,7 +531,8 @@ double rel_diff(const float* a, const float* b, int64_t n) {
 // the full forward's at the piece's last position (float32 within 1e-5 of
 // the largest logit; bf16-mixed within bfloat16's rounding), with and
 // without checkpointed blocks; a plain forward in between neither reads nor
-// disturbs the cache; past block_size, a wrong batch and training are refused.
+// disturbs the cache, nor does a refused token; past block_size, a wrong
+// batch and training are refused.
 TEST(GPTDecode, CachedLogitsAreTheFullForwardsLastPositions) {
   std::mt19937_64 rng(12);
   const int64_t b = 2, t = 8, v = 11;
@@ -560,8 +561,14 @@ TEST(GPTDecode, CachedLogitsAreTheFullForwardsLastPositions) {
           EXPECT_LT(rel_diff(got.f32() + r * v, full.f32() + (r * t + n - 1) * v, v),
                     autocast == DType::F32 ? 1e-5 : 0.03)
               << "row " << r << " after " << n << " tokens";
-        if (n == 4)  // a plain forward between pieces: the same logits, and the cache continues below
+        if (n == 4) {  // a plain forward between pieces: the same logits, and the cache continues below
           EXPECT_TRUE(testing::same_bits(testing::float32_values(m->forward(ids, ctx)), full));
+          // A token outside the vocabulary is refused before any layer caches it.
+          Tensor bad = Tensor::zeros(Shape{b, 1}, DType::I32);
+          bad.data<int32_t>()[1] = 11;
+          EXPECT_NE(error_of([&] { m->decode(bad, ctx); }).find("outside the vocabulary"), std::string::npos);
+          EXPECT_EQ(m->decoded(), 4);
+        }
       }
       EXPECT_EQ(error_of([&] { m->decode(Tensor::zeros(Shape{b, 1}, DType::I32), ctx); }),
                 "gpt: 8 decoded tokens and 1 more are longer than block_size 8");
