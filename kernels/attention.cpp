@@ -24,10 +24,8 @@ const char* attention_last_path(AttentionPass pass) { return last_path[static_ca
 void detail::note_attention_path(AttentionPass pass, const char* path) { last_path[static_cast<int>(pass)] = path; }
 
 namespace {
-// q (B, H, T, D) with T, D >= 1, float32, bfloat16 or float16;
-// k, v of q's shape and dtype; lse (B, H, T) float32.
-void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-               const Tensor& lse) {
+// q, k and v of one dtype: float32, bfloat16 or float16, on the context's device.
+void check_qkv_types(const Context& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   FANOUT_CHECK(q.defined()) << op << ": q is undefined";
   const DType dt = q.dtype();
   FANOUT_USER_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16)
@@ -35,6 +33,13 @@ void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor
   detail::check_tensor(ctx, op, "q", q, dt);
   detail::check_tensor(ctx, op, "k", k, dt);
   detail::check_tensor(ctx, op, "v", v, dt);
+}
+
+// q (B, H, T, D) with T, D >= 1, float32, bfloat16 or float16;
+// k, v of q's shape and dtype; lse (B, H, T) float32.
+void check_qkv(const Context& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+               const Tensor& lse) {
+  check_qkv_types(ctx, op, q, k, v);
   detail::check_tensor(ctx, op, "lse", lse);
   FANOUT_CHECK(q.dim() == 4 && q.size(2) >= 1 && q.size(3) >= 1 && q.size(2) <= INT_MAX && q.size(3) <= INT_MAX)
       << op << ": q " << q.shape().str() << " must be (B, H, T, D) with T, D >= 1";
@@ -98,13 +103,7 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
 void attention_decode(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n, float scale,
                       Tensor& y) {
   const char* op = "attention_decode";
-  FANOUT_CHECK(q.defined()) << op << ": q is undefined";
-  const DType dt = q.dtype();
-  FANOUT_USER_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16)
-      << op << ": q is " << dtype_name(dt) << "; attention takes float32, bfloat16 or float16";
-  detail::check_tensor(ctx, op, "q", q, dt);
-  detail::check_tensor(ctx, op, "k", k, dt);
-  detail::check_tensor(ctx, op, "v", v, dt);
+  check_qkv_types(ctx, op, q, k, v);
   check_like_q(ctx, op, "y", y, q);
   FANOUT_CHECK(q.dim() == 4 && q.size(2) >= 1 && q.size(3) >= 1 && q.size(3) <= INT_MAX)
       << op << ": q " << q.shape().str() << " must be (B, H, Tq, D) with Tq, D >= 1";
