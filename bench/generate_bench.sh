@@ -13,7 +13,7 @@
 # shakespeare_char, block 256), TOKENS (default 255: the prompt and the new
 # tokens fill the block, the cache's case; past block_size both ways run
 # the whole window for each token), ROUNDS (default 3).
-# Threads: every core for both (THREADS overrides PyTorch's).
+# Threads: every core for both (THREADS sets both counts).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   sed -n '/^#   bash/p' "$0" >&2
@@ -23,6 +23,9 @@ build=$(cd "$1" && pwd) python=$2 model=${3:-gpt:gpt-char,dropout=0} tokens=${4:
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+export FANOUT_CACHE_DIR="$work/cache"  # dp-train's token files, removed with the rest
+threads=${THREADS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
+export OMP_NUM_THREADS=$threads  # dp-generate's CPU device takes this many
 # A text of 65 distinct characters (shakespeare_char's vocabulary size).
 python3 -c '
 import random, string
@@ -49,7 +52,7 @@ load=$(seconds --max-new-tokens 0)
 cached=$(seconds --max-new-tokens "$tokens")
 whole=$(seconds --max-new-tokens "$tokens" --no-kv-cache)
 torch_json=$("$python" "$here/pytorch/gpt_generate.py" --model "$model" --vocab-size "$vocab" --tokens "$tokens" \
-  --rounds "$rounds" ${THREADS:+--threads "$THREADS"})
+  --rounds "$rounds" --threads "$threads")
 python3 - "$model" "$tokens" "$load" "$cached" "$whole" "$torch_json" <<'PY'
 import json, sys
 model, tokens, load, cached, whole, torch_json = sys.argv[1:]

@@ -24,6 +24,7 @@ void check_layout(const Context& ctx, const char* op, const Tensor& rows, int64_
 }  // namespace
 
 void heads_from_rows(Context& ctx, const Tensor& rows, int64_t offset, Tensor& heads, int64_t t0) {
+  FANOUT_CHECK(t0 >= -1) << "heads_from_rows: first position " << t0 << " (-1: the heads hold the rows' positions)";
   check_layout(ctx, "heads_from_rows", rows, offset, heads, std::max<int64_t>(t0, 0));
   FANOUT_CHECK(t0 >= 0 || rows.size(1) == heads.size(2))
       << "heads_from_rows: rows " << rows.shape().str() << " and heads " << heads.shape().str()

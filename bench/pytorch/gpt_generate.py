@@ -7,7 +7,7 @@ temperature, cut to the top k, softmaxed and drawn from. No key-value cache
 (nanoGPT has none). Random weights (the cost does not depend on them), eval
 mode, torch.no_grad, float32, one prompt token.
 
-  python3 bench/pytorch/gpt_generate.py --model SPEC --vocab-size V --tokens N [--threads 2]
+  python3 bench/pytorch/gpt_generate.py --model SPEC --vocab-size V --tokens N [--threads 2] [--rounds 3]
 
 SPEC is fanout's model name ("gpt:gpt-char,dropout=0"). Prints one JSON line:
   {"framework": "pytorch", "model": ..., "tokens": N, "threads": ..., "seconds": ..., "ms_per_token": ...}

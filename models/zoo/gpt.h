@@ -67,8 +67,10 @@ class GPT : public Module {
   // at most block_size in all) and returns each row's logits at its last
   // position, (B, vocab_size), as forward's last position (float32, or the
   // autocast type). Evaluation only; forward() neither reads nor changes the
-  // caches. end_sequence() frees them. A decode that throws ends the
-  // sequence (some layers may have cached its tokens): start another.
+  // caches. end_sequence() frees them. A decode refused at its checks or
+  // its token embedding leaves the sequence as it was; one that fails inside
+  // the blocks ends it (some layers may have cached its tokens): start
+  // another.
   void start_sequence(int64_t batch);
   Tensor decode(const Tensor& ids, Context& ctx);
   void end_sequence();

@@ -121,6 +121,7 @@ TEST_P(HeadsOnBackend, RefusesShapesThatDoNotFit) {
   EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, short_t), Error);
   Tensor long_t = up(Tensor::zeros(Shape{2, 2, 4, 4}));
   EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, long_t), Error);  // no position given: T must agree
+  EXPECT_THROW(kernels::heads_from_rows(ctx(), rows, 0, long_t, -2), Error);
   kernels::heads_from_rows(ctx(), rows, 0, long_t, 1);  // fits: positions [1, 4)
   kernels::heads_from_rows(ctx(), rows, 0, long_t, 0);  // and [0, 3)
   EXPECT_THROW(kernels::heads_to_rows(ctx(), long_t, 0, rows), Error);  // rows hold T = 3 positions, not 4

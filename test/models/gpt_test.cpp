@@ -532,7 +532,8 @@ double rel_diff(const float* a, const float* b, int64_t n) {
 // the largest logit; bf16-mixed within bfloat16's rounding), with and
 // without checkpointed blocks; a plain forward in between neither reads nor
 // disturbs the cache, nor does a refused token; past block_size, a wrong
-// batch and training are refused.
+// batch and training are refused; a decode failing inside the layers ends
+// the sequence, and a new one decodes as before.
 TEST(GPTDecode, CachedLogitsAreTheFullForwardsLastPositions) {
   std::mt19937_64 rng(12);
   const int64_t b = 2, t = 8, v = 11;
@@ -579,6 +580,24 @@ TEST(GPTDecode, CachedLogitsAreTheFullForwardsLastPositions) {
       ctx.training = true;
       EXPECT_NE(error_of([&] { m->decode(Tensor::zeros(Shape{b, 1}, DType::I32), ctx); }).find("for evaluation"),
                 std::string::npos);
+      ctx.training = false;
+      // A decode that fails inside the layers (here: the cache's storage type changed under it, after the
+      // first layer's projection) ends the sequence; a new one decodes as before.
+      Tensor first = Tensor::empty(Shape{b, 3}, DType::I32);
+      for (int64_t r = 0; r < b; ++r) std::copy(ids.data<int32_t>() + r * t, ids.data<int32_t>() + r * t + 3,
+                                                first.data<int32_t>() + r * 3);
+      m->start_sequence(b);
+      m->decode(first, ctx);
+      ctx.math.autocast = autocast == DType::F32 ? DType::BF16 : DType::F32;
+      EXPECT_NE(error_of([&] { m->decode(Tensor::zeros(Shape{b, 1}, DType::I32), ctx); }).find("changed"),
+                std::string::npos);
+      ctx.math.autocast = autocast;
+      EXPECT_EQ(error_of([&] { m->decode(Tensor::zeros(Shape{b, 1}, DType::I32), ctx); }),
+                "gpt: decode needs start_sequence first (again after a decode that failed)");
+      m->start_sequence(b);
+      const Tensor again = testing::float32_values(m->decode(first, ctx));
+      for (int64_t r = 0; r < b; ++r)
+        EXPECT_LT(rel_diff(again.f32() + r * v, full.f32() + (r * t + 2) * v, v), autocast == DType::F32 ? 1e-5 : 0.03);
       m->end_sequence();
     }
 }
