@@ -167,14 +167,19 @@ Tensor GPT::forward(const Tensor& ids, Context& ctx) {
   Tensor x = drop_->forward(emb_, ctx);
   x = h_->forward(x, ctx);
   x_ = ln_f_->forward(x, ctx);
-  // lm_head: logits = x wte^T, a matrix product (the low type under autocast).
-  const AutocastWeights::Cast in = head_.forward(ctx, x_.view(Shape{b * t, e}), wte_->weight().value, nullptr,
-                                                 kernels::linear_rounds_in_low_type(ctx), true);
-  head_x_ = in.x;
-  ensure_autocast_output(logits_, Shape{b * t, v}, ctx);
-  kernels::linear_forward(ctx, in.x, in.w, nullptr, logits_);
-  head_.round_output(ctx, logits_);
+  head_x_ = lm_head(x_.view(Shape{b * t, e}), logits_, ctx);
   return logits_.view(Shape{b, t, v});
+}
+
+// lm_head: logits (rows, vocab) = x wte^T, a matrix product (the low type under autocast); returns the
+// input as the product read it, for backward.
+Tensor GPT::lm_head(const Tensor& x, Tensor& logits, Context& ctx) {
+  const AutocastWeights::Cast in = head_.forward(ctx, x, wte_->weight().value, nullptr,
+                                                 kernels::linear_rounds_in_low_type(ctx), true);
+  ensure_autocast_output(logits, Shape{x.size(0), config_.vocab_size}, ctx);
+  kernels::linear_forward(ctx, in.x, in.w, nullptr, logits);
+  head_.round_output(ctx, logits);
+  return in.x;
 }
 
 Tensor GPT::backward(const Tensor& dlogits, Context& ctx) {
@@ -216,7 +221,7 @@ Tensor GPT::decode(const Tensor& ids, Context& ctx) {
       << "gpt: decode takes (B, T) int32 token ids, got " << dtype_name(ids.dtype()) << " " << ids.shape().str();
   FANOUT_USER_CHECK(seq_batch_ > 0) << "gpt: decode needs start_sequence first (again after a decode that failed)";
   FANOUT_CHECK(!ctx.training) << "gpt: decode is for evaluation";
-  const int64_t b = ids.size(0), t = ids.size(1), e = config_.n_embd, v = config_.vocab_size;
+  const int64_t b = ids.size(0), t = ids.size(1), e = config_.n_embd;
   FANOUT_USER_CHECK(b == seq_batch_) << "gpt: decode of a batch of " << b << " in a sequence of " << seq_batch_;
   FANOUT_USER_CHECK(decoded_ + t <= config_.block_size)
       << "gpt: " << decoded_ << " decoded tokens and " << t << " more are longer than block_size "
@@ -251,12 +256,7 @@ Tensor GPT::decode(const Tensor& ids, Context& ctx) {
       dec_last_.view(Shape{b, e}).slice(i, i + 1).copy_from(rows.slice(i * t + t - 1, i * t + t), &ctx.compute());
     last_rows = dec_last_;
   }
-  const Tensor last = ln_f_->forward(last_rows, ctx);
-  const AutocastWeights::Cast in = head_.forward(ctx, last.view(Shape{b, e}), wte_->weight().value, nullptr,
-                                                 kernels::linear_rounds_in_low_type(ctx), true);
-  ensure_autocast_output(dec_logits_, Shape{b, v}, ctx);
-  kernels::linear_forward(ctx, in.x, in.w, nullptr, dec_logits_);
-  head_.round_output(ctx, dec_logits_);
+  lm_head(ln_f_->forward(last_rows, ctx).view(Shape{b, e}), dec_logits_, ctx);
   return dec_logits_;
 }
 

@@ -77,6 +77,8 @@ class GPT : public Module {
   int64_t decoded() const { return decoded_; }
 
  private:
+  Tensor lm_head(const Tensor& x, Tensor& logits, Context& ctx);
+
   GPTConfig config_;
   bool checkpoint_;
   Embedding* wte_;
