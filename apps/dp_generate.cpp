@@ -37,7 +37,8 @@ struct Options {
 
 bool parse(int argc, char** argv, Options& o) {
   po::options_description desc(
-      "dp-generate: text from a GPT trained by dp-train on text:FILE or text-bytes:FILE (nanoGPT's sample.py)\n\n"
+      "dp-generate: text from a GPT trained by dp-train on text:FILE or text-bytes:FILE, or with --tokenizer "
+      "(nanoGPT's sample.py)\n\n"
       "Usage: dp-generate --checkpoint FILE [options]\n\nOptions");
   // clang-format off
   desc.add_options()
@@ -85,18 +86,9 @@ Trained read_trained(const std::string& path) {
   t.model = config["model"].get<std::string>();
   FANOUT_USER_CHECK(models::is_gpt(t.model)) << path << " holds model " << t.model << ", not a GPT";
   FANOUT_USER_CHECK(config.contains("tokens") && config["tokens"].is_object() && config["tokens"].contains("kind"))
-      << path << " was not trained on text (text:FILE or text-bytes:FILE): it has no vocabulary to decode with";
-  const nlohmann::json& tok = config["tokens"];
-  t.vocab.bytes = tok["kind"] == "bytes";
-  if (t.vocab.bytes)
-    for (int b = 0; b < 256; ++b) t.vocab.itos.emplace_back(1, static_cast<char>(b));
-  else {
-    const auto itos = tok.find("itos");
-    bool strings = itos != tok.end() && itos->is_array() && !itos->empty();
-    for (size_t i = 0; strings && i < itos->size(); ++i) strings = (*itos)[i].is_string();
-    FANOUT_USER_CHECK(strings) << path << ": the vocabulary in its metadata (tokens.itos) is not a list of strings";
-    t.vocab.itos = itos->get<std::vector<std::string>>();
-  }
+      << path << " was not trained on text (text:FILE or text-bytes:FILE) or with --tokenizer: it has no vocabulary "
+                 "to decode with";
+  t.vocab = data::parse_token_meta(config["tokens"], path + " (its metadata's tokens)", /*exact_size=*/false).vocab;
   return t;
 }
 
@@ -120,8 +112,9 @@ int run(int argc, char** argv) {
   }
   for (int s = 0; s < o.num_samples; ++s) {
     models::SampleOptions so = o.sample;
+    so.vocab_limit = t.vocab.size();  // a padded model's extra tokens have no text
     so.seed = o.sample.seed + static_cast<uint64_t>(s);
-    // Each token as it is drawn (a byte vocabulary's partial UTF-8 sequence is completed by the next ones).
+    // Each token as it is drawn (a byte's or BPE token's partial UTF-8 sequence is completed by the next ones).
     std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
     std::fflush(stdout);
     models::generate(*model, ctx, prompt, so, [&](int32_t id) {

@@ -123,6 +123,10 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
      "text-bytes:FILE (the 256 byte values); image files: imagefolder:DIR (DIR/train/<class>/*.jpg|png and "
      "DIR/val/<class>/..., decoded by the loader workers), wds:DIR (WebDataset tar shards DIR/train-*.tar and "
      "DIR/val-*.tar: KEY.jpg or KEY.png beside KEY.cls)")
+    ("tokenizer", po::value(&o.tokenizer)->default_value(d.tokenizer),
+     "a byte-level BPE's folder (GPT-2's vocab.json and merges.txt, or encoder.json and vocab.bpe): text:FILE is "
+     "encoded with it as nanoGPT's shakespeare prepare.py does with tiktoken's gpt2; for tokens:DIR without "
+     "meta.json, the vocabulary its ids are in; either way the checkpoints carry it for dp-generate")
     ("epochs", po::value(&o.epochs)->default_value(d.epochs), "epochs to train")
     ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
      "end the run after this many optimizer steps, inside an epoch if need be (nanoGPT's max_iters; alone, "
@@ -686,8 +690,12 @@ void print_resumed(const train::RunConfig& c, const train::ResumeOutcome& r) {
                 st.epoch + 1, static_cast<long long>(r.rebatch->batch_size),
                 static_cast<long long>(r.rebatch->from_sample), static_cast<long long>(r.rebatch->was));
   for (const train::OptionChange& o : r.changed)
-    std::fprintf(stderr, "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue exactly\n",
-                 o.key.c_str(), o.was.dump().c_str(), o.now.dump().c_str());
+    if (o.key == "tokens")  // a vocabulary, a tokenizer's tens of thousands of tokens: not printed
+      std::fprintf(stderr, "dp-train: warning: the data's vocabulary differs from the checkpoint's: the run will "
+                           "not continue exactly\n");
+    else
+      std::fprintf(stderr, "dp-train: warning: %s was %s in the checkpoint, now %s: the run will not continue "
+                           "exactly\n", o.key.c_str(), o.was.dump().c_str(), o.now.dump().c_str());
   std::printf("resumed from %s: %d of %d epochs done%s, %lld steps\n", r.path.c_str(), st.epoch, c.epochs,
               st.batch > 0 ? (" and " + std::to_string(st.batch) + " batches of the next").c_str() : "",
               static_cast<long long>(st.step));
@@ -944,10 +952,9 @@ int run(int argc, char** argv) {
   }
   nlohmann::json config = c.checkpoint_config(names(all), p.world);
   if (data.token_data()) {  // dp-generate decodes with it
-    nlohmann::json tokens = {{"vocab_size", data.tokens.vocab_size}};
-    if (data.tokens.vocab.bytes) tokens["kind"] = "bytes";
-    else if (!data.tokens.vocab.itos.empty()) tokens["kind"] = "char", tokens["itos"] = data.tokens.vocab.itos;
-    config["tokens"] = tokens;
+    data::TokenMeta vocabulary = data.tokens;
+    vocabulary.train_tokens = vocabulary.val_tokens = 0;  // the cache's, not the run's
+    config["tokens"] = data::token_meta_json(vocabulary);
   }
   auto opt = train::make_engine_optimizer(*engine, c.optimizer_options());
   auto ckpt = restore(c, *engine, *opt, p, config);

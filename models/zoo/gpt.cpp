@@ -265,6 +265,7 @@ void check_sample_options(const SampleOptions& o) {
       << "temperature must be positive, got " << o.temperature;
   FANOUT_USER_CHECK(o.top_k >= 0) << "top-k must be non-negative (0: every token), got " << o.top_k;
   FANOUT_USER_CHECK(o.max_new_tokens >= 0) << "max new tokens must be non-negative, got " << o.max_new_tokens;
+  FANOUT_USER_CHECK(o.vocab_limit >= 0) << "the vocabulary limit must be non-negative (0: none), got " << o.vocab_limit;
 }
 
 std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_t>& ids, const SampleOptions& o,
@@ -272,6 +273,8 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
   FANOUT_USER_CHECK(!ids.empty()) << "generation needs a prompt of at least one token";
   check_sample_options(o);
   const GPTConfig& c = model.config();
+  FANOUT_USER_CHECK(o.vocab_limit <= c.vocab_size)
+      << "the vocabulary limit " << o.vocab_limit << " exceeds the model's vocab_size " << c.vocab_size;
   for (int32_t id : ids)
     FANOUT_USER_CHECK(id >= 0 && id < c.vocab_size) << "prompt token " << id << " is outside [0, " << c.vocab_size << ")";
   model.eval();
@@ -314,8 +317,9 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
     const float* z = logits.f32();
     // top-k: keep the logits at least as large as the k-th largest (ties kept, as torch.topk's threshold).
     double cut = -std::numeric_limits<double>::infinity();
-    if (o.top_k > 0 && o.top_k < c.vocab_size) {
-      std::vector<float> sorted(z, z + c.vocab_size);
+    const int64_t drawable = o.vocab_limit > 0 ? o.vocab_limit : c.vocab_size;  // tokens past it are never drawn
+    if (o.top_k > 0 && o.top_k < drawable) {
+      std::vector<float> sorted(z, z + drawable);
       std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
       cut = sorted[static_cast<size_t>(o.top_k - 1)];
     }
@@ -323,18 +327,18 @@ std::vector<int32_t> generate(GPT& model, Context& ctx, const std::vector<int32_
     // any T > 0, so a tiny temperature draws the likeliest token instead of
     // inf - inf.
     double peak = -std::numeric_limits<double>::infinity(), sum = 0;
-    for (int64_t k = 0; k < c.vocab_size; ++k) {
+    for (int64_t k = 0; k < drawable; ++k) {
       FANOUT_USER_CHECK(std::isfinite(z[k]))
           << "the model's logits are not finite (" << z[k] << " for token " << k << "): are its weights?";
       if (z[k] >= cut) peak = std::max(peak, static_cast<double>(z[k]));
     }
-    for (int64_t k = 0; k < c.vocab_size; ++k) {
+    for (int64_t k = 0; k < drawable; ++k) {
       p[static_cast<size_t>(k)] = z[k] >= cut ? std::exp((z[k] - peak) / o.temperature) : 0.0;
       sum += p[static_cast<size_t>(k)];
     }
     double u = uniform(rng) * sum;
     int32_t next = 0;
-    for (int64_t k = 0; k < c.vocab_size; ++k) {
+    for (int64_t k = 0; k < drawable; ++k) {
       if (p[static_cast<size_t>(k)] == 0) continue;
       next = static_cast<int32_t>(k);
       if ((u -= p[static_cast<size_t>(k)]) < 0) break;

@@ -111,6 +111,7 @@ struct SampleOptions {
   int64_t top_k = 200;
   uint64_t seed = 1337;
   bool kv_cache = true;
+  int64_t vocab_limit = 0;  // draw among the first N tokens only (a padded vocabulary's text); 0: all
 };
 // One-line errors for options generate() cannot take.
 void check_sample_options(const SampleOptions& o);

@@ -11,6 +11,8 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   DataSplits s;
+  FANOUT_USER_CHECK(o.tokenizer.empty() || kind == "tokens" || kind == "text")
+      << "--tokenizer encodes text:FILE or names the vocabulary of tokens:DIR, not data " << spec;
   if (kind == "imagefolder" || kind == "wds") {
     const ImageFolderSplits f = kind == "wds" ? open_wds(arg, o.augment, o.normalize, o.skip_bad_samples)
                                               : open_image_folder(arg, o.augment, o.normalize, o.skip_bad_samples);
@@ -31,11 +33,24 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
                                   << (kind == "tokens" ? "a directory (tokens:DIR)" : "a file (" + kind + ":FILE)");
   FANOUT_USER_CHECK(o.block_size > 0) << "dataset '" << spec
                                       << "' is token data for a language model: train it with --model gpt:...";
+  const std::shared_ptr<const Bpe> bpe = o.tokenizer.empty() ? nullptr : Bpe::load(o.tokenizer);
+  FANOUT_USER_CHECK(!bpe || o.vocab_size == 0 || o.vocab_size >= bpe->size())
+      << "the model's vocab_size " << o.vocab_size << " is smaller than tokenizer " << o.tokenizer << "'s "
+      << bpe->size() << " tokens";
   const std::string dir =
-      kind == "tokens" ? arg : prepare_text(arg, kind == "text-bytes", o.cache_dir.empty() ? default_cache_dir() : o.cache_dir);
+      kind == "tokens"
+          ? arg
+          : prepare_text(arg, kind == "text-bytes", o.cache_dir.empty() ? default_cache_dir() : o.cache_dir, bpe);
   TokenSplits t;
   try {
-    t = open_token_dir(dir, o.block_size, o.vocab_size);
+    const bool files_with_bpe = bpe && kind == "tokens";
+    FANOUT_USER_CHECK(!files_with_bpe || read_token_meta(dir).vocab_size == 0)
+        << "token data " << dir << " has its own vocabulary (meta.json): give no --tokenizer";
+    t = open_token_dir(dir, o.block_size, files_with_bpe && o.vocab_size == 0 ? bpe->size() : o.vocab_size);
+    if (files_with_bpe) {
+      t.meta.vocab = bpe_vocabulary(bpe);
+      t.meta.vocab_size = bpe->size();
+    }
   } catch (const Error& e) {
     if (kind == "tokens") throw;
     // The cache's file names mean little to whoever gave the text: name it.

@@ -3,7 +3,9 @@
 // data for language models (tokens.h): "tokens:DIR" (nanoGPT's train.bin and
 // val.bin, or llm.c shards by those names, with DIR/meta.json), "text:FILE"
 // (a character vocabulary, as nanoGPT's shakespeare_char) and
-// "text-bytes:FILE" (the 256 byte values).
+// "text-bytes:FILE" (the 256 byte values); with DataOptions::tokenizer, text
+// is encoded by that BPE and token files without meta.json take it as their
+// vocabulary.
 #pragma once
 #include <memory>
 #include <string>
@@ -21,6 +23,7 @@ struct DataOptions {
   int64_t block_size = 0;  // token data: the model's block_size (0: not a language model)
   int64_t vocab_size = 0;  // token data without meta.json: the model's vocabulary (0: unknown)
   std::string cache_dir;   // text: where its token files go (default_cache_dir() when empty)
+  std::string tokenizer;   // text, tokens: a byte-level BPE's folder (bpe.h; empty: none)
   Augment augment;         // image files: the training pipeline, which fixes the sample size
   std::string normalize = "imagenet";  // image files: parse_normalize's spec
   bool skip_bad_samples = false;       // image files: replace unreadable ones (ImageFileDataset)
@@ -35,8 +38,9 @@ struct DataSplits {
   bool token_data() const { return tokens.vocab_size > 0; }
 };
 
-// One-line errors as open_dataset's, and token data without a block size
-// ("token data trains a language model: --model gpt:...").
+// One-line errors as open_dataset's, token data without a block size
+// ("token data trains a language model: --model gpt:..."), a tokenizer for
+// other data or beside a meta.json's vocabulary.
 DataSplits open_data(const std::string& spec, const DataOptions& o);
 
 }  // namespace fanout::data

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/data/utf8.h"
 #include "runtime/io/file_io.h"
 
 namespace fanout::data {
@@ -131,36 +132,6 @@ void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
 
 namespace {
 
-// The UTF-8 sequence at text[i]: its length and code point, or 0 where it is
-// not UTF-8 as Python's strict decoder reads it (a bad or missing
-// continuation byte, an overlong form, a surrogate, past U+10FFFF).
-size_t utf8_next(const std::string& text, size_t i, uint32_t& cp) {
-  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(text[i + k])); };
-  const uint32_t c = b(0);
-  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-  if (n == 0 || i + n > text.size()) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((b(k) >> 6) != 0x2) return 0;
-  static constexpr uint32_t kLeadBits[] = {0, 0x7f, 0x1f, 0x0f, 0x07}, kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
-  cp = c & kLeadBits[n];
-  for (size_t k = 1; k < n; ++k) cp = cp << 6 | (b(k) & 0x3f);
-  const bool ok = cp >= kSmallest[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
-  return ok ? n : 0;
-}
-
-// Calls each(i, n, code point) for the characters of `text`; one-line error at
-// the first invalid sequence, naming `what` ("text FILE", "the prompt"), then `hint`.
-template <typename Each>
-void for_utf8_chars(const std::string& text, const std::string& what, const char* hint, Each&& each) {
-  for (size_t i = 0; i < text.size();) {
-    uint32_t cp = 0;
-    const size_t n = utf8_next(text, i, cp);
-    FANOUT_USER_CHECK(n > 0) << what << " is not UTF-8 at byte " << i << hint;
-    each(i, n, cp);
-    i += n;
-  }
-}
-
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -180,6 +151,7 @@ std::string read_all(const std::string& path) {
 }  // namespace
 
 std::vector<int32_t> Vocabulary::encode(const std::string& text) const {
+  if (bpe) return bpe->encode(text, /*allow_special=*/true, "the prompt");
   std::vector<int32_t> out;
   if (bytes) {
     for (unsigned char c : text) out.push_back(c);
@@ -206,41 +178,71 @@ std::string Vocabulary::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-TokenMeta read_token_meta(const std::string& dir) {
+Vocabulary bpe_vocabulary(std::shared_ptr<const Bpe> bpe) {
+  Vocabulary v;
+  for (int32_t i = 0; i < bpe->size(); ++i) v.itos.push_back(bpe->bytes(i));
+  v.bpe = std::move(bpe);
+  return v;
+}
+
+TokenMeta parse_token_meta(const nlohmann::json& j, const std::string& what, bool exact_size) {
+  FANOUT_USER_CHECK(j.is_object() && j.contains("vocab_size") && j["vocab_size"].is_number_integer() &&
+                    j["vocab_size"].get<int64_t>() >= 1 && j["vocab_size"].get<int64_t>() <= static_cast<int64_t>(kMaxVocab))
+      << what << " is not a token meta file ({\"vocab_size\": N, ...} with N in 1.." << kMaxVocab << ")";
   TokenMeta m;
-  const std::string path = dir + "/meta.json";
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return m;
-  nlohmann::json j = nlohmann::json::parse(io::read_file(path, "token meta file", 1 << 24), nullptr, false);
-  FANOUT_USER_CHECK(!j.is_discarded() && j.is_object() && j.contains("vocab_size") &&
-                    j["vocab_size"].is_number_integer() && j["vocab_size"].get<int64_t>() >= 1 &&
-                    j["vocab_size"].get<int64_t>() <= static_cast<int64_t>(kMaxVocab))
-      << path << " is not a token meta file ({\"vocab_size\": N, ...} with N in 1.." << kMaxVocab << ")";
   m.vocab_size = j["vocab_size"].get<int64_t>();
-  if (j.value("kind", std::string()) == "bytes") {
-    FANOUT_USER_CHECK(m.vocab_size == 256) << path << ": a byte vocabulary has 256 tokens, not " << m.vocab_size;
+  const auto strings = [&](const char* key) {
+    const auto it = j.find(key);
+    bool ok = it != j.end() && it->is_array();
+    for (size_t i = 0; ok && i < it->size(); ++i) ok = (*it)[i].is_string();
+    FANOUT_USER_CHECK(ok) << what << ": " << key << " must list strings";
+    return it->get<std::vector<std::string>>();
+  };
+  const std::string kind = j.value("kind", std::string());
+  if (kind == "bytes") {
     m.vocab.bytes = true;
     for (int b = 0; b < 256; ++b) m.vocab.itos.emplace_back(1, static_cast<char>(b));
+  } else if (kind == "bpe") {
+    m.vocab = bpe_vocabulary(Bpe::from_lists(strings("itos"), strings("merges"), what));
+    const auto splits = j.find("splits");
+    if (splits != j.end() && splits->is_array() && splits->size() == 2 && (*splits)[0].is_number_integer() &&
+        (*splits)[1].is_number_integer())
+      m.train_tokens = (*splits)[0].get<int64_t>(), m.val_tokens = (*splits)[1].get<int64_t>();
   } else if (j.contains("itos")) {
-    FANOUT_USER_CHECK(j["itos"].is_array() && static_cast<int64_t>(j["itos"].size()) == m.vocab_size)
-        << path << ": itos must list vocab_size strings";
-    for (const auto& s : j["itos"]) {
-      FANOUT_USER_CHECK(s.is_string()) << path << ": itos must list strings";
-      m.vocab.itos.push_back(s.get<std::string>());
-    }
+    m.vocab.itos = strings("itos");
   }
+  FANOUT_USER_CHECK(m.vocab.itos.empty() || (exact_size ? m.vocab_size == m.vocab.size() : m.vocab_size >= m.vocab.size()))
+      << what << ": vocab_size " << m.vocab_size << " does not fit its vocabulary of " << m.vocab.size() << " tokens";
   return m;
 }
 
-void write_token_meta(const std::string& dir, const TokenMeta& meta) {
+nlohmann::json token_meta_json(const TokenMeta& meta) {
   nlohmann::json j = {{"vocab_size", meta.vocab_size}};
   if (meta.vocab.bytes) {
     j["kind"] = "bytes";  // token b is byte b (bytes past 0x7f are no UTF-8 strings of their own)
+  } else if (meta.vocab.bpe) {
+    j["kind"] = "bpe";
+    j["itos"] = meta.vocab.bpe->tokens();
+    j["merges"] = meta.vocab.bpe->merges();
+    if (meta.train_tokens > 0) j["splits"] = {meta.train_tokens, meta.val_tokens};
   } else if (!meta.vocab.itos.empty()) {
     j["kind"] = "char";
     j["itos"] = meta.vocab.itos;
   }
-  const std::string text = j.dump() + "\n";
+  return j;
+}
+
+TokenMeta read_token_meta(const std::string& dir) {
+  const std::string path = dir + "/meta.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  const nlohmann::json j = nlohmann::json::parse(io::read_file(path, "token meta file", 1 << 26), nullptr, false);
+  FANOUT_USER_CHECK(!j.is_discarded()) << path << " is not a token meta file (not JSON)";
+  return parse_token_meta(j, path, /*exact_size=*/true);
+}
+
+void write_token_meta(const std::string& dir, const TokenMeta& meta) {
+  const std::string text = token_meta_json(meta).dump() + "\n";
   io::write_file_atomic(dir + "/meta.json", [&](const io::WriteFn& w) { w(text.data(), text.size()); });
 }
 
@@ -251,8 +253,64 @@ std::string default_cache_dir() {
   return "/tmp/fanout-cache";
 }
 
-std::string prepare_text(const std::string& path, bool bytes, const std::string& cache_dir) {
+namespace {
+
+// nanoGPT's shakespeare prepare.py: the text cut at 90% of its characters,
+// each part encoded without special tokens.
+std::string prepare_bpe_text(const std::string& path, const std::string& text, const std::shared_ptr<const Bpe>& bpe,
+                             const std::string& cache_dir) {
+  std::string spelled;
+  for (const std::string& t : bpe->tokens()) spelled += t + '\n';
+  for (const std::string& m : bpe->merges()) spelled += m + '\n';
+  char key[40];
+  std::snprintf(key, sizeof key, "%016llx-%016llx", static_cast<unsigned long long>(fnv1a(text)),
+                static_cast<unsigned long long>(fnv1a(spelled)));
+  const std::string dir = cache_dir + "/text-bpe-" + key;
+  namespace fs = std::filesystem;
+  std::error_code ec1, ec2;
+  if (fs::exists(dir + "/meta.json")) {  // complete unless a file was cut or written over since
+    TokenMeta m;
+    try {
+      m = read_token_meta(dir);
+    } catch (const Error&) {  // made again below
+    }
+    if (m.train_tokens > 0 && fs::file_size(dir + "/train.bin", ec1) == static_cast<uintmax_t>(2 * m.train_tokens) &&
+        !ec1 && fs::file_size(dir + "/val.bin", ec2) == static_cast<uintmax_t>(2 * m.val_tokens) && !ec2)
+      return dir;
+  }
+  size_t chars = 0;
+  for_utf8_chars(text, "text " + path, " (text-bytes:FILE reads any bytes)", [&](size_t, size_t, uint32_t) { ++chars; });
+  const size_t cut_chars = static_cast<size_t>(static_cast<double>(chars) * 0.9);
+  size_t cut = 0;  // the byte where character cut_chars starts
+  for (size_t c = 0; c < cut_chars; ++c) {
+    uint32_t cp = 0;
+    cut += utf8_next(text, cut, cp);
+  }
+  TokenMeta meta;
+  meta.vocab = bpe_vocabulary(bpe);
+  meta.vocab_size = bpe->size();
+  std::vector<uint16_t> split[2];
+  for (int part = 0; part < 2; ++part) {
+    const std::vector<int32_t> ids = bpe->encode(part == 0 ? text.substr(0, cut) : text.substr(cut), false, "text " + path);
+    split[part].assign(ids.begin(), ids.end());
+  }
+  meta.train_tokens = static_cast<int64_t>(split[0].size());
+  meta.val_tokens = static_cast<int64_t>(split[1].size());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
+  write_tokens(dir + "/train.bin", split[0].data(), split[0].size());
+  write_tokens(dir + "/val.bin", split[1].data(), split[1].size());
+  write_token_meta(dir, meta);  // last: its presence marks a complete cache entry
+  return dir;
+}
+
+}  // namespace
+
+std::string prepare_text(const std::string& path, bool bytes, const std::string& cache_dir,
+                         std::shared_ptr<const Bpe> bpe) {
   const std::string text = read_all(path);
+  if (bpe) return prepare_bpe_text(path, text, bpe, cache_dir);
   char key[17];
   std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
   const std::string dir = cache_dir + "/text-" + (bytes ? "bytes-" : "char-") + key;

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/data/bpe.h"
 #include "runtime/data/dataset.h"
 
 namespace fanout::data {
@@ -75,36 +78,53 @@ class TokenWindows : public Dataset {
   int64_t block_, vocab_, windows_;
 };
 
-// A text vocabulary: token i decodes to itos[i] (UTF-8; one byte for byte
-// vocabularies).
+// A text vocabulary: token i decodes to itos[i] (UTF-8 for characters; one
+// byte for byte vocabularies; a BPE token's bytes, which may end inside a
+// character that the next tokens complete).
 struct Vocabulary {
   bool bytes = false;  // the 256 byte values
   std::vector<std::string> itos;
+  std::shared_ptr<const Bpe> bpe;  // a byte-level BPE (bpe.h): encode applies its merges
   int64_t size() const { return static_cast<int64_t>(itos.size()); }
-  // One-line error naming the first character outside the vocabulary.
+  // One-line error naming the first character outside the vocabulary (a
+  // BPE encodes any UTF-8, its special tokens' text as those tokens).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
 };
 
-// meta.json: {"vocab_size": N} and, for text, "kind" ("char" or "bytes")
-// and "itos". Reads return vocab_size 0 when the file is absent.
+// A BPE's vocabulary: itos its tokens' bytes.
+Vocabulary bpe_vocabulary(std::shared_ptr<const Bpe> bpe);
+
+// meta.json: {"vocab_size": N} and, for text, "kind" ("char", "bytes" or
+// "bpe") and "itos" (a BPE's tokens as its vocabulary file spells them,
+// then "merges"). Reads return vocab_size 0 when the file is absent.
 struct TokenMeta {
   int64_t vocab_size = 0;
   Vocabulary vocab;  // empty itos when the data came as token files
+  int64_t train_tokens = 0, val_tokens = 0;  // a BPE text cache's file lengths ("splits": [train, val])
 };
 TokenMeta read_token_meta(const std::string& dir);
 void write_token_meta(const std::string& dir, const TokenMeta& meta);
+// The same JSON object, as checkpoints carry it; parse_token_meta's
+// one-line errors name `what`. vocab_size may exceed the vocabulary (a
+// model's padded one) where exact_size is false.
+nlohmann::json token_meta_json(const TokenMeta& meta);
+TokenMeta parse_token_meta(const nlohmann::json& j, const std::string& what, bool exact_size);
 
 // The cache folder prepare_text writes into: $FANOUT_CACHE_DIR, else
 // $XDG_CACHE_HOME/fanout, else $HOME/.cache/fanout.
 std::string default_cache_dir();
 
 // Makes train.bin, val.bin and meta.json from the text at `path` (bytes: the
-// 256 byte values; else its characters, UTF-8) in cache_dir/text-<kind>-<hash
-// of the content>/, unless they are there already; returns that folder.
-// One-line errors: a missing or empty file, text that is not UTF-8 (naming
-// the byte offset; text-bytes takes any bytes), more than 65536 characters.
-std::string prepare_text(const std::string& path, bool bytes, const std::string& cache_dir);
+// 256 byte values; else its characters, UTF-8; with `bpe`, that tokenizer's
+// tokens of each split, as nanoGPT's shakespeare prepare.py: the text cut
+// at 90% of its characters, each part encoded without special tokens) in
+// cache_dir/text-<kind>-<hash of the content>/, unless they are there
+// already; returns that folder. One-line errors: a missing or empty file,
+// text that is not UTF-8 (naming the byte offset; text-bytes takes any
+// bytes), more than 65536 characters.
+std::string prepare_text(const std::string& path, bool bytes, const std::string& cache_dir,
+                         std::shared_ptr<const Bpe> bpe = nullptr);
 
 // The training and validation windows of DIR/train.bin and DIR/val.bin
 // (nanoGPT's names; llm.c's shards by those names too), the vocabulary from

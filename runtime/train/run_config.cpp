@@ -101,6 +101,7 @@ optim::OptimizerOptions RunConfig::optimizer_options() const {
 nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int world_size) const {
   return {{"model", model},
           {"data", data},
+          {"tokenizer", tokenizer},
           {"epochs", epochs},
           {"batch_size", batch_size},
           {"accumulate", accumulate},
@@ -167,6 +168,7 @@ data::DataOptions RunConfig::data_options() const {
   o.augment = data::parse_augment(augment);
   o.normalize = normalize;
   o.skip_bad_samples = skip_bad_samples;
+  o.tokenizer = tokenizer;
   if (models::is_gpt(model)) {
     bool from_data = false;
     const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(model), 1, &from_data);

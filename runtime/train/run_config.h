@@ -19,6 +19,7 @@ struct RunConfig {
   // What to train.
   std::string model = "lenet";
   std::string data = "fashion-mnist";
+  std::string tokenizer;  // token data: a byte-level BPE's folder (empty: none)
   int epochs = 3;
   int64_t batch_size = 32;  // global: split over processes, then over devices
   int64_t eval_batch_size = 1000;

@@ -14,6 +14,9 @@
 #    first epoch (the checkpoint records 7 steps).
 #  - dp-generate with a seed prints the same text twice, the prompt first and
 #    only characters of the text's vocabulary after it.
+#  - --tokenizer (a byte-level BPE learned from the corpus): training lowers
+#    the loss; dp-generate decodes with the checkpoint's copy of the tokenizer,
+#    twice the same for a seed, and never draws a padded model's extra tokens.
 #  - Bad input is one line and exit status 1: a prompt character outside the
 #    vocabulary (named), a checkpoint of another model, block_size longer than
 #    the validation split, a missing and an empty text.
@@ -181,7 +184,7 @@ h = json.dumps(head).encode()
 h += b" " * (-len(h) % 8)
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
 PY
-expect_error "the vocabulary in its metadata (tokens.itos) is not a list of strings" \
+expect_error "badvocab.safetensors (its metadata's tokens): itos must list strings" \
   "$DP_GENERATE" --checkpoint "$work/badvocab.safetensors"
 "$DP_TRAIN" --model mlp --data synthetic:64 --epochs 1 --devices cpu --progress off --save-dir "$work/mlp" > /dev/null
 expect_error "holds model mlp, not a GPT" "$DP_GENERATE" --checkpoint "$work/mlp/best.safetensors"
@@ -193,4 +196,44 @@ expect_error "cannot open text $work/none.txt" \
 : > "$work/empty.txt"
 expect_error "text $work/empty.txt is empty" \
   "$DP_TRAIN" --model "$model" --data "text:$work/empty.txt" --devices cpu --progress off
+
+# A byte-level BPE (--tokenizer: files bpe_reference.py learns from the corpus, 150 merges): the text is
+# encoded with it, the loss falls, and dp-generate encodes the prompt and decodes with the checkpoint's copy
+# (the tokenizer's folder removed first). A model padded past the tokenizer's tokens (vocab_size 512) never
+# draws the padding, even at temperature 3 over every token.
+mkdir -p "$work/bpe"
+python3 "$here/../data/bpe_reference.py" train "$work/corpus.txt" "$work/bpe" 150
+for vocab in "" ",vocab_size=512"; do
+  "$DP_TRAIN" --model "gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=32,dropout=0$vocab" \
+    --data "text:$work/corpus.txt" --tokenizer "$work/bpe" --devices cpu:2 --batch-size 16 --max-steps 40 \
+    --optimizer adamw --lr 3e-3 --progress off --save-dir "$work/bpe-run$vocab" --metrics "$work/bpe$vocab.jsonl" \
+    > "$work/bpe-run$vocab.log"
+done
+python3 - "$work/bpe.jsonl" "$work/bpe/vocab.json" <<'PY'
+import json, math, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]["test_loss"]
+uniform = math.log(len(json.load(open(sys.argv[2]))))
+print(f"BPE: validation loss {last:.3f} after 40 steps (uniform over the tokens: {uniform:.3f})")
+assert last < 0.6 * uniform, last
+PY
+mv "$work/bpe" "$work/bpe-gone"
+"$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --prompt "The cat" --max-new-tokens 60 --seed 3 \
+  > "$work/bpe-gen1.txt"
+"$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --prompt "The cat" --max-new-tokens 60 --seed 3 \
+  > "$work/bpe-gen2.txt"
+cmp -s "$work/bpe-gen1.txt" "$work/bpe-gen2.txt" || fail "dp-generate (BPE) printed different text for one seed"
+"$DP_GENERATE" --checkpoint "$work/bpe-run,vocab_size=512/best.safetensors" --prompt "The cat" --max-new-tokens 300 \
+  --temperature 3 --top-k 0 --seed 5 > "$work/bpe-gen-padded.txt" ||
+  fail "dp-generate drew a padding token of a model larger than its tokenizer"
+python3 - "$work/corpus.txt" "$work/bpe-gen1.txt" <<'PY'
+import sys
+out = open(sys.argv[2], encoding="utf-8").read()
+assert out.startswith("The cat"), out[:40]
+words = set(open(sys.argv[1]).read().split())
+new = out[len("The cat"):].split()
+known = sum(w in words for w in new)
+print("dp-generate (BPE):", repr(out[:80]), f"({known} of {len(new)} words from the corpus)")
+assert known >= len(new) // 2, "mostly words the grammar does not have"
+PY
+
 echo "e2e gpt_text: ok"

@@ -622,6 +622,35 @@ TEST(GPTGenerate, KeyValueCacheDrawsTheTokensOfTheWholeContext) {
   EXPECT_EQ(m->decoded(), 0) << "generate ends its sequence";
 }
 
+// A vocabulary limit (a model padded past its tokenizer's tokens) draws
+// among the first tokens only; the same seed draws those tokens' share as
+// the renormalized distribution over them: 4 of 11 tokens at temperature 4,
+// every token allowed, 300 draws.
+TEST(GPTGenerate, AVocabularyLimitDrawsOnlyTheFirstTokens) {
+  auto m = models::gpt(small(), 25);
+  Context ctx(Device::cpu());
+  models::SampleOptions o;
+  o.max_new_tokens = 300;
+  o.temperature = 4;
+  o.top_k = 0;
+  const std::vector<int32_t> free = models::generate(*m, ctx, {3, 1}, o);
+  EXPECT_TRUE(std::any_of(free.begin(), free.end(), [](int32_t t) { return t >= 4; })) << "unlimited: any token";
+  o.vocab_limit = 4;
+  const std::vector<int32_t> limited = models::generate(*m, ctx, {3, 1}, o);
+  std::vector<int> seen(11);
+  for (int32_t t : limited) ++seen[static_cast<size_t>(t)];
+  for (int t = 0; t < 11; ++t) EXPECT_EQ(seen[static_cast<size_t>(t)] > 0, t < 4) << "token " << t;
+  o.top_k = 2;  // top-k among the allowed ones
+  const std::vector<int32_t> top = models::generate(*m, ctx, {3, 1}, o);
+  EXPECT_TRUE(std::all_of(top.begin(), top.end(), [](int32_t t) { return t < 4; }));
+  o.vocab_limit = 12;
+  EXPECT_EQ(error_of([&] { models::generate(*m, ctx, {3, 1}, o); }),
+            "the vocabulary limit 12 exceeds the model's vocab_size 11");
+  o.vocab_limit = -1;
+  EXPECT_EQ(error_of([&] { models::generate(*m, ctx, {3, 1}, o); }),
+            "the vocabulary limit must be non-negative (0: none), got -1");
+}
+
 TEST(GPTGenerate, TopOneIsGreedyAndASeedRepeats) {
   auto m = models::gpt(small(), 21);
   Context ctx(Device::cpu());
