@@ -28,7 +28,7 @@ using namespace fanout;
 namespace {
 
 struct Options {
-  std::string checkpoint, prompt = "\n", device = "cpu";
+  std::string checkpoint, weights, model, tokenizer, prompt = "\n", device = "cpu";
   models::SampleOptions sample;
   int num_samples = 1;
   std::string seed;
@@ -39,11 +39,19 @@ bool parse(int argc, char** argv, Options& o) {
   po::options_description desc(
       "dp-generate: text from a GPT trained by dp-train on text:FILE or text-bytes:FILE, or with --tokenizer "
       "(nanoGPT's sample.py)\n\n"
-      "Usage: dp-generate --checkpoint FILE [options]\n\nOptions");
+      "Usage: dp-generate --checkpoint FILE [options]\n"
+      "       dp-generate --weights FILE --model gpt:... --tokenizer DIR [options]\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("checkpoint", po::value(&o.checkpoint)->required(), "a dp-train checkpoint or best.safetensors of a GPT")
+    ("checkpoint", po::value(&o.checkpoint), "a dp-train checkpoint or best.safetensors of a GPT")
+    ("weights", po::value(&o.weights),
+     "instead of --checkpoint: a GPT's safetensors (ours, nanoGPT's names, or Hugging Face's GPT-2 layout), with "
+     "--model and --tokenizer")
+    ("model", po::value(&o.model), "with --weights: the GPT they are, gpt:PRESET,KEY=VALUE,... as dp-train's")
+    ("tokenizer", po::value(&o.tokenizer),
+     "a byte-level BPE's folder (vocab.json and merges.txt, or encoder.json and vocab.bpe): with --weights, or for "
+     "a checkpoint trained on token files without a vocabulary")
     ("prompt", po::value(&o.prompt)->default_value(o.prompt, "\"\\n\""), "text the samples continue")
     ("max-new-tokens", po::value(&o.sample.max_new_tokens)->default_value(o.sample.max_new_tokens), "tokens to draw")
     ("temperature", po::value(&o.sample.temperature)->default_value(o.sample.temperature, "0.8"),
@@ -59,10 +67,16 @@ bool parse(int argc, char** argv, Options& o) {
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
-    std::cout << desc << "\nExample:\n  dp-generate --checkpoint run/best.safetensors --prompt 'ROMEO:' --seed 7\n";
+    std::cout << desc << "\nExamples:\n  dp-generate --checkpoint run/best.safetensors --prompt 'ROMEO:' --seed 7\n"
+              << "  dp-generate --weights gpt2/model.safetensors --model gpt:gpt2,vocab_size=50257 --tokenizer gpt2 "
+                 "--prompt 'Hello'\n";
     return false;
   }
   po::notify(vm);
+  FANOUT_USER_CHECK(o.checkpoint.empty() != o.weights.empty()) << "give --checkpoint FILE or --weights FILE (one)";
+  FANOUT_USER_CHECK(o.weights.empty() || (!o.model.empty() && !o.tokenizer.empty()))
+      << "--weights needs --model gpt:... and --tokenizer DIR (the weights carry neither)";
+  FANOUT_USER_CHECK(o.model.empty() || !o.weights.empty()) << "--model is for --weights (a checkpoint names its model)";
   o.prompt_given = !vm["prompt"].defaulted();
   o.sample.seed = apps::parse_seed(o.seed);
   o.sample.kv_cache = !o.no_kv_cache;
@@ -76,19 +90,25 @@ struct Trained {
   data::Vocabulary vocab;
 };
 
-Trained read_trained(const std::string& path) {
+// A checkpoint's model and vocabulary; `tokenizer` for one trained on token
+// files without a vocabulary.
+Trained read_trained(const std::string& path, const std::string& tokenizer) {
   const io::TensorFile f = io::load_safetensors(path);
   const auto cfg = f.metadata.find("config");
   nlohmann::json config = cfg == f.metadata.end() ? nlohmann::json() : nlohmann::json::parse(cfg->second, nullptr, false);
   FANOUT_USER_CHECK(config.is_object() && config.contains("model") && config["model"].is_string())
-      << path << " is not a checkpoint of dp-train (no training configuration in its metadata)";
+      << path << " is not a checkpoint of dp-train (no training configuration in its metadata; --weights reads "
+                 "weights alone)";
   Trained t;
   t.model = config["model"].get<std::string>();
   FANOUT_USER_CHECK(models::is_gpt(t.model)) << path << " holds model " << t.model << ", not a GPT";
-  FANOUT_USER_CHECK(config.contains("tokens") && config["tokens"].is_object() && config["tokens"].contains("kind"))
+  const bool own = config.contains("tokens") && config["tokens"].is_object() && config["tokens"].contains("kind");
+  FANOUT_USER_CHECK(own || !tokenizer.empty())
       << path << " was not trained on text (text:FILE or text-bytes:FILE) or with --tokenizer: it has no vocabulary "
-                 "to decode with";
-  t.vocab = data::parse_token_meta(config["tokens"], path + " (its metadata's tokens)", /*exact_size=*/false).vocab;
+                 "to decode with (give --tokenizer DIR)";
+  FANOUT_USER_CHECK(!own || tokenizer.empty()) << path << " carries its own vocabulary: give no --tokenizer";
+  t.vocab = own ? data::parse_token_meta(config["tokens"], path + " (its metadata's tokens)", false).vocab
+                : data::bpe_vocabulary(data::Bpe::load(tokenizer));
   return t;
 }
 
@@ -96,10 +116,12 @@ int run(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) return 0;
   models::check_sample_options(o.sample);  // before anything is printed
-  const Trained t = read_trained(o.checkpoint);
+  FANOUT_USER_CHECK(o.model.empty() || models::is_gpt(o.model)) << "--model " << o.model << " is not a GPT (gpt:...)";
+  const Trained t = o.weights.empty() ? read_trained(o.checkpoint, o.tokenizer)
+                                      : Trained{o.model, data::bpe_vocabulary(data::Bpe::load(o.tokenizer))};
   const models::GPTConfig c = models::parse_gpt_config(models::gpt_spec(t.model), t.vocab.size());
   auto model = models::gpt(c, 0);
-  train::load_weights(o.checkpoint, *model, /*strict=*/true);
+  train::load_weights(o.weights.empty() ? o.checkpoint : o.weights, *model, /*strict=*/true);
   const std::vector<Device> devices = parse_devices(o.device, false);
   FANOUT_USER_CHECK(devices.size() == 1) << "--device takes one device, got '" << o.device << "'";
   Context ctx(devices[0]);

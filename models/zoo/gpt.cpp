@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <utility>
 
@@ -126,6 +127,58 @@ GPT::GPT(const GPTConfig& c, bool checkpoint) : config_(c), checkpoint_(checkpoi
   }
   h_ = &h;
   ln_f_ = &t.add("ln_f", std::make_unique<LayerNorm>(Shape{c.n_embd}, 1e-5f, true, c.bias));
+}
+
+void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {
+  const int64_t e = config_.n_embd;
+  const auto conv1d = std::find_if(tensors.begin(), tensors.end(), [&](const auto& nt) {
+    const std::string& n = nt.first;
+    const bool c_attn = n == "h.0.attn.c_attn.weight" || n == "transformer.h.0.attn.c_attn.weight";
+    return c_attn && nt.second.dim() == 2 && nt.second.size(0) == e && nt.second.size(1) == 3 * e && e > 0;
+  });
+  if (conv1d == tensors.end()) return;  // this model's own layout (or one load_state_dict will refuse)
+  const auto ends_with = [](const std::string& s, const char* tail) {
+    const size_t n = std::char_traits<char>::length(tail);
+    return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+  };
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : tensors) {
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;  // the causal mask
+    std::string own = name;
+    for (const char* root : {"h.", "wte.", "wpe.", "ln_f."})
+      if (own.rfind(root, 0) == 0) own = "transformer." + own;
+    const bool transposed = own.rfind("transformer.h.", 0) == 0 &&
+                            (ends_with(own, ".attn.c_attn.weight") || ends_with(own, ".attn.c_proj.weight") ||
+                             ends_with(own, ".mlp.c_fc.weight") || ends_with(own, ".mlp.c_proj.weight"));
+    if (!transposed || t.dim() != 2) {
+      out.emplace_back(own, t);
+      continue;
+    }
+    FANOUT_USER_CHECK(t.device().is_cpu()) << name << ": Hugging Face weights are read on the host";
+    const int64_t rows = t.size(0), cols = t.size(1);
+    const size_t es = dtype_size(t.dtype());
+    Tensor w = Tensor::empty(Shape{cols, rows}, t.dtype());
+    const char* src = static_cast<const char*>(t.raw());
+    char* dst = static_cast<char*>(w.raw());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+    out.emplace_back(own, w);
+  }
+  // GPT2LMHeadModel's state dict names the tied head twice; the file may keep both.
+  const auto named = [&](const char* n) {
+    return std::find_if(out.begin(), out.end(), [&](const auto& nt) { return nt.first == n; });
+  };
+  const auto head = named("lm_head.weight"), wte = named("transformer.wte.weight");
+  if (head != out.end() && wte != out.end()) {
+    const Tensor& a = head->second;
+    const Tensor& b = wte->second;
+    FANOUT_USER_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype() && a.device().is_cpu() &&
+                      b.device().is_cpu() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0)
+        << "lm_head.weight differs from wte.weight: an untied head, which a GPT (tied, as GPT-2's) cannot take";
+    out.erase(head);
+  }
+  tensors = std::move(out);
 }
 
 void GPT::finish_init(std::mt19937_64& rng) {

@@ -56,6 +56,12 @@ class GPT : public Module {
   std::vector<std::pair<std::string, std::string>> tied_names() const override {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }
+  // Hugging Face's GPT2LMHeadModel (or GPT2Model) safetensors, as nanoGPT's
+  // from_pretrained reads them: names without "transformer.", Conv1D's
+  // (in, out) weights of c_attn, c_proj and c_fc transposed, the attention
+  // mask buffers (attn.bias, attn.masked_bias) dropped. Recognized by c_attn's
+  // weight being (n_embd, 3 n_embd).
+  void adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const override;
   const GPTConfig& config() const { return config_; }
   // Parameters without the position embedding (nanoGPT's get_num_params()).
   int64_t num_non_embedding_parameters();

@@ -90,6 +90,12 @@ class Module {
   // load_model does.
   virtual std::vector<std::pair<std::string, std::string>> tied_names() const { return {}; }
 
+  // Rewrites weights saved in another library's layout of this model (names,
+  // transposed matrices, buffers it does not keep) into its own, before
+  // train::load_weights loads them; leaves its own layout alone. One-line
+  // errors for a layout it recognizes but cannot take.
+  virtual void adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {}
+
   // Training flag for the whole subtree (BatchNorm reads it).
   void train(bool on = true);
   void eval() { train(false); }

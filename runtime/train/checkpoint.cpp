@@ -263,6 +263,11 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict)
   std::vector<std::pair<std::string, Tensor>> weights;
   for (auto& [name, t] : f.tensors)
     if (name.rfind(kOptimizerPrefix, 0) != 0) weights.emplace_back(name, t);
+  try {
+    model.adapt_state_dict(weights);
+  } catch (const Error& e) {
+    FANOUT_FAIL() << path << ": " << e.what();
+  }
   // A diverged run's weights are no start: say so here, not as a diverged loss later (tensors the
   // model does not take are not looked at).
   const auto finite = [&](const std::string& name, const Tensor& t) {

@@ -16,7 +16,9 @@
 #    only characters of the text's vocabulary after it.
 #  - --tokenizer (a byte-level BPE learned from the corpus): training lowers
 #    the loss; dp-generate decodes with the checkpoint's copy of the tokenizer,
-#    twice the same for a seed, and never draws a padded model's extra tokens.
+#    twice the same for a seed, and never draws a padded model's extra tokens;
+#    the weights in Hugging Face's GPT-2 layout (dp-generate --weights) print
+#    the same text.
 #  - Bad input is one line and exit status 1: a prompt character outside the
 #    vocabulary (named), a checkpoint of another model, block_size longer than
 #    the validation split, a missing and an empty text.
@@ -225,6 +227,32 @@ cmp -s "$work/bpe-gen1.txt" "$work/bpe-gen2.txt" || fail "dp-generate (BPE) prin
 "$DP_GENERATE" --checkpoint "$work/bpe-run,vocab_size=512/best.safetensors" --prompt "The cat" --max-new-tokens 300 \
   --temperature 3 --top-k 0 --seed 5 > "$work/bpe-gen-padded.txt" ||
   fail "dp-generate drew a padding token of a model larger than its tokenizer"
+# The same weights in Hugging Face's GPT-2 layout (GPT2Model's names, Conv1D's transposed matrices, the mask
+# buffers), with the tokenizer's files: dp-generate --weights prints the same text.
+python3 - "$work/bpe-run/best.safetensors" "$work/hf.safetensors" <<'PY'
+import sys
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+out = {}
+with safe_open(sys.argv[1], "np") as f:
+    for name in f.keys():
+        if name.startswith("optimizer."):
+            continue
+        t = f.get_tensor(name)
+        bare = name[len("transformer."):]
+        out[bare] = np.ascontiguousarray(t.T) if bare.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else t
+layers = 1 + max(int(k.split(".")[1]) for k in out if k.startswith("h."))
+for i in range(layers):
+    out[f"h.{i}.attn.bias"] = np.tril(np.ones((32, 32), np.float32)).reshape(1, 1, 32, 32)
+save_file(out, sys.argv[2])
+PY
+"$DP_GENERATE" --weights "$work/hf.safetensors" --model "gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=32,dropout=0" \
+  --tokenizer "$work/bpe-gone" --prompt "The cat" --max-new-tokens 60 --seed 3 > "$work/bpe-gen-hf.txt"
+cmp -s "$work/bpe-gen1.txt" "$work/bpe-gen-hf.txt" || fail "dp-generate --weights (Hugging Face's layout) printed other text"
+expect_error "carries its own vocabulary: give no --tokenizer" \
+  "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --tokenizer "$work/bpe-gone"
+expect_error "--weights needs --model gpt:... and --tokenizer DIR" "$DP_GENERATE" --weights "$work/hf.safetensors"
 python3 - "$work/corpus.txt" "$work/bpe-gen1.txt" <<'PY'
 import sys
 out = open(sys.argv[2], encoding="utf-8").read()

@@ -24,12 +24,15 @@
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
+#include "runtime/io/safetensors.h"
 #include "runtime/io/state_dict.h"
 #include "runtime/optim/clip.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
+#include "runtime/train/checkpoint.h"
 #include "runtime/train/sharded_optimizer.h"
+#include "support/dist_util.h"
 #include "support/test_util.h"
 #include "support/trained.h"
 
@@ -600,6 +603,59 @@ TEST(GPTDecode, CachedLogitsAreTheFullForwardsLastPositions) {
         EXPECT_LT(rel_diff(again.f32() + r * v, full.f32() + (r * t + 2) * v, v), autocast == DType::F32 ? 1e-5 : 0.03);
       m->end_sequence();
     }
+}
+
+// Hugging Face's GPT-2 layout, written here from its documented form
+// (GPT2Model's names; Conv1D keeps (in, out) weights; each attention layer's
+// causal mask saved as the buffers attn.bias and attn.masked_bias; the tied
+// lm_head.weight beside), loads as nanoGPT's from_pretrained reads it: the
+// same parameters bit for bit and the same logits. GPT2LMHeadModel's
+// "transformer."-prefixed names load too; the raw loader refuses the layout.
+TEST(GPTWeights, HuggingFaceLayoutLoadsAsFromPretrainedReadsIt) {
+  const GPTConfig c = small();
+  auto m = models::gpt(c, 31);
+  const auto own = io::state_dict_cpu(*m);
+  const auto transpose = [](const Tensor& t) {
+    Tensor w = Tensor::empty(Shape{t.size(1), t.size(0)}, DType::F32);
+    for (int64_t r = 0; r < t.size(0); ++r)
+      for (int64_t k = 0; k < t.size(1); ++k) w.f32()[k * t.size(0) + r] = t.f32()[r * t.size(1) + k];
+    return w;
+  };
+  testing::TempDir dir;
+  Context ctx(Device::cpu());
+  Tensor ids = Tensor::empty(Shape{2, 8}, DType::I32);
+  for (int64_t i = 0; i < 16; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % 11);
+  const Tensor want = testing::clone(m->forward(ids, ctx));
+  for (const std::string prefix : {"", "transformer."}) {
+    std::vector<std::pair<std::string, Tensor>> hf;
+    for (const auto& [name, t] : own) {
+      const std::string bare = name.substr(std::string("transformer.").size());
+      const bool conv1d = bare.find("c_attn.weight") != std::string::npos || bare.find("c_fc.weight") != std::string::npos ||
+                          (bare.find("c_proj.weight") != std::string::npos);
+      hf.emplace_back(prefix + bare, conv1d ? transpose(t) : t);
+    }
+    for (int64_t layer = 0; layer < c.n_layer; ++layer) {
+      Tensor mask = Tensor::empty(Shape{1, 1, 8, 8}, DType::F32);
+      for (int64_t i = 0; i < 64; ++i) mask.f32()[i] = i % 8 <= i / 8 ? 1.0f : 0.0f;
+      Tensor masked = Tensor::empty(Shape{}, DType::F32);
+      masked.f32()[0] = -1e4f;
+      hf.emplace_back(prefix + "h." + std::to_string(layer) + ".attn.bias", mask);
+      hf.emplace_back(prefix + "h." + std::to_string(layer) + ".attn.masked_bias", masked);
+    }
+    hf.emplace_back("lm_head.weight", own[0].second);
+    ASSERT_EQ(own[0].first, "transformer.wte.weight");
+    const std::string path = dir.path() + "/hf" + prefix + "safetensors";
+    io::save_safetensors(path, hf);
+    auto loaded = models::gpt(c, 99);
+    EXPECT_TRUE(train::load_weights(path, *loaded, /*strict=*/true).ok());
+    const auto got = io::state_dict_cpu(*loaded);
+    ASSERT_EQ(got.size(), own.size());
+    for (size_t i = 0; i < own.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i].second.raw(), own[i].second.raw(), own[i].second.nbytes()), 0) << own[i].first;
+    EXPECT_EQ(rel_diff(loaded->forward(ids, ctx).f32(), want.f32(), want.numel()), 0.0) << "prefix '" << prefix << "'";
+    auto raw = models::gpt(c, 99);
+    EXPECT_NE(error_of([&] { io::load_state_dict(*raw, hf, /*strict=*/true); }), "(no error)") << "not our layout";
+  }
 }
 
 // Generation with the key-value cache draws the tokens that running the whole
