@@ -84,15 +84,21 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
-// The model name and vocabulary a dp-train checkpoint of a GPT records.
+// The model, the vocabulary it was built for and the one to encode and decode
+// with: a dp-train checkpoint's, or --weights' --model and --tokenizer.
 struct Trained {
   std::string model;
   data::Vocabulary vocab;
+  int64_t data_vocab = 0;  // the vocab_size the data gave the model (a preset may pad it)
 };
 
-// A checkpoint's model and vocabulary; `tokenizer` for one trained on token
-// files without a vocabulary.
-Trained read_trained(const std::string& path, const std::string& tokenizer) {
+Trained read_trained(const Options& o) {
+  if (!o.weights.empty()) {
+    Trained t{o.model, data::bpe_vocabulary(data::Bpe::load(o.tokenizer)), 0};
+    t.data_vocab = t.vocab.size();
+    return t;
+  }
+  const std::string& path = o.checkpoint;
   const io::TensorFile f = io::load_safetensors(path);
   const auto cfg = f.metadata.find("config");
   nlohmann::json config = cfg == f.metadata.end() ? nlohmann::json() : nlohmann::json::parse(cfg->second, nullptr, false);
@@ -102,13 +108,21 @@ Trained read_trained(const std::string& path, const std::string& tokenizer) {
   Trained t;
   t.model = config["model"].get<std::string>();
   FANOUT_USER_CHECK(models::is_gpt(t.model)) << path << " holds model " << t.model << ", not a GPT";
-  const bool own = config.contains("tokens") && config["tokens"].is_object() && config["tokens"].contains("kind");
-  FANOUT_USER_CHECK(own || !tokenizer.empty())
+  const bool tokens = config.contains("tokens") && config["tokens"].is_object();
+  const bool own = tokens && config["tokens"].contains("kind");
+  FANOUT_USER_CHECK(own || !o.tokenizer.empty())
       << path << " was not trained on text (text:FILE or text-bytes:FILE) or with --tokenizer: it has no vocabulary "
                  "to decode with (give --tokenizer DIR)";
-  FANOUT_USER_CHECK(!own || tokenizer.empty()) << path << " carries its own vocabulary: give no --tokenizer";
-  t.vocab = own ? data::parse_token_meta(config["tokens"], path + " (its metadata's tokens)", false).vocab
-                : data::bpe_vocabulary(data::Bpe::load(tokenizer));
+  FANOUT_USER_CHECK(!own || o.tokenizer.empty()) << path << " carries its own vocabulary: give no --tokenizer";
+  if (own) {
+    t.vocab = data::parse_token_meta(config["tokens"], path + " (its metadata's tokens)", false).vocab;
+    t.data_vocab = t.vocab.size();
+    return t;
+  }
+  t.vocab = data::bpe_vocabulary(data::Bpe::load(o.tokenizer));
+  // Token files: the model took its vocabulary from their meta.json (or the model's name).
+  const auto& n = tokens ? config["tokens"].value("vocab_size", nlohmann::json()) : nlohmann::json();
+  t.data_vocab = n.is_number_integer() ? n.get<int64_t>() : t.vocab.size();
   return t;
 }
 
@@ -117,9 +131,11 @@ int run(int argc, char** argv) {
   if (!parse(argc, argv, o)) return 0;
   models::check_sample_options(o.sample);  // before anything is printed
   FANOUT_USER_CHECK(o.model.empty() || models::is_gpt(o.model)) << "--model " << o.model << " is not a GPT (gpt:...)";
-  const Trained t = o.weights.empty() ? read_trained(o.checkpoint, o.tokenizer)
-                                      : Trained{o.model, data::bpe_vocabulary(data::Bpe::load(o.tokenizer))};
-  const models::GPTConfig c = models::parse_gpt_config(models::gpt_spec(t.model), t.vocab.size());
+  const Trained t = read_trained(o);
+  const models::GPTConfig c = models::parse_gpt_config(models::gpt_spec(t.model), t.data_vocab);
+  FANOUT_USER_CHECK(t.vocab.size() <= c.vocab_size)
+      << (o.tokenizer.empty() ? "the vocabulary" : "tokenizer " + o.tokenizer) << " has " << t.vocab.size()
+      << " tokens, more than the model's vocab_size " << c.vocab_size;
   auto model = models::gpt(c, 0);
   train::load_weights(o.weights.empty() ? o.checkpoint : o.weights, *model, /*strict=*/true);
   const std::vector<Device> devices = parse_devices(o.device, false);

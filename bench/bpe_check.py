@@ -20,13 +20,11 @@ import time
 
 TIKTOKEN = r'''
 import array, sys, time
-import tiktoken
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-d, text_path, out, rounds = sys.argv[1:5]
+d, text_path, out, rounds, helpers = sys.argv[1:6]
+sys.path.insert(0, helpers)
+from gpt2_tokenizer import gpt2_encoding
 t0 = time.perf_counter()
-ranks = data_gym_to_mergeable_bpe_ranks(d + "/vocab.bpe", d + "/encoder.json")
-enc = tiktoken.Encoding("gpt2", pat_str=r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-                        mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+enc = gpt2_encoding(d)
 load = time.perf_counter() - t0
 data = open(text_path, encoding="utf-8", newline="").read()
 n = len(data)
@@ -66,8 +64,9 @@ def main():
         os.mkdir(ref)
         script = tmp + "/tiktoken_prepare.py"
         open(script, "w").write(TIKTOKEN)
+        helpers = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pytorch")
         tiktoken_run = [args.python, script, args.tokenizer, args.text]
-        subprocess.run(tiktoken_run + [ref, "1"], check=True, capture_output=True)
+        subprocess.run(tiktoken_run + [ref, "1", helpers], check=True, capture_output=True)
         ok = True
         for split in ("train", "val"):
             ours, theirs = array.array("H"), array.array("H")
@@ -83,7 +82,7 @@ def main():
         for r in range(2):  # interleaved, twice
             ours = subprocess.run([args.build + "/bench/tokenize-bench", args.tokenizer, args.text, str(args.rounds)],
                                   check=True, capture_output=True, text=True).stdout.strip()
-            theirs = subprocess.run(tiktoken_run + ["-", str(args.rounds)], check=True, capture_output=True,
+            theirs = subprocess.run(tiktoken_run + ["-", str(args.rounds), helpers], check=True, capture_output=True,
                                     text=True).stdout.strip()
             print("run %d: fanout %s | tiktoken %s" % (r + 1, ours, theirs))
         sys.exit(0 if ok else 1)

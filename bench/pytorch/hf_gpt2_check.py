@@ -17,12 +17,9 @@ import subprocess
 import sys
 import tempfile
 
-import tiktoken
 import torch
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from gpt2_tokenizer import gpt2_encoding
 from transformers import GPT2Config, GPT2LMHeadModel
-
-PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def main():
@@ -32,8 +29,7 @@ def main():
     p.add_argument("--tokens", type=int, default=60)
     p.add_argument("--prompt", default="The meaning of life is")
     args = p.parse_args()
-    ranks = data_gym_to_mergeable_bpe_ranks(args.tokenizer + "/vocab.bpe", args.tokenizer + "/encoder.json")
-    enc = tiktoken.Encoding("gpt2", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+    enc = gpt2_encoding(args.tokenizer)
     ok = True
     for layers, heads, width, block in ((2, 4, 64, 128), (4, 12, 192, 64)):
         torch.manual_seed(layers)

@@ -129,6 +129,20 @@ GPT::GPT(const GPTConfig& c, bool checkpoint) : config_(c), checkpoint_(checkpoi
   ln_f_ = &t.add("ln_f", std::make_unique<LayerNorm>(Shape{c.n_embd}, 1e-5f, true, c.bias));
 }
 
+namespace {
+
+// dst (cols, rows) = src (rows, cols)^T, in 64 x 64 tiles.
+template <class T>
+void transpose_2d(const T* src, T* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+}  // namespace
+
 void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {
   const int64_t e = config_.n_embd;
   const auto conv1d = std::find_if(tensors.begin(), tensors.end(), [&](const auto& nt) {
@@ -155,14 +169,13 @@ void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors)
       continue;
     }
     FANOUT_USER_CHECK(t.device().is_cpu()) << name << ": Hugging Face weights are read on the host";
-    const int64_t rows = t.size(0), cols = t.size(1);
-    const size_t es = dtype_size(t.dtype());
-    Tensor w = Tensor::empty(Shape{cols, rows}, t.dtype());
-    const char* src = static_cast<const char*>(t.raw());
-    char* dst = static_cast<char*>(w.raw());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+    Tensor w = Tensor::empty(Shape{t.size(1), t.size(0)}, t.dtype());
+    switch (dtype_size(t.dtype())) {
+      case 2: transpose_2d(t.data<uint16_t>(), w.data<uint16_t>(), t.size(0), t.size(1)); break;
+      case 4: transpose_2d(t.data<uint32_t>(), w.data<uint32_t>(), t.size(0), t.size(1)); break;
+      case 8: transpose_2d(t.data<uint64_t>(), w.data<uint64_t>(), t.size(0), t.size(1)); break;
+      default: FANOUT_FAIL() << name << ": a " << dtype_size(t.dtype()) << "-byte type is no weight type";
+    }
     out.emplace_back(own, w);
   }
   // GPT2LMHeadModel's state dict names the tied head twice; the file may keep both.

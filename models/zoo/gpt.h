@@ -56,11 +56,13 @@ class GPT : public Module {
   std::vector<std::pair<std::string, std::string>> tied_names() const override {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }
-  // Hugging Face's GPT2LMHeadModel (or GPT2Model) safetensors, as nanoGPT's
-  // from_pretrained reads them: names without "transformer.", Conv1D's
+  // Hugging Face's GPT-2 safetensors, as nanoGPT's from_pretrained reads
+  // them: GPT2Model's names (the hub's gpt2 files) or GPT2LMHeadModel's
+  // ("transformer."-prefixed, as save_pretrained writes them), Conv1D's
   // (in, out) weights of c_attn, c_proj and c_fc transposed, the attention
-  // mask buffers (attn.bias, attn.masked_bias) dropped. Recognized by c_attn's
-  // weight being (n_embd, 3 n_embd).
+  // mask buffers older files keep (attn.bias, attn.masked_bias) dropped, the
+  // tied lm_head.weight taken once. Recognized by c_attn's weight being
+  // (n_embd, 3 n_embd).
   void adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const override;
   const GPTConfig& config() const { return config_; }
   // Parameters without the position embedding (nanoGPT's get_num_params()).

@@ -64,16 +64,17 @@ struct Char {
   size_t len = 0;
   Class cls = kOther;
 };
-Char char_at(const std::string& text, size_t i) {  // text is valid UTF-8
+Char char_at(std::string_view text, size_t i) {  // text is valid UTF-8
   Char c;
   c.len = utf8_next(text, i, c.cp);
+  FANOUT_CHECK(c.len > 0) << "bpe: not UTF-8 at byte " << i << " (checked before encoding)";
   c.cls = classify(c.cp);
   return c;
 }
 
 // The end of the piece GPT-2's pattern matches at text[i] (i < end):
 // '(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-size_t piece_end(const std::string& text, size_t i, size_t end) {
+size_t piece_end(std::string_view text, size_t i, size_t end) {
   const Char c = char_at(text, i);
   if (c.cp == '\'' && i + 1 < end) {
     const char a = text[i + 1];
@@ -193,8 +194,18 @@ std::shared_ptr<const Bpe> Bpe::from_lists(std::vector<std::string> tokens, std:
     FANOUT_USER_CHECK(first) << what << ": merge " << k + 1 << " " << io::detail::quoted(m, false) << " is listed twice";
     made[static_cast<size_t>(out->second)] = true;
   }
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (!made[i] && b->bytes_[i].size() > 1) b->specials_.push_back(static_cast<int32_t>(i));
+  // Specials are whole characters: their text in UTF-8 text starts and ends on character boundaries.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& bytes = b->bytes_[i];
+    bool utf8 = !made[i] && bytes.size() > 1;
+    for (size_t k = 0; utf8 && k < bytes.size();) {
+      uint32_t cp = 0;
+      const size_t n = utf8_next(bytes, k, cp);
+      utf8 = n > 0;
+      k += n;
+    }
+    if (utf8) b->specials_.push_back(static_cast<int32_t>(i));
+  }
   b->tokens_ = std::move(tokens);
   b->merges_ = std::move(merges);
   return b;
@@ -221,13 +232,14 @@ void Bpe::merge_piece(const std::string& piece, std::vector<int32_t>& out) const
   out.insert(out.end(), s.begin(), s.end());
 }
 
-void Bpe::encode_ordinary(const std::string& text, size_t begin, size_t end, std::vector<int32_t>& out,
+void Bpe::encode_ordinary(std::string_view text, size_t begin, size_t end, std::vector<int32_t>& out,
                           std::unordered_map<std::string, std::vector<int32_t>>& cache) const {
   for (size_t i = begin; i < end;) {
     const size_t j = piece_end(text, i, end);
-    std::string piece = text.substr(i, j - i);
+    std::string piece(text.substr(i, j - i));
     auto it = cache.find(piece);
     if (it == cache.end()) {
+      if (cache.size() >= (size_t{1} << 20)) cache.clear();  // a web-scale text's pieces: bounded memory
       std::vector<int32_t> ids;
       merge_piece(piece, ids);
       it = cache.emplace(std::move(piece), std::move(ids)).first;
@@ -237,20 +249,27 @@ void Bpe::encode_ordinary(const std::string& text, size_t begin, size_t end, std
   }
 }
 
-std::vector<int32_t> Bpe::encode(const std::string& text, bool allow_special, const std::string& what) const {
+std::vector<int32_t> Bpe::encode(std::string_view text, bool allow_special, const std::string& what) const {
   for_utf8_chars(text, what, "", [](size_t, size_t, uint32_t) {});
   std::vector<int32_t> out;
+  out.reserve(text.size() / 3);
   std::unordered_map<std::string, std::vector<int32_t>> cache;
+  // Where each special's text next occurs from `at` (found again only once passed).
+  const size_t specials = allow_special ? specials_.size() : 0;
+  std::vector<size_t> found(specials, 0);
+  for (size_t k = 0; k < specials; ++k) found[k] = text.find(bytes_[static_cast<size_t>(specials_[k])]);
   size_t at = 0;
   while (at < text.size()) {
     // The first special token's text from `at` (the longest where two start there).
     size_t next = text.size();
     int32_t special = -1;
-    for (const int32_t id : allow_special ? specials_ : std::vector<int32_t>{}) {
-      const std::string& s = bytes_[static_cast<size_t>(id)];
-      const size_t p = text.find(s, at);
-      if (p != std::string::npos && (p < next || (p == next && s.size() > bytes_[static_cast<size_t>(special)].size())))
-        next = p, special = id;
+    for (size_t k = 0; k < specials; ++k) {
+      const std::string& s = bytes_[static_cast<size_t>(specials_[k])];
+      if (found[k] != std::string_view::npos && found[k] < at) found[k] = text.find(s, at);
+      const size_t p = found[k];
+      if (p != std::string_view::npos &&
+          (p < next || (p == next && s.size() > bytes_[static_cast<size_t>(special)].size())))
+        next = p, special = specials_[k];
     }
     encode_ordinary(text, at, next, out, cache);
     if (special < 0) break;

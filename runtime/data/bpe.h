@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -36,18 +37,18 @@ class Bpe {
   const std::vector<std::string>& tokens() const { return tokens_; }  // the files' spelling
   const std::vector<std::string>& merges() const { return merges_; }
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
-  // Tokens that no merge makes and that are longer than a byte, such as
-  // GPT-2's <|endoftext|> (ids ascending).
+  // Tokens that no merge makes, longer than a byte and whole UTF-8
+  // characters, such as GPT-2's <|endoftext|> (ids ascending).
   const std::vector<int32_t>& specials() const { return specials_; }
   // The ids of UTF-8 `text` (one-line error naming `what` and the byte
   // offset otherwise). A special token's text becomes its id only where
   // allow_special (tiktoken's encode with allowed_special); else it is
   // encoded as ordinary text (encode_ordinary).
-  std::vector<int32_t> encode(const std::string& text, bool allow_special, const std::string& what) const;
+  std::vector<int32_t> encode(std::string_view text, bool allow_special, const std::string& what) const;
 
  private:
   Bpe() = default;
-  void encode_ordinary(const std::string& text, size_t begin, size_t end, std::vector<int32_t>& out,
+  void encode_ordinary(std::string_view text, size_t begin, size_t end, std::vector<int32_t>& out,
                        std::unordered_map<std::string, std::vector<int32_t>>& cache) const;
   void merge_piece(const std::string& piece, std::vector<int32_t>& out) const;
 

@@ -46,7 +46,8 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
     const bool files_with_bpe = bpe && kind == "tokens";
     FANOUT_USER_CHECK(!files_with_bpe || read_token_meta(dir).vocab_size == 0)
         << "token data " << dir << " has its own vocabulary (meta.json): give no --tokenizer";
-    t = open_token_dir(dir, o.block_size, files_with_bpe && o.vocab_size == 0 ? bpe->size() : o.vocab_size);
+    // Ids of token files are checked against the tokenizer's tokens (a padded model's extra ones have no text).
+    t = open_token_dir(dir, o.block_size, files_with_bpe ? bpe->size() : o.vocab_size);
     if (files_with_bpe) {
       t.meta.vocab = bpe_vocabulary(bpe);
       t.meta.vocab_size = bpe->size();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -142,6 +143,19 @@ void write_tokens(const std::string& path, const uint16_t* ids, size_t n) {
   io::write_file_atomic(path, [&](const io::WriteFn& w) { w(ids, n * sizeof(uint16_t)); });
 }
 
+// A cache entry: the token files whole (each renamed into place), meta.json
+// last, its presence marking the entry complete; processes preparing the same
+// text at once (DDP ranks) write the same bytes.
+void write_entry(const std::string& dir, const uint16_t* train, size_t n_train, const uint16_t* val, size_t n_val,
+                 const TokenMeta& meta) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
+  write_tokens(dir + "/train.bin", train, n_train);
+  write_tokens(dir + "/val.bin", val, n_val);
+  write_token_meta(dir, meta);
+}
+
 std::string read_all(const std::string& path) {
   std::string text = io::read_file(path, "text");
   FANOUT_USER_CHECK(!text.empty()) << "text " << path << " is empty";
@@ -265,7 +279,7 @@ std::string prepare_bpe_text(const std::string& path, const std::string& text, c
   char key[40];
   std::snprintf(key, sizeof key, "%016llx-%016llx", static_cast<unsigned long long>(fnv1a(text)),
                 static_cast<unsigned long long>(fnv1a(spelled)));
-  const std::string dir = cache_dir + "/text-bpe-" + key;
+  const std::string dir = cache_dir + "/text-bpe-v1-" + key;  // v1: this encoder; a change to it, v2
   namespace fs = std::filesystem;
   std::error_code ec1, ec2;
   if (fs::exists(dir + "/meta.json")) {  // complete unless a file was cut or written over since
@@ -289,19 +303,24 @@ std::string prepare_bpe_text(const std::string& path, const std::string& text, c
   TokenMeta meta;
   meta.vocab = bpe_vocabulary(bpe);
   meta.vocab_size = bpe->size();
+  // A large text takes a while (about a minute a GiB on one core): say so.
+  const bool say = text.size() >= (size_t{64} << 20);
+  if (say)
+    std::fprintf(stderr, "fanout: encoding text %s (%.0f MiB) with its tokenizer...\n", path.c_str(),
+                 static_cast<double>(text.size()) / (1 << 20));
+  const auto start = std::chrono::steady_clock::now();
   std::vector<uint16_t> split[2];
   for (int part = 0; part < 2; ++part) {
-    const std::vector<int32_t> ids = bpe->encode(part == 0 ? text.substr(0, cut) : text.substr(cut), false, "text " + path);
+    const std::string_view whole(text);
+    const std::vector<int32_t> ids = bpe->encode(part == 0 ? whole.substr(0, cut) : whole.substr(cut), false, "text " + path);
     split[part].assign(ids.begin(), ids.end());
   }
+  if (say)
+    std::fprintf(stderr, "fanout: %zu tokens in %.1f s\n", split[0].size() + split[1].size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   meta.train_tokens = static_cast<int64_t>(split[0].size());
   meta.val_tokens = static_cast<int64_t>(split[1].size());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
-  write_tokens(dir + "/train.bin", split[0].data(), split[0].size());
-  write_tokens(dir + "/val.bin", split[1].data(), split[1].size());
-  write_token_meta(dir, meta);  // last: its presence marks a complete cache entry
+  write_entry(dir, split[0].data(), split[0].size(), split[1].data(), split[1].size(), meta);
   return dir;
 }
 
@@ -359,17 +378,10 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
     for_utf8_chars(text, what, "", [&](size_t, size_t, uint32_t cp) { ids.push_back(static_cast<uint16_t>(id[cp])); });
   }
   meta.vocab_size = meta.vocab.size();
-  // After tokenizing: a text that fails leaves no empty entry. Every file is
-  // written whole (renamed into place), meta.json last, so processes that
-  // prepare the same text at once (DDP ranks) write the same bytes.
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
-  // nanoGPT: train = data[:int(n * 0.9)], val = the rest.
+  // After tokenizing: a text that fails leaves no empty entry. nanoGPT:
+  // train = data[:int(n * 0.9)], val = the rest.
   const size_t n = ids.size(), cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
-  write_tokens(dir + "/train.bin", ids.data(), cut);
-  write_tokens(dir + "/val.bin", ids.data() + cut, n - cut);
-  write_token_meta(dir, meta);  // last: its presence marks a complete cache entry
+  write_entry(dir, ids.data(), cut, ids.data() + cut, n - cut, meta);
   return dir;
 }
 

@@ -100,7 +100,7 @@ Vocabulary bpe_vocabulary(std::shared_ptr<const Bpe> bpe);
 // then "merges"). Reads return vocab_size 0 when the file is absent.
 struct TokenMeta {
   int64_t vocab_size = 0;
-  Vocabulary vocab;  // empty itos when the data came as token files
+  Vocabulary vocab;  // empty itos for token files without one (no meta.json itos, no tokenizer)
   int64_t train_tokens = 0, val_tokens = 0;  // a BPE text cache's file lengths ("splits": [train, val])
 };
 TokenMeta read_token_meta(const std::string& dir);
@@ -119,10 +119,10 @@ std::string default_cache_dir();
 // 256 byte values; else its characters, UTF-8; with `bpe`, that tokenizer's
 // tokens of each split, as nanoGPT's shakespeare prepare.py: the text cut
 // at 90% of its characters, each part encoded without special tokens) in
-// cache_dir/text-<kind>-<hash of the content>/, unless they are there
-// already; returns that folder. One-line errors: a missing or empty file,
-// text that is not UTF-8 (naming the byte offset; text-bytes takes any
-// bytes), more than 65536 characters.
+// cache_dir/text-<kind>-<hash of the content (and the tokenizer's)>/, unless
+// they are there already; returns that folder. One-line errors: a missing or
+// empty file, text that is not UTF-8 (naming the byte offset; text-bytes
+// takes any bytes), more than 65536 distinct characters (without a BPE).
 std::string prepare_text(const std::string& path, bool bytes, const std::string& cache_dir,
                          std::shared_ptr<const Bpe> bpe = nullptr);
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "runtime/core/error.h"
 
@@ -12,7 +13,7 @@ namespace fanout::data {
 // The UTF-8 sequence at text[i]: its length and code point, or 0 where it is
 // not UTF-8 (a bad or missing continuation byte, an overlong form, a
 // surrogate, past U+10FFFF).
-inline size_t utf8_next(const std::string& text, size_t i, uint32_t& cp) {
+inline size_t utf8_next(std::string_view text, size_t i, uint32_t& cp) {
   const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(text[i + k])); };
   const uint32_t c = b(0);
   const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
@@ -29,7 +30,7 @@ inline size_t utf8_next(const std::string& text, size_t i, uint32_t& cp) {
 // Calls each(i, n, code point) for the characters of `text`; one-line error at
 // the first invalid sequence, naming `what` ("text FILE", "the prompt"), then `hint`.
 template <typename Each>
-void for_utf8_chars(const std::string& text, const std::string& what, const char* hint, Each&& each) {
+void for_utf8_chars(std::string_view text, const std::string& what, const char* hint, Each&& each) {
   for (size_t i = 0; i < text.size();) {
     uint32_t cp = 0;
     const size_t n = utf8_next(text, i, cp);

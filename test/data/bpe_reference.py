@@ -1,8 +1,9 @@
 """The byte-level BPE tests' reference (test/data/bpe_test.cpp), written from
 GPT-2's published algorithm with the standard library only: the pre-tokenizer
 is GPT-2's pattern run by `re`, with \\p{L}, \\p{N} and \\s spelled out as
-classes (Unicode's letter and number categories from unicodedata, the
-White_Space property), and the merges are GPT-2's bpe() loop.
+classes (Unicode's letter and number categories from unicodedata, through
+runtime/data/unicode_tables.py's ranges; the White_Space property), and
+the merges are GPT-2's bpe() loop.
 
   bpe_reference.py train TEXT_FILE DIR MERGES   writes DIR/vocab.json and DIR/merges.txt
   bpe_reference.py encode DIR TEXT_FILE OUT     writes OUT: {"ordinary": ids, "special": ids,
@@ -10,26 +11,21 @@ White_Space property), and the merges are GPT-2's bpe() loop.
                                                 cut at 90% of its characters, as nanoGPT's prepare.py)
 """
 import json
+import os
 import random
 import re
 import sys
-import unicodedata
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "runtime", "data"))
+import unicode_tables  # noqa: E402  (its category ranges, from Python's unicodedata)
 
 SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 SPECIAL = "<|endoftext|>"
 
 
 def category_class(major):
-    parts, start, prev = [], None, None
-    for cp in range(0x110000):
-        if unicodedata.category(chr(cp))[0] == major:
-            if start is None:
-                start = cp
-            prev = cp
-        elif start is not None:
-            parts.append((start, prev))
-            start = None
-    return "".join(re.escape(chr(a)) if a == b else re.escape(chr(a)) + "-" + re.escape(chr(b)) for a, b in parts)
+    return "".join(re.escape(chr(a)) if a == b else re.escape(chr(a)) + "-" + re.escape(chr(b))
+                   for a, b in unicode_tables.ranges(major))
 
 
 L, N = category_class("L"), category_class("N")

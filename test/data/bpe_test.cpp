@@ -90,9 +90,9 @@ TEST(Bpe, EncodesAsGpt2sPatternAndMergesDo) {
   // Random UTF-8 of every length of sequence round-trips and matches the reference.
   std::mt19937 rng(11);
   std::string random_text;
-  const uint32_t starts[] = {0x20, 0xA0, 0x400, 0x3040, 0x4E00, 0x1F600, 0x660, 0x2160, 0x9};
-  for (int i = 0; i < 3000; ++i) {
-    const uint32_t cp = starts[rng() % 9] + rng() % 40;
+  const uint32_t starts[] = {0x20, 0xA0, 0x400, 0x3040, 0x4E00, 0x1F600, 0x660, 0x2160, 0x9, 0x27, 0x61, 0x61};
+  for (int i = 0; i < 4000; ++i) {
+    const uint32_t cp = starts[rng() % 12] + rng() % 40;
     random_text += data::utf8_encode(cp);
   }
   Reference random_ref(random_text, 300);
@@ -198,6 +198,14 @@ TEST(Bpe, MergesApplyLowestRankFirstWithinPieces) {
   EXPECT_EQ(bpe->encode("l<|endoftext|>", true, "t"), (Ids{id("l"), id("<|endoftext|>")}));
   EXPECT_EQ(bpe->encode("l<|endoftext|>", false, "t").size(), 1u + 2u + 9u + 2u) << "l, <|, endoftext, |>, by bytes";
   EXPECT_EQ(error_of([&] { bpe->encode("ok\xff", false, "the prompt"); }), "the prompt is not UTF-8 at byte 2");
+  // A token no merge makes that is part of a character (E2 80 of the em dash E2 80 94) is no special token:
+  // the dash encodes by its bytes, special tokens allowed or not.
+  std::vector<std::string> partial = tokens;
+  partial.push_back(tokens[0xE2] + tokens[0x80]);
+  const auto with_partial = Bpe::from_lists(partial, merges, "test");
+  EXPECT_EQ(with_partial->specials(), (Ids{id("<|endoftext|>")}));
+  EXPECT_EQ(with_partial->encode("a\xE2\x80\x94<|endoftext|>", true, "t"),
+            (Ids{id("a"), id(tokens[0xE2]), id(tokens[0x80]), id(tokens[0x94]), id("<|endoftext|>")}));
 }
 
 TEST(Bpe, BadFilesAreOneLineErrorsNamingThem) {

@@ -653,6 +653,12 @@ TEST(GPTWeights, HuggingFaceLayoutLoadsAsFromPretrainedReadsIt) {
     for (size_t i = 0; i < own.size(); ++i)
       EXPECT_EQ(std::memcmp(got[i].second.raw(), own[i].second.raw(), own[i].second.nbytes()), 0) << own[i].first;
     EXPECT_EQ(rel_diff(loaded->forward(ids, ctx).f32(), want.f32(), want.numel()), 0.0) << "prefix '" << prefix << "'";
+    hf.back().second = testing::clone(own[0].second);  // an untied head: refused by name
+    hf.back().second.f32()[3] += 1.0f;
+    io::save_safetensors(path, hf);
+    EXPECT_EQ(error_of([&] { train::load_weights(path, *loaded, true); }),
+              path + ": lm_head.weight differs from wte.weight: an untied head, which a GPT (tied, as GPT-2's) "
+                     "cannot take");
     auto raw = models::gpt(c, 99);
     EXPECT_NE(error_of([&] { io::load_state_dict(*raw, hf, /*strict=*/true); }), "(no error)") << "not our layout";
   }
@@ -679,9 +685,8 @@ TEST(GPTGenerate, KeyValueCacheDrawsTheTokensOfTheWholeContext) {
 }
 
 // A vocabulary limit (a model padded past its tokenizer's tokens) draws
-// among the first tokens only; the same seed draws those tokens' share as
-// the renormalized distribution over them: 4 of 11 tokens at temperature 4,
-// every token allowed, 300 draws.
+// among the first tokens only, and each of them (4 of 11 tokens at
+// temperature 4, every token allowed, 300 draws); top-k picks among them.
 TEST(GPTGenerate, AVocabularyLimitDrawsOnlyTheFirstTokens) {
   auto m = models::gpt(small(), 25);
   Context ctx(Device::cpu());
