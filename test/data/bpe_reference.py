@@ -51,6 +51,19 @@ def pieces(text):
     return ["".join(BYTE[b] for b in p.encode("utf-8")) for p in PATTERN.findall(text)]
 
 
+def merge(word, pair):
+    """Every occurrence of the pair, left to right, as one symbol."""
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            out.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
 def bpe(word, ranks):
     word = list(word)
     while len(word) > 1:
@@ -58,15 +71,7 @@ def bpe(word, ranks):
         best = min(pairs, key=lambda p: ranks.get(p, float("inf")))
         if best not in ranks:
             break
-        out, i = [], 0
-        while i < len(word):
-            if i + 1 < len(word) and (word[i], word[i + 1]) == best:
-                out.append(word[i] + word[i + 1])
-                i += 2
-            else:
-                out.append(word[i])
-                i += 1
-        word = out
+        word = merge(word, best)
     return word
 
 
@@ -86,15 +91,8 @@ def train(text, merges):
         learned.append(best)
         merged = {}
         for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] = merged.get(tuple(out), 0) + c
+            out = tuple(merge(w, best))
+            merged[out] = merged.get(out, 0) + c
         words = merged
     return learned
 
