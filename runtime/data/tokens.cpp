@@ -303,7 +303,7 @@ std::string prepare_bpe_text(const std::string& path, const std::string& text, c
   TokenMeta meta;
   meta.vocab = bpe_vocabulary(bpe);
   meta.vocab_size = bpe->size();
-  // A large text takes a while (about a minute a GiB on one core): say so.
+  // A large text takes a while (seconds to minutes a GiB on one core, by how often its words repeat): say so.
   const bool say = text.size() >= (size_t{64} << 20);
   if (say)
     std::fprintf(stderr, "fanout: encoding text %s (%.0f MiB) with its tokenizer...\n", path.c_str(),
