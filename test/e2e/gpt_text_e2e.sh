@@ -18,7 +18,7 @@
 #    the loss; dp-generate decodes with the checkpoint's copy of the tokenizer,
 #    twice the same for a seed, and never draws a padded model's extra tokens;
 #    the weights in Hugging Face's GPT-2 layout (dp-generate --weights) print
-#    the same text.
+#    the same text, and dp-train --init-from takes them whole.
 #  - Bad input is one line and exit status 1: a prompt character outside the
 #    vocabulary (named), a checkpoint of another model, block_size longer than
 #    the validation split, a missing and an empty text.
@@ -250,6 +250,12 @@ PY
 "$DP_GENERATE" --weights "$work/hf.safetensors" --model "gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=32,dropout=0" \
   --tokenizer "$work/bpe-gone" --prompt "The cat" --max-new-tokens 60 --seed 3 > "$work/bpe-gen-hf.txt"
 cmp -s "$work/bpe-gen1.txt" "$work/bpe-gen-hf.txt" || fail "dp-generate --weights (Hugging Face's layout) printed other text"
+# dp-train --init-from takes the same file (fine-tuning from Hugging Face's layout): every tensor matched.
+"$DP_TRAIN" --model "gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=32,dropout=0" --init-from "$work/hf.safetensors" \
+  --data "text:$work/corpus.txt" --tokenizer "$work/bpe-gone" --devices cpu --batch-size 16 --max-steps 2 \
+  --progress off > "$work/finetune.log"
+grep -q "^initialized from $work/hf.safetensors: all tensors matched" "$work/finetune.log" ||
+  { cat "$work/finetune.log"; fail "--init-from did not take Hugging Face's layout whole"; }
 expect_error "carries its own vocabulary: give no --tokenizer" \
   "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --tokenizer "$work/bpe-gone"
 expect_error "--weights needs --model gpt:... and --tokenizer DIR" "$DP_GENERATE" --weights "$work/hf.safetensors"
