@@ -93,35 +93,36 @@ struct Trained {
 };
 
 Trained read_trained(const Options& o) {
-  if (!o.weights.empty()) {
-    Trained t{o.model, data::bpe_vocabulary(data::Bpe::load(o.tokenizer)), 0};
-    t.data_vocab = t.vocab.size();
-    return t;
-  }
-  const std::string& path = o.checkpoint;
-  const io::TensorFile f = io::load_safetensors(path);
-  const auto cfg = f.metadata.find("config");
-  nlohmann::json config = cfg == f.metadata.end() ? nlohmann::json() : nlohmann::json::parse(cfg->second, nullptr, false);
-  FANOUT_USER_CHECK(config.is_object() && config.contains("model") && config["model"].is_string())
-      << path << " is not a checkpoint of dp-train (no training configuration in its metadata; --weights reads "
-                 "weights alone)";
   Trained t;
-  t.model = config["model"].get<std::string>();
-  FANOUT_USER_CHECK(models::is_gpt(t.model)) << path << " holds model " << t.model << ", not a GPT";
-  const bool tokens = config.contains("tokens") && config["tokens"].is_object();
-  const bool own = tokens && config["tokens"].contains("kind");
-  FANOUT_USER_CHECK(own || !o.tokenizer.empty())
-      << path << " was not trained on text (text:FILE or text-bytes:FILE) or with --tokenizer: it has no vocabulary "
-                 "to decode with (give --tokenizer DIR)";
-  FANOUT_USER_CHECK(!own || o.tokenizer.empty()) << path << " carries its own vocabulary: give no --tokenizer";
-  if (own) {
-    t.vocab = data::parse_token_meta(config["tokens"], path + " (its metadata's tokens)", false).vocab;
-    t.data_vocab = t.vocab.size();
-    return t;
+  nlohmann::json tokens;  // a checkpoint's record of its token data
+  if (!o.weights.empty()) {
+    t.model = o.model;
+  } else {
+    const std::string& path = o.checkpoint;
+    const io::TensorFile f = io::load_safetensors(path);
+    const auto cfg = f.metadata.find("config");
+    const nlohmann::json config =
+        cfg == f.metadata.end() ? nlohmann::json() : nlohmann::json::parse(cfg->second, nullptr, false);
+    FANOUT_USER_CHECK(config.is_object() && config.contains("model") && config["model"].is_string())
+        << path << " is not a checkpoint of dp-train (no training configuration in its metadata; --weights reads "
+                   "weights alone)";
+    t.model = config["model"].get<std::string>();
+    FANOUT_USER_CHECK(models::is_gpt(t.model)) << path << " holds model " << t.model << ", not a GPT";
+    if (config.contains("tokens") && config["tokens"].is_object()) tokens = config["tokens"];
+    const bool own = tokens.contains("kind");
+    FANOUT_USER_CHECK(own || !o.tokenizer.empty())
+        << path << " was not trained on text (text:FILE or text-bytes:FILE) or with --tokenizer: it has no "
+                   "vocabulary to decode with (give --tokenizer DIR)";
+    FANOUT_USER_CHECK(!own || o.tokenizer.empty()) << path << " carries its own vocabulary: give no --tokenizer";
+    if (own) {
+      t.vocab = data::parse_token_meta(tokens, path + " (its metadata's tokens)", false).vocab;
+      t.data_vocab = t.vocab.size();
+      return t;
+    }
   }
   t.vocab = data::bpe_vocabulary(data::Bpe::load(o.tokenizer));
   // Token files: the model took its vocabulary from their meta.json (or the model's name).
-  const auto& n = tokens ? config["tokens"].value("vocab_size", nlohmann::json()) : nlohmann::json();
+  const nlohmann::json n = tokens.is_object() ? tokens.value("vocab_size", nlohmann::json()) : nlohmann::json();
   t.data_vocab = n.is_number_integer() ? n.get<int64_t>() : t.vocab.size();
   return t;
 }

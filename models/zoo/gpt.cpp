@@ -145,25 +145,21 @@ void transpose_2d(const T* src, T* dst, int64_t rows, int64_t cols) {
 
 void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {
   const int64_t e = config_.n_embd;
-  const auto conv1d = std::find_if(tensors.begin(), tensors.end(), [&](const auto& nt) {
+  const bool conv1d = std::any_of(tensors.begin(), tensors.end(), [&](const auto& nt) {
     const std::string& n = nt.first;
     const bool c_attn = n == "h.0.attn.c_attn.weight" || n == "transformer.h.0.attn.c_attn.weight";
     return c_attn && nt.second.dim() == 2 && nt.second.size(0) == e && nt.second.size(1) == 3 * e && e > 0;
   });
-  if (conv1d == tensors.end()) return;  // this model's own layout (or one load_state_dict will refuse)
-  const auto ends_with = [](const std::string& s, const char* tail) {
-    const size_t n = std::char_traits<char>::length(tail);
-    return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
-  };
+  if (!conv1d) return;  // this model's own layout (or one load_state_dict will refuse)
   std::vector<std::pair<std::string, Tensor>> out;
   for (auto& [name, t] : tensors) {
-    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;  // the causal mask
+    if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;  // the causal mask
     std::string own = name;
     for (const char* root : {"h.", "wte.", "wpe.", "ln_f."})
-      if (own.rfind(root, 0) == 0) own = "transformer." + own;
-    const bool transposed = own.rfind("transformer.h.", 0) == 0 &&
-                            (ends_with(own, ".attn.c_attn.weight") || ends_with(own, ".attn.c_proj.weight") ||
-                             ends_with(own, ".mlp.c_fc.weight") || ends_with(own, ".mlp.c_proj.weight"));
+      if (own.starts_with(root)) own = "transformer." + own;
+    const bool transposed = own.starts_with("transformer.h.") &&
+                            (own.ends_with(".attn.c_attn.weight") || own.ends_with(".attn.c_proj.weight") ||
+                             own.ends_with(".mlp.c_fc.weight") || own.ends_with(".mlp.c_proj.weight"));
     if (!transposed || t.dim() != 2) {
       out.emplace_back(own, t);
       continue;
