@@ -2,10 +2,12 @@
 // sample.py). The checkpoint (or best.safetensors) names the model and holds
 // the run's vocabulary; the prompt is encoded with it, new tokens are drawn
 // (models/zoo/gpt.h: temperature, top-k, a seeded generator) and the text
-// is printed, prompt first.
+// is printed, prompt first. --export-hf writes the model and its tokenizer as
+// Hugging Face's GPT-2 files instead.
 #include <boost/program_options.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/data/tokens.h"
+#include "runtime/io/file_io.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/train/checkpoint.h"
 
@@ -28,7 +31,7 @@ using namespace fanout;
 namespace {
 
 struct Options {
-  std::string checkpoint, weights, model, tokenizer, prompt = "\n", device = "cpu";
+  std::string checkpoint, weights, model, tokenizer, prompt = "\n", device = "cpu", export_hf;
   models::SampleOptions sample;
   int num_samples = 1;
   std::string seed;
@@ -40,7 +43,8 @@ bool parse(int argc, char** argv, Options& o) {
       "dp-generate: text from a GPT trained by dp-train on text:FILE or text-bytes:FILE, or with --tokenizer "
       "(nanoGPT's sample.py)\n\n"
       "Usage: dp-generate --checkpoint FILE [options]\n"
-      "       dp-generate --weights FILE --model gpt:... --tokenizer DIR [options]\n\nOptions");
+      "       dp-generate --weights FILE --model gpt:... --tokenizer DIR [options]\n"
+      "       dp-generate --checkpoint FILE --export-hf DIR (or --weights ...: Hugging Face's GPT-2 files)\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
@@ -62,14 +66,18 @@ bool parse(int argc, char** argv, Options& o) {
     ("no-kv-cache", po::bool_switch(&o.no_kv_cache),
      "run the whole context for every token, as nanoGPT's sample.py does (slower; a draw may differ only where "
      "logits that differ in their last bits decide it)")
-    ("device", po::value(&o.device)->default_value(o.device), "cpu, or a CUDA index (0)");
+    ("device", po::value(&o.device)->default_value(o.device), "cpu, or a CUDA index (0)")
+    ("export-hf", po::value(&o.export_hf),
+     "draw nothing: write the model into DIR as Hugging Face's GPT2LMHeadModel (model.safetensors, config.json) "
+     "with its tokenizer (vocab.json, merges.txt, tokenizer_config.json) where it has a byte-level one");
   // clang-format on
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
     std::cout << desc << "\nExamples:\n  dp-generate --checkpoint run/best.safetensors --prompt 'ROMEO:' --seed 7\n"
               << "  dp-generate --weights gpt2/model.safetensors --model gpt:gpt2,vocab_size=50257 --tokenizer gpt2 "
-                 "--prompt 'Hello'\n";
+                 "--prompt 'Hello'\n"
+              << "  dp-generate --checkpoint run/best.safetensors --export-hf run/hf\n";
     return false;
   }
   po::notify(vm);
@@ -78,6 +86,10 @@ bool parse(int argc, char** argv, Options& o) {
       << "--weights needs --model gpt:... and --tokenizer DIR (the weights carry neither)";
   FANOUT_USER_CHECK(o.model.empty() || !o.weights.empty()) << "--model is for --weights (a checkpoint names its model)";
   o.prompt_given = !vm["prompt"].defaulted();
+  for (const char* drawing : {"prompt", "max-new-tokens", "temperature", "top-k", "seed", "num-samples", "device"})
+    FANOUT_USER_CHECK(o.export_hf.empty() || vm[drawing].defaulted())
+        << "--export-hf draws nothing: give no --" << drawing;
+  FANOUT_USER_CHECK(o.export_hf.empty() || !o.no_kv_cache) << "--export-hf draws nothing: give no --no-kv-cache";
   o.sample.seed = apps::parse_seed(o.seed);
   o.sample.kv_cache = !o.no_kv_cache;
   FANOUT_USER_CHECK(o.num_samples >= 1) << "--num-samples must be positive, got " << o.num_samples;
@@ -127,6 +139,70 @@ Trained read_trained(const Options& o) {
   return t;
 }
 
+// Hugging Face's GPT2Config for c: exact GELU (nanoGPT's and ours, not GPT-2's
+// tanh form), LayerNorm's 1e-5, the MLP 4 n_embd wide, the head tied.
+nlohmann::ordered_json hf_config(const models::GPTConfig& c, const nlohmann::json& end_of_text) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["vocab_size"] = c.vocab_size;
+  j["n_positions"] = c.block_size;
+  j["n_embd"] = c.n_embd;
+  j["n_layer"] = c.n_layer;
+  j["n_head"] = c.n_head;
+  j["n_inner"] = nullptr;
+  j["activation_function"] = "gelu";
+  for (const char* p : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) j[p] = c.dropout;
+  j["layer_norm_epsilon"] = 1e-5;
+  j["initializer_range"] = 0.02;
+  j["scale_attn_weights"] = true;
+  j["scale_attn_by_inverse_layer_idx"] = false;
+  j["reorder_and_upcast_attn"] = false;
+  j["tie_word_embeddings"] = true;
+  j["use_cache"] = true;
+  j["bos_token_id"] = end_of_text;
+  j["eos_token_id"] = end_of_text;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+void write_json(const std::string& path, const nlohmann::ordered_json& j) {
+  const std::string text = j.dump(2) + "\n";
+  io::write_file_atomic(path, [&](const io::WriteFn& w) { w(text.data(), text.size()); });
+}
+
+// --export-hf: the model and, for a byte-level vocabulary, its tokenizer.
+void export_hf(const Options& o, models::GPT& model, const data::Vocabulary& vocab) {
+  const std::shared_ptr<const data::Bpe> bpe = vocab.bpe ? vocab.bpe : vocab.bytes ? data::Bpe::bytes_only() : nullptr;
+  nlohmann::json end_of_text = nullptr;  // GPT-2's <|endoftext|>, where the tokenizer has it
+  if (bpe)
+    for (int32_t id : bpe->specials())
+      if (bpe->bytes(id) == "<|endoftext|>") end_of_text = id;
+  std::error_code ec;
+  std::filesystem::create_directories(o.export_hf, ec);
+  FANOUT_USER_CHECK(!ec) << "--export-hf: cannot make " << o.export_hf << ": " << ec.message();
+  const auto tensors = model.hf_state_dict();
+  io::save_safetensors(o.export_hf + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_json(o.export_hf + "/config.json", hf_config(model.config(), end_of_text));
+  std::string files = "model.safetensors, config.json";
+  if (bpe) {
+    bpe->save(o.export_hf);
+    nlohmann::ordered_json t;
+    t["tokenizer_class"] = "GPT2Tokenizer";
+    t["model_max_length"] = model.config().block_size;
+    t["add_prefix_space"] = false;
+    t["clean_up_tokenization_spaces"] = false;  // decode gives the tokens' bytes, nothing changed
+    for (const char* k : {"bos_token", "eos_token", "unk_token"})
+      t[k] = end_of_text.is_null() ? nlohmann::json() : nlohmann::json("<|endoftext|>");
+    write_json(o.export_hf + "/tokenizer_config.json", t);
+    files += ", vocab.json, merges.txt, tokenizer_config.json";
+  }
+  std::printf("wrote %s: %s (%zu tensors)\n", o.export_hf.c_str(), files.c_str(), tensors.size());
+  if (!bpe)
+    std::printf("no tokenizer files: a character vocabulary is no byte-level BPE (its characters are in the "
+                "checkpoint's metadata)\n");
+}
+
 int run(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) return 0;
@@ -139,6 +215,10 @@ int run(int argc, char** argv) {
       << " tokens, more than the model's vocab_size " << c.vocab_size;
   auto model = models::gpt(c, 0);
   train::load_weights(o.weights.empty() ? o.checkpoint : o.weights, *model, /*strict=*/true);
+  if (!o.export_hf.empty()) {
+    export_hf(o, *model, t.vocab);
+    return 0;
+  }
   const std::vector<Device> devices = parse_devices(o.device, false);
   FANOUT_USER_CHECK(devices.size() == 1) << "--device takes one device, got '" << o.device << "'";
   Context ctx(devices[0]);

@@ -190,6 +190,35 @@ void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors)
   tensors = std::move(out);
 }
 
+std::vector<std::pair<std::string, Tensor>> GPT::hf_state_dict() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const auto own = state_dict();
+  for (size_t i = 0; i < own.size(); ++i) {
+    const auto& [name, value] = own[i];
+    const Tensor t = value.to(Device::cpu());
+    FANOUT_CHECK(t.dtype() == DType::F32) << name << " is " << dtype_name(t.dtype()) << ", not float32";
+    const bool conv1d = name.starts_with("transformer.h.") &&
+                        (name.ends_with(".attn.c_attn.weight") || name.ends_with(".attn.c_proj.weight") ||
+                         name.ends_with(".mlp.c_fc.weight") || name.ends_with(".mlp.c_proj.weight"));
+    if (conv1d) {
+      Tensor w = Tensor::empty(Shape{t.size(1), t.size(0)}, DType::F32);
+      transpose_2d(t.f32(), w.f32(), t.size(0), t.size(1));
+      out.emplace_back(name, w);
+    } else {
+      out.emplace_back(name, t);
+    }
+    // Without bias=true a layer's weight is followed by the next layer's: GPT-2's zero bias goes between.
+    const bool layer = name.ends_with(".weight") && !name.ends_with(".wte.weight") && !name.ends_with(".wpe.weight");
+    const std::string bias = name.substr(0, name.size() - std::string("weight").size()) + "bias";
+    if (layer && (i + 1 == own.size() || own[i + 1].first != bias)) {
+      Tensor zero = Tensor::empty(Shape{t.size(0)}, DType::F32);
+      zero.fill(0.0f);
+      out.emplace_back(bias, zero);
+    }
+  }
+  return out;
+}
+
 void GPT::finish_init(std::mt19937_64& rng) {
   const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
   for (auto& [name, p] : named_parameters()) {

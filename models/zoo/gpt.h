@@ -64,6 +64,12 @@ class GPT : public Module {
   // tied lm_head.weight taken once. Recognized by c_attn's weight being
   // (n_embd, 3 n_embd).
   void adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const override;
+  // The inverse, for Hugging Face's GPT2LMHeadModel: this model's weights
+  // under the names its save_pretrained writes ("transformer."-prefixed),
+  // c_attn, c_proj and c_fc as Conv1D's (in, out) matrices, zero biases where
+  // bias=false (GPT-2's layers always have them), the tied head left to
+  // tie_word_embeddings. Host float32 tensors, the model's own order.
+  std::vector<std::pair<std::string, Tensor>> hf_state_dict();
   const GPTConfig& config() const { return config_; }
   // Parameters without the position embedding (nanoGPT's get_num_params()).
   int64_t num_non_embedding_parameters();

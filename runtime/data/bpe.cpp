@@ -211,6 +211,25 @@ std::shared_ptr<const Bpe> Bpe::from_lists(std::vector<std::string> tokens, std:
   return b;
 }
 
+std::shared_ptr<const Bpe> Bpe::bytes_only() {
+  std::vector<std::string> tokens;
+  for (uint32_t byte = 0; byte < 256; ++byte) tokens.push_back(utf8_encode(alphabet().cp[byte]));
+  return from_lists(std::move(tokens), {}, "the byte vocabulary");
+}
+
+void Bpe::save(const std::string& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  FANOUT_USER_CHECK(!ec) << "cannot make tokenizer folder " << dir << ": " << ec.message();
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < tokens_.size(); ++i) vocab[tokens_[i]] = i;
+  const std::string v = vocab.dump();
+  io::write_file_atomic(dir + "/vocab.json", [&](const io::WriteFn& w) { w(v.data(), v.size()); });
+  std::string m = "#version: 0.2\n";
+  for (const std::string& merge : merges_) m += merge + "\n";
+  io::write_file_atomic(dir + "/merges.txt", [&](const io::WriteFn& w) { w(m.data(), m.size()); });
+}
+
 void Bpe::merge_piece(const std::string& piece, std::vector<int32_t>& out) const {
   std::vector<int32_t> s, t;
   for (unsigned char c : piece) s.push_back(byte_id_[c]);

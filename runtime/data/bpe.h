@@ -32,6 +32,13 @@ class Bpe {
   // names their source in errors.
   static std::shared_ptr<const Bpe> from_lists(std::vector<std::string> tokens, std::vector<std::string> merges,
                                                const std::string& what);
+  // The 256 byte values as a BPE without merges, id b the byte b: text-bytes
+  // data's vocabulary in a byte-level tokenizer's terms.
+  static std::shared_ptr<const Bpe> bytes_only();
+  // Writes DIR/vocab.json (token: id, in id order) and DIR/merges.txt
+  // ("#version: 0.2", then the merges by rank), the files load() and Hugging
+  // Face's GPT-2 tokenizers read; each atomically, DIR made if need be.
+  void save(const std::string& dir) const;
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<std::string>& tokens() const { return tokens_; }  // the files' spelling

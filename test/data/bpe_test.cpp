@@ -208,6 +208,46 @@ TEST(Bpe, MergesApplyLowestRankFirstWithinPieces) {
             (Ids{id("a"), id(tokens[0xE2]), id(tokens[0x80]), id(tokens[0x94]), id("<|endoftext|>")}));
 }
 
+// save() writes Hugging Face's files: vocab.json the tokens by id (as the
+// JSON text spells them), merges.txt a version line then the merges by rank;
+// load() reads them back as the same tokenizer. bytes_only() is the 256
+// bytes by value, no merges: ids are the text's bytes.
+TEST(Bpe, SavedFilesAreHuggingFacesAndLoadBack) {
+  std::vector<std::string> tokens = byte_tokens();
+  const std::string space = "\xC4\xA0";
+  for (const std::string& t : std::vector<std::string>{"he", space + "w", "ll", "hell", "<|endoftext|>"}) tokens.push_back(t);
+  const std::vector<std::string> merges = {"h e", space + " w", "l l", "he ll"};
+  const auto bpe = Bpe::from_lists(tokens, merges, "test");
+  testing::TempDir dir;
+  bpe->save(dir.path() + "/hf");
+  const nlohmann::ordered_json vocab = nlohmann::ordered_json::parse(io::read_file(dir.path() + "/hf/vocab.json", "v"));
+  ASSERT_EQ(vocab.size(), tokens.size());
+  size_t i = 0;
+  for (const auto& [token, id] : vocab.items()) {
+    EXPECT_EQ(token, tokens[i]) << "entry " << i;
+    EXPECT_EQ(id.get<size_t>(), i++);
+  }
+  EXPECT_EQ(io::read_file(dir.path() + "/hf/merges.txt", "m"),
+            "#version: 0.2\nh e\n" + space + " w\nl l\nhe ll\n");
+  const auto back = Bpe::load(dir.path() + "/hf");
+  EXPECT_EQ(back->tokens(), tokens);
+  EXPECT_EQ(back->merges(), merges);
+  const std::string text = "hello world, hell<|endoftext|> wow\n";
+  EXPECT_EQ(back->encode(text, true, "t"), bpe->encode(text, true, "t"));
+  EXPECT_EQ(back->specials(), bpe->specials());
+
+  const auto bytes = Bpe::bytes_only();
+  EXPECT_EQ(bytes->tokens(), byte_tokens());
+  EXPECT_TRUE(bytes->merges().empty());
+  std::mt19937 rng(5);
+  std::string random_text;
+  for (int k = 0; k < 300; ++k) random_text += data::utf8_encode(static_cast<uint32_t>(rng() % 0x3000 + 1));
+  std::vector<int32_t> want;
+  for (unsigned char c : random_text) want.push_back(c);
+  EXPECT_EQ(bytes->encode(random_text, false, "t"), want);
+  EXPECT_EQ(error_of([&] { bpe->save("/proc/none/hf"); }).rfind("cannot make tokenizer folder /proc/none/hf: ", 0), 0u);
+}
+
 TEST(Bpe, BadFilesAreOneLineErrorsNamingThem) {
   testing::TempDir dir;
   const std::string d = dir.path();

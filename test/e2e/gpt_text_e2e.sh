@@ -256,6 +256,27 @@ cmp -s "$work/bpe-gen1.txt" "$work/bpe-gen-hf.txt" || fail "dp-generate --weight
   --progress off > "$work/finetune.log"
 grep -q "^initialized from $work/hf.safetensors: all tensors matched" "$work/finetune.log" ||
   { cat "$work/finetune.log"; fail "--init-from did not take Hugging Face's layout whole"; }
+# --export-hf writes the checkpoint as Hugging Face's GPT-2 files; read back (the weights in that layout, the
+# tokenizer from its vocab.json and merges.txt) they print the same text.
+"$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --export-hf "$work/hf-out" > "$work/export.log"
+grep -q "^wrote $work/hf-out: model.safetensors, config.json, vocab.json, merges.txt, tokenizer_config.json" \
+  "$work/export.log" || { cat "$work/export.log"; fail "--export-hf did not write the files"; }
+"$DP_GENERATE" --weights "$work/hf-out/model.safetensors" --tokenizer "$work/hf-out" \
+  --model "gpt:gpt-char,n_layer=2,n_head=4,n_embd=64,block_size=32,dropout=0,bias=true" --prompt "The cat" \
+  --max-new-tokens 60 --seed 3 > "$work/bpe-gen-export.txt"
+cmp -s "$work/bpe-gen1.txt" "$work/bpe-gen-export.txt" || fail "the exported model and tokenizer printed other text"
+python3 - "$work/hf-out" "$work/bpe-gone/vocab.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1] + "/config.json"))
+want = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_head": 4, "n_embd": 64,
+        "n_positions": 32, "vocab_size": len(json.load(open(sys.argv[2]))), "activation_function": "gelu",
+        "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "n_inner": None}
+for k, v in want.items():
+    assert c[k] == v, (k, c[k], v)
+assert json.load(open(sys.argv[1] + "/vocab.json")) == json.load(open(sys.argv[2]))
+PY
+expect_error "--export-hf draws nothing: give no --prompt" \
+  "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --export-hf "$work/hf-out" --prompt "x"
 expect_error "carries its own vocabulary: give no --tokenizer" \
   "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --tokenizer "$work/bpe-gone"
 expect_error "--weights needs --model gpt:... and --tokenizer DIR" "$DP_GENERATE" --weights "$work/hf.safetensors"

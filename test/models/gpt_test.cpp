@@ -664,6 +664,69 @@ TEST(GPTWeights, HuggingFaceLayoutLoadsAsFromPretrainedReadsIt) {
   }
 }
 
+// hf_state_dict() writes GPT2LMHeadModel's state dict as save_pretrained
+// does, spelled out here from its documented layout: "transformer."-prefixed
+// names in module order, every Linear and LayerNorm with its bias (zeros for
+// a model without them), Conv1D's (in, out) weights, no lm_head.weight (tied).
+// Read back by the Hugging Face loader it gives the same logits.
+TEST(GPTWeights, HuggingFaceExportIsGpt2sLayout) {
+  for (const bool bias : {true, false}) {
+    const GPTConfig c = small(bias);
+    auto m = models::gpt(c, 33);
+    const auto own = io::state_dict_cpu(*m);
+    const auto value = [&](const std::string& n) -> const Tensor* {
+      for (const auto& [name, t] : own)
+        if (name == n) return &t;
+      return nullptr;
+    };
+    const auto hf = m->hf_state_dict();
+    std::vector<std::string> names = {"transformer.wte.weight", "transformer.wpe.weight"};
+    for (int64_t l = 0; l < c.n_layer; ++l)
+      for (const char* layer : {"ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"})
+        for (const char* kind : {".weight", ".bias"})
+          names.push_back("transformer.h." + std::to_string(l) + "." + layer + kind);
+    names.push_back("transformer.ln_f.weight");
+    names.push_back("transformer.ln_f.bias");
+    ASSERT_EQ(hf.size(), names.size()) << "bias " << bias;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto& [name, t] = hf[i];
+      ASSERT_EQ(name, names[i]);
+      ASSERT_TRUE(t.device().is_cpu() && t.dtype() == DType::F32) << name;
+      const Tensor* mine = value(name);
+      const bool conv1d = name.find("c_attn.weight") != std::string::npos || name.find("c_fc.weight") != std::string::npos ||
+                          name.find("c_proj.weight") != std::string::npos;
+      if (!mine) {  // a bias the model does not have
+        ASSERT_FALSE(bias) << name;
+        ASSERT_EQ(t.dim(), 1) << name;
+        const Tensor* w = value(name.substr(0, name.size() - 4) + "weight");
+        ASSERT_NE(w, nullptr) << name;
+        EXPECT_EQ(t.size(0), w->size(0)) << name << ": one per output";
+        for (int64_t k = 0; k < t.numel(); ++k) EXPECT_EQ(t.f32()[k], 0.0f) << name;
+      } else if (conv1d) {
+        ASSERT_EQ(t.shape(), (Shape{mine->size(1), mine->size(0)})) << name;
+        for (int64_t r = 0; r < mine->size(0); ++r)
+          for (int64_t k = 0; k < mine->size(1); ++k)
+            ASSERT_EQ(t.f32()[k * mine->size(0) + r], mine->f32()[r * mine->size(1) + k]) << name;
+      } else {
+        ASSERT_EQ(t.shape(), mine->shape()) << name;
+        EXPECT_EQ(std::memcmp(t.raw(), mine->raw(), t.nbytes()), 0) << name;
+      }
+    }
+    // Zero biases change nothing: a biased model reading the file gives the same logits.
+    testing::TempDir dir;
+    io::save_safetensors(dir.path() + "/model.safetensors", hf);
+    GPTConfig with = c;
+    with.bias = true;
+    auto loaded = models::gpt(with, 99);
+    EXPECT_TRUE(train::load_weights(dir.path() + "/model.safetensors", *loaded, /*strict=*/true).ok());
+    Context ctx(Device::cpu());
+    Tensor ids = Tensor::empty(Shape{2, 8}, DType::I32);
+    for (int64_t i = 0; i < 16; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 5 + 2) % 11);
+    const Tensor want = testing::clone(m->forward(ids, ctx));
+    EXPECT_LT(rel_diff(loaded->forward(ids, ctx).f32(), want.f32(), want.numel()), 1e-6) << "bias " << bias;
+  }
+}
+
 // Generation with the key-value cache draws the tokens that running the whole
 // context for each token draws (nanoGPT's way, kv_cache off), through and
 // past block_size, where the window slides and the cache is rebuilt.
