@@ -55,7 +55,8 @@ using detail::kMaxRowThreads;
 using detail::row_threads;
 
 // A block per row r of s (rows, t), query i = r mod t: lse[r] = m + log(sum over
-// j <= i of exp(s[r, j] - m)), m the max of those entries (-inf when all are).
+// j <= i of exp(s[r, j] - m)), m the max of those entries; NaN when every one
+// is -inf or NaN, as the CPU kernel's exp(s - m) gives then.
 __global__ void __launch_bounds__(kMaxRowThreads) lse_rows_kernel(const float* s, int64_t t, float* lse) {
   const int64_t r = blockIdx.x;
   const float* sr = s + r * t;
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) lse_rows_kernel(const float* s
   for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, sr[j]);
   m = block_max_all(m);
   if (m == -CUDART_INF_F) {  // the whole block takes this branch
-    if (threadIdx.x == 0) lse[r] = -CUDART_INF_F;
+    if (threadIdx.x == 0) lse[r] = CUDART_NAN_F;
     return;
   }
   double sum = 0.0, unused = 0.0;
@@ -119,7 +120,8 @@ void scores_to_probs(Context& ctx, const Dims& m, const float* q, const float* k
     FANOUT_CUDA_CHECK_LAUNCH();
   }
   Tensor st = Tensor::wrap(s, Shape{m.bh, m.t, m.t}, DType::F32, ctx.device());
-  softmax_forward(ctx, st, true, st);
+  // A row of -inf or NaN scores gives NaN, as on the CPU (softmax's op gives zeros there).
+  detail::softmax_forward_rows(ctx, st, true, /*empty_nan=*/true, st);
 }
 
 void forward_f32(Context& ctx, const Dims& m, const float* q, const float* k, const float* v, float scale, float* s,

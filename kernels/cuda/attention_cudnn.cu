@@ -167,7 +167,9 @@ cudnnBackendDescriptor_t forward_graph(Graph& g, cudnnHandle_t h, const Shape4& 
   return g.finish(h);
 }
 
-cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Shape4& s) {
+// deterministic: dQ = dS K written in the I/O type directly, as the
+// frontend builds it then (the float32 accumulator's engines add with atomics).
+cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Shape4& s, bool deterministic) {
   const auto F = CUDNN_DATA_FLOAT;
   const auto [q, kt, o, stats, scale, neg_inf] = pass_tensors(g, s);
   auto vt = g.tensor(kV, g.io(), s.kt(), s.kt_strides(), false);
@@ -176,7 +178,6 @@ cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Shape4&
   auto dk = g.tensor(kDK, g.io(), s.qkv(), s.qkv_strides(), false);
   auto dv = g.tensor(kDV, g.io(), s.qkv(), s.qkv_strides(), false);
   auto softmax_sum = g.tensor(kSoftmaxSum, F, s.rows(), s.rows_strides(), false);
-  auto dq_accum = g.tensor(kDQAccum, F, s.qkv(), s.qkv_strides(), false);
   auto one = g.scalar(kOne);
 
   // softmax_sum = rowsum(dO * O)
@@ -210,11 +211,16 @@ cudnnBackendDescriptor_t backward_graph(Graph& g, cudnnHandle_t h, const Shape4&
   g.reshape(ds, dst);
   g.matmul(dst, q, dk);
 
-  // dQ = dS K, through the float32 accumulator
+  // dQ = dS K, through the float32 accumulator unless deterministic
   auto k = g.virt(g.io(), s.qkv(), s.qkv_strides());
   g.reshape(kt, k);
-  g.matmul(ds, k, dq_accum);
-  g.pw1(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  if (deterministic) {
+    g.matmul(ds, k, dq);
+  } else {
+    auto dq_accum = g.tensor(kDQAccum, F, s.qkv(), s.qkv_strides(), false);
+    g.matmul(ds, k, dq_accum);
+    g.pw1(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  }
   return g.finish(h);
 }
 
@@ -237,7 +243,8 @@ std::unique_ptr<FusedPlan> build_plan(cudnnHandle_t h, Dir dir, const Shape4& s,
                                       bool deterministic) {
   auto fp = std::make_unique<FusedPlan>();
   Graph g(fp->keep, io, kFirstVirtual);
-  cudnnBackendDescriptor_t graph = dir == Dir::Forward ? forward_graph(g, h, s) : backward_graph(g, h, s);
+  cudnnBackendDescriptor_t graph =
+      dir == Dir::Forward ? forward_graph(g, h, s) : backward_graph(g, h, s, deterministic);
 
   const Plan p = first_plan(h, graph, fp->keep, deterministic,
                             std::string("attention ") + (dir == Dir::Forward ? "forward" : "backward"));
@@ -260,9 +267,10 @@ bool fused_enabled() {
 // The cached plan for the key, built on first use; nullptr when refused.
 FusedPlan* get_plan(Context& ctx, cudnnHandle_t h, Dir dir, const Shape4& s, DType dt) {
   const bool det = ctx.math.deterministic;
-  // The handle is part of the key: a plan is finalized against its handle and
-  // only ever runs with it (one context's, on one worker thread).
-  const PlanKey key{ctx.device().index, static_cast<int64_t>(reinterpret_cast<uintptr_t>(h)),
+  // The context is part of the key: a plan is finalized against its handle
+  // and only ever runs with it (one context's, on one worker thread); ids are
+  // never reused, where a destroyed handle's address may be.
+  const PlanKey key{ctx.device().index, static_cast<int64_t>(ctx.id()),
                     static_cast<int64_t>(dir), s.b, s.h, s.t, s.d, static_cast<int64_t>(dt), det};
   // Built unlocked: finalizing may compile kernels (seconds), which must not
   // hold up other devices' workers.
@@ -312,6 +320,15 @@ void refuse_at_execution(FusedPlan& p, Dir dir, cudnnStatus_t st) {
 
 size_t round_up(size_t n) { return (n + kCarve - 1) / kCarve * kCarve; }
 
+// The masked scores' value: -inf, or the lowest float for a cuDNN loaded at
+// run time older than 9.10, as the frontend chooses (the build's headers may
+// be newer than the library the machine has).
+float mask_value() {
+  static const float v = cudnnGetVersion() < 91000 ? std::numeric_limits<float>::lowest()
+                                                   : -std::numeric_limits<float>::infinity();
+  return v;
+}
+
 // Runs plan p with the (uid, pointer) bindings and workspace; false (and p
 // refused) when cuDNN says NOT_SUPPORTED.
 bool execute(cudnnHandle_t h, FusedPlan& p, Dir dir, const std::vector<int64_t>& uids,
@@ -336,7 +353,7 @@ bool cudnn_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, con
   FusedPlan* p = get_plan(ctx, h, Dir::Forward, s, q.dtype());
   if (!p) return false;
   void* ws = p->workspace > 0 ? ctx.workspace(static_cast<size_t>(p->workspace)) : nullptr;
-  float scale_v = scale, neg_inf = -std::numeric_limits<float>::infinity();
+  float scale_v = scale, neg_inf = mask_value();
   const std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
   const std::vector<void*> ptrs{q.raw(), k.raw(), v.raw(), y.raw(), lse.raw(), &scale_v, &neg_inf};
   return execute(h, *p, Dir::Forward, uids, ptrs, ws);
@@ -353,22 +370,27 @@ bool cudnn_attention_backward(Context& ctx, const Tensor& q, const Tensor& k, co
   const Shape4 s = shape_of(q);
   FusedPlan* p = get_plan(ctx, h, Dir::Backward, s, q.dtype());
   if (!p) return false;
-  // One workspace block: cuDNN's piece, then softmax_sum (B, H, T) and dQ_accum (B, H, T, D), float32.
+  // One workspace block: cuDNN's piece, then softmax_sum (B, H, T) and, unless
+  // deterministic, dQ_accum (B, H, T, D), float32.
+  const bool det = ctx.math.deterministic;
   const size_t cudnn_bytes = round_up(static_cast<size_t>(p->workspace));
   const size_t sum_bytes = round_up(static_cast<size_t>(s.b * s.h * s.t) * sizeof(float));
-  const size_t acc_bytes = static_cast<size_t>(s.b * s.h * s.t * s.d) * sizeof(float);
+  const size_t acc_bytes = det ? 0 : static_cast<size_t>(s.b * s.h * s.t * s.d) * sizeof(float);
   char* base = static_cast<char*>(ctx.workspace(cudnn_bytes + sum_bytes + acc_bytes));
   void* ws = p->workspace > 0 ? base : nullptr;
   void* softmax_sum = base + cudnn_bytes;
   void* dq_accum = base + cudnn_bytes + sum_bytes;
   // cuDNN >= 9.6 initializes the accumulator itself (the frontend stopped
   // clearing it); clearing it here too costs one memset and removes the doubt.
-  FANOUT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, detail::stream_of(ctx)));
-  float scale_v = scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
-  const std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV,
-                                  kSoftmaxSum, kDQAccum, kScale, kNegInf, kOne};
-  const std::vector<void*> ptrs{q.raw(), k.raw(), v.raw(), y.raw(), dy.raw(), lse.raw(), dq.raw(), dk.raw(),
-                                dv.raw(), softmax_sum, dq_accum, &scale_v, &neg_inf, &one};
+  if (!det) FANOUT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, detail::stream_of(ctx)));
+  float scale_v = scale, neg_inf = mask_value(), one = 1.0f;
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kNegInf, kOne};
+  std::vector<void*> ptrs{q.raw(), k.raw(), v.raw(), y.raw(), dy.raw(), lse.raw(), dq.raw(), dk.raw(),
+                          dv.raw(), softmax_sum, &scale_v, &neg_inf, &one};
+  if (!det) {
+    uids.push_back(kDQAccum);
+    ptrs.push_back(dq_accum);
+  }
   return execute(h, *p, Dir::Backward, uids, ptrs, ws);
 }
 

@@ -397,4 +397,9 @@ class PlanCache {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
+// softmax_forward's kernel (softmax.cu); a row whose visible entries are all
+// -inf or NaN gives NaN there with empty_nan (attention's CPU arithmetic),
+// zeros without (softmax's).
+void softmax_forward_rows(Context& ctx, const Tensor& x, bool causal, bool empty_nan, Tensor& y);
+
 }  // namespace fanout::kernels::cuda::detail

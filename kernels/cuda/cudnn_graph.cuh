@@ -270,7 +270,12 @@ inline std::vector<cudnnBackendDescriptor_t> heuristic_configs(cudnnBackendDescr
 // NOT_SUPPORTED throws Error naming `what`, else Refused.
 inline Plan first_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, std::vector<Desc>& keep, bool deterministic,
                        const std::string& what, bool fallback = false) {
-  std::vector<cudnnBackendDescriptor_t> cfgs = heuristic_configs(graph, keep, CUDNN_HEUR_MODE_A);
+  std::vector<cudnnBackendDescriptor_t> cfgs;
+  try {
+    cfgs = heuristic_configs(graph, keep, CUDNN_HEUR_MODE_A);
+  } catch (const Refused&) {  // mode A has nothing for this graph: FALLBACK's engines may
+    if (!fallback) throw;
+  }
   if (fallback) {
     try {
       const std::vector<cudnnBackendDescriptor_t> more = heuristic_configs(graph, keep, CUDNN_HEUR_MODE_FALLBACK);
@@ -318,8 +323,9 @@ inline Plan first_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, std::vec
 
 // Runs `plan` with the (uid, pointer) bindings and workspace, one execution
 // of the plan at a time (`run`); returns cuDNN's status when it is of the
-// NOT_SUPPORTED category (the caller refuses the plan from then on),
-// CUDNN_STATUS_SUCCESS otherwise; any other error throws.
+// NOT_SUPPORTED category outside a stream capture (the caller refuses the
+// plan from then on), CUDNN_STATUS_SUCCESS otherwise; any other error, and
+// a refusal inside a capture, throws.
 inline cudnnStatus_t execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, std::mutex& run,
                              const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* ws) {
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -334,7 +340,16 @@ inline cudnnStatus_t execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, std
     std::lock_guard<std::mutex> lock(run);
     st = cudnnBackendExecute(h, plan, pack.get());
   }
-  if (not_supported(st)) return st;
+  if (not_supported(st)) {
+    // Inside a captured step a refusal may be the capture's, not the shape's:
+    // fail the capture (the step then runs plainly) instead of refusing the plan.
+    cudaStream_t stream = nullptr;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudnnGetStream(h, &stream) == CUDNN_STATUS_SUCCESS && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+        capture != cudaStreamCaptureStatusNone)
+      FANOUT_FAIL() << "cuDNN refused an execution plan inside a captured step (" << cudnnGetErrorString(st) << ")";
+    return st;
+  }
   FANOUT_CUDNN_CHECK(st);
   return CUDNN_STATUS_SUCCESS;
 }

@@ -128,7 +128,9 @@ inline Tensor low_buffer(Context& ctx, int role, const Shape& s) {
   auto* b = dynamic_cast<LowBuffers*>(ctx.backend_state());
   FANOUT_CHECK(b) << "the context on " << ctx.device().str() << " holds another backend's state";
   Tensor& t = b->slot[role];
+  const void* before = t.defined() ? t.raw() : nullptr;
   ensure(t, s, ctx.math.autocast, ctx.device());
+  if (t.raw() != before) ctx.scratch_moved();
   return t;
 }
 

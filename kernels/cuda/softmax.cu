@@ -16,7 +16,7 @@ using detail::kMaxRowThreads;
 using detail::row_threads;
 
 __global__ void __launch_bounds__(kMaxRowThreads)
-    softmax_forward_kernel(const float* x, int64_t n, bool causal, float* y) {
+    softmax_forward_kernel(const float* x, int64_t n, bool causal, bool empty_nan, float* y) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * n;
   float* yr = y + r * n;
@@ -24,8 +24,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   float m = -CUDART_INF_F;
   for (int64_t k = threadIdx.x; k < visible; k += blockDim.x) m = fmaxf(m, xr[k]);
   m = block_max_all(m);
-  if (m == -CUDART_INF_F) {  // every visible entry -inf (the whole block takes this branch)
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) yr[k] = 0.0f;
+  if (m == -CUDART_INF_F) {  // every visible entry -inf or NaN (the whole block takes this branch)
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) yr[k] = empty_nan && k < visible ? CUDART_NAN_F : 0.0f;
     return;
   }
   double sum = 0.0, unused = 0.0;
@@ -49,12 +49,20 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 
 }  // namespace
 
-void softmax_forward(Context& ctx, const Tensor& x, bool causal, Tensor& y) {
-  detail::DeviceScope scope(ctx);
+namespace detail {
+
+void softmax_forward_rows(Context& ctx, const Tensor& x, bool causal, bool empty_nan, Tensor& y) {
+  DeviceScope scope(ctx);
   const int64_t n = x.size(-1), rows = x.numel() / n;
-  softmax_forward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, detail::stream_of(ctx)>>>(x.f32(), n,
-                                                                                                      causal, y.f32());
+  softmax_forward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream_of(ctx)>>>(x.f32(), n, causal,
+                                                                                              empty_nan, y.f32());
   FANOUT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detail
+
+void softmax_forward(Context& ctx, const Tensor& x, bool causal, Tensor& y) {
+  detail::softmax_forward_rows(ctx, x, causal, /*empty_nan=*/false, y);
 }
 
 void softmax_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {

@@ -4,10 +4,15 @@
 #include "runtime/core/error.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace fanout {
 
-Context::Context(Device d, uint64_t seed) : device_(d), rng_(seed) {
+namespace {
+std::atomic<uint64_t> next_context_id{1};
+}  // namespace
+
+Context::Context(Device d, uint64_t seed) : device_(d), rng_(seed), id_(next_context_id++) {
   compute_ = std::make_unique<Stream>(d);
   copy_ = std::make_unique<Stream>(d);
   comm_ = std::make_unique<Stream>(d);
@@ -49,6 +54,7 @@ void* Context::workspace(size_t bytes) {
     size_t want = std::max(bytes, workspace_.defined() ? workspace_.nbytes() * 3 / 2 : size_t{0});
     want = (want + 255) / 256 * 256;
     workspace_ = Tensor::empty(Shape{static_cast<int64_t>(want)}, DType::U8, device_);
+    scratch_moved();
   }
   return workspace_.raw();
 }
@@ -60,6 +66,7 @@ const Tensor& Context::staging(int role, size_t bytes) {
     const size_t want = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
     t = Tensor();  // the old buffer goes first: the peak stays at the new size
     t = Tensor::empty(Shape{static_cast<int64_t>(want)}, DType::U8, device_);
+    scratch_moved();
   }
   return t;
 }

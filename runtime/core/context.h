@@ -2,6 +2,7 @@
 // it. Holds the device, its streams, library handles, a grow-only workspace,
 // the RNG, the training flag and the gradient-ready callback.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -125,10 +126,19 @@ class Context {
   static constexpr int kGradSinkRole = kStagingRoles - 1;
   const Tensor& staging(int role, size_t bytes);
   size_t staging_size() const;
+  // Counts the times this context's kept scratch (workspace, staging, a
+  // backend's buffers) was reallocated, on any thread: a captured step that
+  // points at scratch is stale once it moves.
+  uint64_t scratch_moves() const { return scratch_moves_.load(std::memory_order_relaxed); }
+  void scratch_moved() { scratch_moves_.fetch_add(1, std::memory_order_relaxed); }
 
   // Library handles, created on first use (CUDA only; null on CPU).
   void* cublas();
   void* cudnn();
+  // Unique in the process, never reused: a cache of plans built with this
+  // context's handles keys on it (a later context's handle may reuse the
+  // address of a destroyed one).
+  uint64_t id() const { return id_; }
   // The backend's per-context state, or null before it made one.
   BackendState* backend_state() { return backend_state_.get(); }
   void set_backend_state(std::unique_ptr<BackendState> s) { backend_state_ = std::move(s); }
@@ -155,6 +165,8 @@ class Context {
   Tensor staging_[kStagingRoles];
   void* cublas_ = nullptr;
   void* cudnn_ = nullptr;
+  uint64_t id_;
+  std::atomic<uint64_t> scratch_moves_{0};
   std::unique_ptr<BackendState> backend_state_;
   std::unique_ptr<ActivationSlots> checkpoint_slots_;
 };

@@ -14,6 +14,7 @@ namespace fanout {
 namespace {
 std::atomic<uint64_t> g_host_allocs{0}, g_device_allocs{0}, g_live{0}, g_rewrites{0};
 thread_local uint64_t t_device_allocs = 0;
+thread_local uint64_t t_frees_in_capture = 0;
 
 // Live and peak bytes per CPU device (index); pinned buffers count on cpu:0.
 constexpr int kCpuSlots = 512;
@@ -39,6 +40,7 @@ void reset_cpu_device_peak_bytes(Device d) {
 
 Storage::~Storage() {
   if (!owned || ptr == nullptr) return;
+  if (capture_checked()) ++t_frees_in_capture;
   g_live -= bytes;
   if (device.is_cpu()) g_cpu_live[cpu_slot(device)] -= bytes;
   if (pinned) backend::pinned_free(ptr);
@@ -90,6 +92,7 @@ std::shared_ptr<Storage> allocate_pinned(size_t bytes) {
 
 AllocStats alloc_stats() { return {g_host_allocs.load(), g_device_allocs.load(), g_live.load()}; }
 uint64_t thread_device_allocs() { return t_device_allocs; }
+uint64_t thread_frees_in_capture() { return t_frees_in_capture; }
 void note_device_state_rewrite() { ++g_rewrites; }
 uint64_t device_state_rewrites() { return g_rewrites.load(); }
 

@@ -41,6 +41,9 @@ AllocStats alloc_stats();
 // CUDA-device allocations made by the calling thread (what a CUDA graph
 // captured on this thread may point at: runtime/parallel/step_graph.h).
 uint64_t thread_device_allocs();
+// Storages the calling thread freed inside a captured (or capture-checked)
+// step: a graph may still write them after the pool hands them out again.
+uint64_t thread_frees_in_capture();
 // A layer that rewrites device state it keeps across steps from the host
 // (GPT's position ids, on a shape change) says so: a captured step reading
 // the old contents must not be replayed.

@@ -325,11 +325,14 @@ void* graph_capture_end(int device, void* stream, std::string* why) {
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
   t_capture_hold.reset();
+  // Memory freed inside the capture goes back to the pool now, before the
+  // graph ever runs: the graph's kernels may still write it, so no graph.
+  const bool freed = !t_deferred_frees.empty();
   release_deferred_frees();
   cudaGraphExec_t exec = nullptr;
   int prev = -1;
   cudaGetDevice(&prev);
-  if (e == cudaSuccess && graph) {
+  if (e == cudaSuccess && graph && !freed) {
     cudaSetDevice(device);
     e = cudaGraphInstantiate(&exec, graph, 0);
     cudaSetDevice(prev);
@@ -341,6 +344,7 @@ void* graph_capture_end(int device, void* stream, std::string* why) {
     cudaGetLastError();
     if (why)
       *why = e != cudaSuccess ? std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"
+             : freed          ? std::string("the step freed device memory while it was captured")
                               : std::string("the capture gave no graph");
     return nullptr;
   }
@@ -366,6 +370,7 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommen
 }  // namespace
 
 void* cublas_create(int device, void* stream) {
+  detail::CaptureShared capture_safe;  // creating allocates (the workspace too): not while another thread captures
   DeviceGuard g(device);
   cublasHandle_t h;
   FANOUT_CUBLAS_CHECK(cublasCreate(&h));
@@ -406,6 +411,7 @@ void cublas_destroy(int device, void* h) noexcept {
   cudaSetDevice(prev);
 }
 void* cudnn_create(int device, void* stream) {
+  detail::CaptureShared capture_safe;
   DeviceGuard g(device);
   cudnnHandle_t h;
   FANOUT_CUDNN_CHECK(cudnnCreate(&h));

@@ -90,8 +90,12 @@ void StepGraphs::other_pass() {
 }
 
 namespace {
-// What may have moved or rewritten a buffer a graph points at, since a mark.
-uint64_t moves() { return thread_device_allocs() + device_state_rewrites(); }
+// What may have moved or rewritten a buffer a graph points at, since a mark:
+// this thread's allocations, rewritten kept state, and the context's scratch
+// grown on any thread (a sharded optimizer's norm runs on the main thread).
+uint64_t moves(const Context& ctx) {
+  return thread_device_allocs() + device_state_rewrites() + ctx.scratch_moves();
+}
 const char* const kDraws =
     "the model draws random numbers in training (Dropout), which a replayed graph would repeat";
 // What a launch of the step adds on the host: its effects, then its gradient notices in order.
@@ -137,7 +141,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
   // An allocation on this thread since the last graph step may have moved a
   // buffer the graph points at (a pass outside the engine, a layer grown),
   // and kept state may have been rewritten: warm up again.
-  const uint64_t before = moves();
+  const uint64_t before = moves(ctx);
   if (policy_.has_graph() && before != allocs_) other_pass();
   if (policy_.stats().on && ctx.on_grad_write)
     policy_.turn_off("gradients in flight (ZeRO-2) take memory as backward writes them");
@@ -155,7 +159,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
       policy_.turn_off(kDraws);
       fall_back(policy_.stats().off_reason);
     }
-    allocs_ = moves();
+    allocs_ = moves(ctx);
     return;
   }
   // Capture: nothing queued inside runs until the graph is launched. Every
@@ -163,7 +167,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
   // off, and the step run plainly.
   effects_.clear();
   notices_.clear();
-  const uint64_t draws = ctx.random_draws;
+  const uint64_t draws = ctx.random_draws, frees = thread_frees_in_capture();
   std::string why;
   bool ok = false;
   if (emulate_) {
@@ -178,8 +182,11 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
       notices_.clear();
       throw Error(msg);
     }
-    ok = ctx.random_draws == draws && moves() == before;
-    if (!ok) why = ctx.random_draws != draws ? kDraws : "the step rewrote kept device state while it was captured";
+    ok = ctx.random_draws == draws && moves(ctx) == before && thread_frees_in_capture() == frees;
+    if (!ok)
+      why = ctx.random_draws != draws ? kDraws
+            : moves(ctx) != before    ? "the step rewrote kept device state while it was captured"
+                                      : "the step freed memory while it was captured (a graph would write it after its reuse)";
     if (!ok) after_launch(ctx, effects_, notices_);  // the step has run: what a launch adds happens once
   } else {
     try {
@@ -195,7 +202,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
     if (ok && ctx.random_draws != draws) {
       ok = false;
       why = kDraws;
-    } else if (ok && moves() != before) {
+    } else if (ok && moves(ctx) != before) {
       ok = false;
       why = "the step allocated device memory (or rewrote kept state) while it was captured";
     }
@@ -204,7 +211,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
   if (ok) {
     if (emulate_) after_launch(ctx, effects_, notices_);  // the step has run; only what a launch adds
     else launch(ctx);
-    allocs_ = moves();
+    allocs_ = moves(ctx);
     return;
   }
   graph_.reset();
@@ -212,7 +219,7 @@ void StepGraphs::train_step(Context& ctx, const std::string& key, const std::fun
   notices_.clear();
   fall_back(emulate_ ? why : "capturing a training step failed: " + why);
   if (!emulate_) work();  // the step itself, plainly (check mode ran it)
-  allocs_ = moves();
+  allocs_ = moves(ctx);
 }
 
 std::string step_graph_key(const Tensor& x, const Tensor& y, float grad_scale, const std::vector<const void*>& arenas) {

@@ -326,6 +326,35 @@ TEST_P(AttentionOnBackend, FusedCudnnPathOnHopper) {
   EXPECT_STREQ(bwd_path, "cudnn-fused") << "see stderr for cuDNN's refusal";
   expect_within_peak(a);
   EXPECT_GT(ft::l2_norm(a.dq), 0.0);
+  // Deterministic (the graph without the atomically added float32 dQ, or the
+  // widened path where cuDNN has no such engine): two runs, the same bits.
+  ctx().math.deterministic = true;
+  std::mt19937_64 r1(37), r2(37);
+  const AttentionRun d1 = run(Shape{B, H, T, D}, 0.125f, r1, dt), d2 = run(Shape{B, H, T, D}, 0.125f, r2, dt);
+  ctx().math.deterministic = false;
+  std::printf("[ attention ] deterministic bfloat16 on sm_9x: forward %s, backward %s\n",
+              d1.fwd_path ? d1.fwd_path : "?", d1.bwd_path ? d1.bwd_path : "?");
+  expect_within_peak(d1);
+  for (const auto& [x, y] : {std::pair{&d1.dq, &d2.dq}, std::pair{&d1.dk, &d2.dk}, std::pair{&d1.dv, &d2.dv}})
+    EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->nbytes()), 0) << "deterministic runs differ";
+}
+
+// A NaN query row makes its own outputs NaN and leaves the other rows
+// finite, on every backend (the CUDA kernels' empty-row branch must not
+// turn a row of NaN scores into zeros).
+TEST_P(AttentionOnBackend, NanQueryRowIsNanAlone) {
+  std::mt19937_64 rng(38);
+  const Shape s{1, 2, 6, 8};
+  Tensor hq = ft::random_tensor(s, rng);
+  for (int64_t d = 0; d < 8; ++d) hq.f32()[d] = std::numeric_limits<float>::quiet_NaN();  // head 0, query 0
+  Tensor q = up(hq), k = up(ft::random_tensor(s, rng)), v = up(ft::random_tensor(s, rng));
+  Tensor y = poisoned(s), lse = poisoned(Shape{1, 2, 6});
+  kernels::attention_forward(ctx(), q, k, v, 0.3f, y, lse);
+  const Tensor hy = down(y), hl = down(lse);
+  for (int64_t d = 0; d < 8; ++d) EXPECT_TRUE(std::isnan(hy.f32()[d])) << "y[0, 0, 0, " << d << "]";
+  EXPECT_TRUE(std::isnan(hl.f32()[0])) << "lse[0, 0, 0]";
+  for (int64_t i = 8; i < s.numel(); ++i) EXPECT_TRUE(std::isfinite(hy.f32()[i])) << "y element " << i;
+  for (int64_t i = 1; i < 12; ++i) EXPECT_TRUE(std::isfinite(hl.f32()[i])) << "lse element " << i;
 }
 
 // The path record: float32 on CPU says "cpu"; on CUDA "cuda-float32".

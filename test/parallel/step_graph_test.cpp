@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/target_batch.h"
@@ -295,6 +296,40 @@ TEST(CudaGraphsCheck, EnginesTrainAsWithGraphsOff) {
   check_mode_matches_off("cpu:2", "cnn", Shape{3, 16, 16});
   check_mode_matches_off("cpu:2", "resnet18", Shape{3, 16, 16});
   check_mode_matches_off("cpu:2", "heatmap3d", Shape{1, 8, 8, 8});
+}
+
+// Scratch that a context grows on another thread (a sharded optimizer's norm
+// runs on the main thread with each replica's context) moves what a captured
+// step points at: the next step warms up and captures again, never replays.
+TEST(CudaGraphsCheck, ScratchGrownOnAnotherThreadWarmsUpAgain) {
+  Context ctx(Device::cpu());
+  StepGraphs graphs(CudaGraphs::Check, ctx.device(), "");
+  int runs = 0;
+  const std::function<void()> work = [&] { ++runs; };
+  for (int i = 0; i < 4; ++i) graphs.train_step(ctx, "A", work);  // warm-up, capture, two replays
+  EXPECT_EQ(graphs.stats().captures, 1);
+  std::thread([&] { ctx.workspace(size_t{1} << 20); }).join();
+  graphs.train_step(ctx, "A", work);  // warm-up again
+  graphs.train_step(ctx, "A", work);  // a new capture
+  EXPECT_EQ(graphs.stats().captures, 2);
+  EXPECT_TRUE(graphs.stats().on);
+}
+
+// A step that frees memory while it is captured is not captured: the pool
+// would hand the memory out again while the graph still writes it.
+TEST(CudaGraphsCheck, AStepThatFreesMemoryIsNotCaptured) {
+  Context ctx(Device::cpu());
+  StepGraphs graphs(CudaGraphs::Check, ctx.device(), "");
+  std::vector<Tensor> held;
+  const std::function<void()> work = [&] { held.clear(); };
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(Tensor::empty(Shape{16}));
+    graphs.train_step(ctx, "A", work);
+  }
+  EXPECT_EQ(graphs.stats().captures, 0);
+  EXPECT_FALSE(graphs.stats().on);
+  EXPECT_NE(graphs.stats().off_reason.find("freed memory while it was captured"), std::string::npos)
+      << graphs.stats().off_reason;
 }
 
 // A model with dropout is never captured, in check mode too, and says why.
