@@ -775,6 +775,7 @@ void set_stop_check(train::Trainer& trainer, const optim::Optimizer& opt, int ra
     while (hang && opt.steps() >= hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
     return g_stop_signal != 0;
   };
+  trainer.should_stop_evaluating = [] { return g_stop_signal != 0; };  // between evaluation batches, no hooks
 }
 
 // What train_run's callbacks saved, for the end of a stopped run.

@@ -200,6 +200,16 @@ std::vector<std::string> class_files(const fs::path& dir) {
   std::error_code ec;
   auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec);
   FANOUT_USER_CHECK(!ec) << "cannot list " << dir.string() << ": " << ec.message();
+  // The folders above the current entry, resolved, up to the root: a folder
+  // that resolves to one of them is a symbolic link loop (one to "." or ".."
+  // included, which the kernel's 40-link limit would otherwise turn into
+  // files repeated).
+  std::vector<fs::path> chain;
+  for (fs::path a = fs::canonical(dir, ec); !ec && !a.empty(); a = a.parent_path()) {
+    chain.insert(chain.begin(), a);
+    if (a == a.root_path()) break;
+  }
+  const size_t above = chain.size();
   for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
     FANOUT_USER_CHECK(!ec) << "cannot list " << dir.string() << ": " << ec.message();
     FANOUT_USER_CHECK(it.depth() < 64) << "folders nested past 64 levels under " << dir.string()
@@ -207,6 +217,15 @@ std::vector<std::string> class_files(const fs::path& dir) {
     const fs::path& p = it->path();
     if (hidden(p)) {
       if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_directory(ec)) {
+      fs::path real = fs::canonical(p, ec);
+      FANOUT_USER_CHECK(!ec) << "cannot resolve " << p.string() << ": " << ec.message();
+      chain.resize(above + static_cast<size_t>(it.depth()));
+      FANOUT_USER_CHECK(std::find(chain.begin(), chain.end(), real) == chain.end())
+          << p.string() << " is the folder " << real.string() << " above it again (a symbolic link loop)";
+      chain.push_back(std::move(real));
       continue;
     }
     // Anything by an image's name but a folder, a broken link included: reading it names the problem.

@@ -468,7 +468,8 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   }
   int64_t b = b0, group_rows = 0;
   ExactSum step_loss;  // this optimizer step's rows, for on_step
-  while (it.next(x, y)) {
+  // (A run resumed after its last step, stopped in that epoch's evaluation, trains no batch.)
+  while (!steps_done() && it.next(x, y)) {
     const int64_t group = b / k;
     if (b % k == 0) {
       group_rows = 0;
@@ -506,7 +507,14 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                        t.ratio(metrics[0]) * metrics[0].scale);
     else
       progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
-    if (last_in_group && probe_loader_ && opt_.steps() % cfg_.eval_every == 0) evaluate_during(epoch, lr);
+    if (last_in_group && probe_loader_ && opt_.steps() % cfg_.eval_every == 0) {
+      try {
+        evaluate_during(epoch, lr);
+      } catch (...) {
+        save_before_error(epoch, EpochEnd{b, t.to_json(criterion.sum_names()), norms});  // one process: t is global
+        throw;
+      }
+    }
     if (last_in_group && b < nb) {
       const int64_t steps = opt_.steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
@@ -514,11 +522,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       if (save || stop) {
         Totals global = t;  // every rank's batches so far
         global.all_reduce(engine_);
-        EpochPosition pos{b, global.to_json(criterion.sum_names())};
-        if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
-        if (probe_loader_) {
-          pos.totals["since_eval"] = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_).to_json({});
-        }
+        const EpochPosition pos = position(b, global.to_json(criterion.sum_names()), norms);
         if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
         if (stop) {
           progress_.end();
@@ -534,6 +538,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   }
   progress_.end();
   t.all_reduce(engine_);
+  epoch_end_ = {b, t.to_json(criterion.sum_names()), norms};
   const auto t1 = std::chrono::steady_clock::now();
   m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
   // Evaluations inside the epoch are not training time.
@@ -561,24 +566,30 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
 }
 
 namespace {
-// Every row of `it` through engine.eval_step, summed over every process.
-Totals eval_pass(Engine& engine, data::DataLoader& it, int64_t train_batch) {
+// Every row of `it` through engine.eval_step, summed over every process
+// into t; false (t incomplete) when stop(i) says so after batch i (stop(-1)
+// comes first).
+bool eval_pass(Engine& engine, data::DataLoader& it, int64_t train_batch, const std::function<bool(int64_t)>& stop,
+               Totals& t) {
   engine.prepare_eval();
   it.start_epoch(0);
   Tensor x, y;
-  Totals t;
+  t = Totals{};
   // In pieces of at most the training batch of this process: evaluation
   // reuses the buffers training sized, so it needs no memory (and makes no
   // allocation) beyond training's. Rows are independent in eval mode and
   // the sums exact, so the pieces change no result.
   const int64_t piece = std::max<int64_t>(1, train_batch / engine.world_size());
-  while (it.next(x, y))
+  stop(-1);  // on every rank before the first batch, whatever its share
+  for (int64_t i = 0; it.next(x, y); ++i) {
     for (int64_t b = 0; b < x.size(0); b += piece) {
       const int64_t e = std::min(x.size(0), b + piece);
       t.add(engine.eval_step(x.slice(b, e), y.slice(b, e)));
     }
+    if (stop(i)) return false;
+  }
   t.all_reduce(engine);
-  return t;
+  return true;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -588,13 +599,54 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 double Trainer::seconds_in_run() const { return seconds_since(run_start_) - eval_seconds_; }
 
+EpochPosition Trainer::position(int64_t b, const nlohmann::json& global, const GradNorms& norms) {
+  EpochPosition pos{b, global};
+  if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
+  if (probe_loader_) pos.totals["since_eval"] = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_).to_json({});
+  return pos;
+}
+
+void Trainer::save_before_error(int epoch, const EpochEnd& at) {
+  // One process only: under DDP the other ranks may be inside a collective.
+  if (engine_.world_size() != 1 || !on_mid_epoch) return;
+  try {
+    on_mid_epoch(epoch, position(at.batch, at.totals, at.norms), /*stopping=*/false);
+  } catch (const std::exception& e) {  // the first error is the one to report
+    std::fprintf(stderr, "fanout: could not save the training before the error below: %s\n", e.what());
+  }
+}
+
+bool Trainer::stop_evaluating(int64_t i, const data::DataLoader& it) {
+  const auto& poll = should_stop_evaluating;
+  if (!poll) return false;  // every rank alike: no check, and no collective for one
+  if (engine_.world_size() == 1) return i >= 0 && poll();
+  // The ranks check together every kStopCheckSteps batches of the shortest
+  // share (a rank may hold a row fewer, so a batch fewer).
+  if (i < 0) {
+    std::vector<int64_t> v(static_cast<size_t>(engine_.world_size()), 0);
+    v[static_cast<size_t>(engine_.rank())] = it.num_batches();
+    engine_.all_reduce_stats(v, "evaluation batches");
+    eval_common_batches_ = *std::min_element(v.begin(), v.end());
+    return false;
+  }
+  if ((i + 1) % kStopCheckSteps != 0 || i + 1 >= eval_common_batches_) return false;
+  std::vector<int64_t> v{poll() ? 1 : 0};
+  engine_.all_reduce_stats(v, "the stop check in evaluation");
+  return v[0] > 0;
+}
+
 void Trainer::evaluate_during(int epoch, float lr) {
   const auto t0 = std::chrono::steady_clock::now();
   const double trained = seconds_in_run();
   const Totals since = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_);
   std::vector<int64_t> rows{run_rows_};
   engine_.all_reduce_stats(rows, "rows trained");
-  const Totals v = eval_pass(engine_, *probe_loader_, cfg_.batch_size);
+  Totals v;
+  if (!eval_pass(engine_, *probe_loader_, cfg_.batch_size, [&](int64_t i) { return stop_evaluating(i, *probe_loader_); },
+                 v)) {
+    eval_seconds_ += seconds_since(t0);  // dropped: the run stops after this step
+    return;
+  }
   EvalMetrics e;
   e.epoch = epoch + 1;
   e.step = opt_.steps();
@@ -622,10 +674,14 @@ void Trainer::evaluate_during(int epoch, float lr) {
   eval_seconds_ += seconds_since(t0);
 }
 
-void Trainer::evaluate(EpochMetrics& m) {
-  const Totals t = eval_pass(engine_, *test_loader_, cfg_.batch_size);
+bool Trainer::evaluate(EpochMetrics& m) {
+  Totals t;
+  if (!eval_pass(engine_, *test_loader_, cfg_.batch_size, [&](int64_t i) { return stop_evaluating(i, *test_loader_); },
+                 t))
+    return false;
   m.test_loss = t.mean_loss();
   score(m.metrics, checked_metrics(engine_.criterion()), t, /*test=*/true);
+  return true;
 }
 
 namespace {
@@ -804,13 +860,30 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
   run_start_ = std::chrono::steady_clock::now();
   eval_seconds_ = seconds_at_eval_ = 0;
   run_rows_ = rows_at_eval_ = 0;
-  FANOUT_USER_CHECK(!steps_done()) << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
+  // A run that took its last step but stopped in the evaluation after it resumes there (start.batch > 0).
+  FANOUT_USER_CHECK(!steps_done() || start.batch > 0)
+      << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
   start_memory();
   for (int e = first_epoch; e < last_epoch; ++e) {
     m = train_epoch(e, e == first_epoch ? start : EpochPosition{});
     if (stopped_) return m;
     const auto te = std::chrono::steady_clock::now();
-    evaluate(m);
+    bool evaluated = false;
+    try {
+      evaluated = evaluate(m);
+    } catch (...) {
+      save_before_error(e, epoch_end_);
+      throw;
+    }
+    if (!evaluated) {
+      // Stopped while evaluating: the checkpoint is the epoch after its last
+      // batch, so a resumed run evaluates it first.
+      stopped_ = true;
+      stopped_epoch_ = e;
+      stopped_at_ = position(epoch_end_.batch, epoch_end_.totals, epoch_end_.norms);
+      if (on_mid_epoch) on_mid_epoch(e, stopped_at_, true);
+      return m;
+    }
     measure_memory(m);
     if (cfg_.summary_out) std::fprintf(cfg_.summary_out, "%s\n", summary_line(m, cfg_.epochs).c_str());
     if (cfg_.summary_out) std::fflush(cfg_.summary_out);

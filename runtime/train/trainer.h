@@ -236,7 +236,10 @@ class Trainer {
   // interrupted.
   EpochMetrics run(int first_epoch = 0, int last_epoch = -1, const EpochPosition& start = {});
   EpochMetrics train_epoch(int epoch, const EpochPosition& start = {});  // 0-based epoch; fills train fields
-  void evaluate(EpochMetrics& m);       // fills test fields; the model sees at most the training batch at a time
+  // Fills the test fields; the model sees at most the training batch at a
+  // time. False when a stop was agreed between its batches
+  // (should_stop_evaluating): the fields are then left as they were.
+  bool evaluate(EpochMetrics& m);
   void measure_memory(EpochMetrics& m); // fills the peak memory fields and skipped_samples (every rank calls it)
   // At the run's start: restarts the devices' peaks and notes what they
   // hold besides the model and optimizer (activations are measured above it).
@@ -248,6 +251,13 @@ class Trainer {
   // flight. Under DDP the ranks agree every kStopCheckSteps steps and at each
   // epoch's end, so every rank stops at the same step.
   std::function<bool()> should_stop;
+  // Polled between evaluation batches (unset: never): true abandons
+  // the evaluation and stops the run. At an epoch's end the checkpoint is
+  // then the epoch after its last batch (on_mid_epoch), so a resumed run
+  // evaluates it first; inside an epoch (cfg.eval_every) that evaluation is
+  // dropped and the run stops after the step. Under DDP the ranks agree every
+  // kStopCheckSteps batches of the shortest rank's share.
+  std::function<bool()> should_stop_evaluating;
   // On every rank inside an epoch, every save_every_steps optimizer steps and
   // when stopping: the epoch (0-based), the position, and whether the run stops.
   std::function<void(int, const EpochPosition&, bool)> on_mid_epoch;
@@ -265,6 +275,9 @@ class Trainer {
 
  private:
   bool stop_agreed(bool every_rank_checks);
+  // Between evaluation batches: after batch i of `it` (0-based), whether the
+  // ranks agree to stop.
+  bool stop_evaluating(int64_t i, const data::DataLoader& it);
   bool steps_done() const { return cfg_.max_steps > 0 && opt_.steps() >= cfg_.max_steps; }
   void write_metrics(const nlohmann::json& j);
   // cfg.eval_every's evaluation inside `epoch` (0-based) after the optimizer's step at `lr`.
@@ -276,6 +289,19 @@ class Trainer {
   };
   // Clipping, the optimizer's step at `lr` and zero_grad, after batch `b` of `epoch` (0-based).
   void optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, const ExactSum& loss, int64_t rows);
+  // The position after batch b (every rank calls it: the rows since an
+  // evaluation are summed); `global`: every rank's totals of the epoch so far.
+  EpochPosition position(int64_t b, const nlohmann::json& global, const GradNorms& norms);
+  // train_epoch's end, for a stop in the evaluation after it.
+  struct EpochEnd {
+    int64_t batch = 0;
+    nlohmann::json totals;  // every rank's, as a position carries them
+    GradNorms norms;
+  } epoch_end_;
+  int64_t eval_common_batches_ = 0;  // the shortest rank's evaluation batches (DDP)
+  // An evaluation failed (a bad file): the training up to `at` is saved
+  // first (on_mid_epoch), so the error loses nothing; one process only.
+  void save_before_error(int epoch, const EpochEnd& at);
   TrainerConfig cfg_;
   Engine& engine_;
   optim::Optimizer& opt_;

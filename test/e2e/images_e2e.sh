@@ -89,6 +89,17 @@ cp -r "$work/imgs" "$work/corrupt" && head -c 2000 /dev/urandom > "$work/corrupt
 bad "cannot decode image $work/corrupt/train/class3/00007.jpg: not a JPEG or PNG file" "$work/corrupt"
 cp -r "$work/imgs" "$work/unreadable" && ln -s "$work/nowhere.jpg" "$work/unreadable/val/class2/gone.jpg"
 bad "cannot read image $work/unreadable/val/class2/gone.jpg: No such file or directory" "$work/unreadable"
+# An evaluation that fails saves the epoch's training first (resumable at the epoch's end).
+"$DP_TRAIN" "${base[@]}" --data "imagefolder:$work/unreadable" --model cnn --devices cpu --epochs 1 --workers 2 \
+  --save-dir "$work/evalfail" > "$work/evalfail.out" 2>&1 && fail "a failing evaluation ended well"
+ls "$work/evalfail"/epoch-0000-batch-*.safetensors > /dev/null 2>&1 ||
+  { cat "$work/evalfail.out"; fail "an evaluation error lost the epoch's training"; }
+# Symbolic link loops, one back to the class folder itself (the kernel's 40-link limit would end
+# it as a file) or to the split above: one line each, never the files counted again.
+cp -r "$work/imgs" "$work/loop1" && ln -s . "$work/loop1/train/class1/self"
+bad "$work/loop1/train/class1/self is the folder" "$work/loop1"
+cp -r "$work/imgs" "$work/loop2" && ln -s ../.. "$work/loop2/val/class4/up"
+bad "$work/loop2/val/class4/up is the folder" "$work/loop2"
 
 # --skip-bad-samples: reported once each, counted in the metrics, the run ends.
 cp -r "$work/corrupt" "$work/both" && ln -s "$work/nowhere.jpg" "$work/both/val/class2/gone.jpg"

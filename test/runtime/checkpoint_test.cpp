@@ -57,7 +57,7 @@ FILE* devnull() {
 // With `adamw`: AdamW (amsgrad), no decay on biases and norm weights, and
 // clipping by norm, tight enough to clip most steps.
 TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed, bool adamw = false,
-                     int64_t batch = 24, float lr = -1) {
+                     int64_t batch = 24, float lr = -1, const data::Dataset* test = nullptr) {
   TrainingRun r;
   r.model = models::make_model("lenet", data.train.sample_shape(), 10, init_seed);
   if (devices == 0) {
@@ -82,7 +82,7 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
   if (adamw) tc.clip_grad_norm = 0.5;
   tc.progress = train::Progress::Mode::Off;
   tc.summary_out = devnull();
-  r.trainer = std::make_unique<train::Trainer>(tc, *r.engine, *r.opt, data);
+  r.trainer = std::make_unique<train::Trainer>(tc, *r.engine, *r.opt, data.train, test ? *test : data.test);
   return r;
 }
 
@@ -150,14 +150,21 @@ void expect_exact_resume(int devices, bool adamw = false) {
 // Stopped mid-epoch after `stop_after_steps` optimizer steps (as a SIGTERM
 // would), saved, loaded into fresh weights and continued: the same bits as
 // the run that was not interrupted, metrics of the cut epoch included.
-void expect_exact_mid_epoch_resume(int devices, int stop_after_steps, bool adamw = false) {
+// in_evaluation: the stop comes between the evaluation batches after the
+// epoch whose last step is `stop_after_steps`; the position is that epoch
+// after its last batch, and the resumed run evaluates it first.
+void expect_exact_mid_epoch_resume(int devices, int stop_after_steps, bool adamw = false, bool in_evaluation = false) {
   const auto data = data::make_synthetic(96, 5);
   TempDir dir;
   TrainingRun whole = make_run(data, devices, 3, 1, adamw);
   const train::EpochMetrics whole_last = whole.trainer->run();
 
   TrainingRun first = make_run(data, devices, 3, 1, adamw);
-  first.trainer->should_stop = [&] { return first.opt->steps() >= stop_after_steps; };
+  (in_evaluation ? first.trainer->should_stop_evaluating : first.trainer->should_stop) = [&] {
+    return first.opt->steps() >= stop_after_steps;
+  };
+  int epochs_ended = 0;
+  first.trainer->on_epoch_end = [&](const train::EpochMetrics&) { ++epochs_ended; };
   train::CheckpointState st;
   std::string saved;
   first.trainer->on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
@@ -175,6 +182,10 @@ void expect_exact_mid_epoch_resume(int devices, int stop_after_steps, bool adamw
   ASSERT_FALSE(saved.empty()) << "stopped without a mid-epoch position";
   EXPECT_EQ(first.opt->steps(), stop_after_steps);
   EXPECT_GT(st.batch, 0);
+  if (in_evaluation) {
+    EXPECT_EQ(st.batch, 4) << "the epoch after its last batch";
+    EXPECT_EQ(epochs_ended, stop_after_steps / 4 - 1) << "the stopped epoch's end is not reported";
+  }
 
   TrainingRun rest = make_run(data, devices, 3, 99, adamw);
   const train::CheckpointState back = train::load_checkpoint(saved, *rest.engine, *rest.opt);
@@ -236,6 +247,41 @@ TEST(Checkpoint, MidEpochResumeWithAnotherBatchSizeReBatchesTheRest) {
       EXPECT_EQ(got.test_metric("acc"), want.test_metric("acc"));
     }
   }
+}
+
+// A stop while an epoch's end is evaluated (SIGTERM in a long evaluation)
+// abandons the evaluation; the resumed run evaluates that epoch and ends as
+// the run that was never stopped.
+TEST(Checkpoint, StopInsideAnEvaluationResumesWithIt) {
+  expect_exact_mid_epoch_resume(0, 4, false, /*in_evaluation=*/true);
+  expect_exact_mid_epoch_resume(2, 8, true, /*in_evaluation=*/true);
+}
+
+// An evaluation that fails (a bad validation file) saves the epoch's
+// training first, as the position after its last batch.
+TEST(Checkpoint, AFailedEvaluationSavesTheEpochFirst) {
+  const auto data = data::make_synthetic(96, 5);
+  struct Broken : data::Dataset {
+    const data::Dataset& inner;
+    explicit Broken(const data::Dataset& d) : inner(d) {}
+    int64_t size() const override { return inner.size(); }
+    Shape sample_shape() const override { return inner.sample_shape(); }
+    data::TargetKind target_kind() const override { return inner.target_kind(); }
+    Shape target_shape() const override { return inner.target_shape(); }
+    void get(int64_t i, const data::SampleDraw& d, void* x, void* y) const override {
+      FANOUT_USER_CHECK(i != 3) << "cannot decode sample 3";
+      inner.get(i, d, x, y);
+    }
+  } broken(data.test);
+  TrainingRun r = make_run(data, 0, 3, 1, false, 24, -1, &broken);
+  std::vector<std::pair<int, int64_t>> saved;
+  r.trainer->on_mid_epoch = [&](int epoch, const train::EpochPosition& pos, bool stopping) {
+    EXPECT_FALSE(stopping);
+    saved.emplace_back(epoch, pos.batch);
+  };
+  EXPECT_EQ(testing::error_of([&] { r.trainer->run(); }), "cannot decode sample 3");
+  EXPECT_EQ(saved, (std::vector<std::pair<int, int64_t>>{{0, 4}}));
+  EXPECT_EQ(r.opt->steps(), 4);
 }
 
 TEST(Checkpoint, StopAtTheEpochsEndStopsBetweenEpochs) {
