@@ -21,6 +21,7 @@
 #include <iomanip>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -614,6 +615,22 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
       if (given) warn(std::string(flag) + " has no effect without --strategy ddp");
 }
 
+// The same for the options of a kind of data or of GPUs.
+void warn_inapplicable_data(const train::RunConfig& c, const std::vector<Device>& all) {
+  auto warn = [](const std::string& s) { std::fprintf(stderr, "dp-train: warning: %s\n", s.c_str()); };
+  const auto is = [&](const char* prefix) { return c.data.starts_with(prefix); };
+  const train::RunConfig d;
+  if (!is("imagefolder:") && !is("wds:"))
+    for (auto [given, flag] : {std::pair{c.normalize != d.normalize, "--normalize"},
+                               std::pair{c.skip_bad_samples, "--skip-bad-samples"}})
+      if (given) warn(std::string(flag) + " has no effect without image files (imagefolder:DIR, wds:DIR)");
+  if (!is("keypoints3d:") && !is("synthetic3d") && c.heatmap_radius != d.heatmap_radius)
+    warn("--heatmap-radius has no effect without keypoint volumes (keypoints3d:DIR, synthetic3d)");
+  if (all[0].is_cpu() && c.pin_memory == "on")
+    warn("--pin-memory on has no effect on CPU devices (page-locked buffers speed copies to GPUs)");
+  if (all[0].is_cpu() && c.order_by_free_memory) warn("--order-by-free-memory has no effect on CPU devices");
+}
+
 // The epochs --max-steps alone takes (the cosine schedule spans them, the log
 // counts them): from the start, or, resuming, from where the checkpoint
 // stopped (a run that ended on --max-steps marked its partial epoch done; a
@@ -681,6 +698,18 @@ train::RunConfig restarted(train::RunConfig c) {
   return c;
 }
 
+// --init-from a dp-train checkpoint of token data whose vocabulary is not
+// this data's: the same ids stand for other text (tensors of one size load).
+void warn_other_vocabulary(const std::string& path, const std::map<std::string, std::string>& meta,
+                           const nlohmann::json& config) {
+  const auto it = meta.find("config");
+  if (it == meta.end() || !config.contains("tokens")) return;
+  const nlohmann::json was = nlohmann::json::parse(it->second, nullptr, false);
+  if (!was.is_object() || !was.contains("tokens") || was["tokens"] == config["tokens"]) return;
+  std::fprintf(stderr, "dp-train: warning: %s was trained on another vocabulary than this data's: its token ids stand "
+                       "for other text\n", path.c_str());
+}
+
 // What a resume found, as rank 0 prints it.
 void print_resumed(const train::RunConfig& c, const train::ResumeOutcome& r) {
   const train::CheckpointState& st = r.state;
@@ -727,8 +756,10 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
     }
   }
   if (!c.init_from.empty()) {
-    const io::LoadReport r = train::load_weights(c.init_from, engine.model(), !c.non_strict);
+    std::map<std::string, std::string> meta;
+    const io::LoadReport r = train::load_weights(c.init_from, engine.model(), !c.non_strict, &meta);
     if (p.primary()) std::printf("initialized from %s: %s\n", c.init_from.c_str(), r.summary().c_str());
+    if (p.primary()) warn_other_vocabulary(c.init_from, meta, config);
   }
   ckpt.config = config;
   return ckpt;
@@ -911,6 +942,7 @@ int run(int argc, char** argv) {
   const Process p = this_process(c);
   const auto all = machine_devices(c);
   if (p.primary()) warn_inapplicable(c, p, all);
+  if (p.primary()) warn_inapplicable_data(c, all);
   // The save directory is locked and checked before anything is loaded.
   std::unique_ptr<train::CheckpointSaver> saver;
   const std::string save_to = save_dir_of(c);

@@ -13,10 +13,13 @@ if [ -z "${FANOUT_TEXT:-}" ]; then
   mapfile -t files < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
   cat "${files[@]}" > "$corpus"
 fi
-# One epoch of batches of 12 windows of 65 characters, 90% of the text training.
+# One epoch of batches of 12 windows of 65 characters, 90% of the text training;
+# nanoGPT's 100 warm-up steps, or a tenth of a shorter run.
 steps=$(( $(wc -m < "$corpus") * 9 / 10 / 64 / 12 ))
+steps=$(( steps < 1 ? 1 : steps ))
+warmup=$(( steps / 10 < 100 ? steps / 10 : 100 ))
 ./build/apps/dp-train --model gpt:gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64,dropout=0 \
   --data "text:$corpus" --epochs 1 --batch-size 12 --devices auto --optimizer adamw --lr 1e-3 --betas 0.9,0.99 \
-  --weight-decay 0.1 --no-decay-norm-bias --clip-grad-norm 1 --lr-schedule warmup-cosine --warmup-steps 100 \
+  --weight-decay 0.1 --no-decay-norm-bias --clip-grad-norm 1 --lr-schedule warmup-cosine --warmup-steps "$warmup" \
   --lr-decay-steps "$steps" --save-dir build/text-run --overwrite "$@"
 exec ./build/apps/dp-generate --checkpoint build/text-run/best.safetensors --prompt "Q: " --max-new-tokens 300

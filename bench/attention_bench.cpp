@@ -54,8 +54,20 @@ Tensor rnd(const Shape& s, std::mt19937& g) {
 int main(int argc, char** argv) {
   int threads = 2;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
-    if (!std::strcmp(argv[i], "--cpu-time")) cpu_time = true;
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+      if (threads < 1) {
+        std::fprintf(stderr, "attention-bench: --threads must be a positive integer, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (!std::strcmp(argv[i], "--cpu-time")) {
+      cpu_time = true;
+    } else {
+      const bool help = !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
+      if (!help) std::fprintf(stderr, "attention-bench: unknown argument '%s'\n", argv[i]);
+      std::fprintf(help ? stdout : stderr, "usage: attention-bench [--threads N] [--cpu-time]\n");
+      return help ? 0 : 2;
+    }
   }
   std::mt19937 g(1);
   Context ctx(Device::cpu());

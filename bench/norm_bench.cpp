@@ -13,6 +13,7 @@
 #include <oneapi/dnnl/dnnl_version.h>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "kernels/batchnorm.h"
@@ -38,7 +39,12 @@ Tensor rnd(const Shape& s, std::mt19937& g) {
   for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = u(g);
   return t;
 }
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // no options: one thread, fixed shapes
+    const bool help = !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h");
+    std::fprintf(help ? stdout : stderr, "usage: norm-bench (no arguments: one thread, fixed shapes)\n");
+    return help ? 0 : 2;
+  }
   omp_set_num_threads(1);
   std::mt19937 g(1);
   Context ctx(Device::cpu());

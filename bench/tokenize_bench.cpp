@@ -25,15 +25,18 @@ int main(int argc, char** argv) {
     const auto bpe = data::Bpe::load(argv[1]);
     const double load = seconds(t0, std::chrono::steady_clock::now());
     const std::string text = io::read_file(argv[2], "text");
-    const int rounds = argc == 4 ? std::max(1, std::atoi(argv[3])) : 3;
+    char* end = nullptr;
+    const long rounds = argc == 4 ? std::strtol(argv[3], &end, 10) : 3;
+    FANOUT_USER_CHECK(argc != 4 || (*argv[3] && *end == 0 && rounds >= 1 && rounds <= 1000))
+        << "ROUNDS must be an integer in 1..1000, got '" << argv[3] << "'";
     double best = 1e30;
     size_t tokens = 0;
-    for (int r = 0; r < rounds; ++r) {
+    for (long r = 0; r < rounds; ++r) {
       const auto a = std::chrono::steady_clock::now();
       tokens = bpe->encode(text, false, "text").size();
       best = std::min(best, seconds(a, std::chrono::steady_clock::now()));
     }
-    std::printf("load %.3f s, encode %.3f s (best of %d), %zu tokens, %zu bytes\n", load, best, rounds, tokens,
+    std::printf("load %.3f s, encode %.3f s (best of %ld), %zu tokens, %zu bytes\n", load, best, rounds, tokens,
                 text.size());
   } catch (const Error& e) {
     std::fprintf(stderr, "tokenize-bench: %s\n", e.what());

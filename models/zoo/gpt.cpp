@@ -31,11 +31,14 @@ GPTConfig preset(const std::string& name) {
   FANOUT_FAIL() << "unknown GPT preset '" << name << "' (known: gpt2, gpt-char)";
 }
 
+constexpr int64_t kMaxSize = int64_t{1} << 24;  // each size; products of them stay far inside int64
+
 int64_t parse_int(const std::string& key, const std::string& v) {
   int64_t out = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
   FANOUT_USER_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 1)
       << "gpt: " << key << "=" << v << " is not a positive integer";
+  FANOUT_USER_CHECK(out <= kMaxSize) << "gpt: " << key << "=" << v << " is larger than " << kMaxSize;
   return out;
 }
 
@@ -111,6 +114,12 @@ std::string to_string(const GPTConfig& c) {
 GPT::GPT(const GPTConfig& c, bool checkpoint) : config_(c), checkpoint_(checkpoint) {
   FANOUT_USER_CHECK(c.n_layer >= 1 && c.n_head >= 1 && c.n_embd >= 1 && c.block_size >= 1 && c.vocab_size >= 1)
       << "gpt: every size must be positive (" << to_string(c) << ")";
+  for (const int64_t size : {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size})
+    FANOUT_USER_CHECK(size <= kMaxSize) << "gpt: every size must be at most " << kMaxSize << " (" << to_string(c) << ")";
+  const double e = static_cast<double>(c.n_embd);
+  const double params = 12.0 * static_cast<double>(c.n_layer) * e * e + static_cast<double>(c.vocab_size + c.block_size) * e;
+  FANOUT_USER_CHECK(params < 1e15) << "gpt: " << to_string(c) << " would have about " << params
+                                   << " parameters, more than any machine holds";
   FANOUT_USER_CHECK(c.n_embd % c.n_head == 0)
       << "gpt: n_embd " << c.n_embd << " is not divisible by n_head " << c.n_head;
   auto& t = register_module("transformer", std::make_unique<ModuleDict>());

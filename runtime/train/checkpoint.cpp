@@ -258,8 +258,10 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   return st;
 }
 
-io::LoadReport load_weights(const std::string& path, Module& model, bool strict) {
+io::LoadReport load_weights(const std::string& path, Module& model, bool strict,
+                            std::map<std::string, std::string>* metadata) {
   io::TensorFile f = io::load_safetensors(path);
+  if (metadata) *metadata = f.metadata;
   std::vector<std::pair<std::string, Tensor>> weights;
   for (auto& [name, t] : f.tensors)
     if (name.rfind(kOptimizerPrefix, 0) != 0) weights.emplace_back(name, t);

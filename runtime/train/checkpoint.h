@@ -16,6 +16,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,7 +85,10 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
 // Loads model weights only (a checkpoint of ours or any safetensors
 // state_dict, e.g. one exported from PyTorch), ignoring optimizer entries.
 // Non-strict loads what fits; the report lists the rest.
-io::LoadReport load_weights(const std::string& path, Module& model, bool strict);
+// `metadata`, when given, receives the file's string metadata (a dp-train
+// checkpoint's "config": its model, its data's vocabulary).
+io::LoadReport load_weights(const std::string& path, Module& model, bool strict,
+                            std::map<std::string, std::string>* metadata = nullptr);
 
 // The checkpoint to resume from: `path` itself when it is a file; in a
 // directory the furthest one, epoch-NNNN.safetensors (N epochs done) or

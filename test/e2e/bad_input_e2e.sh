@@ -98,6 +98,12 @@ expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer ada
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
 expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
 expect_warning timeout-dp "--timeout has no effect without --strategy ddp" --timeout 5 --devices cpu
+expect_warning normalize-no-images "--normalize has no effect without image files" --normalize 0.5,0.2 --devices cpu
+expect_warning skip-no-images "--skip-bad-samples has no effect without image files" --skip-bad-samples --devices cpu
+expect_warning radius-no-volumes "--heatmap-radius has no effect without keypoint volumes" --heatmap-radius 3 \
+  --devices cpu
+expect_warning pin-on-cpu "--pin-memory on has no effect on CPU devices" --pin-memory on --devices cpu
+expect_warning order-on-cpu "--order-by-free-memory has no effect on CPU devices" --order-by-free-memory --devices cpu
 expect_error unknown-comm "unknown communicator 'wobble' \(expected auto, cpu, p2p or nccl\)" --dp-comm wobble \
   --devices cpu:2 --data synthetic:64
 expect_error cpu-list "CPU devices are given as cpu or cpu:N alone" --devices cpu,cpu --data synthetic:64

@@ -291,4 +291,20 @@ print("dp-generate (BPE):", repr(out[:80]), f"({known} of {len(new)} words from 
 assert known >= len(new) // 2, "mostly words the grammar does not have"
 PY
 
+# --init-from a checkpoint trained on another vocabulary of the same size: every tensor fits, but the ids
+# stand for other characters: one warning; from the same vocabulary, none.
+for v in 1 2; do
+  for i in $(seq 300); do [ $v = 1 ] && echo "abcd dcba bad cab" || echo "wxyz zyxw zxw yxw"; done > "$work/v$v.txt"
+done
+tiny="gpt:gpt-char,n_layer=1,n_head=1,n_embd=8,block_size=8,dropout=0"
+"$DP_TRAIN" --model "$tiny" --data "text:$work/v1.txt" --devices cpu --max-steps 2 --progress off \
+  --save-dir "$work/v1" > /dev/null
+for v in 1 2; do
+  "$DP_TRAIN" --model "$tiny" --data "text:$work/v$v.txt" --devices cpu --max-steps 1 --progress off \
+    --init-from "$work/v1/best.safetensors" > /dev/null 2> "$work/init$v.err"
+done
+grep -q "v1/best.safetensors was trained on another vocabulary than this data's" "$work/init2.err" ||
+  { cat "$work/init2.err"; fail "--init-from across vocabularies gave no warning"; }
+! grep -q "another vocabulary" "$work/init1.err" || fail "--init-from with the same vocabulary warned"
+
 echo "e2e gpt_text: ok"
