@@ -3,13 +3,16 @@
 // 3 internal error; each failure is one line on stderr. SIGPIPE is ignored:
 // a closed stdout (`dp-train ... | head`) loses the output, not the run.
 #pragma once
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <boost/program_options/errors.hpp>
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -62,8 +65,14 @@ inline void check_output_file(const char* flag, const std::string& path) {
   const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
   FANOUT_USER_CHECK(fs::is_directory(dir, ec)) << flag << " " << path << ": the folder " << dir << " does not exist";
   const bool exists = fs::exists(p, ec);
-  FANOUT_USER_CHECK(::access(exists ? path.c_str() : dir.c_str(), W_OK) == 0)
-      << flag << " " << path << ": " << (exists ? "the file" : "the folder " + dir) << " is not writable";
+  // Opened as the end will open it (access() says yes to root on /proc and read-only mounts):
+  // the file for appending, unchanged; else a probe file in the folder, removed at once.
+  const std::string probe = exists ? path : dir + "/.fanout-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), exists ? O_WRONLY | O_APPEND : O_WRONLY | O_CREAT | O_EXCL, 0600);
+  FANOUT_USER_CHECK(fd >= 0) << flag << " " << path << ": " << (exists ? "the file" : "the folder " + dir)
+                             << " is not writable (" << std::strerror(errno) << ")";
+  ::close(fd);
+  if (!exists) ::unlink(probe.c_str());
 }
 
 template <class Run>

@@ -375,6 +375,8 @@ Cli parse(int argc, char** argv) {
   // --min-lr's default (lr / 10) is kept as -1: a negative value given is an error, not that default.
   FANOUT_USER_CHECK(vm["min-lr"].defaulted() || o.min_lr >= 0)
       << "--min-lr must be in [0, --lr], got " << o.min_lr;
+  for (const char* dir : {"save-dir", "resume", "init-from", "metrics", "log-dir"})
+    FANOUT_USER_CHECK(!vm.count(dir) || !vm[dir].as<std::string>().empty()) << "--" << dir << " needs a path, got ''";
   if (models::dense_output(o.model)) apply_heatmap_recipe(vm, o);
   // --max-steps alone: at most this many epochs (each has at least one step);
   // run() sets the number it takes once the data is open.
@@ -902,6 +904,9 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     std::printf("CUDA graphs: %lld captured, %lld steps replayed, %lld plain%s%s\n",
                 static_cast<long long>(g.captures), static_cast<long long>(g.replays), static_cast<long long>(g.plain),
                 g.on ? "" : "; off: ", g.on ? "" : g.off_reason.c_str());
+  if (last == c.epochs && c.max_steps > 0 && opt.steps() < c.max_steps)
+    std::printf("--epochs %d ended the run after %lld of --max-steps %lld steps\n", c.epochs,
+                static_cast<long long>(opt.steps()), static_cast<long long>(c.max_steps));
   if (last < c.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, c.epochs);
   else

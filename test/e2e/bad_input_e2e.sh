@@ -104,6 +104,9 @@ expect_warning radius-no-volumes "--heatmap-radius has no effect without keypoin
   --devices cpu
 expect_warning pin-on-cpu "--pin-memory on has no effect on CPU devices" --pin-memory on --devices cpu
 expect_warning order-on-cpu "--order-by-free-memory has no effect on CPU devices" --order-by-free-memory --devices cpu
+expect_error empty-save-dir "--save-dir needs a path, got ''" --save-dir "" --data synthetic:64
+expect_error proc-metrics "--metrics /proc/m.jsonl: the folder /proc is not writable" --metrics /proc/m.jsonl \
+  --data synthetic:64
 expect_error unknown-comm "unknown communicator 'wobble' \(expected auto, cpu, p2p or nccl\)" --dp-comm wobble \
   --devices cpu:2 --data synthetic:64
 expect_error cpu-list "CPU devices are given as cpu or cpu:N alone" --devices cpu,cpu --data synthetic:64
