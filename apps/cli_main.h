@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -66,9 +67,9 @@ inline void check_output_file(const char* flag, const std::string& path) {
   FANOUT_USER_CHECK(fs::is_directory(dir, ec)) << flag << " " << path << ": the folder " << dir << " does not exist";
   const bool exists = fs::exists(p, ec);
   // Opened as the end will open it (access() says yes to root on /proc and read-only mounts):
-  // the file for appending, unchanged; else a probe file in the folder, removed at once.
-  const std::string probe = exists ? path : dir + "/.fanout-probe-" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), exists ? O_WRONLY | O_APPEND : O_WRONLY | O_CREAT | O_EXCL, 0600);
+  // the file for appending, unchanged; else a new probe file in the folder, removed at once.
+  std::string probe = exists ? path : dir + "/.fanout-probe-XXXXXX";
+  const int fd = exists ? ::open(probe.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK) : ::mkstemp(probe.data());
   FANOUT_USER_CHECK(fd >= 0) << flag << " " << path << ": " << (exists ? "the file" : "the folder " + dir)
                              << " is not writable (" << std::strerror(errno) << ")";
   ::close(fd);

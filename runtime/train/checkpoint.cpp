@@ -404,6 +404,8 @@ void CheckpointSaver::rotate(const std::string& just_written, int64_t epoch, int
 }
 
 std::string CheckpointSaver::save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st) {
+  // Batch 0 names the epoch's end checkpoint: a position inside an epoch never has it.
+  FANOUT_CHECK(st.batch > 0 || st.partial.empty()) << "a mid-epoch checkpoint at batch 0 with the epoch's totals";
   char name[96];
   std::snprintf(name, sizeof name, "epoch-%04d-batch-%07lld.safetensors", st.epoch, static_cast<long long>(st.batch));
   const std::string p = (fs::path(dir_) / (st.batch == 0 ? epoch_file(st.epoch) : std::string(name))).string();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
@@ -419,7 +420,10 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   // size: at batch carried / (batch * world). Otherwise the batch size
   // changed (--allow-batch-change): the rest of the epoch is re-batched from
   // that sample, every rank at its share of it, and batches count from there.
-  const bool rebatched = start.batch > 0 && !start.totals.empty() && carried != start.batch * batch * world;
+  // A position after the epoch's last batch (a stop in its evaluation) trains nothing, whatever the batch size.
+  const bool epoch_done = start.totals.is_object() && start.totals.value("epoch_done", false);
+  const bool rebatched =
+      !epoch_done && start.batch > 0 && !start.totals.empty() && carried != start.batch * batch * world;
   int64_t first_sample = 0;  // of this rank's order
   if (rebatched) {
     // train::resume_run (runtime/train/resume.h) refuses this before training, naming the checkpoint.
@@ -427,7 +431,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                                        << " samples on " << world << " processes (train::resume_run checks this)";
     first_sample = carried / world;
   }
-  it.start_epoch(epoch, rebatched ? 0 : start.batch, first_sample);
+  it.start_epoch(epoch, epoch_done ? std::numeric_limits<int64_t>::max() : rebatched ? 0 : start.batch, first_sample);
   const int64_t nb = it.num_batches();
   const int64_t total = it.num_samples();
   // The schedule counts optimizer steps; a re-batched rest continues from
@@ -436,7 +440,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const int64_t opt_steps = steps_before + (nb + k - 1) / k;
   auto rows_of = [&](int64_t b) { return std::min(batch, total - b * batch); };
   Tensor x, y;
-  const int64_t b0 = rebatched ? 0 : std::min(start.batch, nb);
+  const int64_t b0 = epoch_done ? nb : rebatched ? 0 : std::min(start.batch, nb);
   // --max-steps: the bar ends where the run does.
   const int64_t shown = cfg_.max_steps > 0 ? std::min(nb, b0 + std::max<int64_t>(0, cfg_.max_steps - opt_.steps()) * k) : nb;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), shown,
@@ -507,9 +511,10 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                        t.ratio(metrics[0]) * metrics[0].scale);
     else
       progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
+    bool dropped = false;  // a stop came in this step's evaluation: the run stops after the step
     if (last_in_group && probe_loader_ && opt_.steps() % cfg_.eval_every == 0) {
       try {
-        evaluate_during(epoch, lr);
+        dropped = !evaluate_during(epoch, lr);
       } catch (...) {
         save_before_error(epoch, EpochEnd{b, t.to_json(criterion.sum_names()), norms});  // one process: t is global
         throw;
@@ -518,7 +523,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     if (last_in_group && b < nb) {
       const int64_t steps = opt_.steps();
       const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
-      const bool stop = stop_agreed(steps % kStopCheckSteps == 0);
+      const bool stop = dropped || stop_agreed(steps % kStopCheckSteps == 0);
       if (save || stop) {
         Totals global = t;  // every rank's batches so far
         global.all_reduce(engine_);
@@ -539,6 +544,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   progress_.end();
   t.all_reduce(engine_);
   epoch_end_ = {b, t.to_json(criterion.sum_names()), norms};
+  if (b == nb) epoch_end_.totals["epoch_done"] = true;
+  if (b == b0 && b0 > 0)  // no batch trained here (resumed after the last): the rate of the step before
+    m.lr = cfg_.schedule.at(epoch, static_cast<int>(steps_before + (b0 - 1) / k), static_cast<int>(opt_steps));
   const auto t1 = std::chrono::steady_clock::now();
   m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
   // Evaluations inside the epoch are not training time.
@@ -613,13 +621,15 @@ void Trainer::save_before_error(int epoch, const EpochEnd& at) {
     on_mid_epoch(epoch, position(at.batch, at.totals, at.norms), /*stopping=*/false);
   } catch (const std::exception& e) {  // the first error is the one to report
     std::fprintf(stderr, "fanout: could not save the training before the error below: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "fanout: could not save the training before the error below\n");
   }
 }
 
 bool Trainer::stop_evaluating(int64_t i, const data::DataLoader& it) {
   const auto& poll = should_stop_evaluating;
   if (!poll) return false;  // every rank alike: no check, and no collective for one
-  if (engine_.world_size() == 1) return i >= 0 && poll();
+  if (engine_.world_size() == 1) return i >= 0 && i + 1 < it.num_batches() && poll();  // none after the last
   // The ranks check together every kStopCheckSteps batches of the shortest
   // share (a rank may hold a row fewer, so a batch fewer).
   if (i < 0) {
@@ -635,7 +645,7 @@ bool Trainer::stop_evaluating(int64_t i, const data::DataLoader& it) {
   return v[0] > 0;
 }
 
-void Trainer::evaluate_during(int epoch, float lr) {
+bool Trainer::evaluate_during(int epoch, float lr) {
   const auto t0 = std::chrono::steady_clock::now();
   const double trained = seconds_in_run();
   const Totals since = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_);
@@ -645,7 +655,7 @@ void Trainer::evaluate_during(int epoch, float lr) {
   if (!eval_pass(engine_, *probe_loader_, cfg_.batch_size, [&](int64_t i) { return stop_evaluating(i, *probe_loader_); },
                  v)) {
     eval_seconds_ += seconds_since(t0);  // dropped: the run stops after this step
-    return;
+    return false;
   }
   EvalMetrics e;
   e.epoch = epoch + 1;
@@ -672,6 +682,7 @@ void Trainer::evaluate_during(int epoch, float lr) {
   if (on_eval) on_eval(e);  // best.safetensors first: a metrics error must not lose it
   write_metrics(eval_json(e));
   eval_seconds_ += seconds_since(t0);
+  return true;
 }
 
 bool Trainer::evaluate(EpochMetrics& m) {
@@ -861,7 +872,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
   eval_seconds_ = seconds_at_eval_ = 0;
   run_rows_ = rows_at_eval_ = 0;
   // A run that took its last step but stopped in the evaluation after it resumes there (start.batch > 0).
-  FANOUT_USER_CHECK(!steps_done() || start.batch > 0)
+  FANOUT_USER_CHECK(!steps_done() || (start.batch > 0 && opt_.steps() == cfg_.max_steps))
       << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
   start_memory();
   for (int e = first_epoch; e < last_epoch; ++e) {

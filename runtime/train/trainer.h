@@ -281,7 +281,8 @@ class Trainer {
   bool steps_done() const { return cfg_.max_steps > 0 && opt_.steps() >= cfg_.max_steps; }
   void write_metrics(const nlohmann::json& j);
   // cfg.eval_every's evaluation inside `epoch` (0-based) after the optimizer's step at `lr`.
-  void evaluate_during(int epoch, float lr);
+  // False when a stop came between its batches (the evaluation is dropped).
+  bool evaluate_during(int epoch, float lr);
   double seconds_in_run() const;
   struct GradNorms {
     double sum = 0, max = 0;

@@ -57,7 +57,7 @@ FILE* devnull() {
 // With `adamw`: AdamW (amsgrad), no decay on biases and norm weights, and
 // clipping by norm, tight enough to clip most steps.
 TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint64_t init_seed, bool adamw = false,
-                     int64_t batch = 24, float lr = -1, const data::Dataset* test = nullptr) {
+                     int64_t batch = 24, float lr = -1, const data::Dataset* test = nullptr, int64_t eval_batch = 50) {
   TrainingRun r;
   r.model = models::make_model("lenet", data.train.sample_shape(), 10, init_seed);
   if (devices == 0) {
@@ -74,7 +74,7 @@ TrainingRun make_run(const data::TrainTest& data, int devices, int epochs, uint6
   train::TrainerConfig tc;
   tc.epochs = epochs;
   tc.batch_size = batch;  // 24: 96 samples are 4 batches an epoch
-  tc.eval_batch_size = 50;
+  tc.eval_batch_size = eval_batch;
   tc.seed = 7;
   tc.workers = 2;
   tc.augment = data::parse_augment("crop:2,flip");
@@ -155,11 +155,12 @@ void expect_exact_resume(int devices, bool adamw = false) {
 // after its last batch, and the resumed run evaluates it first.
 void expect_exact_mid_epoch_resume(int devices, int stop_after_steps, bool adamw = false, bool in_evaluation = false) {
   const auto data = data::make_synthetic(96, 5);
+  const int64_t eval_batch = in_evaluation ? 4 : 50;  // the stop comes between evaluation batches
   TempDir dir;
-  TrainingRun whole = make_run(data, devices, 3, 1, adamw);
+  TrainingRun whole = make_run(data, devices, 3, 1, adamw, 24, -1, nullptr, eval_batch);
   const train::EpochMetrics whole_last = whole.trainer->run();
 
-  TrainingRun first = make_run(data, devices, 3, 1, adamw);
+  TrainingRun first = make_run(data, devices, 3, 1, adamw, 24, -1, nullptr, eval_batch);
   (in_evaluation ? first.trainer->should_stop_evaluating : first.trainer->should_stop) = [&] {
     return first.opt->steps() >= stop_after_steps;
   };
@@ -187,7 +188,7 @@ void expect_exact_mid_epoch_resume(int devices, int stop_after_steps, bool adamw
     EXPECT_EQ(epochs_ended, stop_after_steps / 4 - 1) << "the stopped epoch's end is not reported";
   }
 
-  TrainingRun rest = make_run(data, devices, 3, 99, adamw);
+  TrainingRun rest = make_run(data, devices, 3, 99, adamw, 24, -1, nullptr, eval_batch);
   const train::CheckpointState back = train::load_checkpoint(saved, *rest.engine, *rest.opt);
   EXPECT_EQ(back.batch, st.batch);
   EXPECT_EQ(back.partial, st.partial);

@@ -377,6 +377,36 @@ TEST(Trainer, EvalEveryEvaluatesEvenlySpacedRowsWithoutChangingTraining) {
   }
 }
 
+// A stop that comes in an evaluation inside the epoch (--eval-every) drops
+// it and stops the run after that step, at its position, with should_stop
+// unset (the evaluation's poll alone decides).
+TEST(Trainer, AStopInAnEvaluationInsideTheEpochStopsAfterItsStep) {
+  const auto data = data::make_synthetic(640, 4);  // 128 test rows
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+  train::TrainerConfig tc;
+  tc.epochs = 2;
+  tc.batch_size = 16;  // 40 steps an epoch
+  tc.eval_batch_size = 16;
+  tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  tc.eval_every = 5;
+  train::Trainer t(tc, engine, *opt, data);
+  int evals = 0;
+  t.on_eval = [&](const train::EvalMetrics&) { ++evals; };
+  t.should_stop_evaluating = [&] { return opt->steps() >= 10; };
+  std::vector<std::pair<int64_t, bool>> positions;
+  t.on_mid_epoch = [&](int, const train::EpochPosition& pos, bool stopping) { positions.emplace_back(pos.batch, stopping); };
+  t.run();
+  EXPECT_TRUE(t.stopped());
+  EXPECT_EQ(opt->steps(), 10);
+  EXPECT_EQ(evals, 1) << "step 5's evaluation ran; step 10's was dropped";
+  EXPECT_EQ(positions, (std::vector<std::pair<int64_t, bool>>{{10, true}}));
+  EXPECT_EQ(t.stopped_at().batch, 10);
+}
+
 TEST(Trainer, EvalSettingsMustBeNonNegative) {
   const auto data = data::make_synthetic(64, 4);
   auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
