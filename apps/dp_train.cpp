@@ -322,11 +322,18 @@ void read_config_file(const std::string& path, const po::options_description& de
     line += c == '\n';
   }
   std::istringstream in(text);
-  const po::parsed_options from_file = po::parse_config_file(in, desc);
-  for (const auto& opt : from_file.options)
-    FANOUT_USER_CHECK(opt.string_key != "config")
-        << "config file " << path << " names another config file (config = ...): put its options in one file";
-  po::store(from_file, vm);
+  try {
+    const po::parsed_options from_file = po::parse_config_file(in, desc);
+    for (const auto& opt : from_file.options) {
+      FANOUT_USER_CHECK(opt.string_key != "config")
+          << "config file " << path << " names another config file (config = ...): put its options in one file";
+      FANOUT_USER_CHECK(opt.string_key != "help" && opt.string_key != "list-devices")
+          << "config file " << path << " sets " << opt.string_key << ", which only the command line can give";
+    }
+    po::store(from_file, vm);
+  } catch (const po::error& e) {  // its own errors name the option, not the file
+    FANOUT_FAIL() << "config file " << path << ": " << e.what();
+  }
 }
 
 // heatmap3d's recipe for the options left at their (classification) defaults.
@@ -626,7 +633,7 @@ void warn_inapplicable_data(const train::RunConfig& c, const std::vector<Device>
     for (auto [given, flag] : {std::pair{c.normalize != d.normalize, "--normalize"},
                                std::pair{c.skip_bad_samples, "--skip-bad-samples"}})
       if (given) warn(std::string(flag) + " has no effect without image files (imagefolder:DIR, wds:DIR)");
-  if (!is("keypoints3d:") && !is("synthetic3d") && c.heatmap_radius != d.heatmap_radius)
+  if (!is("keypoints3d:") && !is("synthetic3d") && !models::dense_output(c.model) && c.heatmap_radius != d.heatmap_radius)
     warn("--heatmap-radius has no effect without keypoint volumes (keypoints3d:DIR, synthetic3d)");
   if (all[0].is_cpu() && c.pin_memory == "on")
     warn("--pin-memory on has no effect on CPU devices (page-locked buffers speed copies to GPUs)");

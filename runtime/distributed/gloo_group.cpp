@@ -114,7 +114,7 @@ class GlooGroup : public ProcessGroup {
       const std::string cause = first_line(e.what());
       FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; the timeout sets the wait): "
                     << cause
-                    << (cause.find("already set") != std::string::npos
+                    << (cause.find("already set") != std::string::npos || cause.find("File already exists") != std::string::npos
                             ? " (a run with --run-id " + o.run_id + " that ended in its rendezvous left its keys: "
                               "give this run another --run-id)"
                             : "");

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -597,11 +598,16 @@ int launch(const LaunchOptions& o) {
       if (!d.empty()) fs::remove_all(d, ec);
     }
   } remove_dir{temp_dir};
-  probe_rendezvous(Rendezvous::parse(rdzv), 10);
+  probe_rendezvous(Rendezvous::parse(rdzv), o.stall_s > 0 ? o.stall_s : 10);
   if (!o.log_dir.empty()) {
     std::error_code ec;
     fs::create_directories(o.log_dir, ec);
     FANOUT_USER_CHECK(!ec && fs::is_directory(o.log_dir)) << "cannot create --log-dir " << o.log_dir;
+    std::string probe = o.log_dir + "/.fanout-probe-XXXXXX";  // as the logs will be opened (access() trusts root)
+    const int fd = ::mkstemp(probe.data());
+    FANOUT_USER_CHECK(fd >= 0) << "--log-dir " << o.log_dir << " is not writable (" << std::strerror(errno) << ")";
+    ::close(fd);
+    ::unlink(probe.c_str());
   }
 
   // The environment every worker gets, less its identity (set per worker).

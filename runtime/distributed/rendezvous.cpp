@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -132,7 +133,8 @@ void probe_rendezvous(const Rendezvous& r, double timeout_s) {
     if (err.empty()) {
       auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));
       if (reply == nullptr) {
-        err = c->err ? c->errstr : "no reply to PING";
+        err = "no reply to PING within " + std::to_string(static_cast<int>(std::ceil(std::min(timeout_s, 10.0)))) +
+              " s" + (c->err ? std::string(" (") + c->errstr + ")" : "");
       } else if (reply->type == REDIS_REPLY_ERROR) {
         const std::string s = reply->str;
         err = s.rfind("NOAUTH", 0) == 0
@@ -178,8 +180,27 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const s
                                  std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
 }
 
+namespace {
+// Gloo's FileStore with its object files' names reachable: a key is removed
+// as the Redis store's DEL removes it.
+struct ForgettingFileStore : gloo::rendezvous::FileStore {
+  using gloo::rendezvous::FileStore::FileStore;
+  void forget(const std::string& key) {
+    std::error_code ec;
+    fs::remove(objectPath(key), ec);
+  }
+};
+}  // namespace
+
 void forget_keys(const Rendezvous& r, const std::string& run_id, const std::vector<std::string>& keys) {
-  if (r.kind != Rendezvous::Kind::Redis) return;
+  if (r.kind == Rendezvous::Kind::File) {
+    try {
+      ForgettingFileStore store(r.path);
+      for (const auto& k : keys) store.forget("fanout/" + run_id + "/" + k);
+    } catch (const std::exception&) {  // a folder gone: nothing to forget
+    }
+    return;
+  }
   redisContext* c = redisConnectWithTimeout(r.host.c_str(), r.port, to_timeval(2));
   if (c != nullptr && !c->err) {
     redisSetTimeout(c, to_timeval(2));

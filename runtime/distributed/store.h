@@ -18,9 +18,9 @@ namespace fanout::distributed {
 std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
                                                     double timeout_s);
 
-// Deletes keys of a finished rendezvous from a Redis store (best effort: a
-// key left behind makes a later run with the same id fail with a line that
-// says so); the file store keeps its files.
+// Deletes keys of a finished rendezvous from the store, Redis's or the
+// file store's (best effort: a key left behind makes a later run with the
+// same id fail with a line that says so).
 void forget_keys(const Rendezvous& r, const std::string& run_id, const std::vector<std::string>& keys);
 
 // The IPv4 address of network interface `ifname`; a one-line error when it

@@ -176,7 +176,9 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
   }
   reducer_ = std::make_unique<Reducer>(ms, cs, *comm_, layout_, ReducerOptions{opts.group, opts.grad_reduce_dtype, plan});
   if (!plan.empty())
-    sharding_ = std::make_unique<Sharding>(plan, ms, cs, reducer_->link(), [this](const std::function<void(int)>& fn) {
+    // One process (DDP of world size 1) shards among its replicas alone.
+    sharding_ = std::make_unique<Sharding>(plan, ms, cs, world > 1 ? reducer_->link() : nullptr,
+                                           [this](const std::function<void(int)>& fn) {
       pool_->run(fn, static_cast<int>(devices_.size()));
     });
   if (opts.sync_bn) {

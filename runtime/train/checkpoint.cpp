@@ -134,6 +134,17 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
   io::save_safetensors(path, tensors, md);
 }
 
+namespace {
+// A diverged run's weights are no start: say so when they load, not as a
+// diverged loss later (tensors the model does not take are not looked at).
+void check_finite(const std::string& name, const Tensor& t) {
+  bool ok = true;
+  if (t.dtype() == DType::F32) ok = std::all_of(t.f32(), t.f32() + t.numel(), [](float v) { return std::isfinite(v); });
+  else if (t.dtype() == DType::F64) ok = std::all_of(t.f64(), t.f64() + t.numel(), [](double v) { return std::isfinite(v); });
+  FANOUT_USER_CHECK(ok) << name << " holds non-finite values (NaN or infinity)";
+}
+}  // namespace
+
 CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::Optimizer& opt,
                                 const std::function<void(const CheckpointState&)>& check) {
   io::TensorFile f = io::load_safetensors(path);
@@ -244,7 +255,7 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   FANOUT_USER_CHECK(!rs.fail()) << "checkpoint " << path << ": metadata 'rng' is not a generator state";
 
   try {
-    io::load_state_dict(model, weights, /*strict=*/true);
+    io::load_state_dict(model, weights, /*strict=*/true, check_finite);
   } catch (const Error& e) {
     FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
   }
@@ -270,16 +281,8 @@ io::LoadReport load_weights(const std::string& path, Module& model, bool strict,
   } catch (const Error& e) {
     FANOUT_FAIL() << path << ": " << e.what();
   }
-  // A diverged run's weights are no start: say so here, not as a diverged loss later (tensors the
-  // model does not take are not looked at).
-  const auto finite = [&](const std::string& name, const Tensor& t) {
-    bool ok = true;
-    if (t.dtype() == DType::F32) ok = std::all_of(t.f32(), t.f32() + t.numel(), [](float v) { return std::isfinite(v); });
-    else if (t.dtype() == DType::F64) ok = std::all_of(t.f64(), t.f64() + t.numel(), [](double v) { return std::isfinite(v); });
-    FANOUT_USER_CHECK(ok) << name << " holds non-finite values (NaN or infinity)";
-  };
   try {
-    return io::load_state_dict(model, weights, strict, finite);
+    return io::load_state_dict(model, weights, strict, check_finite);
   } catch (const Error& e) {
     FANOUT_FAIL() << path << ": " << e.what();
   }

@@ -440,6 +440,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const int64_t opt_steps = steps_before + (nb + k - 1) / k;
   auto rows_of = [&](int64_t b) { return std::min(batch, total - b * batch); };
   Tensor x, y;
+  FANOUT_USER_CHECK(epoch_done || rebatched || start.batch <= nb)
+      << "cannot continue epoch " << epoch + 1 << " after batch " << start.batch << ": this data has " << nb
+      << " batches an epoch (the checkpoint's had more)";
   const int64_t b0 = epoch_done ? nb : rebatched ? 0 : std::min(start.batch, nb);
   // --max-steps: the bar ends where the run does.
   const int64_t shown = cfg_.max_steps > 0 ? std::min(nb, b0 + std::max<int64_t>(0, cfg_.max_steps - opt_.steps()) * k) : nb;

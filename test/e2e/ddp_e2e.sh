@@ -150,4 +150,8 @@ bad "--iface applies to --strategy ddp" --devices cpu --iface lo
 bad "cannot read --rdzv-password-file $work/none" --devices cpu:2 --strategy ddp --rdzv-password-file "$work/none"
 : > "$work/empty"
 bad "--rdzv-password-file $work/empty is empty" --devices cpu:2 --strategy ddp --rdzv-password-file "$work/empty"
+# One process of two replicas shards among them alone (an internal check had refused it); a file
+# rendezvous serves a second run of the same --run-id (the first removed its keys).
+train shard-one-process lenet --devices cpu:2 --strategy ddp --nproc-per-node 1 --shard-grads
+for i in 1 2; do train "rdzv-again-$i" mlp --devices cpu:2 --strategy ddp --rdzv "file:$work/rd" --run-id same; done
 echo "ddp e2e: ok"
