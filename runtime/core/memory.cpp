@@ -59,6 +59,20 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+namespace {
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
+uint64_t available_host_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kb) * 1024;
+}
+}  // namespace
+
 std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
   forbid_in_capture("an allocation");
   auto s = std::make_shared<Storage>();
@@ -70,6 +84,13 @@ std::shared_ptr<Storage> allocate(Device d, size_t bytes) {
     ++g_device_allocs;
     ++t_device_allocs;
   } else {
+    // A large block the machine cannot hold: refused here, not by the kernel's OOM killer when it is touched.
+    if (bytes >= (size_t{1} << 30)) {
+      const uint64_t available = available_host_bytes();
+      FANOUT_USER_CHECK(available == 0 || bytes <= available)
+          << "out of host memory: cannot allocate " << format_bytes(bytes) << " (" << format_bytes(available)
+          << " available)";
+    }
     s->ptr = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
     FANOUT_USER_CHECK(s->ptr != nullptr) << "out of host memory: cannot allocate " << format_bytes(bytes);
     ++g_host_allocs;
