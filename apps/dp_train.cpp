@@ -249,7 +249,8 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
      "also checkpoint inside epochs every N optimizer steps (0: never); --resume continues from the exact step")
     ("keep-last", po::value(&o.keep_last)->default_value(d.keep_last), "keep the newest K epoch checkpoints")
     ("overwrite", po::bool_switch(&o.overwrite),
-     "start a fresh run in a --save-dir that holds another run's checkpoints, removing them")
+     "start a fresh run in a --save-dir that holds another run's checkpoints, removing them; with --resume FILE, "
+     "remove the checkpoints there past FILE")
     ("resume", po::value(&o.resume),
      "continue a run from a checkpoint file, or from the newest one in a directory (--epochs counts the whole run)")
     ("allow-batch-change", po::bool_switch(&o.allow_batch_change),
@@ -940,6 +941,40 @@ data::DataSplits open_run_data(const train::RunConfig& c, const Process& p) {
   return data;
 }
 
+// The locked save directory. A fresh run into another run's checkpoints
+// would mix them (best.safetensors overwritten, --resume picking the other
+// run's newest), as would a resume from a checkpoint that later ones follow.
+std::unique_ptr<train::CheckpointSaver> open_save_dir(const train::RunConfig& c) {
+  const std::string save_to = save_dir_of(c);
+  auto saver = std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last);
+  if (const int n = saver->lock().removed_temporaries())
+    std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
+                save_to.c_str());
+  const std::vector<std::string> others = c.resume.empty() ? saver->checkpoints() : std::vector<std::string>{};
+  FANOUT_USER_CHECK(others.empty() || c.overwrite)
+      << "--save-dir " << save_to << " holds another run's checkpoints (" << others.front()
+      << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string())
+      << "): continue it with --resume " << save_to << ", or start over with --overwrite";
+  if (!others.empty()) {
+    saver->remove_checkpoints();
+    std::printf("removed %zu checkpoint%s of an earlier run from %s (--overwrite)\n", others.size(),
+                others.size() == 1 ? "" : "s", save_to.c_str());
+  }
+  if (c.resume.empty()) return saver;
+  const std::string from = train::resolve_resume_path(c.resume);
+  const std::vector<std::string> later = saver->checkpoints_after(from);
+  FANOUT_USER_CHECK(later.empty() || c.overwrite)
+      << "--save-dir " << save_to << " holds checkpoints past " << from << " (" << later.back()
+      << (later.size() > 1 ? " and " + std::to_string(later.size() - 1) + " more" : std::string())
+      << "), which a later --resume " << save_to << " would take over this run's: resume from " << save_to
+      << ", save elsewhere, or remove them with --overwrite";
+  for (const std::string& f : later) std::filesystem::remove(f);
+  if (!later.empty())
+    std::printf("removed %zu checkpoint%s past %s from %s (--overwrite)\n", later.size(),
+                later.size() == 1 ? "" : "s", from.c_str(), save_to.c_str());
+  return saver;
+}
+
 int run(int argc, char** argv) {
   const Cli cli = parse(argc, argv);
   if (cli.help) return 0;
@@ -956,26 +991,8 @@ int run(int argc, char** argv) {
   if (p.primary()) warn_inapplicable(c, p, all);
   if (p.primary()) warn_inapplicable_data(c, all);
   // The save directory is locked and checked before anything is loaded.
-  std::unique_ptr<train::CheckpointSaver> saver;
   const std::string save_to = save_dir_of(c);
-  if (!save_to.empty() && p.primary()) {
-    saver = std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last);
-    if (const int n = saver->lock().removed_temporaries())
-      std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
-                  save_to.c_str());
-    // A fresh run into another run's checkpoints would mix them (best.safetensors
-    // overwritten, --resume picking the other run's newest).
-    const std::vector<std::string> others = c.resume.empty() ? saver->checkpoints() : std::vector<std::string>{};
-    FANOUT_USER_CHECK(others.empty() || c.overwrite)
-        << "--save-dir " << save_to << " holds another run's checkpoints (" << others.front()
-        << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string())
-        << "): continue it with --resume " << save_to << ", or start over with --overwrite";
-    if (!others.empty()) {
-      saver->remove_checkpoints();
-      std::printf("removed %zu checkpoint%s of an earlier run from %s (--overwrite)\n", others.size(),
-                  others.size() == 1 ? "" : "s", save_to.c_str());
-    }
-  }
+  std::unique_ptr<train::CheckpointSaver> saver = !save_to.empty() && p.primary() ? open_save_dir(c) : nullptr;
   const data::DataSplits data = open_run_data(c, p);
   settle_with_data(c, p, cli.epochs_from_steps, *data.train);
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,

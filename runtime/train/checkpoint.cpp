@@ -82,6 +82,33 @@ std::pair<int64_t, int64_t> progress_of(const fs::path& p) {
   return {epochs, batches};
 }
 
+// Where a checkpoint file stands in its run: (epochs done, optimizer steps),
+// the steps from its header's metadata (the batch in a name counts from a
+// --allow-batch-change re-batch, so it does not order positions), else the
+// name's batches; {-1, -1} for a name that is no checkpoint's.
+std::pair<int64_t, int64_t> run_position(const fs::path& p) {
+  const auto [epochs, batches] = progress_of(p);
+  if (epochs < 0) return {-1, -1};
+  int64_t step = -1;
+  std::ifstream f(p, std::ios::binary);
+  uint64_t n = 0;
+  if (f.read(reinterpret_cast<char*>(&n), 8) && n > 0 && n <= io::kMaxSafetensorsHeader) {
+    std::string header(n, '\0');
+    if (f.read(header.data(), static_cast<std::streamsize>(n))) {
+      const nlohmann::json j = nlohmann::json::parse(header, nullptr, false);
+      if (j.is_object() && j.contains("__metadata__") && j["__metadata__"].is_object() &&
+          j["__metadata__"].contains("step") && j["__metadata__"]["step"].is_string()) {
+        try {
+          step = std::stoll(j["__metadata__"]["step"].get<std::string>());
+        } catch (const std::exception&) {
+          step = -1;
+        }
+      }
+    }
+  }
+  return {epochs, step >= 0 ? step : batches};
+}
+
 // A temporary left by write_file_atomic: NAME.tmp.PID.
 bool is_temporary(const std::string& name) {
   const size_t at = name.rfind(".tmp.");
@@ -293,7 +320,7 @@ std::string newest_checkpoint(const std::string& dir) {
   std::string found;
   try {
     for (const auto& e : fs::directory_iterator(dir)) {
-      const auto n = progress_of(e.path());
+      const auto n = run_position(e.path());
       if (n > best) best = n, found = e.path().string();
     }
   } catch (const fs::filesystem_error& e) {
@@ -390,13 +417,14 @@ CheckpointSaver::CheckpointSaver(std::string dir, int every, int keep_last)
 // Keeps the newest keep_last epoch and mid-epoch files up to (epoch, batch)
 // (later ones, from a run this one branched off, are left alone; so is the
 // file just written).
-void CheckpointSaver::rotate(const std::string& just_written, int64_t epoch, int64_t batch) {
+void CheckpointSaver::rotate(const std::string& just_written) {
   std::vector<std::pair<std::pair<int64_t, int64_t>, fs::path>> files;
   std::error_code ec;
+  const auto written = run_position(just_written);
   try {
     for (const auto& e : fs::directory_iterator(dir_)) {
-      const auto n = progress_of(e.path());
-      if (n.first >= 0 && n <= std::make_pair(epoch, batch)) files.emplace_back(n, e.path());
+      const auto n = run_position(e.path());
+      if (n.first >= 0 && n <= written) files.emplace_back(n, e.path());
     }
   } catch (const fs::filesystem_error& e) {
     FANOUT_FAIL() << "cannot read checkpoint directory " << dir_ << ": " << e.code().message();
@@ -413,8 +441,20 @@ std::string CheckpointSaver::save_mid_epoch(Engine& engine, optim::Optimizer& op
   std::snprintf(name, sizeof name, "epoch-%04d-batch-%07lld.safetensors", st.epoch, static_cast<long long>(st.batch));
   const std::string p = (fs::path(dir_) / (st.batch == 0 ? epoch_file(st.epoch) : std::string(name))).string();
   save_checkpoint(p, engine, &opt, st);
-  rotate(p, st.epoch, st.batch);
+  rotate(p);
   return p;
+}
+
+std::vector<std::string> CheckpointSaver::checkpoints_after(const std::string& path) const {
+  const auto from = run_position(path);
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const std::string& name : checkpoints()) {
+    const fs::path c = fs::path(dir_) / name;
+    if (run_position(c) > from && !fs::equivalent(c, path, ec)) out.push_back(c.string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<std::string> CheckpointSaver::checkpoints() const {
@@ -452,7 +492,7 @@ std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, optim::Op
     const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
     save_checkpoint(p, engine, &opt, st);
     written.push_back(p);
-    rotate(p, st.epoch, 0);
+    rotate(p);
   }
   if (best) written.push_back(save_best(engine, st));
   return written;

@@ -141,10 +141,15 @@ class CheckpointSaver {
   // The directory's checkpoints (epoch and mid-epoch files, best.safetensors),
   // sorted; and their removal (a fresh run replacing an earlier one's).
   std::vector<std::string> checkpoints() const;
+  // The checkpoints here past `path`'s place in the run (a resume from an
+  // earlier one would leave them to win the next --resume DIR).
+  std::vector<std::string> checkpoints_after(const std::string& path) const;
   void remove_checkpoints();
 
  private:
-  void rotate(const std::string& just_written, int64_t epoch, int64_t batch);
+  // Keeps the newest keep_last checkpoints at or before just_written's place
+  // in the run (epochs done, then optimizer steps).
+  void rotate(const std::string& just_written);
   std::string save_best(Engine& engine, const CheckpointState& st);
   std::string dir_;
   int every_, keep_last_;

@@ -82,4 +82,19 @@ fi
 grep -q "cannot write metrics file /dev/full: No space left on device" "$work/full.err" || { cat "$work/full.err"; fail "message"; }
 [ -e "$work/full/epoch-0001.safetensors" ] || fail "the epoch's checkpoint was lost with the metrics"
 echo "ok   metrics write failure: $(cat "$work/full.err")"
+# 5. A resume from a checkpoint that later ones follow in its --save-dir: refused (the next --resume DIR
+#    would take them over this run's), or, with --overwrite, those removed first.
+small() { timeout 300 "$DP_TRAIN" --progress off --model mlp --devices cpu --data synthetic:64 "$@"; }
+small --epochs 3 --keep-last 5 --save-dir "$work/back" > /dev/null
+if small --epochs 3 --resume "$work/back/epoch-0001.safetensors" --save-dir "$work/back" > "$work/back.out" \
+  2> "$work/back.err"; then
+  fail "a resume behind later checkpoints was accepted"
+fi
+grep -q "holds checkpoints past $work/back/epoch-0001.safetensors ($work/back/epoch-0003.safetensors and 1 more)" \
+  "$work/back.err" || { cat "$work/back.err"; fail "message"; }
+small --epochs 3 --resume "$work/back/epoch-0001.safetensors" --save-dir "$work/back" --overwrite > "$work/back2.out" ||
+  fail "--overwrite did not resume"
+grep -q "removed 2 checkpoints past $work/back/epoch-0001.safetensors" "$work/back2.out" || { cat "$work/back2.out"; fail "removed"; }
+grep -q "resumed from $work/back/epoch-0001.safetensors" "$work/back2.out" || fail "did not resume from epoch 1"
+echo "ok   resume behind later checkpoints: $(cat "$work/back.err")"
 echo "save-dir e2e: ok"
