@@ -20,8 +20,10 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/core/tensor.h"
 
 namespace fanout::apps {
 
@@ -74,6 +76,22 @@ inline void check_output_file(const char* flag, const std::string& path) {
                              << " is not writable (" << std::strerror(errno) << ")";
   ::close(fd);
   if (!exists) ::unlink(probe.c_str());
+}
+
+// --input: "CxHxW" or "CxDxHxW", every size positive, nothing after it.
+inline Shape parse_input(const std::string& s) {
+  std::vector<int64_t> d;
+  std::istringstream is(s);
+  for (;;) {
+    int64_t v = 0;
+    if (!(is >> v) || v <= 0) break;
+    d.push_back(v);
+    if (is.peek() != 'x') break;
+    is.get();
+  }
+  FANOUT_USER_CHECK(is.eof() && (d.size() == 3 || d.size() == 4))
+      << "bad --input '" << s << "' (expected CxHxW or CxDxHxW, e.g. 3x32x32)";
+  return d.size() == 3 ? Shape{d[0], d[1], d[2]} : Shape{d[0], d[1], d[2], d[3]};
 }
 
 template <class Run>

@@ -92,21 +92,6 @@ struct Options {
   float lr() const { return optimizer == "sgd" ? 0.01f : 1e-3f; }
 };
 
-// "CxHxW" or "CxDxHxW".
-Shape parse_input(const std::string& s) {
-  std::vector<int64_t> d;
-  std::istringstream is(s);
-  for (;;) {
-    int64_t v = 0;
-    if (!(is >> v) || v <= 0) break;
-    d.push_back(v);
-    if (is.peek() != 'x') break;
-    is.get();
-  }
-  FANOUT_USER_CHECK(is.eof() && (d.size() == 3 || d.size() == 4))
-      << "bad --input '" << s << "' (expected CxHxW or CxDxHxW, e.g. 3x32x32)";
-  return d.size() == 3 ? Shape{d[0], d[1], d[2]} : Shape{d[0], d[1], d[2], d[3]};
-}
 
 // A GPT preset that takes its vocabulary from the data (gpt-char) gets
 // shakespeare_char's 65 characters here; gpt2 keeps its 50304.
@@ -415,7 +400,7 @@ void check_step_options(const po::variables_map& vm, const Options& o) {
 // A GPT's samples are T token ids (--input T; block_size when not given),
 // other models' images CxHxW or volumes CxDxHxW.
 Shape sample_shape(const Options& o) {
-  if (!models::is_gpt(o.model)) return parse_input(o.input);
+  if (!models::is_gpt(o.model)) return apps::parse_input(o.input);
   const int64_t block = gpt_config(o.model).block_size;
   if (o.input.empty()) return Shape{block};
   int64_t t = 0;

@@ -6,10 +6,12 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/cli_main.h"
@@ -30,7 +32,7 @@ int run(int argc, char** argv) {
   po::options_description desc("optim-bench: milliseconds of one optimizer step on a model's arenas\n\nOptions");
   desc.add_options()("help,h", "print this help and exit")(
       "model", po::value(&model_name)->default_value(model_name), "a zoo model (dp-train --model)")(
-      "input", po::value(&input)->default_value(input), "sample shape CxHxW")(
+      "input", po::value(&input)->default_value(input), "sample shape CxHxW or CxDxHxW")(
       "optimizers", po::value(&which)->default_value(which), "comma list of sgd, adam, adamw")(
       "clip-grad-norm", po::value(&clip)->default_value(0, "0"), "also clip by total norm before each step")(
       "steps", po::value(&steps)->default_value(steps), "steps per repeat")(
@@ -43,24 +45,23 @@ int run(int argc, char** argv) {
   }
   po::notify(vm);
   FANOUT_USER_CHECK(steps > 0 && repeats > 0) << "--steps and --repeats must be positive";
-  int64_t c = 0, h = 0, w = 0;
-  char x1 = 0, x2 = 0;
-  FANOUT_USER_CHECK(std::sscanf(input.c_str(), "%ld%c%ld%c%ld", &c, &x1, &h, &x2, &w) == 5 && x1 == 'x' && x2 == 'x')
-      << "bad --input '" << input << "' (expected CxHxW)";
-  auto model = models::make_model(model_name, Shape{c, h, w}, 10, 1);
+  FANOUT_USER_CHECK(clip >= 0 && std::isfinite(clip)) << "--clip-grad-norm must be non-negative, got " << clip;
+  std::vector<std::pair<std::string, optim::OptimizerKind>> kinds;  // every name checked before any is timed
+  for (std::string rest = which; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    kinds.emplace_back(rest.substr(0, comma), optim::parse_optimizer(rest.substr(0, comma)));
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  auto model = models::make_model(model_name, apps::parse_input(input), 10, 1);
   Context ctx(Device::cpu());
   std::mt19937_64 rng(1);
   std::normal_distribution<float> nd(0.0f, 1e-2f);
   std::printf("optim-bench: %s, %lld parameters, %d x %d steps, clip %g\n", model_name.c_str(),
               static_cast<long long>(model->num_parameters()), repeats, steps, clip);
   std::printf("%-10s %12s %14s\n", "optimizer", "ms/step", "ns/parameter");
-  std::string rest = which;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string name = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  for (const auto& [name, kind] : kinds) {
     optim::OptimizerOptions o;
-    o.kind = optim::parse_optimizer(name);
+    o.kind = kind;
     o.lr = 1e-3f;
     o.weight_decay = 5e-4f;
     if (o.kind == optim::OptimizerKind::SGD) o.momentum = 0.9f;
