@@ -167,8 +167,7 @@ nlohmann::ordered_json hf_config(const models::GPTConfig& c, const nlohmann::jso
 }
 
 void write_json(const std::string& path, const nlohmann::ordered_json& j) {
-  const std::string text = j.dump(2) + "\n";
-  io::write_file_atomic(path, [&](const io::WriteFn& w) { w(text.data(), text.size()); });
+  io::write_file_atomic(path, j.dump(2) + "\n");
 }
 
 // --export-hf: the model and, for a byte-level vocabulary, its tokenizer.

@@ -150,6 +150,13 @@ void transpose_2d(const T* src, T* dst, int64_t rows, int64_t cols) {
         for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
+// Conv1D's (in, out) weights in Hugging Face's GPT-2 (own name, "transformer."-prefixed).
+bool conv1d_weight(const std::string& name) {
+  return name.starts_with("transformer.h.") &&
+         (name.ends_with(".attn.c_attn.weight") || name.ends_with(".attn.c_proj.weight") ||
+          name.ends_with(".mlp.c_fc.weight") || name.ends_with(".mlp.c_proj.weight"));
+}
+
 }  // namespace
 
 void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {
@@ -166,10 +173,7 @@ void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors)
     std::string own = name;
     for (const char* root : {"h.", "wte.", "wpe.", "ln_f."})
       if (own.starts_with(root)) own = "transformer." + own;
-    const bool transposed = own.starts_with("transformer.h.") &&
-                            (own.ends_with(".attn.c_attn.weight") || own.ends_with(".attn.c_proj.weight") ||
-                             own.ends_with(".mlp.c_fc.weight") || own.ends_with(".mlp.c_proj.weight"));
-    if (!transposed || t.dim() != 2) {
+    if (!conv1d_weight(own) || t.dim() != 2) {
       out.emplace_back(own, t);
       continue;
     }
@@ -206,10 +210,7 @@ std::vector<std::pair<std::string, Tensor>> GPT::hf_state_dict() {
     const auto& [name, value] = own[i];
     const Tensor t = value.to(Device::cpu());
     FANOUT_CHECK(t.dtype() == DType::F32) << name << " is " << dtype_name(t.dtype()) << ", not float32";
-    const bool conv1d = name.starts_with("transformer.h.") &&
-                        (name.ends_with(".attn.c_attn.weight") || name.ends_with(".attn.c_proj.weight") ||
-                         name.ends_with(".mlp.c_fc.weight") || name.ends_with(".mlp.c_proj.weight"));
-    if (conv1d) {
+    if (conv1d_weight(name)) {
       Tensor w = Tensor::empty(Shape{t.size(1), t.size(0)}, DType::F32);
       transpose_2d(t.f32(), w.f32(), t.size(0), t.size(1));
       out.emplace_back(name, w);

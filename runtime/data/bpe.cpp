@@ -223,11 +223,10 @@ void Bpe::save(const std::string& dir) const {
   FANOUT_USER_CHECK(!ec) << "cannot make tokenizer folder " << dir << ": " << ec.message();
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (size_t i = 0; i < tokens_.size(); ++i) vocab[tokens_[i]] = i;
-  const std::string v = vocab.dump();
-  io::write_file_atomic(dir + "/vocab.json", [&](const io::WriteFn& w) { w(v.data(), v.size()); });
+  io::write_file_atomic(dir + "/vocab.json", vocab.dump());
   std::string m = "#version: 0.2\n";
   for (const std::string& merge : merges_) m += merge + "\n";
-  io::write_file_atomic(dir + "/merges.txt", [&](const io::WriteFn& w) { w(m.data(), m.size()); });
+  io::write_file_atomic(dir + "/merges.txt", m);
 }
 
 void Bpe::merge_piece(const std::string& piece, std::vector<int32_t>& out) const {

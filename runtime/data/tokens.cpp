@@ -257,7 +257,7 @@ TokenMeta read_token_meta(const std::string& dir) {
 
 void write_token_meta(const std::string& dir, const TokenMeta& meta) {
   const std::string text = token_meta_json(meta).dump() + "\n";
-  io::write_file_atomic(dir + "/meta.json", [&](const io::WriteFn& w) { w(text.data(), text.size()); });
+  io::write_file_atomic(dir + "/meta.json", text);
 }
 
 std::string default_cache_dir() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace fanout::io {
@@ -20,6 +21,10 @@ namespace fanout::io {
 // an existing file at `path` is left as it was, and fanout::Error is thrown.
 using WriteFn = std::function<void(const void* data, size_t bytes)>;
 void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce);
+// The same for bytes already in memory (a JSON text, a list).
+inline void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_file_atomic(path, [&](const WriteFn& write) { write(bytes.data(), bytes.size()); });
+}
 
 // The whole of the regular file `path` (named `what` in errors: "text",
 // "token meta file"), in one-line errors (fanout::Error) when it does

@@ -2,6 +2,7 @@
 #include "runtime/train/resume.h"
 
 #include "runtime/core/error.h"
+#include "runtime/train/trainer.h"
 
 namespace fanout::train {
 
@@ -20,7 +21,7 @@ std::string model_of(const CheckpointState& st) {
 std::optional<Rebatch> check_mid_epoch(const RunConfig& c, const CheckpointState& st, const std::string& path,
                                        int world) {
   // An epoch whose batches all ran (stopped in its evaluation): nothing to re-batch, any batch size and world.
-  if (st.batch == 0 || (st.partial.is_object() && st.partial.value("epoch_done", false))) return std::nullopt;
+  if (st.batch == 0 || epoch_done(st.partial)) return std::nullopt;
   const auto size = st.config.find("batch_size");
   const int64_t was = size != st.config.end() && size->is_number_integer() ? size->get<int64_t>() : c.batch_size;
   FANOUT_USER_CHECK(was == c.batch_size || c.allow_batch_change)

@@ -333,7 +333,7 @@ int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_ste
     kept += line + "\n";
   }
   FANOUT_USER_CHECK(in.eof()) << "cannot read metrics file " << path;
-  if (dropped > 0) io::write_file_atomic(path, [&](const io::WriteFn& write) { write(kept.data(), kept.size()); });
+  if (dropped > 0) io::write_file_atomic(path, kept);
   return dropped;
 }
 
@@ -421,7 +421,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   // changed (--allow-batch-change): the rest of the epoch is re-batched from
   // that sample, every rank at its share of it, and batches count from there.
   // A position after the epoch's last batch (a stop in its evaluation) trains nothing, whatever the batch size.
-  const bool epoch_done = start.totals.is_object() && start.totals.value("epoch_done", false);
+  const bool epoch_done = train::epoch_done(start.totals);
   const bool rebatched =
       !epoch_done && start.batch > 0 && !start.totals.empty() && carried != start.batch * batch * world;
   int64_t first_sample = 0;  // of this rank's order
@@ -519,7 +519,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       try {
         dropped = !evaluate_during(epoch, lr);
       } catch (...) {
-        save_before_error(epoch, EpochEnd{b, t.to_json(criterion.sum_names()), norms});  // one process: t is global
+        save_before_error(epoch, Place{b, t.to_json(criterion.sum_names()), norms});  // one process: t is global
         throw;
       }
     }
@@ -530,7 +530,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       if (save || stop) {
         Totals global = t;  // every rank's batches so far
         global.all_reduce(engine_);
-        const EpochPosition pos = position(b, global.to_json(criterion.sum_names()), norms);
+        const EpochPosition pos = position(Place{b, global.to_json(criterion.sum_names()), norms});
         if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
         if (stop) {
           progress_.end();
@@ -547,7 +547,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   progress_.end();
   t.all_reduce(engine_);
   epoch_end_ = {b, t.to_json(criterion.sum_names()), norms};
-  if (b == nb) epoch_end_.totals["epoch_done"] = true;
+  if (b == nb) epoch_end_.totals[kEpochDone] = true;
   if (b == b0 && b0 > 0)  // no batch trained here (resumed after the last): the rate of the step before
     m.lr = cfg_.schedule.at(epoch, static_cast<int>(steps_before + (b0 - 1) / k), static_cast<int>(opt_steps));
   const auto t1 = std::chrono::steady_clock::now();
@@ -610,18 +610,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 double Trainer::seconds_in_run() const { return seconds_since(run_start_) - eval_seconds_; }
 
-EpochPosition Trainer::position(int64_t b, const nlohmann::json& global, const GradNorms& norms) {
-  EpochPosition pos{b, global};
+EpochPosition Trainer::position(const Place& at) {
+  EpochPosition pos{at.batch, at.totals};
+  const GradNorms& norms = at.norms;
   if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
   if (probe_loader_) pos.totals["since_eval"] = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_).to_json({});
   return pos;
 }
 
-void Trainer::save_before_error(int epoch, const EpochEnd& at) {
+void Trainer::save_before_error(int epoch, const Place& at) {
   // One process only: under DDP the other ranks may be inside a collective.
   if (engine_.world_size() != 1 || !on_mid_epoch) return;
   try {
-    on_mid_epoch(epoch, position(at.batch, at.totals, at.norms), /*stopping=*/false);
+    on_mid_epoch(epoch, position(at), /*stopping=*/false);
   } catch (const std::exception& e) {  // the first error is the one to report
     std::fprintf(stderr, "fanout: could not save the training before the error below: %s\n", e.what());
   } catch (...) {
@@ -894,7 +895,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
       // batch, so a resumed run evaluates it first.
       stopped_ = true;
       stopped_epoch_ = e;
-      stopped_at_ = position(epoch_end_.batch, epoch_end_.totals, epoch_end_.norms);
+      stopped_at_ = position(epoch_end_);
       if (on_mid_epoch) on_mid_epoch(e, stopped_at_, true);
       return m;
     }

@@ -77,6 +77,10 @@ struct EpochPosition {
   int64_t batch = 0;
   nlohmann::json totals = nlohmann::json::object();  // empty: nothing trained yet
 };
+// Whether a position's totals mark the epoch after its last batch (a stop in
+// its evaluation): nothing is left to train or re-batch there.
+inline constexpr const char* kEpochDone = "epoch_done";
+inline bool epoch_done(const nlohmann::json& totals) { return totals.is_object() && totals.value(kEpochDone, false); }
 
 // What Trainer::on_step reports after each optimizer step.
 struct StepInfo {
@@ -290,19 +294,20 @@ class Trainer {
   };
   // Clipping, the optimizer's step at `lr` and zero_grad, after batch `b` of `epoch` (0-based).
   void optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, const ExactSum& loss, int64_t rows);
-  // The position after batch b (every rank calls it: the rows since an
-  // evaluation are summed); `global`: every rank's totals of the epoch so far.
-  EpochPosition position(int64_t b, const nlohmann::json& global, const GradNorms& norms);
-  // train_epoch's end, for a stop in the evaluation after it.
-  struct EpochEnd {
+  // A place in an epoch: after batch `batch`, every rank's totals of the
+  // epoch so far (as a position carries them) and the gradient norms.
+  struct Place {
     int64_t batch = 0;
-    nlohmann::json totals;  // every rank's, as a position carries them
+    nlohmann::json totals;
     GradNorms norms;
-  } epoch_end_;
+  } epoch_end_;  // train_epoch's end, for a stop in the evaluation after it
+  // The position at a place (every rank calls it: the rows since an
+  // evaluation are summed).
+  EpochPosition position(const Place& at);
   int64_t eval_common_batches_ = 0;  // the shortest rank's evaluation batches (DDP)
   // An evaluation failed (a bad file): the training up to `at` is saved
   // first (on_mid_epoch), so the error loses nothing; one process only.
-  void save_before_error(int epoch, const EpochEnd& at);
+  void save_before_error(int epoch, const Place& at);
   TrainerConfig cfg_;
   Engine& engine_;
   optim::Optimizer& opt_;
