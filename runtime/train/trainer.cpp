@@ -474,6 +474,33 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     norms = {g["sum"].get<double>(), g["max"].get<double>(), g["steps"].get<int64_t>()};
   }
   int64_t b = b0, group_rows = 0;
+  // A stop after batch b: every rank's totals so far, the position saved (or
+  // just checkpointed when !stop).
+  auto mark = [&](bool stop) {
+    Totals global = t;  // every rank's batches so far
+    global.all_reduce(engine_);
+    Place at{b, global.to_json(criterion.sum_names()), norms};
+    if (b == nb) at.totals[kEpochDone] = true;
+    const EpochPosition pos = position(at);
+    if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
+    if (!stop) return;
+    progress_.end();
+    stopped_ = true;
+    stopped_epoch_ = epoch;
+    stopped_at_ = pos;
+  };
+  // The evaluation a stop dropped after the checkpoint's last step runs first, at that step's rate.
+  if (start.totals.contains(kEvalPending) && probe_loader_) {
+    const nlohmann::json& p = start.totals[kEvalPending];
+    FANOUT_USER_CHECK(p.is_object() && p.contains("lr") && p["lr"].is_number())
+        << "checkpoint: the pending evaluation is malformed";
+    pending_eval_lr_ = p["lr"].get<float>();
+    if (!evaluate_during(epoch, *pending_eval_lr_)) {
+      mark(true);
+      return m;
+    }
+    pending_eval_lr_.reset();
+  }
   ExactSum step_loss;  // this optimizer step's rows, for on_step
   // (A run resumed after its last step, stopped in that epoch's evaluation, trains no batch.)
   while (!steps_done() && it.next(x, y)) {
@@ -522,24 +549,15 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
         save_before_error(epoch, Place{b, t.to_json(criterion.sum_names()), norms});  // one process: t is global
         throw;
       }
+      if (dropped) pending_eval_lr_ = lr;
     }
-    if (last_in_group && b < nb) {
+    // (Dropped after the epoch's last batch: the position is the epoch after it, evaluated on resume.)
+    if (last_in_group && (b < nb || dropped)) {
       const int64_t steps = opt_.steps();
-      const bool save = cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
+      const bool save = b < nb && cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
       const bool stop = dropped || stop_agreed(steps % kStopCheckSteps == 0);
-      if (save || stop) {
-        Totals global = t;  // every rank's batches so far
-        global.all_reduce(engine_);
-        const EpochPosition pos = position(Place{b, global.to_json(criterion.sum_names()), norms});
-        if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
-        if (stop) {
-          progress_.end();
-          stopped_ = true;
-          stopped_epoch_ = epoch;
-          stopped_at_ = pos;
-          return m;
-        }
-      }
+      if (save || stop) mark(stop);
+      if (stop) return m;
     }
     // --max-steps: the epoch ends at the run's last step (every rank counts the same steps).
     if (last_in_group && steps_done()) break;
@@ -615,6 +633,7 @@ EpochPosition Trainer::position(const Place& at) {
   const GradNorms& norms = at.norms;
   if (norms.steps > 0) pos.totals["grad_norm"] = {{"sum", norms.sum}, {"max", norms.max}, {"steps", norms.steps}};
   if (probe_loader_) pos.totals["since_eval"] = rows_since_eval(engine_, since_eval_loss_, since_eval_rows_).to_json({});
+  if (pending_eval_lr_) pos.totals[kEvalPending] = {{"lr", *pending_eval_lr_}};
   return pos;
 }
 
@@ -875,6 +894,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
   run_start_ = std::chrono::steady_clock::now();
   eval_seconds_ = seconds_at_eval_ = 0;
   run_rows_ = rows_at_eval_ = 0;
+  pending_eval_lr_.reset();
   // A run that took its last step but stopped in the evaluation after it resumes there (start.batch > 0).
   FANOUT_USER_CHECK(!steps_done() || (start.batch > 0 && opt_.steps() == cfg_.max_steps))
       << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";

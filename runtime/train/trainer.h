@@ -81,6 +81,9 @@ struct EpochPosition {
 // its evaluation): nothing is left to train or re-batch there.
 inline constexpr const char* kEpochDone = "epoch_done";
 inline bool epoch_done(const nlohmann::json& totals) { return totals.is_object() && totals.value(kEpochDone, false); }
+// A position's mark for the --eval-every evaluation a stop dropped after its
+// last step ({"lr": its rate}): a resumed run runs it first.
+inline constexpr const char* kEvalPending = "eval_pending";
 
 // What Trainer::on_step reports after each optimizer step.
 struct StepInfo {
@@ -328,6 +331,8 @@ class Trainer {
   // Rows this rank trained in this process's run, and every rank's at the previous evaluation.
   int64_t run_rows_ = 0, rows_at_eval_ = 0;
   int64_t tokens_per_sample_ = 0;
+  // The rate of the step whose evaluation a stop dropped (positions carry it).
+  std::optional<float> pending_eval_lr_;
   bool stopped_ = false;
   int stopped_epoch_ = 0;
   EpochPosition stopped_at_;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <thread>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -379,32 +380,84 @@ TEST(Trainer, EvalEveryEvaluatesEvenlySpacedRowsWithoutChangingTraining) {
 
 // A stop that comes in an evaluation inside the epoch (--eval-every) drops
 // it and stops the run after that step, at its position, with should_stop
-// unset (the evaluation's poll alone decides).
-TEST(Trainer, AStopInAnEvaluationInsideTheEpochStopsAfterItsStep) {
+// unset (the evaluation's poll alone decides). The position carries the
+// dropped evaluation: the resumed run runs it first and reports what the
+// run that was never stopped reports, evaluation for evaluation. Stops at
+// step 10 (inside epoch 1), at step 40 (epoch 1's last batch: the position
+// is the epoch after it, evaluated after the dropped one) and at step 50
+// with --max-steps 50 (the run's last step).
+TEST(Trainer, AStopInAnEvaluationInsideTheEpochIsRunFirstOnResume) {
   const auto data = data::make_synthetic(640, 4);  // 128 test rows
-  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
-  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
-  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
-  train::TrainerConfig tc;
-  tc.epochs = 2;
-  tc.batch_size = 16;  // 40 steps an epoch
-  tc.eval_batch_size = 16;
-  tc.schedule = optim::parse_lr_schedule("constant", 0.05f, 2, 0);
-  tc.progress = train::Progress::Mode::Off;
-  tc.summary_out = nullptr;
-  tc.eval_every = 5;
-  train::Trainer t(tc, engine, *opt, data);
-  int evals = 0;
-  t.on_eval = [&](const train::EvalMetrics&) { ++evals; };
-  t.should_stop_evaluating = [&] { return opt->steps() >= 10; };
-  std::vector<std::pair<int64_t, bool>> positions;
-  t.on_mid_epoch = [&](int, const train::EpochPosition& pos, bool stopping) { positions.emplace_back(pos.batch, stopping); };
-  t.run();
-  EXPECT_TRUE(t.stopped());
-  EXPECT_EQ(opt->steps(), 10);
-  EXPECT_EQ(evals, 1) << "step 5's evaluation ran; step 10's was dropped";
-  EXPECT_EQ(positions, (std::vector<std::pair<int64_t, bool>>{{10, true}}));
-  EXPECT_EQ(t.stopped_at().batch, 10);
+  struct Run {
+    std::unique_ptr<Module> model;
+    std::unique_ptr<SingleDeviceEngine> engine;
+    std::unique_ptr<optim::Optimizer> opt;
+    train::TrainerConfig tc;
+    std::vector<std::tuple<int64_t, double, double, float>> evals;  // step, val loss, train loss, lr
+    std::vector<int> epochs;                                        // epochs ended
+    explicit Run(const data::TrainTest& data, int64_t max_steps) {
+      model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+      engine = std::make_unique<SingleDeviceEngine>(*model, Device::cpu(), *make_criterion({}), 3);
+      optim::OptimizerOptions o = testing::test_sgd();
+      o.lr = 0.01f;  // the schedule's peak (the trainer scales the optimizer's rate)
+      opt = optim::make_optimizer(engine->model(), engine->primary_context(), o);
+      tc.epochs = 2;
+      tc.batch_size = 16;  // 40 steps an epoch
+      tc.eval_batch_size = 16;
+      tc.schedule = optim::parse_lr_schedule("warmup-cosine", o.lr, 2, 0);  // a rate per step
+      optim::set_warmup_cosine(tc.schedule, 10, 80, 0.001f);
+      tc.progress = train::Progress::Mode::Off;
+      tc.summary_out = nullptr;
+      tc.eval_every = 5;
+      tc.max_steps = max_steps;
+    }
+    std::unique_ptr<train::Trainer> trainer(const data::TrainTest& data) {
+      auto t = std::make_unique<train::Trainer>(tc, *engine, *opt, data);
+      t->on_eval = [this](const train::EvalMetrics& e) { evals.emplace_back(e.step, e.val_loss, e.train_loss, e.lr); };
+      t->on_epoch_end = [this](const train::EpochMetrics& m) { epochs.push_back(m.epoch); };
+      return t;
+    }
+  };
+  for (int64_t stop_at : {10, 40, 50}) {
+    SCOPED_TRACE("stopped in step " + std::to_string(stop_at) + "'s evaluation");
+    const int64_t max_steps = stop_at == 50 ? 50 : 0;
+    Run whole(data, max_steps);
+    whole.trainer(data)->run();
+    ASSERT_EQ(whole.evals.size(), stop_at == 50 ? 10u : 16u);
+
+    Run cut(data, max_steps);
+    auto t = cut.trainer(data);
+    t->should_stop_evaluating = [&] { return cut.opt->steps() >= stop_at; };
+    std::vector<std::pair<int64_t, bool>> positions;
+    t->on_mid_epoch = [&](int, const train::EpochPosition& pos, bool stopping) { positions.emplace_back(pos.batch, stopping); };
+    t->run();
+    ASSERT_TRUE(t->stopped());
+    EXPECT_EQ(cut.opt->steps(), stop_at);
+    const int64_t batch = stop_at % 40 == 0 ? 40 : stop_at % 40;  // step 40: the epoch after its last batch
+    EXPECT_EQ(positions, (std::vector<std::pair<int64_t, bool>>{{batch, true}}));
+    const train::EpochPosition at = t->stopped_at();
+    EXPECT_EQ(at.batch, batch);
+    EXPECT_EQ(train::epoch_done(at.totals), stop_at == 40);
+    ASSERT_TRUE(at.totals.contains(train::kEvalPending));
+    EXPECT_EQ(cut.evals.size(), static_cast<size_t>(stop_at / 5 - 1)) << "step " << stop_at << "'s evaluation was dropped";
+    EXPECT_EQ(cut.epochs, (std::vector<int>(stop_at > 40 ? 1 : 0, 1)));
+
+    // A second stop in the resumed evaluation keeps it pending at the same place.
+    auto again = cut.trainer(data);
+    again->should_stop_evaluating = [] { return true; };
+    again->run(t->stopped_epoch(), -1, at);
+    ASSERT_TRUE(again->stopped());
+    EXPECT_EQ(again->stopped_at().batch, batch);
+    EXPECT_TRUE(again->stopped_at().totals.contains(train::kEvalPending));
+    EXPECT_EQ(cut.opt->steps(), stop_at);
+
+    auto rest = cut.trainer(data);
+    rest->run(t->stopped_epoch(), -1, again->stopped_at());
+    EXPECT_FALSE(rest->stopped());
+    EXPECT_EQ(cut.evals, whole.evals) << "the same evaluations, the dropped one included, in order";
+    EXPECT_EQ(cut.epochs, whole.epochs);
+    EXPECT_EQ(cut.opt->steps(), whole.opt->steps());
+  }
 }
 
 TEST(Trainer, EvalSettingsMustBeNonNegative) {
