@@ -17,7 +17,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "runtime", "data"))
-import unicode_tables  # noqa: E402  (its category ranges, from Python's unicodedata)
+import unicode_tables  # noqa: E402  (its category ranges, from unicodedata2 or Python's unicodedata)
 
 SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 SPECIAL = "<|endoftext|>"

@@ -208,6 +208,45 @@ TEST(Bpe, MergesApplyLowestRankFirstWithinPieces) {
             (Ids{id("a"), id(tokens[0xE2]), id(tokens[0x80]), id(tokens[0x94]), id("<|endoftext|>")}));
 }
 
+// The pattern's classes are Unicode 16.0's, as tiktoken 0.14's: letters and
+// digits assigned in 15.0 and 16.0 (Unicode's data files: CJK Extension H,
+// Nag Mundari, Kawi, Todhri, outlined digits) join a run of letters or of
+// digits; a letter assigned in 17.0 (Sidetic) is neither, and stands alone.
+// A merge chain makes each probe one token: one id iff one piece.
+TEST(Bpe, ClassesCharactersByUnicode16AsTiktokenDoes) {
+  std::vector<std::string> tokens = byte_tokens();
+  std::vector<std::string> merges;
+  const auto chain = [&](const std::string& s) {  // s's bytes merged left to right into one token
+    std::string made = tokens[static_cast<unsigned char>(s[0])];
+    for (size_t i = 1; i < s.size(); ++i) {
+      const std::string next = tokens[static_cast<unsigned char>(s[i])];
+      if (std::find(tokens.begin(), tokens.end(), made + next) == tokens.end()) {  // prefixes are shared
+        merges.push_back(made + " " + next);
+        tokens.push_back(made + next);
+      }
+      made += next;
+    }
+  };
+  struct Probe {
+    uint32_t cp;
+    bool letter, digit;
+  };
+  const Probe probes[] = {{0xE9, true, false},     {0x663, false, true},    {0x31350, true, false},
+                          {0x1E4D0, true, false},  {0x1E4F0, false, true},  {0x11F04, true, false},
+                          {0x11F50, false, true},  {0x105C0, true, false},  {0x1CCF0, false, true},
+                          {0x10940, false, false}, {0x2603, false, false}};
+  for (const Probe& p : probes) {
+    chain("a" + data::utf8_encode(p.cp));
+    chain("1" + data::utf8_encode(p.cp));
+  }
+  const auto bpe = Bpe::from_lists(tokens, merges, "test");
+  for (const Probe& p : probes) {
+    SCOPED_TRACE("U+" + std::to_string(p.cp));
+    EXPECT_EQ(bpe->encode("a" + data::utf8_encode(p.cp), false, "t").size() == 1, p.letter);
+    EXPECT_EQ(bpe->encode("1" + data::utf8_encode(p.cp), false, "t").size() == 1, p.digit);
+  }
+}
+
 // save() writes Hugging Face's files: vocab.json the tokens by id (as the
 // JSON text spells them), merges.txt a version line then the merges by rank;
 // load() reads them back as the same tokenizer. bytes_only() is the 256
