@@ -36,7 +36,7 @@ std::string layouts(int spatial) {
 // "3x3" or "3x3x3": the extents of a shape's trailing spatial axes.
 std::string extents(const int64_t* e, int spatial) {
   std::string s;
-  for (int a = 0; a < spatial; ++a) s += (a ? "x" : "") + std::to_string(e[a]);
+  for (int a = 0; a < spatial; ++a) s.append(a ? "x" : "").append(std::to_string(e[a]));
   return s;
 }
 

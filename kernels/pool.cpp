@@ -30,7 +30,7 @@ Shape pool_output_shape(int spatial, const Shape& x, const PoolGeometry& g) {
   bool fits = true;
   for (int a = 2; a < x.ndim; ++a) {
     const int64_t p = x[a] + 2 * g.padding;
-    padded += (a > 2 ? "x" : "") + std::to_string(p);
+    padded.append(a > 2 ? "x" : "").append(std::to_string(p));
     fits = fits && p >= g.kernel;
     y[a] = (p - g.kernel) / g.stride + 1;
   }

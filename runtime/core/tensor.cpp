@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "runtime/core/error.h"
@@ -53,9 +54,16 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
   }
 }
 
+void Shape::index_error(int i) const {
+  FANOUT_FAIL() << "dimension " << i << " is out of range for the " << ndim << "-dim shape " << str() << " (expected ["
+                << -ndim << ", " << ndim - 1 << "])";
+}
+
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= d[i];
+  for (int i = 0; i < ndim; ++i)
+    if (__builtin_mul_overflow(n, d[static_cast<size_t>(i)], &n)) [[unlikely]]
+      FANOUT_FAIL() << "shape " << str() << " has more elements than fit in 64 bits";
   return n;
 }
 
@@ -74,10 +82,19 @@ std::string Shape::str() const {
   return os.str();
 }
 
+namespace {
+size_t bytes_of(const Shape& s, DType t) {
+  const int64_t n = s.numel();
+  FANOUT_USER_CHECK(n <= std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_size(t)))
+      << "a " << dtype_name(t) << " tensor of shape " << s.str() << " has more bytes than fit in 64 bits";
+  return static_cast<size_t>(n) * dtype_size(t);
+}
+}  // namespace
+
 Tensor Tensor::empty(const Shape& s, DType t, Device d, MemoryFormat f) {
   check_format(s, f);
   Tensor x;
-  x.storage_ = allocate(d, static_cast<size_t>(s.numel()) * dtype_size(t));
+  x.storage_ = allocate(d, bytes_of(s, t));
   x.shape_ = s;
   x.dtype_ = t;
   x.format_ = f;
@@ -87,7 +104,7 @@ Tensor Tensor::empty(const Shape& s, DType t, Device d, MemoryFormat f) {
 
 Tensor Tensor::empty_pinned(const Shape& s, DType t) {
   Tensor x;
-  x.storage_ = allocate_pinned(static_cast<size_t>(s.numel()) * dtype_size(t));
+  x.storage_ = allocate_pinned(bytes_of(s, t));
   x.shape_ = s;
   x.dtype_ = t;
   x.device_ = Device::cpu();
@@ -104,7 +121,7 @@ Tensor Tensor::wrap(void* data, const Shape& s, DType t, Device d) {
   Tensor x;
   auto st = std::make_shared<Storage>();
   st->ptr = data;
-  st->bytes = static_cast<size_t>(s.numel()) * dtype_size(t);
+  st->bytes = bytes_of(s, t);
   st->device = d;
   st->owned = false;
   x.storage_ = st;

@@ -35,8 +35,17 @@ struct Shape {
 
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
-  int64_t operator[](int i) const { return d[i < 0 ? i + ndim : i]; }
-  int64_t& operator[](int i) { return d[i < 0 ? i + ndim : i]; }
+  // Dimension i, counted from the end when negative (torch's size(-1)); a
+  // one-line error outside [-ndim, ndim).
+  int64_t operator[](int i) const { return d[static_cast<size_t>(index(i))]; }
+  int64_t& operator[](int i) { return d[static_cast<size_t>(index(i))]; }
+  int index(int i) const {
+    if (i < -ndim || i >= ndim) [[unlikely]]
+      index_error(i);
+    return i < 0 ? i + ndim : i;
+  }
+  [[noreturn]] void index_error(int i) const;
+  // The product of the dimensions; a one-line error past int64.
   int64_t numel() const;
   bool operator==(const Shape& o) const;
   bool operator!=(const Shape& o) const { return !(*this == o); }

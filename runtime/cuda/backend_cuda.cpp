@@ -170,6 +170,9 @@ void release_deferred_frees() noexcept {
 }  // namespace
 
 void* cuda_alloc(int device, size_t bytes) {
+  static const int visible = cuda_device_count();
+  FANOUT_USER_CHECK(device >= 0 && device < visible)
+      << "cuda:" << device << " is not a visible CUDA device (" << visible << " visible)";
   configure_pools();
   detail::CaptureShared capture_safe;
   DeviceGuard g(device);

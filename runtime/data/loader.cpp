@@ -117,7 +117,7 @@ int64_t DataLoader::batch_rows(int64_t b) const {
 }
 
 void DataLoader::start_epoch(int64_t epoch, int64_t first_batch, int64_t first_sample) {
-  FANOUT_CHECK(first_batch >= 0) << "start_epoch: first batch " << first_batch;
+  FANOUT_USER_CHECK(first_batch >= 0) << "start_epoch: the first batch must be non-negative, got " << first_batch;
   FANOUT_USER_CHECK(first_sample >= 0 && first_sample <= sampler_->size())
       << "cannot start epoch " << epoch + 1 << " at sample " << first_sample << " of " << sampler_->size();
   sampler_->set_epoch(epoch);

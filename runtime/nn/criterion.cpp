@@ -148,7 +148,19 @@ class TokenCrossEntropy final : public Criterion {
     Tensor dlogits;
     // A row's loss is its tokens' sum / T: each token's gradient is scaled by 1 / T too.
     if (train) xent_grad(ctx, out, grad_scale / static_cast<float>(t), grad_, dlogits, o);
-    kernels::softmax_xent(ctx, logits, labels, smoothing_, loss_, o);
+    try {
+      kernels::softmax_xent(ctx, logits, labels, smoothing_, loss_, o);
+    } catch (const Error&) {
+      // The kernel numbers the flattened (B * T) rows: name the batch row and position instead.
+      if (target.device().is_cpu())
+        for (int64_t i = 0; i < b * t; ++i) {
+          const int32_t y = target.data<int32_t>()[i];
+          FANOUT_USER_CHECK((y >= 0 && y < v) || y == kernels::kIgnoreLabel)
+              << "token_cross_entropy: target " << y << " at batch row " << ctx.first_row + i / t << ", position "
+              << i % t << " is outside [0, " << v << ")";
+        }
+      throw;
+    }
     targets_ = target;
     rows_ = b;
   }
@@ -290,6 +302,9 @@ const char* criterion_name(CriterionKind k) {
 }
 
 std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
+  FANOUT_USER_CHECK(o.criterion == CriterionKind::CrossEntropy || o.criterion == CriterionKind::Mse ||
+                    o.criterion == CriterionKind::TokenCrossEntropy)
+      << "unknown criterion kind " << static_cast<int>(o.criterion);
   if (o.criterion == CriterionKind::Mse) {
     FANOUT_USER_CHECK(o.label_smoothing == 0) << "label smoothing applies to cross_entropy, not mse";
     return std::make_unique<MeanSquaredError>();

@@ -91,9 +91,10 @@ Tensor chunk_table(const std::vector<std::pair<int64_t, int64_t>>& ranges_in) {
 
 std::vector<ParamGroup> complete_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups) {
   auto params = model.named_parameters();
-  std::set<std::string> names, taken;
+  std::set<std::string> names, taken, group_names;
   for (auto& [n, p] : params) names.insert(n);
   for (const ParamGroup& g : groups) {
+    FANOUT_USER_CHECK(group_names.insert(g.name).second) << "two parameter groups are named '" << g.name << "'";
     FANOUT_USER_CHECK(std::isfinite(g.weight_decay) && g.weight_decay >= 0)
         << "invalid weight decay " << g.weight_decay << " for parameter group '" << g.name << "'";
     FANOUT_USER_CHECK(std::isfinite(g.lr_scale) && g.lr_scale >= 0)
@@ -107,6 +108,9 @@ std::vector<ParamGroup> complete_groups(Module& model, const OptimizerOptions& o
   ParamGroup rest{"default", {}, o.weight_decay, 1.0f};
   for (auto& [n, p] : params)
     if (!taken.count(n)) rest.params.push_back(n);
+  FANOUT_USER_CHECK(rest.params.empty() || !group_names.count(rest.name))
+      << "parameter group 'default' leaves parameters out, and 'default' names the group of the parameters no "
+         "group names: list every parameter in the groups, or name it otherwise";
   if (!rest.params.empty()) groups.insert(groups.begin(), std::move(rest));
   return groups;
 }

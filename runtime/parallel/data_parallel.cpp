@@ -120,6 +120,9 @@ Module& checked(Module& module, const std::vector<Device>& devices, const DataPa
     FANOUT_USER_CHECK(d.kind == devices[0].kind) << "DataParallel cannot mix CPU and CUDA devices";
   const Device out = opts.output_device.value_or(devices[0]);
   FANOUT_USER_CHECK(out.kind == devices[0].kind) << "output device " << out.str() << " is not of the replicas' kind";
+  // CPU devices are the replicas' names for one memory: another name is no device.
+  FANOUT_USER_CHECK(out.is_cuda() || std::find(devices.begin(), devices.end(), out) != devices.end())
+      << "output device " << out.str() << " is not one of the replicas' devices";
   FANOUT_USER_CHECK(module.materialized() && module.device().same_memory(devices[0]))
       << "module parameters are on " << (module.materialized() ? module.device().str() : std::string("no device"))
       << " but the primary device is " << devices[0].str();
@@ -389,7 +392,7 @@ Tensor DataParallel::forward(const Tensor& x) {
 }
 
 void DataParallel::backward(const Tensor& dy) {
-  FANOUT_CHECK(training_forward_) << "DataParallel backward after an eval-mode forward";
+  FANOUT_CHECK(training_forward_) << "DataParallel backward needs a training-mode forward before it";
   FANOUT_CHECK(gathered_pass_) << "DataParallel backward after a pass with the loss on the replicas";
   FANOUT_USER_CHECK(dy.shape() == gathered_.shape())
       << "output gradient " << dy.shape().str() << " does not match the output " << gathered_.shape().str();
@@ -459,6 +462,11 @@ void DataParallel::forward_backward_local(const Tensor& x, const ReplicaLoss& lo
 }
 
 namespace {
+Device first_device(const std::vector<Device>& devices) {
+  FANOUT_USER_CHECK(!devices.empty()) << "DataParallel needs at least one device";
+  return devices.front();
+}
+
 // The engine owns training: the model moves to the primary and needs no dx.
 Module& on_primary(Module& m, Device primary) {
   m.to(primary);  // synchronous: nothing else may be ordered before it
@@ -469,7 +477,7 @@ Module& on_primary(Module& m, Device primary) {
 
 DataParallelEngine::DataParallelEngine(Module& model, const std::vector<Device>& devices,
                                        const Criterion& criterion, const DataParallelOptions& opts)
-    : dp_(on_primary(model, devices.at(0)), devices, opts), on_replicas_(opts.loss_on_replicas) {
+    : dp_(on_primary(model, first_device(devices)), devices, opts), on_replicas_(opts.loss_on_replicas) {
   for (size_t i = 0; i < devices.size(); ++i) criteria_.push_back(criterion.clone());
   targets_.resize(devices.size());
   results_.resize(devices.size());

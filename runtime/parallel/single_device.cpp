@@ -1,6 +1,8 @@
 // Single-device engine.
 #include "runtime/parallel/single_device.h"
 
+#include "runtime/core/error.h"
+
 namespace fanout {
 
 SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const Criterion& criterion, uint64_t seed,
@@ -14,6 +16,7 @@ SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const Crite
 }
 
 void SingleDeviceEngine::stage(const Tensor& x, const Tensor& y, const Tensor*& xin, const Tensor*& yin) {
+  FANOUT_USER_CHECK(x.dim() >= 1 && x.size(0) >= 1) << "forward needs a non-empty batch, got " << x.shape().str();
   const Device d = ctx_.device();
   xin = &x;
   yin = &y;

@@ -78,7 +78,11 @@ class NotATrainingCheckpoint : public Error {
 // file that is not a fanout training checkpoint (NotATrainingCheckpoint), is
 // one fanout::Error naming the file; the model's mismatch is reported before
 // the optimizer's. `check`, when given, sees the saved state before
-// anything is restored and may throw to refuse it.
+// anything is restored and may throw to refuse it. The state is kept per
+// parameter, so `opt`'s groups and hyper-parameters (learning rate, weight
+// decay, betas, group scales) stay `opt`'s, not the file's, as dp-train's
+// --resume takes them from its command line (train::resume_run lists what
+// changed); torch's load_state_dict takes the saved groups' values instead.
 CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::Optimizer& opt,
                                 const std::function<void(const CheckpointState&)>& check = {});
 

@@ -8,9 +8,11 @@ namespace fanout::train {
 
 namespace {
 
+// The model the checkpoint's run named; empty when its config records none
+// (a library's save_checkpoint with a default CheckpointState).
 std::string model_of(const CheckpointState& st) {
   const auto it = st.config.find("model");
-  return it != st.config.end() && it->is_string() ? it->get<std::string>() : "?";
+  return it != st.config.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 // Mid-epoch, another batch size continues the epoch from its sample position
@@ -68,8 +70,9 @@ ResumeOutcome resume_run(const RunConfig& c, Engine& engine, optim::Optimizer& o
   ResumeOutcome r;
   r.path = resolve_resume_path(c.resume);
   r.state = load_checkpoint(r.path, engine, opt, [&](const CheckpointState& st) {
+    // Without a recorded model the tensors' names and shapes decide (load_checkpoint checks them).
     const std::string was = model_of(st);
-    FANOUT_USER_CHECK(was == c.model)
+    FANOUT_USER_CHECK(was.empty() || was == c.model)
         << "checkpoint " << r.path << " was trained with --model " << was << ", not " << c.model;
   });
   r.rebatch = check_mid_epoch(c, r.state, r.path, engine.world_size());

@@ -81,6 +81,7 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   FANOUT_USER_CHECK(cfg.epochs > 0) << "epochs must be positive, got " << cfg.epochs;
   FANOUT_USER_CHECK(cfg.accumulate >= 1) << "gradient accumulation needs at least 1 batch per step, got " << cfg.accumulate;
   FANOUT_USER_CHECK(train.size() > 0) << "the training set is empty";
+  FANOUT_USER_CHECK(test.size() > 0) << "the test set is empty (each epoch ends with an evaluation on it)";
   const int world = engine.world_size();
   FANOUT_USER_CHECK(cfg.batch_size % world == 0)
       << "the batch size " << cfg.batch_size << " cannot be split evenly over " << world << " processes";
@@ -106,7 +107,7 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   test_loader_ = std::make_unique<data::DataLoader>(test, std::move(samplers.test), eo);
   FANOUT_USER_CHECK(cfg.eval_every >= 0) << "--eval-every must be non-negative, got " << cfg.eval_every;
   FANOUT_USER_CHECK(cfg.eval_batches >= 0) << "--eval-steps must be non-negative, got " << cfg.eval_batches;
-  if (cfg.eval_every > 0 && test.size() > 0) {
+  if (cfg.eval_every > 0) {
     const int64_t rows = cfg.eval_batches > 0 ? std::min(test.size(), cfg.eval_batches * cfg.batch_size) : test.size();
     probe_loader_ = std::make_unique<data::DataLoader>(
         test, std::make_unique<EvenSubsetSampler>(test.size(), rows, world, engine.rank()), eo);

@@ -271,6 +271,7 @@ TEST(DataLoader, StartEpochAtASampleReBatchesTheRest) {
     // The next epoch starts at its beginning again.
     EXPECT_EQ(sizes(read_epoch(rest, 2)), (std::vector<int64_t>{5, 5, 5, 5, 5, 5, 5, 5, 5, 5}));
     expect_user_error([&] { rest.start_epoch(1, 0, 51); }, {"cannot start epoch 2 at sample 51 of 50"});
+    expect_user_error([&] { rest.start_epoch(1, -1); }, {"start_epoch: the first batch must be non-negative, got -1"});
   }
 }
 

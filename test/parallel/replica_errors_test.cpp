@@ -3,6 +3,7 @@
 // input shape names the rows the replica held and the batch's shape.
 #include <gtest/gtest.h>
 
+#include "models/zoo/gpt.h"
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
@@ -44,6 +45,44 @@ TEST(ReplicaErrors, AWrongInputShapeNamesTheBatch) {
   Tensor y = testing::random_labels(8, 10, rng);
   testing::expect_user_error([&] { dp.forward_backward_batch(x, y); },
                              {"cannot take input of shape", "of the batch (8, 3, 28, 28)"});
+}
+
+// A token target outside the vocabulary names its batch row and position
+// (the loss sees (B * T) flattened rows), on one device and on a replica.
+TEST(ReplicaErrors, ABadTokenTargetNamesItsRowAndPosition) {
+  const models::GPTConfig c{.block_size = 8, .vocab_size = 20, .n_layer = 1, .n_head = 2, .n_embd = 8};
+  LossOptions loss;
+  loss.criterion = CriterionKind::TokenCrossEntropy;
+  std::mt19937_64 rng(5);
+  Tensor x = Tensor::empty(Shape{4, 8}, DType::I32), y = Tensor::empty(Shape{4, 8}, DType::I32);
+  for (int64_t i = 0; i < 32; ++i) x.data<int32_t>()[i] = y.data<int32_t>()[i] = static_cast<int32_t>(rng() % 20);
+  y.data<int32_t>()[2 * 8 + 5] = 20;
+  auto one = models::gpt(c, 3);
+  SingleDeviceEngine engine(*one, Device::cpu(), *make_criterion(loss), 1);
+  testing::expect_user_error([&] { engine.forward_backward_batch(x, y); },
+                             {"token_cross_entropy: target 20 at batch row 2, position 5 is outside [0, 20)"});
+  auto two = models::gpt(c, 3);
+  DataParallelEngine dp(*two, parse_devices("cpu:2"), *make_criterion(loss));
+  testing::expect_user_error([&] { dp.forward_backward_batch(x, y); }, {"target 20 at batch row 2, position 5"});
+}
+
+// Misuse a library user can reach: one line each, no internal check.
+TEST(ReplicaErrors, EmptyBatchesAndDeviceListsAreOneLineErrors) {
+  auto m = models::make_model("mlp", Shape{1, 2, 1}, 3, 1);
+  SingleDeviceEngine one(*m, Device::cpu(), *make_criterion({}), 1);
+  const Tensor x = Tensor::zeros(Shape{0, 1, 2, 1}), y = Tensor::zeros(Shape{0}, DType::I32);
+  testing::expect_user_error([&] { one.forward_backward_batch(x, y); }, {"forward needs a non-empty batch, got (0, 1, 2, 1)"});
+  testing::expect_user_error([&] { one.eval_step(x, y); }, {"non-empty batch"});
+  auto n = models::make_model("mlp", Shape{1, 2, 1}, 3, 1);
+  testing::expect_user_error([&] { DataParallelEngine(*n, {}, *make_criterion({})); },
+                             {"DataParallel needs at least one device"});
+  DataParallelOptions o;
+  o.output_device = Device::cpu(5);
+  testing::expect_user_error([&] { DataParallelEngine(*n, parse_devices("cpu:2"), *make_criterion({}), o); },
+                             {"output device cpu:5 is not one of the replicas' devices"});
+  LossOptions bad;
+  bad.criterion = static_cast<CriterionKind>(9);
+  testing::expect_user_error([&] { make_criterion(bad); }, {"unknown criterion kind 9"});
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/resume.h"
 #include "runtime/train/trainer.h"
 #include "support/test_util.h"
 #include "support/trained.h"
@@ -260,6 +261,31 @@ TEST(Checkpoint, StopInsideAnEvaluationResumesWithIt) {
 
 // An evaluation that fails (a bad validation file) saves the epoch's
 // training first, as the position after its last batch.
+// resume_run compares the model the checkpoint's run named with this run's;
+// a checkpoint saved with a default CheckpointState (a library's loop, as the
+// README's example) names none, and its tensors decide.
+TEST(Checkpoint, ResumeRunTakesACheckpointThatNamesNoModel) {
+  const auto data = data::make_synthetic(96, 5);
+  TempDir dir;
+  train::CheckpointState st;
+  st.epoch = 1;
+  trained_and_saved(data, dir / "plain.safetensors", st);
+  st.config = {{"model", "mlp"}};
+  trained_and_saved(data, dir / "mlp.safetensors", st);
+  TrainingRun r = make_run(data, 0, 3, 9);
+  train::RunConfig c;
+  c.model = "lenet";
+  c.epochs = 3;
+  c.batch_size = 24;
+  c.resume = dir / "plain.safetensors";
+  const train::ResumeOutcome got = train::resume_run(c, *r.engine, *r.opt, nlohmann::json::object());
+  EXPECT_EQ(got.state.epoch, 1);
+  EXPECT_EQ(r.opt->steps(), 4);
+  c.resume = dir / "mlp.safetensors";
+  testing::expect_user_error([&] { train::resume_run(c, *r.engine, *r.opt, nlohmann::json::object()); },
+                             {"was trained with --model mlp, not lenet"});
+}
+
 TEST(Checkpoint, AFailedEvaluationSavesTheEpochFirst) {
   const auto data = data::make_synthetic(96, 5);
   struct Broken : data::Dataset {

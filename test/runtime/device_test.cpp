@@ -8,6 +8,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/memory.h"
 #include "runtime/core/tensor.h"
+#include "support/test_util.h"
 
 namespace fanout {
 namespace {
@@ -126,6 +127,32 @@ TEST(Tensor, ChannelsLastKeepsTheLogicalShape) {
   ensure(e, s, DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
   EXPECT_EQ(e.raw(), p);
   EXPECT_TRUE(e.channels_last());
+}
+
+// Shapes past int64 are one-line errors, not wrapped sizes (a 2^62-row
+// tensor once got a 16-byte buffer); dimensions index from either end, as
+// torch's size(-1), and an index outside is an error, not a read past.
+TEST(Tensor, ShapesPastInt64AndBadDimensionsAreErrors) {
+  const int64_t big = (int64_t{1} << 62) + 1;
+  testing::expect_user_error([&] { Tensor::zeros(Shape{big, 4}); },
+                             {"shape (4611686018427387905, 4) has more elements than fit in 64 bits"});
+  testing::expect_user_error([&] { Shape{int64_t{1} << 40, int64_t{1} << 24}.numel(); }, {"more elements than fit"});
+  testing::expect_user_error([&] { Tensor::empty(Shape{big}, DType::I32); },
+                             {"int32 tensor of shape (4611686018427387905) has more bytes than fit in 64 bits"});
+  EXPECT_EQ((Shape{3, int64_t{1} << 40}).numel(), int64_t{3} << 40);
+  const Tensor t = Tensor::zeros(Shape{2, 3});
+  EXPECT_EQ(t.size(1), 3);
+  EXPECT_EQ(t.size(-1), 3);
+  EXPECT_EQ(t.size(-2), 2);
+  testing::expect_user_error([&] { t.size(2); }, {"dimension 2 is out of range for the 2-dim shape (2, 3) (expected [-2, 1])"});
+  testing::expect_user_error([&] { t.size(-3); }, {"dimension -3 is out of range"});
+  Shape s{2, 3};
+  testing::expect_user_error([&] { s[7] = 1; }, {"dimension 7 is out of range"});
+  if (cuda_available_in_build()) {  // a GPU index past the visible ones
+    const int n = cuda_device_count();
+    testing::expect_user_error([&] { Tensor::empty(Shape{4}, DType::F32, Device::cuda(n)); },
+                               {"cuda:" + std::to_string(n) + " is not a visible CUDA device (" + std::to_string(n) + " visible)"});
+  }
 }
 
 TEST(Tensor, CheckMessageCarriesExpressionAndLocation) {

@@ -291,6 +291,15 @@ TEST(Optimizer, RefusesWhatTorchRefuses) {
   testing::expect_user_error(
       [&] { optim::make_optimizer(*m, ctx, {}, {{"a", {"fc1.bias"}, 0, 1}, {"b", {"fc1.bias"}, 0, 1}}); },
       {"fc1.bias", "two parameter groups"});
+  // Group names are unique, and "default" is the name of the parameters no group lists.
+  testing::expect_user_error(
+      [&] { optim::make_optimizer(*m, ctx, {}, {{"a", {"fc1.bias"}, 0, 1}, {"a", {"fc2.bias"}, 0, 1}}); },
+      {"two parameter groups are named 'a'"});
+  testing::expect_user_error([&] { optim::make_optimizer(*m, ctx, {}, {{"default", {"fc1.bias"}, 0.5, 2}}); },
+                             {"parameter group 'default' leaves parameters out"});
+  std::vector<optim::ParamGroup> every{{"default", {}, 0.5, 2}};
+  for (auto& [n, p] : m->named_parameters()) every[0].params.push_back(n);
+  EXPECT_EQ(optim::make_optimizer(*m, ctx, {}, every)->groups().size(), 1u) << "a 'default' naming every parameter";
   auto opt = optim::make_optimizer(*m, ctx, {});
   testing::expect_user_error([&] { opt->set_lr(std::nanf("")); }, {"invalid learning rate"});
 }

@@ -460,6 +460,26 @@ TEST(Trainer, AStopInAnEvaluationInsideTheEpochIsRunFirstOnResume) {
   }
 }
 
+// An empty test set is refused, not reported as a test loss and accuracy of 0.
+TEST(Trainer, AnEmptyTestSetIsRefused) {
+  const auto data = data::make_synthetic(64, 4);
+  struct Empty : data::Dataset {
+    const data::Dataset& inner;
+    explicit Empty(const data::Dataset& d) : inner(d) {}
+    int64_t size() const override { return 0; }
+    Shape sample_shape() const override { return inner.sample_shape(); }
+    data::TargetKind target_kind() const override { return inner.target_kind(); }
+    Shape target_shape() const override { return inner.target_shape(); }
+    void get(int64_t, const data::SampleDraw&, void*, void*) const override {}
+  } empty(data.test);
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+  train::TrainerConfig tc;
+  tc.batch_size = 16;
+  testing::expect_user_error([&] { train::Trainer(tc, engine, *opt, data.train, empty); }, {"the test set is empty"});
+}
+
 TEST(Trainer, EvalSettingsMustBeNonNegative) {
   const auto data = data::make_synthetic(64, 4);
   auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
