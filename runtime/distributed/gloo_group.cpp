@@ -86,13 +86,45 @@ class GlooGroup : public ProcessGroup {
     }
     const std::string where = "rendezvous over " + r.str() + " (rank " + std::to_string(rank_) + " of " +
                               std::to_string(size_) + ")";
+    const auto start = std::chrono::steady_clock::now();
+    const auto left = [&] {
+      return std::max(Ms(0), timeout_ - std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - start));
+    };
+    // The keys this rank set, removed when the rendezvous fails: a retry with
+    // this --run-id meets no address of the failed attempt.
+    std::vector<std::string> mine;
+    bool keep = false;  // a world mismatch: the keys stay, so the other side reads it too
     try {
       auto store = open_store(r, o.run_id, o.timeout_s);
+      const std::string world = std::to_string(size_);
+      store->set("size/" + std::to_string(rank_), std::vector<char>(world.begin(), world.end()));
+      mine.push_back("size/" + std::to_string(rank_));
       store->set("host/" + std::to_string(rank_), std::vector<char>(me.begin(), me.end()));
+      mine.push_back("host/" + std::to_string(rank_));
+      // Every rank joins within the timeout, for the same world (rank 0 is in
+      // any: compared first); then the connections share what is left of it:
+      // Gloo waits 5 times the context's timeout for each of its (size - 1)
+      // connections, one after another.
+      const auto same_world = [&](int i) {
+        const std::vector<char> v = store->get("size/" + std::to_string(i));
+        keep = std::string(v.begin(), v.end()) != world;
+        FANOUT_USER_CHECK(std::string(v.begin(), v.end()) == world)
+            << where << ": rank " << i << " was started for a world of " << std::string(v.begin(), v.end())
+            << " processes, this rank for " << size_
+            << " (every machine needs the same --nnodes, and --nproc-per-node or device count)";
+      };
+      store->wait({"size/0"}, left());
+      same_world(0);
+      std::vector<std::string> joined;
+      for (int i = 0; i < size_; ++i) joined.push_back("host/" + std::to_string(i));
+      store->wait(joined, left());
+      for (int i = 1; i < size_; ++i) same_world(i);
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      ctx->setTimeout(timeout_);
+      ctx->setTimeout(std::max(Ms(1000), left() / (5 * std::max(1, size_ - 1))));
+      for (const char* k : {"", "rank_"}) mine.push_back(k + std::to_string(rank_));  // Gloo's own
       ctx->connectFullMesh(*store, device_);
+      ctx->setTimeout(timeout_);
       for (int i = 0; i < size_; ++i) {
         const auto v = store->get("host/" + std::to_string(i));
         hosts_.emplace_back(v.begin(), v.end());
@@ -104,20 +136,28 @@ class GlooGroup : public ProcessGroup {
       if (rank_ == 0) {
         std::vector<std::string> keys;
         for (int i = 0; i < size_; ++i)
-          for (const char* k : {"", "rank_", "host/"}) keys.push_back(k + std::to_string(i));
+          for (const char* k : {"", "rank_", "host/", "size/"}) keys.push_back(k + std::to_string(i));
         forget_keys(r, o.run_id, keys);
       }
       ctx_ = ctx;
     } catch (const fanout::Error&) {
+      if (!keep) forget_keys(r, o.run_id, mine);
       throw;
     } catch (const std::exception& e) {
+      forget_keys(r, o.run_id, mine);
       const std::string cause = first_line(e.what());
+      const bool connect = cause.find("Connect timeout") != std::string::npos ||
+                           cause.find("Connection refused") != std::string::npos;
       FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; the timeout sets the wait): "
                     << cause
                     << (cause.find("already set") != std::string::npos || cause.find("File already exists") != std::string::npos
-                            ? " (a run with --run-id " + o.run_id + " that ended in its rendezvous left its keys: "
-                              "give this run another --run-id)"
-                            : "");
+                            ? " (another process registered this rank in this run: two machines with one --node-rank, "
+                              "or a run with --run-id " + o.run_id + " that ended in its rendezvous and left its keys; "
+                              "give each machine its own --node-rank and this run another --run-id)"
+                            : "")
+                    << (connect ? " (every rank joined the rendezvous, but this one could not connect to a peer: the "
+                                  "machines must reach each other on any TCP port, over the interface --iface names)"
+                                : "");
     }
   }
 

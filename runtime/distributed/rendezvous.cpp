@@ -77,6 +77,20 @@ timeval to_timeval(double s) {
   return timeval{static_cast<time_t>(s), static_cast<suseconds_t>((s - static_cast<time_t>(s)) * 1e6)};
 }
 
+// Where the password came from, for errors: the file --rdzv-password-file
+// read (it passes the password on in FANOUT_RDZV_PASSWORD), or the variable.
+std::string password_source() {
+  const char* file = std::getenv("FANOUT_RDZV_PASSWORD_FILE");
+  return file && *file ? std::string("--rdzv-password-file ") + file : "FANOUT_RDZV_PASSWORD";
+}
+
+// Redis's protected-mode refusal (DENIED ..., a paragraph) in one line.
+std::string refusal(const std::string& s) {
+  return s.rfind("DENIED", 0) == 0 ? "the server refuses other hosts (Redis's protected mode: start it with "
+                                     "requirepass, or --protected-mode no on a trusted network)"
+                                   : s;
+}
+
 // Sends AUTH when a password is set; "" when the server took it, else why not.
 std::string authenticate(redisContext* c, const Rendezvous& r) {
   if (r.password.empty()) return "";
@@ -87,8 +101,9 @@ std::string authenticate(redisContext* c, const Rendezvous& r) {
   } else if (reply->type == REDIS_REPLY_ERROR) {
     const std::string s = reply->str;
     err = s.find("without any password configured") != std::string::npos
-              ? "FANOUT_RDZV_PASSWORD is set but the server has no password (start it with requirepass)"
-              : "it refused the password in FANOUT_RDZV_PASSWORD (" + s + ")";
+              ? "a password is given (" + password_source() + ") but the server has none (start it with requirepass)"
+          : s.rfind("DENIED", 0) == 0 ? refusal(s)
+                                      : "it refused the password in " + password_source() + " (" + s + ")";
   }
   if (reply) freeReplyObject(reply);
   return err;
@@ -139,7 +154,7 @@ void probe_rendezvous(const Rendezvous& r, double timeout_s) {
         const std::string s = reply->str;
         err = s.rfind("NOAUTH", 0) == 0
                   ? "it needs a password: give it in FANOUT_RDZV_PASSWORD or with --rdzv-password-file"
-                  : s;
+                  : refusal(s);
       }
       if (reply) freeReplyObject(reply);
     }
@@ -246,6 +261,7 @@ void read_rdzv_password(const std::string& path) {
   if (!line.empty() && line.back() == '\r') line.pop_back();
   FANOUT_USER_CHECK(!line.empty()) << "--rdzv-password-file " << path << " is empty (its first line is the password)";
   ::setenv("FANOUT_RDZV_PASSWORD", line.c_str(), 1);
+  ::setenv("FANOUT_RDZV_PASSWORD_FILE", path.c_str(), 1);  // errors name the file, not the variable
 }
 
 std::string route_address(const std::string& host, int port) {

@@ -49,8 +49,33 @@ rc=0
 FANOUT_RDZV_PASSWORD=secret "$DP_TRAIN" "${common[@]}" --devices cpu --strategy ddp --nnodes 2 --node-rank 1 \
   --rdzv "redis:127.0.0.1:$port" --run-id pw > "$work/pw.out" 2> "$work/pw.err" || rc=$?
 [ $rc != 0 ] && [ "$(wc -l < "$work/pw.err")" = 1 ] &&
-  grep -q "FANOUT_RDZV_PASSWORD is set but the server has no password" "$work/pw.err" ||
+  grep -q "a password is given (FANOUT_RDZV_PASSWORD) but the server has none" "$work/pw.err" ||
   { cat "$work/pw.err"; echo "a password for a server without one: not one line naming it"; exit 1; }
+# From a file: the file is named, not the variable it passes the password on in.
+echo secret > "$work/pw.txt"
+rc=0
+"$DP_TRAIN" "${common[@]}" --devices cpu --strategy ddp --nnodes 2 --node-rank 1 --rdzv "redis:127.0.0.1:$port" \
+  --run-id pw --rdzv-password-file "$work/pw.txt" > "$work/pwf.out" 2> "$work/pwf.err" || rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$work/pwf.err")" = 1 ] &&
+  grep -q "a password is given (--rdzv-password-file $work/pw.txt) but the server has none" "$work/pwf.err" ||
+  { cat "$work/pwf.err"; echo "a password file for a server without one: not one line naming the file"; exit 1; }
+
+# Machines started for different worlds (--nnodes 2 and 3): each says so at once, not after --timeout.
+start=$(date +%s)
+for node in 0 1; do
+  timeout 60 "$DP_TRAIN" "${common[@]}" --devices cpu --strategy ddp --nnodes $((node + 2)) --node-rank $node \
+    --rdzv "redis:127.0.0.1:$port" --run-id "worlds-$$" --timeout 40 > "$work/w$node.out" 2> "$work/w$node.err" &
+  eval "wpid$node=$!"
+done
+set +e
+wait "$wpid0"; rc0=$?
+wait "$wpid1"; rc1=$?
+set -e
+[ $rc0 != 0 ] && [ $rc1 != 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] || {
+  cat "$work"/w*.err; echo "different worlds: exits $rc0 $rc1 after $(( $(date +%s) - start )) s"; exit 1; }
+grep -q "rank 1 was started for a world of 3 processes, this rank for 2" "$work/w0.err" &&
+  grep -q "rank 0 was started for a world of 2 processes, this rank for 3" "$work/w1.err" ||
+  { cat "$work"/w*.err; echo "different worlds: not named"; exit 1; }
 
 "$DP_TRAIN" "${common[@]}" --devices cpu --save-dir "$work/one" > /dev/null
 python3 - "$work" <<'PY'
