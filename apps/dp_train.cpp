@@ -613,9 +613,19 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
     warn("--momentum has no effect on " + c.optimizer + " (SGD's; Adam's is --betas)");
   if (c.optimizer == "sgd" && (c.beta1 != d.beta1 || c.beta2 != d.beta2))
     warn("--betas has no effect on sgd (Adam's and AdamW's; SGD's is --momentum)");
+  if (c.optimizer == "sgd" && c.eps != d.eps) warn("--eps has no effect on sgd (Adam's and AdamW's)");
+  if (c.no_decay_norm_bias && c.weight_decay == 0)
+    warn("--no-decay-norm-bias has no effect with --weight-decay 0 (nothing decays)");
+  if ((c.shard_optimizer || c.shard_grads) && p.devices.size() == 1 && p.world == 1)
+    warn(std::string(c.shard_grads ? "--shard-grads" : "--shard-optimizer") +
+         " has no effect with one device (nothing to shard)");
+  if (c.workers == 0 && c.prefetch != d.prefetch)
+    warn("--prefetch has no effect with --workers 0 (batches are built on the training thread)");
+  if (c.resume.empty() && c.allow_batch_change) warn("--allow-batch-change has no effect without --resume");
   if (save_dir_of(c).empty())
     for (auto [given, flag] : {std::pair{c.save_every != d.save_every, "--save-every"},
-                               std::pair{c.keep_last != d.keep_last, "--keep-last"}})
+                               std::pair{c.keep_last != d.keep_last, "--keep-last"},
+                               std::pair{c.overwrite && c.resume.empty(), "--overwrite"}})
       if (given) warn(std::string(flag) + " has no effect without --save-dir");
   if (!c.distributed())
     for (auto [given, flag] : {std::pair{c.timeout != d.timeout, "--timeout"},
@@ -925,6 +935,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
 // --data opened for --model: a GPT's windows are its block_size; the data
 // must suit the model (token ids for a GPT, images for the rest).
 data::DataSplits open_run_data(const train::RunConfig& c, const Process& p) {
+  models::check_model_name(c.model);  // before blaming the data for a misspelt model
   data::DataSplits data = data::open_data(c.data, c.data_options());
   if (p.primary())
     for (const std::string& w : data.warnings) std::fprintf(stderr, "dp-train: warning: %s\n", w.c_str());

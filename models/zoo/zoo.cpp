@@ -188,6 +188,10 @@ std::vector<std::string> model_names() {
 
 bool is_gpt(const std::string& name) { return name == "gpt" || name.rfind("gpt:", 0) == 0; }
 
+void check_model_name(const std::string& name) {
+  if (!is_gpt(name)) zoo_entry(name);
+}
+
 bool dense_output(const std::string& name) {
   const ZooEntry* e = find_entry(name);
   return e && e->dense;

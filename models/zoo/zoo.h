@@ -48,6 +48,8 @@ std::unique_ptr<Module> heatmap3d(const Shape& input, int landmarks, int64_t wid
 std::unique_ptr<Module> make_model(const std::string& name, const Shape& input, int classes, uint64_t seed,
                                    bool checkpoint_activations = false);
 std::vector<std::string> model_names();
+// make_model's one-line error for a name it does not know (a GPT's settings are checked when it is made).
+void check_model_name(const std::string& name);
 // Whether the model's output is dense (heatmaps) rather than class scores
 // (false for a name the zoo does not know: make_model says so).
 bool dense_output(const std::string& name);

@@ -39,6 +39,7 @@ expect_error unreadable-dataset "cannot|read|directory" --data "fashion-mnist:$w
 expect_error corrupt-idx "magic" --data "fashion-mnist:$work/corrupt"
 expect_error shape-mismatch "cannot take" --model resnet18:imagenet --data fashion-mnist --batch-size 8
 expect_error unknown-model "unknown model" --model vgg --data synthetic:64
+expect_error unknown-heatmap-variant "unknown model 'heatmap3d:Group'" --model heatmap3d:Group --data synthetic3d:16
 expect_error zero-batch "batch-size must be positive" --batch-size 0 --data synthetic:64
 expect_error negative-batch "batch-size must be positive|batch" --batch-size -3 --data synthetic:64
 expect_error zero-lr "lr must be positive" --lr 0 --data synthetic:64
@@ -97,6 +98,14 @@ expect_warning min-lr-cosine "--min-lr has no effect without --lr-schedule warmu
 expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer adamw --momentum 0.5 --devices cpu
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
 expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
+expect_warning overwrite-unsaved "--overwrite has no effect without --save-dir" --overwrite --devices cpu
+expect_warning eps-sgd "--eps has no effect on sgd" --eps 1e-6 --devices cpu
+expect_warning no-decay-zero "--no-decay-norm-bias has no effect with --weight-decay 0" --no-decay-norm-bias \
+  --weight-decay 0 --devices cpu
+expect_warning shard-one-device "--shard-optimizer has no effect with one device" --shard-optimizer --devices cpu
+expect_warning prefetch-no-workers "--prefetch has no effect with --workers 0" --prefetch 4 --workers 0 --devices cpu
+expect_warning batch-change-fresh "--allow-batch-change has no effect without --resume" --allow-batch-change \
+  --devices cpu
 expect_warning timeout-dp "--timeout has no effect without --strategy ddp" --timeout 5 --devices cpu
 expect_warning normalize-no-images "--normalize has no effect without image files" --normalize 0.5,0.2 --devices cpu
 expect_warning skip-no-images "--skip-bad-samples has no effect without image files" --skip-bad-samples --devices cpu
