@@ -94,6 +94,44 @@ inline Shape parse_input(const std::string& s) {
   return d.size() == 3 ? Shape{d[0], d[1], d[2]} : Shape{d[0], d[1], d[2], d[3]};
 }
 
+// SIGINT / SIGTERM during a benchmark (dp-bench): recorded and passed on to
+// the child in flight (g_child), so that the benchmark stops, reports what it
+// finished and exits with 128 + the signal.
+inline volatile sig_atomic_t g_interrupted = 0;
+inline volatile pid_t g_child = 0;
+inline void on_interrupt(int sig) {
+  g_interrupted = sig;
+  if (g_child > 0) ::kill(g_child, sig);
+}
+
+// Catches SIGINT and SIGTERM with on_interrupt while it lives.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptGuard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// The one line (on stdout, before the table) of a benchmark stopped by `sig`.
+inline void print_interrupted(int sig, int finished, int total, const char* what) {
+  std::printf("stopped by %s after %d of %d %s: the table and --json hold those\n",
+              sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig), finished, total, what);
+  std::fflush(stdout);
+}
+
 template <class Run>
 int cli_main(const char* name, Run&& run) {
   ::signal(SIGPIPE, SIG_IGN);

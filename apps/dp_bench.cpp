@@ -241,7 +241,7 @@ bool given(const po::variables_map& vm, const char* name) { return vm.count(name
 double time_steps(Engine& eng, optim::Optimizer& opt, optim::GradScaler* scaler, const Tensor& x, const Tensor& y,
                   int steps, float lr, const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i)  // each step ends with its loss on the host
+  for (int i = 0; i < steps && !apps::g_interrupted; ++i)  // each step ends with its loss on the host
     train::train_step(eng, opt, x, y, lr, o.clip_grad_norm, o.clip_grad_value, scaler);
   return steps > 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps : 0;
 }
@@ -294,7 +294,7 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
      "rows: bf16_compress_hook)")
     ("cuda-graphs", po::value(&o.cuda_graphs)->default_value(o.cuda_graphs),
      "auto: on a GPU every engine replays its training steps from CUDA graphs (and a second plain row runs "
-     "without); off: plain launches only; check: dp-train's");
+     "without); off: plain launches only; check: dp-train's. Epoch mode passes it to dp-train");
   po::options_description epochs("Epoch mode (each run a fresh process: dp-train, or bench/pytorch/train_epochs.py)");
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
@@ -384,6 +384,7 @@ apps::EpochBenchOptions epoch_options(const po::variables_map& vm, const Options
   e.precision = precision_name(precision);
   e.grad_reduce_dtype = o.grad_reduce_dtype;
   e.shard_optimizer = o.shard_optimizer;
+  e.cuda_graphs = o.cuda_graphs;
   return e;
 }
 
@@ -498,7 +499,8 @@ std::vector<Config> local_configs(const Options& o, const Shape& in, const std::
 }
 
 // Warms each configuration up, then interleaves the timed runs so that drift
-// in the machine's speed spreads over every configuration alike.
+// in the machine's speed spreads over every configuration alike. SIGINT or
+// SIGTERM stops it; a run it cut short is dropped.
 void time_configs(const Options& o, std::vector<Config>& configs, Tensor& x, const Tensor& y) {
   for (auto& c : configs) {
     c.opt = train::make_engine_optimizer(*c.engine, o.optimizer_options());
@@ -507,17 +509,17 @@ void time_configs(const Options& o, std::vector<Config>& configs, Tensor& x, con
   }
   for (int r = 0; r < o.repeats; ++r)
     for (auto& c : configs) {
-      c.runs.push_back(time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.steps, o.lr(), o));
+      const double sec = time_steps(*c.engine, *c.opt, c.scaler.get(), x, y, o.steps, o.lr(), o);
+      if (apps::g_interrupted) return;
+      c.runs.push_back(sec);
       if (c.engine->bytes_to_primary() >= 0) c.bytes_to_primary = c.engine->bytes_to_primary();
     }
 }
 
 // DDP: one process per listed device, each with its share of the batch; the
 // workers are dp-bench itself with --ddp-result.
+// Returns no runs when SIGINT or SIGTERM stopped the workers (the launcher said so in one line).
 Config ddp_config(const Options& o, const std::vector<Device>& devices, int argc, char** argv) {
-  FANOUT_USER_CHECK(o.batch_size % static_cast<int64_t>(devices.size()) == 0)
-      << "--batch-size " << o.batch_size << " cannot be split evenly over " << devices.size()
-      << " DDP processes (or pass --no-ddp)";
   char tmpl[] = "/tmp/dp-bench-ddp-XXXXXX";
   const int fd = ::mkstemp(tmpl);
   FANOUT_USER_CHECK(fd >= 0) << "cannot create a temporary file for the DDP timings";
@@ -533,11 +535,16 @@ Config ddp_config(const Options& o, const std::vector<Device>& devices, int argc
   std::ifstream f(tmpl);
   nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
   ::unlink(tmpl);
-  FANOUT_USER_CHECK(rc == 0 && j.is_object() && j.contains("runs") && !j["runs"].empty())
-      << "the DDP workers failed (exit status " << rc << ")";
   Config c;
   c.name = "ddp " + std::to_string(devices.size()) + " processes x " + (devices[0].is_cpu() ? "cpu" : "1 GPU");
   if (o.shard_optimizer) c.name += ", sharded";
+  // The launcher returns 128 + the signal it passed on to the workers.
+  if (rc == 128 + SIGINT || rc == 128 + SIGTERM) {
+    apps::g_interrupted = rc - 128;
+    return c;
+  }
+  FANOUT_USER_CHECK(rc == 0 && j.is_object() && j.contains("runs") && !j["runs"].empty())
+      << "the DDP workers failed (exit status " << rc << ")";
   for (auto& v : j["runs"]) c.runs.push_back(v.get<double>());
   c.state_bytes = j.value("state_bytes", int64_t{-1});
   c.summed_bytes = j.value("summed_bytes", int64_t{-1});
@@ -659,15 +666,29 @@ int run_steps(const Options& o, Precision precision, int argc, char** argv) {
   const Targets targets = make_targets(o.model, in, o.batch_size, o.seed, rng);
   const MathOptions math = math_of(o, precision);
   if (!o.ddp_result.empty()) return ddp_worker(o, x, targets.y, targets.loss, math, in);
+  const bool ddp = devices.size() > 1 && !o.no_ddp;
+  FANOUT_USER_CHECK(!ddp || o.batch_size % static_cast<int64_t>(devices.size()) == 0)
+      << "--batch-size " << o.batch_size << " cannot be split evenly over " << devices.size()
+      << " DDP processes (or pass --no-ddp)";
   std::printf("dp-bench: %s, batch %lld of %s, %d warm-up + %d x %d timed steps, %d host cores%s%s%s%s\n",
               o.model.c_str(), static_cast<long long>(o.batch_size), in.str().c_str(), o.warmup, o.repeats, o.steps,
               host_cores(), o.split_invariant ? ", split-invariant math" : "", o.allow_tf32 ? ", TF32" : "",
               o.cudnn_benchmark ? ", cuDNN benchmark" : "",
               precision == Precision::F32 ? "" : (std::string(", precision ") + precision_name(precision)).c_str());
   std::fflush(stdout);
+  apps::InterruptGuard guard;  // SIGINT, SIGTERM: the finished rows still reach the table and --json
   std::vector<Config> configs = local_configs(o, in, devices, targets.loss, math);
+  const int total = o.repeats * static_cast<int>(configs.size() + (ddp ? 1 : 0));
   time_configs(o, configs, x, targets.y);
-  if (devices.size() > 1 && !o.no_ddp) configs.push_back(ddp_config(o, devices, argc, argv));
+  if (apps::g_interrupted) {  // in this process (the launcher says its own line for the DDP workers)
+    int finished = 0;
+    for (auto& c : configs) finished += static_cast<int>(c.runs.size());
+    apps::print_interrupted(apps::g_interrupted, finished, total, "timed runs");
+  } else if (ddp) {
+    configs.push_back(ddp_config(o, devices, argc, argv));
+  }
+  std::erase_if(configs, [](const Config& c) { return c.runs.empty(); });
+  if (configs.empty()) return 128 + apps::g_interrupted;
   std::vector<Result> results = medians(o, configs);
   const StepWork work = step_work(o, in, precision, devices);
   for (Result& r : results) {
@@ -676,7 +697,7 @@ int run_steps(const Options& o, Precision precision, int argc, char** argv) {
   }
   print_results(results, work);
   if (!o.json.empty()) write_json(o, in, precision, results);
-  return 0;
+  return apps::g_interrupted ? 128 + apps::g_interrupted : 0;
 }
 
 int run(int argc, char** argv) {

@@ -32,6 +32,7 @@
 #include "runtime/distributed/child_process.h"
 #include "runtime/io/npy.h"
 #include "runtime/train/run_config.h"
+#include "runtime/train/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -56,15 +57,9 @@ std::string find_script(const std::string& rel) {
 
 // Runs argv with stdout and stderr into `log`; the child dies with us.
 // Returns its exit status (128 + signal when killed; 127 when it cannot start).
-// SIGINT / SIGTERM: passed on to the run in flight; the benchmark then stops,
-// reports and saves what it has, and removes its temporary directory.
-volatile sig_atomic_t g_interrupted = 0;
-volatile pid_t g_child = 0;
-void on_interrupt(int sig) {
-  g_interrupted = sig;
-  if (g_child > 0) ::kill(g_child, sig);
-}
-
+// SIGINT / SIGTERM (InterruptGuard): passed on to the run in flight; the
+// benchmark then stops, reports and saves what it has, and removes its
+// temporary directory.
 int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   FANOUT_USER_CHECK(fd >= 0) << "cannot create " << log;
@@ -107,7 +102,9 @@ std::string last_line(const std::string& path) {
 
 // One run's measurements.
 struct RunResult {
+  // test_acc: the share of test samples (tokens) right; heatmaps: of landmarks within 2 voxels.
   double epoch_seconds = 0, images_per_second = 0, data_wait = 0, test_acc = 0, test_loss = 0;
+  double test_loc_error = -1;  // heatmaps: the mean localization error in voxels; -1 otherwise
   int64_t peak_host = 0;
   std::vector<int64_t> peak_device;
 };
@@ -145,7 +142,13 @@ RunResult summarize(const std::vector<nlohmann::json>& epochs, const char* secon
   r.epoch_seconds /= n;
   r.images_per_second /= n;
   r.data_wait /= n;
-  r.test_acc = epochs.back().value("test_acc", 0.0);  // none for dense targets
+  const nlohmann::json& last = epochs.back();
+  if (last.contains("test_within_2")) {  // heatmaps: no class accuracy
+    r.test_acc = last["test_within_2"].get<double>();
+    r.test_loc_error = last["test_loc_error"].get<double>();
+  } else {
+    r.test_acc = last.value("test_acc", 0.0);
+  }
   r.test_loss = epochs.back()["test_loss"].get<double>();
   return r;
 }
@@ -216,6 +219,7 @@ struct Setup {
   int cores = 0;
   int64_t train_size = 0, test_size = 0;
   int64_t tokens_per_sample = 0;  // a GPT's: its block_size (0 for images)
+  bool heatmaps = false;          // dense targets: "test acc" is the share within 2 voxels
   std::string dp_train, plot_script, py_script;
   std::string torch_data;  // train_epochs.py's --data: the exported images, or the token directory
   std::string torch_status = "not asked (--no-pytorch)", torch_version;
@@ -241,6 +245,28 @@ void check_options(EpochBenchOptions& o) {
   }
 }
 
+// Why train_epochs.py cannot train `data` (it reads class-labelled image sets
+// in memory and token data); empty when it can.
+std::string torch_cannot_train(const data::DataSplits& data) {
+  if (data.token_data()) return "";
+  const auto* images = dynamic_cast<const data::ImageDataset*>(data.train.get());
+  if (images && images->dense_targets()) return "skipped: PyTorch's script trains class labels, not keypoint heatmaps";
+  if (!images || !images->labels.defined()) return "skipped: PyTorch's script reads in-memory labelled images only";
+  return "";
+}
+
+// dp-train's warning, before the first run: an epoch of no more batches than --warmup times its last one only.
+void warn_long_warmup(const EpochBenchOptions& o, train::RunConfig run, const data::Dataset& train) {
+  if (o.warmup == 0) return;
+  run.batch_size = o.batch_size;
+  train::TrainerConfig batches = run.trainer_config(false);
+  batches.accumulate = 1;
+  const int64_t n = train::optimizer_steps_per_epoch(batches, 1, 0, train);
+  if (o.warmup >= n)
+    std::fprintf(stderr, "dp-bench: warning: --warmup %d is not below an epoch's %lld batches: each epoch's time counts "
+                 "its last batch only\n", o.warmup, static_cast<long long>(n));
+}
+
 // Checks what can be checked before the first run: dp-train, the data, the
 // batch split, the plot's script and PyTorch (which gets the data exported).
 Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
@@ -261,6 +287,7 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
   s.train_size = data.train->size();
   s.test_size = data.test->size();
   s.tokens_per_sample = data.token_data() ? opts.block_size : 0;
+  s.heatmaps = data.train->dense_targets();
   FANOUT_USER_CHECK(o.batch_size % s.n() == 0 || s.n() == 1)
       << "--batch-size " << o.batch_size << " cannot be split evenly over " << s.n() << " devices";
   if (!o.plot.empty()) {
@@ -274,7 +301,10 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
     const int rc = run_logged({o.python, s.py_script, "--version"}, log);
     std::ifstream f(log);
     std::getline(f, s.torch_version);
-    if (rc == 0) {
+    const std::string cannot = torch_cannot_train(data);
+    if (rc == 0 && !cannot.empty()) {
+      s.torch_status = cannot;
+    } else if (rc == 0) {
       s.torch_status = "ok";
       if (data.token_data()) {
         s.torch_data = data.token_dir;
@@ -288,6 +318,7 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
       s.torch_version.clear();
     }
   }
+  warn_long_warmup(o, run, *data.train);  // after the checks, whose errors are one line
   return s;
 }
 
@@ -317,6 +348,7 @@ void add_fanout_configs(const EpochBenchOptions& o, const Setup& s, std::vector<
     if (o.amsgrad) c.argv.push_back("--amsgrad");
     if (o.allow_tf32) c.argv.push_back("--allow-tf32");
     if (o.cudnn_benchmark) c.argv.push_back("--cudnn-benchmark");
+    if (o.cuda_graphs != "auto") c.argv.insert(c.argv.end(), {"--cuda-graphs", o.cuda_graphs});
     configs.push_back(std::move(c));
   };
   const int n = s.n();
@@ -399,12 +431,8 @@ void print_header(const EpochBenchOptions& o, const Setup& s) {
 int run_interleaved(const EpochBenchOptions& o, const Setup& s, std::vector<Config>& configs, const std::string& tmp) {
   int total = 0;
   for (auto& c : configs) total += c.status == "ok" ? o.repeats : 0;
-  struct sigaction sa {}, old_int{}, old_term{};
-  sa.sa_handler = on_interrupt;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
   int done = 0, finished = 0;
+  InterruptGuard guard;
   for (int r = 0; r < o.repeats && !g_interrupted; ++r)
     for (size_t k = 0; k < configs.size() && !g_interrupted; ++k) {
       Config& c = configs[k];
@@ -430,16 +458,13 @@ int run_interleaved(const EpochBenchOptions& o, const Setup& s, std::vector<Conf
       c.runs.push_back(c.framework == "fanout" ? parse_fanout_metrics(stem + ".json")
                                                : parse_pytorch_result(stem + ".json"));
       const RunResult& x = c.runs.back();
-      std::printf("%.2f s/epoch, %.0f %s, test acc %.4f\n", x.epoch_seconds, s.rate(x), s.rate_unit(), x.test_acc);
+      std::printf("%.2f s/epoch, %.0f %s, %s %.4f\n", x.epoch_seconds, s.rate(x), s.rate_unit(),
+                  s.heatmaps ? "test within 2 voxels" : "test acc", x.test_acc);
       std::fflush(stdout);
     }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
   const int interrupted = g_interrupted;
   if (interrupted) {
-    std::printf("stopped by %s after %d of %d runs: the table and --json hold those\n",
-                interrupted == SIGINT ? "SIGINT" : interrupted == SIGTERM ? "SIGTERM" : strsignal(interrupted),
-                finished, total);
+    print_interrupted(interrupted, finished, total, "runs");
     for (auto& c : configs)
       if (c.status == "ok" && c.runs.empty()) c.status = "not run (interrupted)";
   }
@@ -508,6 +533,7 @@ void print_table(const Table& t, const Setup& s) {
                 s.rate(row.med), row.speedup, row.efficiency, 100 * row.med.data_wait, row.med.test_acc,
                 mem.c_str(), c.status == "ok" ? "" : ("  (" + c.status + ")").c_str());
   }
+  if (s.heatmaps) std::printf("heatmaps: test acc is the share of landmarks within 2 voxels (test_within_2)\n");
   const double f_dp = t.median_of("fanout", "DP"), f_ddp = t.median_of("fanout", "DDP"),
                t_ddp = t.median_of("pytorch", "DDP"), t_dp = t.median_of("pytorch", "DP");
   std::printf("\n");
@@ -563,7 +589,11 @@ void write_json(const std::string& path, const EpochBenchOptions& o, const Setup
       j["speedup_vs_one_device"] = row.speedup;
       j["efficiency_per_device"] = row.efficiency;
       j["data_wait_fraction"] = row.med.data_wait;
-      j["test_acc"] = row.med.test_acc;
+      j["test_acc"] = row.med.test_acc;  // heatmaps: test_within_2's value, as dp-train's best checkpoint
+      if (s.heatmaps) {
+        j["test_within_2"] = row.med.test_acc;
+        j["test_loc_error"] = row.med.test_loc_error;
+      }
       j["test_loss"] = row.med.test_loss;
       j["peak_host_bytes"] = row.med.peak_host;
       j["peak_device_bytes"] = row.med.peak_device;

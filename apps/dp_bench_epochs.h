@@ -27,6 +27,7 @@ struct EpochBenchOptions {
   std::string precision = "32";  // dp-train's --precision; PyTorch under torch.autocast (+ GradScaler)
   std::string grad_reduce_dtype = "fp32";  // dp-train's; PyTorch DDP's bf16_compress_hook for bf16
   bool shard_optimizer = false;            // fanout's DP, DDP and hybrid rows with --shard-optimizer
+  std::string cuda_graphs = "auto";        // dp-train's --cuda-graphs (passed on unless auto, its default)
 };
 
 // Runs the benchmark; prints a progress line per run and the table; writes

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -42,23 +43,38 @@ std::vector<int> parse_workers_list(const std::string& s) {
   }
 }
 
-// XOR of the batch's 32-bit words (every byte read), folded into an order-sensitive running hash.
+// A tensor's bytes (every one read) hashed by position: each 32-bit word
+// mixed, then weighted by an odd multiple of its index, so that a changed,
+// moved or flipped value changes the sum (a loop the compiler vectorizes).
+uint64_t position_hash(const Tensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.raw());
+  const size_t bytes = t.nbytes(), words = bytes / 4;
+  uint64_t s = 0;
+  for (size_t k = 0; k < words; ++k) {
+    uint32_t w;
+    std::memcpy(&w, p + 4 * k, 4);
+    uint64_t v = (w + 1ull) * 0x9E3779B97F4A7C15ull;
+    v ^= v >> 29;
+    s += v * (2 * k + 1);
+  }
+  for (size_t k = 4 * words; k < bytes; ++k) s += (p[k] + 1ull) * 0xC2B2AE3D27D4EB4Full * (2 * k + 1);
+  return s;
+}
+
+// The batch's inputs and targets, folded into an order-sensitive running hash.
 uint64_t fold(uint64_t h, const Tensor& x, const Tensor& y) {
-  uint32_t v = 0;
-  const uint32_t* px = static_cast<const uint32_t*>(x.raw());
-  const int64_t nx = x.numel(), ny = y.numel();
-  for (int64_t k = 0; k < nx; ++k) v ^= px[k];
-  const uint32_t* py = static_cast<const uint32_t*>(y.raw());
-  for (int64_t k = 0; k < ny; ++k) v ^= py[k] * 0x9E3779B1u;
-  h = (h ^ v) * 0x100000001B3ull;
-  return h ^ (h >> 29);
+  for (uint64_t v : {position_hash(x), position_hash(y)}) {
+    h = (h ^ v) * 0x100000001B3ull;
+    h ^= h >> 29;
+  }
+  return h;
 }
 
 int run(int argc, char** argv) {
   std::string data, workers_list, augment, normalize;
   int64_t batch_size = 32;
   int epochs = 1, prefetch = 2;
-  uint64_t seed = 0;
+  std::string seed_text;
   bool pin_memory = false;
   po::options_description desc(
       "loader-bench: DataLoader throughput per worker count\n\n"
@@ -78,7 +94,7 @@ int run(int argc, char** argv) {
     ("epochs", po::value(&epochs)->default_value(1), "epochs per worker count")
     ("prefetch", po::value(&prefetch)->default_value(2), "batches in flight per worker")
     ("pin-memory", po::bool_switch(&pin_memory), "page-locked batch buffers (when a CUDA device is visible)")
-    ("seed", po::value(&seed)->default_value(0), "seed for the shuffle and the augmentation");
+    ("seed", po::value(&seed_text)->default_value("0"), "seed for the shuffle and the augmentation (0..2^64-1)");
   // clang-format on
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -88,6 +104,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   po::notify(vm);
+  const uint64_t seed = apps::parse_seed(seed_text);
   FANOUT_USER_CHECK(batch_size > 0) << "--batch-size must be positive, got " << batch_size;
   FANOUT_USER_CHECK(epochs > 0) << "--epochs must be positive, got " << epochs;
   FANOUT_USER_CHECK(prefetch >= 1) << "--prefetch must be at least 1, got " << prefetch;
@@ -104,6 +121,9 @@ int run(int argc, char** argv) {
   dopts.augment = o.augment;
   dopts.normalize = normalize;
   const data::DataSplits splits = data::open_data(data, dopts);
+  if (!vm["normalize"].defaulted() && !data.starts_with("imagefolder:") && !data.starts_with("wds:"))
+    std::fprintf(stderr, "loader-bench: warning: --normalize has no effect without image files (imagefolder:DIR, "
+                 "wds:DIR)\n");
   const data::Dataset& ds = *splits.train;
   std::printf("loader-bench: %s, %lld samples %s, batch %lld, augment %s, prefetch %d, %d epoch(s), %u hardware threads\n",
               ds.name.c_str(), static_cast<long long>(ds.size()), ds.sample_shape().str().c_str(),

@@ -22,7 +22,7 @@ first block_size tokens, y the same shifted by one); the loss is the mean
 cross-entropy over the batch's tokens, the accuracy the share of tokens
 predicted.
 
-Timing: the first --warmup-steps steps of the first epoch are untimed; the
+Timing: the first --warmup-steps steps of each epoch are untimed; the
 epoch time is the time of the remaining steps scaled to the whole epoch
 (GPU work synchronized at both marks). Evaluation on the test set follows
 each epoch and is not timed. One JSON object is written to --out.
@@ -185,7 +185,7 @@ def worker(rank, args, result_path):
             sampler.set_epoch(epoch)
         net.train()
         steps = len(loader)
-        warm = min(args.warmup_steps, steps - 1) if epoch == 0 else 0
+        warm = min(args.warmup_steps, steps - 1)  # every epoch, as dp-train's --timing-warmup
         wait = 0.0
         rows = 0
         sync()
