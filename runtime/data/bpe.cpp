@@ -229,8 +229,21 @@ void Bpe::save(const std::string& dir) const {
   io::write_file_atomic(dir + "/merges.txt", m);
 }
 
-void Bpe::merge_piece(const std::string& piece, std::vector<int32_t>& out) const {
-  std::vector<int32_t> s, t;
+struct Bpe::PieceCache {
+  struct Hash {
+    using is_transparent = void;  // found by string_view: no string made for a piece seen before
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // piece -> (offset, count) of its ids in `ids`: one array, not a vector a piece
+  std::unordered_map<std::string, std::pair<size_t, size_t>, Hash, std::equal_to<>> at;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> s, t;  // merge_piece's
+};
+
+void Bpe::merge_piece(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const {
+  std::vector<int32_t>& s = cache.s;
+  std::vector<int32_t>& t = cache.t;
+  s.clear();
   for (unsigned char c : piece) s.push_back(byte_id_[c]);
   while (s.size() > 1) {
     int32_t best = INT32_MAX, left = -1, right = -1, merged = -1;
@@ -251,19 +264,31 @@ void Bpe::merge_piece(const std::string& piece, std::vector<int32_t>& out) const
 }
 
 void Bpe::encode_ordinary(std::string_view text, size_t begin, size_t end, std::vector<int32_t>& out,
-                          std::unordered_map<std::string, std::vector<int32_t>>& cache) const {
+                          PieceCache& cache) const {
   for (size_t i = begin; i < end;) {
     const size_t j = piece_end(text, i, end);
-    std::string piece(text.substr(i, j - i));
-    auto it = cache.find(piece);
-    if (it == cache.end()) {
-      if (cache.size() >= (size_t{1} << 20)) cache.clear();  // a web-scale text's pieces: bounded memory
-      std::vector<int32_t> ids;
-      merge_piece(piece, ids);
-      it = cache.emplace(std::move(piece), std::move(ids)).first;
-    }
-    out.insert(out.end(), it->second.begin(), it->second.end());
+    const std::string_view piece = text.substr(i, j - i);
     i = j;
+    if (piece.size() == 1) {  // a byte: its own token
+      out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
+      continue;
+    }
+    const auto it = cache.at.find(piece);
+    if (it != cache.at.end()) {
+      const auto [offset, count] = it->second;
+      out.insert(out.end(), cache.ids.begin() + static_cast<std::ptrdiff_t>(offset),
+                 cache.ids.begin() + static_cast<std::ptrdiff_t>(offset + count));
+      continue;
+    }
+    if (cache.at.size() >= (size_t{1} << 20)) {  // a web-scale text's pieces: bounded memory
+      cache.at.clear();
+      cache.ids.clear();
+    }
+    const size_t first = out.size();
+    merge_piece(piece, cache, out);
+    const size_t offset = cache.ids.size(), count = out.size() - first;
+    cache.ids.insert(cache.ids.end(), out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+    cache.at.emplace(std::string(piece), std::pair{offset, count});
   }
 }
 
@@ -271,7 +296,7 @@ std::vector<int32_t> Bpe::encode(std::string_view text, bool allow_special, cons
   for_utf8_chars(text, what, "", [](size_t, size_t, uint32_t) {});
   std::vector<int32_t> out;
   out.reserve(text.size() / 3);
-  std::unordered_map<std::string, std::vector<int32_t>> cache;
+  PieceCache cache;
   // Where each special's text next occurs from `at` (found again only once passed).
   const size_t specials = allow_special ? specials_.size() : 0;
   std::vector<size_t> found(specials, 0);

@@ -55,9 +55,10 @@ class Bpe {
 
  private:
   Bpe() = default;
+  struct PieceCache;  // one encode()'s pieces seen, their ids, the merge loop's buffers
   void encode_ordinary(std::string_view text, size_t begin, size_t end, std::vector<int32_t>& out,
-                       std::unordered_map<std::string, std::vector<int32_t>>& cache) const;
-  void merge_piece(const std::string& piece, std::vector<int32_t>& out) const;
+                       PieceCache& cache) const;
+  void merge_piece(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
 
   std::vector<std::string> tokens_, merges_, bytes_;
   std::vector<int32_t> specials_;
