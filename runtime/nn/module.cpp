@@ -154,6 +154,17 @@ std::unique_ptr<Module> Module::clone(Device d, Stream* s) const {
   FANOUT_USER_CHECK(arenas_) << type_name() << "::clone(): the module has no parameters in memory yet; call "
                                   "init(seed) first (it materializes them on the CPU)";
   std::unique_ptr<Module> m = make_like();
+  {  // a replica's parameters and buffers are this module's, by name and shape
+    auto mine = const_cast<Module*>(this)->named_parameters(), theirs = m->named_parameters();
+    auto mine_b = const_cast<Module*>(this)->named_buffers(), theirs_b = m->named_buffers();
+    bool same = mine.size() == theirs.size() && mine_b.size() == theirs_b.size();
+    for (size_t i = 0; same && i < mine.size(); ++i)
+      same = mine[i].first == theirs[i].first && mine[i].second->shape == theirs[i].second->shape;
+    for (size_t i = 0; same && i < mine_b.size(); ++i)
+      same = mine_b[i].first == theirs_b[i].first && mine_b[i].second->shape == theirs_b[i].second->shape;
+    FANOUT_USER_CHECK(same) << type_name() << "::make_like() made a module with other parameters or buffers (names "
+                            << "or shapes) than the one it copies: it must build the same architecture";
+  }
   m->materialize(d);
   if (grad_dtype() != DType::F32) m->set_grad_dtype(grad_dtype());
   if (arenas_->grads.numel() != arenas_->params.numel())

@@ -89,5 +89,21 @@ TEST(LayerContract, ALayerThatNeverNotifiesIsNamedInEveryMode) {
   }
 }
 
+// A make_like() that builds another architecture (here: other features) is
+// refused by name when DataParallel makes its replicas, not trained on.
+class Forgetful : public Scale {
+ public:
+  using Scale::Scale;
+  std::unique_ptr<Module> make_like() const override { return std::make_unique<Scale>(8, true); }
+  std::string type_name() const override { return "Forgetful"; }
+};
+
+TEST(LayerContract, AMakeLikeOfAnotherArchitectureIsRefused) {
+  Forgetful m(16, true);
+  m.init(2);
+  testing::expect_user_error([&] { make_engine(m, testing::engine_on("cpu:2", false)); },
+                             {"Forgetful::make_like() made a module with other parameters or buffers"});
+}
+
 }  // namespace
 }  // namespace fanout
