@@ -60,6 +60,8 @@ void Shape::index_error(int i) const {
 }
 
 int64_t Shape::numel() const {
+  for (int i = 0; i < ndim; ++i)
+    if (d[static_cast<size_t>(i)] == 0) return 0;  // empty, however large the other dimensions
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i)
     if (__builtin_mul_overflow(n, d[static_cast<size_t>(i)], &n)) [[unlikely]]

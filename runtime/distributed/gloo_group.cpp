@@ -3,6 +3,7 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
@@ -87,11 +88,15 @@ class GlooGroup : public ProcessGroup {
     const std::string where = "rendezvous over " + r.str() + " (rank " + std::to_string(rank_) + " of " +
                               std::to_string(size_) + ")";
     const auto start = std::chrono::steady_clock::now();
+    // What is left of the timeout; none left is the join's failure (a wait of
+    // 0 would be Gloo's "no timeout").
     const auto left = [&] {
-      return std::max(Ms(0), timeout_ - std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - start));
+      const Ms l = timeout_ - std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - start);
+      if (l <= Ms(0)) throw gloo::IoException("not every rank joined within the timeout");
+      return l;
     };
-    // The keys this rank set, removed when the rendezvous fails: a retry with
-    // this --run-id meets no address of the failed attempt.
+    // The keys this rank set, removed when the rendezvous fails with an
+    // error: a retry with this --run-id meets no address of the failed attempt.
     std::vector<std::string> mine;
     bool keep = false;  // a world mismatch: the keys stay, so the other side reads it too
     try {
@@ -102,26 +107,54 @@ class GlooGroup : public ProcessGroup {
       store->set("host/" + std::to_string(rank_), std::vector<char>(me.begin(), me.end()));
       mine.push_back("host/" + std::to_string(rank_));
       // Every rank joins within the timeout, for the same world (rank 0 is in
-      // any: compared first); then the connections share what is left of it:
-      // Gloo waits 5 times the context's timeout for each of its (size - 1)
-      // connections, one after another.
+      // any: compared first; a rank that finds another world says so under
+      // "mismatch", which the waiting ranks look for every few seconds); then
+      // the connections share what is left of it: Gloo waits for each of its
+      // (size - 1) peers' addresses its timeout, then 5 times it to connect.
+      const auto mismatch = [&](const std::string& why) {
+        keep = true;
+        try {
+          store->set("mismatch", std::vector<char>(why.begin(), why.end()));
+        } catch (const std::exception&) {  // another rank said it first
+        }
+        FANOUT_FAIL() << where << ": " << why;
+      };
       const auto same_world = [&](int i) {
         const std::vector<char> v = store->get("size/" + std::to_string(i));
-        keep = std::string(v.begin(), v.end()) != world;
-        FANOUT_USER_CHECK(std::string(v.begin(), v.end()) == world)
-            << where << ": rank " << i << " was started for a world of " << std::string(v.begin(), v.end())
-            << " processes, this rank for " << size_
-            << " (every machine needs the same --nnodes, and --nproc-per-node or device count)";
+        const std::string theirs(v.begin(), v.end());
+        if (theirs != world)
+          mismatch("rank " + std::to_string(i) + " was started for a world of " + theirs + " processes, rank " +
+                   std::to_string(rank_) + " for " + world +
+                   " (every machine needs the same --nnodes, and --nproc-per-node or device count)");
       };
-      store->wait({"size/0"}, left());
+      const auto join = [&](const std::vector<std::string>& keys) {
+        for (;;) {
+          const Ms l = left();
+          try {
+            store->wait(keys, std::min(l, Ms(3000)));
+            return;
+          } catch (const gloo::IoException&) {
+            if (l <= Ms(3000)) throw;
+          }
+          try {
+            store->wait({"mismatch"}, Ms(1));  // Gloo's waits count whole seconds: about 1 s
+          } catch (const gloo::IoException&) {
+            continue;
+          }
+          const std::vector<char> v = store->get("mismatch");
+          keep = true;
+          FANOUT_FAIL() << where << ": " << std::string(v.begin(), v.end());
+        }
+      };
+      join({"size/0"});
       same_world(0);
       std::vector<std::string> joined;
       for (int i = 0; i < size_; ++i) joined.push_back("host/" + std::to_string(i));
-      store->wait(joined, left());
+      join(joined);
       for (int i = 1; i < size_; ++i) same_world(i);
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      ctx->setTimeout(std::max(Ms(1000), left() / (5 * std::max(1, size_ - 1))));
+      ctx->setTimeout(std::max(Ms(1000), left() / (6 * std::max(1, size_ - 1))));
       for (const char* k : {"", "rank_"}) mine.push_back(k + std::to_string(rank_));  // Gloo's own
       ctx->connectFullMesh(*store, device_);
       ctx->setTimeout(timeout_);
@@ -152,8 +185,9 @@ class GlooGroup : public ProcessGroup {
                     << cause
                     << (cause.find("already set") != std::string::npos || cause.find("File already exists") != std::string::npos
                             ? " (another process registered this rank in this run: two machines with one --node-rank, "
-                              "or a run with --run-id " + o.run_id + " that ended in its rendezvous and left its keys; "
-                              "give each machine its own --node-rank and this run another --run-id)"
+                              "a run of another world, or a run with --run-id " + o.run_id + " killed in its "
+                              "rendezvous, left its keys; give each machine its own --node-rank and this run "
+                              "another --run-id)"
                             : "")
                     << (connect ? " (every rank joined the rendezvous, but this one could not connect to a peer: the "
                                   "machines must reach each other on any TCP port, over the interface --iface names)"

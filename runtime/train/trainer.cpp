@@ -496,8 +496,12 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     FANOUT_USER_CHECK(p.is_object() && p.contains("lr") && p["lr"].is_number())
         << "checkpoint: the pending evaluation is malformed";
     pending_eval_lr_ = p["lr"].get<float>();
-    if (!evaluate_during(epoch, *pending_eval_lr_)) {
-      mark(true);
+    if (!evaluate_during(epoch, *pending_eval_lr_)) {  // stopped again: the same position, as it came
+      if (on_mid_epoch) on_mid_epoch(epoch, start, true);
+      progress_.end();
+      stopped_ = true;
+      stopped_epoch_ = epoch;
+      stopped_at_ = start;
       return m;
     }
     pending_eval_lr_.reset();

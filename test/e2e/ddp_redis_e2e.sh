@@ -73,9 +73,26 @@ wait "$wpid1"; rc1=$?
 set -e
 [ $rc0 != 0 ] && [ $rc1 != 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] || {
   cat "$work"/w*.err; echo "different worlds: exits $rc0 $rc1 after $(( $(date +%s) - start )) s"; exit 1; }
-grep -q "rank 1 was started for a world of 3 processes, this rank for 2" "$work/w0.err" &&
-  grep -q "rank 0 was started for a world of 2 processes, this rank for 3" "$work/w1.err" ||
+grep -q "rank 1 was started for a world of 3 processes, rank 0 for 2" "$work/w0.err" &&
+  grep -q "rank 0 was started for a world of 2 processes, rank 1 for 3" "$work/w1.err" ||
   { cat "$work"/w*.err; echo "different worlds: not named"; exit 1; }
+# The other way round (rank 0 started for the larger world waits for a rank 2 that never comes): the
+# mismatch rank 1 found reaches it within seconds.
+start=$(date +%s)
+for node in 0 1; do
+  timeout 60 "$DP_TRAIN" "${common[@]}" --devices cpu --strategy ddp --nnodes $((3 - node)) --node-rank $node \
+    --rdzv "redis:127.0.0.1:$port" --run-id "worlds2-$$" --timeout 40 > "$work/v$node.out" 2> "$work/v$node.err" &
+  eval "vpid$node=$!"
+done
+set +e
+wait "$vpid0"; rc0=$?
+wait "$vpid1"; rc1=$?
+set -e
+[ $rc0 != 0 ] && [ $rc1 != 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] || {
+  cat "$work"/v*.err; echo "different worlds, rank 0 larger: exits $rc0 $rc1 after $(( $(date +%s) - start )) s"; exit 1; }
+grep -q "rank 0 was started for a world of 3 processes, rank 1 for 2" "$work/v0.err" &&
+  grep -q "rank 0 was started for a world of 3 processes, rank 1 for 2" "$work/v1.err" ||
+  { cat "$work"/v*.err; echo "different worlds, rank 0 larger: not named on both"; exit 1; }
 
 "$DP_TRAIN" "${common[@]}" --devices cpu --save-dir "$work/one" > /dev/null
 python3 - "$work" <<'PY'

@@ -44,16 +44,24 @@ finish() {
 }
 
 # One process per machine, on the named interface, the password from a file.
-# Node 0 starts alone: while it waits for node 1 its listening sockets are there to inspect.
+# Machine 0 drops new connections but Redis's while both meet: node 0's listening sockets (made
+# once every rank has joined) are there to inspect until the rule goes and node 1 connects.
 unset FANOUT_RDZV_PASSWORD
+on 0 nft -f - <<'NFT'
+table inet hold {
+  chain in { type filter hook input priority 0; policy accept; tcp dport != 6379 tcp flags & (syn | ack) == syn drop; }
+}
+NFT
 start nodes1 0 --devices cpu --iface eth0 --rdzv-password-file "$work/password"
 p0=$started
+start nodes1 1 --devices cpu --iface eth0 --rdzv-password-file "$work/password"
+p1=$started
 wait_for 30 bash -c "ip netns exec ${m_ns[0]} ss -ltnpH | grep -q dp-train" || fail "node 0 never listened"
 listening=$(on 0 ss -ltnpH | grep dp-train | awk '{print $4}')
 echo "node 0 listens on: $listening"
+on 0 nft delete table inet hold
 ! grep -vq "^${m_addr[0]}:" <<< "$listening" || fail "Gloo listens beyond ${m_addr[0]}: $listening"
-start nodes1 1 --devices cpu --iface eth0 --rdzv-password-file "$work/password"
-finish nodes1 "$p0" "$started"
+finish nodes1 "$p0" "$p1"
 grep -q '^ddp: 2 processes (1 per machine)' "$work/nodes1.0.log" || fail "nodes1: not 2 processes of 1 per machine"
 
 # Two processes per machine; the interface is the one that reaches Redis; the password in the environment.

@@ -140,6 +140,7 @@ TEST(Tensor, ShapesPastInt64AndBadDimensionsAreErrors) {
   testing::expect_user_error([&] { Tensor::empty(Shape{big}, DType::I32); },
                              {"int32 tensor of shape (4611686018427387905) has more bytes than fit in 64 bits"});
   EXPECT_EQ((Shape{3, int64_t{1} << 40}).numel(), int64_t{3} << 40);
+  EXPECT_EQ((Shape{int64_t{1} << 40, int64_t{1} << 40, 0}).numel(), 0) << "empty, whatever else";
   const Tensor t = Tensor::zeros(Shape{2, 3});
   EXPECT_EQ(t.size(1), 3);
   EXPECT_EQ(t.size(-1), 3);

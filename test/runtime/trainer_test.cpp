@@ -442,7 +442,18 @@ TEST(Trainer, AStopInAnEvaluationInsideTheEpochIsRunFirstOnResume) {
     EXPECT_EQ(cut.evals.size(), static_cast<size_t>(stop_at / 5 - 1)) << "step " << stop_at << "'s evaluation was dropped";
     EXPECT_EQ(cut.epochs, (std::vector<int>(stop_at > 40 ? 1 : 0, 1)));
 
-    // A second stop in the resumed evaluation keeps it pending at the same place.
+    // A second stop in the resumed evaluation keeps it pending at the same place, re-batched too
+    // (--allow-batch-change: the position stays the checkpoint's, not batch 0 of the new size).
+    if (stop_at == 10) {
+      train::TrainerConfig other = cut.tc;
+      other.batch_size = 32;
+      train::Trainer rebatched(other, *cut.engine, *cut.opt, data);
+      rebatched.should_stop_evaluating = [] { return true; };
+      rebatched.run(t->stopped_epoch(), -1, at);
+      ASSERT_TRUE(rebatched.stopped());
+      EXPECT_EQ(rebatched.stopped_at().batch, at.batch);
+      EXPECT_EQ(rebatched.stopped_at().totals, at.totals);
+    }
     auto again = cut.trainer(data);
     again->should_stop_evaluating = [] { return true; };
     again->run(t->stopped_epoch(), -1, at);
