@@ -77,8 +77,17 @@ lonely 0
 lonely 1
 
 # --- a stale rendezvous directory --------------------------------------------
-# The lonely run above left its files in $work/rdzv; a new run there succeeds.
-[ -n "$(ls -A "$work/rdzv")" ]
+# The lonely ranks above removed what they wrote; a rank killed inside its meeting leaves its files
+# in $work/rdzv, and a new run there succeeds.
+[ -z "$(ls -A "$work/rdzv")" ] || { echo "the lonely ranks left files: $(ls -A "$work/rdzv")"; exit 1; }
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 \
+  --devices cpu --strategy ddp --rdzv "file:$work/rdzv" --run-id killed --timeout 60 --progress off > /dev/null 2>&1 &
+killed=$!
+pids_to_kill+=("$killed")
+for _ in $(seq 200); do [ -n "$(ls -A "$work/rdzv")" ] && break; sleep 0.1; done
+kill -9 "$killed"
+wait "$killed" 2> /dev/null || true
+[ -n "$(ls -A "$work/rdzv")" ] || { echo "the killed rank left no files"; exit 1; }
 "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 --batch-size 48 --devices cpu:2 --strategy ddp \
   --rdzv "file:$work/rdzv" --progress off > "$work/stale.out"
 grep -q 'final test accuracy' "$work/stale.out"
