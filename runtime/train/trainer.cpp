@@ -486,9 +486,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     if (on_mid_epoch) on_mid_epoch(epoch, pos, stop);
     if (!stop) return;
     progress_.end();
-    stopped_ = true;
-    stopped_epoch_ = epoch;
-    stopped_at_ = pos;
+    set_stopped(epoch, pos);
   };
   // The evaluation a stop dropped after the checkpoint's last step runs first, at that step's rate.
   if (start.totals.contains(kEvalPending) && probe_loader_) {
@@ -499,9 +497,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     if (!evaluate_during(epoch, *pending_eval_lr_)) {  // stopped again: the same position, as it came
       if (on_mid_epoch) on_mid_epoch(epoch, start, true);
       progress_.end();
-      stopped_ = true;
-      stopped_epoch_ = epoch;
-      stopped_at_ = start;
+      set_stopped(epoch, start);
       return m;
     }
     pending_eval_lr_.reset();
@@ -918,9 +914,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
     if (!evaluated) {
       // Stopped while evaluating: the checkpoint is the epoch after its last
       // batch, so a resumed run evaluates it first.
-      stopped_ = true;
-      stopped_epoch_ = e;
-      stopped_at_ = position(epoch_end_);
+      set_stopped(e, position(epoch_end_));
       if (on_mid_epoch) on_mid_epoch(e, stopped_at_, true);
       return m;
     }
@@ -932,9 +926,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
     eval_seconds_ += seconds_since(te);
     if (steps_done()) return m;
     if (e + 1 < last_epoch && stop_agreed(true)) {
-      stopped_ = true;
-      stopped_epoch_ = e + 1;
-      stopped_at_ = EpochPosition{};
+      set_stopped(e + 1, EpochPosition{});
       return m;
     }
   }

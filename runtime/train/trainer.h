@@ -336,6 +336,11 @@ class Trainer {
   bool stopped_ = false;
   int stopped_epoch_ = 0;
   EpochPosition stopped_at_;
+  void set_stopped(int epoch, EpochPosition at) {
+    stopped_ = true;
+    stopped_epoch_ = epoch;
+    stopped_at_ = std::move(at);
+  }
 };
 
 }  // namespace fanout::train
