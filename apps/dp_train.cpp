@@ -200,7 +200,7 @@ void describe_devices(po::options_description& desc, Cli& cli, const train::RunC
     ("rdzv-password-file", po::value(&o.rdzv_password_file),
      "ddp: a file whose first line is the Redis rendezvous's password (or set FANOUT_RDZV_PASSWORD)")
     ("iface", po::value(&o.iface),
-     "ddp: the network interface the ranks talk over, e.g. eth0 (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; "
+     "ddp: the network interface whose address the ranks listen on and give their peers, e.g. eth0 (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; "
      "default: the one that reaches the Redis server)")
     ("ddp-backend", po::value(&o.ddp_backend)->default_value(d.ddp_backend),
      "ddp: auto (NCCL for GPUs of their own, else Gloo), gloo or nccl")
