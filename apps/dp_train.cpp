@@ -871,6 +871,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
   optim::GradScaler* scaler = trainer.grad_scaler();
   // 16-mixed continues with the saved scale; a checkpoint of another precision has none to give.
   if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
+  trainer.set_steps_skipped_before(ckpt.step - opt.steps());
   auto scaler_state = [scaler] { return scaler ? scaler->state() : nlohmann::json::object(); };
   set_stop_check(trainer, opt, p.rank);
   Saved saved;
@@ -878,7 +879,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.epoch = epoch;
     ckpt.batch = pos.batch;
     ckpt.partial = pos.totals;
-    ckpt.step = opt.steps();
+    ckpt.step = trainer.steps();
     ckpt.grad_scaler = scaler_state();
     if (!save_dir.empty()) opt.gather_state();  // every rank: state sharded across processes meets on rank 0
     if (!saver) return;
@@ -888,7 +889,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     std::fflush(stdout);
   };
   trainer.on_eval = [&](const train::EvalMetrics& e) {
-    ckpt.step = opt.steps();
+    ckpt.step = trainer.steps();
     ckpt.metrics = train::eval_json(e);
     ckpt.score = e.best_score();
     if (!saver) return;
@@ -901,7 +902,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     ckpt.epoch = m.epoch;
     ckpt.batch = 0;
     ckpt.partial = nlohmann::json::object();
-    ckpt.step = opt.steps();
+    ckpt.step = trainer.steps();
     ckpt.grad_scaler = scaler_state();
     ckpt.metrics = train::metrics_json(m);
     ckpt.score = m.best_score();
@@ -922,9 +923,9 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
     std::printf("CUDA graphs: %lld captured, %lld steps replayed, %lld plain%s%s\n",
                 static_cast<long long>(g.captures), static_cast<long long>(g.replays), static_cast<long long>(g.plain),
                 g.on ? "" : "; off: ", g.on ? "" : g.off_reason.c_str());
-  if (last == c.epochs && c.max_steps > 0 && opt.steps() < c.max_steps)
+  if (last == c.epochs && c.max_steps > 0 && trainer.steps() < c.max_steps)
     std::printf("--epochs %d ended the run after %lld of --max-steps %lld steps\n", c.epochs,
-                static_cast<long long>(opt.steps()), static_cast<long long>(c.max_steps));
+                static_cast<long long>(trainer.steps()), static_cast<long long>(c.max_steps));
   if (last < c.epochs)
     std::printf("stopped after epoch %d of %d (--stop-after); continue with --resume\n", last, c.epochs);
   else

@@ -38,7 +38,7 @@ inline constexpr const char* kOptimizerPrefix = "optimizer.";
 
 struct CheckpointState {
   int epoch = 0;                 // epochs completed
-  int64_t step = 0;              // optimizer steps taken
+  int64_t step = 0;              // the run's steps: the optimizer's and the loss scaler's skipped ones
   // A mid-epoch checkpoint: batches of epoch `epoch` (0-based: the one in
   // progress) done, and their totals over every process (0 and {}: none).
   // The totals' count is the position in samples; in an epoch re-batched

@@ -279,9 +279,9 @@ nlohmann::json metrics_json(const EpochMetrics& m) {
     j["tokens_per_second"] = m.images_per_second * static_cast<double>(m.tokens_per_sample);
     j["test_perplexity"] = std::exp(m.test_loss);
   }
-  if (m.grad_norms) {
-    j["grad_norm_mean"] = m.grad_norm_mean;
-    j["grad_norm_max"] = m.grad_norm_max;
+  if (m.grad_norms) {  // null: no step of the epoch measured one (each was skipped)
+    j["grad_norm_mean"] = std::isnan(m.grad_norm_mean) ? nlohmann::json() : nlohmann::json(m.grad_norm_mean);
+    j["grad_norm_max"] = std::isnan(m.grad_norm_max) ? nlohmann::json() : nlohmann::json(m.grad_norm_max);
   }
   if (m.loss_scaling) {
     j["loss_scale"] = m.loss_scale;
@@ -392,7 +392,7 @@ void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, c
     norms.max = std::max(norms.max, s.norm);
     ++norms.steps;
   }
-  if (on_step) on_step(StepInfo{epoch, b + 1, opt_.steps(), rows ? loss.value() / rows : 0, rows, lr, s.norm, s.stepped});
+  if (on_step) on_step(StepInfo{epoch, b + 1, steps(), rows ? loss.value() / rows : 0, rows, lr, s.norm, s.stepped});
 }
 
 bool Trainer::stop_agreed(bool every_rank_checks) {
@@ -446,7 +446,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       << " batches an epoch (the checkpoint's had more)";
   const int64_t b0 = epoch_done ? nb : rebatched ? 0 : std::min(start.batch, nb);
   // --max-steps: the bar ends where the run does.
-  const int64_t shown = cfg_.max_steps > 0 ? std::min(nb, b0 + std::max<int64_t>(0, cfg_.max_steps - opt_.steps()) * k) : nb;
+  const int64_t shown = cfg_.max_steps > 0 ? std::min(nb, b0 + std::max<int64_t>(0, cfg_.max_steps - steps()) * k) : nb;
   progress_.begin("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.epochs), shown,
                   std::min(total, shown * batch), tokens_per_sample_);
   const auto t0 = std::chrono::steady_clock::now();
@@ -543,7 +543,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     else
       progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
     bool dropped = false;  // a stop came in this step's evaluation: the run stops after the step
-    if (last_in_group && probe_loader_ && opt_.steps() % cfg_.eval_every == 0) {
+    if (last_in_group && probe_loader_ && steps() % cfg_.eval_every == 0) {
       try {
         dropped = !evaluate_during(epoch, lr);
       } catch (...) {
@@ -554,9 +554,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     }
     // (Dropped after the epoch's last batch: the position is the epoch after it, evaluated on resume.)
     if (last_in_group && (b < nb || dropped)) {
-      const int64_t steps = opt_.steps();
-      const bool save = b < nb && cfg_.save_every_steps > 0 && steps % cfg_.save_every_steps == 0;
-      const bool stop = dropped || stop_agreed(steps % kStopCheckSteps == 0);
+      const int64_t n = steps();
+      const bool save = b < nb && cfg_.save_every_steps > 0 && n % cfg_.save_every_steps == 0;
+      const bool stop = dropped || stop_agreed(n % kStopCheckSteps == 0);
       if (save || stop) mark(stop);
       if (stop) return m;
     }
@@ -583,9 +583,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   score(m.metrics, metrics, t, /*test=*/false);
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
   m.tokens_per_sample = tokens_per_sample_;
-  m.grad_norms = norms.steps > 0;
-  m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : 0;
-  m.grad_norm_max = norms.max;
+  m.grad_norms = cfg_.clip_grad_norm > 0;
+  m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : std::nan("");
+  m.grad_norm_max = norms.steps > 0 ? norms.max : std::nan("");
   if (scaler_) {
     m.loss_scaling = true;
     m.loss_scale = scaler_->scale();
@@ -683,7 +683,7 @@ bool Trainer::evaluate_during(int epoch, float lr) {
   }
   EvalMetrics e;
   e.epoch = epoch + 1;
-  e.step = opt_.steps();
+  e.step = steps();
   e.train_loss = since.mean_loss();
   e.val_loss = v.mean_loss();
   e.val_rows = v.r.count;
@@ -819,7 +819,9 @@ std::string summary_line(const EpochMetrics& m, int epochs) {
                 m.images_per_second * (tokens ? static_cast<double>(m.tokens_per_sample) : 1.0),
                 tokens ? "tokens/s" : "img/s", 100 * m.data_wait_fraction, m.lr);
   char norms[96] = "";
-  if (m.grad_norms)
+  if (m.grad_norms && std::isnan(m.grad_norm_mean))
+    std::snprintf(norms, sizeof norms, "grad norm - (every step skipped)  ");
+  else if (m.grad_norms)
     std::snprintf(norms, sizeof norms, "grad norm %.3g (max %.3g)  ", m.grad_norm_mean, m.grad_norm_max);
   char scaling[96] = "";
   if (m.loss_scaling)
@@ -897,7 +899,7 @@ EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& 
   run_rows_ = rows_at_eval_ = 0;
   pending_eval_lr_.reset();
   // A run that took its last step but stopped in the evaluation after it resumes there (start.batch > 0).
-  FANOUT_USER_CHECK(!steps_done() || (start.batch > 0 && opt_.steps() == cfg_.max_steps))
+  FANOUT_USER_CHECK(!steps_done() || (start.batch > 0 && steps() == cfg_.max_steps))
       << "the run has taken its " << cfg_.max_steps << " steps (--max-steps) already";
   start_memory();
   for (int e = first_epoch; e < last_epoch; ++e) {

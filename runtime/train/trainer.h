@@ -4,6 +4,7 @@
 // and learning rates depend only on (seed, epoch), so run(first_epoch) after
 // restoring a checkpoint continues a run exactly.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -89,7 +90,7 @@ inline constexpr const char* kEvalPending = "eval_pending";
 struct StepInfo {
   int epoch = 0;       // 0-based
   int64_t batch = 0;   // batches of the epoch done (1-based: the step's last batch)
-  int64_t step = 0;    // the optimizer's steps so far
+  int64_t step = 0;    // the run's steps so far (Trainer::steps(): the loss scaler's skipped ones too)
   double loss = 0;     // this process's mean loss over the step's rows (every micro-batch of it)
   int64_t rows = 0;    // those rows
   float lr = 0;        // the learning rate the step used
@@ -149,7 +150,8 @@ struct EpochMetrics {
   // of its steps (epoch_seconds when there is no warm-up).
   double steady_epoch_seconds = 0;
   double lr = 0;
-  // With clip_grad_norm: the total gradient norm before clipping, mean and max over the epoch's steps.
+  // With clip_grad_norm: the total gradient norm before clipping, mean and max over the epoch's steps
+  // (NaN, null in the metrics, when the loss scaler skipped every one).
   bool grad_norms = false;
   double grad_norm_mean = 0, grad_norm_max = 0;
   // With loss scaling: the scale at the epoch's end and the steps it skipped (inf/NaN gradients).
@@ -277,6 +279,19 @@ class Trainer {
   bool stopped() const { return stopped_; }
   // The loss scaler (cfg.loss_scaling), or null: its state goes into checkpoints.
   optim::GradScaler* grad_scaler() { return scaler_.get(); }
+  // The run's steps so far: the optimizer's and those the loss scaler
+  // skipped (nanoGPT's iter_num, which its schedule also counts). max_steps,
+  // eval_every, save_every_steps and the evaluations' step count these.
+  int64_t steps() const {
+    return opt_.steps() + skipped_before_ + (scaler_ ? scaler_->skipped() - scaler_base_ : 0);
+  }
+  // Resuming: the steps skipped before this process (a checkpoint's step
+  // minus its optimizer's steps); the scaler's skips count from here. Call
+  // after loading the scaler's state.
+  void set_steps_skipped_before(int64_t n) {
+    skipped_before_ = std::max<int64_t>(0, n);
+    scaler_base_ = scaler_ ? scaler_->skipped() : 0;
+  }
   int stopped_epoch() const { return stopped_epoch_; }
   const EpochPosition& stopped_at() const { return stopped_at_; }
 
@@ -285,7 +300,7 @@ class Trainer {
   // Between evaluation batches: after batch i of `it` (0-based), whether the
   // ranks agree to stop.
   bool stop_evaluating(int64_t i, const data::DataLoader& it);
-  bool steps_done() const { return cfg_.max_steps > 0 && opt_.steps() >= cfg_.max_steps; }
+  bool steps_done() const { return cfg_.max_steps > 0 && steps() >= cfg_.max_steps; }
   void write_metrics(const nlohmann::json& j);
   // cfg.eval_every's evaluation inside `epoch` (0-based) after the optimizer's step at `lr`.
   // False when a stop came between its batches (the evaluation is dropped).
@@ -315,6 +330,7 @@ class Trainer {
   Engine& engine_;
   optim::Optimizer& opt_;
   std::unique_ptr<optim::GradScaler> scaler_;
+  int64_t skipped_before_ = 0, scaler_base_ = 0;  // steps(): skips before this process, the scaler's count then
   Progress progress_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
   const data::Dataset* train_set_;  // for skipped_samples

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <tuple>
 
@@ -469,6 +471,80 @@ TEST(Trainer, AStopInAnEvaluationInsideTheEpochIsRunFirstOnResume) {
     EXPECT_EQ(cut.epochs, whole.epochs);
     EXPECT_EQ(cut.opt->steps(), whole.opt->steps());
   }
+}
+
+// Steps the loss scaler skips are steps of the run, as nanoGPT's iter_num
+// and the schedule count them: max_steps ends after that many optimizer
+// calls, eval_every and save_every_steps fire once per multiple of their
+// count, and an epoch whose every step was skipped reports its gradient
+// norms as unmeasured (NaN; null in the metrics). A starting scale at
+// float's limit and large weights make the first steps overflow.
+TEST(Trainer, StepsTheLossScalerSkipsAreStepsOfTheRun) {
+  const auto data = data::make_synthetic(32, 4);  // 2 steps an epoch
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  {  // weights 5x their initialization: the first steps' scaled gradients overflow (6 of them)
+    Tensor& p = model->arenas().params;
+    for (int64_t i = 0; i < p.numel(); ++i) p.f32()[i] *= 5;
+  }
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+  train::TrainerConfig tc;
+  tc.epochs = 8;
+  tc.batch_size = 16;
+  tc.seed = 3;
+  tc.max_steps = 10;
+  tc.eval_every = 3;
+  tc.eval_batches = 1;
+  tc.save_every_steps = 3;
+  tc.clip_grad_norm = 1e9;  // measures the norms, clips nothing
+  tc.loss_scaling = optim::GradScalerOptions{.init_scale = std::numeric_limits<float>::max()};
+  tc.schedule = optim::parse_lr_schedule("constant", 0.05f, tc.epochs, 0);
+  tc.progress = train::Progress::Mode::Off;
+  tc.summary_out = nullptr;
+  train::Trainer t(tc, engine, *opt, data);
+  std::vector<train::StepInfo> steps;
+  std::vector<int64_t> evals, saves;
+  std::vector<train::EpochMetrics> epochs;
+  t.on_step = [&](const train::StepInfo& s) { steps.push_back(s); };
+  t.on_eval = [&](const train::EvalMetrics& e) { evals.push_back(e.step); };
+  t.on_mid_epoch = [&](int, const train::EpochPosition&, bool) { saves.push_back(t.steps()); };
+  t.on_epoch_end = [&](const train::EpochMetrics& m) { epochs.push_back(m); };
+  t.run();
+  int64_t skipped = 0;
+  for (const train::StepInfo& s : steps) skipped += s.stepped ? 0 : 1;
+  ASSERT_GE(skipped, 2) << "the test needs the first epoch's two steps skipped";
+  ASSERT_LT(skipped, 9);
+  EXPECT_FALSE(steps[0].stepped || steps[1].stepped);
+  ASSERT_EQ(steps.size(), 10u) << "max_steps counts skipped steps";
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].step, static_cast<int64_t>(i + 1));
+  EXPECT_EQ(t.steps(), 10);
+  EXPECT_EQ(opt->steps(), 10 - skipped);
+  EXPECT_EQ(t.grad_scaler()->skipped(), skipped);
+  EXPECT_EQ(evals, (std::vector<int64_t>{3, 6, 9}));
+  EXPECT_EQ(saves, (std::vector<int64_t>{3, 9})) << "inside epochs only (step 6 ends epoch 3)";
+  ASSERT_EQ(epochs.size(), 5u);
+  EXPECT_TRUE(epochs[0].grad_norms);
+  EXPECT_TRUE(std::isnan(epochs[0].grad_norm_mean) && std::isnan(epochs[0].grad_norm_max));
+  const nlohmann::json j = train::metrics_json(epochs[0]);
+  ASSERT_TRUE(j.contains("grad_norm_mean") && j.contains("grad_norm_max"));
+  EXPECT_TRUE(j["grad_norm_mean"].is_null() && j["grad_norm_max"].is_null());
+  EXPECT_EQ(epochs[0].skipped_steps, 2);
+  EXPECT_TRUE(std::isfinite(epochs.back().grad_norm_mean) && epochs.back().grad_norm_mean > 0);
+  EXPECT_TRUE(train::metrics_json(epochs.back())["grad_norm_max"].is_number());
+
+  // Resumed with the scaler's state, the skips before count once.
+  train::TrainerConfig more = tc;
+  more.max_steps = 12;
+  train::Trainer resumed(more, engine, *opt, data);
+  resumed.grad_scaler()->load_state(t.grad_scaler()->state());
+  resumed.set_steps_skipped_before(10 - opt->steps());
+  EXPECT_EQ(resumed.steps(), 10);
+  // Resumed without one (another precision), the checkpoint's count stands.
+  train::TrainerConfig plain = more;
+  plain.loss_scaling.reset();
+  train::Trainer unscaled(plain, engine, *opt, data);
+  unscaled.set_steps_skipped_before(10 - opt->steps());
+  EXPECT_EQ(unscaled.steps(), 10);
 }
 
 // An empty test set is refused, not reported as a test loss and accuracy of 0.
