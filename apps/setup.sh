@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build pkg-config libdnnl-dev libboost-program-options-dev
       nlohmann-json3-dev zlib1g-dev libgloo-dev libhiredis-dev redis-server libgtest-dev libbenchmark-dev dataset-fashion-mnist fortunes python3 python3-pip openmpi-bin
-      iproute2 iputils-ping nftables libturbojpeg0-dev libpng-dev)
+      iproute2 iputils-ping nftables libjpeg62-turbo-dev libpng-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p")

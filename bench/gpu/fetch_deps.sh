@@ -59,7 +59,7 @@ packages=(
   libbenchmark-dev
   zlib1g-dev zlib1g
   libgloo-dev libgloo0 libhiredis-dev libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
-  libturbojpeg0-dev libturbojpeg0 libpng-dev libpng16-16
+  libjpeg62-turbo-dev libjpeg62-turbo libpng-dev libpng16-16
 )
 [ -n "$bench_rt" ] && packages+=("$bench_rt")
 [ "$fetch_data" = 1 ] && packages+=(dataset-fashion-mnist)
@@ -190,8 +190,9 @@ need() {  # need DESCRIPTION PATH...: one of the paths must exist
   need "libgloo.so" "$prefix/usr/lib/libgloo.so"
   need "libhiredis.so" "$lib/libhiredis.so"
   need "libibverbs.so.1" "$lib/libibverbs.so.1"
-  need "turbojpeg.h" "$inc/turbojpeg.h"
-  need "libturbojpeg.so" "$lib/libturbojpeg.so"
+  need "jpeglib.h" "$inc/jpeglib.h"
+  need "jconfig.h" "$inc/x86_64-linux-gnu/jconfig.h"
+  need "libjpeg.so" "$lib/libjpeg.so"
   need "png.h" "$inc/png.h"
   need "libpng.so" "$lib/libpng.so"
   if [ "$fetch_data" = 1 ]; then

@@ -1,17 +1,24 @@
-// JPEG (TurboJPEG API) and PNG (libpng) decoding to RGB, as Pillow's convert("RGB").
+// JPEG (libjpeg-turbo's libjpeg API) and PNG (libpng) decoding to RGB, as Pillow's convert("RGB").
 #include "runtime/data/image_codec.h"
 
 #include <png.h>
-#include <turbojpeg.h>
 
 #include <algorithm>
 #include <csetjmp>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
 
 #include "runtime/core/error.h"
+
+// After <cstdio> (jpeglib.h uses FILE and size_t without including their
+// headers), jerror.h after jpeglib.h.
+// clang-format off
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
 
 namespace fanout::data {
 
@@ -23,19 +30,6 @@ ImageFormat sniff_image(const uint8_t* data, size_t size) {
 }
 
 namespace {
-
-// One decompressor per thread: loader workers decode side by side.
-tjhandle jpeg_handle() {
-  struct Handle {
-    tjhandle h = tjInitDecompress();
-    ~Handle() {
-      if (h) tjDestroy(h);
-    }
-  };
-  thread_local Handle handle;
-  FANOUT_CHECK(handle.h != nullptr) << "tjInitDecompress: " << tjGetErrorStr2(nullptr);
-  return handle.h;
-}
 
 // Pillow's CMYK to RGB: nk - c * nk / 255 (rounded as Pillow's MULDIV255), nk = 255 - k.
 inline uint8_t cmyk_channel(int c, int nk) {
@@ -52,45 +46,104 @@ void check_pixels(int64_t w, int64_t h, const std::string& name) {
       << kMaxImagePixels << " (Pillow's decompression-bomb bound)";
 }
 
-// TurboJPEG's message without the function name it starts with ("tjDecompress2(): ").
-std::string tj_reason(tjhandle h) {
-  std::string msg = tjGetErrorStr2(h);
-  if (const size_t at = msg.find("(): "); at != std::string::npos && msg.rfind("tj", 0) == 0) msg.erase(0, at + 4);
-  return "not a readable JPEG (" + msg + ")";
-}
-
-struct JpegHeader {
-  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+// libjpeg's API with Pillow's rules (its JPEG decoder uses the same calls):
+// an error (error_exit) refuses the file, warnings are ignored, except the
+// data ending before the last row, which Pillow refuses ("image file is
+// truncated"; once every row is out it stops reading without the EOI). A
+// decompressor per call, so that no state outlives a failure (TurboJPEG's
+// handle, reused after some errors, refused every later file, and counted
+// an error after a warning as a warning).
+struct JpegError {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+  bool rows_done;
 };
 
-JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, const std::string& name) {
-  JpegHeader hd;
-  FANOUT_USER_CHECK(tjDecompressHeader3(h, data, static_cast<unsigned long>(size), &hd.width, &hd.height, &hd.subsamp,
-                                        &hd.colorspace) == 0)
-      << "cannot decode image " << name << ": " << tj_reason(h);
+[[noreturn]] void jpeg_error_exit(j_common_ptr c) {
+  auto* e = reinterpret_cast<JpegError*>(c->err);
+  c->err->format_message(c, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+void jpeg_emit_message(j_common_ptr c, int level) {
+  if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF && !reinterpret_cast<JpegError*>(c->err)->rows_done)
+    jpeg_error_exit(c);
+}
+
+struct Jpeg {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  Jpeg() {
+    std::memset(&cinfo, 0, sizeof cinfo);
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = jpeg_error_exit;
+    err.pub.emit_message = jpeg_emit_message;
+    err.message[0] = '\0';
+    err.rows_done = false;
+  }
+  ~Jpeg() { jpeg_destroy_decompress(&cinfo); }  // also after a failure at any point
+  Jpeg(const Jpeg&) = delete;
+  Jpeg& operator=(const Jpeg&) = delete;
+};
+
+struct JpegHeader {
+  int width = 0, height = 0;
+  bool cmyk = false;
+};
+
+// Reads the header and, with `out`, the pixels at 1/scale (RGB, or CMYK for
+// CMYK and YCCK files) into *out, sizing it. Returns null, or libjpeg's
+// message for a file it refuses. Nothing with a destructor lives in this
+// frame: a failure leaves it by longjmp.
+const char* read_jpeg(Jpeg& j, const uint8_t* data, size_t size, int scale, const std::string& name, JpegHeader& hd,
+                      std::vector<uint8_t>* out) {
+  jpeg_decompress_struct& ci = j.cinfo;
+  if (setjmp(j.err.jump)) return j.err.message;
+  jpeg_create_decompress(&ci);
+  jpeg_mem_src(&ci, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&ci, TRUE);
+  hd.width = static_cast<int>(ci.image_width);
+  hd.height = static_cast<int>(ci.image_height);
+  hd.cmyk = ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK;
   check_pixels(hd.width, hd.height, name);
+  if (!out) return nullptr;
+  ci.out_color_space = hd.cmyk ? JCS_CMYK : JCS_RGB;
+  ci.dct_method = JDCT_ISLOW;  // the accurate integer IDCT, as Pillow
+  ci.scale_num = 1;
+  ci.scale_denom = static_cast<unsigned>(scale);
+  jpeg_start_decompress(&ci);
+  const size_t stride = static_cast<size_t>(ci.output_width) * ci.output_components;
+  out->resize(stride * ci.output_height);
+  JSAMPROW rows[16];
+  while (ci.output_scanline < ci.output_height) {
+    const JDIMENSION n = std::min<JDIMENSION>(16, ci.output_height - ci.output_scanline);
+    for (JDIMENSION r = 0; r < n; ++r) rows[r] = out->data() + (ci.output_scanline + r) * stride;
+    jpeg_read_scanlines(&ci, rows, n);
+  }
+  j.err.rows_done = true;
+  jpeg_finish_decompress(&ci);
+  return nullptr;
+}
+
+JpegHeader jpeg_header(const uint8_t* data, size_t size, const std::string& name) {
+  Jpeg j;
+  JpegHeader hd;
+  const char* failed = read_jpeg(j, data, size, 1, name, hd, nullptr);
+  FANOUT_USER_CHECK(!failed) << "cannot decode image " << name << ": not a readable JPEG (" << failed << ")";
   return hd;
 }
 
 Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int scale) {
-  tjhandle h = jpeg_handle();
-  const JpegHeader hd = jpeg_header(h, data, size, name);
+  Jpeg j;
+  JpegHeader hd;
+  std::vector<uint8_t> buf;
+  const char* failed = read_jpeg(j, data, size, scale, name, hd, &buf);
+  FANOUT_USER_CHECK(!failed) << "cannot decode image " << name << ": not a readable JPEG (" << failed << ")";
   Image im;
-  im.width = (hd.width + scale - 1) / scale;
-  im.height = (hd.height + scale - 1) / scale;
-  const bool cmyk = hd.colorspace == TJCS_CMYK || hd.colorspace == TJCS_YCCK;
-  const int channels = cmyk ? 4 : 3;
-  std::vector<uint8_t> buf(static_cast<size_t>(im.width) * im.height * channels);
-  const int rc = tjDecompress2(h, data, static_cast<unsigned long>(size), buf.data(), im.width, 0, im.height,
-                               cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_ACCURATEDCT);
-  if (rc != 0) {
-    // Warnings leave a whole image (Pillow takes such files too), except a
-    // file that ends early: Pillow refuses it ("image file is truncated").
-    const std::string msg = tjGetErrorStr2(h);
-    FANOUT_USER_CHECK(tjGetErrorCode(h) == TJERR_WARNING && msg.find("Premature end") == std::string::npos)
-        << "cannot decode image " << name << ": " << tj_reason(h);
-  }
-  if (!cmyk) {
+  im.width = static_cast<int>(j.cinfo.output_width);
+  im.height = static_cast<int>(j.cinfo.output_height);
+  if (!hd.cmyk) {
     im.rgb = std::move(buf);
     return im;
   }
@@ -199,7 +252,7 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& name, in
 ImageSize image_size(const uint8_t* data, size_t size, const std::string& name) {
   switch (sniff_image(data, size)) {
     case ImageFormat::Jpeg: {
-      const JpegHeader hd = jpeg_header(jpeg_handle(), data, size, name);
+      const JpegHeader hd = jpeg_header(data, size, name);
       return {hd.width, hd.height};
     }
     case ImageFormat::Png: {

@@ -6,7 +6,8 @@ against Pillow's draft mode (the same libjpeg scaling), and the loader's
 jpeg-draft resize within two levels of torchvision's pixels; PNGs of every colour type
 at 1 to 16 bits, palettes with and without transparency, alpha. Truncated and
 corrupt files and files of another kind are one line naming the file, where
-Pillow refuses them too."""
+Pillow refuses them too; 200 random corruptions of a JPEG decoded or refused
+as Pillow does, none disturbing the next file's decode."""
 import io
 import math
 import os
@@ -277,9 +278,64 @@ def run(work):
             print(f"FAIL {name}: expected one line naming the file, got {err!r} (Pillow {pillow})")
         else:
             print(f"ok   {name}: {lines[0]} (Pillow {pillow})")
+    failures += check_corruptions(work)
     if failures:
         sys.exit(f"{failures} image case(s) differ from Pillow")
     print("image decoding equals Pillow's")
+
+
+def fnv1a64(data):
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def check_corruptions(work):
+    """200 seeded corruptions of a baseline JPEG (a run of random bytes somewhere in it): fanout decodes exactly
+    the ones Pillow decodes, to Pillow's pixels, and refuses the others (Pillow ignores libjpeg's warnings, refuses
+    its errors and data that ends before the last row). All in one process, each followed by a good file: a refused
+    file leaves nothing behind that changes the next decode."""
+    r = np.random.default_rng(7)
+    b = io.BytesIO()
+    Image.fromarray(r.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(b, "JPEG", quality=85)
+    src = b.getvalue()
+    good = os.path.join(work, "after.jpg")
+    Image.fromarray(smooth(30, 30, 3), "RGB").save(good, quality=90)
+    files, want = [], []
+    for t in range(200):
+        k = bytearray(src)
+        start, n = int(r.integers(2, len(k) - 2)), int(r.integers(1, 300))
+        for p in range(start, min(start + n, len(k) - 2)):
+            k[p] = int(r.integers(0, 256))
+        path = os.path.join(work, f"corrupt-{t:03d}.jpg")
+        open(path, "wb").write(bytes(k))
+        try:
+            pixels = np.asarray(Image.open(path).convert("RGB"))
+            want.append(f"ok {pixels.shape[1]} {pixels.shape[0]} {fnv1a64(pixels.tobytes())}")
+        except Exception:  # noqa: BLE001 (any refusal)
+            want.append("error")
+        files += [path, good]
+    out = subprocess.run([TOOL, "decode-seq"] + files, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    alone = subprocess.run([TOOL, "decode-seq", good], capture_output=True, text=True, timeout=60).stdout.strip()
+    failures, refused = 0, 0
+    for t, w in enumerate(want):
+        got, after = out[2 * t], out[2 * t + 1]
+        name = os.path.basename(files[2 * t])
+        if (got.split(":")[0] if got.startswith("error") else got) != w:
+            failures += 1
+            print(f"FAIL {name}: Pillow {w!r}, fanout {got!r}")
+        if after != alone:
+            failures += 1
+            print(f"FAIL the good file after {name}: {after!r}, alone {alone!r}")
+        refused += w == "error"
+    if not 20 <= refused <= 180:
+        failures += 1
+        print(f"FAIL the corruptions should include files both kinds: Pillow refuses {refused} of 200")
+    if not failures:
+        print(f"ok   200 corrupted JPEGs: the same {200 - refused} decoded (same pixels) and {refused} refused as "
+              "Pillow; a good file decodes alike after each")
+    return failures
 
 
 if __name__ == "__main__":

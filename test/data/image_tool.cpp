@@ -8,6 +8,8 @@
 //   image_tool draft FILE TOP LEFT H W OUT_H OUT_W
 //                                    the loader's jpeg-draft decode and resize of the box,
 //                                    as decode, and "scale D" on stderr
+//   image_tool decode-seq FILE...    each file decoded in turn on one thread: a line
+//                                    "ok W H FNV1A64-HEX" of its pixels or "error: MESSAGE"
 // A decoding error is its one line on stderr and exit status 1.
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +54,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = argv[1], path = argv[2];
+  if (cmd == "decode-seq") {
+    for (int i = 2; i < argc; ++i) try {
+        const Image im = fanout::data::read_image(argv[i]);
+        uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+        for (uint8_t b : im.rgb) h = (h ^ b) * 1099511628211ull;
+        std::printf("ok %d %d %016llx\n", im.width, im.height, static_cast<unsigned long long>(h));
+      } catch (const fanout::Error& e) {
+        std::printf("error: %s\n", e.what());
+      }
+    return 0;
+  }
   auto arg = [&](int i) { return std::atoi(argv[i]); };
   try {
     if (cmd == "size") {
