@@ -74,7 +74,7 @@ ImageFileDataset::ImageFileDataset(std::vector<File> files, std::vector<std::str
   name = std::move(n);
   side_ = pipeline_.resized_crop > 0 ? pipeline_.resized_crop : pipeline_.center_crop;
   FANOUT_USER_CHECK(side_ > 0) << "dataset '" << name
-                               << "': its images differ in size, so --augment must make them one: "
+                               << "': image files need --augment to give the size the model sees: "
                                   "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
   FANOUT_CHECK(pipeline_.crop_padding < 0) << "crop:P on image files";
   if (mean_.empty()) mean_.assign(3, 0.f), std_.assign(3, 1.f);
@@ -249,24 +249,28 @@ std::vector<std::string> class_names(const fs::path& split) {
 
 }  // namespace
 
-void check_image_set(const char* kind, const std::string& dir, const Augment& augment) {
+void check_image_dir(const char* kind, const std::string& dir) {
   FANOUT_USER_CHECK(!dir.empty()) << "bad dataset '" << kind << ":': give its directory (" << kind << ":DIR)";
   FANOUT_USER_CHECK(fs::is_directory(dir)) << kind << ":" << dir << ": no such directory";
+}
+
+void check_output_size(const char* kind, const std::string& dir, const Augment& augment) {
   FANOUT_USER_CHECK(augment.resized_crop > 0 || augment.center_crop > 0)
-      << kind << ":" << dir << ": its images differ in size, so --augment must make them one: "
+      << kind << ":" << dir << ": image files need --augment to give the size the model sees: "
       << "random-resized-crop:S or center-crop:S (e.g. random-resized-crop:224,flip)";
 }
 
 ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augment, const std::string& normalize,
                                     bool skip_bad) {
-  check_image_set("imagefolder", dir, augment);
-  std::vector<float> mean, std;
-  parse_normalize(normalize, mean, std);
+  check_image_dir("imagefolder", dir);
   const fs::path root(dir);
   for (const char* split : {"train", "val"})
     FANOUT_USER_CHECK(fs::is_directory(root / split))
         << "imagefolder:" << dir << " has no " << split << " folder (expected " << dir << "/train/<class>/... and "
         << dir << "/val/<class>/...)";
+  check_output_size("imagefolder", dir, augment);
+  std::vector<float> mean, std;
+  parse_normalize(normalize, mean, std);
   const std::vector<std::string> classes = class_names(root / "train");
   FANOUT_USER_CHECK(!classes.empty()) << "imagefolder:" << dir << "/train has no class folders";
   const std::vector<std::string> val_classes = class_names(root / "val");

@@ -23,10 +23,12 @@ namespace fanout::data {
 // channel). One-line errors for anything else or a std that is not positive.
 void parse_normalize(const std::string& spec, std::vector<float>& mean, std::vector<float>& std);
 
-// What opening a set of image files ("KIND:DIR") checks first, in one-line
-// errors: DIR is given and is a directory, and `augment` makes every image
-// one size (the images differ).
-void check_image_set(const char* kind, const std::string& dir, const Augment& augment);
+// What opening a set of image files ("KIND:DIR") checks, in one-line
+// errors: first that DIR is given and is a directory; once its layout
+// is checked, that `augment` gives the model one size (random-resized-crop
+// or center-crop).
+void check_image_dir(const char* kind, const std::string& dir);
+void check_output_size(const char* kind, const std::string& dir, const Augment& augment);
 
 class ImageFileDataset : public Dataset {
  public:
@@ -83,6 +85,7 @@ Augment eval_pipeline(const Augment& train);
 
 struct ImageFolderSplits {
   std::shared_ptr<ImageFileDataset> train, val;
+  std::vector<std::string> warnings;  // one line each, for the user
 };
 // "imagefolder:DIR". `augment` is the training pipeline (--augment), which
 // must fix the output size; one-line errors for a missing or empty folder, a

@@ -19,6 +19,7 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
     s.classes = static_cast<int64_t>(f.train->classes().size());
     s.train = f.train;
     s.test = f.val;
+    s.warnings = f.warnings;
     return s;
   }
   if (kind != "tokens" && kind != "text" && kind != "text-bytes") {

@@ -126,6 +126,10 @@ Augment parse_augment(const std::string& spec) {
       }
     } else if (part.rfind("resize:", 0) == 0) {
       once(a.resize > 0, part);
+      // The pipeline runs in torchvision's order, resize then center-crop; the other order would be another one.
+      FANOUT_USER_CHECK(a.center_crop == 0)
+          << "bad augmentation '" << spec << "': resize goes before center-crop (resize:R,center-crop:S), the order "
+          << "they run in";
       a.resize = parse_int(spec, arg(7), "resize's size", 1, kMaxSide);
     } else if (part == "jpeg-draft") {
       once(a.jpeg_draft, part);

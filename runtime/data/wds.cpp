@@ -131,6 +131,7 @@ ShardSamples read_shard(const std::string& path) {
   struct Sample {
     const TarMember* image = nullptr;
     const TarMember* cls = nullptr;
+    const TarMember* dotted = nullptr;  // a field such as "000.jpg": an image or label under another name
   };
   std::vector<std::string> order;
   std::map<std::string, Sample> by_key;
@@ -140,9 +141,15 @@ ShardSamples read_shard(const std::string& path) {
     if (dot == std::string::npos) continue;
     const std::string key = m.name.substr(0, dot), ext = m.name.substr(dot + 1);
     const bool img = image_ext(ext), cls = ext == "cls";
-    if (!img && !cls) continue;  // other members (.json, .txt...) are not used
+    const size_t last = ext.rfind('.');
+    const bool dotted = last != std::string::npos && (image_ext(ext.substr(last + 1)) || ext.substr(last + 1) == "cls");
+    if (!img && !cls && !dotted) continue;  // other members (.json, .txt...) are not used
     auto [it, fresh] = by_key.try_emplace(key);
     if (fresh) order.push_back(key);
+    if (dotted) {
+      if (!it->second.dotted) it->second.dotted = &m;
+      continue;
+    }
     const TarMember*& slot = img ? it->second.image : it->second.cls;
     FANOUT_USER_CHECK(slot == nullptr) << "shard " << path << ": sample '" << key << "' has two "
                                        << (img ? "images" : ".cls members");
@@ -153,6 +160,13 @@ ShardSamples read_shard(const std::string& path) {
   FANOUT_USER_CHECK(f.fd >= 0) << "cannot read shard " << path << ": " << std::strerror(errno);
   for (const std::string& key : order) {
     const Sample& smp = by_key[key];
+    // WebDataset's key ends at the first dot of the name: img.000.jpg is field "000.jpg" of sample "img".
+    if (!smp.image && !smp.cls && smp.dotted) {
+      const std::string& n = smp.dotted->name;
+      FANOUT_FAIL() << "shard " << path << ": member " << n << " is field '" << n.substr(key.size() + 1)
+                    << "' of sample '" << key << "', which has no image or .cls (a sample's key ends at the first "
+                    << "dot of the name, as WebDataset's: rename such files KEY.jpg and KEY.cls)";
+    }
     FANOUT_USER_CHECK(smp.image != nullptr) << "shard " << path << ": sample '" << key
                                             << "' has no image (.jpg, .jpeg or .png)";
     FANOUT_USER_CHECK(smp.cls != nullptr) << "shard " << path << ": sample '" << key << "' has no .cls";
@@ -195,14 +209,16 @@ std::vector<std::string> shards(const std::string& dir, const std::string& split
 
 ImageFolderSplits open_wds(const std::string& dir, const Augment& augment, const std::string& normalize,
                            bool skip_bad) {
-  check_image_set("wds", dir, augment);
+  check_image_dir("wds", dir);
+  for (const char* split : {"train", "val"})
+    FANOUT_USER_CHECK(!shards(dir, split).empty()) << "wds:" << dir << " has no " << split << "-*.tar shards";
+  check_output_size("wds", dir, augment);
   std::vector<float> mean, std;
   parse_normalize(normalize, mean, std);
   ImageFolderSplits s;
   int32_t classes = 0;
   for (const char* split : {"train", "val"}) {
     const std::vector<std::string> paths = shards(dir, split);
-    FANOUT_USER_CHECK(!paths.empty()) << "wds:" << dir << " has no " << split << "-*.tar shards";
     std::vector<ImageFileDataset::File> files;
     std::vector<int64_t> sizes;
     for (const std::string& p : paths) {
@@ -214,7 +230,18 @@ ImageFolderSplits open_wds(const std::string& dir, const Augment& augment, const
     const bool train = std::strcmp(split, "train") == 0;
     int32_t top = 0;
     for (const auto& f : files) top = std::max(top, f.label + 1);
-    if (train) classes = top;
+    if (train) {
+      classes = top;
+      std::vector<int32_t> used;
+      for (const auto& f : files) used.push_back(f.label);
+      std::sort(used.begin(), used.end());
+      const int64_t n = std::unique(used.begin(), used.end()) - used.begin();
+      // The model's classes come from the largest label: a mistyped one makes a far larger head.
+      if (n < top)
+        s.warnings.push_back("wds:" + dir + ": " + std::to_string(top) + " classes (0.." + std::to_string(top - 1) +
+                             ", from the largest .cls of the training shards), " + std::to_string(n) +
+                             " of them with training samples");
+    }
     FANOUT_USER_CHECK(top <= classes) << "wds:" << dir << ": validation has class " << top - 1
                                       << ", beyond the training shards' classes 0.." << classes - 1;
     std::vector<std::string> names;

@@ -106,10 +106,12 @@ TEST(ParseAugment, ImageFileTransforms) {
   EXPECT_EQ(b.scale_max, 0.75);
   EXPECT_EQ(b.str(), "random-resized-crop:64:0.25:0.75,flip");
   EXPECT_EQ(parse_augment(b.str()).str(), b.str());
-  const Augment c = parse_augment("center-crop:224,resize:256");
+  const Augment c = parse_augment("resize:256,center-crop:224");
   EXPECT_EQ(c.resize, 256);
   EXPECT_EQ(c.center_crop, 224);
   EXPECT_EQ(c.str(), "resize:256,center-crop:224");
+  // torchvision's Compose([CenterCrop(224), Resize(256)]) would be another pipeline: refused, not reordered.
+  expect_user_error([] { parse_augment("center-crop:224,resize:256"); }, {"resize goes before center-crop"});
   EXPECT_FALSE(parse_augment("crop:4,flip").for_files());
   for (const char* spec : {"random-resized-crop:0", "random-resized-crop:x", "resize:0", "center-crop:-3",
                            "random-resized-crop:20000"})

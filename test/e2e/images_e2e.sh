@@ -84,7 +84,7 @@ cp -r "$work/imgs" "$work/hollow" && mkdir -p "$work/hollow/train/zz/.hidden" "$
 bad "class folder $work/hollow/train/zz has no .jpg, .jpeg or .png files" "$work/hollow"
 "$DP_TRAIN" --data "imagefolder:$work/imgs" --augment flip --model cnn --epochs 1 --progress off > "$work/bad.out" \
   2> "$work/bad.err" && fail "--augment flip on image files ran"
-grep -q "its images differ in size, so --augment must make them one" "$work/bad.err" || { cat "$work/bad.err"; fail "no size line"; }
+grep -q "image files need --augment to give the size the model sees" "$work/bad.err" || { cat "$work/bad.err"; fail "no size line"; }
 cp -r "$work/imgs" "$work/corrupt" && head -c 2000 /dev/urandom > "$work/corrupt/train/class3/00007.jpg"
 bad "cannot decode image $work/corrupt/train/class3/00007.jpg: not a JPEG or PNG file" "$work/corrupt"
 cp -r "$work/imgs" "$work/unreadable" && ln -s "$work/nowhere.jpg" "$work/unreadable/val/class2/gone.jpg"
@@ -181,6 +181,34 @@ with tarfile.open(path, "w") as out:
             out.addfile(m, io.BytesIO(data))
 PY
 wbad "shard $work/wnocls/val-000000.tar: sample 'sample0000003' has no .cls" "$work/wnocls"
+# Extra dots in a name: WebDataset's key ends at the first one, so sample.0000003.jpg is field '0000003.jpg'
+# of sample 'sample', which has no image: refused (the other samples of the shard are fine).
+cp -r "$work/wds" "$work/wdots" && python3 - "$work/wdots/val-000000.tar" <<'PY'
+import sys, tarfile, io
+path = sys.argv[1]
+t = tarfile.open(path); members = [(m, t.extractfile(m).read()) for m in t.getmembers()]; t.close()
+with tarfile.open(path, "w") as out:
+    for m, data in members:
+        m.name = m.name.replace("sample0000003.", "sample.0000003.")
+        out.addfile(m, io.BytesIO(data))
+PY
+wbad "is field '0000003." "$work/wdots"
+grep -qF "of sample 'sample', which has no image or .cls" "$work/bad.err" || fail "wds: the dotted sample not named"
+# The classes come from the largest label: one far above the others is said.
+cp -r "$work/wds" "$work/wlabel" && python3 - "$work/wlabel/train-000000.tar" <<'PY'
+import sys, tarfile, io
+path = sys.argv[1]
+t = tarfile.open(path); members = [(m, t.extractfile(m).read()) for m in t.getmembers()]; t.close()
+with tarfile.open(path, "w") as out:
+    for m, data in members:
+        if m.name == "sample0000000.cls":
+            data, m.size = b"60\n", 3
+        out.addfile(m, io.BytesIO(data))
+PY
+"$DP_TRAIN" "${base[@]}" --data "wds:$work/wlabel" --model mlp --devices cpu --epochs 1 --max-steps 1 \
+  > "$work/wlabel.out" 2> "$work/wlabel.err" || { cat "$work/wlabel.err"; fail "wds: a large label ended the run"; }
+grep -q "warning: wds:$work/wlabel: 61 classes (0..60, from the largest .cls of the training shards), [0-9]* of them with training samples" \
+  "$work/wlabel.err" || { cat "$work/wlabel.err"; fail "wds: no warning for the unused classes"; }
 
 # Only the file list is in memory: peak host memory with 20,000 files within 10% of that with 2,000.
 for n in 200 2000; do
