@@ -581,7 +581,19 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
                   {"epochs", c.epochs},
                   {"seed", static_cast<int64_t>(c.seed)},
                   {"optimizer (kind)", static_cast<int64_t>(optim::parse_optimizer(c.optimizer))},
-                  {"training samples", data.train->size()}};
+                  {"training samples", data.train->size()},
+                  {"--max-steps", c.max_steps},
+                  {"--nesterov", c.nesterov},
+                  {"--warmup-steps", c.warmup_steps},
+                  {"--lr-decay-steps", c.lr_decay_steps},
+                  {"--lr-schedule (hash)", static_cast<int64_t>(std::hash<std::string>{}(c.lr_schedule) >> 1)}};
+    // The optimizer's and schedule's numbers: every rank steps its own optimizer on the same gradients.
+    for (auto [name, v] : {std::pair{"--lr", double{c.lr}}, {"--momentum", double{c.momentum}},
+                           {"--weight-decay", double{c.weight_decay}}, {"--betas (beta1)", c.beta1}, {"--betas (beta2)", c.beta2},
+                           {"--eps", c.eps}, {"--clip-grad-norm", c.clip_grad_norm},
+                           {"--clip-grad-value", double{c.clip_grad_value}}, {"--min-lr", double{c.min_lr}},
+                           {"--warmup-epochs", double{c.warmup_epochs}}, {"--label-smoothing", double{c.label_smoothing}}})
+      spec.agree.push_back(distributed::agreed(name, v));
   }
   return make_engine(model, std::move(spec));
 }

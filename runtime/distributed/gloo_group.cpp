@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
-#include <mutex>
+#include <cstdlib>
+#include <cstring>
 #include <map>
+#include <mutex>
+#include <sstream>
 
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
@@ -338,7 +340,7 @@ void check_agreement(ProcessGroup& g, const Agreement& fields,
   if (g.size() == 1 || n == 0) return;
   Tensor mine = Tensor::empty(Shape{n + 1}, DType::I64);
   mine.data<int64_t>()[0] = n;  // a rank built from other code would list other fields
-  for (int64_t i = 0; i < n; ++i) mine.data<int64_t>()[i + 1] = fields[static_cast<size_t>(i)].second;
+  for (int64_t i = 0; i < n; ++i) mine.data<int64_t>()[i + 1] = fields[static_cast<size_t>(i)].value;
   Tensor all = Tensor::empty(Shape{g.size() * (n + 1)}, DType::I64);
   gather(mine, all);
   const int64_t* v = all.data<int64_t>();
@@ -346,10 +348,20 @@ void check_agreement(ProcessGroup& g, const Agreement& fields,
     const int64_t* theirs = v + r * (n + 1);
     FANOUT_USER_CHECK(theirs[0] == n) << "rank " << r << " describes its run with " << theirs[0]
                                       << " fields where rank 0 has " << n << " (every rank must run the same program)";
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
+      const Agreed& f = fields[static_cast<size_t>(i)];
+      const auto show = [&](int64_t x) {
+        if (!f.real) return std::to_string(x);
+        double d;
+        std::memcpy(&d, &x, sizeof d);
+        std::ostringstream o;
+        o << d;
+        return o.str();
+      };
       FANOUT_USER_CHECK(theirs[i + 1] == v[i + 1])
-          << "rank " << r << " has " << fields[static_cast<size_t>(i)].first << " " << theirs[i + 1]
-          << " where rank 0 has " << v[i + 1] << " (every rank must run the same model and options)";
+          << "rank " << r << " has " << f.name << " " << show(theirs[i + 1]) << " where rank 0 has " << show(v[i + 1])
+          << " (every rank must run the same model and options)";
+    }
   }
 }
 

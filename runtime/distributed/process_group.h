@@ -12,8 +12,9 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
-#include <memory>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,7 +109,18 @@ class ProcessGroup {
 // memory through `gather`) and fails, on every rank, with one line naming
 // the first rank and field that differ from rank 0's: "rank 1 has batch size
 // 64 where rank 0 has 32 (every rank must run the same model and options)".
-using Agreement = std::vector<std::pair<std::string, int64_t>>;
+struct Agreed {
+  std::string name;
+  int64_t value = 0;
+  bool real = false;  // value holds a double's bits (agreed(), shown as a number)
+};
+using Agreement = std::vector<Agreed>;
+inline Agreed agreed(std::string name, double v) {
+  int64_t bits;
+  static_assert(sizeof bits == sizeof v);
+  std::memcpy(&bits, &v, sizeof v);
+  return {std::move(name), bits, true};
+}
 void check_agreement(ProcessGroup& g, const Agreement& fields,
                      const std::function<void(const Tensor& in, Tensor& out)>& gather);
 

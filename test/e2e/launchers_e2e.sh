@@ -58,31 +58,35 @@ by_env torchrun env "$work/rdzv-torchrun" RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL
 by_env srun flag "$work/rdzv-srun" SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=7 -- \
   SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=7
 
-# Rank 1 with another --batch-size (the environment torchrun gives).
+# Rank 1 with another --batch-size, or another --lr (the environment torchrun gives): both ranks end naming it.
 mismatch=(--model lenet --data synthetic:480 --epochs 1 --seed 3 --progress off --workers 0 --strategy ddp
           --devices cpu:2 --timeout 20)
-t0=$(date +%s)
-env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 FANOUT_RDZV="file:$work/rdzv-mismatch" \
-  timeout 120 "$DP_TRAIN" "${mismatch[@]}" --batch-size 48 > "$work/mm0.out" 2>&1 &
-m0=$!
-env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 FANOUT_RDZV="file:$work/rdzv-mismatch" \
-  timeout 120 "$DP_TRAIN" "${mismatch[@]}" --batch-size 96 > "$work/mm1.out" 2>&1 &
-m1=$!
-pids+=("$m0" "$m1")
-rc0=0 rc1=0
-wait "$m0" || rc0=$?
-wait "$m1" || rc1=$?
-pids=()
-elapsed=$(( $(date +%s) - t0 ))
-for i in 0 1; do
-  rc=$([ $i = 0 ] && echo $rc0 || echo $rc1)
-  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { cat "$work/mm$i.out"; fail "mismatched rank $i: exit $rc"; }
-  grep -q "dp-train: error: rank 1 has batch size 96 where rank 0 has 48 (every rank must run the same model and options)" \
-    "$work/mm$i.out" || { cat "$work/mm$i.out"; fail "rank $i does not name the batch size"; }
-  [ "$(grep -c 'error' "$work/mm$i.out")" -eq 1 ] || { cat "$work/mm$i.out"; fail "rank $i: more than one error line"; }
-done
-[ "$elapsed" -le 30 ] || fail "the mismatched ranks took ${elapsed} s (--timeout 20)"
-echo "a rank with another --batch-size: both ranks end in ${elapsed} s naming it"
+mismatched() {  # mismatched NAME WANT RANK0-OPTION RANK1-OPTION
+  local name=$1 want=$2 t0 m0 m1 rc0=0 rc1=0 rc elapsed i
+  t0=$(date +%s)
+  env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 FANOUT_RDZV="file:$work/rdzv-$name" \
+    timeout 120 "$DP_TRAIN" "${mismatch[@]}" $3 > "$work/$name-0.out" 2>&1 &
+  m0=$!
+  env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 FANOUT_RDZV="file:$work/rdzv-$name" \
+    timeout 120 "$DP_TRAIN" "${mismatch[@]}" $4 > "$work/$name-1.out" 2>&1 &
+  m1=$!
+  pids+=("$m0" "$m1")
+  wait "$m0" || rc0=$?
+  wait "$m1" || rc1=$?
+  pids=()
+  elapsed=$(( $(date +%s) - t0 ))
+  for i in 0 1; do
+    rc=$([ $i = 0 ] && echo $rc0 || echo $rc1)
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { cat "$work/$name-$i.out"; fail "$name: mismatched rank $i: exit $rc"; }
+    grep -qF "dp-train: error: rank 1 has $want (every rank must run the same model and options)" \
+      "$work/$name-$i.out" || { cat "$work/$name-$i.out"; fail "$name: rank $i does not name it"; }
+    [ "$(grep -c 'error' "$work/$name-$i.out")" -eq 1 ] || { cat "$work/$name-$i.out"; fail "$name: rank $i: more than one error line"; }
+  done
+  [ "$elapsed" -le 30 ] || fail "$name: the mismatched ranks took ${elapsed} s (--timeout 20)"
+  echo "a rank with another $name: both ranks end in ${elapsed} s naming it"
+}
+mismatched batch "batch size 96 where rank 0 has 48" "--batch-size 48" "--batch-size 96"
+mismatched lr "--lr 0.5 where rank 0 has 0.02" "--batch-size 48 --lr 0.02" "--batch-size 48 --lr 0.5"
 
 python3 - "$work" <<'PY'
 import json, sys
