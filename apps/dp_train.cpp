@@ -970,7 +970,14 @@ data::DataSplits open_run_data(const train::RunConfig& c, const Process& p) {
 // run's newest), as would a resume from a checkpoint that later ones follow.
 std::unique_ptr<train::CheckpointSaver> open_save_dir(const train::RunConfig& c) {
   const std::string save_to = save_dir_of(c);
-  auto saver = std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last);
+  std::unique_ptr<train::CheckpointSaver> saver;
+  try {
+    saver = std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last);
+  } catch (const Error& e) {
+    if (!c.save_dir.empty()) throw;
+    // --resume DIR saves there too: a directory it cannot write needs another.
+    throw Error(std::string(e.what()) + " (--resume DIR keeps saving into DIR; give --save-dir to save elsewhere)");
+  }
   if (const int n = saver->lock().removed_temporaries())
     std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
                 save_to.c_str());

@@ -85,9 +85,10 @@ GPTConfig parse_gpt_config(const std::string& spec, int64_t data_vocab, bool* vo
           << "gpt: dropout=" << v << " is not a probability in [0, 1)";
       c.dropout = p;
     } else if (key == "bias") {
-      FANOUT_USER_CHECK(v == "true" || v == "false" || v == "1" || v == "0")
-          << "gpt: bias=" << v << " is not true or false";
-      c.bias = v == "true" || v == "1";
+      // nanoGPT's configurator spells Python's True and False.
+      const bool on = v == "true" || v == "True" || v == "1", off = v == "false" || v == "False" || v == "0";
+      FANOUT_USER_CHECK(on || off) << "gpt: bias=" << v << " is not true or false (true, True, 1, false, False, 0)";
+      c.bias = on;
     } else {
       FANOUT_FAIL() << "gpt: unknown config key '" << key
                     << "' (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, dropout, bias)";

@@ -397,7 +397,8 @@ TokenSplits open_token_dir(const std::string& dir, int64_t block_size, int64_t v
   FANOUT_USER_CHECK(vocab == 0 || s.meta.vocab_size == 0 || vocab >= s.meta.vocab_size)
       << "the model's vocab_size " << vocab << " is smaller than the data's " << s.meta.vocab_size << " (" << dir
       << "/meta.json)";
-  const int64_t v = vocab > 0 ? vocab : s.meta.vocab_size;
+  // Ids are checked against meta.json's vocab_size where it gives one (a model's may be larger: padded).
+  const int64_t v = s.meta.vocab_size > 0 ? s.meta.vocab_size : vocab;
   s.train = std::make_unique<TokenWindows>(TokenFile::open(dir + "/train.bin"), block_size, v, "tokens/train");
   s.val = std::make_unique<TokenWindows>(TokenFile::open(dir + "/val.bin"), block_size, v, "tokens/val");
   return s;

@@ -141,7 +141,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, const Start&
 class OutputRouter {
  public:
   explicit OutputRouter(const std::string& name)
-      : err_prefix_(name + ": error: "), internal_prefix_(name + ": internal error: "), buf_(1 << 16) {}
+      : name_(name), err_prefix_(name + ": error: "), internal_prefix_(name + ": internal error: "), buf_(1 << 16) {}
 
   // Waits up to 100 ms for output on the workers' open pipes and routes what
   // came; a pipe at its end is closed (its partial stderr line routed).
@@ -165,7 +165,12 @@ class OutputRouter {
         if (is_err) route_err(w, false);
         continue;
       }
-      if (w.log.is_open()) w.log.write(buf_.data(), n).flush();
+      if (w.log.is_open() && !w.log.write(buf_.data(), n).flush()) {
+        // Losing a log ends no run: said once, the rank's output still reaches the terminal.
+        std::fprintf(stderr, "%s: warning: cannot write rank %d's --log-dir file any more (disk full?); its output "
+                     "is no longer logged\n", name_.c_str(), w.rank);
+        w.log.close();
+      }
       if (!is_err) {
         if (w.rank == 0) write_all(STDOUT_FILENO, buf_.data(), static_cast<size_t>(n));
         continue;
@@ -211,7 +216,7 @@ class OutputRouter {
     }
   }
 
-  const std::string err_prefix_, internal_prefix_;
+  const std::string name_, err_prefix_, internal_prefix_;
   std::vector<char> buf_;
 };
 
@@ -483,7 +488,13 @@ class Supervisor {
     w.pid = pid;
     w.out = out[0];
     w.err = err[0];
-    if (!o_.log_dir.empty()) w.log.open(o_.log_dir + "/rank-" + std::to_string(w.rank) + ".log", std::ios::trunc);
+    if (!o_.log_dir.empty()) {
+      // A restart appends: the failed start's output stays for the post-mortem.
+      w.log.open(o_.log_dir + "/rank-" + std::to_string(w.rank) + ".log",
+                 st_.restart == 0 ? std::ios::trunc : std::ios::app);
+      if (st_.restart > 0)
+        w.log << "--- " << o_.name << ": restart " << st_.restart << " of " << o_.max_restarts << " ---\n" << std::flush;
+    }
   }
 
   // Sends sig to every worker that has not been reaped.

@@ -147,7 +147,10 @@ void probe_rendezvous(const Rendezvous& r, double timeout_s) {
     err = authenticate(c, r);
     if (err.empty()) {
       auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));
-      if (reply == nullptr) {
+      if (reply == nullptr && c->err == REDIS_ERR_PROTOCOL) {
+        // Something answered, not in Redis's protocol: a web server, another service on the port.
+        err = std::string("what answers there is not a Redis server (") + c->errstr + "): check the host and port";
+      } else if (reply == nullptr) {
         err = "no reply to PING within " + std::to_string(static_cast<int>(std::ceil(std::min(timeout_s, 10.0)))) +
               " s" + (c->err ? std::string(" (") + c->errstr + ")" : "");
       } else if (reply->type == REDIS_REPLY_ERROR) {

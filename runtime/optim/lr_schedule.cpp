@@ -9,14 +9,16 @@
 
 namespace fanout::optim {
 
+float LrSchedule::at_run_step(int64_t step) const {
+  const double it = static_cast<double>(step);
+  if (it < warmup_steps) return static_cast<float>(base_lr * (it + 1) / (warmup_steps + 1));
+  if (it > lr_decay_steps) return min_lr;
+  const double ratio = (it - warmup_steps) / (lr_decay_steps - warmup_steps);
+  return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (base_lr - min_lr));
+}
+
 float LrSchedule::at(int epoch, int step, int steps_per_epoch) const {
-  if (kind == Kind::WarmupCosine) {
-    const double it = static_cast<double>(epoch) * steps_per_epoch + step;
-    if (it < warmup_steps) return static_cast<float>(base_lr * (it + 1) / (warmup_steps + 1));
-    if (it > lr_decay_steps) return min_lr;
-    const double ratio = (it - warmup_steps) / (lr_decay_steps - warmup_steps);
-    return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (base_lr - min_lr));
-  }
+  if (kind == Kind::WarmupCosine) return at_run_step(int64_t{epoch} * steps_per_epoch + step);
   double lr = base_lr;
   switch (kind) {
     case Kind::Constant: break;

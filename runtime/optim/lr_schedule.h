@@ -28,6 +28,11 @@ struct LrSchedule {
 
   // lr for the given epoch (0-based) and step in it; steps_per_epoch > 0.
   float at(int epoch, int step, int steps_per_epoch) const;
+  // warmup-cosine's rate at the run's step `it` (0-based: the steps taken
+  // before it, nanoGPT's iter_num); a trainer passes its own count, which a
+  // resume continues whatever the epochs' lengths were.
+  float at_run_step(int64_t it) const;
+  bool per_run_step() const { return kind == Kind::WarmupCosine; }
 };
 
 // Parses "constant", "step[:STEP_SIZE[:GAMMA]]", "multistep:M1,M2,...[:GAMMA]",

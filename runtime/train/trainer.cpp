@@ -511,7 +511,11 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       for (int64_t i = b; i < std::min(nb, b + k); ++i) group_rows += rows_of(i);
     }
     const bool last_in_group = b % k == k - 1 || b == nb - 1;
-    const float lr = cfg_.schedule.at(epoch, static_cast<int>(steps_before + group), static_cast<int>(opt_steps));
+    // Per run step (warmup-cosine): the run's own count, which a resume continues exactly, even after an epoch
+    // cut short by --max-steps or a batch-size change; per epoch: the position in the epoch.
+    const float lr = cfg_.schedule.per_run_step()
+                         ? cfg_.schedule.at_run_step(steps())
+                         : cfg_.schedule.at(epoch, static_cast<int>(steps_before + group), static_cast<int>(opt_steps));
     m.lr = lr;
     const float grad_scale = loss_gradient_scale(scaler_.get()) / static_cast<float>(group_rows * world);
     // Random draws (Dropout) keyed by the position in the run, so a resumed run draws the same.
@@ -568,7 +572,9 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   epoch_end_ = {b, t.to_json(criterion.sum_names()), norms};
   if (b == nb) epoch_end_.totals[kEpochDone] = true;
   if (b == b0 && b0 > 0)  // no batch trained here (resumed after the last): the rate of the step before
-    m.lr = cfg_.schedule.at(epoch, static_cast<int>(steps_before + (b0 - 1) / k), static_cast<int>(opt_steps));
+    m.lr = cfg_.schedule.per_run_step()
+               ? cfg_.schedule.at_run_step(std::max<int64_t>(0, steps() - 1))
+               : cfg_.schedule.at(epoch, static_cast<int>(steps_before + (b0 - 1) / k), static_cast<int>(opt_steps));
   const auto t1 = std::chrono::steady_clock::now();
   m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
   // Evaluations inside the epoch are not training time.
@@ -577,15 +583,16 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const int64_t here = b - b0;  // batches this call trained
   m.steady_epoch_seconds = warm > 0 && here > warm
                                ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
-                               : m.epoch_seconds;
+                               : steady;  // without the evaluations inside the epoch, as with a warm-up
   m.train_loss = t.mean_loss();
   m.loss_format = criterion.loss_format();
   score(m.metrics, metrics, t, /*test=*/false);
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
   m.tokens_per_sample = tokens_per_sample_;
   m.grad_norms = cfg_.clip_grad_norm > 0;
-  m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : std::nan("");
-  m.grad_norm_max = norms.steps > 0 ? norms.max : std::nan("");
+  const double unmeasured = m.grad_norms ? std::nan("") : 0.0;  // clipping on, every step skipped
+  m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : unmeasured;
+  m.grad_norm_max = norms.steps > 0 ? norms.max : unmeasured;
   if (scaler_) {
     m.loss_scaling = true;
     m.loss_scale = scaler_->scale();

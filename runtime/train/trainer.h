@@ -147,7 +147,7 @@ struct EpochMetrics {
   // perplexity exp(test loss); 0 otherwise.
   int64_t tokens_per_sample = 0;
   // The epoch's time without its first timing_warmup steps, scaled to all
-  // of its steps (epoch_seconds when there is no warm-up).
+  // of its steps; evaluations inside the epoch (eval_every) are left out.
   double steady_epoch_seconds = 0;
   double lr = 0;
   // With clip_grad_norm: the total gradient norm before clipping, mean and max over the epoch's steps

@@ -311,6 +311,23 @@ TEST(TextData, OpenDataNeedsALanguageModelAndAWindowThatFits) {
   std::filesystem::create_directory(dir.path() + "/bare");
   EXPECT_EQ(error_of([&] { data::open_data("tokens:" + dir.path() + "/bare", o); }),
             "token data " + dir.path() + "/bare has no meta.json giving vocab_size: give the model's vocab_size");
+  // meta.json's vocab_size bounds the ids also under a larger (padded) model vocabulary.
+  const std::string meta = dir.path() + "/meta";
+  std::filesystem::create_directory(meta);
+  std::vector<uint16_t> ids(500);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7) % 10);
+  ids[3] = 40;
+  for (const char* f : {"/train.bin", "/val.bin"}) write_bytes(meta + f, ids.data(), ids.size() * 2);
+  std::ofstream(meta + "/meta.json") << R"({"vocab_size": 10})";
+  o.block_size = 8;
+  o.vocab_size = 64;
+  EXPECT_EQ(error_of([&] { data::open_data("tokens:" + meta, o); }),
+            "token file " + meta + "/train.bin: token 40 at position 3 is outside the vocabulary [0, 10)");
+  ids[3] = 9;
+  for (const char* f : {"/train.bin", "/val.bin"}) write_bytes(meta + f, ids.data(), ids.size() * 2);
+  const data::DataSplits ok = data::open_data("tokens:" + meta, o);
+  EXPECT_EQ(ok.classes, 10);
+  EXPECT_EQ(ok.tokens.vocab_size, 64) << "the model's vocabulary, as the checkpoints record it";
 }
 
 // bench/pytorch/window_order.py (the PyTorch side-by-side trainer's batches)

@@ -35,8 +35,9 @@ rank1_of() {  # the launcher's worker with RANK=1
 cut() {
   local kills=$1 max=$2 saves=0 k victim
   rm -rf cut cut.jsonl
+  rm -rf cutlogs
   FANOUT_TEST_STEP_SLEEP_S=0.01 "$DP_TRAIN" "${a[@]}" --save-dir cut --metrics cut.jsonl --save-every-steps 50 \
-    --max-restarts "$max" > cut.out 2> cut.err &
+    --max-restarts "$max" --log-dir cutlogs > cut.out 2> cut.err &
   local launcher=$!
   pids+=("$launcher")
   for k in $(seq 1 "$kills"); do
@@ -74,6 +75,11 @@ done
 [ "$(grep -c 'rank 1 (pid [0-9]*) was killed by signal 9' cut.err)" -eq 2 ] ||
   { cat cut.err; fail "the two kills are not both named"; }
 [ "$(grep -c 'resumed from cut/epoch-' cut.out)" -eq 2 ] || { cat cut.out; fail "not two resumes from the save directory"; }
+# --log-dir keeps every start: rank 0's log holds each start's first line and each restart's mark, in order.
+[ "$(grep -c '^fanout dp-train: model' cutlogs/rank-0.log)" -eq 3 ] || { cat cutlogs/rank-0.log; fail "rank 0's log lost a start"; }
+[ "$(grep -c -e '--- dp-train: restart [12] of 2 ---' cutlogs/rank-0.log)" -eq 2 ] &&
+  [ "$(grep -c -e '--- dp-train: restart [12] of 2 ---' cutlogs/rank-1.log)" -eq 2 ] ||
+  { cat cutlogs/rank-0.log; fail "a rank's log has not both restart marks"; }
 python3 - <<'PY' || fail "the restarted run differs from the uninterrupted one"
 import json
 from safetensors.numpy import load_file

@@ -170,6 +170,11 @@ TEST(GPTConfigTest, PresetsKeysAndErrors) {
   const GPTConfig mix = models::parse_gpt_config("preset=gpt-char,n_layer=4,n_head=4,n_embd=128,block_size=64", 65);
   EXPECT_EQ(mix, (GPTConfig{64, 65, 4, 4, 128, 0.2f, false}));
   EXPECT_EQ(models::parse_gpt_config("n_layer=1,bias=false,dropout=0.1,vocab_size=7").vocab_size, 7);
+  // nanoGPT's configurator spelling (Python's True and False) too.
+  EXPECT_FALSE(models::parse_gpt_config("vocab_size=7,bias=False").bias);
+  EXPECT_TRUE(models::parse_gpt_config("vocab_size=7,bias=True").bias);
+  EXPECT_NE(error_of([] { models::parse_gpt_config("vocab_size=7,bias=yes"); }).find("bias=yes is not true or false"),
+            std::string::npos);
   EXPECT_EQ(error_of([] { models::parse_gpt_config("n_layers=3"); }),
             "gpt: unknown config key 'n_layers' (keys: preset, n_layer, n_head, n_embd, block_size, vocab_size, "
             "dropout, bias)");

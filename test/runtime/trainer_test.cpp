@@ -347,9 +347,13 @@ TEST(Trainer, EvalEveryEvaluatesEvenlySpacedRowsWithoutChangingTraining) {
       EXPECT_GT(e.elapsed_seconds, 0);
       EXPECT_EQ(e.lr, 0.05f);
       since_sum = 0, since_rows = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // evaluation time the speeds leave out
     };
     r.last = t.run();
     ASSERT_EQ(evals.size(), 5u);  // steps 15, 30 | 45, 60, 75 of 80
+    // Epoch 2 held three evaluations of at least 0.2 s each: its steady time (and so its speed) leaves them out.
+    EXPECT_LE(r.last.steady_epoch_seconds, r.last.epoch_seconds - 0.6)
+        << "steady " << r.last.steady_epoch_seconds << " s, epoch " << r.last.epoch_seconds << " s";
     for (size_t k = 0; k < evals.size(); ++k) {
       EXPECT_EQ(evals[k].step, static_cast<int64_t>(15 * (k + 1)));
       EXPECT_EQ(evals[k].epoch, k < 2 ? 1 : 2);
@@ -545,6 +549,43 @@ TEST(Trainer, StepsTheLossScalerSkipsAreStepsOfTheRun) {
   train::Trainer unscaled(plain, engine, *opt, data);
   unscaled.set_steps_skipped_before(10 - opt->steps());
   EXPECT_EQ(unscaled.steps(), 10);
+}
+
+// warmup-cosine follows the run's step count (nanoGPT's iter_num), not the
+// position in the epoch: a run cut by max_steps inside an epoch (which ends
+// that epoch) and resumed with a larger max_steps, or resumed with another
+// batch size, continues the schedule where it stood. Expected rates from
+// nanoGPT's get_lr written out in float64.
+TEST(Trainer, WarmupCosineContinuesTheRunsStepsOnResume) {
+  const auto data = data::make_synthetic(128, 4);  // 8 steps an epoch at batch 16
+  auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+  SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+  auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+  const auto get_lr = [](int64_t it) {  // nanoGPT: warmup 2, decay 20, lr 0.05, min 0.005
+    if (it < 2) return 0.05 * (it + 1) / 3;
+    if (it > 20) return 0.005;
+    return 0.005 + 0.5 * (1 + std::cos(M_PI * (it - 2) / 18.0)) * (0.05 - 0.005);
+  };
+  std::vector<float> rates;
+  const auto run = [&](int first_epoch, int64_t max_steps, int64_t batch) {
+    train::TrainerConfig tc;
+    tc.epochs = 4;
+    tc.batch_size = batch;
+    tc.seed = 3;
+    tc.max_steps = max_steps;
+    tc.schedule = optim::parse_lr_schedule("warmup-cosine", 0.05f, tc.epochs, 0);
+    optim::set_warmup_cosine(tc.schedule, 2, 20, 0.005f);
+    tc.progress = train::Progress::Mode::Off;
+    tc.summary_out = nullptr;
+    train::Trainer t(tc, engine, *opt, data);
+    t.on_step = [&](const train::StepInfo& s) { rates.push_back(s.lr); };
+    t.run(first_epoch);
+  };
+  run(0, 5, 16);   // steps 0-4, epoch 1 ends there
+  run(1, 9, 16);   // resumed in epoch 2: steps 5-8
+  run(2, 12, 32);  // epoch 3 at another batch size: steps 9-11
+  ASSERT_EQ(rates.size(), 12u);
+  for (size_t i = 0; i < rates.size(); ++i) EXPECT_NEAR(rates[i], get_lr(static_cast<int64_t>(i)), 1e-7) << "step " << i;
 }
 
 // An empty test set is refused, not reported as a test loss and accuracy of 0.
