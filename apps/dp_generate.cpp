@@ -232,14 +232,16 @@ int run(int argc, char** argv) {
     models::SampleOptions so = o.sample;
     so.vocab_limit = t.vocab.size();  // a padded model's extra tokens have no text
     so.seed = o.sample.seed + static_cast<uint64_t>(s);
-    // Each token as it is drawn (a byte's or BPE token's partial UTF-8 sequence is completed by the next ones).
-    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-    std::fflush(stdout);
-    models::generate(*model, ctx, prompt, so, [&](int32_t id) {
-      const std::string piece = t.vocab.decode({id});
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+    // Each token as it is drawn, as valid UTF-8: a byte's or BPE token's partial character waits for the
+    // next tokens, what cannot be one is U+FFFD (tiktoken's decode).
+    data::Utf8Stream text;
+    const auto put = [](const std::string& s) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
-    });
+    };
+    put(text.feed(o.prompt));
+    models::generate(*model, ctx, prompt, so, [&](int32_t id) { put(text.feed(t.vocab.decode({id}))); });
+    put(text.finish());
     std::printf("\n%s", s + 1 < o.num_samples ? "---------------\n" : "");
   }
   return 0;

@@ -503,6 +503,12 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   lo.max_restarts = c.max_restarts;
   lo.stall_s = c.timeout;
   if (const double g = apps::test_hooks().stop_grace_s; g > 0) lo.stop_grace_s = g;
+  // The save directory is this run's while the launcher lives, restarts included (rank 0's worker saves there).
+  std::unique_ptr<train::SaveDirLock> held;
+  lo.before_start = [&] {
+    if (const std::string dir = save_dir_of(c); !dir.empty() && c.node_rank == 0)
+      held = std::make_unique<train::SaveDirLock>(dir, /*for_workers=*/true);
+  };
   return distributed::launch(lo);
 }
 
@@ -776,15 +782,28 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
     } catch (const train::NotATrainingCheckpoint& e) {
       throw Error(e.path() + " is not a fanout training checkpoint (a model's weights alone, or not fanout's): " +
                   "--init-from " + e.path() + " starts a run from its weights");
+    } catch (const Error& e) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(c.resume, ec)) throw;
+      // --resume DIR takes the newest: name the way back to an earlier one when that file cannot be read.
+      const std::string newest = train::resolve_resume_path(c.resume), what = e.what();
+      if (what.rfind(newest + ": ", 0) != 0 && what.rfind("checkpoint " + newest + ": ", 0) != 0) throw;
+      throw Error(std::string(e.what()) + " (to continue from an earlier checkpoint of " + c.resume + ": --resume " +
+                  c.resume + "/epoch-....safetensors --overwrite, which removes the ones after it)");
     }
     if (p.primary()) print_resumed(c, resumed);
     if (resumed.complete) return std::nullopt;
     ckpt = std::move(resumed.state);
     if (!c.metrics.empty() && p.primary()) {
-      const int dropped = train::drop_metrics_after(c.metrics, ckpt.epoch, ckpt.step);
+      // An epoch's checkpoint carries that epoch's line: a metrics file that lost it (a write cut short) gets it back.
+      bool restored = false;
+      const int dropped = train::drop_metrics_after(c.metrics, ckpt.epoch, ckpt.step,
+                                                    ckpt.batch == 0 ? &ckpt.metrics : nullptr, &restored);
       if (dropped > 0)
         std::printf("removed %d line%s after epoch %d from %s (that epoch is trained again)\n", dropped,
                     dropped == 1 ? "" : "s", ckpt.epoch, c.metrics.c_str());
+      if (restored)
+        std::printf("restored epoch %d's line in %s from the checkpoint\n", ckpt.epoch, c.metrics.c_str());
     }
   }
   if (!c.init_from.empty()) {

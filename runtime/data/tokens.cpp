@@ -385,6 +385,56 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
   return dir;
 }
 
+std::string Utf8Stream::feed(const std::string& bytes) {
+  pending_ += bytes;
+  static const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(pending_.data());
+  const size_t n = pending_.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned b = p[i];
+    if (b < 0x80) {
+      out += static_cast<char>(b);
+      ++i;
+      continue;
+    }
+    // The sequence's length and its second byte's range (Unicode's well-formed table).
+    size_t need = 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 2;
+    else if (b >= 0xE0 && b <= 0xEF) need = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4) need = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    if (need == 0) {  // not a lead byte
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    size_t j = 1;
+    for (; j < need && i + j < n; ++j) {
+      const unsigned c = p[i + j];
+      if (c < (j == 1 ? lo : 0x80) || c > (j == 1 ? hi : 0xBF)) break;
+    }
+    if (j == need) {
+      out.append(pending_, i, need);
+      i += need;
+    } else if (i + j == n) {
+      break;  // a valid start the next bytes may complete
+    } else {
+      out += kReplacement;  // the maximal subpart, then the byte that broke it is read afresh
+      i += j;
+    }
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string Utf8Stream::finish() {
+  const bool tail = !pending_.empty();
+  pending_.clear();
+  return tail ? "\xEF\xBF\xBD" : "";
+}
+
 TokenSplits open_token_dir(const std::string& dir, int64_t block_size, int64_t vocab) {
   TokenSplits s;
   s.dir = dir;

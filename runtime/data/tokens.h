@@ -92,6 +92,20 @@ struct Vocabulary {
   std::string decode(const std::vector<int32_t>& ids) const;
 };
 
+// Decoded bytes to valid UTF-8 as they come, as Python's
+// bytes.decode("utf-8", "replace") gives the whole (tiktoken's decode): each
+// maximal invalid subpart becomes U+FFFD; a sequence the bytes so far leave
+// incomplete waits for the next ones. finish() ends the text (an incomplete
+// tail becomes U+FFFD).
+class Utf8Stream {
+ public:
+  std::string feed(const std::string& bytes);
+  std::string finish();
+
+ private:
+  std::string pending_;
+};
+
 // A BPE's vocabulary: itos its tokens' bytes.
 Vocabulary bpe_vocabulary(std::shared_ptr<const Bpe> bpe);
 

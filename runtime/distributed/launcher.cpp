@@ -620,6 +620,7 @@ int launch(const LaunchOptions& o) {
     ::close(fd);
     ::unlink(probe.c_str());
   }
+  if (o.before_start) o.before_start();
 
   // The environment every worker gets, less its identity (set per worker).
   const char* ours[] = {"RANK=",         "LOCAL_RANK=",    "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",

@@ -9,6 +9,7 @@
 // with the launcher (PR_SET_PDEATHSIG), so none is ever left behind. With
 // max_restarts, a failed start is followed by another.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct LaunchOptions {
   // or outside any collective) is named and every worker stopped; the launch
   // returns 124. 0: off. dp-train passes its --timeout.
   double stall_s = 0;
+  // Called once the options and the rendezvous are checked, before the first
+  // worker starts and before the workers' environment is taken from this
+  // process's (dp-train locks its save directory for its workers here).
+  std::function<void()> before_start;
 };
 
 // Runs the workers to completion. Returns 0 when all succeed, otherwise the

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -286,6 +287,16 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   } catch (const Error& e) {
     FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
   }
+  // The optimizer's state is checked as the weights are: a damaged file is named, not reported later as a
+  // diverging run.
+  for (auto& [n, m] : state)
+    for (auto& [name, t] : m) {
+      try {
+        check_finite(n + "." + name, t);
+      } catch (const Error& e) {
+        FANOUT_FAIL() << "checkpoint " << path << ": optimizer state " << e.what();
+      }
+    }
   opt.set_steps(steps);
   if (has_state) {
     for (auto& [n, arena] : opt.state())
@@ -358,11 +369,17 @@ std::string now_utc() {
 }
 }  // namespace
 
-SaveDirLock::SaveDirLock(const std::string& dir) {
+SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   FANOUT_USER_CHECK(!ec && fs::is_directory(dir))
       << "cannot create checkpoint directory " << dir << (ec ? ": " + ec.message() : ": not a directory");
+  const std::string canonical = fs::weakly_canonical(dir, ec).string();
+  const char* held = std::getenv("FANOUT_SAVE_DIR_LOCK");
+  if (!for_workers && held && !canonical.empty() && canonical == held) {
+    check_writable_and_clean(dir);  // our launcher holds the lock for us
+    return;
+  }
   const std::string path = (fs::path(dir) / ".fanout.lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   FANOUT_USER_CHECK(fd_ >= 0) << "cannot write to checkpoint directory " << dir << ": " << std::strerror(errno);
@@ -379,6 +396,21 @@ SaveDirLock::SaveDirLock(const std::string& dir) {
         << "); give each run its own save directory";
     FANOUT_FAIL() << "cannot lock checkpoint directory " << dir << ": " << std::strerror(err);
   }
+  const std::string who = "pid " + std::to_string(::getpid()) + ", since " + now_utc() + ": " + command_line() + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size())) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": " << std::strerror(err);
+  }
+  if (for_workers) {
+    ::setenv("FANOUT_SAVE_DIR_LOCK", canonical.c_str(), 1);  // the workers' environment
+    return;
+  }
+  check_writable_and_clean(dir);
+}
+
+void SaveDirLock::check_writable_and_clean(const std::string& dir) {
   // Write access, checked now rather than at the first save.
   const std::string probe = (fs::path(dir) / (".write-test." + std::to_string(::getpid()))).string();
   const int p = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -387,16 +419,13 @@ SaveDirLock::SaveDirLock(const std::string& dir) {
     ::close(p);
     ::unlink(probe.c_str());
   }
-  const std::string who = "pid " + std::to_string(::getpid()) + ", since " + now_utc() + ": " + command_line() + "\n";
-  const bool wrote = p >= 0 && ::ftruncate(fd_, 0) == 0 &&
-                     ::pwrite(fd_, who.data(), who.size(), 0) == static_cast<ssize_t>(who.size());
-  if (!wrote) {
-    ::close(fd_);
+  if (p < 0) {
+    if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
-    FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": "
-                  << std::strerror(p < 0 ? probe_err : errno);
+    FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": " << std::strerror(probe_err);
   }
   // Temporaries of a run that died while saving: nobody else can be writing here now.
+  std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (!e.is_regular_file(ec) || !is_temporary(e.path().filename().string())) continue;
     if (fs::remove(e.path(), ec)) ++removed_;

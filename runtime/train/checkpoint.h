@@ -109,13 +109,19 @@ std::string newest_checkpoint(const std::string& dir);
 // held, or cannot be created or written, is one fanout::Error.
 class SaveDirLock {
  public:
-  explicit SaveDirLock(const std::string& dir);
+  // `for_workers`: a launcher holds the directory for the workers it starts
+  // and restarts (another run cannot take it between two starts): it sets
+  // FANOUT_SAVE_DIR_LOCK to the directory, and a worker that finds it there
+  // takes no lock of its own (it still checks write access and removes what
+  // a run that died while saving left).
+  explicit SaveDirLock(const std::string& dir, bool for_workers = false);
   ~SaveDirLock();
   SaveDirLock(const SaveDirLock&) = delete;
   SaveDirLock& operator=(const SaveDirLock&) = delete;
   int removed_temporaries() const { return removed_; }
 
  private:
+  void check_writable_and_clean(const std::string& dir);
   int fd_ = -1;
   int removed_ = 0;
 };

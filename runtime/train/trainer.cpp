@@ -316,25 +316,40 @@ nlohmann::json eval_json(const EvalMetrics& m) {
   return j;
 }
 
-int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step) {
+int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step, const nlohmann::json* epoch_line,
+                       bool* restored) {
+  if (restored) *restored = false;
   std::ifstream in(path);
   if (!in.is_open()) return 0;
   std::string kept, line;
   int dropped = 0;
+  bool has_epoch = false, changed = false;
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() && in.eof()) {  // the last line, without its newline: a write cut short
+      ++dropped;
+      continue;
+    }
     const bool eval = j.is_object() && j.contains("eval") && last_step >= 0;
+    const bool epoch = j.is_object() && !j.contains("eval") && j.contains("epoch") && j["epoch"].is_number_integer();
     const bool after = eval ? j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > last_step
-                            : j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() &&
-                                  j["epoch"].get<int64_t>() > last_epoch;
+                            : epoch && j["epoch"].get<int64_t>() > last_epoch;
     if (after) {
       ++dropped;
       continue;
     }
+    has_epoch = has_epoch || (epoch && j["epoch"].get<int64_t>() == last_epoch);
     kept += line + "\n";
   }
   FANOUT_USER_CHECK(in.eof()) << "cannot read metrics file " << path;
-  if (dropped > 0) io::write_file_atomic(path, kept);
+  changed = dropped > 0;
+  if (epoch_line && !has_epoch && epoch_line->is_object() && epoch_line->value("epoch", -1) == last_epoch &&
+      !epoch_line->contains("eval")) {
+    kept += epoch_line->dump() + "\n";
+    changed = true;
+    if (restored) *restored = true;
+  }
+  if (changed) io::write_file_atomic(path, kept);
   return dropped;
 }
 
@@ -607,7 +622,7 @@ namespace {
 // into t; false (t incomplete) when stop(i) says so after batch i (stop(-1)
 // comes first).
 bool eval_pass(Engine& engine, data::DataLoader& it, int64_t train_batch, const std::function<bool(int64_t)>& stop,
-               Totals& t) {
+               Totals& t, const std::function<void(int64_t, const Totals&)>& each = {}) {
   engine.prepare_eval();
   it.start_epoch(0);
   Tensor x, y;
@@ -623,6 +638,7 @@ bool eval_pass(Engine& engine, data::DataLoader& it, int64_t train_batch, const 
       const int64_t e = std::min(x.size(0), b + piece);
       t.add(engine.eval_step(x.slice(b, e), y.slice(b, e)));
     }
+    if (each) each(i, t);
     if (stop(i)) return false;
   }
   t.all_reduce(engine);
@@ -718,9 +734,21 @@ bool Trainer::evaluate_during(int epoch, float lr) {
 
 bool Trainer::evaluate(EpochMetrics& m) {
   Totals t;
-  if (!eval_pass(engine_, *test_loader_, cfg_.batch_size, [&](int64_t i) { return stop_evaluating(i, *test_loader_); },
-                 t))
-    return false;
+  // A long evaluation (a large validation split) shows its progress once it has taken a few seconds.
+  const auto t0 = std::chrono::steady_clock::now();
+  bool shown = false;
+  const auto each = [&](int64_t i, const Totals& so_far) {
+    if (!shown && seconds_since(t0) < 3.0) return;
+    if (!shown)
+      progress_.begin("epoch " + std::to_string(m.epoch) + "/" + std::to_string(cfg_.epochs) + " evaluation",
+                      test_loader_->num_batches(), test_loader_->num_samples(), tokens_per_sample_);
+    shown = true;
+    progress_.update(i + 1, so_far.r.count, so_far.r.count ? so_far.r.loss.value() / so_far.r.count : 0, nullptr, 0);
+  };
+  const bool done = eval_pass(engine_, *test_loader_, cfg_.batch_size,
+                              [&](int64_t i) { return stop_evaluating(i, *test_loader_); }, t, each);
+  if (shown) progress_.end();
+  if (!done) return false;
   m.test_loss = t.mean_loss();
   score(m.metrics, checked_metrics(engine_.criterion()), t, /*test=*/true);
   return true;

@@ -218,11 +218,15 @@ std::string memory_summary(const EpochMetrics& m);
 // Before a resumed run appends to a metrics file: removes the lines of epochs
 // after `last_epoch` (written by the interrupted run after its checkpoint, and
 // about to be trained again), rewriting the file atomically. Lines that are
-// not metrics objects are kept. Returns how many lines were removed; a
-// missing file removes nothing.
+// not metrics objects are kept, except a last line cut short (no newline, not
+// JSON: a write that failed, a full disk), which is removed. Returns how many
+// lines were removed; a missing file removes nothing.
 // Evaluation lines inside epochs go by step instead when last_step >= 0:
 // those after it are removed.
-int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step = -1);
+// `epoch_line` (the checkpoint's own metrics of epoch last_epoch, if it has
+// them) is appended when the file lacks that epoch's line; *restored says so.
+int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step = -1,
+                       const nlohmann::json* epoch_line = nullptr, bool* restored = nullptr);
 
 // With several processes (engine.world_size() > 1) cfg.batch_size is the
 // global batch, split evenly over the ranks; the epoch's statistics are

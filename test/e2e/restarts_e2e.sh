@@ -50,6 +50,8 @@ cut() {
     done
     [ -n "$victim" ] || { cat cut.out cut.err; fail "kill $k: no mid-epoch save of this start, or no rank 1"; }
     saves=$(grep -c 'saved .*-batch-' cut.out)
+    # The launcher holds the save directory for its workers, so no other run takes it between two starts.
+    grep -q "^pid $launcher, " cut/.fanout.lock || { cat cut/.fanout.lock; fail "kill $k: the launcher does not hold cut"; }
     kill -9 "$victim"
     # The next kill waits for the next start's own save.
     if [ "$k" -lt "$kills" ]; then

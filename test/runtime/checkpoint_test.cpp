@@ -364,6 +364,15 @@ TEST(Checkpoint, FileHoldsTorchvisionNamesAndOptimizerState) {
     EXPECT_EQ(opt["type"], adamw ? "AdamW" : "SGD");
     EXPECT_EQ(opt["steps"], 2);
     EXPECT_EQ(opt["groups"].size(), adamw ? 2u : 1u);
+    // A damaged optimizer state (a NaN) is named when the checkpoint loads, not found later as a diverging loss.
+    io::TensorFile damaged = io::load_safetensors(dir / "c.safetensors");
+    const std::string poisoned = "optimizer." + states[0] + ".fc1.weight";
+    for (auto& [n, t] : damaged.tensors)
+      if (n == poisoned) t.f32()[5] = std::nanf("");
+    io::save_safetensors(dir / "damaged.safetensors", damaged.tensors, damaged.metadata);
+    TrainingRun again = make_run(data, 0, 1, 3, adamw);
+    testing::expect_user_error([&] { train::load_checkpoint(dir / "damaged.safetensors", *again.engine, *again.opt); },
+                               {"damaged.safetensors", "optimizer state " + states[0] + ".fc1.weight holds non-finite"});
     train::save_checkpoint(dir / "w.safetensors", *r.engine, nullptr, st);
     EXPECT_EQ(key_set(dir / "w.safetensors"), model_keys);
     EXPECT_EQ(io::load_safetensors(dir / "w.safetensors").metadata.at("format"), train::kWeightsFormat);

@@ -21,6 +21,7 @@
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/single_device.h"
 #include "runtime/train/trainer.h"
+#include "support/dist_util.h"
 #include "support/test_util.h"
 #include "support/trained.h"
 
@@ -586,6 +587,32 @@ TEST(Trainer, WarmupCosineContinuesTheRunsStepsOnResume) {
   run(2, 12, 32);  // epoch 3 at another batch size: steps 9-11
   ASSERT_EQ(rates.size(), 12u);
   for (size_t i = 0; i < rates.size(); ++i) EXPECT_NEAR(rates[i], get_lr(static_cast<int64_t>(i)), 1e-7) << "step " << i;
+}
+
+// A metrics file whose last write was cut short (a full disk) ends in a
+// fragment without a newline: a resume removes it and, from an epoch's
+// checkpoint, puts that epoch's line back, so each epoch appears once.
+TEST(Trainer, AResumeRepairsAMetricsFileCutShort) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/m.jsonl";
+  const nlohmann::json e3 = {{"epoch", 3}, {"train_loss", 0.5}};
+  std::ofstream(path) << R"({"epoch": 1, "train_loss": 0.9})" "\n" R"({"user": "note"})" "\n"
+                      << R"({"epoch": 2, "train_loss": 0.7})" "\n" R"({"epoch": 3, "train_lo)";
+  bool restored = false;
+  EXPECT_EQ(train::drop_metrics_after(path, 3, -1, &e3, &restored), 1);
+  EXPECT_TRUE(restored);
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[1]["user"], "note") << "lines of other kinds stay";
+  EXPECT_EQ(lines[3], e3);
+  // With the epoch's line present nothing changes; a checkpoint of another epoch restores nothing.
+  EXPECT_EQ(train::drop_metrics_after(path, 3, -1, &e3, &restored), 0);
+  EXPECT_FALSE(restored);
+  const nlohmann::json e2 = {{"epoch", 2}, {"train_loss", 0.1}};
+  EXPECT_EQ(train::drop_metrics_after(path, 2, -1, &e2, &restored), 1);  // epoch 3's line, trained again
+  EXPECT_FALSE(restored);
 }
 
 // An empty test set is refused, not reported as a test loss and accuracy of 0.
