@@ -357,6 +357,18 @@ std::string save_dir_of(const train::RunConfig& c) {
   return "";
 }
 
+// Runs `take` (locking the save directory); a failure on the directory
+// --resume named (no --save-dir) says how to save elsewhere.
+template <class Take>
+auto with_save_dir_hint(const train::RunConfig& c, Take&& take) {
+  try {
+    return take();
+  } catch (const Error& e) {
+    if (!c.save_dir.empty()) throw;
+    throw Error(std::string(e.what()) + " (--resume DIR keeps saving into DIR; give --save-dir to save elsewhere)");
+  }
+}
+
 Cli parse(int argc, char** argv) {
   Cli cli;
   train::RunConfig& o = cli.run;
@@ -506,8 +518,12 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
   // The save directory is this run's while the launcher lives, restarts included (rank 0's worker saves there).
   std::unique_ptr<train::SaveDirLock> held;
   lo.before_start = [&] {
-    if (const std::string dir = save_dir_of(c); !dir.empty() && c.node_rank == 0)
-      held = std::make_unique<train::SaveDirLock>(dir, /*for_workers=*/true);
+    std::vector<std::string> env;
+    if (const std::string dir = save_dir_of(c); !dir.empty() && c.node_rank == 0) {
+      held = with_save_dir_hint(c, [&] { return std::make_unique<train::SaveDirLock>(dir, /*for_workers=*/true); });
+      env.push_back(held->workers_env());
+    }
+    return env;
   };
   return distributed::launch(lo);
 }
@@ -679,7 +695,12 @@ int epochs_for_max_steps(const train::RunConfig& c, const Process& p, const data
   int64_t epochs = (c.max_steps + per_epoch - 1) / per_epoch;
   if (!c.resume.empty()) {
     const std::string path = train::resolve_resume_path(c.resume);
-    const io::TensorFile f = io::load_safetensors(path);
+    io::TensorFile f;
+    try {
+      f = io::load_safetensors(path);
+    } catch (const Error&) {
+      // An unreadable checkpoint is reported when it is loaded (restore), with the way back to an earlier one.
+    }
     const auto meta = [&](const char* key) {
       int64_t v = 0;
       const auto it = f.metadata.find(key);
@@ -787,9 +808,12 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
       if (!std::filesystem::is_directory(c.resume, ec)) throw;
       // --resume DIR takes the newest: name the way back to an earlier one when that file cannot be read.
       const std::string newest = train::resolve_resume_path(c.resume), what = e.what();
-      if (what.rfind(newest + ": ", 0) != 0 && what.rfind("checkpoint " + newest + ": ", 0) != 0) throw;
-      throw Error(std::string(e.what()) + " (to continue from an earlier checkpoint of " + c.resume + ": --resume " +
-                  c.resume + "/epoch-....safetensors --overwrite, which removes the ones after it)");
+      const bool damaged = what.rfind(newest + ": ", 0) == 0 ||  // the file's own structure (safetensors)
+                           (what.rfind("checkpoint " + newest + ": ", 0) == 0 &&
+                            (what.find("non-finite") != std::string::npos || what.find("metadata") != std::string::npos));
+      if (!damaged) throw;
+      throw Error(what + " (to continue from an earlier checkpoint: --resume " + c.resume +
+                  "/epoch-NNNN.safetensors --save-dir " + c.resume + " --overwrite, which removes the ones after it)");
     }
     if (p.primary()) print_resumed(c, resumed);
     if (resumed.complete) return std::nullopt;
@@ -800,8 +824,8 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
       const int dropped = train::drop_metrics_after(c.metrics, ckpt.epoch, ckpt.step,
                                                     ckpt.batch == 0 ? &ckpt.metrics : nullptr, &restored);
       if (dropped > 0)
-        std::printf("removed %d line%s after epoch %d from %s (that epoch is trained again)\n", dropped,
-                    dropped == 1 ? "" : "s", ckpt.epoch, c.metrics.c_str());
+        std::printf("removed %d line%s from %s (after epoch %d: trained again; or a write cut short)\n", dropped,
+                    dropped == 1 ? "" : "s", c.metrics.c_str(), ckpt.epoch);
       if (restored)
         std::printf("restored epoch %d's line in %s from the checkpoint\n", ckpt.epoch, c.metrics.c_str());
     }
@@ -989,14 +1013,8 @@ data::DataSplits open_run_data(const train::RunConfig& c, const Process& p) {
 // run's newest), as would a resume from a checkpoint that later ones follow.
 std::unique_ptr<train::CheckpointSaver> open_save_dir(const train::RunConfig& c) {
   const std::string save_to = save_dir_of(c);
-  std::unique_ptr<train::CheckpointSaver> saver;
-  try {
-    saver = std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last);
-  } catch (const Error& e) {
-    if (!c.save_dir.empty()) throw;
-    // --resume DIR saves there too: a directory it cannot write needs another.
-    throw Error(std::string(e.what()) + " (--resume DIR keeps saving into DIR; give --save-dir to save elsewhere)");
-  }
+  auto saver = with_save_dir_hint(
+      c, [&] { return std::make_unique<train::CheckpointSaver>(save_to, c.save_every, c.keep_last); });
   if (const int n = saver->lock().removed_temporaries())
     std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
                 save_to.c_str());

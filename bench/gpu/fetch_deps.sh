@@ -191,7 +191,7 @@ need() {  # need DESCRIPTION PATH...: one of the paths must exist
   need "libhiredis.so" "$lib/libhiredis.so"
   need "libibverbs.so.1" "$lib/libibverbs.so.1"
   need "jpeglib.h" "$inc/jpeglib.h"
-  need "jconfig.h" "$inc/x86_64-linux-gnu/jconfig.h"
+  need "jconfig.h" "$inc/$arch/jconfig.h"
   need "libjpeg.so" "$lib/libjpeg.so"
   need "png.h" "$inc/png.h"
   need "libpng.so" "$lib/libpng.so"

@@ -137,8 +137,10 @@ ShardSamples read_shard(const std::string& path) {
   std::map<std::string, Sample> by_key;
   for (const TarMember& m : members) {
     const size_t slash = m.name.rfind('/');
-    const size_t dot = m.name.find('.', slash == std::string::npos ? 0 : slash + 1);
-    if (dot == std::string::npos) continue;
+    const size_t base = slash == std::string::npos ? 0 : slash + 1;
+    const size_t dot = m.name.find('.', base);
+    // No key before the dot: a hidden file (macOS's ._NAME), as WebDataset skips it.
+    if (dot == std::string::npos || dot == base) continue;
     const std::string key = m.name.substr(0, dot), ext = m.name.substr(dot + 1);
     const bool img = image_ext(ext), cls = ext == "cls";
     const size_t last = ext.rfind('.');

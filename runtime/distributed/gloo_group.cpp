@@ -10,13 +10,13 @@
 #include <gloo/transport/tcp/device.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
@@ -354,9 +354,12 @@ void check_agreement(ProcessGroup& g, const Agreement& fields,
         if (!f.real) return std::to_string(x);
         double d;
         std::memcpy(&d, &x, sizeof d);
-        std::ostringstream o;
-        o << d;
-        return o.str();
+        // The shortest form that reads back the same (a float option's as a float: 0.02, not 0.0199999996).
+        char buf[64];
+        const float f = static_cast<float>(d);
+        const auto r = static_cast<double>(f) == d ? std::to_chars(buf, buf + sizeof buf, f)
+                                                  : std::to_chars(buf, buf + sizeof buf, d);
+        return std::string(buf, r.ptr);
       };
       FANOUT_USER_CHECK(theirs[i + 1] == v[i + 1])
           << "rank " << r << " has " << f.name << " " << show(theirs[i + 1]) << " where rank 0 has " << show(v[i + 1])

@@ -492,7 +492,10 @@ class Supervisor {
       // A restart appends: the failed start's output stays for the post-mortem.
       w.log.open(o_.log_dir + "/rank-" + std::to_string(w.rank) + ".log",
                  st_.restart == 0 ? std::ios::trunc : std::ios::app);
-      if (st_.restart > 0)
+      if (!w.log.is_open())
+        std::fprintf(stderr, "%s: warning: cannot open rank %d's --log-dir file; its output is not logged\n",
+                     o_.name.c_str(), w.rank);
+      else if (st_.restart > 0)
         w.log << "--- " << o_.name << ": restart " << st_.restart << " of " << o_.max_restarts << " ---\n" << std::flush;
     }
   }
@@ -620,18 +623,20 @@ int launch(const LaunchOptions& o) {
     ::close(fd);
     ::unlink(probe.c_str());
   }
-  if (o.before_start) o.before_start();
+  const std::vector<std::string> extra_env = o.before_start ? o.before_start() : std::vector<std::string>{};
 
   // The environment every worker gets, less its identity (set per worker).
   const char* ours[] = {"RANK=",         "LOCAL_RANK=",    "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",
                         "GROUP_RANK=",   "FANOUT_RDZV=",   "FANOUT_RUN_ID=", "FANOUT_LAUNCHED=",
-                        "FANOUT_STDERR_TTY=", "FANOUT_RESTART_COUNT=", "FANOUT_PROGRESS_FD=", "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
+                        "FANOUT_STDERR_TTY=", "FANOUT_RESTART_COUNT=", "FANOUT_PROGRESS_FD=", "FANOUT_SAVE_DIR_LOCK=",
+                        "OMPI_COMM_WORLD_RANK=", "SLURM_PROCID="};
   Start st;
   for (char** e = environ; *e; ++e) {
     bool skip = false;
     for (const char* p : ours) skip = skip || std::strncmp(*e, p, std::strlen(p)) == 0;
     if (!skip) st.base_env.push_back(*e);
   }
+  st.base_env.insert(st.base_env.end(), extra_env.begin(), extra_env.end());
   st.tty = ::isatty(STDERR_FILENO);
   st.rdzv = rdzv;
   st.world = world;

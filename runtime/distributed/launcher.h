@@ -49,9 +49,9 @@ struct LaunchOptions {
   // returns 124. 0: off. dp-train passes its --timeout.
   double stall_s = 0;
   // Called once the options and the rendezvous are checked, before the first
-  // worker starts and before the workers' environment is taken from this
-  // process's (dp-train locks its save directory for its workers here).
-  std::function<void()> before_start;
+  // worker starts; returns NAME=VALUE entries added to every worker's
+  // environment (dp-train locks its save directory for its workers here).
+  std::function<std::vector<std::string>()> before_start;
 };
 
 // Runs the workers to completion. Returns 0 when all succeed, otherwise the

@@ -282,13 +282,8 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
   rs >> rng;
   FANOUT_USER_CHECK(!rs.fail()) << "checkpoint " << path << ": metadata 'rng' is not a generator state";
 
-  try {
-    io::load_state_dict(model, weights, /*strict=*/true, check_finite);
-  } catch (const Error& e) {
-    FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
-  }
-  // The optimizer's state is checked as the weights are: a damaged file is named, not reported later as a
-  // diverging run.
+  // The optimizer's state is checked as the weights are (before anything is written): a damaged file is
+  // named, not reported later as a diverging run.
   for (auto& [n, m] : state)
     for (auto& [name, t] : m) {
       try {
@@ -297,6 +292,11 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
         FANOUT_FAIL() << "checkpoint " << path << ": optimizer state " << e.what();
       }
     }
+  try {
+    io::load_state_dict(model, weights, /*strict=*/true, check_finite);
+  } catch (const Error& e) {
+    FANOUT_FAIL() << "checkpoint " << path << ": " << e.what();
+  }
   opt.set_steps(steps);
   if (has_state) {
     for (auto& [n, arena] : opt.state())
@@ -375,8 +375,9 @@ SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
   FANOUT_USER_CHECK(!ec && fs::is_directory(dir))
       << "cannot create checkpoint directory " << dir << (ec ? ": " + ec.message() : ": not a directory");
   const std::string canonical = fs::weakly_canonical(dir, ec).string();
+  canonical_ = canonical;
   const char* held = std::getenv("FANOUT_SAVE_DIR_LOCK");
-  if (!for_workers && held && !canonical.empty() && canonical == held) {
+  if (!for_workers && held && std::getenv("FANOUT_LAUNCHED") && !canonical.empty() && canonical == held) {
     check_writable_and_clean(dir);  // our launcher holds the lock for us
     return;
   }
@@ -403,10 +404,7 @@ SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
     fd_ = -1;
     FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": " << std::strerror(err);
   }
-  if (for_workers) {
-    ::setenv("FANOUT_SAVE_DIR_LOCK", canonical.c_str(), 1);  // the workers' environment
-    return;
-  }
+  if (for_workers) return;  // the workers check and clean (workers_env())
   check_writable_and_clean(dir);
 }
 

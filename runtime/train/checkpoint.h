@@ -110,17 +110,20 @@ std::string newest_checkpoint(const std::string& dir);
 class SaveDirLock {
  public:
   // `for_workers`: a launcher holds the directory for the workers it starts
-  // and restarts (another run cannot take it between two starts): it sets
-  // FANOUT_SAVE_DIR_LOCK to the directory, and a worker that finds it there
-  // takes no lock of its own (it still checks write access and removes what
-  // a run that died while saving left).
+  // and restarts (another run cannot take it between two starts), giving
+  // them workers_env(): a worker a fanout launcher started (FANOUT_LAUNCHED)
+  // that finds its directory in FANOUT_SAVE_DIR_LOCK takes no lock of its
+  // own (it still checks write access and removes what a run that died
+  // while saving left).
   explicit SaveDirLock(const std::string& dir, bool for_workers = false);
   ~SaveDirLock();
   SaveDirLock(const SaveDirLock&) = delete;
   SaveDirLock& operator=(const SaveDirLock&) = delete;
   int removed_temporaries() const { return removed_; }
+  std::string workers_env() const { return "FANOUT_SAVE_DIR_LOCK=" + canonical_; }
 
  private:
+  std::string canonical_;
   void check_writable_and_clean(const std::string& dir);
   int fd_ = -1;
   int removed_ = 0;

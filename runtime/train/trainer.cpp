@@ -324,8 +324,10 @@ int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_ste
   std::string kept, line;
   int dropped = 0;
   bool has_epoch = false, changed = false;
+  bool unterminated = false;  // the last line lacks its newline: rewritten with it, or the next line joins it
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    unterminated = in.eof();
     if (j.is_discarded() && in.eof()) {  // the last line, without its newline: a write cut short
       ++dropped;
       continue;
@@ -342,7 +344,7 @@ int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_ste
     kept += line + "\n";
   }
   FANOUT_USER_CHECK(in.eof()) << "cannot read metrics file " << path;
-  changed = dropped > 0;
+  changed = dropped > 0 || unterminated;
   if (epoch_line && !has_epoch && epoch_line->is_object() && epoch_line->value("epoch", -1) == last_epoch &&
       !epoch_line->contains("eval")) {
     kept += epoch_line->dump() + "\n";
@@ -596,15 +598,19 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const double steady =
       std::max(0.0, std::chrono::duration<double>(t1 - t_warm).count() - (eval_seconds_ - eval_seconds_before));
   const int64_t here = b - b0;  // batches this call trained
+  // Without the evaluations inside the epoch; the whole epoch's time when no step came after the warm-up
+  // (--max-steps ended it there).
+  const double evals = eval_seconds_ - eval_seconds_before;
   m.steady_epoch_seconds = warm > 0 && here > warm
                                ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
-                               : steady;  // without the evaluations inside the epoch, as with a warm-up
+                               : warm > 0 ? std::max(0.0, m.epoch_seconds - evals)
+                                          : steady;
   m.train_loss = t.mean_loss();
   m.loss_format = criterion.loss_format();
   score(m.metrics, metrics, t, /*test=*/false);
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
   m.tokens_per_sample = tokens_per_sample_;
-  m.grad_norms = cfg_.clip_grad_norm > 0;
+  m.grad_norms = cfg_.clip_grad_norm > 0 && (norms.steps > 0 || b > b0);  // nothing to say of an epoch not trained here
   const double unmeasured = m.grad_norms ? std::nan("") : 0.0;  // clipping on, every step skipped
   m.grad_norm_mean = norms.steps > 0 ? norms.sum / static_cast<double>(norms.steps) : unmeasured;
   m.grad_norm_max = norms.steps > 0 ? norms.max : unmeasured;

@@ -21,7 +21,7 @@ grep -q "stopped after epoch 2 of 4" "$work/first.txt"
 echo '{"epoch": 3, "train_loss": 9.0, "test_acc": 0.1}' >> "$work/split.jsonl"
 "$DP_TRAIN" "${common[@]}" --workers 2 --resume "$work/ck" --metrics "$work/split.jsonl" | tee "$work/second.txt"
 grep -q "resumed from $work/ck/epoch-0002.safetensors: 2 of 4 epochs done, 1876 steps" "$work/second.txt"
-grep -q "removed 1 line after epoch 2 from $work/split.jsonl" "$work/second.txt"
+grep -q "removed 1 line from $work/split.jsonl (after epoch 2" "$work/second.txt"
 
 python3 - "$work" <<'PY'
 import json, os, sys

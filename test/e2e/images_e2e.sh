@@ -204,6 +204,9 @@ with tarfile.open(path, "w") as out:
         if m.name == "sample0000000.cls":
             data, m.size = b"60\n", 3
         out.addfile(m, io.BytesIO(data))
+    junk = tarfile.TarInfo("._sample0000000.jpg")  # macOS's AppleDouble entry: no key, skipped as WebDataset does
+    junk.size = 4
+    out.addfile(junk, io.BytesIO(b"junk"))
 PY
 "$DP_TRAIN" "${base[@]}" --data "wds:$work/wlabel" --model mlp --devices cpu --epochs 1 --max-steps 1 \
   > "$work/wlabel.out" 2> "$work/wlabel.err" || { cat "$work/wlabel.err"; fail "wds: a large label ended the run"; }

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <thread>
 #include <tuple>
@@ -613,6 +614,11 @@ TEST(Trainer, AResumeRepairsAMetricsFileCutShort) {
   const nlohmann::json e2 = {{"epoch", 2}, {"train_loss", 0.1}};
   EXPECT_EQ(train::drop_metrics_after(path, 2, -1, &e2, &restored), 1);  // epoch 3's line, trained again
   EXPECT_FALSE(restored);
+  // A whole last line that lost only its newline gets it back (the next line would join it).
+  std::ofstream(path) << R"({"epoch": 1, "train_loss": 0.9})";
+  EXPECT_EQ(train::drop_metrics_after(path, 1), 0);
+  std::ifstream again(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(again), {}), "{\"epoch\": 1, \"train_loss\": 0.9}\n");
 }
 
 // An empty test set is refused, not reported as a test loss and accuracy of 0.
