@@ -97,4 +97,20 @@ small --epochs 3 --resume "$work/back/epoch-0001.safetensors" --save-dir "$work/
 grep -q "removed 2 checkpoints past $work/back/epoch-0001.safetensors" "$work/back2.out" || { cat "$work/back2.out"; fail "removed"; }
 grep -q "resumed from $work/back/epoch-0001.safetensors" "$work/back2.out" || fail "did not resume from epoch 1"
 echo "ok   resume behind later checkpoints: $(cat "$work/back.err")"
+# 6. The newest checkpoint of a directory damaged (cut short): --resume DIR names the way back, which works.
+small --epochs 2 --save-dir "$work/cut" > /dev/null
+truncate -s 1000 "$work/cut/epoch-0002.safetensors"
+for extra in "" "--max-steps 8"; do  # --max-steps alone reads the checkpoint earlier, for the epochs it takes
+  if small --epochs 3 $extra --resume "$work/cut" > "$work/cut.out" 2> "$work/cut.err"; then
+    fail "a damaged newest checkpoint was resumed ($extra)"
+  fi
+  [ "$(wc -l < "$work/cut.err")" -eq 1 ] &&
+    grep -qF "$work/cut/epoch-0002.safetensors: header length" "$work/cut.err" &&
+    grep -qF "(to continue from an earlier checkpoint: --resume $work/cut/epoch-NNNN.safetensors --save-dir $work/cut --overwrite" \
+      "$work/cut.err" || { cat "$work/cut.err"; fail "no way back named ($extra)"; }
+done
+small --epochs 3 --resume "$work/cut/epoch-0001.safetensors" --save-dir "$work/cut" --overwrite > "$work/cut2.out" ||
+  fail "the way back did not resume"
+[ -e "$work/cut/epoch-0003.safetensors" ] || fail "the way back saved nothing"
+echo "ok   a damaged newest checkpoint: $(cat "$work/cut.err")"
 echo "save-dir e2e: ok"
