@@ -43,13 +43,14 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
           ? arg
           : prepare_text(arg, kind == "text-bytes", o.cache_dir.empty() ? default_cache_dir() : o.cache_dir, bpe);
   TokenSplits t;
-  const bool files_with_bpe_ids = bpe && kind == "tokens";
+  const bool files_with_bpe = bpe && kind == "tokens";
+  // The model's vocabulary, as checkpoints record it (meta.json's, which bounds the ids, may be smaller).
+  const int64_t model_vocab = files_with_bpe ? bpe->size() : o.vocab_size;
   try {
-    const bool files_with_bpe = files_with_bpe_ids;
     FANOUT_USER_CHECK(!files_with_bpe || read_token_meta(dir).vocab_size == 0)
         << "token data " << dir << " has its own vocabulary (meta.json): give no --tokenizer";
     // Ids of token files are checked against the tokenizer's tokens (a padded model's extra ones have no text).
-    t = open_token_dir(dir, o.block_size, files_with_bpe ? bpe->size() : o.vocab_size);
+    t = open_token_dir(dir, o.block_size, model_vocab);
     if (files_with_bpe) {
       t.meta.vocab = bpe_vocabulary(bpe);
       t.meta.vocab_size = bpe->size();
@@ -60,7 +61,7 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
     FANOUT_FAIL() << kind << ":" << arg << ", tokenized into " << dir << ": " << e.what();
   }
   s.tokens = t.meta;
-  s.tokens.vocab_size = files_with_bpe_ids ? bpe->size() : o.vocab_size > 0 ? o.vocab_size : t.train->vocab();
+  s.tokens.vocab_size = model_vocab > 0 ? model_vocab : t.train->vocab();
   s.classes = t.meta.vocab_size > 0 ? t.meta.vocab_size : t.train->vocab();
   s.train = std::move(t.train);
   s.test = std::move(t.val);

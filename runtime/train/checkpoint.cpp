@@ -374,10 +374,9 @@ SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
   fs::create_directories(dir, ec);
   FANOUT_USER_CHECK(!ec && fs::is_directory(dir))
       << "cannot create checkpoint directory " << dir << (ec ? ": " + ec.message() : ": not a directory");
-  const std::string canonical = fs::weakly_canonical(dir, ec).string();
-  canonical_ = canonical;
+  canonical_ = fs::weakly_canonical(dir, ec).string();
   const char* held = std::getenv("FANOUT_SAVE_DIR_LOCK");
-  if (!for_workers && held && std::getenv("FANOUT_LAUNCHED") && !canonical.empty() && canonical == held) {
+  if (!for_workers && held && std::getenv("FANOUT_LAUNCHED") && !canonical_.empty() && canonical_ == held) {
     check_writable_and_clean(dir);  // our launcher holds the lock for us
     return;
   }

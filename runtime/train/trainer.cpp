@@ -323,7 +323,7 @@ int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_ste
   if (!in.is_open()) return 0;
   std::string kept, line;
   int dropped = 0;
-  bool has_epoch = false, changed = false;
+  bool has_epoch = false;
   bool unterminated = false;  // the last line lacks its newline: rewritten with it, or the next line joins it
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -344,7 +344,7 @@ int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_ste
     kept += line + "\n";
   }
   FANOUT_USER_CHECK(in.eof()) << "cannot read metrics file " << path;
-  changed = dropped > 0 || unterminated;
+  bool changed = dropped > 0 || unterminated;
   if (epoch_line && !has_epoch && epoch_line->is_object() && epoch_line->value("epoch", -1) == last_epoch &&
       !epoch_line->contains("eval")) {
     kept += epoch_line->dump() + "\n";
@@ -387,6 +387,14 @@ Stepped clipped_step(optim::Optimizer& opt, optim::GradScaler* scaler, float lr,
 }
 
 float loss_gradient_scale(const optim::GradScaler* scaler) { return scaler ? scaler->scale() : 1.0f; }
+
+// The rate of the step at `position` of `epoch` (per_epoch steps), the run's step `run_step`: per run step
+// (warmup-cosine) the run's own count, which a resume continues exactly, even after an epoch cut short by
+// --max-steps or a batch-size change; per epoch the position in the epoch.
+float rate(const optim::LrSchedule& s, int epoch, int64_t position, int64_t per_epoch, int64_t run_step) {
+  return s.per_run_step() ? s.at_run_step(run_step)
+                          : s.at(epoch, static_cast<int>(position), static_cast<int>(per_epoch));
+}
 }  // namespace
 
 StepResult train_step(Engine& engine, optim::Optimizer& opt, const Tensor& x, const Tensor& y, float lr,
@@ -528,11 +536,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
       for (int64_t i = b; i < std::min(nb, b + k); ++i) group_rows += rows_of(i);
     }
     const bool last_in_group = b % k == k - 1 || b == nb - 1;
-    // Per run step (warmup-cosine): the run's own count, which a resume continues exactly, even after an epoch
-    // cut short by --max-steps or a batch-size change; per epoch: the position in the epoch.
-    const float lr = cfg_.schedule.per_run_step()
-                         ? cfg_.schedule.at_run_step(steps())
-                         : cfg_.schedule.at(epoch, static_cast<int>(steps_before + group), static_cast<int>(opt_steps));
+    const float lr = rate(cfg_.schedule, epoch, steps_before + group, opt_steps, steps());
     m.lr = lr;
     const float grad_scale = loss_gradient_scale(scaler_.get()) / static_cast<float>(group_rows * world);
     // Random draws (Dropout) keyed by the position in the run, so a resumed run draws the same.
@@ -589,9 +593,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   epoch_end_ = {b, t.to_json(criterion.sum_names()), norms};
   if (b == nb) epoch_end_.totals[kEpochDone] = true;
   if (b == b0 && b0 > 0)  // no batch trained here (resumed after the last): the rate of the step before
-    m.lr = cfg_.schedule.per_run_step()
-               ? cfg_.schedule.at_run_step(std::max<int64_t>(0, steps() - 1))
-               : cfg_.schedule.at(epoch, static_cast<int>(steps_before + (b0 - 1) / k), static_cast<int>(opt_steps));
+    m.lr = rate(cfg_.schedule, epoch, steps_before + (b0 - 1) / k, opt_steps, std::max<int64_t>(0, steps() - 1));
   const auto t1 = std::chrono::steady_clock::now();
   m.epoch_seconds = std::chrono::duration<double>(t1 - t0).count();
   // Evaluations inside the epoch are not training time.
