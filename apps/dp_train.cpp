@@ -616,6 +616,12 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
                            {"--clip-grad-value", double{c.clip_grad_value}}, {"--min-lr", double{c.min_lr}},
                            {"--warmup-epochs", double{c.warmup_epochs}}, {"--label-smoothing", double{c.label_smoothing}}})
       spec.agree.push_back(distributed::agreed(name, v));
+    // What decides the collectives around evaluations and checkpoints (a rank without them would wait for --timeout).
+    for (auto [name, v] : {std::pair{"--save-every", int64_t{c.save_every}}, {"--save-every-steps", c.save_every_steps},
+                           {"--eval-every", c.eval_every}, {"--eval-steps", c.eval_steps}})
+      spec.agree.push_back({name, v});
+    spec.agree.push_back(distributed::given("save directory (--save-dir, or --resume DIR)", !save_dir_of(c).empty()));
+    spec.agree.push_back(distributed::given("--resume", !c.resume.empty()));
   }
   return make_engine(model, std::move(spec));
 }

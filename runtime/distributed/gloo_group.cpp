@@ -361,6 +361,9 @@ void check_agreement(ProcessGroup& g, const Agreement& fields,
                                                   : std::to_chars(buf, buf + sizeof buf, d);
         return std::string(buf, r.ptr);
       };
+      FANOUT_USER_CHECK(!f.given || theirs[i + 1] == v[i + 1])
+          << "rank " << r << (theirs[i + 1] ? " has " : " has no ") << f.name << " where rank 0 has "
+          << (v[i + 1] ? "one" : "none") << " (every rank must run the same model and options)";
       FANOUT_USER_CHECK(theirs[i + 1] == v[i + 1])
           << "rank " << r << " has " << f.name << " " << show(theirs[i + 1]) << " where rank 0 has " << show(v[i + 1])
           << " (every rank must run the same model and options)";

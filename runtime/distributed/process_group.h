@@ -112,7 +112,8 @@ class ProcessGroup {
 struct Agreed {
   std::string name;
   int64_t value = 0;
-  bool real = false;  // value holds a double's bits (agreed(), shown as a number)
+  bool real = false;   // value holds a double's bits (agreed(), shown as a number)
+  bool given = false;  // value is 0 or 1: whether the option was given (given(), shown as "no NAME" or "one")
 };
 using Agreement = std::vector<Agreed>;
 inline Agreed agreed(std::string name, double v) {
@@ -121,6 +122,7 @@ inline Agreed agreed(std::string name, double v) {
   std::memcpy(&bits, &v, sizeof v);
   return {std::move(name), bits, true};
 }
+inline Agreed given(std::string name, bool v) { return {std::move(name), v, false, true}; }
 void check_agreement(ProcessGroup& g, const Agreement& fields,
                      const std::function<void(const Tensor& in, Tensor& out)>& gather);
 

@@ -87,6 +87,9 @@ mismatched() {  # mismatched NAME WANT RANK0-OPTION RANK1-OPTION
 }
 mismatched batch "batch size 96 where rank 0 has 48" "--batch-size 48" "--batch-size 96"
 mismatched lr "--lr 0.5 where rank 0 has 0.02" "--batch-size 48 --lr 0.02" "--batch-size 48 --lr 0.5"
+mismatched savedir "no save directory (--save-dir, or --resume DIR) where rank 0 has one" \
+  "--batch-size 48 --save-dir $work/savedir-0" "--batch-size 48"
+mismatched evalevery "--eval-every 2 where rank 0 has 0" "--batch-size 48" "--batch-size 48 --eval-every 2"
 
 python3 - "$work" <<'PY'
 import json, sys
