@@ -29,7 +29,18 @@ void ProcessLink::staged(Tensor& t, Tensor& staging, const std::function<void(Te
 void ProcessLink::in_wire_type(Tensor& t, DType wire, const std::function<void(Tensor&)>& collective) {
   if (wire != DType::BF16) return staged(t, staging_, collective);
   FANOUT_CHECK(t.dtype() == DType::F32) << "a " << dtype_name(t.dtype()) << " sum cannot travel as bfloat16";
-  // Converted on t's device, so a GPU's bucket crosses to the host (Gloo) at the wire type's size.
+  if (t.device() != ctx_.device()) {
+    // A shard owned by another replica's device: converted through a copy on
+    // the primary's, so every process sends the piece in the same wire type.
+    ensure(away_, t.shape(), t.dtype(), ctx_.device());
+    Tensor a = away_.flat(0, t.shape());
+    a.copy_from(t, &ctx_.compute());
+    in_wire_type(a, wire, collective);
+    t.copy_from(a, &ctx_.compute());
+    ctx_.compute().synchronize();
+    return;
+  }
+  // Converted on the primary, so a GPU's bucket crosses to the host (Gloo) at the wire type's size.
   ensure(low_, t.shape(), wire, t.device());
   Tensor l = low_.flat(0, t.shape());
   kernels::convert(ctx_, t, l);

@@ -53,6 +53,7 @@ class ProcessLink {
   bool host_;
   Tensor staging_;
   Tensor low_, low_staging_;  // gradient sums in a lower wire type (the global stage's alone)
+  Tensor away_;               // a lower-type sum's float32 copy from another replica's device
   Tensor counts_, scalar_;    // all_reduce_counts' and sum's host buffers
 };
 

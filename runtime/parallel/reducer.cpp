@@ -297,10 +297,7 @@ void Reducer::global_in_flight(int b) {
     // This process's shards: the owner's window (its earlier passes' sums
     // included: the others send this pass's alone); others': the primary's block.
     Tensor g = p.home == me ? replicas_[p.owner]->arenas().grad_range(p.begin, p.count) : piece_buffer(0, b, p);
-    const bool convert = g.device() == contexts_[0]->device();
-    if (!convert) round(p.owner, g);
-    link_->reduce(g, p.home, global_names_[b], kTagGrads, convert ? opts_.reduce_dtype : DType::F32);
-    if (p.home == me && !convert) round(p.owner, g);
+    link_->reduce(g, p.home, global_names_[b], kTagGrads, opts_.reduce_dtype);
   }
 }
 
@@ -337,15 +334,9 @@ void Reducer::global(int b) {
   const int me = link_->group().rank();
   for (const ReducePiece& p : pieces_[b]) {
     Tensor g = replicas_[p.owner]->arenas().grads.flat(p.begin, Shape{p.count});
-    // An owner on another GPU than the primary: rounded in place, sent in float32.
-    const bool convert = g.device() == contexts_[0]->device();
-    if (!convert) round(p.owner, g);
-    link_->reduce(g, p.home, global_names_[b], kTagGrads, convert ? opts_.reduce_dtype : DType::F32);
-    if (p.home != me) {
-      g.zero(&contexts_[p.owner]->compute());  // sent on: this process's share starts again from zero
-    } else if (!convert) {
-      round(p.owner, g);
-    }
+    // Every process sends the piece in the wire type (an owner on another device than the primary's through a copy).
+    link_->reduce(g, p.home, global_names_[b], kTagGrads, opts_.reduce_dtype);
+    if (p.home != me) g.zero(&contexts_[p.owner]->compute());  // sent on: this process's share starts again from zero
   }
 }
 

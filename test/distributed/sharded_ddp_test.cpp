@@ -48,6 +48,7 @@ struct RunSetup {
   int micro = 1;         // micro-batches per step
   double max_norm = 0;   // clipping by norm when > 0
   bool grads = false;    // ZeRO-2 (--shard-grads)
+  DType reduce = DType::F32;  // --grad-reduce-dtype
 };
 
 struct RankRun {
@@ -63,6 +64,7 @@ RankRun make_run(const RunSetup& s, const optim::OptimizerOptions& o, int rank, 
   spec.devices = parse_devices(s.devices);
   spec.dp.shard_optimizer = s.shard || s.grads;
   spec.dp.shard_grads = s.grads;
+  spec.dp.grad_reduce_dtype = s.reduce;
   spec.dp.bucket_bytes = 64 * 1024;  // several buckets, cut by the shard bounds
   spec.dp.math.split_invariant = s.split_invariant;
   spec.dp.seed = 5;
@@ -149,6 +151,27 @@ TEST_P(ShardedDdp, EqualsUnshardedOverProcessesAndTheHybrid) {
       }
       EXPECT_TRUE(testing::same_bits(got[r], got[0])) << "every rank holds the same parameters";
     }
+  }
+}
+
+// --grad-reduce-dtype bf16: a piece owned by a process's second replica
+// travels as bfloat16 like the others (it went as float32 from its owner's
+// process and as bfloat16 from the others' primaries: Gloo aborted).
+TEST_P(ShardedDdp, BfloatReductionOnTheHybridEqualsUnsharded) {
+  const auto o = options_for(GetParam());
+  const auto data = testing::random_batches(kSample, 24, 6, 24);
+  RunSetup plain{"cpu:2", 2};
+  plain.reduce = DType::BF16;
+  RunSetup sharded = plain, grads = plain;
+  sharded.shard = true;
+  grads.grads = true;
+  const auto want = train(plain, o, data), got = train(sharded, o, data), got2 = train(grads, o, data);
+  const auto f32 = train(RunSetup{"cpu:2", 2}, o, data);
+  EXPECT_FALSE(testing::same_bits(want[0], f32[0])) << "the reduction ran in bfloat16";
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_TRUE(testing::same_bits(got[r], want[r])) << "--shard-optimizer";
+    EXPECT_TRUE(testing::same_bits(got2[r], want[r])) << "--shard-grads";
   }
 }
 
