@@ -281,6 +281,9 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
   run.model = o.model;
   run.seed = o.seed;
   const data::DataOptions opts = run.data_options();
+  FANOUT_USER_CHECK(!o.data.starts_with("imagefolder:") && !o.data.starts_with("wds:"))
+      << "epoch mode reads data held in memory (PyTorch's rows train on the same arrays): for image files time "
+      << "dp-train itself, or the loading alone with loader-bench";
   const data::DataSplits data = data::open_data(o.data, opts);
   FANOUT_USER_CHECK(!models::is_gpt(o.model) || data.token_data())
       << "model " << o.model << " reads token ids but data " << o.data << " is images";

@@ -665,7 +665,7 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
   if (save_dir_of(c).empty())
     for (auto [given, flag] : {std::pair{c.save_every != d.save_every, "--save-every"},
                                std::pair{c.keep_last != d.keep_last, "--keep-last"},
-                               std::pair{c.overwrite && c.resume.empty(), "--overwrite"}})
+                               std::pair{c.overwrite, "--overwrite"}})
       if (given) warn(std::string(flag) + " has no effect without --save-dir");
   if (!c.distributed())
     for (auto [given, flag] : {std::pair{c.timeout != d.timeout, "--timeout"},
@@ -794,6 +794,9 @@ void print_resumed(const train::RunConfig& c, const train::ResumeOutcome& r) {
               st.batch > 0 ? (" and " + std::to_string(st.batch) + " batches of the next").c_str() : "",
               static_cast<long long>(st.step));
   if (r.complete) std::printf("nothing left to train (raise --epochs to train further)\n");
+  else if (save_dir_of(c).empty())
+    std::fprintf(stderr, "dp-train: warning: --resume %s continues the run without saving it: give --save-dir DIR to "
+                 "write its checkpoints\n", c.resume.c_str());
 }
 
 // Loads --resume (train::resume_run; every rank reads the file) or

@@ -55,6 +55,10 @@ double ExactSum::value() const {
   if (nans > 0 || (pinf > 0 && ninf > 0)) return std::numeric_limits<double>::quiet_NaN();
   if (pinf > 0) return std::numeric_limits<double>::infinity();
   if (ninf > 0) return -std::numeric_limits<double>::infinity();
+  return finite_value();
+}
+
+double ExactSum::finite_value() const {
   ExactSum n = *this;
   n.normalize();
   // Top limb first: a fixed order, so equal limbs always give equal bits.

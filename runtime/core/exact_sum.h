@@ -24,6 +24,9 @@ class ExactSum {
   void merge(const ExactSum& o);
   // The sum rounded to double (NaN if any NaN or both infinities were added).
   double value() const;
+  // The sum of the finite values alone, and how many were not finite.
+  double finite_value() const;
+  int64_t non_finite() const { return s_[kLimbs] + s_[kLimbs + 1] + s_[kLimbs + 2]; }
   std::array<int64_t, kSlots>& slots() { return s_; }
   const std::array<int64_t, kSlots>& slots() const { return s_; }
 

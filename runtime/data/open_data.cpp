@@ -23,6 +23,10 @@ DataSplits open_data(const std::string& spec, const DataOptions& o) {
     return s;
   }
   if (kind != "tokens" && kind != "text" && kind != "text-bytes") {
+    FANOUT_USER_CHECK(kind == "fashion-mnist" || kind == "cifar10" || kind == "synthetic" || kind == "keypoints3d" ||
+                      kind == "synthetic3d")
+        << "unknown dataset '" << spec << "' (expected fashion-mnist[:DIR], cifar10:DIR, synthetic[:N], "
+        << "keypoints3d:DIR, synthetic3d[:N], imagefolder:DIR, wds:DIR, tokens:DIR, text:FILE or text-bytes:FILE)";
     auto tt = std::make_shared<TrainTest>(open_dataset(spec, o.seed, o.heatmap));
     s.train = std::shared_ptr<const Dataset>(tt, &tt->train);
     s.test = std::shared_ptr<const Dataset>(tt, &tt->test);

@@ -60,7 +60,7 @@ void GradScaler::load_state(const nlohmann::json& j) {
       << "the loss scaler's state is malformed: " << j.dump();
   const float s = j["scale"].get<float>();
   const int64_t t = j["growth_tracker"].get<int64_t>();
-  FANOUT_USER_CHECK(std::isfinite(s) && s > 0 && t >= 0 && t < o_.growth_interval)
+  FANOUT_USER_CHECK(std::isfinite(s) && s > 0 && t >= 0 && t < o_.growth_interval && j["skipped"].get<int64_t>() >= 0)
       << "the loss scaler's state is out of range: " << j.dump();
   scale_ = s;
   growth_tracker_ = t;

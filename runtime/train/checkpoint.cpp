@@ -211,6 +211,10 @@ CheckpointState load_checkpoint(const std::string& path, Engine& engine, optim::
     FANOUT_USER_CHECK(st.grad_scaler.is_object())
         << "checkpoint " << path << ": metadata 'grad_scaler' must be a JSON object";
   }
+  // A 16-mixed run's scale and skipped steps would start over silently.
+  FANOUT_USER_CHECK(!st.grad_scaler.empty() || !st.config.contains("precision") || st.config["precision"] != "16-mixed")
+      << "checkpoint " << path << ": a 16-mixed run's checkpoint without the loss scaler's state (metadata "
+      << "'grad_scaler')";
   if (check) check(st);
   const nlohmann::json saved = meta_json(f, "optimizer", path);
   FANOUT_USER_CHECK(saved.is_object() && saved.contains("type") && saved["type"].is_string() &&

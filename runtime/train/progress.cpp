@@ -21,13 +21,14 @@ Progress::Progress(Mode mode, FILE* out) : mode_(mode), out_(out) {
 }
 
 void Progress::begin(const std::string& label, int64_t total_batches, int64_t total_images,
-                     int64_t tokens_per_sample) {
+                     int64_t tokens_per_sample, std::optional<std::chrono::steady_clock::time_point> started) {
   label_ = label;
   tokens_per_sample_ = tokens_per_sample;
   total_batches_ = total_batches;
   total_images_ = total_images;
   next_line_ = 1;
   start_ = last_draw_ = std::chrono::steady_clock::now();
+  if (started) start_ = *started;
   drawn_ = false;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 namespace fanout::train {
@@ -14,7 +15,9 @@ class Progress {
   Progress(Mode mode, FILE* out = stderr);
   // The rate counts samples ("img/s"), or tokens when each sample holds
   // `tokens_per_sample` of them ("tokens/s").
-  void begin(const std::string& label, int64_t total_batches, int64_t total_images, int64_t tokens_per_sample = 0);
+  // `started`: when the work began (its rate counts from there), if before now.
+  void begin(const std::string& label, int64_t total_batches, int64_t total_images, int64_t tokens_per_sample = 0,
+             std::optional<std::chrono::steady_clock::time_point> started = std::nullopt);
   // The running metric is shown by `metric_format`, a printf format with
   // one floating conversion (the criterion's first metric: "acc %.4f" for
   // classifiers, "loc err %.2f" for heatmaps); none when null.

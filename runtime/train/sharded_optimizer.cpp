@@ -30,6 +30,7 @@ ShardedOptimizer::ShardedOptimizer(Sharding& sharding, const optim::OptimizerOpt
       across_processes_(sharding.across_processes()) {}
 
 void ShardedOptimizer::step() {
+  full_.clear();  // the last checkpoint's assembled copy: each replica holds its range's state alone again
   const float rate = lr();
   sharding_.run([&](int i) {
     shards_[i]->set_lr(rate);
@@ -53,7 +54,7 @@ std::vector<std::string> ShardedOptimizer::state_names() const { return shards_[
 std::vector<int64_t> ShardedOptimizer::state_bytes() const {
   std::vector<int64_t> out;
   for (const auto& s : shards_) out.push_back(s->state_bytes()[0]);
-  // The assembled copy checkpoints read, kept on the primary's host once made.
+  // The assembled copy checkpoints read, on the primary's host until the next step.
   for (const auto& [name, t] : full_)
     if (!out.empty() && t.defined()) out[0] += static_cast<int64_t>(t.nbytes());
   return out;

@@ -47,7 +47,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   Shards shards_;
   std::vector<ArenaShard> ranges_;
   void assemble();
-  std::vector<std::pair<std::string, Tensor>> full_;  // assembled state (host), for checkpoints
+  std::vector<std::pair<std::string, Tensor>> full_;  // assembled state (host), for checkpoints; freed by step()
   bool across_processes_;
   int64_t gathered_at_ = -1;  // steps() when gather_state() last ran
 };

@@ -172,6 +172,12 @@ struct Totals {
     return t;
   }
   double mean_loss() const { return r.count ? r.loss.value() / r.count : 0; }
+  // Training's: the rows whose loss was not finite (a step the loss scaler
+  // skips) are left out, as the scaler leaves out their gradients.
+  double mean_trained_loss() const {
+    const int64_t n = r.count - r.loss.non_finite();
+    return n > 0 ? r.loss.finite_value() / static_cast<double>(n) : r.count ? std::nan("") : 0;
+  }
   double denominator(const MetricSpec& m) const {
     return m.denominator == MetricSpec::kRows ? static_cast<double>(r.count) : r.sums.at(m.denominator).value();
   }
@@ -412,6 +418,11 @@ void Trainer::optimizer_step(float lr, int epoch, int64_t b, GradNorms& norms, c
     return "training diverged: the gradient norm is " + std::to_string(n) + " at epoch " + std::to_string(epoch + 1) +
            " step " + std::to_string(b + 1) + " (try a smaller learning rate)";
   });
+  // Gradients never finite again: the scale halves towards zero and nothing trains.
+  FANOUT_USER_CHECK(s.stepped || scaler_->scale() >= std::numeric_limits<float>::min())
+      << "training diverged: the loss scaler skipped every step until its scale fell to " << scaler_->scale()
+      << " at epoch " << epoch + 1 << " step " << b + 1 << " (inf or NaN in every step's loss or gradients; try a "
+      << "smaller learning rate)";
   if (cfg_.clip_grad_norm > 0 && s.stepped) {
     norms.sum += s.norm;
     norms.max = std::max(norms.max, s.norm);
@@ -489,7 +500,6 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
   const int64_t warm = std::min<int64_t>(cfg_.timing_warmup, nb - b0 - 1);
   auto t_warm = t0;
   double wait_at_warm = it.wait_seconds();
-  double running_loss = t.r.loss.value();
   // Every rank computes the same norms (of the reduced gradient): carried as they are.
   GradNorms norms;
   if (start.totals.contains("grad_norm")) {
@@ -545,7 +555,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                      (rebatched ? uint64_t{1} << 31 | static_cast<uint64_t>(first_sample + b * batch)
                                 : static_cast<uint64_t>(b)));
     StepResult r = engine_.forward_backward(x, y, grad_scale, last_in_group);
-    FANOUT_USER_CHECK(std::isfinite(r.loss_sum))
+    FANOUT_USER_CHECK(std::isfinite(r.loss_sum) || scaler_)  // with a scaler the step is skipped
         << "training diverged: loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step " << b + 1
         << " (try a smaller learning rate)";
     if (b % k == 0) step_loss = ExactSum{};
@@ -555,7 +565,6 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     since_eval_loss_.merge(r.loss);
     since_eval_rows_ += r.count;
     run_rows_ += r.count;
-    running_loss += r.loss_sum;
     ++b;
     if (b - b0 == warm) {
       t_warm = std::chrono::steady_clock::now();
@@ -563,10 +572,10 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
     }
     // The criterion's first metric, as the epoch's summary shows it, once this pass scores it.
     if (!metrics.empty() && t.denominator(metrics[0]) != 0)
-      progress_.update(b, t.r.count, running_loss / t.r.count, metrics[0].summary.c_str(),
+      progress_.update(b, t.r.count, t.mean_trained_loss(), metrics[0].summary.c_str(),
                        t.ratio(metrics[0]) * metrics[0].scale);
     else
-      progress_.update(b, t.r.count, running_loss / t.r.count, nullptr, 0);
+      progress_.update(b, t.r.count, t.mean_trained_loss(), nullptr, 0);
     bool dropped = false;  // a stop came in this step's evaluation: the run stops after the step
     if (last_in_group && probe_loader_ && steps() % cfg_.eval_every == 0) {
       try {
@@ -607,7 +616,7 @@ EpochMetrics Trainer::train_epoch(int epoch, const EpochPosition& start) {
                                ? steady * static_cast<double>(here) / static_cast<double>(here - warm)
                                : warm > 0 ? std::max(0.0, m.epoch_seconds - evals)
                                           : steady;
-  m.train_loss = t.mean_loss();
+  m.train_loss = t.mean_trained_loss();
   m.loss_format = criterion.loss_format();
   score(m.metrics, metrics, t, /*test=*/false);
   m.images_per_second = m.steady_epoch_seconds > 0 ? (t.r.count - carried) / m.steady_epoch_seconds : 0;
@@ -715,7 +724,7 @@ bool Trainer::evaluate_during(int epoch, float lr) {
   EvalMetrics e;
   e.epoch = epoch + 1;
   e.step = steps();
-  e.train_loss = since.mean_loss();
+  e.train_loss = since.mean_trained_loss();
   e.val_loss = v.mean_loss();
   e.val_rows = v.r.count;
   score(e.metrics, checked_metrics(engine_.criterion()), v, /*test=*/true);
@@ -749,7 +758,7 @@ bool Trainer::evaluate(EpochMetrics& m) {
     if (!shown && seconds_since(t0) < 3.0) return;
     if (!shown)
       progress_.begin("epoch " + std::to_string(m.epoch) + "/" + std::to_string(cfg_.epochs) + " evaluation",
-                      test_loader_->num_batches(), test_loader_->num_samples(), tokens_per_sample_);
+                      test_loader_->num_batches(), test_loader_->num_samples(), tokens_per_sample_, t0);
     shown = true;
     progress_.update(i + 1, so_far.r.count, so_far.r.count ? so_far.r.loss.value() / so_far.r.count : 0, nullptr, 0);
   };

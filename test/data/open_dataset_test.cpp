@@ -6,6 +6,7 @@
 
 #include "data/data_test_util.h"
 #include "runtime/data/dataset.h"
+#include "runtime/data/open_data.h"
 
 namespace fanout::data {
 namespace {
@@ -40,6 +41,11 @@ TEST(OpenDataset, UnknownKinds) {
     expect_user_error([&] { open_dataset(spec, 0); },
                       {std::string("unknown dataset '") + spec +
                        "' (expected fashion-mnist[:DIR], cifar10:DIR, synthetic[:N], keypoints3d:DIR or synthetic3d[:N])"});
+    // Through open_data (what the tools call), every form.
+    expect_user_error([&] { open_data(spec, DataOptions{}); },
+                      {std::string("unknown dataset '") + spec +
+                       "' (expected fashion-mnist[:DIR], cifar10:DIR, synthetic[:N], keypoints3d:DIR, synthetic3d[:N], "
+                       "imagefolder:DIR, wds:DIR, tokens:DIR, text:FILE or text-bytes:FILE)"});
   }
 }
 

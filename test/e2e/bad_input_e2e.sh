@@ -99,6 +99,20 @@ expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer ada
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
 expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
 expect_warning overwrite-unsaved "--overwrite has no effect without --save-dir" --overwrite --devices cpu
+# --resume FILE without --save-dir trains on and saves nothing: said, and --overwrite with it has nothing to remove.
+timeout 120 "$DP_TRAIN" --progress off --epochs 2 --stop-after 1 --model mlp --data synthetic:64 --devices cpu \
+  --save-dir "$work/resumable" > "$work/out" 2>&1 || { cat "$work/out"; echo "FAIL: the run to resume"; fails=$((fails + 1)); }
+timeout 120 "$DP_TRAIN" --progress off --epochs 2 --model mlp --data synthetic:64 --devices cpu --overwrite \
+  --resume "$work/resumable/epoch-0001.safetensors" > "$work/out" 2> "$work/err"
+rc=$?
+if [ "$rc" -ne 0 ] || [ "$(grep -c 'warning' "$work/err")" -ne 2 ] ||
+   ! grep -qF "dp-train: warning: --overwrite has no effect without --save-dir" "$work/err" ||
+   ! grep -qF "dp-train: warning: --resume $work/resumable/epoch-0001.safetensors continues the run without saving it: give --save-dir DIR" "$work/err"; then
+  echo "FAIL resume-file-unsaved: exit $rc, stderr:"; sed 's/^/    /' "$work/err"
+  fails=$((fails + 1))
+else
+  echo "ok   resume-file-unsaved (exit 0): $(cat "$work/err")"
+fi
 expect_warning eps-sgd "--eps has no effect on sgd" --eps 1e-6 --devices cpu
 expect_warning no-decay-zero "--no-decay-norm-bias has no effect with --weight-decay 0" --no-decay-norm-bias \
   --weight-decay 0 --devices cpu

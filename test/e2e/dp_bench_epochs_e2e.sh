@@ -155,6 +155,7 @@ expect_error "--plot is for epoch mode" --plot x.png
 expect_error "cannot be split evenly over 3 devices" --epochs 1 --data synthetic:64 --devices cpu:3 --batch-size 64
 expect_error "--plot needs Python with matplotlib" --epochs 1 --data synthetic:64 --python /nonexistent/python3 --plot x.png
 expect_error "unknown dataset .nonsense." --epochs 1 --data nonsense
+expect_error "epoch mode reads data held in memory" --epochs 1 --data imagefolder:/nonexistent
 expect_error "--lr must be positive, got 0" --epochs 1 --data synthetic:64 --lr 0
 expect_error "--json /nowhere/x.jsonl: the folder /nowhere does not exist" --epochs 1 --data synthetic:64 --json /nowhere/x.jsonl
 expect_error "--json . is a directory" --epochs 1 --data synthetic:64 --json .

@@ -13,7 +13,14 @@ src=$1
 build=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1
+# A build with the e2e tests' fault hooks says so when it is installed (and only such a build).
+if grep -q '^FANOUT_TEST_HOOKS:BOOL=ON' "$build/CMakeCache.txt"; then
+  grep -q "this dp-train honours the e2e tests' FANOUT_TEST_\* fault hooks" "$work/install.log" ||
+    { cat "$work/install.log"; echo "FAIL: installing a build with the fault hooks gives no warning"; exit 1; }
+else
+  ! grep -q "fault hooks" "$work/install.log" || { echo "FAIL: a build without the hooks warns of them"; exit 1; }
+fi
 inc="$work/prefix/include"
 [ -f "$inc/fanout/runtime/core/tensor.h" ] || { echo "FAIL: no runtime/core/tensor.h under $inc/fanout"; exit 1; }
 for internal in kernels/cpu kernels/cuda runtime/cuda; do

@@ -224,6 +224,13 @@ TEST(ShardedOptimizerCheckpoint, SavesTheUnshardedFileAndResumesOnAnyReplicaCoun
     states += name.rfind("optimizer.", 0) == 0;
   }
   EXPECT_GT(states, 0);
+  // The assembled copy is the checkpoint's: the next step frees it (ZeRO-1's memory again).
+  auto& sa = static_cast<train::ShardedOptimizer&>(*a.opt);
+  const int64_t own = sa.shard(0).state_bytes()[0], total = a.model->arenas().params.numel();
+  const auto names = static_cast<int64_t>(sa.state_names().size());
+  EXPECT_EQ(sa.state_bytes()[0], own + names * total * 4) << "every state tensor, assembled";
+  train(a, {rest[0]});
+  EXPECT_EQ(sa.state_bytes()[0], own);
   // Resumed unsharded on one device, and sharded over 3 replicas: the uninterrupted run's parameters.
   for (const char* devices : {"cpu", "cpu:3"}) {
     SCOPED_TRACE(devices);

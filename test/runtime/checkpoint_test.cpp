@@ -453,6 +453,15 @@ TEST(Checkpoint, RefusesWhatIsNotACheckpoint) {
   io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
   testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine, *r.opt); },
                              {"'best_test_acc'", "finite"});
+  // A 16-mixed run's checkpoint that lost its loss scaler's state (its scale and skipped steps would start over).
+  f.metadata["best_test_acc"] = "0.5";
+  f.metadata["config"] = R"({"precision": "16-mixed"})";
+  io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
+  testing::expect_user_error([&] { train::load_checkpoint(dir / "bad.safetensors", *r.engine, *r.opt); },
+                             {"bad.safetensors", "16-mixed run's checkpoint without the loss scaler's state"});
+  f.metadata["grad_scaler"] = R"({"scale": 1024.0, "growth_tracker": 3, "skipped": 2})";
+  io::save_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
+  EXPECT_EQ(train::load_checkpoint(dir / "bad.safetensors", *r.engine, *r.opt).grad_scaler["skipped"], 2);
 }
 
 // Checkpoints written before optimizers left the engines: SGD's metadata

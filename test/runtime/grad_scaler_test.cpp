@@ -117,6 +117,8 @@ TEST(GradScaler, NeverGrowsToInfinityAndStateRoundTrips) {
   testing::expect_user_error([&] { b.load_state({{"scale", -1.0}, {"growth_tracker", 0}, {"skipped", 0}}); },
                              {"out of range"});
   testing::expect_user_error([&] { b.load_state({{"scale", 1.0}}); }, {"malformed"});
+  testing::expect_user_error([&] { b.load_state({{"scale", 1.0}, {"growth_tracker", 0}, {"skipped", -5}}); },
+                             {"out of range"});
 }
 
 TEST(GradScaler, RefusesWhatTorchRefuses) {

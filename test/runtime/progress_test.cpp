@@ -57,6 +57,26 @@ TEST(Progress, LinesGiveTheRateInSamples) { check_rate(0, "img/s"); }
 
 TEST(Progress, LinesGiveTheRateInTokensForTokenSamples) { check_rate(256, "tokens/s"); }
 
+// Shown only once the work has run a while (a long evaluation): the rate counts from when it began.
+TEST(Progress, ARateCountsFromWhenTheWorkBegan) {
+  FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  Progress p(Progress::Mode::Lines, f);
+  using Clock = std::chrono::steady_clock;
+  const auto began = Clock::now() - std::chrono::seconds(40);
+  p.begin("epoch 1/1 evaluation", 10, 100, 0, began);
+  p.update(4, 40, 2.5, nullptr, 0);
+  const double secs = std::chrono::duration<double>(Clock::now() - began).count();
+  const std::vector<std::string> lines = lines_of(f);
+  std::fclose(f);
+  ASSERT_EQ(lines.size(), 1u);
+  double rate = 0;
+  ASSERT_EQ(std::sscanf(lines[0].c_str(), "epoch 1/1 evaluation  40%% 4/10 batches  %lf img/s", &rate), 1) << lines[0];
+  EXPECT_LE(rate, 1.0) << lines[0];  // 40 samples in 40 s or a little more
+  EXPECT_GE(rate, 40 / (secs + 1) - 0.5) << lines[0];
+  EXPECT_NE(lines[0].find("ETA 1:0"), std::string::npos) << "60 samples at 1/s: a minute left: " << lines[0];
+}
+
 // The lines of an epoch of `batches` batches of 4 samples, updated after each.
 std::vector<std::string> epoch_lines(Progress::Mode mode, const std::string& label, int64_t batches) {
   FILE* f = std::tmpfile();

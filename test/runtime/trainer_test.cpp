@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -551,6 +552,72 @@ TEST(Trainer, StepsTheLossScalerSkipsAreStepsOfTheRun) {
   train::Trainer unscaled(plain, engine, *opt, data);
   unscaled.set_steps_skipped_before(10 - opt->steps());
   EXPECT_EQ(unscaled.steps(), 10);
+}
+
+// A row whose forward overflows (loss inf or NaN) under a loss scaler: its
+// gradients are not finite, so the scaler skips the step and the run goes on
+// (GradScaler's way; without a scaler it ends the run as diverged). The
+// epoch's train loss is the other rows' mean. A forward that overflows on
+// every step ends the run once the halving scale leaves float's range.
+TEST(Trainer, ALossThatOverflowsIsAStepTheLossScalerSkips) {
+  auto data = data::make_synthetic(32, 4);
+  const int64_t per = data.train.images.numel() / data.train.size();
+  auto with_spikes = [&](const std::vector<int64_t>& rows) {  // float32 images, these rows at 3e38
+    data::ImageDataset d = data.train;
+    d.images = Tensor::empty(data.train.images.shape(), DType::F32);
+    for (int64_t i = 0; i < d.images.numel(); ++i) d.images.f32()[i] = data.train.images.data<uint8_t>()[i] / 255.0f;
+    for (int64_t r : rows)
+      for (int64_t k = 0; k < per; ++k) d.images.f32()[r * per + k] = 3e38f;
+    d.mean.clear();
+    d.std.clear();
+    return d;
+  };
+  auto run = [&](const data::ImageDataset& train, float init_scale, std::vector<train::StepInfo>& steps,
+                 std::vector<train::EpochMetrics>& epochs) {
+    data::TrainTest tt{train, data.test, {}};
+    auto model = models::make_model("mlp", data.train.sample_shape(), 10, 3);
+    SingleDeviceEngine engine(*model, Device::cpu(), *make_criterion({}), 3);
+    auto opt = optim::make_optimizer(engine.model(), engine.primary_context(), testing::test_sgd());
+    train::TrainerConfig tc;
+    tc.epochs = 2;
+    tc.batch_size = 1;
+    tc.seed = 3;
+    tc.loss_scaling = optim::GradScalerOptions{.init_scale = init_scale};
+    tc.schedule = optim::parse_lr_schedule("constant", 0.01f, tc.epochs, 0);
+    tc.progress = train::Progress::Mode::Off;
+    tc.summary_out = nullptr;
+    train::Trainer t(tc, engine, *opt, tt);
+    t.on_step = [&](const train::StepInfo& s) { steps.push_back(s); };
+    t.on_epoch_end = [&](const train::EpochMetrics& m) { epochs.push_back(m); };
+    t.run();
+    return opt->steps();
+  };
+  std::vector<train::StepInfo> steps;
+  std::vector<train::EpochMetrics> epochs;
+  const int64_t stepped = run(with_spikes({5}), 1024.0f, steps, epochs);
+  ASSERT_EQ(steps.size(), 64u);
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_EQ(stepped, 62) << "the spiked row's step, once an epoch, is skipped";
+  for (int e = 0; e < 2; ++e) {
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < 32; ++i) {
+      const train::StepInfo& s = steps[static_cast<size_t>(e * 32 + i)];
+      EXPECT_EQ(std::isfinite(s.loss), s.stepped) << "step " << e * 32 + i + 1;
+      if (s.stepped) sum += s.loss, ++n;
+    }
+    ASSERT_EQ(n, 31);
+    EXPECT_NEAR(epochs[static_cast<size_t>(e)].train_loss, sum / 31, 1e-12 * std::abs(sum / 31))
+        << "epoch " << e + 1 << ": the other rows' mean";
+    EXPECT_EQ(epochs[static_cast<size_t>(e)].skipped_steps, e + 1);
+  }
+  std::vector<int64_t> all(32);
+  std::iota(all.begin(), all.end(), 0);
+  steps.clear();
+  epochs.clear();
+  testing::expect_user_error([&] { run(with_spikes(all), 1e-36f, steps, epochs); },
+                             {"training diverged: the loss scaler skipped every step until its scale fell to",
+                              "at epoch 1 step 7 "});
 }
 
 // warmup-cosine follows the run's step count (nanoGPT's iter_num), not the
