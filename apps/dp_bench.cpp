@@ -299,7 +299,8 @@ void describe(po::options_description& desc, Options& o, apps::EpochBenchOptions
   epochs.add_options()
     ("epochs", po::value(&e.epochs), "epoch mode: train N epochs per run")
     ("data", po::value(&e.data)->default_value(e.data),
-     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (3x32x32 images); the data sets the sample shape. "
+     "fashion-mnist, fashion-mnist:DIR, cifar10:DIR or synthetic[:N] (3x32x32 images); keypoints3d:DIR or "
+     "synthetic3d[:N] (heatmap3d's volumes); the data sets the sample shape. "
      "A --model gpt:... reads token data as dp-train does: tokens:DIR, text:FILE or text-bytes:FILE (tokens/s)")
     ("lr", po::value(&e.lr)->default_value(e.lr, "0.02"), "learning rate (constant; SGD momentum 0.9, weight decay 5e-4)")
     ("workers", po::value(&e.workers)->default_value(e.workers), "loader threads per process (PyTorch: worker processes)")

@@ -319,6 +319,9 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
     } else {
       s.torch_status = "not installed";
       s.torch_version.clear();
+      if (rc == 127)  // the interpreter itself did not start
+        std::fprintf(stderr, "dp-bench: warning: cannot run --python %s: %s; PyTorch's rows say not installed\n",
+                     o.python.c_str(), last_line(log).c_str());
     }
   }
   warn_long_warmup(o, run, *data.train);  // after the checks, whose errors are one line

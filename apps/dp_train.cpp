@@ -84,6 +84,7 @@ struct Cli {
   std::string betas, seed;
   bool help = false, list_devices = false;
   bool epochs_from_steps = false;  // --max-steps without --epochs: the epochs it takes, once the data is known
+  std::set<std::string> given;     // the options given (on the command line or in --config), by name
 };
 
 // heatmap3d's defaults: SGD needs a large rate for the mean squared error of
@@ -161,7 +162,8 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
     ("clip-grad-value", po::value(&o.clip_grad_value)->default_value(d.clip_grad_value, num(d.clip_grad_value)),
      "clamp every reduced gradient element into [-V, V] before each step (clip_grad_value_; 0: off)")
     ("lr-schedule", po::value(&o.lr_schedule)->default_value(d.lr_schedule),
-     "constant, step[:STEP_SIZE[:GAMMA]], multistep:M1,M2,...[:GAMMA] or cosine (stepped per epoch); "
+     "constant, step[:STEP_SIZE[:GAMMA]] (a third of --epochs, 0.1), multistep:M1,M2,...[:GAMMA] or cosine (stepped "
+     "per epoch); "
      "warmup-cosine (nanoGPT's, per optimizer step: --warmup-steps, --lr-decay-steps, --min-lr)")
     ("warmup-steps", po::value(&o.warmup_steps)->default_value(d.warmup_steps),
      "warmup-cosine: steps of linear warm-up (nanoGPT's warmup_iters)")
@@ -265,7 +267,8 @@ void describe_run(po::options_description& desc, Cli& cli, const train::RunConfi
     ("timing-warmup", po::value(&o.timing_warmup)->default_value(d.timing_warmup),
      "steps at the start of each epoch left out of its img/s and steady_epoch_seconds (benchmarks)")
     ("precision", po::value(&o.precision)->default_value(d.precision),
-     "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); float32 master weights and "
+     "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling), Lightning's names (32-true, bf16 "
+     "and 16 too); float32 master weights and "
      "optimizer state in every mode. CPU devices store and round as GPUs do; their products run in bfloat16 "
      "where the CPU has bfloat16 instructions (AVX-512 BF16, AMX), in float32 elsewhere and for 16-mixed")
     ("shard-optimizer", po::bool_switch(&o.shard_optimizer),
@@ -390,6 +393,8 @@ Cli parse(int argc, char** argv) {
   }
   if (vm.count("config")) read_config_file(vm["config"].as<std::string>(), desc, vm);
   po::notify(vm);
+  for (const auto& [name, v] : vm)
+    if (!v.defaulted()) cli.given.insert(name);
   o.seed = apps::parse_seed(cli.seed);
   std::tie(o.beta1, o.beta2) = apps::parse_betas(cli.betas);
   // --min-lr's default (lr / 10) is kept as -1: a negative value given is an error, not that default.
@@ -627,7 +632,9 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
 }
 
 // One warning line for each option that has no effect on this run.
-void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::vector<Device>& all) {
+void warn_inapplicable(const train::RunConfig& c, const std::set<std::string>& given, const Process& p,
+                       const std::vector<Device>& all) {
+  const auto was = [&](const char* flag) { return given.count(flag + 2) > 0; };  // flag: "--NAME"
   auto warn = [](const std::string& s) { std::fprintf(stderr, "dp-train: warning: %s\n", s.c_str()); };
   if (all[0].is_cpu())
     for (auto [on, flag] : {std::pair{c.allow_tf32, "--allow-tf32"}, std::pair{c.cudnn_benchmark, "--cudnn-benchmark"}})
@@ -643,48 +650,40 @@ void warn_inapplicable(const train::RunConfig& c, const Process& p, const std::v
   if (c.eval_steps > 0 && c.eval_every == 0) warn("--eval-steps has no effect without --eval-every");
   if (c.gather_outputs && p.devices.size() == 1)
     warn("--gather-outputs has no effect with one device per process");
-  const train::RunConfig d;  // the defaults: an option set to another value was given
   if (c.lr_schedule != "warmup-cosine")
-    for (auto [given, flag] : {std::pair{c.min_lr != d.min_lr, "--min-lr"},
-                               std::pair{c.warmup_steps != d.warmup_steps, "--warmup-steps"},
-                               std::pair{c.lr_decay_steps != d.lr_decay_steps, "--lr-decay-steps"}})
-      if (given) warn(std::string(flag) + " has no effect without --lr-schedule warmup-cosine");
-  if (c.optimizer != "sgd" && c.momentum != d.momentum)
+    for (const char* flag : {"--min-lr", "--warmup-steps", "--lr-decay-steps"})
+      if (was(flag)) warn(std::string(flag) + " has no effect without --lr-schedule warmup-cosine");
+  if (c.optimizer != "sgd" && was("--momentum"))
     warn("--momentum has no effect on " + c.optimizer + " (SGD's; Adam's is --betas)");
-  if (c.optimizer == "sgd" && (c.beta1 != d.beta1 || c.beta2 != d.beta2))
+  if (c.optimizer == "sgd" && was("--betas"))
     warn("--betas has no effect on sgd (Adam's and AdamW's; SGD's is --momentum)");
-  if (c.optimizer == "sgd" && c.eps != d.eps) warn("--eps has no effect on sgd (Adam's and AdamW's)");
+  if (c.optimizer == "sgd" && was("--eps")) warn("--eps has no effect on sgd (Adam's and AdamW's)");
   if (c.no_decay_norm_bias && c.weight_decay == 0)
     warn("--no-decay-norm-bias has no effect with --weight-decay 0 (nothing decays)");
   if ((c.shard_optimizer || c.shard_grads) && p.devices.size() == 1 && p.world == 1)
     warn(std::string(c.shard_grads ? "--shard-grads" : "--shard-optimizer") +
          " has no effect with one device (nothing to shard)");
-  if (c.workers == 0 && c.prefetch != d.prefetch)
+  if (c.workers == 0 && was("--prefetch"))
     warn("--prefetch has no effect with --workers 0 (batches are built on the training thread)");
   if (c.resume.empty() && c.allow_batch_change) warn("--allow-batch-change has no effect without --resume");
   if (save_dir_of(c).empty())
-    for (auto [given, flag] : {std::pair{c.save_every != d.save_every, "--save-every"},
-                               std::pair{c.keep_last != d.keep_last, "--keep-last"},
-                               std::pair{c.overwrite, "--overwrite"}})
-      if (given) warn(std::string(flag) + " has no effect without --save-dir");
+    for (const char* flag : {"--save-every", "--keep-last", "--overwrite"})
+      if (was(flag)) warn(std::string(flag) + " has no effect without --save-dir");
   if (!c.distributed())
-    for (auto [given, flag] : {std::pair{c.timeout != d.timeout, "--timeout"},
-                               std::pair{!c.run_id.empty(), "--run-id"},
-                               std::pair{c.no_broadcast_buffers, "--no-broadcast-buffers"},
-                               std::pair{c.ddp_backend != d.ddp_backend, "--ddp-backend"}})
-      if (given) warn(std::string(flag) + " has no effect without --strategy ddp");
+    for (const char* flag : {"--timeout", "--run-id", "--no-broadcast-buffers", "--ddp-backend"})
+      if (was(flag)) warn(std::string(flag) + " has no effect without --strategy ddp");
 }
 
 // The same for the options of a kind of data or of GPUs.
-void warn_inapplicable_data(const train::RunConfig& c, const std::vector<Device>& all) {
+void warn_inapplicable_data(const train::RunConfig& c, const std::set<std::string>& given,
+                            const std::vector<Device>& all) {
   auto warn = [](const std::string& s) { std::fprintf(stderr, "dp-train: warning: %s\n", s.c_str()); };
   const auto is = [&](const char* prefix) { return c.data.starts_with(prefix); };
-  const train::RunConfig d;
   if (!is("imagefolder:") && !is("wds:"))
-    for (auto [given, flag] : {std::pair{c.normalize != d.normalize, "--normalize"},
-                               std::pair{c.skip_bad_samples, "--skip-bad-samples"}})
-      if (given) warn(std::string(flag) + " has no effect without image files (imagefolder:DIR, wds:DIR)");
-  if (!is("keypoints3d:") && !is("synthetic3d") && !models::dense_output(c.model) && c.heatmap_radius != d.heatmap_radius)
+    for (const char* flag : {"normalize", "skip-bad-samples"})
+      if (given.count(flag))
+        warn("--" + std::string(flag) + " has no effect without image files (imagefolder:DIR, wds:DIR)");
+  if (!is("keypoints3d:") && !is("synthetic3d") && !models::dense_output(c.model) && given.count("heatmap-radius"))
     warn("--heatmap-radius has no effect without keypoint volumes (keypoints3d:DIR, synthetic3d)");
   if (all[0].is_cpu() && c.pin_memory == "on")
     warn("--pin-memory on has no effect on CPU devices (page-locked buffers speed copies to GPUs)");
@@ -1065,8 +1064,8 @@ int run(int argc, char** argv) {
   install_stop_handlers();
   const Process p = this_process(c);
   const auto all = machine_devices(c);
-  if (p.primary()) warn_inapplicable(c, p, all);
-  if (p.primary()) warn_inapplicable_data(c, all);
+  if (p.primary()) warn_inapplicable(c, cli.given, p, all);
+  if (p.primary()) warn_inapplicable_data(c, cli.given, all);
   // The save directory is locked and checked before anything is loaded.
   const std::string save_to = save_dir_of(c);
   std::unique_ptr<train::CheckpointSaver> saver = !save_to.empty() && p.primary() ? open_save_dir(c) : nullptr;

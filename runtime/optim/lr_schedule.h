@@ -17,7 +17,7 @@ struct LrSchedule {
   Kind kind = Kind::Constant;
   float base_lr = 0.1f;
   float gamma = 0.1f;            // step, multistep
-  int step_size = 30;            // step: epochs between decays
+  int step_size = 30;            // step: epochs between decays (parse_lr_schedule's default: a third of the epochs)
   std::vector<int> milestones;   // multistep: epochs at which lr *= gamma
   int total_epochs = 1;          // cosine: T_max in epochs
   float eta_min = 0.0f;          // cosine floor

@@ -74,10 +74,10 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(nproc_per_node >= 0) << "--nproc-per-node must be at least 1, got " << nproc_per_node;
   FANOUT_USER_CHECK(timeout > 0 && timeout <= 86400) << "--timeout must be in (0, 86400] seconds, got " << timeout;
   FANOUT_USER_CHECK(nnodes >= 1) << "--nnodes must be at least 1, got " << nnodes;
-  FANOUT_USER_CHECK(node_rank >= 0 && node_rank < nnodes)
-      << "--node-rank " << node_rank << " is outside 0.." << nnodes - 1;
   FANOUT_USER_CHECK(distributed() || (nnodes == 1 && node_rank == 0 && rdzv.empty()))
       << "--nnodes, --node-rank and --rdzv need --strategy ddp";
+  FANOUT_USER_CHECK(node_rank >= 0 && node_rank < nnodes)
+      << "--node-rank " << node_rank << " is outside 0.." << nnodes - 1;
   parse_progress(progress);
   data::parse_augment(augment);
   const Precision prec = parse_precision(precision);

@@ -96,6 +96,8 @@ expect_warning timing-warmup-epoch "--timing-warmup 2 is not below an epoch's 2 
   --batch-size 32 --devices cpu
 expect_warning min-lr-cosine "--min-lr has no effect without --lr-schedule warmup-cosine" --min-lr 0.001 --devices cpu
 expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer adamw --momentum 0.5 --devices cpu
+expect_warning momentum-adam-default "--momentum has no effect on adam " --optimizer adam --momentum 0.9 --devices cpu
+expect_warning normalize-default "--normalize has no effect without image files" --normalize imagenet --devices cpu
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
 expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
 expect_warning overwrite-unsaved "--overwrite has no effect without --save-dir" --overwrite --devices cpu

@@ -145,6 +145,7 @@ bad "cannot be split evenly over 2 processes" --devices cpu:2 --strategy ddp --b
 bad "need the same --run-id" --devices cpu --strategy ddp --nnodes 2 --rdzv redis:127.0.0.1:1
 bad "--node-rank 2 is outside 0..1" --devices cpu --strategy ddp --nnodes 2 --node-rank 2 --rdzv redis:127.0.0.1:1 --run-id x
 bad "need --strategy ddp" --devices cpu --nnodes 2
+bad "need --strategy ddp" --devices cpu --node-rank 1
 bad "there is no network interface 'nope0' on this machine" --devices cpu:2 --strategy ddp --iface nope0
 bad "--iface applies to --strategy ddp" --devices cpu --iface lo
 bad "cannot read --rdzv-password-file $work/none" --devices cpu:2 --strategy ddp --rdzv-password-file "$work/none"
