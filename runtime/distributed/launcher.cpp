@@ -103,6 +103,7 @@ struct Start {
 struct Ended {
   int code = 0;              // 0, the failing worker's exit status, or 128 + the signal
   bool interrupted = false;  // the launcher was signalled
+  std::string error;         // the first failing worker's error line, if it gave one
 };
 
 using Clock = std::chrono::steady_clock;
@@ -432,18 +433,18 @@ class Supervisor {
     if (interrupted_) {
       std::fprintf(stderr, "%s: interrupted (%s): stopped %d worker%s\n", o_.name.c_str(), strsignal(interrupted_),
                    o_.nproc_per_node, o_.nproc_per_node == 1 ? "" : "s");
-      return {128 + interrupted_, true};
+      return {128 + interrupted_, true, {}};
     }
     if (!stall_.empty()) {
       if (first_failure_ && !first_error.empty()) write_rank_line(first_failure_->rank, first_error);
       std::fprintf(stderr, "%s: %s; stopped the workers (--timeout %g s)\n", o_.name.c_str(), stall_.c_str(),
                    o_.stall_s);
-      return {124, false};
+      return {124, false, {}};
     }
     if (first_failure_ && !desync_.empty()) {
       if (!first_error.empty()) write_rank_line(first_failure_->rank, first_error);
       std::fprintf(stderr, "%s: %s; stopped the workers\n", o_.name.c_str(), desync_.c_str());
-      return {exit_code(*first_failure_), false};
+      return {exit_code(*first_failure_), false, {}};
     }
     if (first_failure_) {
       if (!whereabouts_.empty())
@@ -452,9 +453,9 @@ class Supervisor {
         std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure_->rank);
       else
         std::fprintf(stderr, "%s: %s; stopped the other workers\n", o_.name.c_str(), describe(*first_failure_).c_str());
-      return {exit_code(*first_failure_), false};
+      return {exit_code(*first_failure_), false, first_error};
     }
-    return {0, false};
+    return {0, false, {}};
   }
 
  private:
@@ -658,6 +659,7 @@ int launch(const LaunchOptions& o) {
     }
   } restore{old_int, old_term};
 
+  std::string last_error;
   for (;;) {
     // Each start has keys of its own in the rendezvous: a restart never meets the last one's.
     st.run_id = st.restart == 0 ? run_id : run_id + "/restart-" + std::to_string(st.restart);
@@ -668,6 +670,13 @@ int launch(const LaunchOptions& o) {
       std::fprintf(stderr, "%s: no restarts left (--max-restarts %d)\n", o.name.c_str(), o.max_restarts);
       return r.code;
     }
+    // An error that a restart repeats word for word is the run's (its input, its options), not the
+    // machine's: another restart would end the same way.
+    if (!r.error.empty() && r.error == last_error) {
+      std::fprintf(stderr, "%s: the restart ended with the same error: not restarting again\n", o.name.c_str());
+      return r.code;
+    }
+    last_error = r.error;
     ++st.restart;
     std::fprintf(stderr, "%s: restarting the workers (restart %d of %d)\n", o.name.c_str(), st.restart,
                  o.max_restarts);

@@ -105,6 +105,20 @@ cut 3 2
 tail -1 cut.err | grep -q "no restarts left (--max-restarts 2)" || { cat cut.err; fail "no reason on the last line"; }
 tail -2 cut.err
 
+# --- an error that a restart repeats word for word ends the restarts ------
+rm -rf same
+"$DP_TRAIN" --model lenet --data synthetic:0 --devices cpu:2 --strategy ddp --workers 0 --progress off --timeout 20 \
+  --epochs 2 --save-dir same --max-restarts 3 > same.out 2> same.err &
+launcher=$!
+pids+=("$launcher")
+await "$launcher" 120
+[ "$rc" -ne 0 ] || { cat same.out same.err; fail "same error: the run succeeded"; }
+[ "$(grep -c 'restarting the workers' same.err)" -eq 1 ] || { cat same.err; fail "same error: not one restart"; }
+tail -1 same.err | grep -q "the restart ended with the same error: not restarting again" ||
+  { cat same.err; fail "same error: no reason on the last line"; }
+[ "$(grep -c "bad dataset 'synthetic:0'" same.err)" -ge 2 ] || { cat same.err; fail "same error: not named"; }
+echo "an error repeated by the restart: $(tail -1 same.err)"
+
 # --- a restart before any checkpoint starts over, each epoch still once ------
 rm -rf early early.jsonl
 FANOUT_TEST_STEP_SLEEP_S=0.01 "$DP_TRAIN" "${base[@]}" --epochs 2 --save-every 2 --save-dir early --metrics early.jsonl \
