@@ -674,6 +674,19 @@ void warn_inapplicable(const train::RunConfig& c, const std::set<std::string>& g
       if (was(flag)) warn(std::string(flag) + " has no effect without --strategy ddp");
 }
 
+// A GPT whose vocabulary (gpt2's 50304) dwarfs the data's (256 bytes, a text's characters): rows of the
+// embedding and the head that no token reaches. nanoGPT takes the data's when it has one (meta.pkl).
+void warn_unused_vocabulary(const train::RunConfig& c, const data::DataSplits& data) {
+  if (!models::is_gpt(c.model) || !data.token_data() || c.model.find("vocab_size=") != std::string::npos) return;
+  const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(c.model), data.classes);
+  if (g.vocab_size < 4 * data.classes) return;
+  std::fprintf(stderr, "dp-train: warning: the model's vocabulary of %lld tokens is %lldx the data's %lld: "
+               "%lld x %lld weights of the embedding and the head are never used (add vocab_size=%lld to --model)\n",
+               static_cast<long long>(g.vocab_size), static_cast<long long>(g.vocab_size / data.classes),
+               static_cast<long long>(data.classes), static_cast<long long>(g.vocab_size - data.classes),
+               static_cast<long long>(g.n_embd), static_cast<long long>(data.classes));
+}
+
 // The same for the options of a kind of data or of GPUs.
 void warn_inapplicable_data(const train::RunConfig& c, const std::set<std::string>& given,
                             const std::vector<Device>& all) {
@@ -1071,6 +1084,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<train::CheckpointSaver> saver = !save_to.empty() && p.primary() ? open_save_dir(c) : nullptr;
   const data::DataSplits data = open_run_data(c, p);
   settle_with_data(c, p, cli.epochs_from_steps, *data.train);
+  if (p.primary()) warn_unused_vocabulary(c, data);
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,
                                   c.checkpoint_activations);
   auto engine = make_run_engine(c, *model, p, all, data);

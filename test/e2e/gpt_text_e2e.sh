@@ -307,4 +307,16 @@ grep -q "v1/best.safetensors was trained on another vocabulary than this data's"
   { cat "$work/init2.err"; fail "--init-from across vocabularies gave no warning"; }
 ! grep -q "another vocabulary" "$work/init1.err" || fail "--init-from with the same vocabulary warned"
 
+# The gpt2 preset's 50304 tokens on a text of 6 characters: a warning with the size to give; none once given.
+for spec in "gpt:n_layer=1,n_head=1,n_embd=8,block_size=8" "gpt:n_layer=1,n_head=1,n_embd=8,block_size=8,vocab_size=6"; do
+  "$DP_TRAIN" --model "$spec" --data "text:$work/v1.txt" --devices cpu --max-steps 1 --progress off \
+    > /dev/null 2> "$work/vocab.err"
+  if [[ $spec == *vocab_size=6 ]]; then
+    [ ! -s "$work/vocab.err" ] || { cat "$work/vocab.err"; fail "vocab_size given: a warning"; }
+  else
+    grep -qF "dp-train: warning: the model's vocabulary of 50304 tokens is 8384x the data's 6: 50298 x 8 weights of the embedding and the head are never used (add vocab_size=6 to --model)" "$work/vocab.err" ||
+      { cat "$work/vocab.err"; fail "gpt2's vocabulary on a 6-character text: no warning"; }
+  fi
+done
+
 echo "e2e gpt_text: ok"
