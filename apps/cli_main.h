@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <boost/program_options/errors.hpp>
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/parsers.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -130,6 +132,26 @@ inline void print_interrupted(int sig, int finished, int total, const char* what
   std::printf("stopped by %s after %d of %d %s: the table and --json hold those\n",
               sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig), finished, total, what);
   std::fflush(stdout);
+}
+
+// The command line by `desc`, refusing words that are no option's (Boost
+// would drop them: `--nesterov false` turned Nesterov on and ignored "false").
+inline boost::program_options::parsed_options parse_command_line(int argc, char** argv,
+                                                                 const boost::program_options::options_description& desc) {
+  namespace po = boost::program_options;
+  po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
+  const std::vector<std::string> stray = po::collect_unrecognized(parsed.options, po::include_positional);
+  if (stray.empty()) return parsed;
+  std::string after;  // the option before the word, when it takes no value
+  for (int i = 2; i < argc; ++i)
+    if (stray[0] == argv[i] && std::strncmp(argv[i - 1], "--", 2) == 0) {
+      const po::option_description* o = desc.find_nothrow(argv[i - 1] + 2, false);
+      if (o && o->semantic()->max_tokens() == 0) after = argv[i - 1];
+      break;
+    }
+  throw po::error("unexpected argument '" + stray[0] + "'" +
+                  (after.empty() ? std::string(" (every argument is an option: --NAME VALUE)")
+                                 : " (" + after + " is a switch: give it alone to turn it on, leave it out for off)"));
 }
 
 template <class Run>

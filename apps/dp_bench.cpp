@@ -323,7 +323,7 @@ bool parse(int argc, char** argv, Options& o, apps::EpochBenchOptions& e, po::va
   hidden.add_options()("ddp-result", po::value(&o.ddp_result), "internal: a DDP worker writes its timings here");
   po::options_description all;
   all.add(desc).add(hidden);
-  po::store(po::parse_command_line(argc, argv, all), vm);
+  po::store(apps::parse_command_line(argc, argv, all), vm);
   if (vm.count("help")) {
     std::cout << desc
               << "\nIn epoch mode --warmup is the steps at the start of each epoch left out of its time, --repeats the\n"

@@ -305,7 +305,7 @@ Setup prepare(const EpochBenchOptions& o, const std::string& tmp) {
     std::ifstream f(log);
     std::getline(f, s.torch_version);
     const std::string cannot = torch_cannot_train(data);
-    if (rc == 0 && !cannot.empty()) {
+    if (!cannot.empty()) {  // PyTorch's script cannot train this data, installed or not
       s.torch_status = cannot;
     } else if (rc == 0) {
       s.torch_status = "ok";

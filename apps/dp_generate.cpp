@@ -72,7 +72,7 @@ bool parse(int argc, char** argv, Options& o) {
      "with its tokenizer (vocab.json, merges.txt, tokenizer_config.json) where it has a byte-level one");
   // clang-format on
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::store(apps::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
     std::cout << desc << "\nExamples:\n  dp-generate --checkpoint run/best.safetensors --prompt 'ROMEO:' --seed 7\n"
               << "  dp-generate --weights gpt2/model.safetensors --model gpt:gpt2,vocab_size=50257 --tokenizer gpt2 "

@@ -174,7 +174,7 @@ int run(int argc, char** argv) {
     ("seed", po::value(&seed)->default_value(0), "seed for the landmark positions");
   // clang-format on
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::store(apps::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
     std::cout << desc << "\nExample:\n  heatmap-bench --volumes 64x64x64 --landmarks 16 --radius 8\n";
     return 0;

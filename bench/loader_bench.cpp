@@ -97,7 +97,7 @@ int run(int argc, char** argv) {
     ("seed", po::value(&seed_text)->default_value("0"), "seed for the shuffle and the augmentation (0..2^64-1)");
   // clang-format on
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::store(apps::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
     std::cout << desc << "\nExamples:\n  loader-bench --workers-list 0,1,2 --augment crop:4,flip\n"
               << "  loader-bench --data imagefolder:/data/photos --augment random-resized-crop:224,flip --workers-list 1,2\n";

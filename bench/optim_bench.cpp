@@ -38,7 +38,7 @@ int run(int argc, char** argv) {
       "steps", po::value(&steps)->default_value(steps), "steps per repeat")(
       "repeats", po::value(&repeats)->default_value(repeats), "repeats (the median is reported)");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  po::store(apps::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
     std::cout << desc;
     return 0;

@@ -317,13 +317,14 @@ Split load_split(const fs::path& dir, const std::string& name, const HeatmapSpec
     to_float(v, ds.images.f32() + i * vs.numel(), path);
     const Landmarks& lm = lms.at(stem);
     std::copy(lm.zyx.begin(), lm.zyx.end(), ds.landmarks.f32() + i * k * 3);
-    // A landmark outside [0, size - 1] on an axis lies outside the volume:
-    // allowed (its target is the part of the Gaussian inside), but worth a word.
+    // A landmark whose voxel (each coordinate rounded, as the heatmap's
+    // floor(c + 0.5)) is outside [0, size - 1] on an axis lies outside the
+    // volume: allowed (its target is the part of the Gaussian inside), but worth a word.
     int64_t here = 0;
     for (int64_t j = 0; j < k; ++j)
       for (int a = 0; a < 3; ++a) {
-        const float c = lm.zyx[static_cast<size_t>(j * 3 + a)];
-        if (c < 0 || c > static_cast<float>(vs[a + 1] - 1)) {
+        const double c = std::floor(static_cast<double>(lm.zyx[static_cast<size_t>(j * 3 + a)]) + 0.5);
+        if (c < 0 || c > static_cast<double>(vs[a + 1] - 1)) {
           ++here;
           break;
         }
@@ -337,8 +338,8 @@ Split load_split(const fs::path& dir, const std::string& name, const HeatmapSpec
   if (outside > 0)
     out.warning = "keypoints3d: " + lm_path + ": " + std::to_string(outside) + " landmark" + (outside == 1 ? "" : "s") +
                   " of " + std::to_string(out_volumes) + " volume" + (out_volumes == 1 ? "" : "s") +
-                  " lie outside the volume (first: " + first_outside + "); their targets hold the part of the "
-                  "Gaussian inside it";
+                  (outside == 1 ? " lies" : " lie") + " outside the volume (first: " + first_outside +
+                  "); the targets hold the part of the Gaussian inside it";
   return out;
 }
 

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <random>
 
 #include "runtime/core/error.h"
 
@@ -51,10 +53,27 @@ std::string read_file(const std::string& path, const std::string& what, uint64_t
   return out;
 }
 
-void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  FANOUT_USER_CHECK(fd.fd >= 0) << "cannot create " << tmp << ": " << errno_text(errno);
+void write_file_atomic(const std::string& given, const std::function<void(const WriteFn&)>& produce) {
+  // A symbolic link is written through (the link stays; its target is replaced), and an existing
+  // file keeps its permissions.
+  std::error_code ec;
+  const bool link = std::filesystem::is_symlink(given, ec);
+  const std::string path = link ? std::filesystem::weakly_canonical(given, ec).string() : given;
+  FANOUT_USER_CHECK(!link || !ec) << "cannot follow the link " << given << ": " << ec.message();
+  struct stat before{};
+  const bool existed = ::stat(path.c_str(), &before) == 0 && S_ISREG(before.st_mode);
+  // PATH.tmp.PID.N: unique to this write even where two processes share a PID (containers on one disk).
+  static std::atomic<uint64_t> writes{0};
+  std::string tmp;
+  Fd fd(-1);
+  for (int attempt = 0; fd.fd < 0; ++attempt) {
+    const uint64_t n = (std::random_device{}() ^ (writes.fetch_add(1) << 32)) & 0xffffffffffffull;
+    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n);
+    fd.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    FANOUT_USER_CHECK(fd.fd >= 0 || (errno == EEXIST && attempt < 8)) << "cannot create " << tmp << ": "
+                                                                        << errno_text(errno);
+  }
+  if (existed) (void)::fchmod(fd.fd, before.st_mode & 07777);
   bool committed = false;
   struct Cleanup {  // removes the temporary file unless it was renamed into place
     Fd& fd;

@@ -16,8 +16,10 @@
 namespace fanout::io {
 
 // Writes `path` atomically: `produce` emits the bytes through the function
-// it is given into PATH.tmp.PID, which is fsynced and renamed over `path`,
-// and the directory is fsynced; on failure the temporary file is removed,
+// it is given into PATH.tmp.PID.N (N unique to the write), which is fsynced
+// and renamed over `path` (through a symbolic link, to its target; an
+// existing file's permissions kept), and the directory is fsynced; on
+// failure the temporary file is removed,
 // an existing file at `path` is left as it was, and fanout::Error is thrown.
 using WriteFn = std::function<void(const void* data, size_t bytes)>;
 void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce);

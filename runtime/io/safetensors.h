@@ -32,7 +32,7 @@ inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 
 // Writes `tensors` (any device: each is copied to the host in turn) in the
 // order given, data contiguous, header padded with spaces to a multiple of 8.
-// Atomic: writes "<path>.tmp.<pid>", fsyncs it, renames it over `path` and
+// Atomic (io::write_file_atomic): writes "<path>.tmp.<pid>.<n>", fsyncs it, renames it over `path` and
 // fsyncs the directory; on failure the temporary file is removed, an existing
 // file at `path` is left as it was, and fanout::Error is thrown.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,

@@ -110,11 +110,16 @@ std::pair<int64_t, int64_t> run_position(const fs::path& p) {
   return {epochs, step >= 0 ? step : batches};
 }
 
-// A temporary left by write_file_atomic: NAME.tmp.PID.
+// A temporary left by write_file_atomic: NAME.tmp.PID.N (NAME.tmp.PID before N).
 bool is_temporary(const std::string& name) {
   const size_t at = name.rfind(".tmp.");
-  if (at == std::string::npos || at + 5 == name.size()) return false;
-  return name.find_first_not_of("0123456789", at + 5) == std::string::npos;
+  if (at == std::string::npos) return false;
+  const std::string rest = name.substr(at + 5);
+  const size_t dot = rest.find('.');
+  const auto digits = [](const std::string& d) {
+    return !d.empty() && d.find_first_not_of("0123456789") == std::string::npos;
+  };
+  return dot == std::string::npos ? digits(rest) : digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
 }
 
 }  // namespace

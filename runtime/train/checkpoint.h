@@ -105,7 +105,7 @@ std::string newest_checkpoint(const std::string& dir);
 // (flock: the kernel drops it when the process dies, so a crash never blocks
 // the next run) that records the holder's pid, start time and command line.
 // Taking it checks that DIR can be written, and removes the temporaries
-// (*.tmp.PID) a run that died while saving left there. A directory that is
+// (*.tmp.PID.N) a run that died while saving left there. A directory that is
 // held, or cannot be created or written, is one fanout::Error.
 class SaveDirLock {
  public:

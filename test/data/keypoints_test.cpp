@@ -300,6 +300,26 @@ TEST(KeypointLoad, JsonIntegerAndNegativeCoordinates) {
   EXPECT_TRUE(std::signbit(tt.train.landmarks.f32()[5]));
 }
 
+// Outside the volume means a voxel outside it: each coordinate rounded as the heatmap rounds it
+// (floor(c + 0.5)), so -0.4 and 3.4 in 4 voxels are inside and 3.5 is not.
+TEST(KeypointLoad, OutsideTheVolumeIsTheRoundedVoxelOutside) {
+  for (const auto& [json, outside] : {std::pair{R"({"a": [[3.4, -0.4, 0], [1, 1, 1]]})", false},
+                                      std::pair{R"({"a": [[3.5, 0, 0], [1, 1, 1]]})", true},
+                                      std::pair{R"({"a": [[0, -0.5, 0], [1, 1, 1]]})", false},
+                                      std::pair{R"({"a": [[0, -0.51, 0], [1, 1, 1]]})", true}}) {
+    SCOPED_TRACE(json);
+    ScratchDir dir;
+    std::mt19937_64 rng(7);
+    write_split(dir.path() / "train", make_vols({"a"}, Shape{4, 4, 4}, DType::U8, 2, rng), Format::Json);
+    write_text(dir / "train/landmarks.json", json);
+    write_split(dir.path() / "test", make_vols({"c"}, Shape{4, 4, 4}, DType::U8, 2, rng), Format::Json);
+    write_text(dir / "test/landmarks.json", R"({"c": [[1, 2, 3], [0, 0, 0]]})");
+    const TrainTest tt = load_keypoints3d(dir.path().string(), {});
+    ASSERT_EQ(tt.warnings.size(), outside ? 1u : 0u) << (tt.warnings.empty() ? "" : tt.warnings[0]);
+    if (outside) EXPECT_NE(tt.warnings[0].find("1 landmark of 1 volume lies outside the volume"), std::string::npos);
+  }
+}
+
 TEST(KeypointLoad, ThroughOpenDataset) {
   ScratchDir dir;
   std::mt19937_64 rng(8);

@@ -45,6 +45,8 @@ expect_error negative-batch "batch-size must be positive|batch" --batch-size -3 
 expect_error zero-lr "lr must be positive" --lr 0 --data synthetic:64
 expect_error negative-lr "lr must be positive" --lr -0.1 --data synthetic:64
 expect_error unknown-flag "unrecognised|unknown" --frobnicate 3
+expect_error switch-with-value "unexpected argument 'false' \(--nesterov is a switch: give it alone" --nesterov false
+expect_error stray-word "unexpected argument 'words' \(every argument is an option" --model mlp words
 expect_error ddp-unknown-model "unknown model 'vgg'.*(rank [01]; stopped the other workers)" --strategy ddp \
   --devices cpu:2 --model vgg --data synthetic:64
 expect_error ddp-missing-resume "cannot resume: .*nowhere does not exist" --strategy ddp --devices cpu:2 \
@@ -97,6 +99,7 @@ expect_warning timing-warmup-epoch "--timing-warmup 2 is not below an epoch's 2 
 expect_warning min-lr-cosine "--min-lr has no effect without --lr-schedule warmup-cosine" --min-lr 0.001 --devices cpu
 expect_warning momentum-adam "--momentum has no effect on adamw" --optimizer adamw --momentum 0.5 --devices cpu
 expect_warning momentum-adam-default "--momentum has no effect on adam " --optimizer adam --momentum 0.9 --devices cpu
+expect_warning sync-bn-no-batchnorm "--sync-bn has no effect on mlp \(it has no BatchNorm\)" --sync-bn --devices cpu:2
 expect_warning normalize-default "--normalize has no effect without image files" --normalize imagenet --devices cpu
 expect_warning betas-sgd "--betas has no effect on sgd" --betas 0.8,0.9 --devices cpu
 expect_warning keep-last-unsaved "--keep-last has no effect without --save-dir" --keep-last 3 --devices cpu
@@ -170,6 +173,9 @@ expect_error config-missing "config file .* does not exist" --config "$work/none
 head -c 2000000 /dev/zero | tr '\0' '#' > "$work/huge.cfg"
 expect_error config-huge "at most 1048576" --config "$work/huge.cfg" --data synthetic:64
 printf 'epochs = 1\nlr = 0.1\x01\x02\n' > "$work/binary.cfg"
+printf 'epochs = 1  # a comment\nmetrics = %s/run#3.jsonl\n' "$work" > "$work/hash.cfg"
+expect_error config-hash "hash.cfg line 2: '#' starts a comment, so the value would be cut to '.*/run'" \
+  --config "$work/hash.cfg" --data synthetic:64
 expect_error config-binary "config file .*binary.cfg is not text: line 2 holds the control byte 0x01$" \
   --config "$work/binary.cfg" --data synthetic:64
 # Checked before any data is opened (the data here does not exist).

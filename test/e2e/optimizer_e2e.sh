@@ -81,17 +81,18 @@ import json, sys
 from safetensors.numpy import load_file
 rows = [json.loads(l) for l in open(f"{sys.argv[1]}/sharded.jsonl")]
 b = rows[-1]["replica_bytes"]
-# The parameters are counted once, on the primary (CPU replicas read its arena), and so is the whole
-# optimizer state the first epoch's checkpoint assembled there; the rest (gradients, a half of AdamW's
-# state each) about the same; arena entries and shards are aligned to 16 floats.
+# The parameters are counted once, on the primary (CPU replicas read its arena); the whole optimizer
+# state the first epoch's checkpoint assembled there is gone by the last epoch's end (the next step frees
+# it); the rest (gradients, a half of AdamW's state each) about the same; arena entries and shards are
+# aligned to 16 floats.
 tensors = load_file(f"{sys.argv[1]}/sharded/epoch-0002.safetensors")
 params = {k: v for k, v in tensors.items() if not k.startswith("optimizer")}
 state = {k: v for k, v in tensors.items() if k.startswith("optimizer")}
 p, s = sum(v.nbytes for v in params.values()), sum(v.nbytes for v in state.values())
-assert len(b) == 2 and abs(b[0] - b[1] - p - s) <= 64 * (len(params) + len(state)) + 256, \
-    f"sharded replicas hold {b}, parameters {p} bytes, assembled state {s}"
-print(f"--shard-optimizer cpu:2 == one device, and resumed on cpu:3, bit for bit; replica bytes {b}, parameters {p}, "
-      f"assembled state {s}")
+assert len(b) == 2 and abs(b[0] - b[1] - p) <= 64 * (len(params) + len(state)) + 256, \
+    f"sharded replicas hold {b}, parameters {p} bytes (the checkpoint's assembled state, {s} bytes, freed)"
+print(f"--shard-optimizer cpu:2 == one device, and resumed on cpu:3, bit for bit; replica bytes {b}, parameters {p} "
+      f"(the checkpoint's assembled state, {s} bytes, freed by the next step)")
 PY
 
 # --shard-optimizer under DDP: 2 processes (a shard each) equal one device bit

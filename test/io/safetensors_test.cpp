@@ -3,6 +3,7 @@
 #include "runtime/io/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -181,6 +182,34 @@ TEST(Safetensors, OverwritesAnExistingFile) {
   EXPECT_EQ(f.tensors[0].first, "b");
   EXPECT_TRUE(same_bytes(f.tensors[0].second, b));
   EXPECT_TRUE(dir.leftovers({"c.safetensors"}).empty());
+}
+
+// Through a symbolic link the link stays and its target is replaced; an
+// existing file keeps its permissions (the write goes to a temporary renamed
+// over it, named apart from any other process's, even one with this pid).
+TEST(Safetensors, WritesThroughALinkAndKeepsPermissions) {
+  TempDir dir;
+  std::mt19937_64 rng(5);
+  const std::string target = dir.file("real.safetensors"), link = dir.file("link.safetensors");
+  save_safetensors(target, {{"a", testing::random_tensor(Shape{3}, rng)}});
+  ASSERT_EQ(::chmod(target.c_str(), 0600), 0);
+  std::filesystem::create_symlink("real.safetensors", link);
+  // What another process with this pid left mid-write (the old temporary name): not touched.
+  const std::string other = target + ".tmp." + std::to_string(::getpid());
+  std::ofstream(other) << "another writer's bytes";
+  Tensor b = testing::random_tensor(Shape{2}, rng);
+  save_safetensors(link, {{"b", b}});
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_TRUE(same_bytes(load_safetensors(target).tensors.at(0).second, b));
+  struct stat st{};
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  std::ifstream in(other);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "another writer's bytes");
+  const std::string old_name = "real.safetensors.tmp." + std::to_string(::getpid());
+  EXPECT_TRUE(dir.leftovers({"real.safetensors", "link.safetensors", old_name}).empty());
 }
 
 TEST(Safetensors, FailedWriteLeavesThePreviousFileAndNoTemporary) {

@@ -629,21 +629,24 @@ TEST(Checkpoint, ResolveResumePathErrors) {
 }
 
 // Only epoch-NNNN[-batch-BBBBBBB].safetensors names count as checkpoints, the
-// newest by (epoch, batch); only NAME.tmp.DIGITS files are temporaries.
+// newest by (epoch, batch); only NAME.tmp.DIGITS[.DIGITS] files are temporaries.
 TEST(Checkpoint, FileNamesAreReadExactly) {
   TempDir dir;
   for (const char* name : {"epoch-0002.safetensors", "epoch-0002-batch-0000050.safetensors", "epoch-0001-batch-0000900.safetensors",
                            "epoch-0009.safetensors.tmp.123", "epoch-12x.safetensors", "epoch-0003-batch-.safetensors",
                            "epoch-0004.safetensorsx", "xepoch-0005.safetensors", "epoch-1234567890.safetensors",
-                           "best.safetensors", "b.tmp.7x", "c.tmp.", "d.tmp.42"})
+                           "best.safetensors", "b.tmp.7x", "c.tmp.", "d.tmp.42", "e.tmp.42.977",
+                           "f.tmp.42.", "g.tmp.42.9.9"})
     std::ofstream(dir / name) << "x";
   EXPECT_EQ(train::resolve_resume_path(dir.path.string()), dir / "epoch-0002-batch-0000050.safetensors");
   {
     train::SaveDirLock lock(dir.path.string());
-    EXPECT_EQ(lock.removed_temporaries(), 2);
+    EXPECT_EQ(lock.removed_temporaries(), 3);
   }
-  for (const char* gone : {"epoch-0009.safetensors.tmp.123", "d.tmp.42"}) EXPECT_FALSE(fs::exists(dir / gone)) << gone;
-  for (const char* kept : {"b.tmp.7x", "c.tmp.", "epoch-12x.safetensors"}) EXPECT_TRUE(fs::exists(dir / kept)) << kept;
+  for (const char* gone : {"epoch-0009.safetensors.tmp.123", "d.tmp.42", "e.tmp.42.977"})
+    EXPECT_FALSE(fs::exists(dir / gone)) << gone;
+  for (const char* kept : {"b.tmp.7x", "c.tmp.", "epoch-12x.safetensors", "f.tmp.42.", "g.tmp.42.9.9"})
+    EXPECT_TRUE(fs::exists(dir / kept)) << kept;
   std::ofstream(dir / "epoch-0002-batch-0000051.safetensors") << "x";
   EXPECT_EQ(train::resolve_resume_path(dir.path.string()), dir / "epoch-0002-batch-0000051.safetensors");
   std::ofstream(dir / "epoch-0003.safetensors") << "x";
