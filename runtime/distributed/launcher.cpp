@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -107,6 +109,46 @@ struct Ended {
 };
 
 using Clock = std::chrono::steady_clock;
+
+// The local time as "2026-12-01 23:37:54".
+std::string now_text() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+// One launcher's hold on a --log-dir (each machine's: DIR/.fanout-node-K.lock, flock'd, holding its pid),
+// so that two runs never write one rank's log at once; the kernel drops it with the process.
+class LogDirLock {
+ public:
+  LogDirLock(const std::string& dir, int node_rank) {
+    if (dir.empty()) return;
+    const std::string path = dir + "/.fanout-node-" + std::to_string(node_rank) + ".lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    FANOUT_USER_CHECK(fd_ >= 0) << "cannot create " << path << ": " << strerror(errno);
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+      ::close(fd_);
+      FANOUT_FAIL() << "--log-dir " << dir << " is in use by another run"
+                    << (n > 0 ? " (pid " + std::string(buf, static_cast<size_t>(n)) + ")" : std::string())
+                    << ": give each run its own";
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, pid.data(), pid.size(), 0);
+  }
+  ~LogDirLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  LogDirLock(const LogDirLock&) = delete;
+  LogDirLock& operator=(const LogDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // The launch's exit code for a worker: its exit status, or 128 + the signal that killed it.
 int exit_code(const Worker& w) { return WIFSIGNALED(w.status) ? 128 + WTERMSIG(w.status) : WEXITSTATUS(w.status); }
@@ -490,14 +532,20 @@ class Supervisor {
     w.out = out[0];
     w.err = err[0];
     if (!o_.log_dir.empty()) {
-      // A restart appends: the failed start's output stays for the post-mortem.
-      w.log.open(o_.log_dir + "/rank-" + std::to_string(w.rank) + ".log",
-                 st_.restart == 0 ? std::ios::trunc : std::ios::app);
+      // Appended to, with a mark: an earlier run's output (the one a --resume continues) and a failed
+      // start's stay for the post-mortem.
+      const std::string path = o_.log_dir + "/rank-" + std::to_string(w.rank) + ".log";
+      std::error_code ec;
+      const bool earlier = std::filesystem::exists(path, ec);
+      w.log.open(path, std::ios::app);
       if (!w.log.is_open())
         std::fprintf(stderr, "%s: warning: cannot open rank %d's --log-dir file; its output is not logged\n",
                      o_.name.c_str(), w.rank);
       else if (st_.restart > 0)
         w.log << "--- " << o_.name << ": restart " << st_.restart << " of " << o_.max_restarts << " ---\n" << std::flush;
+      else if (earlier)
+        w.log << "--- " << o_.name << ": a new run (pid " << ::getpid() << ", " << now_text() << ") ---\n"
+              << std::flush;
     }
   }
 
@@ -624,6 +672,7 @@ int launch(const LaunchOptions& o) {
     ::close(fd);
     ::unlink(probe.c_str());
   }
+  LogDirLock log_lock(o.log_dir, o.node_rank);
   const std::vector<std::string> extra_env = o.before_start ? o.before_start() : std::vector<std::string>{};
 
   // The environment every worker gets, less its identity (set per worker).

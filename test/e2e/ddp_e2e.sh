@@ -90,6 +90,22 @@ for f in "$work/logs/rank-0.log" "$work/logs/rank-1.log"; do
   [ -f "$f" ] || fail "--log-dir wrote no $f"
 done
 grep -q 'final test accuracy' "$work/logs/rank-0.log"
+# A second run into the same --log-dir appends after a mark (the first run's output stays); a run
+# started while another holds the directory is refused, naming the holder.
+"$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 --batch-size 48 --devices cpu:2 --strategy ddp \
+  --progress off --log-dir "$work/logs" > /dev/null
+[ "$(grep -c 'final test accuracy' "$work/logs/rank-0.log")" -eq 2 ] &&
+  grep -q -e '^--- dp-train: a new run (pid [0-9]*, ' "$work/logs/rank-1.log" ||
+  { cat "$work/logs/rank-0.log"; fail "--log-dir: the second run did not append after a mark"; }
+exec 9> "$work/logs/.fanout-node-0.lock"
+flock -n 9 && printf 4242 >&9
+if "$DP_TRAIN" --model mlp --data synthetic:96 --epochs 1 --batch-size 48 --devices cpu:2 --strategy ddp \
+     --progress off --log-dir "$work/logs" > /dev/null 2> "$work/logs-held.err"; then
+  fail "--log-dir held by another run: accepted"
+fi
+exec 9>&-
+grep -qF "dp-train: error: --log-dir $work/logs is in use by another run (pid 4242): give each run its own" \
+  "$work/logs-held.err" || { cat "$work/logs-held.err"; fail "--log-dir held: the error does not name it"; }
 
 # Checkpoints: rank 0 writes them; a DDP run stopped after epoch 2 and
 # resumed equals the uninterrupted run (metrics and parameters); a resume on
