@@ -1122,6 +1122,11 @@ int run(int argc, char** argv) {
   const std::string save_to = save_dir_of(c);
   std::unique_ptr<train::CheckpointSaver> saver = !save_to.empty() && p.primary() ? open_save_dir(c) : nullptr;
   const data::DataSplits data = open_run_data(c, p);
+  if (g_stop_signal && p.world == 1) {  // during the data's preparation (a long text's tokens): nothing trained yet
+    std::fprintf(stderr, "dp-train: stopped by %s while the data was prepared, before training; nothing to save\n",
+                 g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    return 128 + g_stop_signal;
+  }
   settle_with_data(c, p, cli.epochs_from_steps, *data.train);
   if (p.primary()) warn_unused_vocabulary(c, data);
   auto model = models::make_model(c.model, data.train->sample_shape(), static_cast<int>(data.classes), c.seed,
