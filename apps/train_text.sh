@@ -6,6 +6,11 @@
 # schedule, and prints a sample. FANOUT_TEXT=FILE trains on another text;
 # extra arguments go to dp-train.
 set -euo pipefail
+# A relative FANOUT_TEXT is the caller's, read before the script moves to the repository.
+if [ -n "${FANOUT_TEXT:-}" ]; then
+  [ -f "$FANOUT_TEXT" ] || { echo "train_text.sh: FANOUT_TEXT=$FANOUT_TEXT is not a file" >&2; exit 1; }
+  FANOUT_TEXT=$(realpath "$FANOUT_TEXT")
+fi
 cd "$(dirname "$0")/.."
 bash apps/setup.sh
 corpus=${FANOUT_TEXT:-build/fortunes.txt}

@@ -148,9 +148,15 @@ void write_tokens(const std::string& path, const uint16_t* ids, size_t n) {
 // text at once (DDP ranks) write the same bytes.
 void write_entry(const std::string& dir, const uint16_t* train, size_t n_train, const uint16_t* val, size_t n_val,
                  const TokenMeta& meta) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  fs::create_directories(dir, ec);
   FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
+  // Temporaries a preparation killed mid-write left (NAME.tmp.PID.N); a live writer's are minutes old at most.
+  const auto stale = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos && e.last_write_time(ec) < stale && !ec)
+      fs::remove(e.path(), ec);
   write_tokens(dir + "/train.bin", train, n_train);
   write_tokens(dir + "/val.bin", val, n_val);
   write_token_meta(dir, meta);
@@ -344,8 +350,13 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
     const size_t cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
     std::error_code ec1, ec2;
     if (fs::exists(dir + "/meta.json") && fs::file_size(dir + "/train.bin", ec1) == 2 * cut && !ec1 &&
-        fs::file_size(dir + "/val.bin", ec2) == 2 * (n - cut) && !ec2)
-      return dir;
+        fs::file_size(dir + "/val.bin", ec2) == 2 * (n - cut) && !ec2) {
+      try {
+        read_token_meta(dir);  // a meta.json cut short or written over: made again below, as a BPE entry's
+        return dir;
+      } catch (const Error&) {
+      }
+    }
   }
   TokenMeta meta;
   std::vector<uint16_t> ids;

@@ -8,6 +8,8 @@
 // changes; byte vocabularies; encode and decode round trips.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -216,6 +218,21 @@ TEST(TextData, CacheIsReusedUntilTheTextChangesAndBytesTakeAnyText) {
   std::filesystem::resize_file(first + "/train.bin", 4);  // a damaged entry: made again, whole
   EXPECT_EQ(data::prepare_text(path, false, cache), first);
   EXPECT_EQ(read_file(first + "/train.bin"), whole);
+  // A meta.json written over (the token files' sizes right): made again too, not an error when opened.
+  const std::string meta = read_file(first + "/meta.json");
+  write_bytes(first + "/meta.json", "{\"vocab_si", 10);
+  EXPECT_EQ(data::prepare_text(path, false, cache), first);
+  EXPECT_EQ(read_file(first + "/meta.json"), meta);
+  // A temporary a killed preparation left hours ago goes when the entry is written again; a fresh one stays.
+  const std::string old_tmp = first + "/train.bin.tmp.77.5", new_tmp = first + "/val.bin.tmp.78.6";
+  write_bytes(old_tmp, "x", 1);
+  write_bytes(new_tmp, "x", 1);
+  std::filesystem::last_write_time(old_tmp, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+  std::filesystem::resize_file(first + "/val.bin", 0);
+  EXPECT_EQ(data::prepare_text(path, false, cache), first);
+  EXPECT_FALSE(std::filesystem::exists(old_tmp));
+  EXPECT_TRUE(std::filesystem::exists(new_tmp));
+  std::filesystem::remove(new_tmp);
   write_bytes(path, "abcabcabe\n", 10);
   const std::string second = data::prepare_text(path, false, cache);
   EXPECT_NE(second, first) << "a changed text is prepared again";
