@@ -334,14 +334,19 @@ std::string processes(int n) { return std::to_string(n) + " process" + (n > 1 ? 
 
 // fanout's rows: dp-train on one device, DataParallel, DDP and the hybrid.
 void add_fanout_configs(const EpochBenchOptions& o, const Setup& s, std::vector<Config>& configs) {
-  const std::vector<std::string> common = {
+  std::vector<std::string> common = {
       "--model", o.model, "--data", o.data, "--epochs", std::to_string(o.epochs), "--batch-size",
-      std::to_string(o.batch_size), "--lr", fmt("%g", o.lr), "--momentum", "0.9", "--weight-decay", "5e-4",
+      std::to_string(o.batch_size), "--lr", fmt("%g", o.lr), "--weight-decay", "5e-4",
       "--lr-schedule", "constant", "--seed", std::to_string(o.seed), "--workers", std::to_string(o.workers),
       "--progress", "off", "--timing-warmup", std::to_string(o.warmup), "--optimizer", o.optimizer,
-      "--betas", o.betas, "--eps", fmt("%g", o.eps), "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
+      "--clip-grad-norm", fmt("%g", o.clip_grad_norm),
       "--clip-grad-value", fmt("%g", o.clip_grad_value), "--precision", o.precision,
       "--grad-reduce-dtype", o.grad_reduce_dtype};
+  // The optimizer's own options alone (dp-train warns of the others').
+  if (o.optimizer == "sgd")
+    common.insert(common.end(), {"--momentum", "0.9"});
+  else
+    common.insert(common.end(), {"--betas", o.betas, "--eps", fmt("%g", o.eps)});
   auto add = [&](const std::string& mode, const std::string& label, int procs, int reps,
                  std::vector<std::string> extra) {
     Config c{"fanout", mode, label, procs, reps};

@@ -543,6 +543,13 @@ int launch(const train::RunConfig& c, int argc, char** argv) {
     }
     return env;
   };
+  lo.progress = [&c] {
+    try {
+      return train::newest_checkpoint(save_dir_of(c));
+    } catch (const Error&) {
+      return std::string();  // a directory not made yet
+    }
+  };
   return distributed::launch(lo);
 }
 
@@ -698,7 +705,8 @@ void warn_unused_vocabulary(const train::RunConfig& c, const data::DataSplits& d
   const models::GPTConfig g = models::parse_gpt_config(models::gpt_spec(c.model), data.classes);
   if (g.vocab_size < 4 * data.classes) return;
   std::fprintf(stderr, "dp-train: warning: the model's vocabulary of %lld tokens is %lldx the data's %lld: "
-               "%lld x %lld weights of the embedding and the head are never used (add vocab_size=%lld to --model)\n",
+               "%lld x %lld weights of the tied embedding and head stand for no token of the data (add "
+               "vocab_size=%lld to --model)\n",
                static_cast<long long>(g.vocab_size), static_cast<long long>(g.vocab_size / data.classes),
                static_cast<long long>(data.classes), static_cast<long long>(g.vocab_size - data.classes),
                static_cast<long long>(g.n_embd), static_cast<long long>(data.classes));

@@ -154,9 +154,12 @@ void write_entry(const std::string& dir, const uint16_t* train, size_t n_train, 
   FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
   // Temporaries a preparation killed mid-write left (NAME.tmp.PID.N); a live writer's are minutes old at most.
   const auto stale = fs::file_time_type::clock::now() - std::chrono::hours(1);
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().find(".tmp.") != std::string::npos && e.last_write_time(ec) < stale && !ec)
-      fs::remove(e.path(), ec);
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code time_ec;
+    if (it->path().filename().string().find(".tmp.") != std::string::npos &&
+        it->last_write_time(time_ec) < stale && !time_ec)
+      fs::remove(it->path(), time_ec);
+  }
   write_tokens(dir + "/train.bin", train, n_train);
   write_tokens(dir + "/val.bin", val, n_val);
   write_token_meta(dir, meta);

@@ -708,7 +708,7 @@ int launch(const LaunchOptions& o) {
     }
   } restore{old_int, old_term};
 
-  std::string last_error;
+  std::string last_error, last_progress = o.progress ? o.progress() : "";
   for (;;) {
     // Each start has keys of its own in the rendezvous: a restart never meets the last one's.
     st.run_id = st.restart == 0 ? run_id : run_id + "/restart-" + std::to_string(st.restart);
@@ -719,13 +719,16 @@ int launch(const LaunchOptions& o) {
       std::fprintf(stderr, "%s: no restarts left (--max-restarts %d)\n", o.name.c_str(), o.max_restarts);
       return r.code;
     }
-    // An error that a restart repeats word for word is the run's (its input, its options), not the
-    // machine's: another restart would end the same way.
-    if (!r.error.empty() && r.error == last_error) {
-      std::fprintf(stderr, "%s: the restart ended with the same error: not restarting again\n", o.name.c_str());
+    // An error that a restart repeats word for word, having saved nothing new, is the run's (its input,
+    // its options), not the machine's: another restart would end the same way.
+    const std::string progress = o.progress ? o.progress() : "";
+    if (!r.error.empty() && r.error == last_error && progress == last_progress) {
+      std::fprintf(stderr, "%s: the restart ended with the same error and saved nothing new: not restarting again\n",
+                   o.name.c_str());
       return r.code;
     }
     last_error = r.error;
+    last_progress = progress;
     ++st.restart;
     std::fprintf(stderr, "%s: restarting the workers (restart %d of %d)\n", o.name.c_str(), st.restart,
                  o.max_restarts);

@@ -52,6 +52,10 @@ struct LaunchOptions {
   // worker starts; returns NAME=VALUE entries added to every worker's
   // environment (dp-train locks its save directory for its workers here).
   std::function<std::vector<std::string>()> before_start;
+  // What the run has saved so far (dp-train: its newest checkpoint's name): a
+  // restart that ends with the error its start ended with, word for word, and
+  // saved nothing new ends the restarts (another would fail the same way).
+  std::function<std::string()> progress;
 };
 
 // Runs the workers to completion. Returns 0 when all succeed, otherwise the

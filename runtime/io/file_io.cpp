@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
-#include <random>
 
 #include "runtime/core/error.h"
 
@@ -56,10 +56,16 @@ std::string read_file(const std::string& path, const std::string& what, uint64_t
 void write_file_atomic(const std::string& given, const std::function<void(const WriteFn&)>& produce) {
   // A symbolic link is written through (the link stays; its target is replaced), and an existing
   // file keeps its permissions.
+  namespace fs = std::filesystem;
+  fs::path target = given;
   std::error_code ec;
-  const bool link = std::filesystem::is_symlink(given, ec);
-  const std::string path = link ? std::filesystem::weakly_canonical(given, ec).string() : given;
-  FANOUT_USER_CHECK(!link || !ec) << "cannot follow the link " << given << ": " << ec.message();
+  for (int hops = 0; fs::is_symlink(target, ec); ++hops) {  // to the last link's target, existing or not
+    FANOUT_USER_CHECK(hops < 40) << "cannot follow the links from " << given << ": too many levels";
+    const fs::path next = fs::read_symlink(target, ec);
+    FANOUT_USER_CHECK(!ec) << "cannot follow the link " << target.string() << ": " << ec.message();
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  const std::string path = target.string();
   struct stat before{};
   const bool existed = ::stat(path.c_str(), &before) == 0 && S_ISREG(before.st_mode);
   // PATH.tmp.PID.N: unique to this write even where two processes share a PID (containers on one disk).
@@ -67,13 +73,17 @@ void write_file_atomic(const std::string& given, const std::function<void(const 
   std::string tmp;
   Fd fd(-1);
   for (int attempt = 0; fd.fd < 0; ++attempt) {
-    const uint64_t n = (std::random_device{}() ^ (writes.fetch_add(1) << 32)) & 0xffffffffffffull;
+    // The clock and a count: no two writes of one process share them, random_device would not add much.
+    const uint64_t n = (static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                        (writes.fetch_add(1) << 40)) & 0xffffffffffffull;
     tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n);
     fd.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    FANOUT_USER_CHECK(fd.fd >= 0 || (errno == EEXIST && attempt < 8)) << "cannot create " << tmp << ": "
-                                                                        << errno_text(errno);
+    const int err = errno;
+    FANOUT_USER_CHECK(fd.fd >= 0 || (err == EEXIST && attempt < 8)) << "cannot create " << tmp << ": "
+                                                                       << errno_text(err);
   }
-  if (existed) (void)::fchmod(fd.fd, before.st_mode & 07777);
+  FANOUT_USER_CHECK(!existed || ::fchmod(fd.fd, before.st_mode & 07777) == 0)
+      << "cannot give " << tmp << " the permissions of " << path << ": " << errno_text(errno);
   bool committed = false;
   struct Cleanup {  // removes the temporary file unless it was renamed into place
     Fd& fd;

@@ -401,9 +401,12 @@ void Reducer::finish() {
     // are read by the global stage and by the primary's copies.
     if (!opts_.shards.empty())
       for (Context* c : contexts_) c->compute().synchronize();
-    if (active_ > 1 && opts_.reduce_dtype != DType::F32)
+    if (active_ > 1 && opts_.reduce_dtype != DType::F32) {
       for (const auto& ps : pieces_)
         for (const ReducePiece& p : ps) round_piece(root(p), p);
+      // Done before the global stage reads the sums on the primary's stream (and writes them back).
+      for (Context* c : contexts_) c->compute().synchronize();
+    }
   }
   if (thread_.joinable() && sync_ && !deferred_) {
     // The global stage ran during backward (every owner took part).

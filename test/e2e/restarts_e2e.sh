@@ -114,7 +114,7 @@ pids+=("$launcher")
 await "$launcher" 120
 [ "$rc" -ne 0 ] || { cat same.out same.err; fail "same error: the run succeeded"; }
 [ "$(grep -c 'restarting the workers' same.err)" -eq 1 ] || { cat same.err; fail "same error: not one restart"; }
-tail -1 same.err | grep -q "the restart ended with the same error: not restarting again" ||
+tail -1 same.err | grep -q "the restart ended with the same error and saved nothing new: not restarting again" ||
   { cat same.err; fail "same error: no reason on the last line"; }
 [ "$(grep -c "bad dataset 'synthetic:0'" same.err)" -ge 2 ] || { cat same.err; fail "same error: not named"; }
 echo "an error repeated by the restart: $(tail -1 same.err)"

@@ -210,6 +210,13 @@ TEST(Safetensors, WritesThroughALinkAndKeepsPermissions) {
   EXPECT_EQ(text, "another writer's bytes");
   const std::string old_name = "real.safetensors.tmp." + std::to_string(::getpid());
   EXPECT_TRUE(dir.leftovers({"real.safetensors", "link.safetensors", old_name}).empty());
+  // A link to a file not written yet (through a second link): the links stay, the file is made.
+  std::filesystem::create_symlink("new.safetensors", dir.file("first.safetensors"));
+  std::filesystem::create_symlink("first.safetensors", dir.file("second.safetensors"));
+  save_safetensors(dir.file("second.safetensors"), {{"b", b}});
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.file("second.safetensors")));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.file("first.safetensors")));
+  EXPECT_TRUE(same_bytes(load_safetensors(dir.file("new.safetensors")).tensors.at(0).second, b));
 }
 
 TEST(Safetensors, FailedWriteLeavesThePreviousFileAndNoTemporary) {
