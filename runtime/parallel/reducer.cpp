@@ -404,8 +404,10 @@ void Reducer::finish() {
     if (active_ > 1 && opts_.reduce_dtype != DType::F32) {
       for (const auto& ps : pieces_)
         for (const ReducePiece& p : ps) round_piece(root(p), p);
-      // Done before the global stage reads the sums on the primary's stream (and writes them back).
-      for (Context* c : contexts_) c->compute().synchronize();
+      // Done before the global stage reads the sums on the primary's stream (and writes them back);
+      // in one process each owner's later work is on its own stream, after them.
+      if (sync_)
+        for (Context* c : contexts_) c->compute().synchronize();
     }
   }
   if (thread_.joinable() && sync_ && !deferred_) {
