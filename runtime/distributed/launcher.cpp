@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include <string>
 
 #include "runtime/core/error.h"
+#include "runtime/core/file_lock.h"
 #include "runtime/distributed/child_process.h"
 #include "runtime/distributed/process_group.h"
 #include "runtime/distributed/progress_board.h"
@@ -120,34 +120,23 @@ std::string now_text() {
   return buf;
 }
 
-// One launcher's hold on a --log-dir (each machine's: DIR/.fanout-node-K.lock, flock'd, holding its pid),
+// One launcher's hold on a --log-dir (each machine's: DIR/.fanout-node-K.lock, holding its pid),
 // so that two runs never write one rank's log at once; the kernel drops it with the process.
 class LogDirLock {
  public:
   LogDirLock(const std::string& dir, int node_rank) {
     if (dir.empty()) return;
     const std::string path = dir + "/.fanout-node-" + std::to_string(node_rank) + ".lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    FANOUT_USER_CHECK(fd_ >= 0) << "cannot create " << path << ": " << strerror(errno);
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      char buf[32] = {};
-      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
-      ::close(fd_);
-      FANOUT_FAIL() << "--log-dir " << dir << " is in use by another run"
-                    << (n > 0 ? " (pid " + std::string(buf, static_cast<size_t>(n)) + ")" : std::string())
-                    << ": give each run its own";
-    }
-    const std::string pid = std::to_string(::getpid());
-    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, pid.data(), pid.size(), 0);
+    std::string holder;
+    const int err = lock_.take(path, std::to_string(::getpid()), &holder);
+    FANOUT_USER_CHECK(err != EWOULDBLOCK) << "--log-dir " << dir << " is in use by another run"
+                                          << (holder.empty() ? std::string() : " (pid " + holder + ")")
+                                          << ": give each run its own";
+    FANOUT_USER_CHECK(err == 0) << "cannot create " << path << ": " << strerror(err);
   }
-  ~LogDirLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  LogDirLock(const LogDirLock&) = delete;
-  LogDirLock& operator=(const LogDirLock&) = delete;
 
  private:
-  int fd_ = -1;
+  FileLock lock_;
 };
 
 // The launch's exit code for a worker: its exit status, or 128 + the signal that killed it.

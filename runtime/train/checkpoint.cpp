@@ -2,7 +2,6 @@
 #include "runtime/train/checkpoint.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -390,28 +389,13 @@ SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
     return;
   }
   const std::string path = (fs::path(dir) / ".fanout.lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  FANOUT_USER_CHECK(fd_ >= 0) << "cannot write to checkpoint directory " << dir << ": " << std::strerror(errno);
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    std::string holder(512, '\0');
-    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
-    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    ::close(fd_);
-    fd_ = -1;
-    FANOUT_USER_CHECK(err != EWOULDBLOCK)
-        << "checkpoint directory " << dir << " is in use by another run (" << (holder.empty() ? "unknown" : holder)
-        << "); give each run its own save directory";
-    FANOUT_FAIL() << "cannot lock checkpoint directory " << dir << ": " << std::strerror(err);
-  }
   const std::string who = "pid " + std::to_string(::getpid()) + ", since " + now_utc() + ": " + command_line() + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size())) {
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": " << std::strerror(err);
-  }
+  std::string holder;
+  const int err = lock_.take(path, who, &holder);
+  FANOUT_USER_CHECK(err != EWOULDBLOCK)
+      << "checkpoint directory " << dir << " is in use by another run (" << (holder.empty() ? "unknown" : holder)
+      << "); give each run its own save directory";
+  FANOUT_USER_CHECK(err == 0) << "cannot write to checkpoint directory " << dir << ": " << std::strerror(err);
   if (for_workers) return;  // the workers check and clean (workers_env())
   check_writable_and_clean(dir);
 }
@@ -426,8 +410,7 @@ void SaveDirLock::check_writable_and_clean(const std::string& dir) {
     ::unlink(probe.c_str());
   }
   if (p < 0) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
+    lock_.release();
     FANOUT_FAIL() << "cannot write to checkpoint directory " << dir << ": " << std::strerror(probe_err);
   }
   // Temporaries of a run that died while saving: nobody else can be writing here now.
@@ -436,10 +419,6 @@ void SaveDirLock::check_writable_and_clean(const std::string& dir) {
     if (!e.is_regular_file(ec) || !is_temporary(e.path().filename().string())) continue;
     if (fs::remove(e.path(), ec)) ++removed_;
   }
-}
-
-SaveDirLock::~SaveDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing drops the lock
 }
 
 CheckpointSaver::CheckpointSaver(std::string dir, int every, int keep_last)

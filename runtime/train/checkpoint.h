@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/file_lock.h"
 #include "runtime/io/state_dict.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/train/trainer.h"
@@ -116,16 +117,13 @@ class SaveDirLock {
   // own (it still checks write access and removes what a run that died
   // while saving left).
   explicit SaveDirLock(const std::string& dir, bool for_workers = false);
-  ~SaveDirLock();
-  SaveDirLock(const SaveDirLock&) = delete;
-  SaveDirLock& operator=(const SaveDirLock&) = delete;
   int removed_temporaries() const { return removed_; }
   std::string workers_env() const { return "FANOUT_SAVE_DIR_LOCK=" + canonical_; }
 
  private:
   std::string canonical_;
   void check_writable_and_clean(const std::string& dir);
-  int fd_ = -1;
+  FileLock lock_;
   int removed_ = 0;
 };
 

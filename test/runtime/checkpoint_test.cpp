@@ -4,6 +4,8 @@
 // the newest K and the best.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +16,7 @@
 
 #include "models/zoo/zoo.h"
 #include "runtime/core/error.h"
+#include "runtime/core/file_lock.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/parallel/single_device.h"
@@ -651,6 +654,29 @@ TEST(Checkpoint, FileNamesAreReadExactly) {
   EXPECT_EQ(train::resolve_resume_path(dir.path.string()), dir / "epoch-0002-batch-0000051.safetensors");
   std::ofstream(dir / "epoch-0003.safetensors") << "x";
   EXPECT_EQ(train::resolve_resume_path(dir.path.string()), dir / "epoch-0003.safetensors");
+}
+
+// A lock is one holder's: a second is refused with what the first wrote, and
+// takes it once the first lets go; SaveDirLock says who holds a directory.
+TEST(FileLock, RefusesASecondHolderAndNamesTheFirst) {
+  TempDir dir;
+  const std::string path = dir / "x.lock";
+  FileLock first, second;
+  ASSERT_EQ(first.take(path, "holder one\n"), 0);
+  EXPECT_TRUE(first.held());
+  std::string held_by;
+  EXPECT_EQ(second.take(path, "holder two", &held_by), EWOULDBLOCK);
+  EXPECT_EQ(held_by, "holder one");
+  EXPECT_FALSE(second.held());
+  first.release();
+  EXPECT_EQ(second.take(path, "holder two"), 0);
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "holder two");
+  EXPECT_EQ(first.take(dir / "missing/x.lock", "h"), ENOENT);
+
+  train::SaveDirLock lock(dir.path.string());
+  testing::expect_user_error([&] { train::SaveDirLock again(dir.path.string()); },
+                             {"checkpoint directory", "is in use by another run (pid " + std::to_string(::getpid()) + ", since"});
 }
 
 }  // namespace
