@@ -42,10 +42,11 @@ namespace detail {
 
 void embedding_bad_id(const Context& ctx, const char* op, const Tensor& ids, int64_t pos, int64_t id,
                       int64_t vocab) {
+  // pos is the element's offset in this replica's ids: name the user's batch row and the position in it.
   const int64_t row_size = ids.numel() / ids.size(0);
-  FANOUT_FAIL() << op << ": id " << id << " at position " << pos << " of ids " << ids.shape().str()
-                << " (batch row " << ctx.first_row + pos / row_size << ") is outside the vocabulary [0, " << vocab
-                << ")";
+  FANOUT_FAIL() << op << ": id " << id << " at batch row " << ctx.first_row + pos / row_size
+                << (ids.shape().ndim > 1 ? ", position " + std::to_string(pos % row_size) : std::string())
+                << " is outside the vocabulary [0, " << vocab << ")";
 }
 
 }  // namespace detail

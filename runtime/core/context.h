@@ -139,6 +139,9 @@ class Context {
   // context's handles keys on it (a later context's handle may reuse the
   // address of a destroyed one).
   uint64_t id() const { return id_; }
+  // Expires when this context is destroyed: an object kept beside it (an
+  // optimizer given an engine's context) checks it before each use.
+  std::weak_ptr<const void> lifetime() const { return alive_; }
   // The backend's per-context state, or null before it made one.
   BackendState* backend_state() { return backend_state_.get(); }
   void set_backend_state(std::unique_ptr<BackendState> s) { backend_state_ = std::move(s); }
@@ -169,6 +172,7 @@ class Context {
   std::atomic<uint64_t> scratch_moves_{0};
   std::unique_ptr<BackendState> backend_state_;
   std::unique_ptr<ActivationSlots> checkpoint_slots_;
+  std::shared_ptr<const int> alive_ = std::make_shared<const int>(0);
 };
 
 // A layer's activation buffer: ensure(t, s, dt, ctx.device(), f), or inside

@@ -66,10 +66,10 @@ class Module {
   virtual std::string type_name() const = 0;
   // Sets this module's own parameters and buffers to their initial values
   // (called on CPU, before the children's). Default: nothing to initialize.
-  virtual void reset_parameters(std::mt19937_64& rng) {}
+  virtual void reset_parameters(std::mt19937_64& /*rng*/) {}
   // Called after the whole subtree's reset_parameters: a model that
   // initializes its tree by its own rule (nanoGPT's _init_weights) does it here.
-  virtual void finish_init(std::mt19937_64& rng) {}
+  virtual void finish_init(std::mt19937_64& /*rng*/) {}
   // Whether backward must return dx. Containers forward this to their first child.
   virtual void set_input_grad(bool on) { input_grad_ = on; }
   bool input_grad() const { return input_grad_; }
@@ -94,7 +94,7 @@ class Module {
   // transposed matrices, buffers it does not keep) into its own, before
   // train::load_weights loads them; leaves its own layout alone. One-line
   // errors for a layout it recognizes but cannot take.
-  virtual void adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {}
+  virtual void adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& /*tensors*/) const {}
 
   // Training flag for the whole subtree (BatchNorm reads it).
   void train(bool on = true);

@@ -121,7 +121,7 @@ Optimizer::Optimizer(const OptimizerOptions& o, std::vector<ParamGroup> groups)
 }
 
 ArenaOptimizer::ArenaOptimizer(Module& model, Context& ctx, const OptimizerOptions& o, std::vector<ParamGroup> groups)
-    : Optimizer(o, complete_groups(model, o, std::move(groups))), model_(model), ctx_(ctx) {
+    : Optimizer(o, complete_groups(model, o, std::move(groups))), model_(model), ctx_(ctx), ctx_alive_(ctx.lifetime()) {
   FANOUT_CHECK(model.materialized()) << "the optimizer needs a materialized model (call init() or materialize())";
   const int64_t arena = model.arenas().params.numel();
   begin_ = o.range.begin;
@@ -196,11 +196,18 @@ Tensor& ArenaOptimizer::grads_for_step() {
   return grad32_;
 }
 
-double ArenaOptimizer::grad_sum_squares() { return kernels::sum_squares(ctx_, grads_for_step()); }
-void ArenaOptimizer::scale_grads(float a) { kernels::scale(ctx_, a, grads_for_step()); }
-void ArenaOptimizer::clamp_grads(float limit) { kernels::clamp_abs(ctx_, grads_for_step(), limit); }
+Context& ArenaOptimizer::context() {
+  FANOUT_USER_CHECK(!ctx_alive_.expired())
+      << "the optimizer's context is gone: an optimizer must not outlive the engine (or context) it was made with";
+  return ctx_;
+}
+
+double ArenaOptimizer::grad_sum_squares() { return kernels::sum_squares(context(), grads_for_step()); }
+void ArenaOptimizer::scale_grads(float a) { kernels::scale(context(), a, grads_for_step()); }
+void ArenaOptimizer::clamp_grads(float limit) { kernels::clamp_abs(context(), grads_for_step(), limit); }
 
 void ArenaOptimizer::step() {
+  context();  // alive
   const Tensor& g = grads_for_step();
   for (const Group& c : chunks_) update(g, c);
   rounded_ = false;
@@ -208,9 +215,10 @@ void ArenaOptimizer::step() {
 }
 
 void ArenaOptimizer::zero_grad() {
-  model_.arenas().grad_range(begin_, end_ - begin_).zero(&ctx_.compute());
+  Stream& s = context().compute();
+  model_.arenas().grad_range(begin_, end_ - begin_).zero(&s);
   rounded_ = false;
-  ctx_.compute().synchronize();
+  s.synchronize();
 }
 
 nlohmann::json Optimizer::hyper() const {
@@ -241,10 +249,18 @@ std::vector<std::string> no_decay_params(Module& model) {
 }
 
 std::vector<ParamGroup> resolve_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups) {
-  if (groups.empty() && o.no_decay_norm_bias) {
-    std::vector<std::string> nd = no_decay_params(model);
-    if (!nd.empty()) groups.push_back({"no_decay", std::move(nd), 0.0f, 1.0f});
+  if (!o.no_decay_norm_bias) return groups;
+  std::set<std::string> taken;
+  for (const ParamGroup& g : groups) {
+    FANOUT_USER_CHECK(g.name != "no_decay")
+        << "parameter group 'no_decay' is the one no_decay_norm_bias makes: name yours otherwise, or leave the "
+           "option off";
+    taken.insert(g.params.begin(), g.params.end());
   }
+  std::vector<std::string> nd;
+  for (std::string& n : no_decay_params(model))
+    if (!taken.count(n)) nd.push_back(std::move(n));
+  if (!nd.empty()) groups.push_back({"no_decay", std::move(nd), 0.0f, 1.0f});
   return groups;
 }
 

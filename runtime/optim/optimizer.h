@@ -52,7 +52,8 @@ struct OptimizerOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
   bool amsgrad = false;                           // Adam, AdamW
   // Biases and other parameters of at most one dimension (norm weights) in
-  // a group "no_decay" without weight decay (the common recipe).
+  // a group "no_decay" without weight decay (the common recipe); with
+  // explicit groups, those of them no group names.
   bool no_decay_norm_bias = false;
   // Not a hyper-parameter: the range this optimizer owns (default all).
   ArenaRange range;
@@ -154,7 +155,9 @@ class ArenaOptimizer : public Optimizer {
   void clamp_grads(float limit) override;
 
   Module& model() override { return model_; }
-  Context& context() { return ctx_; }
+  // The context given at construction; a one-line error once it is gone (an
+  // optimizer outliving its engine).
+  Context& context();
   // The gradients the next step() reads: the model's arena (its range), or
   // the float32 copy of float64 ones once grads_for_step() has run.
   Tensor& grads_for_step();
@@ -178,6 +181,7 @@ class ArenaOptimizer : public Optimizer {
  private:
   Module& model_;
   Context& ctx_;
+  std::weak_ptr<const void> ctx_alive_;
   std::vector<Group> chunks_;
   std::vector<std::pair<std::string, Tensor>> state_;
   int64_t begin_ = 0, end_ = 0;
@@ -191,15 +195,15 @@ class ArenaOptimizer : public Optimizer {
 // the group "default" (first) with o.weight_decay.
 std::vector<ParamGroup> complete_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups);
 
-// The optimizer `o` names, with `groups` (empty: one "default" group, or
-// "default" and "no_decay" when o.no_decay_norm_bias). One-line errors for
-// what torch refuses: lr, eps or weight decay below 0, betas outside [0, 1),
-// Nesterov without momentum or with dampening, amsgrad with SGD, a group
-// naming an unknown parameter or one already in another group.
-// The groups make_optimizer uses: `groups`, or when empty and
-// o.no_decay_norm_bias, the "no_decay" group (no_decay_params) when the model has any.
+// The groups make_optimizer uses: `groups`, and when o.no_decay_norm_bias
+// a group "no_decay" of the no_decay_params no group in `groups` names.
 std::vector<ParamGroup> resolve_groups(Module& model, const OptimizerOptions& o, std::vector<ParamGroup> groups);
 
+// The optimizer `o` names, with resolve_groups' groups (none given: one
+// "default" group, or "default" and "no_decay"). One-line errors for what
+// torch refuses: lr, eps or weight decay below 0, betas outside [0, 1),
+// Nesterov without momentum or with dampening, amsgrad with SGD, a group
+// naming an unknown parameter or one already in another group.
 std::unique_ptr<Optimizer> make_optimizer(Module& model, Context& ctx, const OptimizerOptions& o,
                                           std::vector<ParamGroup> groups = {});
 

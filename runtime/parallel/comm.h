@@ -28,7 +28,7 @@ class Comm {
   // Every rank's buf becomes the sum over ranks (in rank order). Blocks.
   virtual void all_reduce(int rank, Tensor& buf, Context& ctx) = 0;
   // Completes what this rank enqueued (stream-ordered implementations).
-  virtual void finish(int rank, Context& ctx) {}
+  virtual void finish(int /*rank*/, Context& /*ctx*/) {}
   // Wakes every waiting rank with an error (a replica failed).
   virtual void abort() = 0;
 };

@@ -494,6 +494,7 @@ const Tensor& on_device(const Tensor& y, Device device, Tensor& buf, Context& ct
 }  // namespace
 
 StepResult DataParallelEngine::loss_step(const Tensor& x, const Tensor& y, bool train, float grad_scale) {
+  check_batch_given(x, y);
   FANOUT_USER_CHECK(y.dim() >= 1 && y.size(0) == x.size(0))
       << "the targets " << y.shape().str() << " do not match the batch " << x.shape().str();
   if (!on_replicas_) return gathered_step(x, y, train, grad_scale);

@@ -8,6 +8,12 @@
 
 namespace fanout {
 
+void check_batch_given(const Tensor& x, const Tensor& y) {
+  FANOUT_USER_CHECK(x.defined()) << "the batch's input is an undefined tensor (Tensor())";
+  FANOUT_USER_CHECK(y.defined()) << "the batch's targets are an undefined tensor (Tensor())";
+  FANOUT_USER_CHECK(x.dim() >= 1 && x.size(0) >= 1) << "forward needs a non-empty batch, got " << x.shape().str();
+}
+
 void apply_split_invariant(Module& model, Device device, const MathOptions& math) {
   if (!math.split_invariant) return;
   FANOUT_USER_CHECK(device.is_cpu()) << "split-invariant math is implemented for CPU devices only, not "

@@ -39,6 +39,9 @@ struct Replica {
   int64_t grads_in_flight_bytes = 0;  // gradient memory beside its arena (ZeRO-2's blocks)
 };
 
+// A one-line error when x or y is an undefined tensor (Tensor()) or x has no rows.
+void check_batch_given(const Tensor& x, const Tensor& y);
+
 // Context::pass_key of training pass `pass` of an engine seeded with `seed`.
 uint64_t pass_key(uint64_t seed, uint64_t pass);
 
@@ -58,6 +61,7 @@ class Engine {
   // 1 / (rows over every process), reduced across processes. The reduced
   // gradients are then on model(), for an optimizer (runtime/optim) to step.
   StepResult forward_backward_batch(const Tensor& x, const Tensor& y) {
+    check_batch_given(x, y);
     return forward_backward(x, y, 1.0f / static_cast<float>(x.size(0) * world_size()), true);
   }
   // Forward in eval mode; no gradients.
@@ -66,7 +70,7 @@ class Engine {
   // (Dropout) are keyed (Context::pass_key). Engines count passes from 0 by
   // themselves; the Trainer sets it from its position in the run, so a
   // resumed run draws what the uninterrupted one did.
-  virtual void set_pass(uint64_t index) {}
+  virtual void set_pass(uint64_t /*index*/) {}
   virtual const Criterion& criterion() const = 0;
   // The model whose parameters are the ones trained (on the primary device):
   // its gradient arena holds the reduced gradients after forward_backward

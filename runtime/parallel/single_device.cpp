@@ -16,7 +16,7 @@ SingleDeviceEngine::SingleDeviceEngine(Module& model, Device device, const Crite
 }
 
 void SingleDeviceEngine::stage(const Tensor& x, const Tensor& y, const Tensor*& xin, const Tensor*& yin) {
-  FANOUT_USER_CHECK(x.dim() >= 1 && x.size(0) >= 1) << "forward needs a non-empty batch, got " << x.shape().str();
+  check_batch_given(x, y);
   const Device d = ctx_.device();
   xin = &x;
   yin = &y;

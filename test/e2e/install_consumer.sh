@@ -6,7 +6,8 @@
 # check, a TensorDataset and the Trainer over cpu:2) and its GPT example (a
 # transformer block of your own on token windows over cpu:2). Headers: only
 # <fanout/...> ones are used and installed, none of the backends' internal
-# headers is, and the consumer's own models/ and runtime/ folders (first on
+# headers is, every one compiles warning-free under -Wall -Wextra, and the
+# consumer's own models/ and runtime/ folders (first on
 # its include path, each header an #error) are never picked up by fanout's.
 set -euo pipefail
 src=$1
@@ -30,6 +31,12 @@ done
 if grep -rhoE '#include "(runtime|kernels|models)/' "$inc/fanout" | head -1 | grep -q .; then
   echo "FAIL: an installed header includes a path without fanout/"; exit 1
 fi
+# Every installed header compiles without a warning under -Wall -Wextra when
+# found through -I, as a Makefile would (CMake's imported target gives
+# -isystem, which hides them).
+(cd "$inc" && find fanout -name '*.h' | sort | sed 's/.*/#include <&>/') > "$work/all_headers.cpp"
+c++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$inc" "$work/all_headers.cpp" ||
+  { echo "FAIL: the installed headers warn under -Wall -Wextra"; exit 1; }
 mkdir -p "$work/app"
 cat > "$work/app/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.20)

@@ -64,6 +64,11 @@ TEST(ReplicaErrors, ABadTokenTargetNamesItsRowAndPosition) {
   auto two = models::gpt(c, 3);
   DataParallelEngine dp(*two, parse_devices("cpu:2"), *make_criterion(loss));
   testing::expect_user_error([&] { dp.forward_backward_batch(x, y); }, {"target 20 at batch row 2, position 5"});
+  // An input id outside the vocabulary, on the second replica: the user's row and its position in it.
+  y.data<int32_t>()[2 * 8 + 5] = 1;
+  x.data<int32_t>()[3 * 8 + 1] = 21;
+  testing::expect_user_error([&] { dp.forward_backward_batch(x, y); },
+                             {"embedding_forward: id 21 at batch row 3, position 1 is outside the vocabulary [0, 20)"});
 }
 
 // Misuse a library user can reach: one line each, no internal check.
@@ -73,6 +78,8 @@ TEST(ReplicaErrors, EmptyBatchesAndDeviceListsAreOneLineErrors) {
   const Tensor x = Tensor::zeros(Shape{0, 1, 2, 1}), y = Tensor::zeros(Shape{0}, DType::I32);
   testing::expect_user_error([&] { one.forward_backward_batch(x, y); }, {"forward needs a non-empty batch, got (0, 1, 2, 1)"});
   testing::expect_user_error([&] { one.eval_step(x, y); }, {"non-empty batch"});
+  testing::expect_user_error([&] { one.forward_backward_batch(Tensor(), y); },
+                             {"the batch's input is an undefined tensor (Tensor())"});
   auto n = models::make_model("mlp", Shape{1, 2, 1}, 3, 1);
   testing::expect_user_error([&] { DataParallelEngine(*n, {}, *make_criterion({})); },
                              {"DataParallel needs at least one device"});
@@ -83,6 +90,10 @@ TEST(ReplicaErrors, EmptyBatchesAndDeviceListsAreOneLineErrors) {
   LossOptions bad;
   bad.criterion = static_cast<CriterionKind>(9);
   testing::expect_user_error([&] { make_criterion(bad); }, {"unknown criterion kind 9"});
+  auto k = models::make_model("mlp", Shape{1, 2, 1}, 3, 1);
+  DataParallelEngine two(*k, parse_devices("cpu:2"), *make_criterion({}));
+  testing::expect_user_error([&] { two.eval_step(Tensor::zeros(Shape{2, 1, 2, 1}), Tensor()); },
+                             {"the batch's targets are an undefined tensor (Tensor())"});
 }
 
 }  // namespace

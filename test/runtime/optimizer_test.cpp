@@ -53,6 +53,46 @@ TEST(Optimizer, NoDecayGroupHoldsBiasesAndOneDimensionalParameters) {
   EXPECT_EQ(opt->groups()[0].params.size() + nd.size(), m->named_parameters().size());
 }
 
+// With explicit groups, no_decay_norm_bias groups the biases and 1-D
+// parameters no explicit group names; a group of the user's named
+// "no_decay" is refused.
+TEST(Optimizer, NoDecayGroupTakesWhatExplicitGroupsLeave) {
+  auto m = lenet();
+  Context ctx(Device::cpu());
+  optim::OptimizerOptions o;
+  o.weight_decay = 0.1f;
+  o.no_decay_norm_bias = true;
+  auto opt = optim::make_optimizer(*m, ctx, o, {{"g", {"fc1.weight", "fc1.bias"}, 0.5f, 2.0f}});
+  std::map<std::string, std::pair<std::string, float>> group_of;  // parameter -> (group, weight decay)
+  for (const optim::ParamGroup& g : opt->groups())
+    for (const std::string& n : g.params) group_of[n] = {g.name, g.weight_decay};
+  ASSERT_EQ(group_of.size(), m->named_parameters().size());
+  for (auto& [n, p] : m->named_parameters()) {
+    const bool explicit_group = n.rfind("fc1.", 0) == 0;
+    const std::string want = explicit_group ? "g" : p->shape.ndim <= 1 ? "no_decay" : "default";
+    EXPECT_EQ(group_of[n].first, want) << n;
+    EXPECT_EQ(group_of[n].second, explicit_group ? 0.5f : p->shape.ndim <= 1 ? 0.0f : 0.1f) << n;
+  }
+  testing::expect_user_error([&] { optim::make_optimizer(*m, ctx, o, {{"no_decay", {"fc1.bias"}, 0, 1}}); },
+                             {"parameter group 'no_decay' is the one no_decay_norm_bias makes"});
+}
+
+// An optimizer that outlives the context it was made with (its engine's)
+// refuses to step instead of reading freed memory.
+TEST(Optimizer, OutlivingItsContextIsAnError) {
+  auto m = lenet();
+  std::unique_ptr<optim::Optimizer> opt;
+  {
+    Context ctx(Device::cpu());
+    opt = optim::make_optimizer(*m, ctx, {});
+    opt->zero_grad();
+    opt->step();
+  }
+  for (auto call : {+[](optim::Optimizer& o) { o.step(); }, +[](optim::Optimizer& o) { o.zero_grad(); },
+                    +[](optim::Optimizer& o) { o.grad_sum_squares(); }})
+    testing::expect_user_error([&] { call(*opt); }, {"the optimizer's context is gone", "must not outlive the engine"});
+}
+
 // Several groups with their own weight decay and learning-rate scale, 6
 // steps, every optimizer: each parameter follows torch's rule with its
 // group's settings (float64 reference), within 1e-6 relative.
