@@ -6,9 +6,11 @@
 // Hugging Face's GPT-2 files instead.
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -31,7 +33,7 @@ using namespace fanout;
 namespace {
 
 struct Options {
-  std::string checkpoint, weights, model, tokenizer, prompt = "\n", device = "cpu", export_hf;
+  std::string checkpoint, weights, model, tokenizer, prompt = "\n", prompt_file, device = "cpu", export_hf;
   models::SampleOptions sample;
   int num_samples = 1;
   std::string seed;
@@ -57,6 +59,7 @@ bool parse(int argc, char** argv, Options& o) {
      "a byte-level BPE's folder (vocab.json and merges.txt, or encoder.json and vocab.bpe): with --weights, or for "
      "a checkpoint trained on token files without a vocabulary")
     ("prompt", po::value(&o.prompt)->default_value(o.prompt, "\"\\n\""), "text the samples continue")
+    ("prompt-file", po::value(&o.prompt_file), "instead of --prompt: the text of FILE, as it is (- reads stdin)")
     ("max-new-tokens", po::value(&o.sample.max_new_tokens)->default_value(o.sample.max_new_tokens), "tokens to draw")
     ("temperature", po::value(&o.sample.temperature)->default_value(o.sample.temperature, "0.8"),
      "divides the logits: below 1 sharper, above 1 more random")
@@ -81,13 +84,16 @@ bool parse(int argc, char** argv, Options& o) {
     return false;
   }
   po::notify(vm);
+  for (const char* path : {"checkpoint", "weights", "model", "tokenizer", "prompt-file", "export-hf"})
+    FANOUT_USER_CHECK(!vm.count(path) || !vm[path].as<std::string>().empty()) << "--" << path << " is empty";
   FANOUT_USER_CHECK(o.checkpoint.empty() != o.weights.empty()) << "give --checkpoint FILE or --weights FILE (one)";
   FANOUT_USER_CHECK(o.weights.empty() || (!o.model.empty() && !o.tokenizer.empty()))
       << "--weights needs --model gpt:... and --tokenizer DIR (the weights carry neither)";
   FANOUT_USER_CHECK(o.model.empty() || !o.weights.empty()) << "--model is for --weights (a checkpoint names its model)";
   o.prompt_given = !vm["prompt"].defaulted();
-  for (const char* drawing : {"prompt", "max-new-tokens", "temperature", "top-k", "seed", "num-samples", "device"})
-    FANOUT_USER_CHECK(o.export_hf.empty() || vm[drawing].defaulted())
+  FANOUT_USER_CHECK(!o.prompt_given || o.prompt_file.empty()) << "give --prompt or --prompt-file, not both";
+  for (const char* drawing : {"prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "seed", "num-samples", "device"})
+    FANOUT_USER_CHECK(o.export_hf.empty() || !vm.count(drawing) || vm[drawing].defaulted())
         << "--export-hf draws nothing: give no --" << drawing;
   FANOUT_USER_CHECK(o.export_hf.empty() || !o.no_kv_cache) << "--export-hf draws nothing: give no --no-kv-cache";
   o.sample.seed = apps::parse_seed(o.seed);
@@ -177,6 +183,18 @@ void export_hf(const Options& o, models::GPT& model, const data::Vocabulary& voc
   if (bpe)
     for (int32_t id : bpe->specials())
       if (bpe->bytes(id) == "<|endoftext|>") end_of_text = id;
+  // Tokenizer files this export does not write would be loaded beside the model by from_pretrained.
+  const std::vector<std::string> written = {"vocab.json", "merges.txt", "tokenizer_config.json"};  // with a BPE
+  std::string stale;
+  for (const char* f : {"tokenizer.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                        "tokenizer_config.json"}) {
+    const bool ours = bpe && std::find(written.begin(), written.end(), f) != written.end();
+    if (!ours && std::filesystem::exists(std::filesystem::path(o.export_hf) / f))
+      stale += (stale.empty() ? "" : ", ") + std::string(f);
+  }
+  FANOUT_USER_CHECK(stale.empty()) << "--export-hf " << o.export_hf << " holds " << stale << ", which this export "
+                                   << "does not write and from_pretrained would load with it: remove them, or give "
+                                      "another folder";
   std::error_code ec;
   std::filesystem::create_directories(o.export_hf, ec);
   FANOUT_USER_CHECK(!ec) << "--export-hf: cannot make " << o.export_hf << ": " << ec.message();
@@ -206,6 +224,10 @@ int run(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) return 0;
   models::check_sample_options(o.sample);  // before anything is printed
+  if (o.prompt_file == "-")
+    o.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  else if (!o.prompt_file.empty())
+    o.prompt = io::read_file(o.prompt_file, "--prompt-file");
   FANOUT_USER_CHECK(o.model.empty() || models::is_gpt(o.model)) << "--model " << o.model << " is not a GPT (gpt:...)";
   const Trained t = read_trained(o);
   const models::GPTConfig c = models::parse_gpt_config(models::gpt_spec(t.model), t.data_vocab);
@@ -226,7 +248,10 @@ int run(int argc, char** argv) {
   try {
     prompt = t.vocab.encode(o.prompt);
   } catch (const Error& e) {  // name the option, and the default when it was not given
-    throw Error(std::string(o.prompt_given ? "--prompt: " : "--prompt (not given: \"\\n\"): ") + e.what());
+    throw Error(std::string(!o.prompt_file.empty() ? "--prompt-file " + o.prompt_file + ": "
+                            : o.prompt_given       ? "--prompt: "
+                                                   : "--prompt (not given: \"\\n\"): ") +
+                e.what());
   }
   for (int s = 0; s < o.num_samples; ++s) {
     models::SampleOptions so = o.sample;

@@ -160,6 +160,22 @@ bool conv1d_weight(const std::string& name) {
 
 }  // namespace
 
+namespace {
+// Every value +0 or -0 (a float tensor on the host).
+bool all_zero(const Tensor& t) {
+  FANOUT_USER_CHECK(t.device().is_cpu()) << "Hugging Face weights are read on the host";
+  const auto zero = [&](auto mask, const auto* p) {
+    return std::all_of(p, p + t.numel(), [&](auto v) { return (v & mask) == 0; });
+  };
+  switch (dtype_size(t.dtype())) {
+    case 2: return zero(uint16_t{0x7fff}, t.data<uint16_t>());
+    case 4: return zero(uint32_t{0x7fffffff}, t.data<uint32_t>());
+    case 8: return zero(uint64_t{0x7fffffffffffffff}, t.data<uint64_t>());
+    default: return false;
+  }
+}
+}  // namespace
+
 void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors) const {
   const int64_t e = config_.n_embd;
   const bool conv1d = std::any_of(tensors.begin(), tensors.end(), [&](const auto& nt) {
@@ -174,6 +190,11 @@ void GPT::adapt_state_dict(std::vector<std::pair<std::string, Tensor>>& tensors)
     std::string own = name;
     for (const char* root : {"h.", "wte.", "wpe.", "ln_f."})
       if (own.starts_with(root)) own = "transformer." + own;
+    if (!config_.bias && own.ends_with(".bias")) {  // GPT-2's layout always has them (--export-hf writes zeros)
+      FANOUT_USER_CHECK(all_zero(t)) << name << " is not zero: a model with bias=false has no biases to take it "
+                                                "(give bias=true)";
+      continue;
+    }
     if (!conv1d_weight(own) || t.dim() != 2) {
       out.emplace_back(own, t);
       continue;
@@ -364,7 +385,7 @@ Tensor GPT::decode(const Tensor& ids, Context& ctx) {
 
 void check_sample_options(const SampleOptions& o) {
   FANOUT_USER_CHECK(std::isfinite(o.temperature) && o.temperature > 0)
-      << "temperature must be positive, got " << o.temperature;
+      << "temperature must be positive and finite, got " << o.temperature;
   FANOUT_USER_CHECK(o.top_k >= 0) << "top-k must be non-negative (0: every token), got " << o.top_k;
   FANOUT_USER_CHECK(o.max_new_tokens >= 0) << "max new tokens must be non-negative, got " << o.max_new_tokens;
   FANOUT_USER_CHECK(o.vocab_limit >= 0) << "the vocabulary limit must be non-negative (0: none), got " << o.vocab_limit;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace fanout::io {
 
@@ -38,6 +39,25 @@ bool convert_int(const Tensor& src, DType dt, Tensor* out) {
     }
   }
   return true;
+}
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16; }
+
+// A floating-point `src` (any device) as float32 on the host, as torch's
+// load_state_dict copies a half or double tensor into a float parameter.
+Tensor to_float32(const Tensor& src) {
+  const Tensor h = src.device().is_cpu() ? src : src.to(Device::cpu());
+  Tensor out = Tensor::empty(h.shape(), DType::F32, Device::cpu());
+  float* o = out.f32();
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    switch (h.dtype()) {
+      case DType::F64: o[i] = static_cast<float>(h.f64()[i]); break;
+      case DType::BF16: o[i] = half::float_from_bf16(h.data<uint16_t>()[i]); break;
+      case DType::F16: o[i] = half::float_from_f16(h.data<uint16_t>()[i]); break;
+      default: o[i] = h.f32()[i];
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -86,7 +106,12 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
     FANOUT_CHECK(src.defined()) << "load_state_dict: tensor " << file_name << " is undefined";
     Tensor from = src;
     bool fits = src.shape() == dst.shape();
-    if (fits && src.dtype() != dst.dtype()) fits = is_int(src.dtype()) && is_int(dst.dtype()) && convert_int(src, dst.dtype(), &from);
+    if (fits && src.dtype() != dst.dtype()) {
+      if (is_float(src.dtype()) && dst.dtype() == DType::F32)
+        from = to_float32(src);
+      else
+        fits = is_int(src.dtype()) && is_int(dst.dtype()) && convert_int(src, dst.dtype(), &from);
+    }
     if (!fits) {
       std::ostringstream os;
       os << name << ": file ";
@@ -97,8 +122,8 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
       r.mismatched.push_back(os.str());
       continue;
     }
+    if (accept) accept(file_name, from);
     plan.emplace_back(pos->second, std::move(from));
-    if (accept) accept(file_name, src);
   }
   for (size_t i = 0; i < model.size(); ++i)
     if (!found[i]) r.missing.push_back(model[i].first);

@@ -28,12 +28,15 @@ struct LoadReport {
 
 // Copies each incoming tensor (any device) into the parameter or buffer of
 // the same name, on whatever device `m` lives. Shapes must match exactly and
-// dtypes too, except that integer buffers (num_batches_tracked) take either
-// I32 or I64 when the value fits.
+// dtypes too, except that a float32 tensor takes float64, bfloat16 or
+// float16 values (rounded or widened to float32, as torch's load_state_dict
+// copies them) and integer buffers (num_batches_tracked) take either I32 or
+// I64 when the value fits.
 // strict: any missing, unexpected or mismatched name throws fanout::Error
 // listing them, before anything is modified. Non-strict: loads what matches
 // and reports the rest. `accept`, when given, sees each tensor that would be
-// copied (its name in the file) before anything is, and may throw to refuse.
+// copied (its name in the file; after that conversion) before anything is,
+// and may throw to refuse.
 LoadReport load_state_dict(Module& m, const std::vector<std::pair<std::string, Tensor>>& tensors, bool strict,
                            const std::function<void(const std::string&, const Tensor&)>& accept = {});
 

@@ -13,7 +13,8 @@
 #  - --max-steps 7 ends the run after its 7th optimizer step, inside the
 #    first epoch (the checkpoint records 7 steps).
 #  - dp-generate with a seed prints the same text twice, the prompt first and
-#    only characters of the text's vocabulary after it.
+#    only characters of the text's vocabulary after it; --prompt-file (a file,
+#    stdin) prints what --prompt does.
 #  - --tokenizer (a byte-level BPE learned from the corpus): training lowers
 #    the loss; dp-generate decodes with the checkpoint's copy of the tokenizer,
 #    twice the same for a seed, and never draws a padded model's extra tokens;
@@ -144,6 +145,13 @@ cmp -s "$work/gen1.txt" "$work/gen2.txt" || fail "dp-generate printed different 
 # Without the key-value cache (the whole context for every token): the same draws.
 "$DP_GENERATE" "${gen[@]}" --no-kv-cache > "$work/gen_whole.txt"
 cmp -s "$work/gen1.txt" "$work/gen_whole.txt" || fail "dp-generate --no-kv-cache printed other text"
+# The prompt from a file and from stdin, as it is (no newline added or cut): the same text.
+printf 'The cat' > "$work/prompt.txt"
+gen_file=(--checkpoint "$work/full/best.safetensors" --max-new-tokens 200 --seed 11)
+"$DP_GENERATE" "${gen_file[@]}" --prompt-file "$work/prompt.txt" > "$work/gen_file.txt"
+"$DP_GENERATE" "${gen_file[@]}" --prompt-file - < "$work/prompt.txt" > "$work/gen_stdin.txt"
+cmp -s "$work/gen1.txt" "$work/gen_file.txt" || fail "dp-generate --prompt-file printed other text"
+cmp -s "$work/gen1.txt" "$work/gen_stdin.txt" || fail "dp-generate --prompt-file - printed other text"
 python3 - "$work/corpus.txt" "$work/gen1.txt" <<'PY'
 import sys
 vocab = set(open(sys.argv[1]).read())
@@ -170,7 +178,7 @@ expect_error "--prompt: the prompt is not UTF-8 at byte 1" \
 expect_error "--seed must be an integer in 0..18446744073709551615, got '-1'" \
   "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --seed -1
 # Tokens print as they are drawn; options are checked before the prompt is printed.
-expect_error "temperature must be positive, got 0" \
+expect_error "temperature must be positive and finite, got 0" \
   "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt "The" --temperature 0
 [ ! -s "$work/err.out" ] || fail "dp-generate printed before refusing --temperature 0: $(cat "$work/err.out")"
 # A vocabulary of numbers in the checkpoint's metadata: one line, not a JSON library's exception.
@@ -277,6 +285,12 @@ assert json.load(open(sys.argv[1] + "/vocab.json")) == json.load(open(sys.argv[2
 PY
 expect_error "--export-hf draws nothing: give no --prompt" \
   "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --export-hf "$work/hf-out" --prompt "x"
+expect_error "--export-hf is empty" "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --export-hf ""
+expect_error "give --prompt or --prompt-file, not both" \
+  "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --prompt "x" --prompt-file "$work/prompt.txt"
+# A character model exported over the BPE export: the BPE's tokenizer files would be loaded with it.
+expect_error "--export-hf $work/hf-out holds vocab.json, merges.txt, tokenizer_config.json, which this export does not" \
+  "$DP_GENERATE" --checkpoint "$work/full/best.safetensors" --export-hf "$work/hf-out"
 expect_error "carries its own vocabulary: give no --tokenizer" \
   "$DP_GENERATE" --checkpoint "$work/bpe-run/best.safetensors" --tokenizer "$work/bpe-gone"
 expect_error "--weights needs --model gpt:... and --tokenizer DIR" "$DP_GENERATE" --weights "$work/hf.safetensors"

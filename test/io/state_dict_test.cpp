@@ -4,6 +4,8 @@
 #include "runtime/io/state_dict.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <unistd.h>
 
 #include <cstring>
@@ -226,6 +228,32 @@ TEST(StateDict, DtypesMustMatchExceptIntegerCounters) {
   msg = error_of([&] { load_state_dict(*b, i64w, true); });
   EXPECT_NE(msg.find("fc.bias: file int64 (2) vs model float32 (2)"), std::string::npos) << msg;
   EXPECT_EQ(find(*b, "num_batches_tracked").data<int64_t>()[0], 42) << "strict refusal changed nothing";
+}
+
+// Half, bfloat16 and double values load into float32 parameters as torch's
+// load_state_dict copies them: widened exactly, or rounded to nearest.
+TEST(StateDict, FloatTensorsOfOtherWidthsAreConverted) {
+  auto src = state_dict_cpu(*random_net(7));
+  const auto bias_after = [&](Tensor t) {
+    auto b = zero_net();
+    auto f = src;
+    f[4].second = std::move(t);  // fc.bias, (2)
+    EXPECT_TRUE(load_state_dict(*b, f, true).ok());
+    const Tensor& got = find(*b, "fc.bias");
+    return std::pair<float, float>{got.f32()[0], got.f32()[1]};
+  };
+  Tensor h = Tensor::empty(Shape{2}, DType::F16);
+  h.data<uint16_t>()[0] = 0xC080;  // -2.25
+  h.data<uint16_t>()[1] = 0x0001;  // 2^-24, the smallest subnormal
+  EXPECT_EQ(bias_after(h), std::make_pair(-2.25f, std::ldexp(1.0f, -24)));
+  Tensor bf = Tensor::empty(Shape{2}, DType::BF16);
+  bf.data<uint16_t>()[0] = 0x3FC0;  // 1.5
+  bf.data<uint16_t>()[1] = 0xC2F7;  // -123.5
+  EXPECT_EQ(bias_after(bf), std::make_pair(1.5f, -123.5f));
+  Tensor d = Tensor::empty(Shape{2}, DType::F64);
+  d.f64()[0] = 0.1;
+  d.f64()[1] = 1e-50;  // below float's range: 0
+  EXPECT_EQ(bias_after(d), std::make_pair(static_cast<float>(0.1), 0.0f));
 }
 
 TEST(StateDict, SummaryCutsLongLists) {

@@ -729,6 +729,18 @@ TEST(GPTWeights, HuggingFaceExportIsGpt2sLayout) {
     for (int64_t i = 0; i < 16; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 5 + 2) % 11);
     const Tensor want = testing::clone(m->forward(ids, ctx));
     EXPECT_LT(rel_diff(loaded->forward(ids, ctx).f32(), want.f32(), want.numel()), 1e-6) << "bias " << bias;
+    if (bias) continue;
+    // The model's own configuration reads its export back (the zero biases dropped), bit for bit.
+    auto back = models::gpt(c, 98);
+    EXPECT_TRUE(train::load_weights(dir.path() + "/model.safetensors", *back, /*strict=*/true).ok());
+    EXPECT_TRUE(testing::same_bits(back->forward(ids, ctx), want));
+    // A bias that is not zero has nowhere to go.
+    auto changed = hf;
+    for (auto& [name, t] : changed)
+      if (name == "transformer.h.1.mlp.c_fc.bias") t.f32()[3] = 0.25f;
+    io::save_safetensors(dir.path() + "/nonzero.safetensors", changed);
+    testing::expect_user_error([&] { train::load_weights(dir.path() + "/nonzero.safetensors", *back, true); },
+                               {"transformer.h.1.mlp.c_fc.bias is not zero: a model with bias=false"});
   }
 }
 
@@ -813,7 +825,7 @@ TEST(GPTGenerate, TopOneIsGreedyAndASeedRepeats) {
   o.seed = 5;
   EXPECT_NE(models::generate(*m, ctx, prompt, o), a) << "another seed, other draws";
   o.temperature = 0;
-  EXPECT_EQ(error_of([&] { models::generate(*m, ctx, prompt, o); }), "temperature must be positive, got 0");
+  EXPECT_EQ(error_of([&] { models::generate(*m, ctx, prompt, o); }), "temperature must be positive and finite, got 0");
   EXPECT_EQ(error_of([&] { models::generate(*m, ctx, {}, greedy); }), "generation needs a prompt of at least one token");
   // A temperature whose reciprocal overflows still draws: the likeliest token, every time.
   models::SampleOptions cold = greedy;
