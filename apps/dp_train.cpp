@@ -168,7 +168,7 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
     ("warmup-steps", po::value(&o.warmup_steps)->default_value(d.warmup_steps),
      "warmup-cosine: steps of linear warm-up (nanoGPT's warmup_iters)")
     ("lr-decay-steps", po::value(&o.lr_decay_steps)->default_value(d.lr_decay_steps),
-     "warmup-cosine: the step where the cosine reaches --min-lr (nanoGPT's lr_decay_iters)")
+     "warmup-cosine: the step where the cosine reaches --min-lr (nanoGPT's lr_decay_iters; 0: --max-steps)")
     ("min-lr", po::value(&o.min_lr)->default_value(d.min_lr, "lr/10"), "warmup-cosine: the floor")
     ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(d.warmup_epochs, num(d.warmup_epochs)),
      "linear warm-up length in epochs (per optimizer step)")

@@ -2,6 +2,7 @@
 #include "runtime/train/run_config.h"
 
 #include <cmath>
+#include <limits>
 
 #include "runtime/core/error.h"
 #include "runtime/data/loader.h"
@@ -63,6 +64,15 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(max_steps >= 0) << "--max-steps must be non-negative, got " << max_steps;
   FANOUT_USER_CHECK(eval_every >= 0) << "--eval-every must be non-negative, got " << eval_every;
   FANOUT_USER_CHECK(eval_steps >= 0) << "--eval-steps must be non-negative, got " << eval_steps;
+  if (optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs).kind == optim::LrSchedule::Kind::WarmupCosine) {
+    FANOUT_USER_CHECK(lr_decay_steps > 0 || max_steps > 0)
+        << "--lr-schedule warmup-cosine needs --lr-decay-steps N (nanoGPT's lr_decay_iters), or --max-steps, its "
+           "default";
+    FANOUT_USER_CHECK(lr_decay_steps > 0 || max_steps <= std::numeric_limits<int>::max())
+        << "--max-steps " << max_steps << " is too large for warmup-cosine's default --lr-decay-steps";
+    optim::LrSchedule check;  // its one-line errors, before anything is loaded
+    optim::set_warmup_cosine(check, warmup_steps, decay_steps(), 0.0f);
+  }
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
   FANOUT_USER_CHECK(resume.empty() || init_from.empty()) << "--resume and --init-from exclude each other";
@@ -157,7 +167,7 @@ TrainerConfig RunConfig::trainer_config(bool pin) const {
                                        : std::nullopt,
                    .metrics_path = metrics, .progress = parse_progress(progress), .summary_out = stdout};
   if (tc.schedule.kind == optim::LrSchedule::Kind::WarmupCosine)
-    optim::set_warmup_cosine(tc.schedule, warmup_steps, lr_decay_steps, min_lr < 0 ? lr / 10 : min_lr);
+    optim::set_warmup_cosine(tc.schedule, warmup_steps, decay_steps(), min_lr < 0 ? lr / 10 : min_lr);
   return tc;
 }
 

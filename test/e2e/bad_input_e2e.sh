@@ -140,6 +140,8 @@ expect_error unknown-comm "unknown communicator 'wobble' \(expected auto, cpu, p
 expect_error cpu-list "CPU devices are given as cpu or cpu:N alone" --devices cpu,cpu --data synthetic:64
 expect_error negative-min-lr "--min-lr must be in \[0, --lr\], got -7" --lr-schedule warmup-cosine --warmup-steps 1 \
   --lr-decay-steps 3 --min-lr -7 --data synthetic:64
+expect_error cosine-no-end "--lr-schedule warmup-cosine needs --lr-decay-steps N" --lr-schedule warmup-cosine \
+  --data synthetic:64
 # An AdamW checkpoint resumed with SGD.
 timeout 120 "$DP_TRAIN" --progress off --epochs 1 --model mlp --data synthetic:64 --optimizer adamw --lr 1e-3 \
   --save-dir "$work/adamw" > /dev/null 2>&1 || { echo "FAIL adamw checkpoint: the run failed"; fails=$((fails + 1)); }

@@ -22,6 +22,7 @@
 
 #include "models/zoo/zoo.h"
 #include "runtime/parallel/single_device.h"
+#include "runtime/train/run_config.h"
 #include "runtime/train/trainer.h"
 #include "support/dist_util.h"
 #include "support/test_util.h"
@@ -720,6 +721,23 @@ TEST(Trainer, EvalSettingsMustBeNonNegative) {
   tc.eval_every = 5;
   tc.eval_batches = -2;
   testing::expect_user_error([&] { train::Trainer(tc, engine, *opt, data); }, {"--eval-steps must be non-negative, got -2"});
+}
+
+// warmup-cosine ends at --max-steps unless --lr-decay-steps says otherwise
+// (nanoGPT's lr_decay_iters = max_iters); with neither it is refused before
+// anything loads.
+TEST(RunConfig, WarmupCosineEndsAtMaxStepsByDefault) {
+  train::RunConfig c;
+  c.lr_schedule = "warmup-cosine";
+  c.warmup_steps = 5;
+  testing::expect_user_error([&] { c.validate(); }, {"--lr-schedule warmup-cosine needs --lr-decay-steps N", "or --max-steps"});
+  c.max_steps = 40;
+  c.validate();
+  EXPECT_EQ(c.trainer_config(false).schedule.lr_decay_steps, 40);
+  c.lr_decay_steps = 30;
+  EXPECT_EQ(c.trainer_config(false).schedule.lr_decay_steps, 30);
+  c.warmup_steps = 30;
+  testing::expect_user_error([&] { c.validate(); }, {"warmup-cosine needs 0 <= --warmup-steps < --lr-decay-steps, got 30 and 30"});
 }
 
 }  // namespace
