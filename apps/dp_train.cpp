@@ -633,7 +633,10 @@ std::unique_ptr<Engine> make_run_engine(const train::RunConfig& c, Module& model
                   {"--nesterov", c.nesterov},
                   {"--warmup-steps", c.warmup_steps},
                   {"--lr-decay-steps", c.lr_decay_steps},
-                  {"--lr-schedule (hash)", static_cast<int64_t>(std::hash<std::string>{}(c.lr_schedule) >> 1)}};
+                  {"--lr-schedule (hash)", static_cast<int64_t>(std::hash<std::string>{}(c.lr_schedule) >> 1)},
+                  {"--augment (hash)", static_cast<int64_t>(std::hash<std::string>{}(c.augment) >> 1)},
+                  {"--drop-last", c.drop_last},
+                  {"--stop-after", c.stop_after}};
     // The optimizer's and schedule's numbers: every rank steps its own optimizer on the same gradients.
     for (auto [name, v] : {std::pair{"--lr", double{c.lr}}, {"--momentum", double{c.momentum}},
                            {"--weight-decay", double{c.weight_decay}}, {"--betas (beta1)", c.beta1}, {"--betas (beta2)", c.beta2},
@@ -858,6 +861,29 @@ void print_resumed(const train::RunConfig& c, const train::ResumeOutcome& r) {
                  "write its checkpoints\n", c.resume.c_str());
 }
 
+// Every process resumed from the same place: a machine given a stale copy
+// of the save directory would train another run beside the others.
+void check_same_resume(Engine& engine, const train::CheckpointState& st) {
+  const int world = engine.world_size(), rank = engine.rank();
+  if (world == 1) return;
+  std::vector<int64_t> v(3 * static_cast<size_t>(world), 0);
+  const size_t mine = 3 * static_cast<size_t>(rank);
+  v[mine] = st.epoch, v[mine + 1] = st.batch, v[mine + 2] = st.step;
+  engine.all_reduce_stats(v, "the resume check");
+  const auto where = [&](int r) {
+    const size_t i = 3 * static_cast<size_t>(r);
+    const auto count = [](int64_t n, const char* one, const char* many) {
+      return std::to_string(n) + " " + (n == 1 ? one : many);
+    };
+    return "after " + count(v[i], "epoch", "epochs") + " and " + count(v[i + 1], "batch", "batches") + " (step " +
+           std::to_string(v[i + 2]) + ")";
+  };
+  for (int r = 1; r < world; ++r)
+    FANOUT_USER_CHECK(std::equal(v.begin() + 3 * r, v.begin() + 3 * r + 3, v.begin()))
+        << "rank " << r << " resumed " << where(r) << " where rank 0 resumed " << where(0)
+        << ": every rank must resume the same checkpoint (give every machine a copy of rank 0's save directory)";
+}
+
 // Loads --resume (train::resume_run; every rank reads the file) or
 // --init-from; returns the checkpoint state to continue from, or nothing
 // when the run is complete.
@@ -883,6 +909,7 @@ std::optional<train::CheckpointState> restore(const train::RunConfig& c, Engine&
       throw Error(what + " (to continue from an earlier checkpoint: --resume " + c.resume +
                   "/epoch-NNNN.safetensors --save-dir " + c.resume + " --overwrite, which removes the ones after it)");
     }
+    check_same_resume(engine, resumed.state);
     if (p.primary()) print_resumed(c, resumed);
     if (resumed.complete) return std::nullopt;
     ckpt = std::move(resumed.state);

@@ -61,7 +61,7 @@ by_env srun flag "$work/rdzv-srun" SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0
 # Rank 1 with another --batch-size, or another --lr (the environment torchrun gives): both ranks end naming it.
 mismatch=(--model lenet --data synthetic:480 --epochs 1 --seed 3 --progress off --workers 0 --strategy ddp
           --devices cpu:2 --timeout 20)
-mismatched() {  # mismatched NAME WANT RANK0-OPTION RANK1-OPTION
+mismatched() {  # mismatched NAME WANT RANK0-OPTIONS RANK1-OPTIONS (WANT: rank 1's error after "rank 1 ")
   local name=$1 want=$2 t0 m0 m1 rc0=0 rc1=0 rc elapsed i
   t0=$(date +%s)
   env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 FANOUT_RDZV="file:$work/rdzv-$name" \
@@ -78,18 +78,27 @@ mismatched() {  # mismatched NAME WANT RANK0-OPTION RANK1-OPTION
   for i in 0 1; do
     rc=$([ $i = 0 ] && echo $rc0 || echo $rc1)
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { cat "$work/$name-$i.out"; fail "$name: mismatched rank $i: exit $rc"; }
-    grep -qF "dp-train: error: rank 1 has $want (every rank must run the same model and options)" \
+    grep -qF "dp-train: error: rank 1 $want" \
       "$work/$name-$i.out" || { cat "$work/$name-$i.out"; fail "$name: rank $i does not name it"; }
     [ "$(grep -c 'error' "$work/$name-$i.out")" -eq 1 ] || { cat "$work/$name-$i.out"; fail "$name: rank $i: more than one error line"; }
   done
   [ "$elapsed" -le 30 ] || fail "$name: the mismatched ranks took ${elapsed} s (--timeout 20)"
   echo "a rank with another $name: both ranks end in ${elapsed} s naming it"
 }
-mismatched batch "batch size 96 where rank 0 has 48" "--batch-size 48" "--batch-size 96"
-mismatched lr "--lr 0.5 where rank 0 has 0.02" "--batch-size 48 --lr 0.02" "--batch-size 48 --lr 0.5"
-mismatched savedir "no save directory (--save-dir, or --resume DIR) where rank 0 has one" \
+same="(every rank must run the same model and options)"
+mismatched batch "has batch size 96 where rank 0 has 48 $same" "--batch-size 48" "--batch-size 96"
+mismatched lr "has --lr 0.5 where rank 0 has 0.02 $same" "--batch-size 48 --lr 0.02" "--batch-size 48 --lr 0.5"
+mismatched savedir "has no save directory (--save-dir, or --resume DIR) where rank 0 has one $same" \
   "--batch-size 48 --save-dir $work/savedir-0" "--batch-size 48"
-mismatched evalevery "--eval-every 2 where rank 0 has 0" "--batch-size 48" "--batch-size 48 --eval-every 2"
+mismatched evalevery "has --eval-every 2 where rank 0 has 0 $same" "--batch-size 48" "--batch-size 48 --eval-every 2"
+mismatched droplast "has --drop-last 1 where rank 0 has 0 $same" "--batch-size 48" "--batch-size 48 --drop-last"
+# Ranks resuming different checkpoints (a machine given a stale copy of the save directory).
+timeout 120 "$DP_TRAIN" --model lenet --data synthetic:480 --epochs 1 --seed 3 --progress off --workers 0 --devices cpu \
+  --batch-size 48 --save-dir "$work/two-epochs" --save-every-steps 5 --keep-last 9 > "$work/two-epochs.out" 2>&1 ||
+  { cat "$work/two-epochs.out"; fail "the run to resume failed"; }
+mismatched resume "resumed after 0 epochs and 5 batches (step 5) where rank 0 resumed after 1 epoch and 0 batches \
+(step 10): every rank must resume the same checkpoint" "--batch-size 48 --resume $work/two-epochs/epoch-0001.safetensors" \
+  "--batch-size 48 --resume $work/two-epochs/epoch-0000-batch-0000005.safetensors"
 
 python3 - "$work" <<'PY'
 import json, sys
