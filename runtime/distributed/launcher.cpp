@@ -257,8 +257,9 @@ class OutputRouter {
 // Every method but where_all needs a board.
 class Watch {
  public:
-  Watch(const std::vector<Worker>& workers, const ProgressBoard* board)
-      : workers_(workers), board_(board), stopped_since_(workers.size()) {}
+  // other_machines: ranks run elsewhere too, whose waits this board does not show.
+  Watch(const std::vector<Worker>& workers, const ProgressBoard* board, bool other_machines)
+      : workers_(workers), board_(board), other_machines_(other_machines), stopped_since_(workers.size()) {}
 
   // Where the ranks are, from the progress board: one clause per rank.
   // Worth a line when a rank still waits in a collective (not after a bad option, say).
@@ -271,8 +272,9 @@ class Watch {
 
   // A rank that keeps the others waiting: stopped (SIGSTOP, a debugger) or
   // outside any collective for `after` seconds while another waits inside
-  // one, or behind `failed` (a rank that ended, as a collective timed out).
-  // Empty when there is none.
+  // one, or behind `failed` (a rank that ended, as a collective timed out);
+  // with ranks on other machines, stopped for `after` seconds alone (theirs
+  // wait on it unseen). Empty when there is none.
   std::string find_stall(double after, const Worker* failed) {
     const uint64_t failed_at = failed ? board_->read(static_cast<int>(failed - workers_.data())).entered : 0;
     const bool someone_waits = failed_at > 0 || someone_inside();
@@ -282,11 +284,11 @@ class Watch {
       const char state = proc_state(w.pid);
       if (state != 'T' && state != 't') stopped_since_[i] = {};
       else if (stopped_since_[i] == Clock::time_point{}) stopped_since_[i] = Clock::now();
-      if (!someone_waits) continue;
-      const ProgressBoard::Seen seen = board_->read(static_cast<int>(i));
       const double stopped_s = stopped_since_[i] == Clock::time_point{}
                                    ? 0
                                    : std::chrono::duration<double>(Clock::now() - stopped_since_[i]).count();
+      if (!someone_waits && !(other_machines_ && stopped_s >= after)) continue;
+      const ProgressBoard::Seen seen = board_->read(static_cast<int>(i));
       const bool behind = !failed || seen.entered < failed_at;
       char head[160];
       // The board's idle clock starts at the rank's last step, before the
@@ -351,6 +353,7 @@ class Watch {
 
   const std::vector<Worker>& workers_;
   const ProgressBoard* board_;
+  bool other_machines_;
   std::vector<Clock::time_point> stopped_since_;  // when each rank was first seen stopped; {}: running
 };
 
@@ -361,7 +364,7 @@ class Watch {
 class Supervisor {
  public:
   Supervisor(const LaunchOptions& o, const Start& st)
-      : o_(o), st_(st), workers_(o.nproc_per_node), router_(o.name), watch_(workers_, st.board) {}
+      : o_(o), st_(st), workers_(o.nproc_per_node), router_(o.name), watch_(workers_, st.board, o.nnodes > 1) {}
   Supervisor(const Supervisor&) = delete;  // first_failure_ and watch_ point into workers_
   Supervisor& operator=(const Supervisor&) = delete;
 

@@ -7,6 +7,8 @@
 #     the newest checkpoint ends bit for bit as one device;
 #   - a slow, lossy link (netem's delay and loss where the kernel has netem; else a
 #     token bucket and nftables dropping 1% of packets): the same bits;
+#   - machine 1's worker stopped (SIGSTOP): its launcher ends it within --timeout,
+#     naming it (exit 124), though no rank of its own waits on it;
 #   - every process of machine 1 killed: machine 0's ranks end naming it.
 # Prints the measured times (bench/RESULTS.md has them).
 set -euo pipefail
@@ -113,6 +115,26 @@ for m in 0 1; do
   on "$m" tc qdisc del dev eth0 root 2> /dev/null || true
   on "$m" nft delete table inet lossy 2> /dev/null || true
 done
+
+# --- machine 1's worker stopped (SIGSTOP): its launcher sees no rank of its own waiting, yet ends within --timeout
+common=("${run[@]}" --timeout "$timeout_s" --strategy ddp --nnodes 2 --rdzv "redis:${m_addr[0]}:6379")
+start stop 0 --devices cpu
+s0=$started
+start stop 1 --devices cpu
+s1=$started
+wait_for 120 grep -q "^epoch 1/" "$work/stop.0.log" || { tail -n 3 "$work"/stop.*.log; fail "stop: no epoch finished"; }
+worker=$(for p in $(ip netns pids "${m_ns[1]}"); do
+           [ "$(cat "/proc/$(awk '{print $4}' "/proc/$p/stat")/comm" 2> /dev/null)" = dp-train ] && echo "$p"; done)
+[ -n "$worker" ] || fail "stop: no worker on machine 1"
+kill -STOP $worker
+await "$s1" $((2 * timeout_s + 30))
+[ "$rc" = 124 ] || { tail -n 3 "$work/stop.1.log"; fail "stop: machine 1 exited $rc, not 124"; }
+grep -q "rank 1 (pid $worker) is stopped (SIGSTOP or a debugger) for" "$work/stop.1.log" ||
+  { tail -n 3 "$work/stop.1.log"; fail "stop: machine 1 does not name its stopped rank"; }
+await "$s0" $((timeout_s + 30))
+[ "$rc" != 0 ] || fail "stop: machine 0 exited 0"
+echo "machine 1's worker stopped: $(grep -o 'rank 1 (pid [0-9]*) is stopped[^:]*' "$work/stop.1.log")"
+nothing_left stop
 
 # --- every process of machine 1 killed (two ranks per machine)
 common=("${run[@]}" --timeout "$timeout_s" --strategy ddp --nnodes 2 --rdzv "redis:${m_addr[0]}:6379")
