@@ -129,14 +129,29 @@ class GlooGroup : public ProcessGroup {
                    std::to_string(rank_) + " for " + world +
                    " (every machine needs the same --nnodes, and --nproc-per-node or device count)");
       };
+      // The ranks whose keys are still missing when the wait ends, by number.
+      const auto not_joined = [&](const std::vector<std::string>& keys) {
+        const std::vector<std::string> missing = missing_keys(*store, keys);
+        if (missing.empty()) throw gloo::IoException("not every rank joined within the timeout");
+        std::string ranks;
+        for (const std::string& k : missing) ranks += (ranks.empty() ? "" : ", ") + k.substr(k.find('/') + 1);
+        FANOUT_FAIL() << where << ": " << (missing.size() == 1 ? "rank " : "ranks ") << ranks << " did not join within "
+                      << o.timeout_s << " s (every rank must join within --timeout: is every machine started, with "
+                      << "this --rdzv and --run-id, and a --node-rank of its own?)";
+      };
       const auto join = [&](const std::vector<std::string>& keys) {
         for (;;) {
-          const Ms l = left();
+          Ms l{};
+          try {
+            l = left();
+          } catch (const gloo::IoException&) {
+            not_joined(keys);
+          }
           try {
             store->wait(keys, std::min(l, Ms(3000)));
             return;
           } catch (const gloo::IoException&) {
-            if (l <= Ms(3000)) throw;
+            if (l <= Ms(3000)) not_joined(keys);
           }
           try {
             store->wait({"mismatch"}, Ms(1));  // Gloo's waits count whole seconds: about 1 s
@@ -183,14 +198,16 @@ class GlooGroup : public ProcessGroup {
       const std::string cause = first_line(e.what());
       const bool connect = cause.find("Connect timeout") != std::string::npos ||
                            cause.find("Connection refused") != std::string::npos;
+      // Redis's SETNX answers 0 (Gloo: "reply->integer == 1"), the file store finds the file: the key is there.
+      const bool taken = cause.find("already set") != std::string::npos ||
+                         cause.find("File already exists") != std::string::npos ||
+                         cause.find("reply->integer == 1") != std::string::npos;
+      FANOUT_USER_CHECK(!taken) << where << ": this rank is registered already (another process registered it in "
+                                << "this run: two machines with one --node-rank, a run of another world, or a run with "
+                                << "--run-id " << o.run_id << " killed in its rendezvous, left its keys; give each "
+                                << "machine its own --node-rank and this run another --run-id)";
       FANOUT_FAIL() << where << " failed within " << o.timeout_s << " s (every rank must join; the timeout sets the wait): "
                     << cause
-                    << (cause.find("already set") != std::string::npos || cause.find("File already exists") != std::string::npos
-                            ? " (another process registered this rank in this run: two machines with one --node-rank, "
-                              "a run of another world, or a run with --run-id " + o.run_id + " killed in its "
-                              "rendezvous, left its keys; give each machine its own --node-rank and this run "
-                              "another --run-id)"
-                            : "")
                     << (connect ? " (every rank joined the rendezvous, but this one could not connect to a peer: the "
                                   "machines must reach each other on any TCP port, over the interface --iface names)"
                                 : "");

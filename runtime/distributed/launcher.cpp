@@ -69,7 +69,11 @@ std::string describe(const Worker& w) {
     const int sig = WTERMSIG(w.status);
     s += " was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
   } else {
-    s += " exited with status " + std::to_string(WEXITSTATUS(w.status));
+    const int code = WEXITSTATUS(w.status);
+    s += " exited with status " + std::to_string(code);
+    // dp-train's status after a stop the ranks agreed on (a signal here, or on another machine).
+    if ((code == 128 + SIGINT || code == 128 + SIGTERM) && w.last_error.empty())
+      s += " (stopped with the run: " + std::string(strsignal(code - 128)) + " here or on another machine)";
   }
   if (!w.last_error.empty()) s += ": " + w.last_error;
   return s;

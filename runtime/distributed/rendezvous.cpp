@@ -97,7 +97,11 @@ std::string authenticate(redisContext* c, const Rendezvous& r) {
   auto* reply = static_cast<redisReply*>(redisCommand(c, "AUTH %s", r.password.c_str()));
   std::string err;
   if (reply == nullptr) {
-    err = c->err ? c->errstr : "no reply to AUTH";
+    // A read that timed out (EAGAIN): something accepted the connection and never answered.
+    const bool silent = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+    err = silent   ? "no reply to AUTH within the timeout (is a Redis server listening there?)"
+          : c->err ? c->errstr
+                   : "no reply to AUTH";
   } else if (reply->type == REDIS_REPLY_ERROR) {
     const std::string s = reply->str;
     err = s.find("without any password configured") != std::string::npos
@@ -167,12 +171,50 @@ void probe_rendezvous(const Rendezvous& r, double timeout_s) {
                                  << ":" << r.port << ": " << err;
 }
 
+namespace {
+// Gloo's FileStore with its check of keys (protected there) reachable.
+struct CheckingFileStore : gloo::rendezvous::FileStore {
+  using gloo::rendezvous::FileStore::FileStore;
+  using gloo::rendezvous::FileStore::check;
+};
+
+// A run's keys in a store: PrefixStore keeps a reference, the shared_ptr
+// keeps `base` alive with it. Waits without a timeout (connectFullMesh's,
+// get's) get ours instead of Gloo's 30 s.
+struct RunStore : gloo::rendezvous::PrefixStore {
+  RunStore(const std::string& p, std::shared_ptr<gloo::rendezvous::Store> b, std::chrono::milliseconds t)
+      : gloo::rendezvous::PrefixStore(p, *b), base(std::move(b)), timeout(t) {}
+  void wait(const std::vector<std::string>& keys) override { PrefixStore::wait(keys, timeout); }
+  using PrefixStore::wait;
+  std::vector<char> get(const std::string& key) override {
+    PrefixStore::wait({key}, timeout);
+    return PrefixStore::get(key);
+  }
+  // Whether the key is set now, without waiting.
+  bool has(const std::string& key) {
+    if (auto* f = dynamic_cast<CheckingFileStore*>(base.get())) return f->check({joinKey(key)});
+    if (auto* r = dynamic_cast<gloo::rendezvous::RedisStore*>(base.get())) return r->check({joinKey(key)});
+    return true;
+  }
+  std::shared_ptr<gloo::rendezvous::Store> base;
+  std::chrono::milliseconds timeout;
+};
+}  // namespace
+
+std::vector<std::string> missing_keys(gloo::rendezvous::Store& store, const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  auto* run = dynamic_cast<RunStore*>(&store);
+  for (const std::string& k : keys)
+    if (run && !run->has(k)) out.push_back(k);
+  return out;
+}
+
 std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
                                                     double timeout_s) {
   std::shared_ptr<gloo::rendezvous::Store> base;
   try {
     if (r.kind == Rendezvous::Kind::File)
-      base = std::make_shared<gloo::rendezvous::FileStore>(r.path);
+      base = std::make_shared<CheckingFileStore>(r.path);
     else
       base = std::make_shared<AuthRedisStore>(r);
   } catch (const fanout::Error&) {
@@ -180,22 +222,8 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const s
   } catch (const std::exception& e) {
     FANOUT_FAIL() << "cannot open the rendezvous " << r.str() << ": " << first_line(e.what());
   }
-  // PrefixStore keeps a reference; the shared_ptr below keeps `base` alive with it.
-  // Waits without a timeout (connectFullMesh's, get's) get ours instead of Gloo's 30 s.
-  struct Owned : gloo::rendezvous::PrefixStore {
-    Owned(const std::string& p, std::shared_ptr<gloo::rendezvous::Store> b, std::chrono::milliseconds t)
-        : gloo::rendezvous::PrefixStore(p, *b), base(std::move(b)), timeout(t) {}
-    void wait(const std::vector<std::string>& keys) override { PrefixStore::wait(keys, timeout); }
-    using PrefixStore::wait;
-    std::vector<char> get(const std::string& key) override {
-      PrefixStore::wait({key}, timeout);
-      return PrefixStore::get(key);
-    }
-    std::shared_ptr<gloo::rendezvous::Store> base;
-    std::chrono::milliseconds timeout;
-  };
-  return std::make_shared<Owned>("fanout/" + run_id, base,
-                                 std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  return std::make_shared<RunStore>("fanout/" + run_id, base,
+                                    std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
 }
 
 namespace {

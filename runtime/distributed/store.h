@@ -18,6 +18,9 @@ namespace fanout::distributed {
 std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const std::string& run_id,
                                                     double timeout_s);
 
+// The keys of `keys` not set in a store open_store made (none for another store).
+std::vector<std::string> missing_keys(gloo::rendezvous::Store& store, const std::vector<std::string>& keys);
+
 // Deletes keys of a finished rendezvous from the store, Redis's or the
 // file store's (best effort: a key left behind makes a later run with the
 // same id fail with a line that says so).

@@ -71,7 +71,7 @@ lonely() {  # lonely RANK
   echo "lonely rank $1: exit status $rc after ${elapsed} s: $(cat "$work/lonely$1.err")"
   [ $rc -ne 0 ] || { echo "lonely rank $1 succeeded"; exit 1; }
   [ $elapsed -le 20 ] || { echo "lonely rank $1 waited ${elapsed} s, --timeout 2 (outer bound: 10x)"; exit 1; }
-  grep -q "rendezvous over file:.*rank $1 of 2.*failed within 2 s" "$work/lonely$1.err"
+  grep -q "rendezvous over file:.*(rank $1 of 2): rank $((1 - $1)) did not join within 2 s" "$work/lonely$1.err"
 }
 lonely 0
 lonely 1
