@@ -704,12 +704,21 @@ int launch(const LaunchOptions& o) {
     }
   } restore{old_int, old_term};
 
+  // Rank 0's machine prints the run; another says what it runs, and that it finished.
+  const int first = o.node_rank * o.nproc_per_node, last = first + o.nproc_per_node - 1;
+  const std::string machine = o.name + ": machine " + std::to_string(o.node_rank) + " of " + std::to_string(o.nnodes) +
+                              ": rank" + (first == last ? " " + std::to_string(first)
+                                                        : "s " + std::to_string(first) + ".." + std::to_string(last)) +
+                              " of " + std::to_string(world);
+  if (o.node_rank > 0) std::printf("%s (rank 0's machine prints the run's progress)\n", machine.c_str());
+  std::fflush(stdout);  // before the workers fork
   std::string last_error, last_progress = o.progress ? o.progress() : "";
   for (;;) {
     // Each start has keys of its own in the rendezvous: a restart never meets the last one's.
     st.run_id = st.restart == 0 ? run_id : run_id + "/restart-" + std::to_string(st.restart);
     board.clear();
     const Ended r = run_workers(o, st);
+    if (r.code == 0 && o.node_rank > 0) std::printf("%s: finished\n", machine.c_str()), std::fflush(stdout);
     if (r.code == 0 || r.interrupted || o.max_restarts == 0) return r.code;
     if (st.restart == o.max_restarts) {
       std::fprintf(stderr, "%s: no restarts left (--max-restarts %d)\n", o.name.c_str(), o.max_restarts);

@@ -79,6 +79,10 @@ for ns in "${m_ns[0]}" "${m_ns[1]}"; do
 done
 finish nodes2 "$p0" "$p1"
 grep -q '^ddp: 4 processes (2 per machine)' "$work/nodes2.0.log" || fail "nodes2: not 4 processes of 2 per machine"
+# Machine 1 prints what it runs and that it finished (rank 0's machine prints the run).
+grep -q '^dp-train: machine 1 of 2: ranks 2..3 of 4 (rank 0.s machine prints the run.s progress)$' "$work/nodes2.1.log" &&
+  grep -q '^dp-train: machine 1 of 2: ranks 2..3 of 4: finished$' "$work/nodes2.1.log" ||
+  { cat "$work/nodes2.1.log"; fail "nodes2: machine 1 does not say what it ran"; }
 
 # The hybrid: DataParallel over cpu:2 inside each machine, DDP across them.
 start hybrid 0 --devices cpu:2 --nproc-per-node 1
