@@ -14,7 +14,8 @@
 //
 // Autocast (ctx.math.autocast BF16 or F16): statistics and arithmetic stay
 // float32, and bn_apply, bn_forward_eval and bn_backward_apply write y and dx
-// rounded to the low type (CUDA as it writes, the CPU in a pass after).
+// in their own type: rounded to a low one as stored, a float32 y or dx (a
+// float32 input's) not rounded, as torch runs batch_norm in its input's type.
 // x, y, dy and dx may be float32, bfloat16 or float16 in either memory
 // format (staged, kernels/staging.h); statistics and parameters are float32
 // (float64 batch statistics).
@@ -49,8 +50,8 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
 // ReLU, in one pass: y = max(bn_apply(x) + z, 0) written (=), z may be null;
 // y may alias x or z. The value is rounded to `round` (F32 or a low type; y's
 // own type when y is stored low) after the normalization and after the add,
-// where the unfused layers store it: with round = ctx.math.autocast, the bits
-// of bn_apply, add(..., round) and relu_forward in turn.
+// where the unfused layers store it: with round = y's type, the bits of
+// bn_apply, add(..., round) and relu_forward in turn.
 void bn_apply_add_relu(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, const Tensor* z, Tensor& y, DType round = DType::F32);
 

@@ -164,13 +164,6 @@ void bn_finalize(Context&, const Tensor& stats, int64_t count, float eps, float 
   }
 }
 
-namespace {
-// Autocast's low-type output (kernels/batchnorm.h): rounded after the float32 pass.
-void round_output(Context& ctx, Tensor& t) {
-  if (ctx.math.autocast != DType::F32) round_to(ctx, t, ctx.math.autocast);
-}
-}  // namespace
-
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
   if (x.channels_last()) return rows::bn_apply(ctx, x, mean, invstd, gamma, beta, y);
@@ -183,7 +176,6 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
       affine2(xp + off, p.s, mp[c], mp[p.c + c], ip[c] * gp[c], bp[c], yp + off);
     }
   });
-  round_output(ctx, y);
 }
 
 namespace {
@@ -258,7 +250,6 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
       }
     }
   });
-  round_output(ctx, y);
 }
 
 void bn_backward_reduce(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean,
@@ -312,7 +303,6 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
       }
     }
   });
-  round_output(ctx, dx);
 }
 
 int64_t bn_relu_mask_bytes(const Context&, const Tensor&) { return 0; }  // the split kernels keep no mask

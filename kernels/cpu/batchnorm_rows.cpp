@@ -226,7 +226,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
   const View xv(x, p.c), yv(y, p.c);
   row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
     const Affine f(mean, invstd, gamma, beta, p.c, c0, k);
-    affine_rows(xv, nullptr, yv, f, c0, k, r0, r1, ctx.math.autocast, Then::kNothing);
+    affine_rows(xv, nullptr, yv, f, c0, k, r0, r1, y.dtype(), Then::kNothing);
   });
 }
 
@@ -247,7 +247,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
   const View xv(x, p.c), yv(y, p.c);
   row_blocks(ctx, p, [&](int64_t c0, int64_t k, int64_t r0, int64_t r1) {
     const Affine f(running_mean, running_var, gamma, beta, eps, c0, k);
-    affine_rows(xv, nullptr, yv, f, c0, k, r0, r1, ctx.math.autocast, Then::kNothing);
+    affine_rows(xv, nullptr, yv, f, c0, k, r0, r1, y.dtype(), Then::kNothing);
   });
 }
 
@@ -287,7 +287,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
       d.hi[j] = mp[c];
       d.lo[j] = mp[p.c + c];
     }
-    dx_rows(xv, gv, dv, d, c0, k, r0, r1, ctx.math.autocast);
+    dx_rows(xv, gv, dv, d, c0, k, r0, r1, dx.dtype());
   });
 }
 

@@ -8,6 +8,8 @@
 // exactly as the CPU path computes them.
 #include "kernels/batchnorm.h"
 
+#include <type_traits>
+
 #include "kernels/cuda/batchnorm_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/low_precision.cuh"
@@ -132,7 +134,7 @@ __global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, dou
 // ---- elementwise passes over (N, C, S) in either layout ----
 
 // What a pass stores: a low-type element rounds as it is stored; a float32
-// one is rounded as autocast asks (low: detail::low_mode).
+// one is rounded as `low` asks (0: not at all).
 template <class T>
 __device__ __forceinline__ T store(float v, int low) {
   return detail::narrow<T>(detail::round_low(v, low));
@@ -250,6 +252,13 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 
+// A low type's rounding for a low-stored output; none for a float32 one (a
+// float32 input's, which torch's autocast leaves in float32).
+template <typename T>
+int low_output(const Context& ctx) {
+  return std::is_same_v<T, float> ? 0 : detail::low_mode(ctx);
+}
+
 // y = (x - mean) * invstd * gamma + beta (=).
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
@@ -257,7 +266,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
     using T = decltype(t);
     using I = decltype(total);
     apply_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(x.data<T>(), mean.f32(), invstd.f32(), gamma.f32(),
-                                                            beta.f32(), y.data<T>(), l, total, detail::low_mode(ctx));
+                                                            beta.f32(), y.data<T>(), l, total, low_output<T>(ctx));
   });
 }
 
@@ -279,7 +288,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
     using I = decltype(total);
     eval_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(x.data<T>(), running_mean.f32(), running_var.f32(),
                                                            gamma.f32(), beta.f32(), static_cast<double>(eps),
-                                                           y.data<T>(), l, total, detail::low_mode(ctx));
+                                                           y.data<T>(), l, total, low_output<T>(ctx));
   });
 }
 
@@ -320,7 +329,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
     using I = decltype(total);
     backward_apply_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(
         x.data<T>(), dy.data<T>(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count,
-        dx.data<T>(), l, total, detail::low_mode(ctx));
+        dx.data<T>(), l, total, low_output<T>(ctx));
   });
 }
 

@@ -1,6 +1,7 @@
 // ResNet basic block.
 #include "models/layers/basic_block.h"
 
+#include "kernels/convert.h"
 #include "kernels/elementwise.h"
 
 namespace fanout::models {
@@ -37,6 +38,11 @@ Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
   h = bn1_->forward_add_relu(h, nullptr, ctx);  // bn1 and the in-place ReLU in one pass
   h = conv2_->forward(h, ctx);
   Tensor shortcut = downsample_ ? downsample_->forward(x, ctx) : x;
+  if (shortcut.format() != h.format()) {  // the residual add pairs elements in one format
+    ensure(shortcut_, shortcut.shape(), shortcut.dtype(), shortcut.device(), h.format());
+    kernels::convert(ctx, shortcut, shortcut_);
+    shortcut = shortcut_;
+  }
   // bn2, the residual add (low under autocast) and the ReLU in one pass, into bn2's output.
   return bn2_->forward_add_relu(h, &shortcut, ctx);
 }
@@ -51,6 +57,11 @@ Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
   g = Module::backward_of(*bn1_, "bn1", g, ctx);  // with the ReLU's mask
   g = Module::backward_of(*conv1_, "conv1", g, ctx);
   if (!input_grad()) return Tensor();
+  if (dshort.format() != g.format()) {
+    ensure(dshortcut_, dshort.shape(), dshort.dtype(), dshort.device(), g.format());
+    kernels::convert(ctx, dshort, dshortcut_);
+    dshort = dshortcut_;
+  }
   kernels::add(ctx, g, dshort, g, ctx.math.autocast);  // conv1's input gradient: nothing reads it after this
   return g;
 }

@@ -31,6 +31,10 @@ class BasicBlock : public Module {
   Conv2d* conv2_;
   BatchNorm2d* bn2_;
   Sequential* downsample_ = nullptr;
+  // The identity shortcut and its gradient in the other operand's memory
+  // format, where the block's input is not stored as its layers' outputs
+  // are (a low-type contiguous input under autocast).
+  Tensor shortcut_, dshortcut_;
 };
 
 }  // namespace fanout::models

@@ -67,11 +67,11 @@ void BatchNormNd::check_count(const Tensor& x) const {
 Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
   relu_ = false;
   if (!begin_forward(x, ctx)) {
-    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // low under autocast
+    kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);  // in x's type
     return y_;
   }
   batch_statistics(x, ctx);
-  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, low output
+  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, output in x's type
   return y_;
 }
 
@@ -79,7 +79,7 @@ Tensor BatchNormNd::forward_add_relu(const Tensor& x, const Tensor* z, Context& 
   relu_ = true;
   if (!begin_forward(x, ctx)) {
     kernels::bn_forward_eval(ctx, x, rm_->value, rv_->value, w_->value, b_->value, eps_, y_);
-    if (z) kernels::add(ctx, y_, *z, y_, ctx.math.autocast);
+    if (z) kernels::add(ctx, y_, *z, y_, y_.dtype());
     kernels::relu_forward(ctx, y_, y_);
     return y_;
   }
@@ -94,12 +94,12 @@ Tensor BatchNormNd::forward_add_relu(const Tensor& x, const Tensor* z, Context& 
       mask = &relu_mask_;
     }
     mask_written_ = kernels::bn_train_add_relu(ctx, x, z, w_->value, b_->value, eps_, momentum_, stats_, mean_,
-                                               invstd_, rm_->value, rv_->value, y_, mask, ctx.math.autocast);
+                                               invstd_, rm_->value, rv_->value, y_, mask, y_.dtype());
     ctx.host_effect([nbt = nbt_] { nbt->value.data<int64_t>()[0] += 1; });
     return y_;
   }
   batch_statistics(x, ctx);
-  kernels::bn_apply_add_relu(ctx, x, mean_, invstd_, w_->value, b_->value, z, y_, ctx.math.autocast);
+  kernels::bn_apply_add_relu(ctx, x, mean_, invstd_, w_->value, b_->value, z, y_, y_.dtype());
   return y_;
 }
 
@@ -110,8 +110,9 @@ bool BatchNormNd::fuses_whole_pass(const Context& ctx) const {
 }
 
 Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
-  FANOUT_CHECK(trained_forward_ && relu_) << type_name() << " relu_grad after a forward that was not a training "
-                                          << "forward_add_relu";
+  FANOUT_USER_CHECK(trained_forward_) << type_name() << ": a backward after an eval-mode forward (frozen running "
+                                      << "statistics) is not offered; train() the model before a pass to backpropagate";
+  FANOUT_CHECK(relu_) << type_name() << " relu_grad after a forward that was not a training forward_add_relu";
   ensure(grad_stats_, Shape{2, c_}, ctx);
   Tensor g = in_storage_of(ctx, dy, y_, dy_moved_);  // masked in place, as an in-place ReLU's backward
   if (fuses_whole_pass(ctx)) {
@@ -127,7 +128,8 @@ Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
 }
 
 Tensor BatchNormNd::backward(const Tensor& dy_in, Context& ctx) {
-  FANOUT_CHECK(trained_forward_) << type_name() << " backward after an eval-mode forward";
+  FANOUT_USER_CHECK(trained_forward_) << type_name() << ": a backward after an eval-mode forward (frozen running "
+                                      << "statistics) is not offered; train() the model before a pass to backpropagate";
   Tensor dy = dy_in;
   if (!relu_) {
     ensure(grad_stats_, Shape{2, c_}, ctx);
@@ -151,7 +153,7 @@ Tensor BatchNormNd::backward(const Tensor& dy_in, Context& ctx) {
     count = local;
   }
   ensure_like(dx_, x_, ctx);
-  kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);  // low under autocast
+  kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);  // in x's type
   return dx_;
 }
 

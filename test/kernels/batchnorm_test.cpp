@@ -318,30 +318,34 @@ TEST_P(BatchNormOnBackend, BackwardApplyMayAliasDy) {
   EXPECT_TRUE(ft::same_bits(down(rd), down(dx)));
 }
 
-// Under autocast the three writing kernels round what they write to the low
-// type: bit for bit the float32 result rounded on the host (statistics and
-// arithmetic stay float32), on every backend, for bfloat16 and float16.
-TEST_P(BatchNormOnBackend, AutocastRoundsWhatTheKernelsWrite) {
+// Under autocast the three writing kernels write in their output's own type,
+// as torch runs batch_norm in its input's type: a float32 y, y_eval or dx
+// bit for bit the float32 result (not rounded), a low-stored one that result
+// rounded to nearest even on the host (statistics and arithmetic stay
+// float32), on every backend, for bfloat16 and float16.
+TEST_P(BatchNormOnBackend, AutocastWritesInTheOutputsType) {
   std::mt19937_64 rng(66);
   BnRun f = make(Shape{3, 5, 7, 9}, rng);
   Tensor rd = up(ft::random_tensor(f.x.shape(), rng));
   forward(f);
   Tensor gs = poisoned(Shape{2, f.c});
   kernels::bn_backward_reduce(ctx(), f.xd, rd, f.mean, f.invstd, gs);
-  auto outputs = [&] {
-    Tensor y = poisoned(f.x.shape()), ye = poisoned(f.x.shape()), dx = poisoned(f.x.shape());
+  auto outputs = [&](DType out) {
+    auto fresh = [&] { return up(ft::poisoned_stored(f.x.shape(), out, MemoryFormat::Contiguous)); };
+    Tensor y = fresh(), ye = fresh(), dx = fresh();
     kernels::bn_apply(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, y);
     kernels::bn_forward_eval(ctx(), f.xd, f.rmd, f.rvd, f.gammad, f.betad, f.eps, ye);
     kernels::bn_backward_apply(ctx(), f.xd, rd, f.mean, f.invstd, f.gammad, gs, f.count, dx);
-    return std::vector<Tensor>{down(y), down(ye), down(dx)};
+    return std::vector<Tensor>{ft::float32_values(down(y)), ft::float32_values(down(ye)), ft::float32_values(down(dx))};
   };
-  const std::vector<Tensor> full = outputs();
+  const std::vector<Tensor> full = outputs(DType::F32);
   for (DType t : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(t));
     ctx().math.autocast = t;
-    const std::vector<Tensor> low = outputs();
+    const std::vector<Tensor> same = outputs(DType::F32), low = outputs(t);
     ctx().math.autocast = DType::F32;
     for (size_t k = 0; k < full.size(); ++k) {
+      EXPECT_TRUE(ft::same_bits(same[k], full[k])) << "output " << k << ": a float32 output is not rounded";
       int64_t rounded = 0;
       for (int64_t i = 0; i < full[k].numel(); ++i) {
         const float v = full[k].f32()[i];
@@ -427,17 +431,18 @@ TEST_P(BatchNormOnBackend, FusedAddReluHasTheUnfusedBits) {
         for (bool with_z : {true, false}) {
           SCOPED_TRACE(with_z ? "with z" : "without z");
           Tensor want = fresh();
+          // The layers round to their output's type (a float32 one: not at all), as BatchNormNd passes it.
           kernels::bn_apply(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, want);
-          if (with_z) kernels::add(ctx(), want, zd, want, autocast);
+          if (with_z) kernels::add(ctx(), want, zd, want, sc.dtype);
           kernels::relu_forward(ctx(), want, want);
           Tensor y = fresh();
           kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, with_z ? &zd : nullptr, y,
-                                     autocast);
+                                     sc.dtype);
           const Tensor want_host = down(want);
           ASSERT_TRUE(ft::same_bits(down(y), want_host));
           if (with_z) {  // in place over z
             Tensor zy = up(down(zd));
-            kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, &zy, zy, autocast);
+            kernels::bn_apply_add_relu(ctx(), f.xd, f.mean, f.invstd, f.gammad, f.betad, &zy, zy, sc.dtype);
             ASSERT_TRUE(ft::same_bits(down(zy), want_host));
           }
 
