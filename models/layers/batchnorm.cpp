@@ -110,11 +110,14 @@ bool BatchNormNd::fuses_whole_pass(const Context& ctx) const {
 }
 
 Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
-  FANOUT_USER_CHECK(trained_forward_) << type_name() << ": a backward after an eval-mode forward (frozen running "
-                                      << "statistics) is not offered; train() the model before a pass to backpropagate";
-  FANOUT_CHECK(relu_) << type_name() << " relu_grad after a forward that was not a training forward_add_relu";
-  ensure(grad_stats_, Shape{2, c_}, ctx);
+  FANOUT_CHECK(relu_) << type_name() << " relu_grad after a forward that was not a forward_add_relu";
   Tensor g = in_storage_of(ctx, dy, y_, dy_moved_);  // masked in place, as an in-place ReLU's backward
+  if (!trained_forward_) {  // the ReLU's mask alone: eval_backward takes the rest
+    kernels::relu_backward(ctx, y_, g, g);
+    grad_reduced_ = true;
+    return g;
+  }
+  ensure(grad_stats_, Shape{2, c_}, ctx);
   if (fuses_whole_pass(ctx)) {
     ensure_like(dx_, x_, ctx);
     kernels::bn_backward_relu(ctx, x_, y_, g, mean_, invstd_, w_->value, mask_written_ ? &relu_mask_ : nullptr,
@@ -128,8 +131,7 @@ Tensor BatchNormNd::relu_grad(const Tensor& dy, Context& ctx) {
 }
 
 Tensor BatchNormNd::backward(const Tensor& dy_in, Context& ctx) {
-  FANOUT_USER_CHECK(trained_forward_) << type_name() << ": a backward after an eval-mode forward (frozen running "
-                                      << "statistics) is not offered; train() the model before a pass to backpropagate";
+  if (!trained_forward_) return eval_backward(dy_in, ctx);
   Tensor dy = dy_in;
   if (!relu_) {
     ensure(grad_stats_, Shape{2, c_}, ctx);
@@ -154,6 +156,35 @@ Tensor BatchNormNd::backward(const Tensor& dy_in, Context& ctx) {
   }
   ensure_like(dx_, x_, ctx);
   kernels::bn_backward_apply(ctx, x_, dy, mean_, invstd_, w_->value, grad_stats_, count, dx_);  // in x's type
+  return dx_;
+}
+
+Tensor BatchNormNd::eval_backward(const Tensor& dy, Context& ctx) {
+  // A forward_add_relu's gradient comes masked from relu_grad (BasicBlock), or is masked here.
+  Tensor g = relu_ && !grad_reduced_ ? relu_grad(dy, ctx) : dy;
+  grad_reduced_ = false;
+  const Device d = ctx.device();
+  if (!eval_zeros_.defined() || eval_zeros_.device() != d) {
+    eval_zeros_ = Tensor::zeros(Shape{c_}, DType::F32, d);
+    eval_ones_ = Tensor::empty(Shape{c_}, DType::F32, d);
+    eval_ones_.fill(1.0f, &ctx.compute());
+  }
+  // The kernels' own affine pass gives invstd = 1 / sqrt(rv + eps) (of ones, gain 1) and dx = dy * k (of dy,
+  // mean 0, shift 0), computed as the eval forward computes k; mean_ holds rm as the (hi, lo) pair with lo 0.
+  ensure(mean_, Shape{2, c_}, DType::F32, d);
+  ensure(invstd_, Shape{c_}, DType::F32, d);
+  mean_.flat(0, Shape{c_}).copy_from(rm_->value, &ctx.compute());
+  mean_.flat(c_, Shape{c_}).zero(&ctx.compute());
+  Tensor inv = invstd_.as(Shape{1, c_}, DType::F32);
+  kernels::bn_forward_eval(ctx, eval_ones_.as(Shape{1, c_}, DType::F32), eval_zeros_, rv_->value, eval_ones_,
+                           eval_zeros_, eps_, inv);
+  ensure(grad_stats_, Shape{2, c_}, DType::F32, d);
+  kernels::bn_backward_reduce(ctx, x_, g, mean_, invstd_, grad_stats_);
+  kernels::axpy(ctx, 1.0f, grad_stats_.flat(0, Shape{c_}), b_->grad);
+  kernels::axpy(ctx, 1.0f, grad_stats_.flat(c_, Shape{c_}), w_->grad);
+  notify_grads_ready(ctx);
+  ensure_like(dx_, x_, ctx);
+  kernels::bn_forward_eval(ctx, g, eval_zeros_, rv_->value, w_->value, eval_zeros_, eps_, dx_);  // in x's type
   return dx_;
 }
 

@@ -69,6 +69,10 @@ class BatchNormNd : public Module {
   // Whether a training pass with the ReLU runs as one kernel call each way
   // (kernels::bn_train_add_relu, kernels::bn_backward_relu).
   bool fuses_whole_pass(const Context& ctx) const;
+  // Backward through an eval-mode forward: y = (x - rm) * k + beta with
+  // k = gamma / sqrt(rv + eps), a fixed affine map per channel, as torch
+  // differentiates it (frozen BatchNorm); the running statistics stay.
+  Tensor eval_backward(const Tensor& dy, Context& ctx);
 
   bool trained_forward_ = false;  // whether the last forward used batch statistics
   bool relu_ = false;             // whether the last forward was forward_add_relu
@@ -77,6 +81,7 @@ class BatchNormNd : public Module {
   bool mask_written_ = false;     // the forward kept the ReLU's bit mask in relu_mask_
   int64_t count_ = 0;
   Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_, dy_moved_, relu_mask_;
+  Tensor eval_zeros_, eval_ones_;  // (C) each: eval_backward's constant operands
 };
 
 // Input (N, C, H, W) or (N, C).

@@ -190,8 +190,8 @@ TEST_P(NewLayersOnBackend, BatchNormWithReluAndAddHasTheUnfusedBits) {
   }
 }
 
-// relu_grad belongs to a training forward_add_relu: after a plain forward,
-// or an evaluation, it is a one-line error naming itself.
+// relu_grad belongs to a forward_add_relu: after a plain forward it is a
+// one-line error naming itself.
 TEST_P(NewLayersOnBackend, BatchNormReluGradNeedsTheFusedForward) {
   std::mt19937_64 rng(603);
   models::BatchNorm2d bn(4);
@@ -206,16 +206,53 @@ TEST_P(NewLayersOnBackend, BatchNormReluGradNeedsTheFusedForward) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("relu_grad"), std::string::npos) << e.what();
   }
-  bn.eval();
-  bn.forward_add_relu(x, nullptr, ctx());
-  ft::expect_user_error([&] { bn.relu_grad(dy, ctx()); }, {"BatchNorm2d: a backward after an eval-mode forward"});
-  bn.forward(x, ctx());
-  ft::expect_user_error([&] { bn.backward(dy, ctx()); }, {"is not offered; train() the model"});
   bn.train();
   const Tensor y = down(bn.forward_add_relu(x, nullptr, ctx()));
   const Tensor g = down(bn.relu_grad(up(down(dy)), ctx()));
   const Tensor dyh = down(dy);
   for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(g.f32()[i], y.f32()[i] > 0.0f ? dyh.f32()[i] : 0.0f) << i;
+}
+
+// Backward through an eval-mode BatchNorm (frozen statistics), as torch
+// differentiates it: y = (x - rm) * k + beta, k = gamma / sqrt(rv + eps), so
+// dx = dy * k, dgamma = sum(dy * (x - rm) / sqrt(rv + eps)), dbeta = sum(dy)
+// (float64 here), with the ReLU's mask after forward_add_relu; the running
+// statistics do not move.
+TEST_P(NewLayersOnBackend, EvalModeBatchNormBackwardIsTheFixedAffineMap) {
+  std::mt19937_64 rng(605);
+  for (bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "forward_add_relu" : "forward");
+    models::BatchNorm2d bn(3);
+    bn.init(4);
+    bn.set_input_grad(true);
+    bn.to(dev());
+    bn.train();
+    bn.forward(up(ft::random_tensor(Shape{4, 3, 5, 2}, rng)), ctx());  // running statistics away from (0, 1)
+    bn.zero_grad();
+    const Tensor rm = down(bn.named_buffers()[0].second->value), rv = down(bn.named_buffers()[1].second->value);
+    bn.eval();
+    const Shape s{2, 3, 4, 5};
+    const Tensor x = ft::random_tensor(s, rng), dy = ft::random_tensor(s, rng);
+    const Tensor y = down(relu ? bn.forward_add_relu(up(x), nullptr, ctx()) : bn.forward(up(x), ctx()));
+    const Tensor dx = down(relu ? bn.backward(bn.relu_grad(up(dy), ctx()), ctx()) : bn.backward(up(dy), ctx()));
+    std::map<std::string, Tensor> grads;
+    for (auto& [n, p] : bn.named_parameters()) grads[n] = down(p->grad);
+    const Tensor gamma = down(bn.named_parameters()[0].second->value);
+    std::vector<double> dgamma(3, 0.0), dbeta(3, 0.0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const int64_t c = (i / 20) % 3;
+      const double is = 1.0 / std::sqrt(static_cast<double>(rv.f32()[c]) + 1e-5);
+      const double g = relu && y.f32()[i] <= 0.0f ? 0.0 : dy.f32()[i];
+      EXPECT_NEAR(dx.f32()[i], g * gamma.f32()[c] * is, 1e-5 * (1.0 + std::abs(g))) << i;
+      dgamma[c] += g * (x.f32()[i] - rm.f32()[c]) * is;
+      dbeta[c] += g;
+    }
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_NEAR(grads["weight"].f32()[c], dgamma[c], 1e-4 * (1.0 + std::abs(dgamma[c]))) << c;
+      EXPECT_NEAR(grads["bias"].f32()[c], dbeta[c], 1e-4 * (1.0 + std::abs(dbeta[c]))) << c;
+    }
+    EXPECT_TRUE(ft::same_bits(down(bn.named_buffers()[0].second->value), rm)) << "running mean moved";
+  }
 }
 
 // A block whose input is stored low-type but not channels-last (a layer of
