@@ -92,7 +92,8 @@ bool parse(int argc, char** argv, Options& o) {
   FANOUT_USER_CHECK(o.model.empty() || !o.weights.empty()) << "--model is for --weights (a checkpoint names its model)";
   o.prompt_given = !vm["prompt"].defaulted();
   FANOUT_USER_CHECK(!o.prompt_given || o.prompt_file.empty()) << "give --prompt or --prompt-file, not both";
-  for (const char* drawing : {"prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "seed", "num-samples", "device"})
+  for (const char* drawing :
+       {"prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "seed", "num-samples", "device"})
     FANOUT_USER_CHECK(o.export_hf.empty() || !vm.count(drawing) || vm[drawing].defaulted())
         << "--export-hf draws nothing: give no --" << drawing;
   FANOUT_USER_CHECK(o.export_hf.empty() || !o.no_kv_cache) << "--export-hf draws nothing: give no --no-kv-cache";

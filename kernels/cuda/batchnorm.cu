@@ -8,8 +8,6 @@
 // exactly as the CPU path computes them.
 #include "kernels/batchnorm.h"
 
-#include <type_traits>
-
 #include "kernels/cuda/batchnorm_cudnn.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/low_precision.cuh"
@@ -135,6 +133,10 @@ __global__ void finalize_kernel(const double* __restrict__ stats, int64_t c, dou
 
 // What a pass stores: a low-type element rounds as it is stored; a float32
 // one is rounded as `low` asks (0: not at all).
+// bn_apply, bn_forward_eval and bn_backward_apply write in the output's own
+// type: a low one rounded once as stored, a float32 one (a float32 input's,
+// which torch's autocast leaves in float32) not at all.
+constexpr int kInOwnType = 0;
 template <class T>
 __device__ __forceinline__ T store(float v, int low) {
   return detail::narrow<T>(detail::round_low(v, low));
@@ -252,13 +254,6 @@ void bn_finalize(Context& ctx, const Tensor& stats, int64_t count, float eps, fl
   FANOUT_CUDA_CHECK_LAUNCH();
 }
 
-// A low type's rounding for a low-stored output; none for a float32 one (a
-// float32 input's, which torch's autocast leaves in float32).
-template <typename T>
-int low_output(const Context& ctx) {
-  return std::is_same_v<T, float> ? 0 : detail::low_mode(ctx);
-}
-
 // y = (x - mean) * invstd * gamma + beta (=).
 void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
               const Tensor& beta, Tensor& y) {
@@ -266,7 +261,7 @@ void bn_apply(Context& ctx, const Tensor& x, const Tensor& mean, const Tensor& i
     using T = decltype(t);
     using I = decltype(total);
     apply_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(x.data<T>(), mean.f32(), invstd.f32(), gamma.f32(),
-                                                            beta.f32(), y.data<T>(), l, total, low_output<T>(ctx));
+                                                            beta.f32(), y.data<T>(), l, total, kInOwnType);
   });
 }
 
@@ -288,7 +283,7 @@ void bn_forward_eval(Context& ctx, const Tensor& x, const Tensor& running_mean, 
     using I = decltype(total);
     eval_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(x.data<T>(), running_mean.f32(), running_var.f32(),
                                                            gamma.f32(), beta.f32(), static_cast<double>(eps),
-                                                           y.data<T>(), l, total, low_output<T>(ctx));
+                                                           y.data<T>(), l, total, kInOwnType);
   });
 }
 
@@ -329,7 +324,7 @@ void bn_backward_apply(Context& ctx, const Tensor& x, const Tensor& dy, const Te
     using I = decltype(total);
     backward_apply_kernel<T, I><<<blocks, detail::kThreads, 0, st>>>(
         x.data<T>(), dy.data<T>(), mean.f32(), invstd.f32(), gamma.f32(), grad_stats.f32(), inv_count,
-        dx.data<T>(), l, total, low_output<T>(ctx));
+        dx.data<T>(), l, total, kInOwnType);
   });
 }
 

@@ -62,7 +62,7 @@ Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
     kernels::convert(ctx, dshort, dshortcut_);
     dshort = dshortcut_;
   }
-  kernels::add(ctx, g, dshort, g, ctx.math.autocast);  // conv1's input gradient: nothing reads it after this
+  kernels::add(ctx, g, dshort, g, g.dtype());  // conv1's input gradient, in its type: nothing reads it after this
   return g;
 }
 

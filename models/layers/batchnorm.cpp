@@ -71,7 +71,7 @@ Tensor BatchNormNd::forward(const Tensor& x, Context& ctx) {
     return y_;
   }
   batch_statistics(x, ctx);
-  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // autocast: float32 statistics, output in x's type
+  kernels::bn_apply(ctx, x, mean_, invstd_, w_->value, b_->value, y_);  // float32 statistics, y in x's type
   return y_;
 }
 
@@ -170,18 +170,18 @@ Tensor BatchNormNd::eval_backward(const Tensor& dy, Context& ctx) {
     eval_ones_.fill(1.0f, &ctx.compute());
   }
   // The kernels' own affine pass gives invstd = 1 / sqrt(rv + eps) (of ones, gain 1) and dx = dy * k (of dy,
-  // mean 0, shift 0), computed as the eval forward computes k; mean_ holds rm as the (hi, lo) pair with lo 0.
-  ensure(mean_, Shape{2, c_}, DType::F32, d);
-  ensure(invstd_, Shape{c_}, DType::F32, d);
-  mean_.flat(0, Shape{c_}).copy_from(rm_->value, &ctx.compute());
-  mean_.flat(c_, Shape{c_}).zero(&ctx.compute());
-  Tensor inv = invstd_.as(Shape{1, c_}, DType::F32);
+  // mean 0, shift 0), computed as the eval forward computes k; the mean is rm as the (hi, lo) pair with lo 0.
+  ensure(eval_mean_, Shape{2, c_}, DType::F32, d);
+  ensure(eval_invstd_, Shape{c_}, DType::F32, d);
+  ensure(eval_grad_stats_, Shape{2, c_}, DType::F32, d);
+  eval_mean_.flat(0, Shape{c_}).copy_from(rm_->value, &ctx.compute());
+  eval_mean_.flat(c_, Shape{c_}).zero(&ctx.compute());
+  Tensor inv = eval_invstd_.as(Shape{1, c_}, DType::F32);
   kernels::bn_forward_eval(ctx, eval_ones_.as(Shape{1, c_}, DType::F32), eval_zeros_, rv_->value, eval_ones_,
                            eval_zeros_, eps_, inv);
-  ensure(grad_stats_, Shape{2, c_}, DType::F32, d);
-  kernels::bn_backward_reduce(ctx, x_, g, mean_, invstd_, grad_stats_);
-  kernels::axpy(ctx, 1.0f, grad_stats_.flat(0, Shape{c_}), b_->grad);
-  kernels::axpy(ctx, 1.0f, grad_stats_.flat(c_, Shape{c_}), w_->grad);
+  kernels::bn_backward_reduce(ctx, x_, g, eval_mean_, eval_invstd_, eval_grad_stats_);
+  kernels::axpy(ctx, 1.0f, eval_grad_stats_.flat(0, Shape{c_}), b_->grad);
+  kernels::axpy(ctx, 1.0f, eval_grad_stats_.flat(c_, Shape{c_}), w_->grad);
   notify_grads_ready(ctx);
   ensure_like(dx_, x_, ctx);
   kernels::bn_forward_eval(ctx, g, eval_zeros_, rv_->value, w_->value, eval_zeros_, eps_, dx_);  // in x's type

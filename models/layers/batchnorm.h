@@ -81,7 +81,9 @@ class BatchNormNd : public Module {
   bool mask_written_ = false;     // the forward kept the ReLU's bit mask in relu_mask_
   int64_t count_ = 0;
   Tensor x_, y_, dx_, stats_, mean_, invstd_, grad_stats_, dy_moved_, relu_mask_;
-  Tensor eval_zeros_, eval_ones_;  // (C) each: eval_backward's constant operands
+  // eval_backward's own: constants (C), and the running mean as (hi, lo),
+  // 1 / sqrt(rv + eps) and the gradient sums, never a checkpoint slot.
+  Tensor eval_zeros_, eval_ones_, eval_mean_, eval_invstd_, eval_grad_stats_;
 };
 
 // Input (N, C, H, W) or (N, C).

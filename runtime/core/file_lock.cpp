@@ -15,8 +15,10 @@ void FileLock::release() {
 
 int FileLock::take(const std::string& path, const std::string& holder, std::string* held_by) {
   release();
+  failed_step_ = "open";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return errno;
+  failed_step_ = "lock";
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK && held_by) {
@@ -29,6 +31,7 @@ int FileLock::take(const std::string& path, const std::string& holder, std::stri
     ::close(fd);
     return err;
   }
+  failed_step_ = "record";
   errno = 0;
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
     const int err = errno ? errno : EIO;
@@ -36,6 +39,7 @@ int FileLock::take(const std::string& path, const std::string& holder, std::stri
     return err;
   }
   fd_ = fd;
+  failed_step_ = "";
   return 0;
 }
 

@@ -16,13 +16,16 @@ class FileLock {
   // Creates `path` (0644) if need be, locks it and writes `holder` into it.
   // Returns 0 when taken; EWOULDBLOCK when another process holds it (then
   // *held_by, if given, is what that holder wrote, trailing blanks cut);
-  // otherwise the errno of the step that failed. Releases any lock held.
+  // otherwise the errno of the step that failed, which failed_step() names
+  // ("open", "lock" or "record"). Releases any lock held.
   int take(const std::string& path, const std::string& holder, std::string* held_by = nullptr);
   void release();
   bool held() const { return fd_ >= 0; }
+  const char* failed_step() const { return failed_step_; }
 
  private:
   int fd_ = -1;
+  const char* failed_step_ = "";
 };
 
 }  // namespace fanout

@@ -63,7 +63,7 @@ struct Worker {
   int status = 0;
 };
 
-std::string describe(const Worker& w) {
+std::string describe(const Worker& w, bool other_machines) {
   std::string s = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ")";
   if (WIFSIGNALED(w.status)) {
     const int sig = WTERMSIG(w.status);
@@ -71,9 +71,9 @@ std::string describe(const Worker& w) {
   } else {
     const int code = WEXITSTATUS(w.status);
     s += " exited with status " + std::to_string(code);
-    // dp-train's status after a stop the ranks agreed on (a signal here, or on another machine).
-    if ((code == 128 + SIGINT || code == 128 + SIGTERM) && w.last_error.empty())
-      s += " (stopped with the run: " + std::string(strsignal(code - 128)) + " here or on another machine)";
+    // dp-train's status after a stop the ranks agreed on: a signal on another machine (or to this worker).
+    if (other_machines && (code == 128 + SIGINT || code == 128 + SIGTERM) && w.last_error.empty())
+      s += " (stopped with the run: " + std::string(strsignal(code - 128)) + " on another machine, or to it)";
   }
   if (!w.last_error.empty()) s += ": " + w.last_error;
   return s;
@@ -136,7 +136,8 @@ class LogDirLock {
     FANOUT_USER_CHECK(err != EWOULDBLOCK) << "--log-dir " << dir << " is in use by another run"
                                           << (holder.empty() ? std::string() : " (pid " + holder + ")")
                                           << ": give each run its own";
-    FANOUT_USER_CHECK(err == 0) << "cannot create " << path << ": " << strerror(err);
+    FANOUT_USER_CHECK(err == 0) << "cannot " << (std::strcmp(lock_.failed_step(), "lock") == 0 ? "lock" : "write")
+                                << " " << path << " (--log-dir's lock): " << strerror(err);
   }
 
  private:
@@ -490,7 +491,8 @@ class Supervisor {
       if (!first_error.empty())
         std::fprintf(stderr, "%s (rank %d; stopped the other workers)\n", first_error.c_str(), first_failure_->rank);
       else
-        std::fprintf(stderr, "%s: %s; stopped the other workers\n", o_.name.c_str(), describe(*first_failure_).c_str());
+        std::fprintf(stderr, "%s: %s; stopped the other workers\n", o_.name.c_str(),
+                     describe(*first_failure_, o_.nnodes > 1).c_str());
       return {exit_code(*first_failure_), false, first_error};
     }
     return {0, false, {}};

@@ -1,6 +1,8 @@
 // Matching a checkpoint's named tensors against a Module and copying them in.
 #include "runtime/io/state_dict.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -44,18 +46,26 @@ bool convert_int(const Tensor& src, DType dt, Tensor* out) {
 bool is_float(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16; }
 
 // A floating-point `src` (any device) as float32 on the host, as torch's
-// load_state_dict copies a half or double tensor into a float parameter.
-Tensor to_float32(const Tensor& src) {
+// load_state_dict copies a half or double tensor into a float parameter; a
+// finite double beyond float's range is an error naming `name`.
+Tensor to_float32(const Tensor& src, const std::string& name) {
   const Tensor h = src.device().is_cpu() ? src : src.to(Device::cpu());
   Tensor out = Tensor::empty(h.shape(), DType::F32, Device::cpu());
   float* o = out.f32();
-  for (int64_t i = 0; i < h.numel(); ++i) {
-    switch (h.dtype()) {
-      case DType::F64: o[i] = static_cast<float>(h.f64()[i]); break;
-      case DType::BF16: o[i] = half::float_from_bf16(h.data<uint16_t>()[i]); break;
-      case DType::F16: o[i] = half::float_from_f16(h.data<uint16_t>()[i]); break;
-      default: o[i] = h.f32()[i];
+  const int64_t n = h.numel();
+  if (h.dtype() == DType::F64) {
+    const double* d = h.f64();
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = static_cast<float>(d[i]);
+      FANOUT_USER_CHECK(std::isfinite(o[i]) || !std::isfinite(d[i]))
+          << name << " holds " << d[i] << ", beyond float32's range";
     }
+  } else if (h.dtype() == DType::BF16 || h.dtype() == DType::F16) {
+    const uint16_t* b = h.data<uint16_t>();
+    const bool bf16 = h.dtype() == DType::BF16;
+    for (int64_t i = 0; i < n; ++i) o[i] = bf16 ? half::float_from_bf16(b[i]) : half::float_from_f16(b[i]);
+  } else {
+    std::copy(h.f32(), h.f32() + n, o);
   }
   return out;
 }
@@ -108,7 +118,7 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
     bool fits = src.shape() == dst.shape();
     if (fits && src.dtype() != dst.dtype()) {
       if (is_float(src.dtype()) && dst.dtype() == DType::F32)
-        from = to_float32(src);
+        from = to_float32(src, name);
       else
         fits = is_int(src.dtype()) && is_int(dst.dtype()) && convert_int(src, dst.dtype(), &from);
     }

@@ -395,7 +395,8 @@ SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
   FANOUT_USER_CHECK(err != EWOULDBLOCK)
       << "checkpoint directory " << dir << " is in use by another run (" << (holder.empty() ? "unknown" : holder)
       << "); give each run its own save directory";
-  FANOUT_USER_CHECK(err == 0) << "cannot write to checkpoint directory " << dir << ": " << std::strerror(err);
+  FANOUT_USER_CHECK(err == 0) << "cannot " << (std::strcmp(lock_.failed_step(), "lock") == 0 ? "lock" : "write to")
+                              << " checkpoint directory " << dir << ": " << std::strerror(err);
   if (for_workers) return;  // the workers check and clean (workers_env())
   check_writable_and_clean(dir);
 }

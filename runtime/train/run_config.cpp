@@ -64,14 +64,16 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(max_steps >= 0) << "--max-steps must be non-negative, got " << max_steps;
   FANOUT_USER_CHECK(eval_every >= 0) << "--eval-every must be non-negative, got " << eval_every;
   FANOUT_USER_CHECK(eval_steps >= 0) << "--eval-steps must be non-negative, got " << eval_steps;
+  FANOUT_USER_CHECK(lr_decay_steps >= 0) << "--lr-decay-steps must be non-negative, got " << lr_decay_steps;
   if (optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs).kind == optim::LrSchedule::Kind::WarmupCosine) {
     FANOUT_USER_CHECK(lr_decay_steps > 0 || max_steps > 0)
         << "--lr-schedule warmup-cosine needs --lr-decay-steps N (nanoGPT's lr_decay_iters), or --max-steps, its "
            "default";
     FANOUT_USER_CHECK(lr_decay_steps > 0 || max_steps <= std::numeric_limits<int>::max())
         << "--max-steps " << max_steps << " is too large for warmup-cosine's default --lr-decay-steps";
-    optim::LrSchedule check;  // its one-line errors, before anything is loaded
-    optim::set_warmup_cosine(check, warmup_steps, decay_steps(), 0.0f);
+    FANOUT_USER_CHECK(warmup_steps >= 0 && warmup_steps < decay_steps())
+        << "warmup-cosine needs 0 <= --warmup-steps < --lr-decay-steps" << (lr_decay_steps > 0 ? "" : " (--max-steps)")
+        << ", got " << warmup_steps << " and " << decay_steps();
   }
   FANOUT_USER_CHECK(pin_memory == "auto" || pin_memory == "on" || pin_memory == "off")
       << "bad --pin-memory '" << pin_memory << "' (expected auto, on or off)";
@@ -109,6 +111,9 @@ optim::OptimizerOptions RunConfig::optimizer_options() const {
 }
 
 nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int world_size) const {
+  // warmup-cosine's end as this run resolved it (its default follows --max-steps): a resume reports a move.
+  const bool cosine =
+      optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs).kind == optim::LrSchedule::Kind::WarmupCosine;
   return {{"model", model},
           {"data", data},
           {"tokenizer", tokenizer},
@@ -130,7 +135,7 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"warmup_epochs", warmup_epochs},
           {"warmup_steps", warmup_steps},
           {"max_steps", max_steps},
-          {"lr_decay_steps", lr_decay_steps},
+          {"lr_decay_steps", cosine ? decay_steps() : lr_decay_steps},
           {"min_lr", min_lr},
           {"label_smoothing", label_smoothing},
           {"heatmap_radius", heatmap_radius},

@@ -29,7 +29,13 @@ ShardedOptimizer::ShardedOptimizer(Sharding& sharding, const optim::OptimizerOpt
       ranges_(sharding.shards()),
       across_processes_(sharding.across_processes()) {}
 
+void ShardedOptimizer::check_engine() const {
+  for (const auto& s : shards_)
+    if (auto* a = dynamic_cast<optim::ArenaOptimizer*>(s.get())) a->context();  // throws once the context is gone
+}
+
 void ShardedOptimizer::step() {
+  check_engine();
   full_.clear();  // the last checkpoint's assembled copy: each replica holds its range's state alone again
   const float rate = lr();
   sharding_.run([&](int i) {
@@ -41,6 +47,7 @@ void ShardedOptimizer::step() {
 }
 
 void ShardedOptimizer::zero_grad() {
+  check_engine();
   sharding_.run([&](int i) { shards_[i]->zero_grad(); });
 }
 
@@ -86,6 +93,7 @@ std::vector<std::pair<std::string, Tensor*>> ShardedOptimizer::state() {
 }
 
 void ShardedOptimizer::gather_state() {
+  check_engine();
   if (steps() == 0) return;
   assemble();
   for (auto& [name, t] : full_) sharding_.gather_ranges(t, "all-gather of optimizer state '" + name + "'");
@@ -104,6 +112,7 @@ void ShardedOptimizer::state_written() {
 }
 
 double ShardedOptimizer::grad_sum_squares() {
+  check_engine();
   double sum = 0;
   for (size_t i = 0; i < shards_.size(); ++i)
     if (ranges_[i].end > ranges_[i].begin) sum += shards_[i]->grad_sum_squares();
@@ -111,12 +120,14 @@ double ShardedOptimizer::grad_sum_squares() {
 }
 
 void ShardedOptimizer::scale_grads(float a) {
+  check_engine();
   sharding_.run([&](int i) {
     if (ranges_[i].end > ranges_[i].begin) shards_[i]->scale_grads(a);
   });
 }
 
 void ShardedOptimizer::clamp_grads(float limit) {
+  check_engine();
   sharding_.run([&](int i) {
     if (ranges_[i].end > ranges_[i].begin) shards_[i]->clamp_grads(limit);
   });

@@ -47,6 +47,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   Shards shards_;
   std::vector<ArenaShard> ranges_;
   void assemble();
+  // A one-line error once the engine (its replicas' contexts and sharding_) is gone.
+  void check_engine() const;
   std::vector<std::pair<std::string, Tensor>> full_;  // assembled state (host), for checkpoints; freed by step()
   bool across_processes_;
   int64_t gathered_at_ = -1;  // steps() when gather_state() last ran

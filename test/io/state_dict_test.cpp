@@ -254,6 +254,11 @@ TEST(StateDict, FloatTensorsOfOtherWidthsAreConverted) {
   d.f64()[0] = 0.1;
   d.f64()[1] = 1e-50;  // below float's range: 0
   EXPECT_EQ(bias_after(d), std::make_pair(static_cast<float>(0.1), 0.0f));
+  d.f64()[1] = 1e300;  // finite, but no float
+  auto b = zero_net();
+  auto f = src;
+  f[4].second = d;
+  testing::expect_user_error([&] { load_state_dict(*b, f, true); }, {"fc.bias holds 1e+300, beyond float32's range"});
 }
 
 TEST(StateDict, SummaryCutsLongLists) {

@@ -252,6 +252,7 @@ TEST_P(NewLayersOnBackend, EvalModeBatchNormBackwardIsTheFixedAffineMap) {
       EXPECT_NEAR(grads["bias"].f32()[c], dbeta[c], 1e-4 * (1.0 + std::abs(dbeta[c]))) << c;
     }
     EXPECT_TRUE(ft::same_bits(down(bn.named_buffers()[0].second->value), rm)) << "running mean moved";
+    EXPECT_TRUE(ft::same_bits(down(bn.named_buffers()[1].second->value), rv)) << "running variance moved";
   }
 }
 

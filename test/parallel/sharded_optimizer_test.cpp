@@ -199,6 +199,17 @@ TEST_P(ShardedOptimizerTest, SteadyStateStepAllocatesNothing) {
   }
 }
 
+// A sharded optimizer that outlives its engine (the sharding and the
+// replicas' contexts) refuses to step instead of reading freed memory.
+TEST(ShardedOptimizerLifetime, OutlivingTheEngineIsAnError) {
+  DpRun r = make_run("cpu:2", true, testing::test_sgd());
+  ASSERT_NE(dynamic_cast<train::ShardedOptimizer*>(r.opt.get()), nullptr);
+  r.engine.reset();
+  for (auto call : {+[](optim::Optimizer& o) { o.step(); }, +[](optim::Optimizer& o) { o.zero_grad(); },
+                    +[](optim::Optimizer& o) { o.grad_sum_squares(); }})
+    testing::expect_user_error([&] { call(*r.opt); }, {"the optimizer's context is gone"});
+}
+
 TEST(ShardedOptimizerCheckpoint, SavesTheUnshardedFileAndResumesOnAnyReplicaCount) {
   testing::TempDir dir;
   const auto o = testing::test_adamw(2e-3f);
