@@ -1,8 +1,8 @@
 // ResNet basic block.
 #include "models/layers/basic_block.h"
 
-#include "kernels/convert.h"
 #include "kernels/elementwise.h"
+#include "runtime/nn/autocast.h"
 
 namespace fanout::models {
 
@@ -37,12 +37,8 @@ Tensor BasicBlock::forward(const Tensor& x, Context& ctx) {
   Tensor h = conv1_->forward(x, ctx);
   h = bn1_->forward_add_relu(h, nullptr, ctx);  // bn1 and the in-place ReLU in one pass
   h = conv2_->forward(h, ctx);
-  Tensor shortcut = downsample_ ? downsample_->forward(x, ctx) : x;
-  if (shortcut.format() != h.format()) {  // the residual add pairs elements in one format
-    ensure(shortcut_, shortcut.shape(), shortcut.dtype(), shortcut.device(), h.format());
-    kernels::convert(ctx, shortcut, shortcut_);
-    shortcut = shortcut_;
-  }
+  // The residual add pairs elements in one memory format.
+  const Tensor shortcut = in_format_of(ctx, downsample_ ? downsample_->forward(x, ctx) : x, h, shortcut_);
   // bn2, the residual add (low under autocast) and the ReLU in one pass, into bn2's output.
   return bn2_->forward_add_relu(h, &shortcut, ctx);
 }
@@ -57,11 +53,7 @@ Tensor BasicBlock::backward(const Tensor& dy, Context& ctx) {
   g = Module::backward_of(*bn1_, "bn1", g, ctx);  // with the ReLU's mask
   g = Module::backward_of(*conv1_, "conv1", g, ctx);
   if (!input_grad()) return Tensor();
-  if (dshort.format() != g.format()) {
-    ensure(dshortcut_, dshort.shape(), dshort.dtype(), dshort.device(), g.format());
-    kernels::convert(ctx, dshort, dshortcut_);
-    dshort = dshortcut_;
-  }
+  dshort = in_format_of(ctx, dshort, g, dshortcut_);
   kernels::add(ctx, g, dshort, g, g.dtype());  // conv1's input gradient, in its type: nothing reads it after this
   return g;
 }

@@ -172,10 +172,15 @@ void probe_rendezvous(const Rendezvous& r, double timeout_s) {
 }
 
 namespace {
-// Gloo's FileStore with its check of keys (protected there) reachable.
-struct CheckingFileStore : gloo::rendezvous::FileStore {
+// Gloo's FileStore with what it keeps protected reachable: whether keys are
+// set (check), and a key removed as the Redis store's DEL removes it.
+struct OurFileStore : gloo::rendezvous::FileStore {
   using gloo::rendezvous::FileStore::FileStore;
   using gloo::rendezvous::FileStore::check;
+  void forget(const std::string& key) {
+    std::error_code ec;
+    fs::remove(objectPath(key), ec);
+  }
 };
 
 // A run's keys in a store: PrefixStore keeps a reference, the shared_ptr
@@ -192,7 +197,7 @@ struct RunStore : gloo::rendezvous::PrefixStore {
   }
   // Whether the key is set now, without waiting.
   bool has(const std::string& key) {
-    if (auto* f = dynamic_cast<CheckingFileStore*>(base.get())) return f->check({joinKey(key)});
+    if (auto* f = dynamic_cast<OurFileStore*>(base.get())) return f->check({joinKey(key)});
     if (auto* r = dynamic_cast<gloo::rendezvous::RedisStore*>(base.get())) return r->check({joinKey(key)});
     return true;
   }
@@ -214,7 +219,7 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const s
   std::shared_ptr<gloo::rendezvous::Store> base;
   try {
     if (r.kind == Rendezvous::Kind::File)
-      base = std::make_shared<CheckingFileStore>(r.path);
+      base = std::make_shared<OurFileStore>(r.path);
     else
       base = std::make_shared<AuthRedisStore>(r);
   } catch (const fanout::Error&) {
@@ -226,22 +231,10 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const Rendezvous& r, const s
                                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
 }
 
-namespace {
-// Gloo's FileStore with its object files' names reachable: a key is removed
-// as the Redis store's DEL removes it.
-struct ForgettingFileStore : gloo::rendezvous::FileStore {
-  using gloo::rendezvous::FileStore::FileStore;
-  void forget(const std::string& key) {
-    std::error_code ec;
-    fs::remove(objectPath(key), ec);
-  }
-};
-}  // namespace
-
 void forget_keys(const Rendezvous& r, const std::string& run_id, const std::vector<std::string>& keys) {
   if (r.kind == Rendezvous::Kind::File) {
     try {
-      ForgettingFileStore store(r.path);
+      OurFileStore store(r.path);
       for (const auto& k : keys) store.forget("fanout/" + run_id + "/" + k);
     } catch (const std::exception&) {  // a folder gone: nothing to forget
     }

@@ -74,6 +74,13 @@ Tensor in_storage_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& 
   return buf;
 }
 
+Tensor in_format_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& buf) {
+  if (t.format() == like.format()) return t;
+  ensure(buf, t.shape(), t.dtype(), t.device(), like.format());
+  kernels::convert(ctx, t, buf);
+  return buf;
+}
+
 void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx) {
   if (!autocast_on(ctx)) return ensure(y, s, ctx);
   ensure(y, s, ctx.math.autocast, ctx, s.ndim == 4 || s.ndim == 5 ? MemoryFormat::ChannelsLast

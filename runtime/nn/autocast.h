@@ -57,6 +57,8 @@ void ensure_autocast_output(Tensor& y, const Shape& s, Context& ctx);
 // t in like's storage (dtype and format): t itself, or converted into buf.
 // For a gradient that an elementwise op pairs with a saved activation.
 Tensor in_storage_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& buf);
+// t in like's memory format, in its own type: t itself, or converted into buf.
+Tensor in_format_of(Context& ctx, const Tensor& t, const Tensor& like, Tensor& buf);
 
 // A parameter's gradient computed in the low type: sink() is where the
 // layer's backward accumulates (+=) its contribution, flush() moves it into

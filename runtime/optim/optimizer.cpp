@@ -207,7 +207,6 @@ void ArenaOptimizer::scale_grads(float a) { kernels::scale(context(), a, grads_f
 void ArenaOptimizer::clamp_grads(float limit) { kernels::clamp_abs(context(), grads_for_step(), limit); }
 
 void ArenaOptimizer::step() {
-  context();  // alive
   const Tensor& g = grads_for_step();
   for (const Group& c : chunks_) update(g, c);
   rounded_ = false;

@@ -65,7 +65,7 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(eval_every >= 0) << "--eval-every must be non-negative, got " << eval_every;
   FANOUT_USER_CHECK(eval_steps >= 0) << "--eval-steps must be non-negative, got " << eval_steps;
   FANOUT_USER_CHECK(lr_decay_steps >= 0) << "--lr-decay-steps must be non-negative, got " << lr_decay_steps;
-  if (optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs).kind == optim::LrSchedule::Kind::WarmupCosine) {
+  if (warmup_cosine()) {
     FANOUT_USER_CHECK(lr_decay_steps > 0 || max_steps > 0)
         << "--lr-schedule warmup-cosine needs --lr-decay-steps N (nanoGPT's lr_decay_iters), or --max-steps, its "
            "default";
@@ -110,10 +110,11 @@ optim::OptimizerOptions RunConfig::optimizer_options() const {
           .no_decay_norm_bias = no_decay_norm_bias, .range = {}};
 }
 
+bool RunConfig::warmup_cosine() const {
+  return optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs).kind == optim::LrSchedule::Kind::WarmupCosine;
+}
+
 nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int world_size) const {
-  // warmup-cosine's end as this run resolved it (its default follows --max-steps): a resume reports a move.
-  const bool cosine =
-      optim::parse_lr_schedule(lr_schedule, lr, epochs, warmup_epochs).kind == optim::LrSchedule::Kind::WarmupCosine;
   return {{"model", model},
           {"data", data},
           {"tokenizer", tokenizer},
@@ -135,7 +136,8 @@ nlohmann::json RunConfig::checkpoint_config(const std::string& device_names, int
           {"warmup_epochs", warmup_epochs},
           {"warmup_steps", warmup_steps},
           {"max_steps", max_steps},
-          {"lr_decay_steps", cosine ? decay_steps() : lr_decay_steps},
+          // warmup-cosine's end as this run resolved it (its default follows --max-steps): a resume reports a move.
+          {"lr_decay_steps", warmup_cosine() ? decay_steps() : lr_decay_steps},
           {"min_lr", min_lr},
           {"label_smoothing", label_smoothing},
           {"heatmap_radius", heatmap_radius},

@@ -39,6 +39,7 @@ struct RunConfig {
   int warmup_steps = 0, lr_decay_steps = 0;  // --lr-schedule warmup-cosine
   // warmup-cosine's end: --lr-decay-steps, or --max-steps when it is 0 (nanoGPT's lr_decay_iters = max_iters).
   int decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : static_cast<int>(max_steps); }
+  bool warmup_cosine() const;  // --lr-schedule is warmup-cosine
   float min_lr = -1;                         // warmup-cosine's floor; < 0: lr / 10
   int heatmap_radius = 2;         // keypoint data: the target Gaussians' radius in voxels
   // Devices and parallelism.
