@@ -26,6 +26,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/tensor.h"
+#include "runtime/io/file_io.h"
 
 namespace fanout::apps {
 
@@ -61,20 +62,22 @@ inline std::string self_path() {
 
 // An output file that long work will write at its end: its folder exists and
 // it can be written, checked first so that a typo does not cost the run.
-inline void check_output_file(const char* flag, const std::string& path) {
+inline void check_output_file(const char* flag, const std::string& given) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  FANOUT_USER_CHECK(!path.empty()) << flag << " needs a file name";
-  FANOUT_USER_CHECK(!fs::is_directory(path, ec)) << flag << " " << path << " is a directory";
+  FANOUT_USER_CHECK(!given.empty()) << flag << " needs a file name";
+  const std::string path = io::write_target(given);  // through links, as the writes go
+  const std::string shown = path == given ? given : given + " (a link to " + path + ")";
+  FANOUT_USER_CHECK(!fs::is_directory(path, ec)) << flag << " " << shown << " is a directory";
   const fs::path p(path);
   const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  FANOUT_USER_CHECK(fs::is_directory(dir, ec)) << flag << " " << path << ": the folder " << dir << " does not exist";
+  FANOUT_USER_CHECK(fs::is_directory(dir, ec)) << flag << " " << shown << ": the folder " << dir << " does not exist";
   const bool exists = fs::exists(p, ec);
   // Opened as the end will open it (access() says yes to root on /proc and read-only mounts):
   // the file for appending, unchanged; else a new probe file in the folder, removed at once.
   std::string probe = exists ? path : dir + "/.fanout-probe-XXXXXX";
   const int fd = exists ? ::open(probe.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK) : ::mkstemp(probe.data());
-  FANOUT_USER_CHECK(fd >= 0) << flag << " " << path << ": " << (exists ? "the file" : "the folder " + dir)
+  FANOUT_USER_CHECK(fd >= 0) << flag << " " << shown << ": " << (exists ? "the file" : "the folder " + dir)
                              << " is not writable (" << std::strerror(errno) << ")";
   ::close(fd);
   if (!exists) ::unlink(probe.c_str());

@@ -173,9 +173,6 @@ nlohmann::ordered_json hf_config(const models::GPTConfig& c, const nlohmann::jso
   return j;
 }
 
-void write_json(const std::string& path, const nlohmann::ordered_json& j) {
-  io::write_file_atomic(path, j.dump(2) + "\n");
-}
 
 // --export-hf: the model and, for a byte-level vocabulary, its tokenizer.
 void export_hf(const Options& o, models::GPT& model, const data::Vocabulary& vocab) {
@@ -196,15 +193,14 @@ void export_hf(const Options& o, models::GPT& model, const data::Vocabulary& voc
   FANOUT_USER_CHECK(stale.empty()) << "--export-hf " << o.export_hf << " holds " << stale << ", which this export "
                                    << "does not write and from_pretrained would load with it: remove them, or give "
                                       "another folder";
-  std::error_code ec;
-  std::filesystem::create_directories(o.export_hf, ec);
-  FANOUT_USER_CHECK(!ec) << "--export-hf: cannot make " << o.export_hf << ": " << ec.message();
+  io::create_directories(o.export_hf, "--export-hf folder");
   const auto tensors = model.hf_state_dict();
-  io::save_safetensors(o.export_hf + "/model.safetensors", tensors, {{"format", "pt"}});
-  write_json(o.export_hf + "/config.json", hf_config(model.config(), end_of_text));
+  io::StagedFiles staged;  // every file or none: a failed export leaves the folder as it was
+  io::save_safetensors(o.export_hf + "/model.safetensors", tensors, {{"format", "pt"}}, &staged);
+  staged.add(o.export_hf + "/config.json", hf_config(model.config(), end_of_text).dump(2) + "\n");
   std::string files = "model.safetensors, config.json";
   if (bpe) {
-    bpe->save(o.export_hf);
+    bpe->save(o.export_hf, &staged);
     nlohmann::ordered_json t;
     t["tokenizer_class"] = "GPT2Tokenizer";
     t["model_max_length"] = model.config().block_size;
@@ -212,9 +208,10 @@ void export_hf(const Options& o, models::GPT& model, const data::Vocabulary& voc
     t["clean_up_tokenization_spaces"] = false;  // decode gives the tokens' bytes, nothing changed
     for (const char* k : {"bos_token", "eos_token", "unk_token"})
       t[k] = end_of_text.is_null() ? nlohmann::json() : nlohmann::json("<|endoftext|>");
-    write_json(o.export_hf + "/tokenizer_config.json", t);
+    staged.add(o.export_hf + "/tokenizer_config.json", t.dump(2) + "\n");
     files += ", vocab.json, merges.txt, tokenizer_config.json";
   }
+  staged.commit();
   std::printf("wrote %s: %s (%zu tensors)\n", o.export_hf.c_str(), files.c_str(), tensors.size());
   if (!bpe)
     std::printf("no tokenizer files: a character vocabulary is no byte-level BPE (its characters are in the "

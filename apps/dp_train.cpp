@@ -1118,10 +1118,17 @@ std::unique_ptr<train::CheckpointSaver> open_save_dir(const train::RunConfig& c)
       << "--save-dir " << save_to << " holds another run's checkpoints (" << others.front()
       << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string())
       << "): continue it with --resume " << save_to << ", or start over with --overwrite";
+  // Removed at the first save: a run refused before it, or failing before it saves, leaves them.
+  const auto replace = [&](std::vector<std::string> files, const std::string& which) {
+    if (files.empty()) return;
+    saver->remove_at_first_save(files);
+    std::printf("%zu checkpoint%s %s in %s %s removed at this run's first save (--overwrite)\n", files.size(),
+                files.size() == 1 ? "" : "s", which.c_str(), save_to.c_str(), files.size() == 1 ? "is" : "are");
+  };
   if (!others.empty()) {
-    saver->remove_checkpoints();
-    std::printf("removed %zu checkpoint%s of an earlier run from %s (--overwrite)\n", others.size(),
-                others.size() == 1 ? "" : "s", save_to.c_str());
+    std::vector<std::string> paths;
+    for (const std::string& name : others) paths.push_back((std::filesystem::path(save_to) / name).string());
+    replace(paths, "of an earlier run");
   }
   if (c.resume.empty()) return saver;
   const std::string from = train::resolve_resume_path(c.resume);
@@ -1131,10 +1138,7 @@ std::unique_ptr<train::CheckpointSaver> open_save_dir(const train::RunConfig& c)
       << (later.size() > 1 ? " and " + std::to_string(later.size() - 1) + " more" : std::string())
       << "), which a later --resume " << save_to << " would take over this run's: resume from " << save_to
       << ", save elsewhere, or remove them with --overwrite";
-  for (const std::string& f : later) std::filesystem::remove(f);
-  if (!later.empty())
-    std::printf("removed %zu checkpoint%s past %s from %s (--overwrite)\n", later.size(),
-                later.size() == 1 ? "" : "s", from.c_str(), save_to.c_str());
+  replace(later, "past " + from);
   return saver;
 }
 
@@ -1192,6 +1196,8 @@ int run(int argc, char** argv) {
   auto opt = train::make_engine_optimizer(*engine, c.optimizer_options());
   auto ckpt = restore(c, *engine, *opt, p, config);
   if (!ckpt) return 0;
+  if (const std::string why = saver ? saver->forget_missing_best(*ckpt) : ""; !why.empty())
+    std::printf("%s: the next evaluation writes best.safetensors\n", why.c_str());
   return train_run(c, *engine, *opt, data, p, *ckpt, save_to, saver.get());
 }
 

@@ -217,16 +217,17 @@ std::shared_ptr<const Bpe> Bpe::bytes_only() {
   return from_lists(std::move(tokens), {}, "the byte vocabulary");
 }
 
-void Bpe::save(const std::string& dir) const {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  FANOUT_USER_CHECK(!ec) << "cannot make tokenizer folder " << dir << ": " << ec.message();
+void Bpe::save(const std::string& dir, io::StagedFiles* staged) const {
+  io::create_directories(dir, "tokenizer folder");
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (size_t i = 0; i < tokens_.size(); ++i) vocab[tokens_[i]] = i;
-  io::write_file_atomic(dir + "/vocab.json", vocab.dump());
   std::string m = "#version: 0.2\n";
   for (const std::string& merge : merges_) m += merge + "\n";
-  io::write_file_atomic(dir + "/merges.txt", m);
+  io::StagedFiles own;
+  io::StagedFiles& files = staged ? *staged : own;
+  files.add(dir + "/vocab.json", vocab.dump());
+  files.add(dir + "/merges.txt", m);
+  if (!staged) own.commit();
 }
 
 struct Bpe::PieceCache {

@@ -16,6 +16,10 @@
 #include <utility>
 #include <vector>
 
+namespace fanout::io {
+class StagedFiles;  // runtime/io/file_io.h
+}
+
 namespace fanout::data {
 
 class Bpe {
@@ -38,7 +42,8 @@ class Bpe {
   // Writes DIR/vocab.json (token: id, in id order) and DIR/merges.txt
   // ("#version: 0.2", then the merges by rank), the files load() and Hugging
   // Face's GPT-2 tokenizers read; each atomically, DIR made if need be.
-  void save(const std::string& dir) const;
+  // With `staged`, both join the files replaced together (io::StagedFiles).
+  void save(const std::string& dir, io::StagedFiles* staged = nullptr) const;
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<std::string>& tokens() const { return tokens_; }  // the files' spelling

@@ -267,7 +267,7 @@ TrainTest load_fashion_mnist(const std::string& dir) {
   TrainTest tt;
   tt.train = read_idx_as(paths[0], paths[1], "fashion-mnist/train", who);
   tt.test = read_idx_as(paths[2], paths[3], "fashion-mnist/test", who);
-  // The standard Fashion-MNIST normalization constants (train-set pixel mean and std).
+  // Fashion-MNIST's normalization constants (its train split's pixel mean and std), whatever DIR holds.
   for (ImageDataset* ds : {&tt.train, &tt.test}) {
     ds->mean = {0.2860f};
     ds->std = {0.3530f};

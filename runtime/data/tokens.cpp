@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +15,10 @@
 #include <filesystem>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -133,36 +137,83 @@ void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
 
 namespace {
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
+constexpr uint64_t kFnvStart = 1469598103934665603ull;
+
+uint64_t fnv1a(std::string_view s, uint64_t h = kFnvStart) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
 }
 
-void write_tokens(const std::string& path, const uint16_t* ids, size_t n) {
-  io::write_file_atomic(path, [&](const io::WriteFn& w) { w(ids, n * sizeof(uint16_t)); });
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string_view bytes_of(const uint16_t* ids, size_t n) {
+  return {reinterpret_cast<const char*>(ids), n * sizeof(uint16_t)};
+}
+
+// FNV-1a over train.bin's bytes, then val.bin's, in hex; empty when either cannot be read.
+std::string entry_checksum(const std::string& dir) {
+  uint64_t h = kFnvStart;
+  std::vector<char> buf(size_t{1} << 20);
+  for (const char* name : {"/train.bin", "/val.bin"}) {
+    io::detail::Fd fd(::open((dir + name).c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.fd < 0) return "";
+    for (;;) {
+      const ssize_t r = ::read(fd.fd, buf.data(), buf.size());
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return "";
+      if (r == 0) break;
+      h = fnv1a(std::string_view(buf.data(), static_cast<size_t>(r)), h);
+    }
+  }
+  return hex64(h);
+}
+
+// A complete cache entry: meta.json readable, and the token files holding
+// the bytes its checksum was taken of (a file cut short, written over or
+// damaged since makes the entry again). Its meta, or nothing.
+std::optional<TokenMeta> intact_entry(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir + "/meta.json", ec)) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(io::read_file(dir + "/meta.json", "token meta file", 1 << 26));
+    const std::string sum = j.value("fnv1a64", std::string());
+    TokenMeta m = parse_token_meta(j, dir + "/meta.json", /*exact_size=*/true);
+    if (!sum.empty() && sum == entry_checksum(dir)) return m;
+  } catch (const std::exception&) {  // made again
+  }
+  return std::nullopt;
 }
 
 // A cache entry: the token files whole (each renamed into place), meta.json
-// last, its presence marking the entry complete; processes preparing the same
-// text at once (DDP ranks) write the same bytes.
+// last with their checksum, its presence marking the entry complete;
+// processes preparing the same text at once (DDP ranks) write the same bytes.
 void write_entry(const std::string& dir, const uint16_t* train, size_t n_train, const uint16_t* val, size_t n_val,
                  const TokenMeta& meta) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  FANOUT_USER_CHECK(!ec) << "cannot create the text cache " << dir << ": " << ec.message();
-  // Temporaries a preparation killed mid-write left (NAME.tmp.PID.N); a live writer's are minutes old at most.
-  const auto stale = fs::file_time_type::clock::now() - std::chrono::hours(1);
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code time_ec;
-    if (it->path().filename().string().find(".tmp.") != std::string::npos &&
-        it->last_write_time(time_ec) < stale && !time_ec)
-      fs::remove(it->path(), time_ec);
+  try {
+    io::create_directories(dir, "the text cache");
+    std::error_code ec;
+    // Temporaries a preparation killed mid-write left (NAME.tmp.PID.N); a live writer's are minutes old at most.
+    const auto stale = fs::file_time_type::clock::now() - std::chrono::hours(1);
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code time_ec;
+      if (it->path().filename().string().find(".tmp.") != std::string::npos &&
+          it->last_write_time(time_ec) < stale && !time_ec)
+        fs::remove(it->path(), time_ec);
+    }
+    io::write_file_atomic(dir + "/train.bin", bytes_of(train, n_train));
+    io::write_file_atomic(dir + "/val.bin", bytes_of(val, n_val));
+    nlohmann::json j = token_meta_json(meta);
+    j["fnv1a64"] = hex64(fnv1a(bytes_of(val, n_val), fnv1a(bytes_of(train, n_train))));
+    io::write_file_atomic(dir + "/meta.json", j.dump() + "\n");
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (text is tokenized into a cache: $FANOUT_CACHE_DIR, else " +
+                "$XDG_CACHE_HOME/fanout or ~/.cache/fanout; point FANOUT_CACHE_DIR at a writable folder with room)");
   }
-  write_tokens(dir + "/train.bin", train, n_train);
-  write_tokens(dir + "/val.bin", val, n_val);
-  write_token_meta(dir, meta);
 }
 
 std::string read_all(const std::string& path) {
@@ -285,22 +336,8 @@ std::string prepare_bpe_text(const std::string& path, const std::string& text, c
   std::string spelled;
   for (const std::string& t : bpe->tokens()) spelled += t + '\n';
   for (const std::string& m : bpe->merges()) spelled += m + '\n';
-  char key[40];
-  std::snprintf(key, sizeof key, "%016llx-%016llx", static_cast<unsigned long long>(fnv1a(text)),
-                static_cast<unsigned long long>(fnv1a(spelled)));
-  const std::string dir = cache_dir + "/text-bpe-v1-" + key;  // v1: this encoder; a change to it, v2
-  namespace fs = std::filesystem;
-  std::error_code ec1, ec2;
-  if (fs::exists(dir + "/meta.json")) {  // complete unless a file was cut or written over since
-    TokenMeta m;
-    try {
-      m = read_token_meta(dir);
-    } catch (const Error&) {  // made again below
-    }
-    if (m.train_tokens > 0 && fs::file_size(dir + "/train.bin", ec1) == static_cast<uintmax_t>(2 * m.train_tokens) &&
-        !ec1 && fs::file_size(dir + "/val.bin", ec2) == static_cast<uintmax_t>(2 * m.val_tokens) && !ec2)
-      return dir;
-  }
+  const std::string dir = cache_dir + "/text-bpe-v1-" + hex64(fnv1a(text)) + "-" + hex64(fnv1a(spelled));  // v1: this encoder; a change to it, v2
+  if (const auto m = intact_entry(dir); m && m->train_tokens > 0) return dir;
   size_t chars = 0;
   for_utf8_chars(text, "text " + path, " (text-bytes:FILE reads any bytes)", [&](size_t, size_t, uint32_t) { ++chars; });
   const size_t cut_chars = static_cast<size_t>(static_cast<double>(chars) * 0.9);
@@ -339,28 +376,8 @@ std::string prepare_text(const std::string& path, bool bytes, const std::string&
                          std::shared_ptr<const Bpe> bpe) {
   const std::string text = read_all(path);
   if (bpe) return prepare_bpe_text(path, text, bpe, cache_dir);
-  char key[17];
-  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
-  const std::string dir = cache_dir + "/text-" + (bytes ? "bytes-" : "char-") + key;
-  namespace fs = std::filesystem;
-  // A cache entry whose token files are not the sizes this text splits into
-  // (truncated, or written over) is made again.
-  {
-    size_t n = text.size();
-    if (!bytes) n = static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
-      return (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // one lead byte per character (the text was UTF-8)
-    }));
-    const size_t cut = static_cast<size_t>(static_cast<double>(n) * 0.9);
-    std::error_code ec1, ec2;
-    if (fs::exists(dir + "/meta.json") && fs::file_size(dir + "/train.bin", ec1) == 2 * cut && !ec1 &&
-        fs::file_size(dir + "/val.bin", ec2) == 2 * (n - cut) && !ec2) {
-      try {
-        read_token_meta(dir);  // a meta.json cut short or written over: made again below, as a BPE entry's
-        return dir;
-      } catch (const Error&) {
-      }
-    }
-  }
+  const std::string dir = cache_dir + "/text-" + (bytes ? "bytes-" : "char-") + hex64(fnv1a(text));
+  if (intact_entry(dir)) return dir;
   TokenMeta meta;
   std::vector<uint16_t> ids;
   if (bytes) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -18,18 +19,35 @@ namespace {
 using detail::errno_text;
 using detail::Fd;
 
-void write_all(int fd, const void* buf, size_t n, const std::string& tmp) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::write(fd, p, std::min<size_t>(n, 1u << 30));
-    if (r < 0 && errno == EINTR) continue;
-    FANOUT_USER_CHECK(r > 0) << "writing " << tmp << " failed: " << (r < 0 ? errno_text(errno) : "no progress");
-    p += r;
-    n -= static_cast<size_t>(r);
+}  // namespace
+
+std::string write_target(const std::string& given) {
+  namespace fs = std::filesystem;
+  fs::path target = given;
+  std::error_code ec;
+  for (int hops = 0; fs::is_symlink(target, ec); ++hops) {
+    FANOUT_USER_CHECK(hops < 40) << "cannot follow the links from " << given << ": too many levels";
+    const fs::path next = fs::read_symlink(target, ec);
+    FANOUT_USER_CHECK(!ec) << "cannot follow the link " << target.string() << ": " << ec.message();
+    target = next.is_absolute() ? next : target.parent_path() / next;
   }
+  return target.string();
 }
 
-}  // namespace
+void create_directories(const std::string& dir, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!ec && fs::is_directory(dir, ec)) return;
+  std::string why = ec ? ec.message() : "not a directory";
+  std::error_code link_ec;
+  if (fs::is_symlink(dir, link_ec)) {  // "File exists" says nothing of where a dangling link points
+    const fs::path to = fs::read_symlink(dir, link_ec);
+    why = "it is a link to " + to.string() + (fs::exists(dir, link_ec) ? ", which is not a directory" :
+                                                                         ", which does not exist");
+  }
+  FANOUT_FAIL() << "cannot create " << what << " " << dir << ": " << why;
+}
 
 std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -53,21 +71,22 @@ std::string read_file(const std::string& path, const std::string& what, uint64_t
   return out;
 }
 
-void write_file_atomic(const std::string& given, const std::function<void(const WriteFn&)>& produce) {
-  // A symbolic link is written through (the link stays; its target is replaced), and an existing
-  // file keeps its permissions.
-  namespace fs = std::filesystem;
-  fs::path target = given;
-  std::error_code ec;
-  for (int hops = 0; fs::is_symlink(target, ec); ++hops) {  // to the last link's target, existing or not
-    FANOUT_USER_CHECK(hops < 40) << "cannot follow the links from " << given << ": too many levels";
-    const fs::path next = fs::read_symlink(target, ec);
-    FANOUT_USER_CHECK(!ec) << "cannot follow the link " << target.string() << ": " << ec.message();
-    target = next.is_absolute() ? next : target.parent_path() / next;
-  }
-  const std::string path = target.string();
+void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce) {
+  StagedFiles files;
+  files.add(path, produce);
+  files.commit();
+}
+
+StagedFiles::~StagedFiles() {
+  for (const Staged& s : staged_) ::unlink(s.tmp.c_str());
+}
+
+void StagedFiles::add(const std::string& given, const std::function<void(const WriteFn&)>& produce) {
+  const std::string path = write_target(given);
   struct stat before{};
   const bool existed = ::stat(path.c_str(), &before) == 0 && S_ISREG(before.st_mode);
+  // Errors name the file being written, and say that what was there is kept.
+  const std::string kept = existed ? " (" + path + " is as it was)" : "";
   // PATH.tmp.PID.N: unique to this write even where two processes share a PID (containers on one disk).
   static std::atomic<uint64_t> writes{0};
   std::string tmp;
@@ -79,37 +98,58 @@ void write_file_atomic(const std::string& given, const std::function<void(const 
     tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n);
     fd.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     const int err = errno;
-    FANOUT_USER_CHECK(fd.fd >= 0 || (err == EEXIST && attempt < 8)) << "cannot create " << tmp << ": "
-                                                                       << errno_text(err);
+    FANOUT_USER_CHECK(fd.fd >= 0 || (err == EEXIST && attempt < 8))
+        << "cannot write " << path << ": cannot create " << tmp << ": " << errno_text(err) << kept;
   }
-  FANOUT_USER_CHECK(!existed || ::fchmod(fd.fd, before.st_mode & 07777) == 0)
-      << "cannot give " << tmp << " the permissions of " << path << ": " << errno_text(errno);
-  bool committed = false;
-  struct Cleanup {  // removes the temporary file unless it was renamed into place
+  bool done = false;
+  struct Cleanup {  // removes the temporary file unless it was staged
     Fd& fd;
     const std::string& tmp;
-    const bool& committed;
+    const bool& done;
     ~Cleanup() {
       if (fd.fd >= 0) ::close(fd.release());
-      if (!committed) ::unlink(tmp.c_str());
+      if (!done) ::unlink(tmp.c_str());
     }
-  } cleanup{fd, tmp, committed};
+  } cleanup{fd, tmp, done};
+  const auto fail = [&](const char* step) {
+    FANOUT_FAIL() << "cannot write " << path << ": " << step << errno_text(errno) << kept;
+  };
+  if (existed && ::fchmod(fd.fd, before.st_mode & 07777) != 0) fail("cannot keep its permissions: ");
+  produce([&](const void* data, size_t bytes) {
+    auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t r = ::write(fd.fd, p, std::min<size_t>(bytes, 1u << 30));
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) errno = ENOSPC;  // no progress
+      if (r <= 0) fail("");
+      p += r;
+      bytes -= static_cast<size_t>(r);
+    }
+  });
+  if (::fsync(fd.fd) != 0) fail("fsync: ");
+  if (::close(fd.release()) != 0) fail("close: ");
+  staged_.push_back({path, tmp});
+  done = true;
+}
 
-  produce([&](const void* data, size_t bytes) { write_all(fd.fd, data, bytes, tmp); });
-  FANOUT_USER_CHECK(::fsync(fd.fd) == 0) << "fsync of " << tmp << " failed: " << errno_text(errno);
-  FANOUT_USER_CHECK(::close(fd.release()) == 0) << "closing " << tmp << " failed: " << errno_text(errno);
-  FANOUT_USER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0)
-      << "cannot rename " << tmp << " to " << path << ": " << errno_text(errno);
-  committed = true;
-
-  // Make the rename itself durable.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  FANOUT_USER_CHECK(dfd.fd >= 0) << "saved " << path << " but cannot open its directory to sync it: "
-                                 << errno_text(errno);
-  if (::fsync(dfd.fd) != 0 && errno != EINVAL && errno != ENOTSUP)  // some filesystems cannot sync directories
-    FANOUT_FAIL() << "saved " << path << " but syncing its directory failed: " << errno_text(errno);
+void StagedFiles::commit() {
+  std::vector<std::string> dirs;
+  while (!staged_.empty()) {
+    const Staged s = staged_.front();
+    FANOUT_USER_CHECK(::rename(s.tmp.c_str(), s.path.c_str()) == 0)
+        << "cannot rename " << s.tmp << " to " << s.path << ": " << errno_text(errno);
+    staged_.erase(staged_.begin());
+    const std::filesystem::path parent = std::filesystem::path(s.path).parent_path();
+    const std::string dir = parent.empty() ? std::string(".") : parent.string();
+    if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+  }
+  // Make the renames themselves durable.
+  for (const std::string& dir : dirs) {
+    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    FANOUT_USER_CHECK(dfd.fd >= 0) << "saved into " << dir << " but cannot open it to sync it: " << errno_text(errno);
+    if (::fsync(dfd.fd) != 0 && errno != EINVAL && errno != ENOTSUP)  // some filesystems cannot sync directories
+      FANOUT_FAIL() << "saved into " << dir << " but syncing it failed: " << errno_text(errno);
+  }
 }
 
 }  // namespace fanout::io

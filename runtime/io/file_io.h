@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace fanout::io {
 
@@ -23,10 +24,46 @@ namespace fanout::io {
 // an existing file at `path` is left as it was, and fanout::Error is thrown.
 using WriteFn = std::function<void(const void* data, size_t bytes)>;
 void write_file_atomic(const std::string& path, const std::function<void(const WriteFn&)>& produce);
+
+// Files that are replaced together (a checkpoint and best.safetensors, an
+// export's files): add() writes each into its temporary as
+// write_file_atomic does, and only commit() renames them all into place
+// (then syncs their directories). A failure in add(), or a StagedFiles
+// destroyed before commit(), removes the temporaries and leaves every path
+// as it was. The renames are one after another, not one atomic step: a
+// crash between two of them leaves the earlier ones in place.
+class StagedFiles {
+ public:
+  StagedFiles() = default;
+  StagedFiles(const StagedFiles&) = delete;
+  StagedFiles& operator=(const StagedFiles&) = delete;
+  ~StagedFiles();
+  void add(const std::string& path, const std::function<void(const WriteFn&)>& produce);
+  void add(const std::string& path, std::string_view bytes) {
+    add(path, [&](const WriteFn& write) { write(bytes.data(), bytes.size()); });
+  }
+  void commit();
+
+ private:
+  struct Staged {
+    std::string path, tmp;  // path: the given one's final target (links followed)
+  };
+  std::vector<Staged> staged_;
+};
 // The same for bytes already in memory (a JSON text, a list).
 inline void write_file_atomic(const std::string& path, std::string_view bytes) {
   write_file_atomic(path, [&](const WriteFn& write) { write(bytes.data(), bytes.size()); });
 }
+
+// The file a write to `path` replaces: the target of a symbolic link (of
+// the last link of a chain), existing or not; `path` itself when no link.
+// A loop, or a link that cannot be read, is a one-line fanout::Error.
+std::string write_target(const std::string& path);
+
+// Creates the directory `dir` and its parents (nothing when it is one); a
+// one-line fanout::Error names `what` ("checkpoint directory"), the path and
+// the cause, for a link the place it points to.
+void create_directories(const std::string& dir, const std::string& what);
 
 // The whole of the regular file `path` (named `what` in errors: "text",
 // "token meta file"), in one-line errors (fanout::Error) when it does
@@ -67,6 +104,7 @@ struct Fd {
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
+  Fd(Fd&& o) noexcept : fd(o.release()) {}
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int release() {

@@ -342,7 +342,7 @@ const char* safetensors_dtype(DType t) {
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, StagedFiles* staged) {
   // Header: __metadata__ first, then tensors in the order given, data contiguous.
   std::string hdr = "{";
   if (!metadata.empty()) {
@@ -376,7 +376,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   hdr.append((8 - hdr.size() % 8) % 8, ' ');  // data starts 8-byte aligned
   FANOUT_USER_CHECK(hdr.size() <= kMaxSafetensorsHeader) << path << ": header over the 100 MB limit";
 
-  write_file_atomic(path, [&](const WriteFn& write) {
+  const auto produce = [&](const WriteFn& write) {
     const uint64_t n = hdr.size();
     write(&n, 8);
     write(hdr.data(), hdr.size());
@@ -385,7 +385,12 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
       const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
       write(host.raw(), host.nbytes());
     }
-  });
+  };
+  if (staged) {
+    staged->add(path, produce);
+  } else {
+    write_file_atomic(path, produce);
+  }
 }
 
 TensorFile parse_safetensors(const uint8_t* data, size_t size, const std::string& what) {
@@ -404,8 +409,25 @@ TensorFile parse_safetensors(const uint8_t* data, size_t size, const std::string
   return out;
 }
 
-TensorFile load_safetensors(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+namespace {
+
+// An open file and its checked header.
+struct OpenFile {
+  Fd fd{-1};
+  uint64_t header_bytes = 0;
+  Header header;
+};
+
+void read_or_fail(int fd, void* dst, size_t bytes, uint64_t at, const std::string& path) {
+  int err = 0;
+  FANOUT_USER_CHECK(pread_all(fd, dst, bytes, at, &err))
+      << path << ": " << (err ? "read failed: " + errno_text(err) : std::string("file ended early (changed while reading?)"));
+}
+
+OpenFile open_safetensors(const std::string& path) {
+  OpenFile f;
+  Fd& fd = f.fd;
+  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   FANOUT_USER_CHECK(fd.fd >= 0) << "cannot open " << path << ": " << errno_text(errno);
   struct stat st {};
   FANOUT_USER_CHECK(::fstat(fd.fd, &st) == 0) << "cannot stat " << path << ": " << errno_text(errno);
@@ -413,27 +435,33 @@ TensorFile load_safetensors(const std::string& path) {
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   check_min_size(size, path);
 
-  int err = 0;
-  auto read_or_fail = [&](void* dst, size_t bytes, uint64_t at) {
-    FANOUT_USER_CHECK(pread_all(fd.fd, dst, bytes, at, &err))
-        << path << ": " << (err ? "read failed: " + errno_text(err) : std::string("file ended early (changed while reading?)"));
-  };
   uint8_t prefix[8];
-  read_or_fail(prefix, 8, 0);
+  read_or_fail(fd.fd, prefix, 8, 0, path);
   const uint64_t n = header_length(prefix, size, path);
   std::vector<uint8_t> hdr(n);
-  read_or_fail(hdr.data(), n, 8);
-  const Header h = parse_header(hdr.data(), n, size - 8 - n, path);
+  read_or_fail(fd.fd, hdr.data(), n, 8, path);
+  f.header = parse_header(hdr.data(), n, size - 8 - n, path);
+  f.header_bytes = n;
+  return f;
+}
 
+}  // namespace
+
+TensorFile load_safetensors(const std::string& path) {
+  OpenFile f = open_safetensors(path);
   TensorFile out;
-  out.metadata = h.metadata;
-  out.tensors.reserve(h.entries.size());
-  for (const Entry& e : h.entries) {
+  out.metadata = f.header.metadata;
+  out.tensors.reserve(f.header.entries.size());
+  for (const Entry& e : f.header.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu());
-    if (t.nbytes()) read_or_fail(t.raw(), t.nbytes(), 8 + n + e.begin);
+    if (t.nbytes()) read_or_fail(f.fd.fd, t.raw(), t.nbytes(), 8 + f.header_bytes + e.begin, path);
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
+}
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  return open_safetensors(path).header.metadata;
 }
 
 }  // namespace fanout::io

@@ -21,6 +21,8 @@
 
 namespace fanout::io {
 
+class StagedFiles;  // runtime/io/file_io.h
+
 // Named tensors in file order (by data offset) plus the string metadata.
 struct TensorFile {
   std::vector<std::pair<std::string, Tensor>> tensors;  // CPU tensors
@@ -35,11 +37,16 @@ inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 // Atomic (io::write_file_atomic): writes "<path>.tmp.<pid>.<n>", fsyncs it, renames it over `path` and
 // fsyncs the directory; on failure the temporary file is removed, an existing
 // file at `path` is left as it was, and fanout::Error is thrown.
+// With `staged`, the file is added to those it replaces together (written
+// into its temporary; staged->commit() renames it into place).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {}, StagedFiles* staged = nullptr);
 
 // Reads a whole file; tensors come back on the CPU.
 TensorFile load_safetensors(const std::string& path);
+// Reads and checks the header alone (a file cut short is refused as
+// load_safetensors refuses it); returns its metadata.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 // Parses a file image held in memory; `what` names it in error messages.
 TensorFile parse_safetensors(const uint8_t* data, size_t size, const std::string& what);

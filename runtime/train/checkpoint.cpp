@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "runtime/core/error.h"
+#include "runtime/io/file_io.h"
 #include "runtime/io/safetensors.h"
 
 namespace fanout::train {
@@ -123,7 +124,8 @@ bool is_temporary(const std::string& name) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st) {
+void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st,
+                     io::StagedFiles* staged) {
   Module& model = engine.model();
   std::vector<std::pair<std::string, Tensor>> tensors = model.state_dict();
   nlohmann::json hyper = nullptr;
@@ -163,7 +165,7 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
       {"partial", st.partial.dump()},
   };
   if (!st.grad_scaler.empty()) md["grad_scaler"] = st.grad_scaler.dump();
-  io::save_safetensors(path, tensors, md);
+  io::save_safetensors(path, tensors, md, staged);
 }
 
 namespace {
@@ -378,10 +380,8 @@ std::string now_utc() {
 }  // namespace
 
 SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
+  io::create_directories(dir, "checkpoint directory");
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  FANOUT_USER_CHECK(!ec && fs::is_directory(dir))
-      << "cannot create checkpoint directory " << dir << (ec ? ": " + ec.message() : ": not a directory");
   canonical_ = fs::weakly_canonical(dir, ec).string();
   const char* held = std::getenv("FANOUT_SAVE_DIR_LOCK");
   if (!for_workers && held && std::getenv("FANOUT_LAUNCHED") && !canonical_.empty() && canonical_ == held) {
@@ -389,6 +389,8 @@ SaveDirLock::SaveDirLock(const std::string& dir, bool for_workers) {
     return;
   }
   const std::string path = (fs::path(dir) / ".fanout.lock").string();
+  FANOUT_USER_CHECK(!fs::exists(path, ec) || fs::is_regular_file(path, ec))
+      << path << ", the checkpoint directory's lock file, is not a regular file (remove it)";
   const std::string who = "pid " + std::to_string(::getpid()) + ", since " + now_utc() + ": " + command_line() + "\n";
   std::string holder;
   const int err = lock_.take(path, who, &holder);
@@ -445,8 +447,12 @@ void CheckpointSaver::rotate(const std::string& just_written) {
     FANOUT_FAIL() << "cannot read checkpoint directory " << dir_ << ": " << e.code().message();
   }
   std::sort(files.begin(), files.end());
-  for (size_t i = 0; i + keep_last_ < files.size(); ++i)
-    if (files[i].second != fs::path(just_written)) fs::remove(files[i].second, ec);
+  for (size_t i = 0; i + keep_last_ < files.size(); ++i) {
+    if (files[i].second == fs::path(just_written) || fs::remove(files[i].second, ec) || !ec) continue;
+    // The run goes on (the new checkpoint is safe), but the disk fills where the user expects it not to.
+    std::fprintf(stderr, "fanout: warning: cannot remove the old checkpoint %s (--keep-last %d): %s\n",
+                 files[i].second.c_str(), keep_last_, ec.message().c_str());
+  }
 }
 
 std::string CheckpointSaver::save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st) {
@@ -455,7 +461,9 @@ std::string CheckpointSaver::save_mid_epoch(Engine& engine, optim::Optimizer& op
   char name[96];
   std::snprintf(name, sizeof name, "epoch-%04d-batch-%07lld.safetensors", st.epoch, static_cast<long long>(st.batch));
   const std::string p = (fs::path(dir_) / (st.batch == 0 ? epoch_file(st.epoch) : std::string(name))).string();
-  save_checkpoint(p, engine, &opt, st);
+  io::StagedFiles files;
+  save_checkpoint(p, engine, &opt, st, &files);
+  commit(files);
   rotate(p);
   return p;
 }
@@ -484,12 +492,62 @@ std::vector<std::string> CheckpointSaver::checkpoints() const {
   return out;
 }
 
-void CheckpointSaver::remove_checkpoints() {
-  for (const std::string& name : checkpoints()) {
-    std::error_code ec;
-    fs::remove(fs::path(dir_) / name, ec);
-    FANOUT_USER_CHECK(!ec) << "cannot remove " << (fs::path(dir_) / name).string() << ": " << ec.message();
+namespace {
+
+// PATH.tmp.PID.I: a name the next lock of the directory removes (is_temporary).
+std::string aside_name(const std::string& path, size_t i) {
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(i);
+}
+
+// Renames every file to its aside name, or none: a failure renames back those done and throws.
+void move_aside(const std::vector<std::string>& files) {
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (::rename(files[i].c_str(), aside_name(files[i], i).c_str()) == 0) continue;
+    const int err = errno;
+    for (size_t j = i; j-- > 0;) ::rename(aside_name(files[j], j).c_str(), files[j].c_str());
+    FANOUT_FAIL() << "cannot remove " << files[i] << ": " << std::strerror(err) << " (nothing removed)";
   }
+}
+
+}  // namespace
+
+void CheckpointSaver::remove_at_first_save(std::vector<std::string> files) {
+  // Each can go (a rename in its directory), checked now rather than after an epoch's training.
+  move_aside(files);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string aside = aside_name(files[i], i);
+    FANOUT_USER_CHECK(::rename(aside.c_str(), files[i].c_str()) == 0)
+        << "cannot rename " << aside << " back to " << files[i] << ": " << std::strerror(errno);
+  }
+  pending_removal_ = std::move(files);
+}
+
+std::string CheckpointSaver::forget_missing_best(CheckpointState& st) const {
+  if (st.best_test_acc < 0) return "";  // none recorded
+  const std::string path = (fs::path(dir_) / "best.safetensors").string();
+  std::string why;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    why = "no best.safetensors in " + dir_;
+  } else {
+    try {
+      io::read_safetensors_metadata(path);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (!why.empty()) st.best_test_acc = -1;
+  return why;
+}
+
+void CheckpointSaver::commit(io::StagedFiles& files) {
+  if (!pending_removal_.empty()) {
+    move_aside(pending_removal_);
+    for (size_t i = 0; i < pending_removal_.size(); ++i)
+      ::unlink(aside_name(pending_removal_[i], i).c_str());  // one left behind: the next lock removes it
+    pending_removal_.clear();
+  }
+  files.commit();
 }
 
 std::string CheckpointSaver::epoch_file(int epoch) {
@@ -500,28 +558,49 @@ std::string CheckpointSaver::epoch_file(int epoch) {
 
 std::vector<std::string> CheckpointSaver::on_epoch_end(Engine& engine, optim::Optimizer& opt, CheckpointState& st,
                                                        int last_epoch) {
-  std::vector<std::string> written;
   const bool best = st.score > st.best_test_acc;  // the criterion's choice (EpochMetrics::best_score)
+  const bool due = st.epoch % every_ == 0 || st.epoch == last_epoch;
+  if (!best && !due) return {};
+  const double best_before = st.best_test_acc;
   if (best) st.best_test_acc = st.score;
-  if (st.epoch % every_ == 0 || st.epoch == last_epoch) {
-    const std::string p = (fs::path(dir_) / epoch_file(st.epoch)).string();
-    save_checkpoint(p, engine, &opt, st);
-    written.push_back(p);
-    rotate(p);
+  // Both files or neither: an epoch checkpoint that records a best score whose best.safetensors did not
+  // get written would resume believing it was. best.safetensors is renamed first: a crash between the
+  // renames leaves it ahead of the epoch checkpoints, and the epoch, trained again, writes it again.
+  io::StagedFiles files;
+  std::vector<std::string> written;
+  try {
+    if (best) written.push_back(save_best(engine, st, &files));
+    if (due) {
+      written.push_back((fs::path(dir_) / epoch_file(st.epoch)).string());
+      save_checkpoint(written.back(), engine, &opt, st, &files);
+    }
+    commit(files);
+  } catch (...) {
+    st.best_test_acc = best_before;
+    throw;
   }
-  if (best) written.push_back(save_best(engine, st));
+  if (due) rotate(written.back());
   return written;
 }
 
 std::string CheckpointSaver::save_if_best(Engine& engine, CheckpointState& st) {
   if (!(st.score > st.best_test_acc)) return "";
+  const double before = st.best_test_acc;
   st.best_test_acc = st.score;
-  return save_best(engine, st);
+  try {
+    io::StagedFiles files;
+    const std::string p = save_best(engine, st, &files);
+    commit(files);
+    return p;
+  } catch (...) {
+    st.best_test_acc = before;  // not recorded as written
+    throw;
+  }
 }
 
-std::string CheckpointSaver::save_best(Engine& engine, const CheckpointState& st) {
+std::string CheckpointSaver::save_best(Engine& engine, const CheckpointState& st, io::StagedFiles* staged) {
   const std::string p = (fs::path(dir_) / "best.safetensors").string();
-  save_checkpoint(p, engine, nullptr, st);  // the model alone: the file people deploy
+  save_checkpoint(p, engine, nullptr, st, staged);  // the model alone: the file people deploy
   return p;
 }
 

@@ -25,6 +25,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/file_lock.h"
+#include "runtime/io/file_io.h"
 #include "runtime/io/state_dict.h"
 #include "runtime/parallel/engine.h"
 #include "runtime/train/trainer.h"
@@ -59,8 +60,10 @@ struct CheckpointState {
 
 // Writes the engine's model, the optimizer's state and the RNG state plus
 // `st` to `path`, atomically (a crash leaves any previous file at `path`
-// intact). Without an optimizer: the model alone (kWeightsFormat).
-void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st);
+// intact). Without an optimizer: the model alone (kWeightsFormat). With
+// `staged`, it is one of files replaced together (io::StagedFiles).
+void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* opt, const CheckpointState& st,
+                     io::StagedFiles* staged = nullptr);
 
 // What load_checkpoint throws for a file without kCheckpointFormat (weights
 // alone, or not ours): callers catch it by type to suggest loading weights.
@@ -150,20 +153,33 @@ class CheckpointSaver {
   std::string save_mid_epoch(Engine& engine, optim::Optimizer& opt, const CheckpointState& st);
   static std::string epoch_file(int epoch);  // "epoch-0003.safetensors"
   // The directory's checkpoints (epoch and mid-epoch files, best.safetensors),
-  // sorted; and their removal (a fresh run replacing an earlier one's).
+  // sorted by name.
   std::vector<std::string> checkpoints() const;
   // The checkpoints here past `path`'s place in the run (a resume from an
-  // earlier one would leave them to win the next --resume DIR).
+  // earlier one would leave them to win the next --resume DIR), full paths.
   std::vector<std::string> checkpoints_after(const std::string& path) const;
-  void remove_checkpoints();
+  // Files (full paths) this run replaces: an earlier run's checkpoints, or
+  // those past the one resumed. They are removed just before this saver's
+  // first file is renamed into place, all of them or, with an error that
+  // names the one that could not go, none; a run that fails before it
+  // saves leaves them. Whether each can go is checked now.
+  void remove_at_first_save(std::vector<std::string> files);
+  // After a resume: a best score st records whose best.safetensors is not
+  // here whole (lost, cut short, or this is another directory) is
+  // forgotten, so that the next evaluation writes the file. Returns why
+  // (empty: kept).
+  std::string forget_missing_best(CheckpointState& st) const;
 
  private:
   // Keeps the newest keep_last checkpoints at or before just_written's place
   // in the run (epochs done, then optimizer steps).
   void rotate(const std::string& just_written);
-  std::string save_best(Engine& engine, const CheckpointState& st);
+  std::string save_best(Engine& engine, const CheckpointState& st, io::StagedFiles* staged = nullptr);
+  // Removes pending_removal_, then renames the staged files into place.
+  void commit(io::StagedFiles& files);
   std::string dir_;
   int every_, keep_last_;
+  std::vector<std::string> pending_removal_;
   std::unique_ptr<SaveDirLock> lock_;
 };
 

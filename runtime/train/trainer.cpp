@@ -1,6 +1,10 @@
 // Training loop.
 #include "runtime/train/trainer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -930,14 +934,26 @@ std::string memory_summary(const EpochMetrics& m) {
 
 void Trainer::write_metrics(const nlohmann::json& j) {
   if (cfg_.metrics_path.empty()) return;
-  std::ofstream f(cfg_.metrics_path, std::ios::app);
-  FANOUT_USER_CHECK(f.good()) << "cannot open metrics file " << cfg_.metrics_path;
-  f << j.dump() << "\n";
-  f.flush();  // the line is in the file, or the error is known, before this returns
-  const bool written = f.good();
-  f.close();
-  FANOUT_USER_CHECK(written && f.good()) << "cannot write metrics file " << cfg_.metrics_path << ": "
-                                         << std::strerror(errno);
+  io::detail::Fd fd(::open(cfg_.metrics_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644));
+  FANOUT_USER_CHECK(fd.fd >= 0) << "cannot open metrics file " << cfg_.metrics_path << ": " << std::strerror(errno);
+  struct stat st{};
+  const off_t before = ::fstat(fd.fd, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
+  const std::string line = j.dump() + "\n";
+  // In the file whole, or the error known before this returns: a line cut short (a full disk) is taken back.
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t r = ::write(fd.fd, line.data() + done, line.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    const int err = r == 0 ? ENOSPC : errno;
+    const bool cut = done > 0 && before >= 0 && ::ftruncate(fd.fd, before) != 0;  // a resume removes it then
+    FANOUT_FAIL() << "cannot write metrics file " << cfg_.metrics_path << ": " << std::strerror(err)
+                  << (cut ? " (its last line is cut short)" : "");
+  }
+  FANOUT_USER_CHECK(::close(fd.release()) == 0)
+      << "cannot write metrics file " << cfg_.metrics_path << ": " << std::strerror(errno);
 }
 
 EpochMetrics Trainer::run(int first_epoch, int last_epoch, const EpochPosition& start) {

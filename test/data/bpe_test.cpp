@@ -284,7 +284,7 @@ TEST(Bpe, SavedFilesAreHuggingFacesAndLoadBack) {
   std::vector<int32_t> want;
   for (unsigned char c : random_text) want.push_back(c);
   EXPECT_EQ(bytes->encode(random_text, false, "t"), want);
-  EXPECT_EQ(error_of([&] { bpe->save("/proc/none/hf"); }).rfind("cannot make tokenizer folder /proc/none/hf: ", 0), 0u);
+  EXPECT_EQ(error_of([&] { bpe->save("/proc/none/hf"); }).rfind("cannot create tokenizer folder /proc/none/hf: ", 0), 0u);
 }
 
 TEST(Bpe, BadFilesAreOneLineErrorsNamingThem) {

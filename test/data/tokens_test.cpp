@@ -223,6 +223,18 @@ TEST(TextData, CacheIsReusedUntilTheTextChangesAndBytesTakeAnyText) {
   write_bytes(first + "/meta.json", "{\"vocab_si", 10);
   EXPECT_EQ(data::prepare_text(path, false, cache), first);
   EXPECT_EQ(read_file(first + "/meta.json"), meta);
+  // Token files written over at their sizes (ids of the vocabulary, another text): meta.json's checksum of
+  // them tells, and the entry is made again.
+  const std::string zeros(whole.size(), '\0');
+  write_bytes(first + "/train.bin", zeros.data(), zeros.size());
+  EXPECT_EQ(data::prepare_text(path, false, cache), first);
+  EXPECT_EQ(read_file(first + "/train.bin"), whole);
+  // A cache that cannot be written names the way to another.
+  const std::string blocked = dir.path() + "/blocked";
+  write_bytes(blocked, "x", 1);
+  const std::string e = error_of([&] { data::prepare_text(path, false, blocked); });
+  EXPECT_EQ(e.rfind("cannot create the text cache " + blocked + "/text-char-", 0), 0u) << e;
+  EXPECT_NE(e.find("point FANOUT_CACHE_DIR at a writable folder with room"), std::string::npos) << e;
   // A temporary a killed preparation left hours ago goes when the entry is written again; a fresh one stays.
   const std::string old_tmp = first + "/train.bin.tmp.77.5", new_tmp = first + "/val.bin.tmp.78.6";
   write_bytes(old_tmp, "x", 1);

@@ -135,6 +135,12 @@ expect_warning order-on-cpu "--order-by-free-memory has no effect on CPU devices
 expect_error empty-save-dir "--save-dir needs a path, got ''" --save-dir "" --data synthetic:64
 expect_error proc-metrics "--metrics /proc/m.jsonl: the folder /proc is not writable" --metrics /proc/m.jsonl \
   --data synthetic:64
+ln -s "$work/nowhere/m.jsonl" "$work/dangling.jsonl"  # checked where the writes go, before training
+expect_error dangling-metrics "--metrics $work/dangling.jsonl \(a link to $work/nowhere/m.jsonl\): the folder $work/nowhere does not exist" \
+  --metrics "$work/dangling.jsonl" --data synthetic:64
+ln -s "$work/loop.jsonl" "$work/loop.jsonl"
+expect_error loop-metrics "cannot follow the links from $work/loop.jsonl: too many levels" --metrics "$work/loop.jsonl" \
+  --data synthetic:64
 expect_error unknown-comm "unknown communicator 'wobble' \(expected auto, cpu, p2p or nccl\)" --dp-comm wobble \
   --devices cpu:2 --data synthetic:64
 expect_error cpu-list "CPU devices are given as cpu or cpu:N alone" --devices cpu,cpu --data synthetic:64

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "runtime/core/error.h"
+#include "runtime/io/file_io.h"
 #include "io/temp_dir.h"
 #include "support/test_util.h"
 
@@ -238,6 +239,48 @@ TEST(Safetensors, FailedWriteLeavesThePreviousFileAndNoTemporary) {
   TensorFile f = load_safetensors(path);
   EXPECT_EQ(f.metadata.at("step"), "1");
   EXPECT_TRUE(same_bytes(f.tensors.at(0).second, a));
+}
+
+// Files replaced together: none changes before commit(), a failed add leaves every path as it was, and
+// the error names the file being written, not its temporary.
+TEST(StagedFiles, ReplaceEveryFileOrNone) {
+  TempDir dir;
+  const std::string a = dir.file("a.json"), b = dir.file("b.json");
+  io::write_file_atomic(a, "old a");
+  {
+    io::StagedFiles files;
+    files.add(a, "new a");
+    files.add(b, "new b");
+    EXPECT_EQ(read_bytes(a), std::vector<uint8_t>({'o', 'l', 'd', ' ', 'a'}));
+    EXPECT_FALSE(std::filesystem::exists(b));
+  }  // destroyed before commit
+  EXPECT_EQ(read_bytes(a), std::vector<uint8_t>({'o', 'l', 'd', ' ', 'a'}));
+  EXPECT_FALSE(std::filesystem::exists(b));
+  EXPECT_TRUE(dir.leftovers({"a.json"}).empty()) << dir.leftovers({"a.json"})[0];
+  io::StagedFiles files;
+  files.add(a, "new a");
+  const std::string missing = dir.file("none/c.json");
+  const std::string e = testing::error_of([&] { files.add(missing, "c"); });
+  EXPECT_EQ(e.rfind("cannot write " + missing + ": cannot create " + missing + ".tmp.", 0), 0u) << e;
+  EXPECT_NE(e.find(": No such file or directory"), std::string::npos) << e;
+  files.add(b, "new b");
+  files.commit();
+  EXPECT_EQ(read_bytes(a), std::vector<uint8_t>({'n', 'e', 'w', ' ', 'a'}));
+  EXPECT_EQ(read_bytes(b), std::vector<uint8_t>({'n', 'e', 'w', ' ', 'b'}));
+  EXPECT_TRUE(dir.leftovers({"a.json", "b.json"}).empty());
+}
+
+// A header check alone: a file cut short is refused as load_safetensors refuses it.
+TEST(Safetensors, MetadataIsReadFromTheHeaderOfAWholeFile) {
+  TempDir dir;
+  std::mt19937_64 rng(6);
+  const std::string path = dir.file("m.safetensors");
+  save_safetensors(path, {{"a", testing::random_tensor(Shape{64}, rng)}}, {{"epoch", "3"}});
+  EXPECT_EQ(read_safetensors_metadata(path).at("epoch"), "3");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 1);
+  const std::string e = testing::error_of([&] { read_safetensors_metadata(path); });
+  EXPECT_EQ(e, testing::error_of([&] { load_safetensors(path); }));
+  EXPECT_NE(e.find("run past the end of the data"), std::string::npos) << e;
 }
 
 TEST(Safetensors, MissingDirectoryIsAnErrorAndCreatesNothing) {

@@ -596,6 +596,92 @@ TEST(Checkpoint, SaverKeepsNewestAndBest) {
   EXPECT_TRUE(fs::exists(dir.path / "ck/epoch-0007.safetensors"));
 }
 
+// best.safetensors and the epoch's checkpoint are written together or not at all: a checkpoint that records
+// a best score whose file was not written would resume believing it was.
+TEST(Checkpoint, EpochAndBestAreSavedTogetherOrNotAtAll) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  train::CheckpointSaver saver(dir / "ck", /*every=*/1, /*keep_last=*/5);
+  train::CheckpointState st;
+  st.epoch = 1;
+  st.score = 0.5;
+  ASSERT_EQ(saver.on_epoch_end(*r.engine, *r.opt, st, 3).size(), 2u);
+  const std::string best = dir / "ck/best.safetensors", best_tmp = dir / "best-moved";
+  fs::rename(best, best_tmp);
+  fs::create_directory(best);  // best.safetensors cannot be replaced: the epoch's checkpoint must not be either
+  st.epoch = 2;
+  st.score = 0.7;
+  EXPECT_THROW(saver.on_epoch_end(*r.engine, *r.opt, st, 3), Error);
+  EXPECT_FALSE(fs::exists(dir.path / "ck/epoch-0002.safetensors"));
+  EXPECT_EQ(st.best_test_acc, 0.5) << "the failed best is not recorded";
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(dir.path / "ck")) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{".fanout.lock", "best.safetensors", "epoch-0001.safetensors"}))
+      << "no temporaries";
+  fs::remove(best);
+  EXPECT_EQ(saver.on_epoch_end(*r.engine, *r.opt, st, 3).size(), 2u);
+  EXPECT_EQ(st.best_test_acc, 0.7);
+  EXPECT_EQ(io::load_safetensors(best).metadata.at("epoch"), "2");
+}
+
+// A resumed run whose best.safetensors is gone or cut short forgets the best score, so that the next
+// evaluation writes the file again.
+TEST(Checkpoint, AResumeWithoutAWholeBestForgetsItsScore) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  train::CheckpointSaver saver(dir / "ck", 1, 5);
+  train::CheckpointState st;
+  st.epoch = 1;
+  st.score = 0.5;
+  saver.on_epoch_end(*r.engine, *r.opt, st, 3);
+  EXPECT_EQ(saver.forget_missing_best(st), "");
+  EXPECT_EQ(st.best_test_acc, 0.5);
+  const std::string best = dir / "ck/best.safetensors";
+  fs::resize_file(best, fs::file_size(best) - 4);
+  EXPECT_NE(saver.forget_missing_best(st).find(best + ": "), std::string::npos);
+  EXPECT_EQ(st.best_test_acc, -1);
+  fs::remove(best);
+  st.best_test_acc = 0.5;
+  EXPECT_EQ(saver.forget_missing_best(st), "no best.safetensors in " + (dir / "ck"));
+  EXPECT_EQ(st.best_test_acc, -1);
+  st.score = 0.1;  // any score now writes it
+  EXPECT_EQ(saver.save_if_best(*r.engine, st), best);
+}
+
+// --overwrite's removal: at the saver's first save, of every file or, naming the one that cannot go, of none.
+TEST(Checkpoint, RemovalAtTheFirstSaveIsAllOrNothing) {
+  const auto data = data::make_synthetic(48, 2);
+  TempDir dir;
+  TrainingRun r = make_run(data, 0, 1, 3);
+  fs::create_directories(dir.path / "ck");
+  std::vector<std::string> old;
+  for (const char* name : {"epoch-0004.safetensors", "epoch-0005.safetensors", "best.safetensors"}) {
+    old.push_back(dir / ("ck/" + std::string(name)));
+    std::ofstream(old.back()) << "old run";
+  }
+  train::CheckpointSaver saver(dir / "ck", 1, 5);
+  std::vector<std::string> with_missing = old;
+  with_missing.insert(with_missing.begin() + 1, dir / "ck/epoch-0009.safetensors");
+  EXPECT_EQ(testing::error_of([&] { saver.remove_at_first_save(with_missing); }),
+            "cannot remove " + (dir / "ck/epoch-0009.safetensors") + ": No such file or directory (nothing removed)");
+  for (const std::string& f : old) EXPECT_TRUE(fs::exists(f)) << f;
+  saver.remove_at_first_save(old);
+  for (const std::string& f : old) EXPECT_TRUE(fs::exists(f)) << "kept until the first save: " << f;
+  train::CheckpointState st;
+  st.epoch = 1;
+  st.score = 0.5;
+  saver.on_epoch_end(*r.engine, *r.opt, st, 3);
+  for (const std::string& f : {old[0], old[1]}) EXPECT_FALSE(fs::exists(f)) << f;
+  EXPECT_EQ(io::load_safetensors(old[2]).metadata.at("epoch"), "1") << "best.safetensors is this run's";
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(dir.path / "ck")) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{".fanout.lock", "best.safetensors", "epoch-0001.safetensors"}));
+}
+
 TEST(Checkpoint, ResumeDropsMetricsOfEpochsTrainedAgain) {
   TempDir dir;
   const std::string path = (dir.path / "m.jsonl").string();
