@@ -44,7 +44,7 @@ void Checkpointed::set_input_grad(bool on) {
 
 Tensor Checkpointed::run(Context& ctx) {
   Tensor work;
-  ensure(work, x_.shape(), x_.dtype(), ctx);
+  ensure_like(work, x_, ctx);  // its format too: a channels-last input under autocast
   work.copy_from(x_, &ctx.compute());
   return block_->forward(work, ctx);
 }
@@ -55,7 +55,7 @@ Tensor Checkpointed::forward(const Tensor& x, Context& ctx) {
   x_ = x;
   SlotScope scope(ctx, false);
   const Tensor y = run(ctx);
-  ensure(out_, y.shape(), y.dtype(), ctx.device());
+  ensure(out_, y.shape(), y.dtype(), ctx.device(), y.format());
   out_.copy_from(y, &ctx.compute());
   return out_;
 }
@@ -66,7 +66,7 @@ Tensor Checkpointed::backward(const Tensor& dy, Context& ctx) {
   ActivationSlots& slots = ctx.checkpoint_slots();
   // dy may be the next checkpointed block's input gradient, in the slots.
   Tensor& g = slots.grad_in();
-  ensure(g, dy.shape(), dy.dtype(), ctx.device());
+  ensure(g, dy.shape(), dy.dtype(), ctx.device(), dy.format());
   if (g.raw() != dy.raw()) g.copy_from(dy, &ctx.compute());
   SlotScope scope(ctx, true);
   run(ctx);

@@ -36,9 +36,13 @@ constexpr const char* kGpt = "gpt:n_layer=3,n_head=2,n_embd=16,block_size=8,voca
 struct Case {
   std::string model, devices;
   bool sync_bn = false;
+  DType autocast = DType::F32;  // BF16, F16: the mixed precisions' low-type channels-last activations
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " on " << c.devices << (c.sync_bn ? " sync_bn" : ""); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " on " << c.devices << (c.sync_bn ? " sync_bn" : "")
+      << (c.autocast == DType::F32 ? "" : std::string(" autocast ") + dtype_name(c.autocast));
+}
 
 bool is_gpt_model(const std::string& m) { return m.rfind("gpt", 0) == 0; }
 
@@ -71,6 +75,7 @@ std::vector<testing::Batch> batches_for(const std::string& m, int64_t rows, int 
 EngineSpec spec_for(const Case& c) {
   EngineSpec spec = testing::engine_on(c.devices, /*split_invariant=*/false);
   spec.dp.sync_bn = c.sync_bn;
+  spec.dp.math.autocast = c.autocast;
   if (is_gpt_model(c.model)) spec.loss.criterion = CriterionKind::TokenCrossEntropy;
   else if (models::dense_output(c.model)) spec.loss.criterion = CriterionKind::Mse;
   return spec;
@@ -118,10 +123,13 @@ INSTANTIATE_TEST_SUITE_P(
     Zoo, CheckpointedModel,
     ::testing::Values(Case{"resnet18", "cpu"}, Case{"resnet18", "cpu:2"}, Case{"resnet18", "cpu:2", true},
                       Case{"heatmap3d", "cpu"}, Case{"heatmap3d", "cpu:3", true}, Case{"heatmap3d:group", "cpu:2"},
-                      Case{kGpt, "cpu"}, Case{kGpt, "cpu:2"}),
+                      Case{kGpt, "cpu"}, Case{kGpt, "cpu:2"}, Case{"resnet18", "cpu", false, DType::BF16},
+                      Case{"resnet18", "cpu:2", true, DType::F16}, Case{"heatmap3d", "cpu", false, DType::BF16},
+                      Case{kGpt, "cpu", false, DType::BF16}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string n = i.param.model.substr(0, i.param.model.find(',')) + "_" + i.param.devices +
-                      (i.param.sync_bn ? "_syncbn" : "");
+                      (i.param.sync_bn ? "_syncbn" : "") +
+                      (i.param.autocast == DType::F32 ? "" : std::string("_") + dtype_name(i.param.autocast));
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
