@@ -39,11 +39,13 @@ FANOUT_DROPOUT_HD float scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0
 }  // namespace dropout_math
 
 FANOUT_KERNEL_OPS(
-// y (=) x * keep(key, first_row + i / sample, i % sample, p) * scale(p), for
-// x (N, ...) with sample = x.numel() / N elements a row; y may be x.
+// y (=) x * keep(key, first_row + (i / sample) * row_stride, i % sample, p) *
+// scale(p), for x (N, ...) with sample = x.numel() / N elements a row (row n
+// is row first_row + n * row_stride of the whole batch: a DDP rank's rows
+// are every world-th); y may be x.
 // 0 <= p <= 1. Applied to dy with the forward's key and rows, it is the
 // backward.
-void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first_row, Tensor& y);
+void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first_row, int64_t row_stride, Tensor& y);
 )
 
 }  // namespace fanout::kernels

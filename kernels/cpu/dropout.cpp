@@ -23,7 +23,7 @@ FANOUT_AVX2_CLONE void mask_run(const uint64_t* in, float p, float scale, float*
 }
 }  // namespace
 
-void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first_row, Tensor& y) {
+void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first_row, int64_t row_stride, Tensor& y) {
   const int64_t sample = x.numel() / x.size(0);
   // Channels-last rows hold (spatial, channel) in memory; the draw takes the
   // logical index, so both formats drop the same elements.
@@ -40,10 +40,10 @@ void dropout(Context& ctx, const Tensor& x, float p, uint64_t key, int64_t first
     widen_span(t, xp + first * size, buf, k);
     // Row, position in the row and its (spatial, channel) counted along, the row's key hashed once.
     int64_t r = first / sample, m = first % sample, ch = last ? m % c : 0, sp = last ? m / c : 0;
-    uint64_t rk = dropout_math::row_key(key, first_row + r);
+    uint64_t rk = dropout_math::row_key(key, first_row + r * row_stride);
     for (int64_t j = 0; j < k; ++j) {
       in[j] = rk ^ static_cast<uint64_t>(last ? ch * s + sp : m);
-      if (++m == sample) m = 0, ch = 0, sp = 0, rk = dropout_math::row_key(key, first_row + ++r);
+      if (++m == sample) m = 0, ch = 0, sp = 0, rk = dropout_math::row_key(key, first_row + ++r * row_stride);
       else if (last && ++ch == c) ch = 0, ++sp;
     }
     mask_run(in, p, scale, buf, k);

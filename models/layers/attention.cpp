@@ -49,7 +49,7 @@ void CausalSelfAttention::dropout_forward(Context& ctx, float scale) {
   kernels::gemm_strided_batched(ctx, false, true, t, t, d, scale, q_.f32(), d, td, k_.f32(), d, td, 0.0f,
                                 probs_.f32(), t, tt, b * h);
   kernels::softmax_forward(ctx, probs_, /*causal=*/true, probs_);
-  kernels::dropout(ctx, probs_, p_, key_, row_, dropped_probs_);
+  kernels::dropout(ctx, probs_, p_, key_, row_, row_stride_, dropped_probs_);
   kernels::gemm_strided_batched(ctx, false, false, t, d, t, 1.0f, dropped_probs_.f32(), t, tt, v_.f32(), d, td,
                                 0.0f, yh_.f32(), d, td, b * h);
 }
@@ -62,7 +62,7 @@ void CausalSelfAttention::dropout_backward(Context& ctx, float scale) {
                                 0.0f, dv_.f32(), d, td, b * h);
   kernels::gemm_strided_batched(ctx, false, true, t, t, d, 1.0f, dyh_.f32(), d, td, v_.f32(), d, td, 0.0f,
                                 dprobs_.f32(), t, tt, b * h);
-  kernels::dropout(ctx, dprobs_, p_, key_, row_, dprobs_);   // through the same mask
+  kernels::dropout(ctx, dprobs_, p_, key_, row_, row_stride_, dprobs_);   // through the same mask
   kernels::softmax_backward(ctx, probs_, dprobs_, dprobs_);  // dS of the scaled scores
   // dq = scale dS k; dk = scale dS^T q.
   kernels::gemm_strided_batched(ctx, false, false, t, d, t, scale, dprobs_.f32(), t, tt, k_.f32(), d, td, 0.0f,
@@ -154,6 +154,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Context& ctx) {
     key_ = splitmix64(ctx.pass_key ^ splitmix64(salt_));
     ++ctx.random_draws;
     row_ = ctx.random_row;
+    row_stride_ = ctx.random_row_stride;
     dropout_forward(ctx, scale);
   } else {
     fused_forward(ctx, scale);

@@ -60,7 +60,7 @@ class CausalSelfAttention : public Module {
   Linear* c_proj_;
   Dropout* resid_dropout_;
   uint64_t salt_ = 0, key_ = 0;
-  int64_t row_ = 0;
+  int64_t row_ = 0, row_stride_ = 1;
   bool dropped_ = false;  // the last forward dropped attention probabilities
   Shape x_shape_;
   Tensor qkv32_;                           // c_attn's low-type output as float32 (the dropout path)

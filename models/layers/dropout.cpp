@@ -22,12 +22,13 @@ Tensor Dropout::forward(const Tensor& x, Context& ctx) {
   key_ = salt_ == 0 ? ctx.pass_key : splitmix64(ctx.pass_key ^ splitmix64(salt_));
   ++ctx.random_draws;
   row_ = ctx.random_row;
+  row_stride_ = ctx.random_row_stride;
   Tensor y = x;
   if (!inplace_) {
     ensure_like(y_, x, ctx);
     y = y_;
   }
-  kernels::dropout(ctx, x, p_, key_, row_, y);
+  kernels::dropout(ctx, x, p_, key_, row_, row_stride_, y);
   return y;
 }
 
@@ -35,7 +36,7 @@ Tensor Dropout::backward(const Tensor& dy, Context& ctx) {
   if (!input_grad()) return Tensor();
   if (!applied_) return dy;
   Tensor dx = dy;  // backward may overwrite dy
-  kernels::dropout(ctx, dy, p_, key_, row_, dx);
+  kernels::dropout(ctx, dy, p_, key_, row_, row_stride_, dx);
   return dx;
 }
 

@@ -31,7 +31,7 @@ class Dropout : public Module {
   bool inplace_;
   bool applied_ = false;  // the last forward dropped (training, p > 0)
   uint64_t key_ = 0, salt_ = 0;
-  int64_t row_ = 0;
+  int64_t row_ = 0, row_stride_ = 1;
   Tensor y_;
 };
 

@@ -81,11 +81,13 @@ class Context {
   // offset in the user's batch), so errors name the user's rows.
   int64_t first_row = 0;
   // Counter-based randomness (Dropout): the training pass's key, the same on
-  // every replica and process, and the row its draws start from (first_row
-  // plus the rows of lower DDP ranks), so that how a batch is split does not
-  // change what is drawn. Engines set both before each training forward.
+  // every replica and process, and which rows of the whole batch this
+  // context's rows are (row n: random_row + n * random_row_stride; a DDP
+  // rank's rows are every world-th, as DistributedSampler deals them), so
+  // that how a batch is split does not change what is drawn. Engines set
+  // them before each training forward.
   uint64_t pass_key = 0;
-  int64_t random_row = 0;
+  int64_t random_row = 0, random_row_stride = 1;
   // Counts the keys layers drew from pass_key: a step captured into a CUDA
   // graph would replay its first key, so an engine captures no step that draws.
   uint64_t random_draws = 0;

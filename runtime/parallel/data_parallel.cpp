@@ -264,12 +264,15 @@ void DataParallel::begin_pass(const Tensor& x) {
   for (int i = 0; i < active_; ++i) contexts_[i]->first_row = starts_[i];
   if (module_.is_training()) {
     // Every replica draws from the pass's key at its rows of the whole
-    // batch; a DDP rank's rows follow the lower ranks' (equal batches).
-    const int64_t rank_rows = opts_.group ? opts_.group->rank() * x.size(0) : 0;
+    // batch. DDP rank r's row n is row n * world + r, as DistributedSampler
+    // deals an epoch's samples (r, r + world, ...; equal batches), so a
+    // run draws what one device's run of the whole batch draws.
+    const int64_t rank = opts_.group ? opts_.group->rank() : 0, world = opts_.group ? opts_.group->size() : 1;
     const uint64_t key = pass_key(opts_.seed, pass_++);
     for (int i = 0; i < active_; ++i) {
       contexts_[i]->pass_key = key;
-      contexts_[i]->random_row = rank_rows + starts_[i];
+      contexts_[i]->random_row = starts_[i] * world + rank;
+      contexts_[i]->random_row_stride = world;
     }
   }
   training_forward_ = module_.is_training();

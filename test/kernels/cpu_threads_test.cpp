@@ -117,8 +117,8 @@ TEST(CpuThreads, OwnKernelsGiveTheSameBitsOnAnyThreadCount) {
   expect_same_bits_on_any_thread_count("dropout, float32 and channels-last bfloat16", [&](Context& ctx) {
     Tensor d = Tensor::empty(x.shape());
     Tensor dl = Tensor::empty(x.shape(), DType::BF16, Device::cpu(), MemoryFormat::ChannelsLast);
-    kernels::dropout(ctx, x, 0.3f, 77, 2, d);
-    kernels::dropout(ctx, xl, 0.3f, 77, 2, dl);
+    kernels::dropout(ctx, x, 0.3f, 77, 2, 1, d);
+    kernels::dropout(ctx, xl, 0.3f, 77, 2, 3, dl);
     return std::vector<Tensor>{d, dl};
   });
   const Tensor v = ft::random_tensor(Shape{2, 6, 8, 10, 12}, rng);

@@ -7,6 +7,9 @@
 // rounds the kept ones once.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include <cmath>
 
 #include "kernels/backend_test_util.h"
@@ -34,7 +37,7 @@ TEST_P(DropoutOnBackend, MatchesItsDefinitionAndDropsAShareOfP) {
   for (float p : {0.1f, 0.5f, 0.9f}) {
     SCOPED_TRACE("p " + std::to_string(p));
     Tensor y = poisoned(s);
-    kernels::dropout(ctx(), up(x), p, 12345, 7, y);
+    kernels::dropout(ctx(), up(x), p, 12345, 7, 1, y);
     const Tensor h = down(y);
     const double scale = 1.0 / (1.0 - static_cast<double>(p));
     int64_t dropped = 0;
@@ -57,29 +60,43 @@ TEST_P(DropoutOnBackend, ZeroIsTheIdentityAndOneDropsEverything) {
   std::mt19937_64 rng(92);
   Tensor x = ft::random_tensor(Shape{3, 17}, rng);
   Tensor y0 = poisoned(x.shape()), y1 = poisoned(x.shape());
-  kernels::dropout(ctx(), up(x), 0.0f, 5, 0, y0);
-  kernels::dropout(ctx(), up(x), 1.0f, 5, 0, y1);
+  kernels::dropout(ctx(), up(x), 0.0f, 5, 0, 1, y0);
+  kernels::dropout(ctx(), up(x), 1.0f, 5, 0, 1, y1);
   EXPECT_TRUE(ft::same_bits(down(y0), x));
   EXPECT_EQ(ft::l2_norm(down(y1)), 0.0);
 }
 
-TEST_P(DropoutOnBackend, SplitRowsDrawTheWholeBatchsMask) {
+TEST_P(DropoutOnBackend, SplitRowsDrawTheWholeBatchsMask) {  // contiguous (replicas) and strided (ranks)
   std::mt19937_64 rng(93);
   Tensor x = ft::random_tensor(Shape{8, 3, 5}, rng);
   Tensor whole = poisoned(x.shape());
-  kernels::dropout(ctx(), up(x), 0.4f, 99, 0, whole);
+  kernels::dropout(ctx(), up(x), 0.4f, 99, 0, 1, whole);
   Tensor top = poisoned(Shape{3, 3, 5}), bottom = poisoned(Shape{5, 3, 5});
-  kernels::dropout(ctx(), up(x.slice(0, 3).to(Device::cpu())), 0.4f, 99, 0, top);
-  kernels::dropout(ctx(), up(x.slice(3, 8).to(Device::cpu())), 0.4f, 99, 3, bottom);
+  kernels::dropout(ctx(), up(x.slice(0, 3).to(Device::cpu())), 0.4f, 99, 0, 1, top);
+  kernels::dropout(ctx(), up(x.slice(3, 8).to(Device::cpu())), 0.4f, 99, 3, 1, bottom);
   const Tensor w = down(whole);
   EXPECT_TRUE(ft::same_bits(down(top), w.slice(0, 3).to(Device::cpu())));
   EXPECT_TRUE(ft::same_bits(down(bottom), w.slice(3, 8).to(Device::cpu())));
   Tensor other = poisoned(x.shape());
-  kernels::dropout(ctx(), up(x), 0.4f, 100, 0, other);
+  kernels::dropout(ctx(), up(x), 0.4f, 100, 0, 1, other);
   EXPECT_FALSE(ft::same_bits(down(other), w)) << "another key, another mask";
   Tensor in_place = up(x);
-  kernels::dropout(ctx(), in_place, 0.4f, 99, 0, in_place);
+  kernels::dropout(ctx(), in_place, 0.4f, 99, 0, 1, in_place);
   EXPECT_TRUE(ft::same_bits(down(in_place), w));
+  // DDP's ranks: rank r of 3 holds rows r, r + 3, ... of the whole batch (DistributedSampler's deal).
+  for (int r = 0; r < 3; ++r) {
+    std::vector<Tensor> rows;
+    for (int64_t i = r; i < 8; i += 3) rows.push_back(x.slice(i, i + 1).to(Device::cpu()));
+    Tensor mine = Tensor::empty(Shape{static_cast<int64_t>(rows.size()), 3, 5});
+    for (size_t k = 0; k < rows.size(); ++k) std::memcpy(mine.f32() + k * 15, rows[k].f32(), 15 * sizeof(float));
+    Tensor got = poisoned(mine.shape());
+    kernels::dropout(ctx(), up(mine), 0.4f, 99, r, 3, got);
+    const Tensor g = down(got);
+    for (size_t k = 0; k < rows.size(); ++k)
+      EXPECT_TRUE(ft::same_bits(g.slice(int64_t(k), int64_t(k) + 1).to(Device::cpu()),
+                                w.slice(r + 3 * int64_t(k), r + 3 * int64_t(k) + 1).to(Device::cpu())))
+          << "rank " << r << ", its row " << k;
+  }
 }
 
 TEST_P(DropoutOnBackend, LowStorageInEitherFormatDropsWhatFloat32Drops) {
@@ -89,7 +106,7 @@ TEST_P(DropoutOnBackend, LowStorageInEitherFormatDropsWhatFloat32Drops) {
     std::mt19937_64 rng(94);
     const Tensor x = ft::random_stored(s, sc.dtype, sc.format, rng, 0.5f, 2.0f);  // never zero
     Tensor y = up(ft::poisoned_stored(s, sc.dtype, sc.format));
-    kernels::dropout(ctx(), up(x), 0.3f, 4242, 5, y);
+    kernels::dropout(ctx(), up(x), 0.3f, 4242, 5, 1, y);
     const Tensor got = down(y);
     const int64_t sample = x.numel() / s[0];
     const double scale = 1.0 / (1.0 - 0.3), u = ft::unit_roundoff(sc.dtype) * (1 + 1e-3);
@@ -107,8 +124,9 @@ TEST_P(DropoutOnBackend, LowStorageInEitherFormatDropsWhatFloat32Drops) {
 
 TEST_P(DropoutOnBackend, RefusesBadArguments) {
   Tensor x = up(Tensor::zeros(Shape{2, 3})), y = up(Tensor::zeros(Shape{2, 4}));
-  EXPECT_THROW(kernels::dropout(ctx(), x, 0.5f, 1, 0, y), Error);
-  EXPECT_THROW(kernels::dropout(ctx(), x, 1.5f, 1, 0, x), Error);
+  EXPECT_THROW(kernels::dropout(ctx(), x, 0.5f, 1, 0, 1, y), Error);
+  EXPECT_THROW(kernels::dropout(ctx(), x, 1.5f, 1, 0, 1, x), Error);
+  EXPECT_THROW(kernels::dropout(ctx(), x, 0.5f, 1, 0, 0, x), Error) << "a row stride of 0";
 }
 
 }  // namespace
