@@ -486,7 +486,7 @@ std::vector<Device> machine_devices(const train::RunConfig& c) {
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   std::string spec = c.devices;
   if (spec == "auto") {
-    spec = auto_devices(local_batch(c), host_cores(), cuda_device_count()).spec;
+    spec = auto_devices(local_batch(c), kernel_thread_budget(), cuda_device_count()).spec;
     static bool warned = false;
     if (!cuda_available_in_build() && !warned && std::filesystem::exists("/dev/nvidiactl")) {
       std::fprintf(stderr,
@@ -1180,7 +1180,7 @@ int run(int argc, char** argv) {
                 data.train->sample_shape().str().c_str());
     if (c.devices == "auto")
       std::printf("devices auto: %s, %s\n", names(all).c_str(),
-                  auto_devices(local_batch(c), host_cores(), cuda_device_count()).why.c_str());
+                  auto_devices(local_batch(c), kernel_thread_budget(), cuda_device_count()).why.c_str());
     if (p.world > 1)
       std::printf("ddp: %d processes (%d per machine) of %zu device%s each, %s\n", p.world,
                   p.env.local_world_size, p.devices.size(), p.devices.size() == 1 ? "" : "s",

@@ -65,16 +65,24 @@ void parallel_for(const Context& ctx, int64_t n, int64_t grain, F&& f) {
       if (!error) error = std::current_exception();
     }
   };
+  // Ranges [first, first + count) of t on the calling thread and a team of its own.
+  const auto run_ranges = [&](int first, int count) {
+    if (count <= 0) return;
 #ifdef FANOUT_TSAN
-  {
     std::vector<std::jthread> team;
-    for (int i = 1; i < t; ++i) team.emplace_back([&, i] { range(i, t); });
-    range(0, t);
-  }
+    for (int i = 1; i < count; ++i) team.emplace_back([&, i] { range(first + i, t); });
+    range(first, t);
 #else
-#pragma omp parallel num_threads(t)
-  range(omp_get_thread_num(), omp_get_num_threads());
+#pragma omp parallel num_threads(count)
+    range(first + omp_get_thread_num(), t);
 #endif
+  };
+  if (ctx.cpu_workers && ctx.cpu_worker_count > 1) {
+    const int w = ctx.cpu_worker_count;
+    ctx.cpu_workers([&](int k) { run_ranges(t * k / w, t * (k + 1) / w - t * k / w); });
+  } else {
+    run_ranges(0, t);
+  }
   if (error) std::rethrow_exception(error);
 }
 

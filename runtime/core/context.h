@@ -77,6 +77,14 @@ class Context {
 
   bool training = true;
   MathOptions math;
+  // CPU kernels' threads on a context whose work runs on threads that exist
+  // already (DataParallel's optimizer step on its idle replica workers, so
+  // that no team of its own stays awake beside them): cpu_workers(fn) runs
+  // fn(w) for w in [0, cpu_worker_count) on those threads, the calling
+  // one's included, and returns when all are done; each takes its share of
+  // math.cpu_threads on its own OpenMP team. Unset: the calling thread's team.
+  std::function<void(const std::function<void(int)>&)> cpu_workers;
+  int cpu_worker_count = 0;
   // The batch row this context's first row is (a DataParallel replica's
   // offset in the user's batch), so errors name the user's rows.
   int64_t first_row = 0;

@@ -1,6 +1,7 @@
 // Device naming and device-list parsing.
 #include "runtime/core/device.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <cctype>
@@ -25,7 +26,14 @@ std::string Device::str() const {
   return (kind == DeviceKind::CPU ? "cpu:" : "cuda:") + std::to_string(index);
 }
 
-int host_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int host_cores() {
+  // The cores this process may run on (taskset, a container's cpuset, a batch system's binding), as
+  // nproc and OpenMP count them; the machine's count only where the mask cannot be read.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 int kernel_thread_budget() {
   const int cores = host_cores();

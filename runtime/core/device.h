@@ -26,7 +26,8 @@ struct Device {
 
 // Number of visible CUDA devices; 0 in a build without CUDA or without a GPU.
 int cuda_device_count();
-// Cores of this machine (at least 1): what CPU devices share.
+// The cores this process may run on (its CPU affinity mask; at least 1):
+// what CPU devices share.
 int host_cores();
 // The threads the CPU devices' kernels share in all: every core, or fewer
 // when OMP_NUM_THREADS says so (read as PyTorch reads it), e.g. for

@@ -152,6 +152,10 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     step_ctx_ = std::make_unique<Context>(devices[0], opts.seed);
     step_ctx_->math = opts_.math;
     step_ctx_->math.cpu_threads = opts_.math.cpu_threads * n;
+    // On the replicas' threads, idle while the optimizer steps: a team of the primary's own would stay
+    // awake (OpenMP's spin) beside the replicas' next forward.
+    step_ctx_->cpu_workers = [this](const std::function<void(int)>& fn) { pool_->run(fn, pool_->size()); };
+    step_ctx_->cpu_worker_count = n;
   }
   replicas_.resize(n);
   for (int i = 1; i < n; ++i) replicas_[i] = module.clone(devices[i], &contexts_[i]->compute());

@@ -46,7 +46,8 @@ std::unique_ptr<distributed::ProcessGroup> make_process_group(const distributed:
 std::vector<Device> split_devices(const std::vector<Device>& all, int local_world, int local_rank);
 
 // What --devices auto means: every visible GPU; without one, one CPU
-// replica per core (each with one kernel thread) while each replica gets at
+// replica per core of `cores` (kernel_thread_budget(): the affinity mask's
+// cores, fewer under OMP_NUM_THREADS), each with one kernel thread, while each replica gets at
 // least kAutoMinRowsPerReplica rows of `batch_size` (the batch of one
 // process), which dp-bench --epochs measured faster than one device using
 // every core. `why` says which and why, for the run's summary line.

@@ -4,6 +4,9 @@
 // that do not hang.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <iterator>
+#include <random>
 #include <thread>
 
 #include "kernels/cpu/plan_count.h"
@@ -287,7 +290,8 @@ TEST(DataParallel, SteadyStateAllocatesNothingAndBuildsNoModules) {
 }
 
 // Between passes the CPU replicas' threads are idle: the optimizer's context
-// on the primary has them all (its kernels give the same bits on any count).
+// on the primary has them all (its kernels give the same bits on any count)
+// and runs on them.
 TEST(DataParallel, OptimizerContextHasEveryCpuReplicasThreads) {
   auto m = models::make_model("mlp", Shape{1, 4, 4}, 10, 1);
   DataParallelOptions opts;
@@ -296,6 +300,23 @@ TEST(DataParallel, OptimizerContextHasEveryCpuReplicasThreads) {
   EXPECT_EQ(three.primary_context().math.cpu_threads, 1);
   EXPECT_EQ(three.step_context().math.cpu_threads, 3);
   EXPECT_TRUE(three.step_context().device().same_memory(three.primary_context().device()));
+  // Its kernels run on the replicas' own threads, not on a team of their own, whose threads would stay
+  // awake (OpenMP's spin) beside the replicas' next pass: a step over resnet18's arena (many chunks, cut
+  // over all 3 threads) starts no thread.
+  auto big = models::make_model("resnet18", Shape{3, 8, 8}, 10, 1);
+  DataParallelEngine e3(*big, parse_devices("cpu:3"), *make_criterion({}), opts);
+  auto opt = optim::make_optimizer(e3.model(), e3.step_context(), testing::test_sgd());
+  const auto threads_now = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator());
+  };
+  const auto before = threads_now();
+  std::mt19937_64 rng(3);
+  const Tensor g = testing::random_tensor(big->arenas().grads.shape(), rng);
+  big->arenas().grads.copy_from(g);
+  const Tensor p0 = big->arenas().params.to(Device::cpu());
+  opt->step();
+  EXPECT_EQ(threads_now(), before) << "the step started threads of its own";
+  EXPECT_GT(testing::max_rel_diff(big->arenas().params, p0), 0.0) << "the step moved the parameters";
   DataParallelEngine one(*m, parse_devices("cpu:1"), *make_criterion({}), opts);
   EXPECT_EQ(&one.step_context(), &one.primary_context());
 }
