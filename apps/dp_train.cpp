@@ -173,7 +173,7 @@ void describe_training(po::options_description& desc, Cli& cli, const train::Run
     ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(d.warmup_epochs, num(d.warmup_epochs)),
      "linear warm-up length in epochs (per optimizer step)")
     ("label-smoothing", po::value(&o.label_smoothing)->default_value(d.label_smoothing, num(d.label_smoothing)),
-     "cross-entropy label smoothing in [0, 1)")
+     "cross-entropy label smoothing in [0, 1]")
     ("heatmap-radius", po::value(&o.heatmap_radius)->default_value(d.heatmap_radius),
      "keypoint data: radius r in voxels of each landmark's target Gaussian (sigma = (2r+1)/6); "
      "heatmap3d's own defaults: --data synthetic3d --lr 2 --weight-decay 0 --batch-size 8 --epochs 5 "

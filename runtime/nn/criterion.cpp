@@ -106,26 +106,40 @@ class CrossEntropy final : public Criterion {
     Tensor dlogits;
     if (train) xent_grad(ctx, out, grad_scale, grad_, dlogits, o);
     kernels::softmax_xent(ctx, out, target, smoothing_, loss_, o);
+    targets_ = target;
   }
   const Tensor& grad() const override { return grad_; }
   StepResult read(Context& ctx) override {
     to_host(ctx, rows_, rows_h_);
     to_host(ctx, correct_, correct_h_);
+    const Tensor* labels = &targets_;
+    if (!targets_.device().is_cpu()) {
+      to_host(ctx, targets_, targets_h_);
+      labels = &targets_h_;
+    }
     ctx.compute().synchronize();
     StepResult r = StepResult::of_rows(rows_h_.f32(), rows_h_.numel());
     r.sums[kCorrectSum].add(static_cast<float>(correct_h_.data<int32_t>()[0]));
+    // The accuracy's denominator: the rows whose label is not ignored (-1), as torch's ignore_index.
+    const int32_t* y = labels->data<int32_t>();
+    r.sums[kTargetsSum].add(static_cast<float>(std::count_if(
+        y, y + labels->numel(), [](int32_t v) { return v != kernels::kIgnoreLabel; })));  // exact: < 2^24 rows
     return r;
   }
-  int64_t result_bytes(const Shape& out) const override { return out[0] * 4 + 4; }
+  int64_t result_bytes(const Shape& out) const override { return out[0] * 8 + 4; }
   std::unique_ptr<Criterion> clone() const override { return std::make_unique<CrossEntropy>(smoothing_); }
-  std::vector<MetricSpec> metrics() const override { return {accuracy_metric()}; }
-  std::vector<std::string> sum_names() const override { return {"correct"}; }
+  std::vector<MetricSpec> metrics() const override {
+    MetricSpec acc = accuracy_metric();
+    acc.denominator = kTargetsSum;
+    return {acc};
+  }
+  std::vector<std::string> sum_names() const override { return {"correct", "targets"}; }
   const char* loss_format() const override { return "%.4f"; }
 
  private:
   const std::string name_ = criterion_name(CriterionKind::CrossEntropy);
   float smoothing_;
-  Tensor loss_, correct_, rows_, grad_, rows_h_, correct_h_;
+  Tensor loss_, correct_, rows_, grad_, targets_, rows_h_, correct_h_, targets_h_;
 };
 
 class TokenCrossEntropy final : public Criterion {
@@ -309,8 +323,8 @@ std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
     FANOUT_USER_CHECK(o.label_smoothing == 0) << "label smoothing applies to cross_entropy, not mse";
     return std::make_unique<MeanSquaredError>();
   }
-  FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1)
-      << "label smoothing must be in [0, 1), got " << o.label_smoothing;
+  FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1)  // torch's range: 1 is uniform targets
+      << "label smoothing must be in [0, 1], got " << o.label_smoothing;
   if (o.criterion == CriterionKind::TokenCrossEntropy) return std::make_unique<TokenCrossEntropy>(o.label_smoothing);
   return std::make_unique<CrossEntropy>(o.label_smoothing);
 }

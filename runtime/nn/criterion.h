@@ -82,7 +82,8 @@ struct MetricSpec {
 // kNearVoxels, and the distances (each rounded to float).
 inline constexpr int kCorrectSum = 0;
 inline constexpr int kPointsSum = 0, kNearSum = 1, kDistanceSum = 2;
-// token_cross_entropy: sums[kCorrectSum] the tokens predicted, sums[kTargetsSum] those not ignored.
+// cross_entropy and token_cross_entropy: sums[kCorrectSum] the rows (tokens) predicted, sums[kTargetsSum]
+// those not ignored, the accuracy's denominator.
 inline constexpr int kTargetsSum = 1;
 
 // Accuracy from sums[correct] (cross_entropy's metric, for criteria that count it too).

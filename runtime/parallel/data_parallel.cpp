@@ -258,8 +258,9 @@ void DataParallel::begin_pass(const Tensor& x) {
   sizes_ = chunk_sizes(x.size(0), n);
   active_ = static_cast<int>(sizes_.size());
   if (active_ < n && !warned_small_batch_) {
-    std::fprintf(stderr, "fanout: warning: batch of %lld rows runs on %d of %d devices\n",
-                 static_cast<long long>(x.size(0)), active_, n);
+    std::fprintf(stderr, "fanout: warning: a%s batch of %lld row%s runs on %d of %d devices (torch.chunk's split)\n",
+                 module_.is_training() ? "" : "n evaluation", static_cast<long long>(x.size(0)),
+                 x.size(0) == 1 ? "" : "s", active_, n);
     warned_small_batch_ = true;
   }
   starts_.assign(active_, 0);

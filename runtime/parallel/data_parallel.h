@@ -68,7 +68,8 @@ struct DataParallelOptions {
 DType parse_grad_reduce_dtype(const std::string& s);
 
 // torch.chunk's split of `batch` rows into at most `parts` chunks: ceil-sized,
-// the last smaller, fewer chunks when batch < parts. Returns the chunk sizes.
+// the last smaller, so fewer chunks where ceil-sized ones run out first (6
+// rows in 4 parts: 2, 2, 2). Returns the chunk sizes.
 std::vector<int64_t> chunk_sizes(int64_t batch, int parts);
 
 class DataParallel {

@@ -29,8 +29,8 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(eval_batch_size > 0) << "--eval-batch-size must be positive, got " << eval_batch_size;
   FANOUT_USER_CHECK(accumulate >= 1) << "--accumulate must be at least 1, got " << accumulate;
   FANOUT_USER_CHECK(lr > 0) << "--lr must be positive, got " << lr;
-  FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing < 1)
-      << "--label-smoothing must be in [0, 1), got " << label_smoothing;
+  FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing <= 1)
+      << "--label-smoothing must be in [0, 1], got " << label_smoothing;
   FANOUT_USER_CHECK(heatmap_radius >= 0 && heatmap_radius <= 64)
       << "--heatmap-radius must be in 0..64 voxels, got " << heatmap_radius;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;

@@ -163,7 +163,13 @@ struct Totals {
     FANOUT_USER_CHECK(ok) << "checkpoint: the epoch's partial totals are malformed";
     for (int i = 0; i < ExactSum::kSlots; ++i) t.r.loss.slots()[i] = j["loss"][i].get<int64_t>();
     for (size_t i = 0; i < names.size() && i < t.r.sums.size(); ++i) {
-      if (!j.contains(names[i])) continue;
+      if (!j.contains(names[i])) {
+        // Written before cross_entropy counted its targets: every row was counted.
+        if (names[i] == "targets")
+          for (int64_t n = j["count"].get<int64_t>(); n > 0; n -= std::min<int64_t>(n, 1 << 24))
+            t.r.sums[i].add(static_cast<float>(std::min<int64_t>(n, 1 << 24)));
+        continue;
+      }
       const nlohmann::json& v = j[names[i]];
       if (v.is_number_integer())
         for (int64_t n = v.get<int64_t>(); n > 0; n -= std::min<int64_t>(n, 1 << 24))

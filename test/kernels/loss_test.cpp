@@ -112,7 +112,7 @@ TEST_P(SoftmaxXentOnBackend, HandComputedValues) {
 // for bit.
 TEST_P(SoftmaxXentOnBackend, EveryOutputAgainstFloat64) {
   std::mt19937_64 rng(81);
-  for (float s : {0.0f, 0.1f, 0.3f})
+  for (float s : {0.0f, 0.1f, 0.3f, 1.0f})  // 1: torch's uniform targets
     for (auto [n, k] : {std::pair<int64_t, int>{7, 11}, {37, 10}, {3, 2}, {5, 1000}, {1029, 33}, {6, 1025},
                         {4, 5003}}) {
       SCOPED_TRACE(::testing::Message() << "n " << n << " k " << k << " smoothing " << s);

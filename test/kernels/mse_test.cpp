@@ -243,7 +243,9 @@ TEST_P(CriterionOnBackend, WrongTargetsAreOneLineErrors) {
 }
 
 TEST(Criterion, BadOptionsAreOneLineErrors) {
-  EXPECT_THROW(make_criterion({CriterionKind::CrossEntropy, 1.0f}), Error);
+  EXPECT_THROW(make_criterion({CriterionKind::CrossEntropy, 1.01f}), Error);
+  EXPECT_THROW(make_criterion({CriterionKind::CrossEntropy, -0.1f}), Error);
+  EXPECT_NO_THROW(make_criterion({CriterionKind::CrossEntropy, 1.0f})) << "torch's range is [0, 1]";
   EXPECT_THROW(make_criterion({CriterionKind::Mse, 0.1f}), Error);
 }
 

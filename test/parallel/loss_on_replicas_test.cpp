@@ -78,10 +78,37 @@ TEST(LossOnReplicas, ClassLabelsMatchTheGatheredPath) {
   const LossOptions xent{CriterionKind::CrossEntropy, 0.1f};
   const DpRun local = run_dp(make, xent, true, batches, 3), gathered = run_dp(make, xent, false, batches, 3);
   expect_same_results(local, gathered);
-  // Replicas 1 and 2 hold 8 and 6 of the 22 rows: their row losses and correct counts reach the primary,
-  // against their logits (10 floats a row) and labels gathered.
-  EXPECT_EQ(local.bytes[0], (8 + 6) * 4 + 2 * 4);
+  // Replicas 1 and 2 hold 8 and 6 of the 22 rows: their row losses, labels (the rows not ignored: the
+  // accuracy's denominator) and correct counts reach the primary, against their logits (10 floats a row)
+  // and labels gathered.
+  EXPECT_EQ(local.bytes[0], (8 + 6) * (4 + 4) + 2 * 4);
   EXPECT_EQ(gathered.bytes[0], (8 + 6) * (10 * 4 + 4));
+}
+
+// Rows labelled -1 are ignored, as torch's ignore_index: they are no right or wrong answer, so the
+// accuracy counts only the others (its denominator, sums[kTargetsSum]), on either path.
+TEST(LossOnReplicas, IgnoredLabelsAreNoPartOfTheAccuracy) {
+  const Shape sample{1, 28, 28};
+  auto batches = testing::random_batches(sample, 22, 2, 33);
+  std::vector<int64_t> kept;
+  for (auto& b : batches) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < 22; ++i) {
+      if (i % 5 == 1) b.y.data<int32_t>()[i] = -1;
+      n += b.y.data<int32_t>()[i] != -1;
+    }
+    kept.push_back(n);
+  }
+  auto make = [&] { return models::make_model("lenet", sample, 10, 5); };
+  const LossOptions xent{CriterionKind::CrossEntropy, 0.0f};
+  const DpRun local = run_dp(make, xent, true, batches, 3), gathered = run_dp(make, xent, false, batches, 3);
+  for (const DpRun* r : {&local, &gathered})
+    for (size_t i = 0; i < batches.size(); ++i) {
+      EXPECT_EQ(r->train[i].count, 22);
+      EXPECT_EQ(r->train[i].sums[kTargetsSum].value(), static_cast<double>(kept[i])) << "step " << i;
+      EXPECT_LE(r->train[i].sums[kCorrectSum].value(), static_cast<double>(kept[i]));
+    }
+  expect_same_results(local, gathered);
 }
 
 TEST(LossOnReplicas, HeatmapTargetsMatchTheGatheredPathAndOneDevice) {
