@@ -73,13 +73,15 @@ Tensor to_float32(const Tensor& src, const std::string& name) {
 }  // namespace
 
 std::string LoadReport::summary() const {
-  if (ok()) return "all tensors matched";
+  const std::string kept_note =
+      kept.empty() ? "" : " (" + std::to_string(kept.size()) + " num_batches_tracked not in the file kept, as torch's)";
+  if (ok()) return "all tensors matched" + kept_note;
   std::ostringstream os;
   bool first = true;
   append_list(os, "missing", missing, first);
   append_list(os, "unexpected", unexpected, first);
   append_list(os, "mismatched", mismatched, first);
-  return os.str();
+  return os.str() + kept_note;
 }
 
 namespace {
@@ -135,8 +137,18 @@ LoadReport load_or_check(Module& m, const std::vector<std::pair<std::string, Ten
     if (accept) accept(file_name, from);
     plan.emplace_back(pos->second, std::move(from));
   }
-  for (size_t i = 0; i < model.size(); ++i)
-    if (!found[i]) r.missing.push_back(model[i].first);
+  // A BatchNorm's counter whose layer the file has (its running_mean) but not the counter: kept.
+  const std::string counter = "num_batches_tracked";
+  for (size_t i = 0; i < model.size(); ++i) {
+    if (found[i]) continue;
+    const std::string& name = model[i].first;
+    const bool is_counter = name.size() >= counter.size() &&
+                            name.compare(name.size() - counter.size(), counter.size(), counter) == 0 &&
+                            (name.size() == counter.size() || name[name.size() - counter.size() - 1] == '.');
+    const auto mean = is_counter ? index.find(name.substr(0, name.size() - counter.size()) + "running_mean")
+                                 : index.end();
+    (mean != index.end() && found[mean->second] ? r.kept : r.missing).push_back(name);
+  }
 
   FANOUT_USER_CHECK(!strict || r.ok()) << "state dict does not match the model: " << r.summary();
   if (write)

@@ -20,9 +20,14 @@ struct LoadReport {
   std::vector<std::string> missing;     // in the model, not in the file
   std::vector<std::string> unexpected;  // in the file, not in the model
   std::vector<std::string> mismatched;  // "fc.weight: file (3, 4) vs model (4, 3)"
+  // BatchNorm's num_batches_tracked the file lacks (torch's own files from
+  // before it existed, torchvision's ImageNet weights): kept at the model's
+  // value, as torch's BatchNorm loads such a file; no mismatch.
+  std::vector<std::string> kept;
   bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   // One line: "2 missing (a, b); 1 mismatched (...)", each list cut after 5
-  // names ("and N more"); "all tensors matched" when ok().
+  // names ("and N more"); "all tensors matched" when ok(), with the kept
+  // ones counted.
   std::string summary() const;
 };
 

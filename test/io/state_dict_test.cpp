@@ -230,6 +230,27 @@ TEST(StateDict, DtypesMustMatchExceptIntegerCounters) {
   EXPECT_EQ(find(*b, "num_batches_tracked").data<int64_t>()[0], 42) << "strict refusal changed nothing";
 }
 
+// A file without num_batches_tracked (torchvision's ImageNet weights, torch's files from before the
+// counter): strict loading takes it, keeping the model's counter, as torch's BatchNorm does.
+TEST(StateDict, AMissingNumBatchesTrackedKeepsTheModels) {
+  auto b = zero_net();
+  find(*b, "num_batches_tracked").data<int64_t>()[0] = 9;
+  auto src = state_dict_cpu(*random_net(8));
+  std::vector<std::pair<std::string, Tensor>> without;
+  for (auto& [n, t] : src)
+    if (n != "num_batches_tracked") without.emplace_back(n, t);
+  ASSERT_EQ(without.size() + 1, src.size());
+  const LoadReport r = load_state_dict(*b, without, true);
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.kept, std::vector<std::string>{"num_batches_tracked"});
+  EXPECT_EQ(r.summary(), "all tensors matched (1 num_batches_tracked not in the file kept, as torch's)");
+  EXPECT_EQ(find(*b, "num_batches_tracked").data<int64_t>()[0], 9);
+  EXPECT_TRUE(same_bytes(find(*b, "fc.bias"), find(*random_net(8), "fc.bias")));
+  // Any other tensor missing is still an error.
+  without.pop_back();
+  EXPECT_NE(error_of([&] { load_state_dict(*b, without, true); }).find("1 missing"), std::string::npos);
+}
+
 // Half, bfloat16 and double values load into float32 parameters as torch's
 // load_state_dict copies them: widened exactly, or rounded to nearest.
 TEST(StateDict, FloatTensorsOfOtherWidthsAreConverted) {
