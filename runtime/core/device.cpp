@@ -63,10 +63,12 @@ std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat)
   const std::string spec = trim(spec_in);
   FANOUT_USER_CHECK(!spec.empty()) << "empty device list";
   if (spec == "cpu") return {Device::cpu(0)};
-  if (spec.rfind("cpu:", 0) == 0) {
+  const bool listed = spec.find(',') != std::string::npos;
+  if (spec.rfind("cpu:", 0) == 0 && !listed) {
     int n = 0;
     FANOUT_USER_CHECK(parse_int(spec.substr(4), n) && n >= 1 && n <= 256)
-        << "bad CPU device count in '" << spec << "' (expected cpu:N with 1 <= N <= 256)";
+        << "bad CPU device count in '" << spec << "' (expected cpu:N with 1 <= N <= 256: N counts CPU workers"
+        << (spec == "cpu:0" ? ", so torch's cpu:0 is cpu here" : "") << ")";
     std::vector<Device> out;
     for (int i = 0; i < n; ++i) out.push_back(Device::cpu(i));
     return out;
@@ -96,8 +98,10 @@ std::vector<Device> parse_devices(const std::string& spec_in, bool allow_repeat)
   while (std::getline(ss, item, ',')) {
     item = trim(item);
     FANOUT_USER_CHECK(!item.empty()) << "empty entry in device list '" << spec << "'";
-    FANOUT_USER_CHECK(item.rfind("cpu", 0) != 0)
+    FANOUT_USER_CHECK(item.rfind("cpu", 0) != 0 || !listed)
         << "device list '" << spec << "': CPU devices are given as cpu or cpu:N alone (N workers), not in a list";
+    FANOUT_USER_CHECK(item != "all" && item != "auto")
+        << "device list '" << spec << "': " << item << " stands alone, not in a list";
     std::string num = item.rfind("cuda:", 0) == 0 ? item.substr(5) : item;
     int idx = 0;
     FANOUT_USER_CHECK(parse_int(num, idx))

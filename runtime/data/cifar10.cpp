@@ -29,7 +29,8 @@ int64_t count_records(const std::string& path) {
   std::error_code ec;
   const uintmax_t bytes = std::filesystem::file_size(path, ec);
   FANOUT_USER_CHECK(!ec) << "cifar10: cannot read the size of " << path << ": " << ec.message();
-  FANOUT_USER_CHECK(bytes > 0 && bytes % kRecordBytes == 0)
+  FANOUT_USER_CHECK(bytes > 0) << "cifar10: " << path << " is empty (a batch file holds 3073-byte records)";
+  FANOUT_USER_CHECK(bytes % kRecordBytes == 0)
       << "cifar10: " << path << " holds " << bytes << " bytes, not a whole number of " << kRecordBytes
       << "-byte records (1 label byte + 3x32x32 image bytes)";
   return static_cast<int64_t>(bytes / kRecordBytes);

@@ -134,7 +134,7 @@ void ImageDataset::check(const Augment& augment) const {
   }
 }
 
-std::unique_ptr<Sampler> Dataset::training_sampler(int, int, uint64_t) const { return nullptr; }
+std::unique_ptr<Sampler> Dataset::training_sampler(int, int, uint64_t, bool) const { return nullptr; }
 
 void Dataset::check(const Augment& augment) const {
   FANOUT_USER_CHECK(!augment.any()) << "dataset '" << name << "' cannot be augmented (crop and flip are for images)";

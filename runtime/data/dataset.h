@@ -63,9 +63,10 @@ class Dataset {
   // decoded (image files with skip_bad_samples); -1: this dataset never skips.
   virtual int64_t skipped_samples() const { return -1; }
   // A training order of the dataset's own (tar shards: ShardBufferSampler)
-  // for rank `rank` of `world`, or null for the trainer's default (random,
-  // or DistributedSampler).
-  virtual std::unique_ptr<Sampler> training_sampler(int world, int rank, uint64_t seed) const;
+  // for rank `rank` of `world` (drop_last: the trainer's, each rank's share
+  // rounded down), or null for the trainer's default (random, or
+  // DistributedSampler).
+  virtual std::unique_ptr<Sampler> training_sampler(int world, int rank, uint64_t seed, bool drop_last) const;
 };
 
 // In-memory samples of any shape: inputs (N, ...) float32, passed as they

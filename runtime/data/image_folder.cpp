@@ -88,9 +88,9 @@ void ImageFileDataset::set_shards(std::vector<int64_t> sizes, int64_t buffer) {
   shuffle_buffer_ = buffer;
 }
 
-std::unique_ptr<Sampler> ImageFileDataset::training_sampler(int world, int rank, uint64_t seed) const {
+std::unique_ptr<Sampler> ImageFileDataset::training_sampler(int world, int rank, uint64_t seed, bool drop_last) const {
   if (shard_sizes_.empty()) return nullptr;
-  return std::make_unique<ShardBufferSampler>(shard_sizes_, world, rank, seed, shuffle_buffer_);
+  return std::make_unique<ShardBufferSampler>(shard_sizes_, world, rank, seed, shuffle_buffer_, drop_last);
 }
 
 void ImageFileDataset::check(const Augment& augment) const {

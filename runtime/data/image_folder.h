@@ -60,7 +60,7 @@ class ImageFileDataset : public Dataset {
   // Samples grouped in shards read in order (tar shards, consecutive in the
   // file list): training takes ShardBufferSampler's order with this buffer.
   void set_shards(std::vector<int64_t> sizes, int64_t buffer);
-  std::unique_ptr<Sampler> training_sampler(int world, int rank, uint64_t seed) const override;
+  std::unique_ptr<Sampler> training_sampler(int world, int rank, uint64_t seed, bool drop_last) const override;
 
  private:
   // Sample i into x and its label into y; throws fanout::Error for a bad file.

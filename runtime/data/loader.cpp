@@ -47,9 +47,10 @@ DataLoader::DataLoader(const Dataset& ds, std::unique_ptr<Sampler> sampler, cons
                          static_cast<double>((sample_numel_ + target_numel_) * 4);  // float32 or int32 each
     const double budget = kMaxInFlightShare * physical_memory_bytes();
     FANOUT_USER_CHECK(budget <= 0 || bytes <= budget)
-        << "the loader's batches in flight (" << o.workers << " workers x " << o.prefetch << " prefetch x batch "
-        << o.batch_size << ") would take " << bytes / 1073741824.0 << " GiB, more than a quarter of this machine's "
-        << physical_memory_bytes() / 1073741824.0 << " GiB; use fewer workers or a smaller prefetch";
+        << "the loader's batches in flight (" << o.workers << " workers x " << o.prefetch << " prefetch x "
+        << o.batch_name << " " << o.batch_size << ") would take " << bytes / 1073741824.0
+        << " GiB, more than a quarter of this machine's " << physical_memory_bytes() / 1073741824.0
+        << " GiB; use fewer workers, a smaller prefetch or a smaller " << o.batch_name;
   }
   slots_.resize(o.workers == 0 ? 1 : static_cast<size_t>(o.workers) * static_cast<size_t>(o.prefetch));
   allocate_slots(std::min(o.batch_size, sampler_->size()));

@@ -11,6 +11,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,7 @@ struct LoaderOptions {
                             // plain memory when no CUDA device is visible (as PyTorch)
   Augment augment;
   uint64_t seed = 0;        // feeds the augmentation
+  std::string batch_name = "batch";  // batch_size in messages ("evaluation batch (--eval-batch-size)")
 };
 
 class DataLoader {

@@ -135,7 +135,7 @@ std::vector<float> gather_unpadded(const std::vector<std::vector<float>>& per_ra
 }
 
 ShardBufferSampler::ShardBufferSampler(std::vector<int64_t> shard_sizes, int num_replicas, int rank, uint64_t seed,
-                                       int64_t buffer)
+                                       int64_t buffer, bool drop_last)
     : sizes_(std::move(shard_sizes)), replicas_(num_replicas), rank_(rank), seed_(seed), buffer_(buffer) {
   FANOUT_USER_CHECK(num_replicas >= 1 && rank >= 0 && rank < num_replicas)
       << "rank " << rank << " is outside " << num_replicas << " replicas";
@@ -147,7 +147,9 @@ ShardBufferSampler::ShardBufferSampler(std::vector<int64_t> shard_sizes, int num
     first_.push_back(n);
     n += s;
   }
-  per_rank_ = (n + num_replicas - 1) / num_replicas;
+  per_rank_ = drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
+  FANOUT_USER_CHECK(per_rank_ >= 1) << "--drop-last with " << n << (n == 1 ? " sample" : " samples") << " over "
+                                    << num_replicas << " ranks leaves none a rank";
   set_epoch(0);
 }
 

@@ -105,13 +105,15 @@ class ShardSampler : public Sampler {
 // (each next sample takes the place of a random one of the buffer, which is
 // emitted; the rest at the end in random order), and yields ceil(n / R) of
 // them a epoch: repeating its sequence from the start when its shards hold
-// fewer, ending early when they hold more (WebDataset's with_epoch). Reads
-// stay within `buffer` samples of the shard's order. A function of (seed,
-// epoch, rank) alone.
+// fewer, ending early when they hold more (WebDataset's with_epoch); with
+// drop_last floor(n / R), so that no sample repeats within a rank's epoch
+// (DistributedSampler(drop_last=True)'s count). Reads stay within `buffer`
+// samples of the shard's order. A function of (seed, epoch, rank) alone.
 class ShardBufferSampler : public Sampler {
  public:
   // shards: each shard's sample count, its samples numbered consecutively from 0.
-  ShardBufferSampler(std::vector<int64_t> shard_sizes, int num_replicas, int rank, uint64_t seed, int64_t buffer);
+  ShardBufferSampler(std::vector<int64_t> shard_sizes, int num_replicas, int rank, uint64_t seed, int64_t buffer,
+                     bool drop_last = false);
   void set_epoch(int64_t epoch) override;
   std::vector<int64_t> indices() const override { return order_; }
   int64_t size() const override { return per_rank_; }

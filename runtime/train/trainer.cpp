@@ -44,7 +44,7 @@ int64_t optimizer_steps_per_epoch(const TrainerConfig& cfg, int world, int rank,
   FANOUT_USER_CHECK(world >= 1 && cfg.batch_size >= world && cfg.accumulate >= 1)
       << "batch size " << cfg.batch_size << " over " << world << " processes, " << cfg.accumulate << " per step";
   // The default samplers' sizes without their shuffles (O(n) for token data).
-  const std::unique_ptr<data::Sampler> s = train.training_sampler(world, rank, cfg.seed);
+  const std::unique_ptr<data::Sampler> s = train.training_sampler(world, rank, cfg.seed, cfg.drop_last);
   const int64_t n = s ? s->size()
                   : world == 1 ? train.size()
                                : data::DistributedSampler::samples_per_replica(train.size(), world, cfg.drop_last);
@@ -89,7 +89,7 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   const int world = engine.world_size();
   FANOUT_USER_CHECK(cfg.batch_size % world == 0)
       << "the batch size " << cfg.batch_size << " cannot be split evenly over " << world << " processes";
-  if (!samplers.train) samplers.train = train.training_sampler(world, engine.rank(), cfg.seed);
+  if (!samplers.train) samplers.train = train.training_sampler(world, engine.rank(), cfg.seed, cfg.drop_last);
   if (!samplers.train || !samplers.test) {
     TrainerSamplers d = default_samplers(cfg, engine, train.size(), test.size());
     if (!samplers.train) samplers.train = std::move(d.train);
@@ -103,11 +103,13 @@ Trainer::Trainer(const TrainerConfig& cfg, Engine& engine, optim::Optimizer& opt
   lo.pin_memory = cfg.pin_memory;
   lo.augment = cfg.augment;
   lo.seed = cfg.seed;
+  lo.batch_name = "batch (--batch-size over the processes)";
   train_loader_ = std::make_unique<data::DataLoader>(train, std::move(samplers.train), lo);
   data::LoaderOptions eo = lo;
   eo.batch_size = cfg.eval_batch_size;
   eo.drop_last = false;
   eo.augment = {};
+  eo.batch_name = "evaluation batch (--eval-batch-size)";
   test_loader_ = std::make_unique<data::DataLoader>(test, std::move(samplers.test), eo);
   FANOUT_USER_CHECK(cfg.eval_every >= 0) << "--eval-every must be non-negative, got " << cfg.eval_every;
   FANOUT_USER_CHECK(cfg.eval_batches >= 0) << "--eval-steps must be non-negative, got " << cfg.eval_batches;

@@ -323,5 +323,26 @@ TEST(ShardBufferSampler, RanksReadTheirShardsThroughABoundedBuffer) {
   expect_user_error([&] { ShardBufferSampler(sizes, 1, 0, 1, 0); }, {"shuffle buffer"});
 }
 
+// --drop-last under DDP: floor(N / R) samples a rank, none repeated within it (DistributedSampler's
+// drop_last count); without it ceil(N / R), a rank short of samples repeating its first.
+TEST(ShardBufferSampler, DropLastTakesTheRoundedDownShareWithoutRepeats) {
+  const std::vector<int64_t> sizes = {3, 2};  // 5 samples, 2 ranks
+  for (int64_t epoch = 0; epoch < 4; ++epoch)
+    for (int rank = 0; rank < 2; ++rank) {
+      ShardBufferSampler kept(sizes, 2, rank, 7, 4), dropped(sizes, 2, rank, 7, 4, /*drop_last=*/true);
+      kept.set_epoch(epoch);
+      dropped.set_epoch(epoch);
+      EXPECT_EQ(kept.size(), 3);
+      EXPECT_EQ(dropped.size(), 2);
+      auto idx = dropped.indices();
+      ASSERT_EQ(idx.size(), 2u);
+      EXPECT_NE(idx[0], idx[1]);
+      const auto all = kept.indices();
+      EXPECT_TRUE(std::equal(idx.begin(), idx.end(), all.begin())) << "the same order, cut";
+    }
+  expect_user_error([&] { ShardBufferSampler(std::vector<int64_t>{1, 0, 0}, 3, 0, 1, 4, true); },
+                    {"--drop-last with 1 sample over 3 ranks leaves none a rank"});
+}
+
 }  // namespace
 }  // namespace fanout::data

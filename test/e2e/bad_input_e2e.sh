@@ -205,8 +205,10 @@ expect_error prefetch-bound "prefetch must be in 1..64" --workers 256 --prefetch
 expect_error workers-bound "workers must be at most 256" --workers 100000 --data synthetic:64
 expect_error cpu-threads-negative "cpu-threads must be in 0..1024" --cpu-threads -1 --data synthetic:64
 expect_error cpu-threads-bound "cpu-threads must be in 0..1024" --cpu-threads 5000 --data synthetic:64
-expect_error in-flight-bound "batches in flight .* use fewer workers or a smaller prefetch" --workers 256 --prefetch 64 \
-  --batch-size 60000 --data fashion-mnist
+expect_error in-flight-bound "batches in flight .* x batch \(--batch-size over the processes\) 60000\).* use fewer workers, a smaller prefetch or a smaller batch" \
+  --workers 256 --prefetch 64 --batch-size 60000 --data fashion-mnist
+expect_error in-flight-eval "x evaluation batch \(--eval-batch-size\) 1000\).* or a smaller evaluation batch \(--eval-batch-size\)" \
+  --workers 256 --prefetch 64 --data fashion-mnist
 expect_error warmup-inf "warmup-epochs must be in" --warmup-epochs inf --data synthetic:64
 expect_error warmup-past-end "warmup-epochs must be in \[0, --epochs\] = \[0, 1\], got 5" --warmup-epochs 5 --data synthetic:64
 expect_error warmup-nan "warmup-epochs must be in" --warmup-epochs nan --data synthetic:64

@@ -1,5 +1,6 @@
 // Device-list parsing and the core tensor operations.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <thread>
@@ -30,7 +31,7 @@ TEST(Devices, AutoIsTheGpusOrOneCpuReplicaPerCore) {
     EXPECT_EQ(d, parse_devices("all"));
     return;
   }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = host_cores();
   ASSERT_EQ(d.size(), static_cast<size_t>(cores));
   for (int i = 0; i < cores; ++i) EXPECT_EQ(d[i], Device::cpu(i));
 }
@@ -38,6 +39,35 @@ TEST(Devices, AutoIsTheGpusOrOneCpuReplicaPerCore) {
 TEST(Devices, BadForms) {
   for (const char* bad : {"", "cpu:0", "cpu:x", "gpu", "cuda:", "0,cpu", "-1", "1,,2", "cpu:100000"})
     EXPECT_THROW(parse_devices(bad), Error) << bad;
+  // Each says what is wrong with it.
+  EXPECT_NE(testing::error_of([] { parse_devices("cpu:0"); }).find("torch's cpu:0 is cpu here"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_devices("cpu:0,cpu:1"); }).find("not in a list"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_devices("all,cpu"); }).find("all stands alone, not in a list"),
+            std::string::npos);
+  EXPECT_EQ(testing::error_of([] { parse_devices("cpu;2"); }),
+            "unknown device 'cpu;2' (expected cpu, cpu:N, all, N or cuda:N)");
+}
+
+// The cores a process may run on are its affinity mask's (taskset, a cpuset), not the machine's.
+TEST(Devices, CoresAreTheAffinityMasks) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one core to run on";
+  EXPECT_EQ(host_cores(), CPU_COUNT(&all));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const int cores = host_cores();
+  const std::vector<Device> d = parse_devices("auto");
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(cores, 1);
+  if (cuda_device_count() == 0) EXPECT_EQ(d, std::vector<Device>{Device::cpu(0)});
 }
 
 TEST(Devices, CudaWithoutGpuIsOneClearLine) {
