@@ -188,14 +188,34 @@ namespace {
 
 bool hidden(const fs::path& p) { return !p.filename().empty() && p.filename().string()[0] == '.'; }
 
-bool image_extension(const fs::path& p) {
+std::string lower_extension(const fs::path& p) {
   std::string e = p.extension().string();
   std::transform(e.begin(), e.end(), e.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return e;
+}
+
+bool image_extension(const fs::path& p) {
+  const std::string e = lower_extension(p);
   return e == ".jpg" || e == ".jpeg" || e == ".png";
 }
 
+// Files torchvision's ImageFolder reads (its IMG_EXTENSIONS) that fanout does not decode.
+bool other_image_extension(const fs::path& p) {
+  const std::string e = lower_extension(p);
+  return e == ".bmp" || e == ".webp" || e == ".tif" || e == ".tiff" || e == ".ppm" || e == ".pgm";
+}
+
+// What a folder scan left out that torchvision's ImageFolder would have read: said once, in a warning.
+struct Skipped {
+  int64_t files = 0;
+  std::string example;
+  void add(const fs::path& p) {
+    if (files++ == 0) example = p.string();
+  }
+};
+
 // A class folder's images, in torchvision's order: folders by path, then names.
-std::vector<std::string> class_files(const fs::path& dir) {
+std::vector<std::string> class_files(const fs::path& dir, Skipped& skipped) {
   std::vector<std::pair<std::string, std::string>> found;  // (folder, name)
   std::error_code ec;
   auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec);
@@ -230,6 +250,7 @@ std::vector<std::string> class_files(const fs::path& dir) {
     }
     // Anything by an image's name but a folder, a broken link included: reading it names the problem.
     if (image_extension(p) && !it->is_directory(ec)) found.emplace_back(p.parent_path().string(), p.filename().string());
+    else if (other_image_extension(p)) skipped.add(p);
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> files;
@@ -279,11 +300,12 @@ ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augme
       << (val_classes.size() == classes.size() ? ", named differently" : "")
       << " (the same classes in both, or the indices would differ)";
   ImageFolderSplits s;
+  Skipped skipped;
   for (const char* split : {"train", "val"}) {
     std::vector<ImageFileDataset::File> files;
     for (size_t c = 0; c < classes.size(); ++c) {
       const fs::path folder = root / split / classes[c];
-      const auto names = class_files(folder);
+      const auto names = class_files(folder, skipped);
       FANOUT_USER_CHECK(!names.empty()) << "class folder " << folder.string() << " has no .jpg, .jpeg or .png files";
       for (const auto& n : names) {
         ImageFileDataset::File f;
@@ -297,6 +319,12 @@ ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augme
                                                  mean, std, "imagefolder:" + dir + "/" + split, skip_bad);
     (train ? s.train : s.val) = std::move(ds);
   }
+  if (skipped.files > 0)
+    std::fprintf(stderr,
+                 "fanout: warning: imagefolder:%s: %lld file%s that torchvision's ImageFolder would read left out "
+                 "(.bmp, .webp, .tif, .ppm, .pgm: fanout decodes .jpg, .jpeg and .png), such as %s\n",
+                 dir.c_str(), static_cast<long long>(skipped.files), skipped.files == 1 ? "" : "s",
+                 skipped.example.c_str());
   return s;
 }
 

@@ -82,6 +82,13 @@ bad "has no val folder" "$work/noval"
 cp -r "$work/imgs" "$work/hollow" && mkdir -p "$work/hollow/train/zz/.hidden" "$work/hollow/val/zz" &&
   cp "$work/imgs/train/class0/00000.jpg" "$work/hollow/train/zz/.hidden/" && touch "$work/hollow/train/zz/notes.txt"
 bad "class folder $work/hollow/train/zz has no .jpg, .jpeg or .png files" "$work/hollow"
+# Files torchvision reads and fanout does not decode: left out, counted in one warning.
+cp -r "$work/imgs" "$work/bmp" && cp "$work/imgs/train/class0/00000.jpg" "$work/bmp/train/class0/extra.BMP" &&
+  touch "$work/bmp/val/class1/x.webp"
+"$DP_TRAIN" "${base[@]}" --data "imagefolder:$work/bmp" --model cnn --devices cpu --epochs 1 --max-steps 1 \
+  > "$work/bmp.out" 2> "$work/bmp.err" || { cat "$work/bmp.err"; fail "a folder with .bmp files did not train"; }
+grep -q "warning: imagefolder:$work/bmp: 2 files that torchvision's ImageFolder would read left out" "$work/bmp.err" ||
+  { cat "$work/bmp.err"; fail "no warning for the .bmp and .webp files"; }
 "$DP_TRAIN" --data "imagefolder:$work/imgs" --augment flip --model cnn --epochs 1 --progress off > "$work/bad.out" \
   2> "$work/bad.err" && fail "--augment flip on image files ran"
 grep -q "image files need --augment to give the size the model sees" "$work/bad.err" || { cat "$work/bad.err"; fail "no size line"; }
