@@ -4,6 +4,7 @@
 // a closed stdout (`dp-train ... | head`) loses the output, not the run.
 #pragma once
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,13 +67,17 @@ inline void check_output_file(const char* flag, const std::string& given) {
   namespace fs = std::filesystem;
   std::error_code ec;
   FANOUT_USER_CHECK(!given.empty()) << flag << " needs a file name";
-  const std::string path = io::write_target(given);  // through links, as the writes go
+  // What is there (links followed: a file, or a stream such as /dev/stdout) is appended to; what is not
+  // is made where the links lead.
+  struct stat st{};
+  const bool exists = ::stat(given.c_str(), &st) == 0;
+  const std::string path = exists ? given : io::write_target(given);
   const std::string shown = path == given ? given : given + " (a link to " + path + ")";
-  FANOUT_USER_CHECK(!fs::is_directory(path, ec)) << flag << " " << shown << " is a directory";
+  FANOUT_USER_CHECK(!exists || !S_ISDIR(st.st_mode)) << flag << " " << shown << " is a directory";
   const fs::path p(path);
   const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  FANOUT_USER_CHECK(fs::is_directory(dir, ec)) << flag << " " << shown << ": the folder " << dir << " does not exist";
-  const bool exists = fs::exists(p, ec);
+  FANOUT_USER_CHECK(exists || fs::is_directory(dir, ec))
+      << flag << " " << shown << ": the folder " << dir << " does not exist";
   // Opened as the end will open it (access() says yes to root on /proc and read-only mounts):
   // the file for appending, unchanged; else a new probe file in the folder, removed at once.
   std::string probe = exists ? path : dir + "/.fanout-probe-XXXXXX";

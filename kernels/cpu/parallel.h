@@ -1,9 +1,10 @@
 // Threads for the CPU kernels: a call on a context may use
 // Context::math.cpu_threads threads (kernel_thread_budget() when 0: every
-// core, or OMP_NUM_THREADS), the calling thread
-// and an OpenMP team it owns (each device worker has its own). Work is cut
-// into contiguous ranges, one per thread, each computed exactly as a
-// one-thread call computes it: results do not depend on the thread count.
+// core, or OMP_NUM_THREADS): the calling thread and an OpenMP team it owns
+// (each device worker has its own), or, on a context with cpu_workers
+// (DataParallel's optimizer step), those threads, each with its own team.
+// Work is cut into contiguous ranges, each computed exactly as a one-thread
+// call computes it: results do not depend on the thread count.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -65,7 +66,8 @@ void parallel_for(const Context& ctx, int64_t n, int64_t grain, F&& f) {
       if (!error) error = std::current_exception();
     }
   };
-  // Ranges [first, first + count) of t on the calling thread and a team of its own.
+  // Ranges [first, first + count) of t on the calling thread and a team of its own, every range run
+  // however many threads OpenMP gives (OMP_THREAD_LIMIT, OMP_DYNAMIC, a nested region).
   const auto run_ranges = [&](int first, int count) {
     if (count <= 0) return;
 #ifdef FANOUT_TSAN
@@ -74,12 +76,17 @@ void parallel_for(const Context& ctx, int64_t n, int64_t grain, F&& f) {
     range(first, t);
 #else
 #pragma omp parallel num_threads(count)
-    range(first + omp_get_thread_num(), t);
+    for (int i = omp_get_thread_num(); i < count; i += omp_get_num_threads()) range(first + i, t);
 #endif
   };
   if (ctx.cpu_workers && ctx.cpu_worker_count > 1) {
-    const int w = ctx.cpu_worker_count;
-    ctx.cpu_workers([&](int k) { run_ranges(t * k / w, t * (k + 1) / w - t * k / w); });
+    // Worker k takes its share of the t ranges. One pointer captured: the std::function the hook takes
+    // holds it in place (no allocation).
+    struct Share {
+      const decltype(run_ranges)& run;
+      int t, w;
+    } share{run_ranges, t, ctx.cpu_worker_count};
+    ctx.cpu_workers([s = &share](int k) { s->run(s->t * k / s->w, s->t * (k + 1) / s->w - s->t * k / s->w); });
   } else {
     run_ranges(0, t);
   }

@@ -4,6 +4,7 @@
 // devices and processes alike. Its state is integers, summed across
 // processes as integers. Used for loss sums in epoch statistics.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -20,6 +21,11 @@ class ExactSum {
   void add(float v);
   void add(const float* v, int64_t n) {
     for (int64_t i = 0; i < n; ++i) add(v[i]);
+  }
+  // A count of any size, exactly (in floats of at most 2^24, which hold it exactly).
+  void add_count(int64_t n) {
+    constexpr int64_t kExact = int64_t{1} << 24;
+    for (; n > 0; n -= std::min(n, kExact)) add(static_cast<float>(std::min(n, kExact)));
   }
   void merge(const ExactSum& o);
   // The sum rounded to double (NaN if any NaN or both infinities were added).

@@ -157,13 +157,12 @@ TensorDataset::TensorDataset(Tensor inputs, Tensor targets, std::string n)
       << "TensorDataset '" << name << "' has " << inputs_.size(0) << " inputs but " << targets_.size(0) << " targets";
   kind_ = targets_.dtype() == DType::I32 ? TargetKind::ClassIndex : TargetKind::Dense;
   if (kind_ == TargetKind::ClassIndex) {
-    // Per-sample labels are class indices; per-position ones may be -1 (ignored by the sequence loss).
-    const int32_t lowest = targets_.dim() == 1 ? 0 : -1;
+    // Class indices, or -1: a sample (a position) the loss ignores, as nanoGPT's ignore_index=-1.
     const int64_t per = targets_.numel() / std::max<int64_t>(1, targets_.size(0));
     for (int64_t i = 0; i < targets_.numel(); ++i) {
-      FANOUT_USER_CHECK(targets_.data<int32_t>()[i] >= lowest)
+      FANOUT_USER_CHECK(targets_.data<int32_t>()[i] >= -1)
           << "TensorDataset '" << name << "': label " << targets_.data<int32_t>()[i] << " of sample " << i / per
-          << " is " << (lowest == 0 ? "negative" : "below -1 (the ignored index)");
+          << " is below -1 (the ignored index)";
     }
   }
   sample_.ndim = inputs_.dim() - 1;

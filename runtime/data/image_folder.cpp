@@ -320,11 +320,10 @@ ImageFolderSplits open_image_folder(const std::string& dir, const Augment& augme
     (train ? s.train : s.val) = std::move(ds);
   }
   if (skipped.files > 0)
-    std::fprintf(stderr,
-                 "fanout: warning: imagefolder:%s: %lld file%s that torchvision's ImageFolder would read left out "
-                 "(.bmp, .webp, .tif, .ppm, .pgm: fanout decodes .jpg, .jpeg and .png), such as %s\n",
-                 dir.c_str(), static_cast<long long>(skipped.files), skipped.files == 1 ? "" : "s",
-                 skipped.example.c_str());
+    s.warnings.push_back("imagefolder:" + dir + ": " + std::to_string(skipped.files) + " file" +
+                         (skipped.files == 1 ? "" : "s") +
+                         " that torchvision's ImageFolder would read left out (.bmp, .webp, .tif, .ppm, .pgm: "
+                         "fanout decodes .jpg, .jpeg and .png), such as " + skipped.example);
   return s;
 }
 

@@ -148,8 +148,8 @@ ShardBufferSampler::ShardBufferSampler(std::vector<int64_t> shard_sizes, int num
     n += s;
   }
   per_rank_ = drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
-  FANOUT_USER_CHECK(per_rank_ >= 1) << "--drop-last with " << n << (n == 1 ? " sample" : " samples") << " over "
-                                    << num_replicas << " ranks leaves none a rank";
+  FANOUT_USER_CHECK(per_rank_ >= 1) << (drop_last ? "--drop-last with " : "") << n << (n == 1 ? " sample" : " samples")
+                                    << " over " << num_replicas << " ranks leaves none a rank";
   set_epoch(0);
 }
 

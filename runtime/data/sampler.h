@@ -106,8 +106,9 @@ class ShardSampler : public Sampler {
 // emitted; the rest at the end in random order), and yields ceil(n / R) of
 // them a epoch: repeating its sequence from the start when its shards hold
 // fewer, ending early when they hold more (WebDataset's with_epoch); with
-// drop_last floor(n / R), so that no sample repeats within a rank's epoch
-// (DistributedSampler(drop_last=True)'s count). Reads stay within `buffer`
+// drop_last floor(n / R), DistributedSampler(drop_last=True)'s count (a
+// rank whose shards hold fewer still repeats some: none does when R divides
+// the shards' number and they are of one size). Reads stay within `buffer`
 // samples of the shard's order. A function of (seed, epoch, rank) alone.
 class ShardBufferSampler : public Sampler {
  public:

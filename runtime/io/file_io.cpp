@@ -111,23 +111,15 @@ void StagedFiles::add(const std::string& given, const std::function<void(const W
       if (!done) ::unlink(tmp.c_str());
     }
   } cleanup{fd, tmp, done};
-  const auto fail = [&](const char* step) {
-    FANOUT_FAIL() << "cannot write " << path << ": " << step << errno_text(errno) << kept;
+  const auto fail = [&](const char* step, int err) {
+    FANOUT_FAIL() << "cannot write " << path << ": " << step << errno_text(err) << kept;
   };
-  if (existed && ::fchmod(fd.fd, before.st_mode & 07777) != 0) fail("cannot keep its permissions: ");
+  if (existed && ::fchmod(fd.fd, before.st_mode & 07777) != 0) fail("cannot keep its permissions: ", errno);
   produce([&](const void* data, size_t bytes) {
-    auto* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t r = ::write(fd.fd, p, std::min<size_t>(bytes, 1u << 30));
-      if (r < 0 && errno == EINTR) continue;
-      if (r == 0) errno = ENOSPC;  // no progress
-      if (r <= 0) fail("");
-      p += r;
-      bytes -= static_cast<size_t>(r);
-    }
+    if (const int err = detail::write_all(fd.fd, data, bytes)) fail("", err);
   });
-  if (::fsync(fd.fd) != 0) fail("fsync: ");
-  if (::close(fd.release()) != 0) fail("close: ");
+  if (::fsync(fd.fd) != 0) fail("fsync: ", errno);
+  if (::close(fd.release()) != 0) fail("close: ", errno);
   staged_.push_back({path, tmp});
   done = true;
 }

@@ -114,6 +114,26 @@ struct Fd {
   }
 };
 
+// Writes all n bytes (EINTR retried); returns 0, or the errno of the write
+// that failed (ENOSPC for one that wrote nothing), `written` the bytes
+// written before it.
+inline int write_all(int fd, const void* data, size_t n, size_t* written = nullptr) {
+  auto* p = static_cast<const char*>(data);
+  size_t done = 0;
+  int err = 0;
+  while (done < n) {
+    const ssize_t r = ::write(fd, p + done, std::min<size_t>(n - done, size_t{1} << 30));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      err = r == 0 ? ENOSPC : errno;
+      break;
+    }
+    done += static_cast<size_t>(r);
+  }
+  if (written) *written = done;
+  return err;
+}
+
 // Reads exactly n bytes at offset; false on a short read (err = errno, or 0 at end of file).
 inline bool pread_all(int fd, void* buf, size_t n, uint64_t offset, int* err) {
   auto* p = static_cast<char*>(buf);

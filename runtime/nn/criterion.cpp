@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 
 #include "kernels/convert.h"
 #include "kernels/loss.h"
@@ -122,8 +123,8 @@ class CrossEntropy final : public Criterion {
     r.sums[kCorrectSum].add(static_cast<float>(correct_h_.data<int32_t>()[0]));
     // The accuracy's denominator: the rows whose label is not ignored (-1), as torch's ignore_index.
     const int32_t* y = labels->data<int32_t>();
-    r.sums[kTargetsSum].add(static_cast<float>(std::count_if(
-        y, y + labels->numel(), [](int32_t v) { return v != kernels::kIgnoreLabel; })));  // exact: < 2^24 rows
+    r.sums[kTargetsSum].add_count(
+        std::count_if(y, y + labels->numel(), [](int32_t v) { return v != kernels::kIgnoreLabel; }));
     return r;
   }
   int64_t result_bytes(const Shape& out) const override { return out[0] * 8 + 4; }
@@ -201,8 +202,7 @@ class TokenCrossEntropy final : public Criterion {
     }
     StepResult res = StepResult::of_rows(row_h_.f32(), rows_);
     res.sums[kCorrectSum].add(static_cast<float>(correct_h_.data<int32_t>()[0]));
-    for (int64_t n = counted; n > 0; n -= std::min<int64_t>(n, 1 << 24))
-      res.sums[kTargetsSum].add(static_cast<float>(std::min<int64_t>(n, 1 << 24)));  // exact: at most 2^24 a time
+    res.sums[kTargetsSum].add_count(counted);
     return res;
   }
   int64_t result_bytes(const Shape& out) const override { return out[0] * out[1] * 8 + 4; }
@@ -324,7 +324,7 @@ std::unique_ptr<Criterion> make_criterion(const LossOptions& o) {
     return std::make_unique<MeanSquaredError>();
   }
   FANOUT_USER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1)  // torch's range: 1 is uniform targets
-      << "label smoothing must be in [0, 1], got " << o.label_smoothing;
+      << "label smoothing must be in [0, 1], got " << std::setprecision(9) << o.label_smoothing;
   if (o.criterion == CriterionKind::TokenCrossEntropy) return std::make_unique<TokenCrossEntropy>(o.label_smoothing);
   return std::make_unique<CrossEntropy>(o.label_smoothing);
 }

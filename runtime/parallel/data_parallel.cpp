@@ -154,7 +154,15 @@ DataParallel::DataParallel(Module& module, const std::vector<Device>& devices, c
     step_ctx_->math.cpu_threads = opts_.math.cpu_threads * n;
     // On the replicas' threads, idle while the optimizer steps: a team of the primary's own would stay
     // awake (OpenMP's spin) beside the replicas' next forward.
-    step_ctx_->cpu_workers = [this](const std::function<void(int)>& fn) { pool_->run(fn, pool_->size()); };
+    // A second caller meanwhile (another thread's step, a kernel inside one) runs its shares here, in turn.
+    step_ctx_->cpu_workers = [this](const std::function<void(int)>& fn) {
+      std::unique_lock<std::mutex> own(step_workers_mu_, std::try_to_lock);
+      if (!own) {
+        for (int k = 0; k < pool_->size(); ++k) fn(k);
+        return;
+      }
+      pool_->run(fn, pool_->size());
+    };
     step_ctx_->cpu_worker_count = n;
   }
   replicas_.resize(n);

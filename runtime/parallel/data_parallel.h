@@ -16,6 +16,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -163,6 +164,7 @@ class DataParallel {
   std::vector<std::unique_ptr<Context>> contexts_;
   std::unique_ptr<Context> output_ctx_;
   std::unique_ptr<Context> step_ctx_;  // CPU replicas: the primary with every replica's threads
+  std::mutex step_workers_mu_;         // held while step_ctx_'s kernels run on the replicas' threads
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<StatSync> stat_sync_;
   std::unique_ptr<WorkerPool> pool_;

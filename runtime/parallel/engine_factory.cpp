@@ -75,8 +75,7 @@ AutoDevices auto_devices(int64_t batch_size, int cores, int gpus) {
   const int64_t by_rows = std::max<int64_t>(1, batch_size / kAutoMinRowsPerReplica);
   const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cores, by_rows)));
   if (n == 1)
-    return {"cpu", cores == 1 ? "no GPU, one core to use (OMP_NUM_THREADS or the CPU affinity)"
-                              : "no GPU, and a batch too small to share out over the cores"};
+    return {"cpu", cores == 1 ? "no GPU, one core to use" : "no GPU, and a batch too small to share out over the cores"};
   return {"cpu:" + std::to_string(n),
           "no GPU, so " + std::to_string(n) + " CPU replicas: one per core, at least " +
               std::to_string(kAutoMinRowsPerReplica) + " rows each; as fast as one device on every core in "

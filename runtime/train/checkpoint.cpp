@@ -541,13 +541,23 @@ std::string CheckpointSaver::forget_missing_best(CheckpointState& st) const {
 }
 
 void CheckpointSaver::commit(io::StagedFiles& files) {
-  if (!pending_removal_.empty()) {
-    move_aside(pending_removal_);
-    for (size_t i = 0; i < pending_removal_.size(); ++i)
-      ::unlink(aside_name(pending_removal_[i], i).c_str());  // one left behind: the next lock removes it
-    pending_removal_.clear();
+  if (pending_removal_.empty()) {
+    files.commit();
+    return;
   }
-  files.commit();
+  // The files replaced go aside (renames), the new ones in, then the old go: a failure puts them back; a
+  // crash leaves them under temporary names, which the next lock of the directory removes.
+  move_aside(pending_removal_);
+  try {
+    files.commit();
+  } catch (...) {
+    for (size_t i = 0; i < pending_removal_.size(); ++i)
+      ::rename(aside_name(pending_removal_[i], i).c_str(), pending_removal_[i].c_str());
+    throw;
+  }
+  for (size_t i = 0; i < pending_removal_.size(); ++i)
+    ::unlink(aside_name(pending_removal_[i], i).c_str());  // one left behind: the next lock removes it
+  pending_removal_.clear();
 }
 
 std::string CheckpointSaver::epoch_file(int epoch) {

@@ -2,6 +2,7 @@
 #include "runtime/train/run_config.h"
 
 #include <cmath>
+#include <iomanip>
 #include <limits>
 
 #include "runtime/core/error.h"
@@ -30,7 +31,7 @@ void RunConfig::validate() const {
   FANOUT_USER_CHECK(accumulate >= 1) << "--accumulate must be at least 1, got " << accumulate;
   FANOUT_USER_CHECK(lr > 0) << "--lr must be positive, got " << lr;
   FANOUT_USER_CHECK(label_smoothing >= 0 && label_smoothing <= 1)
-      << "--label-smoothing must be in [0, 1], got " << label_smoothing;
+      << "--label-smoothing must be in [0, 1], got " << std::setprecision(9) << label_smoothing;
   FANOUT_USER_CHECK(heatmap_radius >= 0 && heatmap_radius <= 64)
       << "--heatmap-radius must be in 0..64 voxels, got " << heatmap_radius;
   FANOUT_USER_CHECK(workers >= 0) << "--workers must be non-negative, got " << workers;

@@ -167,15 +167,12 @@ struct Totals {
     for (size_t i = 0; i < names.size() && i < t.r.sums.size(); ++i) {
       if (!j.contains(names[i])) {
         // Written before cross_entropy counted its targets: every row was counted.
-        if (names[i] == "targets")
-          for (int64_t n = j["count"].get<int64_t>(); n > 0; n -= std::min<int64_t>(n, 1 << 24))
-            t.r.sums[i].add(static_cast<float>(std::min<int64_t>(n, 1 << 24)));
+        if (names[i] == "targets") t.r.sums[i].add_count(j["count"].get<int64_t>());
         continue;
       }
       const nlohmann::json& v = j[names[i]];
       if (v.is_number_integer())
-        for (int64_t n = v.get<int64_t>(); n > 0; n -= std::min<int64_t>(n, 1 << 24))
-          t.r.sums[i].add(static_cast<float>(std::min<int64_t>(n, 1 << 24)));  // exact: at most 2^24 a time
+        t.r.sums[i].add_count(v.get<int64_t>());
       else
         for (int k = 0; k < ExactSum::kSlots; ++k) t.r.sums[i].slots()[k] = v[k].get<int64_t>();
     }
@@ -337,6 +334,10 @@ nlohmann::json eval_json(const EvalMetrics& m) {
 int drop_metrics_after(const std::string& path, int last_epoch, int64_t last_step, const nlohmann::json* epoch_line,
                        bool* restored) {
   if (restored) *restored = false;
+  // A stream (/dev/stdout, a pipe, a terminal) holds no earlier lines to rewrite, and reading one would
+  // wait for ever (its writer is this process).
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
   std::ifstream in(path);
   if (!in.is_open()) return 0;
   std::string kept, line;
@@ -948,14 +949,8 @@ void Trainer::write_metrics(const nlohmann::json& j) {
   const off_t before = ::fstat(fd.fd, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
   const std::string line = j.dump() + "\n";
   // In the file whole, or the error known before this returns: a line cut short (a full disk) is taken back.
-  for (size_t done = 0; done < line.size();) {
-    const ssize_t r = ::write(fd.fd, line.data() + done, line.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r > 0) {
-      done += static_cast<size_t>(r);
-      continue;
-    }
-    const int err = r == 0 ? ENOSPC : errno;
+  size_t done = 0;
+  if (const int err = io::detail::write_all(fd.fd, line.data(), line.size(), &done)) {
     const bool cut = done > 0 && before >= 0 && ::ftruncate(fd.fd, before) != 0;  // a resume removes it then
     FANOUT_FAIL() << "cannot write metrics file " << cfg_.metrics_path << ": " << std::strerror(err)
                   << (cut ? " (its last line is cut short)" : "");

@@ -220,7 +220,8 @@ std::string memory_summary(const EpochMetrics& m);
 // about to be trained again), rewriting the file atomically. Lines that are
 // not metrics objects are kept, except a last line cut short (no newline, not
 // JSON: a write that failed, a full disk), which is removed. Returns how many
-// lines were removed; a missing file removes nothing.
+// lines were removed; a missing file, or one that is no regular file (a
+// stream such as /dev/stdout), removes nothing.
 // Evaluation lines inside epochs go by step instead when last_step >= 0:
 // those after it are removed.
 // `epoch_line` (the checkpoint's own metrics of epoch last_epoch, if it has

@@ -240,7 +240,10 @@ TEST(TensorDataset, BadTensorsAreOneLineErrors) {
                              {"targets must be (N, ...) int32 class indices or float32"});
   Tensor neg = Tensor::zeros(Shape{4}, DType::I32);
   neg.data<int32_t>()[2] = -1;
-  testing::expect_user_error([&] { data::TensorDataset(x, neg, "p"); }, {"label -1 of sample 2 is negative"});
+  EXPECT_NO_THROW(data::TensorDataset(x, neg, "p")) << "-1: a sample the loss ignores";
+  neg.data<int32_t>()[2] = -3;
+  testing::expect_user_error([&] { data::TensorDataset(x, neg, "p"); },
+                             {"label -3 of sample 2 is below -1 (the ignored index)"});
   Tensor below = Tensor::zeros(Shape{4, 3}, DType::I32);
   below.data<int32_t>()[7] = -2;  // per-position targets may be -1 (ignored), not less
   testing::expect_user_error([&] { data::TensorDataset(x, below, "p"); },

@@ -125,4 +125,14 @@ small --epochs 3 --resume "$work/cut/epoch-0001.safetensors" --save-dir "$work/c
   fail "the way back did not resume"
 [ -e "$work/cut/epoch-0003.safetensors" ] || fail "the way back saved nothing"
 echo "ok   a damaged newest checkpoint: $(cat "$work/cut.err")"
+# 7. --metrics /dev/stdout into a pipe: the lines come out, and a resume, which rewrites a metrics file,
+#    leaves a stream alone (reading it would wait for this very process).
+small --epochs 1 --save-dir "$work/stream" --metrics /dev/stdout 2> "$work/stream.err" | cat > "$work/stream.out" ||
+  { cat "$work/stream.err"; fail "--metrics /dev/stdout into a pipe failed"; }
+grep -q '^{.*"epoch":1,' "$work/stream.out" || { cat "$work/stream.out"; fail "no metrics line on stdout"; }
+timeout 120 "$DP_TRAIN" --progress off --model mlp --devices cpu --data synthetic:64 --epochs 2 --resume "$work/stream" \
+  --metrics /dev/stdout 2> "$work/stream.err" | cat > "$work/stream2.out"
+[ "${PIPESTATUS[0]}" = 0 ] || { cat "$work/stream.err"; fail "a resume with --metrics /dev/stdout did not finish"; }
+grep -q '^{.*"epoch":2,' "$work/stream2.out" || { cat "$work/stream2.out"; fail "no epoch 2 line after the resume"; }
+echo "ok   --metrics /dev/stdout, resumed too"
 echo "save-dir e2e: ok"

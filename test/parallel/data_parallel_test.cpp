@@ -317,6 +317,14 @@ TEST(DataParallel, OptimizerContextHasEveryCpuReplicasThreads) {
   opt->step();
   EXPECT_EQ(threads_now(), before) << "the step started threads of its own";
   EXPECT_GT(testing::max_rel_diff(big->arenas().params, p0), 0.0) << "the step moved the parameters";
+  // Every share of the arena stepped, as one thread steps it: the same bits.
+  auto alone = models::make_model("resnet18", Shape{3, 8, 8}, 10, 1);
+  Context one_thread(Device::cpu());
+  one_thread.math.cpu_threads = 1;
+  auto opt1 = optim::make_optimizer(*alone, one_thread, testing::test_sgd());
+  alone->arenas().grads.copy_from(g);
+  opt1->step();
+  EXPECT_TRUE(testing::same_bits(alone->arenas().params, big->arenas().params));
   DataParallelEngine one(*m, parse_devices("cpu:1"), *make_criterion({}), opts);
   EXPECT_EQ(&one.step_context(), &one.primary_context());
 }

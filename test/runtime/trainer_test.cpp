@@ -4,6 +4,7 @@
 // delays (sleeps), by relations that hold whatever the machine's load: never
 // against a wall-clock threshold.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
@@ -687,6 +688,13 @@ TEST(Trainer, AResumeRepairsAMetricsFileCutShort) {
   EXPECT_EQ(train::drop_metrics_after(path, 1), 0);
   std::ifstream again(path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(again), {}), "{\"epoch\": 1, \"train_loss\": 0.9}\n");
+  // A stream (--metrics /dev/stdout, a pipe) has no earlier lines: nothing is read from it (opening a FIFO
+  // to read would wait for a writer, and /dev/stdout's pipe for this very process).
+  const std::string fifo = dir.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(train::drop_metrics_after(fifo, 1, -1, &e3, &restored), 0);
+  EXPECT_FALSE(restored);
+  EXPECT_EQ(train::drop_metrics_after("/dev/null", 1), 0);
 }
 
 // An empty test set is refused, not reported as a test loss and accuracy of 0.
