@@ -806,15 +806,37 @@ void settle_with_data(train::RunConfig& c, const Process& p, bool epochs_from_st
 
 // --- restore -------------------------------------------------------------
 
+// The launch this worker belongs to (FANOUT_RUN_ID less its "/restart-N"),
+// which its checkpoints record; empty outside a fanout launcher.
+std::string launch_id() {
+  const char* id = std::getenv("FANOUT_RUN_ID");
+  if (!id || !distributed::worker_env().present) return "";
+  const std::string s = id;
+  return s.substr(0, s.find("/restart-"));
+}
+
 // A restarted worker (the launcher's restart n > 0) continues from the save
 // directory's newest checkpoint; with none there yet it starts as the first
-// start did, replacing what that one left (checkpoints, metrics lines).
+// start did, replacing what that one left (checkpoints, metrics lines). With
+// --overwrite the directory's checkpoints are the run being replaced until
+// this launch saves one of its own: until then a restart starts as the first.
 train::RunConfig restarted(train::RunConfig c) {
   const char* n = std::getenv("FANOUT_RESTART_COUNT");
   if (!n || !*n || std::string(n) == "0") return c;
   const std::string dir = save_dir_of(c);
   FANOUT_USER_CHECK(!dir.empty()) << "FANOUT_RESTART_COUNT=" << n << " but no --save-dir to continue from";
-  if (train::newest_checkpoint(dir).empty()) {
+  const std::string newest = train::newest_checkpoint(dir);
+  bool ours = !newest.empty();
+  if (ours && c.overwrite) {
+    std::map<std::string, std::string> meta;
+    try {
+      meta = io::read_safetensors_metadata(newest);
+    } catch (const Error&) {
+    }
+    ours = meta.count("run_id") && meta["run_id"] == launch_id();
+  }
+  if (!ours && c.overwrite && !c.resume.empty()) return c;  // resumes what the first start resumed
+  if (!ours) {
     c.overwrite = true;
     // The failed start's epoch lines (--save-every above 1) are trained again.
     if (!c.metrics.empty() && distributed::worker_env().rank == 0) train::drop_metrics_after(c.metrics, 0, 0);
@@ -1019,6 +1041,7 @@ int train_run(const train::RunConfig& c, Engine& engine, optim::Optimizer& opt, 
               train::CheckpointState ckpt, const std::string& save_dir, train::CheckpointSaver* saver) {
   const int last = last_epoch(c, ckpt, save_dir);
   train::Trainer trainer(process_trainer_config(c, p), engine, opt, *data.train, *data.test);
+  if (saver) saver->remove_replaced();  // --overwrite's: every check has passed
   optim::GradScaler* scaler = trainer.grad_scaler();
   // 16-mixed continues with the saved scale; a checkpoint of another precision has none to give.
   if (scaler && !ckpt.grad_scaler.empty()) scaler->load_state(ckpt.grad_scaler);
@@ -1114,25 +1137,30 @@ std::unique_ptr<train::CheckpointSaver> open_save_dir(const train::RunConfig& c)
   if (const int n = saver->lock().removed_temporaries())
     std::printf("removed %d temporary file%s a run that died while saving left in %s\n", n, n == 1 ? "" : "s",
                 save_to.c_str());
-  const std::vector<std::string> others = c.resume.empty() ? saver->checkpoints() : std::vector<std::string>{};
+  // A resume saves beside the checkpoint it continues: any other directory's checkpoints are another run's.
+  const std::string from = c.resume.empty() ? "" : train::resolve_resume_path(c.resume);
+  std::error_code ec;
+  const std::filesystem::path from_dir = std::filesystem::path(from).parent_path();
+  const bool beside = !from.empty() && std::filesystem::equivalent(from_dir.empty() ? "." : from_dir, save_to, ec);
+  const std::vector<std::string> others = beside ? std::vector<std::string>{} : saver->checkpoints();
   FANOUT_USER_CHECK(others.empty() || c.overwrite)
       << "--save-dir " << save_to << " holds another run's checkpoints (" << others.front()
-      << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string())
-      << "): continue it with --resume " << save_to << ", or start over with --overwrite";
-  // Removed at the first save: a run refused before it, or failing before it saves, leaves them.
+      << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string()) << "): "
+      << (from.empty() ? "continue it with --resume " + save_to + ", or start over with --overwrite"
+                       : "save elsewhere, or replace them with --overwrite");
+  // Removed when training starts (train_run): a run refused before it leaves them.
   const auto replace = [&](std::vector<std::string> files, const std::string& which) {
     if (files.empty()) return;
-    saver->remove_at_first_save(files);
-    std::printf("%zu checkpoint%s %s in %s %s removed at this run's first save (--overwrite)\n", files.size(),
+    std::printf("%zu checkpoint%s %s in %s %s removed when training starts (--overwrite)\n", files.size(),
                 files.size() == 1 ? "" : "s", which.c_str(), save_to.c_str(), files.size() == 1 ? "is" : "are");
+    saver->replace(std::move(files));
   };
   if (!others.empty()) {
     std::vector<std::string> paths;
     for (const std::string& name : others) paths.push_back((std::filesystem::path(save_to) / name).string());
     replace(paths, "of an earlier run");
   }
-  if (c.resume.empty()) return saver;
-  const std::string from = train::resolve_resume_path(c.resume);
+  if (!beside) return saver;
   const std::vector<std::string> later = saver->checkpoints_after(from);
   FANOUT_USER_CHECK(later.empty() || c.overwrite)
       << "--save-dir " << save_to << " holds checkpoints past " << from << " (" << later.back()
@@ -1197,6 +1225,7 @@ int run(int argc, char** argv) {
   auto opt = train::make_engine_optimizer(*engine, c.optimizer_options());
   auto ckpt = restore(c, *engine, *opt, p, config);
   if (!ckpt) return 0;
+  ckpt->run_id = launch_id();
   if (const std::string why = saver ? saver->forget_missing_best(*ckpt) : ""; !why.empty())
     std::printf("%s: the next evaluation writes best.safetensors\n", why.c_str());
   return train_run(c, *engine, *opt, data, p, *ckpt, save_to, saver.get());

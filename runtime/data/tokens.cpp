@@ -137,7 +137,7 @@ void TokenWindows::get(int64_t i, const SampleDraw&, void* x, void* y) const {
 
 namespace {
 
-constexpr uint64_t kFnvStart = 1469598103934665603ull;
+constexpr uint64_t kFnvStart = 14695981039346656037ull;  // FNV-1a 64's offset basis
 
 uint64_t fnv1a(std::string_view s, uint64_t h = kFnvStart) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;

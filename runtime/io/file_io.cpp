@@ -40,11 +40,15 @@ void create_directories(const std::string& dir, const std::string& what) {
   fs::create_directories(dir, ec);
   if (!ec && fs::is_directory(dir, ec)) return;
   std::string why = ec ? ec.message() : "not a directory";
+  // "File exists" says nothing of a link on the way that points nowhere: name it and where it points.
   std::error_code link_ec;
-  if (fs::is_symlink(dir, link_ec)) {  // "File exists" says nothing of where a dangling link points
-    const fs::path to = fs::read_symlink(dir, link_ec);
-    why = "it is a link to " + to.string() + (fs::exists(dir, link_ec) ? ", which is not a directory" :
-                                                                         ", which does not exist");
+  for (fs::path p = dir; !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    if (!fs::is_symlink(p, link_ec)) continue;
+    if (fs::exists(p, link_ec) && fs::is_directory(p, link_ec)) break;
+    const fs::path to = fs::read_symlink(p, link_ec);
+    why = (p == fs::path(dir) ? std::string("it") : p.string()) + " is a link to " + to.string() +
+          (fs::exists(p, link_ec) ? ", which is not a directory" : ", which does not exist");
+    break;
   }
   FANOUT_FAIL() << "cannot create " << what << " " << dir << ": " << why;
 }
@@ -128,8 +132,10 @@ void StagedFiles::commit() {
   std::vector<std::string> dirs;
   while (!staged_.empty()) {
     const Staged s = staged_.front();
-    FANOUT_USER_CHECK(::rename(s.tmp.c_str(), s.path.c_str()) == 0)
-        << "cannot rename " << s.tmp << " to " << s.path << ": " << errno_text(errno);
+    if (::rename(s.tmp.c_str(), s.path.c_str()) != 0) {
+      const int err = errno;
+      FANOUT_FAIL() << "cannot replace " << s.path << ": " << errno_text(err) << " (renaming " << s.tmp << ")";
+    }
     staged_.erase(staged_.begin());
     const std::filesystem::path parent = std::filesystem::path(s.path).parent_path();
     const std::string dir = parent.empty() ? std::string(".") : parent.string();

@@ -165,6 +165,7 @@ void save_checkpoint(const std::string& path, Engine& engine, optim::Optimizer* 
       {"partial", st.partial.dump()},
   };
   if (!st.grad_scaler.empty()) md["grad_scaler"] = st.grad_scaler.dump();
+  if (!st.run_id.empty()) md["run_id"] = st.run_id;
   io::save_safetensors(path, tensors, md, staged);
 }
 
@@ -485,6 +486,8 @@ std::vector<std::string> CheckpointSaver::checkpoints() const {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
+    std::error_code type_ec;
+    if (!e.is_regular_file(type_ec)) continue;  // a folder by a checkpoint's name is the user's
     if (progress_of(e.path()).first >= 0 || name == "best.safetensors") out.push_back(name);
   }
   FANOUT_USER_CHECK(!ec) << "cannot read checkpoint directory " << dir_ << ": " << ec.message();
@@ -499,27 +502,27 @@ std::string aside_name(const std::string& path, size_t i) {
   return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(i);
 }
 
-// Renames every file to its aside name, or none: a failure renames back those done and throws.
-void move_aside(const std::vector<std::string>& files) {
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (::rename(files[i].c_str(), aside_name(files[i], i).c_str()) == 0) continue;
-    const int err = errno;
-    for (size_t j = i; j-- > 0;) ::rename(aside_name(files[j], j).c_str(), files[j].c_str());
-    FANOUT_FAIL() << "cannot remove " << files[i] << ": " << std::strerror(err) << " (nothing removed)";
-  }
-}
-
 }  // namespace
 
-void CheckpointSaver::remove_at_first_save(std::vector<std::string> files) {
-  // Each can go (a rename in its directory), checked now rather than after an epoch's training.
-  move_aside(files);
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string aside = aside_name(files[i], i);
-    FANOUT_USER_CHECK(::rename(aside.c_str(), files[i].c_str()) == 0)
-        << "cannot rename " << aside << " back to " << files[i] << ": " << std::strerror(errno);
+void CheckpointSaver::replace(std::vector<std::string> files) { replaced_ = std::move(files); }
+
+int CheckpointSaver::remove_replaced() {
+  // Every one renamed aside first (one gone already counts as removed), so that a failure puts back
+  // those moved and removes none.
+  std::vector<size_t> moved;
+  for (size_t i = 0; i < replaced_.size(); ++i) {
+    if (::rename(replaced_[i].c_str(), aside_name(replaced_[i], i).c_str()) == 0) {
+      moved.push_back(i);
+      continue;
+    }
+    const int err = errno;
+    if (err == ENOENT) continue;
+    for (size_t k : moved) ::rename(aside_name(replaced_[k], k).c_str(), replaced_[k].c_str());
+    FANOUT_FAIL() << "cannot remove " << replaced_[i] << ": " << std::strerror(err) << " (nothing removed)";
   }
-  pending_removal_ = std::move(files);
+  for (size_t k : moved) ::unlink(aside_name(replaced_[k], k).c_str());  // one left behind: the next lock's
+  replaced_.clear();
+  return static_cast<int>(moved.size());
 }
 
 std::string CheckpointSaver::forget_missing_best(CheckpointState& st) const {
@@ -541,23 +544,8 @@ std::string CheckpointSaver::forget_missing_best(CheckpointState& st) const {
 }
 
 void CheckpointSaver::commit(io::StagedFiles& files) {
-  if (pending_removal_.empty()) {
-    files.commit();
-    return;
-  }
-  // The files replaced go aside (renames), the new ones in, then the old go: a failure puts them back; a
-  // crash leaves them under temporary names, which the next lock of the directory removes.
-  move_aside(pending_removal_);
-  try {
-    files.commit();
-  } catch (...) {
-    for (size_t i = 0; i < pending_removal_.size(); ++i)
-      ::rename(aside_name(pending_removal_[i], i).c_str(), pending_removal_[i].c_str());
-    throw;
-  }
-  for (size_t i = 0; i < pending_removal_.size(); ++i)
-    ::unlink(aside_name(pending_removal_[i], i).c_str());  // one left behind: the next lock removes it
-  pending_removal_.clear();
+  remove_replaced();  // when the caller has not yet
+  files.commit();
 }
 
 std::string CheckpointSaver::epoch_file(int epoch) {

@@ -56,6 +56,9 @@ struct CheckpointState {
   double score = -1;  // the last epoch's EpochMetrics::best_score(), for CheckpointSaver; not saved
   // The loss scaler's state (GradScaler::state(); 16-mixed runs), empty when there is none.
   nlohmann::json grad_scaler = nlohmann::json::object();
+  // The launch that writes it (a launcher's run id), so that a restarted worker tells this launch's
+  // checkpoints from those of a run it replaces (metadata "run_id"; empty: not recorded).
+  std::string run_id;
 };
 
 // Writes the engine's model, the optimizer's state and the RNG state plus
@@ -159,11 +162,14 @@ class CheckpointSaver {
   // earlier one would leave them to win the next --resume DIR), full paths.
   std::vector<std::string> checkpoints_after(const std::string& path) const;
   // Files (full paths) this run replaces: an earlier run's checkpoints, or
-  // those past the one resumed. They are removed just before this saver's
-  // first file is renamed into place, all of them or, with an error that
-  // names the one that could not go, none; a run that fails before it
-  // saves leaves them. Whether each can go is checked now.
-  void remove_at_first_save(std::vector<std::string> files);
+  // those past the one resumed. remove_replaced() removes them, all or,
+  // with an error that names the one that cannot go, none (one gone
+  // already counts as removed), and returns how many it removed; the first
+  // save calls it when the caller has not. dp-train calls it once every
+  // check has passed, just before training, so a run refused at its start
+  // leaves them.
+  void replace(std::vector<std::string> files);
+  int remove_replaced();
   // After a resume: a best score st records whose best.safetensors is not
   // here whole (lost, cut short, or this is another directory) is
   // forgotten, so that the next evaluation writes the file. Returns why
@@ -175,11 +181,11 @@ class CheckpointSaver {
   // in the run (epochs done, then optimizer steps).
   void rotate(const std::string& just_written);
   std::string save_best(Engine& engine, const CheckpointState& st, io::StagedFiles* staged = nullptr);
-  // Removes pending_removal_, then renames the staged files into place.
+  // Removes the replaced files, then renames the staged files into place.
   void commit(io::StagedFiles& files);
   std::string dir_;
   int every_, keep_last_;
-  std::vector<std::string> pending_removal_;
+  std::vector<std::string> replaced_;
   std::unique_ptr<SaveDirLock> lock_;
 };
 

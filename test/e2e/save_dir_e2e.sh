@@ -7,7 +7,7 @@
 #   behind are removed by the next run on the directory.
 # - A fresh run into a directory holding another run's checkpoints is
 #   refused unless --resume (continue it) or --overwrite (replace them, at
-#   its first save: a run refused before it removes nothing).
+#   its training's start: a run refused before it removes nothing).
 # - A read-only --save-dir is refused before training.
 # - A metrics file that cannot be written (/dev/full) is an error, and the
 #   epoch's checkpoint is saved before it.
@@ -48,14 +48,14 @@ grep -q "holds another run's checkpoints (epoch-0009.safetensors.*): continue it
   "$work/c0.err" || { cat "$work/c0.err"; fail "message"; }
 [ -e "$work/same/epoch-0009.safetensors" ] || fail "the refused run removed the other run's checkpoint"
 echo "ok   a fresh run into another run's checkpoints refused: $(cat "$work/c0.err")"
-# --overwrite removes them at the run's first save: a run refused before it removes nothing.
+# --overwrite removes them when training starts: a run refused before it removes nothing.
 train --epochs 1 --seed 2 --save-dir "$work/same" --overwrite --init-from "$work/missing.safetensors" > /dev/null \
   2> "$work/c1.err" && fail "a missing --init-from was accepted"
 grep -q "missing.safetensors" "$work/c1.err" || { cat "$work/c1.err"; fail "--init-from message"; }
 [ -e "$work/same/epoch-0009.safetensors" ] || fail "a refused --overwrite run removed the other run's checkpoint"
 train --epochs 1 --seed 2 --save-dir "$work/same" --overwrite > "$work/c.out" 2> "$work/c.err" ||
   { cat "$work/c.out" "$work/c.err"; fail "a run after a killed one did not start"; }
-grep -q "[0-9]* checkpoints* of an earlier run in $work/same \(is\|are\) removed at this run's first save (--overwrite)" "$work/c.out" ||
+grep -q "[0-9]* checkpoints* of an earlier run in $work/same \(is\|are\) removed when training starts (--overwrite)" "$work/c.out" ||
   { cat "$work/c.out"; fail "no --overwrite line"; }
 [ ! -e "$work/same/epoch-0009.safetensors" ] || fail "--overwrite left the other run's epoch-0009"
 grep -q "removed 1 temporary file a run that died while saving left in" "$work/c0.out" || { cat "$work/c0.out"; fail "no removal line"; }
@@ -105,7 +105,7 @@ timeout 300 "$DP_TRAIN" --progress off --model lenet --devices cpu --data synthe
   { cat "$work/back1.err"; fail "a refused --overwrite resume removed the later checkpoints"; }
 small --epochs 3 --resume "$work/back/epoch-0001.safetensors" --save-dir "$work/back" --overwrite > "$work/back2.out" ||
   fail "--overwrite did not resume"
-grep -q "2 checkpoints past $work/back/epoch-0001.safetensors in $work/back are removed at this run's first save" \
+grep -q "2 checkpoints past $work/back/epoch-0001.safetensors in $work/back are removed when training starts" \
   "$work/back2.out" || { cat "$work/back2.out"; fail "removed"; }
 grep -q "resumed from $work/back/epoch-0001.safetensors" "$work/back2.out" || fail "did not resume from epoch 1"
 echo "ok   resume behind later checkpoints: $(cat "$work/back.err")"

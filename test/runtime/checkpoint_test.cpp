@@ -651,8 +651,9 @@ TEST(Checkpoint, AResumeWithoutAWholeBestForgetsItsScore) {
   EXPECT_EQ(saver.save_if_best(*r.engine, st), best);
 }
 
-// --overwrite's removal: at the saver's first save, of every file or, naming the one that cannot go, of none.
-TEST(Checkpoint, RemovalAtTheFirstSaveIsAllOrNothing) {
+// --overwrite's removal: every file or, naming the one that cannot go, none; one gone already counts as
+// removed; the first save removes them when the caller has not.
+TEST(Checkpoint, RemovingTheReplacedIsAllOrNothing) {
   const auto data = data::make_synthetic(48, 2);
   TempDir dir;
   TrainingRun r = make_run(data, 0, 1, 3);
@@ -663,23 +664,32 @@ TEST(Checkpoint, RemovalAtTheFirstSaveIsAllOrNothing) {
     std::ofstream(old.back()) << "old run";
   }
   train::CheckpointSaver saver(dir / "ck", 1, 5);
-  std::vector<std::string> with_missing = old;
-  with_missing.insert(with_missing.begin() + 1, dir / "ck/epoch-0009.safetensors");
-  EXPECT_EQ(testing::error_of([&] { saver.remove_at_first_save(with_missing); }),
-            "cannot remove " + (dir / "ck/epoch-0009.safetensors") + ": No such file or directory (nothing removed)");
+  std::vector<std::string> with_bad = old;
+  with_bad.insert(with_bad.begin() + 2, old[2] + "/x");  // under a file still there: cannot be renamed
+  saver.replace(with_bad);  // the first two go aside, then come back
+  EXPECT_EQ(testing::error_of([&] { saver.remove_replaced(); }),
+            "cannot remove " + old[2] + "/x: Not a directory (nothing removed)");
   for (const std::string& f : old) EXPECT_TRUE(fs::exists(f)) << f;
-  saver.remove_at_first_save(old);
-  for (const std::string& f : old) EXPECT_TRUE(fs::exists(f)) << "kept until the first save: " << f;
+  std::vector<std::string> with_gone = old;
+  with_gone.push_back(dir / "ck/epoch-0009.safetensors");  // gone already: removed
+  saver.replace(with_gone);
+  EXPECT_EQ(saver.remove_replaced(), 3);
+  for (const std::string& f : old) EXPECT_FALSE(fs::exists(f)) << f;
+  const std::string other = dir / "ck/epoch-0007.safetensors";
+  std::ofstream(other) << "old run";
+  saver.replace({other});
   train::CheckpointState st;
   st.epoch = 1;
   st.score = 0.5;
   saver.on_epoch_end(*r.engine, *r.opt, st, 3);
-  for (const std::string& f : {old[0], old[1]}) EXPECT_FALSE(fs::exists(f)) << f;
-  EXPECT_EQ(io::load_safetensors(old[2]).metadata.at("epoch"), "1") << "best.safetensors is this run's";
   std::vector<std::string> left;
   for (auto& e : fs::directory_iterator(dir.path / "ck")) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{".fanout.lock", "best.safetensors", "epoch-0001.safetensors"}));
+  // A folder by a checkpoint's name is the user's: never listed, so never replaced.
+  fs::create_directories(dir.path / "ck/epoch-0003.safetensors");
+  const auto listed = saver.checkpoints();
+  EXPECT_EQ(std::count(listed.begin(), listed.end(), "epoch-0003.safetensors"), 0);
 }
 
 TEST(Checkpoint, ResumeDropsMetricsOfEpochsTrainedAgain) {
